@@ -1,0 +1,29 @@
+# make demo: install into .venv and run rollouts into ./demo-store, then print its statistics.
+# make test: install into .venv (with the dev extras) and run the whole test suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STORE ?= ./demo-store
+
+.PHONY: install demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo --seed 0 --create
+	$(VENV)/bin/trajstore stats --store $(STORE) --by run_id --gamma 0.99
+
+test: install
+	$(PY) -m pytest
+
+bench: install
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) $(STORE)

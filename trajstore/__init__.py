@@ -1,0 +1,42 @@
+"""trajstore: store every RL rollout and ask questions of it.
+
+>>> import trajstore
+>>> store = trajstore.open("./trajdata", create=True)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from trajstore.errors import (
+    CommitError,
+    InputError,
+    QueryError,
+    RemoteError,
+    SchemaMismatchError,
+    StoreExistsError,
+    StoreNotFoundError,
+    TrajstoreError,
+    WriterClosedError,
+)
+from trajstore.returns import discounted_sum
+from trajstore.settings import Settings
+from trajstore.store import Store, open
+from trajstore.writer import Writer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CommitError",
+    "InputError",
+    "QueryError",
+    "RemoteError",
+    "SchemaMismatchError",
+    "Settings",
+    "Store",
+    "StoreExistsError",
+    "StoreNotFoundError",
+    "TrajstoreError",
+    "Writer",
+    "WriterClosedError",
+    "discounted_sum",
+    "open",
+]

@@ -1,0 +1,61 @@
+"""The errors trajstore raises.
+
+Every error derives from :class:`TrajstoreError`; the ones caused by what a caller passed
+also derive from the matching built-in, so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TrajstoreError",
+    "InputError",
+    "SchemaMismatchError",
+    "StoreNotFoundError",
+    "StoreExistsError",
+    "QueryError",
+    "CommitError",
+    "WriterClosedError",
+    "RemoteError",
+]
+
+
+class TrajstoreError(Exception):
+    """Root of every error raised by trajstore."""
+
+
+class InputError(ValueError, TrajstoreError):
+    """A value passed by the caller is invalid; the message names the field and what was expected."""
+
+
+class SchemaMismatchError(InputError):
+    """Data does not match the shape or dtype the store's ``steps`` table was created with."""
+
+
+class StoreNotFoundError(FileNotFoundError, TrajstoreError):
+    """No store at the given location (open it with ``create=True`` to make one)."""
+
+
+class StoreExistsError(FileExistsError, TrajstoreError):
+    """Something that is not a trajstore store already exists at the given location."""
+
+
+class QueryError(TrajstoreError):
+    """A query could not be run: bad SQL, a refused statement, or a limit reached."""
+
+
+class CommitError(TrajstoreError):
+    """Writing or committing files to the store's log failed; nothing of that commit is visible."""
+
+
+class WriterClosedError(TrajstoreError):
+    """Data was given to a writer after ``close()``."""
+
+
+class RemoteError(TrajstoreError):
+    """A trajstore server answered with an error; ``status`` and ``detail`` come from its problem document."""
+
+    def __init__(self, status: int, title: str, detail: str | None = None) -> None:
+        self.status = status
+        self.title = title
+        self.detail = detail
+        super().__init__(f"{status} {title}" + (f": {detail}" if detail else ""))

@@ -1,0 +1,115 @@
+"""DuckDB over one committed snapshot of the store: the ``steps`` and ``episodes`` views and the
+statistics queries built on them.
+
+``steps`` reads exactly the files listed by one version of the Delta log with DuckDB's native
+``read_parquet`` (never a glob); ``episodes`` is built from ``schemas/episode.v1.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import duckdb
+import pyarrow as pa
+
+from trajstore import schema as sch
+from trajstore.errors import InputError, QueryError
+from trajstore.table import DataFile
+
+STAT_KEYS = ("n_traj", "return_min", "return_mean", "return_std", "return_max",
+             "len_min", "len_mean", "len_std", "len_max")
+_EMPTY_STEPS = ("NULL::VARCHAR AS run_id, NULL::VARCHAR AS env_id, NULL::BIGINT AS episode_id, "
+                "NULL::INTEGER AS step, NULL::FLOAT[] AS obs, NULL::BIGINT AS action, NULL::FLOAT AS reward, "
+                "NULL::FLOAT[] AS next_obs, NULL::BOOLEAN AS terminated, NULL::BOOLEAN AS truncated, "
+                "NULL::TIMESTAMPTZ AS wall_time")
+
+
+def quote_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def steps_sql(files: Sequence[DataFile]) -> str:
+    """The SELECT behind the ``steps`` view for a committed file list."""
+    if not files:
+        return f"SELECT {_EMPTY_STEPS} WHERE false"
+    paths = ", ".join(quote_literal(f.path) for f in files)
+    return ("SELECT run_id, env_id, * EXCLUDE (run_id, env_id) FROM read_parquet("
+            f"[{paths}], hive_partitioning = true, union_by_name = true, "
+            "hive_types = {'run_id': VARCHAR, 'env_id': VARCHAR})")
+
+
+def episodes_sql(step_columns: Sequence[str], *, discounted: bool = False, source: str = "steps") -> str:
+    """The SELECT behind the ``episodes`` view; with ``discounted`` it adds ``discounted_return`` for ``$gamma``."""
+    spec = sch.load(sch.EPISODE_SCHEMA_FILE)
+    cols = [f"{c['sql']} AS {quote_ident(c['name'])}" for c in spec["columns"]]
+    lineage = [c["name"] for c in sch.load(sch.STEP_SCHEMA_FILE)["lineage"] if c.get("in_episodes")]
+    cols += [spec["lineage"]["sql"].format(name=quote_ident(n)) + f" AS {quote_ident(n)}"
+             for n in lineage if n in step_columns]
+    if discounted:
+        cols.append("sum(reward::DOUBLE * pow($gamma::DOUBLE, step)) AS discounted_return")
+    group = ", ".join(spec["group_by"])
+    return f"SELECT {', '.join(cols)} FROM {source} GROUP BY {group}"
+
+
+def stats_sql(by: Sequence[str], *, discounted: bool, where: str | None, include_incomplete: bool,
+              step_columns: Sequence[str]) -> str:
+    """Episode statistics with the keys of ``imitation.data.rollout.rollout_stats`` (std as ``numpy.std``)."""
+    metrics = [("return", "episode_return"), ("len", "episode_length")]
+    if discounted:
+        metrics.append(("discounted_return", "discounted_return"))
+    aggs = ["count(*) AS n_traj"]
+    for key, col in metrics:
+        aggs += [f"min({col})::DOUBLE AS {key}_min", f"avg({col})::DOUBLE AS {key}_mean",
+                 f"coalesce(stddev_pop({col}), 0)::DOUBLE AS {key}_std", f"max({col})::DOUBLE AS {key}_max"]
+    conds = [] if include_incomplete else ["complete"]
+    if where:
+        conds.append(f"({where})")
+    keys = ", ".join(quote_ident(b) for b in by)
+    select = (keys + ", " if keys else "") + ", ".join(aggs)
+    tail = f" GROUP BY {keys} ORDER BY {keys}" if keys else ""
+    filt = f" WHERE {' AND '.join(conds)}" if conds else ""
+    return f"SELECT {select} FROM ({episodes_sql(step_columns, discounted=discounted)}){filt}{tail}"
+
+
+class Snapshot:
+    """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store."""
+
+    def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None) -> None:
+        self.files = list(files)
+        self.con = duckdb.connect(config=config or {})
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW steps AS {steps_sql(self.files)}")
+        self.step_columns = [r[0] for r in self.con.execute("DESCRIBE steps").fetchall()]
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW episodes AS {episodes_sql(self.step_columns)}")
+
+    def arrow(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
+        try:
+            return self.con.sql(query, params=params or None).to_arrow_table()
+        except duckdb.Error as exc:
+            raise QueryError(f"query failed: {exc}") from exc
+
+    def reader(self, query: str, params: dict[str, Any] | None = None,
+               batch_size: int = 65_536) -> pa.RecordBatchReader:
+        try:
+            return self.con.sql(query, params=params or None).to_arrow_reader(batch_size)
+        except duckdb.Error as exc:
+            raise QueryError(f"query failed: {exc}") from exc
+
+    def check_columns(self, names: Sequence[str], *, view: str = "episodes") -> None:
+        known = self.step_columns if view == "steps" else \
+            [r[0] for r in self.con.execute(f"DESCRIBE {view}").fetchall()]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise InputError(f"by: unknown column(s) {unknown} of {view}; expected some of {known}")
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,204 @@
+"""The ``steps`` and ``episodes`` schemas, read from the versioned JSON files in ``schemas/``.
+
+The writer builds its Arrow schema from ``step.v1.json`` and the observation/action spaces;
+the query layer builds the ``episodes`` view from ``episode.v1.json``. Nothing here is a
+second copy of those files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from trajstore.errors import InputError, SchemaMismatchError
+
+STEP_SCHEMA_FILE = "step.v1.json"
+EPISODE_SCHEMA_FILE = "episode.v1.json"
+PARTITION_COLUMNS = ("run_id", "env_id")
+TRANSITION_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+
+_SCALAR_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+    "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
+}
+
+
+def _schema_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_schemas", here.parent / "schemas"):
+        if (candidate / STEP_SCHEMA_FILE).is_file():
+            return candidate
+    raise FileNotFoundError(f"trajstore's schema files ({STEP_SCHEMA_FILE}) are missing from the installation")
+
+
+@lru_cache(maxsize=None)
+def load(name: str) -> dict[str, Any]:
+    """The parsed JSON schema file ``name`` (``step.v1.json`` or ``episode.v1.json``)."""
+    return json.loads((_schema_dir() / name).read_text())
+
+
+def arrow_type(name: str) -> pa.DataType:
+    """The Arrow type of a type name used in the schema files."""
+    return _SCALAR_TYPES[name]
+
+
+def step_columns() -> list[dict[str, Any]]:
+    return list(load(STEP_SCHEMA_FILE)["columns"])
+
+
+def lineage_columns() -> dict[str, pa.DataType]:
+    """Known lineage/extra columns and their Arrow types, in schema order."""
+    return {c["name"]: arrow_type(c["type"]) for c in load(STEP_SCHEMA_FILE)["lineage"]}
+
+
+def episode_columns() -> list[dict[str, Any]]:
+    return list(load(EPISODE_SCHEMA_FILE)["columns"])
+
+
+# --- spaces and arrays -> Arrow types -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Leaf:
+    """What one step of an array column holds: its per-step shape and numpy dtype."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def describe(self) -> str:
+        return f"shape {self.shape} {self.dtype}"
+
+
+def nested_list_type(leaf: Leaf) -> pa.DataType:
+    """Arrow type for one step of ``leaf``: the dtype wrapped in one fixed-size list per dimension."""
+    t = pa.from_numpy_dtype(leaf.dtype)
+    for size in reversed(leaf.shape):
+        t = pa.list_(t, size)
+    return t
+
+
+def leaf_of_type(t: pa.DataType) -> Leaf:
+    """Inverse of :func:`nested_list_type` (variable-size lists give -1 for that dimension)."""
+    shape: list[int] = []
+    while _is_list(t):
+        shape.append(t.list_size if pa.types.is_fixed_size_list(t) else -1)
+        t = t.value_type
+    return Leaf(tuple(shape), np.dtype(t.to_pandas_dtype()))
+
+
+def type_of_space(space: Any, *, role: str) -> pa.DataType:
+    """Arrow type for one element of a gymnasium space (``role`` is "observation" or "action")."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Dict):
+        return pa.struct([pa.field(k, type_of_space(s, role=role)) for k, s in space.spaces.items()])
+    if isinstance(space, spaces.Discrete):
+        return pa.int64()
+    if isinstance(space, spaces.MultiDiscrete):
+        return nested_list_type(Leaf(tuple(space.shape), np.dtype(np.int64)))
+    if isinstance(space, (spaces.Box, spaces.MultiBinary)):
+        dtype = np.dtype(space.dtype)
+        if role == "action" and dtype.kind == "f":
+            dtype = np.dtype(np.float32)
+        return nested_list_type(Leaf(tuple(space.shape), dtype))
+    raise InputError(f"{role}_space: unsupported gymnasium space {type(space).__name__}; "
+                     "expected Box, Discrete, MultiDiscrete, MultiBinary or Dict")
+
+
+def type_of_array(name: str, value: Any, lead: int) -> pa.DataType:
+    """Arrow type inferred from a batch array whose first ``lead`` dimensions are time/env."""
+    if isinstance(value, Mapping):
+        return pa.struct([pa.field(k, type_of_array(f"{name}.{k}", v, lead)) for k, v in value.items()])
+    arr = np.asarray(value)
+    dtype = arr.dtype
+    if dtype.kind == "f":
+        dtype = np.dtype(np.float32) if name != "reward" or dtype.itemsize <= 4 else dtype
+    elif dtype.kind in "iu":
+        dtype = np.dtype(np.int64) if name in ("action", "obs", "next_obs") else dtype
+    elif dtype.kind not in "b":
+        if dtype.kind in "US" and arr.ndim == lead:
+            return pa.string()
+        raise InputError(f"{name}: unsupported dtype {arr.dtype}; expected a numeric or bool array")
+    return nested_list_type(Leaf(tuple(arr.shape[lead:]), dtype))
+
+
+# --- numpy <-> Arrow ---------------------------------------------------------------------------------
+
+def _castable(src: np.dtype, dst: np.dtype) -> bool:
+    if dst.kind == "f":
+        return src.kind in "fiub"
+    if dst.kind in "iu":
+        return src.kind in "iub"
+    if dst.kind == "b":
+        return src.kind == "b"
+    return src == dst
+
+
+def to_arrow(name: str, value: Any, t: pa.DataType, n: int) -> pa.Array:
+    """``value`` of shape ``(n, *step_shape)`` (already flattened over time/env) as an Arrow array of type ``t``.
+
+    Raises :class:`SchemaMismatchError` naming ``name`` when shape or dtype do not fit ``t``.
+    """
+    if pa.types.is_struct(t):
+        if not isinstance(value, Mapping) or set(value) != {f.name for f in t}:
+            expected = sorted(f.name for f in t)
+            got = sorted(value) if isinstance(value, Mapping) else type(value).__name__
+            raise SchemaMismatchError(f"{name}: expected a dict with keys {expected}, got {got}")
+        children = [to_arrow(f"{name}.{f.name}", value[f.name], f.type, n) for f in t]
+        return pa.StructArray.from_arrays(children, fields=list(t))
+    if pa.types.is_string(t):
+        return pa.array(np.asarray(value).astype(str).reshape(n), pa.string())
+    arr = np.asarray(value)
+    leaf = leaf_of_type(t)
+    if arr.shape[1:] != leaf.shape or not _castable(arr.dtype, leaf.dtype):
+        got = Leaf(tuple(arr.shape[1:]), arr.dtype)
+        raise SchemaMismatchError(f"{name}: expected {leaf.describe()} per step (the table's schema), "
+                                  f"got {got.describe()}")
+    flat = pa.array(np.ascontiguousarray(arr, dtype=leaf.dtype).reshape(-1))
+    for size in reversed(leaf.shape):
+        flat = pa.FixedSizeListArray.from_arrays(flat, size)
+    return flat
+
+
+def to_numpy(column: pa.Array | pa.ChunkedArray) -> Any:
+    """An Arrow column of this schema as numpy: ``(n, *step_shape)`` arrays, dicts of them for structs."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    t = column.type
+    if pa.types.is_struct(t):
+        return {f.name: to_numpy(column.field(i)) for i, f in enumerate(t)}
+    if not _is_list(t):
+        return column.to_numpy(zero_copy_only=False)
+    shape: list[int] = []
+    values: pa.Array = column
+    while _is_list(values.type):
+        outer, fixed = len(values), values.type.list_size if pa.types.is_fixed_size_list(values.type) else 0
+        values = values.flatten()
+        shape.append(len(values) // outer if outer else fixed)
+    return values.to_numpy(zero_copy_only=False).reshape((len(column), *shape))
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def compatible(stored: pa.DataType, incoming: pa.DataType) -> bool:
+    """Whether a column of type ``incoming`` can be appended to a table whose files have ``stored``."""
+    if pa.types.is_struct(stored) or pa.types.is_struct(incoming):
+        return pa.types.is_struct(stored) and pa.types.is_struct(incoming) and \
+            {f.name for f in stored} == {f.name for f in incoming} and \
+            all(compatible(stored.field(f.name).type, incoming.field(f.name).type) for f in incoming)
+    if pa.types.is_string(stored) or pa.types.is_string(incoming):
+        return stored == incoming
+    a, b = leaf_of_type(stored), leaf_of_type(incoming)
+    return a.shape == b.shape and _castable(b.dtype, a.dtype)

@@ -1,0 +1,53 @@
+"""Settings read once from ``TRAJSTORE_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Mapping
+
+from trajstore.errors import InputError
+
+PREFIX = "TRAJSTORE_"
+
+
+@dataclass
+class Settings:
+    """Every tunable of trajstore; ``Settings.from_env()`` reads ``TRAJSTORE_<NAME>`` for each field."""
+
+    store: str = "./trajdata"
+    flush_bytes: int = 128 * 1024 * 1024
+    row_group_rows: int = 1024 * 1024
+    api_key: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8321
+    max_page_size: int = 1000
+    sql_max_rows: int = 100_000
+    sql_timeout_s: float = 10.0
+    sql_memory_limit: str = "1GB"
+    max_body_bytes: int = 256 * 1024 * 1024
+    stream_batch_rows: int = 65_536
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        environ = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = environ.get(PREFIX + f.name.upper())
+            if raw is None or f.name == "extra":
+                continue
+            values[f.name] = _parse(f.name, f.type, raw)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _parse(name: str, annotation: object, raw: str) -> object:
+    kind = str(annotation)
+    try:
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise InputError(f"{PREFIX}{name.upper()} must be a number, got {raw!r}") from None
+    return raw

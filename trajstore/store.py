@@ -1,0 +1,172 @@
+"""A trajstore store: a directory holding the ``steps`` Delta table, read through DuckDB.
+
+>>> import trajstore, tempfile
+>>> store = trajstore.open(tempfile.mkdtemp(), create=True)
+>>> store.stats().column("n_traj").to_pylist()
+[0]
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from trajstore.errors import InputError, StoreExistsError, StoreNotFoundError
+from trajstore.query import Snapshot, episodes_sql, quote_ident, quote_literal, stats_sql
+from trajstore.returns import check_gamma, return_to_go
+from trajstore.settings import Settings
+from trajstore.table import DataFile, StepsTable
+from trajstore.writer import Writer
+
+log = logging.getLogger(__name__)
+
+MARKER = "trajstore.json"
+FORMAT_VERSION = 1
+
+
+def open(uri: str | Path, create: bool = False, *, settings: Settings | None = None) -> Store:  # noqa: A001
+    """Open the store at ``uri`` (a local directory); with ``create=True`` make it if absent."""
+    if isinstance(uri, str) and "://" in uri and not uri.startswith("file://"):
+        raise InputError(f"uri: only local directories are supported in this version, got {uri!r}")
+    root = Path(str(uri).removeprefix("file://")).expanduser()
+    marker = root / MARKER
+    if not marker.is_file():
+        if not create:
+            raise StoreNotFoundError(f"no trajstore store at {root}; pass create=True (CLI: --create) to make one")
+        if root.exists() and (not root.is_dir() or any(root.iterdir())):
+            raise StoreExistsError(f"{root} exists and is not a trajstore store (no {MARKER}); choose an empty "
+                                   "or new directory")
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".{MARKER}.tmp"
+        tmp.write_text(json.dumps({"format": "trajstore", "version": FORMAT_VERSION}) + "\n")
+        tmp.replace(marker)
+    return Store(root, settings=settings)
+
+
+class Store:
+    """Entry point for writing and querying one store. Every query reads one committed snapshot."""
+
+    def __init__(self, root: Path, *, settings: Settings | None = None) -> None:
+        self.root = Path(root)
+        self.settings = settings or Settings.from_env()
+        self.table = StepsTable(self.root / "steps", row_group_rows=self.settings.row_group_rows)
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+    # --- writing ------------------------------------------------------------------------------------
+
+    def writer(self, *, run_id: str, env_id: str, **options: Any) -> Writer:
+        """A :class:`Writer` appending to ``run_id``/``env_id``; extra keywords are writer options or lineage."""
+        options.setdefault("flush_bytes", self.settings.flush_bytes)
+        return Writer(self.table, run_id=run_id, env_id=env_id, **options)
+
+    # --- reading ------------------------------------------------------------------------------------
+
+    def files(self) -> list[DataFile]:
+        """The committed Parquet files of the latest version."""
+        return self.table.files()
+
+    def snapshot(self, *, config: dict[str, Any] | None = None) -> Snapshot:
+        """A DuckDB connection with ``steps`` and ``episodes`` views over the latest committed version."""
+        return Snapshot(self.files(), config=config)
+
+    def sql(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
+        """Run SQL over the ``steps`` and ``episodes`` views; returns an Arrow table."""
+        with self.snapshot() as snap:
+            return snap.arrow(query, params)
+
+    def episodes(self, *, run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
+                 complete: bool | None = None, where: str | None = None, gamma: float | None = None,
+                 order_by: str = "episode_id", limit: int | None = None, offset: int = 0) -> pa.Table:
+        """One row per episode (the ``episodes`` view), filtered; with ``gamma`` adds ``discounted_return``."""
+        with self.snapshot() as snap:
+            order = _order_clause(order_by, snap)
+            conds = _filters(run_id=run_id, env_id=env_id, where=where)
+            if complete is not None:
+                conds.append("complete" if complete else "NOT complete")
+            params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
+            src = episodes_sql(snap.step_columns, discounted=gamma is not None)
+            q = f"SELECT * FROM ({src}){_where(conds)} ORDER BY {order}"
+            if limit is not None:
+                q += f" LIMIT {int(limit)} OFFSET {int(offset)}"
+            return snap.arrow(q, params)
+
+    def stats(self, *, by: str | Sequence[str] | None = None, gamma: float | None = None,
+              where: str | None = None, run_id: str | Sequence[str] | None = None,
+              env_id: str | Sequence[str] | None = None, include_incomplete: bool = False) -> pa.Table:
+        """Episode statistics (``n_traj, return_*, len_*`` and ``discounted_return_*`` with ``gamma``).
+
+        One row per group of ``by`` (one row overall without it). Complete episodes only unless
+        ``include_incomplete``.
+        """
+        keys = [by] if isinstance(by, str) else list(by or [])
+        with self.snapshot() as snap:
+            snap.check_columns(keys)
+            conds = _filters(run_id=run_id, env_id=env_id, where=where)
+            q = stats_sql(keys, discounted=gamma is not None, where=" AND ".join(conds) or None,
+                          include_incomplete=include_incomplete, step_columns=snap.step_columns)
+            return snap.arrow(q, {"gamma": check_gamma(gamma)} if gamma is not None else {})
+
+    def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode",
+                run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
+                episode_id: int | Sequence[int] | None = None, where: str | None = None) -> pa.Table:
+        """Discounted return per episode, or return-to-go ``G_t = r_t + gamma G_{t+1}`` per step."""
+        g = check_gamma(gamma)
+        if per not in ("episode", "step"):
+            raise InputError(f"per must be 'episode' or 'step', got {per!r}")
+        conds = _filters(run_id=run_id, env_id=env_id, where=where, episode_id=episode_id)
+        with self.snapshot() as snap:
+            if per == "episode":
+                q = (f"SELECT run_id, env_id, episode_id, episode_length, episode_return, discounted_return, "
+                     f"complete FROM ({episodes_sql(snap.step_columns, discounted=True)}){_where(conds)} "
+                     "ORDER BY episode_id")
+                return snap.arrow(q, {"gamma": g})
+            rows = snap.arrow(f"SELECT run_id, env_id, episode_id, step, reward FROM steps{_where(conds)}")
+        return _with_return_to_go(rows, g)
+
+
+def _with_return_to_go(rows: pa.Table, gamma: float) -> pa.Table:
+    order, g = return_to_go(rows["episode_id"].to_numpy(), rows["step"].to_numpy(),
+                            rows["reward"].to_numpy(), gamma)
+    out = rows.take(pa.array(order))
+    return out.append_column("return_to_go", pa.array(g, pa.float64()))
+
+
+def _in(column: str, values: Any) -> str:
+    if isinstance(values, (str, int, np.integer)):
+        values = [values]
+    items = ", ".join(quote_literal(v) if isinstance(v, str) else str(int(v)) for v in values)
+    return f"{column} IN ({items})" if items else "false"
+
+
+def _filters(*, run_id: Any = None, env_id: Any = None, where: str | None = None,
+             episode_id: Any = None) -> list[str]:
+    conds = []
+    if run_id is not None:
+        conds.append(_in("run_id", run_id))
+    if env_id is not None:
+        conds.append(_in("env_id", env_id))
+    if episode_id is not None:
+        conds.append(_in("episode_id", episode_id))
+    if where:
+        conds.append(f"({where})")
+    return conds
+
+
+def _where(conds: list[str]) -> str:
+    return f" WHERE {' AND '.join(conds)}" if conds else ""
+
+
+def _order_clause(order_by: str, snap: Snapshot) -> str:
+    desc = order_by.startswith("-")
+    name = order_by.lstrip("-")
+    cols = [r[0] for r in snap.con.execute("DESCRIBE episodes").fetchall()] + ["discounted_return"]
+    if name not in cols:
+        raise InputError(f"order_by: unknown column {name!r}; expected one of {cols} (prefix - for descending)")
+    return f"{quote_ident(name)} {'DESC' if desc else 'ASC'}, episode_id"

@@ -1,0 +1,172 @@
+"""The ``steps`` table: Hive-partitioned Parquet files made visible by commits to a Delta Lake log.
+
+A file is written whole first and only then added to the log in one commit, so a writer killed
+mid-file leaves at most a file no reader ever lists. Readers take the committed file list of one
+log version (a snapshot) and hand it to DuckDB.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, Field
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import AddAction
+
+from trajstore.errors import CommitError
+from trajstore.schema import PARTITION_COLUMNS
+
+log = logging.getLogger(__name__)
+
+COMMIT_RETRIES = 20
+LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id", "mode", "policy_version", "seed")
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One committed Parquet file and the partition it belongs to."""
+
+    path: str
+    run_id: str
+    env_id: str
+    rows: int
+    size: int
+    modified_ms: int
+
+
+class StepsTable:
+    """The Delta table at ``<store>/steps``."""
+
+    def __init__(self, path: Path, *, row_group_rows: int = 1024 * 1024) -> None:
+        self.path = Path(path)
+        self.row_group_rows = row_group_rows
+
+    def exists(self) -> bool:
+        return DeltaTable.is_deltatable(str(self.path))
+
+    def _open(self) -> DeltaTable:
+        try:
+            return DeltaTable(str(self.path))
+        except TableNotFoundError:
+            return None  # type: ignore[return-value]
+
+    def version(self) -> int:
+        dt = self._open()
+        return -1 if dt is None else dt.version()
+
+    def files(self) -> list[DataFile]:
+        """The committed files of the latest version."""
+        dt = self._open()
+        if dt is None:
+            return []
+        actions = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+        return [
+            DataFile(str(self.path / unquote(p)), r, e, int(n or 0), int(s), int(m))
+            for p, r, e, n, s, m in zip(
+                actions["path"], actions["partition.run_id"], actions["partition.env_id"],
+                actions.get("num_records", [0] * len(actions["path"])), actions["size_bytes"],
+                [_ms(m) for m in actions["modification_time"]])
+        ]
+
+    def file_schema(self) -> pa.Schema | None:
+        """The Arrow schema of the stored columns (fixed sizes kept) merged over committed files."""
+        files = self.files()
+        if not files:
+            return None
+        newest = max(files, key=lambda f: f.modified_ms)
+        schema = pq.read_schema(newest.path)
+        table_fields = {f.name for f in pa.schema(self._open().schema().to_arrow())}
+        missing = table_fields - set(schema.names) - set(PARTITION_COLUMNS)
+        for f in files:
+            if not missing:
+                break
+            other = pq.read_schema(f.path)
+            for name in list(missing):
+                if name in other.names:
+                    schema = schema.append(other.field(name))
+                    missing.discard(name)
+        return schema
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def append(self, data: pa.Table, *, run_id: str, env_id: str) -> str:
+        """Write ``data`` (without partition columns) as one Parquet file and commit it. Returns its path."""
+        rel = f"run_id={quote(run_id, safe='')}/env_id={quote(env_id, safe='')}/part-{uuid.uuid4().hex}.parquet"
+        full = self.path / rel
+        full.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._write_file(data, full)
+        except BaseException:
+            full.unlink(missing_ok=True)
+            raise
+        size = full.stat().st_size
+        action = AddAction(rel, size, {"run_id": run_id, "env_id": env_id}, int(time.time() * 1000), True,
+                           json.dumps(_stats(data)))
+        self._commit(action, data.schema)
+        return str(full)
+
+    def _write_file(self, data: pa.Table, path: Path) -> None:
+        dictionary = [c for c in LOW_CARDINALITY if c in data.column_names]
+        with open(path, "wb") as sink:
+            pq.write_table(data, sink, compression="zstd", use_dictionary=dictionary,
+                           row_group_size=self.row_group_rows, write_statistics=["episode_id", "step"])
+            sink.flush()
+            os.fsync(sink.fileno())
+
+    def _commit(self, action: AddAction, file_schema: pa.Schema) -> None:
+        full_schema = pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + list(file_schema))
+        last: Exception | None = None
+        for attempt in range(COMMIT_RETRIES):
+            try:
+                dt = self._ensure_table(full_schema)
+                dt.create_write_transaction([action], mode="append", schema=full_schema,
+                                            partition_by=list(PARTITION_COLUMNS))
+                return
+            except CommitFailedError as exc:  # another writer won the version race: read the log again
+                last = exc
+                time.sleep(0.01 * (attempt + 1))
+            except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the file
+                raise CommitError(f"commit of {action.path} to {self.path} failed: {exc}") from exc
+        raise CommitError(f"commit of {action.path} failed after {COMMIT_RETRIES} attempts: {last}")
+
+    def _ensure_table(self, schema: pa.Schema) -> DeltaTable:
+        dt = self._open()
+        if dt is None:
+            try:
+                return DeltaTable.create(str(self.path), schema, partition_by=list(PARTITION_COLUMNS),
+                                         mode="ignore", name="steps")
+            except Exception:  # noqa: BLE001 - a concurrent writer created it first
+                dt = DeltaTable(str(self.path))
+        known = set(pa.schema(dt.schema().to_arrow()).names)
+        new = [f for f in schema if f.name not in known]
+        if new:
+            dt.alter.add_columns([Field.from_arrow(f) for f in new])
+            dt = DeltaTable(str(self.path))
+        return dt
+
+
+def _ms(value: object) -> int:
+    if hasattr(value, "timestamp"):
+        return int(value.timestamp() * 1000)  # type: ignore[union-attr]
+    return int(value or 0)  # type: ignore[call-overload]
+
+
+def _stats(data: pa.Table) -> dict[str, object]:
+    stats: dict[str, object] = {"numRecords": data.num_rows}
+    cols = [c for c in ("episode_id", "step") if c in data.column_names]
+    if data.num_rows and cols:
+        import pyarrow.compute as pc
+
+        stats["minValues"] = {c: pc.min(data[c]).as_py() for c in cols}
+        stats["maxValues"] = {c: pc.max(data[c]).as_py() for c in cols}
+        stats["nullCount"] = {c: 0 for c in cols}
+    return stats

@@ -1,0 +1,311 @@
+"""The writer: validates time-major batches, cuts them into episodes and commits them to the store.
+
+>>> import numpy as np, trajstore, tempfile
+>>> store = trajstore.open(tempfile.mkdtemp(), create=True)
+>>> with store.writer(run_id="demo", env_id="Toy-v0") as w:
+...     w.add_batch({"obs": np.zeros((3, 2, 1)), "action": np.zeros((3, 2), int),
+...                  "reward": np.ones((3, 2)), "next_obs": np.zeros((3, 2, 1)),
+...                  "terminated": np.array([[0, 0], [1, 0], [0, 0]], bool),
+...                  "truncated": np.zeros((3, 2), bool)})
+>>> store.stats().column("n_traj").to_pylist()
+[1]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from trajstore import schema as sch
+from trajstore.episode_ids import EpisodeIds
+from trajstore.errors import InputError, SchemaMismatchError, WriterClosedError
+from trajstore.segment import Autoreset, Cursors, Segments, segment
+from trajstore.table import StepsTable
+
+log = logging.getLogger(__name__)
+
+REQUIRED = sch.TRANSITION_COLUMNS
+AUTORESET_MODES = ("same-step", "next-step", "off")
+
+
+class Writer:
+    """Appends episodes of one ``(run_id, env_id)`` to a store; use as a context manager.
+
+    Rows are buffered and committed as one Delta Lake append when the buffer passes
+    ``flush_bytes`` and on :meth:`flush` / :meth:`close`. Steps of episodes still running are
+    committed too; the next call continues their ``step`` and ``episode_id``.
+    """
+
+    def __init__(self, table: StepsTable, *, run_id: str, env_id: str, observation_space: Any = None,
+                 action_space: Any = None, autoreset: Autoreset = "same-step",
+                 flush_bytes: int = 128 * 1024 * 1024, worker_id: str | None = None,
+                 **lineage: Any) -> None:
+        _check_name("run_id", run_id)
+        _check_name("env_id", env_id)
+        if autoreset not in AUTORESET_MODES:
+            raise InputError(f"autoreset must be one of {AUTORESET_MODES}, got {autoreset!r}")
+        self.table, self.run_id, self.env_id = table, run_id, env_id
+        self.autoreset: Autoreset = autoreset
+        self.flush_bytes = flush_bytes
+        self.lineage = {"worker_id": worker_id or f"{socket.gethostname()}:{os.getpid()}", **lineage}
+        self._types = self._initial_types(observation_space, action_space)
+        self._ids = EpisodeIds()
+        self._cursors: Cursors | None = None
+        self._buffer: list[pa.RecordBatch] = []
+        self._buffered_bytes = 0
+        self._pending: Future[str] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-commit")
+        self._lock = threading.Lock()
+        self._closed = False
+        self.steps_written = 0
+        self.episodes_completed = 0
+        self.files_committed: list[str] = []
+
+    # --- public API -----------------------------------------------------------------------------------
+
+    def add_batch(self, batch: Mapping[str, Any]) -> int:
+        """Add a time-major ``(T, B, …)`` batch; returns the number of stored steps.
+
+        ``batch`` holds ``obs, action, reward, next_obs, terminated, truncated``, optionally
+        ``valid`` (``(T, B)`` bool, False for steps to skip) and ``extras`` (name → ``(T, B, …)``).
+        Nothing of the call is kept if any part of it is invalid.
+        """
+        if self._closed:
+            raise WriterClosedError(f"writer for run {self.run_id!r} is closed")
+        arrays = _host(batch)
+        T, B = _lead_shape(arrays)
+        valid, done = _masks(arrays, T, B)
+        _check_rewards(arrays["reward"], valid)
+        cursors = self._cursors if self._cursors is not None else Cursors.empty(B)
+        if cursors.num_envs != B:
+            raise InputError(f"batch has B={B} envs but this writer was started with B={cursors.num_envs}; "
+                             "use one writer per vector env")
+        seg = segment(valid, done, cursors, self._ids, autoreset=self.autoreset)
+        record = self._record(arrays, seg, T, B)
+        self._cursors = seg.cursors
+        self.steps_written += record.num_rows
+        self.episodes_completed += seg.completed
+        self._buffer_rows(record)
+        return record.num_rows
+
+    def add_step(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
+                 *, valid: Any = None, extras: Mapping[str, Any] | None = None) -> int:
+        """Add one vector-env step: every array is ``(B, …)``."""
+        batch: dict[str, Any] = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs,
+                                 "terminated": terminated, "truncated": truncated}
+        if valid is not None:
+            batch["valid"] = valid
+        if extras:
+            batch["extras"] = extras
+        return self.add_batch(_add_time_axis(_host(batch)))
+
+    def reset(self, env_indices: Any = None) -> None:
+        """Mark envs as reset (needed with ``autoreset='off'``); an open episode there stays unfinished."""
+        if self._cursors is None:
+            return
+        idx = np.arange(self._cursors.num_envs) if env_indices is None else np.asarray(env_indices)
+        self._cursors.state[idx] = 0
+        self._cursors.episode_id[idx] = -1
+        self._cursors.next_step[idx] = 0
+
+    def flush(self) -> None:
+        """Commit everything buffered and wait until it is visible to readers."""
+        self._submit()
+        self._wait()
+
+    def close(self) -> None:
+        """Flush and release the writer. Idempotent — safe to call multiple times."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._pool.shutdown(wait=True)
+
+    @property
+    def open_episodes(self) -> int:
+        return 0 if self._cursors is None else int((self._cursors.state == 1).sum())
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- internals ------------------------------------------------------------------------------------
+
+    def _initial_types(self, observation_space: Any, action_space: Any) -> dict[str, pa.DataType]:
+        stored = self.table.file_schema()
+        types: dict[str, pa.DataType] = {f.name: f.type for f in stored} if stored is not None else {}
+        declared: dict[str, pa.DataType] = {}
+        if observation_space is not None:
+            declared["obs"] = declared["next_obs"] = sch.type_of_space(observation_space, role="observation")
+        if action_space is not None:
+            declared["action"] = sch.type_of_space(action_space, role="action")
+        for name, t in declared.items():
+            if name in types and not sch.compatible(types[name], t):
+                raise SchemaMismatchError(f"{name}: the store's steps table holds {types[name]}, but the given "
+                                          f"space needs {t}; use a separate store for this environment")
+            types.setdefault(name, t)
+        return types
+
+    def _type_for(self, name: str, value: Any, lead: int) -> pa.DataType:
+        if name not in self._types:
+            known = sch.lineage_columns()
+            self._types[name] = known.get(name) or sch.type_of_array(name, value, lead)
+        return self._types[name]
+
+    def _record(self, arrays: dict[str, Any], seg: Segments, T: int, B: int) -> pa.RecordBatch:
+        n = len(seg.rows)
+        cols: dict[str, pa.Array] = {"episode_id": pa.array(seg.episode_id, pa.int64()),
+                                     "step": pa.array(seg.step.astype(np.int32))}
+        base_types = dict(self._types)
+        try:
+            for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated"):
+                t = self._type_for(name, arrays[name], 2)
+                cols[name] = sch.to_arrow(name, _rows(arrays[name], seg.rows, T, B), t, n)
+            cols["wall_time"] = pa.array(np.full(n, _now_us()), pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+            cols["env_index"] = pa.array((seg.rows // T).astype(np.int32))
+            for name, value in self.lineage.items():
+                t = self._type_for(name, value, 0)
+                cols[name] = sch.to_arrow(name, _lineage_rows(name, value, seg.rows // T, B, n), t, n)
+            for name, value in (arrays.get("extras") or {}).items():
+                _check_extra(name, value, T, B)
+                cols[name] = sch.to_arrow(name, _rows(value, seg.rows, T, B), self._type_for(name, value, 2), n)
+        except Exception:
+            self._types = base_types  # a refused call must not fix column types for the next one
+            raise
+        return pa.RecordBatch.from_pydict(cols)
+
+    def _buffer_rows(self, record: pa.RecordBatch) -> None:
+        if self._buffer and record.schema != self._buffer[0].schema:
+            self._submit()
+        self._buffer.append(record)
+        self._buffered_bytes += record.nbytes
+        if self._buffered_bytes >= self.flush_bytes:
+            self._submit()
+
+    def _submit(self) -> None:
+        """Hand the buffer to the commit thread; at most one commit is in flight at a time."""
+        if not self._buffer:
+            return
+        data = pa.Table.from_batches(self._buffer)
+        self._buffer, self._buffered_bytes = [], 0
+        self._wait()
+        self._pending = self._pool.submit(self.table.append, data, run_id=self.run_id, env_id=self.env_id)
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.files_committed.append(pending.result())
+
+
+# --- helpers (pure functions over the batch) --------------------------------------------------------------
+
+def _check_name(field: str, value: Any) -> None:
+    if not isinstance(value, str) or not value or value.strip() != value or "\n" in value:
+        raise InputError(f"{field} must be a non-empty string without surrounding spaces, got {value!r}")
+
+
+def _host(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The batch with every (JAX or numpy) array copied to host memory once."""
+    if not isinstance(batch, Mapping):
+        raise InputError(f"batch must be a mapping of column name to array, got {type(batch).__name__}")
+    missing = [k for k in REQUIRED if k not in batch]
+    if missing:
+        raise InputError(f"batch is missing {missing}; expected {list(REQUIRED)} (+ optional valid, extras)")
+    unknown = set(batch) - set(REQUIRED) - {"valid", "extras"}
+    if unknown:
+        raise InputError(f"batch has unknown keys {sorted(unknown)}; put per-step extras under batch['extras']")
+    return {k: _to_host(v) for k, v in batch.items()}
+
+
+def _to_host(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _to_host(v) for k, v in value.items()}
+    return np.asarray(value)
+
+
+def _lead_shape(arrays: dict[str, Any]) -> tuple[int, int]:
+    reward = arrays["reward"]
+    if reward.ndim != 2:
+        raise InputError(f"reward: expected a time-major (T, B) array, got shape {reward.shape}")
+    T, B = reward.shape
+    for name in ("obs", "action", "next_obs", "terminated", "truncated", "valid"):
+        if name in arrays:
+            for leaf_name, leaf in _leaves(name, arrays[name]):
+                if leaf.shape[:2] != (T, B):
+                    raise InputError(f"{leaf_name}: expected leading dims (T, B) = ({T}, {B}) like reward, "
+                                     f"got shape {leaf.shape}")
+    return T, B
+
+
+def _leaves(name: str, value: Any) -> list[tuple[str, np.ndarray]]:
+    if isinstance(value, Mapping):
+        return [leaf for k, v in value.items() for leaf in _leaves(f"{name}.{k}", v)]
+    return [(name, value)]
+
+
+def _masks(arrays: dict[str, Any], T: int, B: int) -> tuple[np.ndarray, np.ndarray]:
+    for name in ("terminated", "truncated", "valid"):
+        if name in arrays and arrays[name].shape != (T, B):
+            raise InputError(f"{name}: expected shape ({T}, {B}), got {arrays[name].shape}")
+        if name in arrays and arrays[name].dtype.kind not in "bui":
+            raise InputError(f"{name}: expected a bool array, got dtype {arrays[name].dtype}")
+    valid = arrays["valid"].astype(bool) if "valid" in arrays else np.ones((T, B), bool)
+    return valid, (arrays["terminated"].astype(bool) | arrays["truncated"].astype(bool))
+
+
+def _check_rewards(reward: np.ndarray, valid: np.ndarray) -> None:
+    if reward.dtype.kind not in "fiub":
+        raise InputError(f"reward: expected a float array, got dtype {reward.dtype}")
+    bad = valid & ~np.isfinite(reward)
+    if bad.any():
+        t, b = (int(i[0]) for i in np.nonzero(bad))
+        raise InputError(f"reward must be finite: got {reward[t, b]} at env {b}, t={t}")
+
+
+def _check_extra(name: str, value: Any, T: int, B: int) -> None:
+    if name in REQUIRED or name in ("episode_id", "step", "run_id", "env_id", "wall_time", "env_index"):
+        raise InputError(f"extras: {name!r} is a reserved column name")
+    for leaf_name, leaf in _leaves(f"extras.{name}", value):
+        if leaf.shape[:2] != (T, B):
+            raise InputError(f"{leaf_name}: expected leading dims (T, B) = ({T}, {B}), got shape {leaf.shape}")
+
+
+def _rows(value: Any, rows: np.ndarray, T: int, B: int) -> Any:
+    """Select ``rows`` (env-major flat indices) of a ``(T, B, …)`` array."""
+    if isinstance(value, Mapping):
+        return {k: _rows(v, rows, T, B) for k, v in value.items()}
+    env_major = np.swapaxes(value, 0, 1).reshape(T * B, *value.shape[2:])
+    return env_major if len(rows) == T * B else env_major[rows]
+
+
+def _lineage_rows(name: str, value: Any, env: np.ndarray, B: int, n: int) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        return np.broadcast_to(arr, (n,))
+    if arr.shape == (B,):
+        return arr[env]
+    raise InputError(f"{name}: a writer lineage value must be a scalar or one value per env (shape ({B},)), "
+                     f"got shape {arr.shape}")
+
+
+def _add_time_axis(batch: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in batch.items():
+        out[k] = _add_time_axis(v) if isinstance(v, Mapping) else np.asarray(v)[None]
+    return out
+
+
+def _now_us() -> int:
+    return int(datetime.now(timezone.utc).timestamp() * 1_000_000)

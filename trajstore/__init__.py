@@ -7,6 +7,9 @@
 from __future__ import annotations
 
 from trajstore.errors import (
+    AuthenticationError,
+    QueryRefusedError,
+    QueryTimeoutError,
     CommitError,
     InputError,
     QueryError,
@@ -25,6 +28,9 @@ from trajstore.writer import Writer
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuthenticationError",
+    "QueryRefusedError",
+    "QueryTimeoutError",
     "CommitError",
     "InputError",
     "QueryError",

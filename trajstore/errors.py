@@ -13,7 +13,10 @@ __all__ = [
     "StoreNotFoundError",
     "StoreExistsError",
     "QueryError",
+    "QueryRefusedError",
+    "QueryTimeoutError",
     "CommitError",
+    "AuthenticationError",
     "WriterClosedError",
     "RemoteError",
 ]
@@ -41,6 +44,18 @@ class StoreExistsError(FileExistsError, TrajstoreError):
 
 class QueryError(TrajstoreError):
     """A query could not be run: bad SQL, a refused statement, or a limit reached."""
+
+
+class QueryRefusedError(QueryError, PermissionError):
+    """A statement that is not a single read-only SELECT over the store, or that reaches outside it."""
+
+
+class QueryTimeoutError(QueryError, TimeoutError):
+    """A query ran past its time limit and was interrupted."""
+
+
+class AuthenticationError(TrajstoreError, PermissionError):
+    """A missing or wrong API key."""
 
 
 class CommitError(TrajstoreError):

@@ -1,0 +1,10 @@
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY trajstore ./trajstore
+COPY api ./api
+COPY schemas ./schemas
+RUN pip install --no-cache-dir .
+ENV TRAJSTORE_STORE=/data TRAJSTORE_HOST=0.0.0.0
+EXPOSE 8321
+CMD ["trajstore", "serve", "--store", "/data", "--host", "0.0.0.0", "--port", "8321"]

@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= ./demo-store
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench browser clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,13 @@ demo: install
 	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo --seed 0 --create
 	$(VENV)/bin/trajstore stats --store $(STORE) --by run_id --gamma 0.99
 
-test: install
+test: install browser
 	$(PY) -m pytest
+
+# Debian's chromium for the dashboard's browser tests (Playwright drives it; its own browser download is not used).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "could not install chromium (needs root and Debian's apt): the browser tests will be skipped"
 
 bench: install
 	$(PY) benchmarks/run.py

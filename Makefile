@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo --seed 0 --create
+	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo --seed 0
 	$(VENV)/bin/trajstore stats --store $(STORE) --by run_id --gamma 0.99
 
 test: install browser

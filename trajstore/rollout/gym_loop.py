@@ -1,0 +1,198 @@
+"""The gymnasium rollout worker: a vector env stepped with a policy, every transition into a store.
+
+Both autoreset modes of gymnasium 1.x vector envs are handled. In next-step mode (the default)
+the step after an episode ends is a reset step, not a transition, and is not stored; in
+same-step mode ``next_obs`` of the last step is the true final observation from
+``info["final_obs"]``. A vector env with autoreset disabled is reset here, env by env.
+
+>>> import trajstore, tempfile
+>>> store = trajstore.open(tempfile.mkdtemp(), create=True)
+>>> result = gym_rollout(store, "CartPole-v1", run_id="doc", num_envs=2, episodes=3, progress=False)
+>>> result.episodes >= 3
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from trajstore.errors import InputError
+from trajstore.rollout.progress import RolloutProgress
+from trajstore.rollout.sampling import RolloutResult, sample_until
+from trajstore.store import Store
+
+log = logging.getLogger(__name__)
+
+Policy = Callable[[Any], Any]
+"""``policy(obs) -> action`` for a whole vector env: ``(B, …)`` observations in, ``(B, …)`` actions out."""
+
+NEXT_STEP, SAME_STEP, DISABLED = "next-step", "same-step", "disabled"
+
+
+def gym_rollout(store: Store, env: Any, *, run_id: str, num_envs: int = 8, policy: Policy | None = None,
+                episodes: int | None = None, steps: int | None = None, seed: int | None = 0,
+                env_id: str | None = None, autoreset: str = NEXT_STEP, chunk: int = 256,
+                progress: bool = True, env_kwargs: Mapping[str, Any] | None = None,
+                **lineage: Any) -> RolloutResult:
+    """Roll out ``env`` (a gymnasium id or a vector env) into ``store`` until ``episodes``/``steps`` are reached.
+
+    With no ``policy``, actions are sampled from the action space (seeded with ``seed``).
+    ``episodes`` counts complete episodes, ``steps`` stored steps; with both, both must be reached.
+    Episodes still running at the stop are stored too, as incomplete. Extra keywords
+    (``policy_version=``, ``mode=``, …) are stored as lineage columns.
+    """
+    until = sample_until(min_timesteps=steps, min_episodes=episodes)
+    if chunk < 1:
+        raise InputError(f"chunk must be a positive number of steps, got {chunk}")
+    venv, owned = _vector_env(env, num_envs, autoreset, env_kwargs or {})
+    try:
+        mode = _autoreset_mode(venv)
+        env_id = env_id or _env_id(env, venv)
+        return _run(store, venv, mode, until, policy, seed, run_id=run_id, env_id=env_id, chunk=chunk,
+                    bar=RolloutProgress(episodes=episodes, steps=steps, enabled=progress), lineage=lineage)
+    finally:
+        if owned:
+            venv.close()
+
+
+def _run(store: Store, venv: Any, mode: str, until: Callable[..., bool], policy: Policy | None,
+         seed: int | None, *, run_id: str, env_id: str, chunk: int, bar: RolloutProgress,
+         lineage: dict[str, Any]) -> RolloutResult:
+    B = venv.num_envs
+    if seed is not None:
+        lineage.setdefault("seed", seed + np.arange(B, dtype=np.int64))
+        venv.action_space.seed(seed)
+    obs, _ = venv.reset(seed=seed)
+    tracker = EpisodeTracker(B, drops_reset_steps=mode == NEXT_STEP)
+    result = RolloutResult(run_id=run_id, env_id=env_id)
+    started = time.perf_counter()
+    with bar, store.writer(run_id=run_id, env_id=env_id, observation_space=venv.single_observation_space,
+                           action_space=venv.single_action_space,
+                           autoreset="next-step" if mode == NEXT_STEP else "same-step", **lineage) as writer:
+        steps: list[tuple[Any, ...]] = []
+        stop = False
+        while not stop:
+            action = np.asarray(policy(obs)) if policy is not None else venv.action_space.sample()
+            next_obs, reward, terminated, truncated, info = venv.step(action)
+            final_obs = _with_final_obs(next_obs, info) if mode == SAME_STEP else next_obs
+            steps.append((obs, action, reward, final_obs, terminated, truncated))
+            returns, lengths = tracker.update(reward, terminated, truncated)
+            result.episode_returns += returns
+            result.episode_lengths += lengths
+            obs = _reset_done(venv, next_obs, terminated | truncated) if mode == DISABLED else next_obs
+            stop = until(episodes=tracker.episodes, timesteps=tracker.steps)
+            if len(steps) == chunk or stop:
+                writer.add_batch(_time_major(steps))
+                steps = []
+            bar.update(steps=tracker.steps, episodes=tracker.episodes, returns=returns)
+        bar.finish(steps=tracker.steps, episodes=tracker.episodes)
+    result.steps, result.episodes = writer.steps_written, tracker.episodes
+    result.seconds = time.perf_counter() - started
+    log.info("rollout %s/%s: %d steps, %d episodes in %.1fs", run_id, env_id, result.steps, result.episodes,
+             result.seconds)
+    return result
+
+
+class EpisodeTracker:
+    """Returns and lengths of the episodes a vector env finishes, counted as the writer stores them."""
+
+    def __init__(self, num_envs: int, *, drops_reset_steps: bool) -> None:
+        self.drops_reset_steps = drops_reset_steps
+        self.ret = np.zeros(num_envs, np.float64)
+        self.len = np.zeros(num_envs, np.int64)
+        self.after_done = np.zeros(num_envs, bool)
+        self.episodes = 0
+        self.steps = 0
+
+    def update(self, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> tuple[list, list]:
+        real = ~self.after_done if self.drops_reset_steps else np.ones_like(self.after_done)
+        done = (np.asarray(terminated) | np.asarray(truncated)) & real
+        self.ret += np.where(real, reward, 0.0)
+        self.len += real
+        self.steps += int(real.sum())
+        returns, lengths = self.ret[done].tolist(), self.len[done].tolist()
+        self.episodes += len(returns)
+        self.ret[done], self.len[done] = 0.0, 0
+        self.after_done = done
+        return returns, lengths
+
+
+def _vector_env(env: Any, num_envs: int, autoreset: str, env_kwargs: Mapping[str, Any]) -> tuple[Any, bool]:
+    import gymnasium as gym
+    from gymnasium.vector import AutoresetMode, VectorEnv
+
+    if isinstance(env, VectorEnv):
+        return env, False
+    if not isinstance(env, str):
+        raise InputError(f"env must be a gymnasium id or a gymnasium.vector.VectorEnv, got {type(env).__name__}")
+    if not isinstance(num_envs, int) or num_envs < 1:
+        raise InputError(f"num_envs must be a positive integer, got {num_envs!r}")
+    modes = {NEXT_STEP: AutoresetMode.NEXT_STEP, SAME_STEP: AutoresetMode.SAME_STEP,
+             DISABLED: AutoresetMode.DISABLED}
+    if autoreset not in modes:
+        raise InputError(f"autoreset must be one of {list(modes)}, got {autoreset!r}")
+    try:
+        venv = gym.make_vec(env, num_envs=num_envs, vectorization_mode="sync",
+                            vector_kwargs={"autoreset_mode": modes[autoreset]}, **env_kwargs)
+    except gym.error.Error as exc:
+        raise InputError(f"env: gymnasium cannot make {env!r}: {exc}") from None
+    return venv, True
+
+
+def _autoreset_mode(venv: Any) -> str:
+    mode = getattr(venv.metadata.get("autoreset_mode"), "value", venv.metadata.get("autoreset_mode"))
+    return {"NextStep": NEXT_STEP, "SameStep": SAME_STEP, "Disabled": DISABLED}.get(str(mode), NEXT_STEP)
+
+
+def _env_id(env: Any, venv: Any) -> str:
+    if isinstance(env, str):
+        return env
+    spec = getattr(venv, "spec", None) or getattr(getattr(venv, "unwrapped", None), "spec", None)
+    if spec is None or not getattr(spec, "id", None):
+        raise InputError("env_id: this vector env has no spec id; pass env_id='…'")
+    return str(spec.id)
+
+
+def _with_final_obs(next_obs: Any, info: Mapping[str, Any]) -> Any:
+    """Same-step autoreset: put the true final observation where an episode ended."""
+    mask = info.get("_final_obs")
+    if mask is None or not np.any(mask):
+        return next_obs
+    envs = np.flatnonzero(mask)
+    return _replace_rows(next_obs, envs, [info["final_obs"][i] for i in envs])
+
+
+def _reset_done(venv: Any, next_obs: Any, done: np.ndarray) -> Any:
+    """Autoreset disabled: reset the envs whose episode ended and use their first observation."""
+    if not np.any(done):
+        return next_obs
+    reset_obs, _ = venv.reset(options={"reset_mask": np.asarray(done)})
+    envs = np.flatnonzero(done)
+    return _replace_rows(next_obs, envs, [_row(reset_obs, i) for i in envs])
+
+
+def _replace_rows(batch: Any, envs: np.ndarray, rows: list[Any]) -> Any:
+    if isinstance(batch, Mapping):
+        return {k: _replace_rows(v, envs, [r[k] for r in rows]) for k, v in batch.items()}
+    out = np.array(batch, copy=True)
+    out[envs] = np.stack([np.asarray(r) for r in rows])
+    return out
+
+
+def _row(batch: Any, i: int) -> Any:
+    return {k: _row(v, i) for k, v in batch.items()} if isinstance(batch, Mapping) else batch[i]
+
+
+def _time_major(steps: list[tuple[Any, ...]]) -> dict[str, Any]:
+    names = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+    return {name: _stack([s[i] for s in steps]) for i, name in enumerate(names)}
+
+
+def _stack(items: list[Any]) -> Any:
+    if isinstance(items[0], Mapping):
+        return {k: _stack([it[k] for it in items]) for k in items[0]}
+    return np.stack([np.asarray(it) for it in items])

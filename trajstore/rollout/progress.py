@@ -1,0 +1,62 @@
+"""A progress bar for rollouts: steps/s, episodes done and the mean return of the latest episodes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from trajstore.rollout.sampling import RecentReturns
+
+
+class RolloutProgress:
+    """A ``tqdm`` bar counting episodes (when an episode target is given) or steps; a no-op when disabled."""
+
+    def __init__(self, *, episodes: int | None, steps: int | None, enabled: bool = True,
+                 min_interval: float = 0.25) -> None:
+        self.by_episodes = episodes is not None
+        self.total = episodes if self.by_episodes else steps
+        self.enabled = enabled
+        self.min_interval = min_interval
+        self.recent = RecentReturns()
+        self._bar: Any = None
+        self._shown = 0
+        self._last = 0.0
+        self._start = 0.0
+
+    def __enter__(self) -> RolloutProgress:
+        self._start = time.perf_counter()
+        if self.enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self.total, unit="ep" if self.by_episodes else "step", dynamic_ncols=True,
+                             desc="rollout", unit_scale=not self.by_episodes)
+        return self
+
+    def update(self, *, steps: int, episodes: int, returns: list[float] | None = None) -> None:
+        if returns:
+            self.recent.extend(returns)
+        if self._bar is None:
+            return
+        now = time.perf_counter()
+        if now - self._last < self.min_interval:
+            return
+        self._refresh(now, steps, episodes)
+
+    def _refresh(self, now: float, steps: int, episodes: int) -> None:
+        self._last = now
+        rate = steps / max(now - self._start, 1e-9)
+        postfix = {"steps/s": f"{rate:,.0f}", "episodes": episodes}
+        if self.recent.mean is not None:
+            postfix["return(last100)"] = f"{self.recent.mean:.2f}"
+        self._bar.set_postfix(postfix, refresh=False)
+        done = episodes if self.by_episodes else steps
+        self._bar.update(done - self._shown)
+        self._shown = done
+
+    def finish(self, *, steps: int, episodes: int) -> None:
+        if self._bar is not None:
+            self._refresh(time.perf_counter(), steps, episodes)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,130 @@
+"""The ``trajstore`` command, as a user runs it: rollout, stats, episodes, sql in every format, check, errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import trajstore
+from trajstore.cli import main
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "store"
+    code = main(["rollout", "--backend", "gym", "--env", "CartPole-v1", "--num-envs", "4", "--episodes", "50",
+                 "--store", str(path), "--run", "demo", "--seed", "0", "--no-progress"])
+    assert code == 0
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_rollout_stores_what_it_reports(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = trajstore.open(demo)
+    n_traj = store.stats().column("n_traj")[0].as_py()
+    assert n_traj >= 50
+    code, out, _ = run(capsys, "rollout", "--env", "CartPole-v1", "--steps", "300", "--store", str(demo),
+                       "--run", "more", "--no-progress")
+    assert code == 0 and "stored 30" in out and "'more'" in out
+    assert store.sql("SELECT count(*) n FROM steps WHERE run_id = 'more'").column("n")[0].as_py() >= 300
+
+
+def test_stats_json_matches_python(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "stats", "--store", str(demo), "--by", "run_id", "--gamma", "0.99",
+                       "--run", "demo", "--format", "json")
+    assert code == 0
+    (row,) = [json.loads(line) for line in out.splitlines()]
+    expected = trajstore.open(demo).stats(by="run_id", gamma=0.99, run_id="demo").to_pylist()[0]
+    assert row.keys() == expected.keys()
+    for key, value in expected.items():
+        assert row[key] == (pytest.approx(value) if isinstance(value, float) else value)
+
+
+def test_stats_table_is_readable(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "stats", "--store", str(demo), "--run", "demo")
+    header, rule, row, footer = out.splitlines()
+    assert header.split()[:3] == ["n_traj", "return_min", "return_mean"]
+    assert set(rule) <= {"-", " "} and footer == "(1 row)"
+    assert int(row.split()[0]) == trajstore.open(demo).stats(run_id="demo").column("n_traj")[0].as_py()
+
+
+def test_episodes_order_and_limit(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "episodes", "--store", str(demo), "--run", "demo", "--complete",
+                       "--order-by", "-episode_return", "--limit", "5", "--format", "csv")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    returns = [float(r["episode_return"]) for r in rows]
+    assert len(rows) == 5 and returns == sorted(returns, reverse=True)
+    best = trajstore.open(demo).episodes(run_id="demo", complete=True).column("episode_return").to_numpy()
+    assert returns[0] == best.max()
+
+
+def test_sql_formats(demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    query = "SELECT episode_id, step, obs, reward FROM steps WHERE run_id = 'demo' ORDER BY episode_id, step LIMIT 7"
+    code, out, _ = run(capsys, "sql", "--store", str(demo), query, "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and len(rows) == 7 and len(json.loads(rows[0]["obs"])) == 4
+    code, out, _ = run(capsys, "sql", "--store", str(demo), query, "--format", "json")
+    assert [json.loads(line)["step"] for line in out.splitlines()] == [int(r["step"]) for r in rows]
+    target = tmp_path / "out.parquet"
+    code, out, _ = run(capsys, "sql", "--store", str(demo), query, "--format", "parquet", "-o", str(target))
+    table = pq.read_table(target)
+    assert code == 0 and table.num_rows == 7
+    np.testing.assert_allclose(np.stack(table.column("obs").to_numpy(zero_copy_only=False))[0],
+                               json.loads(rows[0]["obs"]), rtol=1e-6)
+
+
+def test_check_passes_on_a_healthy_store(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "check", "--store", str(demo))
+    assert code == 0, out
+
+
+def test_check_fails_on_a_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "store"
+    assert main(["rollout", "--env", "CartPole-v1", "--episodes", "5", "--store", str(path), "--run", "r",
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    victim = trajstore.open(path).files()[0].path
+    Path(victim).write_bytes(Path(victim).read_bytes()[:100])
+    code, out, _ = run(capsys, "check", "--store", str(path))
+    assert code == 1 and os.path.basename(victim) in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["stats", "--store", "{missing}"], "no trajstore store at"),
+    (["sql", "--store", "{demo}", "SELECT * FROM nope"], "Table with name nope does not exist"),
+    (["stats", "--store", "{demo}", "--gamma", "1.5"], r"gamma must be in \[0, 1\], got 1.5"),
+    (["stats", "--store", "{demo}", "--by", "colour"], "by: unknown column"),
+    (["episodes", "--store", "{demo}", "--order-by", "height"], "order_by: unknown column 'height'"),
+    (["sql", "--store", "{demo}", "SELECT 1", "--format", "parquet"], "give --output PATH"),
+    (["rollout", "--env", "CartPole-v1", "--store", "{demo}", "--run", "x"], "give --episodes N or --steps N"),
+])
+def test_errors_are_one_line(demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                             argv: list[str], message: str) -> None:
+    argv = [a.format(demo=demo, missing=tmp_path / "nothing") for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("trajstore: error: ") and err.count("\n") == 1
+    assert re.search(message, err)
+
+
+def test_installed_command_prints_no_traceback(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "trajstore.cli", "stats", "--store", str(tmp_path / "none")],
+                          capture_output=True, text=True, env={**os.environ, "TRAJSTORE_DEBUG": ""})
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.startswith("trajstore: error: no trajstore store")

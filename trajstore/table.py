@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, Field
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, CommitProperties, Transaction
 
 from trajstore.errors import CommitError
 from trajstore.schema import PARTITION_COLUMNS
@@ -98,8 +98,12 @@ class StepsTable:
 
     # --- writing ----------------------------------------------------------------------------------
 
-    def append(self, data: pa.Table, *, run_id: str, env_id: str) -> str:
-        """Write ``data`` (without partition columns) as one Parquet file and commit it. Returns its path."""
+    def append(self, data: pa.Table, *, run_id: str, env_id: str, app_id: str | None = None) -> str:
+        """Write ``data`` (without partition columns) as one Parquet file and commit it. Returns its path.
+
+        With ``app_id`` the commit also records that application transaction in the log, so
+        :meth:`has_transaction` can tell that this write happened (idempotent ingest).
+        """
         rel = f"run_id={quote(run_id, safe='')}/env_id={quote(env_id, safe='')}/part-{uuid.uuid4().hex}.parquet"
         full = self.path / rel
         full.parent.mkdir(parents=True, exist_ok=True)
@@ -111,8 +115,13 @@ class StepsTable:
         size = full.stat().st_size
         action = AddAction(rel, size, {"run_id": run_id, "env_id": env_id}, int(time.time() * 1000), True,
                            json.dumps(_stats(data)))
-        self._commit(action, data.schema)
+        self._commit(action, data.schema, app_id)
         return str(full)
+
+    def has_transaction(self, app_id: str) -> bool:
+        """Whether a commit recorded the application transaction ``app_id``."""
+        dt = self._open()
+        return dt is not None and dt.transaction_version(app_id) is not None
 
     def _write_file(self, data: pa.Table, path: Path) -> None:
         dictionary = [c for c in LOW_CARDINALITY if c in data.column_names]
@@ -122,14 +131,15 @@ class StepsTable:
             sink.flush()
             os.fsync(sink.fileno())
 
-    def _commit(self, action: AddAction, file_schema: pa.Schema) -> None:
+    def _commit(self, action: AddAction, file_schema: pa.Schema, app_id: str | None = None) -> None:
+        properties = CommitProperties(app_transactions=[Transaction(app_id, 1)]) if app_id else None
         full_schema = pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + list(file_schema))
         last: Exception | None = None
         for attempt in range(COMMIT_RETRIES):
             try:
                 dt = self._ensure_table(full_schema)
                 dt.create_write_transaction([action], mode="append", schema=full_schema,
-                                            partition_by=list(PARTITION_COLUMNS))
+                                            partition_by=list(PARTITION_COLUMNS), commit_properties=properties)
                 return
             except CommitFailedError as exc:  # another writer won the version race: read the log again
                 last = exc

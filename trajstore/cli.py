@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(p)
     p.set_defaults(func=cmd_sql)
 
+    p = sub.add_parser("serve", help="serve the REST API and dashboard over a store (uvicorn)")
+    p.add_argument("--store", **store_opt)
+    p.add_argument("--host", help="address to listen on (default: $TRAJSTORE_HOST or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: $TRAJSTORE_PORT or 8321)")
+    p.add_argument("--api-key", help="enable authenticated ingest with this key (default: $TRAJSTORE_API_KEY)")
+    p.set_defaults(func=cmd_serve)
+
     p = sub.add_parser("check", help="verify committed files and episodes; exit 1 if anything is wrong")
     p.add_argument("--store", **store_opt)
     p.set_defaults(func=cmd_check)
@@ -177,6 +184,24 @@ def cmd_episodes(args: argparse.Namespace) -> int:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     _emit(args, _open(args.store).sql(args.query))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import uvicorn
+
+    from api.app import create_app
+    from trajstore.settings import Settings
+
+    settings = Settings.from_env()
+    overrides = {"store": args.store, "host": args.host, "port": args.port, "api_key": args.api_key}
+    settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    app = create_app(settings)
+    print(f"trajstore: serving {app.state.store.root} on http://{settings.host}:{settings.port} "
+          f"(dashboard at /dashboard, OpenAPI at /openapi.json)", flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
     return 0
 
 

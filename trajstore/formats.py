@@ -86,14 +86,14 @@ def _csv_cell(value: Any) -> Any:
 
 def render_json(table: pa.Table) -> str:
     """One JSON object per row (JSON lines); NaN and infinities as null."""
-    return "".join(json.dumps(_finite(row), default=str) + "\n" for row in table.to_pylist())
+    return "".join(json.dumps(json_safe(row), default=str) + "\n" for row in table.to_pylist())
 
 
-def _finite(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value

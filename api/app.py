@@ -1,0 +1,39 @@
+"""The trajstore service: a FastAPI application over one store.
+
+>>> from api.app import create_app
+>>> from trajstore.settings import Settings
+>>> app = create_app(Settings(store="./trajdata"))  # doctest: +SKIP
+
+Run it with ``trajstore serve --store PATH`` (uvicorn). Settings come from ``TRAJSTORE_*``
+environment variables unless given.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI
+
+import trajstore
+from api import problems
+from api.dashboard import router as dashboard_router
+from api.routes import episodes, health, ingest, runs, sql, stats, steps
+from trajstore.settings import Settings
+from trajstore.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, *, store: Store | None = None) -> FastAPI:
+    """The application over ``store`` (or the store at ``settings.store``, created if absent)."""
+    settings = settings or Settings.from_env()
+    app = FastAPI(title="trajstore", version=trajstore.__version__,
+                  description="Episode statistics, returns, SQL and Arrow streams over stored RL trajectories.",
+                  responses=problems.ERROR_RESPONSES)
+    app.state.settings = settings
+    app.state.store = store or trajstore.open(settings.store, create=True, settings=settings)
+    problems.install(app)
+    for module in (health, runs, episodes, stats, steps, sql, ingest):
+        app.include_router(module.router)
+    app.include_router(dashboard_router)
+    return app

@@ -1,0 +1,94 @@
+"""RFC 9457 problem details: every error the service returns is ``application/problem+json``."""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from trajstore.errors import (
+    AuthenticationError,
+    InputError,
+    QueryError,
+    QueryRefusedError,
+    QueryTimeoutError,
+    StoreNotFoundError,
+    TrajstoreError,
+)
+
+log = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document."""
+
+    type: str = Field("about:blank", description="a URI naming the kind of problem")
+    title: str = Field(description="short summary of the kind of problem")
+    status: int = Field(description="the HTTP status code")
+    detail: str | None = Field(None, description="what went wrong in this request")
+    instance: str | None = Field(None, description="the request path")
+    errors: list[dict[str, Any]] | None = Field(None, description="per-field errors of an invalid request")
+
+
+ERROR_STATUSES = (400, 401, 403, 404, 406, 408, 413, 415, 422, 500, 503)
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem, "description": HTTPStatus(code).phrase,
+           "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+    for code in ERROR_STATUSES
+}
+
+_STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
+    (AuthenticationError, 401),
+    (QueryRefusedError, 403),
+    (QueryTimeoutError, 408),
+    (InputError, 422),
+    (QueryError, 400),
+    (StoreNotFoundError, 503),
+)
+
+
+def problem(status: int, detail: str | None = None, *, request: Request | None = None,
+            headers: dict[str, str] | None = None, errors: list[dict[str, Any]] | None = None) -> JSONResponse:
+    body = Problem(title=HTTPStatus(status).phrase, status=status, detail=detail,
+                   instance=request.url.path if request is not None else None, errors=errors)
+    return JSONResponse(jsonable_encoder(body, exclude_none=True), status_code=status, headers=headers,
+                        media_type=PROBLEM_JSON)
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into a problem document."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return problem(exc.status_code, str(exc.detail) if exc.detail else None, request=request,
+                       headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+                  for e in exc.errors()]
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
+        return problem(422, detail, request=request, errors=errors)
+
+    @app.exception_handler(TrajstoreError)
+    async def trajstore_error(request: Request, exc: TrajstoreError) -> JSONResponse:
+        status = next((code for kind, code in _STATUS_OF if isinstance(exc, kind)), 500)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if status == 500:
+            log.exception("error serving %s", request.url.path, exc_info=exc)
+        return problem(status, str(exc), request=request, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error serving %s", request.url.path, exc_info=exc)
+        return problem(500, "internal error; see the server log", request=request)

@@ -1,0 +1,68 @@
+"""Ingest from remote rollout workers: Arrow IPC rows, authenticated, idempotent, size-limited."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import pyarrow as pa
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import ARROW_STREAM, SettingsDep, StoreDep, require_api_key
+from trajstore.ingest import append_rows
+
+router = APIRouter(tags=["ingest"])
+NAME = r"^[^\s/](.*[^\s])?$"
+
+
+class Ingested(BaseModel):
+    run_id: str
+    env_id: str
+    rows: int
+    duplicate: bool
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it passes ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(status_code=413, detail=f"body of {declared} bytes is over the limit of {limit} bytes")
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(status_code=413, detail=f"body is over the limit of {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def parse_rows(body: bytes) -> pa.Table:
+    try:
+        return pa.ipc.open_stream(body).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise HTTPException(status_code=422, detail=f"body: not an Arrow IPC stream ({exc})") from None
+
+
+@router.post("/runs/{run_id}/batches", status_code=201, dependencies=[Depends(require_api_key)],
+             summary="Append rows already cut into episodes (what a RemoteWriter sends)",
+             openapi_extra={"requestBody": {"required": True,
+                                            "content": {ARROW_STREAM: {"schema": {"type": "string",
+                                                                                  "format": "binary"}}}}},
+             responses={200: {"model": Ingested, "description": "already stored under this Idempotency-Key"}})
+async def ingest(request: Request, store: StoreDep, settings: SettingsDep,
+                 run_id: Annotated[str, Path(min_length=1, max_length=200, pattern=NAME)],
+                 env_id: Annotated[str, Query(min_length=1, max_length=200, pattern=NAME)],
+                 idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> Ingested:
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith(ARROW_STREAM):
+        raise HTTPException(status_code=415, detail=f"content-type: expected {ARROW_STREAM}, got {content_type!r}")
+    rows = parse_rows(await read_body(request, settings.max_body_bytes))
+    _, duplicate = await run_in_threadpool(append_rows, store.table, rows, run_id=run_id, env_id=env_id,
+                                           idempotency_key=idempotency_key)
+    if duplicate:
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse(Ingested(run_id=run_id, env_id=env_id, rows=rows.num_rows, duplicate=True).model_dump(),
+                            status_code=200)  # type: ignore[return-value]
+    return Ingested(run_id=run_id, env_id=env_id, rows=rows.num_rows, duplicate=False)

@@ -1,0 +1,61 @@
+"""Runs and the store's columns."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
+
+from api.arrow import ARROW_CONTENT, arrow_response
+from api.deps import StoreDep
+
+router = APIRouter(tags=["runs"])
+
+RUNS_SQL = """
+SELECT run_id, env_id, count(*) AS episodes, count(*) FILTER (WHERE complete) AS complete_episodes,
+       sum(episode_length)::BIGINT AS steps, max(ended_at) AS last_write
+FROM episodes GROUP BY run_id, env_id ORDER BY run_id, env_id
+"""
+
+
+class RunEnv(BaseModel):
+    env_id: str
+    episodes: int
+    complete_episodes: int
+    steps: int
+    last_write: datetime | None
+
+
+class Run(BaseModel):
+    run_id: str
+    episodes: int
+    complete_episodes: int
+    steps: int
+    last_write: datetime | None
+    envs: list[RunEnv]
+
+
+@router.get("/runs", summary="Every run with its environments, episode and step counts and last write time")
+def runs(store: StoreDep) -> list[Run]:
+    out: dict[str, Run] = {}
+    for row in store.sql(RUNS_SQL).to_pylist():
+        env = RunEnv(**{k: v for k, v in row.items() if k != "run_id"})
+        run = out.setdefault(row["run_id"], Run(run_id=row["run_id"], episodes=0, complete_episodes=0, steps=0,
+                                                 last_write=None, envs=[]))
+        run.envs.append(env)
+        run.episodes += env.episodes
+        run.complete_episodes += env.complete_episodes
+        run.steps += env.steps
+        if env.last_write is not None and (run.last_write is None or env.last_write > run.last_write):
+            run.last_write = env.last_write
+    return list(out.values())
+
+
+@router.get("/schema", summary="The columns of the steps table, as an empty Arrow IPC stream",
+            response_class=Response, responses={200: {"content": ARROW_CONTENT}})
+def schema(store: StoreDep, request: Request) -> Response:
+    import pyarrow as pa
+
+    stored = store.table.file_schema() or pa.schema([])
+    return arrow_response(stored.empty_table())

@@ -1,0 +1,190 @@
+"""The Python client of a trajstore service: tables as Arrow, steps streamed into a training loop.
+
+>>> client = Client("http://127.0.0.1:8321")                    # doctest: +SKIP
+>>> client.stats(by=["run_id"], gamma=0.99)                       # doctest: +SKIP
+>>> for batch in client.iter_batches(batch_size=4096, columns=["obs", "action", "reward"],
+...                                  shuffle=True, seed=0, run_id="demo"):  # doctest: +SKIP
+...     train_step(batch["obs"], batch["action"], batch["reward"])
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+import uuid
+from typing import Any, Iterator, Literal, Mapping
+
+import httpx
+import numpy as np
+import pyarrow as pa
+
+from trajstore.errors import RemoteError
+from trajstore.schema import to_numpy
+from trajstore.stream import HttpByteStream, ipc_bytes, rebatch, shuffled
+
+log = logging.getLogger(__name__)
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+RETRY_STATUSES = (502, 503, 504)
+BatchFormat = Literal["numpy", "jax", "arrow"]
+
+
+class Client:
+    """A connection to a trajstore service at ``url``; ``api_key`` is needed only to write.
+
+    Reads are retried (``retries`` times, exponential back-off) on connection errors and 502/503/504;
+    so are writes that carry an idempotency key. Errors the server reports are raised as
+    :class:`~trajstore.errors.RemoteError` with the problem's ``status`` and ``detail``.
+    """
+
+    def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 30.0, retries: int = 3,
+                 backoff: float = 0.2, transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.url = url.rstrip("/")
+        self.retries, self.backoff = retries, backoff
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- reads -------------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/ready").json()
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run with its envs, episode and step counts and last write time."""
+        return self._request("GET", "/runs").json()
+
+    def episodes(self, *, order_by: str = "episode_id", limit: int = 100, offset: int = 0,
+                 gamma: float | None = None, **filters: Any) -> pa.Table:
+        """One page of episodes; filters as in the REST API (``run_id``, ``complete``, ``min_return``, …)."""
+        params = {"order_by": order_by, "limit": limit, "offset": offset, "gamma": gamma, **filters}
+        return self._table("GET", "/episodes", params=params)
+
+    def episode_steps(self, episode_id: int, columns: list[str] | None = None) -> pa.Table:
+        return self._table("GET", f"/episodes/{int(episode_id)}/steps", params={"columns": columns})
+
+    def stats(self, *, by: str | list[str] | None = None, gamma: float | None = None,
+              include_incomplete: bool = False, **filters: Any) -> pa.Table:
+        """Episode statistics with the keys of ``imitation``'s ``rollout_stats``, one row per group of ``by``."""
+        params = {"by": [by] if isinstance(by, str) else by, "gamma": gamma,
+                  "include_incomplete": include_incomplete, **filters}
+        return self._table("GET", "/stats", params=params)
+
+    def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", limit: int = 10_000,
+                **filters: Any) -> pa.Table:
+        return self._table("GET", "/returns", params={"gamma": gamma, "per": per, "limit": limit, **filters})
+
+    def sql(self, query: str, *, max_rows: int | None = None,
+            as_: Literal["arrow", "dicts"] = "arrow") -> pa.Table | list[dict[str, Any]]:
+        """Run one read-only SELECT on the server; an Arrow table, or a list of dicts with ``as_="dicts"``."""
+        table = self._table("POST", "/sql", json={"query": query, "max_rows": max_rows})
+        return table.to_pylist() if as_ == "dicts" else table
+
+    def schema(self) -> pa.Schema:
+        """The Arrow types of the store's ``steps`` columns (empty when nothing is stored)."""
+        return self._table("GET", "/schema").schema
+
+    # --- streaming ---------------------------------------------------------------------------------------
+
+    def iter_batches(self, *, batch_size: int = 4096, columns: list[str] | None = None, shuffle: bool = False,
+                     seed: int | None = None, shuffle_buffer: int = 65_536, drop_last: bool = False,
+                     format: BatchFormat = "numpy", **filters: Any) -> Iterator[Any]:  # noqa: A002
+        """Yield batches of ``batch_size`` steps while the stream is still arriving.
+
+        ``format`` is ``"numpy"`` (dict of arrays, ``(n, …)``), ``"jax"`` (dict of JAX arrays) or
+        ``"arrow"`` (record batches). With ``shuffle``, rows are drawn at random from a buffer of
+        ``shuffle_buffer`` rows, reproducibly for a given ``seed``; memory stays bounded by that buffer.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if format not in ("numpy", "jax", "arrow"):
+            raise ValueError(f"format must be 'numpy', 'jax' or 'arrow', got {format!r}")
+        params = _params({"columns": columns, "batch_rows": max(batch_size, 8192), **filters})
+        with self._http.stream("GET", "/steps", params=params, headers={"Accept": ARROW_STREAM}) as response:
+            _raise_for_problem(response, streamed=True)
+            reader = pa.ipc.open_stream(io.BufferedReader(HttpByteStream(response.iter_raw()), 1 << 20))
+            batches = rebatch(reader, batch_size, drop_last=drop_last)
+            if shuffle:
+                batches = shuffled(batches, batch_size, shuffle_buffer, np.random.default_rng(seed),
+                                   drop_last=drop_last)
+            for batch in batches:
+                yield _convert(batch, format)
+
+    # --- writes -----------------------------------------------------------------------------------------
+    def post_rows(self, run_id: str, env_id: str, rows: pa.Table, *, idempotency_key: str | None = None) -> dict:
+        """Append rows already cut into episodes (see :class:`~trajstore.remote.RemoteWriter`); retried safely."""
+        key = idempotency_key or uuid.uuid4().hex
+        response = self._request("POST", f"/runs/{run_id}/batches", params={"env_id": env_id}, retry=True,
+                                 content=ipc_bytes(rows),
+                                 headers={"Content-Type": ARROW_STREAM, "Idempotency-Key": key})
+        return response.json()
+
+    # --- plumbing ----------------------------------------------------------------------------------------
+
+    def _table(self, method: str, path: str, **kwargs: Any) -> pa.Table:
+        response = self._request(method, path, headers={"Accept": ARROW_STREAM}, **kwargs)
+        return pa.ipc.open_stream(response.content).read_all()
+
+    def _request(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
+                 retry: bool | None = None, **kwargs: Any) -> httpx.Response:
+        retry = method in ("GET", "HEAD") or path == "/sql" if retry is None else retry
+        attempts = self.retries + 1 if retry else 1
+        for attempt in range(attempts):
+            try:
+                response = self._http.request(method, path, params=_params(params or {}), **kwargs)
+            except httpx.TransportError as exc:
+                if attempt + 1 == attempts:
+                    raise RemoteError(0, "Connection failed", f"{method} {self.url}{path}: {exc}") from exc
+            else:
+                if response.status_code not in RETRY_STATUSES or attempt + 1 == attempts:
+                    _raise_for_problem(response)
+                    return response
+            time.sleep(self.backoff * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+
+
+def _params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Query parameters without ``None`` values; booleans as ``true``/``false``."""
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        if v is None:
+            continue
+        out[k] = str(v).lower() if isinstance(v, bool) else v
+    return out
+
+
+def _raise_for_problem(response: httpx.Response, *, streamed: bool = False) -> None:
+    if response.status_code < 400:
+        return
+    if streamed:
+        response.read()
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    raise RemoteError(response.status_code, body.get("title") or response.reason_phrase, body.get("detail"))
+
+
+def _convert(batch: pa.RecordBatch, format: BatchFormat) -> Any:  # noqa: A002
+    if format == "arrow":
+        return batch
+    arrays = {name: to_numpy(batch.column(i)) for i, name in enumerate(batch.schema.names)}
+    if format == "jax":
+        import jax.numpy as jnp
+        import jax.tree_util
+
+        return jax.tree_util.tree_map(lambda a: jnp.asarray(a) if a.dtype.kind in "biuf" else a, arrays)
+    return arrays

@@ -62,6 +62,11 @@ def lineage_columns() -> dict[str, pa.DataType]:
     return {c["name"]: arrow_type(c["type"]) for c in load(STEP_SCHEMA_FILE)["lineage"]}
 
 
+def fixed_types() -> dict[str, pa.DataType]:
+    """Arrow types the step schema fixes (every column but the space-typed ``obs``/``action``/``next_obs``)."""
+    return {c["name"]: arrow_type(c["type"]) for c in load(STEP_SCHEMA_FILE)["columns"] if c["type"] != "space"}
+
+
 def episode_columns() -> list[dict[str, Any]]:
     return list(load(EPISODE_SCHEMA_FILE)["columns"])
 

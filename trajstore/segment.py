@@ -51,14 +51,25 @@ class Segments:
 
 
 def _drop_reset_steps(v: np.ndarray, d: np.ndarray, T: int, cursors: Cursors) -> np.ndarray:
-    """Next-step autoreset: the first valid step of an env after a done is gymnasium's reset step."""
+    """Next-step autoreset: the first valid step of an env after a kept done is gymnasium's reset step.
+
+    A reset step's own flags are ignored, so in a run of ``r`` done flags right before a step (with
+    the env's ended state at the batch start counting as one more) the step is a reset step iff
+    that count is odd.
+    """
     idx = np.flatnonzero(v)
+    n = len(idx)
+    pos = np.arange(n)
     env = idx // T
-    first = np.r_[True, env[1:] != env[:-1]] if len(idx) else np.zeros(0, bool)
-    prev_done = np.r_[False, d[idx][:-1]] if len(idx) else np.zeros(0, bool)
-    after_done = np.where(first, cursors.state[env] == ENDED, prev_done)
+    first = np.ones(n, bool)
+    first[1:] = env[1:] != env[:-1]
+    env_start = np.maximum.accumulate(np.where(first, pos, 0)) if n else pos
+    last_not_done = np.maximum.accumulate(np.where(d[idx], -1, pos)) if n else pos
+    prev_not_done = np.r_[-1, last_not_done[:-1]] if n else pos
+    run = pos - np.maximum(prev_not_done + 1, env_start)
+    from_start = (prev_not_done < env_start) & (cursors.state[env] == ENDED)
     keep = v.copy()
-    keep[idx[after_done]] = False
+    keep[idx[(run + from_start) % 2 == 1]] = False
     return keep
 
 
@@ -72,19 +83,21 @@ def segment(valid: np.ndarray, done: np.ndarray, cursors: Cursors,
     T, B = valid.shape
     v = np.ascontiguousarray(valid.T).ravel()
     d = np.ascontiguousarray((done & valid).T).ravel()
+    reset_envs = np.zeros(0, np.int64)
     if autoreset == "next-step":
-        v = _drop_reset_steps(v, d, T, cursors)
-        d = d & v
+        kept = _drop_reset_steps(v, d, T, cursors)
+        reset_envs = _ending_in_reset(v, kept, T)
+        v, d = kept, d & kept
     idx = np.flatnonzero(v)
     n = len(idx)
-    env = idx // T
+    env = np.repeat(np.arange(B), v.reshape(B, T).sum(axis=1))  # = idx // T, without the division
     dv = d[idx]
     first = np.ones(n, bool)
     first[1:] = env[1:] != env[:-1]
     starts = first.copy()
     starts[1:] |= dv[:-1]
     start_pos = np.flatnonzero(starts)
-    seg = np.cumsum(starts) - 1
+    seg_len = np.diff(np.append(start_pos, n))
     seg_env = env[start_pos]
     seg_first = first[start_pos]
     if autoreset == "off":
@@ -95,10 +108,18 @@ def segment(valid: np.ndarray, done: np.ndarray, cursors: Cursors,
     n_new = int((~continues).sum())
     seg_ids[~continues] = allocate(n_new)
     offset = np.where(continues, cursors.next_step[seg_env], 0)
-    step = np.arange(n) - start_pos[seg] + offset[seg]
-    episode_id = seg_ids[seg]
-    return Segments(idx, episode_id, step, _advance(cursors, env, dv, episode_id, step),
-                    n_new, int(dv.sum()))
+    step = np.arange(n) - np.repeat(start_pos - offset, seg_len)  # np.repeat over segments: cheaper than
+    episode_id = np.repeat(seg_ids, seg_len)                       # a cumsum and gathers per row
+    after = _advance(cursors, env, dv, episode_id, step)
+    after.state[reset_envs] = FRESH  # the reset step was seen: the env's next step starts an episode
+    return Segments(idx, episode_id, step, after, n_new, int(dv.sum()))
+
+
+def _ending_in_reset(valid: np.ndarray, kept: np.ndarray, T: int) -> np.ndarray:
+    """Envs whose last valid step of the batch is a dropped reset step."""
+    idx = np.flatnonzero(valid)
+    last = idx[np.r_[idx[1:] // T != idx[:-1] // T, True]] if len(idx) else idx
+    return last[~kept[last]] // T
 
 
 def _refuse_unreset(seg_env: np.ndarray, seg_first: np.ndarray, seg_t: np.ndarray, cursors: Cursors) -> None:

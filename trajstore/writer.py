@@ -83,7 +83,7 @@ class Writer:
         arrays = _host(batch)
         T, B = _lead_shape(arrays)
         valid, done = _masks(arrays, T, B)
-        _check_rewards(arrays["reward"], valid)
+        _check_rewards(arrays["reward"], valid, self._types.get("reward") or sch.fixed_types()["reward"])
         cursors = self._cursors if self._cursors is not None else Cursors.empty(B)
         if cursors.num_envs != B:
             raise InputError(f"batch has B={B} envs but this writer was started with B={cursors.num_envs}; "
@@ -160,7 +160,7 @@ class Writer:
 
     def _type_for(self, name: str, value: Any, lead: int) -> pa.DataType:
         if name not in self._types:
-            known = sch.lineage_columns()
+            known = {**sch.lineage_columns(), **sch.fixed_types()}
             self._types[name] = known.get(name) or sch.type_of_array(name, value, lead)
         return self._types[name]
 
@@ -259,19 +259,23 @@ def _masks(arrays: dict[str, Any], T: int, B: int) -> tuple[np.ndarray, np.ndarr
     for name in ("terminated", "truncated", "valid"):
         if name in arrays and arrays[name].shape != (T, B):
             raise InputError(f"{name}: expected shape ({T}, {B}), got {arrays[name].shape}")
-        if name in arrays and arrays[name].dtype.kind not in "bui":
+        if name in arrays and arrays[name].dtype.kind not in ("bui" if name == "valid" else "b"):
             raise InputError(f"{name}: expected a bool array, got dtype {arrays[name].dtype}")
     valid = arrays["valid"].astype(bool) if "valid" in arrays else np.ones((T, B), bool)
     return valid, (arrays["terminated"].astype(bool) | arrays["truncated"].astype(bool))
 
 
-def _check_rewards(reward: np.ndarray, valid: np.ndarray) -> None:
+def _check_rewards(reward: np.ndarray, valid: np.ndarray, stored: pa.DataType) -> None:
     if reward.dtype.kind not in "fiub":
         raise InputError(f"reward: expected a float array, got dtype {reward.dtype}")
-    bad = valid & ~np.isfinite(reward)
+    finite = np.isfinite(reward)
+    if stored == pa.float32() and reward.dtype.itemsize > 4:  # finite in float64 may be inf in float32
+        finite &= np.abs(reward) <= np.finfo(np.float32).max
+    bad = valid & ~finite
     if bad.any():
         t, b = (int(i[0]) for i in np.nonzero(bad))
-        raise InputError(f"reward must be finite: got {reward[t, b]} at env {b}, t={t}")
+        raise InputError(f"reward must be finite (as {stored}, the table's reward type): got {reward[t, b]} "
+                         f"at env {b}, t={t}")
 
 
 def _check_extra(name: str, value: Any, T: int, B: int) -> None:

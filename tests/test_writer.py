@@ -1,0 +1,411 @@
+"""The writer: numpy and JAX input, add_step, extras and lineage, spaces, flush/close, bounded memory, bad input."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from gymnasium import spaces
+
+import trajstore
+from trajstore.errors import InputError, SchemaMismatchError, WriterClosedError
+
+from conftest import make_batch
+
+ALL_STEPS = "SELECT * EXCLUDE (wall_time) FROM steps ORDER BY episode_id, step"
+
+
+def env_major(x: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
+    """A (T, B, …) array in the order the steps of one episode per env come back: env by env, in time."""
+    out = np.swapaxes(np.asarray(x), 0, 1).reshape(-1, *np.shape(x)[2:])
+    return out if keep is None else out[np.swapaxes(keep, 0, 1).reshape(-1)]
+
+
+def steps_by_env(store: trajstore.Store, columns: str = "*") -> pa.Table:
+    return store.sql(f"SELECT {columns} FROM steps ORDER BY env_index, episode_id, step")
+
+
+# --- values land where they belong ----------------------------------------------------------------------
+
+def test_add_batch_numpy_round_trip(store: trajstore.Store) -> None:
+    batch = make_batch(np.random.default_rng(0), 6, 3, p_terminated=0, p_truncated=0)
+    with store.writer(run_id="r", env_id="e") as w:
+        assert w.add_batch(batch) == 18
+    got = steps_by_env(store)
+    np.testing.assert_array_equal(np.stack(got["obs"].to_numpy(zero_copy_only=False)), env_major(batch["obs"]))
+    np.testing.assert_array_equal(np.stack(got["next_obs"].to_numpy(zero_copy_only=False)),
+                                  env_major(batch["next_obs"]))
+    np.testing.assert_array_equal(got["action"].to_numpy(), env_major(batch["action"]))
+    np.testing.assert_array_equal(got["reward"].to_numpy(), env_major(batch["reward"]))
+    assert got["env_index"].to_pylist() == [b for b in range(3) for _ in range(6)]
+    assert got["step"].to_pylist() == list(range(6)) * 3
+    assert got["run_id"].unique().to_pylist() == ["r"] and got["env_id"].unique().to_pylist() == ["e"]
+
+
+def test_add_batch_jax_arrays(store: trajstore.Store) -> None:
+    jnp = pytest.importorskip("jax.numpy")
+    batch = make_batch(np.random.default_rng(1), 5, 2, p_terminated=0.3)
+    jbatch = {k: jnp.asarray(v) for k, v in batch.items()}
+    assert isinstance(jbatch["obs"], type(jnp.zeros(1)))
+    with store.writer(run_id="r", env_id="e") as w:
+        w.add_batch(jbatch)
+    got = steps_by_env(store)
+    assert got.num_rows == 10
+    np.testing.assert_array_equal(np.stack(got["obs"].to_numpy(zero_copy_only=False)), env_major(batch["obs"]))
+    np.testing.assert_array_equal(got["reward"].to_numpy(), env_major(batch["reward"]))
+    assert got["terminated"].to_pylist() == env_major(batch["terminated"]).tolist()
+
+
+def test_add_step_equals_add_batch(tmp_path: Any) -> None:
+    batch = make_batch(np.random.default_rng(2), 12, 3, p_terminated=0.2, p_truncated=0.1)
+    a = trajstore.open(tmp_path / "a", create=True)
+    b = trajstore.open(tmp_path / "b", create=True)
+    with a.writer(run_id="r", env_id="e") as w:
+        w.add_batch(batch)
+    with b.writer(run_id="r", env_id="e") as w:
+        for t in range(12):
+            assert w.add_step(**{k: v[t] for k, v in batch.items()}) == 3
+    q = ("SELECT s.env_index, step, reward, action, s.terminated, s.truncated, episode_length FROM steps s "
+         "JOIN episodes USING (episode_id) ORDER BY s.env_index, reward")
+    assert a.sql(q).equals(b.sql(q))
+    assert a.episodes().num_rows == b.episodes().num_rows > 3
+
+
+def test_extras_and_lineage_land_in_their_columns(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(3)
+    T, B = 4, 3
+    log_prob = rng.standard_normal((T, B))
+    value = rng.standard_normal((T, B)).astype(np.float32)
+    hidden = rng.standard_normal((T, B, 2)).astype(np.float32)
+    batch = make_batch(rng, T, B, p_terminated=0, p_truncated=0,
+                       extras={"log_prob": log_prob, "value": value, "hidden": hidden})
+    with store.writer(run_id="r", env_id="e", policy_version=7, seed=np.array([10, 11, 12]),
+                      worker_id="w-1", mode="eval") as w:
+        w.add_batch(batch)
+    got = steps_by_env(store)
+    assert got["policy_version"].to_pylist() == [7] * 12
+    assert got["seed"].to_pylist() == [10] * 4 + [11] * 4 + [12] * 4
+    assert got["worker_id"].to_pylist() == ["w-1"] * 12
+    assert got["mode"].to_pylist() == ["eval"] * 12
+    assert got["env_index"].to_pylist() == [0] * 4 + [1] * 4 + [2] * 4
+    np.testing.assert_allclose(got["log_prob"].to_numpy(), env_major(log_prob), rtol=1e-6)
+    np.testing.assert_array_equal(got["value"].to_numpy(), env_major(value))
+    np.testing.assert_array_equal(np.stack(got["hidden"].to_numpy(zero_copy_only=False)), env_major(hidden))
+    eps = store.episodes(order_by="env_index").to_pylist()
+    assert [(e["env_index"], e["seed"], e["policy_version"], e["worker_id"]) for e in eps] == \
+        [(0, 10, 7, "w-1"), (1, 11, 7, "w-1"), (2, 12, 7, "w-1")]
+
+
+def test_policy_version_per_step_as_an_extra(store: trajstore.Store) -> None:
+    batch = make_batch(np.random.default_rng(4), 3, 2, p_terminated=0, p_truncated=0,
+                       extras={"policy_version": np.array([[1, 1], [2, 2], [3, 3]])})
+    with store.writer(run_id="r", env_id="e") as w:
+        w.add_batch(batch)
+    assert steps_by_env(store, "policy_version")["policy_version"].to_pylist() == [1, 2, 3, 1, 2, 3]
+    assert store.episodes()["policy_version"].to_pylist() == [1, 1]  # the episode's first step
+
+
+def test_dict_observation_space_is_a_struct_column(store: trajstore.Store) -> None:
+    space = spaces.Dict({"pos": spaces.Box(-1, 1, (2,), np.float32), "grid": spaces.Box(0, 9, (2, 3), np.int64),
+                         "mode": spaces.Discrete(3)})
+    rng = np.random.default_rng(5)
+    T, B = 3, 2
+    obs = {"pos": rng.uniform(-1, 1, (T, B, 2)).astype(np.float32), "grid": rng.integers(0, 9, (T, B, 2, 3)),
+           "mode": rng.integers(0, 3, (T, B))}
+    batch = make_batch(rng, T, B, p_terminated=0, p_truncated=0)
+    batch["obs"] = batch["next_obs"] = obs
+    with store.writer(run_id="r", env_id="e", observation_space=space, action_space=spaces.Discrete(4)) as w:
+        w.add_batch(batch)
+    schema = pq.read_schema(store.files()[0].path)
+    # gymnasium's Dict orders its keys by name
+    assert schema.field("obs").type == pa.struct([("grid", pa.list_(pa.list_(pa.int64(), 3), 2)),
+                                                  ("mode", pa.int64()), ("pos", pa.list_(pa.float32(), 2))])
+    assert schema.field("next_obs").type == schema.field("obs").type
+    got = store.sql("SELECT obs.pos AS pos, obs.grid AS grid, obs.mode AS mode FROM steps "
+                    "ORDER BY env_index, step")
+    np.testing.assert_array_equal(np.stack(got["pos"].to_numpy(zero_copy_only=False)), env_major(obs["pos"]))
+    grid = np.array(got["grid"].to_pylist())
+    np.testing.assert_array_equal(grid, env_major(obs["grid"]))
+    np.testing.assert_array_equal(got["mode"].to_numpy(), env_major(obs["mode"]))
+
+
+@pytest.mark.parametrize(("space", "action", "expected"), [
+    (spaces.Discrete(5), lambda rng, T, B: rng.integers(0, 5, (T, B)), pa.int64()),
+    (spaces.Box(-2, 2, (3,), np.float64), lambda rng, T, B: rng.uniform(-2, 2, (T, B, 3)),
+     pa.list_(pa.float32(), 3)),
+    (spaces.MultiDiscrete([3, 4]), lambda rng, T, B: rng.integers(0, 3, (T, B, 2)), pa.list_(pa.int64(), 2)),
+])
+def test_action_spaces(store: trajstore.Store, space: Any, action: Callable[..., np.ndarray],
+                       expected: pa.DataType) -> None:
+    rng = np.random.default_rng(6)
+    batch = make_batch(rng, 4, 2, obs_dim=4)
+    batch["action"] = action(rng, 4, 2)
+    obs_space = spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    with store.writer(run_id="r", env_id="e", observation_space=obs_space, action_space=space) as w:
+        w.add_batch(batch)
+    schema = pq.read_schema(store.files()[0].path)
+    assert schema.field("action").type == expected
+    assert schema.field("obs").type == pa.list_(pa.float32(), 4)
+    got = np.array(steps_by_env(store, "action")["action"].to_pylist())
+    np.testing.assert_allclose(got, env_major(batch["action"]), rtol=1e-6)
+
+
+def test_declared_space_refuses_other_shapes(store: trajstore.Store) -> None:
+    batch = make_batch(np.random.default_rng(7), 2, 2, obs_dim=3)
+    with store.writer(run_id="r", env_id="e", observation_space=spaces.Box(0, 1, (4,), np.float32)) as w:
+        with pytest.raises(SchemaMismatchError, match=r"obs: expected shape \(4,\) float32 per step"):
+            w.add_batch(batch)
+    assert store.files() == []
+
+
+# --- flush, close, bounded memory ------------------------------------------------------------------------
+
+def test_flush_commits_running_episodes_and_the_next_batch_continues(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(8)
+    with store.writer(run_id="r", env_id="e") as w:
+        w.add_batch(make_batch(rng, 5, 2, p_terminated=0, p_truncated=0))
+        w.flush()
+        assert len(store.files()) == 1
+        running = store.episodes(complete=False)
+        assert running.num_rows == 2 and running["episode_length"].to_pylist() == [5, 5]
+        assert store.stats()["n_traj"].to_pylist() == [0]
+        last = make_batch(rng, 3, 2, p_terminated=0, p_truncated=0)
+        last["terminated"][2] = True
+        w.add_batch(last)
+    assert len(store.files()) == 2
+    eps = store.episodes().to_pylist()
+    assert {e["episode_id"] for e in eps} == set(running["episode_id"].to_pylist())
+    assert all(e["episode_length"] == 8 and e["complete"] and e["first_step"] == 0 and e["last_step"] == 7
+               for e in eps)
+
+
+def test_close_is_idempotent_and_writing_after_close_is_refused(store: trajstore.Store) -> None:
+    batch = make_batch(np.random.default_rng(9), 2, 2)
+    w = store.writer(run_id="r", env_id="e")
+    w.add_batch(batch)
+    w.close()
+    w.close()
+    assert len(store.files()) == 1
+    with pytest.raises(WriterClosedError, match="closed"):
+        w.add_batch(batch)
+    with pytest.raises(WriterClosedError, match="closed"):
+        w.add_step(**{k: v[0] for k, v in batch.items()})
+    assert len(store.files()) == 1
+
+
+def test_context_manager_commits_on_exit(store: trajstore.Store) -> None:
+    with store.writer(run_id="r", env_id="e") as w:
+        w.add_batch(make_batch(np.random.default_rng(10), 3, 2))
+        assert store.files() == []  # nothing visible before a commit
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"].to_pylist() == [6]
+
+
+def test_memory_is_bounded_while_an_episode_runs(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(11)
+    counts = []
+    with store.writer(run_id="r", env_id="e", flush_bytes=1024) as w:
+        for _ in range(12):
+            w.add_batch(make_batch(rng, 16, 2, p_terminated=0, p_truncated=0))
+            counts.append(len(store.files()))
+        assert w.open_episodes == 2
+        assert counts[-1] >= 8  # every batch passed flush_bytes and was committed while the episodes ran
+        assert counts == sorted(counts)
+    assert len(store.files()) == 12
+    eps = store.episodes(complete=False)
+    assert eps["episode_length"].to_pylist() == [192, 192]
+    assert eps["last_step"].to_pylist() == [191, 191]
+
+
+def test_two_writers_never_share_episode_ids(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(12)
+    for _ in range(3):
+        with store.writer(run_id="r", env_id="e") as w:
+            w.add_batch(make_batch(rng, 20, 4, p_terminated=0.3))
+    ids = store.sql("SELECT episode_id, count(DISTINCT env_index) AS n_env, count(*) AS n, max(step) AS last "
+                    "FROM steps GROUP BY episode_id")
+    assert ids["n_env"].to_pylist() == [1] * ids.num_rows
+    assert [n - 1 for n in ids["n"].to_pylist()] == ids["last"].to_pylist()
+
+
+# --- bad input: refused before anything of the call is written -------------------------------------------
+
+def _nan_reward(b: dict[str, Any]) -> None:
+    b["reward"][2, 1] = np.nan
+
+
+def _inf_reward(b: dict[str, Any]) -> None:
+    b["reward"][1, 0] = -np.inf
+
+
+def _float32_overflow(b: dict[str, Any]) -> None:
+    b["reward"] = b["reward"].astype(np.float64)
+    b["reward"][3, 1] = 1e300  # finite as float64, inf in the table's float32 column
+
+
+def _obs_dim(b: dict[str, Any]) -> None:
+    b["obs"] = np.zeros((4, 2, 5), np.float32)
+
+
+def _obs_dtype(b: dict[str, Any]) -> None:
+    b["obs"] = np.zeros((4, 2, 3), np.complex64)
+
+
+def _action_dtype(b: dict[str, Any]) -> None:
+    b["action"] = np.zeros((4, 2), np.float32)
+
+
+def _obs_lead(b: dict[str, Any]) -> None:
+    b["next_obs"] = np.zeros((4, 3, 3), np.float32)
+
+
+def _b_mismatch(b: dict[str, Any]) -> None:
+    for k in list(b):
+        b[k] = np.concatenate([b[k], b[k][:, :1]], axis=1)
+
+
+def _missing(b: dict[str, Any]) -> None:
+    del b["next_obs"]
+
+
+def _unknown(b: dict[str, Any]) -> None:
+    b["log_prob"] = np.zeros((4, 2))
+
+
+def _terminated_float(b: dict[str, Any]) -> None:
+    b["terminated"] = b["terminated"].astype(np.float32)
+
+
+def _terminated_int(b: dict[str, Any]) -> None:
+    b["terminated"] = b["terminated"].astype(np.int64)
+
+
+def _terminated_shape(b: dict[str, Any]) -> None:
+    b["terminated"] = b["terminated"][:, :, None]
+
+
+def _extras_shape(b: dict[str, Any]) -> None:
+    b["extras"] = {"log_prob": np.zeros((3, 2))}
+
+
+def _extras_reserved(b: dict[str, Any]) -> None:
+    b["extras"] = {"episode_id": np.zeros((4, 2), np.int64)}
+
+
+def _extras_retyped(b: dict[str, Any]) -> None:
+    b["extras"] = {"value": np.zeros((4, 2, 2), np.float32)}  # value is float32 per step in the schema
+
+
+BAD_INPUTS = [
+    (_nan_reward, InputError, r"reward must be finite.*nan at env 1, t=2"),
+    (_inf_reward, InputError, r"reward must be finite.*-inf at env 0, t=1"),
+    (_float32_overflow, InputError, r"reward must be finite \(as float, the table's reward type\): got 1e\+300 at env 1, t=3"),
+    (_obs_dim, SchemaMismatchError, r"obs: expected shape \(3,\) float32 per step .*got shape \(5,\)"),
+    (_obs_dtype, SchemaMismatchError, r"obs: expected shape \(3,\) float32 .*complex64"),
+    (_action_dtype, SchemaMismatchError, r"action: expected shape \(\) int64 .*float32"),
+    (_obs_lead, InputError, r"next_obs: expected leading dims \(T, B\) = \(4, 2\)"),
+    (_b_mismatch, InputError, r"batch has B=3 envs but this writer was started with B=2"),
+    (_missing, InputError, r"batch is missing \['next_obs'\]"),
+    (_unknown, InputError, r"unknown keys \['log_prob'\]; put per-step extras under batch\['extras'\]"),
+    (_terminated_float, InputError, r"terminated: expected a bool array, got dtype float32"),
+    (_terminated_int, InputError, r"terminated: expected a bool array, got dtype int64"),
+    (_terminated_shape, InputError, r"terminated: expected shape \(4, 2\)"),
+    (_extras_shape, InputError, r"extras\.log_prob: expected leading dims \(T, B\) = \(4, 2\)"),
+    (_extras_reserved, InputError, r"extras: 'episode_id' is a reserved column name"),
+    (_extras_retyped, SchemaMismatchError, r"value: expected shape \(\) float32 per step"),
+]
+
+
+@pytest.mark.parametrize(("spoil", "error", "match"), BAD_INPUTS, ids=[f.__name__[1:] for f, _, _ in BAD_INPUTS])
+def test_bad_input_is_refused_and_nothing_is_written(store: trajstore.Store, spoil: Callable[..., None],
+                                                     error: type[Exception], match: str) -> None:
+    rng = np.random.default_rng(13)
+    with store.writer(run_id="r", env_id="e") as w:
+        w.add_batch(make_batch(rng, 4, 2, p_terminated=0, p_truncated=0))
+        w.flush()
+        before = store.sql(ALL_STEPS)
+        bad = make_batch(rng, 4, 2, p_terminated=0, p_truncated=0)
+        spoil(bad)
+        with pytest.raises(error, match=match):
+            w.add_batch(bad)
+        w.flush()
+        assert store.sql(ALL_STEPS).equals(before)
+        w.add_batch(make_batch(rng, 4, 2, p_terminated=0, p_truncated=0))  # the writer goes on as before
+    after = store.sql(ALL_STEPS)
+    assert after.num_rows == 16
+    assert after.filter(pa.compute.less(after["step"], 4)).equals(before)
+    assert sorted(store.episodes()["episode_length"].to_pylist()) == [8, 8]
+
+
+def test_bad_step_is_refused_by_add_step(store: trajstore.Store) -> None:
+    batch = make_batch(np.random.default_rng(14), 2, 3)
+    with store.writer(run_id="r", env_id="e") as w:
+        w.add_step(**{k: v[0] for k, v in batch.items()})
+        step = {k: v[1].copy() for k, v in batch.items()}
+        step["reward"][2] = np.nan
+        with pytest.raises(InputError, match=r"reward must be finite.*at env 2, t=0"):
+            w.add_step(**step)
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"].to_pylist() == [3]
+
+
+def test_schema_of_the_store_is_enforced_across_writers(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(15)
+    with store.writer(run_id="r", env_id="e") as w:
+        w.add_batch(make_batch(rng, 4, 2, obs_dim=3))
+    before = store.sql(ALL_STEPS)
+    with store.writer(run_id="other", env_id="e") as w:
+        with pytest.raises(SchemaMismatchError, match=r"obs: expected shape \(3,\) float32 per step \(the table's "
+                                                      r"schema\), got shape \(4,\)"):
+            w.add_batch(make_batch(rng, 4, 2, obs_dim=4))
+    with pytest.raises(SchemaMismatchError, match=r"obs: the store's steps table holds"):
+        store.writer(run_id="other", env_id="e", observation_space=spaces.Box(0, 1, (4,), np.float32))
+    assert store.sql(ALL_STEPS).equals(before)
+    with store.writer(run_id="other", env_id="e") as w:  # the right shape is still accepted
+        w.add_batch(make_batch(rng, 4, 2, obs_dim=3))
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"].to_pylist() == [16]
+
+
+def test_a_refused_first_batch_does_not_fix_column_types(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(16)
+    with store.writer(run_id="r", env_id="e") as w:
+        bad = make_batch(rng, 3, 2, obs_dim=2)
+        bad["reward"][0, 0] = np.nan
+        with pytest.raises(InputError, match="reward"):
+            w.add_batch(bad)
+        spoiled = make_batch(rng, 3, 2, obs_dim=2, extras={"episode_id": np.zeros((3, 2))})
+        with pytest.raises(InputError, match="reserved"):
+            w.add_batch(spoiled)  # obs (2,) was seen here, but the call was refused
+        w.add_batch(make_batch(rng, 3, 2, obs_dim=5))
+    assert pq.read_schema(store.files()[0].path).field("obs").type == pa.list_(pa.float32(), 5)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"run_id": "", "env_id": "e"}, r"run_id must be a non-empty string"),
+    ({"run_id": "r", "env_id": " e"}, r"env_id must be a non-empty string without surrounding spaces"),
+    ({"run_id": "r", "env_id": "e", "observation_space": spaces.Text(5)}, r"observation_space: unsupported"),
+])
+def test_bad_writer_options(store: trajstore.Store, kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        store.writer(**kwargs)
+
+
+def test_lineage_of_wrong_shape_is_refused(store: trajstore.Store) -> None:
+    with store.writer(run_id="r", env_id="e", seed=np.array([1, 2, 3])) as w:
+        with pytest.raises(InputError, match=r"seed: a writer lineage value must be a scalar or one value per env "
+                                             r"\(shape \(2,\)\), got shape \(3,\)"):
+            w.add_batch(make_batch(np.random.default_rng(17), 2, 2))
+    assert store.files() == []
+
+
+def test_nan_reward_at_a_skipped_step_is_accepted(store: trajstore.Store) -> None:
+    batch = make_batch(np.random.default_rng(18), 3, 2, p_terminated=0, p_truncated=0)
+    batch["reward"][1, 0] = np.nan
+    batch["valid"] = np.ones((3, 2), bool)
+    batch["valid"][1, 0] = False  # e.g. a padded step of a finished env in a JAX scan
+    with store.writer(run_id="r", env_id="e") as w:
+        assert w.add_batch(batch) == 5
+    got = store.sql("SELECT env_index, step, reward FROM steps ORDER BY env_index, step").to_pylist()
+    assert [(r["env_index"], r["step"]) for r in got] == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+    assert all(np.isfinite(r["reward"]) for r in got)

@@ -197,13 +197,19 @@ def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
+def _numeric_leaf(t: pa.DataType) -> bool:
+    while _is_list(t):
+        t = t.value_type
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
 def compatible(stored: pa.DataType, incoming: pa.DataType) -> bool:
     """Whether a column of type ``incoming`` can be appended to a table whose files have ``stored``."""
     if pa.types.is_struct(stored) or pa.types.is_struct(incoming):
         return pa.types.is_struct(stored) and pa.types.is_struct(incoming) and \
             {f.name for f in stored} == {f.name for f in incoming} and \
             all(compatible(stored.field(f.name).type, incoming.field(f.name).type) for f in incoming)
-    if pa.types.is_string(stored) or pa.types.is_string(incoming):
+    if not _numeric_leaf(stored) or not _numeric_leaf(incoming):
         return stored == incoming
     a, b = leaf_of_type(stored), leaf_of_type(incoming)
     return a.shape == b.shape and _castable(b.dtype, a.dtype)

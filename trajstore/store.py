@@ -37,7 +37,8 @@ def open(uri: str | Path, create: bool = False, *, settings: Settings | None = N
     marker = root / MARKER
     if not marker.is_file():
         if not create:
-            raise StoreNotFoundError(f"no trajstore store at {root}; pass create=True (CLI: --create) to make one")
+            raise StoreNotFoundError(f"no trajstore store at {root}; make one with trajstore.open(path, create=True) "
+                                     "or by writing to it (trajstore rollout --store PATH …)")
         if root.exists() and (not root.is_dir() or any(root.iterdir())):
             raise StoreExistsError(f"{root} exists and is not a trajstore store (no {MARKER}); choose an empty "
                                    "or new directory")

@@ -24,6 +24,10 @@ _EMPTY_STEPS = ("NULL::VARCHAR AS run_id, NULL::VARCHAR AS env_id, NULL::BIGINT 
                 "NULL::TIMESTAMPTZ AS wall_time")
 
 
+_DUCKDB_TYPES = {"string": "VARCHAR", "int32": "INTEGER", "int64": "BIGINT", "float32": "FLOAT",
+                 "float64": "DOUBLE", "bool": "BOOLEAN"}
+
+
 def quote_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -40,6 +44,16 @@ def steps_sql(files: Sequence[DataFile]) -> str:
     return ("SELECT run_id, env_id, * EXCLUDE (run_id, env_id) FROM read_parquet("
             f"[{paths}], hive_partitioning = true, union_by_name = true, "
             "hive_types = {'run_id': VARCHAR, 'env_id': VARCHAR})")
+
+
+def with_lineage_sql(stored: Sequence[str], source: str) -> str:
+    """``source`` with every lineage column of ``step.v1.json`` it lacks added as a typed NULL.
+
+    So ``steps`` and ``episodes`` have the same columns in every store, whatever its writers recorded.
+    """
+    missing = [f"NULL::{_DUCKDB_TYPES[c['type']]} AS {quote_ident(c['name'])}"
+               for c in sch.load(sch.STEP_SCHEMA_FILE)["lineage"] if c["name"] not in stored]
+    return f"SELECT *{''.join(', ' + m for m in missing)} FROM {source}"
 
 
 def episodes_sql(step_columns: Sequence[str], *, discounted: bool = False, source: str = "steps") -> str:
@@ -81,7 +95,9 @@ class Snapshot:
     def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None) -> None:
         self.files = list(files)
         self.con = duckdb.connect(config=config or {})
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW steps AS {steps_sql(self.files)}")
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW committed_steps AS {steps_sql(self.files)}")
+        stored = [r[0] for r in self.con.execute("DESCRIBE committed_steps").fetchall()]
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW steps AS {with_lineage_sql(stored, 'committed_steps')}")
         self.step_columns = [r[0] for r in self.con.execute("DESCRIBE steps").fetchall()]
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW episodes AS {episodes_sql(self.step_columns)}")
 

@@ -89,10 +89,10 @@ def _store(request: Request) -> Store:
 
 @router.get("/curves", tags=["dashboard"], summary="Learning curves: complete episodes per run in end order")
 def curves(request: Request,
-           run_id: Annotated[list[str] | None, Query(description="runs to include (all by default)")] = None,
-           env_id: Annotated[list[str] | None, Query(description="envs to include (all by default)")] = None,
+           run_id: Annotated[list[str], Query(description="runs to include (all by default)")] = [],  # noqa: B006
+           env_id: Annotated[list[str], Query(description="envs to include (all by default)")] = [],  # noqa: B006
            gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return")] = None,
            ) -> dict[str, Any]:
-    return curves_payload(_store(request), run_id=run_id, env_id=env_id, gamma=gamma)
+    return curves_payload(_store(request), run_id=run_id or None, env_id=env_id or None, gamma=gamma)
 
 

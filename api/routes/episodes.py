@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 from pydantic import BaseModel
 
 from api.arrow import ARROW_CONTENT, arrow_response, json_rows
 from api.deps import SettingsDep, StoreDep, wants_arrow
-from api.filters import FilterDep
-from trajstore.query import quote_ident
+from api.filters import INT64, ColumnsDep, EpisodeOrder, FilterDep, select_list
 
 router = APIRouter(tags=["episodes"])
 
@@ -30,16 +29,16 @@ class StepRows(BaseModel):
 @router.get("/episodes", summary="Episodes, filtered, sorted and paginated",
             responses={200: {"content": ARROW_CONTENT}})
 def episodes(request: Request, store: StoreDep, settings: SettingsDep, flt: FilterDep,
-             order_by: Annotated[str, Query(description="a column of episodes; prefix - for descending")] = "episode_id",
-             limit: Annotated[int, Query(ge=1, description="page size (at most the server's max_page_size)")] = 100,
+             order_by: Annotated[EpisodeOrder, Query(description="a column of episodes; prefix - for descending")
+                                 ] = EpisodeOrder("episode_id"),
+             limit: Annotated[int, Query(ge=1, description="page size, capped at the server's max_page_size (the "
+                                                          "response says which limit applied)")] = 100,
              offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
              gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return")] = None,
              ) -> Any:
-    if limit > settings.max_page_size:
-        raise HTTPException(status_code=422, detail=f"limit: at most {settings.max_page_size} episodes per page, "
-                                                    f"got {limit}")
+    limit = min(limit, settings.max_page_size)
     where = flt.where()
-    page = store.episodes(where=where, gamma=gamma, order_by=order_by, limit=limit, offset=offset)
+    page = store.episodes(where=where, gamma=gamma, order_by=order_by.value, limit=limit, offset=offset)
     if wants_arrow(request):
         return arrow_response(page)
     total = store.sql("SELECT count(*) AS n FROM episodes" + (f" WHERE {where}" if where else ""))
@@ -48,14 +47,10 @@ def episodes(request: Request, store: StoreDep, settings: SettingsDep, flt: Filt
 
 @router.get("/episodes/{episode_id}/steps", summary="Every step of one episode, in order",
             responses={200: {"content": ARROW_CONTENT}})
-def episode_steps(request: Request, store: StoreDep, episode_id: int,
-                  columns: Annotated[list[str] | None, Query(description="columns of steps (all by default)")] = None,
-                  ) -> Any:
+def episode_steps(request: Request, store: StoreDep, episode_id: Annotated[int, Path(**INT64)],
+                  columns: ColumnsDep) -> Any:
     with store.snapshot() as snap:
-        select = "*"
-        if columns:
-            snap.check_columns(columns, view="steps")
-            select = ", ".join(quote_ident(c) for c in dict.fromkeys(["step", *columns]))
+        select = select_list(snap, ["step", *columns] if columns else [])
         rows = snap.arrow(f"SELECT {select} FROM steps WHERE episode_id = $id ORDER BY step", {"id": episode_id})
     if rows.num_rows == 0:
         raise HTTPException(status_code=404, detail=f"episode_id {episode_id}: no such episode in the store")

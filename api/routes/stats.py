@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 
 from api.arrow import ARROW_CONTENT, arrow_response, json_rows
 from api.deps import StoreDep, wants_arrow
-from api.filters import FilterDep
+from api.filters import EpisodeColumn, FilterDep
 
 router = APIRouter(tags=["stats"])
 MAX_RETURN_ROWS = 100_000
@@ -17,11 +17,11 @@ MAX_RETURN_ROWS = 100_000
 @router.get("/stats", summary="n_traj, return_{min,mean,std,max}, len_* (and discounted_return_* with gamma)",
             responses={200: {"content": ARROW_CONTENT}})
 def stats(request: Request, store: StoreDep, flt: FilterDep,
-          by: Annotated[list[str] | None, Query(description="group by these episode columns")] = None,
+          by: Annotated[list[EpisodeColumn], Query(description="group by these episode columns")] = [],  # noqa: B006
           gamma: Annotated[float | None, Query(ge=0, le=1)] = None,
           include_incomplete: Annotated[bool, Query(description="also count unfinished episodes")] = False,
           ) -> list[dict[str, Any]] | Any:
-    table = store.stats(by=by, gamma=gamma, where=flt.where(), include_incomplete=include_incomplete)
+    table = store.stats(by=[b.value for b in by], gamma=gamma, where=flt.where(), include_incomplete=include_incomplete)
     return arrow_response(table) if wants_arrow(request) else json_rows(table)
 
 

@@ -2,28 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, AsyncIterator, Iterator
+from typing import Annotated, Any, AsyncIterator, Iterator, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
 from api.arrow import ARROW_CONTENT, ipc_stream, json_rows
 from api.deps import ARROW_STREAM, SettingsDep, StoreDep
-from api.filters import FilterDep
+from api.filters import ColumnsDep, FilterDep, select_list
 from trajstore.filters import EpisodeFilter
-from trajstore.query import Snapshot, quote_ident
+from trajstore.query import Snapshot
 from trajstore.store import Store
 
 router = APIRouter(tags=["steps"])
 
 
-def steps_query(snap: Snapshot, flt: EpisodeFilter, columns: list[str] | None) -> str:
-    select = "*"
-    if columns:
-        snap.check_columns(columns, view="steps")
-        select = ", ".join(quote_ident(c) for c in dict.fromkeys(columns))
+def steps_query(snap: Snapshot, flt: EpisodeFilter, columns: list[str]) -> str:
+    select = select_list(snap, columns)
     direct = EpisodeFilter(run_id=flt.run_id, env_id=flt.env_id, episode_id=flt.episode_id).conditions()
     rest = EpisodeFilter(**{**flt.__dict__, "run_id": None, "env_id": None, "episode_id": None}).conditions()
     if rest:
@@ -31,7 +28,7 @@ def steps_query(snap: Snapshot, flt: EpisodeFilter, columns: list[str] | None) -
     return f"SELECT {select} FROM steps" + (f" WHERE {' AND '.join(direct)}" if direct else "")
 
 
-def _stream(store: Store, flt: EpisodeFilter, columns: list[str] | None, batch_rows: int) -> Iterator[bytes]:
+def _stream(store: Store, flt: EpisodeFilter, columns: list[str], batch_rows: int) -> Iterator[bytes]:
     snap = store.snapshot()
     try:
         reader = snap.reader(steps_query(snap, flt, columns), batch_size=batch_rows)
@@ -62,15 +59,14 @@ async def _until_disconnect(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
 @router.get("/steps", summary="Selected steps as an Arrow IPC stream (or a JSON page with format=json)",
             responses={200: {"content": {**ARROW_CONTENT, "application/json": {"schema": {"type": "object"}}}}})
 def steps(request: Request, store: StoreDep, settings: SettingsDep, flt: FilterDep,
-          columns: Annotated[list[str] | None, Query(description="columns of steps (all by default)")] = None,
+          columns: ColumnsDep,
           batch_rows: Annotated[int | None, Query(ge=1, le=1_048_576, description="rows per Arrow batch")] = None,
-          format: Annotated[str, Query(pattern="^(arrow|json)$", description="arrow stream or a JSON page")] = "arrow",
-          limit: Annotated[int, Query(ge=1, description="JSON only: rows per page")] = 100,
+          format: Annotated[Literal["arrow", "json"], Query(description="arrow stream or a JSON page")] = "arrow",
+          limit: Annotated[int, Query(ge=1, description="JSON only: rows per page, capped at max_page_size")] = 100,
           offset: Annotated[int, Query(ge=0, le=2**62, description="JSON only")] = 0,
           ) -> Any:
     if format == "json":
-        if limit > settings.max_page_size:
-            raise HTTPException(status_code=422, detail=f"limit: at most {settings.max_page_size} rows per page")
+        limit = min(limit, settings.max_page_size)
         with store.snapshot() as snap:
             q = steps_query(snap, flt, columns) + f" ORDER BY episode_id, step LIMIT {limit} OFFSET {offset}"
             return JSONResponse(jsonable_encoder({"items": json_rows(snap.arrow(q)), "limit": limit,

@@ -1,0 +1,259 @@
+"""Consistency check of a store: committed files readable, episodes whole and unique.
+
+Everything is checked on one committed snapshot (one file list from the Delta log); the
+episode checks are SQL ``GROUP BY`` queries over the ``steps`` view, so they run at DuckDB's
+speed. Files on disk that the log does not list (a killed writer's half-written file, a
+commit in progress, a staging file of a killed log write) are never read by anyone: they are
+reported as orphans, not problems.
+
+>>> import trajstore, tempfile
+>>> from trajstore.check import check
+>>> report = check(trajstore.open(tempfile.mkdtemp(), create=True))
+>>> report.ok, report.files, report.episodes
+(True, 0, 0)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import duckdb
+import numpy as np
+import pyarrow.parquet as pq
+
+from trajstore.query import Snapshot
+from trajstore.table import DataFile
+
+if TYPE_CHECKING:
+    from trajstore.store import Store
+
+__all__ = ["CheckReport", "check"]
+
+log = logging.getLogger(__name__)
+
+MAX_LISTED = 20
+KEY_COLUMNS = ("episode_id", "step", "terminated", "truncated")
+LOG_DIR = "_delta_log"
+
+# One row per (run_id, env_id, episode_id): everything the episode checks need, in one pass.
+_EPISODES = """
+CREATE TEMP TABLE check_episodes AS
+SELECT run_id, env_id, episode_id,
+       count(*) AS n_rows,
+       count(step) AS n_steps,
+       count(DISTINCT step) AS n_distinct,
+       min(step) AS first_step,
+       max(step) AS last_step,
+       count(*) FILTER (WHERE step = 0) AS starts,
+       min(step) FILTER (WHERE terminated OR truncated) AS end_step
+FROM steps GROUP BY run_id, env_id, episode_id
+"""
+_DEFECTS = ("episode_id IS NULL OR n_steps < n_rows OR n_distinct < n_steps OR first_step <> 0 "
+            "OR last_step <> n_distinct - 1 OR end_step < last_step")
+
+
+@dataclass
+class CheckReport:
+    """What :func:`check` found. ``problems`` make the store inconsistent; ``orphans`` are only information."""
+
+    problems: list[str] = field(default_factory=list)
+    files: int = 0
+    episodes: int = 0
+    steps: int = 0
+    orphans: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def format(self) -> str:
+        """A short human-readable report: a summary line, then one line per problem."""
+        status = "ok" if self.ok else f"{len(self.problems)} problem(s)"
+        lines = [f"{status}: {self.files} committed files, {self.episodes} episodes, {self.steps} steps"]
+        lines += [f"  problem: {p}" for p in self.problems]
+        if self.orphans:
+            lines.append(f"  info: {len(self.orphans)} file(s) on disk not listed by the log (never read; "
+                         "e.g. left by a killed writer), first: " + ", ".join(self.orphans[:3]))
+        return "\n".join(lines)
+
+    __str__ = format
+
+
+def check(store: Store, *, deep: bool = False) -> CheckReport:
+    """Check one committed snapshot of ``store``; never raises for a damaged store, reports instead.
+
+    Verifies that every committed file exists and is a readable Parquet file whose row count and
+    size match the log (with ``deep``, every column of every file is also decoded), that every
+    episode's steps are exactly ``0..n-1``, that no episode id appears in two partitions or as two
+    episodes, and that no step follows an episode's terminated/truncated step. The episode checks
+    run over the readable files only.
+    """
+    try:
+        files = store.files()
+    except Exception as exc:  # noqa: BLE001 - a log that cannot be read is the finding
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return CheckReport(problems=[f"the commit log {store.table.path / LOG_DIR} cannot be read: {reason}"])
+    report = CheckReport(files=len(files))
+    readable = []
+    for f in files:
+        problem = _check_file(f, deep=deep)
+        if problem is None:
+            readable.append(f)
+        else:
+            report.problems.append(problem)
+    _check_episodes(readable, report)
+    report.orphans = _orphans(store.table.path, files)
+    return report
+
+
+# --- files -------------------------------------------------------------------------------------------------
+
+def _check_file(f: DataFile, *, deep: bool) -> str | None:
+    """Why the committed file ``f`` cannot be read, or None."""
+    if not os.path.isfile(f.path):
+        return f"{f.path}: committed file is missing"
+    size = os.path.getsize(f.path)
+    try:
+        meta = pq.read_metadata(f.path)
+    except Exception as exc:  # noqa: BLE001 - any failure to read the footer is the finding
+        return f"{f.path}: not a readable Parquet file ({size} bytes, the log says {f.size}): {exc}"
+    if f.rows and meta.num_rows != f.rows:
+        return f"{f.path}: holds {meta.num_rows} rows, the log says {f.rows}"
+    if f.size and size != f.size:
+        return f"{f.path}: is {size} bytes, the log says {f.size}"
+    missing = [c for c in KEY_COLUMNS if c not in meta.schema.names]
+    if missing:
+        return f"{f.path}: lacks the column(s) {missing}"
+    if deep:
+        try:
+            pq.read_table(f.path)
+        except Exception as exc:  # noqa: BLE001
+            return f"{f.path}: data pages cannot be decoded: {exc}"
+    return None
+
+
+def _orphans(table_path: Path, committed: Sequence[DataFile]) -> list[str]:
+    """Files under the table folder that the snapshot does not list, and staging files a killed commit
+    left in the log (delta-rs writes ``<name>#<n>`` and links or renames it into place)."""
+    listed = {os.path.normpath(f.path) for f in committed}
+    found = []
+    for folder, dirs, names in os.walk(table_path):
+        dirs.sort()
+        in_log = Path(folder).relative_to(table_path).parts[:1] == (LOG_DIR,)
+        for name in sorted(names):
+            path = os.path.normpath(os.path.join(folder, name))
+            if ("#" in name or name.endswith(".tmp")) if in_log else path not in listed:
+                found.append(path)
+    return found
+
+
+# --- episodes ----------------------------------------------------------------------------------------------
+
+def _check_episodes(files: list[DataFile], report: CheckReport) -> None:
+    snap = _scan(files)
+    if isinstance(snap, Exception):
+        snap = _scan(_decodable(files, report))
+    if isinstance(snap, Exception):
+        report.problems.append(f"the episode checks could not read the committed files: {snap}")
+        return
+    with snap:
+        report.episodes, report.steps = snap.con.execute(
+            "SELECT count(*), coalesce(sum(n_rows), 0) FROM check_episodes").fetchone()
+        _episode_defects(snap.con, report)
+        _shared_ids(snap.con, report)
+
+
+def _scan(files: list[DataFile]) -> Snapshot | duckdb.Error:
+    """A snapshot over ``files`` holding the ``check_episodes`` table, or DuckDB's error reading them."""
+    snap: Snapshot | None = None
+    try:
+        snap = Snapshot(files)
+        snap.con.execute(_EPISODES)
+        return snap
+    except duckdb.Error as exc:
+        log.info("episode scan over %d files failed, reading them one by one: %s", len(files), exc)
+        if snap is not None:
+            snap.close()
+        return exc
+
+
+def _decodable(files: list[DataFile], report: CheckReport) -> list[DataFile]:
+    """After a failed scan, the files whose key columns decode; the others are reported."""
+    good = []
+    for f in files:
+        try:
+            pq.read_table(f.path, columns=list(KEY_COLUMNS))
+            good.append(f)
+        except Exception as err:  # noqa: BLE001
+            report.problems.append(f"{f.path}: data pages cannot be decoded: {err}")
+    return good
+
+
+def _episode_defects(con: duckdb.DuckDBPyConnection, report: CheckReport) -> None:
+    total = con.execute(f"SELECT count(*) FROM check_episodes WHERE {_DEFECTS}").fetchone()[0]
+    rows = con.execute(
+        f"SELECT run_id, env_id, episode_id, n_rows, n_steps, n_distinct, first_step, last_step, starts, end_step "
+        f"FROM check_episodes WHERE {_DEFECTS} ORDER BY episode_id, run_id, env_id LIMIT {MAX_LISTED}").fetchall()
+    for run_id, env_id, episode_id, n_rows, n_steps, n_distinct, first, last, starts, end in rows:
+        where = f"episode {episode_id} (run_id={run_id!r}, env_id={env_id!r})"
+        key = {"run": run_id, "env": env_id, "id": episode_id}
+        if episode_id is None:
+            report.problems.append(f"{n_rows} step rows in run_id={run_id!r}, env_id={env_id!r} have no episode_id")
+            continue
+        defects = []
+        if n_steps < n_rows:
+            defects.append(f"{n_rows - n_steps} rows have no step")
+        if starts > 1:
+            defects.append(f"step 0 occurs {starts} times (two episodes share this id, or its rows were "
+                           "committed twice)")
+        if n_distinct < n_steps:
+            defects.append(f"{n_steps - n_distinct} duplicate step rows ({_duplicates(con, key)})")
+        if n_distinct and (first != 0 or last != n_distinct - 1):
+            defects.append(f"steps are not contiguous from 0: {n_distinct} distinct steps in {first}..{last}, "
+                           f"missing {_missing(con, key, last)}")
+        if end is not None and end < last:
+            defects.append(f"steps up to {last} follow its end (terminated/truncated) at step {end}")
+        report.problems.append(f"{where}: " + "; ".join(defects))
+    if total > len(rows):
+        report.problems.append(f"... and {total - len(rows)} more episodes with step defects")
+
+
+_ONE_EPISODE = "run_id = $run AND env_id = $env AND episode_id = $id AND step IS NOT NULL"
+
+
+def _duplicates(con: duckdb.DuckDBPyConnection, key: dict[str, object]) -> str:
+    steps = [r[0] for r in con.execute(
+        f"SELECT step FROM steps WHERE {_ONE_EPISODE} GROUP BY step HAVING count(*) > 1 ORDER BY step",
+        key).fetchall()]
+    return "steps " + _ranges(np.asarray(steps))
+
+
+def _missing(con: duckdb.DuckDBPyConnection, key: dict[str, object], last: int) -> str:
+    present = np.asarray([r[0] for r in con.execute(f"SELECT DISTINCT step FROM steps WHERE {_ONE_EPISODE}", key)
+                          .fetchall()], np.int64)
+    return "steps " + _ranges(np.setdiff1d(np.arange(int(last) + 1), present))
+
+
+def _ranges(values: np.ndarray, limit: int = 5) -> str:
+    """``[2, 3, 4, 9]`` → ``"2..4, 9"`` (at most ``limit`` ranges)."""
+    if len(values) == 0:
+        return "none"
+    breaks = np.flatnonzero(np.diff(values) != 1) + 1
+    parts = [f"{r[0]}..{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in np.split(values, breaks)]
+    more = f", … ({len(parts) - limit} more ranges)" if len(parts) > limit else ""
+    return ", ".join(parts[:limit]) + more
+
+
+def _shared_ids(con: duckdb.DuckDBPyConnection, report: CheckReport) -> None:
+    query = ("SELECT episode_id, list(run_id || '/' || env_id ORDER BY run_id, env_id) FROM check_episodes "
+             "WHERE episode_id IS NOT NULL GROUP BY episode_id HAVING count(*) > 1")
+    total = con.execute(f"SELECT count(*) FROM ({query})").fetchone()[0]
+    for episode_id, parts in con.execute(f"{query} ORDER BY episode_id LIMIT {MAX_LISTED}").fetchall():
+        report.problems.append(f"episode {episode_id} appears in {len(parts)} partitions (run_id/env_id): "
+                               + ", ".join(parts))
+    if total > MAX_LISTED:
+        report.problems.append(f"... and {total - MAX_LISTED} more episode ids shared between partitions")

@@ -17,7 +17,7 @@ import trajstore
 from trajstore.errors import InputError
 from trajstore.segment import Cursors, segment, segment_reference
 
-from conftest import RefEpisode, make_batch, reference_episodes, slice_batch
+from tests.conftest import RefEpisode, make_batch, reference_episodes, slice_batch
 
 
 def counter() -> Any:

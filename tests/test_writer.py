@@ -13,7 +13,7 @@ from gymnasium import spaces
 import trajstore
 from trajstore.errors import InputError, SchemaMismatchError, WriterClosedError
 
-from conftest import make_batch
+from tests.conftest import make_batch
 
 ALL_STEPS = "SELECT * EXCLUDE (wall_time) FROM steps ORDER BY episode_id, step"
 
@@ -409,3 +409,28 @@ def test_nan_reward_at_a_skipped_step_is_accepted(store: trajstore.Store) -> Non
     got = store.sql("SELECT env_index, step, reward FROM steps ORDER BY env_index, step").to_pylist()
     assert [(r["env_index"], r["step"]) for r in got] == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
     assert all(np.isfinite(r["reward"]) for r in got)
+
+
+def test_environments_with_other_observation_shapes_share_a_store(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(0)
+    for env_id, dim in (("Four-v0", 4), ("Six-v0", 6)):
+        with store.writer(run_id="r", env_id=env_id) as w:
+            w.add_batch(make_batch(rng, 20, 2, obs_dim=dim))
+    dims = store.sql("SELECT env_id, min(len(obs)) lo, max(len(obs)) hi FROM steps GROUP BY env_id ORDER BY env_id")
+    assert dims.to_pylist() == [{"env_id": "Four-v0", "lo": 4, "hi": 4}, {"env_id": "Six-v0", "lo": 6, "hi": 6}]
+    with pytest.raises(trajstore.SchemaMismatchError, match=r"obs: expected shape \(4,\)"):
+        with store.writer(run_id="r2", env_id="Four-v0") as w:
+            w.add_batch(make_batch(rng, 5, 2, obs_dim=6))
+
+
+def test_an_action_kind_the_table_cannot_hold_is_refused(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(1)
+    with store.writer(run_id="r", env_id="Discrete-v0") as w:
+        w.add_batch(make_batch(rng, 10, 2))
+    before = store.sql("SELECT count(*) n FROM steps").to_pylist()
+    batch = make_batch(rng, 10, 2)
+    batch["action"] = rng.normal(size=(10, 2, 1)).astype(np.float32)
+    with pytest.raises(trajstore.SchemaMismatchError, match="action: other environments in this store hold int64"):
+        with store.writer(run_id="r", env_id="Box-v0") as w:
+            w.add_batch(batch)
+    assert store.sql("SELECT count(*) n FROM steps").to_pylist() == before

@@ -92,9 +92,9 @@ class Client:
         table = self._table("POST", "/sql", json={"query": query, "max_rows": max_rows})
         return table.to_pylist() if as_ == "dicts" else table
 
-    def schema(self) -> pa.Schema:
-        """The Arrow types of the store's ``steps`` columns (empty when nothing is stored)."""
-        return self._table("GET", "/schema").schema
+    def schema(self, env_id: str | None = None) -> pa.Schema:
+        """The Arrow types of the store's ``steps`` columns (of one environment's files with ``env_id``)."""
+        return self._table("GET", "/schema", params={"env_id": env_id}).schema
 
     # --- streaming ---------------------------------------------------------------------------------------
 

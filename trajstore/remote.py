@@ -26,8 +26,8 @@ class RemoteSink:
     def __init__(self, client: Client) -> None:
         self.client = client
 
-    def file_schema(self) -> pa.Schema | None:
-        schema = self.client.schema()
+    def file_schema(self, env_id: str | None = None) -> pa.Schema | None:
+        schema = self.client.schema(env_id=env_id)
         return schema if len(schema) else None
 
     def append(self, data: pa.Table, *, run_id: str, env_id: str) -> str:

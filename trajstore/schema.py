@@ -203,6 +203,17 @@ def _numeric_leaf(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
+def same_kind(stored: pa.DataType, incoming: pa.DataType) -> bool:
+    """Whether both types fit one column of the Delta table: :func:`compatible` but list sizes may differ."""
+    if pa.types.is_struct(stored) or pa.types.is_struct(incoming):
+        return pa.types.is_struct(stored) and pa.types.is_struct(incoming) and \
+            {f.name for f in stored} == {f.name for f in incoming} and \
+            all(same_kind(stored.field(f.name).type, incoming.field(f.name).type) for f in incoming)
+    if _is_list(stored) or _is_list(incoming):
+        return _is_list(stored) and _is_list(incoming) and same_kind(stored.value_type, incoming.value_type)
+    return compatible(stored, incoming)
+
+
 def compatible(stored: pa.DataType, incoming: pa.DataType) -> bool:
     """Whether a column of type ``incoming`` can be appended to a table whose files have ``stored``."""
     if pa.types.is_struct(stored) or pa.types.is_struct(incoming):

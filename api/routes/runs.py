@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+import pyarrow as pa
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
 
 from api.arrow import ARROW_CONTENT, arrow_response
@@ -54,8 +56,8 @@ def runs(store: StoreDep) -> list[Run]:
 
 @router.get("/schema", summary="The columns of the steps table, as an empty Arrow IPC stream",
             response_class=Response, responses={200: {"content": ARROW_CONTENT}})
-def schema(store: StoreDep, request: Request) -> Response:
-    import pyarrow as pa
-
-    stored = store.table.file_schema() or pa.schema([])
+def schema(store: StoreDep,
+           env_id: Annotated[str | None, Query(description="the types of this environment's files")] = None,
+           ) -> Response:
+    stored = store.table.file_schema(env_id=env_id) or pa.schema([])
     return arrow_response(stored.empty_table())

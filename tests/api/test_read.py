@@ -1,0 +1,125 @@
+"""The read endpoints answer what the store answers, as JSON or Arrow, with problem+json errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from fastapi.testclient import TestClient
+
+import trajstore
+from api.app import create_app
+from tests.api.conftest import settings_for
+
+ARROW = {"Accept": "application/vnd.apache.arrow.stream"}
+
+
+def test_health_and_readiness(client: TestClient, populated: Path) -> None:
+    assert client.get("/health").json() == {"status": "ok"}
+    ready = client.get("/ready").json()
+    assert ready["status"] == "ready" and ready["files"] == len(trajstore.open(populated).files())
+
+
+def test_runs_count_episodes_and_steps(client: TestClient, populated: Path) -> None:
+    runs = {r["run_id"]: r for r in client.get("/runs").json()}
+    store = trajstore.open(populated)
+    for run_id, run in runs.items():
+        expected = store.sql(f"SELECT count(*) AS n FROM steps WHERE run_id = '{run_id}'").column("n")[0].as_py()
+        assert run["steps"] == expected == sum(e["steps"] for e in run["envs"])
+    assert sorted(runs) == ["alpha", "beta"]
+    assert sorted(e["env_id"] for e in runs["alpha"]["envs"]) == ["Acrobot-v1", "CartPole-v1"]
+    assert runs["beta"]["complete_episodes"] >= 30 and runs["beta"]["last_write"]
+
+
+def test_stats_match_the_store(client: TestClient, populated: Path) -> None:
+    got = client.get("/stats", params={"by": ["run_id", "env_id"], "gamma": 0.9}).json()
+    expected = trajstore.open(populated).stats(by=["run_id", "env_id"], gamma=0.9).to_pylist()
+    assert len(got) == len(expected) == 3
+    for g, e in zip(got, expected):
+        assert g.keys() == e.keys()
+        for k in e:
+            assert g[k] == (pytest.approx(e[k]) if isinstance(e[k], float) else e[k])
+
+
+def test_stats_as_arrow(client: TestClient) -> None:
+    response = client.get("/stats", params={"run_id": "beta"}, headers=ARROW)
+    assert response.headers["content-type"] == "application/vnd.apache.arrow.stream"
+    table = pa.ipc.open_stream(response.content).read_all()
+    assert table.column("n_traj")[0].as_py() == client.get("/stats", params={"run_id": "beta"}).json()[0]["n_traj"]
+
+
+def test_episodes_filter_sort_paginate(client: TestClient, populated: Path) -> None:
+    params = {"run_id": "alpha", "env_id": "CartPole-v1", "complete": "true", "min_return": 15,
+              "order_by": "-episode_return", "limit": 7}
+    first = client.get("/episodes", params=params).json()
+    second = client.get("/episodes", params={**params, "offset": 7}).json()
+    store = trajstore.open(populated)
+    expected = store.episodes(run_id="alpha", env_id="CartPole-v1", complete=True, where="episode_return >= 15",
+                              order_by="-episode_return")
+    assert first["total"] == expected.num_rows and first["limit"] == 7
+    ids = [e["episode_id"] for e in first["items"] + second["items"]]
+    assert ids == expected.column("episode_id").to_pylist()[:14]
+    returns = [e["episode_return"] for e in first["items"]]
+    assert returns == sorted(returns, reverse=True) and min(returns) >= 15
+
+
+def test_episodes_lineage_filter(client: TestClient) -> None:
+    page = client.get("/episodes", params={"mode": "eval", "limit": 1000}).json()
+    assert page["total"] > 0 and {e["run_id"] for e in page["items"]} == {"beta"}
+    assert {e["policy_version"] for e in page["items"]} == {2}
+    none = client.get("/episodes", params={"policy_version": 99}).json()
+    assert none["total"] == 0 and none["items"] == []
+
+
+def test_page_size_has_a_hard_maximum(populated: Path) -> None:
+    with TestClient(create_app(settings_for(populated, max_page_size=5))) as c:
+        page = c.get("/episodes", params={"limit": 1000}).json()
+    assert page["limit"] == 5 and len(page["items"]) == 5 and page["total"] > 5
+
+
+def test_episode_steps_in_order(client: TestClient, populated: Path) -> None:
+    episode = client.get("/episodes", params={"complete": "true", "limit": 1, "order_by": "-episode_length"}).json()
+    eid, length = episode["items"][0]["episode_id"], episode["items"][0]["episode_length"]
+    body = client.get(f"/episodes/{eid}/steps", params={"columns": ["reward", "terminated"]}).json()
+    assert [s["step"] for s in body["steps"]] == list(range(length))
+    assert set(body["steps"][0]) == {"step", "reward", "terminated"}
+    arrow = pa.ipc.open_stream(client.get(f"/episodes/{eid}/steps", headers=ARROW).content).read_all()
+    assert arrow.num_rows == length and "obs" in arrow.column_names
+
+
+def test_returns_per_episode_and_per_step(client: TestClient, populated: Path) -> None:
+    store = trajstore.open(populated)
+    eid = store.episodes(complete=True, limit=1).column("episode_id")[0].as_py()
+    per_step = client.get("/returns", params={"gamma": 0.5, "per": "step", "episode_id": eid}).json()
+    expected = store.returns(gamma=0.5, per="step", episode_id=eid).column("return_to_go").to_pylist()
+    assert [r["return_to_go"] for r in per_step] == pytest.approx(expected)
+    per_episode = client.get("/returns", params={"gamma": 0.5, "episode_id": eid}).json()
+    assert per_episode[0]["discounted_return"] == pytest.approx(expected[0])
+
+
+@pytest.mark.parametrize("url, status, words", [
+    ("/episodes/12345/steps", 404, "no such episode"),
+    ("/episodes?order_by=height", 422, "order_by"),
+    ("/stats?gamma=1.5", 422, "gamma"),
+    ("/stats?by=colour", 422, "by"),
+    ("/returns", 422, "gamma"),
+    ("/steps?columns=nope", 404, "nope"),
+    ("/nowhere", 404, "Not Found"),
+])
+def test_errors_are_problem_documents(client: TestClient, url: str, status: int, words: str) -> None:
+    response = client.get(url)
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["status"] == status and problem["title"]
+    assert words in (problem.get("detail") or "") + problem["title"]
+
+
+def test_openapi_declares_problem_responses(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert "Problem" in spec["components"]["schemas"]
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            for code in ("422", "500"):
+                assert "application/problem+json" in op["responses"][code]["content"], (method, path, code)

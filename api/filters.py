@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import Depends, HTTPException, Query
 
@@ -22,7 +22,7 @@ def episode_column_names() -> list[str]:
 
 
 EpisodeColumn = Enum("EpisodeColumn", {n: n for n in episode_column_names()}, type=str)  # type: ignore[misc]
-EpisodeOrder = Enum("EpisodeOrder", {f"{d}{n}": f"{d}{n}" for n in [*episode_column_names(), "discounted_return"]
+EpisodeOrder = Enum("EpisodeOrder", {f"{d}{n}": f"{d}{n}" for n in episode_column_names()
                                      for d in ("", "-")}, type=str)  # type: ignore[misc]
 
 
@@ -38,7 +38,7 @@ def episode_filter(
     min_length: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     max_length: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     policy_version: Annotated[list[Annotated[int, Query(**INT64)]], Query(description="lineage: policy versions")] = [],  # noqa: B006,E501
-    mode: Annotated[list[str], Query(description="lineage: train or eval")] = [],  # noqa: B006
+    mode: Annotated[list[Literal["train", "eval"]], Query(description="lineage: train or eval")] = [],  # noqa: B006
     worker_id: Annotated[list[str], Query(description="lineage: writer processes")] = [],  # noqa: B006
     seed: Annotated[list[Annotated[int, Query(**INT64)]], Query(description="lineage: seeds")] = [],  # noqa: B006
     env_index: Annotated[list[Annotated[int, Query(**INT32)]], Query(description="lineage: index in the vector env")] = [],  # noqa: B006,E501

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from trajstore.check import CheckReport, check
+from trajstore.client import Client
 from trajstore.errors import (
     AuthenticationError,
     QueryRefusedError,
@@ -23,12 +25,16 @@ from trajstore.errors import (
 from trajstore.returns import discounted_sum
 from trajstore.settings import Settings
 from trajstore.store import Store, open
+from trajstore.remote import RemoteWriter
 from trajstore.writer import Writer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AuthenticationError",
+    "CheckReport",
+    "Client",
+    "RemoteWriter",
     "QueryRefusedError",
     "QueryTimeoutError",
     "CommitError",
@@ -43,6 +49,7 @@ __all__ = [
     "TrajstoreError",
     "Writer",
     "WriterClosedError",
+    "check",
     "discounted_sum",
     "open",
 ]

@@ -125,10 +125,13 @@ class Client:
     # --- writes -----------------------------------------------------------------------------------------
     def post_rows(self, run_id: str, env_id: str, rows: pa.Table, *, idempotency_key: str | None = None) -> dict:
         """Append rows already cut into episodes (see :class:`~trajstore.remote.RemoteWriter`); retried safely."""
+        return self.post_body(run_id, env_id, ipc_bytes(rows), idempotency_key=idempotency_key)
+
+    def post_body(self, run_id: str, env_id: str, body: bytes, *, idempotency_key: str | None = None) -> dict:
+        """:meth:`post_rows` with the rows already encoded as an Arrow IPC stream."""
         key = idempotency_key or uuid.uuid4().hex
         response = self._request("POST", f"/runs/{run_id}/batches", params={"env_id": env_id}, retry=True,
-                                 content=ipc_bytes(rows),
-                                 headers={"Content-Type": ARROW_STREAM, "Idempotency-Key": key})
+                                 content=body, headers={"Content-Type": ARROW_STREAM, "Idempotency-Key": key})
         return response.json()
 
     # --- plumbing ----------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ once per idempotency key.
 from __future__ import annotations
 
 import threading
+from datetime import datetime, timezone
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +36,9 @@ def validate_rows(rows: pa.Table, stored: pa.Schema | None) -> pa.Table:
         if rows[name].null_count and name in (*KEYS, *sch.TRANSITION_COLUMNS):
             raise InputError(f"{name}: {rows[name].null_count} null value(s); every row needs one")
     rows = _cast_keys(rows)
+    if "wall_time" not in present:  # stamped on arrival when the sender did not
+        now = pa.scalar(datetime.now(timezone.utc), pa.timestamp("us", tz="UTC"))
+        rows = rows.append_column("wall_time", pa.repeat(now, rows.num_rows))
     _check_flags_and_rewards(rows)
     _check_unique_steps(rows)
     if stored is not None:

@@ -25,7 +25,7 @@ _EMPTY_STEPS = ("NULL::VARCHAR AS run_id, NULL::VARCHAR AS env_id, NULL::BIGINT 
 
 
 _DUCKDB_TYPES = {"string": "VARCHAR", "int32": "INTEGER", "int64": "BIGINT", "float32": "FLOAT",
-                 "float64": "DOUBLE", "bool": "BOOLEAN"}
+                 "float64": "DOUBLE", "bool": "BOOLEAN", "timestamp[us, UTC]": "TIMESTAMPTZ"}
 
 
 def quote_literal(value: str) -> str:
@@ -51,8 +51,10 @@ def with_lineage_sql(stored: Sequence[str], source: str) -> str:
 
     So ``steps`` and ``episodes`` have the same columns in every store, whatever its writers recorded.
     """
-    missing = [f"NULL::{_DUCKDB_TYPES[c['type']]} AS {quote_ident(c['name'])}"
-               for c in sch.load(sch.STEP_SCHEMA_FILE)["lineage"] if c["name"] not in stored]
+    spec = sch.load(sch.STEP_SCHEMA_FILE)
+    optional = [c for c in spec["columns"] if c.get("role") == "lineage"] + spec["lineage"]
+    missing = [f"NULL::{_DUCKDB_TYPES[c['type']]} AS {quote_ident(c['name'])}" for c in optional
+               if c["name"] not in stored]
     return f"SELECT *{''.join(', ' + m for m in missing)} FROM {source}"
 
 
@@ -92,9 +94,10 @@ def stats_sql(by: Sequence[str], *, discounted: bool, where: str | None, include
 class Snapshot:
     """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store."""
 
-    def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None) -> None:
+    def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None,
+                 con: duckdb.DuckDBPyConnection | None = None) -> None:
         self.files = list(files)
-        self.con = duckdb.connect(config=config or {})
+        self.con = con if con is not None else duckdb.connect(config=config or {})
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW committed_steps AS {steps_sql(self.files)}")
         stored = [r[0] for r in self.con.execute("DESCRIBE committed_steps").fetchall()]
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW steps AS {with_lineage_sql(stored, 'committed_steps')}")

@@ -12,16 +12,32 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from trajstore.client import Client
+from trajstore.stream import ipc_bytes
 from trajstore.writer import Writer
 
 
+@dataclass(frozen=True)
+class EncodedRows:
+    """Rows encoded for one ingest request, with the key that makes its retries harmless."""
+
+    body: bytes
+    run_id: str
+    env_id: str
+    key: str
+
+
 class RemoteSink:
-    """Where a :class:`Writer` sends its commits: the service's ingest endpoint."""
+    """Where a :class:`Writer` sends its commits: the service's ingest endpoint.
+
+    Same two stages as :class:`~trajstore.table.StepsTable`: ``write`` encodes (on the writer's
+    encoding thread), ``commit`` sends (on its commit thread).
+    """
 
     def __init__(self, client: Client) -> None:
         self.client = client
@@ -30,10 +46,15 @@ class RemoteSink:
         schema = self.client.schema(env_id=env_id)
         return schema if len(schema) else None
 
+    def write(self, data: pa.Table, *, run_id: str, env_id: str) -> EncodedRows:
+        return EncodedRows(ipc_bytes(data), run_id, env_id, uuid.uuid4().hex)
+
+    def commit(self, encoded: EncodedRows, *, app_id: str | None = None) -> str:
+        self.client.post_body(encoded.run_id, encoded.env_id, encoded.body, idempotency_key=encoded.key)
+        return f"{self.client.url}/runs/{encoded.run_id}/batches#{encoded.key}"
+
     def append(self, data: pa.Table, *, run_id: str, env_id: str) -> str:
-        key = uuid.uuid4().hex
-        self.client.post_rows(run_id, env_id, data, idempotency_key=key)
-        return f"{self.client.url}/runs/{run_id}/batches#{key}"
+        return self.commit(self.write(data, run_id=run_id, env_id=env_id))
 
 
 class RemoteWriter(Writer):

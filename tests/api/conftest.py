@@ -38,7 +38,7 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def settings_for(path: Path, **overrides: Any) -> Settings:
-    return Settings(store=str(path), api_key=API_KEY, **overrides)
+    return Settings(**{"store": str(path), "api_key": API_KEY, **overrides})
 
 
 @pytest.fixture

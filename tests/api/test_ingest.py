@@ -1,0 +1,200 @@
+"""POST /runs/{run_id}/batches and RemoteWriter: authenticated, idempotent, size-limited, all or nothing."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from fastapi.testclient import TestClient
+
+import trajstore
+from api.app import create_app
+from tests.api.conftest import API_KEY, Live, serve, settings_for, steps_batch
+from trajstore.client import Client
+from trajstore.remote import RemoteWriter
+from trajstore.stream import ipc_bytes
+
+ARROW = "application/vnd.apache.arrow.stream"
+
+
+@pytest.fixture
+def empty(tmp_path: Path) -> Path:
+    trajstore.open(tmp_path / "store", create=True)
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def app_client(empty: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(settings_for(empty, max_body_bytes=200_000))) as c:
+        yield c
+
+
+def rows(n_episodes: int = 3, length: int = 5, *, first_id: int = 1) -> pa.Table:
+    ids = np.repeat(np.arange(first_id, first_id + n_episodes), length)
+    steps = np.tile(np.arange(length), n_episodes)
+    return pa.table({
+        "episode_id": pa.array(ids, pa.int64()), "step": pa.array(steps, pa.int32()),
+        "obs": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(len(ids) * 4, np.float32)), 4),
+        "action": pa.array(np.zeros(len(ids), np.int64)), "reward": pa.array(np.ones(len(ids), np.float32)),
+        "next_obs": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(len(ids) * 4, np.float32)), 4),
+        "terminated": pa.array(steps == length - 1), "truncated": pa.array(np.zeros(len(ids), bool)),
+    })
+
+
+def post(c: TestClient, body: bytes, *, key: str | None = API_KEY, idem: str | None = None,
+         content_type: str = ARROW) -> Any:
+    headers = {"Content-Type": content_type}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    if idem is not None:
+        headers["Idempotency-Key"] = idem
+    return c.post("/runs/r1/batches", params={"env_id": "Toy-v0"}, content=body, headers=headers)
+
+
+def count(path: Path) -> int:
+    return trajstore.open(path).sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py()
+
+
+def test_without_a_key_is_401_with_a_challenge(app_client: TestClient, empty: Path) -> None:
+    for key in (None, "wrong"):
+        response = post(app_client, ipc_bytes(rows()), key=key)
+        assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+        assert response.headers["content-type"] == "application/problem+json"
+    assert count(empty) == 0
+
+
+def test_ingest_is_disabled_without_a_configured_key(empty: Path) -> None:
+    with TestClient(create_app(settings_for(empty, api_key=None))) as c:
+        response = post(c, ipc_bytes(rows()))
+    assert response.status_code == 403 and "TRAJSTORE_API_KEY" in response.json()["detail"]
+
+
+def test_a_retried_request_stores_once(app_client: TestClient, empty: Path) -> None:
+    body, key = ipc_bytes(rows()), uuid.uuid4().hex
+    first, second = post(app_client, body, idem=key), post(app_client, body, idem=key)
+    assert first.status_code == 201 and not first.json()["duplicate"]
+    assert second.status_code == 200 and second.json()["duplicate"]
+    assert count(empty) == 15
+    assert post(app_client, ipc_bytes(rows(first_id=10)), idem=uuid.uuid4().hex).status_code == 201
+    assert count(empty) == 30
+    assert trajstore.open(empty).stats().column("n_traj")[0].as_py() == 6
+
+
+def test_a_body_over_the_limit_is_413(app_client: TestClient, empty: Path) -> None:
+    response = post(app_client, ipc_bytes(rows(n_episodes=2000)))
+    assert response.status_code == 413 and "limit" in response.json()["detail"]
+    assert count(empty) == 0
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda t: t.set_column(t.schema.get_field_index("reward"), "reward",
+                            pa.array(np.r_[np.ones(len(t) - 1), np.nan].astype(np.float32))), "reward"),
+    (lambda t: t.drop_columns(["terminated"]), "terminated"),
+    (lambda t: t.set_column(t.schema.get_field_index("step"), "step", pa.array(np.zeros(len(t), np.int32))),
+     "step"),
+    (lambda t: t.append_column("run_id", pa.array(["x"] * len(t))), "run_id"),
+    (lambda t: t.set_column(t.schema.get_field_index("terminated"), "terminated",
+                            pa.array(np.zeros(len(t), np.int64))), "terminated"),
+])
+def test_invalid_rows_are_422_naming_the_field(app_client: TestClient, empty: Path, change: Any,
+                                               field: str) -> None:
+    assert post(app_client, ipc_bytes(rows()), idem="first").status_code == 201
+    response = post(app_client, ipc_bytes(change(rows(first_id=50))))
+    assert response.status_code == 422 and response.json()["detail"].startswith(field) or \
+        field in response.json()["detail"], response.text
+    assert count(empty) == 15
+
+
+def test_rows_that_do_not_fit_the_stored_schema_are_422(app_client: TestClient, empty: Path) -> None:
+    assert post(app_client, ipc_bytes(rows())).status_code == 201
+    bad = rows(first_id=9)
+    obs = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(len(bad) * 3, np.float32)), 3)
+    response = post(app_client, ipc_bytes(bad.set_column(bad.schema.get_field_index("obs"), "obs", obs)))
+    assert response.status_code == 422 and response.json()["detail"].startswith("obs")
+    assert count(empty) == 15
+
+
+def test_garbage_and_wrong_content_type(app_client: TestClient) -> None:
+    assert post(app_client, b"not arrow").status_code == 422
+    assert post(app_client, ipc_bytes(rows()), content_type="application/json").status_code == 415
+
+
+def test_remote_writer_matches_a_local_writer(empty: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    batches = [steps_batch(rng, 25, 3) for _ in range(6)]
+    local = trajstore.open(tmp_path / "local", create=True)
+    with local.writer(run_id="r", env_id="Toy-v0") as w:
+        for b in batches:
+            w.add_batch(b)
+    for live in serve(create_app(settings_for(empty))):
+        with RemoteWriter(live.url, api_key=API_KEY, run_id="r", env_id="Toy-v0", flush_bytes=2_000) as w:
+            for b in batches:
+                w.add_batch(b)
+        assert len(trajstore.open(empty).files()) > 1  # committed in several requests
+    q = ("SELECT episode_length, episode_return, terminated, complete FROM episodes "
+         "ORDER BY episode_return, episode_length")
+    assert trajstore.open(empty).sql(q).to_pylist() == local.sql(q).to_pylist()
+    assert trajstore.check(trajstore.open(empty)).ok
+
+
+def test_remote_writer_refuses_bad_input_before_sending(live_empty: Live) -> None:
+    rng = np.random.default_rng(0)
+    with RemoteWriter(live_empty.url, api_key=API_KEY, run_id="r", env_id="Toy-v0") as w:
+        w.add_batch(steps_batch(rng, 5, 2))
+        bad = steps_batch(rng, 5, 2)
+        bad["reward"][3, 1] = np.inf
+        with pytest.raises(trajstore.InputError, match=r"reward must be finite.*got inf at env 1, t=3"):
+            w.add_batch(bad)
+
+
+@pytest.fixture
+def live_empty(empty: Path) -> Iterator[Live]:
+    yield from serve(create_app(settings_for(empty)))
+
+
+def test_two_remote_writers_at_once_lose_nothing(live_empty: Live, empty: Path) -> None:
+    def work(worker: int) -> None:
+        rng = np.random.default_rng(worker)
+        with RemoteWriter(live_empty.url, api_key=API_KEY, run_id=f"w{worker}", env_id="Toy-v0",
+                          flush_bytes=3_000) as w:
+            for _ in range(8):
+                w.add_batch(steps_batch(rng, 20, 4, p_done=0.2))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    store = trajstore.open(empty)
+    counts = store.sql("SELECT run_id, count(*) AS n FROM steps GROUP BY run_id ORDER BY run_id").to_pylist()
+    assert counts == [{"run_id": "w0", "n": 8 * 20 * 4}, {"run_id": "w1", "n": 8 * 20 * 4}]
+    assert trajstore.check(store).ok
+
+
+def test_client_retries_idempotent_calls(live_empty: Live, empty: Path) -> None:
+    import httpx
+
+    failures = {"left": 2}
+    real = httpx.HTTPTransport()
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if failures["left"]:
+            failures["left"] -= 1
+            if request.method == "POST":  # the request reached the server, the answer was lost
+                real.handle_request(request).read()
+            return httpx.Response(503)
+        return real.handle_request(request)
+
+    client = Client(live_empty.url, api_key=API_KEY, backoff=0.01, transport=httpx.MockTransport(flaky))
+    client.post_rows("r", "Toy-v0", rows(), idempotency_key="k1")
+    assert count(empty) == 15  # sent twice, stored once
+    failures["left"] = 2
+    assert client.stats().column("n_traj")[0].as_py() == 3
+    failures["left"] = 9
+    with pytest.raises(trajstore.RemoteError, match="503"):
+        client.runs()

@@ -1,0 +1,135 @@
+"""Streaming steps for training: the Arrow stream, Client.iter_batches (numpy, JAX, Arrow, shuffled), and
+work stopping when the client goes away."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import api.routes.steps as steps_route
+import trajstore
+from api.app import create_app
+from tests.api.conftest import Live, serve, settings_for
+from trajstore.client import Client
+from trajstore.query import Snapshot
+
+COLUMNS = ["episode_id", "step", "obs", "action", "reward"]
+
+
+def stored_rows(path: Path, where: str = "true") -> pa.Table:
+    return trajstore.open(path).sql(f"SELECT {', '.join(COLUMNS)} FROM steps WHERE {where} ORDER BY episode_id, step")
+
+
+def sort_rows(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    order = np.lexsort((arrays["step"], arrays["episode_id"]))
+    return {k: v[order] for k, v in arrays.items()}
+
+
+def concat(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def test_iter_batches_yields_every_selected_step_once(live: Live, populated: Path) -> None:
+    with Client(live.url) as client:
+        batches = list(client.iter_batches(batch_size=100, columns=COLUMNS, run_id="alpha", env_id="CartPole-v1"))
+    assert all(len(b["reward"]) == 100 for b in batches[:-1]) and 0 < len(batches[-1]["reward"]) <= 100
+    got = sort_rows(concat(batches))
+    expected = stored_rows(populated, "run_id = 'alpha' AND env_id = 'CartPole-v1'")
+    np.testing.assert_array_equal(got["episode_id"], expected["episode_id"].to_numpy())
+    np.testing.assert_array_equal(got["obs"], np.stack(expected["obs"].to_numpy(zero_copy_only=False)))
+    assert got["obs"].dtype == np.float32 and got["obs"].shape[1] == 4
+
+
+def test_filters_on_episodes_select_their_steps(live: Live, populated: Path) -> None:
+    with Client(live.url) as client:
+        table = pa.Table.from_batches(list(client.iter_batches(format="arrow", columns=["episode_id", "step"],
+                                                               complete=True, min_return=20, run_id="beta")))
+    store = trajstore.open(populated)
+    ids = store.episodes(run_id="beta", complete=True, where="episode_return >= 20").column("episode_id")
+    assert set(table.column("episode_id").to_pylist()) == set(ids.to_pylist())
+    assert table.num_rows == sum(store.episodes(run_id="beta", complete=True, where="episode_return >= 20")
+                                 .column("episode_length").to_pylist())
+
+
+def test_shuffle_is_reproducible_from_the_seed(live: Live) -> None:
+    def epoch(seed: int) -> list[np.ndarray]:
+        with Client(live.url) as client:
+            return [b["step"] for b in client.iter_batches(batch_size=64, columns=["episode_id", "step"],
+                                                          shuffle=True, seed=seed, shuffle_buffer=256)]
+
+    a, b, c = epoch(1), epoch(1), epoch(2)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    with Client(live.url) as client:
+        plain = np.concatenate([b["step"] for b in client.iter_batches(batch_size=64, columns=["step"])])
+    assert sorted(np.concatenate(a).tolist()) == sorted(plain.tolist())
+    assert not np.array_equal(np.concatenate(a), plain)
+
+
+def test_jax_batches(live: Live) -> None:
+    jnp = pytest.importorskip("jax.numpy")
+    with Client(live.url) as client:
+        batch = next(client.iter_batches(batch_size=32, columns=["obs", "reward"], format="jax", run_id="beta"))
+    assert isinstance(batch["obs"], type(jnp.zeros(1))) and batch["obs"].shape == (32, 4)
+
+
+class CountingSnapshots:
+    """Counts the snapshots a store has open and the stream pieces the server produced."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.pieces = 0
+
+
+@pytest.fixture
+def big_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Live, CountingSnapshots]]:
+    store = trajstore.open(tmp_path / "big", create=True)
+    rng = np.random.default_rng(0)
+    with store.writer(run_id="big", env_id="Toy-v0") as w:
+        for _ in range(20):
+            w.add_batch({"obs": rng.normal(size=(500, 20, 4)).astype(np.float32),
+                         "action": rng.integers(0, 2, (500, 20)), "reward": np.ones((500, 20), np.float32),
+                         "next_obs": rng.normal(size=(500, 20, 4)).astype(np.float32),
+                         "terminated": rng.random((500, 20)) < 0.01, "truncated": np.zeros((500, 20), bool)})
+    counts = CountingSnapshots()
+    real_init, real_close = Snapshot.__init__, Snapshot.close
+
+    def init(self: Snapshot, *args: Any, **kwargs: Any) -> None:
+        counts.open += 1
+        real_init(self, *args, **kwargs)
+
+    def close(self: Snapshot) -> None:
+        counts.open -= 1
+        real_close(self)
+
+    real_stream = steps_route.ipc_stream
+
+    def counted(reader: pa.RecordBatchReader) -> Iterator[bytes]:
+        for piece in real_stream(reader):
+            counts.pieces += 1
+            yield piece
+
+    monkeypatch.setattr(Snapshot, "__init__", init)
+    monkeypatch.setattr(Snapshot, "close", close)
+    monkeypatch.setattr(steps_route, "ipc_stream", counted)
+    app = create_app(settings_for(tmp_path / "big", stream_batch_rows=1000), store=store)
+    for live in serve(app):
+        yield live, counts
+
+
+def test_stream_stops_when_the_client_disconnects(big_live: tuple[Live, CountingSnapshots]) -> None:
+    live, counts = big_live
+    with Client(live.url) as client:
+        stream = client.iter_batches(batch_size=1000, columns=["obs"], format="arrow")
+        next(stream)
+        stream.close()  # the training loop stops early: the response is closed
+    deadline = time.monotonic() + 10
+    while counts.open and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert counts.open == 0, "the server kept its snapshot open after the client left"
+    assert counts.pieces < 200 // 2, f"the server produced {counts.pieces} of ~200 pieces for a client that left"

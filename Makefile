@@ -1,4 +1,4 @@
-# make demo: install into .venv and run rollouts into ./demo-store, then print its statistics.
+# make demo: install into .venv, run a gym and a JAX rollout into ./demo-store, then print the statistics of both.
 # make test: install into .venv (with the dev extras) and run the whole test suite.
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,6 +17,7 @@ install: $(VENV)/.installed
 
 demo: install
 	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo --seed 0
+	$(VENV)/bin/trajstore rollout --backend jax --env cartpole --num-envs 1024 --steps 500000 --store $(STORE) --run demo-jax --seed 0
 	$(VENV)/bin/trajstore stats --store $(STORE) --by run_id --gamma 0.99
 
 test: install browser

@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "help": f"store directory (default: $TRAJSTORE_STORE or {default_store})"}
 
     p = sub.add_parser("rollout", help="run a policy in an environment and store every transition")
-    p.add_argument("--backend", choices=["gym"], default="gym")
-    p.add_argument("--env", required=True, help="environment id, e.g. CartPole-v1")
+    p.add_argument("--backend", choices=["gym", "jax"], default="gym",
+                   help="gym: a gymnasium vector env; jax: a pure-JAX env under lax.scan + vmap")
+    p.add_argument("--env", required=True, help="environment id, e.g. CartPole-v1 (gym) or cartpole (jax)")
     p.add_argument("--num-envs", type=int, default=8)
     p.add_argument("--episodes", type=int, help="stop after at least this many complete episodes")
     p.add_argument("--steps", type=int, help="stop after at least this many stored steps")
@@ -77,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--autoreset", choices=["next-step", "same-step", "disabled"], default="next-step",
                    help="gymnasium vector-env autoreset mode (default: next-step, gymnasium's default)")
+    p.add_argument("--rollout-length", type=int, default=128,
+                   help="jax: steps per lax.scan, each scan one (T, B) batch (default: 128)")
     p.add_argument("--policy-version", type=int, help="stored in the policy_version column")
     p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     p.set_defaults(func=cmd_rollout)
@@ -148,15 +151,22 @@ def _emit(args: argparse.Namespace, table: Any) -> None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from trajstore.rollout import gym_rollout
-
     if args.episodes is None and args.steps is None:
         raise InputError("rollout: give --episodes N or --steps N (or both)")
     store = _open(args.store, create=True)
     lineage = {"policy_version": args.policy_version} if args.policy_version is not None else {}
-    result = gym_rollout(store, args.env, run_id=args.run, num_envs=args.num_envs, episodes=args.episodes,
-                         steps=args.steps, seed=args.seed, autoreset=args.autoreset,
-                         progress=not args.no_progress, **lineage)
+    if args.backend == "jax":
+        from trajstore.rollout import jax_rollout
+
+        result = jax_rollout(store, args.env, run_id=args.run, num_envs=args.num_envs,
+                             rollout_length=args.rollout_length, episodes=args.episodes, steps=args.steps,
+                             seed=args.seed, progress=not args.no_progress, **lineage)
+    else:
+        from trajstore.rollout import gym_rollout
+
+        result = gym_rollout(store, args.env, run_id=args.run, num_envs=args.num_envs, episodes=args.episodes,
+                             steps=args.steps, seed=args.seed, autoreset=args.autoreset,
+                             progress=not args.no_progress, **lineage)
     print(f"stored {result.steps} steps, {result.episodes} complete episodes of {result.env_id} "
           f"as run {result.run_id!r} in {store.root} ({result.steps_per_second:,.0f} steps/s)")
     return 0

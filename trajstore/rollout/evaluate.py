@@ -1,0 +1,92 @@
+"""Evaluation rollouts with JAX: exactly N complete episodes, no autoreset, stored apart from training.
+
+The semantics follow EvoRL's ``eval_rollout_episode`` and RLlib's ``sample(num_episodes=N)``:
+each env plays one episode from a fresh reset and then stays frozen (its further steps are not
+stored), so short episodes are not over-represented the way they are when one counts the first N
+episodes to finish under autoreset. With more episodes than envs, episodes run in rounds of at
+most ``num_envs``; the last round uses only the envs it needs. Nothing is left unfinished: an env
+without a time limit needs ``max_episode_steps``, after which its episode is truncated.
+
+Pass the deterministic policy (argmax, mean action) as ``policy``, EvoRL's separate
+``evaluate_actions``; for a policy with a flag, ``functools.partial(policy, deterministic=True)``.
+The same ``seed`` and ``params`` give the same episodes. Steps are stored with ``mode='eval'``
+under their own ``run_id``: a run holding training steps is refused.
+
+>>> import trajstore, tempfile
+>>> store = trajstore.open(tempfile.mkdtemp(), create=True)
+>>> result = jax_evaluate(store, "cartpole", run_id="eval", episodes=3, num_envs=2, progress=False)
+>>> result.episodes, store.stats(run_id="eval").column("n_traj")[0].as_py()
+(3, 3)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from trajstore.errors import InputError
+from trajstore.rollout.jax_loop import (
+    BackgroundWriter,
+    Policy,
+    Tally,
+    check_positive,
+    check_run_mode,
+    check_seed,
+    collect,
+    make_scan,
+    open_writer,
+    resolve_env,
+)
+from trajstore.rollout.progress import RolloutProgress
+from trajstore.rollout.sampling import RolloutResult, sample_until
+from trajstore.store import Store
+
+__all__ = ["jax_evaluate"]
+
+
+def jax_evaluate(store: Store, env: Any, *, run_id: str, episodes: int, policy: Policy | None = None,
+                 params: Any = None, num_envs: int = 1024, rollout_length: int = 128, seed: int = 0,
+                 policy_version: int | None = None, worker_id: str | None = None, env_id: str | None = None,
+                 max_episode_steps: int | None = None, queue_size: int = 2, progress: bool = True,
+                 **lineage: Any) -> RolloutResult:
+    """Store exactly ``episodes`` complete evaluation episodes of ``policy`` in ``env`` under ``run_id``.
+
+    ``num_envs`` envs run in parallel (at most ``episodes``), scanned ``rollout_length`` steps at a
+    time until every episode of the round has ended. ``max_episode_steps`` truncates episodes (it
+    defaults to the env's own time limit). ``result.episode_returns``/``episode_lengths`` are the
+    sums computed inside JAX.
+    """
+    check_positive("episodes", episodes)
+    check_positive("num_envs", num_envs)
+    env = resolve_env(env)
+    limit = max_episode_steps if max_episode_steps is not None else getattr(env, "max_episode_steps", None)
+    if limit is None:
+        raise InputError(f"{getattr(env, 'name', 'env')} has no time limit, so an episode may never end; "
+                         "give max_episode_steps=N to truncate evaluation episodes")
+    check_positive("max_episode_steps", limit)
+    B = min(num_envs, episodes)
+    scan = make_scan(env, policy, num_envs=B, rollout_length=min(rollout_length, limit), autoreset=False,
+                     time_limit=max_episode_steps)
+    check_run_mode(store, run_id, "eval")
+    lineage.update(seed=check_seed(seed), mode="eval")
+    if policy_version is not None:
+        lineage["policy_version"] = policy_version
+    opts = {"worker_id": worker_id} if worker_id is not None else {}
+    key = jax.random.PRNGKey(seed)
+    scan.compile(params, scan.init(key, jnp.ones(B, bool)))
+    tally = Tally(B)
+    started = time.perf_counter()
+    with RolloutProgress(episodes=episodes, steps=None, enabled=progress) as bar, \
+            open_writer(store, env, run_id=run_id, env_id=env_id, **opts, **lineage) as writer, \
+            BackgroundWriter(writer, queue_size) as sink:
+        for round_ in range(-(-episodes // B)):
+            n = min(B, episodes - tally.episodes)
+            carry = scan.init(jax.random.fold_in(key, round_), jnp.arange(B) < n)
+            collect(scan, params, carry, sink=sink, until=sample_until(min_episodes=tally.episodes + n),
+                    tally=tally, bar=bar)
+        sink.close()
+        bar.finish(steps=tally.steps, episodes=tally.episodes)
+    return tally.result(writer, started)

@@ -20,8 +20,6 @@ from trajstore.errors import InputError, SchemaMismatchError
 
 STEP_SCHEMA_FILE = "step.v1.json"
 EPISODE_SCHEMA_FILE = "episode.v1.json"
-PARTITION_COLUMNS = ("run_id", "env_id")
-TRANSITION_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 
 _SCALAR_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(),
@@ -46,6 +44,14 @@ def _schema_dir() -> Path:
 def load(name: str) -> dict[str, Any]:
     """The parsed JSON schema file ``name`` (``step.v1.json`` or ``episode.v1.json``)."""
     return json.loads((_schema_dir() / name).read_text())
+
+
+def _names(role: str) -> tuple[str, ...]:
+    return tuple(c["name"] for c in load(STEP_SCHEMA_FILE)["columns"] if c.get("role") == role)
+
+
+PARTITION_COLUMNS = _names("partition")  # ("run_id", "env_id")
+TRANSITION_COLUMNS = _names("transition")  # ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 
 
 def arrow_type(name: str) -> pa.DataType:

@@ -20,7 +20,7 @@ from trajstore.cli import main
 from trajstore.errors import InputError
 from trajstore.jax_envs import CartPole, FunctionalAdapter, Pendulum
 from trajstore.rollout import jax_rollout
-from trajstore.rollout.jax_loop import make_scan
+from trajstore.rollout.jax_loop import make_scan, random_policy
 
 X_LIMIT, THETA_LIMIT = 2.4, 12 * 2 * np.pi / 360
 GAIN = jnp.float32(0.5)  # with this gain `balance` keeps the pole up for 150-500 steps
@@ -232,6 +232,27 @@ def test_autoreset_gives_every_ended_env_a_fresh_reset() -> None:
         assert len(np.unique(first, axis=0)) == len(first)  # each with its own key
         assert not np.any(np.all(batch["next_obs"][t, b] == first, axis=1))
     assert multi_end_steps > 0
+
+
+@pytest.mark.parametrize("space, values", [(spaces.Discrete(2), [0, 1]), (spaces.Discrete(4, start=1), [1, 2, 3, 4]),
+                                           (spaces.Discrete(3), [0, 1, 2])])
+def test_random_policy_is_uniform_over_a_discrete_space(space: spaces.Discrete, values: list[int]) -> None:
+    actions = np.asarray(random_policy(space)(None, jnp.zeros((30_000, 1)), jax.random.PRNGKey(0)))
+    counts = np.array([(actions == v).sum() for v in values])
+    assert counts.sum() == len(actions)  # nothing outside the space
+    expected = len(actions) / len(values)
+    assert np.all(np.abs(counts - expected) < 5 * np.sqrt(expected))
+
+
+def test_random_policy_for_boxes_and_binary_spaces() -> None:
+    key, obs = jax.random.PRNGKey(1), jnp.zeros((5_000, 3))
+    box = np.asarray(random_policy(spaces.Box(-2, np.array([1, 3], np.float32)))(None, obs, key))
+    assert box.shape == (5_000, 2) and box.dtype == np.float32
+    assert np.all((box >= -2) & (box <= [1, 3])) and np.all(box.min(0) < -1.9) and np.all(box.max(0) > [0.9, 2.9])
+    bits = np.asarray(random_policy(spaces.MultiBinary(3))(None, obs, key))
+    assert bits.shape == (5_000, 3) and set(np.unique(bits)) == {0, 1} and abs(bits.mean() - 0.5) < 0.03
+    with pytest.raises(InputError, match="bounded action space"):
+        random_policy(spaces.Box(-np.inf, np.inf, (2,)))
 
 
 def test_policy_errors_and_writer_errors_reach_the_caller(store: trajstore.Store) -> None:

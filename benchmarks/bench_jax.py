@@ -298,17 +298,23 @@ def to_markdown(res: Results, machine: dict[str, str], command: str) -> str:
             fifths = ", ".join(_mib(x) for x in m["peak_by_fifth"])
             lines.append(f"| {m['steps']:,} | {m['seconds']:.1f} | {_mib(m['baseline_rss'])} | {_mib(m['peak_rss'])} "
                          f"| {_mib(m['peak_rss'] - m['baseline_rss'])} | {fifths} |")
+    paired = [max(a, w) / rs for a, w, rs in zip(*(t.seconds for t in res.timings))]
+    best = min(res.timings[0].steps / min(t.seconds) for t in res.timings[:2])
     notes = [
+        f"Run by run (each repeat's rollout + store against the slower of that repeat's other two) the ratio "
+        f"ranged {min(paired):.0%}–{max(paired):.0%}; best run against best run it is "
+        f"{res.timings[2].steps / min(res.timings[2].seconds) / best:.0%}. With other work on the machine "
+        "(see the load average below) single runs are noisy: the target uses the medians.",
         "Rollout + store dispatches the next jitted scan before copying the previous batch to the host "
         "(`jax.device_get`, once) and hands it to a writer thread through a queue of 2 batches; the writer "
-        "encodes and commits Parquet files from its own commit thread. On this 2-core machine the three "
+        "encodes and commits Parquet files in its own threads. On this 2-core machine they all "
         "compete for the cores, so rollout + store is bounded by the CPU time of both sides together "
         "(the CPU-cores column: wall time × cores ≈ CPU seconds).",
         "The writer alone reads the batches from memory (collected once from the same scan and key), so it "
         "pays neither the rollout nor the host copy.",
-        "The rollout draws a uniform action per env and step and resets ended envs with a fresh key each: "
-        "the random-number generation costs more than CartPole's dynamics (a rollout without resets and "
-        "with a fixed policy runs several times faster).",
+        "The rollout draws a uniform action per env and step (masked random bytes) and resets ended envs "
+        "with a fresh key each (only the envs that ended, up to B/8 per step, else all): random-number "
+        "generation still costs more than CartPole's dynamics; a fixed policy without resets runs 2–3× faster.",
         "Memory: the RSS after warm-up is JAX, XLA and the libraries; on top of it come the writer's row buffer "
         "(`flush_bytes`, 128 MiB by default), the buffer being encoded and committed meanwhile, the batches "
         "queued for the writer thread and the scan in flight. It is reached once the writer has a full buffer "

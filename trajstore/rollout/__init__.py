@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["gym_rollout", "jax_rollout", "RolloutResult", "sample_until"]
+__all__ = ["gym_rollout", "jax_evaluate", "jax_rollout", "RolloutResult", "sample_until"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,6 +17,10 @@ def __getattr__(name: str) -> Any:
         from trajstore.rollout import jax_loop
 
         return getattr(jax_loop, name)
+    if name in ("jax_evaluate",):
+        from trajstore.rollout import evaluate
+
+        return getattr(evaluate, name)
     if name in ("RolloutResult", "sample_until"):
         from trajstore.rollout import sampling
 

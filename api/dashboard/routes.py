@@ -3,30 +3,34 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from pydantic import BaseModel, Field
 
+from api.deps import StoreDep
 from trajstore.store import Store
 
 router = APIRouter()
 HERE = Path(__file__).resolve().parent
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 @lru_cache(maxsize=1)
-def plotly_js() -> Path:
+def plotly_js() -> tuple[Path, str]:
     """Plotly.js as shipped inside the installed ``plotly`` Python package (nothing fetched from a CDN)."""
     path = Path(str(resources.files("plotly") / "package_data" / "plotly.min.js"))
     if not path.is_file():
-        raise HTTPException(status_code=500, detail="plotly.min.js is missing from the installed plotly package")
-    return path
+        raise HTTPException(status_code=500, detail="plotly.min.js is missing from the installed plotly package: "
+                                                    "reinstall it with `pip install --force-reinstall plotly`")
+    return path, metadata.version("plotly")
 
 
 @router.get("/", include_in_schema=False)
@@ -34,65 +38,76 @@ def root() -> RedirectResponse:
     return RedirectResponse("/dashboard")
 
 
-@router.get("/dashboard", response_class=HTMLResponse, tags=["dashboard"], summary="The dashboard page")
+@router.get("/dashboard", response_class=HTMLResponse, tags=["dashboard"],
+            summary="The dashboard: runs, learning curves, distributions, episodes and one episode's steps, live")
 def dashboard() -> HTMLResponse:
-    return HTMLResponse((HERE / "page.html").read_text())
+    page = (HERE / "page.html").read_text().replace("{{plotly_version}}", plotly_js()[1])
+    return HTMLResponse(page, headers=NO_CACHE)
 
 
 @router.get("/dashboard/assets/{name}", include_in_schema=False)
 def asset(name: str) -> FileResponse:
-    if name == "plotly.min.js":
-        return FileResponse(plotly_js(), media_type="text/javascript",
-                            headers={"Cache-Control": "public, max-age=86400"})
+    if name == "plotly.min.js":  # the page asks for it with ?v=<plotly version>, so it may be cached for good
+        return FileResponse(plotly_js()[0], media_type="text/javascript",
+                            headers={"Cache-Control": "public, max-age=31536000, immutable"})
     if name not in ASSETS:
         raise HTTPException(status_code=404, detail=f"no dashboard asset {name!r}")
-    return FileResponse(HERE / name, media_type=ASSETS[name])
+    return FileResponse(HERE / name, media_type=ASSETS[name], headers=NO_CACHE)
 
 
-def curves_payload(store: Store, *, run_id: list[str] | None, env_id: list[str] | None,
-                   gamma: float | None) -> dict[str, Any]:
-    """Complete episodes of each (run, env) in the order they ended, as JSON-ready columns."""
+class CurveSeries(BaseModel):
+    """The complete episodes of one (run, env) in the order they ended, one list per column."""
+
+    run_id: str
+    env_id: str
+    episode_id: list[str] = Field(description="decimal strings: 63-bit ids do not fit a JavaScript number")
+    env_steps: list[int] = Field(description="cumulative steps of this series' complete episodes at each one's end")
+    wall_time: list[float | None] = Field(description="when the episode's last step was written, Unix seconds")
+    episode_return: list[float]
+    episode_length: list[int]
+    terminated: list[bool]
+    policy_version: list[int | None] = Field(description="lineage at the episode's first step (null if not stored)")
+    discounted_return: list[float] | None = Field(None, description="only when gamma is given")
+
+
+class Curves(BaseModel):
+    gamma: float | None
+    series: list[CurveSeries]
+
+
+def curves_payload(store: Store, *, run_id: list[str] | None = None, env_id: list[str] | None = None,
+                   gamma: float | None = None) -> Curves:
+    """Complete episodes of each (run, env), sorted by run and env, then in the order they ended."""
     eps = store.episodes(run_id=run_id, env_id=env_id, complete=True, gamma=gamma, order_by="ended_at")
-    series = []
-    if eps.num_rows:
-        keys = pc.binary_join_element_wise(eps["run_id"], eps["env_id"], "\x00")
-        for key in pc.unique(keys).to_pylist():
-            series.append(_series(eps.filter(pc.equal(keys, key)), gamma is not None))
-    return {"gamma": gamma, "series": series}
+    # sort_indices is stable: the end order survives inside each (run, env)
+    eps = eps.take(pc.sort_indices(eps, [("run_id", "ascending"), ("env_id", "ascending")]))
+    keys = pc.binary_join_element_wise(eps["run_id"], eps["env_id"], "\x00").to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.array([], int)
+    bounds = zip(starts.tolist(), [*starts[1:].tolist(), len(keys)])
+    return Curves(gamma=gamma, series=[_series(eps.slice(a, b - a)) for a, b in bounds])
 
 
-def _series(t: pa.Table, discounted: bool) -> dict[str, Any]:
+def _series(t: pa.Table) -> CurveSeries:
     lengths = t["episode_length"].to_numpy()
-    ended = t["ended_at"].cast(pa.int64()).to_numpy() / 1e6
-    out: dict[str, Any] = {
-        "run_id": t["run_id"][0].as_py(), "env_id": t["env_id"][0].as_py(),
-        "episode_id": [str(i) for i in t["episode_id"].to_pylist()],
-        "env_steps": np.cumsum(lengths).tolist(),
-        "wall_time": np.round(ended, 3).tolist(),
-        "episode_return": t["episode_return"].to_pylist(),
-        "episode_length": lengths.tolist(),
-        "terminated": t["terminated"].to_pylist(),
-    }
-    if "policy_version" in t.column_names:
-        out["policy_version"] = t["policy_version"].to_pylist()
-    if discounted:
-        out["discounted_return"] = t["discounted_return"].to_pylist()
-    return out
+    seconds = pc.divide(t["ended_at"].cast(pa.int64()).cast(pa.float64()), 1e6)
+    return CurveSeries(
+        run_id=t["run_id"][0].as_py(), env_id=t["env_id"][0].as_py(),
+        episode_id=t["episode_id"].cast(pa.string()).to_pylist(),
+        env_steps=np.cumsum(lengths).tolist(),
+        wall_time=seconds.to_pylist(),
+        episode_return=t["episode_return"].to_pylist(),
+        episode_length=lengths.tolist(),
+        terminated=t["terminated"].to_pylist(),
+        policy_version=t["policy_version"].to_pylist() if "policy_version" in t.column_names else [None] * len(t),
+        discounted_return=t["discounted_return"].to_pylist() if "discounted_return" in t.column_names else None,
+    )
 
 
-def _store(request: Request) -> Store:
-    store = getattr(request.app.state, "store", None)
-    if store is None:
-        raise HTTPException(status_code=503, detail="the service has no store open")
-    return store
-
-
-@router.get("/curves", tags=["dashboard"], summary="Learning curves: complete episodes per run in end order")
-def curves(request: Request,
+@router.get("/curves", tags=["dashboard"], summary="Learning curves: the complete episodes of each (run, env) in "
+                                                   "the order they ended, as columns")
+def curves(store: StoreDep,
            run_id: Annotated[list[str], Query(description="runs to include (all by default)")] = [],  # noqa: B006
            env_id: Annotated[list[str], Query(description="envs to include (all by default)")] = [],  # noqa: B006
            gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return")] = None,
-           ) -> dict[str, Any]:
-    return curves_payload(_store(request), run_id=run_id or None, env_id=env_id or None, gamma=gamma)
-
-
+           ) -> Curves:
+    return curves_payload(store, run_id=run_id or None, env_id=env_id or None, gamma=gamma)

@@ -1,0 +1,197 @@
+"""The dashboard in headless Chromium: it loads cleanly, shows every complete episode, drills into one
+episode, and follows new rollouts without a reload. Screenshots land in ``test-artifacts/dashboard/``."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import trajstore
+from api.app import create_app
+from tests.api.conftest import serve
+from tests.dashboard.conftest import Dashboard
+from tests.dashboard.synthetic import write_learning_runs
+from trajstore.rollout import gym_rollout
+from trajstore.settings import Settings
+
+
+def complete_per_series(store: trajstore.Store) -> dict[str, int]:
+    rows = store.sql("SELECT run_id || ' · ' || env_id AS key, count(*) AS n FROM episodes WHERE complete "
+                     "GROUP BY ALL").to_pylist()
+    return {r["key"]: r["n"] for r in rows}
+
+
+def test_page_loads_with_no_console_errors(dashboard: Dashboard, demo_store: trajstore.Store) -> None:
+    dashboard.open("/")  # redirects to /dashboard
+    assert dashboard.page.url == dashboard.url + "/dashboard"
+    runs = dashboard.page.locator("#runs tbody tr")
+    assert runs.count() == len(complete_per_series(demo_store)) == 4
+    assert dashboard.page.locator("#episodes tbody tr").count() == 25
+    assert dashboard.page.evaluate("() => typeof Plotly") == "object"
+    dashboard.screenshot("overview")
+    assert dashboard.problems == []
+
+
+def test_curves_have_one_point_per_complete_episode(dashboard: Dashboard, demo_store: trajstore.Store) -> None:
+    dashboard.open()
+    expected = complete_per_series(demo_store)
+    assert dashboard.episode_points() == expected
+    assert dashboard.state("points") == sum(expected.values())
+    assert sum(expected.values()) < demo_store.sql("SELECT count(*) AS n FROM episodes")["n"][0].as_py()
+    assert f"{sum(expected.values()):,} complete episodes" in dashboard.page.locator("#status").inner_text()
+    for hist in ("hist-return", "hist-length"):
+        assert {t["name"]: len(t["x"]) for t in dashboard.traces(hist)} == expected
+    assert dashboard.problems == []
+
+
+def test_gamma_switches_curves_to_discounted_return(dashboard: Dashboard, demo_store: trajstore.Store) -> None:
+    dashboard.open()
+    loads = dashboard.state("loads")
+    dashboard.page.fill("#gamma", "0.9")
+    dashboard.page.dispatch_event("#gamma", "change")
+    dashboard.page.wait_for_function(f"() => trajstoreDashboard.loads > {loads} && trajstoreDashboard.gamma === 0.9")
+    ids_y = dashboard.page.evaluate("() => Object.fromEntries(document.getElementById('curves').data"
+                                    ".filter((t) => t.meta && t.meta.kind === 'episodes')"
+                                    ".flatMap((t) => Array.from(t.customdata).map((id, i) => [id, t.y[i]])))")
+    expected = {str(r["episode_id"]): r["discounted_return"]
+                for r in demo_store.returns(gamma=0.9).to_pylist() if r["complete"]}
+    assert ids_y.keys() == expected.keys()
+    assert all(math.isclose(ids_y[k], v, rel_tol=1e-9, abs_tol=1e-9) for k, v in expected.items())
+    assert "discounted return (γ=0.9)" in dashboard.page.locator("#curves").inner_text()
+    assert dashboard.problems == []
+
+
+def test_clicking_an_episode_opens_its_step_plots(dashboard: Dashboard, demo_store: trajstore.Store) -> None:
+    dashboard.open()
+    episodes = {r["episode_id"]: r for r in demo_store.episodes().to_pylist()}
+    rows = dashboard.page.locator("#episodes tbody tr")
+    row = rows.filter(has=dashboard.page.locator("td:nth-child(2)", has_text="ppo-seed")).nth(2)
+    episode_id = row.get_attribute("data-episode-id")
+    assert int(episode_id) in episodes  # the 63-bit id survived JSON parsing exactly
+    row.click()
+    dashboard.page.wait_for_function(f"() => trajstoreDashboard.episode && trajstoreDashboard.episode.id === "
+                                     f"'{episode_id}' && trajstoreDashboard.timings.episode_ms > 0")
+    n = episodes[int(episode_id)]["episode_length"]
+    reward, rtg = dashboard.traces("ep-reward")
+    assert len(reward["x"]) == len(rtg["x"]) == n
+    assert reward["x"] == list(range(n))
+    expected = demo_store.returns(gamma=0.99, per="step", episode_id=int(episode_id))
+    assert rtg["y"] == pytest.approx(expected["return_to_go"].to_pylist())
+    assert {t["name"] for t in dashboard.traces("ep-extras")} == {"action", "value", "log_prob"}
+    assert all(len(t["x"]) == n for t in dashboard.traces("ep-extras"))
+    obs = dashboard.traces("ep-obs")
+    assert [t["name"] for t in obs] == [f"obs[{d}]" for d in range(4)] and all(len(t["x"]) == n for t in obs)
+    assert episode_id in dashboard.page.locator("#episode-title").inner_text()
+    dashboard.screenshot("episode", "#episode")
+    assert dashboard.problems == []
+
+
+def test_clicking_a_curve_point_opens_that_episode(dashboard: Dashboard, demo_store: trajstore.Store) -> None:
+    dashboard.open()
+    episode_id = dashboard.page.evaluate(
+        "() => { const gd = document.getElementById('curves');"
+        " const t = gd.data.find((d) => d.meta && d.meta.kind === 'episodes' && d.meta.key.startsWith('acrobot'));"
+        " gd.emit('plotly_click', {points: [{data: t, customdata: t.customdata[0]}]}); return t.customdata[0]; }")
+    dashboard.page.wait_for_function(f"() => trajstoreDashboard.episode && trajstoreDashboard.episode.id === "
+                                     f"'{episode_id}'")
+    n = demo_store.episodes(where=f"episode_id = {int(episode_id)}")["episode_length"][0].as_py()
+    assert len(dashboard.traces("ep-reward")[0]["x"]) == n
+    assert len(dashboard.traces("ep-obs")) == 6  # Acrobot's observation has 6 dimensions
+    assert "no numeric extras" in dashboard.page.locator("#ep-extras").inner_text() or \
+        [t["name"] for t in dashboard.traces("ep-extras")] == ["action"]
+    assert dashboard.problems == []
+
+
+def test_episodes_table_sorts_filters_and_pages(dashboard: Dashboard, demo_store: trajstore.Store) -> None:
+    dashboard.open()
+    page = dashboard.page
+
+    def after(action: Any) -> None:
+        loads = dashboard.state("table.loads")
+        action()
+        page.wait_for_function(f"() => trajstoreDashboard.table.loads > {loads}")
+
+    def column(i: int) -> list[str]:
+        return page.locator(f"#episodes tbody tr td:nth-child({i})").all_inner_texts()
+
+    after(lambda: page.click("#episodes th[data-sort=episode_return]"))
+    best = demo_store.sql("SELECT max(episode_return) AS m FROM episodes")["m"][0].as_py()
+    assert float(column(4)[0].replace(",", "")) == pytest.approx(best, abs=1e-3)
+    returns = [float(x.replace(",", "")) for x in column(4)]
+    assert returns == sorted(returns, reverse=True)
+
+    after(lambda: page.select_option("#f-run", "ppo-seed1"))
+    total = demo_store.sql("SELECT count(*) AS n FROM episodes WHERE run_id = 'ppo-seed1'")["n"][0].as_py()
+    assert set(column(2)) == {"ppo-seed1"}
+    assert f"{total:,} episodes" in page.locator("#page").inner_text()
+
+    first_page = column(1)
+    after(lambda: page.click("#next"))
+    assert "page 2 of" in page.locator("#page").inner_text() and set(column(1)).isdisjoint(first_page)
+
+    after(lambda: page.select_option("#f-end", "unfinished"))
+    after(lambda: page.select_option("#f-run", ""))
+    unfinished = demo_store.sql("SELECT count(*) AS n FROM episodes WHERE NOT complete")["n"][0].as_py()
+    assert unfinished > 0 and len(column(1)) == unfinished
+    assert page.locator("#page").inner_text().startswith("page 1 of 1")
+    assert dashboard.problems == []
+
+
+def test_hiding_a_series_removes_it_from_the_plots(dashboard: Dashboard) -> None:
+    dashboard.open()
+    key = "acrobot-random · Acrobot-v1"
+    assert key in dashboard.episode_points()
+    dashboard.page.locator(f'#runs tr[data-series="{key}"] input[type=checkbox]').uncheck()
+    dashboard.page.wait_for_function("(key) => !document.getElementById('curves').data"
+                                     ".some((t) => t.meta && t.meta.key === key)", arg=key)
+    assert len(dashboard.episode_points()) == 3
+    assert key not in {t["name"] for t in dashboard.traces("hist-return")}
+    dashboard.screenshot("learning-runs", full_page=False)
+    assert dashboard.problems == []
+
+
+def test_rolling_band_and_exact_ids_in_page_helpers(dashboard: Dashboard) -> None:
+    """The page's own helpers: the rolling mean and quantile band against numpy, bins that hold every value,
+    and 63-bit episode ids read exactly from JSON."""
+    dashboard.open()
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=300).round(3).tolist()
+    w, q = 20, [0.1, 0.9]
+    got = dashboard.page.evaluate("([y, w, q]) => rolling(y, w, q)", [y, w, q])
+    windows = [np.array(y[max(0, i - w + 1):i + 1]) for i in range(len(y))]
+    assert got["mean"] == pytest.approx([x.mean() for x in windows])
+    assert got["lo"] == pytest.approx([np.quantile(x, q[0]) for x in windows])
+    assert got["hi"] == pytest.approx([np.quantile(x, q[1]) for x in windows])
+    bins = dashboard.page.evaluate("(ys) => commonBins(ys)", [y, [v * 3 for v in y]])
+    assert bins["start"] <= 3 * min(y) and bins["end"] > 3 * max(y) and (bins["end"] - bins["start"]) / bins["size"] < 80
+    big = 2**62 + 1  # not representable as a double
+    assert dashboard.page.evaluate(f"() => parseJson('{{\"episode_id\": {big}, \"seed\": {big}, \"x\": 1.5}}', true)") \
+        == {"episode_id": str(big), "seed": str(big), "x": 1.5}
+    assert dashboard.page.evaluate("() => SOURCE_ACCESS") is True
+
+
+def test_a_rollout_written_during_the_test_appears_without_reload(context: Any, tmp_path: Path) -> None:
+    store = trajstore.open(tmp_path / "store", create=True)
+    write_learning_runs(store, episodes=60, runs=1, num_envs=4, versions=2)
+    with contextlib.contextmanager(serve)(create_app(Settings(store=str(store.root)))) as live:
+        page = context.new_page()
+        dash = Dashboard(page, live.url)
+        dash.open()
+        page.evaluate("() => { window.notReloaded = true; }")
+        for n, run in enumerate(["late-run", "later-run"], start=1):
+            gym_rollout(store, "CartPole-v1", run_id=run, num_envs=4, episodes=10 * n, seed=n, progress=False)
+            expected = complete_per_series(store)
+            page.wait_for_function("(n) => trajstoreDashboard.points === n", arg=sum(expected.values()),
+                                   timeout=30_000)
+            assert dash.episode_points() == expected
+            assert page.locator(f'#runs tr[data-series="{run} · CartPole-v1"]').count() == 1
+        assert page.evaluate("() => window.notReloaded") is True
+        assert dash.state("loads") >= 3
+        dash.screenshot("live")
+        assert dash.problems == []
+        page.close()

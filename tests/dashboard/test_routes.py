@@ -1,0 +1,76 @@
+"""The dashboard's routes without a browser: the page, its assets and the ``/curves`` data."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+import trajstore
+from api.app import create_app
+from api.dashboard.routes import HERE, plotly_js
+from trajstore.settings import Settings
+
+
+@pytest.fixture
+def client(demo_store: trajstore.Store) -> Iterator[TestClient]:
+    with TestClient(create_app(Settings(store=str(demo_store.root)))) as c:
+        yield c
+
+
+def test_root_redirects_to_the_dashboard(client: TestClient) -> None:
+    r = client.get("/", follow_redirects=False)
+    assert r.status_code in (302, 307) and r.headers["location"] == "/dashboard"
+
+
+def test_page_loads_plotly_from_the_installed_package(client: TestClient) -> None:
+    page = client.get("/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    src = f"/dashboard/assets/plotly.min.js?v={metadata.version('plotly')}"
+    assert f'data-plotly="{src}"' in page.text
+    js = client.get(src)
+    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+    assert js.content == plotly_js()[0].read_bytes() and "immutable" in js.headers["cache-control"]
+    for name in ("dashboard.js", "dashboard.css"):
+        assert client.get(f"/dashboard/assets/{name}").status_code == 200
+    assert client.get("/dashboard/assets/other.js").status_code == 404
+
+
+def test_nothing_comes_from_another_host() -> None:
+    for name in ("page.html", "dashboard.js", "dashboard.css"):
+        text = (HERE / name).read_text()
+        assert "http://" not in text and "https://" not in text and "//cdn" not in text, name
+
+
+def test_curves_hold_every_complete_episode_in_end_order(client: TestClient, demo_store: trajstore.Store) -> None:
+    body = client.get("/curves").json()
+    eps = demo_store.episodes(complete=True, order_by="ended_at").to_pylist()
+    assert body["gamma"] is None
+    assert [(s["run_id"], s["env_id"]) for s in body["series"]] == sorted({(e["run_id"], e["env_id"]) for e in eps})
+    for s in body["series"]:
+        mine = [e for e in eps if (e["run_id"], e["env_id"]) == (s["run_id"], s["env_id"])]
+        assert s["episode_id"] == [str(e["episode_id"]) for e in mine]  # exact 63-bit ids, as strings
+        assert s["episode_length"] == [e["episode_length"] for e in mine]
+        assert s["env_steps"] == np.cumsum(s["episode_length"]).tolist()
+        assert s["episode_return"] == pytest.approx([e["episode_return"] for e in mine])
+        assert s["wall_time"] == pytest.approx([e["ended_at"].timestamp() for e in mine])
+        assert s["policy_version"] == [e["policy_version"] for e in mine]
+        assert s["discounted_return"] is None
+
+
+def test_curves_with_gamma_and_filters(client: TestClient, demo_store: trajstore.Store) -> None:
+    body = client.get("/curves", params={"gamma": 0.9, "run_id": ["ppo-seed1", "acrobot-random"]}).json()
+    assert [s["run_id"] for s in body["series"]] == ["acrobot-random", "ppo-seed1"]
+    expected = {str(r["episode_id"]): r["discounted_return"] for r in demo_store.returns(gamma=0.9).to_pylist()}
+    for s in body["series"]:
+        assert s["discounted_return"] == pytest.approx([expected[i] for i in s["episode_id"]])
+    assert client.get("/curves", params={"gamma": 1.5}).status_code == 422
+
+
+def test_curves_of_an_empty_store(tmp_path: Path) -> None:
+    with TestClient(create_app(Settings(store=str(tmp_path / "empty")))) as c:
+        assert c.get("/curves").json() == {"gamma": None, "series": []}

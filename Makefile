@@ -1,9 +1,11 @@
-# make demo: install into .venv, run a gym and a JAX rollout into ./demo-store, then print the statistics of both.
+# make demo: install into .venv, run a gym and a JAX rollout into ./demo-store, print the statistics of both,
+#            then serve the store: the dashboard's URL is printed last (Ctrl-C stops the server).
 # make test: install into .venv (with the dev extras) and run the whole test suite.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= ./demo-store
+PORT ?= 8321
 
 .PHONY: install demo test bench browser clean
 
@@ -19,6 +21,8 @@ demo: install
 	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo --seed 0
 	$(VENV)/bin/trajstore rollout --backend jax --env cartpole --num-envs 1024 --steps 500000 --store $(STORE) --run demo-jax --seed 0
 	$(VENV)/bin/trajstore stats --store $(STORE) --by run_id --gamma 0.99
+	@echo "dashboard: http://127.0.0.1:$(PORT)/dashboard  (serving $(STORE); Ctrl-C stops it)"
+	$(VENV)/bin/trajstore serve --store $(STORE) --port $(PORT)
 
 test: install browser
 	$(PY) -m pytest

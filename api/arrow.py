@@ -26,7 +26,7 @@ class _Chunks:
         self.closed = False
 
     def write(self, data: Any) -> int:
-        self.parts.append(bytes(data))
+        self.parts.append(data)  # bytes, or a pa.Buffer of the batch being written: joined (copied) in take()
         return len(data)
 
     def flush(self) -> None:

@@ -48,17 +48,28 @@ class HttpByteStream(io.RawIOBase):
 
 
 def rebatch(batches: Iterable[pa.RecordBatch], size: int, *, drop_last: bool = False) -> Iterator[pa.RecordBatch]:
-    """Batches of exactly ``size`` rows (the last one shorter unless ``drop_last``), in stream order."""
+    """Batches of exactly ``size`` rows (the last one shorter unless ``drop_last``), in stream order.
+
+    Rows within one incoming batch are yielded as zero-copy slices of it; only batches that span
+    incoming batches are copied together.
+    """
     pending: list[pa.RecordBatch] = []
     rows = 0
     for batch in batches:
-        pending.append(batch)
-        rows += batch.num_rows
-        while rows >= size:
-            table = pa.Table.from_batches(pending)
-            yield _one_batch(table.slice(0, size))
-            rest = table.slice(size)
-            pending, rows = rest.to_batches(), rest.num_rows
+        start = 0
+        if pending:
+            start = min(size - rows, batch.num_rows)
+            pending.append(batch.slice(0, start))
+            rows += start
+            if rows < size:
+                continue
+            yield _one_batch(pa.Table.from_batches(pending))
+            pending, rows = [], 0
+        while batch.num_rows - start >= size:
+            yield batch.slice(start, size)
+            start += size
+        if start < batch.num_rows:
+            pending, rows = [batch.slice(start)], batch.num_rows - start
     if rows and not drop_last:
         yield _one_batch(pa.Table.from_batches(pending))
 

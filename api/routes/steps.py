@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, AsyncIterator, Iterator, Literal
+import contextlib
+import queue
+import threading
+from typing import Annotated, Any, AsyncIterator, Generator, Iterator, Literal
 
+import anyio.to_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.concurrency import iterate_in_threadpool
 
 from api.arrow import ARROW_CONTENT, ipc_stream, json_rows
 from api.deps import ARROW_STREAM, SettingsDep, StoreDep
@@ -17,6 +20,7 @@ from trajstore.query import Snapshot
 from trajstore.store import Store
 
 router = APIRouter(tags=["steps"])
+PREFETCH_PIECES = 1  # pieces of a stream made ahead of the network
 
 
 def steps_query(snap: Snapshot, flt: EpisodeFilter, columns: list[str]) -> str:
@@ -28,8 +32,11 @@ def steps_query(snap: Snapshot, flt: EpisodeFilter, columns: list[str]) -> str:
     return f"SELECT {select} FROM steps" + (f" WHERE {' AND '.join(direct)}" if direct else "")
 
 
-def _stream(store: Store, flt: EpisodeFilter, columns: list[str], batch_rows: int) -> Iterator[bytes]:
-    snap = store.snapshot()
+def _stream(store: Store, flt: EpisodeFilter, columns: list[str], batch_rows: int) -> Generator[bytes, None, None]:
+    # One DuckDB thread per stream, in a thread of its own (see Prefetch) next to the sending: batches come
+    # out of a single thread at exactly batch_rows (a parallel scan cuts one short batch per file, and the
+    # client then copies every later batch to re-align them), and other cores are left to other streams.
+    snap = store.snapshot(config={"threads": 1})
     try:
         reader = snap.reader(steps_query(snap, flt, columns), batch_size=batch_rows)
     except BaseException:
@@ -38,22 +45,75 @@ def _stream(store: Store, flt: EpisodeFilter, columns: list[str], batch_rows: in
     return _closing(ipc_stream(reader), snap)
 
 
-def _closing(chunks: Iterator[bytes], snap: Snapshot) -> Iterator[bytes]:
+def _closing(chunks: Iterator[bytes], snap: Snapshot) -> Generator[bytes, None, None]:
     try:
         yield from chunks
     finally:
         snap.close()
 
 
-async def _until_disconnect(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
-    """Stop reading (and close the snapshot) as soon as the client goes away."""
+class Prefetch:
+    """Runs a generator of byte pieces in a thread of its own, at most ``ahead`` pieces ahead of its reader.
+
+    So the store is read (DuckDB and Arrow release the GIL) while earlier pieces are being sent, in memory
+    bounded by ``ahead`` + 2 pieces. The thread closes ``pieces`` when they run out, fail or :meth:`stop` is
+    called (then after the piece it is making); :meth:`get` re-raises a failure.
+    """
+
+    def __init__(self, pieces: Generator[bytes, None, None], ahead: int) -> None:
+        self._queue: queue.Queue[bytes | BaseException | None] = queue.Queue(ahead)
+        self._stopped = threading.Event()
+        threading.Thread(target=self._run, args=(pieces,), name="trajstore-steps", daemon=True).start()
+
+    def _run(self, pieces: Generator[bytes, None, None]) -> None:
+        end: BaseException | None = None
+        try:
+            with contextlib.closing(pieces):
+                for piece in pieces:
+                    if not self._put(piece):
+                        break
+        except BaseException as exc:  # handed to the reader, which raises it
+            end = exc
+        self._put(end)
+
+    def _put(self, item: bytes | BaseException | None) -> bool:
+        while not self._stopped.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def get(self) -> bytes | None:
+        """The next piece (blocking), or ``None`` at the end or once stopped."""
+        while True:
+            try:
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._stopped.is_set():
+                    return None
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+async def _until_disconnect(chunks: Generator[bytes, None, None]) -> AsyncIterator[bytes]:
+    """Send the pieces as a :class:`Prefetch` makes them; stop it (and so close the snapshot) as soon as
+    the client goes away."""
+    ahead = Prefetch(chunks, PREFETCH_PIECES)
     try:
-        async for chunk in iterate_in_threadpool(chunks):
-            yield chunk
+        while True:
+            piece = await anyio.to_thread.run_sync(ahead.get, abandon_on_cancel=True)
+            if piece is None:
+                return
+            yield piece
     finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
+        ahead.stop()
 
 
 @router.get("/steps", summary="Selected steps as an Arrow IPC stream (or a JSON page with format=json)",

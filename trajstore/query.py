@@ -58,21 +58,53 @@ def with_lineage_sql(stored: Sequence[str], source: str) -> str:
     return f"SELECT *{''.join(', ' + m for m in missing)} FROM {source}"
 
 
-def episodes_sql(step_columns: Sequence[str], *, discounted: bool = False, source: str = "steps") -> str:
-    """The SELECT behind the ``episodes`` view; with ``discounted`` it adds ``discounted_return`` for ``$gamma``."""
+def episodes_sql(step_columns: Sequence[str], *, discounted: bool = False, source: str = "steps",
+                 by_id: bool = False) -> str:
+    """The SELECT behind the ``episodes`` view; with ``discounted`` it adds ``discounted_return`` for ``$gamma``.
+
+    With ``by_id`` (only when :func:`ids_disjoint`) it groups by ``episode_id`` alone, the same episodes
+    for less work: the other group keys are then constant within each episode.
+    """
     spec = sch.load(sch.EPISODE_SCHEMA_FILE)
-    cols = [f"{c['sql']} AS {quote_ident(c['name'])}" for c in spec["columns"]]
+    keys = ["episode_id"] if by_id else spec["group_by"]
+    cols = [f"{_in_group(c['sql'], keys, spec['group_by'])} AS {quote_ident(c['name'])}" for c in spec["columns"]]
     lineage = [c["name"] for c in sch.load(sch.STEP_SCHEMA_FILE)["lineage"] if c.get("in_episodes")]
     cols += [spec["lineage"]["sql"].format(name=quote_ident(n)) + f" AS {quote_ident(n)}"
              for n in lineage if n in step_columns]
     if discounted:
         cols.append("sum(reward::DOUBLE * pow($gamma::DOUBLE, step)) AS discounted_return")
-    group = ", ".join(spec["group_by"])
-    return f"SELECT {', '.join(cols)} FROM {source} GROUP BY {group}"
+    return f"SELECT {', '.join(cols)} FROM {source} GROUP BY {', '.join(keys)}"
+
+
+def _in_group(sql: str, keys: Sequence[str], group_by: Sequence[str]) -> str:
+    return f"any_value({sql})" if sql in group_by and sql not in keys else sql
+
+
+def ids_disjoint(files: Sequence[DataFile]) -> bool:
+    """Whether no ``episode_id`` can be in two ``(run_id, env_id)`` partitions, judged from the files'
+    episode_id ranges in the commit log (each writer draws its ids from its own random block)."""
+    spans: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for f in files:
+        if f.min_episode_id is None or f.max_episode_id is None:
+            return False
+        spans.setdefault((f.run_id, f.env_id), []).append((f.min_episode_id, f.max_episode_id))
+    merged = sorted(span for part in spans.values() for span in _merge(part))
+    return all(b[0] > a[1] for a, b in zip(merged, merged[1:]))
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping ``(lo, hi)`` spans merged (within one partition)."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def stats_sql(by: Sequence[str], *, discounted: bool, where: str | None, include_incomplete: bool,
-              step_columns: Sequence[str]) -> str:
+              step_columns: Sequence[str], by_id: bool = False) -> str:
     """Episode statistics with the keys of ``imitation.data.rollout.rollout_stats`` (std as ``numpy.std``)."""
     metrics = [("return", "episode_return"), ("len", "episode_length")]
     if discounted:
@@ -88,7 +120,7 @@ def stats_sql(by: Sequence[str], *, discounted: bool, where: str | None, include
     select = (keys + ", " if keys else "") + ", ".join(aggs)
     tail = f" GROUP BY {keys} ORDER BY {keys}" if keys else ""
     filt = f" WHERE {' AND '.join(conds)}" if conds else ""
-    return f"SELECT {select} FROM ({episodes_sql(step_columns, discounted=discounted)}){filt}{tail}"
+    return f"SELECT {select} FROM ({episodes_sql(step_columns, discounted=discounted, by_id=by_id)}){filt}{tail}"
 
 
 class Snapshot:
@@ -102,7 +134,8 @@ class Snapshot:
         stored = [r[0] for r in self.con.execute("DESCRIBE committed_steps").fetchall()]
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW steps AS {with_lineage_sql(stored, 'committed_steps')}")
         self.step_columns = [r[0] for r in self.con.execute("DESCRIBE steps").fetchall()]
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW episodes AS {episodes_sql(self.step_columns)}")
+        self.by_id = ids_disjoint(self.files)
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW episodes AS {episodes_sql(self.step_columns, by_id=self.by_id)}")
 
     def arrow(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
         try:

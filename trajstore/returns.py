@@ -6,6 +6,8 @@ the ``sum(r * gamma**k) / gamma**t`` window trick, which overflows on long episo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba
 import numpy as np
 
@@ -36,16 +38,90 @@ def return_to_go(episode_id: np.ndarray, step: np.ndarray, reward: np.ndarray,
     Returns ``(order, G)``: ``order`` sorts the rows by ``(episode_id, step)`` and ``G[i]`` is the
     return-to-go of row ``order[i]``.
     """
+    order = np.empty(len(episode_id), np.int64)
+    return order, sorted_return_to_go(episode_id, step, reward, gamma, columns=False, order=order).return_to_go
+
+
+@dataclass
+class SortedReturns:
+    """Rows sorted by ``(episode_id, step)`` with their return-to-go.
+
+    The input rows fall into pieces (runs of consecutive steps of one episode) beginning at ``starts``;
+    ``piece_order`` lists the pieces in sorted order, so :meth:`reorder` sorts any other column.
+    """
+
+    episode_id: np.ndarray
+    step: np.ndarray
+    reward: np.ndarray
+    return_to_go: np.ndarray
+    starts: np.ndarray
+    piece_order: np.ndarray
+
+    def reorder(self, values: np.ndarray) -> np.ndarray:
+        """Another column of the input rows, sorted like the rows (a block copy per piece)."""
+        values = np.ascontiguousarray(values)
+        out = np.empty_like(values)
+        _reorder(values, self.starts, self.piece_order, out)
+        return out
+
+
+def sorted_return_to_go(episode_id: np.ndarray, step: np.ndarray, reward: np.ndarray, gamma: float, *,
+                        columns: bool = True, order: np.ndarray | None = None) -> SortedReturns:
+    """Like :func:`return_to_go`, with (if ``columns``) the input columns sorted too, in one compiled pass.
+
+    ``step`` and ``reward`` keep their dtypes (e.g. int32 and float32); ``G`` is float64. A given
+    ``order`` array is filled with the input row of each sorted row.
+    """
     g = check_gamma(gamma)
     episode_id = np.ascontiguousarray(episode_id, np.int64)
-    step = np.ascontiguousarray(step, np.int64)
+    step = np.ascontiguousarray(step)
+    step = step if step.dtype.kind in "iu" else step.astype(np.int64)
+    reward = np.ascontiguousarray(reward)
+    reward = reward if reward.dtype in (np.float32, np.float64) else reward.astype(np.float64)
     starts = _piece_starts(episode_id, step)
     piece_order = np.lexsort((step[starts], episode_id[starts]))
-    order = _gather(starts, len(episode_id), piece_order)
-    sorted_ids = episode_id[order]
-    ep_starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]]) if len(order) else \
-        np.zeros(0, np.int64)
-    return order, _rtg_sorted(np.asarray(reward, np.float64)[order], ep_starts.astype(np.int64), g)
+    m = len(episode_id) if columns else 0
+    # outputs allocated by numpy (which asks for huge pages) rather than inside the compiled code
+    out = SortedReturns(np.empty(m, np.int64), np.empty(m, step.dtype), np.empty(m, reward.dtype),
+                        np.empty(len(episode_id), np.float64), starts, piece_order)
+    _sorted_rtg(starts, piece_order, episode_id, step, reward, g, out.return_to_go,
+                np.empty(0, np.int64) if order is None else order, out.episode_id, out.step, out.reward)
+    return out
+
+
+@numba.njit(cache=True)
+def _sorted_rtg(starts: np.ndarray, piece_order: np.ndarray, episode_id: np.ndarray, step: np.ndarray,
+                reward: np.ndarray, gamma: float, out: np.ndarray, order: np.ndarray, ids: np.ndarray,
+                steps: np.ndarray, rewards: np.ndarray) -> None:
+    """Walk the pieces from the last in ``piece_order`` to the first, evaluating ``G_t = r_t + gamma G_{t+1}``
+    and writing each row's ``G`` at its sorted position in ``out`` (and its input row in ``order``, its
+    columns in ``ids, steps, rewards``, unless those are empty)."""
+    n = len(episode_id)
+    with_order, columns = len(order) == n, len(ids) == n
+    pos, g, later_id = n, 0.0, 0
+    for k in range(len(piece_order) - 1, -1, -1):
+        p = piece_order[k]
+        lo, hi = starts[p], starts[p + 1] if p + 1 < len(starts) else n
+        if k == len(piece_order) - 1 or episode_id[lo] != later_id:
+            g = 0.0  # the piece after this one in sorted order belongs to another episode
+        later_id = episode_id[lo]
+        for i in range(hi - 1, lo - 1, -1):
+            g = reward[i] + gamma * g
+            pos -= 1
+            out[pos] = g
+            if with_order:
+                order[pos] = i
+            if columns:
+                ids[pos], steps[pos], rewards[pos] = episode_id[i], step[i], reward[i]
+
+
+@numba.njit(cache=True)
+def _reorder(values: np.ndarray, starts: np.ndarray, piece_order: np.ndarray, out: np.ndarray) -> None:
+    pos = 0
+    for p in piece_order:
+        lo, hi = starts[p], starts[p + 1] if p + 1 < len(starts) else len(values)
+        out[pos:pos + hi - lo] = values[lo:hi]
+        pos += hi - lo
 
 
 @numba.njit(cache=True)
@@ -59,19 +135,6 @@ def _piece_starts(episode_id: np.ndarray, step: np.ndarray) -> np.ndarray:
             out[k] = i
             k += 1
     return out[:k]
-
-
-@numba.njit(cache=True)
-def _gather(starts: np.ndarray, n: int, piece_order: np.ndarray) -> np.ndarray:
-    """Row permutation visiting the pieces in ``piece_order``."""
-    out = np.empty(n, np.int64)
-    k = 0
-    for p in piece_order:
-        end = starts[p + 1] if p + 1 < len(starts) else n
-        for i in range(starts[p], end):
-            out[k] = i
-            k += 1
-    return out
 
 
 @numba.njit(cache=True)

@@ -1,6 +1,6 @@
 """Cutting time-major ``(T, B)`` batches into episodes, carrying each env's open episode across batches.
 
-:func:`segment` is the vectorised cut used by the writer; :func:`segment_reference` is the plain
+:func:`segment` is the compiled cut used by the writer; :func:`segment_reference` is the plain
 loop it is tested against.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
+import numba
 import numpy as np
 
 from trajstore.errors import InputError
@@ -88,31 +89,16 @@ def segment(valid: np.ndarray, done: np.ndarray, cursors: Cursors,
         kept = _drop_reset_steps(v, d, T, cursors)
         reset_envs = _ending_in_reset(v, kept, T)
         v, d = kept, d & kept
-    idx = np.flatnonzero(v)
-    n = len(idx)
-    env = np.repeat(np.arange(B), v.reshape(B, T).sum(axis=1))  # = idx // T, without the division
-    dv = d[idx]
-    first = np.ones(n, bool)
-    first[1:] = env[1:] != env[:-1]
-    starts = first.copy()
-    starts[1:] |= dv[:-1]
-    start_pos = np.flatnonzero(starts)
-    seg_len = np.diff(np.append(start_pos, n))
-    seg_env = env[start_pos]
-    seg_first = first[start_pos]
     if autoreset == "off":
-        _refuse_unreset(seg_env, seg_first, idx[start_pos] % T, cursors)
-    continues = seg_first & (cursors.state[seg_env] == OPEN)
-    seg_ids = np.empty(len(start_pos), np.int64)
-    seg_ids[continues] = cursors.episode_id[seg_env[continues]]
-    n_new = int((~continues).sum())
-    seg_ids[~continues] = allocate(n_new)
-    offset = np.where(continues, cursors.next_step[seg_env], 0)
-    step = np.arange(n) - np.repeat(start_pos - offset, seg_len)  # np.repeat over segments: cheaper than
-    episode_id = np.repeat(seg_ids, seg_len)                       # a cumsum and gathers per row
-    after = _advance(cursors, env, dv, episode_id, step)
+        _refuse_unreset(v, d, T, cursors)
+    n, n_new, completed, _ = _count(v, d, T, cursors.state)
+    new_ids = np.asarray(allocate(n_new), np.int64)
+    # outputs allocated by numpy (which asks for huge pages): cheaper to fill than compiled-code allocations
+    rows, episode_id, step = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    after = cursors.copy()
+    _cut(v, d, T, cursors, new_ids, rows, episode_id, step, after)
     after.state[reset_envs] = FRESH  # the reset step was seen: the env's next step starts an episode
-    return Segments(idx, episode_id, step, after, n_new, int(dv.sum()))
+    return Segments(rows, episode_id, step, after, n_new, completed)
 
 
 def _ending_in_reset(valid: np.ndarray, kept: np.ndarray, T: int) -> np.ndarray:
@@ -122,26 +108,67 @@ def _ending_in_reset(valid: np.ndarray, kept: np.ndarray, T: int) -> np.ndarray:
     return last[~kept[last]] // T
 
 
-def _refuse_unreset(seg_env: np.ndarray, seg_first: np.ndarray, seg_t: np.ndarray, cursors: Cursors) -> None:
-    bad = (~seg_first) | (cursors.state[seg_env] == ENDED)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise InputError(f"env {int(seg_env[i])}, t={int(seg_t[i])}: a step for an env whose episode already "
+def _refuse_unreset(v: np.ndarray, d: np.ndarray, T: int, cursors: Cursors) -> None:
+    bad = _count(v, d, T, cursors.state)[3]
+    if bad >= 0:
+        raise InputError(f"env {bad // T}, t={bad % T}: a step for an env whose episode already "
                          "ended without a reset; call writer.reset([env]) first, or open the writer with "
                          "autoreset='same-step' (JAX-style) or 'next-step' (gymnasium's default)")
 
 
-def _advance(cursors: Cursors, env: np.ndarray, dv: np.ndarray, episode_id: np.ndarray,
-             step: np.ndarray) -> Cursors:
-    out = cursors.copy()
-    if len(env) == 0:
-        return out
-    last = np.r_[env[1:] != env[:-1], True]
-    e = env[last]
-    out.episode_id[e] = np.where(dv[last], -1, episode_id[last])
-    out.next_step[e] = np.where(dv[last], 0, step[last] + 1)
-    out.state[e] = np.where(dv[last], ENDED, OPEN)
-    return out
+@numba.njit(cache=True)
+def _count(v: np.ndarray, d: np.ndarray, T: int, state: np.ndarray) -> tuple[int, int, int, int]:
+    """Kept rows, new episodes and completed episodes of a cut over env-major masks ``v`` (kept) and
+    ``d`` (done), and the flat index of the first step of an env whose episode ended without a
+    reset (-1 if none; only an error with ``autoreset='off'``)."""
+    n = n_new = completed = 0
+    unreset = -1
+    for b in range(len(state)):
+        is_open, ended = state[b] == OPEN, state[b] == ENDED
+        for i in range(b * T, (b + 1) * T):
+            if not v[i]:
+                continue
+            n += 1
+            if not is_open:
+                n_new += 1
+                if ended and unreset < 0:
+                    unreset = i
+                is_open = True
+            if d[i]:
+                completed += 1
+                is_open, ended = False, True
+    return n, n_new, completed, unreset
+
+
+def _cut(v: np.ndarray, d: np.ndarray, T: int, before: Cursors, new_ids: np.ndarray, rows: np.ndarray,
+         ids: np.ndarray, steps: np.ndarray, after: Cursors) -> None:
+    """Fill the kept rows (env-major flat indices), their episode ids and steps, and ``after``."""
+    _cut_kernel(v, d, T, before.episode_id, before.next_step, before.state, new_ids, rows, ids, steps,
+                after.episode_id, after.next_step, after.state)
+
+
+@numba.njit(cache=True)
+def _cut_kernel(v: np.ndarray, d: np.ndarray, T: int, episode_id: np.ndarray, next_step: np.ndarray,
+                state: np.ndarray, new_ids: np.ndarray, rows: np.ndarray, ids: np.ndarray, steps: np.ndarray,
+                out_id: np.ndarray, out_next: np.ndarray, out_state: np.ndarray) -> None:
+    """An env not open at its first kept step (or after a done) takes the next of ``new_ids``."""
+    j = k = 0
+    for b in range(len(state)):
+        is_open, eid, nxt, seen = state[b] == OPEN, episode_id[b], next_step[b], False
+        for i in range(b * T, (b + 1) * T):
+            if not v[i]:
+                continue
+            if not is_open:
+                eid, nxt, is_open = new_ids[k], 0, True
+                k += 1
+            rows[j], ids[j], steps[j] = i, eid, nxt
+            j += 1
+            nxt += 1
+            seen = True
+            if d[i]:
+                eid, nxt, is_open = -1, 0, False
+        if seen:
+            out_id[b], out_next[b], out_state[b] = eid, nxt, OPEN if is_open else ENDED
 
 
 def segment_reference(valid: np.ndarray, done: np.ndarray, cursors: Cursors,

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError, StoreExistsError, StoreNotFoundError
 from trajstore.query import Snapshot, episodes_sql, quote_ident, quote_literal, stats_sql
-from trajstore.returns import check_gamma, return_to_go
+from trajstore.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.settings import Settings
 from trajstore.table import DataFile, StepsTable
 from trajstore.writer import Writer
@@ -56,6 +59,8 @@ class Store:
         self.root = Path(root)
         self.settings = settings or Settings.from_env()
         self.table = StepsTable(self.root / "steps", row_group_rows=self.settings.row_group_rows)
+        self._duckdb: tuple[int, duckdb.DuckDBPyConnection] | None = None
+        self._duckdb_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
@@ -77,6 +82,18 @@ class Store:
         """A DuckDB connection with ``steps`` and ``episodes`` views over the latest committed version."""
         return Snapshot(self.files(), config=config)
 
+    def _query_snapshot(self) -> Snapshot:
+        """A snapshot on a cursor of this store's own DuckDB database, for the queries the store builds itself.
+
+        Opening a DuckDB database costs ~20 ms, a cursor (a connection with its own views) next to nothing.
+        :meth:`snapshot` and :meth:`sql` keep a database of their own, which callers may reconfigure.
+        """
+        with self._duckdb_lock:
+            if self._duckdb is None or self._duckdb[0] != os.getpid():  # never reuse one across a fork
+                self._duckdb = (os.getpid(), duckdb.connect())
+            con = self._duckdb[1].cursor()
+        return Snapshot(self.files(), con=con)
+
     def sql(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
         """Run SQL over the ``steps`` and ``episodes`` views; returns an Arrow table."""
         with self.snapshot() as snap:
@@ -86,13 +103,13 @@ class Store:
                  complete: bool | None = None, where: str | None = None, gamma: float | None = None,
                  order_by: str = "episode_id", limit: int | None = None, offset: int = 0) -> pa.Table:
         """One row per episode (the ``episodes`` view), filtered; with ``gamma`` adds ``discounted_return``."""
-        with self.snapshot() as snap:
+        with self._query_snapshot() as snap:
             order = _order_clause(order_by, snap)
             conds = _filters(run_id=run_id, env_id=env_id, where=where)
             if complete is not None:
                 conds.append("complete" if complete else "NOT complete")
             params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
-            src = episodes_sql(snap.step_columns, discounted=gamma is not None)
+            src = episodes_sql(snap.step_columns, discounted=gamma is not None, by_id=snap.by_id)
             q = f"SELECT * FROM ({src}){_where(conds)} ORDER BY {order}"
             if limit is not None:
                 q += f" LIMIT {int(limit)} OFFSET {int(offset)}"
@@ -107,36 +124,65 @@ class Store:
         ``include_incomplete``.
         """
         keys = [by] if isinstance(by, str) else list(by or [])
-        with self.snapshot() as snap:
-            snap.check_columns(keys)
+        with self._query_snapshot() as snap:
+            if keys:
+                snap.check_columns(keys)
             conds = _filters(run_id=run_id, env_id=env_id, where=where)
             q = stats_sql(keys, discounted=gamma is not None, where=" AND ".join(conds) or None,
-                          include_incomplete=include_incomplete, step_columns=snap.step_columns)
+                          include_incomplete=include_incomplete, step_columns=snap.step_columns, by_id=snap.by_id)
             return snap.arrow(q, {"gamma": check_gamma(gamma)} if gamma is not None else {})
 
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode",
                 run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
                 episode_id: int | Sequence[int] | None = None, where: str | None = None) -> pa.Table:
-        """Discounted return per episode, or return-to-go ``G_t = r_t + gamma G_{t+1}`` per step."""
+        """Discounted return per episode, or return-to-go ``G_t = r_t + gamma G_{t+1}`` per step.
+
+        Per step, rows come sorted by ``(episode_id, step)`` with ``run_id`` and ``env_id``
+        dictionary-encoded (the same values, a byte per row).
+        """
         g = check_gamma(gamma)
         if per not in ("episode", "step"):
             raise InputError(f"per must be 'episode' or 'step', got {per!r}")
         conds = _filters(run_id=run_id, env_id=env_id, where=where, episode_id=episode_id)
-        with self.snapshot() as snap:
+        with self._query_snapshot() as snap:
             if per == "episode":
                 q = (f"SELECT run_id, env_id, episode_id, episode_length, episode_return, discounted_return, "
-                     f"complete FROM ({episodes_sql(snap.step_columns, discounted=True)}){_where(conds)} "
+                     f"complete FROM ({episodes_sql(snap.step_columns, discounted=True, by_id=snap.by_id)})"
+                     f"{_where(conds)} "
                      "ORDER BY episode_id")
                 return snap.arrow(q, {"gamma": g})
-            rows = snap.arrow(f"SELECT run_id, env_id, episode_id, step, reward FROM steps{_where(conds)}")
+            rows = snap.arrow(f"SELECT {_partition_enums(snap.files)}, episode_id, step, reward "
+                              f"FROM steps{_where(conds)}")
         return _with_return_to_go(rows, g)
 
 
+def _partition_enums(files: Sequence[DataFile]) -> str:
+    """``run_id, env_id`` cast to DuckDB ENUMs of the committed partitions' values: Arrow receives them
+    dictionary-encoded (a byte per row) instead of one string per row."""
+    cols = []
+    for name in ("run_id", "env_id"):
+        values = sorted({getattr(f, name) for f in files})
+        cols.append(f"{name}::ENUM({', '.join(map(quote_literal, values))}) AS {name}" if values else name)
+    return ", ".join(cols)
+
+
 def _with_return_to_go(rows: pa.Table, gamma: float) -> pa.Table:
-    order, g = return_to_go(rows["episode_id"].to_numpy(), rows["step"].to_numpy(),
-                            rows["reward"].to_numpy(), gamma)
-    out = rows.take(pa.array(order))
-    return out.append_column("return_to_go", pa.array(g, pa.float64()))
+    """``rows`` sorted by ``(episode_id, step)`` with their ``return_to_go``; run_id/env_id stay dictionary-encoded."""
+    s = sorted_return_to_go(rows["episode_id"].to_numpy(), rows["step"].to_numpy(), rows["reward"].to_numpy(),
+                            gamma)
+    return pa.table({"run_id": _reordered(rows["run_id"], s), "env_id": _reordered(rows["env_id"], s),
+                     "episode_id": s.episode_id, "step": s.step, "reward": s.reward, "return_to_go": s.return_to_go})
+
+
+def _reordered(column: pa.ChunkedArray, s: SortedReturns) -> pa.Array:
+    """``column`` sorted like ``s``; for a dictionary column only its indices move (if they differ at all)."""
+    arr = column.combine_chunks()
+    if pa.types.is_dictionary(arr.type) and arr.null_count == 0:
+        idx = arr.indices.to_numpy()
+        if len(idx) == 0 or idx.min() == idx.max():  # one value throughout: sorting changes nothing
+            return arr
+        return pa.DictionaryArray.from_arrays(s.reorder(idx), arr.dictionary)
+    return arr.take(pa.array(s.reorder(np.arange(len(arr)))))
 
 
 def _in(column: str, values: Any) -> str:

@@ -41,6 +41,17 @@ class DataFile:
     rows: int
     size: int
     modified_ms: int
+    min_episode_id: int | None = None  # from the commit's file statistics, when it has them
+    max_episode_id: int | None = None
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A Parquet file written by :meth:`StepsTable.write` and not yet committed."""
+
+    path: Path
+    action: AddAction
+    schema: pa.Schema
 
 
 class StepsTable:
@@ -69,12 +80,14 @@ class StepsTable:
         if dt is None:
             return []
         actions = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+        none = [None] * len(actions["path"])
         return [
-            DataFile(str(self.path / unquote(p)), r, e, int(n or 0), int(s), int(m))
-            for p, r, e, n, s, m in zip(
+            DataFile(str(self.path / unquote(p)), r, e, int(n or 0), int(s), int(m), lo, hi)
+            for p, r, e, n, s, m, lo, hi in zip(
                 actions["path"], actions["partition.run_id"], actions["partition.env_id"],
                 actions.get("num_records", [0] * len(actions["path"])), actions["size_bytes"],
-                [_ms(m) for m in actions["modification_time"]])
+                [_ms(m) for m in actions["modification_time"]],
+                actions.get("min.episode_id", none), actions.get("max.episode_id", none))
         ]
 
     def file_schema(self) -> pa.Schema | None:
@@ -104,6 +117,10 @@ class StepsTable:
         With ``app_id`` the commit also records that application transaction in the log, so
         :meth:`has_transaction` can tell that this write happened (idempotent ingest).
         """
+        return self.commit(self.write(data, run_id=run_id, env_id=env_id), app_id=app_id)
+
+    def write(self, data: pa.Table, *, run_id: str, env_id: str) -> WrittenFile:
+        """First half of :meth:`append`: write ``data`` as a Parquet file that no reader sees yet."""
         rel = f"run_id={quote(run_id, safe='')}/env_id={quote(env_id, safe='')}/part-{uuid.uuid4().hex}.parquet"
         full = self.path / rel
         full.parent.mkdir(parents=True, exist_ok=True)
@@ -112,11 +129,19 @@ class StepsTable:
         except BaseException:
             full.unlink(missing_ok=True)
             raise
-        size = full.stat().st_size
-        action = AddAction(rel, size, {"run_id": run_id, "env_id": env_id}, int(time.time() * 1000), True,
-                           json.dumps(_stats(data)))
-        self._commit(action, data.schema, app_id)
-        return str(full)
+        action = AddAction(rel, full.stat().st_size, {"run_id": run_id, "env_id": env_id},
+                           int(time.time() * 1000), True, json.dumps(_stats(data)))
+        return WrittenFile(full, action, data.schema)
+
+    def commit(self, written: WrittenFile, *, app_id: str | None = None) -> str:
+        """Second half of :meth:`append`: sync the file to disk, then commit it. Returns its path."""
+        fd = os.open(written.path, os.O_RDWR)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._commit(written.action, written.schema, app_id)
+        return str(written.path)
 
     def has_transaction(self, app_id: str) -> bool:
         """Whether a commit recorded the application transaction ``app_id``."""
@@ -125,11 +150,8 @@ class StepsTable:
 
     def _write_file(self, data: pa.Table, path: Path) -> None:
         dictionary = [c for c in LOW_CARDINALITY if c in data.column_names]
-        with open(path, "wb") as sink:
-            pq.write_table(data, sink, compression="zstd", use_dictionary=dictionary,
-                           row_group_size=self.row_group_rows, write_statistics=["episode_id", "step"])
-            sink.flush()
-            os.fsync(sink.fileno())
+        pq.write_table(data, str(path), compression="zstd", use_dictionary=dictionary,  # native file: no GIL
+                       row_group_size=self.row_group_rows, write_statistics=["episode_id", "step"])
 
     def _commit(self, action: AddAction, file_schema: pa.Schema, app_id: str | None = None) -> None:
         properties = CommitProperties(app_transactions=[Transaction(app_id, 1)]) if app_id else None

@@ -28,7 +28,7 @@ from trajstore import schema as sch
 from trajstore.episode_ids import EpisodeIds
 from trajstore.errors import InputError, SchemaMismatchError, WriterClosedError
 from trajstore.segment import Autoreset, Cursors, Segments, segment
-from trajstore.table import StepsTable
+from trajstore.table import StepsTable, WrittenFile
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,14 @@ class Writer:
         self._ids = EpisodeIds()
         self._cursors: Cursors | None = None
         self._buffer: list[pa.RecordBatch] = []
+        self._repeats: dict[str, pa.Array] = {}
         self._buffered_bytes = 0
-        self._pending: Future[str] | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-commit")
+        # Two stages, one thread each: Parquet encoding of one buffer, and fsync + commit of the files in
+        # the order they were written, so syncing one file overlaps encoding the next.
+        self._encoding: Future[WrittenFile] | None = None
+        self._commits: list[Future[str]] = []
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-encode")
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-commit")
         self._lock = threading.Lock()
         self._closed = False
         self.steps_written = 0
@@ -129,7 +134,8 @@ class Writer:
             self.flush()
         finally:
             self._closed = True
-            self._pool.shutdown(wait=True)
+            self._encoder.shutdown(wait=True)
+            self._committer.shutdown(wait=True)
 
     @property
     def open_episodes(self) -> int:
@@ -173,11 +179,11 @@ class Writer:
             for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated"):
                 t = self._type_for(name, arrays[name], 2)
                 cols[name] = sch.to_arrow(name, _rows(arrays[name], seg.rows, T, B), t, n)
-            cols["wall_time"] = pa.array(np.full(n, _now_us()), pa.int64()).cast(pa.timestamp("us", tz="UTC"))
-            cols["env_index"] = pa.array((seg.rows // T).astype(np.int32))
+            cols["wall_time"] = pa.repeat(pa.scalar(_now_us(), pa.timestamp("us", tz="UTC")), n)
+            env = (seg.rows // T).astype(np.int32)
+            cols["env_index"] = pa.array(env)
             for name, value in self.lineage.items():
-                t = self._type_for(name, value, 0)
-                cols[name] = sch.to_arrow(name, _lineage_rows(name, value, seg.rows // T, B, n), t, n)
+                cols[name] = self._lineage(name, value, env, B, n)
             for name, value in (arrays.get("extras") or {}).items():
                 _check_extra(name, value, T, B)
                 cols[name] = sch.to_arrow(name, _rows(value, seg.rows, T, B), self._type_for(name, value, 2), n)
@@ -185,6 +191,15 @@ class Writer:
             self._types = base_types  # a refused call must not fix column types for the next one
             raise
         return pa.RecordBatch.from_pydict(cols)
+
+    def _lineage(self, name: str, value: Any, env: np.ndarray, B: int, n: int) -> pa.Array:
+        """A lineage column; a per-writer scalar is converted and repeated once, then sliced by later calls."""
+        t = self._type_for(name, value, 0)
+        if np.ndim(value) != 0:
+            return _lineage_column(name, value, env, B, n, t)
+        if name not in self._repeats or len(self._repeats[name]) < n:
+            self._repeats[name] = _lineage_column(name, value, env, B, n, t)
+        return self._repeats[name].slice(0, n)
 
     def _buffer_rows(self, record: pa.RecordBatch) -> None:
         if self._buffer and record.schema != self._buffer[0].schema:
@@ -195,18 +210,33 @@ class Writer:
             self._submit()
 
     def _submit(self) -> None:
-        """Hand the buffer to the commit thread; at most one commit is in flight at a time."""
+        """Hand the buffer to the encoding thread; at most one buffer is being encoded at a time."""
         if not self._buffer:
             return
         data = pa.Table.from_batches(self._buffer)
         self._buffer, self._buffered_bytes = [], 0
-        self._wait()
-        self._pending = self._pool.submit(self.table.append, data, run_id=self.run_id, env_id=self.env_id)
+        self._collect(keep=1)  # files in flight: at most the previous one syncing/committing and this one
+        if self._encoding is not None:
+            self._encoding.result()
+        self._encoding = self._encoder.submit(self.table.write, data, run_id=self.run_id, env_id=self.env_id)
+        previous = self._commits[-1] if self._commits else None
+        self._commits.append(self._committer.submit(_commit_in_order, self.table, self._encoding, previous))
 
     def _wait(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            self.files_committed.append(pending.result())
+        self._collect(keep=0)
+        self._encoding = None
+
+    def _collect(self, *, keep: int) -> None:
+        """Record finished commits in order (raising the first failure), waiting until at most ``keep`` are pending."""
+        while self._commits and (len(self._commits) > keep or self._commits[0].done()):
+            self.files_committed.append(self._commits.pop(0).result())
+
+
+def _commit_in_order(table: StepsTable, written: Future[WrittenFile], previous: Future[str] | None) -> str:
+    """Commit a file once it is written and the file before it is committed (a failure stops the chain)."""
+    if previous is not None:
+        previous.result()
+    return table.commit(written.result())
 
 
 # --- helpers (pure functions over the batch) --------------------------------------------------------------
@@ -294,12 +324,12 @@ def _rows(value: Any, rows: np.ndarray, T: int, B: int) -> Any:
     return env_major if len(rows) == T * B else env_major[rows]
 
 
-def _lineage_rows(name: str, value: Any, env: np.ndarray, B: int, n: int) -> np.ndarray:
+def _lineage_column(name: str, value: Any, env: np.ndarray, B: int, n: int, t: pa.DataType) -> pa.Array:
     arr = np.asarray(value)
-    if arr.ndim == 0:
-        return np.broadcast_to(arr, (n,))
+    if arr.ndim == 0:  # one value per writer: converted once, repeated by Arrow (not n Python strings)
+        return pa.repeat(sch.to_arrow(name, arr.reshape(1), t, 1)[0], n)
     if arr.shape == (B,):
-        return arr[env]
+        return sch.to_arrow(name, arr[env], t, n)
     raise InputError(f"{name}: a writer lineage value must be a scalar or one value per env (shape ({B},)), "
                      f"got shape {arr.shape}")
 

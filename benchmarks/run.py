@@ -1,0 +1,64 @@
+"""Run trajstore's benchmarks and write their sections of ``docs/benchmarks.md``.
+
+    python benchmarks/run.py                    # 10M steps (as for issue 2), writes docs/benchmarks.md
+    python benchmarks/run.py --steps 200000     # quick smoke run; prints the section, writes no doc
+    python benchmarks/run.py --steps 200000 --out /tmp/bench.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+FULL_STEPS = 10_000_000
+sys.path.insert(0, str(HERE))
+
+import bench_store  # noqa: E402
+import report  # noqa: E402
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=FULL_STEPS, help="number of steps (default: %(default)s)")
+    p.add_argument("--envs", type=int, default=1000, help="B, envs per batch (default: %(default)s)")
+    p.add_argument("--horizon", type=int, default=250, help="T, steps per batch (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="runs per method (default: %(default)s; at least 7 for the ones well under a second)")
+    p.add_argument("--imitation-steps", type=int, default=1_000_000,
+                   help="rows for the imitation-style Python baseline (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"markdown file to update (default: docs/benchmarks.md for runs of {FULL_STEPS:,} "
+                        "steps or more; smaller runs only print their section unless --out is given)")
+    p.add_argument("--workdir", type=Path, default=None, help="where to put the temporary stores")
+    p.add_argument("--check", action="store_true", help="exit with status 1 when a target is not met")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    repeats = max(1, args.repeats)
+    out = args.out or (REPO / "docs" / "benchmarks.md" if args.steps >= FULL_STEPS else None)
+    machine = report.machine_info(REPO)
+    with tempfile.TemporaryDirectory(prefix="trajstore-bench-", dir=args.workdir) as work:
+        res = bench_store.run(args.steps, envs=args.envs, horizon=args.horizon, repeats=repeats,
+                              imitation_steps=args.imitation_steps, work=Path(work))
+    machine["load average at end"] = report.load_average()
+    command = "python benchmarks/run.py" + ("".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:])))
+    body = bench_store.to_markdown(res, machine, command)
+    if out is not None:
+        report.replace_section(out, "store", body)
+        print(f"wrote the store section of {out}")
+    else:
+        print(body)
+    for t in res.targets:
+        print(f"{'PASS' if t.passed else 'FAIL'}  {t.what}: {t.fmt.format(t.measured)}")
+    return 1 if args.check and not all(t.passed for t in res.targets) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

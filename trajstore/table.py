@@ -90,9 +90,13 @@ class StepsTable:
                 actions.get("min.episode_id", none), actions.get("max.episode_id", none))
         ]
 
-    def file_schema(self) -> pa.Schema | None:
-        """The Arrow schema of the stored columns (fixed sizes kept) merged over committed files."""
-        files = self.files()
+    def file_schema(self, env_id: str | None = None) -> pa.Schema | None:
+        """The Arrow schema of the stored columns (fixed sizes kept) merged over committed files.
+
+        With ``env_id``, over the files of that environment only: observation shapes may differ
+        between environments (the log records them as lists), never within one.
+        """
+        files = [f for f in self.files() if env_id is None or f.env_id == env_id]
         if not files:
             return None
         newest = max(files, key=lambda f: f.modified_ms)

@@ -3,7 +3,7 @@
 >>> import numpy as np, trajstore, tempfile
 >>> store = trajstore.open(tempfile.mkdtemp(), create=True)
 >>> with store.writer(run_id="demo", env_id="Toy-v0") as w:
-...     w.add_batch({"obs": np.zeros((3, 2, 1)), "action": np.zeros((3, 2), int),
+...     n = w.add_batch({"obs": np.zeros((3, 2, 1)), "action": np.zeros((3, 2), int),
 ...                  "reward": np.ones((3, 2)), "next_obs": np.zeros((3, 2, 1)),
 ...                  "terminated": np.array([[0, 0], [1, 0], [0, 0]], bool),
 ...                  "truncated": np.zeros((3, 2), bool)})
@@ -150,8 +150,10 @@ class Writer:
     # --- internals ------------------------------------------------------------------------------------
 
     def _initial_types(self, observation_space: Any, action_space: Any) -> dict[str, pa.DataType]:
-        stored = self.table.file_schema()
+        stored = self.table.file_schema(env_id=self.env_id)
         types: dict[str, pa.DataType] = {f.name: f.type for f in stored} if stored is not None else {}
+        others = self.table.file_schema()
+        self._other_envs = {f.name: f.type for f in others} if others is not None else {}
         declared: dict[str, pa.DataType] = {}
         if observation_space is not None:
             declared["obs"] = declared["next_obs"] = sch.type_of_space(observation_space, role="observation")
@@ -161,13 +163,22 @@ class Writer:
             if name in types and not sch.compatible(types[name], t):
                 raise SchemaMismatchError(f"{name}: the store's steps table holds {types[name]}, but the given "
                                           f"space needs {t}; use a separate store for this environment")
-            types.setdefault(name, t)
+            if name not in types:
+                types[name] = self._check_kind(name, t)
         return types
+
+    def _check_kind(self, name: str, t: pa.DataType) -> pa.DataType:
+        """A new column type must be one the table can hold next to other environments' files."""
+        other = self._other_envs.get(name)
+        if other is not None and not sch.same_kind(other, t):
+            raise SchemaMismatchError(f"{name}: other environments in this store hold {other}, this one gives {t}, "
+                                      "which one table cannot hold; use a separate store for this environment")
+        return t
 
     def _type_for(self, name: str, value: Any, lead: int) -> pa.DataType:
         if name not in self._types:
             known = {**sch.lineage_columns(), **sch.fixed_types()}
-            self._types[name] = known.get(name) or sch.type_of_array(name, value, lead)
+            self._types[name] = self._check_kind(name, known.get(name) or sch.type_of_array(name, value, lead))
         return self._types[name]
 
     def _record(self, arrays: dict[str, Any], seg: Segments, T: int, B: int) -> pa.RecordBatch:

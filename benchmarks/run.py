@@ -1,7 +1,8 @@
 """Run trajstore's benchmarks and write their sections of ``docs/benchmarks.md``.
 
-    python benchmarks/run.py                    # 10M steps (as for issue 2), writes docs/benchmarks.md
-    python benchmarks/run.py --steps 200000     # quick smoke run; prints the section, writes no doc
+    python benchmarks/run.py                    # every benchmark at full size, writes docs/benchmarks.md
+    python benchmarks/run.py --only store       # one of: store (issue 2), jax (3), api (4), dashboard (5)
+    python benchmarks/run.py --steps 200000     # quick smoke run; prints the sections, writes no doc
     python benchmarks/run.py --steps 200000 --out /tmp/bench.md
 """
 
@@ -36,13 +37,39 @@ def _parser() -> argparse.ArgumentParser:
                         "steps or more; smaller runs only print their section unless --out is given)")
     p.add_argument("--workdir", type=Path, default=None, help="where to put the temporary stores")
     p.add_argument("--check", action="store_true", help="exit with status 1 when a target is not met")
+    p.add_argument("--only", default="store,jax,api,dashboard",
+                   help="comma-separated benchmarks to run (default: %(default)s)")
     return p
+
+
+def run_others(names: list[str], steps: int, out: Path | None, check: bool) -> int:
+    """The JAX, service and dashboard benchmarks, each through its own command line."""
+    import bench_api
+    import bench_dashboard
+    import bench_jax
+
+    status = 0
+    tail = (["--out", str(out)] if out is not None else []) + (["--check"] if check else [])
+    if "jax" in names:
+        status |= bench_jax.main(["--steps", str(steps)] + tail)
+    if "api" in names:
+        status |= bench_api.main(["--steps", str(steps)] + (["--out", str(out)] if out is not None else []))
+    if "dashboard" in names:
+        episodes = ["--episodes", str(max(1_000, steps // 100))] if steps < FULL_STEPS else []
+        status |= bench_dashboard.main(episodes + (["--out", str(out)] if out is not None else []))
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    repeats = max(1, args.repeats)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
     out = args.out or (REPO / "docs" / "benchmarks.md" if args.steps >= FULL_STEPS else None)
+    status = run_store(args, argv, out) if "store" in names else 0
+    return status | run_others(names, args.steps, out, args.check)
+
+
+def run_store(args: argparse.Namespace, argv: list[str] | None, out: Path | None) -> int:
+    repeats = max(1, args.repeats)
     machine = report.machine_info(REPO)
     with tempfile.TemporaryDirectory(prefix="trajstore-bench-", dir=args.workdir) as work:
         res = bench_store.run(args.steps, envs=args.envs, horizon=args.horizon, repeats=repeats,

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+import uuid
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -42,14 +43,20 @@ def open(uri: str | Path, create: bool = False, *, settings: Settings | None = N
         if not create:
             raise StoreNotFoundError(f"no trajstore store at {root}; make one with trajstore.open(path, create=True) "
                                      "or by writing to it (trajstore rollout --store PATH …)")
-        if root.exists() and (not root.is_dir() or any(root.iterdir())):
-            raise StoreExistsError(f"{root} exists and is not a trajstore store (no {MARKER}); choose an empty "
-                                   "or new directory")
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".{MARKER}.tmp"
-        tmp.write_text(json.dumps({"format": "trajstore", "version": FORMAT_VERSION}) + "\n")
-        tmp.replace(marker)
+        _create(root, marker)
     return Store(root, settings=settings)
+
+
+def _create(root: Path, marker: Path) -> None:
+    """Write the marker atomically; safe when several processes create the same store at once."""
+    others = [p for p in root.iterdir() if not p.name.startswith(f".{MARKER}.")] if root.is_dir() else []
+    if (root.exists() and not root.is_dir()) or (others and not marker.is_file()):
+        raise StoreExistsError(f"{root} exists and is not a trajstore store (no {MARKER}); choose an empty "
+                               "or new directory")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{MARKER}.{os.getpid()}.{uuid.uuid4().hex}.tmp"  # one per process: no shared temp file
+    tmp.write_text(json.dumps({"format": "trajstore", "version": FORMAT_VERSION}) + "\n")
+    tmp.replace(marker)
 
 
 class Store:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import platform
 import re
 import statistics
 import sys
@@ -38,6 +37,9 @@ import trajstore  # noqa: E402
 from api.app import create_app  # noqa: E402
 from tests.api.conftest import serve  # noqa: E402
 from tests.dashboard.synthetic import write_learning_runs  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import cpu_model  # noqa: E402
 from trajstore.settings import Settings  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -152,16 +154,6 @@ def time_api(url: str, repeats: int) -> dict[str, list[float]]:
     return out
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _bm(values: list[float]) -> str:
     """``best / median`` in seconds: the best run shows the page with the least interference from other jobs."""
     return f"{min(values) / 1000:.2f} / {statistics.median(values) / 1000:.2f} s"
@@ -187,7 +179,7 @@ def to_markdown(res: Result, command: str) -> str:
     api = lambda times: ", ".join(f"`{p}` {_bm(v)}" for p, v in sorted(times.items()))  # noqa: E731
     return f"""## Dashboard: {res.episodes:,} episodes
 
-`{command}` ({datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}; {_cpu()}, {os.cpu_count()} logical cores; load
+`{command}` ({datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}; {cpu_model()}, {os.cpu_count()} logical cores; load
 average {load} at the end: other jobs shared the machine, so each time is given as best / median of
 {len(res.cold)} repeats). Store: {res.episodes:,} complete episodes, {res.steps:,} steps (4 synthetic runs x 8
 policy versions, value and log_prob extras{built}). Headless Debian Chromium (software WebGL) driven by

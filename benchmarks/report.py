@@ -19,7 +19,7 @@ benchmark run, so do not edit between its `bench:NAME` comment markers by hand.
 PACKAGES = ("numpy", "pyarrow", "duckdb", "deltalake", "numba", "scipy")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -68,7 +68,7 @@ def machine_info(repo: Path) -> dict[str, str]:
             pass
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": f"{_cpu_model()}, {os.cpu_count()} logical cores",
+        "cpu": f"{cpu_model()}, {os.cpu_count()} logical cores",
         "memory": f"{mem:.0f} GiB" if mem else "unknown",
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),

@@ -93,3 +93,13 @@ def reference_return(rewards: Any, gamma: float) -> float:
     for r in reversed([float(x) for x in rewards]):
         g = r + gamma * g
     return g
+
+
+def stored_episodes(store: trajstore.Store, run_id: str) -> dict[int, list[tuple[float, int]]]:
+    """Complete episodes of ``run_id`` per env index, in the order they started: ``(return, length)``."""
+    rows = store.sql("SELECT env_index, episode_return, episode_length FROM episodes "
+                     f"WHERE run_id = '{run_id}' AND complete ORDER BY env_index, episode_id").to_pylist()
+    out: dict[int, list[tuple[float, int]]] = {}
+    for r in rows:
+        out.setdefault(r["env_index"], []).append((r["episode_return"], r["episode_length"]))
+    return out

@@ -12,6 +12,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorWrapper
 
 import trajstore
+from tests.conftest import stored_episodes
 from trajstore.rollout import gym_rollout, sample_until
 
 MODES = {"next-step": AutoresetMode.NEXT_STEP, "same-step": AutoresetMode.SAME_STEP}
@@ -36,15 +37,6 @@ def recorded_env(env_id: str, num_envs: int, mode: str, **kwargs: Any) -> Episod
     venv = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
                         vector_kwargs={"autoreset_mode": MODES[mode]}, **kwargs)
     return EpisodeLog(gym.wrappers.vector.RecordEpisodeStatistics(venv))
-
-
-def stored_episodes(store: trajstore.Store, run_id: str) -> dict[int, list[tuple[float, int]]]:
-    rows = store.sql("SELECT env_index, episode_return, episode_length FROM episodes "
-                     f"WHERE run_id = '{run_id}' AND complete ORDER BY env_index, episode_id").to_pylist()
-    out: dict[int, list[tuple[float, int]]] = {}
-    for r in rows:
-        out.setdefault(r["env_index"], []).append((r["episode_return"], r["episode_length"]))
-    return out
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -16,6 +16,7 @@ import pytest
 from gymnasium import spaces
 
 import trajstore
+from tests.conftest import stored_episodes
 from trajstore.cli import main
 from trajstore.errors import InputError
 from trajstore.jax_envs import CartPole, FunctionalAdapter, Pendulum
@@ -37,15 +38,6 @@ def steps_table(store: trajstore.Store, run_id: str) -> dict[str, np.ndarray]:
     cols = store.sql("SELECT * EXCLUDE (obs, next_obs), obs, next_obs FROM steps "
                      f"WHERE run_id = '{run_id}' ORDER BY episode_id, step").to_pydict()
     return {k: np.array(v) for k, v in cols.items()}
-
-
-def stored_episodes(store: trajstore.Store, run_id: str) -> dict[int, list[tuple[float, int]]]:
-    rows = store.sql("SELECT env_index, episode_return, episode_length FROM episodes "
-                     f"WHERE run_id = '{run_id}' AND complete ORDER BY env_index, episode_id").to_pylist()
-    out: dict[int, list[tuple[float, int]]] = {}
-    for r in rows:
-        out.setdefault(r["env_index"], []).append((r["episode_return"], r["episode_length"]))
-    return out
 
 
 def jax_loop_episodes(env: Any, policy: Any, params: Any, *, B: int, T: int, seed: int, scans: int

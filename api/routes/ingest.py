@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import pyarrow as pa
-from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
@@ -50,7 +50,7 @@ def parse_rows(body: bytes) -> pa.Table:
                                             "content": {ARROW_STREAM: {"schema": {"type": "string",
                                                                                   "format": "binary"}}}}},
              responses={200: {"model": Ingested, "description": "already stored under this Idempotency-Key"}})
-async def ingest(request: Request, store: StoreDep, settings: SettingsDep,
+async def ingest(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
                  run_id: Annotated[str, Path(min_length=1, max_length=200, pattern=NAME)],
                  env_id: Annotated[str, Query(min_length=1, max_length=200, pattern=NAME)],
                  idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> Ingested:
@@ -61,8 +61,5 @@ async def ingest(request: Request, store: StoreDep, settings: SettingsDep,
     _, duplicate = await run_in_threadpool(append_rows, store.table, rows, run_id=run_id, env_id=env_id,
                                            idempotency_key=idempotency_key)
     if duplicate:
-        from fastapi.responses import JSONResponse
-
-        return JSONResponse(Ingested(run_id=run_id, env_id=env_id, rows=rows.num_rows, duplicate=True).model_dump(),
-                            status_code=200)  # type: ignore[return-value]
-    return Ingested(run_id=run_id, env_id=env_id, rows=rows.num_rows, duplicate=False)
+        response.status_code = 200  # already stored under this key: nothing new was created
+    return Ingested(run_id=run_id, env_id=env_id, rows=rows.num_rows, duplicate=duplicate)

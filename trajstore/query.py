@@ -150,12 +150,13 @@ class Snapshot:
         except duckdb.Error as exc:
             raise QueryError(f"query failed: {exc}") from exc
 
-    def check_columns(self, names: Sequence[str], *, view: str = "episodes") -> None:
+    def check_columns(self, names: Sequence[str], *, view: str = "episodes", field: str = "by") -> None:
+        """Raise an :class:`InputError` naming ``field`` when a name is not a column of ``view``."""
         known = self.step_columns if view == "steps" else \
             [r[0] for r in self.con.execute(f"DESCRIBE {view}").fetchall()]
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise InputError(f"by: unknown column(s) {unknown} of {view}; expected some of {known}")
+            raise InputError(f"{field}: unknown column(s) {unknown} of {view}; expected some of {known}")
 
     def close(self) -> None:
         self.con.close()

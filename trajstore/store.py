@@ -23,6 +23,7 @@ import pyarrow as pa
 from trajstore.errors import InputError, StoreExistsError, StoreNotFoundError
 from trajstore.query import Snapshot, episodes_sql, quote_ident, quote_literal, stats_sql
 from trajstore.returns import SortedReturns, check_gamma, sorted_return_to_go
+from trajstore.scan import scan_steps
 from trajstore.settings import Settings
 from trajstore.table import DataFile, StepsTable
 from trajstore.writer import Writer
@@ -139,6 +140,29 @@ class Store:
                           include_incomplete=include_incomplete, step_columns=snap.step_columns, by_id=snap.by_id)
             return snap.arrow(q, {"gamma": check_gamma(gamma)} if gamma is not None else {})
 
+    def scan(self, columns: Sequence[str] | None = None, *, run_id: str | Sequence[str] | None = None,
+             env_id: str | Sequence[str] | None = None, episode_id: int | Sequence[int] | None = None,
+             where: str | None = None, batch_size: int = 65_536) -> pa.RecordBatchReader:
+        """The steps of the chosen episodes as a stream of record batches, in storage order, read straight
+        from the committed files (see :mod:`trajstore.scan`).
+
+        The same rows and types as ``SELECT columns FROM steps`` with these filters (every column without
+        ``columns``); ``where`` is a condition on the ``episodes`` view, as for :meth:`episodes`. Batches have
+        at most ``batch_size`` rows.
+        """
+        if batch_size < 1:
+            raise InputError(f"batch_size: must be a positive number of rows, got {batch_size}")
+        with self._query_snapshot() as snap:
+            schema = snap.arrow("SELECT * FROM steps LIMIT 0").schema
+            names = list(dict.fromkeys(columns)) if columns else schema.names
+            snap.check_columns(names, view="steps", field="columns")
+            files = [f for f in snap.files if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
+            ids = None if episode_id is None else np.atleast_1d(np.asarray(episode_id, dtype=np.int64))
+            if where:
+                conds = _filters(run_id=run_id, env_id=env_id, where=where, episode_id=episode_id)
+                ids = snap.arrow(f"SELECT episode_id FROM episodes{_where(conds)}")["episode_id"].to_numpy()
+        return scan_steps(files, schema, names, episode_ids=ids, batch_size=batch_size)
+
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode",
                 run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
                 episode_id: int | Sequence[int] | None = None, where: str | None = None) -> pa.Table:
@@ -211,6 +235,12 @@ def _filters(*, run_id: Any = None, env_id: Any = None, where: str | None = None
     if where:
         conds.append(f"({where})")
     return conds
+
+
+def _selected(value: str, wanted: str | Sequence[str] | None) -> bool:
+    if wanted is None:
+        return True
+    return value == wanted if isinstance(wanted, str) else value in wanted
 
 
 def _where(conds: list[str]) -> str:

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import threading
 from typing import Annotated, Any, AsyncIterator, Generator, Iterator, Literal
 
 import anyio.to_thread
-from fastapi import APIRouter, Query, Request
+import pyarrow as pa
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.arrow import ARROW_CONTENT, ipc_stream, json_rows
 from api.deps import ARROW_STREAM, SettingsDep, StoreDep
 from api.filters import ColumnsDep, FilterDep, select_list
+from trajstore.errors import InputError
 from trajstore.filters import EpisodeFilter
 from trajstore.query import Snapshot
 from trajstore.store import Store
@@ -26,30 +29,31 @@ PREFETCH_PIECES = 1  # pieces of a stream made ahead of the network
 def steps_query(snap: Snapshot, flt: EpisodeFilter, columns: list[str]) -> str:
     select = select_list(snap, columns)
     direct = EpisodeFilter(run_id=flt.run_id, env_id=flt.env_id, episode_id=flt.episode_id).conditions()
-    rest = EpisodeFilter(**{**flt.__dict__, "run_id": None, "env_id": None, "episode_id": None}).conditions()
+    rest = _per_episode(flt).conditions()
     if rest:
         direct.append(f"episode_id IN (SELECT episode_id FROM episodes WHERE {' AND '.join(rest)})")
     return f"SELECT {select} FROM steps" + (f" WHERE {' AND '.join(direct)}" if direct else "")
 
 
+def _per_episode(flt: EpisodeFilter) -> EpisodeFilter:
+    """The conditions of ``flt`` that need the ``episodes`` view (run, env and episode ids select steps directly)."""
+    return dataclasses.replace(flt, run_id=None, env_id=None, episode_id=None)
+
+
 def _stream(store: Store, flt: EpisodeFilter, columns: list[str], batch_rows: int) -> Generator[bytes, None, None]:
-    # One DuckDB thread per stream, in a thread of its own (see Prefetch) next to the sending: batches come
-    # out of a single thread at exactly batch_rows (a parallel scan cuts one short batch per file, and the
-    # client then copies every later batch to re-align them), and other cores are left to other streams.
-    snap = store.snapshot(config={"threads": 1})
-    try:
-        reader = snap.reader(steps_query(snap, flt, columns), batch_size=batch_rows)
-    except BaseException:
-        snap.close()
-        raise
-    return _closing(ipc_stream(reader), snap)
+    # Read straight from the committed files (Store.scan: the rows and types of steps_query, without a SQL
+    # engine in the way); the episode-level conditions become a list of episode ids first.
+    reader = store.scan(columns or None, run_id=flt.run_id or None, env_id=flt.env_id or None,
+                        episode_id=flt.episode_id or None,
+                        where=_per_episode(flt).where(), batch_size=batch_rows)
+    return _closing(ipc_stream(reader), reader)
 
 
-def _closing(chunks: Iterator[bytes], snap: Snapshot) -> Generator[bytes, None, None]:
+def _closing(chunks: Iterator[bytes], reader: pa.RecordBatchReader) -> Generator[bytes, None, None]:
     try:
         yield from chunks
     finally:
-        snap.close()
+        reader.close()  # stops the scan's read-ahead
 
 
 class Prefetch:
@@ -131,5 +135,8 @@ def steps(request: Request, store: StoreDep, settings: SettingsDep, flt: FilterD
             q = steps_query(snap, flt, columns) + f" ORDER BY episode_id, step LIMIT {limit} OFFSET {offset}"
             return JSONResponse(jsonable_encoder({"items": json_rows(snap.arrow(q)), "limit": limit,
                                                   "offset": offset}))
-    chunks = _stream(store, flt, columns, batch_rows or settings.stream_batch_rows)
+    try:
+        chunks = _stream(store, flt, columns, batch_rows or settings.stream_batch_rows)
+    except InputError as exc:  # a column the store lacks, as for format=json
+        raise HTTPException(status_code=404, detail=str(exc)) from exc
     return StreamingResponse(_until_disconnect(chunks), media_type=ARROW_STREAM)

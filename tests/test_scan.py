@@ -1,0 +1,108 @@
+"""Store.scan: the rows, order and types of ``SELECT … FROM steps`` read straight from the committed files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from gymnasium import spaces
+
+import trajstore
+from trajstore.errors import InputError
+from tests.conftest import make_batch
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
+    """Two runs, two envs with different observation shapes, lineage and extras in some files only,
+    several commits per writer."""
+    store = trajstore.open(tmp_path_factory.mktemp("scan") / "store", create=True)
+    rng = np.random.default_rng(0)
+    with store.writer(run_id="a", env_id="Small-v0", policy_version=3, mode="train") as w:
+        for _ in range(3):
+            w.add_batch(make_batch(rng, 40, 4, obs_dim=3))
+            w.flush()
+    with store.writer(run_id="a", env_id="Wide-v0", worker_id="w-2") as w:
+        w.add_batch(make_batch(rng, 30, 3, obs_dim=8, extras={"value": rng.random((30, 3)).astype(np.float32)}))
+    with store.writer(run_id="b", env_id="Small-v0", seed=np.arange(5)) as w:
+        w.add_batch(make_batch(rng, 25, 5, obs_dim=3))
+    return store
+
+
+def in_duckdb(store: trajstore.Store, columns: list[str], where: str = "true") -> pa.Table:
+    """The reference: the same selection through DuckDB on one thread (which reads the files in log order)."""
+    select = ", ".join(f'"{c}"' for c in columns)
+    with store.snapshot(config={"threads": 1}) as snap:
+        return snap.arrow(f"SELECT {select} FROM steps WHERE {where}")
+
+
+def test_every_column_matches_the_steps_view_in_rows_order_and_types(mixed: trajstore.Store) -> None:
+    with mixed.snapshot() as snap:
+        columns = snap.step_columns
+    got = mixed.scan(batch_size=7).read_all()
+    assert got.schema == in_duckdb(mixed, columns).schema
+    assert got.equals(in_duckdb(mixed, columns))
+    assert got.num_rows == sum(f.rows for f in mixed.files())
+
+
+@pytest.mark.parametrize(("kwargs", "where"), [
+    ({"run_id": "b"}, "run_id = 'b'"),
+    ({"env_id": ["Wide-v0", "Other-v0"]}, "env_id IN ('Wide-v0', 'Other-v0')"),
+    ({"run_id": ["a"], "env_id": "Small-v0"}, "run_id = 'a' AND env_id = 'Small-v0'"),
+    ({"where": "complete AND episode_return > 0"},
+     "episode_id IN (SELECT episode_id FROM episodes WHERE complete AND episode_return > 0)"),
+    ({"where": "\"mode\" = 'train'"}, "episode_id IN (SELECT episode_id FROM episodes WHERE \"mode\" = 'train')"),
+    ({"run_id": "zzz"}, "false"),
+])
+def test_filters_select_the_same_steps_as_sql(mixed: trajstore.Store, kwargs: dict, where: str) -> None:
+    columns = ["run_id", "env_id", "episode_id", "step", "obs", "reward", "policy_version"]
+    got = mixed.scan(columns, batch_size=50, **kwargs).read_all()
+    assert got.equals(in_duckdb(mixed, columns, where))
+
+
+def test_dict_observations_are_structs_as_in_the_view(tmp_path: Path) -> None:
+    store = trajstore.open(tmp_path / "dict", create=True)
+    rng = np.random.default_rng(1)
+    for env_id, dim in (("Dict-v0", 2), ("Dict-v1", 5)):  # the pos shape differs between the two envs
+        obs = {"pos": rng.uniform(-1, 1, (10, 2, dim)).astype(np.float32), "mode": rng.integers(0, 3, (10, 2))}
+        batch = make_batch(rng, 10, 2)
+        batch["obs"] = batch["next_obs"] = obs
+        box = spaces.Dict({"pos": spaces.Box(-1, 1, (dim,), np.float32), "mode": spaces.Discrete(3)})
+        with store.writer(run_id="r", env_id=env_id, observation_space=box, action_space=spaces.Discrete(4)) as w:
+            w.add_batch(batch)
+    columns = ["env_id", "obs", "next_obs", "action"]
+    got = store.scan(columns).read_all()
+    assert pa.types.is_struct(got.schema.field("obs").type)
+    assert got.equals(in_duckdb(store, columns))
+
+
+def test_episode_ids_select_their_steps_and_skip_other_files(mixed: trajstore.Store) -> None:
+    ids = mixed.sql("SELECT episode_id FROM episodes ORDER BY episode_id")["episode_id"].to_pylist()
+    chosen = [ids[0], ids[len(ids) // 2], ids[-1], 12345]  # the last one is in no file
+    columns = ["episode_id", "step", "action"]
+    got = mixed.scan(columns, episode_id=chosen).read_all()
+    assert got.equals(in_duckdb(mixed, columns, f"episode_id IN ({', '.join(map(str, chosen))})"))
+    assert set(got["episode_id"].to_pylist()) == set(chosen[:3])
+    assert mixed.scan(columns, episode_id=12345).read_all().num_rows == 0
+
+
+def test_batches_are_at_most_batch_size_and_arrive_in_order(mixed: trajstore.Store) -> None:
+    reader = mixed.scan(["episode_id", "step"], batch_size=16)
+    sizes = [b.num_rows for b in reader]
+    assert max(sizes) == 16 and sum(sizes) == sum(f.rows for f in mixed.files())
+
+
+def test_an_empty_store_scans_to_no_rows_with_the_view_types(tmp_path: Path) -> None:
+    store = trajstore.open(tmp_path / "empty", create=True)
+    got = store.scan(["episode_id", "obs"]).read_all()
+    assert got.num_rows == 0
+    assert got.schema == in_duckdb(store, ["episode_id", "obs"]).schema
+
+
+def test_bad_arguments_name_the_field(mixed: trajstore.Store) -> None:
+    with pytest.raises(InputError, match=r"columns: unknown column\(s\) \['nope'\]"):
+        mixed.scan(["obs", "nope"])
+    with pytest.raises(InputError, match="batch_size"):
+        mixed.scan(batch_size=0)

@@ -3,10 +3,14 @@ work stopping when the client goes away."""
 
 from __future__ import annotations
 
+import http.server
+import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -16,7 +20,6 @@ import trajstore
 from api.app import create_app
 from tests.api.conftest import Live, serve, settings_for
 from trajstore.client import Client
-from trajstore.query import Snapshot
 
 COLUMNS = ["episode_id", "step", "obs", "action", "reward"]
 
@@ -78,8 +81,74 @@ def test_jax_batches(live: Live) -> None:
     assert isinstance(batch["obs"], type(jnp.zeros(1))) and batch["obs"].shape == (32, 4)
 
 
-class CountingSnapshots:
-    """Counts the snapshots a store has open and the stream pieces the server produced."""
+def test_stream_errors_carry_the_problem_detail(live: Live) -> None:
+    with Client(live.url, retries=0) as client, pytest.raises(trajstore.RemoteError) as err:
+        next(client.iter_batches(columns=["obs", "nope"]))
+    assert err.value.status == 404 and "nope" in (err.value.detail or "")
+
+
+class Flaky(http.server.BaseHTTPRequestHandler):
+    """Answers the first ``failures`` requests with 503, then forwards GETs to ``upstream`` as they are."""
+
+    failures = 0
+    upstream = ""
+
+    def do_GET(self) -> None:  # noqa: N802 (the http.server API)
+        cls = type(self)
+        if cls.failures:
+            cls.failures -= 1
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        with httpx.stream("GET", cls.upstream + self.path) as upstream:
+            body = upstream.read()
+        self.send_response(upstream.status_code)
+        self.send_header("Content-Type", upstream.headers["content-type"])
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_stream_is_retried_until_it_starts(live: Live, populated: Path) -> None:
+    Flaky.upstream = live.url
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky) as proxy:
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{proxy.server_address[1]}"
+        Flaky.failures = 2
+        with Client(url, retries=2, backoff=0.01) as client:
+            got = concat(list(client.iter_batches(batch_size=256, columns=COLUMNS, run_id="beta")))
+        assert Flaky.failures == 0
+        expected = stored_rows(populated, "run_id = 'beta'")
+        np.testing.assert_array_equal(sort_rows(got)["episode_id"], expected["episode_id"].to_numpy())
+        Flaky.failures = 3
+        with Client(url, retries=2, backoff=0.01) as client, pytest.raises(trajstore.RemoteError, match="503"):
+            next(client.iter_batches(columns=["step"]))
+        proxy.shutdown()
+
+
+def test_a_stream_without_a_server_is_a_connection_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the socket is closed
+    with Client(f"http://127.0.0.1:{port}", retries=1, backoff=0.01) as client, \
+            pytest.raises(trajstore.RemoteError, match="Connection failed") as err:
+        next(client.iter_batches())
+    assert err.value.status == 0
+
+
+def test_a_custom_transport_carries_the_stream_too(live: Live, populated: Path) -> None:
+    with Client(live.url, transport=httpx.HTTPTransport()) as client:
+        got = concat(list(client.iter_batches(batch_size=100, columns=COLUMNS, env_id="Acrobot-v1")))
+    expected = stored_rows(populated, "env_id = 'Acrobot-v1'")
+    np.testing.assert_array_equal(sort_rows(got)["obs"], np.stack(expected["obs"].to_numpy(zero_copy_only=False)))
+
+
+class CountingStreams:
+    """Counts the scans the server has open and the stream pieces it produced."""
 
     def __init__(self) -> None:
         self.open = 0
@@ -87,7 +156,7 @@ class CountingSnapshots:
 
 
 @pytest.fixture
-def big_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Live, CountingSnapshots]]:
+def big_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Live, CountingStreams]]:
     store = trajstore.open(tmp_path / "big", create=True)
     rng = np.random.default_rng(0)
     with store.writer(run_id="big", env_id="Toy-v0") as w:
@@ -96,33 +165,34 @@ def big_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
                          "action": rng.integers(0, 2, (500, 20)), "reward": np.ones((500, 20), np.float32),
                          "next_obs": rng.normal(size=(500, 20, 4)).astype(np.float32),
                          "terminated": rng.random((500, 20)) < 0.01, "truncated": np.zeros((500, 20), bool)})
-    counts = CountingSnapshots()
-    real_init, real_close = Snapshot.__init__, Snapshot.close
+    counts = CountingStreams()
+    real_scan, real_stream = trajstore.Store.scan, steps_route.ipc_stream
 
-    def init(self: Snapshot, *args: Any, **kwargs: Any) -> None:
+    def scan(self: trajstore.Store, *args: Any, **kwargs: Any) -> pa.RecordBatchReader:
+        reader = real_scan(self, *args, **kwargs)
         counts.open += 1
-        real_init(self, *args, **kwargs)
 
-    def close(self: Snapshot) -> None:
-        counts.open -= 1
-        real_close(self)
-
-    real_stream = steps_route.ipc_stream
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                yield from reader
+            finally:
+                reader.close()
+                counts.open -= 1
+        return pa.RecordBatchReader.from_batches(reader.schema, batches())
 
     def counted(reader: pa.RecordBatchReader) -> Iterator[bytes]:
         for piece in real_stream(reader):
             counts.pieces += 1
             yield piece
 
-    monkeypatch.setattr(Snapshot, "__init__", init)
-    monkeypatch.setattr(Snapshot, "close", close)
+    monkeypatch.setattr(trajstore.Store, "scan", scan)
     monkeypatch.setattr(steps_route, "ipc_stream", counted)
     app = create_app(settings_for(tmp_path / "big", stream_batch_rows=1000), store=store)
     for live in serve(app):
         yield live, counts
 
 
-def test_stream_stops_when_the_client_disconnects(big_live: tuple[Live, CountingSnapshots]) -> None:
+def test_stream_stops_when_the_client_disconnects(big_live: tuple[Live, CountingStreams]) -> None:
     live, counts = big_live
     with Client(live.url) as client:
         stream = client.iter_batches(batch_size=1000, columns=["obs"], format="arrow")
@@ -131,5 +201,5 @@ def test_stream_stops_when_the_client_disconnects(big_live: tuple[Live, Counting
     deadline = time.monotonic() + 10
     while counts.open and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert counts.open == 0, "the server kept its snapshot open after the client left"
+    assert counts.open == 0, "the server kept reading the store after the client left"
     assert counts.pieces < 200 // 2, f"the server produced {counts.pieces} of ~200 pieces for a client that left"

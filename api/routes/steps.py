@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
-import queue
 import threading
 from typing import Annotated, Any, AsyncIterator, Generator, Iterator, Literal
 
-import anyio.to_thread
 import pyarrow as pa
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.encoders import jsonable_encoder
@@ -57,15 +56,19 @@ def _closing(chunks: Iterator[bytes], reader: pa.RecordBatchReader) -> Generator
 
 
 class Prefetch:
-    """Runs a generator of byte pieces in a thread of its own, at most ``ahead`` pieces ahead of its reader.
+    """Runs a generator of byte pieces in a thread of its own, at most ``ahead`` pieces ahead of the event
+    loop that sends them.
 
-    So the store is read (DuckDB and Arrow release the GIL) while earlier pieces are being sent, in memory
-    bounded by ``ahead`` + 2 pieces. The thread closes ``pieces`` when they run out, fail or :meth:`stop` is
-    called (then after the piece it is making); :meth:`get` re-raises a failure.
+    So the store is read (Arrow releases the GIL) while earlier pieces are being sent, in memory bounded by
+    ``ahead`` + 2 pieces. Each piece is handed to the loop with ``call_soon_threadsafe`` (no worker thread
+    per piece). The thread closes ``pieces`` when they run out, fail or :meth:`stop` is called (then after
+    the piece it is making); :meth:`get` re-raises a failure.
     """
 
     def __init__(self, pieces: Generator[bytes, None, None], ahead: int) -> None:
-        self._queue: queue.Queue[bytes | BaseException | None] = queue.Queue(ahead)
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+        self._room = threading.Semaphore(ahead)
         self._stopped = threading.Event()
         threading.Thread(target=self._run, args=(pieces,), name="trajstore-steps", daemon=True).start()
 
@@ -75,46 +78,42 @@ class Prefetch:
             with contextlib.closing(pieces):
                 for piece in pieces:
                     if not self._put(piece):
-                        break
+                        return
         except BaseException as exc:  # handed to the reader, which raises it
             end = exc
-        self._put(end)
+        self._put(end, wait=False)
 
-    def _put(self, item: bytes | BaseException | None) -> bool:
-        while not self._stopped.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
+    def _put(self, item: bytes | BaseException | None, *, wait: bool = True) -> bool:
+        while wait and not self._room.acquire(timeout=0.1):
+            if self._stopped.is_set():
+                return False
+        if self._stopped.is_set():
+            return False
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the server is shutting down
+            return False
+        return True
 
-    def get(self) -> bytes | None:
-        """The next piece (blocking), or ``None`` at the end or once stopped."""
-        while True:
-            try:
-                item = self._queue.get(timeout=0.1)
-            except queue.Empty:
-                if self._stopped.is_set():
-                    return None
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            return item
+    async def get(self) -> bytes | None:
+        """The next piece, or ``None`` at the end."""
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        if item is not None:
+            self._room.release()
+        return item
 
     def stop(self) -> None:
         self._stopped.set()
 
 
 async def _until_disconnect(chunks: Generator[bytes, None, None]) -> AsyncIterator[bytes]:
-    """Send the pieces as a :class:`Prefetch` makes them; stop it (and so close the snapshot) as soon as
-    the client goes away."""
+    """Send the pieces as a :class:`Prefetch` makes them; stop it (and so the read) as soon as the client
+    goes away."""
     ahead = Prefetch(chunks, PREFETCH_PIECES)
     try:
-        while True:
-            piece = await anyio.to_thread.run_sync(ahead.get, abandon_on_cancel=True)
-            if piece is None:
-                return
+        while (piece := await ahead.get()) is not None:
             yield piece
     finally:
         ahead.stop()

@@ -139,6 +139,10 @@ class Server:
     def rss(self) -> int:
         return _proc_status(self.pid, "VmRSS")
 
+    def rss_anon(self) -> int:
+        """Resident memory that is the process's own (not pages of files it has mapped)."""
+        return _proc_status(self.pid, "RssAnon")
+
     def hwm(self) -> int:
         return _proc_status(self.pid, "VmHWM")
 
@@ -376,7 +380,8 @@ def run(steps: int, *, envs: int = 1000, horizon: int = 250, batch_size: int = 6
                                                   "batch size, run in this process (diagnostic)"),
                Timing("HTTP body only", n, "the same `/steps` request, body received by the client's reader "
                                            "(`http.client`) and dropped, no Arrow decoding (diagnostic)")]
-    with Server(path, work / "server.log") as server, RssSampler(server.rss) as sampler:
+    with Server(path, work / "server.log") as server, RssSampler(server.rss) as sampler, \
+            RssSampler(server.rss_anon) as anon:
         time.sleep(1.0)
         idle = statistics.median(sampler.between(0, time.perf_counter()))
         streams: list[StreamRun] = []
@@ -395,6 +400,9 @@ def run(steps: int, *, envs: int = 1000, horizon: int = 250, batch_size: int = 6
                 _log(f"repeat {r + 1}/{repeats}: {timings[i].name}: {timings[i].seconds[-1]:.2f}s "
                      f"({n / timings[i].seconds[-1] / 1e6:.2f}M rows/s)")
         memory = _memory(sampler, streams, n, idle=idle, warm=warm)
+        own = [rss for s in streams for rss in anon.between(s.start, s.end)]
+        memory["anon"] = {"warm": statistics.median(anon.between(t - 0.9, t)), "peak": max(own),
+                          "quantiles": {q: float(np.quantile(own, q / 100)) for q in (10, 50, 90, 99)}}
         _log(f"JSON pages for the first {json_rows:,} rows")
         got, page_times, limit = read_json_pages(server.url, json_rows)
         json_res = {"rows": got, "seconds": sum(page_times), "pages": len(page_times), "limit": limit,
@@ -551,7 +559,12 @@ def to_markdown(res: Results, machine: dict[str, str], command: str) -> str:
               f"| {' / '.join(_mib(v) for v in mem['quantiles'].values())} "
               f"| {', '.join(_mib(v) for v in mem['per_run_peaks'])} | {_mib(mem['hwm_end'])} |", "",
               "Peak RSS by tenth of the stream (rows delivered so far), MiB: "
-              + " · ".join(_mib(v) for v in mem["decile_peaks"]) + ".", ""]
+              + " · ".join(_mib(v) for v in mem["decile_peaks"]) + ".", "",
+              "RSS counts the pages of the memory-mapped Parquet files being read (file-backed page cache, which "
+              "the kernel can drop). The server's own memory (`RssAnon`) during the streams, MiB: "
+              f"{_mib(mem['anon']['warm'])} idle after warm-up; p10 / p50 / p90 / p99 "
+              f"{' / '.join(_mib(v) for v in mem['anon']['quantiles'].values())}; peak {_mib(mem['anon']['peak'])}.",
+              ""]
     notes = [
         "The first target compares with the faster of the two pyarrow reads in this run. The direct reads get "
         "the committed file list for free and skip the HTTP and IPC layers entirely; "

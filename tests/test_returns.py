@@ -11,7 +11,7 @@ import trajstore
 from trajstore import discounted_sum
 from trajstore.errors import InputError
 
-from tests.conftest import reference_return
+from tests.conftest import make_batch, reference_return
 
 GAMMAS = [0.0, 0.5, 0.9, 0.99, 0.999, 1.0]
 LENGTHS = [1, 2, 100, 10_000, 100_000]
@@ -122,6 +122,25 @@ def test_return_to_go_of_episodes_split_over_files_and_envs(store: trajstore.Sto
         assert max_rel_err(np.array([got[(eid, s)] for s in range(len(rs))]), ref) <= RTOL
     # as many episodes as the done mask gives: one per done, plus one still running per env not ending at T-1
     assert len(eps) == sum(int(terminated[:, b].sum()) + (0 if terminated[-1, b] else 1) for b in range(B))
+
+
+def test_a_limit_gives_the_first_rows_of_the_whole_answer(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(7)
+    with store.writer(run_id="r", env_id="e", flush_bytes=1) as w:
+        for _ in range(4):
+            w.add_batch(make_batch(rng, 30, 3, p_terminated=0.15, p_truncated=0.05))
+    whole = store.returns(gamma=0.9, per="step")
+    lengths = store.sql("SELECT episode_length FROM episodes ORDER BY episode_id")["episode_length"].to_numpy()
+    ends = np.cumsum(lengths)
+    for limit in [0, 1, int(ends[0]), int(ends[0]) + 1, int(ends[3]) - 1, whole.num_rows, whole.num_rows + 5]:
+        assert store.returns(gamma=0.9, per="step", limit=limit).equals(whole.slice(0, limit)), limit
+    where = "reward > 0"  # a condition on steps: the cut counts only the steps it keeps
+    kept = store.returns(gamma=0.9, per="step", where=where)
+    assert store.returns(gamma=0.9, per="step", where=where, limit=50).equals(kept.slice(0, 50))
+    per_episode = store.returns(gamma=0.9)
+    assert store.returns(gamma=0.9, limit=3).equals(per_episode.slice(0, 3))
+    with pytest.raises(InputError, match="limit"):
+        store.returns(gamma=0.9, limit=-1)
 
 
 def test_discounted_return_with_mixed_sign_rewards(store: trajstore.Store) -> None:

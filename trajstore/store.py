@@ -165,12 +165,16 @@ class Store:
 
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode",
                 run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
-                episode_id: int | Sequence[int] | None = None, where: str | None = None) -> pa.Table:
+                episode_id: int | Sequence[int] | None = None, where: str | None = None,
+                limit: int | None = None) -> pa.Table:
         """Discounted return per episode, or return-to-go ``G_t = r_t + gamma G_{t+1}`` per step.
 
-        Per step, rows come sorted by ``(episode_id, step)`` with ``run_id`` and ``env_id``
-        dictionary-encoded (the same values, a byte per row).
+        Rows come sorted by ``episode_id`` (per step by ``(episode_id, step)``, with ``run_id`` and ``env_id``
+        dictionary-encoded: the same values, a byte per row). With ``limit``, the first ``limit`` rows;
+        per step, only the episodes they reach are read.
         """
+        if limit is not None and limit < 0:
+            raise InputError(f"limit: must be a number of rows >= 0, got {limit}")
         g = check_gamma(gamma)
         if per not in ("episode", "step"):
             raise InputError(f"per must be 'episode' or 'step', got {per!r}")
@@ -180,11 +184,24 @@ class Store:
                 q = (f"SELECT run_id, env_id, episode_id, episode_length, episode_return, discounted_return, "
                      f"complete FROM ({episodes_sql(snap.step_columns, discounted=True, by_id=snap.by_id)})"
                      f"{_where(conds)} "
-                     "ORDER BY episode_id")
+                     "ORDER BY episode_id" + (f" LIMIT {int(limit)}" if limit is not None else ""))
                 return snap.arrow(q, {"gamma": g})
+            if limit is not None:
+                conds.append(_first_episodes(snap, conds, limit))
             rows = snap.arrow(f"SELECT {_partition_enums(snap.files)}, episode_id, step, reward "
                               f"FROM steps{_where(conds)}")
-        return _with_return_to_go(rows, g)
+        out = _with_return_to_go(rows, g)
+        return out if limit is None else out.slice(0, limit)
+
+
+def _first_episodes(snap: Snapshot, conds: list[str], rows: int) -> str:
+    """A condition keeping the selected steps of the lowest episode ids that together hold ``rows`` steps."""
+    counts = snap.arrow(f"SELECT episode_id, count(*) AS n FROM steps{_where(conds)} GROUP BY episode_id "
+                        "ORDER BY episode_id")
+    reached = np.searchsorted(np.cumsum(counts["n"].to_numpy()), rows)
+    if reached >= counts.num_rows:
+        return "true"
+    return f"episode_id <= {int(counts['episode_id'][int(reached)].as_py())}"
 
 
 def _partition_enums(files: Sequence[DataFile]) -> str:

@@ -35,5 +35,5 @@ def returns(request: Request, store: StoreDep, flt: FilterDep,
     where = flt.where()
     if per == "step" and where:
         where = f"episode_id IN (SELECT episode_id FROM episodes WHERE {where})"
-    table = store.returns(gamma=gamma, per=per, where=where).slice(0, limit)
+    table = store.returns(gamma=gamma, per=per, where=where, limit=limit)
     return arrow_response(table) if wants_arrow(request) else json_rows(table)

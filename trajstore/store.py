@@ -111,6 +111,24 @@ class Store:
                  complete: bool | None = None, where: str | None = None, gamma: float | None = None,
                  order_by: str = "episode_id", limit: int | None = None, offset: int = 0) -> pa.Table:
         """One row per episode (the ``episodes`` view), filtered; with ``gamma`` adds ``discounted_return``."""
+        return self._episodes(run_id=run_id, env_id=env_id, complete=complete, where=where, gamma=gamma,
+                              order_by=order_by, limit=limit, offset=offset)
+
+    def episode_page(self, *, where: str | None = None, gamma: float | None = None, order_by: str = "episode_id",
+                     limit: int, offset: int = 0) -> tuple[pa.Table, int]:
+        """One page of :meth:`episodes` and how many episodes the filter selects in all, in one query."""
+        rows = self._episodes(where=where, gamma=gamma, order_by=order_by, limit=limit, offset=offset,
+                              total="total_episodes")
+        total = rows["total_episodes"][0].as_py() if rows.num_rows else None
+        if total is None:  # an empty page says nothing about the rows before it
+            total = self._episodes(where=where, total="total_episodes", limit=1)["total_episodes"]
+            total = total[0].as_py() if len(total) else 0
+        return rows.drop_columns(["total_episodes"]), total
+
+    def _episodes(self, *, run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
+                  complete: bool | None = None, where: str | None = None, gamma: float | None = None,
+                  order_by: str = "episode_id", limit: int | None = None, offset: int = 0,
+                  total: str | None = None) -> pa.Table:
         with self._query_snapshot() as snap:
             order = _order_clause(order_by, snap)
             conds = _filters(run_id=run_id, env_id=env_id, where=where)
@@ -118,7 +136,8 @@ class Store:
                 conds.append("complete" if complete else "NOT complete")
             params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
             src = episodes_sql(snap.step_columns, discounted=gamma is not None, by_id=snap.by_id)
-            q = f"SELECT * FROM ({src}){_where(conds)} ORDER BY {order}"
+            count = f", count(*) OVER () AS {quote_ident(total)}" if total else ""
+            q = f"SELECT *{count} FROM ({src}){_where(conds)} ORDER BY {order}"
             if limit is not None:
                 q += f" LIMIT {int(limit)} OFFSET {int(offset)}"
             return snap.arrow(q, params)

@@ -38,11 +38,11 @@ def episodes(request: Request, store: StoreDep, settings: SettingsDep, flt: Filt
              ) -> Any:
     limit = min(limit, settings.max_page_size)
     where = flt.where()
-    page = store.episodes(where=where, gamma=gamma, order_by=order_by.value, limit=limit, offset=offset)
     if wants_arrow(request):
-        return arrow_response(page)
-    total = store.sql("SELECT count(*) AS n FROM episodes" + (f" WHERE {where}" if where else ""))
-    return EpisodePage(items=json_rows(page), total=total.column("n")[0].as_py(), limit=limit, offset=offset)
+        return arrow_response(store.episodes(where=where, gamma=gamma, order_by=order_by.value, limit=limit,
+                                             offset=offset))
+    page, total = store.episode_page(where=where, gamma=gamma, order_by=order_by.value, limit=limit, offset=offset)
+    return EpisodePage(items=json_rows(page), total=total, limit=limit, offset=offset)
 
 
 @router.get("/episodes/{episode_id}/steps", summary="Every step of one episode, in order",

@@ -62,6 +62,8 @@ def test_episodes_filter_sort_paginate(client: TestClient, populated: Path) -> N
     assert ids == expected.column("episode_id").to_pylist()[:14]
     returns = [e["episode_return"] for e in first["items"]]
     assert returns == sorted(returns, reverse=True) and min(returns) >= 15
+    beyond = client.get("/episodes", params={**params, "offset": expected.num_rows}).json()
+    assert beyond["items"] == [] and beyond["total"] == expected.num_rows  # a page past the end still counts
 
 
 def test_episodes_lineage_filter(client: TestClient) -> None:

@@ -106,3 +106,18 @@ def test_bad_arguments_name_the_field(mixed: trajstore.Store) -> None:
         mixed.scan(["obs", "nope"])
     with pytest.raises(InputError, match="batch_size"):
         mixed.scan(batch_size=0)
+
+
+def test_wide_rows_make_smaller_batches(tmp_path: Path) -> None:
+    store = trajstore.open(tmp_path / "wide", create=True)
+    with store.writer(run_id="r", env_id="Pixels-v0") as w:
+        w.add_batch(make_batch(np.random.default_rng(2), 20, 4, obs_dim=3072))  # 12 KiB of obs per row
+    cap = 100_000
+    batches = list(store.scan(["obs", "reward"], batch_size=1000, max_batch_bytes=cap))
+    assert sum(b.num_rows for b in batches) == 80
+    assert 1 <= max(b.num_rows for b in batches) <= cap // (3072 * 4 + 4)  # obs and reward, decoded
+    assert all(b.nbytes <= 1.25 * cap for b in batches)  # near the cap: offsets and padding come on top
+    narrow = list(store.scan(["reward"], batch_size=1000, max_batch_bytes=cap))
+    assert [b.num_rows for b in narrow] == [80]  # narrow rows: batch_size applies
+    with pytest.raises(InputError, match="max_batch_bytes"):
+        store.scan(max_batch_bytes=0)

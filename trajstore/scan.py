@@ -26,11 +26,14 @@ BATCH_READAHEAD = 4  # record batches decoded ahead, per file
 
 
 def scan_steps(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[str], *,
-               episode_ids: np.ndarray | None = None, batch_size: int = 65_536) -> pa.RecordBatchReader:
+               episode_ids: np.ndarray | None = None, batch_size: int = 65_536,
+               max_batch_bytes: int | None = None) -> pa.RecordBatchReader:
     """``columns`` of the steps in ``files`` (in order), typed as in ``schema`` (the ``steps`` view's).
 
     With ``episode_ids``, only the steps of those episodes: files whose logged id range holds none of
-    them are skipped, row groups by their statistics, and the remaining rows filtered.
+    them are skipped, row groups by their statistics, and the remaining rows filtered. With
+    ``max_batch_bytes``, batches hold fewer than ``batch_size`` rows when rows are wide (image
+    observations), so that one batch stays near that size.
     """
     out = pa.schema([schema.field(c) for c in columns])
     if episode_ids is not None:
@@ -38,12 +41,32 @@ def scan_steps(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[s
         files = [f for f in files if _may_hold(f, episode_ids)]
     if not files:
         return pa.RecordBatchReader.from_batches(out, iter(()))
+    if max_batch_bytes is not None:
+        batch_size = max(1, min(batch_size, int(max_batch_bytes // max(1.0, row_bytes(files, columns)))))
     partitions = [(ds.field("run_id") == f.run_id) & (ds.field("env_id") == f.env_id) for f in files]
     dataset = ds.FileSystemDataset.from_paths([f.path for f in files], schema=schema, format=ds.ParquetFileFormat(),
                                               filesystem=pafs.LocalFileSystem(use_mmap=True), partitions=partitions)
     condition = ds.field("episode_id").isin(pa.array(episode_ids)) if episode_ids is not None else None
     return dataset.scanner(columns=list(columns), filter=condition, batch_size=batch_size, use_threads=True,
                            fragment_readahead=FRAGMENT_READAHEAD, batch_readahead=BATCH_READAHEAD).to_reader()
+
+
+def row_bytes(files: Sequence[DataFile], columns: Sequence[str]) -> float:
+    """The widest decoded row of ``columns`` among the partitions of ``files``, in bytes, from the Parquet
+    footer of one file per ``(run_id, env_id)`` (whose rows share their shapes)."""
+    import pyarrow.parquet as pq
+
+    first = {(f.run_id, f.env_id): f for f in reversed(files)}.values()
+    widest = 0.0
+    for f in first:
+        meta = pq.read_metadata(f.path)
+        if not meta.num_rows:
+            continue
+        size = sum(meta.row_group(g).column(c).total_uncompressed_size
+                   for g in range(meta.num_row_groups) for c in range(meta.num_columns)
+                   if meta.row_group(g).column(c).path_in_schema.split(".")[0] in columns)
+        widest = max(widest, size / meta.num_rows)
+    return widest
 
 
 def _may_hold(f: DataFile, ids: np.ndarray) -> bool:

@@ -27,6 +27,7 @@ class Settings:
     sql_memory_limit: str = "1GB"
     max_body_bytes: int = 256 * 1024 * 1024
     stream_batch_rows: int = 65_536
+    stream_batch_bytes: int = 16 * 1024 * 1024  # fewer rows per streamed batch when rows are wide
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod

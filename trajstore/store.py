@@ -161,16 +161,19 @@ class Store:
 
     def scan(self, columns: Sequence[str] | None = None, *, run_id: str | Sequence[str] | None = None,
              env_id: str | Sequence[str] | None = None, episode_id: int | Sequence[int] | None = None,
-             where: str | None = None, batch_size: int = 65_536) -> pa.RecordBatchReader:
+             where: str | None = None, batch_size: int = 65_536,
+             max_batch_bytes: int | None = None) -> pa.RecordBatchReader:
         """The steps of the chosen episodes as a stream of record batches, in storage order, read straight
         from the committed files (see :mod:`trajstore.scan`).
 
         The same rows and types as ``SELECT columns FROM steps`` with these filters (every column without
         ``columns``); ``where`` is a condition on the ``episodes`` view, as for :meth:`episodes`. Batches have
-        at most ``batch_size`` rows.
+        at most ``batch_size`` rows, and fewer when rows are so wide that a batch would pass ``max_batch_bytes``.
         """
         if batch_size < 1:
             raise InputError(f"batch_size: must be a positive number of rows, got {batch_size}")
+        if max_batch_bytes is not None and max_batch_bytes < 1:
+            raise InputError(f"max_batch_bytes: must be a positive number of bytes, got {max_batch_bytes}")
         with self._query_snapshot() as snap:
             schema = snap.arrow("SELECT * FROM steps LIMIT 0").schema
             names = list(dict.fromkeys(columns)) if columns else schema.names
@@ -180,7 +183,8 @@ class Store:
             if where:
                 conds = _filters(run_id=run_id, env_id=env_id, where=where, episode_id=episode_id)
                 ids = snap.arrow(f"SELECT episode_id FROM episodes{_where(conds)}")["episode_id"].to_numpy()
-        return scan_steps(files, schema, names, episode_ids=ids, batch_size=batch_size)
+        return scan_steps(files, schema, names, episode_ids=ids, batch_size=batch_size,
+                          max_batch_bytes=max_batch_bytes)
 
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode",
                 run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,

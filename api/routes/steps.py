@@ -39,12 +39,13 @@ def _per_episode(flt: EpisodeFilter) -> EpisodeFilter:
     return dataclasses.replace(flt, run_id=None, env_id=None, episode_id=None)
 
 
-def _stream(store: Store, flt: EpisodeFilter, columns: list[str], batch_rows: int) -> Generator[bytes, None, None]:
+def _stream(store: Store, flt: EpisodeFilter, columns: list[str], batch_rows: int,
+            batch_bytes: int) -> Generator[bytes, None, None]:
     # Read straight from the committed files (Store.scan: the rows and types of steps_query, without a SQL
     # engine in the way); the episode-level conditions become a list of episode ids first.
     reader = store.scan(columns or None, run_id=flt.run_id or None, env_id=flt.env_id or None,
                         episode_id=flt.episode_id or None,
-                        where=_per_episode(flt).where(), batch_size=batch_rows)
+                        where=_per_episode(flt).where(), batch_size=batch_rows, max_batch_bytes=batch_bytes)
     return _closing(ipc_stream(reader), reader)
 
 
@@ -123,7 +124,7 @@ async def _until_disconnect(chunks: Generator[bytes, None, None]) -> AsyncIterat
             responses={200: {"content": {**ARROW_CONTENT, "application/json": {"schema": {"type": "object"}}}}})
 def steps(request: Request, store: StoreDep, settings: SettingsDep, flt: FilterDep,
           columns: ColumnsDep,
-          batch_rows: Annotated[int | None, Query(ge=1, le=1_048_576, description="rows per Arrow batch")] = None,
+          batch_rows: Annotated[int | None, Query(ge=1, le=1_048_576, description="rows per Arrow batch (at most: fewer when rows are wide)")] = None,
           format: Annotated[Literal["arrow", "json"], Query(description="arrow stream or a JSON page")] = "arrow",
           limit: Annotated[int, Query(ge=1, description="JSON only: rows per page, capped at max_page_size")] = 100,
           offset: Annotated[int, Query(ge=0, le=2**62, description="JSON only")] = 0,
@@ -135,7 +136,7 @@ def steps(request: Request, store: StoreDep, settings: SettingsDep, flt: FilterD
             return JSONResponse(jsonable_encoder({"items": json_rows(snap.arrow(q)), "limit": limit,
                                                   "offset": offset}))
     try:
-        chunks = _stream(store, flt, columns, batch_rows or settings.stream_batch_rows)
+        chunks = _stream(store, flt, columns, batch_rows or settings.stream_batch_rows, settings.stream_batch_bytes)
     except InputError as exc:  # a column the store lacks, as for format=json
         raise HTTPException(status_code=404, detail=str(exc)) from exc
     return StreamingResponse(_until_disconnect(chunks), media_type=ARROW_STREAM)

@@ -147,6 +147,25 @@ def test_a_custom_transport_carries_the_stream_too(live: Live, populated: Path) 
     np.testing.assert_array_equal(sort_rows(got)["obs"], np.stack(expected["obs"].to_numpy(zero_copy_only=False)))
 
 
+def test_wide_rows_are_streamed_in_smaller_batches(tmp_path: Path) -> None:
+    store = trajstore.open(tmp_path / "wide", create=True)
+    rng = np.random.default_rng(3)
+    obs = rng.integers(0, 255, (30, 4, 64, 64, 3), dtype=np.uint8)  # 12 KiB frames
+    with store.writer(run_id="pix", env_id="Pixels-v0") as w:
+        w.add_batch({"obs": obs, "next_obs": obs, "action": rng.integers(0, 4, (30, 4)),
+                     "reward": np.ones((30, 4), np.float32), "terminated": np.zeros((30, 4), bool),
+                     "truncated": np.zeros((30, 4), bool)})
+    for live in serve(create_app(settings_for(tmp_path / "wide", stream_batch_bytes=100_000), store=store)):
+        body = httpx.get(live.url + "/steps", params={"columns": ["obs"], "batch_rows": 4096}).content
+        sizes = [b.num_rows for b in pa.ipc.open_stream(body)]
+        assert sum(sizes) == 120 and max(sizes) <= 100_000 // (64 * 64 * 3)
+        with Client(live.url) as client:
+            batches = list(client.iter_batches(batch_size=50, columns=["obs"]))
+        assert [len(b["obs"]) for b in batches] == [50, 50, 20]  # the client still gets the size it asked for
+        got = np.concatenate([b["obs"] for b in batches])
+        np.testing.assert_array_equal(got, obs.transpose(1, 0, 2, 3, 4).reshape(120, 64, 64, 3))
+
+
 class CountingStreams:
     """Counts the scans the server has open and the stream pieces it produced."""
 

@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, help="stop after at least this many complete episodes")
     p.add_argument("--steps", type=int, help="stop after at least this many stored steps")
     p.add_argument("--store", **store_opt)
+    p.add_argument("--url", help="send the episodes to the trajstore service at this URL instead of a store "
+                                 "directory (a remote worker)")
+    p.add_argument("--api-key", default=os.environ.get("TRAJSTORE_API_KEY"),
+                   help="with --url: the service's API key (default: $TRAJSTORE_API_KEY)")
     p.add_argument("--run", required=True, help="run_id to store the episodes under")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--autoreset", choices=["next-step", "same-step", "disabled"], default="next-step",
@@ -153,7 +157,12 @@ def _emit(args: argparse.Namespace, table: Any) -> None:
 def cmd_rollout(args: argparse.Namespace) -> int:
     if args.episodes is None and args.steps is None:
         raise InputError("rollout: give --episodes N or --steps N (or both)")
-    store = _open(args.store, create=True)
+    if args.url:
+        from trajstore.remote import RemoteStore
+
+        store: Any = RemoteStore(args.url, api_key=args.api_key)
+    else:
+        store = _open(args.store, create=True)
     lineage = {"policy_version": args.policy_version} if args.policy_version is not None else {}
     if args.backend == "jax":
         from trajstore.rollout import jax_rollout

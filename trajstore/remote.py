@@ -7,6 +7,9 @@
 
 >>> with RemoteWriter("http://127.0.0.1:8321", api_key="…", run_id="r", env_id="CartPole-v1") as w:  # doctest: +SKIP
 ...     w.add_batch(batch)
+
+:class:`RemoteStore` is what the rollout workers need of a store (``writer`` and ``sql``) over the same
+service, so ``gym_rollout(RemoteStore(url, api_key=…), …)`` and ``trajstore rollout --url …`` run anywhere.
 """
 
 from __future__ import annotations
@@ -65,3 +68,32 @@ class RemoteWriter(Writer):
         self.client = url if isinstance(url, Client) else Client(url, api_key=api_key)
         super().__init__(RemoteSink(self.client), run_id=run_id, env_id=env_id,  # type: ignore[arg-type]
                          flush_bytes=flush_bytes, **options)
+
+
+class RemoteStore:
+    """The side of a served store that rollout workers use: :meth:`writer` (a :class:`RemoteWriter`) and
+    :meth:`sql` (read-only, through ``POST /sql``). ``root`` is the service's URL."""
+
+    def __init__(self, url: str, *, api_key: str | None = None) -> None:
+        self.client = Client(url, api_key=api_key)
+        self.root = self.client.url
+
+    def __repr__(self) -> str:
+        return f"RemoteStore({self.root!r})"
+
+    def writer(self, *, run_id: str, env_id: str, **options: Any) -> RemoteWriter:
+        return RemoteWriter(self.client, run_id=run_id, env_id=env_id, **options)
+
+    def sql(self, query: str) -> pa.Table:
+        table = self.client.sql(query)
+        assert isinstance(table, pa.Table)
+        return table
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> RemoteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -198,3 +198,29 @@ def test_client_retries_idempotent_calls(live_empty: Live, empty: Path) -> None:
     failures["left"] = 9
     with pytest.raises(trajstore.RemoteError, match="503"):
         client.runs()
+
+
+def test_cli_rollouts_to_a_service(live_empty: Live, empty: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trajstore import cli
+
+    common = ["--url", live_empty.url, "--api-key", API_KEY, "--num-envs", "2", "--seed", "3"]
+    assert cli.main(["rollout", "--env", "CartPole-v1", "--run", "remote-gym", "--episodes", "6", *common]) == 0
+    assert cli.main(["rollout", "--backend", "jax", "--env", "cartpole", "--run", "remote-jax", "--episodes", "4",
+                     "--rollout-length", "64", "--no-progress", *common]) == 0
+    out, err = capsys.readouterr()
+    assert f"in {live_empty.url}" in out
+    assert "steps/s" in err  # the progress bar of the first rollout
+    stats = trajstore.open(empty).stats(by="run_id").to_pylist()
+    assert [(s["run_id"], s["n_traj"] >= n) for s, n in zip(stats, (6, 4))] == [("remote-gym", True),
+                                                                             ("remote-jax", True)]
+    # a remote JAX worker asks the service what the run holds, as it asks a local store
+    from trajstore.remote import RemoteStore
+    from trajstore.rollout import jax_rollout
+
+    with RemoteStore(live_empty.url, api_key=API_KEY) as remote, \
+            pytest.raises(trajstore.InputError, match="'remote-jax' already holds training"):
+        jax_rollout(remote, "cartpole", run_id="remote-jax", mode="eval", episodes=2, progress=False)
+    assert cli.main(["rollout", "--env", "CartPole-v1", "--run", "r", "--episodes", "1", "--url", live_empty.url,
+                     "--api-key", "wrong", "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("trajstore: error: 401") and "Traceback" not in err

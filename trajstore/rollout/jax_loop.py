@@ -42,6 +42,8 @@ from trajstore import jax_envs
 from trajstore.errors import InputError
 from trajstore.rollout.progress import RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, SampleUntil, sample_until
+from trajstore.query import quote_literal
+from trajstore.remote import RemoteStore
 from trajstore.store import Store
 from trajstore.writer import Writer
 
@@ -440,22 +442,20 @@ def open_writer(store: Store, env: Any, *, run_id: str, env_id: str | None, **op
                         autoreset="same-step", **options)
 
 
-def check_run_mode(store: Store, run_id: str, mode: Mode) -> None:
+def check_run_mode(store: Store | RemoteStore, run_id: str, mode: Mode) -> None:
     """Refuse to mix training and evaluation episodes in one run, so their statistics never mix."""
-    files = [f for f in store.files() if f.run_id == run_id]
-    if not files:
-        return
-    from trajstore.query import Snapshot
-
-    with Snapshot(files) as snap:
-        has_mode = "mode" in snap.step_columns
-        if mode == "eval":
-            cond = "mode IS DISTINCT FROM 'eval'" if has_mode else "true"
-        elif has_mode:
-            cond = "mode = 'eval'"
-        else:
+    cond = "mode IS DISTINCT FROM 'eval'" if mode == "eval" else "mode = 'eval'"
+    q = f"SELECT count(*) AS n FROM steps WHERE {cond}"
+    if isinstance(store, Store):  # only the run's files, not the whole store
+        files = [f for f in store.files() if f.run_id == run_id]
+        if not files:
             return
-        n = snap.arrow(f"SELECT count(*) AS n FROM steps WHERE {cond}").column("n")[0].as_py()
+        from trajstore.query import Snapshot
+
+        with Snapshot(files) as snap:
+            n = snap.arrow(q).column("n")[0].as_py()
+    else:
+        n = store.sql(f"{q} AND run_id = {quote_literal(run_id)}").column("n")[0].as_py()
     if n:
         other = "training (or untagged)" if mode == "eval" else "evaluation"
         raise InputError(f"run {run_id!r} already holds {other} steps; store {mode} episodes under their own "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import trajstore
-from trajstore.check import CheckReport, check
+from trajstore.check import CheckReport, check, remove_orphans
 
 T, B = 12, 3
 
@@ -224,3 +226,29 @@ def test_orphan_half_written_file_is_information_not_a_problem(healthy: trajstor
     assert after == pytest.approx(before.to_pylist()[0], rel=1e-12)
     assert healthy.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 5 * T * B
     assert pc.sum(healthy.episodes()["episode_length"]).as_py() == 5 * T * B
+
+
+def test_remove_orphans_deletes_only_old_files_no_commit_lists(healthy: trajstore.Store,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from trajstore import cli
+
+    committed = [f.path for f in healthy.files()]
+    before = healthy.stats().to_pylist()
+    part = Path(committed[0]).parent
+    old, fresh = part / "part-00000000old.parquet", part / "part-0000000fresh.parquet"
+    staging = healthy.table.path / "_delta_log" / "_commit_0123.json.tmp"  # a killed log write's temp file
+    for path in (old, fresh, staging):
+        path.write_bytes(b"PAR1 cut short")
+    an_hour_ago = time.time() - 3600
+    for path in (old, staging):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+
+    assert cli.main(["check", "--store", str(healthy.root), "--remove-orphans", "--older-than", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "removed 2 orphan file(s) older than 30 minutes; kept 1 newer one(s)" in out
+    assert not old.exists() and not staging.exists() and fresh.exists()
+    assert all(Path(p).exists() for p in committed)
+    assert check(healthy).orphans == [str(fresh)]
+    assert healthy.stats().to_pylist()[0] == pytest.approx(before[0], rel=1e-12)  # summation order may vary
+    with pytest.raises(trajstore.InputError, match="older_than_s"):
+        remove_orphans(healthy, older_than_s=-1)

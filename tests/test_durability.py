@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 import trajstore
-from trajstore.check import check
+from trajstore.check import check, remove_orphans
 
 REPO = Path(__file__).resolve().parents[1]
 TAG = 100_000  # reward of every step = process * TAG + the process's own episode counter (exact in float32)
@@ -239,6 +239,10 @@ def test_writer_killed_mid_commit_many_times_loses_nothing_committed(tmp_path: P
                      "terminated": np.ones((1, 1), bool), "truncated": np.zeros((1, 1), bool)})
     assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == total + 1
     assert check(store).ok
+    removed = remove_orphans(store, older_than_s=0)  # nothing writes now: every orphan is abandoned
+    assert sorted(removed) == sorted(report.orphans)
+    after = check(store)
+    assert after.ok and after.orphans == [] and after.steps == total + 1
     print(f"kills: {iterations}, rows committed before kills: {committed_total}, orphans: "
           f"{sum(complete)} whole files killed before/in their commit, {complete.count(False)} cut mid-write")
 

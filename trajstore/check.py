@@ -4,7 +4,8 @@ Everything is checked on one committed snapshot (one file list from the Delta lo
 episode checks are SQL ``GROUP BY`` queries over the ``steps`` view, so they run at DuckDB's
 speed. Files on disk that the log does not list (a killed writer's half-written file, a
 commit in progress, a staging file of a killed log write) are never read by anyone: they are
-reported as orphans, not problems.
+reported as orphans, not problems; :func:`remove_orphans` deletes those old enough to be
+certainly abandoned.
 
 >>> import trajstore, tempfile
 >>> from trajstore.check import check
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -25,13 +27,14 @@ import duckdb
 import numpy as np
 import pyarrow.parquet as pq
 
+from trajstore.errors import InputError
 from trajstore.query import Snapshot
 from trajstore.table import DataFile
 
 if TYPE_CHECKING:
     from trajstore.store import Store
 
-__all__ = ["CheckReport", "check"]
+__all__ = ["CheckReport", "check", "remove_orphans"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,27 @@ def check(store: Store, *, deep: bool = False) -> CheckReport:
     _check_episodes(readable, report)
     report.orphans = _orphans(store.table.path, files)
     return report
+
+
+def remove_orphans(store: Store, *, older_than_s: float = 3600.0) -> list[str]:
+    """Delete the orphans (see :func:`check`) last modified more than ``older_than_s`` seconds ago.
+
+    The file list is read again just before, so a file is deleted only if the newest version of the
+    log does not list it; the age guard leaves alone a file a live writer has just written and is
+    about to commit. Returns the deleted paths.
+    """
+    if older_than_s < 0:
+        raise InputError(f"older_than_s: must be >= 0 seconds, got {older_than_s}")
+    cutoff = time.time() - older_than_s
+    removed = []
+    for path in _orphans(store.table.path, store.files()):
+        try:
+            if os.path.getmtime(path) < cutoff:
+                os.unlink(path)
+                removed.append(path)
+        except FileNotFoundError:  # gone meanwhile (another cleaner, or a rename into place)
+            continue
+    return removed
 
 
 # --- files -------------------------------------------------------------------------------------------------

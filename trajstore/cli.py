@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="verify committed files and episodes; exit 1 if anything is wrong")
     p.add_argument("--store", **store_opt)
+    p.add_argument("--remove-orphans", action="store_true",
+                   help="then delete the files no commit lists (left by killed writers) that are old enough")
+    p.add_argument("--older-than", type=float, default=60.0, metavar="MINUTES",
+                   help="with --remove-orphans: only files last modified this long ago (default: %(default)s)")
     p.set_defaults(func=cmd_check)
     return parser
 
@@ -227,8 +231,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from trajstore.check import check
 
-    report = check(_open(args.store))
+    store = _open(args.store)
+    report = check(store)
     print(report.format())
+    if args.remove_orphans:
+        from trajstore.check import remove_orphans
+
+        removed = remove_orphans(store, older_than_s=args.older_than * 60)
+        kept = len(report.orphans) - len(removed)
+        print(f"removed {len(removed)} orphan file(s) older than {args.older_than:g} minutes"
+              + (f"; kept {kept} newer one(s)" if kept > 0 else ""))
     return 0 if report.ok else EXIT_PROBLEMS
 
 

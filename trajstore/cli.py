@@ -88,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     p.set_defaults(func=cmd_rollout)
 
+    p = sub.add_parser("import", help="store every episode of an existing dataset (Minari)")
+    p.add_argument("source", choices=["minari"], help="the dataset format")
+    p.add_argument("dataset", help="a local Minari dataset id, e.g. cartpole/random-v0 ($MINARI_DATASETS_PATH)")
+    p.add_argument("--store", **store_opt)
+    p.add_argument("--run", help="run_id to store the episodes under (default: the dataset id, / as -)")
+    p.add_argument("--env", help="env_id (default: the environment the dataset was collected in)")
+    p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    p.set_defaults(func=cmd_import)
+
     p = sub.add_parser("stats", help="episode statistics (n_traj, return_*, len_*), optionally grouped")
     p.add_argument("--store", **store_opt)
     p.add_argument("--by", action="append", default=[], help="group by this column (repeat or comma-separate)")
@@ -182,6 +191,16 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                              progress=not args.no_progress, **lineage)
     print(f"stored {result.steps} steps, {result.episodes} complete episodes of {result.env_id} "
           f"as run {result.run_id!r} in {store.root} ({result.steps_per_second:,.0f} steps/s)")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from trajstore.minari_import import import_minari
+
+    store = _open(args.store, create=True)
+    result = import_minari(store, args.dataset, run_id=args.run, env_id=args.env, progress=not args.no_progress)
+    print(f"imported {result.steps} steps, {result.episodes} complete episodes of {args.source} dataset "
+          f"{args.dataset!r} as run {result.run_id!r} ({result.env_id}) in {store.root}")
     return 0
 
 

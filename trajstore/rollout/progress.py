@@ -12,11 +12,12 @@ class RolloutProgress:
     """A ``tqdm`` bar counting episodes (when an episode target is given) or steps; a no-op when disabled."""
 
     def __init__(self, *, episodes: int | None, steps: int | None, enabled: bool = True,
-                 min_interval: float = 0.25) -> None:
+                 min_interval: float = 0.25, desc: str = "rollout") -> None:
         self.by_episodes = episodes is not None
         self.total = episodes if self.by_episodes else steps
         self.enabled = enabled
         self.min_interval = min_interval
+        self.desc = desc
         self.recent = RecentReturns()
         self._bar: Any = None
         self._shown = 0
@@ -29,7 +30,7 @@ class RolloutProgress:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=self.total, unit="ep" if self.by_episodes else "step", dynamic_ncols=True,
-                             desc="rollout", unit_scale=not self.by_episodes)
+                             desc=self.desc, unit_scale=not self.by_episodes)
         return self
 
     def update(self, *, steps: int, episodes: int, returns: list[float] | None = None) -> None:

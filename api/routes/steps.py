@@ -124,7 +124,8 @@ async def _until_disconnect(chunks: Generator[bytes, None, None]) -> AsyncIterat
             responses={200: {"content": {**ARROW_CONTENT, "application/json": {"schema": {"type": "object"}}}}})
 def steps(request: Request, store: StoreDep, settings: SettingsDep, flt: FilterDep,
           columns: ColumnsDep,
-          batch_rows: Annotated[int | None, Query(ge=1, le=1_048_576, description="rows per Arrow batch (at most: fewer when rows are wide)")] = None,
+          batch_rows: Annotated[int | None, Query(ge=1, le=1_048_576, description="rows per Arrow batch (at most: "
+                                                                               "fewer when rows are wide)")] = None,
           format: Annotated[Literal["arrow", "json"], Query(description="arrow stream or a JSON page")] = "arrow",
           limit: Annotated[int, Query(ge=1, description="JSON only: rows per page, capped at max_page_size")] = 100,
           offset: Annotated[int, Query(ge=0, le=2**62, description="JSON only")] = 0,

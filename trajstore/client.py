@@ -131,11 +131,12 @@ class Client:
 
         Read with the standard library's ``http.client``, whose chunked reads hand each IPC message over in
         one piece: a third of the CPU of httpx's 64 KiB reads, which is most of a fast stream's cost on this
-        side. Retried like any GET until the body starts; with a custom ``transport``, httpx carries it.
+        side. Retried like any GET until the body starts. With a custom ``transport``, or a proxy set in
+        the environment for this URL (``http.client`` ignores proxies), httpx carries it.
         """
         request = self._http.build_request("GET", path, params=_params(params),
                                            headers={"Accept": ARROW_STREAM, "Accept-Encoding": "identity"})
-        if self._transport is not None:
+        if self._transport is not None or _proxied(request.url):
             response = self._http.send(request, stream=True)
             try:
                 _raise_for_problem(response, streamed=True)
@@ -201,6 +202,14 @@ class Client:
             time.sleep(self.backoff * 2 ** attempt)
         raise AssertionError("unreachable")
 
+
+
+def _proxied(url: httpx.URL) -> bool:
+    """Whether the environment routes ``url`` through a proxy (``HTTP_PROXY`` and the like, ``NO_PROXY``)."""
+    import urllib.request
+
+    proxies = urllib.request.getproxies()
+    return bool(proxies.get(url.scheme) or proxies.get("all")) and not urllib.request.proxy_bypass(url.host)
 
 
 def _params(params: Mapping[str, Any]) -> dict[str, Any]:

@@ -101,7 +101,26 @@ class Flaky(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        with httpx.stream("GET", cls.upstream + self.path) as upstream:
+        with httpx.Client(trust_env=False) as http, http.stream("GET", cls.upstream + self.path) as upstream:
+            body = upstream.read()
+        self.send_response(upstream.status_code)
+        self.send_header("Content-Type", upstream.headers["content-type"])
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class ProxyForward(http.server.BaseHTTPRequestHandler):
+    """A forward HTTP proxy for plain GETs: requests come with the absolute URL, which it records."""
+
+    seen: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (the http.server API)
+        type(self).seen.append(self.path)
+        with httpx.Client(trust_env=False) as http, http.stream("GET", self.path) as upstream:
             body = upstream.read()
         self.send_response(upstream.status_code)
         self.send_header("Content-Type", upstream.headers["content-type"])
@@ -138,6 +157,19 @@ def test_a_stream_without_a_server_is_a_connection_error() -> None:
             pytest.raises(trajstore.RemoteError, match="Connection failed") as err:
         next(client.iter_batches())
     assert err.value.status == 0
+
+
+def test_a_proxy_in_the_environment_carries_the_stream(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), ProxyForward) as proxy:
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        ProxyForward.seen = []
+        with Client(live.url) as client:
+            rows = sum(len(b["step"]) for b in client.iter_batches(columns=["step"], run_id="beta"))
+        assert rows > 0 and any(p.startswith(f"{live.url}/steps?") for p in ProxyForward.seen)
+        proxy.shutdown()
 
 
 def test_a_custom_transport_carries_the_stream_too(live: Live, populated: Path) -> None:

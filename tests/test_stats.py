@@ -171,3 +171,28 @@ def test_episodes_unknown_order_by_is_refused(written: tuple[trajstore.Store, di
     store, _ = written
     with pytest.raises(InputError, match=r"order_by: unknown column 'nope'"):
         store.episodes(order_by="-nope")
+
+
+def test_episode_queries_follow_every_commit_and_agree_with_the_view(store: trajstore.Store) -> None:
+    """The episodes view is materialized once per committed version and reused: answers must be those
+    of the view itself, and a new commit must show at once."""
+    rng = np.random.default_rng(11)
+
+    def view_stats() -> dict[str, Any]:  # straight from the view, through a connection of its own
+        return store.sql("SELECT count(*) FILTER (WHERE complete) AS n, sum(episode_length) AS steps, "
+                         "avg(episode_return) FILTER (WHERE complete) AS mean FROM episodes").to_pylist()[0]
+
+    for round_ in range(3):
+        with store.writer(run_id=f"r{round_}", env_id="e") as w:
+            w.add_batch(make_batch(rng, 30, 4))
+        expected = view_stats()
+        fresh = store.stats().to_pylist()[0]  # nothing materialized yet for this version: aggregated directly
+        page = store.episodes(order_by="episode_id")  # materializes this version
+        assert page.equals(store.sql("SELECT * FROM episodes ORDER BY episode_id"))
+        cached = store.stats().to_pylist()[0]
+        assert fresh["n_traj"] == cached["n_traj"] == expected["n"]
+        assert cached["return_mean"] == pytest.approx(fresh["return_mean"], rel=1e-12)
+        assert cached["return_mean"] == pytest.approx(expected["mean"], rel=1e-12)
+        runs = store.runs().to_pylist()
+        assert [r["run_id"] for r in runs] == [f"r{i}" for i in range(round_ + 1)]
+        assert sum(r["steps"] for r in runs) == expected["steps"] == 30 * 4 * (round_ + 1)

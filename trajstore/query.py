@@ -104,8 +104,12 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def stats_sql(by: Sequence[str], *, discounted: bool, where: str | None, include_incomplete: bool,
-              step_columns: Sequence[str], by_id: bool = False) -> str:
-    """Episode statistics with the keys of ``imitation.data.rollout.rollout_stats`` (std as ``numpy.std``)."""
+              step_columns: Sequence[str], by_id: bool = False, source: str | None = None) -> str:
+    """Episode statistics with the keys of ``imitation.data.rollout.rollout_stats`` (std as ``numpy.std``).
+
+    Over ``source`` (a relation with the ``episodes`` view's columns) when given, else over the
+    episodes aggregated from ``steps`` in the query itself.
+    """
     metrics = [("return", "episode_return"), ("len", "episode_length")]
     if discounted:
         metrics.append(("discounted_return", "discounted_return"))
@@ -120,7 +124,9 @@ def stats_sql(by: Sequence[str], *, discounted: bool, where: str | None, include
     select = (keys + ", " if keys else "") + ", ".join(aggs)
     tail = f" GROUP BY {keys} ORDER BY {keys}" if keys else ""
     filt = f" WHERE {' AND '.join(conds)}" if conds else ""
-    return f"SELECT {select} FROM ({episodes_sql(step_columns, discounted=discounted, by_id=by_id)}){filt}{tail}"
+    if source is None:
+        source = f"({episodes_sql(step_columns, discounted=discounted, by_id=by_id)})"
+    return f"SELECT {select} FROM {source}{filt}{tail}"
 
 
 class Snapshot:
@@ -136,6 +142,13 @@ class Snapshot:
         self.step_columns = [r[0] for r in self.con.execute("DESCRIBE steps").fetchall()]
         self.by_id = ids_disjoint(self.files)
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW episodes AS {episodes_sql(self.step_columns, by_id=self.by_id)}")
+        self.episodes_materialized = False
+
+    def use_episodes(self, table: pa.Table) -> None:
+        """Make the ``episodes`` view read ``table``: the rows of this very view, materialized earlier."""
+        self.con.register("materialized_episodes", table)
+        self.con.execute("CREATE OR REPLACE TEMP VIEW episodes AS SELECT * FROM materialized_episodes")
+        self.episodes_materialized = True
 
     def arrow(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
         try:

@@ -69,6 +69,8 @@ class Store:
         self.table = StepsTable(self.root / "steps", row_group_rows=self.settings.row_group_rows)
         self._duckdb: tuple[int, duckdb.DuckDBPyConnection] | None = None
         self._duckdb_lock = threading.Lock()
+        self._episodes_cache: tuple[tuple[str, ...], pa.Table] | None = None
+        self._episodes_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
@@ -90,17 +92,39 @@ class Store:
         """A DuckDB connection with ``steps`` and ``episodes`` views over the latest committed version."""
         return Snapshot(self.files(), config=config)
 
-    def _query_snapshot(self) -> Snapshot:
+    def _query_snapshot(self, *, episodes: Literal["fill", "if-cached"] | None = None) -> Snapshot:
         """A snapshot on a cursor of this store's own DuckDB database, for the queries the store builds itself.
 
         Opening a DuckDB database costs ~20 ms, a cursor (a connection with its own views) next to nothing.
         :meth:`snapshot` and :meth:`sql` keep a database of their own, which callers may reconfigure.
+
+        With ``episodes``, its ``episodes`` view reads the view's rows materialized once per committed
+        version (the file list), so that the queries of one page (runs, episodes, curves, stats) aggregate
+        the steps once, not each: ``"fill"`` materializes them when they are not yet, ``"if-cached"``
+        only uses them when they are.
         """
         with self._duckdb_lock:
             if self._duckdb is None or self._duckdb[0] != os.getpid():  # never reuse one across a fork
                 self._duckdb = (os.getpid(), duckdb.connect())
             con = self._duckdb[1].cursor()
-        return Snapshot(self.files(), con=con)
+        snap = Snapshot(self.files(), con=con)
+        if episodes is not None:
+            table = self._materialized_episodes(snap, fill=episodes == "fill")
+            if table is not None:
+                snap.use_episodes(table)
+        return snap
+
+    def _materialized_episodes(self, snap: Snapshot, *, fill: bool) -> pa.Table | None:
+        key = tuple(f.path for f in snap.files)  # committed files never change: the list names the version
+        with self._episodes_lock:  # one materialization per version, even for concurrent requests
+            cached = self._episodes_cache
+            if cached is not None and cached[0] == key:
+                return cached[1]
+            if not fill:
+                return None
+            table = snap.arrow("SELECT * FROM episodes")
+            self._episodes_cache = (key, table) if table.num_rows <= EPISODE_CACHE_ROWS else None
+            return table
 
     def sql(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
         """Run SQL over the ``steps`` and ``episodes`` views; returns an Arrow table."""
@@ -129,15 +153,16 @@ class Store:
                   complete: bool | None = None, where: str | None = None, gamma: float | None = None,
                   order_by: str = "episode_id", limit: int | None = None, offset: int = 0,
                   total: str | None = None) -> pa.Table:
-        with self._query_snapshot() as snap:
+        with self._query_snapshot(episodes="fill" if gamma is None else None) as snap:
             order = _order_clause(order_by, snap)
             conds = _filters(run_id=run_id, env_id=env_id, where=where)
             if complete is not None:
                 conds.append("complete" if complete else "NOT complete")
             params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
-            src = episodes_sql(snap.step_columns, discounted=gamma is not None, by_id=snap.by_id)
+            src = "episodes" if gamma is None else \
+                f"({episodes_sql(snap.step_columns, discounted=True, by_id=snap.by_id)})"
             count = f", count(*) OVER () AS {quote_ident(total)}" if total else ""
-            q = f"SELECT *{count} FROM ({src}){_where(conds)} ORDER BY {order}"
+            q = f"SELECT *{count} FROM {src}{_where(conds)} ORDER BY {order}"
             if limit is not None:
                 q += f" LIMIT {int(limit)} OFFSET {int(offset)}"
             return snap.arrow(q, params)
@@ -151,13 +176,19 @@ class Store:
         ``include_incomplete``.
         """
         keys = [by] if isinstance(by, str) else list(by or [])
-        with self._query_snapshot() as snap:
+        with self._query_snapshot(episodes="if-cached" if gamma is None else None) as snap:
             if keys:
                 snap.check_columns(keys)
             conds = _filters(run_id=run_id, env_id=env_id, where=where)
             q = stats_sql(keys, discounted=gamma is not None, where=" AND ".join(conds) or None,
-                          include_incomplete=include_incomplete, step_columns=snap.step_columns, by_id=snap.by_id)
+                          include_incomplete=include_incomplete, step_columns=snap.step_columns, by_id=snap.by_id,
+                          source="episodes" if snap.episodes_materialized else None)
             return snap.arrow(q, {"gamma": check_gamma(gamma)} if gamma is not None else {})
+
+    def runs(self) -> pa.Table:
+        """One row per ``(run_id, env_id)``: its episodes, complete episodes, steps and last write time."""
+        with self._query_snapshot(episodes="fill") as snap:
+            return snap.arrow(RUNS_SQL)
 
     def scan(self, columns: Sequence[str] | None = None, *, run_id: str | Sequence[str] | None = None,
              env_id: str | Sequence[str] | None = None, episode_id: int | Sequence[int] | None = None,
@@ -174,7 +205,7 @@ class Store:
             raise InputError(f"batch_size: must be a positive number of rows, got {batch_size}")
         if max_batch_bytes is not None and max_batch_bytes < 1:
             raise InputError(f"max_batch_bytes: must be a positive number of bytes, got {max_batch_bytes}")
-        with self._query_snapshot() as snap:
+        with self._query_snapshot(episodes="if-cached" if where else None) as snap:
             schema = snap.arrow("SELECT * FROM steps LIMIT 0").schema
             names = list(dict.fromkeys(columns)) if columns else schema.names
             snap.check_columns(names, view="steps", field="columns")
@@ -215,6 +246,14 @@ class Store:
                               f"FROM steps{_where(conds)}")
         out = _with_return_to_go(rows, g)
         return out if limit is None else out.slice(0, limit)
+
+
+RUNS_SQL = """
+SELECT run_id, env_id, count(*) AS episodes, count(*) FILTER (WHERE complete) AS complete_episodes,
+       sum(episode_length)::BIGINT AS steps, max(ended_at) AS last_write
+FROM episodes GROUP BY run_id, env_id ORDER BY run_id, env_id
+"""
+EPISODE_CACHE_ROWS = 2_000_000  # larger episodes views are aggregated per query instead of kept in memory
 
 
 def _first_episodes(snap: Snapshot, conds: list[str], rows: int) -> str:

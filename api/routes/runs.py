@@ -14,12 +14,6 @@ from api.deps import StoreDep
 
 router = APIRouter(tags=["runs"])
 
-RUNS_SQL = """
-SELECT run_id, env_id, count(*) AS episodes, count(*) FILTER (WHERE complete) AS complete_episodes,
-       sum(episode_length)::BIGINT AS steps, max(ended_at) AS last_write
-FROM episodes GROUP BY run_id, env_id ORDER BY run_id, env_id
-"""
-
 
 class RunEnv(BaseModel):
     env_id: str
@@ -41,7 +35,7 @@ class Run(BaseModel):
 @router.get("/runs", summary="Every run with its environments, episode and step counts and last write time")
 def runs(store: StoreDep) -> list[Run]:
     out: dict[str, Run] = {}
-    for row in store.sql(RUNS_SQL).to_pylist():
+    for row in store.runs().to_pylist():
         env = RunEnv(**{k: v for k, v in row.items() if k != "run_id"})
         run = out.setdefault(row["run_id"], Run(run_id=row["run_id"], episodes=0, complete_episodes=0, steps=0,
                                                  last_write=None, envs=[]))

@@ -196,8 +196,10 @@ from the page's own Paint Timing entries and `performance.mark`s.
 | the longest episode ({res.longest_steps:,} steps) | {_bm(res.drill_longest)} |
 
 Where the time goes: the API requests of one load made alone, one after the other: {api(res.api_alone)};
-made together by the page (warm load): {api(together)}. Each of `/runs`, `/episodes` and `/curves`
-aggregates the `episodes` view over all {res.steps:,} steps, so on two cores they wait for each other.
+made together by the page (warm load): {api(together)}. The first of `/runs`, `/episodes` and `/curves` to
+arrive materializes the `episodes` view of the committed version (all {res.steps:,} steps aggregated once); the
+others wait for it, then read those rows, as do later requests until the next commit (so the requests made
+alone, after the page loads, find it ready).
 `/curves` sends {curves_mb:.1f} MB of JSON (every complete episode, ids as strings). After the last response
 the page takes {_bm(drawing)} to draw {res.episodes:,} points and both histograms.
 

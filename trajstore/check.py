@@ -17,6 +17,7 @@ certainly abandoned.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -123,15 +124,38 @@ def remove_orphans(store: Store, *, older_than_s: float = 3600.0) -> list[str]:
     if older_than_s < 0:
         raise InputError(f"older_than_s: must be >= 0 seconds, got {older_than_s}")
     cutoff = time.time() - older_than_s
+    removed_by_commit, removed_long_ago = _tombstones(store, older_than_s)
     removed = []
     for path in _orphans(store.table.path, store.files()):
         try:
-            if os.path.getmtime(path) < cutoff:
-                os.unlink(path)
-                removed.append(path)
+            if path in removed_by_commit:  # e.g. by a compaction: its age is the commit's, not the file's
+                if path not in removed_long_ago:
+                    continue
+            elif os.path.getmtime(path) >= cutoff:
+                continue
+            os.unlink(path)
+            removed.append(path)
         except FileNotFoundError:  # gone meanwhile (another cleaner, or a rename into place)
             continue
     return removed
+
+
+def _tombstones(store: Store, older_than_s: float) -> tuple[set[str], set[str]]:
+    """Files a commit removed from the table (all, and those removed at least ``older_than_s`` ago, rounded
+    up to whole hours as the log's tombstones are read)."""
+    if not store.table.exists():
+        return set(), set()
+    from urllib.parse import unquote
+
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(str(store.table.path))
+
+    def removed(hours: int) -> set[str]:
+        paths = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False)
+        return {os.path.normpath(str(store.table.path / unquote(p))) for p in paths}
+
+    return removed(0), removed(math.ceil(older_than_s / 3600))
 
 
 # --- files -------------------------------------------------------------------------------------------------

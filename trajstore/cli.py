@@ -132,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", help="enable authenticated ingest with this key (default: $TRAJSTORE_API_KEY)")
     p.set_defaults(func=cmd_serve)
 
+    p = sub.add_parser("compact", help="rewrite partitions of many small files as a few large ones")
+    p.add_argument("--store", **store_opt)
+    p.add_argument("--run", action="append", default=[], help="only this run (repeatable, or comma-separated)")
+    p.add_argument("--env", action="append", default=[], help="only this env (repeatable, or comma-separated)")
+    p.add_argument("--target-mb", type=float, default=128.0, help="size of the new files (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    p.set_defaults(func=cmd_compact)
+
     p = sub.add_parser("check", help="verify committed files and episodes; exit 1 if anything is wrong")
     p.add_argument("--store", **store_opt)
     p.add_argument("--remove-orphans", action="store_true",
@@ -244,6 +252,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"trajstore: serving {app.state.store.root} on http://{settings.host}:{settings.port} "
           f"(dashboard at /dashboard, OpenAPI at /openapi.json)", flush=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from trajstore.compact import compact
+
+    report = compact(_open(args.store), run_id=_split(args.run) or None, env_id=_split(args.env) or None,
+                     target_bytes=int(args.target_mb * 2**20), progress=not args.no_progress)
+    print(report.format())
     return 0
 
 

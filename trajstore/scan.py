@@ -5,9 +5,10 @@ Streaming for training reads every selected step once and in storage order; a SQ
 there but its own cost. :func:`scan_steps` builds a pyarrow dataset over exactly the files of one
 committed version (never a listing of the folder), with ``run_id`` and ``env_id`` taken from each file's
 partition, every column cast to the type the ``steps`` view gives it (so both paths yield identical
-tables), and columns a file lacks filled with nulls. Files are read in log order, two ahead, their row
-groups decoded on Arrow's thread pool; memory is bounded by the read-ahead, not by the result. Files are
-memory-mapped (committed files never change), which saves copying them out of the page cache.
+tables), and columns a file lacks filled with nulls. Files are read in the order the log lists them (the
+order of the ``steps`` view), two ahead, their row groups decoded on Arrow's thread pool; memory is bounded
+by the read-ahead, not by the result. Files are memory-mapped (committed files never change), which saves
+copying them out of the page cache.
 """
 
 from __future__ import annotations

@@ -77,8 +77,9 @@ class StepsTable:
     def files(self) -> list[DataFile]:
         """The committed files of the latest version."""
         dt = self._open()
-        if dt is None:
-            return []
+        return [] if dt is None else self._files(dt)
+
+    def _files(self, dt: DeltaTable) -> list[DataFile]:
         actions = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
         none = [None] * len(actions["path"])
         return [
@@ -146,6 +147,33 @@ class StepsTable:
             os.close(fd)
         self._commit(written.action, written.schema, app_id)
         return str(written.path)
+
+    def partition_files(self, run_id: str, env_id: str) -> tuple[DeltaTable | None, list[DataFile]]:
+        """The latest version and the committed files of one partition in it (for :meth:`replace`)."""
+        dt = self._open()
+        if dt is None:
+            return None, []
+        return dt, [f for f in self._files(dt) if f.run_id == run_id and f.env_id == env_id]
+
+    def replace(self, dt: DeltaTable, written: list[WrittenFile], *, run_id: str, env_id: str) -> None:
+        """Commit ``written`` in place of every file the partition had in version ``dt`` (a compaction).
+
+        Files appended to the partition after ``dt`` stay; if another commit removed files of ``dt``
+        meanwhile (a concurrent compaction), the commit fails with :class:`CommitError` and changes nothing.
+        """
+        for w in written:
+            fd = os.open(w.path, os.O_RDWR)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        table_schema = pa.schema(dt.schema().to_arrow())  # every column stays in the table's schema
+        try:
+            dt.create_write_transaction([w.action for w in written], mode="overwrite", schema=table_schema,
+                                        partition_by=list(PARTITION_COLUMNS),
+                                        partition_filters=[("run_id", "=", run_id), ("env_id", "=", env_id)])
+        except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the partition
+            raise CommitError(f"compaction of run_id={run_id}/env_id={env_id} was not committed: {exc}") from exc
 
     def has_transaction(self, app_id: str) -> bool:
         """Whether a commit recorded the application transaction ``app_id``."""

@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
-from trajstore.check import CheckReport, check
+from trajstore.check import CheckReport, check, remove_orphans
 from trajstore.client import Client
+from trajstore.compact import CompactReport, compact
 from trajstore.errors import (
     AuthenticationError,
     QueryRefusedError,
@@ -25,7 +26,7 @@ from trajstore.errors import (
 from trajstore.returns import discounted_sum
 from trajstore.settings import Settings
 from trajstore.store import Store, open
-from trajstore.remote import RemoteWriter
+from trajstore.remote import RemoteStore, RemoteWriter
 from trajstore.writer import Writer
 
 __version__ = "0.1.0"
@@ -34,6 +35,8 @@ __all__ = [
     "AuthenticationError",
     "CheckReport",
     "Client",
+    "CompactReport",
+    "RemoteStore",
     "RemoteWriter",
     "QueryRefusedError",
     "QueryTimeoutError",
@@ -50,6 +53,8 @@ __all__ = [
     "Writer",
     "WriterClosedError",
     "check",
+    "compact",
     "discounted_sum",
     "open",
+    "remove_orphans",
 ]

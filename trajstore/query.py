@@ -47,15 +47,23 @@ def steps_sql(files: Sequence[DataFile]) -> str:
 
 
 def with_lineage_sql(stored: Sequence[str], source: str) -> str:
-    """``source`` with every lineage column of ``step.v1.json`` it lacks added as a typed NULL.
+    """``source`` with every lineage column of ``step.v1.json`` it lacks added as a typed NULL, and the
+    columns in one order: the schema's, then its lineage columns, then other extras by name.
 
-    So ``steps`` and ``episodes`` have the same columns in every store, whatever its writers recorded.
+    So ``steps`` and ``episodes`` have the same columns in every store, whatever its writers recorded,
+    and in the same order whatever the order of the files (which compaction changes).
     """
     spec = sch.load(sch.STEP_SCHEMA_FILE)
-    optional = [c for c in spec["columns"] if c.get("role") == "lineage"] + spec["lineage"]
-    missing = [f"NULL::{_DUCKDB_TYPES[c['type']]} AS {quote_ident(c['name'])}" for c in optional
-               if c["name"] not in stored]
-    return f"SELECT *{''.join(', ' + m for m in missing)} FROM {source}"
+    described = spec["columns"] + spec["lineage"]
+    select = []
+    for c in described:
+        if c["name"] in stored:
+            select.append(quote_ident(c["name"]))
+        elif c.get("role") == "lineage" or c in spec["lineage"]:
+            select.append(f"NULL::{_DUCKDB_TYPES[c['type']]} AS {quote_ident(c['name'])}")
+    names = {c["name"] for c in described}
+    select += [quote_ident(n) for n in sorted(n for n in stored if n not in names)]
+    return f"SELECT {', '.join(select)} FROM {source}"
 
 
 def episodes_sql(step_columns: Sequence[str], *, discounted: bool = False, source: str = "steps",

@@ -121,3 +121,16 @@ def test_wide_rows_make_smaller_batches(tmp_path: Path) -> None:
     assert [b.num_rows for b in narrow] == [80]  # narrow rows: batch_size applies
     with pytest.raises(InputError, match="max_batch_bytes"):
         store.scan(max_batch_bytes=0)
+
+
+def test_the_types_follow_each_commit(tmp_path: Path) -> None:
+    store = trajstore.open(tmp_path / "growing", create=True)
+    rng = np.random.default_rng(4)
+    with store.writer(run_id="r", env_id="A-v0") as w:
+        w.add_batch(make_batch(rng, 5, 2))
+    assert "hidden" not in store.scan().schema.names  # the types of this version are now kept
+    with store.writer(run_id="r", env_id="B-v0") as w:  # a new extra column in a later commit
+        w.add_batch(make_batch(rng, 5, 2, extras={"hidden": rng.random((5, 2, 3)).astype(np.float32)}))
+    got = store.scan(["env_id", "hidden"]).read_all()
+    assert got.equals(in_duckdb(store, ["env_id", "hidden"]))
+    assert got["hidden"].null_count == 10 and got.num_rows == 20

@@ -137,6 +137,13 @@ def stats_sql(by: Sequence[str], *, discounted: bool, where: str | None, include
     return f"SELECT {select} FROM {source}{filt}{tail}"
 
 
+def check_names(names: Sequence[str], known: Sequence[str], *, view: str, field: str) -> None:
+    """Raise an :class:`InputError` naming ``field`` when a name is not one of ``known`` (columns of ``view``)."""
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InputError(f"{field}: unknown column(s) {unknown} of {view}; expected some of {list(known)}")
+
+
 class Snapshot:
     """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store."""
 
@@ -175,9 +182,7 @@ class Snapshot:
         """Raise an :class:`InputError` naming ``field`` when a name is not a column of ``view``."""
         known = self.step_columns if view == "steps" else \
             [r[0] for r in self.con.execute(f"DESCRIBE {view}").fetchall()]
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            raise InputError(f"{field}: unknown column(s) {unknown} of {view}; expected some of {known}")
+        check_names(names, known, view=view, field=field)
 
     def close(self) -> None:
         self.con.close()

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError, StoreExistsError, StoreNotFoundError
-from trajstore.query import Snapshot, episodes_sql, quote_ident, quote_literal, stats_sql
+from trajstore.query import Snapshot, check_names, episodes_sql, quote_ident, quote_literal, stats_sql
 from trajstore.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.scan import scan_steps
 from trajstore.settings import Settings
@@ -71,6 +71,7 @@ class Store:
         self._duckdb_lock = threading.Lock()
         self._episodes_cache: tuple[tuple[str, ...], pa.Table] | None = None
         self._episodes_lock = threading.Lock()
+        self._schema_cache: tuple[tuple[str, ...], pa.Schema] | None = None
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
@@ -103,16 +104,29 @@ class Store:
         the steps once, not each: ``"fill"`` materializes them when they are not yet, ``"if-cached"``
         only uses them when they are.
         """
-        with self._duckdb_lock:
-            if self._duckdb is None or self._duckdb[0] != os.getpid():  # never reuse one across a fork
-                self._duckdb = (os.getpid(), duckdb.connect())
-            con = self._duckdb[1].cursor()
-        snap = Snapshot(self.files(), con=con)
+        snap = Snapshot(self.files(), con=self._cursor())
         if episodes is not None:
             table = self._materialized_episodes(snap, fill=episodes == "fill")
             if table is not None:
                 snap.use_episodes(table)
         return snap
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._duckdb_lock:
+            if self._duckdb is None or self._duckdb[0] != os.getpid():  # never reuse one across a fork
+                self._duckdb = (os.getpid(), duckdb.connect())
+            return self._duckdb[1].cursor()
+
+    def _steps_schema(self, files: list[DataFile]) -> pa.Schema:
+        """The Arrow types of the ``steps`` view over ``files``, kept for the latest file list asked about."""
+        key = tuple(f.path for f in files)
+        cached = self._schema_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        with Snapshot(files, con=self._cursor()) as snap:
+            schema = snap.arrow("SELECT * FROM steps LIMIT 0").schema
+        self._schema_cache = (key, schema)
+        return schema
 
     def _materialized_episodes(self, snap: Snapshot, *, fill: bool) -> pa.Table | None:
         key = tuple(f.path for f in snap.files)  # committed files never change: the list names the version
@@ -205,15 +219,18 @@ class Store:
             raise InputError(f"batch_size: must be a positive number of rows, got {batch_size}")
         if max_batch_bytes is not None and max_batch_bytes < 1:
             raise InputError(f"max_batch_bytes: must be a positive number of bytes, got {max_batch_bytes}")
-        with self._query_snapshot(episodes="if-cached" if where else None) as snap:
-            schema = snap.arrow("SELECT * FROM steps LIMIT 0").schema
-            names = list(dict.fromkeys(columns)) if columns else schema.names
-            snap.check_columns(names, view="steps", field="columns")
-            files = [f for f in snap.files if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
-            ids = None if episode_id is None else np.atleast_1d(np.asarray(episode_id, dtype=np.int64))
-            if where:
+        ids = None if episode_id is None else np.atleast_1d(np.asarray(episode_id, dtype=np.int64))
+        if where:  # episode-level conditions: the episode ids they select, on one snapshot
+            with self._query_snapshot(episodes="if-cached") as snap:
                 conds = _filters(run_id=run_id, env_id=env_id, where=where, episode_id=episode_id)
                 ids = snap.arrow(f"SELECT episode_id FROM episodes{_where(conds)}")["episode_id"].to_numpy()
+                committed = snap.files
+        else:  # no SQL at all once the view's types are known for this version
+            committed = self.files()
+        schema = self._steps_schema(committed)
+        names = list(dict.fromkeys(columns)) if columns else schema.names
+        check_names(names, schema.names, view="steps", field="columns")
+        files = [f for f in committed if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
         return scan_steps(files, schema, names, episode_ids=ids, batch_size=batch_size,
                           max_batch_bytes=max_batch_bytes)
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import io
 import json
@@ -46,14 +47,21 @@ class Client:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url.rstrip("/")
         self.retries, self.backoff = retries, backoff
-        self._timeout, self._transport = timeout, transport
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        self._timeout, self._transport, self._headers = timeout, transport, headers
+
+    @functools.cached_property
+    def _http(self) -> httpx.Client:
+        # made on first use: an httpx client costs ~40 ms (its TLS context), which a script that only
+        # streams (through http.client) never needs to pay
+        return httpx.Client(base_url=self.url, headers=self._headers, timeout=self._timeout,
+                            transport=self._transport)
 
     def __repr__(self) -> str:
         return f"Client({self.url!r})"
 
     def close(self) -> None:
-        self._http.close()
+        if "_http" in self.__dict__:
+            self._http.close()
 
     def __enter__(self) -> Client:
         return self
@@ -134,22 +142,22 @@ class Client:
         side. Retried like any GET until the body starts. With a custom ``transport``, or a proxy set in
         the environment for this URL (``http.client`` ignores proxies), httpx carries it.
         """
-        request = self._http.build_request("GET", path, params=_params(params),
-                                           headers={"Accept": ARROW_STREAM, "Accept-Encoding": "identity"})
-        if self._transport is not None or _proxied(request.url):
-            response = self._http.send(request, stream=True)
+        headers = {"Accept": ARROW_STREAM, "Accept-Encoding": "identity"}
+        url = httpx.URL(self.url + path, params=_params(params))
+        if self._transport is not None or _proxied(url):
+            response = self._http.send(self._http.build_request("GET", url, headers=headers), stream=True)
             try:
                 _raise_for_problem(response, streamed=True)
                 yield io.BufferedReader(HttpByteStream(response.iter_raw()), 1 << 20)
             finally:
                 response.close()
             return
-        url = request.url
+        headers = {**self._headers, **headers, "User-Agent": f"trajstore/{_version()}"}
         conn_type = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         for attempt in range(self.retries + 1):
             conn = conn_type(url.host, url.port, timeout=self._timeout)
             try:
-                conn.request("GET", url.raw_path.decode("ascii"), headers=dict(request.headers))
+                conn.request("GET", url.raw_path.decode("ascii"), headers=headers)
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
@@ -202,6 +210,12 @@ class Client:
             time.sleep(self.backoff * 2 ** attempt)
         raise AssertionError("unreachable")
 
+
+
+def _version() -> str:
+    from trajstore import __version__
+
+    return __version__
 
 
 def _proxied(url: httpx.URL) -> bool:

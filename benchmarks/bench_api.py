@@ -140,7 +140,7 @@ class Server:
         return _proc_status(self.pid, "VmRSS")
 
     def rss_anon(self) -> int:
-        """Resident memory that is the process's own (not pages of files it has mapped)."""
+        """Resident memory that is the process's own (not pages of files or libraries it has mapped)."""
         return _proc_status(self.pid, "RssAnon")
 
     def hwm(self) -> int:
@@ -560,8 +560,7 @@ def to_markdown(res: Results, machine: dict[str, str], command: str) -> str:
               f"| {', '.join(_mib(v) for v in mem['per_run_peaks'])} | {_mib(mem['hwm_end'])} |", "",
               "Peak RSS by tenth of the stream (rows delivered so far), MiB: "
               + " · ".join(_mib(v) for v in mem["decile_peaks"]) + ".", "",
-              "RSS counts the pages of the memory-mapped Parquet files being read (file-backed page cache, which "
-              "the kernel can drop). The server's own memory (`RssAnon`) during the streams, MiB: "
+              "The server's own memory (`RssAnon`: RSS without mapped files and libraries) during the streams, MiB: "
               f"{_mib(mem['anon']['warm'])} idle after warm-up; p10 / p50 / p90 / p99 "
               f"{' / '.join(_mib(v) for v in mem['anon']['quantiles'].values())}; peak {_mib(mem['anon']['peak'])}.",
               ""]
@@ -571,8 +570,7 @@ def to_markdown(res: Results, machine: dict[str, str], command: str) -> str:
         "they convert each record batch to numpy with the same `trajstore.schema.to_numpy` the client uses, "
         "but do not rebatch to exact sizes (the client does).",
         "The server reads with `Store.scan`: pyarrow's dataset scanner over the committed file list, two files "
-        "ahead, the files memory-mapped (the baselines use pyarrow's defaults, which copy them out of the page "
-        "cache); each batch is written as an Arrow IPC message and sent as one HTTP chunk. The client receives "
+        "ahead; each batch is written as an Arrow IPC message and sent as one HTTP chunk. The client receives "
         "with `http.client` and decodes with `pyarrow.ipc.open_stream`, then rebatches to exact sizes.",
         "`iter_batches` is timed from the request to the last batch, including the server's snapshot and "
         "scan set-up. CPU time is that of this process (client, baselines, all their threads) and of the server "

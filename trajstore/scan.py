@@ -7,8 +7,7 @@ committed version (never a listing of the folder), with ``run_id`` and ``env_id`
 partition, every column cast to the type the ``steps`` view gives it (so both paths yield identical
 tables), and columns a file lacks filled with nulls. Files are read in the order the log lists them (the
 order of the ``steps`` view), two ahead, their row groups decoded on Arrow's thread pool; memory is bounded
-by the read-ahead, not by the result. Files are memory-mapped (committed files never change), which saves
-copying them out of the page cache.
+by the read-ahead, not by the result.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ def scan_steps(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[s
         batch_size = max(1, min(batch_size, int(max_batch_bytes // max(1.0, row_bytes(files, columns)))))
     partitions = [(ds.field("run_id") == f.run_id) & (ds.field("env_id") == f.env_id) for f in files]
     dataset = ds.FileSystemDataset.from_paths([f.path for f in files], schema=schema, format=ds.ParquetFileFormat(),
-                                              filesystem=pafs.LocalFileSystem(use_mmap=True), partitions=partitions)
+                                              filesystem=pafs.LocalFileSystem(), partitions=partitions)
     condition = ds.field("episode_id").isin(pa.array(episode_ids)) if episode_ids is not None else None
     return dataset.scanner(columns=list(columns), filter=condition, batch_size=batch_size, use_threads=True,
                            fragment_readahead=FRAGMENT_READAHEAD, batch_readahead=BATCH_READAHEAD).to_reader()

@@ -622,11 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/bench_api.py" + "".join(f" {shlex.quote(a)}" for a in
                                                            (sys.argv[1:] if argv is None else argv))
     body = to_markdown(res, machine, command)
-    if out is not None:
-        report.replace_section(out, "api", body)
-        print(f"wrote the api section of {out}")
-    else:
-        print(body)
+    report.publish(out, "api", body)
     for t in res.targets:
         print(f"{'PASS' if t.passed else 'FAIL'}  {t.what}: {t.fmt.format(t.measured)}")
     return 1 if args.check and not all(t.passed for t in res.targets) else 0

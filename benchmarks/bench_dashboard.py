@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from tests.api.conftest import serve  # noqa: E402
 from tests.dashboard.synthetic import write_learning_runs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import cpu_model  # noqa: E402
+from report import cpu_model, publish  # noqa: E402
 from trajstore.settings import Settings  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -207,18 +206,6 @@ Against the 2 s goal (best runs): {verdicts}.
 """
 
 
-def replace_section(doc: Path, body: str) -> None:
-    """Write ``body`` between ``<!-- bench:dashboard -->`` and ``<!-- /bench:dashboard -->``, keeping the rest."""
-    start, end = f"<!-- bench:{SECTION} -->", f"<!-- /bench:{SECTION} -->"
-    section = f"{start}\n{body.strip()}\n{end}"
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
-    text = pattern.sub(lambda _: section, text, count=1) if pattern.search(text) else \
-        text.rstrip("\n") + "\n\n" + section + "\n"
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--episodes", type=int, default=FULL_EPISODES, help="episodes in the store (default: %(default)s)")
@@ -241,10 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         res = run(args.episodes, repeats=args.repeats, store_path=args.store, work=Path(work))
     command = "python benchmarks/bench_dashboard.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     body = to_markdown(res, command)
-    if out is not None:
-        replace_section(out, body)
-        print(f"wrote the {SECTION} section of {out}")
-    print(body)
+    publish(out, SECTION, body)
     return 0
 
 

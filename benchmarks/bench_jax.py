@@ -366,11 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/bench_jax.py" + "".join(f" {shlex.quote(a)}" for a in
                                                         (sys.argv[1:] if argv is None else argv))
     body = to_markdown(res, machine, command)
-    if out is not None:
-        report.replace_section(out, "jax", body)
-        print(f"wrote the jax section of {out}")
-    else:
-        print(body)
+    report.publish(out, "jax", body)
     for k in res.checks:
         print(f"{'PASS' if k.passed else 'FAIL'}  {k.what}: {k.measured:.3f} (required "
               f"{'>=' if k.higher_is_better else '<='} {k.required})")

@@ -92,3 +92,12 @@ def replace_section(doc: Path, name: str, body: str) -> None:
     tmp = doc.with_name(f".{doc.name}.tmp")
     tmp.write_text(text)
     tmp.replace(doc)
+
+
+def publish(out: Path | None, name: str, body: str) -> None:
+    """Write ``body`` as the ``name`` section of ``out``, or print it when there is no ``out``."""
+    if out is None:
+        print(body)
+        return
+    replace_section(out, name, body)
+    print(f"wrote the {name} section of {out}")

@@ -77,11 +77,7 @@ def run_store(args: argparse.Namespace, argv: list[str] | None, out: Path | None
     machine["load average at end"] = report.load_average()
     command = "python benchmarks/run.py" + ("".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:])))
     body = bench_store.to_markdown(res, machine, command)
-    if out is not None:
-        report.replace_section(out, "store", body)
-        print(f"wrote the store section of {out}")
-    else:
-        print(body)
+    report.publish(out, "store", body)
     for t in res.targets:
         print(f"{'PASS' if t.passed else 'FAIL'}  {t.what}: {t.fmt.format(t.measured)}")
     return 1 if args.check and not all(t.passed for t in res.targets) else 0

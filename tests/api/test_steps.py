@@ -87,14 +87,17 @@ def test_stream_errors_carry_the_problem_detail(live: Live) -> None:
     assert err.value.status == 404 and "nope" in (err.value.detail or "")
 
 
-class Flaky(http.server.BaseHTTPRequestHandler):
-    """Answers the first ``failures`` requests with 503, then forwards GETs to ``upstream`` as they are."""
+class Forward(http.server.BaseHTTPRequestHandler):
+    """Forwards GETs to ``upstream`` + the request's path, recording each path; the first ``failures``
+    requests get a 503 instead. With ``upstream=""`` it is a forward proxy (paths are absolute URLs)."""
 
     failures = 0
     upstream = ""
+    seen: list[str] = []
 
     def do_GET(self) -> None:  # noqa: N802 (the http.server API)
         cls = type(self)
+        cls.seen.append(self.path)
         if cls.failures:
             cls.failures -= 1
             self.send_response(503)
@@ -113,37 +116,18 @@ class Flaky(http.server.BaseHTTPRequestHandler):
         pass
 
 
-class ProxyForward(http.server.BaseHTTPRequestHandler):
-    """A forward HTTP proxy for plain GETs: requests come with the absolute URL, which it records."""
-
-    seen: list[str] = []
-
-    def do_GET(self) -> None:  # noqa: N802 (the http.server API)
-        type(self).seen.append(self.path)
-        with httpx.Client(trust_env=False) as http, http.stream("GET", self.path) as upstream:
-            body = upstream.read()
-        self.send_response(upstream.status_code)
-        self.send_header("Content-Type", upstream.headers["content-type"])
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 def test_a_stream_is_retried_until_it_starts(live: Live, populated: Path) -> None:
-    Flaky.upstream = live.url
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky) as proxy:
+    Forward.upstream, Forward.failures = live.url, 0
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward) as proxy:
         threading.Thread(target=proxy.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{proxy.server_address[1]}"
-        Flaky.failures = 2
+        Forward.failures = 2
         with Client(url, retries=2, backoff=0.01) as client:
             got = concat(list(client.iter_batches(batch_size=256, columns=COLUMNS, run_id="beta")))
-        assert Flaky.failures == 0
+        assert Forward.failures == 0
         expected = stored_rows(populated, "run_id = 'beta'")
         np.testing.assert_array_equal(sort_rows(got)["episode_id"], expected["episode_id"].to_numpy())
-        Flaky.failures = 3
+        Forward.failures = 3
         with Client(url, retries=2, backoff=0.01) as client, pytest.raises(trajstore.RemoteError, match="503"):
             next(client.iter_batches(columns=["step"]))
         proxy.shutdown()
@@ -160,15 +144,16 @@ def test_a_stream_without_a_server_is_a_connection_error() -> None:
 
 
 def test_a_proxy_in_the_environment_carries_the_stream(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), ProxyForward) as proxy:
+    Forward.upstream, Forward.failures = "", 0
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward) as proxy:
         threading.Thread(target=proxy.serve_forever, daemon=True).start()
         monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
         monkeypatch.delenv("NO_PROXY", raising=False)
         monkeypatch.delenv("no_proxy", raising=False)
-        ProxyForward.seen = []
+        Forward.seen = []
         with Client(live.url) as client:
             rows = sum(len(b["step"]) for b in client.iter_batches(columns=["step"], run_id="beta"))
-        assert rows > 0 and any(p.startswith(f"{live.url}/steps?") for p in ProxyForward.seen)
+        assert rows > 0 and any(p.startswith(f"{live.url}/steps?") for p in Forward.seen)
         proxy.shutdown()
 
 

@@ -155,7 +155,9 @@ def _tombstones(store: Store, older_than_s: float) -> tuple[set[str], set[str]]:
         paths = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False)
         return {os.path.normpath(str(store.table.path / unquote(p))) for p in paths}
 
-    return removed(0), removed(math.ceil(older_than_s / 3600))
+    hours = math.ceil(older_than_s / 3600)
+    every = removed(0)
+    return every, every if hours == 0 else removed(hours)
 
 
 # --- files -------------------------------------------------------------------------------------------------

@@ -52,11 +52,11 @@ def scan_steps(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[s
 
 
 def row_bytes(files: Sequence[DataFile], columns: Sequence[str]) -> float:
-    """The widest decoded row of ``columns`` among the partitions of ``files``, in bytes, from the Parquet
-    footer of one file per ``(run_id, env_id)`` (whose rows share their shapes)."""
+    """The widest decoded row of ``columns`` among the environments of ``files``, in bytes, from the Parquet
+    footer of one file per ``env_id`` (the writer keeps an environment's types alike in every run)."""
     import pyarrow.parquet as pq
 
-    first = {(f.run_id, f.env_id): f for f in reversed(files)}.values()
+    first = {f.env_id: f for f in reversed(files)}.values()
     widest = 0.0
     for f in first:
         meta = pq.read_metadata(f.path)

@@ -117,13 +117,17 @@ class Store:
                 self._duckdb = (os.getpid(), duckdb.connect())
             return self._duckdb[1].cursor()
 
-    def _steps_schema(self, files: list[DataFile]) -> pa.Schema:
-        """The Arrow types of the ``steps`` view over ``files``, kept for the latest file list asked about."""
+    def _steps_schema(self, files: list[DataFile], snap: Snapshot | None = None) -> pa.Schema:
+        """The Arrow types of the ``steps`` view over ``files`` (asked of ``snap`` when it has them open),
+        kept for the latest file list asked about."""
         key = tuple(f.path for f in files)
         cached = self._schema_cache
         if cached is not None and cached[0] == key:
             return cached[1]
-        with Snapshot(files, con=self._cursor()) as snap:
+        if snap is None:
+            with Snapshot(files, con=self._cursor()) as own:
+                schema = own.arrow("SELECT * FROM steps LIMIT 0").schema
+        else:
             schema = snap.arrow("SELECT * FROM steps LIMIT 0").schema
         self._schema_cache = (key, schema)
         return schema
@@ -225,9 +229,10 @@ class Store:
                 conds = _filters(run_id=run_id, env_id=env_id, where=where, episode_id=episode_id)
                 ids = snap.arrow(f"SELECT episode_id FROM episodes{_where(conds)}")["episode_id"].to_numpy()
                 committed = snap.files
+                schema = self._steps_schema(committed, snap)
         else:  # no SQL at all once the view's types are known for this version
             committed = self.files()
-        schema = self._steps_schema(committed)
+            schema = self._steps_schema(committed)
         names = list(dict.fromkeys(columns)) if columns else schema.names
         check_names(names, schema.names, view="steps", field="columns")
         files = [f for f in committed if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]

@@ -1,6 +1,7 @@
 # make demo: install into .venv, run a gym and a JAX rollout into ./demo-store, print the statistics of both,
 #            then serve the store: the dashboard's URL is printed last (Ctrl-C stops the server).
-# make test: install into .venv (with the dev and minari extras) and run the whole test suite.
+# make test: install into .venv (with every integration, [all], and the test tools, [dev]) and run the whole
+#            test suite.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +13,7 @@ PORT ?= 8321
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,minari]'
+	$(PY) -m pip install -q -e '.[all,dev]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,0 +1,5 @@
+"""The trajstore service (FastAPI), installed as ``trajstore.api``: :mod:`~trajstore.api.app` builds the
+application, one router per resource in :mod:`~trajstore.api.routes`, the dashboard in
+:mod:`~trajstore.api.dashboard`; :mod:`~trajstore.api.params` turns query parameters into typed filters,
+:mod:`~trajstore.api.problems` every error into RFC 9457 problem details. Routes only call
+:class:`~trajstore.store.Store` methods."""

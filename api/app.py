@@ -1,6 +1,6 @@
 """The trajstore service: a FastAPI application over one store.
 
->>> from api.app import create_app
+>>> from trajstore.api.app import create_app
 >>> from trajstore.settings import Settings
 >>> app = create_app(Settings(store="./trajdata"))  # doctest: +SKIP
 
@@ -15,9 +15,9 @@ import logging
 from fastapi import FastAPI
 
 import trajstore
-from api import problems
-from api.dashboard import router as dashboard_router
-from api.routes import episodes, health, ingest, runs, sql, stats, steps
+from trajstore.api import problems
+from trajstore.api.dashboard import router as dashboard_router
+from trajstore.api.routes import episodes, health, ingest, runs, sql, stats, steps
 from trajstore.settings import Settings
 from trajstore.store import Store
 

@@ -1,4 +1,4 @@
-"""Dependencies shared by the routes: settings, the store, the API key and content negotiation."""
+"""Dependencies shared by the routes: settings, the store and the API key."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from trajstore.settings import Settings
 from trajstore.store import Store
 
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _bearer = HTTPBearer(auto_error=False, description="the API key set with TRAJSTORE_API_KEY")
 
 
@@ -37,11 +36,6 @@ def require_api_key(settings: Annotated[Settings, Depends(get_settings)],
                             headers=challenge)
     if not secrets.compare_digest(credentials.credentials.encode(), settings.api_key.encode()):
         raise HTTPException(status_code=401, detail="wrong API key", headers=challenge)
-
-
-def wants_arrow(request: Request) -> bool:
-    """Whether the client asked for an Arrow IPC stream (``Accept: application/vnd.apache.arrow.stream``)."""
-    return ARROW_STREAM in request.headers.get("accept", "")
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

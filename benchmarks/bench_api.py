@@ -275,7 +275,7 @@ def read_scan(store_path: Path, batch_size: int) -> int:
 
 def read_client(url: str, batch_size: int, run: StreamRun) -> int:
     """``Client.iter_batches`` over the whole store, numpy batches; records when each batch arrived."""
-    from trajstore.client import Client
+    from trajstore.remote.client import Client
 
     rows = 0
     with Client(url, timeout=120) as client:
@@ -288,7 +288,7 @@ def read_client(url: str, batch_size: int, run: StreamRun) -> int:
 def read_http_body(url: str, batch_size: int) -> int:
     """The same ``/steps`` request as ``iter_batches`` makes, its body received by the client's own reader
     and thrown away (no Arrow decoding): the cost of HTTP alone on the client. Returns the body's size."""
-    from trajstore.client import Client
+    from trajstore.remote.client import Client
 
     size = 0
     with Client(url, timeout=120) as client, \

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 
 import trajstore  # noqa: E402
-from api.app import create_app  # noqa: E402
+from trajstore.api.app import create_app  # noqa: E402
 from tests.api.conftest import serve  # noqa: E402
 from tests.dashboard.synthetic import write_learning_runs  # noqa: E402
 

@@ -111,9 +111,10 @@ def run(steps: int, *, envs: int = 1024, rollout_length: int = 128, repeats: int
     import jax.numpy as jnp
 
     import trajstore
-    from trajstore.jax_envs import CartPole
+    from trajstore.rollout.envs import CartPole
     from trajstore.rollout import jax_rollout
-    from trajstore.rollout.jax_loop import make_scan, open_writer
+    from trajstore.rollout.jax_host import open_writer
+    from trajstore.rollout.jax_scan import make_scan
 
     env = CartPole()
     scans = -(-steps // (envs * rollout_length))
@@ -202,7 +203,7 @@ def _rss() -> int:
 def memory_probe(steps: int, *, envs: int, rollout_length: int, work: Path) -> dict[str, Any]:
     """In this process: warm up, then run ``jax_rollout`` for ``steps`` while sampling RSS every 10 ms."""
     import trajstore
-    from trajstore.jax_envs import CartPole
+    from trajstore.rollout.envs import CartPole
     from trajstore.rollout import jax_rollout
 
     env = CartPole()

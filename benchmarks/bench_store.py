@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 import trajstore
-from trajstore.returns import return_to_go
+from trajstore.query.returns import return_to_go
 
 import baselines as base
 from data import Rollout, make_rollout

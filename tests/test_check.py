@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import trajstore
-from trajstore.check import CheckReport, check, remove_orphans
+from trajstore.storage.check import CheckReport, check, remove_orphans
 
 T, B = 12, 3
 

@@ -14,9 +14,9 @@ import pytest
 
 import trajstore
 from tests.conftest import make_batch
-from trajstore.check import check, remove_orphans
-from trajstore.compact import compact
-from trajstore.table import StepsTable
+from trajstore.storage.check import check, remove_orphans
+from trajstore.storage.compact import compact
+from trajstore.storage.table import StepsTable
 
 
 def many_files(store: trajstore.Store, seed: int = 0) -> None:

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 import trajstore
-from trajstore.check import check, remove_orphans
+from trajstore.storage.check import check, remove_orphans
 
 REPO = Path(__file__).resolve().parents[1]
 TAG = 100_000  # reward of every step = process * TAG + the process's own episode counter (exact in float32)

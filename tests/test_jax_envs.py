@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trajstore import jax_envs
-from trajstore.jax_envs import (
+from trajstore.rollout import envs as jax_envs
+from trajstore.rollout.envs import (
     CartPole,
     CartPoleState,
     FunctionalAdapter,

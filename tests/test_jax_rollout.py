@@ -19,9 +19,9 @@ import trajstore
 from tests.conftest import stored_episodes
 from trajstore.cli import main
 from trajstore.errors import InputError
-from trajstore.jax_envs import CartPole, FunctionalAdapter, Pendulum
+from trajstore.rollout.envs import CartPole, FunctionalAdapter, Pendulum
 from trajstore.rollout import jax_rollout
-from trajstore.rollout.jax_loop import make_scan, random_policy
+from trajstore.rollout.jax_scan import make_scan, random_policy
 
 X_LIMIT, THETA_LIMIT = 2.4, 12 * 2 * np.pi / 360
 GAIN = jnp.float32(0.5)  # with this gain `balance` keeps the pole up for 150-500 steps

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import trajstore
-from trajstore.minari_import import import_minari
+from trajstore.rollout.minari import import_minari
 
 minari = pytest.importorskip("minari")
 

@@ -199,5 +199,5 @@ def test_gamma_outside_unit_interval_is_refused(store: trajstore.Store, gamma: f
 def test_gamma_not_a_number_and_bad_per_are_refused(store: trajstore.Store) -> None:
     with pytest.raises(InputError, match=r"gamma must be a number in \[0, 1\], got 'high'"):
         store.returns(gamma="high")  # type: ignore[arg-type]
-    with pytest.raises(InputError, match=r"per must be 'episode' or 'step', got 'env'"):
+    with pytest.raises(InputError, match=r"per: must be 'episode' or 'step', got 'env'"):
         store.returns(gamma=0.9, per="env")  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 import trajstore
 from trajstore.errors import InputError
-from trajstore.segment import Cursors, segment, segment_reference
+from trajstore.storage.segment import Cursors, segment, segment_reference
 
 from tests.conftest import RefEpisode, make_batch, reference_episodes, slice_batch
 

@@ -169,7 +169,7 @@ def test_episodes_columns_and_completeness(written: tuple[trajstore.Store, dict[
 
 def test_episodes_unknown_order_by_is_refused(written: tuple[trajstore.Store, dict[str, list[RefEpisode]]]) -> None:
     store, _ = written
-    with pytest.raises(InputError, match=r"order_by: unknown column 'nope'"):
+    with pytest.raises(InputError, match=r"order_by: unknown column\(s\) \['nope'\]"):
         store.episodes(order_by="-nope")
 
 

@@ -1,33 +1,42 @@
 """trajstore: store every RL rollout and ask questions of it.
 
->>> import trajstore
->>> store = trajstore.open("./trajdata", create=True)  # doctest: +SKIP
+>>> import trajstore, tempfile
+>>> store = trajstore.open(tempfile.mkdtemp(), create=True)
+>>> store.stats().column("n_traj").to_pylist()
+[0]
+
+The package follows the data: :mod:`trajstore.rollout` (workers) → :mod:`trajstore.storage` (writer,
+segmentation, the Delta table, ingest, compaction, checks) → :mod:`trajstore.query` (SQL, snapshots,
+scans, returns, the sandbox) → :class:`Store` (both sides of one store) → :mod:`trajstore.remote`
+(client, remote writer, wire formats) → ``trajstore.api`` (the FastAPI service) and :mod:`trajstore.cli`.
 """
 
 from __future__ import annotations
 
-from trajstore.check import CheckReport, check, remove_orphans
-from trajstore.client import Client
-from trajstore.compact import CompactReport, compact
 from trajstore.errors import (
     AuthenticationError,
-    QueryRefusedError,
-    QueryTimeoutError,
     CommitError,
     InputError,
     QueryError,
+    QueryRefusedError,
+    QueryTimeoutError,
     RemoteError,
     SchemaMismatchError,
     StoreExistsError,
     StoreNotFoundError,
     TrajstoreError,
+    UnknownColumnError,
     WriterClosedError,
 )
-from trajstore.returns import discounted_sum
+from trajstore.query.filters import EpisodeFilter
+from trajstore.query.returns import discounted_sum
+from trajstore.remote.client import Client
+from trajstore.remote.writer import RemoteStore, RemoteWriter
 from trajstore.settings import Settings
+from trajstore.storage.check import CheckReport, check, remove_orphans
+from trajstore.storage.compact import CompactReport, compact
+from trajstore.storage.writer import Writer
 from trajstore.store import Store, open
-from trajstore.remote import RemoteStore, RemoteWriter
-from trajstore.writer import Writer
 
 __version__ = "0.1.0"
 
@@ -35,23 +44,26 @@ __all__ = [
     "AuthenticationError",
     "CheckReport",
     "Client",
-    "CompactReport",
-    "RemoteStore",
-    "RemoteWriter",
-    "QueryRefusedError",
-    "QueryTimeoutError",
     "CommitError",
+    "CompactReport",
+    "EpisodeFilter",
     "InputError",
     "QueryError",
+    "QueryRefusedError",
+    "QueryTimeoutError",
     "RemoteError",
+    "RemoteStore",
+    "RemoteWriter",
     "SchemaMismatchError",
     "Settings",
     "Store",
     "StoreExistsError",
     "StoreNotFoundError",
     "TrajstoreError",
+    "UnknownColumnError",
     "Writer",
     "WriterClosedError",
+    "__version__",
     "check",
     "compact",
     "discounted_sum",

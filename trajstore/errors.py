@@ -10,6 +10,7 @@ __all__ = [
     "TrajstoreError",
     "InputError",
     "SchemaMismatchError",
+    "UnknownColumnError",
     "StoreNotFoundError",
     "StoreExistsError",
     "QueryError",
@@ -32,6 +33,10 @@ class InputError(ValueError, TrajstoreError):
 
 class SchemaMismatchError(InputError):
     """Data does not match the shape or dtype the store's ``steps`` table was created with."""
+
+
+class UnknownColumnError(InputError):
+    """A column name that the view asked about does not have; the message lists the ones it has."""
 
 
 class StoreNotFoundError(FileNotFoundError, TrajstoreError):
@@ -74,3 +79,9 @@ class RemoteError(TrajstoreError):
         self.title = title
         self.detail = detail
         super().__init__(f"{status} {title}" + (f": {detail}" if detail else ""))
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (a library's error without the context lines it appends)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

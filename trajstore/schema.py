@@ -77,6 +77,16 @@ def episode_columns() -> list[dict[str, Any]]:
     return list(load(EPISODE_SCHEMA_FILE)["columns"])
 
 
+def episode_lineage() -> list[str]:
+    """Lineage columns the ``episodes`` view carries (taken at each episode's first step)."""
+    return [c["name"] for c in load(STEP_SCHEMA_FILE)["lineage"] if c.get("in_episodes")]
+
+
+def episode_column_names() -> list[str]:
+    """Columns of the ``episodes`` view: those of ``episode.v1.json``, then its lineage columns."""
+    return [c["name"] for c in episode_columns()] + episode_lineage()
+
+
 # --- spaces and arrays -> Arrow types -------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Mapping
 
 from trajstore.errors import InputError
@@ -28,7 +28,7 @@ class Settings:
     max_body_bytes: int = 256 * 1024 * 1024
     stream_batch_rows: int = 65_536
     stream_batch_bytes: int = 16 * 1024 * 1024  # fewer rows per streamed batch when rows are wide
-    extra: dict[str, str] = field(default_factory=dict)
+    debug: bool = False  # the CLI prints tracebacks
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -36,7 +36,7 @@ class Settings:
         values: dict[str, object] = {}
         for f in fields(cls):
             raw = environ.get(PREFIX + f.name.upper())
-            if raw is None or f.name == "extra":
+            if raw is None:
                 continue
             values[f.name] = _parse(f.name, f.type, raw)
         return cls(**values)  # type: ignore[arg-type]
@@ -44,6 +44,12 @@ class Settings:
 
 def _parse(name: str, annotation: object, raw: str) -> object:
     kind = str(annotation)
+    if kind == "bool":
+        if raw.strip().lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.strip().lower() in ("", "0", "false", "no", "off"):
+            return False
+        raise InputError(f"{PREFIX}{name.upper()} must be 1/true/yes/on or 0/false/no/off, got {raw!r}")
     try:
         if kind.startswith("int"):
             return int(raw)

@@ -14,19 +14,22 @@ import os
 import threading
 import uuid
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Sequence, Union
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError, StoreExistsError, StoreNotFoundError
-from trajstore.query import Snapshot, check_names, episodes_sql, quote_ident, quote_literal, stats_sql
-from trajstore.returns import SortedReturns, check_gamma, sorted_return_to_go
-from trajstore.scan import scan_steps
+from trajstore.query import sandbox, sql
+from trajstore.query.filters import EpisodeFilter
+from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
+from trajstore.query.scan import scan_steps
+from trajstore.query.snapshot import Snapshot, check_names
 from trajstore.settings import Settings
-from trajstore.table import DataFile, StepsTable
-from trajstore.writer import Writer
+from trajstore.storage.ingest import append_rows
+from trajstore.storage.table import DataFile, StepsTable
+from trajstore.storage.writer import Writer
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,17 @@ def _create(root: Path, marker: Path) -> None:
     tmp.replace(marker)
 
 
+Ids = Union[int, Sequence[int], None]
+Names = Union[str, Sequence[str], None]
+
+
 class Store:
-    """Entry point for writing and querying one store. Every query reads one committed snapshot."""
+    """Entry point for writing and querying one store. Every query reads one committed snapshot.
+
+    The filter keywords of the read methods are the same everywhere: ``run_id``/``env_id`` (one or
+    several), ``where`` (your own SQL condition over the ``episodes`` view) and ``filter`` (a typed
+    :class:`~trajstore.query.filters.EpisodeFilter`, as the REST service builds from its parameters).
+    """
 
     def __init__(self, root: Path, *, settings: Settings | None = None) -> None:
         self.root = Path(root)
@@ -83,11 +95,27 @@ class Store:
         options.setdefault("flush_bytes", self.settings.flush_bytes)
         return Writer(self.table, run_id=run_id, env_id=env_id, **options)
 
-    # --- reading ------------------------------------------------------------------------------------
+    def ingest(self, rows: pa.Table, *, run_id: str, env_id: str,
+               idempotency_key: str | None = None) -> tuple[str | None, bool]:
+        """Append rows already cut into episodes (what a remote writer sends), checked against what is stored;
+        returns ``(file, duplicate)``. See :mod:`trajstore.storage.ingest`."""
+        return append_rows(self.table, rows, run_id=run_id, env_id=env_id, idempotency_key=idempotency_key)
+
+    # --- the committed state ------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """The latest committed version of the log (-1 for a store nothing was written to)."""
+        return self.table.version()
 
     def files(self) -> list[DataFile]:
         """The committed Parquet files of the latest version."""
         return self.table.files()
+
+    def schema(self, env_id: str | None = None) -> pa.Schema:
+        """The Arrow types of the stored columns, fixed sizes kept (of one environment's files with ``env_id``);
+        an empty schema for an empty store."""
+        return self.table.file_schema(env_id=env_id) or pa.schema([])
 
     def snapshot(self, *, config: dict[str, Any] | None = None) -> Snapshot:
         """A DuckDB connection with ``steps`` and ``episodes`` views over the latest committed version."""
@@ -126,9 +154,9 @@ class Store:
             return cached[1]
         if snap is None:
             with Snapshot(files, con=self._cursor()) as own:
-                schema = own.arrow("SELECT * FROM steps LIMIT 0").schema
+                schema = own.arrow(sql.select_all("steps", limit=0)).schema
         else:
-            schema = snap.arrow("SELECT * FROM steps LIMIT 0").schema
+            schema = snap.arrow(sql.select_all("steps", limit=0)).schema
         self._schema_cache = (key, schema)
         return schema
 
@@ -140,80 +168,95 @@ class Store:
                 return cached[1]
             if not fill:
                 return None
-            table = snap.arrow("SELECT * FROM episodes")
+            table = snap.arrow(sql.select_all("episodes"))
             self._episodes_cache = (key, table) if table.num_rows <= EPISODE_CACHE_ROWS else None
             return table
 
+    # --- SQL ----------------------------------------------------------------------------------------
+
     def sql(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
-        """Run SQL over the ``steps`` and ``episodes`` views; returns an Arrow table."""
+        """Run SQL over the ``steps`` and ``episodes`` views; returns an Arrow table.
+
+        This is the trusted path (your own process, your own files); for SQL from others use
+        :meth:`sandboxed_sql`.
+        """
         with self.snapshot() as snap:
             return snap.arrow(query, params)
 
-    def episodes(self, *, run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
-                 complete: bool | None = None, where: str | None = None, gamma: float | None = None,
-                 order_by: str = "episode_id", limit: int | None = None, offset: int = 0) -> pa.Table:
-        """One row per episode (the ``episodes`` view), filtered; with ``gamma`` adds ``discounted_return``."""
-        return self._episodes(run_id=run_id, env_id=env_id, complete=complete, where=where, gamma=gamma,
-                              order_by=order_by, limit=limit, offset=offset)
+    def sandboxed_sql(self, query: str, limits: sandbox.Limits | None = None) -> sandbox.Result:
+        """Run one untrusted, read-only SELECT over the views, bounded by ``limits`` (see :mod:`~trajstore.query.sandbox`)."""
+        return sandbox.run(self.snapshot(), self.table.path, query, limits or sandbox.Limits())
 
-    def episode_page(self, *, where: str | None = None, gamma: float | None = None, order_by: str = "episode_id",
-                     limit: int, offset: int = 0) -> tuple[pa.Table, int]:
+    # --- episodes and statistics --------------------------------------------------------------------
+
+    def episodes(self, *, run_id: Names = None, env_id: Names = None, complete: bool | None = None,
+                 where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
+                 gamma: float | None = None, order_by: str = "episode_id", limit: int | None = None,
+                 offset: int = 0) -> pa.Table:
+        """One row per episode (the ``episodes`` view), filtered; with ``gamma`` adds ``discounted_return``."""
+        return self._episodes(run_id=run_id, env_id=env_id, complete=complete, where=where, filter=filter,
+                              gamma=gamma, order_by=order_by, limit=limit, offset=offset)
+
+    def episode_page(self, *, where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
+                     gamma: float | None = None, order_by: str = "episode_id", limit: int,
+                     offset: int = 0) -> tuple[pa.Table, int]:
         """One page of :meth:`episodes` and how many episodes the filter selects in all, in one query."""
-        rows = self._episodes(where=where, gamma=gamma, order_by=order_by, limit=limit, offset=offset,
-                              total="total_episodes")
+        rows = self._episodes(where=where, filter=filter, gamma=gamma, order_by=order_by, limit=limit,
+                              offset=offset, total="total_episodes")
         total = rows["total_episodes"][0].as_py() if rows.num_rows else None
         if total is None:  # an empty page says nothing about the rows before it
-            total = self._episodes(where=where, total="total_episodes", limit=1)["total_episodes"]
+            total = self._episodes(where=where, filter=filter, total="total_episodes", limit=1)["total_episodes"]
             total = total[0].as_py() if len(total) else 0
         return rows.drop_columns(["total_episodes"]), total
 
-    def _episodes(self, *, run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
-                  complete: bool | None = None, where: str | None = None, gamma: float | None = None,
-                  order_by: str = "episode_id", limit: int | None = None, offset: int = 0,
-                  total: str | None = None) -> pa.Table:
+    def _episodes(self, *, run_id: Names = None, env_id: Names = None, complete: bool | None = None,
+                  where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
+                  gamma: float | None = None, order_by: str = "episode_id", limit: int | None = None,
+                  offset: int = 0, total: str | None = None) -> pa.Table:
         with self._query_snapshot(episodes="fill" if gamma is None else None) as snap:
-            order = _order_clause(order_by, snap)
-            conds = _filters(run_id=run_id, env_id=env_id, where=where)
+            name, descending = order_by.lstrip("-"), order_by.startswith("-")
+            known = snap.columns("episodes") + (["discounted_return"] if gamma is not None else [])
+            check_names([name], known, view="episodes", field="order_by")
+            conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter)
             if complete is not None:
                 conds.append("complete" if complete else "NOT complete")
             params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
             src = "episodes" if gamma is None else \
-                f"({episodes_sql(snap.step_columns, discounted=True, by_id=snap.by_id)})"
-            count = f", count(*) OVER () AS {quote_ident(total)}" if total else ""
-            q = f"SELECT *{count} FROM {src}{_where(conds)} ORDER BY {order}"
-            if limit is not None:
-                q += f" LIMIT {int(limit)} OFFSET {int(offset)}"
-            return snap.arrow(q, params)
+                sql.subquery(sql.episodes_view(snap.step_columns, discounted=True, by_id=snap.by_id))
+            return snap.arrow(sql.episodes(conds, source=src, order_by=name, descending=descending, limit=limit,
+                                           offset=offset, total=total), params)
 
-    def stats(self, *, by: str | Sequence[str] | None = None, gamma: float | None = None,
-              where: str | None = None, run_id: str | Sequence[str] | None = None,
-              env_id: str | Sequence[str] | None = None, include_incomplete: bool = False) -> pa.Table:
+    def stats(self, *, by: Names = None, gamma: float | None = None, where: str | None = None,
+              filter: EpisodeFilter | None = None, run_id: Names = None,  # noqa: A002
+              env_id: Names = None, include_incomplete: bool = False) -> pa.Table:
         """Episode statistics (``n_traj, return_*, len_*`` and ``discounted_return_*`` with ``gamma``).
 
         One row per group of ``by`` (one row overall without it). Complete episodes only unless
         ``include_incomplete``.
         """
-        keys = [by] if isinstance(by, str) else list(by or [])
+        keys = _names(by)
         with self._query_snapshot(episodes="if-cached" if gamma is None else None) as snap:
             if keys:
                 snap.check_columns(keys)
-            conds = _filters(run_id=run_id, env_id=env_id, where=where)
-            q = stats_sql(keys, discounted=gamma is not None, where=" AND ".join(conds) or None,
-                          include_incomplete=include_incomplete, step_columns=snap.step_columns, by_id=snap.by_id,
-                          source="episodes" if snap.episodes_materialized else None)
+            conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter)
+            source = "episodes" if snap.episodes_materialized else sql.subquery(
+                sql.episodes_view(snap.step_columns, discounted=gamma is not None, by_id=snap.by_id))
+            q = sql.stats(keys, discounted=gamma is not None, conds=conds, include_incomplete=include_incomplete,
+                          source=source)
             return snap.arrow(q, {"gamma": check_gamma(gamma)} if gamma is not None else {})
 
     def runs(self) -> pa.Table:
         """One row per ``(run_id, env_id)``: its episodes, complete episodes, steps and last write time."""
         with self._query_snapshot(episodes="fill") as snap:
-            return snap.arrow(RUNS_SQL)
+            return snap.arrow(sql.RUNS)
 
-    def scan(self, columns: Sequence[str] | None = None, *, run_id: str | Sequence[str] | None = None,
-             env_id: str | Sequence[str] | None = None, episode_id: int | Sequence[int] | None = None,
-             where: str | None = None, batch_size: int = 65_536,
-             max_batch_bytes: int | None = None) -> pa.RecordBatchReader:
+    # --- steps --------------------------------------------------------------------------------------
+
+    def scan(self, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
+             episode_id: Ids = None, where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
+             batch_size: int = 65_536, max_batch_bytes: int | None = None) -> pa.RecordBatchReader:
         """The steps of the chosen episodes as a stream of record batches, in storage order, read straight
-        from the committed files (see :mod:`trajstore.scan`).
+        from the committed files (see :mod:`trajstore.query.scan`).
 
         The same rows and types as ``SELECT columns FROM steps`` with these filters (every column without
         ``columns``); ``where`` is a condition on the ``episodes`` view, as for :meth:`episodes`. Batches have
@@ -223,11 +266,17 @@ class Store:
             raise InputError(f"batch_size: must be a positive number of rows, got {batch_size}")
         if max_batch_bytes is not None and max_batch_bytes < 1:
             raise InputError(f"max_batch_bytes: must be a positive number of bytes, got {max_batch_bytes}")
+        if filter is not None:  # ids, runs and envs select files and rows directly; the rest needs episodes
+            run_id, env_id = _both(run_id, filter.run_id), _both(env_id, filter.env_id)
+            episode_id = _both(episode_id, filter.episode_id)
+            filter = filter.per_episode()
+            filter = None if filter.is_empty() else filter
         ids = None if episode_id is None else np.atleast_1d(np.asarray(episode_id, dtype=np.int64))
-        if where:  # episode-level conditions: the episode ids they select, on one snapshot
+        if where or filter is not None:  # episode-level conditions: the episode ids they select, on one snapshot
             with self._query_snapshot(episodes="if-cached") as snap:
-                conds = _filters(run_id=run_id, env_id=env_id, where=where, episode_id=episode_id)
-                ids = snap.arrow(f"SELECT episode_id FROM episodes{_where(conds)}")["episode_id"].to_numpy()
+                conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter,
+                                       episode_id=episode_id)
+                ids = snap.arrow(sql.episode_ids(conds))["episode_id"].to_numpy()
                 committed = snap.files
                 schema = self._steps_schema(committed, snap)
         else:  # no SQL at all once the view's types are known for this version
@@ -239,11 +288,27 @@ class Store:
         return scan_steps(files, schema, names, episode_ids=ids, batch_size=batch_size,
                           max_batch_bytes=max_batch_bytes)
 
-    def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode",
-                run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
-                episode_id: int | Sequence[int] | None = None, where: str | None = None,
-                limit: int | None = None) -> pa.Table:
-        """Discounted return per episode, or return-to-go ``G_t = r_t + gamma G_{t+1}`` per step.
+    def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002
+                   where: str | None = None, limit: int = 100, offset: int = 0) -> pa.Table:
+        """One page of the selected steps in ``(episode_id, step)`` order (``columns``, or all)."""
+        with self._query_snapshot(episodes="if-cached") as snap:
+            snap.check_columns(list(columns or ()), view="steps", field="columns")
+            conds = _step_conditions(filter, where)
+            return snap.arrow(sql.steps(list(columns or ()), conds, limit=limit, offset=offset))
+
+    def episode_steps(self, episode_id: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """Every step of one episode in order (``step`` and ``columns``, or every column); empty if there is
+        no such episode."""
+        with self._query_snapshot() as snap:
+            names = ["step", *columns] if columns else []
+            snap.check_columns(names, view="steps", field="columns")
+            return snap.arrow(sql.steps(names, sql.conditions(episode_id=int(episode_id))))
+
+    def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", run_id: Names = None,
+                env_id: Names = None, episode_id: Ids = None, where: str | None = None,
+                filter: EpisodeFilter | None = None, limit: int | None = None) -> pa.Table:  # noqa: A002
+        """Discounted return per episode, or return-to-go ``G_t = r_t + gamma G_{t+1}`` per step, both computed
+        in float64 from the stored rewards.
 
         Rows come sorted by ``episode_id`` (per step by ``(episode_id, step)``, with ``run_id`` and ``env_id``
         dictionary-encoded: the same values, a byte per row). With ``limit``, the first ``limit`` rows;
@@ -253,49 +318,42 @@ class Store:
             raise InputError(f"limit: must be a number of rows >= 0, got {limit}")
         g = check_gamma(gamma)
         if per not in ("episode", "step"):
-            raise InputError(f"per must be 'episode' or 'step', got {per!r}")
-        conds = _filters(run_id=run_id, env_id=env_id, where=where, episode_id=episode_id)
+            raise InputError(f"per: must be 'episode' or 'step', got {per!r}")
         with self._query_snapshot() as snap:
             if per == "episode":
-                q = (f"SELECT run_id, env_id, episode_id, episode_length, episode_return, discounted_return, "
-                     f"complete FROM ({episodes_sql(snap.step_columns, discounted=True, by_id=snap.by_id)})"
-                     f"{_where(conds)} "
-                     "ORDER BY episode_id" + (f" LIMIT {int(limit)}" if limit is not None else ""))
-                return snap.arrow(q, {"gamma": g})
+                conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, episode_id=episode_id,
+                                       filter=filter)
+                src = sql.subquery(sql.episodes_view(snap.step_columns, discounted=True, by_id=snap.by_id))
+                return snap.arrow(sql.episode_returns(conds, source=src, limit=limit), {"gamma": g})
+            conds = sql.conditions(run_id=run_id, env_id=env_id, episode_id=episode_id) + \
+                _step_conditions(filter, where)
             if limit is not None:
                 conds.append(_first_episodes(snap, conds, limit))
-            rows = snap.arrow(f"SELECT {_partition_enums(snap.files)}, episode_id, step, reward "
-                              f"FROM steps{_where(conds)}")
+            rows = snap.arrow(sql.step_rewards(snap.files, conds))
         out = _with_return_to_go(rows, g)
         return out if limit is None else out.slice(0, limit)
 
 
-RUNS_SQL = """
-SELECT run_id, env_id, count(*) AS episodes, count(*) FILTER (WHERE complete) AS complete_episodes,
-       sum(episode_length)::BIGINT AS steps, max(ended_at) AS last_write
-FROM episodes GROUP BY run_id, env_id ORDER BY run_id, env_id
-"""
 EPISODE_CACHE_ROWS = 2_000_000  # larger episodes views are aggregated per query instead of kept in memory
+
+
+def _step_conditions(filter: EpisodeFilter | None, where: str | None) -> list[str]:  # noqa: A002
+    """Conditions on ``steps`` for an episode filter: ids, runs and envs directly, the rest through ``episodes``."""
+    if filter is None:
+        return [sql.episodes_selected([sql.user_condition(where)])] if where else []
+    direct = sql.conditions(run_id=filter.run_id or None, env_id=filter.env_id or None,
+                            episode_id=filter.episode_id or None)
+    rest = sql.conditions(filter=filter.per_episode(), where=where)
+    return direct + ([sql.episodes_selected(rest)] if rest else [])
 
 
 def _first_episodes(snap: Snapshot, conds: list[str], rows: int) -> str:
     """A condition keeping the selected steps of the lowest episode ids that together hold ``rows`` steps."""
-    counts = snap.arrow(f"SELECT episode_id, count(*) AS n FROM steps{_where(conds)} GROUP BY episode_id "
-                        "ORDER BY episode_id")
+    counts = snap.arrow(sql.step_counts(conds))
     reached = np.searchsorted(np.cumsum(counts["n"].to_numpy()), rows)
     if reached >= counts.num_rows:
         return "true"
-    return f"episode_id <= {int(counts['episode_id'][int(reached)].as_py())}"
-
-
-def _partition_enums(files: Sequence[DataFile]) -> str:
-    """``run_id, env_id`` cast to DuckDB ENUMs of the committed partitions' values: Arrow receives them
-    dictionary-encoded (a byte per row) instead of one string per row."""
-    cols = []
-    for name in ("run_id", "env_id"):
-        values = sorted({getattr(f, name) for f in files})
-        cols.append(f"{name}::ENUM({', '.join(map(quote_literal, values))}) AS {name}" if values else name)
-    return ", ".join(cols)
+    return sql.episode_id_at_most(counts["episode_id"][int(reached)].as_py())
 
 
 def _with_return_to_go(rows: pa.Table, gamma: float) -> pa.Table:
@@ -317,41 +375,23 @@ def _reordered(column: pa.ChunkedArray, s: SortedReturns) -> pa.Array:
     return arr.take(pa.array(s.reorder(np.arange(len(arr)))))
 
 
-def _in(column: str, values: Any) -> str:
-    if isinstance(values, (str, int, np.integer)):
-        values = [values]
-    items = ", ".join(quote_literal(v) if isinstance(v, str) else str(int(v)) for v in values)
-    return f"{column} IN ({items})" if items else "false"
+def _names(value: str | Sequence[str] | None) -> list[str]:
+    """One name, several, or a comma-separated list of them (as the CLI and REST accept)."""
+    items = [value] if isinstance(value, str) else list(value or ())
+    return [n.strip() for item in items for n in str(item).split(",") if n.strip()]
 
 
-def _filters(*, run_id: Any = None, env_id: Any = None, where: str | None = None,
-             episode_id: Any = None) -> list[str]:
-    conds = []
-    if run_id is not None:
-        conds.append(_in("run_id", run_id))
-    if env_id is not None:
-        conds.append(_in("env_id", env_id))
-    if episode_id is not None:
-        conds.append(_in("episode_id", episode_id))
-    if where:
-        conds.append(f"({where})")
-    return conds
+def _both(a: Any, b: Any) -> Any:
+    """The selection of two keywords: one if the other is absent, else their intersection."""
+    if b in (None, []):
+        return a
+    if a is None:
+        return b
+    a_set = {a} if isinstance(a, (str, int, np.integer)) else set(np.atleast_1d(a).tolist())
+    return [v for v in b if v in a_set]
 
 
 def _selected(value: str, wanted: str | Sequence[str] | None) -> bool:
     if wanted is None:
         return True
     return value == wanted if isinstance(wanted, str) else value in wanted
-
-
-def _where(conds: list[str]) -> str:
-    return f" WHERE {' AND '.join(conds)}" if conds else ""
-
-
-def _order_clause(order_by: str, snap: Snapshot) -> str:
-    desc = order_by.startswith("-")
-    name = order_by.lstrip("-")
-    cols = [r[0] for r in snap.con.execute("DESCRIBE episodes").fetchall()] + ["discounted_return"]
-    if name not in cols:
-        raise InputError(f"order_by: unknown column {name!r}; expected one of {cols} (prefix - for descending)")
-    return f"{quote_ident(name)} {'DESC' if desc else 'ASC'}, episode_id"

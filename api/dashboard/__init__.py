@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from api.dashboard.routes import router
+from trajstore.api.dashboard.routes import router
 
 __all__ = ["router"]

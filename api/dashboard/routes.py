@@ -14,7 +14,7 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from pydantic import BaseModel, Field
 
-from api.deps import StoreDep
+from trajstore.api.deps import StoreDep
 from trajstore.store import Store
 
 router = APIRouter()

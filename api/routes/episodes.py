@@ -7,9 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from pydantic import BaseModel
 
-from api.arrow import ARROW_CONTENT, arrow_response, json_rows
-from api.deps import SettingsDep, StoreDep, wants_arrow
-from api.filters import INT64, ColumnsDep, EpisodeOrder, FilterDep, select_list
+from trajstore.api.arrow import ARROW_CONTENT, arrow_response, json_rows, wants_arrow
+from trajstore.api.deps import SettingsDep, StoreDep
+from trajstore.api.params import EPISODE_COLUMNS, INT64, NAME, ColumnsDep, FilterDep
 
 router = APIRouter(tags=["episodes"])
 
@@ -29,19 +29,19 @@ class StepRows(BaseModel):
 @router.get("/episodes", summary="Episodes, filtered, sorted and paginated",
             responses={200: {"content": ARROW_CONTENT}})
 def episodes(request: Request, store: StoreDep, settings: SettingsDep, flt: FilterDep,
-             order_by: Annotated[EpisodeOrder, Query(description="a column of episodes; prefix - for descending")
-                                 ] = EpisodeOrder("episode_id"),
+             order_by: Annotated[str, Query(pattern=NAME.replace("^", "^-?"), description=(
+                 f"a column of episodes ({EPISODE_COLUMNS}, discounted_return with gamma); prefix - for "
+                 "descending"))] = "episode_id",
              limit: Annotated[int, Query(ge=1, description="page size, capped at the server's max_page_size (the "
                                                           "response says which limit applied)")] = 100,
              offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
              gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return")] = None,
              ) -> Any:
     limit = min(limit, settings.max_page_size)
-    where = flt.where()
     if wants_arrow(request):
-        return arrow_response(store.episodes(where=where, gamma=gamma, order_by=order_by.value, limit=limit,
+        return arrow_response(store.episodes(filter=flt, gamma=gamma, order_by=order_by, limit=limit,
                                              offset=offset))
-    page, total = store.episode_page(where=where, gamma=gamma, order_by=order_by.value, limit=limit, offset=offset)
+    page, total = store.episode_page(filter=flt, gamma=gamma, order_by=order_by, limit=limit, offset=offset)
     return EpisodePage(items=json_rows(page), total=total, limit=limit, offset=offset)
 
 
@@ -49,9 +49,7 @@ def episodes(request: Request, store: StoreDep, settings: SettingsDep, flt: Filt
             responses={200: {"content": ARROW_CONTENT}})
 def episode_steps(request: Request, store: StoreDep, episode_id: Annotated[int, Path(**INT64)],
                   columns: ColumnsDep) -> Any:
-    with store.snapshot() as snap:
-        select = select_list(snap, ["step", *columns] if columns else [])
-        rows = snap.arrow(f"SELECT {select} FROM steps WHERE episode_id = $id ORDER BY step", {"id": episode_id})
+    rows = store.episode_steps(episode_id, columns)
     if rows.num_rows == 0:
         raise HTTPException(status_code=404, detail=f"episode_id {episode_id}: no such episode in the store")
     if wants_arrow(request):

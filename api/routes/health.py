@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from api.deps import StoreDep
+from trajstore.api.deps import StoreDep
 
 router = APIRouter(tags=["health"])
 
@@ -28,4 +28,4 @@ def health() -> Health:
 
 @router.get("/ready", summary="Readiness: the store opens and its commit log can be read")
 def ready(store: StoreDep) -> Ready:
-    return Ready(status="ready", store=str(store.root), version=store.table.version(), files=len(store.files()))
+    return Ready(status="ready", store=str(store.root), version=store.version, files=len(store.files()))

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import pyarrow as pa
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import ARROW_STREAM, SettingsDep, StoreDep, require_api_key
-from trajstore.ingest import append_rows
+from trajstore.api.deps import SettingsDep, StoreDep, require_api_key
+from trajstore.remote.wire import ARROW_STREAM, read_table
 
 router = APIRouter(tags=["ingest"])
 NAME = r"^[^\s/](.*[^\s])?$"
@@ -37,13 +36,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def parse_rows(body: bytes) -> pa.Table:
-    try:
-        return pa.ipc.open_stream(body).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise HTTPException(status_code=422, detail=f"body: not an Arrow IPC stream ({exc})") from None
-
-
 @router.post("/runs/{run_id}/batches", status_code=201, dependencies=[Depends(require_api_key)],
              summary="Append rows already cut into episodes (what a RemoteWriter sends)",
              openapi_extra={"requestBody": {"required": True,
@@ -57,8 +49,8 @@ async def ingest(request: Request, response: Response, store: StoreDep, settings
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith(ARROW_STREAM):
         raise HTTPException(status_code=415, detail=f"content-type: expected {ARROW_STREAM}, got {content_type!r}")
-    rows = parse_rows(await read_body(request, settings.max_body_bytes))
-    _, duplicate = await run_in_threadpool(append_rows, store.table, rows, run_id=run_id, env_id=env_id,
+    rows = read_table(await read_body(request, settings.max_body_bytes))
+    _, duplicate = await run_in_threadpool(store.ingest, rows, run_id=run_id, env_id=env_id,
                                            idempotency_key=idempotency_key)
     if duplicate:
         response.status_code = 200  # already stored under this key: nothing new was created

@@ -5,12 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-import pyarrow as pa
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
 
-from api.arrow import ARROW_CONTENT, arrow_response
-from api.deps import StoreDep
+from trajstore.api.arrow import ARROW_CONTENT, arrow_response
+from trajstore.api.deps import StoreDep
 
 router = APIRouter(tags=["runs"])
 
@@ -53,5 +52,4 @@ def runs(store: StoreDep) -> list[Run]:
 def schema(store: StoreDep,
            env_id: Annotated[str | None, Query(description="the types of this environment's files")] = None,
            ) -> Response:
-    stored = store.table.file_schema(env_id=env_id) or pa.schema([])
-    return arrow_response(stored.empty_table())
+    return arrow_response(store.schema(env_id).empty_table())

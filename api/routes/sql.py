@@ -8,9 +8,9 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from api.arrow import ARROW_CONTENT, arrow_response, json_rows
-from api.deps import SettingsDep, StoreDep, wants_arrow
-from trajstore import sandbox
+from trajstore.api.arrow import ARROW_CONTENT, arrow_response, json_rows, wants_arrow
+from trajstore.api.deps import SettingsDep, StoreDep
+from trajstore.query import sandbox
 
 router = APIRouter(tags=["sql"])
 
@@ -32,7 +32,7 @@ class SqlResult(BaseModel):
 async def sql(body: SqlRequest, request: Request, store: StoreDep, settings: SettingsDep) -> Any:
     limits = sandbox.Limits(max_rows=min(body.max_rows or settings.sql_max_rows, settings.sql_max_rows),
                             timeout_s=settings.sql_timeout_s, memory_limit=settings.sql_memory_limit)
-    result = await run_in_threadpool(sandbox.run, store.snapshot(), store.table.path, body.query, limits)
+    result = await run_in_threadpool(store.sandboxed_sql, body.query, limits)
     if wants_arrow(request):
         response = arrow_response(result.table)
         response.headers["X-Trajstore-Truncated"] = str(result.truncated).lower()

@@ -4,49 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import threading
 from typing import Annotated, Any, AsyncIterator, Generator, Iterator, Literal
 
 import pyarrow as pa
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from api.arrow import ARROW_CONTENT, ipc_stream, json_rows
-from api.deps import ARROW_STREAM, SettingsDep, StoreDep
-from api.filters import ColumnsDep, FilterDep, select_list
-from trajstore.errors import InputError
-from trajstore.filters import EpisodeFilter
-from trajstore.query import Snapshot
+from trajstore.api.arrow import ARROW_CONTENT, json_rows
+from trajstore.api.deps import SettingsDep, StoreDep
+from trajstore.api.params import ColumnsDep, FilterDep
+from trajstore.query.filters import EpisodeFilter
+from trajstore.remote.wire import ARROW_STREAM, ipc_pieces
 from trajstore.store import Store
 
 router = APIRouter(tags=["steps"])
 PREFETCH_PIECES = 1  # pieces of a stream made ahead of the network
 
 
-def steps_query(snap: Snapshot, flt: EpisodeFilter, columns: list[str]) -> str:
-    select = select_list(snap, columns)
-    direct = EpisodeFilter(run_id=flt.run_id, env_id=flt.env_id, episode_id=flt.episode_id).conditions()
-    rest = _per_episode(flt).conditions()
-    if rest:
-        direct.append(f"episode_id IN (SELECT episode_id FROM episodes WHERE {' AND '.join(rest)})")
-    return f"SELECT {select} FROM steps" + (f" WHERE {' AND '.join(direct)}" if direct else "")
-
-
-def _per_episode(flt: EpisodeFilter) -> EpisodeFilter:
-    """The conditions of ``flt`` that need the ``episodes`` view (run, env and episode ids select steps directly)."""
-    return dataclasses.replace(flt, run_id=None, env_id=None, episode_id=None)
-
-
 def _stream(store: Store, flt: EpisodeFilter, columns: list[str], batch_rows: int,
             batch_bytes: int) -> Generator[bytes, None, None]:
-    # Read straight from the committed files (Store.scan: the rows and types of steps_query, without a SQL
-    # engine in the way); the episode-level conditions become a list of episode ids first.
-    reader = store.scan(columns or None, run_id=flt.run_id or None, env_id=flt.env_id or None,
-                        episode_id=flt.episode_id or None,
-                        where=_per_episode(flt).where(), batch_size=batch_rows, max_batch_bytes=batch_bytes)
-    return _closing(ipc_stream(reader), reader)
+    # Read straight from the committed files (Store.scan), without a SQL engine in the way; the episode-level
+    # conditions become a list of episode ids first.
+    reader = store.scan(columns or None, filter=flt, batch_size=batch_rows, max_batch_bytes=batch_bytes)
+    return _closing(ipc_pieces(reader), reader)
 
 
 def _closing(chunks: Iterator[bytes], reader: pa.RecordBatchReader) -> Generator[bytes, None, None]:
@@ -132,12 +114,7 @@ def steps(request: Request, store: StoreDep, settings: SettingsDep, flt: FilterD
           ) -> Any:
     if format == "json":
         limit = min(limit, settings.max_page_size)
-        with store.snapshot() as snap:
-            q = steps_query(snap, flt, columns) + f" ORDER BY episode_id, step LIMIT {limit} OFFSET {offset}"
-            return JSONResponse(jsonable_encoder({"items": json_rows(snap.arrow(q)), "limit": limit,
-                                                  "offset": offset}))
-    try:
-        chunks = _stream(store, flt, columns, batch_rows or settings.stream_batch_rows, settings.stream_batch_bytes)
-    except InputError as exc:  # a column the store lacks, as for format=json
-        raise HTTPException(status_code=404, detail=str(exc)) from exc
+        rows = store.steps_page(columns, filter=flt, limit=limit, offset=offset)
+        return JSONResponse(jsonable_encoder({"items": json_rows(rows), "limit": limit, "offset": offset}))
+    chunks = _stream(store, flt, columns, batch_rows or settings.stream_batch_rows, settings.stream_batch_bytes)
     return StreamingResponse(_until_disconnect(chunks), media_type=ARROW_STREAM)

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 import trajstore
-from api.app import create_app
+from trajstore.api.app import create_app
 from trajstore.rollout import gym_rollout
 from trajstore.settings import Settings
 

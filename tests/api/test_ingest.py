@@ -13,11 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 import trajstore
-from api.app import create_app
+from trajstore.api.app import create_app
 from tests.api.conftest import API_KEY, Live, serve, settings_for, steps_batch
-from trajstore.client import Client
-from trajstore.remote import RemoteWriter
-from trajstore.stream import ipc_bytes
+from trajstore.remote.client import Client
+from trajstore.remote.writer import RemoteWriter
+from trajstore.remote.wire import ipc_bytes
 
 ARROW = "application/vnd.apache.arrow.stream"
 
@@ -214,7 +214,7 @@ def test_cli_rollouts_to_a_service(live_empty: Live, empty: Path, capsys: pytest
     assert [(s["run_id"], s["n_traj"] >= n) for s, n in zip(stats, (6, 4))] == [("remote-gym", True),
                                                                              ("remote-jax", True)]
     # a remote JAX worker asks the service what the run holds, as it asks a local store
-    from trajstore.remote import RemoteStore
+    from trajstore.remote.writer import RemoteStore
     from trajstore.rollout import jax_rollout
 
     with RemoteStore(live_empty.url, api_key=API_KEY) as remote, \

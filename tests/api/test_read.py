@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import trajstore
-from api.app import create_app
+from trajstore.api.app import create_app
 from tests.api.conftest import settings_for
 
 ARROW = {"Accept": "application/vnd.apache.arrow.stream"}
@@ -102,11 +102,11 @@ def test_returns_per_episode_and_per_step(client: TestClient, populated: Path) -
 
 @pytest.mark.parametrize("url, status, words", [
     ("/episodes/12345/steps", 404, "no such episode"),
-    ("/episodes?order_by=height", 422, "order_by"),
+    ("/episodes?order_by=height", 422, "order_by: unknown column"),
     ("/stats?gamma=1.5", 422, "gamma"),
-    ("/stats?by=colour", 422, "by"),
+    ("/stats?by=colour", 422, "by: unknown column"),
     ("/returns", 422, "gamma"),
-    ("/steps?columns=nope", 404, "nope"),
+    ("/steps?columns=nope", 422, "nope"),
     ("/nowhere", 404, "Not Found"),
 ])
 def test_errors_are_problem_documents(client: TestClient, url: str, status: int, words: str) -> None:

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import trajstore
-from api.app import create_app
+from trajstore.api.app import create_app
 from tests.api.conftest import settings_for
 
 

@@ -15,11 +15,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import api.routes.steps as steps_route
+import trajstore.api.routes.steps as steps_route
 import trajstore
-from api.app import create_app
+from trajstore.api.app import create_app
 from tests.api.conftest import Live, serve, settings_for
-from trajstore.client import Client
+from trajstore.remote.client import Client
 
 COLUMNS = ["episode_id", "step", "obs", "action", "reward"]
 
@@ -84,7 +84,7 @@ def test_jax_batches(live: Live) -> None:
 def test_stream_errors_carry_the_problem_detail(live: Live) -> None:
     with Client(live.url, retries=0) as client, pytest.raises(trajstore.RemoteError) as err:
         next(client.iter_batches(columns=["obs", "nope"]))
-    assert err.value.status == 404 and "nope" in (err.value.detail or "")
+    assert err.value.status == 422 and "nope" in (err.value.detail or "")
 
 
 class Forward(http.server.BaseHTTPRequestHandler):
@@ -202,7 +202,7 @@ def big_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
                          "next_obs": rng.normal(size=(500, 20, 4)).astype(np.float32),
                          "terminated": rng.random((500, 20)) < 0.01, "truncated": np.zeros((500, 20), bool)})
     counts = CountingStreams()
-    real_scan, real_stream = trajstore.Store.scan, steps_route.ipc_stream
+    real_scan, real_stream = trajstore.Store.scan, steps_route.ipc_pieces
 
     def scan(self: trajstore.Store, *args: Any, **kwargs: Any) -> pa.RecordBatchReader:
         reader = real_scan(self, *args, **kwargs)
@@ -222,7 +222,7 @@ def big_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
             yield piece
 
     monkeypatch.setattr(trajstore.Store, "scan", scan)
-    monkeypatch.setattr(steps_route, "ipc_stream", counted)
+    monkeypatch.setattr(steps_route, "ipc_pieces", counted)
     app = create_app(settings_for(tmp_path / "big", stream_batch_rows=1000), store=store)
     for live in serve(app):
         yield live, counts

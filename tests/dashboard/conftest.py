@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 
 import trajstore
-from api.app import create_app
+from trajstore.api.app import create_app
 from tests.api.conftest import Live, serve
 from tests.dashboard.synthetic import write_learning_runs
 from trajstore.rollout import gym_rollout

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import trajstore
-from api.app import create_app
+from trajstore.api.app import create_app
 from tests.api.conftest import serve
 from tests.dashboard.conftest import Dashboard
 from tests.dashboard.synthetic import write_learning_runs

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 import trajstore
-from api.app import create_app
-from api.dashboard.routes import HERE, plotly_js
+from trajstore.api.app import create_app
+from trajstore.api.dashboard.routes import HERE, plotly_js
 from trajstore.settings import Settings
 
 

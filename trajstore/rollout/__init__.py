@@ -1,28 +1,28 @@
-"""Rollout workers that write straight into a store: a gymnasium vector-env loop and a JAX scan loop."""
+"""Rollout workers that write straight into a store: a gymnasium vector-env loop, a JAX scan loop, JAX
+evaluation, and the import of recorded datasets (Minari).
+
+The modules, in the order a rollout uses them: :mod:`~trajstore.rollout.target` (what a rollout writes to),
+:mod:`~trajstore.rollout.sampling` (when it stops, what it reports), :mod:`~trajstore.rollout.progress`
+(its progress bar), then :mod:`~trajstore.rollout.gym_loop`, or :mod:`~trajstore.rollout.envs` (pure-JAX
+environments), :mod:`~trajstore.rollout.jax_scan` (the jitted scan), :mod:`~trajstore.rollout.jax_host`
+(the host side) and :mod:`~trajstore.rollout.jax_loop` / :mod:`~trajstore.rollout.evaluate`, and
+:mod:`~trajstore.rollout.minari`.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["gym_rollout", "jax_evaluate", "jax_rollout", "RolloutResult", "sample_until"]
+__all__ = ["RolloutResult", "gym_rollout", "import_minari", "jax_evaluate", "jax_rollout", "sample_until"]
+
+_HOMES = {"gym_rollout": "gym_loop", "jax_rollout": "jax_loop", "jax_evaluate": "evaluate",
+          "import_minari": "minari", "RolloutResult": "sampling", "sample_until": "sampling"}
 
 
 def __getattr__(name: str) -> Any:
     # Imported lazily so that `import trajstore.rollout` does not import JAX for gym users.
-    if name in ("gym_rollout",):
-        from trajstore.rollout import gym_loop
+    if name in _HOMES:
+        import importlib
 
-        return getattr(gym_loop, name)
-    if name in ("jax_rollout",):
-        from trajstore.rollout import jax_loop
-
-        return getattr(jax_loop, name)
-    if name in ("jax_evaluate",):
-        from trajstore.rollout import evaluate
-
-        return getattr(evaluate, name)
-    if name in ("RolloutResult", "sample_until"):
-        from trajstore.rollout import sampling
-
-        return getattr(sampling, name)
+        return getattr(importlib.import_module(f"trajstore.rollout.{_HOMES[name]}"), name)
     raise AttributeError(f"module 'trajstore.rollout' has no attribute {name!r}")

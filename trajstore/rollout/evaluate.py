@@ -28,26 +28,16 @@ import jax
 import jax.numpy as jnp
 
 from trajstore.errors import InputError
-from trajstore.rollout.jax_loop import (
-    BackgroundWriter,
-    Policy,
-    Tally,
-    check_positive,
-    check_run_mode,
-    check_seed,
-    collect,
-    make_scan,
-    open_writer,
-    resolve_env,
-)
+from trajstore.rollout.jax_host import BackgroundWriter, Tally, collect, open_writer
+from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
 from trajstore.rollout.progress import RolloutProgress
-from trajstore.rollout.sampling import RolloutResult, sample_until
-from trajstore.store import Store
+from trajstore.rollout.target import RolloutTarget, check_run_mode
+from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed, sample_until
 
 __all__ = ["jax_evaluate"]
 
 
-def jax_evaluate(store: Store, env: Any, *, run_id: str, episodes: int, policy: Policy | None = None,
+def jax_evaluate(store: RolloutTarget, env: Any, *, run_id: str, episodes: int, policy: Policy | None = None,
                  params: Any = None, num_envs: int = 1024, rollout_length: int = 128, seed: int = 0,
                  policy_version: int | None = None, worker_id: str | None = None, env_id: str | None = None,
                  max_episode_steps: int | None = None, queue_size: int = 2, progress: bool = True,

@@ -22,8 +22,8 @@ import numpy as np
 
 from trajstore.errors import InputError
 from trajstore.rollout.progress import RolloutProgress
+from trajstore.rollout.target import RolloutTarget
 from trajstore.rollout.sampling import RolloutResult, sample_until
-from trajstore.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ Policy = Callable[[Any], Any]
 NEXT_STEP, SAME_STEP, DISABLED = "next-step", "same-step", "disabled"
 
 
-def gym_rollout(store: Store, env: Any, *, run_id: str, num_envs: int = 8, policy: Policy | None = None,
+def gym_rollout(store: RolloutTarget, env: Any, *, run_id: str, num_envs: int = 8, policy: Policy | None = None,
                 episodes: int | None = None, steps: int | None = None, seed: int | None = 0,
                 env_id: str | None = None, autoreset: str = NEXT_STEP, chunk: int = 256,
                 progress: bool = True, env_kwargs: Mapping[str, Any] | None = None,
@@ -59,7 +59,7 @@ def gym_rollout(store: Store, env: Any, *, run_id: str, num_envs: int = 8, polic
             venv.close()
 
 
-def _run(store: Store, venv: Any, mode: str, until: Callable[..., bool], policy: Policy | None,
+def _run(store: RolloutTarget, venv: Any, mode: str, until: Callable[..., bool], policy: Policy | None,
          seed: int | None, *, run_id: str, env_id: str, chunk: int, bar: RolloutProgress,
          lineage: dict[str, Any]) -> RolloutResult:
     B = venv.num_envs

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
+
+import numpy as np
 
 from trajstore.errors import InputError
 
@@ -67,3 +69,15 @@ class RecentReturns:
     @property
     def mean(self) -> float | None:
         return sum(self._last) / len(self._last) if self._last else None
+
+
+def check_seed(seed: Any) -> int:
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise InputError(f"seed: must be an integer, got {seed!r}")
+    return int(seed)
+
+
+def check_positive(name: str, value: Any) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise InputError(f"{name}: must be a positive integer, got {value!r}")
+    return int(value)

@@ -1,5 +1,5 @@
-"""Record-batch streams for training: reading an Arrow IPC stream as it arrives, fixed-size batches,
-and a bounded, seeded shuffle buffer.
+"""Record-batch streams for training: reading an HTTP body as it arrives, fixed-size batches, and a
+bounded, seeded shuffle buffer.
 
 >>> import pyarrow as pa
 >>> reader = pa.RecordBatchReader.from_batches(pa.schema([("x", pa.int64())]),
@@ -15,14 +15,6 @@ from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
-
-
-def ipc_bytes(table: pa.Table) -> bytes:
-    """``table`` as one Arrow IPC stream."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 class HttpByteStream(io.RawIOBase):

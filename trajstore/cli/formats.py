@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError
+from trajstore.remote.wire import json_safe
 
 Format = Literal["table", "csv", "json", "parquet"]
 FORMATS = ("table", "csv", "json", "parquet")
@@ -87,13 +88,3 @@ def _csv_cell(value: Any) -> Any:
 def render_json(table: pa.Table) -> str:
     """One JSON object per row (JSON lines); NaN and infinities as null."""
     return "".join(json.dumps(json_safe(row), default=str) + "\n" for row in table.to_pylist())
-
-
-def json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [json_safe(v) for v in value]
-    return value

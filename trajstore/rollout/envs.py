@@ -35,6 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
+from trajstore.errors import InputError
+
 __all__ = [
     "CartPole",
     "CartPoleState",
@@ -290,12 +292,12 @@ def make(name: str, **kwargs: Any) -> JaxEnv:
     Keyword arguments go to the environment's constructor (e.g. ``max_episode_steps``).
 
     Raises:
-        ValueError: if ``name`` is not a known environment.
+        InputError: (a ``ValueError``) if ``name`` is not a known environment.
     """
     factory = _REGISTRY.get(str(name).strip().lower())
     if factory is None:
         known = ", ".join(repr(n) for n in ("cartpole", "CartPole-v1", "pendulum", "Pendulum-v1"))
-        raise ValueError(f"unknown JAX environment {name!r}; known environments: {known}")
+        raise InputError(f"env: unknown JAX environment {name!r}; known environments: {known}")
     return factory(**kwargs)
 
 
@@ -315,7 +317,8 @@ def _to_gymnasium_space(space: Any) -> spaces.Space[Any]:
         low = np.broadcast_to(np.asarray(space.low, dtype=dtype), shape)
         high = np.broadcast_to(np.asarray(space.high, dtype=dtype), shape)
         return spaces.Box(low, high, shape=shape, dtype=dtype)
-    raise TypeError(f"cannot convert space {space!r} to a gymnasium space")
+    raise InputError(f"space: cannot convert {space!r} to a gymnasium space; expected a Discrete-like space "
+                     "(n or num_categories) or a Box-like one (low, high)")
 
 
 class GymnaxAdapter:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from trajstore.table import DataFile
+from trajstore.storage.table import DataFile
 
 FRAGMENT_READAHEAD = 2  # files read ahead of the one being sent
 BATCH_READAHEAD = 4  # record batches decoded ahead, per file

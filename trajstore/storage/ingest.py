@@ -1,6 +1,6 @@
-"""Appending rows that arrive already cut into episodes (from a :class:`~trajstore.remote.RemoteWriter`).
+"""Appending rows that arrive already cut into episodes (from a :class:`~trajstore.remote.writer.RemoteWriter`).
 
-A remote writer segments its batches itself, exactly as a local :class:`~trajstore.writer.Writer`
+A remote writer segments its batches itself, exactly as a local :class:`~trajstore.storage.writer.Writer`
 does, and sends each commit as an Arrow table of rows. :func:`validate_rows` checks those rows
 against the ``steps`` schema and what the store already holds; :func:`append_rows` commits them
 once per idempotency key.
@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from trajstore import schema as sch
 from trajstore.errors import InputError, SchemaMismatchError
-from trajstore.table import StepsTable
+from trajstore.storage.table import StepsTable
 
 KEYS = {"episode_id": pa.int64(), "step": pa.int32()}
 _LOCKS = [threading.Lock() for _ in range(64)]  # striped by key: a retry waits for the first attempt

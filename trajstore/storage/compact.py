@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trajstore.errors import CommitError, InputError
-from trajstore.store import Store
-from trajstore.table import DataFile, WrittenFile
+from trajstore.storage.table import DataFile, WrittenFile
+
+if TYPE_CHECKING:
+    from trajstore.store import Store
 
 TARGET_BYTES = 128 * 1024 * 1024
 

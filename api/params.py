@@ -1,29 +1,24 @@
-"""Episode filters as query parameters, shared by the routes that select episodes or their steps."""
+"""Query parameters shared by the routes: episode filters (as a typed
+:class:`~trajstore.query.filters.EpisodeFilter`, never SQL text) and column lists."""
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Annotated, Literal
 
-from fastapi import Depends, HTTPException, Query
+from fastapi import Depends, Query
 
 from trajstore import schema as sch
-from trajstore.filters import EpisodeFilter
-from trajstore.query import Snapshot, quote_ident
+from trajstore.query.filters import EpisodeFilter
 
 INT32 = {"ge": -(2**31), "le": 2**31 - 1}
 INT64 = {"ge": -(2**63), "le": 2**63 - 1}
 
 
-def episode_column_names() -> list[str]:
-    """Columns of the ``episodes`` view, from ``episode.v1.json`` and the lineage of ``step.v1.json``."""
-    lineage = [c["name"] for c in sch.load(sch.STEP_SCHEMA_FILE)["lineage"] if c.get("in_episodes")]
-    return [c["name"] for c in sch.episode_columns()] + lineage
-
-
-EpisodeColumn = Enum("EpisodeColumn", {n: n for n in episode_column_names()}, type=str)  # type: ignore[misc]
-EpisodeOrder = Enum("EpisodeOrder", {f"{d}{n}": f"{d}{n}" for n in episode_column_names()
-                                     for d in ("", "-")}, type=str)  # type: ignore[misc]
+NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+NAMES = r"^[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*$"
+# Column names are checked by the Store against the store's own columns (extras included), so every
+# unknown column gets one status (422) and one message, on every endpoint.
+EPISODE_COLUMNS = ", ".join(sch.episode_column_names())
 
 
 def episode_filter(
@@ -55,21 +50,22 @@ FilterDep = Annotated[EpisodeFilter, Depends(episode_filter)]
 
 
 def step_columns(
-    columns: Annotated[list[Annotated[str, Query(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]],
-                       Query(description="columns of steps (all by default)")] = [],  # noqa: B006
+    columns: Annotated[list[Annotated[str, Query(pattern=NAMES)]],
+                       Query(description="columns of steps (all by default); repeat the parameter or "
+                                         "comma-separate names")] = [],  # noqa: B006
 ) -> list[str]:
-    return columns
+    return [name for item in columns for name in item.split(",")]
 
 
 ColumnsDep = Annotated[list[str], Depends(step_columns)]
 
 
-def select_list(snap: Snapshot, columns: list[str]) -> str:
-    """The SELECT list for ``columns`` of ``steps`` (``*`` when empty); 404 for a column the store lacks."""
-    if not columns:
-        return "*"
-    unknown = [c for c in columns if c not in snap.step_columns]
-    if unknown:
-        raise HTTPException(status_code=404, detail=f"columns: {unknown} not in this store's steps; it has "
-                                                    f"{snap.step_columns}")
-    return ", ".join(quote_ident(c) for c in dict.fromkeys(columns))
+def group_columns(
+    by: Annotated[list[Annotated[str, Query(pattern=NAMES)]],
+                  Query(description=f"group by these columns of episodes ({EPISODE_COLUMNS}); repeat the parameter "
+                                    "or comma-separate names")] = [],  # noqa: B006
+) -> list[str]:
+    return [name for item in by for name in item.split(",")]
+
+
+ByDep = Annotated[list[str], Depends(group_columns)]

@@ -8,7 +8,7 @@ reported as orphans, not problems; :func:`remove_orphans` deletes those old enou
 certainly abandoned.
 
 >>> import trajstore, tempfile
->>> from trajstore.check import check
+>>> from trajstore.storage.check import check
 >>> report = check(trajstore.open(tempfile.mkdtemp(), create=True))
 >>> report.ok, report.files, report.episodes
 (True, 0, 0)
@@ -29,8 +29,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError
-from trajstore.query import Snapshot
-from trajstore.table import DataFile
+from trajstore.query import sql
+from trajstore.query.snapshot import Snapshot
+from trajstore.storage.table import DataFile
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -42,23 +43,6 @@ log = logging.getLogger(__name__)
 MAX_LISTED = 20
 KEY_COLUMNS = ("episode_id", "step", "terminated", "truncated")
 LOG_DIR = "_delta_log"
-
-# One row per (run_id, env_id, episode_id): everything the episode checks need, in one pass.
-_EPISODES = """
-CREATE TEMP TABLE check_episodes AS
-SELECT run_id, env_id, episode_id,
-       count(*) AS n_rows,
-       count(step) AS n_steps,
-       count(DISTINCT step) AS n_distinct,
-       min(step) AS first_step,
-       max(step) AS last_step,
-       count(*) FILTER (WHERE step = 0) AS starts,
-       min(step) FILTER (WHERE terminated OR truncated) AS end_step
-FROM steps GROUP BY run_id, env_id, episode_id
-"""
-_DEFECTS = ("episode_id IS NULL OR n_steps < n_rows OR n_distinct < n_steps OR first_step <> 0 "
-            "OR last_step <> n_distinct - 1 OR end_step < last_step")
-
 
 @dataclass
 class CheckReport:
@@ -211,8 +195,7 @@ def _check_episodes(files: list[DataFile], report: CheckReport) -> None:
         report.problems.append(f"the episode checks could not read the committed files: {snap}")
         return
     with snap:
-        report.episodes, report.steps = snap.con.execute(
-            "SELECT count(*), coalesce(sum(n_rows), 0) FROM check_episodes").fetchone()
+        report.episodes, report.steps = snap.con.execute(sql.CHECK_TOTALS).fetchone()
         _episode_defects(snap.con, report)
         _shared_ids(snap.con, report)
 
@@ -222,7 +205,7 @@ def _scan(files: list[DataFile]) -> Snapshot | duckdb.Error:
     snap: Snapshot | None = None
     try:
         snap = Snapshot(files)
-        snap.con.execute(_EPISODES)
+        snap.con.execute(sql.CHECK_EPISODES)
         return snap
     except duckdb.Error as exc:
         log.info("episode scan over %d files failed, reading them one by one: %s", len(files), exc)
@@ -244,10 +227,8 @@ def _decodable(files: list[DataFile], report: CheckReport) -> list[DataFile]:
 
 
 def _episode_defects(con: duckdb.DuckDBPyConnection, report: CheckReport) -> None:
-    total = con.execute(f"SELECT count(*) FROM check_episodes WHERE {_DEFECTS}").fetchone()[0]
-    rows = con.execute(
-        f"SELECT run_id, env_id, episode_id, n_rows, n_steps, n_distinct, first_step, last_step, starts, end_step "
-        f"FROM check_episodes WHERE {_DEFECTS} ORDER BY episode_id, run_id, env_id LIMIT {MAX_LISTED}").fetchall()
+    total = con.execute(sql.CHECK_DEFECT_COUNT).fetchone()[0]
+    rows = con.execute(sql.check_defects(MAX_LISTED)).fetchall()
     for run_id, env_id, episode_id, n_rows, n_steps, n_distinct, first, last, starts, end in rows:
         where = f"episode {episode_id} (run_id={run_id!r}, env_id={env_id!r})"
         key = {"run": run_id, "env": env_id, "id": episode_id}
@@ -272,18 +253,13 @@ def _episode_defects(con: duckdb.DuckDBPyConnection, report: CheckReport) -> Non
         report.problems.append(f"... and {total - len(rows)} more episodes with step defects")
 
 
-_ONE_EPISODE = "run_id = $run AND env_id = $env AND episode_id = $id AND step IS NOT NULL"
-
-
 def _duplicates(con: duckdb.DuckDBPyConnection, key: dict[str, object]) -> str:
-    steps = [r[0] for r in con.execute(
-        f"SELECT step FROM steps WHERE {_ONE_EPISODE} GROUP BY step HAVING count(*) > 1 ORDER BY step",
-        key).fetchall()]
+    steps = [r[0] for r in con.execute(sql.CHECK_DUPLICATE_STEPS, key).fetchall()]
     return "steps " + _ranges(np.asarray(steps))
 
 
 def _missing(con: duckdb.DuckDBPyConnection, key: dict[str, object], last: int) -> str:
-    present = np.asarray([r[0] for r in con.execute(f"SELECT DISTINCT step FROM steps WHERE {_ONE_EPISODE}", key)
+    present = np.asarray([r[0] for r in con.execute(sql.CHECK_PRESENT_STEPS, key)
                           .fetchall()], np.int64)
     return "steps " + _ranges(np.setdiff1d(np.arange(int(last) + 1), present))
 
@@ -299,10 +275,8 @@ def _ranges(values: np.ndarray, limit: int = 5) -> str:
 
 
 def _shared_ids(con: duckdb.DuckDBPyConnection, report: CheckReport) -> None:
-    query = ("SELECT episode_id, list(run_id || '/' || env_id ORDER BY run_id, env_id) FROM check_episodes "
-             "WHERE episode_id IS NOT NULL GROUP BY episode_id HAVING count(*) > 1")
-    total = con.execute(f"SELECT count(*) FROM ({query})").fetchone()[0]
-    for episode_id, parts in con.execute(f"{query} ORDER BY episode_id LIMIT {MAX_LISTED}").fetchall():
+    total = con.execute(sql.CHECK_SHARED_COUNT).fetchone()[0]
+    for episode_id, parts in con.execute(sql.check_shared(MAX_LISTED)).fetchall():
         report.problems.append(f"episode {episode_id} appears in {len(parts)} partitions (run_id/env_id): "
                                + ", ".join(parts))
     if total > MAX_LISTED:

@@ -20,11 +20,11 @@ import numpy as np
 
 from trajstore.errors import InputError
 from trajstore.rollout.progress import RolloutProgress
+from trajstore.rollout.target import RolloutTarget
 from trajstore.rollout.sampling import RolloutResult
-from trajstore.store import Store
 
 
-def import_minari(store: Store, dataset: Any, *, run_id: str | None = None, env_id: str | None = None,
+def import_minari(store: RolloutTarget, dataset: Any, *, run_id: str | None = None, env_id: str | None = None,
                   progress: bool = True) -> RolloutResult:
     """Store every episode of ``dataset`` (a Minari dataset id or a loaded ``MinariDataset``).
 

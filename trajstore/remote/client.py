@@ -23,13 +23,13 @@ import httpx
 import numpy as np
 import pyarrow as pa
 
-from trajstore.errors import RemoteError
+from trajstore.errors import InputError, RemoteError
+from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
+from trajstore.remote.stream import HttpByteStream, rebatch, shuffled
 from trajstore.schema import to_numpy
-from trajstore.stream import HttpByteStream, ipc_bytes, rebatch, shuffled
 
 log = logging.getLogger(__name__)
 
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
 RETRY_STATUSES = (502, 503, 504)
 BatchFormat = Literal["numpy", "jax", "arrow"]
 
@@ -120,9 +120,9 @@ class Client:
         ``shuffle_buffer`` rows, reproducibly for a given ``seed``; memory stays bounded by that buffer.
         """
         if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+            raise InputError(f"batch_size: must be a positive number of rows, got {batch_size}")
         if format not in ("numpy", "jax", "arrow"):
-            raise ValueError(f"format must be 'numpy', 'jax' or 'arrow', got {format!r}")
+            raise InputError(f"format: must be 'numpy', 'jax' or 'arrow', got {format!r}")
         params = {"columns": columns, "batch_rows": max(batch_size, 8192), **filters}
         with self._stream("/steps", params) as body:
             reader = pa.ipc.open_stream(body)
@@ -177,7 +177,7 @@ class Client:
 
     # --- writes -----------------------------------------------------------------------------------------
     def post_rows(self, run_id: str, env_id: str, rows: pa.Table, *, idempotency_key: str | None = None) -> dict:
-        """Append rows already cut into episodes (see :class:`~trajstore.remote.RemoteWriter`); retried safely."""
+        """Append rows already cut into episodes (see :class:`~trajstore.remote.writer.RemoteWriter`); retried safely."""
         return self.post_body(run_id, env_id, ipc_bytes(rows), idempotency_key=idempotency_key)
 
     def post_body(self, run_id: str, env_id: str, body: bytes, *, idempotency_key: str | None = None) -> dict:

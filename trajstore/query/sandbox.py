@@ -16,8 +16,9 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from trajstore.errors import QueryError, QueryRefusedError, QueryTimeoutError
-from trajstore.query import Snapshot, quote_literal
+from trajstore.errors import QueryError, QueryRefusedError, QueryTimeoutError, first_line
+from trajstore.query import sql
+from trajstore.query.snapshot import Snapshot
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def check_statement(con: duckdb.DuckDBPyConnection, query: str) -> None:
     try:
         statements = con.extract_statements(query)
     except duckdb.Error as exc:
-        raise QueryError(f"query: {_first_line(exc)}") from None
+        raise QueryError(f"query: {first_line(exc)}") from None
     if len(statements) != 1:
         raise QueryRefusedError(f"query: exactly one SELECT statement is allowed, got {len(statements)} statements")
     kind = statements[0].type
@@ -53,11 +54,8 @@ def check_statement(con: duckdb.DuckDBPyConnection, query: str) -> None:
 
 def harden(con: duckdb.DuckDBPyConnection, allowed: Path, limits: Limits) -> None:
     """Lock ``con`` down to reading files under ``allowed`` (views must already be defined)."""
-    con.execute(f"SET allowed_directories = [{quote_literal(str(allowed).rstrip('/') + '/')}]")
-    con.execute("SET enable_external_access = false")
-    con.execute(f"SET memory_limit = {quote_literal(limits.memory_limit)}")
-    con.execute(f"SET threads = {int(limits.threads)}")
-    con.execute("SET lock_configuration = true")
+    for statement in sql.hardening(str(allowed), memory_limit=limits.memory_limit, threads=limits.threads):
+        con.execute(statement)
 
 
 def run(snapshot: Snapshot, allowed: Path, query: str, limits: Limits) -> Result:
@@ -73,11 +71,11 @@ def run(snapshot: Snapshot, allowed: Path, query: str, limits: Limits) -> Result
         except duckdb.InterruptException:
             raise QueryTimeoutError(f"query: interrupted at the time limit of {limits.timeout_s:g} s") from None
         except duckdb.PermissionException as exc:
-            raise QueryRefusedError(f"query: reaches outside the store: {_first_line(exc)}") from None
+            raise QueryRefusedError(f"query: reaches outside the store: {first_line(exc)}") from None
         except duckdb.OutOfMemoryException:
             raise QueryError(f"query: exceeded the memory limit of {limits.memory_limit}") from None
         except duckdb.Error as exc:
-            raise QueryError(f"query: {_first_line(exc)}") from None
+            raise QueryError(f"query: {first_line(exc)}") from None
         finally:
             timer.cancel()
 
@@ -92,7 +90,3 @@ def _fetch(con: duckdb.DuckDBPyConnection, query: str, max_rows: int) -> Result:
             break
     table = pa.Table.from_batches(batches, schema=reader.schema)
     return Result(table.slice(0, max_rows), rows > max_rows)
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

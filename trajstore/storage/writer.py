@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore import schema as sch
-from trajstore.episode_ids import EpisodeIds
 from trajstore.errors import InputError, SchemaMismatchError, WriterClosedError
-from trajstore.segment import Autoreset, Cursors, Segments, segment
-from trajstore.table import StepsTable, WrittenFile
+from trajstore.storage.episode_ids import EpisodeIds
+from trajstore.storage.segment import Autoreset, Cursors, Segments, segment
+from trajstore.storage.sink import Sink
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class Writer:
     committed too; the next call continues their ``step`` and ``episode_id``.
     """
 
-    def __init__(self, table: StepsTable, *, run_id: str, env_id: str, observation_space: Any = None,
+    def __init__(self, sink: Sink[Any], *, run_id: str, env_id: str, observation_space: Any = None,
                  action_space: Any = None, autoreset: Autoreset = "same-step",
                  flush_bytes: int = 128 * 1024 * 1024, worker_id: str | None = None,
                  **lineage: Any) -> None:
@@ -52,7 +52,7 @@ class Writer:
         _check_name("env_id", env_id)
         if autoreset not in AUTORESET_MODES:
             raise InputError(f"autoreset must be one of {AUTORESET_MODES}, got {autoreset!r}")
-        self.table, self.run_id, self.env_id = table, run_id, env_id
+        self.sink, self.run_id, self.env_id = sink, run_id, env_id
         self.autoreset: Autoreset = autoreset
         self.flush_bytes = flush_bytes
         self.lineage = {"worker_id": worker_id or f"{socket.gethostname()}:{os.getpid()}", **lineage}
@@ -64,7 +64,7 @@ class Writer:
         self._buffered_bytes = 0
         # Two stages, one thread each: Parquet encoding of one buffer, and fsync + commit of the files in
         # the order they were written, so syncing one file overlaps encoding the next.
-        self._encoding: Future[WrittenFile] | None = None
+        self._encoding: Future[Any] | None = None
         self._commits: list[Future[str]] = []
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-encode")
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-commit")
@@ -150,9 +150,9 @@ class Writer:
     # --- internals ------------------------------------------------------------------------------------
 
     def _initial_types(self, observation_space: Any, action_space: Any) -> dict[str, pa.DataType]:
-        stored = self.table.file_schema(env_id=self.env_id)
+        stored = self.sink.file_schema(env_id=self.env_id)
         types: dict[str, pa.DataType] = {f.name: f.type for f in stored} if stored is not None else {}
-        others = self.table.file_schema()
+        others = self.sink.file_schema()
         self._other_envs = {f.name: f.type for f in others} if others is not None else {}
         declared: dict[str, pa.DataType] = {}
         if observation_space is not None:
@@ -229,9 +229,9 @@ class Writer:
         self._collect(keep=1)  # files in flight: at most the previous one syncing/committing and this one
         if self._encoding is not None:
             self._encoding.result()
-        self._encoding = self._encoder.submit(self.table.write, data, run_id=self.run_id, env_id=self.env_id)
+        self._encoding = self._encoder.submit(self.sink.write, data, run_id=self.run_id, env_id=self.env_id)
         previous = self._commits[-1] if self._commits else None
-        self._commits.append(self._committer.submit(_commit_in_order, self.table, self._encoding, previous))
+        self._commits.append(self._committer.submit(_commit_in_order, self.sink, self._encoding, previous))
 
     def _wait(self) -> None:
         self._collect(keep=0)
@@ -243,11 +243,11 @@ class Writer:
             self.files_committed.append(self._commits.pop(0).result())
 
 
-def _commit_in_order(table: StepsTable, written: Future[WrittenFile], previous: Future[str] | None) -> str:
-    """Commit a file once it is written and the file before it is committed (a failure stops the chain)."""
+def _commit_in_order(sink: Sink[Any], written: Future[Any], previous: Future[str] | None) -> str:
+    """Commit a buffer once it is encoded and the one before it is committed (a failure stops the chain)."""
     if previous is not None:
         previous.result()
-    return table.commit(written.result())
+    return sink.commit(written.result())
 
 
 # --- helpers (pure functions over the batch) --------------------------------------------------------------

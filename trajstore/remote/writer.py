@@ -1,6 +1,6 @@
 """Writing to a store through its REST service, for rollout workers without access to the store's disk.
 
-:class:`RemoteWriter` is a :class:`~trajstore.writer.Writer` (same ``add_batch``, ``add_step``,
+:class:`RemoteWriter` is a :class:`~trajstore.storage.writer.Writer` (same ``add_batch``, ``add_step``,
 ``flush``, ``close``, same checks, same episode cutting) whose commits go to
 ``POST /runs/{run_id}/batches`` instead of the local Delta log. Each commit carries its own
 ``Idempotency-Key``, so a retried request never stores rows twice.
@@ -20,9 +20,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from trajstore.client import Client
-from trajstore.stream import ipc_bytes
-from trajstore.writer import Writer
+from trajstore.errors import QueryError
+from trajstore.remote.client import Client
+from trajstore.remote.wire import ipc_bytes
+from trajstore.storage.writer import Writer
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,9 @@ class EncodedRows:
 class RemoteSink:
     """Where a :class:`Writer` sends its commits: the service's ingest endpoint.
 
-    Same two stages as :class:`~trajstore.table.StepsTable`: ``write`` encodes (on the writer's
-    encoding thread), ``commit`` sends (on its commit thread).
+    A :class:`~trajstore.storage.sink.Sink` with the same two stages as the store's
+    :class:`~trajstore.storage.table.StepsTable`: ``write`` encodes (on the writer's encoding thread),
+    ``commit`` sends (on its commit thread).
     """
 
     def __init__(self, client: Client) -> None:
@@ -52,12 +54,9 @@ class RemoteSink:
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> EncodedRows:
         return EncodedRows(ipc_bytes(data), run_id, env_id, uuid.uuid4().hex)
 
-    def commit(self, encoded: EncodedRows, *, app_id: str | None = None) -> str:
+    def commit(self, encoded: EncodedRows) -> str:
         self.client.post_body(encoded.run_id, encoded.env_id, encoded.body, idempotency_key=encoded.key)
         return f"{self.client.url}/runs/{encoded.run_id}/batches#{encoded.key}"
-
-    def append(self, data: pa.Table, *, run_id: str, env_id: str) -> str:
-        return self.commit(self.write(data, run_id=run_id, env_id=env_id))
 
 
 class RemoteWriter(Writer):
@@ -66,8 +65,8 @@ class RemoteWriter(Writer):
     def __init__(self, url: str | Client, *, api_key: str | None = None, run_id: str, env_id: str,
                  flush_bytes: int = 16 * 1024 * 1024, **options: Any) -> None:
         self.client = url if isinstance(url, Client) else Client(url, api_key=api_key)
-        super().__init__(RemoteSink(self.client), run_id=run_id, env_id=env_id,  # type: ignore[arg-type]
-                         flush_bytes=flush_bytes, **options)
+        super().__init__(RemoteSink(self.client), run_id=run_id, env_id=env_id, flush_bytes=flush_bytes,
+                         **options)
 
 
 class RemoteStore:
@@ -85,8 +84,9 @@ class RemoteStore:
         return RemoteWriter(self.client, run_id=run_id, env_id=env_id, **options)
 
     def sql(self, query: str) -> pa.Table:
-        table = self.client.sql(query)
-        assert isinstance(table, pa.Table)
+        table = self.client.sql(query, as_="arrow")
+        if not isinstance(table, pa.Table):
+            raise QueryError(f"{self.root}: POST /sql did not answer with an Arrow table")
         return table
 
     def close(self) -> None:

@@ -1,0 +1,9 @@
+"""The ``trajstore`` command line: :mod:`~trajstore.cli.main` (entry point and error handling),
+:mod:`~trajstore.cli.parser` (subcommands and options), :mod:`~trajstore.cli.commands` (what each does) and
+:mod:`~trajstore.cli.formats` (tables, CSV, JSON lines, Parquet for a shell)."""
+
+from __future__ import annotations
+
+from trajstore.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,129 @@
+"""The ``trajstore`` subcommands: each takes the parsed arguments, does its work through the library and
+prints its result (see :mod:`trajstore.cli.parser` for their options)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from trajstore.errors import InputError
+
+EXIT_PROBLEMS = 1
+
+
+def _open(path: str, create: bool = False) -> Any:
+    import trajstore
+
+    return trajstore.open(path, create=create)
+
+
+def _emit(args: argparse.Namespace, table: Any) -> None:
+    from trajstore.cli import formats
+
+    formats.write(table, args.format, sys.stdout, output=args.output)
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    if args.episodes is None and args.steps is None:
+        raise InputError("rollout: give --episodes N or --steps N (or both)")
+    if args.url:
+        from trajstore.remote.writer import RemoteStore
+
+        store: Any = RemoteStore(args.url, api_key=args.api_key)
+    else:
+        store = _open(args.store, create=True)
+    lineage = {"policy_version": args.policy_version} if args.policy_version is not None else {}
+    if args.backend == "jax":
+        from trajstore.rollout import jax_rollout
+
+        result = jax_rollout(store, args.env, run_id=args.run, num_envs=args.num_envs,
+                             rollout_length=args.rollout_length, episodes=args.episodes, steps=args.steps,
+                             seed=args.seed, progress=not args.no_progress, **lineage)
+    else:
+        from trajstore.rollout import gym_rollout
+
+        result = gym_rollout(store, args.env, run_id=args.run, num_envs=args.num_envs, episodes=args.episodes,
+                             steps=args.steps, seed=args.seed, autoreset=args.autoreset,
+                             progress=not args.no_progress, **lineage)
+    print(f"stored {result.steps} steps, {result.episodes} complete episodes of {result.env_id} "
+          f"as run {result.run_id!r} in {store.root} ({result.steps_per_second:,.0f} steps/s)")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from trajstore.rollout.minari import import_minari
+
+    store = _open(args.store, create=True)
+    result = import_minari(store, args.dataset, run_id=args.run, env_id=args.env, progress=not args.no_progress)
+    print(f"imported {result.steps} steps, {result.episodes} complete episodes of {args.source} dataset "
+          f"{args.dataset!r} as run {result.run_id!r} ({result.env_id}) in {store.root}")
+    return 0
+
+
+def _split(values: list[str]) -> list[str]:
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    store = _open(args.store)
+    table = store.stats(by=_split(args.by), gamma=args.gamma, where=args.where, run_id=args.run,
+                        env_id=args.env, include_incomplete=args.include_incomplete)
+    _emit(args, table)
+    return 0
+
+
+def cmd_episodes(args: argparse.Namespace) -> int:
+    store = _open(args.store)
+    table = store.episodes(run_id=args.run, env_id=args.env, complete=args.complete, where=args.where,
+                           gamma=args.gamma, order_by=args.order_by, limit=args.limit, offset=args.offset)
+    _emit(args, table)
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    _emit(args, _open(args.store).sql(args.query))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import uvicorn
+
+    from trajstore.api.app import create_app
+    from trajstore.settings import Settings
+
+    settings = Settings.from_env()
+    overrides = {"store": args.store, "host": args.host, "port": args.port, "api_key": args.api_key}
+    settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    app = create_app(settings)
+    print(f"trajstore: serving {app.state.store.root} on http://{settings.host}:{settings.port} "
+          f"(dashboard at /dashboard, OpenAPI at /openapi.json)", flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from trajstore.storage.compact import compact
+
+    report = compact(_open(args.store), run_id=_split(args.run) or None, env_id=_split(args.env) or None,
+                     target_bytes=int(args.target_mb * 2**20), progress=not args.no_progress)
+    print(report.format())
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from trajstore.storage.check import check
+
+    store = _open(args.store)
+    report = check(store)
+    print(report.format())
+    if args.remove_orphans:
+        from trajstore.storage.check import remove_orphans
+
+        removed = remove_orphans(store, older_than_s=args.older_than * 60)
+        kept = len(report.orphans) - len(removed)
+        print(f"removed {len(removed)} orphan file(s) older than {args.older_than:g} minutes"
+              + (f"; kept {kept} newer one(s)" if kept > 0 else ""))
+    return 0 if report.ok else EXIT_PROBLEMS

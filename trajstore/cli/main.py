@@ -1,0 +1,55 @@
+"""The ``trajstore`` command's entry point: parse, run the command, turn any error into one line.
+
+Errors are printed as one line (``trajstore: error: …``) with exit status 2; ``check`` exits 1
+when the store has problems. Set ``TRAJSTORE_DEBUG=1`` to see a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Sequence
+
+from trajstore.cli.parser import build_parser
+from trajstore.errors import TrajstoreError
+from trajstore.settings import Settings
+
+log = logging.getLogger(__name__)
+
+EXIT_ERROR = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(_attach_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("trajstore: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the one place that turns errors into a message and an exit code
+        if Settings.from_env().debug:
+            raise
+        print(f"trajstore: error: {_message(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    """``--order-by -episode_return`` means descending order, not an unknown option."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--order-by" and arg.startswith("-"):
+            out[-1] = f"--order-by={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _message(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, (TrajstoreError, OSError)):
+        return text
+    return f"{type(exc).__name__}: {text} (set TRAJSTORE_DEBUG=1 for a traceback)"

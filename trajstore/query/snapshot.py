@@ -1,0 +1,101 @@
+"""DuckDB over one committed snapshot of the store: the ``steps`` and ``episodes`` views.
+
+``steps`` reads exactly the files listed by one version of the Delta log with DuckDB's native
+``read_parquet`` (never a glob); ``episodes`` is built from ``schemas/episode.v1.json``. The SQL of both
+comes from :mod:`trajstore.query.sql`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import duckdb
+import pyarrow as pa
+
+from trajstore.errors import QueryError, UnknownColumnError, first_line
+from trajstore.query import sql
+from trajstore.storage.table import DataFile
+
+
+def ids_disjoint(files: Sequence[DataFile]) -> bool:
+    """Whether no ``episode_id`` can be in two ``(run_id, env_id)`` partitions, judged from the files'
+    episode_id ranges in the commit log (each writer draws its ids from its own random block)."""
+    spans: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for f in files:
+        if f.min_episode_id is None or f.max_episode_id is None:
+            return False
+        spans.setdefault((f.run_id, f.env_id), []).append((f.min_episode_id, f.max_episode_id))
+    merged = sorted(span for part in spans.values() for span in _merge(part))
+    return all(b[0] > a[1] for a, b in zip(merged, merged[1:]))
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping ``(lo, hi)`` spans merged (within one partition)."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def check_names(names: Sequence[str], known: Sequence[str], *, view: str, field: str) -> None:
+    """Raise an :class:`UnknownColumnError` naming ``field`` when a name is not one of ``known`` (columns of
+    ``view``). Every unknown column anywhere (Python, CLI, REST) is reported by this one message."""
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UnknownColumnError(f"{field}: unknown column(s) {unknown} of {view}; expected some of {list(known)}")
+
+
+class Snapshot:
+    """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store."""
+
+    def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None,
+                 con: duckdb.DuckDBPyConnection | None = None) -> None:
+        self.files = list(files)
+        self.con = con if con is not None else duckdb.connect(config=config or {})
+        self.con.execute(sql.create_view("committed_steps", sql.steps_view(self.files)))
+        stored = self.columns("committed_steps")
+        self.con.execute(sql.create_view("steps", sql.with_lineage(stored, "committed_steps")))
+        self.step_columns = self.columns("steps")
+        self.by_id = ids_disjoint(self.files)
+        self.con.execute(sql.create_view("episodes", sql.episodes_view(self.step_columns, by_id=self.by_id)))
+        self.episodes_materialized = False
+
+    def columns(self, view: str) -> list[str]:
+        """The column names of ``view``."""
+        return [r[0] for r in self.con.execute(sql.describe(view)).fetchall()]
+
+    def use_episodes(self, table: pa.Table) -> None:
+        """Make the ``episodes`` view read ``table``: the rows of this very view, materialized earlier."""
+        self.con.register("materialized_episodes", table)
+        self.con.execute(sql.create_view("episodes", sql.select_all("materialized_episodes")))
+        self.episodes_materialized = True
+
+    def arrow(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
+        try:
+            return self.con.sql(query, params=params or None).to_arrow_table()
+        except duckdb.Error as exc:
+            raise QueryError(f"query failed: {first_line(exc)}") from exc
+
+    def reader(self, query: str, params: dict[str, Any] | None = None,
+               batch_size: int = 65_536) -> pa.RecordBatchReader:
+        try:
+            return self.con.sql(query, params=params or None).to_arrow_reader(batch_size)
+        except duckdb.Error as exc:
+            raise QueryError(f"query failed: {first_line(exc)}") from exc
+
+    def check_columns(self, names: Sequence[str], *, view: str = "episodes", field: str = "by") -> None:
+        """Raise an :class:`UnknownColumnError` naming ``field`` when a name is not a column of ``view``."""
+        known = self.step_columns if view == "steps" else self.columns(view)
+        check_names(names, known, view=view, field=field)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,350 @@
+"""Every SQL string trajstore runs is built here, and only here.
+
+Identifiers are always double-quoted and literals single-quoted (quotes doubled), whatever they hold;
+numbers are formatted from ``int``/``float`` values, never pasted as text. The only SQL text that reaches
+a query from outside is a caller's own ``where`` condition (the Python ``where=`` argument, the CLI's
+``--where``), which is theirs to write and is always wrapped in parentheses; typed filters
+(:class:`~trajstore.query.filters.EpisodeFilter`, the REST parameters) are rendered here with every value
+quoted.
+
+>>> ident('x") OR (1=1')
+'"x"") OR (1=1"'
+>>> in_list("run_id", ["a'b", "c"])
+'"run_id" IN (\\'a\\'\\'b\\', \\'c\\')'
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from trajstore import schema as sch
+from trajstore.errors import InputError
+from trajstore.query.filters import EpisodeFilter
+from trajstore.storage.table import DataFile
+
+STAT_KEYS = ("n_traj", "return_min", "return_mean", "return_std", "return_max",
+             "len_min", "len_mean", "len_std", "len_max")
+
+# --- quoting -------------------------------------------------------------------------------------------------
+
+
+def ident(name: str) -> str:
+    """``name`` as a double-quoted identifier (any text, quotes doubled)."""
+    if not isinstance(name, str):
+        raise InputError(f"column name: expected a string, got {type(name).__name__}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def literal(value: Any) -> str:
+    """A Python value as a SQL literal: strings quoted, numbers formatted, ``None`` as NULL."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        if not math.isfinite(value):
+            raise InputError(f"expected a finite number, got {value}")
+        return repr(float(value))
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise InputError(f"cannot use a {type(value).__name__} as a SQL value: {value!r}")
+
+
+def in_list(column: str, values: Any) -> str:
+    """``"column" IN (v, …)``; one value or many; no values select nothing."""
+    if isinstance(values, (str, int, np.integer)):
+        values = [values]
+    items = ", ".join(literal(v) for v in values)
+    return f"{ident(column)} IN ({items})" if items else "false"
+
+
+def where(conds: Sequence[str]) -> str:
+    """`` WHERE a AND b`` (empty for no conditions)."""
+    return f" WHERE {' AND '.join(conds)}" if conds else ""
+
+
+def user_condition(text: str) -> str:
+    """A caller's own SQL condition, parenthesised so that it cannot change the conditions around it."""
+    return f"({text})"
+
+
+def order(column: str, *, descending: bool = False, tie: str | None = "episode_id") -> str:
+    """`` ORDER BY "column" ASC|DESC[, tie]``."""
+    out = f" ORDER BY {ident(column)} {'DESC' if descending else 'ASC'}"
+    return out + (f", {ident(tie)}" if tie and tie != column else "")
+
+
+def page(limit: int | None, offset: int = 0) -> str:
+    """`` LIMIT n OFFSET m`` (nothing without a limit); both must be whole numbers >= 0."""
+    for name, value in (("limit", limit), ("offset", offset)):
+        if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0):
+            raise InputError(f"{name}: must be a whole number >= 0, got {value!r}")
+    if limit is None:
+        return f" OFFSET {int(offset)}" if offset else ""
+    return f" LIMIT {int(limit)} OFFSET {int(offset)}"
+
+
+def select_list(columns: Sequence[str]) -> str:
+    """Quoted column names, or ``*`` for none."""
+    return ", ".join(ident(c) for c in dict.fromkeys(columns)) if columns else "*"
+
+
+# --- conditions ----------------------------------------------------------------------------------------------
+
+
+def conditions(*, run_id: Any = None, env_id: Any = None, episode_id: Any = None, where: str | None = None,
+               filter: EpisodeFilter | None = None) -> list[str]:  # noqa: A002 - the public keyword
+    """The conditions of the common filter keywords (each ``None`` for no condition)."""
+    conds = []
+    if run_id is not None:
+        conds.append(in_list("run_id", run_id))
+    if env_id is not None:
+        conds.append(in_list("env_id", env_id))
+    if episode_id is not None:
+        conds.append(in_list("episode_id", np.atleast_1d(np.asarray(episode_id, np.int64)).tolist()))
+    if filter is not None:
+        conds += filter_conditions(filter)
+    if where:
+        conds.append(user_condition(where))
+    return conds
+
+
+def filter_conditions(flt: EpisodeFilter) -> list[str]:
+    """The conditions of a typed episode filter over the ``episodes`` view (every name and value quoted)."""
+    conds = [in_list(name, values) for name, values in
+             (("run_id", flt.run_id), ("env_id", flt.env_id), ("episode_id", flt.episode_id)) if values]
+    for name in ("complete", "terminated", "truncated"):
+        value = getattr(flt, name)
+        if value is not None:
+            conds.append(ident(name) if value else f"NOT {ident(name)}")
+    bounds = (("episode_return", ">=", flt.min_return), ("episode_return", "<=", flt.max_return),
+              ("episode_length", ">=", flt.min_length), ("episode_length", "<=", flt.max_length))
+    conds += [f"{ident(col)} {op} {literal(float(v))}" for col, op, v in bounds if v is not None]
+    conds += [in_list(name, values) for name, values in flt.lineage.items() if values]
+    return conds
+
+
+def episodes_selected(conds: Sequence[str]) -> str:
+    """A condition on ``steps`` keeping the episodes that ``conds`` (over ``episodes``) select."""
+    return f"episode_id IN (SELECT episode_id FROM episodes{where(conds)})"
+
+
+# --- the views -----------------------------------------------------------------------------------------------
+
+_DUCKDB = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float32(): "FLOAT",
+           pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN", pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ"}
+EMPTY_SPACE_TYPES = {"observation": "FLOAT[]", "action": "BIGINT"}  # an empty store's obs/action columns
+
+
+def duckdb_type(name: str) -> str:
+    """The DuckDB type of a type name of the schema files."""
+    return _DUCKDB[sch.arrow_type(name)]
+
+
+def _typed_null(column: dict[str, Any]) -> str:
+    kind = EMPTY_SPACE_TYPES[column["space"]] if column["type"] == "space" else duckdb_type(column["type"])
+    return f"NULL::{kind} AS {ident(column['name'])}"
+
+
+def steps_view(files: Sequence[DataFile]) -> str:
+    """The SELECT behind the stored steps of a committed file list (never a glob)."""
+    if not files:
+        return f"SELECT {', '.join(_typed_null(c) for c in sch.step_columns())} WHERE false"
+    paths = ", ".join(literal(f.path) for f in files)
+    return ("SELECT run_id, env_id, * EXCLUDE (run_id, env_id) FROM read_parquet("
+            f"[{paths}], hive_partitioning = true, union_by_name = true, "
+            "hive_types = {'run_id': VARCHAR, 'env_id': VARCHAR})")
+
+
+def with_lineage(stored: Sequence[str], source: str) -> str:
+    """``source`` with every lineage column of ``step.v1.json`` it lacks added as a typed NULL, and the
+    columns in one order: the schema's, then its lineage columns, then other extras by name.
+
+    So ``steps`` and ``episodes`` have the same columns in every store, whatever its writers recorded,
+    and in the same order whatever the order of the files (which compaction changes).
+    """
+    spec = sch.load(sch.STEP_SCHEMA_FILE)
+    select = []
+    for c in spec["columns"]:
+        if c["name"] in stored:
+            select.append(ident(c["name"]))
+        elif c.get("role") == "lineage":
+            select.append(_typed_null(c))
+    for c in spec["lineage"]:
+        select.append(ident(c["name"]) if c["name"] in stored else _typed_null(c))
+    described = {c["name"] for c in spec["columns"] + spec["lineage"]}
+    select += [ident(n) for n in sorted(n for n in stored if n not in described)]
+    return f"SELECT {', '.join(select)} FROM {source}"
+
+
+def episodes_view(step_columns: Sequence[str], *, discounted: bool = False, source: str = "steps",
+                  by_id: bool = False) -> str:
+    """The SELECT behind the ``episodes`` view; with ``discounted`` it adds ``discounted_return`` for ``$gamma``.
+
+    With ``by_id`` (only when episode ids are known to be disjoint between partitions) it groups by
+    ``episode_id`` alone, the same episodes for less work: the other group keys are then constant within
+    each episode.
+    """
+    spec = sch.load(sch.EPISODE_SCHEMA_FILE)
+    keys = ["episode_id"] if by_id else spec["group_by"]
+    cols = [f"{_in_group(c['sql'], keys, spec['group_by'])} AS {ident(c['name'])}" for c in spec["columns"]]
+    cols += [spec["lineage"]["sql"].format(name=ident(n)) + f" AS {ident(n)}"
+             for n in sch.episode_lineage() if n in step_columns]
+    if discounted:
+        cols.append(f"{discounted_sum('reward', 'step')} AS discounted_return")
+    return f"SELECT {', '.join(cols)} FROM {source} GROUP BY {', '.join(keys)}"
+
+
+def discounted_sum(reward: str, step: str) -> str:
+    """``sum_t gamma**t r_t`` of a group, in float64 from the stored rewards, for the parameter ``$gamma``."""
+    return f"sum({reward}::DOUBLE * pow($gamma::DOUBLE, {step}))"
+
+
+def _in_group(expr: str, keys: Sequence[str], group_by: Sequence[str]) -> str:
+    return f"any_value({expr})" if expr in group_by and expr not in keys else expr
+
+
+def describe(view: str) -> str:
+    return f"DESCRIBE {ident(view)}"
+
+
+def create_view(name: str, select: str) -> str:
+    return f"CREATE OR REPLACE TEMP VIEW {ident(name)} AS {select}"
+
+
+def select_all(source: str, *, limit: int | None = None) -> str:
+    return f"SELECT * FROM {ident(source)}{page(limit)}"
+
+
+# --- queries of the Store ------------------------------------------------------------------------------------
+
+
+def episodes(conds: Sequence[str], *, source: str, order_by: str, descending: bool, limit: int | None,
+             offset: int = 0, total: str | None = None) -> str:
+    """One page of episodes from ``source`` (the view, or the view with ``discounted_return``)."""
+    count = f", count(*) OVER () AS {ident(total)}" if total else ""
+    return (f"SELECT *{count} FROM {source}{where(conds)}{order(order_by, descending=descending)}"
+            f"{page(limit, offset)}")
+
+
+def subquery(select: str) -> str:
+    return f"({select})"
+
+
+def stats(by: Sequence[str], *, discounted: bool, conds: Sequence[str], include_incomplete: bool,
+          source: str) -> str:
+    """Episode statistics with the keys of ``imitation.data.rollout.rollout_stats`` (std as ``numpy.std``),
+    over ``source`` (a relation with the ``episodes`` view's columns)."""
+    metrics = [("return", "episode_return"), ("len", "episode_length")]
+    if discounted:
+        metrics.append(("discounted_return", "discounted_return"))
+    aggs = ["count(*) AS n_traj"]
+    for key, col in metrics:
+        aggs += [f"min({col})::DOUBLE AS {key}_min", f"avg({col})::DOUBLE AS {key}_mean",
+                 f"coalesce(stddev_pop({col}), 0)::DOUBLE AS {key}_std", f"max({col})::DOUBLE AS {key}_max"]
+    conds = ([] if include_incomplete else ["complete"]) + list(conds)
+    keys = ", ".join(ident(b) for b in by)
+    select = (keys + ", " if keys else "") + ", ".join(aggs)
+    tail = f" GROUP BY {keys} ORDER BY {keys}" if keys else ""
+    return f"SELECT {select} FROM {source}{where(conds)}{tail}"
+
+
+RUNS = """
+SELECT run_id, env_id, count(*) AS episodes, count(*) FILTER (WHERE complete) AS complete_episodes,
+       sum(episode_length)::BIGINT AS steps, max(ended_at) AS last_write
+FROM episodes GROUP BY run_id, env_id ORDER BY run_id, env_id
+"""
+
+
+def episode_ids(conds: Sequence[str]) -> str:
+    return f"SELECT episode_id FROM episodes{where(conds)}"
+
+
+def episode_returns(conds: Sequence[str], *, source: str, limit: int | None) -> str:
+    return (f"SELECT run_id, env_id, episode_id, episode_length, episode_return, discounted_return, complete "
+            f"FROM {source}{where(conds)} ORDER BY episode_id{page(limit)}")
+
+
+def step_counts(conds: Sequence[str]) -> str:
+    """Steps per selected episode, by episode id."""
+    return f"SELECT episode_id, count(*) AS n FROM steps{where(conds)} GROUP BY episode_id ORDER BY episode_id"
+
+
+def episode_id_at_most(episode_id: int) -> str:
+    return f"episode_id <= {literal(int(episode_id))}"
+
+
+def step_rewards(files: Sequence[DataFile], conds: Sequence[str]) -> str:
+    """``run_id, env_id, episode_id, step, reward`` of the selected steps, the partition columns cast to
+    DuckDB ENUMs of the committed values, so that Arrow receives them dictionary-encoded (a byte per row)."""
+    cols = []
+    for name in ("run_id", "env_id"):
+        values = sorted({getattr(f, name) for f in files})
+        cols.append(f"{name}::ENUM({', '.join(map(literal, values))}) AS {name}" if values else name)
+    return f"SELECT {', '.join(cols)}, episode_id, step, reward FROM steps{where(conds)}"
+
+
+def steps(columns: Sequence[str], conds: Sequence[str], *, limit: int | None = None, offset: int = 0) -> str:
+    """Selected steps in ``(episode_id, step)`` order."""
+    return f"SELECT {select_list(columns)} FROM steps{where(conds)} ORDER BY episode_id, step{page(limit, offset)}"
+
+
+def count_other_mode(run_id: str, mode: str) -> str:
+    """Steps of ``run_id`` whose lineage ``mode`` is not ``mode`` (``eval`` against train or untagged)."""
+    other = "mode IS DISTINCT FROM 'eval'" if mode == "eval" else "mode = 'eval'"
+    return f"SELECT count(*) AS n FROM steps WHERE {in_list('run_id', run_id)} AND {other}"
+
+
+# --- the sandbox ---------------------------------------------------------------------------------------------
+
+
+def hardening(allowed: str, *, memory_limit: str, threads: int) -> list[str]:
+    """DuckDB's "Securing DuckDB" settings: files under ``allowed`` only, no external access, locked."""
+    return [f"SET allowed_directories = [{literal(allowed.rstrip('/') + '/')}]",
+            "SET enable_external_access = false",
+            f"SET memory_limit = {literal(memory_limit)}",
+            f"SET threads = {int(threads)}",
+            "SET lock_configuration = true"]
+
+
+# --- the consistency check -----------------------------------------------------------------------------------
+
+CHECK_EPISODES = """
+CREATE TEMP TABLE check_episodes AS
+SELECT run_id, env_id, episode_id,
+       count(*) AS n_rows,
+       count(step) AS n_steps,
+       count(DISTINCT step) AS n_distinct,
+       min(step) AS first_step,
+       max(step) AS last_step,
+       count(*) FILTER (WHERE step = 0) AS starts,
+       min(step) FILTER (WHERE terminated OR truncated) AS end_step
+FROM steps GROUP BY run_id, env_id, episode_id
+"""
+_DEFECTS = ("episode_id IS NULL OR n_steps < n_rows OR n_distinct < n_steps OR first_step <> 0 "
+            "OR last_step <> n_distinct - 1 OR end_step < last_step")
+CHECK_TOTALS = "SELECT count(*), coalesce(sum(n_rows), 0) FROM check_episodes"
+CHECK_DEFECT_COUNT = f"SELECT count(*) FROM check_episodes WHERE {_DEFECTS}"
+
+
+def check_defects(limit: int) -> str:
+    return (f"SELECT run_id, env_id, episode_id, n_rows, n_steps, n_distinct, first_step, last_step, starts, "
+            f"end_step FROM check_episodes WHERE {_DEFECTS} ORDER BY episode_id, run_id, env_id{page(limit)}")
+
+
+_ONE_EPISODE = "run_id = $run AND env_id = $env AND episode_id = $id AND step IS NOT NULL"
+CHECK_DUPLICATE_STEPS = f"SELECT step FROM steps WHERE {_ONE_EPISODE} GROUP BY step HAVING count(*) > 1 ORDER BY step"
+CHECK_PRESENT_STEPS = f"SELECT DISTINCT step FROM steps WHERE {_ONE_EPISODE}"
+_SHARED = ("SELECT episode_id, list(run_id || '/' || env_id ORDER BY run_id, env_id) FROM check_episodes "
+           "WHERE episode_id IS NOT NULL GROUP BY episode_id HAVING count(*) > 1")
+CHECK_SHARED_COUNT = f"SELECT count(*) FROM ({_SHARED})"
+
+
+def check_shared(limit: int) -> str:
+    return f"{_SHARED} ORDER BY episode_id{page(limit)}"

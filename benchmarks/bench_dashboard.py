@@ -35,7 +35,7 @@ import httpx  # noqa: E402
 import trajstore  # noqa: E402
 from trajstore.api.app import create_app  # noqa: E402
 from tests.api.conftest import serve  # noqa: E402
-from tests.dashboard.synthetic import write_learning_runs  # noqa: E402
+from tests.api.dashboard.synthetic import write_learning_runs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import cpu_model, publish  # noqa: E402

@@ -1,11 +1,9 @@
-"""Shared fixtures: a fresh store per test, random time-major batches, and a plain reference segmentation."""
+"""Fixtures shared by every test: a fresh store per test (helpers are in ``tests/helpers.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pytest
 
 import trajstore
@@ -14,92 +12,3 @@ import trajstore
 @pytest.fixture
 def store(tmp_path: Any) -> trajstore.Store:
     return trajstore.open(tmp_path / "store", create=True)
-
-
-def make_batch(rng: np.random.Generator, T: int, B: int, *, obs_dim: int = 3, p_terminated: float = 0.1,
-               p_truncated: float = 0.05, valid: np.ndarray | None = None,
-               extras: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A random ``(T, B, …)`` batch: float32 obs/next_obs of ``obs_dim``, int actions, float32 rewards."""
-    batch: dict[str, Any] = {
-        "obs": rng.standard_normal((T, B, obs_dim)).astype(np.float32),
-        "action": rng.integers(0, 4, (T, B)),
-        "reward": rng.uniform(-1, 1, (T, B)).astype(np.float32),
-        "next_obs": rng.standard_normal((T, B, obs_dim)).astype(np.float32),
-        "terminated": rng.random((T, B)) < p_terminated,
-        "truncated": rng.random((T, B)) < p_truncated,
-    }
-    if valid is not None:
-        batch["valid"] = valid
-    if extras:
-        batch["extras"] = extras
-    return batch
-
-
-def slice_batch(batch: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
-    """Rows ``start:stop`` of the time axis of every array in ``batch`` (nested dicts too)."""
-    return {k: slice_batch(v, start, stop) if isinstance(v, dict) else v[start:stop] for k, v in batch.items()}
-
-
-@dataclass
-class RefEpisode:
-    """One episode of the reference segmentation: its env, the global time index of each step, and flags."""
-
-    env: int
-    t: list[int] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
-    terminated: list[bool] = field(default_factory=list)
-    truncated: list[bool] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        return bool(self.terminated[-1] or self.truncated[-1])
-
-
-def reference_episodes(reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                       valid: np.ndarray | None = None, *, autoreset: str = "same-step") -> list[RefEpisode]:
-    """Plain-loop segmentation of a whole ``(T, B)`` stream, env by env in time order.
-
-    same-step: an episode ends at a step with terminated or truncated; the next valid step starts
-    a new one. next-step: in addition, the first valid step after an end is gymnasium's reset step
-    and is not a transition.
-    """
-    T, B = reward.shape
-    valid = np.ones((T, B), bool) if valid is None else valid
-    out: list[RefEpisode] = []
-    for b in range(B):
-        current: RefEpisode | None = None
-        just_ended = False
-        for t in range(T):
-            if not valid[t, b]:
-                continue
-            if autoreset == "next-step" and just_ended:
-                just_ended = False
-                continue
-            if current is None:
-                current = RefEpisode(b)
-                out.append(current)
-            current.t.append(t)
-            current.rewards.append(float(reward[t, b]))
-            current.terminated.append(bool(terminated[t, b]))
-            current.truncated.append(bool(truncated[t, b]))
-            if terminated[t, b] or truncated[t, b]:
-                current, just_ended = None, True
-    return out
-
-
-def reference_return(rewards: Any, gamma: float) -> float:
-    """``sum_t gamma**t r_t`` by the plain backward loop in float64."""
-    g = 0.0
-    for r in reversed([float(x) for x in rewards]):
-        g = r + gamma * g
-    return g
-
-
-def stored_episodes(store: trajstore.Store, run_id: str) -> dict[int, list[tuple[float, int]]]:
-    """Complete episodes of ``run_id`` per env index, in the order they started: ``(return, length)``."""
-    rows = store.sql("SELECT env_index, episode_return, episode_length FROM episodes "
-                     f"WHERE run_id = '{run_id}' AND complete ORDER BY env_index, episode_id").to_pylist()
-    out: dict[int, list[tuple[float, int]]] = {}
-    for r in rows:
-        out.setdefault(r["env_index"], []).append((r["episode_return"], r["episode_length"]))
-    return out

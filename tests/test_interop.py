@@ -8,7 +8,7 @@ import pytest
 from deltalake import DeltaTable
 
 import trajstore
-from tests.conftest import make_batch
+from tests.helpers import make_batch
 
 
 @pytest.fixture

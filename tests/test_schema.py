@@ -16,7 +16,7 @@ import trajstore
 from trajstore import schema as sch
 from trajstore.errors import InputError
 
-from tests.conftest import make_batch
+from tests.helpers import make_batch
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 ARROW = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "float32": pa.float32(),

@@ -1,27 +1,18 @@
-"""Fixtures for the service: a populated store, the app in-process, and the app behind a real uvicorn server."""
+"""Fixtures for the service: a populated store, the app in-process, and the app behind a real uvicorn server
+(helpers are in ``tests/api/helpers.py``)."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
-import httpx
-import numpy as np
 import pytest
-import uvicorn
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 import trajstore
+from tests.api.helpers import Live, serve, settings_for
 from trajstore.api.app import create_app
 from trajstore.rollout import gym_rollout
-from trajstore.settings import Settings
-
-API_KEY = "test-key-0123456789"
 
 
 @pytest.fixture(scope="package")
@@ -37,59 +28,12 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def settings_for(path: Path, **overrides: Any) -> Settings:
-    return Settings(**{"store": str(path), "api_key": API_KEY, **overrides})
-
-
 @pytest.fixture
 def client(populated: Path) -> Iterator[TestClient]:
     with TestClient(create_app(settings_for(populated))) as c:
         yield c
 
 
-@dataclass
-class Live:
-    url: str
-    app: FastAPI
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve(app: FastAPI) -> Iterator[Live]:
-    """``app`` behind a real uvicorn server on 127.0.0.1, stopped afterwards."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    try:
-        yield Live(url, app)
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
 @pytest.fixture
 def live(populated: Path) -> Iterator[Live]:
     yield from serve(create_app(settings_for(populated)))
-
-
-def steps_batch(rng: np.random.Generator, T: int, B: int, *, p_done: float = 0.1) -> dict[str, Any]:
-    return {"obs": rng.normal(size=(T, B, 4)).astype(np.float32), "action": rng.integers(0, 2, (T, B)),
-            "reward": rng.uniform(0, 1, (T, B)).astype(np.float32),
-            "next_obs": rng.normal(size=(T, B, 4)).astype(np.float32),
-            "terminated": rng.random((T, B)) < p_done, "truncated": np.zeros((T, B), bool)}

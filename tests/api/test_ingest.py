@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 import trajstore
 from trajstore.api.app import create_app
-from tests.api.conftest import API_KEY, Live, serve, settings_for, steps_batch
+from tests.api.helpers import API_KEY, Live, serve, settings_for, steps_batch
 from trajstore.remote.client import Client
 from trajstore.remote.writer import RemoteWriter
 from trajstore.remote.wire import ipc_bytes

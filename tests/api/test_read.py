@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 import trajstore
 from trajstore.api.app import create_app
-from tests.api.conftest import settings_for
+from tests.api.helpers import settings_for
 
 ARROW = {"Accept": "application/vnd.apache.arrow.stream"}
 

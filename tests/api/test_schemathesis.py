@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import API_KEY, Live
+from tests.api.helpers import API_KEY, Live
 
 ROOT = Path(__file__).resolve().parents[2]
 

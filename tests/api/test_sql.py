@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 import trajstore
 from trajstore.api.app import create_app
-from tests.api.conftest import settings_for
+from tests.api.helpers import settings_for
 
 
 def fingerprint(root: Path) -> dict[str, str]:

@@ -18,7 +18,7 @@ import pytest
 import trajstore.api.routes.steps as steps_route
 import trajstore
 from trajstore.api.app import create_app
-from tests.api.conftest import Live, serve, settings_for
+from tests.api.helpers import Live, serve, settings_for
 from trajstore.remote.client import Client
 
 COLUMNS = ["episode_id", "step", "obs", "action", "reward"]

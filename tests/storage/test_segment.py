@@ -17,7 +17,7 @@ import trajstore
 from trajstore.errors import InputError
 from trajstore.storage.segment import Cursors, segment, segment_reference
 
-from tests.conftest import RefEpisode, make_batch, reference_episodes, slice_batch
+from tests.helpers import RefEpisode, make_batch, reference_episodes, slice_batch
 
 
 def counter() -> Any:

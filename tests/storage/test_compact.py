@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import trajstore
-from tests.conftest import make_batch
+from tests.helpers import make_batch
 from trajstore.storage.check import check, remove_orphans
 from trajstore.storage.compact import compact
 from trajstore.storage.table import StepsTable

@@ -11,7 +11,7 @@ from gymnasium import spaces
 
 import trajstore
 from trajstore.errors import InputError
-from tests.conftest import make_batch
+from tests.helpers import make_batch
 
 
 @pytest.fixture(scope="module")

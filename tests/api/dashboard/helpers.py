@@ -1,25 +1,17 @@
-"""Fixtures for the dashboard: a store with learning runs, the app behind uvicorn, and headless Chromium.
-
-The browser tests drive Debian's ``chromium`` (``apt-get install -y chromium``; ``make test`` does it) through
-Playwright; they are skipped, with the reason, when either is missing. Screenshots go to ``test-artifacts/``.
-"""
+"""Helpers for the dashboard's tests: a store of learning runs, where Chromium is, and a :class:`Dashboard`
+page that records every console error, failed request and request to another host."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator
-
-import pytest
+from typing import Any
 
 import trajstore
-from trajstore.api.app import create_app
-from tests.api.conftest import Live, serve
-from tests.dashboard.synthetic import write_learning_runs
+from tests.api.dashboard.synthetic import write_learning_runs
 from trajstore.rollout import gym_rollout
-from trajstore.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
 CHROMIUM = Path(os.environ.get("TRAJSTORE_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
@@ -31,42 +23,6 @@ def write_demo_store(path: Path) -> trajstore.Store:
     write_learning_runs(store, episodes=1200, runs=3, num_envs=16, versions=6)
     gym_rollout(store, "Acrobot-v1", run_id="acrobot-random", num_envs=2, steps=1100, seed=2, progress=False)
     return store
-
-
-@pytest.fixture(scope="package")
-def demo_store(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
-    return write_demo_store(tmp_path_factory.mktemp("dashboard") / "store")
-
-
-@pytest.fixture(scope="package")
-def demo_live(demo_store: trajstore.Store) -> Iterator[Live]:
-    yield from serve(create_app(Settings(store=str(demo_store.root))))
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    """Headless Chromium, or a skip saying what is missing."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed: `pip install -e '.[dev]'` installs it")
-    if not CHROMIUM.is_file():
-        pytest.skip(f"no Chromium at {CHROMIUM}: `apt-get install -y chromium` (or `make browser`) installs it")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-@pytest.fixture(scope="session")
-def context(browser: Any) -> Iterator[Any]:
-    """One browser context for the session, so Plotly.js is compiled once and then comes from the cache."""
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-GB", timezone_id="UTC")
-    ctx.set_default_timeout(60_000)
-    yield ctx
-    ctx.close()
 
 
 class Dashboard:
@@ -114,10 +70,3 @@ class Dashboard:
             self.page.evaluate("() => window.scrollTo(0, 0)")
             self.page.screenshot(path=str(path), full_page=full_page)
         return path
-
-
-@pytest.fixture
-def dashboard(context: Any, demo_live: Live) -> Iterator[Dashboard]:
-    page = context.new_page()
-    yield Dashboard(page, demo_live.url)
-    page.close()

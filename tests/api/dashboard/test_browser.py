@@ -13,9 +13,9 @@ import pytest
 
 import trajstore
 from trajstore.api.app import create_app
-from tests.api.conftest import serve
-from tests.dashboard.conftest import Dashboard
-from tests.dashboard.synthetic import write_learning_runs
+from tests.api.helpers import serve
+from tests.api.dashboard.helpers import Dashboard
+from tests.api.dashboard.synthetic import write_learning_runs
 from trajstore.rollout import gym_rollout
 from trajstore.settings import Settings
 

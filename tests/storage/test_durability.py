@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 import trajstore
 from trajstore.storage.check import check, remove_orphans
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TAG = 100_000  # reward of every step = process * TAG + the process's own episode counter (exact in float32)
 
 CONCURRENT_WRITER = r"""

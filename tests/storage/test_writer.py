@@ -13,7 +13,7 @@ from gymnasium import spaces
 import trajstore
 from trajstore.errors import InputError, SchemaMismatchError, WriterClosedError
 
-from tests.conftest import make_batch
+from tests.helpers import make_batch
 
 ALL_STEPS = "SELECT * EXCLUDE (wall_time) FROM steps ORDER BY episode_id, step"
 

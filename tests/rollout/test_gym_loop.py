@@ -12,7 +12,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorWrapper
 
 import trajstore
-from tests.conftest import stored_episodes
+from tests.helpers import stored_episodes
 from trajstore.rollout import gym_rollout, sample_until
 
 MODES = {"next-step": AutoresetMode.NEXT_STEP, "same-step": AutoresetMode.SAME_STEP}

@@ -16,7 +16,7 @@ import pytest
 from gymnasium import spaces
 
 import trajstore
-from tests.conftest import stored_episodes
+from tests.helpers import stored_episodes
 from trajstore.cli import main
 from trajstore.errors import InputError
 from trajstore.rollout.envs import CartPole, FunctionalAdapter, Pendulum

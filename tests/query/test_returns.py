@@ -11,7 +11,7 @@ import trajstore
 from trajstore import discounted_sum
 from trajstore.errors import InputError
 
-from tests.conftest import make_batch, reference_return
+from tests.helpers import make_batch, reference_return
 
 GAMMAS = [0.0, 0.5, 0.9, 0.99, 0.999, 1.0]
 LENGTHS = [1, 2, 100, 10_000, 100_000]

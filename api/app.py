@@ -15,6 +15,7 @@ import logging
 from fastapi import FastAPI
 
 import trajstore
+from trajstore.__about__ import __version__
 from trajstore.api import problems
 from trajstore.api.dashboard import router as dashboard_router
 from trajstore.api.routes import episodes, health, ingest, runs, sql, stats, steps
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 def create_app(settings: Settings | None = None, *, store: Store | None = None) -> FastAPI:
     """The application over ``store`` (or the store at ``settings.store``, created if absent)."""
     settings = settings or Settings.from_env()
-    app = FastAPI(title="trajstore", version=trajstore.__version__,
+    app = FastAPI(title="trajstore", version=__version__,
                   description="Episode statistics, returns, SQL and Arrow streams over stored RL trajectories.",
                   responses=problems.ERROR_RESPONSES)
     app.state.settings = settings

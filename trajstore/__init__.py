@@ -13,6 +13,7 @@ scans, returns, the sandbox) → :class:`Store` (both sides of one store) → :m
 
 from __future__ import annotations
 
+from trajstore.__about__ import __version__
 from trajstore.errors import (
     AuthenticationError,
     CommitError,
@@ -38,7 +39,6 @@ from trajstore.storage.compact import CompactReport, compact
 from trajstore.storage.writer import Writer
 from trajstore.store import Store, open
 
-__version__ = "0.1.0"
 
 __all__ = [
     "AuthenticationError",

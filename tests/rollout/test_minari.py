@@ -24,9 +24,9 @@ def datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "minari"
 
 
-def collect(dataset_id: str, episodes: int, *, seed: int = 0) -> Any:
+def collect(dataset_id: str, episodes: int, *, seed: int = 0, data_format: str = "arrow") -> Any:
     """A CartPole dataset from Minari's own DataCollector with random actions."""
-    env = minari.DataCollector(gym.make("CartPole-v1"), record_infos=False, data_format="arrow")
+    env = minari.DataCollector(gym.make("CartPole-v1"), record_infos=False, data_format=data_format)
     env.reset(seed=seed)
     env.action_space.seed(seed)
     for _ in range(episodes):
@@ -39,8 +39,10 @@ def collect(dataset_id: str, episodes: int, *, seed: int = 0) -> Any:
                               author_email="test@example.org", code_permalink="https://example.org")
 
 
-def test_every_episode_is_stored_with_its_transitions(datasets: Path, store: trajstore.Store) -> None:
-    dataset = collect("cartpole/random-v0", 12)
+@pytest.mark.parametrize("data_format", ["arrow", "hdf5"])  # hdf5 is Minari's default (needs h5py)
+def test_every_episode_is_stored_with_its_transitions(datasets: Path, store: trajstore.Store,
+                                                      data_format: str) -> None:
+    dataset = collect("cartpole/random-v0", 12, data_format=data_format)
     result = import_minari(store, "cartpole/random-v0", progress=False)
     assert (result.run_id, result.env_id, result.episodes) == ("cartpole-random-v0", "CartPole-v1", 12)
     reference = list(dataset.iterate_episodes())

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from trajstore.__about__ import __version__
 from trajstore.cli import commands
 
 
 def build_parser() -> argparse.ArgumentParser:
     from trajstore.settings import Settings
-
-    from trajstore import __version__
 
     settings = Settings.from_env()
     default_store = settings.store

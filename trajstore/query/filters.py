@@ -14,6 +14,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from trajstore import schema as sch
+import pyarrow as pa
+
+from trajstore.errors import InputError, UnknownColumnError
+
 
 @dataclass
 class EpisodeFilter:
@@ -30,6 +35,18 @@ class EpisodeFilter:
     min_length: int | None = None
     max_length: int | None = None
     lineage: dict[str, list[Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        known = sch.episode_lineage()
+        unknown = [k for k in self.lineage if k not in known]
+        if unknown:
+            raise UnknownColumnError(f"lineage: unknown column(s) {unknown} of episodes; expected some of {known}")
+        types = sch.lineage_columns()
+        for name, values in self.lineage.items():
+            want = str if pa.types.is_string(types[name]) else int
+            bad = [v for v in values if not isinstance(v, want) or isinstance(v, bool)]
+            if bad:
+                raise InputError(f"lineage[{name!r}]: expected {want.__name__} values, got {bad}")
 
     def per_episode(self) -> EpisodeFilter:
         """The conditions that need the ``episodes`` view (run, env and episode ids select steps directly)."""

@@ -50,7 +50,7 @@ def literal(value: Any) -> str:
     if isinstance(value, (float, np.floating)):
         if not math.isfinite(value):
             raise InputError(f"expected a finite number, got {value}")
-        return repr(float(value))
+        return f"{float(value)!r}::DOUBLE"
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
     raise InputError(f"cannot use a {type(value).__name__} as a SQL value: {value!r}")

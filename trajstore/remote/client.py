@@ -23,6 +23,7 @@ import httpx
 import numpy as np
 import pyarrow as pa
 
+from trajstore.__about__ import __version__
 from trajstore.errors import InputError, RemoteError
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 from trajstore.remote.stream import HttpByteStream, rebatch, shuffled
@@ -152,7 +153,7 @@ class Client:
             finally:
                 response.close()
             return
-        headers = {**self._headers, **headers, "User-Agent": f"trajstore/{_version()}"}
+        headers = {**self._headers, **headers, "User-Agent": f"trajstore/{__version__}"}
         conn_type = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         for attempt in range(self.retries + 1):
             conn = conn_type(url.host, url.port, timeout=self._timeout)
@@ -210,12 +211,6 @@ class Client:
             time.sleep(self.backoff * 2 ** attempt)
         raise AssertionError("unreachable")
 
-
-
-def _version() -> str:
-    from trajstore import __version__
-
-    return __version__
 
 
 def _proxied(url: httpx.URL) -> bool:

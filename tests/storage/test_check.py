@@ -252,3 +252,27 @@ def test_remove_orphans_deletes_only_old_files_no_commit_lists(healthy: trajstor
     assert healthy.stats().to_pylist()[0] == pytest.approx(before[0], rel=1e-12)  # summation order may vary
     with pytest.raises(trajstore.InputError, match="older_than_s"):
         remove_orphans(healthy, older_than_s=-1)
+
+
+CHECK_UNDER_LIMIT = """
+import resource, sys
+limit = 3 * 2**30  # address space: a process that tried to hold one value per possible step would die here
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+import trajstore
+report = trajstore.check(trajstore.open(sys.argv[1]))
+print(report.format())
+"""
+
+
+def test_check_runs_in_bounded_memory_whatever_the_step_values(healthy: trajstore.Store) -> None:
+    import subprocess
+    import sys
+
+    top = 2**31 - 1  # one stored row this far out: its gap spans the whole int32 range
+    healthy.table.append(_episode(_template(healthy), 333, [0, 1, 5, top, top], end_at=top), run_id="r",
+                         env_id="A")
+    done = subprocess.run([sys.executable, "-c", CHECK_UNDER_LIMIT, str(healthy.root)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(p for p in done.stdout.splitlines() if "episode 333 " in p)
+    assert f"missing steps 2..4, 6..{top - 1}" in line and f"duplicate step rows (steps {top})" in line

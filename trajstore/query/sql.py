@@ -339,8 +339,23 @@ def check_defects(limit: int) -> str:
 
 
 _ONE_EPISODE = "run_id = $run AND env_id = $env AND episode_id = $id AND step IS NOT NULL"
-CHECK_DUPLICATE_STEPS = f"SELECT step FROM steps WHERE {_ONE_EPISODE} GROUP BY step HAVING count(*) > 1 ORDER BY step"
-CHECK_PRESENT_STEPS = f"SELECT DISTINCT step FROM steps WHERE {_ONE_EPISODE}"
+# Ranges of steps as (lo, hi, number of ranges), the first $limit of them: gaps and islands over the episode's
+# distinct steps, so that no query builds one row per possible step value.
+CHECK_DUPLICATE_RANGES = f"""
+WITH dup AS (SELECT step::BIGINT AS step FROM steps WHERE {_ONE_EPISODE} GROUP BY step HAVING count(*) > 1),
+islands AS (SELECT min(step) AS lo, max(step) AS hi FROM (
+    SELECT step, step - row_number() OVER (ORDER BY step) AS island FROM dup) GROUP BY island)
+SELECT lo, hi, count(*) OVER () FROM islands ORDER BY lo LIMIT $limit
+"""
+CHECK_MISSING_RANGES = f"""
+WITH present AS (SELECT DISTINCT step::BIGINT AS step FROM steps WHERE {_ONE_EPISODE}),
+gaps AS (
+    SELECT step + 1 AS lo, next - 1 AS hi FROM (
+        SELECT step, lead(step) OVER (ORDER BY step) AS next FROM present) WHERE next > step + 1
+    UNION ALL
+    SELECT 0, min(step) - 1 FROM present HAVING min(step) > 0)
+SELECT lo, hi, count(*) OVER () FROM gaps ORDER BY lo LIMIT $limit
+"""
 _SHARED = ("SELECT episode_id, list(run_id || '/' || env_id ORDER BY run_id, env_id) FROM check_episodes "
            "WHERE episode_id IS NOT NULL GROUP BY episode_id HAVING count(*) > 1")
 CHECK_SHARED_COUNT = f"SELECT count(*) FROM ({_SHARED})"

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import duckdb
-import numpy as np
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError
@@ -245,7 +244,7 @@ def _episode_defects(con: duckdb.DuckDBPyConnection, report: CheckReport) -> Non
             defects.append(f"{n_steps - n_distinct} duplicate step rows ({_duplicates(con, key)})")
         if n_distinct and (first != 0 or last != n_distinct - 1):
             defects.append(f"steps are not contiguous from 0: {n_distinct} distinct steps in {first}..{last}, "
-                           f"missing {_missing(con, key, last)}")
+                           f"missing {_missing(con, key)}")
         if end is not None and end < last:
             defects.append(f"steps up to {last} follow its end (terminated/truncated) at step {end}")
         report.problems.append(f"{where}: " + "; ".join(defects))
@@ -254,24 +253,22 @@ def _episode_defects(con: duckdb.DuckDBPyConnection, report: CheckReport) -> Non
 
 
 def _duplicates(con: duckdb.DuckDBPyConnection, key: dict[str, object]) -> str:
-    steps = [r[0] for r in con.execute(sql.CHECK_DUPLICATE_STEPS, key).fetchall()]
-    return "steps " + _ranges(np.asarray(steps))
+    return "steps " + _ranges(con, sql.CHECK_DUPLICATE_RANGES, key)
 
 
-def _missing(con: duckdb.DuckDBPyConnection, key: dict[str, object], last: int) -> str:
-    present = np.asarray([r[0] for r in con.execute(sql.CHECK_PRESENT_STEPS, key)
-                          .fetchall()], np.int64)
-    return "steps " + _ranges(np.setdiff1d(np.arange(int(last) + 1), present))
+def _missing(con: duckdb.DuckDBPyConnection, key: dict[str, object]) -> str:
+    return "steps " + _ranges(con, sql.CHECK_MISSING_RANGES, key)
 
 
-def _ranges(values: np.ndarray, limit: int = 5) -> str:
-    """``[2, 3, 4, 9]`` → ``"2..4, 9"`` (at most ``limit`` ranges)."""
-    if len(values) == 0:
+def _ranges(con: duckdb.DuckDBPyConnection, query: str, key: dict[str, object], limit: int = 5) -> str:
+    """``"2..4, 9"`` from a query of ``(lo, hi, ranges)`` rows (at most ``limit`` ranges listed): computed
+    in SQL, in memory bounded by the episode's stored rows whatever its step values."""
+    rows = con.execute(query, {**key, "limit": limit}).fetchall()
+    if not rows:
         return "none"
-    breaks = np.flatnonzero(np.diff(values) != 1) + 1
-    parts = [f"{r[0]}..{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in np.split(values, breaks)]
-    more = f", … ({len(parts) - limit} more ranges)" if len(parts) > limit else ""
-    return ", ".join(parts[:limit]) + more
+    parts = [f"{lo}..{hi}" if hi > lo else f"{lo}" for lo, hi, _ in rows]
+    more = rows[0][2] - len(rows)
+    return ", ".join(parts) + (f", … ({more} more ranges)" if more > 0 else "")
 
 
 def _shared_ids(con: duckdb.DuckDBPyConnection, report: CheckReport) -> None:

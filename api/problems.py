@@ -19,6 +19,7 @@ from trajstore.errors import (
     QueryError,
     QueryRefusedError,
     QueryTimeoutError,
+    StoreDamagedError,
     StoreNotFoundError,
     TrajstoreError,
 )
@@ -54,6 +55,7 @@ _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (InputError, 422),
     (QueryError, 400),
     (StoreNotFoundError, 503),
+    (StoreDamagedError, 503),
 )
 
 
@@ -83,6 +85,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(TrajstoreError)
     async def trajstore_error(request: Request, exc: TrajstoreError) -> JSONResponse:
         status = next((code for kind, code in _STATUS_OF if isinstance(exc, kind)), 500)
+        if isinstance(exc, StoreDamagedError) and exc.path:  # /ready fails while that file is still committed
+            request.app.state.damaged = exc
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if status == 500:
             log.exception("error serving %s", request.url.path, exc_info=exc)

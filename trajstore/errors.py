@@ -17,6 +17,7 @@ __all__ = [
     "QueryRefusedError",
     "QueryTimeoutError",
     "CommitError",
+    "StoreDamagedError",
     "AuthenticationError",
     "WriterClosedError",
     "RemoteError",
@@ -65,6 +66,22 @@ class AuthenticationError(TrajstoreError, PermissionError):
 
 class CommitError(TrajstoreError):
     """Writing or committing files to the store's log failed; nothing of that commit is visible."""
+
+
+class StoreDamagedError(TrajstoreError):
+    """A file the commit log lists is missing or cannot be read: the store needs ``trajstore check``.
+
+    ``path`` is the file (or the log) that failed."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    @classmethod
+    def of_file(cls, path: str, problem: str, store: str | None) -> StoreDamagedError:
+        """The error for committed file ``path`` and what is wrong with it."""
+        return cls(f"committed file {path} {problem}; the store is damaged: run `trajstore check --store "
+                   f"{store or 'STORE'}` to list every damaged file", path=path)
 
 
 class WriterClosedError(TrajstoreError):

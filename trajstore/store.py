@@ -14,18 +14,18 @@ import os
 import threading
 import uuid
 from pathlib import Path
-from typing import Any, Literal, Sequence, Union
+from typing import Any, Iterator, Literal, Sequence, Union
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from trajstore.errors import InputError, StoreExistsError, StoreNotFoundError
+from trajstore.errors import InputError, StoreDamagedError, StoreExistsError, StoreNotFoundError, first_line
 from trajstore.query import sandbox, sql
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.query.scan import scan_steps
-from trajstore.query.snapshot import Snapshot, check_names
+from trajstore.query.snapshot import Snapshot, check_names, damaged_file
 from trajstore.settings import Settings
 from trajstore.storage.ingest import append_rows
 from trajstore.storage.table import DataFile, StepsTable
@@ -119,7 +119,7 @@ class Store:
 
     def snapshot(self, *, config: dict[str, Any] | None = None) -> Snapshot:
         """A DuckDB connection with ``steps`` and ``episodes`` views over the latest committed version."""
-        return Snapshot(self.files(), config=config)
+        return Snapshot(self.files(), config=config, store=str(self.root))
 
     def _query_snapshot(self, *, episodes: Literal["fill", "if-cached"] | None = None) -> Snapshot:
         """A snapshot on a cursor of this store's own DuckDB database, for the queries the store builds itself.
@@ -132,7 +132,7 @@ class Store:
         the steps once, not each: ``"fill"`` materializes them when they are not yet, ``"if-cached"``
         only uses them when they are.
         """
-        snap = Snapshot(self.files(), con=self._cursor())
+        snap = Snapshot(self.files(), con=self._cursor(), store=str(self.root))
         if episodes is not None:
             table = self._materialized_episodes(snap, fill=episodes == "fill")
             if table is not None:
@@ -153,7 +153,7 @@ class Store:
         if cached is not None and cached[0] == key:
             return cached[1]
         if snap is None:
-            with Snapshot(files, con=self._cursor()) as own:
+            with Snapshot(files, con=self._cursor(), store=str(self.root)) as own:
                 schema = own.arrow(sql.select_all("steps", limit=0)).schema
         else:
             schema = snap.arrow(sql.select_all("steps", limit=0)).schema
@@ -285,8 +285,38 @@ class Store:
         names = list(dict.fromkeys(columns)) if columns else schema.names
         check_names(names, schema.names, view="steps", field="columns")
         files = [f for f in committed if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
-        return scan_steps(files, schema, names, episode_ids=ids, batch_size=batch_size,
-                          max_batch_bytes=max_batch_bytes)
+        self._verify_sizes(files)
+        try:
+            reader = scan_steps(files, schema, names, episode_ids=ids, batch_size=batch_size,
+                                max_batch_bytes=max_batch_bytes)
+        except (OSError, pa.ArrowException) as exc:
+            raise damaged_file(exc, files, str(self.root)) or exc
+        return pa.RecordBatchReader.from_batches(reader.schema, self._damage_named(reader, files))
+
+    def _verify_sizes(self, files: Sequence[DataFile]) -> None:
+        """Raise a :class:`StoreDamagedError` before a stream starts if a file it needs is missing or resized."""
+        for f in files:
+            problem = self.table.size_problem(f)
+            if problem:
+                raise StoreDamagedError.of_file(f.path, problem.split(": ", 1)[1], str(self.root))
+
+    def _damage_named(self, reader: pa.RecordBatchReader, files: Sequence[DataFile]) -> Iterator[pa.RecordBatch]:
+        """``reader``'s batches; a read error about a committed file becomes a :class:`StoreDamagedError`."""
+        try:
+            yield from reader
+        except (OSError, pa.ArrowException) as exc:
+            raise damaged_file(exc, files, str(self.root)) or exc
+        finally:
+            reader.close()
+
+    def health(self) -> list[str]:
+        """Problems that stop this store from being served: an unreadable log, committed files missing or of
+        another size than the log says (cheap checks of every file; ``trajstore check`` reads them all)."""
+        try:
+            files = self.files()
+        except Exception as exc:  # noqa: BLE001 - an unreadable log is the finding
+            return [f"the commit log of {self.root} cannot be read: {first_line(exc)}"]
+        return [p for p in map(self.table.size_problem, files) if p]
 
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002
                    where: str | None = None, limit: int = 100, offset: int = 0) -> pa.Table:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from trajstore.api.deps import StoreDep
+from trajstore.errors import StoreDamagedError
 
 router = APIRouter(tags=["health"])
 
@@ -26,6 +27,17 @@ def health() -> Health:
     return Health(status="ok")
 
 
-@router.get("/ready", summary="Readiness: the store opens and its commit log can be read")
-def ready(store: StoreDep) -> Ready:
-    return Ready(status="ready", store=str(store.root), version=store.version, files=len(store.files()))
+@router.get("/ready", summary="Readiness: the commit log can be read and every committed file is there, with the "
+                              "size the log says (503 naming the first damaged file otherwise)")
+def ready(request: Request, store: StoreDep) -> Ready:
+    problems = store.health()
+    files = store.files() if not problems else []
+    damaged: StoreDamagedError | None = getattr(request.app.state, "damaged", None)
+    if damaged is not None and any(f.path == damaged.path for f in files):
+        problems.append(str(damaged))  # a read found it unreadable, and it is still committed
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise StoreDamagedError(f"{problems[0]}{more}; run `trajstore check --store {store.root}` to list every "
+                                "damaged file")
+    request.app.state.damaged = None
+    return Ready(status="ready", store=str(store.root), version=store.version, files=len(files))

@@ -125,3 +125,38 @@ def test_openapi_declares_problem_responses(client: TestClient) -> None:
         for method, op in methods.items():
             for code in ("422", "500"):
                 assert "application/problem+json" in op["responses"][code]["content"], (method, path, code)
+
+
+READS = ["/runs", "/episodes", "/stats", "/returns?gamma=0.9", "/returns?gamma=0.9&per=step", "/steps",
+         "/steps?format=json", "/curves", "/schema"]
+
+
+@pytest.mark.parametrize("damage", ["delete", "garble"])
+def test_a_damaged_committed_file_is_503_naming_it_and_ready_fails(populated: Path, tmp_path: Path,
+                                                                    damage: str) -> None:
+    import shutil
+
+    copy = tmp_path / "store"
+    shutil.copytree(populated, copy)
+    victim = trajstore.open(copy).files()[0].path
+    if damage == "delete":
+        Path(victim).unlink()
+    else:  # same size, not Parquet any more: only reading it tells
+        Path(victim).write_bytes(b"\0" * Path(victim).stat().st_size)
+    with TestClient(create_app(settings_for(copy))) as c:
+        for url in [*READS, f"/episodes/{_first_episode(copy)}/steps"]:
+            response = c.get(url)
+            assert response.status_code == 503, (url, response.status_code, response.text[:300])
+            detail = response.json()["detail"]
+            assert victim in detail and "trajstore check" in detail, (url, detail)
+        sql = c.post("/sql", json={"query": "SELECT count(*) FROM steps"})
+        assert sql.status_code == 503 and victim in sql.json()["detail"]
+        ready = c.get("/ready")
+        assert ready.status_code == 503 and victim in ready.json()["detail"]
+        assert c.get("/health").status_code == 200  # the process itself is alive
+
+
+def _first_episode(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(trajstore.open(path).files()[-1].path, columns=["episode_id"])["episode_id"][0].as_py()

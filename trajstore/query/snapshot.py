@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import duckdb
 import pyarrow as pa
 
-from trajstore.errors import QueryError, UnknownColumnError, first_line
+from trajstore.errors import QueryError, StoreDamagedError, UnknownColumnError, first_line
 from trajstore.query import sql
 from trajstore.storage.table import DataFile
 
@@ -40,6 +40,20 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+def damaged_file(exc: BaseException, files: Sequence[DataFile], store: str | None = None) -> StoreDamagedError | None:
+    """A :class:`StoreDamagedError` naming the committed file that a read error ``exc`` is about, if it is
+    about one (a missing file, a file that is not Parquet), else None."""
+    if not isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException, OSError, pa.ArrowException)):
+        return None
+    text = str(exc)
+    for f in files:
+        if f.path in text:
+            missing = isinstance(exc, FileNotFoundError) or "No files found" in text or "No such file" in text
+            return StoreDamagedError.of_file(f.path, "is missing" if missing else
+                                             f"cannot be read ({first_line(exc)})", store)
+    return None
+
+
 def check_names(names: Sequence[str], known: Sequence[str], *, view: str, field: str) -> None:
     """Raise an :class:`UnknownColumnError` naming ``field`` when a name is not one of ``known`` (columns of
     ``view``). Every unknown column anywhere (Python, CLI, REST) is reported by this one message."""
@@ -52,11 +66,15 @@ class Snapshot:
     """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store."""
 
     def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None,
-                 con: duckdb.DuckDBPyConnection | None = None) -> None:
+                 con: duckdb.DuckDBPyConnection | None = None, store: str | None = None) -> None:
         self.files = list(files)
+        self.store = store  # where the files are from, for messages
         self.con = con if con is not None else duckdb.connect(config=config or {})
-        self.con.execute(sql.create_view("committed_steps", sql.steps_view(self.files)))
-        stored = self.columns("committed_steps")
+        try:  # binding read_parquet reads the files' footers
+            self.con.execute(sql.create_view("committed_steps", sql.steps_view(self.files)))
+            stored = self.columns("committed_steps")
+        except duckdb.Error as exc:
+            raise self.damage(exc) or QueryError(f"the store's files cannot be read: {first_line(exc)}") from exc
         self.con.execute(sql.create_view("steps", sql.with_lineage(stored, "committed_steps")))
         self.step_columns = self.columns("steps")
         self.by_id = ids_disjoint(self.files)
@@ -77,14 +95,18 @@ class Snapshot:
         try:
             return self.con.sql(query, params=params or None).to_arrow_table()
         except duckdb.Error as exc:
-            raise QueryError(f"query failed: {first_line(exc)}") from exc
+            raise self.damage(exc) or QueryError(f"query failed: {first_line(exc)}") from exc
 
     def reader(self, query: str, params: dict[str, Any] | None = None,
                batch_size: int = 65_536) -> pa.RecordBatchReader:
         try:
             return self.con.sql(query, params=params or None).to_arrow_reader(batch_size)
         except duckdb.Error as exc:
-            raise QueryError(f"query failed: {first_line(exc)}") from exc
+            raise self.damage(exc) or QueryError(f"query failed: {first_line(exc)}") from exc
+
+    def damage(self, exc: BaseException) -> StoreDamagedError | None:
+        """The error to raise when ``exc`` says that a committed file is missing or unreadable, else None."""
+        return damaged_file(exc, self.files, self.store)
 
     def check_columns(self, names: Sequence[str], *, view: str = "episodes", field: str = "by") -> None:
         """Raise an :class:`UnknownColumnError` naming ``field`` when a name is not a column of ``view``."""

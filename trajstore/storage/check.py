@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Sequence
 import duckdb
 import pyarrow.parquet as pq
 
-from trajstore.errors import InputError
+from trajstore.errors import InputError, StoreDamagedError
 from trajstore.query import sql
 from trajstore.query.snapshot import Snapshot
-from trajstore.storage.table import DataFile
+from trajstore.storage.table import DataFile, StepsTable
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -87,7 +87,7 @@ def check(store: Store, *, deep: bool = False) -> CheckReport:
     report = CheckReport(files=len(files))
     readable = []
     for f in files:
-        problem = _check_file(f, deep=deep)
+        problem = _check_file(store.table, f, deep=deep)
         if problem is None:
             readable.append(f)
         else:
@@ -145,10 +145,10 @@ def _tombstones(store: Store, older_than_s: float) -> tuple[set[str], set[str]]:
 
 # --- files -------------------------------------------------------------------------------------------------
 
-def _check_file(f: DataFile, *, deep: bool) -> str | None:
+def _check_file(table: StepsTable, f: DataFile, *, deep: bool) -> str | None:
     """Why the committed file ``f`` cannot be read, or None."""
     if not os.path.isfile(f.path):
-        return f"{f.path}: committed file is missing"
+        return table.size_problem(f)
     size = os.path.getsize(f.path)
     try:
         meta = pq.read_metadata(f.path)
@@ -156,8 +156,9 @@ def _check_file(f: DataFile, *, deep: bool) -> str | None:
         return f"{f.path}: not a readable Parquet file ({size} bytes, the log says {f.size}): {exc}"
     if f.rows and meta.num_rows != f.rows:
         return f"{f.path}: holds {meta.num_rows} rows, the log says {f.rows}"
-    if f.size and size != f.size:
-        return f"{f.path}: is {size} bytes, the log says {f.size}"
+    problem = table.size_problem(f)
+    if problem:
+        return problem
     missing = [c for c in KEY_COLUMNS if c not in meta.schema.names]
     if missing:
         return f"{f.path}: lacks the column(s) {missing}"
@@ -199,14 +200,14 @@ def _check_episodes(files: list[DataFile], report: CheckReport) -> None:
         _shared_ids(snap.con, report)
 
 
-def _scan(files: list[DataFile]) -> Snapshot | duckdb.Error:
-    """A snapshot over ``files`` holding the ``check_episodes`` table, or DuckDB's error reading them."""
+def _scan(files: list[DataFile]) -> Snapshot | Exception:
+    """A snapshot over ``files`` holding the ``check_episodes`` table, or the error reading them."""
     snap: Snapshot | None = None
     try:
         snap = Snapshot(files)
         snap.con.execute(sql.CHECK_EPISODES)
         return snap
-    except duckdb.Error as exc:
+    except (duckdb.Error, StoreDamagedError) as exc:
         log.info("episode scan over %d files failed, reading them one by one: %s", len(files), exc)
         if snap is not None:
             snap.close()

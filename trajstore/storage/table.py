@@ -22,7 +22,7 @@ from deltalake import DeltaTable, Field
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 
-from trajstore.errors import CommitError
+from trajstore.errors import CommitError, StoreDamagedError, first_line
 from trajstore.schema import PARTITION_COLUMNS
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,17 @@ class StepsTable:
                 actions.get("min.episode_id", none), actions.get("max.episode_id", none))
         ]
 
+    def size_problem(self, f: DataFile) -> str | None:
+        """Why the committed file ``f`` is not what the log says, judged from its size alone (a missing file,
+        one of another size), or None. Cheap: no file is opened."""
+        try:
+            size = os.stat(f.path).st_size
+        except FileNotFoundError:
+            return f"{f.path}: committed file is missing"
+        if f.size and size != f.size:
+            return f"{f.path}: is {size} bytes, the log says {f.size}"
+        return None
+
     def file_schema(self, env_id: str | None = None) -> pa.Schema | None:
         """The Arrow schema of the stored columns (fixed sizes kept) merged over committed files.
 
@@ -101,18 +112,25 @@ class StepsTable:
         if not files:
             return None
         newest = max(files, key=lambda f: f.modified_ms)
-        schema = pq.read_schema(newest.path)
+        schema = self._read_schema(newest)
         table_fields = {f.name for f in pa.schema(self._open().schema().to_arrow())}
         missing = table_fields - set(schema.names) - set(PARTITION_COLUMNS)
         for f in files:
             if not missing:
                 break
-            other = pq.read_schema(f.path)
+            other = self._read_schema(f)
             for name in list(missing):
                 if name in other.names:
                     schema = schema.append(other.field(name))
                     missing.discard(name)
         return schema
+
+    def _read_schema(self, f: DataFile) -> pa.Schema:
+        try:
+            return pq.read_schema(f.path)
+        except (OSError, pa.ArrowException) as exc:
+            problem = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read ({first_line(exc)})"
+            raise StoreDamagedError.of_file(f.path, problem, str(self.path.parent)) from exc
 
     # --- writing ----------------------------------------------------------------------------------
 

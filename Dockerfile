@@ -7,4 +7,4 @@ COPY schemas ./schemas
 RUN pip install --no-cache-dir .
 ENV TRAJSTORE_STORE=/data TRAJSTORE_HOST=0.0.0.0
 EXPOSE 8321
-CMD ["trajstore", "serve", "--store", "/data", "--host", "0.0.0.0", "--port", "8321"]
+CMD ["trajstore", "serve", "--store", "/data", "--create", "--host", "0.0.0.0", "--port", "8321"]

@@ -1,5 +1,6 @@
-# make demo: install into .venv, run a gym and a JAX rollout into ./demo-store, print the statistics of both,
-#            then serve the store: the dashboard's URL is printed last (Ctrl-C stops the server).
+# make demo: install into .venv, run a gym and a JAX rollout into ./demo-store (a new pair of runs each time,
+#            named by the time), print the statistics of every run, then serve the store: the dashboard's URL is
+#            printed last (Ctrl-C stops the server; `make clean` removes the store).
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and run the whole
 #            test suite.
 PYTHON ?= python3
@@ -7,6 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= ./demo-store
 PORT ?= 8321
+RUN := $(shell date +%Y%m%d-%H%M%S)
 
 .PHONY: install demo test bench browser clean
 
@@ -19,8 +21,8 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo --seed 0
-	$(VENV)/bin/trajstore rollout --backend jax --env cartpole --num-envs 1024 --steps 500000 --store $(STORE) --run demo-jax --seed 0
+	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo-gym-$(RUN) --seed 0
+	$(VENV)/bin/trajstore rollout --backend jax --env cartpole --num-envs 1024 --steps 500000 --store $(STORE) --run demo-jax-$(RUN) --seed 0
 	$(VENV)/bin/trajstore stats --store $(STORE) --by run_id --gamma 0.99
 	@echo "dashboard: http://127.0.0.1:$(PORT)/dashboard  (serving $(STORE); Ctrl-C stops it)"
 	$(VENV)/bin/trajstore serve --store $(STORE) --port $(PORT)

@@ -25,14 +25,15 @@ from trajstore.store import Store
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None, *, store: Store | None = None) -> FastAPI:
-    """The application over ``store`` (or the store at ``settings.store``, created if absent)."""
+def create_app(settings: Settings | None = None, *, store: Store | None = None, create: bool = False) -> FastAPI:
+    """The application over ``store``, or over the store at ``settings.store`` (made there if absent only with
+    ``create``: a mistyped path is an error, not a new empty store)."""
     settings = settings or Settings.from_env()
     app = FastAPI(title="trajstore", version=__version__,
                   description="Episode statistics, returns, SQL and Arrow streams over stored RL trajectories.",
                   responses=problems.ERROR_RESPONSES)
     app.state.settings = settings
-    app.state.store = store or trajstore.open(settings.store, create=True, settings=settings)
+    app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
     problems.install(app)
     for module in (health, runs, episodes, stats, steps, sql, ingest):
         app.include_router(module.router)

@@ -6,14 +6,15 @@ from typing import Any
 
 import pyarrow as pa
 from fastapi import Request, Response
+from fastapi.responses import JSONResponse
 
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes, json_rows
 
 ARROW_CONTENT: dict[str, Any] = {ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}}}
 
 
-def arrow_response(table: pa.Table) -> Response:
-    return Response(ipc_bytes(table), media_type=ARROW_STREAM)
+def arrow_response(table: pa.Table, headers: dict[str, str] | None = None) -> Response:
+    return Response(ipc_bytes(table), media_type=ARROW_STREAM, headers=headers)
 
 
 def wants_arrow(request: Request) -> bool:
@@ -21,9 +22,11 @@ def wants_arrow(request: Request) -> bool:
     return ARROW_STREAM in request.headers.get("accept", "")
 
 
-def table_response(request: Request, table: pa.Table) -> Any:
+def table_response(request: Request, table: pa.Table, headers: dict[str, str] | None = None) -> Any:
     """``table`` as Arrow IPC when the client asked for it, else as a list of JSON rows."""
-    return arrow_response(table) if wants_arrow(request) else json_rows(table)
+    if wants_arrow(request):
+        return arrow_response(table, headers)
+    return JSONResponse(json_rows(table), headers=headers) if headers else json_rows(table)
 
 
 __all__ = ["ARROW_CONTENT", "ARROW_STREAM", "arrow_response", "json_rows", "table_response", "wants_arrow"]

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from trajstore.errors import InputError, SchemaMismatchError
 
@@ -192,7 +193,11 @@ def to_arrow(name: str, value: Any, t: pa.DataType, n: int) -> pa.Array:
 
 
 def to_numpy(column: pa.Array | pa.ChunkedArray) -> Any:
-    """An Arrow column of this schema as numpy: ``(n, *step_shape)`` arrays, dicts of them for structs."""
+    """An Arrow column of this schema as numpy: ``(n, *step_shape)`` arrays, dicts of them for structs.
+
+    Rows of different shapes (steps of environments whose observations differ, in one batch) give a
+    ``(n,)`` object array holding one array per row.
+    """
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     t = column.type
@@ -200,6 +205,10 @@ def to_numpy(column: pa.Array | pa.ChunkedArray) -> Any:
         return {f.name: to_numpy(column.field(i)) for i, f in enumerate(t)}
     if not _is_list(t):
         return column.to_numpy(zero_copy_only=False)
+    if not _uniform(column):
+        out = np.empty(len(column), dtype=object)
+        out[:] = [to_numpy(column.slice(i, 1))[0] for i in range(len(column))]
+        return out
     shape: list[int] = []
     values: pa.Array = column
     while _is_list(values.type):
@@ -207,6 +216,18 @@ def to_numpy(column: pa.Array | pa.ChunkedArray) -> Any:
         values = values.flatten()
         shape.append(len(values) // outer if outer else fixed)
     return values.to_numpy(zero_copy_only=False).reshape((len(column), *shape))
+
+
+def _uniform(column: pa.Array) -> bool:
+    """Whether every row of a (nested) list column has the same shape."""
+    values: pa.Array = column
+    while _is_list(values.type):
+        if not pa.types.is_fixed_size_list(values.type) and len(values):
+            lengths = pc.list_value_length(values)
+            if pc.min(lengths).as_py() != pc.max(lengths).as_py():
+                return False
+        values = values.flatten()
+    return True
 
 
 def _is_list(t: pa.DataType) -> bool:

@@ -8,20 +8,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import os
 import threading
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Literal, Sequence, Union
+from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar, Union
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from trajstore.errors import InputError, StoreDamagedError, StoreExistsError, StoreNotFoundError, first_line
+from trajstore.errors import InputError, QueryError, StoreDamagedError, StoreExistsError, StoreNotFoundError, first_line
 from trajstore.query import sandbox, sql
+from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.query.scan import scan_steps
@@ -63,6 +66,23 @@ def _create(root: Path, marker: Path) -> None:
     tmp.replace(marker)
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _where_named(method: F) -> F:
+    """A query that fails because of the caller's own ``where`` condition is an :class:`InputError` naming
+    ``where`` (DuckDB's first line, without the SQL trajstore built around the condition)."""
+    @functools.wraps(method)
+    def named(self: Store, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except QueryError as exc:
+            if not kwargs.get("where") or type(exc) is not QueryError:
+                raise
+            raise InputError(f"where: {str(exc).removeprefix('query failed: ')} (in {kwargs['where']!r})") from None
+    return named  # type: ignore[return-value]
+
+
 Ids = Union[int, Sequence[int], None]
 Names = Union[str, Sequence[str], None]
 
@@ -84,6 +104,7 @@ class Store:
         self._episodes_cache: tuple[tuple[str, ...], pa.Table] | None = None
         self._episodes_lock = threading.Lock()
         self._schema_cache: tuple[tuple[str, ...], pa.Schema] | None = None
+        self._env_schemas: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
@@ -111,6 +132,10 @@ class Store:
     def files(self) -> list[DataFile]:
         """The committed Parquet files of the latest version."""
         return self.table.files()
+
+    def run_ids(self) -> list[str]:
+        """The runs the store holds (from the committed file list: no file is read)."""
+        return sorted({f.run_id for f in self.files()})
 
     def schema(self, env_id: str | None = None) -> pa.Schema:
         """The Arrow types of the stored columns, fixed sizes kept (of one environment's files with ``env_id``);
@@ -189,6 +214,7 @@ class Store:
 
     # --- episodes and statistics --------------------------------------------------------------------
 
+    @_where_named
     def episodes(self, *, run_id: Names = None, env_id: Names = None, complete: bool | None = None,
                  where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
                  gamma: float | None = None, order_by: str = "episode_id", limit: int | None = None,
@@ -197,6 +223,7 @@ class Store:
         return self._episodes(run_id=run_id, env_id=env_id, complete=complete, where=where, filter=filter,
                               gamma=gamma, order_by=order_by, limit=limit, offset=offset)
 
+    @_where_named
     def episode_page(self, *, where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
                      gamma: float | None = None, order_by: str = "episode_id", limit: int,
                      offset: int = 0) -> tuple[pa.Table, int]:
@@ -226,6 +253,7 @@ class Store:
             return snap.arrow(sql.episodes(conds, source=src, order_by=name, descending=descending, limit=limit,
                                            offset=offset, total=total), params)
 
+    @_where_named
     def stats(self, *, by: Names = None, gamma: float | None = None, where: str | None = None,
               filter: EpisodeFilter | None = None, run_id: Names = None,  # noqa: A002
               env_id: Names = None, include_incomplete: bool = False) -> pa.Table:
@@ -252,6 +280,7 @@ class Store:
 
     # --- steps --------------------------------------------------------------------------------------
 
+    @_where_named
     def scan(self, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
              episode_id: Ids = None, where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
              batch_size: int = 65_536, max_batch_bytes: int | None = None) -> pa.RecordBatchReader:
@@ -285,6 +314,7 @@ class Store:
         names = list(dict.fromkeys(columns)) if columns else schema.names
         check_names(names, schema.names, view="steps", field="columns")
         files = [f for f in committed if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
+        schema = self._with_fixed_sizes(schema, files)
         self._verify_sizes(files)
         try:
             reader = scan_steps(files, schema, names, episode_ids=ids, batch_size=batch_size,
@@ -292,6 +322,28 @@ class Store:
         except (OSError, pa.ArrowException) as exc:
             raise damaged_file(exc, files, str(self.root)) or exc
         return pa.RecordBatchReader.from_batches(reader.schema, self._damage_named(reader, files))
+
+    def _with_fixed_sizes(self, schema: pa.Schema, files: Sequence[DataFile]) -> pa.Schema:
+        """``schema`` (the steps view's, where arrays are variable-size lists) with the stored fixed-size list
+        types of the columns whose type every environment among ``files`` stores alike (an environment's files
+        all hold one type), so that ``obs`` arrives as ``(n, *shape)``-shaped fixed-size lists."""
+        stored = [self._env_schema(env, files) for env in sorted({f.env_id for f in files})]
+        fields = []
+        for field in schema:
+            kinds = {s.field(field.name).type for s in stored if s is not None and field.name in s.names}
+            fixed = len(kinds) == 1 and pa.types.is_fixed_size_list(next(iter(kinds)))
+            fields.append(field.with_type(next(iter(kinds))) if fixed else field)
+        return pa.schema(fields, metadata=schema.metadata)
+
+    def _env_schema(self, env_id: str, files: Sequence[DataFile]) -> pa.Schema | None:
+        """The stored Arrow types of one environment's files, read once per committed file list."""
+        key = (tuple(f.path for f in files), env_id)
+        with self._episodes_lock:
+            if self._env_schemas.get("key") != key[0]:
+                self._env_schemas = {"key": key[0]}
+            if env_id not in self._env_schemas:
+                self._env_schemas[env_id] = self.table.file_schema(env_id=env_id)
+            return self._env_schemas[env_id]
 
     def _verify_sizes(self, files: Sequence[DataFile]) -> None:
         """Raise a :class:`StoreDamagedError` before a stream starts if a file it needs is missing or resized."""
@@ -318,6 +370,27 @@ class Store:
             return [f"the commit log of {self.root} cannot be read: {first_line(exc)}"]
         return [p for p in map(self.table.size_problem, files) if p]
 
+    def iter_batches(self, *, batch_size: int = 4096, columns: Sequence[str] | None = None, shuffle: bool = False,
+                     seed: int | None = None, shuffle_buffer: int = 65_536, drop_last: bool = False,
+                     format: BatchFormat = "numpy", run_id: Names = None, env_id: Names = None,  # noqa: A002
+                     episode_id: Ids = None, where: str | None = None,
+                     filter: EpisodeFilter | None = None) -> Iterator[Any]:  # noqa: A002
+        """Batches of ``batch_size`` steps for a training loop, read straight from the files: the same
+        arguments and batches as :meth:`Client.iter_batches <trajstore.remote.client.Client.iter_batches>`.
+
+        ``format`` is ``"numpy"`` (a dict of ``(n, …)`` arrays), ``"jax"`` or ``"arrow"`` (record batches).
+        With ``shuffle``, rows are drawn at random from a buffer of ``shuffle_buffer`` rows, reproducibly for a
+        given ``seed``; memory stays bounded by that buffer.
+        """
+        check_batching(batch_size, shuffle_buffer, format)
+        reader = self.scan(columns, run_id=run_id, env_id=env_id, episode_id=episode_id, where=where,
+                           filter=filter, batch_size=max(batch_size, 8192),
+                           max_batch_bytes=self.settings.stream_batch_bytes)
+        with contextlib.closing(reader):
+            yield from training_batches(reader, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                        shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)
+
+    @_where_named
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002
                    where: str | None = None, limit: int = 100, offset: int = 0) -> pa.Table:
         """One page of the selected steps in ``(episode_id, step)`` order (``columns``, or all)."""
@@ -334,6 +407,7 @@ class Store:
             snap.check_columns(names, view="steps", field="columns")
             return snap.arrow(sql.steps(names, sql.conditions(episode_id=int(episode_id))))
 
+    @_where_named
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", run_id: Names = None,
                 env_id: Names = None, episode_id: Ids = None, where: str | None = None,
                 filter: EpisodeFilter | None = None, limit: int | None = None) -> pa.Table:  # noqa: A002

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response, json_rows, wants_arrow
 from trajstore.api.deps import SettingsDep, StoreDep
-from trajstore.api.params import EPISODE_COLUMNS, INT64, NAME, ColumnsDep, FilterDep
+from trajstore.api.params import EPISODE_COLUMNS, INT64, NAME, ColumnsDep, FilterDep, run_hint, unknown_runs
 
 router = APIRouter(tags=["episodes"])
 
@@ -38,11 +40,13 @@ def episodes(request: Request, store: StoreDep, settings: SettingsDep, flt: Filt
              gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return")] = None,
              ) -> Any:
     limit = min(limit, settings.max_page_size)
+    hint = run_hint(store, unknown_runs(store, flt))
     if wants_arrow(request):
         return arrow_response(store.episodes(filter=flt, gamma=gamma, order_by=order_by, limit=limit,
-                                             offset=offset))
+                                             offset=offset), hint)
     page, total = store.episode_page(filter=flt, gamma=gamma, order_by=order_by, limit=limit, offset=offset)
-    return EpisodePage(items=json_rows(page), total=total, limit=limit, offset=offset)
+    body = EpisodePage(items=json_rows(page), total=total, limit=limit, offset=offset)
+    return JSONResponse(jsonable_encoder(body), headers=hint) if hint else body
 
 
 @router.get("/episodes/{episode_id}/steps", summary="Every step of one episode, in order",

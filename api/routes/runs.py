@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, HTTPException, Path, Query, Response
 from pydantic import BaseModel
 
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response
 from trajstore.api.deps import StoreDep
+from trajstore.store import Store
 
 router = APIRouter(tags=["runs"])
 
@@ -33,6 +34,20 @@ class Run(BaseModel):
 
 @router.get("/runs", summary="Every run with its environments, episode and step counts and last write time")
 def runs(store: StoreDep) -> list[Run]:
+    return _runs(store)
+
+
+@router.get("/runs/{run_id}", summary="One run with its environments, episode and step counts and last write time",
+            responses={404: {"description": "no such run in the store"}})
+def run(store: StoreDep, run_id: Annotated[str, Path(min_length=1, max_length=200)]) -> Run:
+    found = [r for r in _runs(store) if r.run_id == run_id]
+    if not found:
+        raise HTTPException(status_code=404, detail=f"run_id: no run {run_id!r} in this store; its runs: "
+                                                    f"{store.run_ids()}")
+    return found[0]
+
+
+def _runs(store: Store) -> list[Run]:
     out: dict[str, Run] = {}
     for row in store.runs().to_pylist():
         env = RunEnv(**{k: v for k, v in row.items() if k != "run_id"})

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 import trajstore
 from trajstore.api.app import create_app
-from tests.api.helpers import settings_for
+from tests.api.helpers import Live, settings_for
 
 ARROW = {"Accept": "application/vnd.apache.arrow.stream"}
 
@@ -160,3 +160,45 @@ def _first_episode(path: Path) -> int:
     import pyarrow.parquet as pq
 
     return pq.read_table(trajstore.open(path).files()[-1].path, columns=["episode_id"])["episode_id"][0].as_py()
+
+
+def test_a_run_the_store_lacks_gets_no_statistics_and_a_hint(client: TestClient) -> None:
+    response = client.get("/stats", params={"run_id": "nosuchrun"})
+    assert response.status_code == 200 and response.json() == []
+    assert response.headers["x-trajstore-hint"].startswith("no run 'nosuchrun' in this store; its runs: 'alpha'")
+    assert "\\xe9" in client.get("/stats", params={"run_id": "caf\u00e9"}).headers["x-trajstore-hint"]
+    mixed = client.get("/stats", params={"run_id": ["alpha", "nosuchrun"]})
+    assert mixed.json()[0]["n_traj"] > 0 and "'nosuchrun'" in mixed.headers["x-trajstore-hint"]
+    episodes = client.get("/episodes", params={"run_id": "nosuchrun"})
+    assert episodes.json()["items"] == [] and "x-trajstore-hint" in episodes.headers
+    assert "x-trajstore-hint" not in client.get("/stats", params={"run_id": "alpha"}).headers
+
+
+def test_one_run_or_404(client: TestClient) -> None:
+    alpha = client.get("/runs/alpha").json()
+    assert alpha["run_id"] == "alpha" and {e["env_id"] for e in alpha["envs"]} == {"CartPole-v1", "Acrobot-v1"}
+    missing = client.get("/runs/nosuchrun")
+    assert missing.status_code == 404 and "no run 'nosuchrun'" in missing.json()["detail"]
+
+
+def test_group_by_as_a_name_a_list_or_comma_separated(live: Live, populated: Path) -> None:
+    def rows(table: pa.Table) -> list[tuple[object, ...]]:  # sums may differ in their last bits: rounded
+        return [tuple(round(v, 9) if isinstance(v, float) else v for v in r.values()) for r in table.to_pylist()]
+
+    store = trajstore.open(populated)
+    want = rows(store.stats(by=["run_id", "env_id"]))
+    assert rows(store.stats(by="run_id,env_id")) == want
+    with trajstore.Client(live.url) as c:
+        assert rows(c.stats(by=["run_id", "env_id"])) == want
+        assert rows(c.stats(by="run_id,env_id")) == want
+        assert rows(c.stats(by="run_id")) == rows(store.stats(by="run_id"))
+
+
+def test_unknown_columns_are_one_status_and_one_message_everywhere(client: TestClient) -> None:
+    for url, field, view in (("/steps?columns=nope", "columns", "steps"),
+                             ("/steps?format=json&columns=step,nope", "columns", "steps"),
+                             (f"/episodes/{1}/steps?columns=nope", "columns", "steps"),
+                             ("/stats?by=nope", "by", "episodes"), ("/episodes?order_by=-nope", "order_by", "episodes")):
+        response = client.get(url)
+        assert response.status_code == 422, url
+        assert response.json()["detail"].startswith(f"{field}: unknown column(s) ['nope'] of {view}; expected"), url

@@ -113,6 +113,9 @@ def test_check_fails_on_a_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFix
     (["episodes", "--store", "{demo}", "--order-by", "height"], r"order_by: unknown column\(s\) \['height'\]"),
     (["sql", "--store", "{demo}", "SELECT 1", "--format", "parquet"], "give --output PATH"),
     (["rollout", "--env", "CartPole-v1", "--store", "{demo}", "--run", "x"], "give --episodes N or --steps N"),
+    (["episodes", "--store", "{demo}", "--limit", "-1"], r"limit: must be a whole number >= 0, got -1"),
+    (["stats", "--store", "{demo}", "--where", "nope > 1"], r"where: Binder Error: .*\"nope\" not found"),
+    (["serve", "--store", "{missing}"], "no trajstore store at"),
 ])
 def test_errors_are_one_line(demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                              argv: list[str], message: str) -> None:
@@ -128,3 +131,56 @@ def test_installed_command_prints_no_traceback(tmp_path: Path) -> None:
                           capture_output=True, text=True, env={**os.environ, "TRAJSTORE_DEBUG": ""})
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("trajstore: error: no trajstore store")
+
+
+def test_a_run_that_does_not_exist_is_said_so(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("stats", "episodes"):
+        code, out, err = run(capsys, command, "--store", str(demo), "--run", "demo", "--run", "nosuchrun")
+        assert code == 1 and out == ""
+        assert err.startswith(f"trajstore: no run 'nosuchrun' in {demo}; its runs: demo") and err.count("\n") == 1
+
+
+def test_the_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"trajstore {trajstore.__version__}\n"
+
+
+def test_serve_on_a_busy_port_is_one_error_line_and_no_banner(demo: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "trajstore.cli", "serve", "--store", str(demo), "--port",
+                               str(port)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"trajstore: error: cannot listen on 127.0.0.1:{port}: ")
+    assert "in use" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_serve_creates_a_store_only_when_asked(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    import httpx
+
+    from tests.api.helpers import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "trajstore.cli", "serve", "--store", str(tmp_path / "new"),
+                             "--create", "--port", str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "serving" in (proc.stdout.readline() if proc.stdout else "")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/ready").json()["files"] == 0
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert (tmp_path / "new" / "trajstore.json").is_file()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)

@@ -150,3 +150,10 @@ def test_bad_env_is_refused(store: trajstore.Store) -> None:
     with pytest.raises(trajstore.InputError, match="env: gymnasium cannot make 'NoSuchEnv-v0'"):
         gym_rollout(store, "NoSuchEnv-v0", run_id="x", episodes=1, progress=False)
     assert store.files() == []
+
+
+def test_a_result_prints_as_a_summary(store: trajstore.Store) -> None:
+    result = gym_rollout(store, "CartPole-v1", run_id="r", num_envs=4, episodes=200, seed=0, progress=False)
+    text = repr(result)
+    assert text.startswith("RolloutResult(run_id='r', env_id='CartPole-v1', steps=") and "return_mean=" in text
+    assert len(text) < 200  # not one number per episode

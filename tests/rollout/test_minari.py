@@ -102,4 +102,5 @@ def test_cli_import_shows_progress_and_refuses_unknown_datasets(datasets: Path, 
     assert cli.main(["import", "minari", "nope/missing-v0", "--store", path]) != 0
     err = capsys.readouterr().err
     assert err.startswith("trajstore: error: dataset: no local Minari dataset 'nope/missing-v0'")
-    assert "cartpole/cli-v0" in err and "Traceback" not in err
+    assert "cartpole/cli-v0" in err and "`minari download nope/missing-v0`" in err and "Traceback" not in err
+    assert "download=True" not in err  # a CLI user cannot pass that

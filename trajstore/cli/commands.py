@@ -65,8 +65,19 @@ def _split(values: list[str]) -> list[str]:
     return [v.strip() for item in values for v in item.split(",") if v.strip()]
 
 
+def _missing_runs(store: Any, runs: list[str] | None) -> bool:
+    """Say on stderr which of the ``--run`` values the store does not hold (True if any)."""
+    missing = [r for r in runs or [] if r not in store.run_ids()]
+    if missing:
+        print(f"trajstore: no run {', '.join(map(repr, missing))} in {store.root}; its runs: "
+              f"{', '.join(store.run_ids()) or 'none yet'}", file=sys.stderr)
+    return bool(missing)
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     store = _open(args.store)
+    if _missing_runs(store, args.run):
+        return EXIT_PROBLEMS
     table = store.stats(by=_split(args.by), gamma=args.gamma, where=args.where, run_id=args.run,
                         env_id=args.env, include_incomplete=args.include_incomplete)
     _emit(args, table)
@@ -75,6 +86,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_episodes(args: argparse.Namespace) -> int:
     store = _open(args.store)
+    if _missing_runs(store, args.run):
+        return EXIT_PROBLEMS
     table = store.episodes(run_id=args.run, env_id=args.env, complete=args.complete, where=args.where,
                            gamma=args.gamma, order_by=args.order_by, limit=args.limit, offset=args.offset)
     _emit(args, table)
@@ -97,11 +110,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     overrides = {"store": args.store, "host": args.host, "port": args.port, "api_key": args.api_key}
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
-    app = create_app(settings)
+    app = create_app(settings, create=args.create)
+    sock = _listen(settings.host, settings.port)  # before the banner: a busy port is an error, not a banner
     print(f"trajstore: serving {app.state.store.root} on http://{settings.host}:{settings.port} "
           f"(dashboard at /dashboard, OpenAPI at /openapi.json)", flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server.run(sockets=[sock])
     return 0
+
+
+def _listen(host: str, port: int) -> Any:
+    """A socket bound to ``host:port``, or an error that says why it cannot be."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server running "
+                      "there? choose another with --port)") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def cmd_compact(args: argparse.Namespace) -> int:

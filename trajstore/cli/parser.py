@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to listen on (default: $TRAJSTORE_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: $TRAJSTORE_PORT or 8321)")
     p.add_argument("--api-key", help="enable authenticated ingest with this key (default: $TRAJSTORE_API_KEY)")
+    p.add_argument("--create", action="store_true", help="make an empty store at --store if there is none")
     p.set_defaults(func=commands.cmd_serve)
 
     p = sub.add_parser("compact", help="rewrite partitions of many small files as a few large ones")

@@ -20,19 +20,17 @@ import uuid
 from typing import Any, BinaryIO, Iterator, Literal, Mapping
 
 import httpx
-import numpy as np
 import pyarrow as pa
 
 from trajstore.__about__ import __version__
-from trajstore.errors import InputError, RemoteError
+from trajstore.errors import RemoteError
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
-from trajstore.remote.stream import HttpByteStream, rebatch, shuffled
-from trajstore.schema import to_numpy
+from trajstore.query.batches import BatchFormat, check_batching, training_batches
+from trajstore.remote.stream import HttpByteStream
 
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = (502, 503, 504)
-BatchFormat = Literal["numpy", "jax", "arrow"]
 
 
 class Client:
@@ -120,19 +118,11 @@ class Client:
         ``"arrow"`` (record batches). With ``shuffle``, rows are drawn at random from a buffer of
         ``shuffle_buffer`` rows, reproducibly for a given ``seed``; memory stays bounded by that buffer.
         """
-        if batch_size < 1:
-            raise InputError(f"batch_size: must be a positive number of rows, got {batch_size}")
-        if format not in ("numpy", "jax", "arrow"):
-            raise InputError(f"format: must be 'numpy', 'jax' or 'arrow', got {format!r}")
+        check_batching(batch_size, shuffle_buffer, format)
         params = {"columns": columns, "batch_rows": max(batch_size, 8192), **filters}
         with self._stream("/steps", params) as body:
-            reader = pa.ipc.open_stream(body)
-            batches = rebatch(reader, batch_size, drop_last=drop_last)
-            if shuffle:
-                batches = shuffled(batches, batch_size, shuffle_buffer, np.random.default_rng(seed),
-                                   drop_last=drop_last)
-            for batch in batches:
-                yield _convert(batch, format)
+            yield from training_batches(pa.ipc.open_stream(body), batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                        shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)
 
     @contextlib.contextmanager
     def _stream(self, path: str, params: Mapping[str, Any]) -> Iterator[BinaryIO]:
@@ -248,15 +238,3 @@ def _problem(status: int, reason: str, body: bytes) -> RemoteError:
     if not isinstance(problem, dict):
         problem = {}
     return RemoteError(status, problem.get("title") or reason, problem.get("detail"))
-
-
-def _convert(batch: pa.RecordBatch, format: BatchFormat) -> Any:  # noqa: A002
-    if format == "arrow":
-        return batch
-    arrays = {name: to_numpy(batch.column(i)) for i, name in enumerate(batch.schema.names)}
-    if format == "jax":
-        import jax.numpy as jnp
-        import jax.tree_util
-
-        return jax.tree_util.tree_map(lambda a: jnp.asarray(a) if a.dtype.kind in "biuf" else a, arrays)
-    return arrays

@@ -40,9 +40,10 @@ def import_minari(store: RolloutTarget, dataset: Any, *, run_id: str | None = No
     if isinstance(dataset, str):
         try:
             dataset = minari.load_dataset(dataset)
-        except (FileNotFoundError, ValueError) as exc:
-            raise InputError(f"dataset: no local Minari dataset {dataset!r} ({exc}); "
-                             f"local ones: {sorted(minari.list_local_datasets())}") from None
+        except (FileNotFoundError, ValueError):
+            local = sorted(minari.list_local_datasets()) or "none"
+            raise InputError(f"dataset: no local Minari dataset {dataset!r}; download it first (`minari download "
+                             f"{dataset}`) or give one of the local ones: {local}") from None
     name = dataset.spec.dataset_id.replace("/", "-")
     env_spec = dataset.spec.env_spec
     result = RolloutResult(run_id=run_id or name, env_id=env_id or (env_spec.id if env_spec is not None else name))

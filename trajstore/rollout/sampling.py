@@ -56,6 +56,13 @@ class RolloutResult:
     def steps_per_second(self) -> float:
         return self.steps / self.seconds if self.seconds > 0 else 0.0
 
+    def __repr__(self) -> str:  # a summary: the per-episode lists can hold millions of entries
+        returns, lengths = np.asarray(self.episode_returns), np.asarray(self.episode_lengths)
+        means = (f", return_mean={returns.mean():.4g}, length_mean={lengths.mean():.4g}"
+                 if len(returns) and len(lengths) else "")
+        return (f"RolloutResult(run_id={self.run_id!r}, env_id={self.env_id!r}, steps={self.steps}, "
+                f"episodes={self.episodes}, seconds={self.seconds:.3g}{means})")
+
 
 class RecentReturns:
     """Mean return of the last ``window`` complete episodes, for progress bars."""

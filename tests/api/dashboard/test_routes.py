@@ -72,5 +72,5 @@ def test_curves_with_gamma_and_filters(client: TestClient, demo_store: trajstore
 
 
 def test_curves_of_an_empty_store(tmp_path: Path) -> None:
-    with TestClient(create_app(Settings(store=str(tmp_path / "empty")))) as c:
+    with TestClient(create_app(Settings(store=str(tmp_path / "empty")), create=True)) as c:
         assert c.get("/curves").json() == {"gamma": None, "series": []}

@@ -16,6 +16,11 @@ router = APIRouter(tags=["ingest"])
 NAME = r"^[^\s/](.*[^\s])?$"
 
 
+class IngestAccess(BaseModel):
+    accepted: bool
+    max_body_bytes: int
+
+
 class Ingested(BaseModel):
     run_id: str
     env_id: str
@@ -60,3 +65,9 @@ async def ingest(request: Request, response: Response, store: StoreDep, settings
         response.status_code = 200  # already stored under this key: nothing new was created
     return Ingested(run_id=run_id, env_id=env_id, rows=rows.num_rows, duplicate=duplicate)
 
+
+@router.get("/ingest", dependencies=[Depends(require_api_key)],
+            summary="Whether this API key may append rows (what a remote worker asks before it rolls out)")
+def ingest_access(settings: SettingsDep) -> IngestAccess:
+    """200 when the key is accepted; 401 for a missing or wrong key, 403 when the server takes no writes."""
+    return IngestAccess(accepted=True, max_body_bytes=settings.max_body_bytes)

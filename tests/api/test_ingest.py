@@ -1,9 +1,11 @@
 """POST /runs/{run_id}/batches and RemoteWriter: authenticated, idempotent, size-limited, all or nothing; rows
-continue their episodes or are refused (422), a key serves one request (409)."""
+continue their episodes or are refused (422), a key serves one request (409); GET /ingest tells a worker early
+whether it may write."""
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -307,3 +309,59 @@ def test_cli_rollouts_to_a_service(live_empty: Live, empty: Path, capsys: pytest
     err = capsys.readouterr().err
     assert err.startswith("trajstore: error: 401") and "Traceback" not in err
 
+
+def test_get_ingest_tells_whether_the_key_may_write(empty: Path) -> None:
+    with TestClient(create_app(settings_for(empty))) as c:
+        assert c.get("/ingest", headers={"Authorization": f"Bearer {API_KEY}"}).json()["accepted"] is True
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            refused = c.get("/ingest", headers=headers)
+            assert refused.status_code == 401 and refused.headers["content-type"] == "application/problem+json"
+    with TestClient(create_app(settings_for(empty, api_key=None))) as c:
+        refused = c.get("/ingest", headers={"Authorization": f"Bearer {API_KEY}"})
+        assert refused.status_code == 403 and "ingest is disabled" in refused.json()["detail"]
+
+
+@pytest.mark.parametrize("server_key, worker_key, line", [
+    (API_KEY, "wrong", "trajstore: error: 401 Unauthorized: wrong API key"),
+    (None, API_KEY, "trajstore: error: 403 Forbidden: ingest is disabled"),
+])
+def test_a_remote_rollout_refused_by_the_server_stops_before_rolling_out(
+        empty: Path, capsys: pytest.CaptureFixture[str], server_key: str | None, worker_key: str, line: str) -> None:
+    from trajstore import cli
+
+    app, seen = create_app(settings_for(empty, api_key=server_key)), []
+
+    @app.middleware("http")
+    async def record(request: Any, call_next: Any) -> Any:
+        seen.append(f"{request.method} {request.url.path}")
+        return await call_next(request)
+
+    for live in serve(app):
+        started = time.monotonic()
+        code = cli.main(["rollout", "--env", "CartPole-v1", "--run", "r", "--steps", "10000000", "--num-envs", "4",
+                         "--url", live.url, "--api-key", worker_key, "--no-progress"])
+        elapsed = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(line) and len(err.splitlines()) == 1, err
+    assert elapsed < 5, f"took {elapsed:.1f} s to fail"
+    assert "GET /ingest" in seen and not [s for s in seen if s.startswith("POST")], seen  # no step was sent
+    assert count(empty) == 0
+
+
+def test_a_remote_writer_still_writes_to_a_server_without_get_ingest(empty: Path) -> None:
+    from fastapi.responses import JSONResponse
+
+    app = create_app(settings_for(empty))
+
+    @app.middleware("http")
+    async def as_before_get_ingest(request: Any, call_next: Any) -> Any:  # what a server of an older version says
+        if request.url.path == "/ingest":
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return await call_next(request)
+
+    for live in serve(app):
+        with pytest.raises(trajstore.RemoteError, match="404"):
+            Client(live.url, api_key=API_KEY).check_ingest()
+        with RemoteWriter(live.url, api_key=API_KEY, run_id="r", env_id="Toy-v0") as w:
+            w.add_batch(steps_batch(np.random.default_rng(1), 10, 2))
+    assert count(empty) == 20

@@ -4,9 +4,10 @@ idempotency key, which no other request may reuse."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -129,28 +130,37 @@ def test_an_episode_continues_across_requests(running: trajstore.Store) -> None:
     assert trajstore.check(running).ok
 
 
+def _try_append(store: trajstore.Store, step: int, key: str) -> str:
+    """Append step ``step`` of episode 7: "stored", or the refusal's first clause."""
+    try:
+        append_rows(store.table, episode([step]), run_id="r", env_id="E", idempotency_key=key)
+    except InputError as exc:
+        return str(exc).split(";")[0]
+    return "stored"
+
+
+def _at_once(*calls: Callable[[], str]) -> list[str]:
+    """The results of ``calls``, run in threads released at the same moment, sorted."""
+    barrier, results = threading.Barrier(len(calls)), []
+
+    def run(call: Callable[[], str]) -> None:
+        barrier.wait()
+        results.append(call())
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(results)
+
+
 def test_racing_threads_append_one_step_once(running: trajstore.Store) -> None:
     """Two requests race for the next step of one episode, round after round: one wins, the other is refused."""
-    outcomes: list[list[str]] = []
     for step in range(5, 15):
-        barrier, results = threading.Barrier(2), []
-
-        def race(worker: int, step: int = step, barrier: threading.Barrier = barrier, results: list[str] = results) -> None:
-            barrier.wait()
-            try:
-                append_rows(running.table, episode([step]), run_id="r", env_id="E", idempotency_key=f"{step}-{worker}")
-                results.append("stored")
-            except InputError as exc:
-                results.append(str(exc).split(";")[0])
-
-        threads = [threading.Thread(target=race, args=(w,)) for w in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        outcomes.append(sorted(results))
-    assert all(o == [f"step: episode_id 7 continues at step {s}, but the store holds its steps up to {s}", "stored"]
-               for o, s in zip(outcomes, range(5, 15))), outcomes
+        outcome = _at_once(*(functools.partial(_try_append, running, step, f"{step}-{w}") for w in range(2)))
+        assert outcome == [f"step: episode_id 7 continues at step {step}, but the store holds its steps up to "
+                           f"{step}", "stored"]
     assert [s for e, s in held(running) if e == 7] == list(range(15))
     assert trajstore.check(running).ok
 
@@ -159,11 +169,7 @@ def _race_in_process(root: str, steps: range, worker: int, barrier: Any, out: An
     store = trajstore.open(root)
     for step in steps:
         barrier.wait(60)
-        try:
-            append_rows(store.table, episode([step]), run_id="r", env_id="E", idempotency_key=f"{step}-{worker}")
-            out.put((step, "stored"))
-        except InputError:
-            out.put((step, "refused"))
+        out.put((step, "stored" if _try_append(store, step, f"{step}-{worker}") == "stored" else "refused"))
 
 
 def test_racing_processes_append_one_step_once(running: trajstore.Store) -> None:

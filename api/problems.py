@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trajstore.errors import (
     AuthenticationError,
+    ConflictError,
     InputError,
     QueryError,
     QueryRefusedError,
@@ -42,16 +43,19 @@ class Problem(BaseModel):
 
 ERROR_STATUSES = (400, 401, 403, 404, 406, 408, 413, 415, 422, 500, 503)
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": Problem, "description": HTTPStatus(code).phrase,
-           "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
-    for code in ERROR_STATUSES
-}
+def problem_response(code: int, description: str | None = None) -> dict[str, Any]:
+    """The OpenAPI description of a problem+json answer with status ``code``."""
+    return {"model": Problem, "description": description or HTTPStatus(code).phrase,
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {code: problem_response(code) for code in ERROR_STATUSES}
 
 _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (AuthenticationError, 401),
     (QueryRefusedError, 403),
     (QueryTimeoutError, 408),
+    (ConflictError, 409),
     (InputError, 422),
     (QueryError, 400),
     (StoreNotFoundError, 503),

@@ -17,6 +17,7 @@ from trajstore.__about__ import __version__
 from trajstore.errors import (
     AuthenticationError,
     CommitError,
+    ConflictError,
     InputError,
     QueryError,
     QueryRefusedError,
@@ -46,6 +47,7 @@ __all__ = [
     "Client",
     "CommitError",
     "CompactReport",
+    "ConflictError",
     "EpisodeFilter",
     "InputError",
     "QueryError",

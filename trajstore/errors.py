@@ -11,6 +11,7 @@ __all__ = [
     "InputError",
     "SchemaMismatchError",
     "UnknownColumnError",
+    "ConflictError",
     "StoreNotFoundError",
     "StoreExistsError",
     "QueryError",
@@ -38,6 +39,10 @@ class SchemaMismatchError(InputError):
 
 class UnknownColumnError(InputError):
     """A column name that the view asked about does not have; the message lists the ones it has."""
+
+
+class ConflictError(InputError):
+    """A request that conflicts with one the store already took: an idempotency key used before for other rows."""
 
 
 class StoreNotFoundError(FileNotFoundError, TrajstoreError):

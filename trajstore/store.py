@@ -119,7 +119,8 @@ class Store:
     def ingest(self, rows: pa.Table, *, run_id: str, env_id: str,
                idempotency_key: str | None = None) -> tuple[str | None, bool]:
         """Append rows already cut into episodes (what a remote writer sends), checked against what is stored;
-        returns ``(file, duplicate)``. See :mod:`trajstore.storage.ingest`."""
+        returns ``(file, duplicate)``. Rows that do not continue their episodes raise :class:`InputError`, a key
+        used before for another request :class:`~trajstore.errors.ConflictError`. See :mod:`trajstore.storage.ingest`."""
         return append_rows(self.table, rows, run_id=run_id, env_id=env_id, idempotency_key=idempotency_key)
 
     # --- the committed state ------------------------------------------------------------------------

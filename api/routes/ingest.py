@@ -9,10 +9,16 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from trajstore.api.deps import SettingsDep, StoreDep, require_api_key
+from trajstore.api.problems import problem_response
 from trajstore.remote.wire import ARROW_STREAM, read_table
 
 router = APIRouter(tags=["ingest"])
 NAME = r"^[^\s/](.*[^\s])?$"
+
+
+class IngestAccess(BaseModel):
+    accepted: bool
+    max_body_bytes: int
 
 
 class Ingested(BaseModel):
@@ -41,7 +47,10 @@ async def read_body(request: Request, limit: int) -> bytes:
              openapi_extra={"requestBody": {"required": True,
                                             "content": {ARROW_STREAM: {"schema": {"type": "string",
                                                                                   "format": "binary"}}}}},
-             responses={200: {"model": Ingested, "description": "already stored under this Idempotency-Key"}})
+             responses={200: {"model": Ingested, "description": "already stored under this Idempotency-Key"},
+                        409: problem_response(409, "the Idempotency-Key was already used for another request"),
+                        422: problem_response(422, "rows that do not fit the schema, or do not continue their "
+                                                   "episodes (the detail names the episode and the step)")})
 async def ingest(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
                  run_id: Annotated[str, Path(min_length=1, max_length=200, pattern=NAME)],
                  env_id: Annotated[str, Query(min_length=1, max_length=200, pattern=NAME)],
@@ -55,3 +64,10 @@ async def ingest(request: Request, response: Response, store: StoreDep, settings
     if duplicate:
         response.status_code = 200  # already stored under this key: nothing new was created
     return Ingested(run_id=run_id, env_id=env_id, rows=rows.num_rows, duplicate=duplicate)
+
+
+@router.get("/ingest", dependencies=[Depends(require_api_key)],
+            summary="Whether this API key may append rows (what a remote worker asks before it rolls out)")
+def ingest_access(settings: SettingsDep) -> IngestAccess:
+    """200 when the key is accepted; 401 for a missing or wrong key, 403 when the server takes no writes."""
+    return IngestAccess(accepted=True, max_body_bytes=settings.max_body_bytes)

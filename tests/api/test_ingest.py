@@ -1,12 +1,16 @@
-"""POST /runs/{run_id}/batches and RemoteWriter: authenticated, idempotent, size-limited, all or nothing."""
+"""POST /runs/{run_id}/batches and RemoteWriter: authenticated, idempotent, size-limited, all or nothing; rows
+continue their episodes or are refused (422), a key serves one request (409); GET /ingest tells a worker early
+whether it may write."""
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -46,14 +50,23 @@ def rows(n_episodes: int = 3, length: int = 5, *, first_id: int = 1) -> pa.Table
     })
 
 
-def post(c: TestClient, body: bytes, *, key: str | None = API_KEY, idem: str | None = None,
-         content_type: str = ARROW) -> Any:
+def steps_of(episode_id: int, steps: list[int], *, end: bool = False) -> pa.Table:
+    """Rows of one episode at ``steps``, shaped like :func:`rows`; the last one terminated with ``end``."""
+    one = rows(n_episodes=1, length=len(steps))
+    return one.set_column(0, "episode_id", pa.array([episode_id] * len(steps), pa.int64())) \
+        .set_column(1, "step", pa.array(steps, pa.int64())) \
+        .set_column(one.schema.get_field_index("terminated"), "terminated",
+                    pa.array([False] * (len(steps) - 1) + [end]))
+
+
+def post(c: TestClient | httpx.Client, body: bytes, *, key: str | None = API_KEY, idem: str | None = None,
+         content_type: str = ARROW, run_id: str = "r1", env_id: str = "Toy-v0") -> Any:
     headers = {"Content-Type": content_type}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     if idem is not None:
         headers["Idempotency-Key"] = idem
-    return c.post("/runs/r1/batches", params={"env_id": "Toy-v0"}, content=body, headers=headers)
+    return c.post(f"/runs/{run_id}/batches", params={"env_id": env_id}, content=body, headers=headers)
 
 
 def count(path: Path) -> int:
@@ -83,6 +96,77 @@ def test_a_retried_request_stores_once(app_client: TestClient, empty: Path) -> N
     assert post(app_client, ipc_bytes(rows(first_id=10)), idem=uuid.uuid4().hex).status_code == 201
     assert count(empty) == 30
     assert trajstore.open(empty).stats().column("n_traj")[0].as_py() == 6
+
+
+def test_a_key_reused_for_another_request_is_409(app_client: TestClient, empty: Path) -> None:
+    body = ipc_bytes(rows())
+    assert post(app_client, body, idem="k").status_code == 201
+    for other in (post(app_client, ipc_bytes(rows(first_id=10)), idem="k"),  # the new rows were dropped before
+                  post(app_client, body, idem="k", run_id="r2"), post(app_client, body, idem="k", env_id="Other-v0")):
+        assert other.status_code == 409, other.text
+        assert other.headers["content-type"] == "application/problem+json"
+        assert "'k' was already used for another request" in other.json()["detail"]
+    retry = post(app_client, body, idem="k")
+    assert retry.status_code == 200 and retry.json() == {"run_id": "r1", "env_id": "Toy-v0", "rows": 15,
+                                                         "duplicate": True}
+    assert count(empty) == 15
+
+
+@pytest.mark.parametrize("episode_id, steps, where, detail", [
+    (20, [5, 7], {}, "episode_id 20 goes from step 5 to step 7; expected step 6"),
+    (20, [6, 7], {}, "episode_id 20 continues at step 6, but the store holds its steps up to 4; expected step 5"),
+    (20, [4, 5], {}, "episode_id 20 continues at step 4, but the store holds its steps up to 4; expected step 5"),
+    (1, [5, 6], {}, "episode_id 1 ended at step 4 (terminated or truncated); step 5 cannot follow it"),
+    (99, [3, 4], {}, "episode_id 99 starts at step 3, but the store holds none of its steps; expected step 0"),
+    (20, [5], {"run_id": "r2"}, "episode_id 20 (step 5 here) belongs to run_id 'r1', env_id 'Toy-v0', not to run_id "
+                                "'r2'"),
+    (20, [5], {"env_id": "Other-v0"}, "episode_id 20 (step 5 here) belongs to run_id 'r1', env_id 'Toy-v0'"),
+    (20, [5, 2**31], {}, "step: 2147483648 at row 1 (episode_id 20) is beyond int32"),
+])
+def test_rows_that_do_not_continue_their_episode_are_422(app_client: TestClient, empty: Path, episode_id: int,
+                                                         steps: list[int], where: dict[str, str], detail: str) -> None:
+    assert post(app_client, ipc_bytes(rows())).status_code == 201  # episodes 1-3, ended at step 4
+    assert post(app_client, ipc_bytes(steps_of(20, [0, 1, 2, 3, 4]))).status_code == 201  # still running
+    response = post(app_client, ipc_bytes(steps_of(episode_id, steps)), idem=uuid.uuid4().hex, **where)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert detail in response.json()["detail"]
+    assert count(empty) == 20 and trajstore.check(trajstore.open(empty)).ok
+
+
+def test_steps_after_the_end_within_a_request_are_422(app_client: TestClient, empty: Path) -> None:
+    broken = steps_of(5, [0, 1, 2]).set_column(6, "terminated", pa.array([False, True, False]))
+    response = post(app_client, ipc_bytes(broken))
+    assert response.status_code == 422
+    assert "episode_id 5 ends at step 1, but the rows go on to step 2" in response.json()["detail"]
+    assert count(empty) == 0
+
+
+def test_racing_requests_append_the_next_step_once(live_empty: Live, empty: Path) -> None:
+    """Requests race for step 5 of one episode (then 6, …), on a real server: one is stored, the other is 422."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=live_empty.url, headers=headers, timeout=30) as c:
+        assert post(c, ipc_bytes(steps_of(20, [0, 1, 2, 3, 4]))).status_code == 201
+    for step in range(5, 10):
+        barrier, statuses = threading.Barrier(2), []
+
+        def race(step: int = step, barrier: threading.Barrier = barrier, statuses: list[Any] = statuses) -> None:
+            with httpx.Client(base_url=live_empty.url, headers=headers, timeout=30) as c:
+                barrier.wait()
+                response = post(c, ipc_bytes(steps_of(20, [step])), idem=uuid.uuid4().hex)
+                statuses.append((response.status_code, response.json().get("detail")))
+
+        threads = [threading.Thread(target=race) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(code for code, _ in statuses) == [201, 422], statuses
+        refused = next(detail for code, detail in statuses if code == 422)
+        assert f"episode_id 20 continues at step {step}, but the store holds its steps up to {step}" in refused
+    store = trajstore.open(empty)
+    assert store.episode_steps(20)["step"].to_pylist() == list(range(10))
+    assert trajstore.check(store).ok
 
 
 def test_a_body_over_the_limit_is_413(app_client: TestClient, empty: Path) -> None:
@@ -224,3 +308,60 @@ def test_cli_rollouts_to_a_service(live_empty: Live, empty: Path, capsys: pytest
                      "--api-key", "wrong", "--no-progress"]) != 0
     err = capsys.readouterr().err
     assert err.startswith("trajstore: error: 401") and "Traceback" not in err
+
+
+def test_get_ingest_tells_whether_the_key_may_write(empty: Path) -> None:
+    with TestClient(create_app(settings_for(empty))) as c:
+        assert c.get("/ingest", headers={"Authorization": f"Bearer {API_KEY}"}).json()["accepted"] is True
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            refused = c.get("/ingest", headers=headers)
+            assert refused.status_code == 401 and refused.headers["content-type"] == "application/problem+json"
+    with TestClient(create_app(settings_for(empty, api_key=None))) as c:
+        refused = c.get("/ingest", headers={"Authorization": f"Bearer {API_KEY}"})
+        assert refused.status_code == 403 and "ingest is disabled" in refused.json()["detail"]
+
+
+@pytest.mark.parametrize("server_key, worker_key, line", [
+    (API_KEY, "wrong", "trajstore: error: 401 Unauthorized: wrong API key"),
+    (None, API_KEY, "trajstore: error: 403 Forbidden: ingest is disabled"),
+])
+def test_a_remote_rollout_refused_by_the_server_stops_before_rolling_out(
+        empty: Path, capsys: pytest.CaptureFixture[str], server_key: str | None, worker_key: str, line: str) -> None:
+    from trajstore import cli
+
+    app, seen = create_app(settings_for(empty, api_key=server_key)), []
+
+    @app.middleware("http")
+    async def record(request: Any, call_next: Any) -> Any:
+        seen.append(f"{request.method} {request.url.path}")
+        return await call_next(request)
+
+    for live in serve(app):
+        started = time.monotonic()
+        code = cli.main(["rollout", "--env", "CartPole-v1", "--run", "r", "--steps", "10000000", "--num-envs", "4",
+                         "--url", live.url, "--api-key", worker_key, "--no-progress"])
+        elapsed = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(line) and len(err.splitlines()) == 1, err
+    assert elapsed < 5, f"took {elapsed:.1f} s to fail"
+    assert "GET /ingest" in seen and not [s for s in seen if s.startswith("POST")], seen  # no step was sent
+    assert count(empty) == 0
+
+
+def test_a_remote_writer_still_writes_to_a_server_without_get_ingest(empty: Path) -> None:
+    from fastapi.responses import JSONResponse
+
+    app = create_app(settings_for(empty))
+
+    @app.middleware("http")
+    async def as_before_get_ingest(request: Any, call_next: Any) -> Any:  # what a server of an older version says
+        if request.url.path == "/ingest":
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return await call_next(request)
+
+    for live in serve(app):
+        with pytest.raises(trajstore.RemoteError, match="404"):
+            Client(live.url, api_key=API_KEY).check_ingest()
+        with RemoteWriter(live.url, api_key=API_KEY, run_id="r", env_id="Toy-v0") as w:
+            w.add_batch(steps_batch(np.random.default_rng(1), 10, 2))
+    assert count(empty) == 20

@@ -38,7 +38,7 @@ def scan_steps(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[s
     out = pa.schema([schema.field(c) for c in columns])
     if episode_ids is not None:
         episode_ids = np.unique(np.asarray(episode_ids, dtype=np.int64))
-        files = [f for f in files if _may_hold(f, episode_ids)]
+        files = files_holding(files, episode_ids)
     if not files:
         return pa.RecordBatchReader.from_batches(out, iter(()))
     if max_batch_bytes is not None:
@@ -67,6 +67,12 @@ def row_bytes(files: Sequence[DataFile], columns: Sequence[str]) -> float:
                    if meta.row_group(g).column(c).path_in_schema.split(".")[0] in columns)
         widest = max(widest, size / meta.num_rows)
     return widest
+
+
+def files_holding(files: Sequence[DataFile], episode_ids: np.ndarray) -> list[DataFile]:
+    """The files of ``files`` that may hold steps of one of the sorted unique ``episode_ids``, judged by the
+    episode_id range the log records for each file (a file without one may hold any)."""
+    return [f for f in files if _may_hold(f, episode_ids)]
 
 
 def _may_hold(f: DataFile, ids: np.ndarray) -> bool:

@@ -167,6 +167,13 @@ class Client:
             conn.close()
 
     # --- writes -----------------------------------------------------------------------------------------
+
+    def check_ingest(self) -> dict[str, Any]:
+        """Ask the service whether this client's API key may append rows (``GET /ingest``): cheap, and before
+        any work that would be lost. Raises :class:`~trajstore.errors.RemoteError`: 401 for a missing or wrong
+        key, 403 when the server takes no writes, status 0 when it cannot be reached."""
+        return self._request("GET", "/ingest").json()
+
     def post_rows(self, run_id: str, env_id: str, rows: pa.Table, *, idempotency_key: str | None = None) -> dict:
         """Append rows already cut into episodes (see :class:`~trajstore.remote.writer.RemoteWriter`); retried safely."""
         return self.post_body(run_id, env_id, ipc_bytes(rows), idempotency_key=idempotency_key)

@@ -14,16 +14,19 @@ service, so ``gym_rollout(RemoteStore(url, api_key=…), …)`` and ``trajstore 
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from trajstore.errors import QueryError
+from trajstore.errors import QueryError, RemoteError
 from trajstore.remote.client import Client
 from trajstore.remote.wire import ipc_bytes
 from trajstore.storage.writer import Writer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,13 +63,27 @@ class RemoteSink:
 
 
 class RemoteWriter(Writer):
-    """A :class:`Writer` over HTTP: ``RemoteWriter(url, api_key=…, run_id=…, env_id=…, **writer_options)``."""
+    """A :class:`Writer` over HTTP: ``RemoteWriter(url, api_key=…, run_id=…, env_id=…, **writer_options)``.
+
+    It asks the service first whether its key may write (:meth:`Client.check_ingest`), so that a wrong key,
+    a server that takes no writes or one that is down fails here, before any rollout, not at the first commit.
+    """
 
     def __init__(self, url: str | Client, *, api_key: str | None = None, run_id: str, env_id: str,
                  flush_bytes: int = 16 * 1024 * 1024, **options: Any) -> None:
         self.client = url if isinstance(url, Client) else Client(url, api_key=api_key)
+        _check_access(self.client)
         super().__init__(RemoteSink(self.client), run_id=run_id, env_id=env_id, flush_bytes=flush_bytes,
                          **options)
+
+
+def _check_access(client: Client) -> None:
+    try:
+        client.check_ingest()
+    except RemoteError as exc:
+        if exc.status != 404:  # a server older than GET /ingest: its first commit will tell
+            raise
+        log.debug("%s has no GET /ingest; its first commit will tell whether the key may write", client.url)
 
 
 class RemoteStore:

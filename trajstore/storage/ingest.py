@@ -1,30 +1,62 @@
 """Appending rows that arrive already cut into episodes (from a :class:`~trajstore.remote.writer.RemoteWriter`).
 
 A remote writer segments its batches itself, exactly as a local :class:`~trajstore.storage.writer.Writer`
-does, and sends each commit as an Arrow table of rows. :func:`validate_rows` checks those rows
-against the ``steps`` schema and what the store already holds; :func:`append_rows` commits them
-once per idempotency key.
+does, and sends each commit as an Arrow table of rows. :func:`validate_rows` checks those rows against the
+``steps`` schema and each episode's rows among themselves; :func:`append_rows` also checks that they continue
+what the store holds (:mod:`~trajstore.storage.continuity`) and commits them once per idempotency key.
+
+Both hold under concurrency: the rows are checked against one committed version V of the log and committed
+as version V+1 or not at all (a newer commit sends them back to be checked again), so two requests can never
+both append step 5 of one episode; within a process, ingests of one store take turns. The key's app
+transaction records a digest of the request (:func:`request_digest`) in the log, so a retry of the same
+request is a no-op and another request under a used key is refused, even after a restart.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import random
 import threading
+import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.transaction import Transaction
 
 from trajstore import schema as sch
-from trajstore.errors import InputError, SchemaMismatchError
-from trajstore.storage.table import StepsTable
+from trajstore.errors import CommitError, ConflictError, InputError, SchemaMismatchError
+from trajstore.storage.continuity import Spans, check_continues, request_spans, stored_ends
+from trajstore.storage.table import StepsTable, WrittenFile
 
 KEYS = {"episode_id": pa.int64(), "step": pa.int32()}
-_LOCKS = [threading.Lock() for _ in range(64)]  # striped by key: a retry waits for the first attempt
+ATTEMPTS = 30  # reads of the log per request while other processes keep committing before it
+LEGACY_DIGEST = 1  # what trajstore recorded for every key before it kept the request's digest
 
 
 def validate_rows(rows: pa.Table, stored: pa.Schema | None) -> pa.Table:
-    """``rows`` checked and cast to the store's types; raises naming the first bad field."""
+    """``rows`` checked and cast to the store's types; raises naming the first bad field (and, for an
+    episode whose rows repeat or skip a step or go on after it ended, the episode and the step)."""
+    return _checked(rows, stored)[0]
+
+
+def _checked(rows: pa.Table, stored: pa.Schema | None) -> tuple[pa.Table, Spans]:
+    """:func:`validate_rows`, and the first and last step of each episode in ``rows``."""
+    _check_columns(rows)
+    rows = _stamped(_cast_keys(rows))
+    _check_flags_and_rewards(rows)
+    ended = pc.or_(rows["terminated"], rows["truncated"]).to_numpy()
+    spans = request_spans(rows["episode_id"].to_numpy(), rows["step"].to_numpy(), ended)
+    return (rows if stored is None else _fitted(rows, stored)), spans
+
+
+def _check_columns(rows: pa.Table) -> None:
     present = set(rows.column_names)
     for name in sch.PARTITION_COLUMNS:
         if name in present:
@@ -35,19 +67,23 @@ def validate_rows(rows: pa.Table, stored: pa.Schema | None) -> pa.Table:
     for name in rows.column_names:
         if rows[name].null_count and name in (*KEYS, *sch.TRANSITION_COLUMNS):
             raise InputError(f"{name}: {rows[name].null_count} null value(s); every row needs one")
-    rows = _cast_keys(rows)
-    if "wall_time" not in present:  # stamped on arrival when the sender did not
-        now = pa.scalar(datetime.now(timezone.utc), pa.timestamp("us", tz="UTC"))
-        rows = rows.append_column("wall_time", pa.repeat(now, rows.num_rows))
-    _check_flags_and_rewards(rows)
-    _check_unique_steps(rows)
-    if stored is not None:
-        for field in rows.schema:
-            if field.name in stored.names and not sch.compatible(stored.field(field.name).type, field.type):
-                raise SchemaMismatchError(f"{field.name}: the store holds {stored.field(field.name).type}, "
-                                          f"got {field.type}")
-        rows = _cast_to(rows, stored)
-    return rows
+
+
+def _stamped(rows: pa.Table) -> pa.Table:
+    """``rows`` with a ``wall_time``: stamped on arrival when the sender did not."""
+    if "wall_time" in rows.column_names:
+        return rows
+    now = pa.scalar(datetime.now(timezone.utc), pa.timestamp("us", tz="UTC"))
+    return rows.append_column("wall_time", pa.repeat(now, rows.num_rows))
+
+
+def _fitted(rows: pa.Table, stored: pa.Schema) -> pa.Table:
+    """``rows`` cast to the ``stored`` types, refused where they cannot be."""
+    for field in rows.schema:
+        if field.name in stored.names and not sch.compatible(stored.field(field.name).type, field.type):
+            raise SchemaMismatchError(f"{field.name}: the store holds {stored.field(field.name).type}, "
+                                      f"got {field.type}")
+    return _cast_to(rows, stored)
 
 
 def _cast_keys(rows: pa.Table) -> pa.Table:
@@ -57,8 +93,19 @@ def _cast_keys(rows: pa.Table) -> pa.Table:
             raise InputError(f"{name}: expected integers, got {col.type}")
         if name == "step" and len(col) and pc.min(col).as_py() < 0:
             raise InputError("step: must be >= 0")
+        _check_range(rows, name, t)
         rows = rows.set_column(rows.schema.get_field_index(name), name, col.cast(t))
     return rows
+
+
+def _check_range(rows: pa.Table, name: str, t: pa.DataType) -> None:
+    """Refuse values of ``name`` that its stored type ``t`` cannot hold, naming the episode and the step."""
+    col, top = rows[name], np.iinfo(t.to_pandas_dtype()).max
+    if not len(col) or pc.max(col).as_py() <= top:
+        return
+    i = pc.index(pc.greater(col, pa.scalar(top, col.type)), True).as_py()
+    where = f"episode_id {rows['episode_id'][i].as_py()}" if name == "step" else f"step {rows['step'][i].as_py()}"
+    raise InputError(f"{name}: {rows[name][i].as_py()} at row {i} ({where}) is beyond {t}; expected at most {top}")
 
 
 def _check_flags_and_rewards(rows: pa.Table) -> None:
@@ -76,14 +123,6 @@ def _check_flags_and_rewards(rows: pa.Table) -> None:
         raise InputError(f"reward must be finite: got {values[i]} at row {i} (episode_id {ep}, step {step})")
 
 
-def _check_unique_steps(rows: pa.Table) -> None:
-    keys = rows.select(list(KEYS)).group_by(list(KEYS)).aggregate([([], "count_all")])
-    dup = keys.filter(pc.greater(keys["count_all"], 1))
-    if dup.num_rows:
-        ep, step = dup["episode_id"][0].as_py(), dup["step"][0].as_py()
-        raise InputError(f"step: episode_id {ep} has step {step} more than once")
-
-
 def _cast_to(rows: pa.Table, stored: pa.Schema) -> pa.Table:
     for i, field in enumerate(rows.schema):
         if field.name in stored.names and stored.field(field.name).type != field.type:
@@ -91,14 +130,89 @@ def _cast_to(rows: pa.Table, stored: pa.Schema) -> pa.Table:
     return rows
 
 
+@dataclass(frozen=True)
+class IdempotencyKey:
+    """A request's key as an app transaction of the log: its id, and the request's digest as its version."""
+
+    app_id: str
+    digest: int
+
+    @classmethod
+    def of(cls, key: str, rows: pa.Table, *, run_id: str, env_id: str) -> IdempotencyKey:
+        return cls(f"trajstore-ingest:{key}", request_digest(rows, run_id=run_id, env_id=env_id))
+
+
+def request_digest(rows: pa.Table, *, run_id: str, env_id: str) -> int:
+    """A 63-bit digest (sha256) of a request: its run, environment and rows as they came (types included,
+    schema metadata left out); a positive int64, the version of the key's app transaction."""
+    sink = pa.BufferOutputStream()
+    rows = rows.replace_schema_metadata(None).combine_chunks()
+    with pa.ipc.new_stream(sink, rows.schema) as stream:
+        stream.write_table(rows)
+    h = hashlib.sha256(json.dumps([run_id, env_id]).encode())
+    h.update(sink.getvalue())
+    return int.from_bytes(h.digest()[:8], "big") >> 1
+
+
 def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
                 idempotency_key: str | None = None) -> tuple[str | None, bool]:
-    """Commit ``rows`` once; returns ``(file, duplicate)``. A key already committed is a no-op."""
-    rows = validate_rows(rows, table.file_schema())
-    if idempotency_key is None:
-        return table.append(rows, run_id=run_id, env_id=env_id), False
-    app_id = f"trajstore-ingest:{idempotency_key}"
-    with _LOCKS[hash(app_id) % len(_LOCKS)]:
-        if table.has_transaction(app_id):
-            return None, True
-        return table.append(rows, run_id=run_id, env_id=env_id, app_id=app_id), False
+    """Commit ``rows`` once, if they continue what the store holds; returns ``(file, duplicate)``.
+
+    A request repeated under its ``idempotency_key`` is a no-op (``(None, True)``); another request under a
+    used key raises :class:`ConflictError`; rows that do not continue their episodes raise
+    :class:`InputError` naming the episode and the step, and store nothing.
+    """
+    key = None if idempotency_key is None else IdempotencyKey.of(idempotency_key, rows, run_id=run_id,
+                                                                 env_id=env_id)
+    if key is not None and _seen(table.latest(), key):
+        return None, True
+    rows, spans = _checked(rows, table.file_schema())
+    written = table.write(rows, run_id=run_id, env_id=env_id)  # encoded outside the lock: requests overlap here
+    committed = False
+    try:
+        table.sync(written)
+        with _lock(table.path):
+            committed = _commit_checked(table, written, spans, run_id=run_id, env_id=env_id, key=key)
+    finally:
+        if not committed:
+            written.path.unlink(missing_ok=True)
+    return (str(written.path), False) if committed else (None, True)
+
+
+def _commit_checked(table: StepsTable, written: WrittenFile, spans: Spans, *, run_id: str, env_id: str,
+            key: IdempotencyKey | None) -> bool:
+    """Check ``spans`` against the latest version V and commit ``written`` as V+1; again on a newer V.
+    False when a request with the same key and digest was committed meanwhile."""
+    for attempt in range(ATTEMPTS):
+        dt = table.latest(written.schema)
+        if key is not None and _seen(dt, key):
+            return False
+        check_continues(spans, stored_ends(table.files_at(dt), spans.episode_id), run_id=run_id, env_id=env_id)
+        transaction = None if key is None else Transaction(key.app_id, key.digest)
+        if table.commit_after(dt, written, transaction=transaction):
+            return True
+        time.sleep(min(0.2, 0.005 * 2 ** attempt) * random.uniform(0.5, 1.5))
+    raise CommitError(f"rows for run_id={run_id!r}, env_id={env_id!r} were not committed: other commits kept "
+                      f"coming first ({ATTEMPTS} attempts); nothing was stored, send the request again")
+
+
+def _seen(dt: DeltaTable | None, key: IdempotencyKey) -> bool:
+    """Whether version ``dt`` holds the request of ``key``; :class:`ConflictError` if the key went to another."""
+    digest = None if dt is None else dt.transaction_version(key.app_id)
+    if digest is None:
+        return False
+    if digest in (key.digest, LEGACY_DIGEST):
+        return True
+    name = key.app_id.removeprefix("trajstore-ingest:")
+    raise ConflictError(f"idempotency_key: {name!r} was already used for another request (other rows, run_id "
+                        "or env_id); a retry must repeat its request exactly, and new rows need a new key")
+
+
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock(path: Path) -> threading.Lock:
+    """The lock that makes this process's ingests into the table at ``path`` take turns."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(os.path.realpath(path), threading.Lock())

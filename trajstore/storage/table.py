@@ -134,13 +134,9 @@ class StepsTable:
 
     # --- writing ----------------------------------------------------------------------------------
 
-    def append(self, data: pa.Table, *, run_id: str, env_id: str, app_id: str | None = None) -> str:
-        """Write ``data`` (without partition columns) as one Parquet file and commit it. Returns its path.
-
-        With ``app_id`` the commit also records that application transaction in the log, so
-        :meth:`has_transaction` can tell that this write happened (idempotent ingest).
-        """
-        return self.commit(self.write(data, run_id=run_id, env_id=env_id), app_id=app_id)
+    def append(self, data: pa.Table, *, run_id: str, env_id: str) -> str:
+        """Write ``data`` (without partition columns) as one Parquet file and commit it. Returns its path."""
+        return self.commit(self.write(data, run_id=run_id, env_id=env_id))
 
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> WrittenFile:
         """First half of :meth:`append`: write ``data`` as a Parquet file that no reader sees yet."""
@@ -156,15 +152,46 @@ class StepsTable:
                            int(time.time() * 1000), True, json.dumps(_stats(data)))
         return WrittenFile(full, action, data.schema)
 
-    def commit(self, written: WrittenFile, *, app_id: str | None = None) -> str:
+    def commit(self, written: WrittenFile) -> str:
         """Second half of :meth:`append`: sync the file to disk, then commit it. Returns its path."""
-        fd = os.open(written.path, os.O_RDWR)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self._commit(written.action, written.schema, app_id)
+        _fsync(written.path)
+        self._commit(written.action, written.schema)
         return str(written.path)
+
+    # --- conditional commits (ingest) -------------------------------------------------------------
+
+    def latest(self, file_schema: pa.Schema | None = None) -> DeltaTable | None:
+        """The log at its latest version (None before the first commit); with ``file_schema``, the table is
+        created or given the columns it lacks first, so that a commit of such a file needs no other change."""
+        if file_schema is None:
+            return self._open()
+        return self._ensure_table(_full_schema(file_schema))
+
+    def files_at(self, dt: DeltaTable) -> list[DataFile]:
+        """The committed files of the version ``dt`` was read at."""
+        return self._files(dt)
+
+    def commit_after(self, dt: DeltaTable, written: WrittenFile, *, transaction: Transaction | None = None) -> bool:
+        """Commit ``written`` as the version right after ``dt``'s, with the app ``transaction`` if given, or not
+        at all: False when another commit took that version first (read the log again, then retry).
+
+        Unlike :meth:`commit`, never rebases onto newer commits: what the caller checked against ``dt`` still
+        holds when the commit succeeds. ``written`` must be synced (:meth:`sync`).
+        """
+        properties = CommitProperties(max_commit_retries=0, app_transactions=[transaction] if transaction else None)
+        try:
+            dt.create_write_transaction([written.action], mode="append", schema=_full_schema(written.schema),
+                                        partition_by=list(PARTITION_COLUMNS), commit_properties=properties)
+        except CommitFailedError:
+            return False
+        except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the file
+            raise CommitError(f"commit of {written.action.path} to {self.path} failed: {exc}") from exc
+        return True
+
+    @staticmethod
+    def sync(written: WrittenFile) -> None:
+        """Make the bytes of ``written`` durable before a commit lists it."""
+        _fsync(written.path)
 
     def partition_files(self, run_id: str, env_id: str) -> tuple[DeltaTable | None, list[DataFile]]:
         """The latest version and the committed files of one partition in it (for :meth:`replace`)."""
@@ -180,11 +207,7 @@ class StepsTable:
         meanwhile (a concurrent compaction), the commit fails with :class:`CommitError` and changes nothing.
         """
         for w in written:
-            fd = os.open(w.path, os.O_RDWR)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(w.path)
         table_schema = pa.schema(dt.schema().to_arrow())  # every column stays in the table's schema
         try:
             dt.create_write_transaction([w.action for w in written], mode="overwrite", schema=table_schema,
@@ -193,25 +216,19 @@ class StepsTable:
         except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the partition
             raise CommitError(f"compaction of run_id={run_id}/env_id={env_id} was not committed: {exc}") from exc
 
-    def has_transaction(self, app_id: str) -> bool:
-        """Whether a commit recorded the application transaction ``app_id``."""
-        dt = self._open()
-        return dt is not None and dt.transaction_version(app_id) is not None
-
     def _write_file(self, data: pa.Table, path: Path) -> None:
         dictionary = [c for c in LOW_CARDINALITY if c in data.column_names]
         pq.write_table(data, str(path), compression="zstd", use_dictionary=dictionary,  # native file: no GIL
                        row_group_size=self.row_group_rows, write_statistics=["episode_id", "step"])
 
-    def _commit(self, action: AddAction, file_schema: pa.Schema, app_id: str | None = None) -> None:
-        properties = CommitProperties(app_transactions=[Transaction(app_id, 1)]) if app_id else None
-        full_schema = pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + list(file_schema))
+    def _commit(self, action: AddAction, file_schema: pa.Schema) -> None:
+        full_schema = _full_schema(file_schema)
         last: Exception | None = None
         for attempt in range(COMMIT_RETRIES):
             try:
                 dt = self._ensure_table(full_schema)
                 dt.create_write_transaction([action], mode="append", schema=full_schema,
-                                            partition_by=list(PARTITION_COLUMNS), commit_properties=properties)
+                                            partition_by=list(PARTITION_COLUMNS))
                 return
             except CommitFailedError as exc:  # another writer won the version race: read the log again
                 last = exc
@@ -234,6 +251,19 @@ class StepsTable:
             dt.alter.add_columns([Field.from_arrow(f) for f in new])
             dt = DeltaTable(str(self.path))
         return dt
+
+
+def _full_schema(file_schema: pa.Schema) -> pa.Schema:
+    """The table's schema for a file's: the partition columns first."""
+    return pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + list(file_schema))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _ms(value: object) -> int:

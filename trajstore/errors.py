@@ -14,6 +14,7 @@ __all__ = [
     "ConflictError",
     "StoreNotFoundError",
     "StoreExistsError",
+    "StoreAccessError",
     "QueryError",
     "QueryRefusedError",
     "QueryTimeoutError",
@@ -51,6 +52,10 @@ class StoreNotFoundError(FileNotFoundError, TrajstoreError):
 
 class StoreExistsError(FileExistsError, TrajstoreError):
     """Something that is not a trajstore store already exists at the given location."""
+
+
+class StoreAccessError(TrajstoreError, ConnectionError):
+    """The object store holding a store cannot be reached, or refuses us (wrong keys, a missing bucket)."""
 
 
 class QueryError(TrajstoreError):

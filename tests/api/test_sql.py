@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
+from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
@@ -12,12 +13,7 @@ from fastapi.testclient import TestClient
 import trajstore
 from trajstore.api.app import create_app
 from tests.api.helpers import settings_for
-
-
-def fingerprint(root: Path) -> dict[str, str]:
-    """Every file under the store (and beside it) with a hash of its bytes."""
-    return {str(p.relative_to(root.parent)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.parent.rglob("*")) if p.is_file()}
+from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, fingerprint, make_batch, plant_uncommitted
 
 
 def test_select_over_both_views(client: TestClient, populated: Path) -> None:
@@ -86,3 +82,45 @@ def test_memory_limit(populated: Path) -> None:
 def test_bad_sql_is_a_client_error(client: TestClient) -> None:
     response = client.post("/sql", json={"query": "SELEC nothing"})
     assert response.status_code == 400 and "syntax error" in response.json()["detail"]
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small store with a Parquet file under ``steps/`` that no commit lists."""
+    path = tmp_path_factory.mktemp("sql") / "store"
+    with trajstore.open(path, create=True).writer(run_id="r", env_id="E") as w:
+        w.add_batch(make_batch(np.random.default_rng(0), 50, 4))
+    plant_uncommitted(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def planted_client(planted: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(settings_for(planted))) as c:
+        yield c
+
+
+@pytest.mark.parametrize("query", INSIDE_ESCAPES)
+def test_the_stores_log_and_uncommitted_files_are_refused(planted_client: TestClient, planted: Path,
+                                                          query: str) -> None:
+    before = fingerprint(planted)
+    response = planted_client.post("/sql", json={"query": query.format(root=planted)})
+    assert response.status_code == 403, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "outside the store" in response.json()["detail"] and "uncommitted" not in response.text
+    assert fingerprint(planted) == before
+
+
+@pytest.mark.parametrize("query", PATH_REVEALING)
+def test_settings_and_views_name_no_path_of_the_store(planted_client: TestClient, planted: Path,
+                                                      query: str) -> None:
+    response = planted_client.post("/sql", json={"query": query})
+    assert response.status_code == 200 and response.json()["rows"]
+    assert str(planted) not in response.text and str(planted.resolve()) not in response.text
+    assert str(Path.cwd()) not in response.text
+
+
+def test_the_views_are_the_committed_steps(planted_client: TestClient, planted: Path) -> None:
+    q = "SELECT episode_id, step, reward FROM steps ORDER BY episode_id, step"
+    body = planted_client.post("/sql", json={"query": q}).json()
+    assert body["rows"] == trajstore.open(planted).sql(q).to_pylist()

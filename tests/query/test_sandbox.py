@@ -1,14 +1,16 @@
-"""The sandbox on its own: one SELECT only, confined to the store's folder, cut at its row, time and memory
-limits, and the trusted path (``Store.sql``) untouched by it."""
+"""The sandbox on its own: one SELECT only, over the two views and no file at all, cut at its row, time and
+memory limits, and the trusted path (``Store.sql``) untouched by it."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
 
 import trajstore
-from tests.helpers import make_batch
+from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, make_batch, plant_uncommitted
 from trajstore.errors import QueryError, QueryRefusedError, QueryTimeoutError
 from trajstore.query import sandbox
 
@@ -47,6 +49,8 @@ def test_rows_are_cut_at_the_limit_and_said_so(filled: trajstore.Store) -> None:
 def test_files_outside_the_store_are_refused(filled: trajstore.Store, tmp_path: object) -> None:
     with pytest.raises(QueryRefusedError, match="reaches outside the store"):
         filled.sandboxed_sql("SELECT * FROM read_csv('/etc/passwd')")
+    with pytest.raises(QueryError, match="getenv does not exist"):
+        filled.sandboxed_sql("SELECT getenv('HOME')")
 
 
 def test_time_limit(filled: trajstore.Store) -> None:
@@ -58,3 +62,23 @@ def test_time_limit(filled: trajstore.Store) -> None:
 def test_the_trusted_path_is_not_sandboxed(filled: trajstore.Store) -> None:
     # Store.sql is the caller's own process: their files, their rules (the CLI opts into the sandbox)
     assert filled.sql("SELECT 1 AS x FROM range(1)")["x"].to_pylist() == [1]
+
+
+@pytest.mark.parametrize("query", INSIDE_ESCAPES)
+def test_the_stores_own_log_and_uncommitted_files_are_refused(filled: trajstore.Store, query: str) -> None:
+    plant_uncommitted(filled.root)
+    with pytest.raises(QueryRefusedError, match="outside the store"):
+        filled.sandboxed_sql(query.format(root=filled.root))
+
+
+@pytest.mark.parametrize("query", PATH_REVEALING)
+def test_settings_and_views_name_no_path_of_the_store(filled: trajstore.Store, query: str) -> None:
+    text = str(filled.sandboxed_sql(query).table.to_pylist())
+    assert str(filled.root) not in text and str(filled.root.resolve()) not in text
+    assert str(Path.cwd()) not in text  # nor of the process (DuckDB's temporary directory is relative to it)
+
+
+def test_the_views_read_the_committed_steps(filled: trajstore.Store) -> None:
+    plant_uncommitted(filled.root)
+    q = "SELECT * FROM steps ORDER BY episode_id, step"
+    assert filled.sandboxed_sql(q, sandbox.Limits(max_rows=10_000)).table.equals(filled.sql(q))

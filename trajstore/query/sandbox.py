@@ -1,17 +1,19 @@
-"""Untrusted SQL over a store: one read-only SELECT, no way out of the store, bounded in rows, memory and time.
+"""Untrusted SQL over a store: one read-only SELECT over the ``steps`` and ``episodes`` views and nothing else,
+bounded in rows, memory and time.
 
-The connection follows DuckDB's "Securing DuckDB": file access is limited to the store's ``steps``
-folder (``allowed_directories``), external access (other files, ``getenv``, extensions) is turned
-off and the configuration is locked. That alone still lets ``COPY … TO`` write into the store, so
-only a single statement whose type is SELECT is run at all. A timer interrupts the query at its
-time limit.
+The views read the committed files through a registered pyarrow dataset
+(:class:`~trajstore.query.snapshot.Snapshot` given a schema), so the connection itself needs no file access:
+DuckDB's "Securing DuckDB" settings turn it off entirely (no allowed directories, no temporary files), clear
+every setting that names a path and lock the configuration (:func:`~trajstore.query.sql.hardening`). Nothing
+on disk is readable through SQL then, not even the store's own log or files it has not committed. That alone
+would still let ``COPY … TO`` run, so only a single statement whose type is SELECT is run at all. A timer
+interrupts the query at its time limit.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -52,26 +54,27 @@ def check_statement(con: duckdb.DuckDBPyConnection, query: str) -> None:
         raise QueryRefusedError(f"query: only SELECT statements are allowed, got {kind.name}")
 
 
-def harden(con: duckdb.DuckDBPyConnection, allowed: Path, limits: Limits) -> None:
-    """Lock ``con`` down to reading files under ``allowed`` (views must already be defined)."""
-    for statement in sql.hardening(str(allowed), memory_limit=limits.memory_limit, threads=limits.threads):
+def harden(con: duckdb.DuckDBPyConnection, limits: Limits) -> None:
+    """Take every file access from ``con`` and lock it (its views must already be defined)."""
+    for statement in sql.hardening(memory_limit=limits.memory_limit, threads=limits.threads):
         con.execute(statement)
 
 
-def run(snapshot: Snapshot, allowed: Path, query: str, limits: Limits) -> Result:
+def run(snapshot: Snapshot, query: str, limits: Limits) -> Result:
     """Run one untrusted SELECT over ``snapshot``'s views; ``snapshot`` is hardened first and then closed."""
     with snapshot:
         con = snapshot.con
         check_statement(con, query)
-        harden(con, allowed, limits)
+        harden(con, limits)
         timer = threading.Timer(limits.timeout_s, con.interrupt)
         timer.start()
         try:
             return _fetch(con, query, limits.max_rows)
         except duckdb.InterruptException:
             raise QueryTimeoutError(f"query: interrupted at the time limit of {limits.timeout_s:g} s") from None
-        except duckdb.PermissionException as exc:
-            raise QueryRefusedError(f"query: reaches outside the store: {first_line(exc)}") from None
+        except duckdb.PermissionException:
+            raise QueryRefusedError("query: reaches outside the store: only the steps and episodes views can be "
+                                    "read, no file") from None
         except duckdb.OutOfMemoryException:
             raise QueryError(f"query: exceeded the memory limit of {limits.memory_limit}") from None
         except duckdb.Error as exc:

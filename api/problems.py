@@ -16,9 +16,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from trajstore.errors import (
     AuthenticationError,
     InputError,
+    QueryBusyError,
     QueryError,
     QueryRefusedError,
     QueryTimeoutError,
+    ResultTooLargeError,
     StoreDamagedError,
     StoreNotFoundError,
     TrajstoreError,
@@ -40,7 +42,7 @@ class Problem(BaseModel):
     errors: list[dict[str, Any]] | None = Field(None, description="per-field errors of an invalid request")
 
 
-ERROR_STATUSES = (400, 401, 403, 404, 406, 408, 413, 415, 422, 500, 503)
+ERROR_STATUSES = (400, 401, 403, 404, 406, 408, 413, 415, 422, 429, 500, 503)
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": HTTPStatus(code).phrase,
@@ -52,6 +54,8 @@ _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (AuthenticationError, 401),
     (QueryRefusedError, 403),
     (QueryTimeoutError, 408),
+    (ResultTooLargeError, 413),
+    (QueryBusyError, 429),
     (InputError, 422),
     (QueryError, 400),
     (StoreNotFoundError, 503),
@@ -88,6 +92,8 @@ def install(app: FastAPI) -> None:
         if isinstance(exc, StoreDamagedError) and exc.path:  # /ready fails while that file is still committed
             request.app.state.damaged = exc
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if isinstance(exc, QueryBusyError):
+            headers = {"Retry-After": str(exc.retry_after_s)}
         if status == 500:
             log.exception("error serving %s", request.url.path, exc_info=exc)
         return problem(status, str(exc), request=request, headers=headers)

@@ -80,7 +80,7 @@ def _value(value: pa.Array) -> Iterator[bytes]:
         yield b"]"
     elif pa.types.is_struct(kind):
         yield b"{"
-        for i, (field, child) in enumerate(zip(kind, value.flatten())):
+        for i, (field, child) in enumerate(zip(kind, value.flatten(), strict=True)):
             yield (b"," if i else b"") + dumps(field.name) + b":"
             yield from _value(child)
         yield b"}"

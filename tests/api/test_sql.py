@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -21,6 +22,7 @@ from tests.api.helpers import serve, settings_for
 from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, fingerprint, make_batch, plant_uncommitted
 
 ARROW = {"Accept": "application/vnd.apache.arrow.stream"}
+live_server = contextmanager(serve)
 
 
 def test_select_over_both_views(client: TestClient, populated: Path) -> None:
@@ -170,7 +172,7 @@ def test_json_rows_are_as_before(planted_client: TestClient) -> None:
 
 def test_past_sql_max_concurrent_is_429_with_retry_after_at_once(planted: Path) -> None:
     app = create_app(settings_for(planted, sql_max_concurrent=1, sql_timeout_s=3))
-    for live in serve(app):
+    with live_server(app) as live:
         slow: list[httpx.Response] = []
 
         def run_slow() -> None:  # until it is not itself refused (a probe below may hold the slot an instant)
@@ -216,7 +218,7 @@ def test_health_answers_quickly_under_heavy_sql(planted: Path) -> None:
                         pass
                 statuses.append(response.status_code)
 
-    for live in serve(app):
+    with live_server(app) as live:
         threads = [threading.Thread(target=load, args=(live.url, HEAVY[i % len(HEAVY)])) for i in range(8)]
         for t in threads:
             t.start()

@@ -155,3 +155,11 @@ def test_the_gate_refuses_at_once_and_a_slot_is_given_back_once() -> None:
         pass
     with pytest.raises(trajstore.InputError, match="sql_max_concurrent: must be a whole number >= 1, got 0"):
         sandbox.Gate(0)
+
+
+def test_a_committed_file_gone_after_the_schema_was_read_is_damage(filled: trajstore.Store) -> None:
+    filled.sandboxed_sql("SELECT count(*) FROM steps")  # the steps view's schema is now known for this version
+    victim = filled.files()[0].path
+    Path(victim).unlink()
+    with pytest.raises(trajstore.errors.StoreDamagedError, match="is missing; the store is damaged"):
+        filled.sandboxed_sql("SELECT count(*) FROM steps")

@@ -142,7 +142,10 @@ class Deadline:
 
     def _fire(self) -> None:
         self._fired.set()
-        self._con.interrupt()
+        try:
+            self._con.interrupt()
+        except duckdb.Error:  # the query ended and its connection closed as the timer fired: nothing to stop
+            pass
 
     def passed(self) -> bool:
         return self._fired.is_set() or (self._at is not None and time.monotonic() >= self._at)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 import trajstore
 from trajstore.__about__ import __version__
-from trajstore.api import problems
+from trajstore.api import params, problems
 from trajstore.api.dashboard import router as dashboard_router
 from trajstore.api.routes import episodes, health, ingest, runs, sql, stats, steps
 from trajstore.settings import Settings
@@ -31,7 +31,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     settings = settings or Settings.from_env()
     app = FastAPI(title="trajstore", version=__version__,
                   description="Episode statistics, returns, SQL and Arrow streams over stored RL trajectories.",
-                  responses=problems.ERROR_RESPONSES)
+                  responses=problems.ERROR_RESPONSES, dependencies=[Depends(params.single_valued)])
     app.state.settings = settings
     app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
     problems.install(app)

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections import Counter
+from typing import Annotated, Any, Literal
 
-from fastapi import Depends, Query
+from fastapi import Depends, HTTPException, Query, Request
 
 from trajstore import schema as sch
 from trajstore.query.filters import EpisodeFilter
@@ -89,3 +90,30 @@ def run_hint(store: Store, missing: list[str]) -> dict[str, str]:
         return {}
     runs = ", ".join(map(ascii, store.run_ids())) or "none yet"  # a header is latin-1: other text escaped
     return {HINT_HEADER: f"no run {', '.join(map(ascii, missing))} in this store; its runs: {runs}"[:2000]}
+
+
+async def single_valued(request: Request) -> None:
+    """Refuse a query parameter given more than once where the route takes one value (``complete=true&
+    complete=false``), with 422 naming it, instead of silently keeping the last one."""
+    route = request.scope.get("route")
+    names = _scalar_parameters(request.app, getattr(route, "path", ""), request.method)
+    counts = Counter(k for k, _ in request.query_params.multi_items())
+    repeated = sorted(k for k, n in counts.items() if n > 1 and k in names)
+    if repeated:
+        raise HTTPException(status_code=422, detail=f"{repeated[0]}: given {counts[repeated[0]]} times; this "
+                                                    "parameter takes one value")
+
+
+def _scalar_parameters(app: Any, path: str, method: str) -> frozenset[str]:
+    """Query parameters of ``method path`` whose schema (in the app's OpenAPI document) is not an array."""
+    cache = app.state.__dict__.setdefault("scalar_parameters", {})
+    if (path, method) not in cache:
+        operation = app.openapi().get("paths", {}).get(path, {}).get(method.lower(), {})
+        cache[(path, method)] = frozenset(
+            p["name"] for p in operation.get("parameters", [])
+            if p.get("in") == "query" and not _is_array(p.get("schema", {})))
+    return cache[(path, method)]
+
+
+def _is_array(schema: dict[str, Any]) -> bool:
+    return schema.get("type") == "array" or any(_is_array(s) for s in schema.get("anyOf", []))

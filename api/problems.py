@@ -17,9 +17,11 @@ from trajstore.errors import (
     AuthenticationError,
     ConflictError,
     InputError,
+    QueryBusyError,
     QueryError,
     QueryRefusedError,
     QueryTimeoutError,
+    ResultTooLargeError,
     StoreDamagedError,
     StoreNotFoundError,
     TrajstoreError,
@@ -41,7 +43,7 @@ class Problem(BaseModel):
     errors: list[dict[str, Any]] | None = Field(None, description="per-field errors of an invalid request")
 
 
-ERROR_STATUSES = (400, 401, 403, 404, 406, 408, 413, 415, 422, 500, 503)
+ERROR_STATUSES = (400, 401, 403, 404, 406, 408, 413, 415, 422, 429, 500, 503)
 
 def problem_response(code: int, description: str | None = None) -> dict[str, Any]:
     """The OpenAPI description of a problem+json answer with status ``code``."""
@@ -56,6 +58,8 @@ _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (QueryRefusedError, 403),
     (QueryTimeoutError, 408),
     (ConflictError, 409),
+    (ResultTooLargeError, 413),
+    (QueryBusyError, 429),
     (InputError, 422),
     (QueryError, 400),
     (StoreNotFoundError, 503),
@@ -92,6 +96,8 @@ def install(app: FastAPI) -> None:
         if isinstance(exc, StoreDamagedError) and exc.path:  # /ready fails while that file is still committed
             request.app.state.damaged = exc
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if isinstance(exc, QueryBusyError):
+            headers = {"Retry-After": str(exc.retry_after_s)}
         if status == 500:
             log.exception("error serving %s", request.url.path, exc_info=exc)
         return problem(status, str(exc), request=request, headers=headers)

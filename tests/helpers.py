@@ -98,3 +98,40 @@ def stored_episodes(store: trajstore.Store, run_id: str) -> dict[int, list[tuple
     for r in rows:
         out.setdefault(r["env_index"], []).append((r["episode_return"], r["episode_length"]))
     return out
+
+
+# --- ways into the store's own files that the sandbox refuses (POST /sql and `trajstore sql`) ---------------
+
+UNCOMMITTED = "steps/run_id=r/env_id=E/part-uncommitted.parquet"
+INSIDE_ESCAPES = [  # each formatted with the store's root
+    "SELECT * FROM read_text('{root}/steps/_delta_log/*.json')",
+    "SELECT * FROM read_blob('{root}/steps/_delta_log/*.json')",
+    "SELECT * FROM read_json_auto('{root}/steps/_delta_log/*.json')",
+    "SELECT * FROM glob('{root}/steps/**')",
+    "SELECT * FROM parquet_metadata('{root}/" + UNCOMMITTED + "')",
+    "SELECT * FROM parquet_schema('{root}/steps/**/*.parquet')",
+    "SELECT * FROM read_parquet('{root}/" + UNCOMMITTED + "')",
+    "SELECT * FROM read_parquet('{root}/steps/**/*.parquet', union_by_name = true)",
+    "SELECT * FROM read_text('{root}/" + UNCOMMITTED + "')",
+    "SELECT * FROM '{root}/" + UNCOMMITTED + "'",
+]
+PATH_REVEALING = ["SELECT * EXCLUDE (typed_value) FROM duckdb_settings()", "SELECT * FROM duckdb_views()",
+                  "SELECT * FROM duckdb_databases()"]
+
+
+def fingerprint(root: Any) -> dict[str, str]:
+    """Every file under the store (and beside it) with a hash of its bytes."""
+    import hashlib
+
+    return {str(p.relative_to(root.parent)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.parent.rglob("*")) if p.is_file()}
+
+
+def plant_uncommitted(root: Any) -> None:
+    """A Parquet file under ``steps/`` that no commit lists (as a killed writer leaves one), holding a secret."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / UNCOMMITTED
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"secret": ["uncommitted"]}), path)

@@ -18,6 +18,8 @@ __all__ = [
     "QueryError",
     "QueryRefusedError",
     "QueryTimeoutError",
+    "ResultTooLargeError",
+    "QueryBusyError",
     "CommitError",
     "StoreDamagedError",
     "AuthenticationError",
@@ -68,6 +70,18 @@ class QueryRefusedError(QueryError, PermissionError):
 
 class QueryTimeoutError(QueryError, TimeoutError):
     """A query ran past its time limit and was interrupted."""
+
+
+class ResultTooLargeError(QueryError):
+    """A query's result is larger than one answer may be (the sandbox's ``max_bytes``); nothing of it is sent."""
+
+
+class QueryBusyError(QueryError):
+    """As many sandboxed queries as allowed are already running; try again after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class AuthenticationError(TrajstoreError, PermissionError):

@@ -24,7 +24,9 @@ class Settings:
     max_page_size: int = 1000
     sql_max_rows: int = 100_000
     sql_timeout_s: float = 10.0
-    sql_memory_limit: str = "1GB"
+    sql_memory_limit: str = "1GB"  # DuckDB's memory limit of each /sql query
+    sql_max_bytes: int = 32 * 1024 * 1024  # the largest /sql answer (decoded result and body): 413 beyond
+    sql_max_concurrent: int = 4  # /sql queries at once (429 beyond): with sql_memory_limit, their memory bound
     max_body_bytes: int = 256 * 1024 * 1024
     stream_batch_rows: int = 65_536
     stream_batch_bytes: int = 16 * 1024 * 1024  # fewer rows per streamed batch when rows are wide

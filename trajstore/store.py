@@ -105,6 +105,7 @@ class Store:
         self._episodes_lock = threading.Lock()
         self._schema_cache: tuple[tuple[str, ...], pa.Schema] | None = None
         self._env_schemas: dict[str, Any] = {}
+        self.sql_gate = sandbox.Gate(self.settings.sql_max_concurrent)
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
@@ -209,9 +210,22 @@ class Store:
         with self.snapshot() as snap:
             return snap.arrow(query, params)
 
-    def sandboxed_sql(self, query: str, limits: sandbox.Limits | None = None) -> sandbox.Result:
-        """Run one untrusted, read-only SELECT over the views, bounded by ``limits`` (see :mod:`~trajstore.query.sandbox`)."""
-        return sandbox.run(self.snapshot(), self.table.path, query, limits or sandbox.Limits())
+    def sandboxed_sql(self, query: str, limits: sandbox.Limits | None = None, *,
+                      encode: sandbox.Encoder | None = None) -> sandbox.Result:
+        """Run one untrusted, read-only SELECT over the views, bounded by ``limits``, and with ``encode`` write
+        the body of its answer within them too (see :mod:`~trajstore.query.sandbox`).
+
+        The views read the committed files through a registered pyarrow dataset: the connection the query runs
+        on can read no file at all. Concurrent callers share :meth:`sql_slot`'s gate only if they take a slot.
+        """
+        files = self.files()
+        snap = Snapshot(files, schema=self._steps_schema(files), store=str(self.root))
+        return sandbox.run(snap, query, limits or sandbox.Limits(), encode=encode)
+
+    def sql_slot(self) -> sandbox.Slot:
+        """One of the ``sql_max_concurrent`` places for a sandboxed query; a
+        :class:`~trajstore.errors.QueryBusyError` at once when every one is taken. Release it when done."""
+        return self.sql_gate.take()
 
     # --- episodes and statistics --------------------------------------------------------------------
 

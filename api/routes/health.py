@@ -23,7 +23,7 @@ class Ready(BaseModel):
 
 
 @router.get("/health", summary="Liveness: the process answers")
-def health() -> Health:
+async def health() -> Health:  # on the event loop: no worker thread needed, however busy they are
     return Health(status="ok")
 
 

@@ -1,16 +1,27 @@
-"""Ad hoc SQL: one read-only SELECT over the steps and episodes views, sandboxed and bounded."""
+"""Ad hoc SQL: one read-only SELECT over the steps and episodes views, sandboxed and bounded.
+
+Each query takes one of the store's ``sql_max_concurrent`` slots on the event loop (429 with ``Retry-After``
+at once when none is free), then runs, is fetched and is encoded (JSON or Arrow IPC) on a worker thread
+within its limits: rows, bytes (413), memory, and time (408, fetching and encoding included). The whole body
+is built before the answer starts, and the slot is given back once it is sent, so the bodies waiting for
+slow clients are counted too.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, Iterator
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
-from trajstore.api.arrow import ARROW_CONTENT, arrow_response, json_rows, wants_arrow
+from trajstore.api import json_body
+from trajstore.api.arrow import ARROW_CONTENT, ARROW_STREAM, wants_arrow
 from trajstore.api.deps import SettingsDep, StoreDep
 from trajstore.query import sandbox
+from trajstore.remote.wire import ipc_pieces
 
 router = APIRouter(tags=["sql"])
 
@@ -27,14 +38,46 @@ class SqlResult(BaseModel):
     truncated: bool = Field(description="more rows existed than were returned")
 
 
+class SlotResponse(Response):
+    """A whole body that gives its query's slot back once it is sent (or could not be)."""
+
+    def __init__(self, content: bytes, slot: sandbox.Slot, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.slot = slot
+        weakref.finalize(self, slot.release)  # never sent at all: given back when the response is dropped
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.slot.release()
+
+
+def json_pieces(result: sandbox.Result) -> Iterator[bytes]:
+    """The body of a :class:`SqlResult`, in pieces."""
+    yield b'{"columns":' + json_body.dumps(result.table.column_names) + b',"rows":['
+    yield from json_body.rows(result.table)
+    yield b'],"truncated":' + (b"true" if result.truncated else b"false") + b"}"
+
+
+def arrow_pieces(result: sandbox.Result) -> Iterator[bytes]:
+    return ipc_pieces(result.table.to_reader())
+
+
 @router.post("/sql", summary="Run one read-only SELECT over the steps and episodes views",
-             responses={200: {"content": ARROW_CONTENT}})
-async def sql(body: SqlRequest, request: Request, store: StoreDep, settings: SettingsDep) -> Any:
+             response_model=SqlResult, responses={200: {"content": ARROW_CONTENT}})
+async def sql(body: SqlRequest, request: Request, store: StoreDep, settings: SettingsDep) -> Response:
     limits = sandbox.Limits(max_rows=min(body.max_rows or settings.sql_max_rows, settings.sql_max_rows),
-                            timeout_s=settings.sql_timeout_s, memory_limit=settings.sql_memory_limit)
-    result = await run_in_threadpool(store.sandboxed_sql, body.query, limits)
-    if wants_arrow(request):
-        response = arrow_response(result.table)
-        response.headers["X-Trajstore-Truncated"] = str(result.truncated).lower()
-        return response
-    return SqlResult(columns=result.table.column_names, rows=json_rows(result.table), truncated=result.truncated)
+                            max_bytes=settings.sql_max_bytes, timeout_s=settings.sql_timeout_s,
+                            memory_limit=settings.sql_memory_limit)
+    arrow = wants_arrow(request)
+    slot = store.sql_slot()  # QueryBusyError (429) when every slot is taken: nothing waits
+    try:
+        result = await run_in_threadpool(store.sandboxed_sql, body.query, limits,
+                                         encode=arrow_pieces if arrow else json_pieces)
+    except BaseException:
+        slot.release()
+        raise
+    headers = {"X-Trajstore-Truncated": str(result.truncated).lower()}
+    return SlotResponse(result.body or b"", slot, headers=headers,
+                        media_type=ARROW_STREAM if arrow else "application/json")

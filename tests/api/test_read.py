@@ -202,3 +202,9 @@ def test_unknown_columns_are_one_status_and_one_message_everywhere(client: TestC
         response = client.get(url)
         assert response.status_code == 422, url
         assert response.json()["detail"].startswith(f"{field}: unknown column(s) ['nope'] of {view}; expected"), url
+
+
+def test_a_single_valued_parameter_given_twice_is_refused(client: TestClient) -> None:
+    response = client.get("/episodes", params=[("complete", "true"), ("complete", "false")])
+    assert response.status_code == 422 and response.json()["detail"].startswith("complete: given 2 times")
+    assert client.get("/episodes", params=[("run_id", "alpha"), ("run_id", "beta")]).status_code == 200

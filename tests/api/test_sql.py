@@ -1,23 +1,28 @@
-"""POST /sql: one read-only SELECT over the views; every way out of the store is refused and nothing changes."""
+"""POST /sql: one read-only SELECT over the views; every way out of the store is refused and nothing changes;
+the answer is bounded (413, 408), so is the number of queries at once (429), and /health stays quick."""
 
 from __future__ import annotations
 
-import hashlib
+import statistics
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+import httpx
+import numpy as np
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 
 import trajstore
 from trajstore.api.app import create_app
-from tests.api.helpers import settings_for
+from tests.api.helpers import serve, settings_for
+from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, fingerprint, make_batch, plant_uncommitted
 
-
-def fingerprint(root: Path) -> dict[str, str]:
-    """Every file under the store (and beside it) with a hash of its bytes."""
-    return {str(p.relative_to(root.parent)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.parent.rglob("*")) if p.is_file()}
+ARROW = {"Accept": "application/vnd.apache.arrow.stream"}
+live_server = contextmanager(serve)
 
 
 def test_select_over_both_views(client: TestClient, populated: Path) -> None:
@@ -86,3 +91,149 @@ def test_memory_limit(populated: Path) -> None:
 def test_bad_sql_is_a_client_error(client: TestClient) -> None:
     response = client.post("/sql", json={"query": "SELEC nothing"})
     assert response.status_code == 400 and "syntax error" in response.json()["detail"]
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small store with a Parquet file under ``steps/`` that no commit lists."""
+    path = tmp_path_factory.mktemp("sql") / "store"
+    with trajstore.open(path, create=True).writer(run_id="r", env_id="E") as w:
+        w.add_batch(make_batch(np.random.default_rng(0), 50, 4))
+    plant_uncommitted(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def planted_client(planted: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(settings_for(planted))) as c:
+        yield c
+
+
+@pytest.mark.parametrize("query", INSIDE_ESCAPES)
+def test_the_stores_log_and_uncommitted_files_are_refused(planted_client: TestClient, planted: Path,
+                                                          query: str) -> None:
+    before = fingerprint(planted)
+    response = planted_client.post("/sql", json={"query": query.format(root=planted)})
+    assert response.status_code == 403, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "outside the store" in response.json()["detail"] and "uncommitted" not in response.text
+    assert fingerprint(planted) == before
+
+
+@pytest.mark.parametrize("query", PATH_REVEALING)
+def test_settings_and_views_name_no_path_of_the_store(planted_client: TestClient, planted: Path,
+                                                      query: str) -> None:
+    response = planted_client.post("/sql", json={"query": query})
+    assert response.status_code == 200 and response.json()["rows"]
+    assert str(planted) not in response.text and str(planted.resolve()) not in response.text
+    assert str(Path.cwd()) not in response.text
+
+
+def test_the_views_are_the_committed_steps(planted_client: TestClient, planted: Path) -> None:
+    q = "SELECT episode_id, step, reward FROM steps ORDER BY episode_id, step"
+    body = planted_client.post("/sql", json={"query": q}).json()
+    assert body["rows"] == trajstore.open(planted).sql(q).to_pylist()
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT repeat('z', 300000) AS s",  # past the limit as fetched: one large value
+    'SELECT 1 AS "{}" FROM range(1000)'.format("n" * 300),  # small as Arrow (4 kB), 300 kB as JSON rows
+])
+@pytest.mark.parametrize("accept", [{}, ARROW])
+def test_an_answer_past_sql_max_bytes_is_413_and_nothing_of_it_is_sent(planted: Path, query: str,
+                                                                       accept: dict[str, str]) -> None:
+    with TestClient(create_app(settings_for(planted, sql_max_bytes=100_000))) as c:
+        response = c.post("/sql", json={"query": query}, headers=accept)
+        if accept and "range(1000)" in query:  # as Arrow it is small: the limit is of what is sent
+            assert response.status_code == 200 and pa.ipc.open_stream(response.content).read_all().num_rows == 1000
+            return
+        assert response.status_code == 413, response.text[:300]
+        assert response.headers["content-type"] == "application/problem+json"
+        assert "sql_max_bytes" in response.json()["detail"] and "zzz" not in response.text
+        assert c.post("/sql", json={"query": "SELECT 1 AS x"}, headers=accept).status_code == 200
+
+
+def test_an_interrupt_while_fetching_is_408(planted: Path) -> None:
+    settings = settings_for(planted, sql_timeout_s=0.5, sql_max_rows=10**12, sql_max_bytes=2**40)
+    with TestClient(create_app(settings)) as c:
+        response = c.post("/sql", json={"query": "SELECT i, md5(i::VARCHAR) AS h FROM range(1000000000000) t(i)"})
+    assert response.status_code == 408, response.text[:300]
+    assert "time limit of 0.5 s" in response.json()["detail"]
+
+
+def test_json_rows_are_as_before(planted_client: TestClient) -> None:
+    q = ("SELECT 1.5::DECIMAL(4, 2) AS d, 'nan'::DOUBLE AS n, TIMESTAMPTZ '2024-01-02 03:04:05+00' AS t, "
+         "[1.5::DOUBLE, NULL] AS l, {'a': 'b'} AS s, 0.1::FLOAT AS f")
+    body = planted_client.post("/sql", json={"query": q}).json()
+    assert body == {"columns": ["d", "n", "t", "l", "s", "f"], "truncated": False,
+                    "rows": [{"d": "1.50", "n": None, "t": "2024-01-02T03:04:05Z", "l": [1.5, None],
+                              "s": {"a": "b"}, "f": float(np.float32(0.1))}]}
+
+
+def test_past_sql_max_concurrent_is_429_with_retry_after_at_once(planted: Path) -> None:
+    app = create_app(settings_for(planted, sql_max_concurrent=1, sql_timeout_s=3))
+    with live_server(app) as live:
+        slow: list[httpx.Response] = []
+
+        def run_slow() -> None:  # until it is not itself refused (a probe below may hold the slot an instant)
+            while not slow or slow[-1].status_code == 429:
+                slow.append(httpx.post(live.url + "/sql", json={"query": "SELECT count(*) FROM range(10000000000000) a"},
+                                       timeout=60))
+
+        thread = threading.Thread(target=run_slow)
+        thread.start()
+        refused = None
+        while refused is None and thread.is_alive():
+            time.sleep(0.2)
+            response = httpx.post(live.url + "/sql", json={"query": "SELECT 1 AS x"}, timeout=60)
+            refused = response if response.status_code == 429 else None
+        thread.join()
+        assert refused is not None, "the second query was never refused while the first ran"
+        assert refused.headers["retry-after"] == "1"
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert "sql_max_concurrent" in refused.json()["detail"]
+        assert slow[-1].status_code == 408
+        after = httpx.post(live.url + "/sql", json={"query": "SELECT 1 AS x"}, timeout=60)
+        assert after.status_code == 200  # the slot was given back
+
+
+HEAVY = [
+    "SELECT list(i) AS l FROM range(1500000) t(i)",  # one row, 12 MB of JSON to write
+    "SELECT i, md5(i::VARCHAR) AS h FROM range(100000) t(i)",  # many rows of JSON
+    "SELECT count(*) FROM range(1000000000000) a",  # DuckDB busy until the time limit
+    "SELECT repeat('z', 60000000) AS s",  # past the size limit
+]
+
+
+def test_health_answers_quickly_under_heavy_sql(planted: Path) -> None:
+    app = create_app(settings_for(planted, sql_timeout_s=2, sql_max_concurrent=3))
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def load(url: str, query: str) -> None:
+        with httpx.Client(timeout=120) as http:
+            while not stop.is_set():
+                with http.stream("POST", url + "/sql", json={"query": query}) as response:
+                    for _ in response.iter_raw():  # read, never parse: the client shares the server's process
+                        pass
+                statuses.append(response.status_code)
+
+    with live_server(app) as live:
+        threads = [threading.Thread(target=load, args=(live.url, HEAVY[i % len(HEAVY)])) for i in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(1.0)
+            probes = []
+            with httpx.Client(timeout=30) as http:
+                for _ in range(15):
+                    started = time.perf_counter()
+                    assert http.get(live.url + "/health").status_code == 200
+                    probes.append(time.perf_counter() - started)
+                    time.sleep(0.15)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+    assert set(statuses) <= {200, 408, 413, 429} and {200, 413} <= set(statuses), sorted(set(statuses))
+    assert statistics.median(probes) < 0.1, probes

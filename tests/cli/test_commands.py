@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import trajstore
+from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, fingerprint, make_batch, plant_uncommitted
 from trajstore.cli import main
 
 
@@ -184,3 +185,69 @@ def test_serve_creates_a_store_only_when_asked(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small store with a Parquet file under ``steps/`` that no commit lists."""
+    path = tmp_path_factory.mktemp("cli-sql") / "store"
+    with trajstore.open(path, create=True).writer(run_id="r", env_id="E") as w:
+        w.add_batch(make_batch(np.random.default_rng(0), 50, 4))
+    plant_uncommitted(path)
+    return path
+
+
+OUTSIDE = ["SELECT * FROM read_csv('/etc/passwd')", "SELECT * FROM read_text('/etc/hostname')",
+           "SELECT * FROM glob('/etc/*')"]
+REFUSED = [("COPY (SELECT * FROM steps) TO '{root}/steps/stolen.csv'", "only SELECT statements are allowed, got COPY"),
+           ("COPY (SELECT 1) TO '{tmp}/escape.csv'", "only SELECT statements are allowed, got COPY"),
+           ("DROP VIEW steps", "only SELECT statements are allowed, got DROP"),
+           ("CREATE TABLE t AS SELECT 1", "only SELECT statements are allowed, got CREATE"),
+           ("SELECT 1; SELECT 2", "exactly one SELECT statement"),
+           *[(q, "outside the store") for q in OUTSIDE + INSIDE_ESCAPES]]
+
+
+@pytest.mark.parametrize("query, message", REFUSED)
+def test_sql_is_sandboxed(planted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], query: str,
+                          message: str) -> None:
+    before = fingerprint(planted)
+    code, out, err = run(capsys, "sql", "--store", str(planted), query.format(root=planted, tmp=tmp_path))
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1
+    assert fingerprint(planted) == before and not (tmp_path / "escape.csv").exists()
+
+
+@pytest.mark.parametrize("query", PATH_REVEALING)
+def test_sql_settings_and_views_name_no_path_of_the_store(planted: Path, capsys: pytest.CaptureFixture[str],
+                                                          query: str) -> None:
+    code, out, _ = run(capsys, "sql", "--store", str(planted), query, "--format", "json")
+    assert code == 0 and out and str(planted) not in out and str(planted.resolve()) not in out
+
+
+def test_sql_prints_every_row_unless_limited_and_says_when_it_cut(planted: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    n = trajstore.open(planted).sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
+    code, out, err = run(capsys, "sql", "--store", str(planted), "SELECT step FROM steps", "--format", "csv")
+    assert code == 0 and len(out.splitlines()) == n + 1 and err == ""
+    code, out, err = run(capsys, "sql", "--store", str(planted), "SELECT step FROM steps", "--format", "csv",
+                         "--limit", "7")
+    assert code == 0 and len(out.splitlines()) == 8
+    assert err == "trajstore: showing the first 7 rows; the query returned more (raise --limit)\n"
+    code, out, err = run(capsys, "sql", "--store", str(planted), "SELECT 1 AS x", "--limit", "7")
+    assert code == 0 and err == ""
+
+
+def test_sql_unsafe_lifts_the_sandbox(planted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "episodes.csv"
+    code, _, err = run(capsys, "sql", "--store", str(planted), "--unsafe",
+                       f"COPY (SELECT episode_id FROM episodes) TO '{target}'")
+    assert code == 0 and target.read_text().startswith("episode_id"), err
+    code, out, err = run(capsys, "sql", "--store", str(planted), "--unsafe", "--format", "csv", "--limit", "2",
+                         f"SELECT * FROM read_csv('{target}')")
+    assert code == 0 and len(out.splitlines()) == 3 and "showing the first 2 rows" in err
+
+
+def test_sql_help_describes_the_sandbox_and_the_opt_out(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["sql", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "same sandbox as the service's POST /sql" in out and "--unsafe" in out and "--limit" in out

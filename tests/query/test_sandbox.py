@@ -1,15 +1,20 @@
-"""The sandbox on its own: one SELECT only, confined to the store's folder, cut at its row, time and memory
-limits, and the trusted path (``Store.sql``) untouched by it."""
+"""The sandbox on its own: one SELECT only, over the two views and no file at all, cut at its row, byte, time
+and memory limits, at most so many at once, and the trusted path (``Store.sql``) untouched by it."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Iterator
+
 import duckdb
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import trajstore
-from tests.helpers import make_batch
-from trajstore.errors import QueryError, QueryRefusedError, QueryTimeoutError
+from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, make_batch, plant_uncommitted
+from trajstore.errors import QueryBusyError, QueryError, QueryRefusedError, QueryTimeoutError, ResultTooLargeError
 from trajstore.query import sandbox
 
 
@@ -47,6 +52,8 @@ def test_rows_are_cut_at_the_limit_and_said_so(filled: trajstore.Store) -> None:
 def test_files_outside_the_store_are_refused(filled: trajstore.Store, tmp_path: object) -> None:
     with pytest.raises(QueryRefusedError, match="reaches outside the store"):
         filled.sandboxed_sql("SELECT * FROM read_csv('/etc/passwd')")
+    with pytest.raises(QueryError, match="getenv does not exist"):
+        filled.sandboxed_sql("SELECT getenv('HOME')")
 
 
 def test_time_limit(filled: trajstore.Store) -> None:
@@ -58,3 +65,101 @@ def test_time_limit(filled: trajstore.Store) -> None:
 def test_the_trusted_path_is_not_sandboxed(filled: trajstore.Store) -> None:
     # Store.sql is the caller's own process: their files, their rules (the CLI opts into the sandbox)
     assert filled.sql("SELECT 1 AS x FROM range(1)")["x"].to_pylist() == [1]
+
+
+@pytest.mark.parametrize("query", INSIDE_ESCAPES)
+def test_the_stores_own_log_and_uncommitted_files_are_refused(filled: trajstore.Store, query: str) -> None:
+    plant_uncommitted(filled.root)
+    with pytest.raises(QueryRefusedError, match="outside the store"):
+        filled.sandboxed_sql(query.format(root=filled.root))
+
+
+@pytest.mark.parametrize("query", PATH_REVEALING)
+def test_settings_and_views_name_no_path_of_the_store(filled: trajstore.Store, query: str) -> None:
+    text = str(filled.sandboxed_sql(query).table.to_pylist())
+    assert str(filled.root) not in text and str(filled.root.resolve()) not in text
+    assert str(Path.cwd()) not in text  # nor of the process (DuckDB's temporary directory is relative to it)
+
+
+def test_the_views_read_the_committed_steps(filled: trajstore.Store) -> None:
+    plant_uncommitted(filled.root)
+    q = "SELECT * FROM steps ORDER BY episode_id, step"
+    assert filled.sandboxed_sql(q, sandbox.Limits(max_rows=None)).table.equals(filled.sql(q))
+
+
+def test_an_interrupt_while_batches_are_fetched_is_the_time_limit(filled: trajstore.Store) -> None:
+    # a result that streams for longer than the limit: DuckDB's interrupt arrives as an OSError from the reader
+    limits = sandbox.Limits(max_rows=None, max_bytes=None, timeout_s=0.3)
+    with pytest.raises(QueryTimeoutError, match="time limit of 0.3 s"):
+        filled.sandboxed_sql("SELECT i, md5(i::VARCHAR) AS h FROM range(1000000000000) t(i)", limits)
+
+
+def test_the_time_limit_covers_encoding(filled: trajstore.Store) -> None:
+    def slow(result: sandbox.Result) -> Iterator[bytes]:
+        for _ in range(20):
+            time.sleep(0.05)
+            yield b"x"
+
+    with pytest.raises(QueryTimeoutError, match="time limit of 0.3 s"):
+        filled.sandboxed_sql("SELECT 1 AS x", sandbox.Limits(timeout_s=0.3), encode=slow)
+    body = filled.sandboxed_sql("SELECT 1 AS x", sandbox.Limits(timeout_s=30), encode=slow).body
+    assert body == b"x" * 20
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT repeat('z', 20000) AS s",  # one large value
+    "SELECT i FROM range(5000) t(i)",  # many small ones
+    "SELECT 'abcdefghij'::ENUM('abcdefghij') AS e FROM range(3000)",  # a dictionary: small, but not decoded
+    "SELECT list('{w}'::ENUM('{w}')) AS l FROM range(300)".format(w="z" * 100),  # the same, inside a list
+])
+def test_the_result_is_cut_at_its_size_while_it_is_fetched(filled: trajstore.Store, query: str) -> None:
+    with pytest.raises(ResultTooLargeError, match="larger than the limit of 9.76562 KiB"):
+        filled.sandboxed_sql(query, sandbox.Limits(max_bytes=10_000))
+    assert filled.sandboxed_sql(query, sandbox.Limits(max_bytes=100_000)).table.num_rows >= 1
+
+
+def test_the_body_is_cut_at_its_size_while_it_is_encoded(filled: trajstore.Store) -> None:
+    def wide(result: sandbox.Result) -> Iterator[bytes]:
+        yield from (b"y" * 1000 for _ in range(result.table.num_rows))
+
+    with pytest.raises(ResultTooLargeError, match="sql_max_bytes"):
+        filled.sandboxed_sql("SELECT 1 FROM range(20)", sandbox.Limits(max_bytes=10_000), encode=wide)
+    assert len(filled.sandboxed_sql("SELECT 1 FROM range(5)", sandbox.Limits(max_bytes=10_000),
+                                    encode=wide).body or b"") == 5000
+
+
+def test_decoded_sizes_count_every_row_of_a_dictionary() -> None:
+    words = pa.array(["a" * 1000, "b"]).dictionary_encode()
+    repeated = words.take(pa.array([0] * 50 + [1] * 50))
+    assert repeated.nbytes < 2000 < 50_000 < sandbox.decoded_nbytes(repeated) <= repeated.dictionary_decode().nbytes
+    nested = pa.ListArray.from_arrays(pa.array([0, 60, 100], pa.int32()), repeated)
+    assert sandbox.decoded_nbytes(nested.slice(1)) == sandbox.decoded_nbytes(repeated.slice(60)) + 8
+    plain = pa.table({"x": np.arange(10), "s": ["word"] * 10})
+    assert sandbox.decoded_nbytes(plain) == plain.nbytes
+
+
+def test_the_gate_refuses_at_once_and_a_slot_is_given_back_once() -> None:
+    gate = sandbox.Gate(2)
+    first, second = gate.take(), gate.take()
+    started = time.monotonic()
+    with pytest.raises(QueryBusyError, match="2 SQL queries are running") as refused:
+        gate.take()
+    assert refused.value.retry_after_s == 1 and time.monotonic() - started < 5  # refused, not queued
+    first.release()
+    first.release()  # a second release gives nothing back twice
+    with gate.take():
+        with pytest.raises(QueryBusyError):
+            gate.take()
+    second.release()
+    with gate.take(), gate.take():
+        pass
+    with pytest.raises(trajstore.InputError, match="sql_max_concurrent: must be a whole number >= 1, got 0"):
+        sandbox.Gate(0)
+
+
+def test_a_committed_file_gone_after_the_schema_was_read_is_damage(filled: trajstore.Store) -> None:
+    filled.sandboxed_sql("SELECT count(*) FROM steps")  # the steps view's schema is now known for this version
+    victim = filled.files()[0].path
+    Path(victim).unlink()
+    with pytest.raises(trajstore.errors.StoreDamagedError, match="is missing; the store is damaged"):
+        filled.sandboxed_sql("SELECT count(*) FROM steps")

@@ -95,7 +95,24 @@ def cmd_episodes(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    _emit(args, _open(args.store).sql(args.query))
+    """One SELECT over the views in the sandbox (no file access, nothing written; every row unless
+    ``--limit``), or with ``--unsafe`` any SQL on the trusted path."""
+    if args.limit is not None and args.limit < 0:
+        raise InputError(f"--limit: must be a number of rows >= 0, got {args.limit}")
+    store = _open(args.store)
+    if args.unsafe:
+        table = store.sql(args.query)
+        truncated = args.limit is not None and table.num_rows > args.limit
+        table = table.slice(0, args.limit) if truncated else table
+    else:
+        from trajstore.query.sandbox import Limits
+
+        result = store.sandboxed_sql(args.query, Limits.unbounded(max_rows=args.limit))
+        table, truncated = result.table, result.truncated
+    if truncated:
+        print(f"trajstore: showing the first {args.limit} rows; the query returned more (raise --limit)",
+              file=sys.stderr)
+    _emit(args, table)
     return 0
 
 

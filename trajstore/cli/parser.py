@@ -74,9 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(p)
     p.set_defaults(func=commands.cmd_episodes)
 
-    p = sub.add_parser("sql", help="run a SQL query over the steps and episodes views")
+    p = sub.add_parser("sql", help="run one read-only SELECT over the steps and episodes views (sandboxed)",
+                       description="Run one SELECT over the steps and episodes views, in the same sandbox as the "
+                                   "service's POST /sql: a single SELECT, no file access (only the two views), "
+                                   "nothing written. Every row is printed unless --limit is given. --unsafe "
+                                   "lifts the sandbox for your own queries: any statement (COPY ... TO, CREATE), "
+                                   "any file this user may read or write.")
     p.add_argument("query", help='e.g. "SELECT run_id, count(*) FROM steps GROUP BY run_id"')
     p.add_argument("--store", **store_opt)
+    p.add_argument("--limit", type=int, help="print at most this many rows (default: all); says so on stderr "
+                                             "when the query returned more")
+    p.add_argument("--unsafe", action="store_true",
+                   help="no sandbox: run any SQL with this user's file access (read_csv of any file, COPY ... TO, "
+                        "CREATE); only for queries you wrote yourself")
     _output_options(p)
     p.set_defaults(func=commands.cmd_sql)
 

@@ -1,42 +1,114 @@
-"""Untrusted SQL over a store: one read-only SELECT, no way out of the store, bounded in rows, memory and time.
+"""Untrusted SQL over a store: one read-only SELECT over the ``steps`` and ``episodes`` views and nothing else,
+bounded in rows, bytes, memory, time and concurrency.
 
-The connection follows DuckDB's "Securing DuckDB": file access is limited to the store's ``steps``
-folder (``allowed_directories``), external access (other files, ``getenv``, extensions) is turned
-off and the configuration is locked. That alone still lets ``COPY … TO`` write into the store, so
-only a single statement whose type is SELECT is run at all. A timer interrupts the query at its
-time limit.
+The views read the committed files through a registered pyarrow dataset
+(:class:`~trajstore.query.snapshot.Snapshot` given a schema), so the connection itself needs no file access:
+DuckDB's "Securing DuckDB" settings turn it off entirely (no allowed directories, no temporary files), clear
+every setting that names a path and lock the configuration (:func:`~trajstore.query.sql.hardening`). Nothing
+on disk is readable through SQL then, not even the store's own log or files it has not committed. That alone
+would still let ``COPY … TO`` run, so only a single statement whose type is SELECT is run at all.
+
+The limits (:class:`Limits`) cover the whole answer, not only the query: rows and bytes are counted while
+batches are fetched (decoded sizes, see :func:`decoded_nbytes`) and again while the caller's encoder writes
+the body; the time limit interrupts DuckDB from a timer and is checked between encoded pieces, and any error
+after the timer fired (DuckDB reports an interrupt during fetching as an ``OSError``) is a
+:class:`~trajstore.errors.QueryTimeoutError`. A :class:`Gate` bounds how many queries run at once (and so
+their memory: each has its own DuckDB memory limit); one more is refused at once, never queued.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Callable, Iterable
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from trajstore.errors import QueryError, QueryRefusedError, QueryTimeoutError, first_line
+from trajstore.errors import (
+    InputError,
+    QueryBusyError,
+    QueryError,
+    QueryRefusedError,
+    QueryTimeoutError,
+    ResultTooLargeError,
+    TrajstoreError,
+    first_line,
+)
 from trajstore.query import sql
 from trajstore.query.snapshot import Snapshot
+
+FETCH_ROWS = 8192  # rows per fetched batch: the bytes limit is checked after each
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one untrusted query may use."""
+    """What one untrusted query may use; ``None`` means no limit (DuckDB's defaults for memory and threads)."""
 
-    max_rows: int = 100_000
-    timeout_s: float = 10.0
-    memory_limit: str = "1GB"
-    threads: int = 2
+    max_rows: int | None = 100_000
+    max_bytes: int | None = 32 * 1024 * 1024
+    timeout_s: float | None = 10.0
+    memory_limit: str | None = "1GB"
+    threads: int | None = 2
+
+    @classmethod
+    def unbounded(cls, *, max_rows: int | None = None) -> Limits:
+        """Confinement only (your own query on your own machine, as ``trajstore sql`` runs it)."""
+        return cls(max_rows=max_rows, max_bytes=None, timeout_s=None, memory_limit=None, threads=None)
 
 
 @dataclass
 class Result:
-    """The rows of a query, cut at ``max_rows`` (``truncated`` says whether more existed)."""
+    """The rows of a query, cut at ``max_rows`` (``truncated`` says whether more existed), and the body an
+    encoder wrote of them (``None`` without one)."""
 
     table: pa.Table
     truncated: bool
+    body: bytes | None = None
+
+
+Encoder = Callable[[Result], Iterable[bytes]]  # a result as the pieces of one body (JSON, Arrow IPC, …)
+
+
+class Slot:
+    """One place taken in a :class:`Gate`; :meth:`release` gives it back (once, however often it is called)."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release: Callable[[], None] | None = release
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Gate:
+    """At most ``size`` sandboxed queries at once: :meth:`take` refuses one more at once with a
+    :class:`~trajstore.errors.QueryBusyError` (a service answers 429 with ``Retry-After``), never queues it."""
+
+    def __init__(self, size: int, *, retry_after_s: int = 1) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise InputError(f"sql_max_concurrent: must be a whole number >= 1, got {size!r}")
+        self.size = size
+        self.retry_after_s = retry_after_s
+        self._free = threading.BoundedSemaphore(size)
+
+    def take(self) -> Slot:
+        if not self._free.acquire(blocking=False):
+            raise QueryBusyError(f"query: {self.size} SQL queries are running, the most allowed at once "
+                                 f"(sql_max_concurrent); retry in {self.retry_after_s} s",
+                                 retry_after_s=self.retry_after_s)
+        return Slot(self._free.release)
 
 
 def check_statement(con: duckdb.DuckDBPyConnection, query: str) -> None:
@@ -52,41 +124,143 @@ def check_statement(con: duckdb.DuckDBPyConnection, query: str) -> None:
         raise QueryRefusedError(f"query: only SELECT statements are allowed, got {kind.name}")
 
 
-def harden(con: duckdb.DuckDBPyConnection, allowed: Path, limits: Limits) -> None:
-    """Lock ``con`` down to reading files under ``allowed`` (views must already be defined)."""
-    for statement in sql.hardening(str(allowed), memory_limit=limits.memory_limit, threads=limits.threads):
+def harden(con: duckdb.DuckDBPyConnection, limits: Limits) -> None:
+    """Take every file access from ``con`` and lock it (its views must already be defined)."""
+    for statement in sql.hardening(memory_limit=limits.memory_limit, threads=limits.threads):
         con.execute(statement)
 
 
-def run(snapshot: Snapshot, allowed: Path, query: str, limits: Limits) -> Result:
-    """Run one untrusted SELECT over ``snapshot``'s views; ``snapshot`` is hardened first and then closed."""
+class Deadline:
+    """Interrupts ``con`` at ``timeout_s`` (none without one) and remembers that the time is up."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, timeout_s: float | None) -> None:
+        self.timeout_s = timeout_s
+        self._at = None if timeout_s is None else time.monotonic() + timeout_s
+        self._fired = threading.Event()
+        self._con = con
+        self._timer = None if timeout_s is None else threading.Timer(timeout_s, self._fire)
+
+    def _fire(self) -> None:
+        self._fired.set()
+        try:
+            self._con.interrupt()
+        except duckdb.Error:  # the query ended and its connection closed as the timer fired: nothing to stop
+            pass
+
+    def passed(self) -> bool:
+        return self._fired.is_set() or (self._at is not None and time.monotonic() >= self._at)
+
+    def error(self) -> QueryTimeoutError:
+        return QueryTimeoutError(f"query: interrupted at the time limit of {self.timeout_s:g} s")
+
+    def __enter__(self) -> Deadline:
+        if self._timer is not None:
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def run(snapshot: Snapshot, query: str, limits: Limits, *, encode: Encoder | None = None) -> Result:
+    """Run one untrusted SELECT over ``snapshot``'s views and, with ``encode``, write its body, all within
+    ``limits``; ``snapshot`` (on a connection of its own) is hardened first and closed at the end."""
     with snapshot:
         con = snapshot.con
         check_statement(con, query)
-        harden(con, allowed, limits)
-        timer = threading.Timer(limits.timeout_s, con.interrupt)
-        timer.start()
-        try:
-            return _fetch(con, query, limits.max_rows)
-        except duckdb.InterruptException:
-            raise QueryTimeoutError(f"query: interrupted at the time limit of {limits.timeout_s:g} s") from None
-        except duckdb.PermissionException as exc:
-            raise QueryRefusedError(f"query: reaches outside the store: {first_line(exc)}") from None
-        except duckdb.OutOfMemoryException:
-            raise QueryError(f"query: exceeded the memory limit of {limits.memory_limit}") from None
-        except duckdb.Error as exc:
-            raise QueryError(f"query: {first_line(exc)}") from None
-        finally:
-            timer.cancel()
+        harden(con, limits)
+        with Deadline(con, limits.timeout_s) as deadline:
+            try:
+                result = _fetch(con, query, limits)
+            except TrajstoreError:
+                raise
+            except (duckdb.Error, OSError, pa.ArrowException) as exc:
+                raise _failure(exc, snapshot, limits, deadline) from None
+            if encode is not None:
+                result.body = _encoded(encode(result), limits, deadline)
+            return result
 
 
-def _fetch(con: duckdb.DuckDBPyConnection, query: str, max_rows: int) -> Result:
-    reader = con.sql(query).to_arrow_reader(min(max_rows + 1, 65_536))
-    batches, rows = [], 0
+def _failure(exc: BaseException, snapshot: Snapshot, limits: Limits, deadline: Deadline) -> TrajstoreError:
+    """The error to raise for a failed query (after the timer fired, whatever failed: the time limit)."""
+    if deadline.passed():
+        return deadline.error()
+    if isinstance(exc, duckdb.PermissionException):
+        return QueryRefusedError("query: reaches outside the store: only the steps and episodes views can be "
+                                 "read, no file")
+    damaged = snapshot.damage(exc)
+    if damaged is not None:
+        return damaged
+    if isinstance(exc, duckdb.OutOfMemoryException) or "Out of Memory Error" in str(exc):
+        return QueryError(f"query: exceeded the memory limit of {limits.memory_limit}")
+    return QueryError(f"query: {first_line(exc)}")
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, query: str, limits: Limits) -> Result:
+    """The rows of ``query``, at most ``max_rows`` (one more is read to know whether more exist)."""
+    max_rows = limits.max_rows
+    reader = con.sql(query).to_arrow_reader(FETCH_ROWS if max_rows is None else min(max_rows + 1, FETCH_ROWS))
+    batches, rows, size, truncated = [], 0, 0, False
     for batch in reader:
-        batches.append(batch)
-        rows += batch.num_rows
-        if rows > max_rows:
+        kept = batch if max_rows is None else batch.slice(0, max_rows - rows)
+        size = _counted(size + decoded_nbytes(kept), limits)
+        batches.append(kept)
+        rows += kept.num_rows
+        if kept.num_rows < batch.num_rows:
+            truncated = True
             break
-    table = pa.Table.from_batches(batches, schema=reader.schema)
-    return Result(table.slice(0, max_rows), rows > max_rows)
+    return Result(pa.Table.from_batches(batches, schema=reader.schema), truncated)
+
+
+def _counted(size: int, limits: Limits) -> int:
+    if limits.max_bytes is not None and size > limits.max_bytes:
+        raise ResultTooLargeError(f"query: the result is larger than the limit of {_bytes(limits.max_bytes)} "
+                                  "(sql_max_bytes); select fewer rows or columns, or aggregate")
+    return size
+
+
+def _encoded(pieces: Iterable[bytes], limits: Limits, deadline: Deadline) -> bytes:
+    """The pieces joined, each counted against ``max_bytes`` and followed by a look at the clock."""
+    parts, size = [], 0
+    for piece in pieces:
+        size = _counted(size + len(piece), limits)
+        parts.append(piece)
+        if deadline.passed():
+            raise deadline.error()
+    return b"".join(parts)
+
+
+def decoded_nbytes(data: pa.Array | pa.ChunkedArray | pa.RecordBatch | pa.Table) -> int:
+    """The bytes ``data`` takes once every dictionary is decoded, as a JSON writer or a client decoding it sees
+    it (``nbytes`` counts a dictionary's values once, however many rows repeat them)."""
+    if isinstance(data, (pa.RecordBatch, pa.Table)):
+        return sum(decoded_nbytes(c) for c in data.columns)
+    if isinstance(data, pa.ChunkedArray):
+        return sum(decoded_nbytes(c) for c in data.chunks)
+    kind = data.type
+    if pa.types.is_dictionary(kind):
+        values = data.dictionary
+        if pa.types.is_string(values.type) or pa.types.is_binary(values.type) or \
+                pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type):
+            taken = pc.sum(pc.take(pc.binary_length(values), data.indices)).as_py() or 0
+        else:
+            taken = len(data) * -(-decoded_nbytes(values) // max(1, len(values)))
+        return data.indices.nbytes + taken
+    if pa.types.is_fixed_size_list(kind):
+        return decoded_nbytes(data.flatten())
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+        if not len(data):
+            return 0
+        first, last = data.offsets[0].as_py(), data.offsets[-1].as_py()
+        return data.offsets.nbytes + decoded_nbytes(data.values.slice(first, last - first))
+    if pa.types.is_struct(kind):
+        return sum(decoded_nbytes(child) for child in data.flatten())
+    return data.nbytes
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} bytes"

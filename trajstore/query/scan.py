@@ -2,10 +2,11 @@
 of record batches, at the speed of a direct pyarrow read.
 
 Streaming for training reads every selected step once and in storage order; a SQL engine adds nothing
-there but its own cost. :func:`scan_steps` builds a pyarrow dataset over exactly the files of one
+there but its own cost. :func:`steps_dataset` is a pyarrow dataset over exactly the files of one
 committed version (never a listing of the folder), with ``run_id`` and ``env_id`` taken from each file's
 partition, every column cast to the type the ``steps`` view gives it (so both paths yield identical
-tables), and columns a file lacks filled with nulls. Files are read in the order the log lists them (the
+tables), and columns a file lacks filled with nulls; :func:`scan_steps` streams it, and a
+:class:`~trajstore.query.snapshot.Snapshot` given a schema lets DuckDB read it instead of the files. Files are read in the order the log lists them (the
 order of the ``steps`` view), two ahead, their row groups decoded on Arrow's thread pool; memory is bounded
 by the read-ahead, not by the result.
 """
@@ -43,12 +44,19 @@ def scan_steps(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[s
         return pa.RecordBatchReader.from_batches(out, iter(()))
     if max_batch_bytes is not None:
         batch_size = max(1, min(batch_size, int(max_batch_bytes // max(1.0, row_bytes(files, columns)))))
-    partitions = [(ds.field("run_id") == f.run_id) & (ds.field("env_id") == f.env_id) for f in files]
-    dataset = ds.FileSystemDataset.from_paths([f.path for f in files], schema=schema, format=ds.ParquetFileFormat(),
-                                              filesystem=pafs.LocalFileSystem(), partitions=partitions)
+    dataset = steps_dataset(files, schema)
     condition = ds.field("episode_id").isin(pa.array(episode_ids)) if episode_ids is not None else None
     return dataset.scanner(columns=list(columns), filter=condition, batch_size=batch_size, use_threads=True,
                            fragment_readahead=FRAGMENT_READAHEAD, batch_readahead=BATCH_READAHEAD).to_reader()
+
+
+def steps_dataset(files: Sequence[DataFile], schema: pa.Schema) -> ds.FileSystemDataset:
+    """A pyarrow dataset over exactly ``files`` (in order; never a listing of their folder), typed as ``schema``
+    (the ``steps`` view's types): ``run_id`` and ``env_id`` from each file's partition, every column cast to
+    its type in ``schema``, columns a file lacks as nulls."""
+    partitions = [(ds.field("run_id") == f.run_id) & (ds.field("env_id") == f.env_id) for f in files]
+    return ds.FileSystemDataset.from_paths([f.path for f in files], schema=schema, format=ds.ParquetFileFormat(),
+                                           filesystem=pafs.LocalFileSystem(), partitions=partitions)
 
 
 def row_bytes(files: Sequence[DataFile], columns: Sequence[str]) -> float:

@@ -1,8 +1,12 @@
 """DuckDB over one committed snapshot of the store: the ``steps`` and ``episodes`` views.
 
-``steps`` reads exactly the files listed by one version of the Delta log with DuckDB's native
-``read_parquet`` (never a glob); ``episodes`` is built from ``schemas/episode.v1.json``. The SQL of both
-comes from :mod:`trajstore.query.sql`.
+``steps`` reads exactly the files listed by one version of the Delta log (never a glob), from one of two
+sources: DuckDB's native ``read_parquet`` of their paths (the default, and the fastest), or, given the
+``steps`` view's schema, a pyarrow dataset of them registered with DuckDB
+(:func:`~trajstore.query.scan.steps_dataset`), so that DuckDB itself opens no file: the sandbox's
+connection has no file access at all, and a store whose files pyarrow reads (another filesystem) needs
+nothing else. ``episodes`` is built from ``schemas/episode.v1.json``. The SQL of both comes from
+:mod:`trajstore.query.sql`.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ import pyarrow as pa
 
 from trajstore.errors import QueryError, StoreDamagedError, UnknownColumnError, first_line
 from trajstore.query import sql
+from trajstore.query.scan import steps_dataset
 from trajstore.storage.table import DataFile
+
+DATASET = "committed_files"  # the name of a registered dataset of the committed files
 
 
 def ids_disjoint(files: Sequence[DataFile]) -> bool:
@@ -63,15 +70,20 @@ def check_names(names: Sequence[str], known: Sequence[str], *, view: str, field:
 
 
 class Snapshot:
-    """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store."""
+    """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store.
+
+    With ``schema`` (the ``steps`` view's Arrow types, e.g. ``Store._steps_schema``), ``steps`` reads the files
+    through a registered pyarrow dataset instead of ``read_parquet``: the same rows and types.
+    """
 
     def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None,
-                 con: duckdb.DuckDBPyConnection | None = None, store: str | None = None) -> None:
+                 con: duckdb.DuckDBPyConnection | None = None, store: str | None = None,
+                 schema: pa.Schema | None = None) -> None:
         self.files = list(files)
         self.store = store  # where the files are from, for messages
         self.con = con if con is not None else duckdb.connect(config=config or {})
         try:  # binding read_parquet reads the files' footers
-            self.con.execute(sql.create_view("committed_steps", sql.steps_view(self.files)))
+            self.con.execute(sql.create_view("committed_steps", self._stored_steps(schema)))
             stored = self.columns("committed_steps")
         except duckdb.Error as exc:
             raise self.damage(exc) or QueryError(f"the store's files cannot be read: {first_line(exc)}") from exc
@@ -80,6 +92,13 @@ class Snapshot:
         self.by_id = ids_disjoint(self.files)
         self.con.execute(sql.create_view("episodes", sql.episodes_view(self.step_columns, by_id=self.by_id)))
         self.episodes_materialized = False
+
+    def _stored_steps(self, schema: pa.Schema | None) -> str:
+        """The SELECT of the stored steps: ``read_parquet`` of the files, or a registered dataset of them."""
+        if schema is None or not self.files:
+            return sql.steps_view(self.files)
+        self.con.register(DATASET, steps_dataset(self.files, schema))
+        return sql.select_all(DATASET)
 
     def columns(self, view: str) -> list[str]:
         """The column names of ``view``."""

@@ -313,13 +313,19 @@ def stored_episode_ends(files: Sequence[DataFile], episode_ids: Sequence[int]) -
 # --- the sandbox ---------------------------------------------------------------------------------------------
 
 
-def hardening(allowed: str, *, memory_limit: str, threads: int) -> list[str]:
-    """DuckDB's "Securing DuckDB" settings: files under ``allowed`` only, no external access, locked."""
-    return [f"SET allowed_directories = [{literal(allowed.rstrip('/') + '/')}]",
-            "SET enable_external_access = false",
-            f"SET memory_limit = {literal(memory_limit)}",
-            f"SET threads = {int(threads)}",
-            "SET lock_configuration = true"]
+def hardening(*, memory_limit: str | None, threads: int | None) -> list[str]:
+    """DuckDB's "Securing DuckDB" settings for a connection whose views read registered data only: no file
+    access at all (not even temporary files: a query past its memory limit fails instead of spilling to
+    disk), no setting left that names a path (``duckdb_settings()`` shows none), no Python variables read
+    by name, then the configuration locked. ``None`` keeps DuckDB's default memory limit or threads."""
+    out = ["SET temp_directory = ''", "SET secret_directory = ''", "SET extension_directory = ''",
+           "SET home_directory = ''", "SET python_enable_replacements = false",
+           "SET enable_external_access = false"]
+    if memory_limit is not None:
+        out.append(f"SET memory_limit = {literal(memory_limit)}")
+    if threads is not None:
+        out.append(f"SET threads = {int(threads)}")
+    return out + ["SET lock_configuration = true"]
 
 
 # --- the consistency check -----------------------------------------------------------------------------------

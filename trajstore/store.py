@@ -25,6 +25,7 @@ import pyarrow as pa
 from trajstore.errors import InputError, QueryError, StoreDamagedError, StoreExistsError, StoreNotFoundError, first_line
 from trajstore.query import sandbox, sql
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
+from trajstore.query.curves import total_env_steps
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.query.scan import scan_steps
@@ -37,6 +38,7 @@ from trajstore.storage.writer import Writer
 log = logging.getLogger(__name__)
 
 MARKER = "trajstore.json"
+CURVE_POINT = "curve_point"  # the column Store.curves keeps its rows by
 FORMAT_VERSION = 1
 
 
@@ -267,6 +269,23 @@ class Store:
                 sql.subquery(sql.episodes_view(snap.step_columns, discounted=True, by_id=snap.by_id))
             return snap.arrow(sql.episodes(conds, source=src, order_by=name, descending=descending, limit=limit,
                                            offset=offset, total=total), params)
+
+    @_where_named
+    def curves(self, *, run_id: Names = None, env_id: Names = None, where: str | None = None,
+               filter: EpisodeFilter | None = None, gamma: float | None = None) -> pa.Table:  # noqa: A002
+        """Learning curves: the complete episodes of each ``(run_id, env_id)`` in the order they ended, with
+        ``total_env_steps``, the env steps of all the series' writers when each ended (counted over every
+        episode of the series, whatever ``where``/``filter`` keep; see :mod:`trajstore.query.curves`).
+        With ``gamma`` adds ``discounted_return``."""
+        with self._query_snapshot(episodes="fill" if gamma is None else None) as snap:
+            series = sql.conditions(run_id=run_id, env_id=env_id)
+            chosen = sql.conditions(where=where, filter=filter)
+            params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
+            src = "episodes" if gamma is None else \
+                sql.subquery(sql.episodes_view(snap.step_columns, discounted=True, by_id=snap.by_id))
+            walk = snap.arrow(sql.curve_episodes(series, chosen, source=src, flag=CURVE_POINT), params)
+        walk = walk.append_column("total_env_steps", pa.array(total_env_steps(walk), pa.int64()))
+        return walk.filter(walk[CURVE_POINT]).drop_columns([CURVE_POINT])
 
     @_where_named
     def stats(self, *, by: Names = None, gamma: float | None = None, where: str | None = None,

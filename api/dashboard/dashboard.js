@@ -14,7 +14,7 @@ const PLOT_CONFIG = { responsive: true, displaylogo: false };
 const BANDS = { minmax: [0, 1], p10: [0.1, 0.9], p25: [0.25, 0.75], none: null };
 // Columns of a step that are not numeric extras (everything else that holds numbers is plotted).
 const NOT_EXTRAS = new Set(["run_id", "env_id", "episode_id", "step", "obs", "next_obs", "reward", "terminated",
-  "truncated", "wall_time", "policy_version", "seed", "env_index", "worker_id", "mode"]);
+  "truncated", "wall_time", "env_steps", "policy_version", "seed", "env_index", "worker_id", "mode"]);
 
 const state = {
   version: null, runs: [], curves: [], gamma: null, hidden: new Set(),

@@ -61,8 +61,10 @@ class CurveSeries(BaseModel):
     run_id: str
     env_id: str
     episode_id: list[str] = Field(description="decimal strings: 63-bit ids do not fit a JavaScript number")
-    env_steps: list[int] = Field(description="cumulative steps of this series' complete episodes at each one's end")
-    wall_time: list[float | None] = Field(description="when the episode's last step was written, Unix seconds")
+    env_steps: list[int] = Field(description="env steps of all the series' writers when the episode ended (each "
+                                             "writer's count over all its envs, summed over its writers)")
+    wall_time: list[float | None] = Field(description="when the episode's last step was written (its time index's "
+                                                      "share of its batch), Unix seconds")
     episode_return: list[float]
     episode_length: list[int]
     terminated: list[bool]
@@ -78,9 +80,7 @@ class Curves(BaseModel):
 def curves_payload(store: Store, *, run_id: list[str] | None = None, env_id: list[str] | None = None,
                    gamma: float | None = None) -> Curves:
     """Complete episodes of each (run, env), sorted by run and env, then in the order they ended."""
-    eps = store.episodes(run_id=run_id, env_id=env_id, complete=True, gamma=gamma, order_by="ended_at")
-    # sort_indices is stable: the end order survives inside each (run, env)
-    eps = eps.take(pc.sort_indices(eps, [("run_id", "ascending"), ("env_id", "ascending")]))
+    eps = store.curves(run_id=run_id, env_id=env_id, gamma=gamma)
     keys = pc.binary_join_element_wise(eps["run_id"], eps["env_id"], "\x00").to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.array([], int)
     bounds = zip(starts.tolist(), [*starts[1:].tolist(), len(keys)])
@@ -88,15 +88,14 @@ def curves_payload(store: Store, *, run_id: list[str] | None = None, env_id: lis
 
 
 def _series(t: pa.Table) -> CurveSeries:
-    lengths = t["episode_length"].to_numpy()
     seconds = pc.divide(t["ended_at"].cast(pa.int64()).cast(pa.float64()), 1e6)
     return CurveSeries(
         run_id=t["run_id"][0].as_py(), env_id=t["env_id"][0].as_py(),
         episode_id=t["episode_id"].cast(pa.string()).to_pylist(),
-        env_steps=np.cumsum(lengths).tolist(),
+        env_steps=t["total_env_steps"].to_pylist(),
         wall_time=seconds.to_pylist(),
         episode_return=t["episode_return"].to_pylist(),
-        episode_length=lengths.tolist(),
+        episode_length=t["episode_length"].to_pylist(),
         terminated=t["terminated"].to_pylist(),
         policy_version=t["policy_version"].to_pylist() if "policy_version" in t.column_names else [None] * len(t),
         discounted_return=t["discounted_return"].to_pylist() if "discounted_return" in t.column_names else None,

@@ -220,9 +220,12 @@ def test_remote_writer_matches_a_local_writer(empty: Path, tmp_path: Path) -> No
             for b in batches:
                 w.add_batch(b)
         assert len(trajstore.open(empty).files()) > 1  # committed in several requests
-    q = ("SELECT episode_length, episode_return, terminated, complete FROM episodes "
+    q = ("SELECT episode_length, episode_return, terminated, complete, env_steps FROM episodes "
          "ORDER BY episode_return, episode_length")
     assert trajstore.open(empty).sql(q).to_pylist() == local.sql(q).to_pylist()
+    positions = "SELECT env_steps, count(*) AS n FROM steps GROUP BY ALL ORDER BY ALL"
+    assert trajstore.open(empty).sql(positions).to_pylist() == [{"env_steps": 3 * (t + 1), "n": 3}
+                                                                 for t in range(6 * 25)]
     assert trajstore.check(trajstore.open(empty)).ok
 
 

@@ -29,6 +29,7 @@ from tests.storage.helpers import episode, rows
     ({"reward": pa.array(["a"] * 4)}, "reward: expected float32 or float64"),
     ({"reward": pa.array([1.0, np.inf, 1.0, 1.0], pa.float32())}, "reward must be finite: got inf at row 1"),
     ({"step": pa.array([0, 1, 1, 2], pa.int32())}, "episode_id 7 has step 1 more than once"),
+    ({"env_steps": pa.array([1.0, 2.0, 3.0, 4.0])}, "env_steps: expected integers, got double"),
 ])
 def test_bad_rows_are_refused_naming_the_field(change: dict[str, Any], message: str) -> None:
     with pytest.raises(InputError, match=message.replace("(", r"\(")):
@@ -42,6 +43,14 @@ def test_rows_are_cast_to_the_stored_types_and_stamped() -> None:
     assert out["wall_time"].type == pa.timestamp("us", tz="UTC")
     with pytest.raises(SchemaMismatchError, match="obs: the store holds fixed_size_list<item: float>\\[3\\]"):
         validate_rows(rows(), pa.schema([("obs", pa.list_(pa.float32(), 3))]))
+
+
+def test_env_steps_are_kept_as_int64() -> None:
+    sent = pa.array([8, 16, 24, None], pa.int32())
+    for stored in (None, pa.schema([("env_steps", pa.int64())])):
+        out = validate_rows(rows(env_steps=sent), stored)
+        assert out["env_steps"].type == pa.int64() and out["env_steps"].to_pylist() == [8, 16, 24, None]
+    assert "env_steps" not in validate_rows(rows(), None).column_names  # not sent: null when read
 
 
 def test_one_commit_per_idempotency_key(store: trajstore.Store) -> None:

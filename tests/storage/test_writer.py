@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 import numpy as np
@@ -13,7 +14,7 @@ from gymnasium import spaces
 import trajstore
 from trajstore.errors import InputError, SchemaMismatchError, WriterClosedError
 
-from tests.helpers import make_batch
+from tests.helpers import make_batch, slice_batch
 
 ALL_STEPS = "SELECT * EXCLUDE (wall_time) FROM steps ORDER BY episode_id, step"
 
@@ -161,6 +162,59 @@ def test_declared_space_refuses_other_shapes(store: trajstore.Store) -> None:
     assert store.files() == []
 
 
+# --- where and when: env_steps and wall_time ---------------------------------------------------------------
+
+def test_every_row_records_its_position_and_time(store: trajstore.Store) -> None:
+    """env_steps is (t + 1)·B for the writer's global time index t (every index counts: masked steps, gymnasium's
+    reset steps, add_step calls); wall_time never decreases along t, within a call or across calls."""
+    rng = np.random.default_rng(20)
+    B, sizes = 3, [5, 1, 7, 1, 4]
+    T = sum(sizes)
+    valid = rng.random((T, B)) < 0.8
+    batch = make_batch(rng, T, B, p_terminated=0.2, p_truncated=0.05, valid=valid,
+                       extras={"t": np.repeat(np.arange(T)[:, None], B, axis=1)})
+    opened = datetime.now(timezone.utc)
+    with store.writer(run_id="r", env_id="e", autoreset="next-step") as w:
+        for a, b in zip(np.cumsum([0, *sizes[:-1]]), np.cumsum(sizes)):
+            part = slice_batch(batch, a, b)
+            if b - a == 1:
+                w.add_step(**{k: v[0] for k, v in part.items() if k not in ("extras", "valid")},
+                           valid=part["valid"][0], extras={"t": part["extras"]["t"][0]})
+            else:
+                w.add_batch(part)
+    closed = datetime.now(timezone.utc)
+    got = store.sql("SELECT t, env_steps, wall_time FROM steps ORDER BY t, env_index").to_pylist()
+    assert 0 < len(got) < T * B  # some steps masked, some dropped as reset steps
+    assert [r["env_steps"] for r in got] == [(r["t"] + 1) * B for r in got]
+    times = [r["wall_time"] for r in got]
+    assert times == sorted(times) and opened <= times[0] and times[-1] <= closed
+    assert all(x["wall_time"] == y["wall_time"] for x, y in zip(got, got[1:]) if x["t"] == y["t"])
+    last = store.sql("SELECT episode_id, max(t) AS t FROM steps GROUP BY episode_id").to_pylist()
+    env_steps = {e["episode_id"]: e["env_steps"] for e in store.episodes().to_pylist()}
+    assert env_steps == {e["episode_id"]: (e["t"] + 1) * B for e in last}
+
+
+def test_wall_time_is_spread_evenly_over_the_time_indices_of_a_call(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(21)
+    with store.writer(run_id="r", env_id="e") as w:
+        w._last_us -= 1_000_000  # as if opened a second earlier: the call's 50 indices share that second
+        w.add_batch(make_batch(rng, 50, 2))
+    per_t = store.sql("SELECT env_steps, min(wall_time) AS lo, max(wall_time) AS hi FROM steps "
+                      "GROUP BY env_steps ORDER BY env_steps").to_pylist()
+    assert len(per_t) == 50 and all(r["lo"] == r["hi"] for r in per_t)  # one time per index
+    gaps = [(b["lo"] - a["lo"]).total_seconds() * 1e6 for a, b in zip(per_t, per_t[1:])]
+    assert min(gaps) >= 1_000_000 / 50 - 1 and max(gaps) - min(gaps) <= 1  # evenly, over at least the second
+
+
+def test_a_new_writer_counts_from_zero(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(22)
+    for _ in range(2):
+        with store.writer(run_id="r", env_id="e") as w:
+            w.add_batch(make_batch(rng, 4, 2))
+    counts = store.sql("SELECT env_steps, count(*) AS n FROM steps GROUP BY ALL ORDER BY ALL").to_pylist()
+    assert counts == [{"env_steps": 2 * (t + 1), "n": 4} for t in range(4)]
+
+
 # --- flush, close, bounded memory ------------------------------------------------------------------------
 
 def test_flush_commits_running_episodes_and_the_next_batch_continues(store: trajstore.Store) -> None:
@@ -294,6 +348,10 @@ def _extras_reserved(b: dict[str, Any]) -> None:
     b["extras"] = {"episode_id": np.zeros((4, 2), np.int64)}
 
 
+def _extras_env_steps(b: dict[str, Any]) -> None:
+    b["extras"] = {"env_steps": np.zeros((4, 2), np.int64)}
+
+
 def _extras_retyped(b: dict[str, Any]) -> None:
     b["extras"] = {"value": np.zeros((4, 2, 2), np.float32)}  # value is float32 per step in the schema
 
@@ -314,6 +372,7 @@ BAD_INPUTS = [
     (_terminated_shape, InputError, r"terminated: expected shape \(4, 2\)"),
     (_extras_shape, InputError, r"extras\.log_prob: expected leading dims \(T, B\) = \(4, 2\)"),
     (_extras_reserved, InputError, r"extras: 'episode_id' is a reserved column name"),
+    (_extras_env_steps, InputError, r"extras: 'env_steps' is a reserved column name"),
     (_extras_retyped, SchemaMismatchError, r"value: expected shape \(\) float32 per step"),
 ]
 
@@ -336,6 +395,7 @@ def test_bad_input_is_refused_and_nothing_is_written(store: trajstore.Store, spo
     after = store.sql(ALL_STEPS)
     assert after.num_rows == 16
     assert after.filter(pa.compute.less(after["step"], 4)).equals(before)
+    assert sorted(set(after["env_steps"].to_pylist())) == [2 * (t + 1) for t in range(8)]  # the refused call's T
     assert sorted(store.episodes()["episode_length"].to_pylist()) == [8, 8]
 
 
@@ -385,6 +445,8 @@ def test_a_refused_first_batch_does_not_fix_column_types(store: trajstore.Store)
     ({"run_id": "", "env_id": "e"}, r"run_id must be a non-empty string"),
     ({"run_id": "r", "env_id": " e"}, r"env_id must be a non-empty string without surrounding spaces"),
     ({"run_id": "r", "env_id": "e", "observation_space": spaces.Text(5)}, r"observation_space: unsupported"),
+    ({"run_id": "r", "env_id": "e", "env_steps": 10}, r"env_steps: a column the writer fills itself"),
+    ({"run_id": "r", "env_id": "e", "wall_time": 0}, r"wall_time: a column the writer fills itself"),
 ])
 def test_bad_writer_options(store: trajstore.Store, kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(InputError, match=match):

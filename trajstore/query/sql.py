@@ -233,6 +233,17 @@ def episodes(conds: Sequence[str], *, source: str, order_by: str, descending: bo
             f"{page(limit, offset)}")
 
 
+WALK = ("run_id", "env_id", "ended_at", "env_steps", "episode_id")  # a series' episodes in wall-time order
+
+
+def curve_episodes(series: Sequence[str], chosen: Sequence[str], *, source: str, flag: str) -> str:
+    """Every episode of ``source`` in the series that ``series`` selects, in :data:`WALK` order, with ``flag``
+    true for the complete episodes that ``chosen`` selects (the points of the curve)."""
+    keys = ", ".join(ident(k) for k in WALK)
+    return (f"SELECT *, ({' AND '.join(['complete', *chosen])}) AS {ident(flag)} FROM {source}{where(series)} "
+            f"ORDER BY {keys}")
+
+
 def subquery(select: str) -> str:
     return f"({select})"
 

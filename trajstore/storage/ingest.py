@@ -49,7 +49,7 @@ def validate_rows(rows: pa.Table, stored: pa.Schema | None) -> pa.Table:
 def _checked(rows: pa.Table, stored: pa.Schema | None) -> tuple[pa.Table, Spans]:
     """:func:`validate_rows`, and the first and last step of each episode in ``rows``."""
     _check_columns(rows)
-    rows = _stamped(_cast_keys(rows))
+    rows = _stamped(_cast_env_steps(_cast_keys(rows)))
     _check_flags_and_rewards(rows)
     ended = pc.or_(rows["terminated"], rows["truncated"]).to_numpy()
     spans = request_spans(rows["episode_id"].to_numpy(), rows["step"].to_numpy(), ended)
@@ -106,6 +106,16 @@ def _check_range(rows: pa.Table, name: str, t: pa.DataType) -> None:
     i = pc.index(pc.greater(col, pa.scalar(top, col.type)), True).as_py()
     where = f"episode_id {rows['episode_id'][i].as_py()}" if name == "step" else f"step {rows['step'][i].as_py()}"
     raise InputError(f"{name}: {rows[name][i].as_py()} at row {i} ({where}) is beyond {t}; expected at most {top}")
+
+
+def _cast_env_steps(rows: pa.Table) -> pa.Table:
+    """The sender's ``env_steps`` (its writer's position, see ``step.v1.json``) as the schema's int64."""
+    if "env_steps" not in rows.column_names:
+        return rows
+    col = rows["env_steps"]
+    if not pa.types.is_integer(col.type):
+        raise InputError(f"env_steps: expected integers, got {col.type}")
+    return rows.set_column(rows.schema.get_field_index("env_steps"), "env_steps", col.cast(pa.int64()))
 
 
 def _check_flags_and_rewards(rows: pa.Table) -> None:

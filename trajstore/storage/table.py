@@ -28,7 +28,8 @@ from trajstore.schema import PARTITION_COLUMNS
 log = logging.getLogger(__name__)
 
 COMMIT_RETRIES = 20
-LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id", "mode", "policy_version", "seed")
+LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id", "mode", "policy_version", "seed",
+                   "env_steps", "wall_time")  # one value per time index: few in a file of many envs
 
 
 @dataclass(frozen=True)

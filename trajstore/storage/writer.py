@@ -42,6 +42,11 @@ class Writer:
     Rows are buffered and committed as one Delta Lake append when the buffer passes
     ``flush_bytes`` and on :meth:`flush` / :meth:`close`. Steps of episodes still running are
     committed too; the next call continues their ``step`` and ``episode_id``.
+
+    Every row records where it happened: ``env_steps``, the writer's env steps over all its envs up to
+    and including its time index (``(t + 1) * B`` for the ``t``-th time index since the writer opened,
+    counting every index of every call, skipped steps too), and ``wall_time``, spread evenly per time
+    index between the previous call (or the writer's opening) and this one.
     """
 
     def __init__(self, sink: Sink[Any], *, run_id: str, env_id: str, observation_space: Any = None,
@@ -55,6 +60,7 @@ class Writer:
         self.sink, self.run_id, self.env_id = sink, run_id, env_id
         self.autoreset: Autoreset = autoreset
         self.flush_bytes = flush_bytes
+        _check_lineage_names(lineage)
         self.lineage = {"worker_id": worker_id or f"{socket.gethostname()}:{os.getpid()}", **lineage}
         self._types = self._initial_types(observation_space, action_space)
         self._ids = EpisodeIds()
@@ -62,6 +68,8 @@ class Writer:
         self._buffer: list[pa.RecordBatch] = []
         self._repeats: dict[str, pa.Array] = {}
         self._buffered_bytes = 0
+        self._time_indices = 0  # time indices of every accepted call so far
+        self._last_us = _now_us()  # wall time of the last accepted call (the opening, before any)
         # Two stages, one thread each: Parquet encoding of one buffer, and fsync + commit of the files in
         # the order they were written, so syncing one file overlaps encoding the next.
         self._encoding: Future[Any] | None = None
@@ -94,8 +102,11 @@ class Writer:
             raise InputError(f"batch has B={B} envs but this writer was started with B={cursors.num_envs}; "
                              "use one writer per vector env")
         seg = segment(valid, done, cursors, self._ids, autoreset=self.autoreset)
-        record = self._record(arrays, seg, T, B)
+        now = max(_now_us(), self._last_us)  # a clock set back must not make wall_time go backwards
+        record = self._record(arrays, seg, T, B, now)
         self._cursors = seg.cursors
+        self._time_indices += T
+        self._last_us = now
         self.steps_written += record.num_rows
         self.episodes_completed += seg.completed
         self._buffer_rows(record)
@@ -181,7 +192,7 @@ class Writer:
             self._types[name] = self._check_kind(name, known.get(name) or sch.type_of_array(name, value, lead))
         return self._types[name]
 
-    def _record(self, arrays: dict[str, Any], seg: Segments, T: int, B: int) -> pa.RecordBatch:
+    def _record(self, arrays: dict[str, Any], seg: Segments, T: int, B: int, now: int) -> pa.RecordBatch:
         n = len(seg.rows)
         cols: dict[str, pa.Array] = {"episode_id": pa.array(seg.episode_id, pa.int64()),
                                      "step": pa.array(seg.step.astype(np.int32))}
@@ -190,8 +201,10 @@ class Writer:
             for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated"):
                 t = self._type_for(name, arrays[name], 2)
                 cols[name] = sch.to_arrow(name, _rows(arrays[name], seg.rows, T, B), t, n)
-            cols["wall_time"] = pa.repeat(pa.scalar(_now_us(), pa.timestamp("us", tz="UTC")), n)
             env = (seg.rows // T).astype(np.int32)
+            tick = seg.rows - env.astype(np.int64) * T  # each row's time index in this call
+            cols["wall_time"] = pa.array(_interpolated_us(self._last_us, now, T)[tick], pa.timestamp("us", tz="UTC"))
+            cols["env_steps"] = pa.array((self._time_indices + 1 + tick) * B, pa.int64())
             cols["env_index"] = pa.array(env)
             for name, value in self.lineage.items():
                 cols[name] = self._lineage(name, value, env, B, n)
@@ -319,8 +332,18 @@ def _check_rewards(reward: np.ndarray, valid: np.ndarray, stored: pa.DataType) -
                          f"at env {b}, t={t}")
 
 
+WRITER_COLUMNS = frozenset(c["name"] for c in sch.step_columns())  # filled by the writer, never by its caller
+
+
+def _check_lineage_names(lineage: Mapping[str, Any]) -> None:
+    reserved = sorted(WRITER_COLUMNS & set(lineage))
+    if reserved:
+        raise InputError(f"{reserved[0]}: a column the writer fills itself, not a lineage value; "
+                         "give your own value under another name")
+
+
 def _check_extra(name: str, value: Any, T: int, B: int) -> None:
-    if name in REQUIRED or name in ("episode_id", "step", "run_id", "env_id", "wall_time", "env_index"):
+    if name in WRITER_COLUMNS or name == "env_index":
         raise InputError(f"extras: {name!r} is a reserved column name")
     for leaf_name, leaf in _leaves(f"extras.{name}", value):
         if leaf.shape[:2] != (T, B):
@@ -354,3 +377,8 @@ def _add_time_axis(batch: dict[str, Any]) -> dict[str, Any]:
 
 def _now_us() -> int:
     return int(datetime.now(timezone.utc).timestamp() * 1_000_000)
+
+
+def _interpolated_us(last: int, now: int, T: int) -> np.ndarray:
+    """``T`` wall times (µs) evenly from just after ``last`` to ``now``, the last one ``now``: one per time index."""
+    return last + (now - last) * np.arange(1, T + 1, dtype=np.int64) // max(T, 1)

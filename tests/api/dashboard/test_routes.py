@@ -48,18 +48,43 @@ def test_nothing_comes_from_another_host() -> None:
 
 def test_curves_hold_every_complete_episode_in_end_order(client: TestClient, demo_store: trajstore.Store) -> None:
     body = client.get("/curves").json()
-    eps = demo_store.episodes(complete=True, order_by="ended_at").to_pylist()
+    eps = demo_store.curves().to_pylist()
     assert body["gamma"] is None
     assert [(s["run_id"], s["env_id"]) for s in body["series"]] == sorted({(e["run_id"], e["env_id"]) for e in eps})
     for s in body["series"]:
         mine = [e for e in eps if (e["run_id"], e["env_id"]) == (s["run_id"], s["env_id"])]
+        assert [(e["ended_at"], e["env_steps"]) for e in mine] == sorted((e["ended_at"], e["env_steps"]) for e in mine)
         assert s["episode_id"] == [str(e["episode_id"]) for e in mine]  # exact 63-bit ids, as strings
         assert s["episode_length"] == [e["episode_length"] for e in mine]
-        assert s["env_steps"] == np.cumsum(s["episode_length"]).tolist()
+        assert s["env_steps"] == [e["total_env_steps"] for e in mine]
+        assert s["env_steps"] == sorted(s["env_steps"]) and s["env_steps"][0] > 0
         assert s["episode_return"] == pytest.approx([e["episode_return"] for e in mine])
         assert s["wall_time"] == pytest.approx([e["ended_at"].timestamp() for e in mine])
         assert s["policy_version"] == [e["policy_version"] for e in mine]
         assert s["discounted_return"] is None
+
+
+def test_a_random_policy_curve_has_no_batch_periodic_component(tmp_path: Path) -> None:
+    """Uniform random CartPole over many (T, B) batches: the mean return of episodes grouped by their place in a
+    batch (env steps modulo T·B, in 8 bins) is the overall mean within a few standard errors. Ordered by batch
+    write time and cumulated lengths, the episodes carried over from the batch before (longer ones) came first in
+    every batch: bins of the same curve were 10–70 standard errors apart."""
+    pytest.importorskip("jax")
+    from trajstore.rollout import jax_rollout
+
+    B, T, batches, bins = 256, 32, 48, 8
+    store = trajstore.open(tmp_path / "store", create=True)
+    jax_rollout(store, "cartpole", run_id="random", num_envs=B, rollout_length=T, steps=B * T * batches, seed=0,
+                progress=False)
+    with TestClient(create_app(Settings(store=str(store.root)))) as c:
+        (series,) = c.get("/curves").json()["series"]
+    x, y = np.array(series["env_steps"]), np.array(series["episode_return"])
+    assert len(x) > 15_000
+    place = (x % (T * B)) * bins // (T * B)
+    z = [(y[place == k].mean() - y.mean()) / (y[place == k].std() / np.sqrt(np.sum(place == k)))
+         for k in range(bins)]
+    assert max(map(abs, z)) < 4, np.round(z, 1)
+    assert np.all(np.diff(x) >= 0) and np.all(x % B == 0)  # one writer: positions are whole time indices
 
 
 def test_curves_with_gamma_and_filters(client: TestClient, demo_store: trajstore.Store) -> None:

@@ -1,0 +1,185 @@
+"""Learning curves (``Store.curves``): each series' complete episodes in the order they ended, and the env steps
+of all its writers at each one, against a plain walk over the stored episodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import trajstore
+from trajstore.storage.episode_ids import COUNTER_BITS
+
+from tests.helpers import make_batch
+
+SPENT = 1 << (COUNTER_BITS - 1)
+
+
+def walk_order(e: dict[str, Any]) -> tuple[Any, ...]:
+    return e["ended_at"], e["env_steps"] is None, e["env_steps"] or 0, e["episode_id"]
+
+
+def reference_totals(episodes: list[dict[str, Any]]) -> dict[int, int]:
+    """Plain walk of every episode of each (run, env) in wall-time order: each adds its writer's steps since its
+    writer's previous episode; within a worker_id a drop in the count, or an id token first seen after a token
+    whose counters stayed low, is a new writer counted from 0; an episode without env_steps adds its length."""
+    totals: dict[int, int] = {}
+    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for e in episodes:
+        series.setdefault((e["run_id"], e["env_id"]), []).append(e)
+    for eps in series.values():
+        total, workers = 0, {}
+        for e in sorted(eps, key=walk_order):
+            w = workers.setdefault(e["worker_id"], {"prev": None, "prev_max": None, "max": {}})
+            token, counter = e["episode_id"] >> COUNTER_BITS, e["episode_id"] & ((1 << COUNTER_BITS) - 1)
+            first = token not in w["max"]
+            w["max"][token] = max(w["max"].get(token, -1), counter)
+            steps, prev = e["env_steps"], w["prev"]
+            if steps is None:
+                total += e["episode_length"]
+            elif prev is None or steps < prev or (first and w["prev_max"] < SPENT):
+                total += steps
+            else:
+                total += steps - prev
+            w["prev"], w["prev_max"] = steps, w["max"][token]
+            totals[e["episode_id"]] = total
+    return totals
+
+
+def assert_matches_reference(store: trajstore.Store) -> list[dict[str, Any]]:
+    curve = store.curves().to_pylist()
+    expected = reference_totals(store.episodes().to_pylist())
+    assert [e["total_env_steps"] for e in curve] == [expected[e["episode_id"]] for e in curve]
+    assert all(e["complete"] for e in curve)
+    assert len(curve) == store.episodes(complete=True).num_rows
+    keys = [(e["run_id"], e["env_id"], *walk_order(e)) for e in curve]
+    assert keys == sorted(keys)
+    return curve
+
+
+def write(store: trajstore.Store, rng: np.random.Generator, *, calls: int, T: int = 8, B: int = 3,
+          run_id: str = "r", p_terminated: float = 0.2, **options: Any) -> None:
+    with store.writer(run_id=run_id, env_id="e", **options) as w:
+        for _ in range(calls):
+            w.add_batch(make_batch(rng, T, B, p_terminated=p_terminated, p_truncated=0))
+
+
+def one_end_per_writer(store: trajstore.Store, writers: int, *, T: int = 5, B: int = 3) -> None:
+    """``writers`` writers one after the other with one worker_id, two calls each; only env 0's episode ends,
+    at the last time index: every writer has one complete episode, all at env_steps 2·T·B."""
+    rng = np.random.default_rng(0)
+    for _ in range(writers):
+        with store.writer(run_id="loop", env_id="e", worker_id="host:1") as w:
+            for call in range(2):
+                batch = make_batch(rng, T, B, p_terminated=0, p_truncated=0)
+                batch["terminated"][T - 1, 0] = call == 1
+                w.add_batch(batch)
+
+
+def test_one_writer_curve_is_its_env_steps(store: trajstore.Store) -> None:
+    write(store, np.random.default_rng(1), calls=6)
+    curve = assert_matches_reference(store)
+    assert len(curve) > 10
+    assert [e["total_env_steps"] for e in curve] == [e["env_steps"] for e in curve]
+
+
+def test_writers_of_one_worker_one_after_another_add_up(store: trajstore.Store) -> None:
+    # each writer's only end is at the count the writer before it ended at: no drop, a new id token
+    one_end_per_writer(store, 3)
+    curve = assert_matches_reference(store)
+    assert [e["env_steps"] for e in curve] == [30, 30, 30]
+    assert [e["total_env_steps"] for e in curve] == [30, 60, 90]
+
+
+def test_writers_at_once_and_one_after_another(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(2)
+    for _ in range(3):  # a training loop: a writer per iteration, the default worker_id
+        write(store, rng, calls=2)
+    a = store.writer(run_id="r", env_id="e", worker_id="a")
+    b = store.writer(run_id="r", env_id="e", worker_id="b")
+    with a, b:  # two workers interleaved
+        for _ in range(4):
+            a.add_batch(make_batch(rng, 8, 3, p_terminated=0.2, p_truncated=0))
+            b.add_batch(make_batch(rng, 6, 2, p_terminated=0.2, p_truncated=0))
+    write(store, rng, calls=3, run_id="other", worker_id="a")  # another series: counted on its own
+    curve = assert_matches_reference(store)
+    totals = {run: [e["total_env_steps"] for e in curve if e["run_id"] == run] for run in ("r", "other")}
+    assert totals["r"] == sorted(totals["r"])
+    assert totals["r"][-1] <= 3 * 2 * 8 * 3 + 4 * 8 * 3 + 4 * 6 * 2  # at most every step written to the run
+    assert totals["other"][-1] <= 3 * 8 * 3
+
+
+def test_a_writer_that_runs_out_of_id_counters_stays_one_writer(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(3)
+    with store.writer(run_id="r", env_id="e") as w:
+        w._ids._next = (1 << COUNTER_BITS) - 5  # as after 2**24 - 5 episodes: the next ids take a new token
+        for _ in range(5):
+            w.add_batch(make_batch(rng, 10, 4, p_terminated=0.3, p_truncated=0))
+    curve = assert_matches_reference(store)
+    assert len({e["episode_id"] >> COUNTER_BITS for e in curve}) == 2
+    assert [e["total_env_steps"] for e in curve] == [e["env_steps"] for e in curve]
+
+
+def test_a_writer_after_a_spent_token_is_told_by_its_count_dropping(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(6)
+    for end in (5, 2):  # the first writer's ids all of a spent token; the second's first end is earlier
+        with store.writer(run_id="r", env_id="e", worker_id="host:1") as w:
+            if end == 5:
+                w._ids._next = (1 << COUNTER_BITS) - 2
+            batch = make_batch(rng, 6, 2, p_terminated=0, p_truncated=0)
+            batch["terminated"][end] = True
+            w.add_batch(batch)
+    curve = assert_matches_reference(store)
+    assert [e["env_steps"] for e in curve] == [12, 12, 6, 6]
+    assert [e["total_env_steps"] for e in curve] == [12, 12, 18, 18]
+
+
+def ingested_rows(lengths: list[int], first_id: int) -> pa.Table:
+    """Rows as a sender without env_steps (or a file written before it was recorded) stores them."""
+    ids = np.repeat(np.arange(first_id, first_id + len(lengths)), lengths)
+    steps = np.concatenate([np.arange(n) for n in lengths])
+    ends = np.concatenate([np.arange(n) == n - 1 for n in lengths])
+    return pa.table({"episode_id": pa.array(ids, pa.int64()), "step": pa.array(steps, pa.int32()),
+                     "obs": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(len(ids) * 3, np.float32)), 3),
+                     "action": pa.array(np.zeros(len(ids), np.int64)),
+                     "reward": pa.array(np.ones(len(ids), np.float32)),
+                     "next_obs": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(len(ids) * 3, np.float32)), 3),
+                     "terminated": pa.array(ends), "truncated": pa.array(np.zeros(len(ids), bool))})
+
+
+def test_episodes_without_env_steps_add_their_length(store: trajstore.Store) -> None:
+    store.ingest(ingested_rows([4, 7, 2], first_id=1), run_id="old", env_id="e")
+    assert store.sql("SELECT count(*) AS n FROM steps WHERE env_steps IS NULL")["n"].to_pylist() == [13]
+    assert store.episodes()["env_steps"].to_pylist() == [None, None, None]
+    assert store.episodes().schema.field("env_steps").type == pa.int64()
+    write(store, np.random.default_rng(4), calls=2, run_id="old")
+    assert store.sql("SELECT count(*) AS n FROM steps WHERE env_steps IS NULL")["n"].to_pylist() == [13]
+    curve = assert_matches_reference(store)
+    assert [e["total_env_steps"] for e in curve[:3]] == [4, 11, 13]
+
+
+def test_filters_choose_episodes_not_positions(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(2):
+        write(store, rng, calls=4)
+    every = {e["episode_id"]: e["total_env_steps"] for e in store.curves().to_pylist()}
+    long = store.curves(where="episode_length >= 4").to_pylist()
+    assert 0 < len(long) < len(every)
+    assert all(e["episode_length"] >= 4 and e["total_env_steps"] == every[e["episode_id"]] for e in long)
+    discounted = store.curves(gamma=0.9)
+    assert discounted["total_env_steps"].to_pylist() == list(every.values())
+    assert "discounted_return" in discounted.column_names
+    assert store.curves(run_id="absent").num_rows == 0
+
+
+def test_curves_of_an_empty_store(store: trajstore.Store) -> None:
+    assert store.curves().num_rows == 0
+    assert "total_env_steps" in store.curves().column_names
+
+
+@pytest.mark.parametrize("writers", [1, 4])
+def test_the_last_total_counts_every_writer(store: trajstore.Store, writers: int) -> None:
+    one_end_per_writer(store, writers)
+    assert store.curves()["total_env_steps"].to_pylist()[-1] == writers * 2 * 5 * 3

@@ -127,6 +127,30 @@ def fingerprint(root: Any) -> dict[str, str]:
             for p in sorted(root.parent.rglob("*")) if p.is_file()}
 
 
+def write_mixed_store(path: Any, *, seed: int, commits: int) -> trajstore.Store:
+    """Two runs, two envs with different observation shapes, lineage and extras in some files only, ``commits``
+    commits by the first writer."""
+    store = trajstore.open(path, create=True)
+    rng = np.random.default_rng(seed)
+    with store.writer(run_id="a", env_id="Small-v0", policy_version=3, mode="train") as w:
+        for _ in range(commits):
+            w.add_batch(make_batch(rng, 40, 4, obs_dim=3))
+            w.flush()
+    with store.writer(run_id="a", env_id="Wide-v0", worker_id="w-2") as w:
+        w.add_batch(make_batch(rng, 30, 3, obs_dim=8, extras={"value": rng.random((30, 3)).astype(np.float32)}))
+    with store.writer(run_id="b", env_id="Small-v0", seed=np.arange(5)) as w:
+        w.add_batch(make_batch(rng, 25, 5, obs_dim=3))
+    return store
+
+
+def write_planted_store(path: Any) -> Any:
+    """A small store with a Parquet file under ``steps/`` that no commit lists (see :func:`plant_uncommitted`)."""
+    with trajstore.open(path, create=True).writer(run_id="r", env_id="E") as w:
+        w.add_batch(make_batch(np.random.default_rng(0), 50, 4))
+    plant_uncommitted(path)
+    return path
+
+
 def plant_uncommitted(root: Any) -> None:
     """A Parquet file under ``steps/`` that no commit lists (as a killed writer leaves one), holding a secret."""
     import pyarrow as pa

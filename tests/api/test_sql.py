@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 import trajstore
 from trajstore.api.app import create_app
 from tests.api.helpers import serve, settings_for
-from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, fingerprint, make_batch, plant_uncommitted
+from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, fingerprint, write_planted_store
 
 ARROW = {"Accept": "application/vnd.apache.arrow.stream"}
 live_server = contextmanager(serve)
@@ -96,11 +96,7 @@ def test_bad_sql_is_a_client_error(client: TestClient) -> None:
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small store with a Parquet file under ``steps/`` that no commit lists."""
-    path = tmp_path_factory.mktemp("sql") / "store"
-    with trajstore.open(path, create=True).writer(run_id="r", env_id="E") as w:
-        w.add_batch(make_batch(np.random.default_rng(0), 50, 4))
-    plant_uncommitted(path)
-    return path
+    return write_planted_store(tmp_path_factory.mktemp("sql") / "store")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import trajstore
-from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, fingerprint, make_batch, plant_uncommitted
+from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, fingerprint, write_planted_store
 from trajstore.cli import main
 
 
@@ -190,11 +190,7 @@ def test_serve_creates_a_store_only_when_asked(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small store with a Parquet file under ``steps/`` that no commit lists."""
-    path = tmp_path_factory.mktemp("cli-sql") / "store"
-    with trajstore.open(path, create=True).writer(run_id="r", env_id="E") as w:
-        w.add_batch(make_batch(np.random.default_rng(0), 50, 4))
-    plant_uncommitted(path)
-    return path
+    return write_planted_store(tmp_path_factory.mktemp("cli-sql") / "store")
 
 
 OUTSIDE = ["SELECT * FROM read_csv('/etc/passwd')", "SELECT * FROM read_text('/etc/hostname')",

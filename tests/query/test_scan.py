@@ -13,24 +13,14 @@ from gymnasium import spaces
 
 import trajstore
 from trajstore.errors import InputError
-from tests.helpers import make_batch
+from tests.helpers import make_batch, write_mixed_store
 
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
     """Two runs, two envs with different observation shapes, lineage and extras in some files only,
     several commits per writer."""
-    store = trajstore.open(tmp_path_factory.mktemp("scan") / "store", create=True)
-    rng = np.random.default_rng(0)
-    with store.writer(run_id="a", env_id="Small-v0", policy_version=3, mode="train") as w:
-        for _ in range(3):
-            w.add_batch(make_batch(rng, 40, 4, obs_dim=3))
-            w.flush()
-    with store.writer(run_id="a", env_id="Wide-v0", worker_id="w-2") as w:
-        w.add_batch(make_batch(rng, 30, 3, obs_dim=8, extras={"value": rng.random((30, 3)).astype(np.float32)}))
-    with store.writer(run_id="b", env_id="Small-v0", seed=np.arange(5)) as w:
-        w.add_batch(make_batch(rng, 25, 5, obs_dim=3))
-    return store
+    return write_mixed_store(tmp_path_factory.mktemp("scan") / "store", seed=0, commits=3)
 
 
 def in_duckdb(store: trajstore.Store, columns: list[str], where: str = "true") -> pa.Table:

@@ -4,12 +4,11 @@ open no file, sees the same views."""
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
 import trajstore
-from tests.helpers import make_batch
+from tests.helpers import write_mixed_store
 from trajstore.errors import QueryError
 from trajstore.query.snapshot import Snapshot
 
@@ -17,17 +16,7 @@ from trajstore.query.snapshot import Snapshot
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
     """Two runs, two envs with different observation shapes, lineage and extras in some files only."""
-    store = trajstore.open(tmp_path_factory.mktemp("snapshot") / "store", create=True)
-    rng = np.random.default_rng(1)
-    with store.writer(run_id="a", env_id="Small-v0", policy_version=3, mode="train") as w:
-        for _ in range(2):
-            w.add_batch(make_batch(rng, 40, 4, obs_dim=3))
-            w.flush()
-    with store.writer(run_id="a", env_id="Wide-v0", worker_id="w-2") as w:
-        w.add_batch(make_batch(rng, 30, 3, obs_dim=8, extras={"value": rng.random((30, 3)).astype(np.float32)}))
-    with store.writer(run_id="b", env_id="Small-v0", seed=np.arange(5)) as w:
-        w.add_batch(make_batch(rng, 25, 5, obs_dim=3))
-    return store
+    return write_mixed_store(tmp_path_factory.mktemp("snapshot") / "store", seed=1, commits=2)
 
 
 def both(store: trajstore.Store, query: str) -> tuple[pa.Table, pa.Table]:

@@ -71,11 +71,19 @@ def run_sh(code: str, started: list[subprocess.Popen[str]]) -> None:
 
 
 def test_the_examples_run_as_printed(session: list[subprocess.Popen[str]]) -> None:
+    import socket
+
+    with socket.socket() as probe:  # the README serves on trajstore's default port
+        if probe.connect_ex(("127.0.0.1", 8321)) == 0:
+            pytest.fail("port 8321 is taken (a server left running?): the README's examples serve there")
     namespace: dict[str, object] = {"__name__": "__readme__"}
     ran = 0
     for lang, info, code in blocks():
         if lang == "python":
-            exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own examples
+            try:
+                exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own examples
+            except Exception as exc:
+                raise AssertionError(f"README python block failed: {exc!r}\n{code}") from exc
         elif lang == "sh" and not info:
             run_sh(code, session)
         elif lang == "sql":

@@ -40,5 +40,7 @@ def test_refusals(tmp_path: Path) -> None:
     with pytest.raises(trajstore.StoreExistsError, match="is not a trajstore store"):
         trajstore.open(tmp_path / "other", create=True)
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
-    with pytest.raises(trajstore.InputError, match="only local directories"):
-        trajstore.open("s3://bucket/store")
+    with pytest.raises(trajstore.InputError, match="scheme 'gs' is not supported"):
+        trajstore.open("gs://bucket/store")
+    with pytest.raises(trajstore.InputError, match="storage_options: only for s3:// stores"):
+        trajstore.open(tmp_path / "x", create=True, storage_options={"AWS_REGION": "eu-west-1"})

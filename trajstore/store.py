@@ -16,13 +16,14 @@ import os
 import threading
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, TypeVar, Union
 
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
-from trajstore.errors import InputError, QueryError, StoreDamagedError, StoreExistsError, StoreNotFoundError, first_line
+from trajstore.errors import InputError, QueryError, StoreAccessError, StoreDamagedError, StoreExistsError, StoreNotFoundError, first_line
 from trajstore.query import sandbox, sql
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.curves import total_env_steps
@@ -32,6 +33,7 @@ from trajstore.query.scan import scan_steps
 from trajstore.query.snapshot import Snapshot, check_names, damaged_file
 from trajstore.settings import Settings
 from trajstore.storage.ingest import append_rows
+from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.table import DataFile, StepsTable
 from trajstore.storage.writer import Writer
 
@@ -42,29 +44,54 @@ CURVE_POINT = "curve_point"  # the column Store.curves keeps its rows by
 FORMAT_VERSION = 1
 
 
-def open(uri: str | Path, create: bool = False, *, settings: Settings | None = None) -> Store:  # noqa: A001
-    """Open the store at ``uri`` (a local directory); with ``create=True`` make it if absent."""
-    if isinstance(uri, str) and "://" in uri and not uri.startswith("file://"):
-        raise InputError(f"uri: only local directories are supported in this version, got {uri!r}")
-    root = Path(str(uri).removeprefix("file://")).expanduser()
-    marker = root / MARKER
-    if not marker.is_file():
-        if not create:
-            raise StoreNotFoundError(f"no trajstore store at {root}; make one with trajstore.open(path, create=True) "
-                                     "or by writing to it (trajstore rollout --store PATH …)")
-        _create(root, marker)
-    return Store(root, settings=settings)
+def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str, Any] | None = None,  # noqa: A001
+         settings: Settings | None = None) -> Store:
+    """Open the store at ``uri``: a local directory or ``s3://bucket/prefix``; with ``create=True`` make it if
+    absent. For S3, ``storage_options`` holds the ``AWS_*`` keys deltalake uses (each one not given is taken from
+    the environment variable of that name)."""
+    location = locate(uri, storage_options)
+    try:
+        found = _marker_found(location)
+        if not found:
+            if not create:
+                raise StoreNotFoundError(f"no trajstore store at {location.uri}; make one with "
+                                         "trajstore.open(uri, create=True) or by writing to it "
+                                         "(trajstore rollout --store URI …)")
+            _create(location)
+    except OSError as exc:
+        raise explain(exc, location) or exc
+    return Store(location, settings=settings)
 
 
-def _create(root: Path, marker: Path) -> None:
-    """Write the marker atomically; safe when several processes create the same store at once."""
-    others = [p for p in root.iterdir() if not p.name.startswith(f".{MARKER}.")] if root.is_dir() else []
-    if (root.exists() and not root.is_dir()) or (others and not marker.is_file()):
-        raise StoreExistsError(f"{root} exists and is not a trajstore store (no {MARKER}); choose an empty "
-                               "or new directory")
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{MARKER}.{os.getpid()}.{uuid.uuid4().hex}.tmp"  # one per process: no shared temp file
-    tmp.write_text(json.dumps({"format": "trajstore", "version": FORMAT_VERSION}) + "\n")
+def _marker_found(location: Location) -> bool:
+    info = location.fs.get_file_info(location.path(MARKER))
+    if info.type == pafs.FileType.NotFound and not location.is_local:
+        bucket = location.fs.get_file_info(location.bucket)
+        if bucket.type == pafs.FileType.NotFound:
+            raise StoreAccessError(f"{location.uri}: bucket {location.bucket!r} does not exist")
+    return info.type == pafs.FileType.File
+
+
+def _create(location: Location) -> None:
+    """Write the marker; safe when several processes (or machines) create the same store at once: each writes
+    the same content whole (a local rename, one S3 PUT), and whoever wins, the store is there."""
+    fs, marker = location.fs, location.path(MARKER)
+    root = location.fs.get_file_info(location.root)
+    if root.type == pafs.FileType.File:
+        raise StoreExistsError(f"{location.uri} is a file, not a trajstore store; choose an empty or new folder")
+    others = [i for i in fs.get_file_info(pafs.FileSelector(location.root, allow_not_found=True))
+              if not i.base_name.startswith(f".{MARKER}.") and i.base_name != MARKER]
+    if others and fs.get_file_info(marker).type != pafs.FileType.File:
+        raise StoreExistsError(f"{location.uri} holds other things and is not a trajstore store (no {MARKER}); "
+                               "choose an empty or new folder or prefix")
+    body = (json.dumps({"format": "trajstore", "version": FORMAT_VERSION}) + "\n").encode()
+    if not location.is_local:
+        with fs.open_output_stream(marker) as out:
+            out.write(body)
+        return
+    Path(location.root).mkdir(parents=True, exist_ok=True)
+    tmp = Path(location.path(f".{MARKER}.{os.getpid()}.{uuid.uuid4().hex}.tmp"))  # one per process
+    tmp.write_bytes(body)
     tmp.replace(marker)
 
 
@@ -97,20 +124,31 @@ class Store:
     :class:`~trajstore.query.filters.EpisodeFilter`, as the REST service builds from its parameters).
     """
 
-    def __init__(self, root: Path, *, settings: Settings | None = None) -> None:
-        self.root = Path(root)
+    def __init__(self, location: Location | str | Path, *, settings: Settings | None = None) -> None:
+        self.location = locate(location)
         self.settings = settings or Settings.from_env()
-        self.table = StepsTable(self.root / "steps", row_group_rows=self.settings.row_group_rows)
+        self.table = StepsTable(self.location.child("steps"), row_group_rows=self.settings.row_group_rows)
         self._duckdb: tuple[int, duckdb.DuckDBPyConnection] | None = None
         self._duckdb_lock = threading.Lock()
         self._episodes_cache: tuple[tuple[str, ...], pa.Table] | None = None
         self._episodes_lock = threading.Lock()
         self._schema_cache: tuple[tuple[str, ...], pa.Schema] | None = None
         self._env_schemas: dict[str, Any] = {}
+        self._log_schema_cache: tuple[Any, pa.Schema | None] | None = None
         self.sql_gate = sandbox.Gate(self.settings.sql_max_concurrent)
 
+    @property
+    def uri(self) -> str:
+        """Where the store is: a local directory's absolute path, or ``s3://bucket/prefix``."""
+        return self.location.uri
+
+    @property
+    def root(self) -> Any:
+        """The store's directory as a :class:`~pathlib.Path` for a local store, else its URI."""
+        return Path(self.location.root) if self.location.is_local else self.location.uri
+
     def __repr__(self) -> str:
-        return f"Store({str(self.root)!r})"
+        return f"Store({self.uri!r})"
 
     # --- writing ------------------------------------------------------------------------------------
 
@@ -148,7 +186,7 @@ class Store:
 
     def snapshot(self, *, config: dict[str, Any] | None = None) -> Snapshot:
         """A DuckDB connection with ``steps`` and ``episodes`` views over the latest committed version."""
-        return Snapshot(self.files(), config=config, store=str(self.root))
+        return self._new_snapshot(self.files(), config=config)
 
     def _query_snapshot(self, *, episodes: Literal["fill", "if-cached"] | None = None) -> Snapshot:
         """A snapshot on a cursor of this store's own DuckDB database, for the queries the store builds itself.
@@ -161,12 +199,29 @@ class Store:
         the steps once, not each: ``"fill"`` materializes them when they are not yet, ``"if-cached"``
         only uses them when they are.
         """
-        snap = Snapshot(self.files(), con=self._cursor(), store=str(self.root))
+        snap = self._new_snapshot(self.files(), con=self._cursor())
         if episodes is not None:
             table = self._materialized_episodes(snap, fill=episodes == "fill")
             if table is not None:
                 snap.use_episodes(table)
         return snap
+
+    def _new_snapshot(self, files: list[DataFile], *, con: duckdb.DuckDBPyConnection | None = None,
+                      config: dict[str, Any] | None = None) -> Snapshot:
+        """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
+        store's through a pyarrow dataset over its filesystem, typed as the log's schema records them."""
+        schema = None if self.location.is_local else self._log_schema(files)
+        return Snapshot(files, con=con, config=config, store=self.uri, schema=schema)
+
+    def _log_schema(self, files: list[DataFile]) -> pa.Schema | None:
+        """The stored columns as the log records them, kept for the latest file list asked about."""
+        key = ("log", tuple(f.path for f in files))
+        cached = self._log_schema_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        schema = self.table.delta_schema() if files else None
+        self._log_schema_cache = (key, schema)
+        return schema
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._duckdb_lock:
@@ -182,7 +237,7 @@ class Store:
         if cached is not None and cached[0] == key:
             return cached[1]
         if snap is None:
-            with Snapshot(files, con=self._cursor(), store=str(self.root)) as own:
+            with self._new_snapshot(files, con=self._cursor()) as own:
                 schema = own.arrow(sql.select_all("steps", limit=0)).schema
         else:
             schema = snap.arrow(sql.select_all("steps", limit=0)).schema
@@ -221,7 +276,7 @@ class Store:
         on can read no file at all. Concurrent callers share :meth:`sql_slot`'s gate only if they take a slot.
         """
         files = self.files()
-        snap = Snapshot(files, schema=self._steps_schema(files), store=str(self.root))
+        snap = Snapshot(files, schema=self._steps_schema(files), store=self.uri)
         return sandbox.run(snap, query, limits or sandbox.Limits(), encode=encode)
 
     def sql_slot(self) -> sandbox.Slot:
@@ -354,7 +409,7 @@ class Store:
             reader = scan_steps(files, schema, names, episode_ids=ids, batch_size=batch_size,
                                 max_batch_bytes=max_batch_bytes)
         except (OSError, pa.ArrowException) as exc:
-            raise damaged_file(exc, files, str(self.root)) or exc
+            raise damaged_file(exc, files, self.uri) or exc
         return pa.RecordBatchReader.from_batches(reader.schema, self._damage_named(reader, files))
 
     def _with_fixed_sizes(self, schema: pa.Schema, files: Sequence[DataFile]) -> pa.Schema:
@@ -384,14 +439,14 @@ class Store:
         for f in files:
             problem = self.table.size_problem(f)
             if problem:
-                raise StoreDamagedError.of_file(f.path, problem.split(": ", 1)[1], str(self.root))
+                raise StoreDamagedError.of_file(f.uri, problem.split(": ", 1)[1], self.uri)
 
     def _damage_named(self, reader: pa.RecordBatchReader, files: Sequence[DataFile]) -> Iterator[pa.RecordBatch]:
         """``reader``'s batches; a read error about a committed file becomes a :class:`StoreDamagedError`."""
         try:
             yield from reader
         except (OSError, pa.ArrowException) as exc:
-            raise damaged_file(exc, files, str(self.root)) or exc
+            raise damaged_file(exc, files, self.uri) or exc
         finally:
             reader.close()
 

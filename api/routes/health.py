@@ -33,7 +33,7 @@ def ready(request: Request, store: StoreDep) -> Ready:
     problems = store.health()
     files = store.files() if not problems else []
     damaged: StoreDamagedError | None = getattr(request.app.state, "damaged", None)
-    if damaged is not None and any(f.path == damaged.path for f in files):
+    if damaged is not None and any(f.uri == damaged.path for f in files):
         problems.append(str(damaged))  # a read found it unreadable, and it is still committed
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -55,8 +55,9 @@ def steps_dataset(files: Sequence[DataFile], schema: pa.Schema) -> ds.FileSystem
     (the ``steps`` view's types): ``run_id`` and ``env_id`` from each file's partition, every column cast to
     its type in ``schema``, columns a file lacks as nulls."""
     partitions = [(ds.field("run_id") == f.run_id) & (ds.field("env_id") == f.env_id) for f in files]
+    filesystem = files[0].fs if files else pafs.LocalFileSystem()  # one table's files share its filesystem
     return ds.FileSystemDataset.from_paths([f.path for f in files], schema=schema, format=ds.ParquetFileFormat(),
-                                           filesystem=pafs.LocalFileSystem(), partitions=partitions)
+                                           filesystem=filesystem, partitions=partitions)
 
 
 def row_bytes(files: Sequence[DataFile], columns: Sequence[str]) -> float:
@@ -67,7 +68,7 @@ def row_bytes(files: Sequence[DataFile], columns: Sequence[str]) -> float:
     first = {f.env_id: f for f in reversed(files)}.values()
     widest = 0.0
     for f in first:
-        meta = pq.read_metadata(f.path)
+        meta = pq.read_metadata(f.path, filesystem=f.fs)
         if not meta.num_rows:
             continue
         size = sum(meta.row_group(g).column(c).total_uncompressed_size

@@ -56,7 +56,7 @@ def damaged_file(exc: BaseException, files: Sequence[DataFile], store: str | Non
     for f in files:
         if f.path in text:
             missing = isinstance(exc, FileNotFoundError) or "No files found" in text or "No such file" in text
-            return StoreDamagedError.of_file(f.path, "is missing" if missing else
+            return StoreDamagedError.of_file(f.uri, "is missing" if missing else
                                              f"cannot be read ({first_line(exc)})", store)
     return None
 

@@ -312,12 +312,12 @@ def count_other_mode(run_id: str, mode: str) -> str:
     return f"SELECT count(*) AS n FROM steps WHERE {in_list('run_id', run_id)} AND {other}"
 
 
-def stored_episode_ends(files: Sequence[DataFile], episode_ids: Sequence[int]) -> str:
-    """Per ``(run_id, env_id, episode_id)`` of ``episode_ids`` stored in ``files``: its last stored step and the
-    first step that ended it (terminated or truncated; NULL while it runs). What an ingest must continue."""
+def stored_episode_ends(source: str, episode_ids: Sequence[int]) -> str:
+    """Per ``(run_id, env_id, episode_id)`` of ``episode_ids`` in ``source`` (stored steps): its last stored step
+    and the first step that ended it (terminated or truncated; NULL while it runs). What an ingest must continue."""
     return (f"SELECT run_id, env_id, episode_id, max(step) AS last_step, "
             f"min(step) FILTER (WHERE terminated OR truncated) AS end_step "
-            f"FROM ({steps_view(files)}) WHERE {in_list('episode_id', [int(i) for i in episode_ids])} "
+            f"FROM {ident(source)} WHERE {in_list('episode_id', [int(i) for i in episode_ids])} "
             f"GROUP BY run_id, env_id, episode_id ORDER BY episode_id, run_id, env_id")
 
 

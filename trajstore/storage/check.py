@@ -21,16 +21,17 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import duckdb
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, StoreDamagedError
 from trajstore.query import sql
 from trajstore.query.snapshot import Snapshot
-from trajstore.storage.table import DataFile, StepsTable
+from trajstore.storage.location import Location
+from trajstore.storage.table import DataFile, StepsTable, display
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -83,7 +84,8 @@ def check(store: Store, *, deep: bool = False) -> CheckReport:
         files = store.files()
     except Exception as exc:  # noqa: BLE001 - a log that cannot be read is the finding
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
-        return CheckReport(problems=[f"the commit log {store.table.path / LOG_DIR} cannot be read: {reason}"])
+        log_dir = store.table.location.uri_of(LOG_DIR)
+        return CheckReport(problems=[f"the commit log {log_dir} cannot be read: {reason}"])
     report = CheckReport(files=len(files))
     readable = []
     for f in files:
@@ -92,8 +94,8 @@ def check(store: Store, *, deep: bool = False) -> CheckReport:
             readable.append(f)
         else:
             report.problems.append(problem)
-    _check_episodes(readable, report)
-    report.orphans = _orphans(store.table.path, files)
+    _check_episodes(store, readable, report)
+    report.orphans = [display(i.path, store.table.fs) for i in _orphans(store.table.location, files)]
     return report
 
 
@@ -109,17 +111,19 @@ def remove_orphans(store: Store, *, older_than_s: float = 3600.0) -> list[str]:
     cutoff = time.time() - older_than_s
     removed_by_commit, removed_long_ago = _tombstones(store, older_than_s)
     removed = []
-    for path in _orphans(store.table.path, store.files()):
-        try:
-            if path in removed_by_commit:  # e.g. by a compaction: its age is the commit's, not the file's
-                if path not in removed_long_ago:
-                    continue
-            elif os.path.getmtime(path) >= cutoff:
+    fs = store.table.fs
+    for info in _orphans(store.table.location, store.files()):
+        path = info.path
+        if path in removed_by_commit:  # e.g. by a compaction: its age is the commit's, not the file's
+            if path not in removed_long_ago:
                 continue
-            os.unlink(path)
-            removed.append(path)
+        elif info.mtime is None or info.mtime.timestamp() >= cutoff:
+            continue
+        try:
+            fs.delete_file(path)
         except FileNotFoundError:  # gone meanwhile (another cleaner, or a rename into place)
             continue
+        removed.append(display(path, fs))
     return removed
 
 
@@ -130,13 +134,12 @@ def _tombstones(store: Store, older_than_s: float) -> tuple[set[str], set[str]]:
         return set(), set()
     from urllib.parse import unquote
 
-    from deltalake import DeltaTable
-
-    dt = DeltaTable(str(store.table.path))
+    dt = store.table.latest()
+    location = store.table.location
 
     def removed(hours: int) -> set[str]:
         paths = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False)
-        return {os.path.normpath(str(store.table.path / unquote(p))) for p in paths}
+        return {_normalized(location, unquote(p)) for p in paths}
 
     hours = math.ceil(older_than_s / 3600)
     every = removed(0)
@@ -145,52 +148,63 @@ def _tombstones(store: Store, older_than_s: float) -> tuple[set[str], set[str]]:
 
 # --- files -------------------------------------------------------------------------------------------------
 
+def _normalized(location: Location, path: str) -> str:
+    """A path the log gives (relative to the table, or a full URI) as a path in the table's filesystem."""
+    if "://" in path:
+        path = path.split("://", 1)[1]
+        return os.path.normpath(path) if location.is_local else path
+    return os.path.normpath(location.path(path)) if location.is_local else location.path(path)
+
+
 def _check_file(table: StepsTable, f: DataFile, *, deep: bool) -> str | None:
     """Why the committed file ``f`` cannot be read, or None."""
-    if not os.path.isfile(f.path):
+    info = f.fs.get_file_info(f.path)
+    if info.type != pafs.FileType.File:
         return table.size_problem(f)
-    size = os.path.getsize(f.path)
+    size = info.size
     try:
-        meta = pq.read_metadata(f.path)
+        meta = pq.read_metadata(f.path, filesystem=f.fs)
     except Exception as exc:  # noqa: BLE001 - any failure to read the footer is the finding
-        return f"{f.path}: not a readable Parquet file ({size} bytes, the log says {f.size}): {exc}"
+        return f"{f.uri}: not a readable Parquet file ({size} bytes, the log says {f.size}): {exc}"
     if f.rows and meta.num_rows != f.rows:
-        return f"{f.path}: holds {meta.num_rows} rows, the log says {f.rows}"
+        return f"{f.uri}: holds {meta.num_rows} rows, the log says {f.rows}"
     problem = table.size_problem(f)
     if problem:
         return problem
     missing = [c for c in KEY_COLUMNS if c not in meta.schema.names]
     if missing:
-        return f"{f.path}: lacks the column(s) {missing}"
+        return f"{f.uri}: lacks the column(s) {missing}"
     if deep:
         try:
-            pq.read_table(f.path)
+            pq.ParquetFile(f.path, filesystem=f.fs).read()
         except Exception as exc:  # noqa: BLE001
-            return f"{f.path}: data pages cannot be decoded: {exc}"
+            return f"{f.uri}: data pages cannot be decoded: {exc}"
     return None
 
 
-def _orphans(table_path: Path, committed: Sequence[DataFile]) -> list[str]:
+def _orphans(location: Location, committed: Sequence[DataFile]) -> list[pafs.FileInfo]:
     """Files under the table folder that the snapshot does not list, and staging files a killed commit
-    left in the log (delta-rs writes ``<name>#<n>`` and links or renames it into place)."""
-    listed = {os.path.normpath(f.path) for f in committed}
+    left in the log (delta-rs writes ``<name>#<n>`` and links or renames it into place), sorted by path."""
+    listed = {_normalized(location, f.path) if location.is_local else f.path for f in committed}
+    selector = pafs.FileSelector(location.root, recursive=True, allow_not_found=True)
     found = []
-    for folder, dirs, names in os.walk(table_path):
-        dirs.sort()
-        in_log = Path(folder).relative_to(table_path).parts[:1] == (LOG_DIR,)
-        for name in sorted(names):
-            path = os.path.normpath(os.path.join(folder, name))
-            if ("#" in name or name.endswith(".tmp")) if in_log else path not in listed:
-                found.append(path)
+    for info in sorted(location.fs.get_file_info(selector), key=lambda i: i.path):
+        if info.type != pafs.FileType.File:
+            continue
+        path = os.path.normpath(info.path) if location.is_local else info.path
+        in_log = location.relative(path).split("/", 1)[0] == LOG_DIR
+        name = info.base_name
+        if ("#" in name or name.endswith(".tmp")) if in_log else path not in listed:
+            found.append(pafs.FileInfo(path, info.type, mtime=info.mtime, size=info.size))
     return found
 
 
 # --- episodes ----------------------------------------------------------------------------------------------
 
-def _check_episodes(files: list[DataFile], report: CheckReport) -> None:
-    snap = _scan(files)
+def _check_episodes(store: Store, files: list[DataFile], report: CheckReport) -> None:
+    snap = _scan(store, files)
     if isinstance(snap, Exception):
-        snap = _scan(_decodable(files, report))
+        snap = _scan(store, _decodable(files, report))
     if isinstance(snap, Exception):
         report.problems.append(f"the episode checks could not read the committed files: {snap}")
         return
@@ -200,11 +214,11 @@ def _check_episodes(files: list[DataFile], report: CheckReport) -> None:
         _shared_ids(snap.con, report)
 
 
-def _scan(files: list[DataFile]) -> Snapshot | Exception:
+def _scan(store: Store, files: list[DataFile]) -> Snapshot | Exception:
     """A snapshot over ``files`` holding the ``check_episodes`` table, or the error reading them."""
     snap: Snapshot | None = None
     try:
-        snap = Snapshot(files)
+        snap = store._new_snapshot(files)
         snap.con.execute(sql.CHECK_EPISODES)
         return snap
     except (duckdb.Error, StoreDamagedError) as exc:
@@ -219,10 +233,10 @@ def _decodable(files: list[DataFile], report: CheckReport) -> list[DataFile]:
     good = []
     for f in files:
         try:
-            pq.read_table(f.path, columns=list(KEY_COLUMNS))
+            pq.ParquetFile(f.path, filesystem=f.fs).read(columns=list(KEY_COLUMNS))
             good.append(f)
         except Exception as err:  # noqa: BLE001
-            report.problems.append(f"{f.path}: data pages cannot be decoded: {err}")
+            report.problems.append(f"{f.uri}: data pages cannot be decoded: {err}")
     return good
 
 

@@ -79,12 +79,12 @@ def _compact_partition(store: Store, run_id: str, env_id: str, target_bytes: int
     try:
         for group in _groups(sorted(files, key=lambda f: (f.modified_ms, f.path)), target_bytes):
             # ParquetFile, not read_table: no partition columns inferred from the path
-            data = pa.concat_tables([pq.ParquetFile(f.path).read() for f in group], promote_options="default")
+            data = pa.concat_tables([pq.ParquetFile(f.path, filesystem=f.fs).read() for f in group], promote_options="default")
             written.append(store.table.write(data, run_id=run_id, env_id=env_id))
         store.table.replace(dt, written, run_id=run_id, env_id=env_id)
     except BaseException as exc:
         for w in written:
-            w.path.unlink(missing_ok=True)
+            store.table.delete(w.path)
         if not isinstance(exc, CommitError):
             raise
         report.skipped.append(f"run_id={run_id}/env_id={env_id}: {exc}")

@@ -24,11 +24,16 @@ from typing import Sequence
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 
 from trajstore.errors import InputError
 from trajstore.query import sql
-from trajstore.query.scan import files_holding
+from trajstore.query.scan import files_holding, steps_dataset
 from trajstore.storage.table import DataFile
+
+
+KEY_SCHEMA = pa.schema([("run_id", pa.string()), ("env_id", pa.string()), ("episode_id", pa.int64()),
+                        ("step", pa.int32()), ("terminated", pa.bool_()), ("truncated", pa.bool_())])
 
 
 @dataclass(frozen=True)
@@ -90,8 +95,9 @@ def stored_ends(files: Sequence[DataFile], episode_ids: np.ndarray) -> list[Stor
     if not files or not len(episode_ids):
         return []
     cursor = _connection().cursor()
-    try:
-        found = cursor.execute(sql.stored_episode_ends(files, episode_ids.tolist())).fetchall()
+    try:  # through a pyarrow dataset over the table's filesystem: the same for a directory and for S3
+        cursor.register("stored_keys", steps_dataset(files, KEY_SCHEMA))
+        found = cursor.execute(sql.stored_episode_ends("stored_keys", episode_ids.tolist())).fetchall()
     finally:
         cursor.close()
     return [StoredEnd(r, e, int(i), int(last), None if end is None else int(end)) for r, e, i, last, end in found]

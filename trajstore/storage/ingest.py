@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -181,11 +179,11 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
     committed = False
     try:
         table.sync(written)
-        with _lock(table.path):
+        with _lock(table.uri):
             committed = _commit_checked(table, written, spans, run_id=run_id, env_id=env_id, key=key)
     finally:
         if not committed:
-            written.path.unlink(missing_ok=True)
+            table.delete(written.path)
     return (str(written.path), False) if committed else (None, True)
 
 
@@ -222,7 +220,7 @@ _LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
-def _lock(path: Path) -> threading.Lock:
-    """The lock that makes this process's ingests into the table at ``path`` take turns."""
+def _lock(uri: str) -> threading.Lock:
+    """The lock that makes this process's ingests into the table at ``uri`` take turns."""
     with _LOCKS_GUARD:
-        return _LOCKS.setdefault(os.path.realpath(path), threading.Lock())
+        return _LOCKS.setdefault(uri, threading.Lock())

@@ -1,8 +1,10 @@
-"""The ``steps`` table: Hive-partitioned Parquet files made visible by commits to a Delta Lake log.
+"""The ``steps`` table: Hive-partitioned Parquet files made visible by commits to a Delta Lake log, in a local
+directory or under an ``s3://`` prefix (one code path: a :class:`~trajstore.storage.location.Location` gives
+the pyarrow filesystem and the deltalake storage options).
 
 A file is written whole first and only then added to the log in one commit, so a writer killed
-mid-file leaves at most a file no reader ever lists. Readers take the committed file list of one
-log version (a snapshot) and hand it to DuckDB.
+mid-file leaves at most a file no reader ever lists (on S3, an upload is not an object until it completes).
+Readers take the committed file list of one log version (a snapshot).
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, Field
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 
 from trajstore.errors import CommitError, StoreDamagedError, first_line
 from trajstore.schema import PARTITION_COLUMNS
+from trajstore.storage.location import Location, explain, locate
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +39,8 @@ LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id"
 
 @dataclass(frozen=True)
 class DataFile:
-    """One committed Parquet file and the partition it belongs to."""
+    """One committed Parquet file, the partition it belongs to, and the filesystem that holds it (``path`` is a
+    path in ``fs``: a local path, or ``bucket/key`` on S3)."""
 
     path: str
     run_id: str
@@ -44,32 +50,60 @@ class DataFile:
     modified_ms: int
     min_episode_id: int | None = None  # from the commit's file statistics, when it has them
     max_episode_id: int | None = None
+    fs: pafs.FileSystem = field(default_factory=pafs.LocalFileSystem, compare=False, repr=False)
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    @property
+    def uri(self) -> str:
+        """The file as a user names it: its local path, or ``s3://bucket/key``."""
+        return display(self.path, self.fs)
+
+
+def display(path: str, fs: pafs.FileSystem) -> str:
+    """A path of ``fs`` as a user names it: a local path as it is, an S3 one as ``s3://bucket/key``."""
+    return path if isinstance(fs, pafs.LocalFileSystem) else f"s3://{path}"
 
 
 @dataclass(frozen=True)
 class WrittenFile:
-    """A Parquet file written by :meth:`StepsTable.write` and not yet committed."""
+    """A Parquet file written by :meth:`StepsTable.write` and not yet committed (``path`` in the table's
+    filesystem)."""
 
-    path: Path
+    path: str
     action: AddAction
     schema: pa.Schema
 
 
 class StepsTable:
-    """The Delta table at ``<store>/steps``."""
+    """The Delta table at ``<store>/steps`` (``location``: a directory or an ``s3://`` prefix)."""
 
-    def __init__(self, path: Path, *, row_group_rows: int = 1024 * 1024) -> None:
-        self.path = Path(path)
+    def __init__(self, location: Location | str | Path, *, row_group_rows: int = 1024 * 1024) -> None:
+        self.location = locate(location)
+        self.fs = self.location.fs
         self.row_group_rows = row_group_rows
 
-    def exists(self) -> bool:
-        return DeltaTable.is_deltatable(str(self.path))
+    @property
+    def path(self) -> Any:
+        """The table's folder: a :class:`~pathlib.Path` for a local table, else its ``s3://`` URI."""
+        return Path(self.location.root) if self.location.is_local else self.location.uri
 
-    def _open(self) -> DeltaTable:
+    @property
+    def uri(self) -> str:
+        return self.location.uri
+
+    def exists(self) -> bool:
+        return DeltaTable.is_deltatable(self.uri, storage_options=self.location.storage_options)
+
+    def _open(self, version: int | None = None) -> DeltaTable:
         try:
-            return DeltaTable(str(self.path))
+            return DeltaTable(self.uri, version=version, storage_options=self.location.storage_options)
         except TableNotFoundError:
             return None  # type: ignore[return-value]
+        except OSError as exc:
+            raise explain(exc, self.location) or exc
 
     def version(self) -> int:
         dt = self._open()
@@ -84,7 +118,7 @@ class StepsTable:
         actions = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
         none = [None] * len(actions["path"])
         return [
-            DataFile(str(self.path / unquote(p)), r, e, int(n or 0), int(s), int(m), lo, hi)
+            DataFile(self.location.path(unquote(p)), r, e, int(n or 0), int(s), int(m), lo, hi, self.fs)
             for p, r, e, n, s, m, lo, hi in zip(
                 actions["path"], actions["partition.run_id"], actions["partition.env_id"],
                 actions.get("num_records", [0] * len(actions["path"])), actions["size_bytes"],
@@ -95,12 +129,18 @@ class StepsTable:
     def size_problem(self, f: DataFile) -> str | None:
         """Why the committed file ``f`` is not what the log says, judged from its size alone (a missing file,
         one of another size), or None. Cheap: no file is opened."""
-        try:
-            size = os.stat(f.path).st_size
-        except FileNotFoundError:
-            return f"{f.path}: committed file is missing"
+        if f.is_local:
+            try:
+                size = os.stat(f.path).st_size
+            except FileNotFoundError:
+                return f"{f.uri}: committed file is missing"
+        else:
+            info = self.fs.get_file_info(f.path)
+            if info.type == pafs.FileType.NotFound:
+                return f"{f.uri}: committed file is missing"
+            size = info.size
         if f.size and size != f.size:
-            return f"{f.path}: is {size} bytes, the log says {f.size}"
+            return f"{f.uri}: is {size} bytes, the log says {f.size}"
         return None
 
     def file_schema(self, env_id: str | None = None) -> pa.Schema | None:
@@ -128,10 +168,19 @@ class StepsTable:
 
     def _read_schema(self, f: DataFile) -> pa.Schema:
         try:
-            return pq.read_schema(f.path)
+            return pq.read_schema(f.path, filesystem=self.fs)
         except (OSError, pa.ArrowException) as exc:
+            access = explain(exc, self.location)
+            if access is not None:
+                raise access from exc
             problem = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read ({first_line(exc)})"
-            raise StoreDamagedError.of_file(f.path, problem, str(self.path.parent)) from exc
+            raise StoreDamagedError.of_file(f.uri, problem, self.location.uri.rsplit("/", 1)[0]) from exc
+
+    def delta_schema(self) -> pa.Schema | None:
+        """The table's schema as its log records it (array columns as variable-size lists; every column any
+        commit added), with no file read; None before the first commit."""
+        dt = self._open()
+        return None if dt is None else pa.schema(dt.schema().to_arrow())
 
     # --- writing ----------------------------------------------------------------------------------
 
@@ -142,22 +191,33 @@ class StepsTable:
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> WrittenFile:
         """First half of :meth:`append`: write ``data`` as a Parquet file that no reader sees yet."""
         rel = f"run_id={quote(run_id, safe='')}/env_id={quote(env_id, safe='')}/part-{uuid.uuid4().hex}.parquet"
-        full = self.path / rel
-        full.parent.mkdir(parents=True, exist_ok=True)
+        full = self.location.path(rel)
         try:
-            self._write_file(data, full)
-        except BaseException:
-            full.unlink(missing_ok=True)
+            size = self._write_file(data, full)
+        except BaseException as exc:
+            self.delete(full)
+            if isinstance(exc, OSError):
+                raise explain(exc, self.location) or exc
             raise
-        action = AddAction(rel, full.stat().st_size, {"run_id": run_id, "env_id": env_id},
+        action = AddAction(rel, size, {"run_id": run_id, "env_id": env_id},
                            int(time.time() * 1000), True, json.dumps(_stats(data)))
         return WrittenFile(full, action, data.schema)
 
+    def delete(self, path: str) -> None:
+        """Remove a file of the table that no commit lists (a refused or abandoned write); gone already is fine."""
+        try:
+            self.fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
+                raise explain(exc, self.location) or exc
+
     def commit(self, written: WrittenFile) -> str:
-        """Second half of :meth:`append`: sync the file to disk, then commit it. Returns its path."""
-        _fsync(written.path)
+        """Second half of :meth:`append`: make the file durable, then commit it. Returns its path."""
+        self.sync(written)
         self._commit(written.action, written.schema)
-        return str(written.path)
+        return written.path
 
     # --- conditional commits (ingest) -------------------------------------------------------------
 
@@ -186,13 +246,13 @@ class StepsTable:
         except CommitFailedError:
             return False
         except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the file
-            raise CommitError(f"commit of {written.action.path} to {self.path} failed: {exc}") from exc
+            raise CommitError(f"commit of {written.action.path} to {self.uri} failed: {exc}") from exc
         return True
 
-    @staticmethod
-    def sync(written: WrittenFile) -> None:
-        """Make the bytes of ``written`` durable before a commit lists it."""
-        _fsync(written.path)
+    def sync(self, written: WrittenFile) -> None:
+        """Make the bytes of ``written`` durable before a commit lists it (on S3 a completed upload already is)."""
+        if self.location.is_local:
+            _fsync(written.path)
 
     def partition_files(self, run_id: str, env_id: str) -> tuple[DeltaTable | None, list[DataFile]]:
         """The latest version and the committed files of one partition in it (for :meth:`replace`)."""
@@ -208,7 +268,7 @@ class StepsTable:
         meanwhile (a concurrent compaction), the commit fails with :class:`CommitError` and changes nothing.
         """
         for w in written:
-            _fsync(w.path)
+            self.sync(w)
         table_schema = pa.schema(dt.schema().to_arrow())  # every column stays in the table's schema
         try:
             dt.create_write_transaction([w.action for w in written], mode="overwrite", schema=table_schema,
@@ -217,10 +277,21 @@ class StepsTable:
         except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the partition
             raise CommitError(f"compaction of run_id={run_id}/env_id={env_id} was not committed: {exc}") from exc
 
-    def _write_file(self, data: pa.Table, path: Path) -> None:
-        dictionary = [c for c in LOW_CARDINALITY if c in data.column_names]
-        pq.write_table(data, str(path), compression="zstd", use_dictionary=dictionary,  # native file: no GIL
-                       row_group_size=self.row_group_rows, write_statistics=["episode_id", "step"])
+    def _write_file(self, data: pa.Table, path: str) -> int:
+        """Write ``data`` as one Parquet file at ``path``; returns its size in bytes."""
+        options: dict[str, Any] = {"compression": "zstd", "row_group_size": self.row_group_rows,
+                                   "use_dictionary": [c for c in LOW_CARDINALITY if c in data.column_names],
+                                   "write_statistics": ["episode_id", "step"]}
+        if self.location.is_local:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(data, path, **options)  # a native file: written without the GIL
+            return os.stat(path).st_size
+        buffer = pa.BufferOutputStream()  # encoded in memory, then one upload: the object appears whole or not
+        pq.write_table(data, buffer, **options)
+        body = buffer.getvalue()
+        with self.fs.open_output_stream(path) as out:
+            out.write(body)
+        return body.size
 
     def _commit(self, action: AddAction, file_schema: pa.Schema) -> None:
         full_schema = _full_schema(file_schema)
@@ -234,23 +305,40 @@ class StepsTable:
             except CommitFailedError as exc:  # another writer won the version race: read the log again
                 last = exc
                 time.sleep(0.01 * (attempt + 1))
+            except OSError as exc:
+                raise explain(exc, self.location) or CommitError(
+                    f"commit of {action.path} to {self.uri} failed: {exc}") from exc
             except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the file
-                raise CommitError(f"commit of {action.path} to {self.path} failed: {exc}") from exc
+                raise CommitError(f"commit of {action.path} to {self.uri} failed: {exc}") from exc
         raise CommitError(f"commit of {action.path} failed after {COMMIT_RETRIES} attempts: {last}")
 
     def _ensure_table(self, schema: pa.Schema) -> DeltaTable:
+        """The table at its latest version, created or given the columns of ``schema`` it lacks. Safe when
+        several processes (or machines) do it at once: the losers of a race read the log again."""
+        last: Exception | None = None
+        for attempt in range(COMMIT_RETRIES):
+            try:
+                return self._with_columns(schema)
+            except (CommitFailedError, DeltaError) as exc:  # "metadata changed": another writer won the race
+                last = exc
+                time.sleep(0.01 * (attempt + 1))
+        raise CommitError(f"the table {self.uri} could not be created or given new columns: {last}")
+
+    def _with_columns(self, schema: pa.Schema) -> DeltaTable:
         dt = self._open()
         if dt is None:
             try:
-                return DeltaTable.create(str(self.path), schema, partition_by=list(PARTITION_COLUMNS),
-                                         mode="ignore", name="steps")
-            except Exception:  # noqa: BLE001 - a concurrent writer created it first
-                dt = DeltaTable(str(self.path))
+                return DeltaTable.create(self.uri, schema, partition_by=list(PARTITION_COLUMNS), mode="ignore",
+                                         name="steps", storage_options=self.location.storage_options)
+            except (CommitFailedError, DeltaError):  # a concurrent writer created it first
+                dt = self._open()
+                if dt is None:
+                    raise
         known = set(pa.schema(dt.schema().to_arrow()).names)
         new = [f for f in schema if f.name not in known]
         if new:
             dt.alter.add_columns([Field.from_arrow(f) for f in new])
-            dt = DeltaTable(str(self.path))
+            dt = self._open()
         return dt
 
 

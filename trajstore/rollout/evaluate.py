@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from trajstore.errors import InputError
 from trajstore.rollout.jax_host import BackgroundWriter, Tally, collect, open_writer
 from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
-from trajstore.rollout.progress import RolloutProgress
+from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.target import RolloutTarget, check_run_mode
 from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed, sample_until
 
@@ -40,7 +40,7 @@ __all__ = ["jax_evaluate"]
 def jax_evaluate(store: RolloutTarget, env: Any, *, run_id: str, episodes: int, policy: Policy | None = None,
                  params: Any = None, num_envs: int = 1024, rollout_length: int = 128, seed: int = 0,
                  policy_version: int | None = None, worker_id: str | None = None, env_id: str | None = None,
-                 max_episode_steps: int | None = None, queue_size: int = 2, progress: bool = True,
+                 max_episode_steps: int | None = None, queue_size: int = 2, progress: Progress = True,
                  **lineage: Any) -> RolloutResult:
     """Store exactly ``episodes`` complete evaluation episodes of ``policy`` in ``env`` under ``run_id``.
 

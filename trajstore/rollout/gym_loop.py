@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from trajstore.errors import InputError
-from trajstore.rollout.progress import RolloutProgress
+from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.target import RolloutTarget
 from trajstore.rollout.sampling import RolloutResult, sample_until
 
@@ -36,7 +36,7 @@ NEXT_STEP, SAME_STEP, DISABLED = "next-step", "same-step", "disabled"
 def gym_rollout(store: RolloutTarget, env: Any, *, run_id: str, num_envs: int = 8, policy: Policy | None = None,
                 episodes: int | None = None, steps: int | None = None, seed: int | None = 0,
                 env_id: str | None = None, autoreset: str = NEXT_STEP, chunk: int = 256,
-                progress: bool = True, env_kwargs: Mapping[str, Any] | None = None,
+                progress: Progress = True, env_kwargs: Mapping[str, Any] | None = None,
                 **lineage: Any) -> RolloutResult:
     """Roll out ``env`` (a gymnasium id or a vector env) into ``store`` until ``episodes``/``steps`` are reached.
 

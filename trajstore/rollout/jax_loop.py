@@ -30,7 +30,7 @@ from trajstore.errors import InputError
 from trajstore.rollout.evaluate import jax_evaluate
 from trajstore.rollout.jax_host import BackgroundWriter, Tally, collect, open_writer
 from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
-from trajstore.rollout.progress import RolloutProgress
+from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.target import Mode, RolloutTarget, check_run_mode
 from trajstore.rollout.sampling import RolloutResult, check_seed, sample_until
 
@@ -43,7 +43,7 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
                 num_envs: int = 1024, rollout_length: int = 128, steps: int | None = None,
                 episodes: int | None = None, seed: int = 0, mode: Mode = "train",
                 policy_version: int | None = None, worker_id: str | None = None, env_id: str | None = None,
-                max_episode_steps: int | None = None, queue_size: int = 2, progress: bool = True,
+                max_episode_steps: int | None = None, queue_size: int = 2, progress: Progress = True,
                 **lineage: Any) -> RolloutResult:
     """Roll out the JAX env ``env`` (a :class:`~trajstore.rollout.envs.JaxEnv` or a name for
     :func:`trajstore.rollout.envs.make`) into ``store`` until ``episodes``/``steps`` are reached.

@@ -1,21 +1,28 @@
-"""A progress bar for rollouts: steps/s, episodes done and the mean return of the latest episodes."""
+"""A progress bar for rollouts: steps/s, episodes done and the mean return of the latest episodes; or, for a
+rollout that is one of many (a Ray worker), a report of its counts to whoever draws the bar."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable, Union
 
 from trajstore.rollout.sampling import RecentReturns
 
+Report = Callable[[int, int], None]
+"""``report(steps, episodes)``: told a rollout's counts so far (at most every ``min_interval`` s, and at its end)."""
+Progress = Union[bool, Report]
+
 
 class RolloutProgress:
-    """A ``tqdm`` bar counting episodes (when an episode target is given) or steps; a no-op when disabled."""
+    """A ``tqdm`` bar counting episodes (when an episode target is given) or steps; a no-op when disabled; with a
+    :data:`Report` instead of a bool, no bar: the counts go to it."""
 
-    def __init__(self, *, episodes: int | None, steps: int | None, enabled: bool = True,
+    def __init__(self, *, episodes: int | None, steps: int | None, enabled: Progress = True,
                  min_interval: float = 0.25, desc: str = "rollout") -> None:
         self.by_episodes = episodes is not None
         self.total = episodes if self.by_episodes else steps
-        self.enabled = enabled
+        self.report: Report | None = enabled if callable(enabled) else None
+        self.enabled = bool(enabled) and self.report is None
         self.min_interval = min_interval
         self.desc = desc
         self.recent = RecentReturns()
@@ -36,6 +43,12 @@ class RolloutProgress:
     def update(self, *, steps: int, episodes: int, returns: list[float] | None = None) -> None:
         if returns:
             self.recent.extend(returns)
+        if self.report is not None:
+            now = time.perf_counter()
+            if now - self._last >= self.min_interval:
+                self._last = now
+                self.report(steps, episodes)
+            return
         if self._bar is None:
             return
         now = time.perf_counter()
@@ -55,6 +68,8 @@ class RolloutProgress:
         self._shown = done
 
     def finish(self, *, steps: int, episodes: int) -> None:
+        if self.report is not None:
+            self.report(steps, episodes)
         if self._bar is not None:
             self._refresh(time.perf_counter(), steps, episodes)
 

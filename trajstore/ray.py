@@ -1,0 +1,199 @@
+"""Ray as trajstore's engine when one machine is not enough (the ``trajstore[ray]`` extra).
+
+:func:`read_steps` and :func:`read_episodes` read a store as Ray Datasets: only committed files, the same rows
+and types as :meth:`Store.scan <trajstore.store.Store.scan>` (partition columns typed as strings, not
+guessed from folder names), each read task a slice of the committed file list read with trajstore's own
+scan. :func:`rollout` runs rollout workers as Ray tasks, each writing straight into the store with its own
+``worker_id`` and seed, with one progress bar over all of them.
+
+Ray starts a local instance on first use unless you connected to a cluster with ``ray.init(address=…)``;
+on a cluster the store must be one every node reaches (an ``s3://`` store), and its ``storage_options`` (or
+the ``AWS_*`` environment of the workers) must let them in.
+
+>>> import trajstore.ray                                                        # doctest: +SKIP
+>>> trajstore.ray.rollout("s3://bucket/store", "CartPole-v1", num_workers=4, episodes=1000, run_id="r")  # doctest: +SKIP
+>>> trajstore.ray.read_steps("s3://bucket/store", columns=["obs", "reward"]).count()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from trajstore.errors import InputError
+from trajstore.query.scan import scan_steps
+from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed
+from trajstore.storage.table import DataFile
+from trajstore.store import open as open_store
+
+try:
+    import ray
+    import ray.data
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+    raise ImportError("trajstore.ray needs the ray extra: pip install 'trajstore[ray]'") from exc
+
+__all__ = ["read_episodes", "read_steps", "rollout"]
+
+Backend = Literal["gym", "jax"]
+READ_BATCH_ROWS = 65_536
+
+
+# --- reading -------------------------------------------------------------------------------------------
+
+
+def read_steps(uri: str, *, columns: Sequence[str] | None = None, run_id: str | Sequence[str] | None = None,
+               where: str | None = None, storage_options: Mapping[str, Any] | None = None) -> ray.data.Dataset:
+    """The committed steps of the store at ``uri`` as a Ray Dataset, with ``columns`` (all by default), of
+    ``run_id`` (one or several), of the episodes ``where`` (a condition on the ``episodes`` view) selects."""
+    plan = open_store(uri, storage_options=storage_options).scan_plan(columns, run_id=run_id, where=where)
+    return ray.data.read_datasource(_CommittedSteps(plan.files, plan.schema, plan.columns, plan.episode_ids))
+
+
+def read_episodes(uri: str, *, run_id: str | Sequence[str] | None = None,
+                  storage_options: Mapping[str, Any] | None = None) -> ray.data.Dataset:
+    """The ``episodes`` view of the store at ``uri`` (one row per episode), of ``run_id`` if given."""
+    return ray.data.from_arrow(open_store(uri, storage_options=storage_options).episodes(run_id=run_id))
+
+
+class _CommittedSteps(Datasource):
+    """A store's committed files as read tasks: each reads a run of consecutive files with trajstore's scan."""
+
+    def __init__(self, files: list[DataFile], schema: pa.Schema, columns: list[str],
+                 episode_ids: np.ndarray | None) -> None:
+        self.files, self.schema, self.columns, self.episode_ids = files, schema, columns, episode_ids
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return sum(f.size for f in self.files) * 4  # zstd-compressed files: ~4x in memory (a guess for Ray)
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                       data_context: Any = None) -> list[ReadTask]:
+        out = pa.schema([self.schema.field(c) for c in self.columns])
+        if not self.files:
+            return []
+        chunk = math.ceil(len(self.files) / max(1, min(parallelism, len(self.files))))
+        tasks = []
+        for start in range(0, len(self.files), chunk):
+            files = self.files[start:start + chunk]
+            rows = sum(f.rows for f in files) if self.episode_ids is None else None
+            metadata = BlockMetadata(num_rows=rows, size_bytes=sum(f.size for f in files) * 4, exec_stats=None,
+                                     input_files=tuple(f.uri for f in files))
+            tasks.append(ReadTask(_reader(files, self.schema, self.columns, self.episode_ids), metadata,
+                                  schema=out))
+        return tasks
+
+
+def _reader(files: list[DataFile], schema: pa.Schema, columns: list[str],
+            ids: np.ndarray | None) -> Callable[[], Iterator[pa.Table]]:
+    def read() -> Iterator[pa.Table]:
+        reader = scan_steps(files, schema, columns, episode_ids=ids, batch_size=READ_BATCH_ROWS)
+        for batch in reader:
+            yield pa.Table.from_batches([batch])
+    return read
+
+
+# --- rollouts ------------------------------------------------------------------------------------------
+
+
+def rollout(uri: str, env: Any, *, num_workers: int, backend: Backend = "gym", episodes: int | None = None,
+            steps: int | None = None, run_id: str, seed: int = 0, num_envs: int = 8, policy: Any = None,
+            params: Any = None, storage_options: Mapping[str, Any] | None = None, progress: bool = True,
+            **lineage: Any) -> RolloutResult:
+    """Roll out ``env`` with ``num_workers`` Ray tasks, each writing its episodes straight into the store at
+    ``uri`` (created if absent) as ``worker_id="ray-<i>"``; returns when every worker has committed.
+
+    ``episodes`` and ``steps`` are totals, split as evenly as possible across the workers (each one's share
+    follows :func:`~trajstore.rollout.sample_until`'s rule). Worker ``i`` runs with seed ``seed + i *
+    num_envs`` (gym: one seed per env; JAX: ``seed + i``), so the same ``seed`` stores the same episodes on
+    every run. ``backend="gym"`` runs a gymnasium vector env (``policy(obs) -> actions``), ``"jax"`` a pure-JAX
+    env under ``lax.scan`` (``policy(params, obs, key)``). Extra keywords are lineage columns.
+    """
+    check_positive("num_workers", num_workers)
+    check_positive("num_envs", num_envs)
+    seed = check_seed(seed)
+    if backend not in ("gym", "jax"):
+        raise InputError(f"backend: must be 'gym' or 'jax', got {backend!r}")
+    if episodes is None and steps is None:
+        raise InputError("rollout: give episodes=N or steps=N (totals over all workers), or both")
+    open_store(uri, create=True, storage_options=storage_options)  # one clear error here, not one per worker
+    shares = [(_share(episodes, num_workers, i), _share(steps, num_workers, i)) for i in range(num_workers)]
+    counter = _Progress.remote(num_workers)  # type: ignore[attr-defined]
+    started = time.perf_counter()
+    futures = [_worker.remote(uri, dict(storage_options or {}), env, backend, i, e, s, run_id,
+                              seed + (i if backend == "jax" else i * num_envs), num_envs, policy, params, lineage,
+                              counter)
+               for i, (e, s) in enumerate(shares) if (e is None or e > 0) and (s is None or s > 0)]
+    results = _wait(futures, counter, total=episodes if episodes is not None else steps,
+                    by_episodes=episodes is not None, show=progress)
+    return _merged(results, run_id, time.perf_counter() - started)
+
+
+def _share(total: int | None, workers: int, i: int) -> int | None:
+    return None if total is None else total // workers + (1 if i < total % workers else 0)
+
+
+@ray.remote
+class _Progress:
+    """The counts of every worker, for the driver's progress bar."""
+
+    def __init__(self, workers: int) -> None:
+        self.counts = [(0, 0)] * workers
+
+    def report(self, worker: int, steps: int, episodes: int) -> None:
+        self.counts[worker] = (steps, episodes)
+
+    def totals(self) -> tuple[int, int]:
+        return sum(c[0] for c in self.counts), sum(c[1] for c in self.counts)
+
+
+@ray.remote
+def _worker(uri: str, storage_options: dict[str, Any], env: Any, backend: Backend, index: int,
+            episodes: int | None, steps: int | None, run_id: str, seed: int, num_envs: int, policy: Any,
+            params: Any, lineage: dict[str, Any], counter: Any) -> RolloutResult:
+    store = open_store(uri, create=True, storage_options=storage_options or None)
+
+    def report(s: int, e: int) -> None:
+        counter.report.remote(index, s, e)
+
+    options = dict(run_id=run_id, num_envs=num_envs, episodes=episodes, steps=steps, seed=seed, policy=policy,
+                   progress=report, worker_id=f"ray-{index}", **lineage)
+    if backend == "jax":
+        from trajstore.rollout.jax_loop import jax_rollout
+
+        return jax_rollout(store, env, params=params, **options)
+    from trajstore.rollout.gym_loop import gym_rollout
+
+    return gym_rollout(store, env, **options)
+
+
+def _wait(futures: list[Any], counter: Any, *, total: int | None, by_episodes: bool,
+          show: bool) -> list[RolloutResult]:
+    from tqdm.auto import tqdm
+
+    pending, done = list(futures), []
+    with tqdm(total=total, unit="ep" if by_episodes else "step", desc=f"rollout x{len(futures)}",
+              disable=not show, dynamic_ncols=True, unit_scale=not by_episodes) as bar:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            done += ray.get(ready)
+            steps, episodes = ray.get(counter.totals.remote())
+            bar.n = episodes if by_episodes else steps
+            bar.set_postfix({"steps": f"{steps:,}", "episodes": episodes, "workers left": len(pending)},
+                            refresh=True)
+    return done
+
+
+def _merged(results: list[RolloutResult], run_id: str, seconds: float) -> RolloutResult:
+    env_ids = sorted({r.env_id for r in results})
+    out = RolloutResult(run_id=run_id, env_id=",".join(env_ids), seconds=seconds)
+    for r in results:
+        out.steps += r.steps
+        out.episodes += r.episodes
+        out.episode_returns = [*out.episode_returns, *np.asarray(r.episode_returns).tolist()]
+        out.episode_lengths = [*out.episode_lengths, *np.asarray(r.episode_lengths).tolist()]
+    return out

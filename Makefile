@@ -10,7 +10,7 @@ STORE ?= ./demo-store
 PORT ?= 8321
 RUN := $(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: install demo test bench browser clean
+.PHONY: install demo test bench system-tools clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,13 +27,15 @@ demo: install
 	@echo "dashboard: http://127.0.0.1:$(PORT)/dashboard  (serving $(STORE); Ctrl-C stops it)"
 	$(VENV)/bin/trajstore serve --store $(STORE) --port $(PORT)
 
-test: install browser
+test: install system-tools
 	$(PY) -m pytest
 
-# Debian's chromium for the dashboard's browser tests (Playwright drives it; its own browser download is not used).
-browser:
-	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
-	  || echo "could not install chromium (needs root and Debian's apt): the browser tests will be skipped"
+# From Debian's packages: chromium for the dashboard's browser tests (Playwright drives it; its own browser
+# download is not used), and docker-compose to validate docker-compose.yml (no Docker engine is needed).
+system-tools:
+	@{ command -v chromium >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1; } || \
+	  { apt-get update -qq && apt-get install -y -qq chromium docker-compose >/dev/null; } \
+	  || echo "could not install chromium/docker-compose (needs root and Debian's apt): their tests will be skipped"
 
 bench: install
 	$(PY) benchmarks/run.py

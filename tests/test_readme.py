@@ -46,16 +46,31 @@ def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[su
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari-datasets"))
     started: list[subprocess.Popen[str]] = []
     yield started
+    import sys as _sys
+
+    if "ray" in _sys.modules and _sys.modules["ray"].is_initialized():  # the README starts a local Ray
+        _sys.modules["ray"].shutdown()
     for proc in started:
+        _stop_group(proc.pid)
+
+
+def _stop_group(pgid: int) -> None:
+    """SIGTERM a shell block's process group (a server it started with &), SIGKILL what is left after 5 s."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(pgid, 0)
         except ProcessLookupError:
-            continue
-    for proc in started:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def run_sh(code: str, started: list[subprocess.Popen[str]]) -> None:

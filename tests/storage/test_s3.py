@@ -240,3 +240,18 @@ def test_serve_an_s3_store(s3: seaweed.SeaweedFS) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
+
+
+def test_remote_workers_ingest_into_an_s3_store(s3: seaweed.SeaweedFS) -> None:
+    from tests.api.helpers import API_KEY, serve, settings_for
+    from trajstore.api.app import create_app
+
+    uri = f"s3://{s3.bucket()}/ingest"
+    store = trajstore.open(uri, create=True, storage_options=s3.storage_options)
+    for live in serve(create_app(settings_for(Path("unused")), store=store)):
+        with trajstore.RemoteWriter(live.url, api_key=API_KEY, run_id="remote", env_id="Toy-v0") as w:
+            for _ in range(3):
+                w.add_batch(make_batch(np.random.default_rng(3), 20, 4))
+                w.flush()
+    assert store.stats(include_incomplete=True, run_id="remote")["n_traj"][0].as_py() > 0
+    assert trajstore.check(store).ok and len(store.files()) == 3

@@ -15,6 +15,8 @@ RUN := $(shell date +%Y%m%d-%H%M%S)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	# PyTorch's CPU build first (pinned: an open range alone would pull the newest CUDA build, several GB)
+	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[all,dev]'
 	touch $@
 

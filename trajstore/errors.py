@@ -25,6 +25,8 @@ __all__ = [
     "AuthenticationError",
     "WriterClosedError",
     "RemoteError",
+    "ReadOnlyError",
+    "RunNotFoundError",
 ]
 
 
@@ -126,3 +128,11 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (a library's error without the context lines it appends)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+class ReadOnlyError(TrajstoreError, PermissionError):
+    """A change asked of a store opened read-only at an old version (``trajstore.open(uri, version=N)``)."""
+
+
+class RunNotFoundError(InputError, LookupError):
+    """A run the store does not hold (the message names it and lists the runs it has)."""

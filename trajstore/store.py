@@ -16,8 +16,9 @@ import os
 import threading
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Sequence, TypeVar, Union
 
 import duckdb
 import numpy as np
@@ -46,6 +47,11 @@ from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.table import DataFile, StepsTable
 from trajstore.storage.writer import Writer
 
+if TYPE_CHECKING:
+    from trajstore.storage.add_column import AddColumnReport
+    from trajstore.storage.delete import DeleteReport
+    from trajstore.storage.vacuum import VacuumReport
+
 log = logging.getLogger(__name__)
 
 MARKER = "trajstore.json"
@@ -54,10 +60,13 @@ FORMAT_VERSION = 1
 
 
 def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str, Any] | None = None,  # noqa: A001
-         settings: Settings | None = None) -> Store:
+         settings: Settings | None = None, version: int | None = None, as_of: datetime | None = None) -> Store:
     """Open the store at ``uri``: a local directory or ``s3://bucket/prefix``; with ``create=True`` make it if
     absent. For S3, ``storage_options`` holds the ``AWS_*`` keys deltalake uses (each one not given is taken from
-    the environment variable of that name)."""
+    the environment variable of that name).
+
+    With ``version=N`` (see :meth:`Store.history`) or ``as_of=datetime`` (the latest version committed then),
+    the store is read-only and every read sees it exactly as it was at that version."""
     location = locate(uri, storage_options)
     try:
         found = _marker_found(location)
@@ -69,7 +78,9 @@ def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str,
             _create(location)
     except OSError as exc:
         raise explain(exc, location) or exc
-    return Store(location, settings=settings)
+    if version is None and as_of is None:
+        return Store(location, settings=settings)
+    return Store(location, settings=settings).at(version=version, as_of=as_of)
 
 
 def _marker_found(location: Location) -> bool:
@@ -133,10 +144,12 @@ class Store:
     :class:`~trajstore.query.filters.EpisodeFilter`, as the REST service builds from its parameters).
     """
 
-    def __init__(self, location: Location | str | Path, *, settings: Settings | None = None) -> None:
+    def __init__(self, location: Location | str | Path, *, settings: Settings | None = None,
+                 pinned: int | None = None) -> None:
         self.location = locate(location)
         self.settings = settings or Settings.from_env()
-        self.table = StepsTable(self.location.child("steps"), row_group_rows=self.settings.row_group_rows)
+        self.table = StepsTable(self.location.child("steps"), row_group_rows=self.settings.row_group_rows,
+                                pinned=pinned)
         self._duckdb: tuple[int, duckdb.DuckDBPyConnection] | None = None
         self._duckdb_lock = threading.Lock()
         self._episodes_cache: tuple[tuple[str, ...], pa.Table] | None = None
@@ -163,6 +176,7 @@ class Store:
 
     def writer(self, *, run_id: str, env_id: str, **options: Any) -> Writer:
         """A :class:`Writer` appending to ``run_id``/``env_id``; extra keywords are writer options or lineage."""
+        self.table.writable("writer")
         options.setdefault("flush_bytes", self.settings.flush_bytes)
         return Writer(self.table, run_id=run_id, env_id=env_id, **options)
 
@@ -172,14 +186,64 @@ class Store:
         returns ``(file, duplicate)``. Rows that do not continue their episodes raise :class:`InputError`, a key
         used before for another request :class:`~trajstore.errors.ConflictError`. See
         :mod:`trajstore.storage.ingest`."""
+        self.table.writable("ingest")
         return append_rows(self.table, rows, run_id=run_id, env_id=env_id, idempotency_key=idempotency_key)
 
     # --- the committed state ------------------------------------------------------------------------
 
     @property
     def version(self) -> int:
-        """The latest committed version of the log (-1 for a store nothing was written to)."""
+        """The latest committed version of the log (-1 for a store nothing was written to); for a store opened
+        at a version, that version."""
         return self.table.version()
+
+    # --- lifecycle: versions, delete, retention, derived columns (see trajstore.storage.*) ------------------
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this store is pinned to an old version (``open(uri, version=N)``): it reads, never writes."""
+        return self.table.pinned is not None
+
+    def at(self, *, version: int | None = None, as_of: datetime | None = None) -> Store:
+        """This store, read-only, exactly as it was at ``version`` (or the latest version committed at or before
+        ``as_of``): every read (stats, episodes, sql, scan, returns, runs) sees that version's files."""
+        from trajstore.storage.history import resolve_version
+
+        pinned = resolve_version(StepsTable(self.table.location), version=version, as_of=as_of)
+        return Store(self.location, settings=self.settings, pinned=pinned)
+
+    def history(self, *, limit: int | None = None) -> pa.Table:
+        """One row per committed version, oldest first: ``version, timestamp, operation, rows_added,
+        rows_removed, files_added, files_removed, run_ids`` (see :mod:`trajstore.storage.history`)."""
+        from trajstore.storage.history import history
+
+        return history(self.table, limit=limit)
+
+    def delete(self, *, run_id: Names = None, where: str | None = None, dry_run: bool = False) -> DeleteReport:
+        """Delete whole episodes in one commit: every episode of ``run_id`` and/or every episode whose steps
+        ``where`` (a condition over ``steps``) all select; refused if it selects part of an episode. Returns
+        what was deleted (see :mod:`trajstore.storage.delete`)."""
+        from trajstore.storage.delete import delete
+
+        return delete(self, run_id=run_id, where=where, dry_run=dry_run)
+
+    def vacuum(self, *, older_than: float | str | timedelta = "7d", dry_run: bool = False) -> VacuumReport:
+        """Delete the files no version committed within ``older_than`` (seconds, a timedelta, or ``"7d"``,
+        ``"12h"``, ``"30m"``) needs: files deleted or compacted away before then, and files no commit ever
+        listed (see :mod:`trajstore.storage.vacuum`). With ``dry_run``, only list them."""
+        from trajstore.storage.vacuum import vacuum
+
+        return vacuum(self, older_than=older_than, dry_run=dry_run)
+
+    def add_column(self, name: str, expression: str | Callable[[pa.Table], Any], *,
+                   where: str | None = None) -> AddColumnReport:
+        """Write a derived column ``name`` into the stored steps, in one commit: ``expression`` is DuckDB SQL
+        over the steps' columns (``"reward * 0.5 + 0.1"``) or a function of a pyarrow Table of a file's steps
+        returning an array. With ``where`` (a condition over ``steps``), only those rows get a value, the
+        others null (see :mod:`trajstore.storage.add_column`)."""
+        from trajstore.storage.add_column import add_column
+
+        return add_column(self, name, expression, where=where)
 
     def files(self) -> list[DataFile]:
         """The committed Parquet files of the latest version."""

@@ -389,3 +389,28 @@ CHECK_SHARED_COUNT = f"SELECT count(*) FROM ({_SHARED})"
 
 def check_shared(limit: int) -> str:
     return f"{_SHARED} ORDER BY episode_id{page(limit)}"
+
+
+# --- lifecycle: delete ------------------------------------------------------------------------------------
+
+def delete_matches(condition: str | None) -> str:
+    """Per episode of ``steps``: how many of its steps ``condition`` (a caller's condition over ``steps``; every
+    step without one) selects, and its steps; only the episodes with a selected step."""
+    chosen = f"count(*) FILTER (WHERE {user_condition(condition)})" if condition else "count(*)"
+    return (f"SELECT run_id, env_id, episode_id, {chosen} AS matched, count(*) AS steps FROM steps "
+            "GROUP BY run_id, env_id, episode_id HAVING matched > 0 ORDER BY episode_id")
+
+
+# --- lifecycle: derived columns -------------------------------------------------------------------------------
+
+def derived_values(expression: str, where: str | None) -> str:
+    """``(episode_id, step, value)`` of ``expression`` (a caller's SQL over ``steps``) for the rows ``where``
+    selects (every row without one)."""
+    cond = f" WHERE {user_condition(where)}" if where else ""
+    return f"SELECT episode_id, step, ({expression}) AS value FROM steps{cond}"
+
+
+def ordered_steps(where: str | None) -> str:
+    """Every column of the ``steps`` rows ``where`` selects, in ``(episode_id, step)`` order."""
+    cond = f" WHERE {user_condition(where)}" if where else ""
+    return f"SELECT * FROM steps{cond} ORDER BY episode_id, step"

@@ -36,7 +36,7 @@ from trajstore.storage.table import DataFile, StepsTable, display
 if TYPE_CHECKING:
     from trajstore.store import Store
 
-__all__ = ["CheckReport", "check", "remove_orphans"]
+__all__ = ["CheckReport", "check", "remove_orphans", "removable_orphans"]
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +106,28 @@ def remove_orphans(store: Store, *, older_than_s: float = 3600.0) -> list[str]:
     log does not list it; the age guard leaves alone a file a live writer has just written and is
     about to commit. Returns the deleted paths.
     """
-    if older_than_s < 0:
-        raise InputError(f"older_than_s: must be >= 0 seconds, got {older_than_s}")
-    cutoff = time.time() - older_than_s
-    removed_by_commit, removed_long_ago = _tombstones(store, older_than_s)
     removed = []
     fs = store.table.fs
+    for path in removable_orphans(store, removed_before_s=older_than_s, written_before_s=older_than_s):
+        try:
+            fs.delete_file(path)
+        except FileNotFoundError:  # gone meanwhile (another cleaner, or a rename into place)
+            continue
+        removed.append(display(path, fs))
+    return removed
+
+
+def removable_orphans(store: Store, *, removed_before_s: float, written_before_s: float) -> list[str]:
+    """The files under the table that the newest version does not list and that are old enough to go (paths in
+    the store's filesystem): those a commit removed (a delete, a compaction) at least ``removed_before_s``
+    seconds ago (rounded up to whole hours, as the log's tombstones are read), and those no commit ever
+    listed (a killed writer's) last modified at least ``written_before_s`` seconds ago."""
+    for name, value in (("older_than_s", removed_before_s), ("written_before_s", written_before_s)):
+        if value < 0:
+            raise InputError(f"{name}: must be >= 0 seconds, got {value}")
+    cutoff = time.time() - written_before_s
+    removed_by_commit, removed_long_ago = _tombstones(store, removed_before_s)
+    out = []
     for info in _orphans(store.table.location, store.files()):
         path = info.path
         if path in removed_by_commit:  # e.g. by a compaction: its age is the commit's, not the file's
@@ -119,12 +135,8 @@ def remove_orphans(store: Store, *, older_than_s: float = 3600.0) -> list[str]:
                 continue
         elif info.mtime is None or info.mtime.timestamp() >= cutoff:
             continue
-        try:
-            fs.delete_file(path)
-        except FileNotFoundError:  # gone meanwhile (another cleaner, or a rename into place)
-            continue
-        removed.append(display(path, fs))
-    return removed
+        out.append(path)
+    return out
 
 
 def _tombstones(store: Store, older_than_s: float) -> tuple[set[str], set[str]]:

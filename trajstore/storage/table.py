@@ -24,9 +24,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, Field
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
-from deltalake.transaction import AddAction, CommitProperties, Transaction
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
-from trajstore.errors import CommitError, StoreDamagedError, first_line
+from trajstore.errors import CommitError, ReadOnlyError, StoreDamagedError, first_line
 from trajstore.schema import PARTITION_COLUMNS
 from trajstore.storage.location import Location, explain, locate
 
@@ -80,10 +80,18 @@ class WrittenFile:
 class StepsTable:
     """The Delta table at ``<store>/steps`` (``location``: a directory or an ``s3://`` prefix)."""
 
-    def __init__(self, location: Location | str | Path, *, row_group_rows: int = 1024 * 1024) -> None:
+    def __init__(self, location: Location | str | Path, *, row_group_rows: int = 1024 * 1024,
+                 pinned: int | None = None) -> None:
         self.location = locate(location)
         self.fs = self.location.fs
         self.row_group_rows = row_group_rows
+        self.pinned = pinned  # a version read as it was (time travel): every read sees it, writes are refused
+
+    def writable(self, operation: str) -> None:
+        """Raise :class:`ReadOnlyError` if this table is pinned to an old version."""
+        if self.pinned is not None:
+            raise ReadOnlyError(f"{operation}: this store is opened read-only at version {self.pinned}; open it "
+                                "without version=/as_of= to change it")
 
     @property
     def path(self) -> Any:
@@ -98,6 +106,7 @@ class StepsTable:
         return DeltaTable.is_deltatable(self.uri, storage_options=self.location.storage_options)
 
     def _open(self, version: int | None = None) -> DeltaTable:
+        version = self.pinned if version is None else version
         try:
             return DeltaTable(self.uri, version=version, storage_options=self.location.storage_options)
         except TableNotFoundError:
@@ -190,6 +199,7 @@ class StepsTable:
 
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> WrittenFile:
         """First half of :meth:`append`: write ``data`` as a Parquet file that no reader sees yet."""
+        self.writable("write")
         rel = f"run_id={quote(run_id, safe='')}/env_id={quote(env_id, safe='')}/part-{uuid.uuid4().hex}.parquet"
         full = self.location.path(rel)
         try:
@@ -226,6 +236,7 @@ class StepsTable:
         created or given the columns it lacks first, so that a commit of such a file needs no other change."""
         if file_schema is None:
             return self._open()
+        self.writable("write")
         return self._ensure_table(_full_schema(file_schema))
 
     def files_at(self, dt: DeltaTable) -> list[DataFile]:
@@ -273,9 +284,39 @@ class StepsTable:
         try:
             dt.create_write_transaction([w.action for w in written], mode="overwrite", schema=table_schema,
                                         partition_by=list(PARTITION_COLUMNS),
-                                        partition_filters=[("run_id", "=", run_id), ("env_id", "=", env_id)])
+                                        partition_filters=[("run_id", "=", run_id), ("env_id", "=", env_id)],
+                                        commit_properties=CommitProperties(
+                                            custom_metadata={"trajstore": {"operation": "compact"}}))
         except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the partition
             raise CommitError(f"compaction of run_id={run_id}/env_id={env_id} was not committed: {exc}") from exc
+
+    def swap(self, dt: DeltaTable, removed: list[DataFile], written: list[WrittenFile], *,
+             metadata: dict[str, Any]) -> None:
+        """Commit, in one transaction over version ``dt``, the removal of exactly ``removed`` and the addition
+        of ``written`` (a delete, a rewrite). Commits appended after ``dt`` stay (the log rebases the commit
+        onto them); if one of them removed a file of ``removed`` (a concurrent delete or compaction), the
+        commit fails with a :class:`CommitError` and changes nothing. ``metadata`` goes into the commit's info
+        under ``"trajstore"`` (what :func:`trajstore.storage.history.history` shows)."""
+        self.writable(str(metadata.get("operation", "change")))
+        for w in written:
+            self.sync(w)
+        now = int(time.time() * 1000)
+        actions: list[Any] = [RemoveAction(self.location.relative(f.path), True, now, f.size,
+                                           {"run_id": f.run_id, "env_id": f.env_id}) for f in removed]
+        actions += [w.action for w in written]
+        table_schema = pa.schema(dt.schema().to_arrow())
+        for w in written:  # a rewrite that adds a column: the table's schema gains it in the same commit
+            table_schema = _merged(table_schema, w.schema)
+        try:
+            dt.create_write_transaction(actions, mode="append", schema=table_schema,
+                                        partition_by=list(PARTITION_COLUMNS),
+                                        commit_properties=CommitProperties(custom_metadata={"trajstore": metadata}))
+        except OSError as exc:
+            raise explain(exc, self.location) or CommitError(f"{metadata.get('operation')} of {len(removed)} "
+                                                             f"file(s) in {self.uri} was not committed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the operation
+            raise CommitError(f"{metadata.get('operation')} of {len(removed)} file(s) in {self.uri} was not "
+                              f"committed (another change removed some of them first?): {first_line(exc)}") from exc
 
     def _write_file(self, data: pa.Table, path: str) -> int:
         """Write ``data`` as one Parquet file at ``path``; returns its size in bytes."""
@@ -345,6 +386,12 @@ class StepsTable:
 def _full_schema(file_schema: pa.Schema) -> pa.Schema:
     """The table's schema for a file's: the partition columns first."""
     return pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + list(file_schema))
+
+
+def _merged(table_schema: pa.Schema, file_schema: pa.Schema) -> pa.Schema:
+    """``table_schema`` with the columns of ``file_schema`` it lacks appended (nullable)."""
+    known = set(table_schema.names)
+    return pa.schema(list(table_schema) + [f.with_nullable(True) for f in file_schema if f.name not in known])
 
 
 def _fsync(path: Path) -> None:

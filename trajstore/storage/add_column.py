@@ -1,0 +1,140 @@
+"""Derived columns: a value per stored step (a shaped reward, a relabelled goal) written into the files.
+
+:func:`add_column` computes ``name`` one ``(run_id, env_id)`` partition at a time (an episode never leaves its
+partition, so window expressions over whole episodes see every step), from DuckDB SQL over the ``steps`` view
+or from a Python function of the partition's steps; rewrites the files holding the rows that get a value with
+the new column added; and swaps them in with one commit
+(:meth:`~trajstore.storage.table.StepsTable.swap`), which also gives the table's schema the column. Afterwards
+the column is a stored column like any extra: ``steps`` in SQL, scans, stats ``by=``, REST. Rows that get no
+value (outside ``where``, or appended while it ran) read as null. Older versions keep reading the old files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trajstore.errors import InputError, QueryError
+from trajstore.query import sql
+from trajstore.query.scan import files_holding
+from trajstore.storage.table import DataFile, WrittenFile
+
+if TYPE_CHECKING:
+    from trajstore.store import Store
+
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ROW = "__trajstore_row"
+
+
+@dataclass
+class AddColumnReport:
+    """What :func:`add_column` wrote: the column and its type, rows given a value, files rewritten, version."""
+
+    name: str
+    type: pa.DataType | None = None
+    rows: int = 0
+    files_rewritten: int = 0
+    version: int | None = None
+
+    def format(self) -> str:
+        return (f"added column {self.name!r} ({self.type}): {self.rows} row(s) in {self.files_rewritten} rewritten "
+                f"file(s)" + (f", version {self.version}" if self.version is not None else ""))
+
+    __str__ = format
+
+
+def add_column(store: Store, name: str, expression: str | Callable[[pa.Table], Any], *,
+               where: str | None = None) -> AddColumnReport:
+    """Write the derived column ``name`` (see the module's description); one commit."""
+    store.table.writable("add_column")
+    dt = store.table.latest()
+    files = [] if dt is None else store.table.files_at(dt)
+    _check_name(store, name, files)
+    if not (isinstance(expression, str) and expression.strip()) and not callable(expression):
+        raise InputError(f"expression: expected DuckDB SQL over steps or a function of a pyarrow Table, got "
+                         f"{expression!r}")
+    report = AddColumnReport(name)
+    partitions: dict[tuple[str, str], list[DataFile]] = {}
+    for f in files:
+        partitions.setdefault((f.run_id, f.env_id), []).append(f)
+    removed: list[DataFile] = []
+    written: list[WrittenFile] = []
+    try:
+        for part in sorted(partitions):
+            values = _values(store, partitions[part], expression, where)
+            if values.num_rows == 0:
+                continue
+            report.type = report.type or values["value"].type
+            values = values.set_column(2, "value", _cast(values["value"], report.type, name))
+            report.rows += values.num_rows
+            _rewrite(store, partitions[part], values, name, removed, written)
+        report.files_rewritten = len(written)
+        if written:
+            store.table.swap(dt, removed, written, metadata={"operation": "add_column", "column": name,
+                                                            "rows": report.rows})
+            report.version = store.table.version()
+    except BaseException:
+        for w in written:
+            store.table.delete(w.path)
+        raise
+    return report
+
+
+def _check_name(store: Store, name: str, files: list[DataFile]) -> None:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise InputError(f"name: expected a column name of letters, digits and _, got {name!r}")
+    with store._new_snapshot(files) as snap:
+        known = snap.step_columns + snap.columns("episodes")
+    if name in known:
+        raise InputError(f"name: {name!r} is already a column of steps or episodes; choose another name")
+
+
+def _values(store: Store, files: list[DataFile], expression: Any, where: str | None) -> pa.Table:
+    """``(episode_id, step, value)`` for one partition's rows that get a value."""
+    with store._new_snapshot(files) as snap:
+        try:
+            if isinstance(expression, str):
+                out = snap.arrow(sql.derived_values(expression, where))
+                return out.rename_columns(["episode_id", "step", "value"])
+            rows = snap.arrow(sql.ordered_steps(where))
+        except QueryError as exc:
+            field = "expression" if isinstance(expression, str) else "where"
+            raise InputError(f"{field}: {str(exc).removeprefix('query failed: ')} (expression {expression!r}, "
+                             f"where {where!r}; SQL over the steps view)") from None
+    value = expression(rows)
+    arr = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else pa.array(np.asarray(value)) \
+        if not isinstance(value, pa.Array) else value
+    if len(arr) != rows.num_rows:
+        raise InputError(f"expression: the function returned {len(arr)} values for a table of {rows.num_rows} "
+                         "rows; return one value per row")
+    return pa.table({"episode_id": rows["episode_id"], "step": rows["step"], "value": arr})
+
+
+def _cast(values: pa.ChunkedArray, to: pa.DataType, name: str) -> pa.ChunkedArray:
+    if values.type == to:
+        return values
+    try:
+        return values.cast(to)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InputError(f"expression: column {name!r} is {to} in one partition and {values.type} in another, "
+                         f"which do not convert: {exc}") from None
+
+
+def _rewrite(store: Store, files: list[DataFile], values: pa.Table, name: str, removed: list[DataFile],
+             written: list[WrittenFile]) -> None:
+    """Each file of ``files`` holding a row of ``values``, written again with the column ``name``."""
+    ids = np.unique(values["episode_id"].to_numpy())
+    for f in files_holding(files, ids):
+        data = pq.ParquetFile(f.path, filesystem=f.fs).read()  # no partition columns from the path
+        keyed = data.select(["episode_id", "step"]).append_column(ROW, pa.array(np.arange(data.num_rows)))
+        joined = keyed.join(values, ["episode_id", "step"], join_type="left outer").sort_by(ROW)
+        if joined["value"].null_count == data.num_rows:
+            continue
+        removed.append(f)
+        written.append(store.table.write(data.append_column(name, joined["value"]), run_id=f.run_id,
+                                         env_id=f.env_id))

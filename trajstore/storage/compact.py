@@ -51,6 +51,7 @@ class CompactReport:
 def compact(store: Store, *, run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
             target_bytes: int = TARGET_BYTES, progress: bool = True) -> CompactReport:
     """Rewrite the partitions (of ``run_id``/``env_id``, or all) whose files could be fewer."""
+    store.table.writable("compact")
     if target_bytes < 1:
         raise InputError(f"target_bytes: must be a positive number of bytes, got {target_bytes}")
     runs = {run_id} if isinstance(run_id, str) else set(run_id or ())

@@ -1,0 +1,70 @@
+"""add_column: a derived column written in one commit, equal to a numpy reference, queryable like a stored one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import trajstore
+from tests.helpers import make_batch
+from trajstore.errors import InputError
+
+
+def fill(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(3)
+    for run in ("a", "b"):
+        with store.writer(run_id=run, env_id="E", flush_bytes=1) as w:
+            for _ in range(4):
+                w.add_batch(make_batch(rng, 9, 3))
+
+
+def test_an_sql_expression_becomes_a_stored_column(store: trajstore.Store) -> None:
+    fill(store)
+    version = store.version
+    report = store.add_column("shaped", "reward * 0.5 + 0.1")
+    assert report.version == store.version == version + 1 and store.history(limit=1)["operation"][0].as_py() == \
+        "add_column"
+    rows = store.sql("SELECT reward, shaped FROM steps")
+    np.testing.assert_allclose(rows["shaped"].to_numpy(), rows["reward"].to_numpy() * np.float32(0.5) + 0.1,
+                               rtol=1e-6)
+    assert report.rows == rows.num_rows
+    scanned = store.scan(["episode_id", "shaped"]).read_all()
+    assert scanned.num_rows == rows.num_rows and scanned["shaped"].null_count == 0
+    by = store.stats(by="run_id", where="run_id = 'a'")
+    assert by["n_traj"][0].as_py() > 0
+    assert trajstore.open(store.uri, version=version).schema().get_field_index("shaped") == -1
+
+
+def test_a_window_over_whole_episodes_that_cross_files(store: trajstore.Store) -> None:
+    fill(store)
+    store.add_column("prev_reward", "coalesce(lag(reward) OVER (PARTITION BY episode_id ORDER BY step), 0)")
+    rows = store.sql("SELECT episode_id, step, reward, prev_reward FROM steps ORDER BY episode_id, step")
+    ids, reward = rows["episode_id"].to_numpy(), rows["reward"].to_numpy()
+    expected = np.where(np.r_[False, ids[1:] == ids[:-1]], np.r_[0, reward[:-1]], 0)  # the plain loop's answer
+    np.testing.assert_array_equal(rows["prev_reward"].to_numpy(), expected)
+
+
+def test_a_function_with_a_where(store: trajstore.Store) -> None:
+    fill(store)
+    report = store.add_column("neg", lambda t: pc.negate(t["reward"]), where="run_id = 'b'")
+    rows = store.sql("SELECT run_id, reward, neg FROM steps")
+    b = rows.filter(pc.equal(rows["run_id"], "b"))
+    np.testing.assert_array_equal(b["neg"].to_numpy(), -b["reward"].to_numpy())
+    assert rows.filter(pc.equal(rows["run_id"], "a"))["neg"].null_count == rows.num_rows - b.num_rows
+    assert report.rows == b.num_rows and report.type == pa.float32()
+
+
+def test_bad_columns_are_named(store: trajstore.Store) -> None:
+    fill(store)
+    with pytest.raises(InputError, match="name: 'reward' is already a column"):
+        store.add_column("reward", "reward + 1")
+    with pytest.raises(InputError, match="name: expected a column name"):
+        store.add_column("a b", "reward + 1")
+    with pytest.raises(InputError, match="expression: .*nope"):
+        store.add_column("x", "nope + 1")
+    with pytest.raises(InputError, match="returned 1 values for a table of"):
+        store.add_column("x", lambda t: pa.array([1.0]))
+    version = store.version
+    assert store.version == version

@@ -1,0 +1,73 @@
+"""Versions: history() names every commit with its rows and runs; open(version=/as_of=) reads a store exactly as
+it was, read-only."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+
+import trajstore
+from tests.helpers import make_batch
+from trajstore.errors import InputError, ReadOnlyError
+
+
+def write(store: trajstore.Store, run: str, seed: int) -> None:
+    with store.writer(run_id=run, env_id="E") as w:
+        w.add_batch(make_batch(np.random.default_rng(seed), 10, 2))
+
+
+def test_history_lists_each_commit(store: trajstore.Store) -> None:
+    write(store, "a", 0)
+    write(store, "b", 1)
+    store.delete(run_id="a")
+    h = store.history()
+    assert h["version"].to_pylist() == list(range(store.version + 1))
+    assert h["operation"].to_pylist() == ["create", "append", "append", "delete"]
+    assert h["rows_added"].to_pylist() == [0, 20, 20, 0]
+    assert h["rows_removed"].to_pylist() == [0, 0, 0, 20]
+    assert h["run_ids"].to_pylist() == [[], ["a"], ["b"], ["a"]]
+    assert h["timestamp"].to_pylist() == sorted(h["timestamp"].to_pylist())
+    assert store.history(limit=1)["version"].to_pylist() == [3]
+
+
+def test_a_store_opened_at_a_version_reads_as_it_was(store: trajstore.Store) -> None:
+    write(store, "a", 0)
+    stats, episodes, steps = store.stats(), store.episodes(), store.sql("SELECT * FROM steps ORDER BY episode_id, step")
+    version, when = store.version, datetime.now(timezone.utc)
+    time.sleep(0.05)
+    write(store, "b", 1)
+    store.delete(run_id="a")
+    for old in (trajstore.open(store.uri, version=version), trajstore.open(store.uri, as_of=when)):
+        assert old.read_only and old.version == version
+        assert old.stats().equals(stats) and old.episodes().equals(episodes)
+        assert old.sql("SELECT * FROM steps ORDER BY episode_id, step").equals(steps)
+        assert old.scan().read_all().num_rows == steps.num_rows and old.run_ids() == ["a"]
+        assert old.returns(gamma=0.9).num_rows == episodes.num_rows
+        assert len(old.history()) == version + 1
+    assert store.run_ids() == ["b"] and not store.read_only
+
+
+def test_a_pinned_store_refuses_every_change(store: trajstore.Store) -> None:
+    write(store, "a", 0)
+    old = store.at(version=1)
+    for change in (lambda: old.writer(run_id="a", env_id="E"), lambda: old.delete(run_id="a"),
+                   lambda: old.vacuum(older_than=0), lambda: old.add_column("x", "reward"),
+                   lambda: trajstore.compact(old), lambda: old.ingest(store.sql("SELECT * FROM steps"),
+                                                                       run_id="a", env_id="E")):
+        with pytest.raises(ReadOnlyError, match="read-only at version 1"):
+            change()
+    with pytest.raises(PermissionError):
+        old.delete(run_id="a")
+
+
+def test_bad_versions_are_named(store: trajstore.Store) -> None:
+    write(store, "a", 0)
+    with pytest.raises(InputError, match=r"version: must be a version of this store, 0..1, got 7"):
+        trajstore.open(store.uri, version=7)
+    with pytest.raises(InputError, match="give one of them, not both"):
+        trajstore.open(store.uri, version=0, as_of=datetime.now())
+    with pytest.raises(InputError, match="as_of: .* is before the store's first readable version"):
+        trajstore.open(store.uri, as_of=datetime.now(timezone.utc) - timedelta(days=1))

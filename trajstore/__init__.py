@@ -23,8 +23,10 @@ from trajstore.errors import (
     QueryError,
     QueryRefusedError,
     QueryTimeoutError,
+    ReadOnlyError,
     RemoteError,
     ResultTooLargeError,
+    RunNotFoundError,
     SchemaMismatchError,
     StoreExistsError,
     StoreNotFoundError,
@@ -32,6 +34,8 @@ from trajstore.errors import (
     UnknownColumnError,
     WriterClosedError,
 )
+from trajstore.export.lerobot import export_lerobot
+from trajstore.export.minari import export_minari
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.returns import discounted_sum
 from trajstore.remote.client import Client
@@ -56,10 +60,12 @@ __all__ = [
     "QueryError",
     "QueryRefusedError",
     "QueryTimeoutError",
+    "ReadOnlyError",
     "RemoteError",
     "RemoteStore",
     "RemoteWriter",
     "ResultTooLargeError",
+    "RunNotFoundError",
     "SchemaMismatchError",
     "Settings",
     "Store",
@@ -73,6 +79,8 @@ __all__ = [
     "check",
     "compact",
     "discounted_sum",
+    "export_lerobot",
+    "export_minari",
     "open",
     "remove_orphans",
 ]

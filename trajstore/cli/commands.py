@@ -12,10 +12,10 @@ from trajstore.errors import InputError
 EXIT_PROBLEMS = 1
 
 
-def _open(path: str, create: bool = False) -> Any:
+def _open(path: str, create: bool = False, version: int | None = None) -> Any:
     import trajstore
 
-    return trajstore.open(path, create=create)
+    return trajstore.open(path, create=create, version=version)
 
 
 def _emit(args: argparse.Namespace, table: Any) -> None:
@@ -75,7 +75,7 @@ def _missing_runs(store: Any, runs: list[str] | None) -> bool:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    store = _open(args.store)
+    store = _open(args.store, version=args.at_version)
     if _missing_runs(store, args.run):
         return EXIT_PROBLEMS
     table = store.stats(by=_split(args.by), gamma=args.gamma, where=args.where, run_id=args.run,
@@ -85,7 +85,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_episodes(args: argparse.Namespace) -> int:
-    store = _open(args.store)
+    store = _open(args.store, version=args.at_version)
     if _missing_runs(store, args.run):
         return EXIT_PROBLEMS
     table = store.episodes(run_id=args.run, env_id=args.env, complete=args.complete, where=args.where,
@@ -99,7 +99,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     ``--limit``), or with ``--unsafe`` any SQL on the trusted path."""
     if args.limit is not None and args.limit < 0:
         raise InputError(f"--limit: must be a number of rows >= 0, got {args.limit}")
-    store = _open(args.store)
+    store = _open(args.store, version=args.at_version)
     if args.unsafe:
         table = store.sql(args.query)
         truncated = args.limit is not None and table.num_rows > args.limit
@@ -175,3 +175,46 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"removed {len(removed)} orphan file(s) older than {args.older_than:g} minutes"
               + (f"; kept {kept} newer one(s)" if kept > 0 else ""))
     return 0 if report.ok else EXIT_PROBLEMS
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Say what would go, ask on a terminal (refuse off one without --yes), then delete in one commit."""
+    store = _open(args.store)
+    runs = _split(args.run) or None
+    plan = store.delete(run_id=runs, where=args.where, dry_run=True)
+    print(plan.format())
+    if not plan.episodes:
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise InputError("delete: not on a terminal and no --yes given; nothing was deleted")
+        if input("delete them? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing was deleted")
+            return 0
+    print(store.delete(run_id=runs, where=args.where).format())
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    _emit(args, _open(args.store).history(limit=args.limit))
+    return 0
+
+
+def cmd_vacuum(args: argparse.Namespace) -> int:
+    print(_open(args.store).vacuum(older_than=args.older_than, dry_run=args.dry_run).format())
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    store = _open(args.store, version=args.at_version)
+    runs = _split(args.run) or None
+    if args.format == "minari":
+        from trajstore.export.minari import export_minari
+
+        result = export_minari(store, args.name, run_id=runs, where=args.where)
+    else:
+        from trajstore.export.lerobot import export_lerobot
+
+        result = export_lerobot(store, args.name, run_id=runs, where=args.where)
+    print(result.format())
+    return 0

@@ -113,6 +113,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--older-than", type=float, default=60.0, metavar="MINUTES",
                    help="with --remove-orphans: only files last modified this long ago (default: %(default)s)")
     p.set_defaults(func=commands.cmd_check)
+
+    p = sub.add_parser("delete", help="delete whole episodes (a run, or those a condition selects) in one commit")
+    p.add_argument("--store", **store_opt)
+    p.add_argument("--run", action="append", default=[], help="delete this run (repeatable, or comma-separated)")
+    p.add_argument("--where", help="delete the episodes whose every step this SQL condition over steps selects, "
+                                   "e.g. \"policy_version < 3\"; refused if it selects part of an episode")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (needed when not on a "
+                                                              "terminal)")
+    p.set_defaults(func=commands.cmd_delete)
+
+    p = sub.add_parser("history", help="the store's versions: each commit, its rows added/removed and runs")
+    p.add_argument("--store", **store_opt)
+    p.add_argument("--limit", type=int, help="only the last N versions")
+    _output_options(p)
+    p.set_defaults(func=commands.cmd_history)
+
+    p = sub.add_parser("vacuum", help="delete files no version of the retention period needs (deleted, compacted)")
+    p.add_argument("--store", **store_opt)
+    p.add_argument("--older-than", default="7d", help="retention period: keep every version committed within "
+                                                      "it (e.g. 7d, 12h, 30m; default: %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="list the files, delete nothing")
+    p.set_defaults(func=commands.cmd_vacuum)
+
+    p = sub.add_parser("export", help="write a run's episodes as a dataset of another format")
+    p.add_argument("format", choices=["minari", "lerobot"],
+                   help="minari: a Minari dataset ($MINARI_DATASETS_PATH); lerobot: LeRobot's chunked Parquet "
+                        "layout (meta/*.json, data/chunk-*/episode_*.parquet) in a new folder")
+    p.add_argument("name", help="minari: the dataset id (e.g. cartpole/trajstore-v0); lerobot: the folder")
+    p.add_argument("--store", **store_opt)
+    p.add_argument("--run", action="append", default=[], help="only this run (repeatable, or comma-separated)")
+    p.add_argument("--where", help="only the episodes this condition over the episodes view selects")
+    p.add_argument("--version", dest="at_version", type=int, metavar="N", help="export the store as of version N")
+    p.set_defaults(func=commands.cmd_export)
+    for name in ("stats", "episodes", "sql"):
+        sub.choices[name].add_argument("--version", dest="at_version", type=int, metavar="N",
+                                       help="read the store as it was at version N (see trajstore history)")
     return parser
 
 

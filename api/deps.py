@@ -5,7 +5,10 @@ from __future__ import annotations
 import secrets
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+import threading
+from collections import OrderedDict
+
+from fastapi import Depends, HTTPException, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from trajstore.settings import Settings
@@ -25,6 +28,31 @@ def get_store(request: Request) -> Store:
     return store
 
 
+PINNED_CACHE = 8  # stores kept open at old versions (each caches its file list and schema)
+_pinned_lock = threading.Lock()
+
+
+def get_read_store(store: Annotated[Store, Depends(get_store)], request: Request,
+                   version: Annotated[int | None, Query(ge=0, description="read the store as it was at this "
+                                                        "version (see GET /history); default: the latest")] = None,
+                   ) -> Store:
+    """The store for a read: the latest version, or with ``?version=N`` a read-only store pinned to N (kept
+    for the next requests of that version)."""
+    if version is None:
+        return store
+    with _pinned_lock:
+        cache = request.app.state.__dict__.setdefault("pinned", OrderedDict())
+        if version in cache:
+            cache.move_to_end(version)
+            return cache[version]
+    pinned = store.at(version=version)
+    with _pinned_lock:
+        cache[version] = pinned
+        while len(cache) > PINNED_CACHE:
+            cache.popitem(last=False)
+    return pinned
+
+
 def require_api_key(settings: Annotated[Settings, Depends(get_settings)],
                     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     """Bearer-token check for writes; with no key configured, writes are disabled."""
@@ -40,3 +68,4 @@ def require_api_key(settings: Annotated[Settings, Depends(get_settings)],
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
+ReadStoreDep = Annotated[Store, Depends(get_read_store)]

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response, json_rows, wants_arrow
-from trajstore.api.deps import SettingsDep, StoreDep
+from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.api.params import EPISODE_COLUMNS, INT64, NAME, ColumnsDep, FilterDep, run_hint, unknown_runs
 
 router = APIRouter(tags=["episodes"])
@@ -30,7 +30,7 @@ class StepRows(BaseModel):
 
 @router.get("/episodes", summary="Episodes, filtered, sorted and paginated",
             responses={200: {"content": ARROW_CONTENT}})
-def episodes(request: Request, store: StoreDep, settings: SettingsDep, flt: FilterDep,
+def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: FilterDep,
              order_by: Annotated[str, Query(pattern=NAME.replace("^", "^-?"), description=(
                  f"a column of episodes ({EPISODE_COLUMNS}, discounted_return with gamma); prefix - for "
                  "descending"))] = "episode_id",
@@ -51,7 +51,7 @@ def episodes(request: Request, store: StoreDep, settings: SettingsDep, flt: Filt
 
 @router.get("/episodes/{episode_id}/steps", summary="Every step of one episode, in order",
             responses={200: {"content": ARROW_CONTENT}})
-def episode_steps(request: Request, store: StoreDep, episode_id: Annotated[int, Path(**INT64)],
+def episode_steps(request: Request, store: ReadStoreDep, episode_id: Annotated[int, Path(**INT64)],
                   columns: ColumnsDep) -> Any:
     rows = store.episode_steps(episode_id, columns)
     if rows.num_rows == 0:

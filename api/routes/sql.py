@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from trajstore.api import json_body
 from trajstore.api.arrow import ARROW_CONTENT, ARROW_STREAM, wants_arrow
-from trajstore.api.deps import SettingsDep, StoreDep
+from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.query import sandbox
 from trajstore.remote.wire import ipc_pieces
 
@@ -66,7 +66,7 @@ def arrow_pieces(result: sandbox.Result) -> Iterator[bytes]:
 
 @router.post("/sql", summary="Run one read-only SELECT over the steps and episodes views",
              response_model=SqlResult, responses={200: {"content": ARROW_CONTENT}})
-async def sql(body: SqlRequest, request: Request, store: StoreDep, settings: SettingsDep) -> Response:
+async def sql(body: SqlRequest, request: Request, store: ReadStoreDep, settings: SettingsDep) -> Response:
     limits = sandbox.Limits(max_rows=min(body.max_rows or settings.sql_max_rows, settings.sql_max_rows),
                             max_bytes=settings.sql_max_bytes, timeout_s=settings.sql_timeout_s,
                             memory_limit=settings.sql_memory_limit)

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 
 from trajstore.api.arrow import ARROW_CONTENT, table_response
-from trajstore.api.deps import StoreDep
+from trajstore.api.deps import ReadStoreDep
 from trajstore.api.params import ByDep, FilterDep, run_hint, unknown_runs
 
 router = APIRouter(tags=["stats"])
@@ -16,7 +16,7 @@ MAX_RETURN_ROWS = 100_000
 
 @router.get("/stats", summary="n_traj, return_{min,mean,std,max}, len_* (and discounted_return_* with gamma)",
             responses={200: {"content": ARROW_CONTENT}})
-def stats(request: Request, store: StoreDep, flt: FilterDep,
+def stats(request: Request, store: ReadStoreDep, flt: FilterDep,
           by: ByDep,
           gamma: Annotated[float | None, Query(ge=0, le=1)] = None,
           include_incomplete: Annotated[bool, Query(description="also count unfinished episodes")] = False,
@@ -30,7 +30,7 @@ def stats(request: Request, store: StoreDep, flt: FilterDep,
 
 @router.get("/returns", summary="Discounted return per episode, or return-to-go per step",
             responses={200: {"content": ARROW_CONTENT}})
-def returns(request: Request, store: StoreDep, flt: FilterDep,
+def returns(request: Request, store: ReadStoreDep, flt: FilterDep,
             gamma: Annotated[float, Query(ge=0, le=1)],
             per: Annotated[Literal["episode", "step"], Query()] = "episode",
             limit: Annotated[int, Query(ge=1, le=MAX_RETURN_ROWS)] = 10_000,

@@ -13,7 +13,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from trajstore.api.arrow import ARROW_CONTENT, json_rows
-from trajstore.api.deps import SettingsDep, StoreDep
+from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.api.params import ColumnsDep, FilterDep
 from trajstore.query.filters import EpisodeFilter
 from trajstore.remote.wire import ARROW_STREAM, ipc_pieces
@@ -104,7 +104,7 @@ async def _until_disconnect(chunks: Generator[bytes, None, None]) -> AsyncIterat
 
 @router.get("/steps", summary="Selected steps as an Arrow IPC stream (or a JSON page with format=json)",
             responses={200: {"content": {**ARROW_CONTENT, "application/json": {"schema": {"type": "object"}}}}})
-def steps(request: Request, store: StoreDep, settings: SettingsDep, flt: FilterDep,
+def steps(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: FilterDep,
           columns: ColumnsDep,
           batch_rows: Annotated[int | None, Query(ge=1, le=1_048_576, description="rows per Arrow batch (at most: "
                                                                                "fewer when rows are wide)")] = None,

@@ -1,0 +1,48 @@
+"""DELETE /runs/{run_id}: behind the API key, 200 with what it removed, 404 problem+json for an unknown run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+import trajstore
+from tests.api.helpers import API_KEY, settings_for
+from tests.helpers import make_batch
+from trajstore.api.app import create_app
+
+
+def small_store(path: Path) -> trajstore.Store:
+    store = trajstore.open(path, create=True)
+    rng = np.random.default_rng(0)
+    for run in ("a", "b"):
+        with store.writer(run_id=run, env_id="E") as w:
+            w.add_batch(make_batch(rng, 10, 2))
+    return store
+
+
+def test_delete_a_run(tmp_path: Path) -> None:
+    store = small_store(tmp_path / "s")
+    steps = store.sql("SELECT count(*) AS n FROM steps WHERE run_id = 'a'")["n"][0].as_py()
+    episodes = store.episodes(run_id="a").num_rows
+    with TestClient(create_app(settings_for(tmp_path / "s"))) as c:
+        assert c.delete("/runs/a").status_code == 401
+        assert c.delete("/runs/a", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        r = c.delete("/runs/a", headers=auth)
+        assert r.status_code == 200, r.text
+        assert r.json() | {"version": 0} == {"run_id": "a", "episodes": episodes, "steps": steps, "files_removed": 1,
+                                             "files_rewritten": 0, "version": 0}
+        assert [run["run_id"] for run in c.get("/runs").json()] == ["b"]
+        missing = c.delete("/runs/a", headers=auth)
+        assert missing.status_code == 404 and missing.headers["content-type"] == "application/problem+json"
+        assert "run_id: no run 'a'" in missing.json()["detail"]
+        old = c.get("/runs", params={"version": r.json()["version"] - 1}).json()  # still readable at a version
+        assert [run["run_id"] for run in old] == ["a", "b"]
+
+
+def test_delete_is_refused_without_a_configured_key(tmp_path: Path) -> None:
+    small_store(tmp_path / "s")
+    with TestClient(create_app(settings_for(tmp_path / "s", api_key=None))) as c:
+        assert c.delete("/runs/a", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 403

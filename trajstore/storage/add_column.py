@@ -4,7 +4,8 @@
 partition, so window expressions over whole episodes see every step), from DuckDB SQL over the ``steps`` view
 or from a Python function of the partition's steps; rewrites the files holding the rows that get a value with
 the new column added; and swaps them in with one commit
-(:meth:`~trajstore.storage.table.StepsTable.swap`), which also gives the table's schema the column. Afterwards
+(:meth:`~trajstore.storage.table.StepsTable.swap`), just after a commit that gives the log's schema the column
+(until the swap, and if it fails, the column reads as null). Afterwards
 the column is a stored column like any extra: ``steps`` in SQL, scans, stats ``by=``, REST. Rows that get no
 value (outside ``where``, or appended while it ran) read as null. Older versions keep reading the old files.
 """

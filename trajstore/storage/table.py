@@ -305,8 +305,14 @@ class StepsTable:
                                            {"run_id": f.run_id, "env_id": f.env_id}) for f in removed]
         actions += [w.action for w in written]
         table_schema = pa.schema(dt.schema().to_arrow())
-        for w in written:  # a rewrite that adds a column: the table's schema gains it in the same commit
+        for w in written:
             table_schema = _merged(table_schema, w.schema)
+        if len(table_schema) > len(dt.schema().to_arrow()):  # a rewrite that adds a column: the log's schema
+            dt = self._ensure_table(table_schema)  # gains it first (a commit of its own), then the files swap
+            listed = {f.path for f in self._files(dt)}
+            if any(f.path not in listed for f in removed):
+                raise CommitError(f"{metadata.get('operation')}: another change removed some of the files it "
+                                  "read; nothing was committed")
         try:
             dt.create_write_transaction(actions, mode="append", schema=table_schema,
                                         partition_by=list(PARTITION_COLUMNS),

@@ -1,0 +1,50 @@
+"""The lifecycle commands: delete (prints, refuses off a terminal without --yes), history, vacuum, --version."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import trajstore
+from tests.helpers import make_batch
+from trajstore import cli
+
+
+def fill(path: Path) -> trajstore.Store:
+    store = trajstore.open(path, create=True)
+    rng = np.random.default_rng(0)
+    for run in ("a", "b"):
+        with store.writer(run_id=run, env_id="E") as w:
+            w.add_batch(make_batch(rng, 10, 2, p_terminated=0.5))
+    return store
+
+
+def test_delete_history_vacuum_and_version(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    store = fill(tmp_path / "s")
+    s = str(store.root)
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal
+    assert cli.main(["delete", "--store", s, "--run", "a"]) == 2
+    out, err = capsys.readouterr()
+    assert "would delete" in out and "not on a terminal and no --yes given; nothing was deleted" in err
+    assert store.run_ids() == ["a", "b"]
+    assert cli.main(["delete", "--store", s, "--run", "nope", "--yes"]) == 2
+    assert "run_id: no run 'nope'" in capsys.readouterr().err
+    assert cli.main(["delete", "--store", s, "--run", "a", "--yes"]) == 0
+    assert "deleted" in capsys.readouterr().out and store.run_ids() == ["b"]
+    assert cli.main(["history", "--store", s, "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 + store.version + 1 and "delete" in lines[-1]
+    assert cli.main(["sql", "--store", s, "--version", "2", "--format", "csv",
+                     "SELECT DISTINCT run_id FROM steps ORDER BY run_id"]) == 0
+    assert capsys.readouterr().out.split() == ["run_id", "a", "b"]
+    assert cli.main(["stats", "--store", s, "--version", "2", "--run", "a", "--format", "csv"]) == 0
+    assert cli.main(["vacuum", "--store", s, "--older-than", "0s", "--dry-run"]) == 0
+    assert "would delete 1 file(s)" in capsys.readouterr().out
+    assert cli.main(["vacuum", "--store", s, "--older-than", "0s"]) == 0
+    assert "deleted 1 file(s)" in capsys.readouterr().out
+    assert cli.main(["vacuum", "--store", s, "--older-than", "soon"]) == 2
+    assert "older_than: expected a duration" in capsys.readouterr().err

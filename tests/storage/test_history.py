@@ -42,7 +42,8 @@ def test_a_store_opened_at_a_version_reads_as_it_was(store: trajstore.Store) -> 
     store.delete(run_id="a")
     for old in (trajstore.open(store.uri, version=version), trajstore.open(store.uri, as_of=when)):
         assert old.read_only and old.version == version
-        assert old.stats().equals(stats) and old.episodes().equals(episodes)
+        assert old.stats().to_pylist() == [pytest.approx(r) for r in stats.to_pylist()]
+        assert old.episodes().equals(episodes)
         assert old.sql("SELECT * FROM steps ORDER BY episode_id, step").equals(steps)
         assert old.scan().read_all().num_rows == steps.num_rows and old.run_ids() == ["a"]
         assert old.returns(gamma=0.9).num_rows == episodes.num_rows

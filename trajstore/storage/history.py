@@ -91,7 +91,7 @@ def _operation(info: dict[str, Any], actions: list[dict[str, Any]]) -> str:
         return str(own["operation"])
     op = str(info.get("operation", "")).upper()
     mode = str((info.get("operationParameters") or {}).get("mode", "")).lower()
-    if op == "CREATE TABLE":
+    if op.split() == ["CREATE", "TABLE"]:  # the log's name for the first commit
         return "create"
     if op == "WRITE":
         return "append" if mode == "append" else "overwrite"

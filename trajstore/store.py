@@ -35,7 +35,15 @@ from trajstore.errors import (
 )
 from trajstore.query import sandbox, sql
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
-from trajstore.query.curves import total_env_steps
+from trajstore.query.curves import (
+    bin_edges,
+    bin_index,
+    bin_stats,
+    check_binning,
+    total_env_steps,
+    x_values,
+    y_values,
+)
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.query.scan import files_holding, scan_steps
@@ -143,6 +151,7 @@ class Store:
         self._episodes_lock = threading.Lock()
         self._schema_cache: tuple[tuple[str, ...], pa.Schema] | None = None
         self._env_schemas: dict[str, Any] = {}
+        self._curve_cache: dict[tuple[tuple[str, ...], str], pa.Table] = {}
         self._log_schema_cache: tuple[Any, pa.Schema | None] | None = None
         self.sql_gate = sandbox.Gate(self.settings.sql_max_concurrent)
 
@@ -353,6 +362,49 @@ class Store:
         return walk.filter(walk[CURVE_POINT]).drop_columns([CURVE_POINT])
 
     @_where_named
+    def binned_curves(self, *, x: str = "env_steps", y: str = "episode_return", bins: int = 800,
+                      gamma: float | None = None, run_id: Names = None, env_id: Names = None,
+                      where: str | None = None, filter: EpisodeFilter | None = None) -> pa.Table:  # noqa: A002
+        """Learning curves in ``bins`` bins along ``x`` (``env_steps``, ``wall_time``, ``policy_version`` or
+        ``episode_index``), one series per ``(run_id, env_id)``: per non-empty bin ``lo, hi`` (its edges, shared
+        by all series, as ``numpy.histogram_bin_edges``), ``count``, ``mean`` and ``p10, p50, p90`` of ``y``
+        (``episode_return``, ``episode_length``, or ``discounted_return`` with ``gamma``). The size of the answer
+        depends on ``bins`` and the number of series, not on the number of episodes."""
+        check_binning(x, y, bins, gamma)
+        curve = self._curve(run_id=run_id, env_id=env_id, where=where, filter=filter, gamma=gamma)
+        xs = x_values(curve, x)
+        edges = bin_edges(xs, bins)
+        return bin_stats(self._cursor(), curve, y_values(curve, y), bin_index(xs, edges), edges)
+
+    @_where_named
+    def histogram(self, *, y: str = "episode_return", bins: int = 60, gamma: float | None = None,
+                  run_id: Names = None, env_id: Names = None, where: str | None = None,
+                  filter: EpisodeFilter | None = None) -> pa.Table:  # noqa: A002
+        """The distribution of ``y`` over the complete episodes of each ``(run_id, env_id)`` in ``bins`` bins
+        shared by all series: ``run_id, env_id, bin, lo, hi, count`` per non-empty bin (numpy.histogram's)."""
+        check_binning("episode_index", y, bins, gamma)
+        curve = self._curve(run_id=run_id, env_id=env_id, where=where, filter=filter, gamma=gamma)
+        ys = y_values(curve, y)
+        edges = bin_edges(ys, bins)
+        return bin_stats(self._cursor(), curve, ys, bin_index(ys, edges), edges, quantiles=())
+
+    def _curve(self, **selection: Any) -> pa.Table:
+        """:meth:`curves` of ``selection``, kept for the latest committed version and the last few selections
+        (a page draws several plots of one selection, and many viewers look at the same runs)."""
+        key = (tuple(f.path for f in self.files()), repr(sorted(selection.items())))
+        with self._episodes_lock:
+            hit = self._curve_cache.get(key)
+        if hit is not None:
+            return hit
+        curve = self.curves(**selection)
+        with self._episodes_lock:
+            self._curve_cache = {k: v for k, v in self._curve_cache.items() if k[0] == key[0]}
+            while len(self._curve_cache) >= CURVE_CACHE_SELECTIONS:
+                self._curve_cache.pop(next(iter(self._curve_cache)))
+            self._curve_cache[key] = curve
+        return curve
+
+    @_where_named
     def stats(self, *, by: Names = None, gamma: float | None = None, where: str | None = None,
               filter: EpisodeFilter | None = None, run_id: Names = None,  # noqa: A002
               env_id: Names = None, include_incomplete: bool = False) -> pa.Table:
@@ -561,6 +613,7 @@ class ScanPlan:
     episode_ids: np.ndarray | None
 
 
+CURVE_CACHE_SELECTIONS = 8  # curve selections kept per version (Store._curve)
 EPISODE_CACHE_ROWS = 2_000_000  # larger episodes views are aggregated per query instead of kept in memory
 
 

@@ -244,6 +244,17 @@ def curve_episodes(series: Sequence[str], chosen: Sequence[str], *, source: str,
             f"ORDER BY {keys}")
 
 
+def bin_stats(source: str, quantiles: Sequence[float]) -> str:
+    """Per ``(run_id, env_id, bin)`` of ``source`` (columns ``run_id, env_id, bin, y``; bin -1 left out): the
+    count, and with ``quantiles`` the mean and each quantile of ``y`` (``quantile_cont``: numpy's "linear")."""
+    aggs = ["count(*) AS count"]
+    if quantiles:
+        aggs.append("avg(y) AS mean")
+        aggs += [f"quantile_cont(y, {literal(float(q))}) AS {ident(f'p{round(q * 100)}')}" for q in quantiles]
+    keys = "run_id, env_id, bin"
+    return f"SELECT {keys}, {', '.join(aggs)} FROM {ident(source)} WHERE bin >= 0 GROUP BY {keys} ORDER BY {keys}"
+
+
 def subquery(select: str) -> str:
     return f"({select})"
 

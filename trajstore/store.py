@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, TypeVar,
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from trajstore.errors import (
@@ -45,6 +46,7 @@ from trajstore.query.curves import (
     y_values,
 )
 from trajstore.query.filters import EpisodeFilter
+from trajstore.query.follow import Commit, check_follow, new_commits
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.query.scan import files_holding, scan_steps
 from trajstore.query.snapshot import Snapshot, check_names, damaged_file
@@ -428,6 +430,49 @@ class Store:
         """One row per ``(run_id, env_id)``: its episodes, complete episodes, steps and last write time."""
         with self._query_snapshot(episodes="fill") as snap:
             return snap.arrow(sql.RUNS)
+
+    # --- following the log ------------------------------------------------------------------------
+
+    def follow(self, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
+               since: int | None = None, episodes: bool = False, poll: float = 0.5,
+               timeout: float | None = None) -> Iterator[Commit]:
+        """The rows of each new commit, in commit order, exactly once: a :class:`~trajstore.query.follow.Commit`
+        (``version``, ``rows``, ``runs``) per commit that appended rows of the selected runs/envs.
+
+        ``since``: the last version already seen (the one to resume after; -1 for every commit since the first;
+        None: from now on). ``rows`` are the commit's steps (``columns``, or all), or with ``episodes`` the
+        ``episodes`` rows of the episodes it completed. Waits for commits by reading the next version's log
+        file only, backing off up to ``poll`` seconds; stops after ``timeout`` idle seconds (None: never).
+        Commits that rewrite rows (a compaction) add none and are passed over.
+        """
+        check_follow(since, poll, timeout)
+        start = self.version if since is None else since
+        for commit in new_commits(self.table, since=start, poll=poll, timeout=timeout):
+            files = [f for f in commit.added if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
+            if not commit.new_rows or not files:
+                continue
+            rows = self._completed_episodes(files, columns) if episodes else self._file_rows(files, columns)
+            yield Commit(commit.version, rows, sorted({f.run_id for f in files}), commit.timestamp_ms)
+
+    def _file_rows(self, files: list[DataFile], columns: Sequence[str] | None) -> pa.Table:
+        """Every step of ``files`` (``columns``, or all), typed as the ``steps`` view types them."""
+        schema = self._with_fixed_sizes(self._steps_schema(files), files)
+        names = list(dict.fromkeys(columns)) if columns else schema.names
+        check_names(names, schema.names, view="steps", field="columns")
+        return scan_steps(files, schema, names).read_all()
+
+    def _completed_episodes(self, files: list[DataFile], columns: Sequence[str] | None) -> pa.Table:
+        """The ``episodes`` rows of the episodes whose last step is in ``files`` (read over every committed file
+        that may hold their steps)."""
+        ends = self._file_rows(files, ["episode_id", "terminated", "truncated"])
+        done = ends.filter(pc.or_(ends["terminated"], ends["truncated"]))["episode_id"]
+        ids = np.unique(done.to_numpy())
+        with self._new_snapshot(files_holding(self.files(), ids), con=self._cursor()) as snap:
+            if columns:
+                snap.check_columns(list(columns), view="episodes", field="columns")
+            rows = snap.arrow(sql.episodes(sql.conditions(episode_id=ids), source="episodes", order_by="episode_id",
+                                           descending=False, limit=None))
+        return rows.select(list(columns)) if columns else rows
 
     # --- steps --------------------------------------------------------------------------------------
 

@@ -42,10 +42,11 @@ def check_follow(since: int | None, poll: float, timeout: float | None) -> None:
 
 
 def new_commits(table: StepsTable, *, since: int, poll: float, timeout: float | None = None,
-                sleep: Callable[[float], None] = time.sleep,
+                sleep: Callable[[float], bool | None] = time.sleep,
                 clock: Callable[[], float] = time.monotonic) -> Iterator[LogCommit]:
     """Every commit after version ``since``, in order, as the log gets them; stops after ``timeout`` seconds
-    without a new commit (never with None)."""
+    without a new commit (never with None), or when ``sleep`` returns True (``threading.Event.wait`` of a
+    stop event does)."""
     version, wait, idle_since = since + 1, FIRST_WAIT, clock()
     while True:
         commit = table.commit_at(version)
@@ -56,5 +57,6 @@ def new_commits(table: StepsTable, *, since: int, poll: float, timeout: float | 
         if timeout is not None and clock() - idle_since >= timeout:
             return
         pause = wait if timeout is None else max(0.0, min(wait, timeout - (clock() - idle_since)))
-        sleep(pause)
+        if sleep(pause):
+            return
         wait = min(wait * 2, poll)

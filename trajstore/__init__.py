@@ -33,6 +33,7 @@ from trajstore.errors import (
     WriterClosedError,
 )
 from trajstore.query.filters import EpisodeFilter
+from trajstore.query.follow import Commit
 from trajstore.query.returns import discounted_sum
 from trajstore.remote.client import Client
 from trajstore.remote.writer import RemoteStore, RemoteWriter
@@ -47,6 +48,7 @@ __all__ = [
     "AuthenticationError",
     "CheckReport",
     "Client",
+    "Commit",
     "CommitError",
     "CompactReport",
     "ConflictError",

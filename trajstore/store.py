@@ -53,7 +53,7 @@ from trajstore.query.snapshot import Snapshot, check_names, damaged_file
 from trajstore.settings import Settings
 from trajstore.storage.ingest import append_rows
 from trajstore.storage.location import Location, explain, locate
-from trajstore.storage.table import DataFile, StepsTable
+from trajstore.storage.table import DataFile, LogCommit, StepsTable
 from trajstore.storage.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -448,11 +448,29 @@ class Store:
         check_follow(since, poll, timeout)
         start = self.version if since is None else since
         for commit in new_commits(self.table, since=start, poll=poll, timeout=timeout):
-            files = [f for f in commit.added if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
-            if not commit.new_rows or not files:
-                continue
-            rows = self._completed_episodes(files, columns) if episodes else self._file_rows(files, columns)
-            yield Commit(commit.version, rows, sorted({f.run_id for f in files}), commit.timestamp_ms)
+            rows = self._commit_rows(commit, columns, run_id=run_id, env_id=env_id, episodes=episodes)
+            if rows is not None:
+                yield rows
+
+    def commit_rows(self, version: int, columns: Sequence[str] | None = None, *, run_id: Names = None,
+                    env_id: Names = None, episodes: bool = False) -> Commit | None:
+        """What :meth:`follow` yields for the commit of ``version`` (``rows`` empty when it appended none of
+        the selected runs' rows); None while there is no such version."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise InputError(f"version: must be a store version >= 0, got {version!r}")
+        commit = self.table.commit_at(version)
+        if commit is None:
+            return None
+        found = self._commit_rows(commit, columns, run_id=run_id, env_id=env_id, episodes=episodes)
+        return found or Commit(version, pa.table({}), [], commit.timestamp_ms)
+
+    def _commit_rows(self, commit: LogCommit, columns: Sequence[str] | None, *, run_id: Names, env_id: Names,
+                     episodes: bool) -> Commit | None:
+        files = [f for f in commit.added if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
+        if not commit.new_rows or not files:
+            return None
+        rows = self._completed_episodes(files, columns) if episodes else self._file_rows(files, columns)
+        return Commit(commit.version, rows, sorted({f.run_id for f in files}), commit.timestamp_ms)
 
     def _file_rows(self, files: list[DataFile], columns: Sequence[str] | None) -> pa.Table:
         """Every step of ``files`` (``columns``, or all), typed as the ``steps`` view types them."""

@@ -319,15 +319,29 @@ class Store:
     @_where_named
     def episode_page(self, *, where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
                      gamma: float | None = None, order_by: str = "episode_id", limit: int,
-                     offset: int = 0) -> tuple[pa.Table, int]:
-        """One page of :meth:`episodes` and how many episodes the filter selects in all, in one query."""
+                     offset: int = 0, after: int | None = None) -> tuple[pa.Table, int]:
+        """One page of :meth:`episodes` and how many episodes the filter selects in all, in one query.
+
+        With ``after`` (the previous page's last ``episode_id``: a keyset cursor; ``order_by`` must then be
+        ``episode_id`` or ``-episode_id``), the page after that episode, whatever its depth."""
+        if after is not None:
+            if order_by.lstrip("-") != "episode_id":
+                raise InputError(f"cursor: pages with a cursor are in episode_id order (order_by=episode_id or "
+                                 f"-episode_id), got order_by={order_by!r}")
+            key = sql.after_key(["episode_id"], [int(after)], descending=order_by.startswith("-"))
+            rows = self._episodes(where=f"({where}) AND {key}" if where else key, filter=filter, gamma=gamma,
+                                  order_by=order_by, limit=limit)
+            return rows, self._episode_total(where, filter)
         rows = self._episodes(where=where, filter=filter, gamma=gamma, order_by=order_by, limit=limit,
                               offset=offset, total="total_episodes")
         total = rows["total_episodes"][0].as_py() if rows.num_rows else None
         if total is None:  # an empty page says nothing about the rows before it
-            total = self._episodes(where=where, filter=filter, total="total_episodes", limit=1)["total_episodes"]
-            total = total[0].as_py() if len(total) else 0
+            total = self._episode_total(where, filter)
         return rows.drop_columns(["total_episodes"]), total
+
+    def _episode_total(self, where: str | None, filter: EpisodeFilter | None) -> int:  # noqa: A002
+        total = self._episodes(where=where, filter=filter, total="total_episodes", limit=1)["total_episodes"]
+        return total[0].as_py() if len(total) else 0
 
     def _episodes(self, *, run_id: Names = None, env_id: Names = None, complete: bool | None = None,
                   where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
@@ -619,11 +633,16 @@ class Store:
 
     @_where_named
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002
-                   where: str | None = None, limit: int = 100, offset: int = 0) -> pa.Table:
-        """One page of the selected steps in ``(episode_id, step)`` order (``columns``, or all)."""
+                   where: str | None = None, limit: int = 100, offset: int = 0,
+                   after: tuple[int, int] | None = None) -> pa.Table:
+        """One page of the selected steps in ``(episode_id, step)`` order (``columns``, or all); with ``after``
+        (the ``(episode_id, step)`` of the previous page's last row: a keyset cursor) the page after it, read
+        without counting off the rows before it."""
         with self._query_snapshot(episodes="if-cached") as snap:
             snap.check_columns(list(columns or ()), view="steps", field="columns")
             conds = _step_conditions(filter, where)
+            if after is not None:
+                conds.append(sql.after_key(["episode_id", "step"], [int(after[0]), int(after[1])]))
             return snap.arrow(sql.steps(list(columns or ()), conds, limit=limit, offset=offset))
 
     def episode_steps(self, episode_id: int, columns: Sequence[str] | None = None) -> pa.Table:

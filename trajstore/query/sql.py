@@ -130,6 +130,17 @@ def filter_conditions(flt: EpisodeFilter) -> list[str]:
     return conds
 
 
+def after_key(columns: Sequence[str], values: Sequence[Any], *, descending: bool = False) -> str:
+    """Rows after ``values`` in the order of ``columns`` (a keyset cursor): ``a > x OR (a = x AND b > y)`` for
+    ``(a, b) > (x, y)``, ``<`` when ``descending``; every value a quoted literal."""
+    op = "<" if descending else ">"
+    ors, equal = [], []
+    for column, value in zip(columns, values):
+        ors.append(" AND ".join([*equal, f"{ident(column)} {op} {literal(value)}"]))
+        equal.append(f"{ident(column)} = {literal(value)}")
+    return "(" + " OR ".join(f"({c})" for c in ors) + ")"
+
+
 def episodes_selected(conds: Sequence[str]) -> str:
     """A condition on ``steps`` keeping the episodes that ``conds`` (over ``episodes``) select."""
     return f"episode_id IN (SELECT episode_id FROM episodes{where(conds)})"

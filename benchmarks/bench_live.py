@@ -190,7 +190,7 @@ def run_size(episodes: int, work: Path, repeats: int) -> dict[str, Any]:
 
 
 def to_markdown(results: list[dict[str, Any]], command: str) -> str:
-    lines = [f"## A million episodes, live (issue 15)", "",
+    lines = ["## A million episodes, live (issue 15)", "",
              f"`{command}` on {cpu_model()} (load average {load_average()}; 2 cores shared with other sessions: "
              "expect noise). Stores written directly with the library writer (4 runs x 4 policy versions, 2,000 "
              "envs, episodes of 1–8 steps). First plot = the page's fetches before its first plot with data, timed "

@@ -1,4 +1,5 @@
-"""Routes of the dashboard: the page, its assets, and ``/curves`` (learning-curve data as columns)."""
+"""Routes of the dashboard: the page, its assets, ``/curves`` (every complete episode, as columns) and
+``/curves/binned`` / ``/curves/histogram`` (the same binned on the server: a payload of the number of bins)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,6 @@ in order, equal to one full read."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np

@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 import trajstore

@@ -324,11 +324,10 @@ function renderCompare() {
 // The binned curves, histograms and per-run stats for the controls as they are.
 async function loadBinned() {
   const g = state.gamma, metric = $("metric").value;
-  const y = metric === "episode_length" ? "episode_length" : g === null ? "episode_return" : "discounted_return";
-  const ret = g === null ? "episode_return" : "discounted_return";
+  const y = metric === "episode_length" ? "episode_length" : "episode_return";  // discounted with γ
   const [binned, ret_, len, stats] = await Promise.all([
     api("/curves/binned", { x: $("xaxis").value, y, gamma: g, bins: binCount() }, { exact: false }),
-    api("/curves/histogram", { y: ret, gamma: g, bins: HIST_BINS }, { exact: false }),
+    api("/curves/histogram", { y: "episode_return", gamma: g, bins: HIST_BINS }, { exact: false }),
     api("/curves/histogram", { y: "episode_length", bins: HIST_BINS }, { exact: false }),
     api("/stats", { by: "run_id,env_id", gamma: g }, { exact: false }),
   ]);

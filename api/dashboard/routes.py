@@ -134,6 +134,7 @@ class Binned(BaseModel):
     bins: int
     gamma: float | None
     version: int = Field(description="the store version the bins were computed at")
+    metric: str = Field(description="what was summarised: episode_return, episode_length or discounted_return")
     series: list[BinnedSeries]
 
 
@@ -145,14 +146,20 @@ def binned_payload(table: pa.Table, *, x: str, y: str, bins: int, gamma: float |
         part = table.slice(a, b - a).to_pydict()
         series.append(BinnedSeries(**{k: v for k, v in part.items() if k not in ("run_id", "env_id")},
                                    run_id=keys[a][0], env_id=keys[a][1]))
-    return Binned(x=x, y=y, bins=bins, gamma=gamma, version=version, series=series)
+    return Binned(x=x, y=y, bins=bins, gamma=gamma, version=version, metric=_metric(y, gamma), series=series)
 
 
 Axis = Literal["env_steps", "wall_time", "policy_version", "episode_index"]
-Metric = Literal["episode_return", "episode_length", "discounted_return"]
+Metric = Literal["episode_return", "episode_length"]
 RunsQuery = Annotated[list[str], Query(description="runs to include (all by default)")]
 EnvsQuery = Annotated[list[str], Query(description="envs to include (all by default)")]
-GammaQuery = Annotated[float | None, Query(ge=0, le=1, description="discount for y=discounted_return")]
+GammaQuery = Annotated[float | None, Query(ge=0, le=1, description="with y=episode_return: the discounted return "
+                                                                    "for this discount instead")]
+
+
+def _metric(y: str, gamma: float | None) -> str:
+    """The episodes column ``y`` names: the return is the discounted one when ``gamma`` is given."""
+    return "discounted_return" if y == "episode_return" and gamma is not None else y
 
 
 @router.get("/curves/binned", tags=["dashboard"], summary="Learning curves in bins along x: per (run, env) and bin, "
@@ -164,7 +171,8 @@ def curves_binned(store: StoreDep, run_id: RunsQuery = [], env_id: EnvsQuery = [
                                                                           "width in pixels)")] = 800,
                   gamma: GammaQuery = None) -> Binned:
     version = store.version
-    table = store.binned_curves(x=x, y=y, bins=bins, gamma=gamma, run_id=run_id or None, env_id=env_id or None)
+    table = store.binned_curves(x=x, y=_metric(y, gamma), bins=bins, gamma=gamma, run_id=run_id or None,
+                                env_id=env_id or None)
     return binned_payload(table, x=x, y=y, bins=bins, gamma=gamma, version=version)
 
 
@@ -175,5 +183,6 @@ def curves_histogram(store: StoreDep, run_id: RunsQuery = [], env_id: EnvsQuery 
                      bins: Annotated[int, Query(ge=1, le=10_000, description="number of bins")] = 60,
                      gamma: GammaQuery = None) -> Binned:
     version = store.version
-    table = store.histogram(y=y, bins=bins, gamma=gamma, run_id=run_id or None, env_id=env_id or None)
+    table = store.histogram(y=_metric(y, gamma), bins=bins, gamma=gamma, run_id=run_id or None,
+                            env_id=env_id or None)
     return binned_payload(table, x=y, y=y, bins=bins, gamma=gamma, version=version)

@@ -47,7 +47,10 @@ async def _stream(request: Request, hub: CommitHub) -> AsyncIterator[bytes]:
 
 @router.get("/events", summary="Server-Sent Events: a 'hello' with the current version, then one 'commit' event "
                                "{version, runs, rows_added, files_added, files_removed, lagged} per new commit",
-            responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}})
+            responses={200: {"content": {"text/event-stream": {"schema": {
+                "type": "object", "description": "one Server-Sent Event; data is JSON",
+                "properties": {"event": {"type": "string", "enum": ["hello", "commit"]}, "data": {"type": "string"},
+                               "id": {"type": "string"}, "retry": {"type": "integer"}}}}}}})
 async def events(request: Request) -> StreamingResponse:
     return StreamingResponse(_stream(request, hub_of(request)), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

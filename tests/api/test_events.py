@@ -85,3 +85,19 @@ def test_events_are_open_to_readers_like_other_reads(live: Live) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         with httpx.stream("GET", live.url + "/events", timeout=30, headers=headers) as r:
             assert r.status_code == 200 and next(events(r.iter_lines()))[0] == "hello"
+
+
+def test_a_subscriber_that_falls_behind_loses_the_oldest_and_is_told() -> None:
+    import asyncio
+
+    from trajstore.api.events import QUEUE_SIZE, Announcement, Subscriber
+
+    async def fill() -> list[Announcement]:
+        sub = Subscriber()
+        for v in range(QUEUE_SIZE + 3):
+            sub.put(Announcement(v, ["r"], 1, 1, 0))
+        return [sub.queue.get_nowait() for _ in range(sub.queue.qsize())]
+
+    got = asyncio.run(fill())
+    assert len(got) == QUEUE_SIZE and [a.version for a in got] == list(range(3, QUEUE_SIZE + 3))
+    assert [a.lagged for a in got[-3:]] == [True] * 3 and not any(a.lagged for a in got[:-3])

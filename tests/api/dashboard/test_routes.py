@@ -102,8 +102,8 @@ def test_curves_of_an_empty_store(tmp_path: Path) -> None:
 
 
 def test_binned_curves_route_gives_the_store_bins_per_series(client: TestClient, demo_store: trajstore.Store) -> None:
-    body = client.get("/curves/binned", params={"bins": 30, "x": "episode_index", "y": "discounted_return",
-                                                "gamma": 0.9}).json()
+    body = client.get("/curves/binned", params={"bins": 30, "x": "episode_index", "gamma": 0.9}).json()
+    assert body["metric"] == "discounted_return"  # the return, discounted with gamma
     want = demo_store.binned_curves(bins=30, x="episode_index", y="discounted_return", gamma=0.9).to_pylist()
     got = [{"run_id": s["run_id"], "env_id": s["env_id"], **{k: s[k][i] for k in ("bin", "lo", "hi", "count", "mean",
                                                                                  "p10", "p50", "p90")}}
@@ -117,7 +117,7 @@ def test_binned_curves_route_gives_the_store_bins_per_series(client: TestClient,
 
 
 @pytest.mark.parametrize(("params", "field"), [({"x": "steps"}, "x"), ({"bins": 0}, "bins"),
-                                               ({"y": "discounted_return"}, "y"), ({"gamma": 2}, "gamma")])
+                                               ({"y": "reward"}, "y"), ({"gamma": 2}, "gamma")])
 def test_binned_curves_route_refuses_bad_parameters(client: TestClient, params: dict, field: str) -> None:
     r = client.get("/curves/binned", params=params)
     assert r.status_code in (400, 422) and field in r.text

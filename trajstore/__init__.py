@@ -37,6 +37,7 @@ from trajstore.errors import (
 from trajstore.export.lerobot import export_lerobot
 from trajstore.export.minari import export_minari
 from trajstore.query.filters import EpisodeFilter
+from trajstore.query.follow import Commit
 from trajstore.query.returns import discounted_sum
 from trajstore.remote.client import Client
 from trajstore.remote.writer import RemoteStore, RemoteWriter
@@ -51,6 +52,7 @@ __all__ = [
     "AuthenticationError",
     "CheckReport",
     "Client",
+    "Commit",
     "CommitError",
     "CompactReport",
     "ConflictError",

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Seq
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from trajstore.errors import (
@@ -36,15 +37,24 @@ from trajstore.errors import (
 )
 from trajstore.query import sandbox, sql
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
-from trajstore.query.curves import total_env_steps
+from trajstore.query.curves import (
+    bin_edges,
+    bin_index,
+    bin_stats,
+    check_binning,
+    total_env_steps,
+    x_values,
+    y_values,
+)
 from trajstore.query.filters import EpisodeFilter
+from trajstore.query.follow import Commit, check_follow, new_commits
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.query.scan import files_holding, scan_steps
 from trajstore.query.snapshot import Snapshot, check_names, damaged_file
 from trajstore.settings import Settings
 from trajstore.storage.ingest import append_rows
 from trajstore.storage.location import Location, explain, locate
-from trajstore.storage.table import DataFile, StepsTable
+from trajstore.storage.table import DataFile, LogCommit, StepsTable
 from trajstore.storage.writer import Writer
 
 if TYPE_CHECKING:
@@ -156,6 +166,7 @@ class Store:
         self._episodes_lock = threading.Lock()
         self._schema_cache: tuple[tuple[str, ...], pa.Schema] | None = None
         self._env_schemas: dict[str, Any] = {}
+        self._curve_cache: dict[tuple[tuple[str, ...], str], pa.Table] = {}
         self._log_schema_cache: tuple[Any, pa.Schema | None] | None = None
         self.sql_gate = sandbox.Gate(self.settings.sql_max_concurrent)
 
@@ -372,15 +383,29 @@ class Store:
     @_where_named
     def episode_page(self, *, where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
                      gamma: float | None = None, order_by: str = "episode_id", limit: int,
-                     offset: int = 0) -> tuple[pa.Table, int]:
-        """One page of :meth:`episodes` and how many episodes the filter selects in all, in one query."""
+                     offset: int = 0, after: int | None = None) -> tuple[pa.Table, int]:
+        """One page of :meth:`episodes` and how many episodes the filter selects in all, in one query.
+
+        With ``after`` (the previous page's last ``episode_id``: a keyset cursor; ``order_by`` must then be
+        ``episode_id`` or ``-episode_id``), the page after that episode, whatever its depth."""
+        if after is not None:
+            if order_by.lstrip("-") != "episode_id":
+                raise InputError(f"cursor: pages with a cursor are in episode_id order (order_by=episode_id or "
+                                 f"-episode_id), got order_by={order_by!r}")
+            key = sql.after_key(["episode_id"], [int(after)], descending=order_by.startswith("-"))
+            rows = self._episodes(where=f"({where}) AND {key}" if where else key, filter=filter, gamma=gamma,
+                                  order_by=order_by, limit=limit)
+            return rows, self._episode_total(where, filter)
         rows = self._episodes(where=where, filter=filter, gamma=gamma, order_by=order_by, limit=limit,
                               offset=offset, total="total_episodes")
         total = rows["total_episodes"][0].as_py() if rows.num_rows else None
         if total is None:  # an empty page says nothing about the rows before it
-            total = self._episodes(where=where, filter=filter, total="total_episodes", limit=1)["total_episodes"]
-            total = total[0].as_py() if len(total) else 0
+            total = self._episode_total(where, filter)
         return rows.drop_columns(["total_episodes"]), total
+
+    def _episode_total(self, where: str | None, filter: EpisodeFilter | None) -> int:  # noqa: A002
+        total = self._episodes(where=where, filter=filter, total="total_episodes", limit=1)["total_episodes"]
+        return total[0].as_py() if len(total) else 0
 
     def _episodes(self, *, run_id: Names = None, env_id: Names = None, complete: bool | None = None,
                   where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
@@ -417,6 +442,49 @@ class Store:
         return walk.filter(walk[CURVE_POINT]).drop_columns([CURVE_POINT])
 
     @_where_named
+    def binned_curves(self, *, x: str = "env_steps", y: str = "episode_return", bins: int = 800,
+                      gamma: float | None = None, run_id: Names = None, env_id: Names = None,
+                      where: str | None = None, filter: EpisodeFilter | None = None) -> pa.Table:  # noqa: A002
+        """Learning curves in ``bins`` bins along ``x`` (``env_steps``, ``wall_time``, ``policy_version`` or
+        ``episode_index``), one series per ``(run_id, env_id)``: per non-empty bin ``lo, hi`` (its edges, shared
+        by all series, as ``numpy.histogram_bin_edges``), ``count``, ``mean`` and ``p10, p50, p90`` of ``y``
+        (``episode_return``, ``episode_length``, or ``discounted_return`` with ``gamma``). The size of the answer
+        depends on ``bins`` and the number of series, not on the number of episodes."""
+        check_binning(x, y, bins, gamma)
+        curve = self._curve(run_id=run_id, env_id=env_id, where=where, filter=filter, gamma=gamma)
+        xs = x_values(curve, x)
+        edges = bin_edges(xs, bins)
+        return bin_stats(self._cursor(), curve, y_values(curve, y), bin_index(xs, edges), edges)
+
+    @_where_named
+    def histogram(self, *, y: str = "episode_return", bins: int = 60, gamma: float | None = None,
+                  run_id: Names = None, env_id: Names = None, where: str | None = None,
+                  filter: EpisodeFilter | None = None) -> pa.Table:  # noqa: A002
+        """The distribution of ``y`` over the complete episodes of each ``(run_id, env_id)`` in ``bins`` bins
+        shared by all series: ``run_id, env_id, bin, lo, hi, count`` per non-empty bin (numpy.histogram's)."""
+        check_binning("episode_index", y, bins, gamma)
+        curve = self._curve(run_id=run_id, env_id=env_id, where=where, filter=filter, gamma=gamma)
+        ys = y_values(curve, y)
+        edges = bin_edges(ys, bins)
+        return bin_stats(self._cursor(), curve, ys, bin_index(ys, edges), edges, quantiles=())
+
+    def _curve(self, **selection: Any) -> pa.Table:
+        """:meth:`curves` of ``selection``, kept for the latest committed version and the last few selections
+        (a page draws several plots of one selection, and many viewers look at the same runs)."""
+        key = (tuple(f.path for f in self.files()), repr(sorted(selection.items())))
+        with self._episodes_lock:
+            hit = self._curve_cache.get(key)
+        if hit is not None:
+            return hit
+        curve = self.curves(**selection)
+        with self._episodes_lock:
+            self._curve_cache = {k: v for k, v in self._curve_cache.items() if k[0] == key[0]}
+            while len(self._curve_cache) >= CURVE_CACHE_SELECTIONS:
+                self._curve_cache.pop(next(iter(self._curve_cache)))
+            self._curve_cache[key] = curve
+        return curve
+
+    @_where_named
     def stats(self, *, by: Names = None, gamma: float | None = None, where: str | None = None,
               filter: EpisodeFilter | None = None, run_id: Names = None,  # noqa: A002
               env_id: Names = None, include_incomplete: bool = False) -> pa.Table:
@@ -440,6 +508,67 @@ class Store:
         """One row per ``(run_id, env_id)``: its episodes, complete episodes, steps and last write time."""
         with self._query_snapshot(episodes="fill") as snap:
             return snap.arrow(sql.RUNS)
+
+    # --- following the log ------------------------------------------------------------------------
+
+    def follow(self, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
+               since: int | None = None, episodes: bool = False, poll: float = 0.5,
+               timeout: float | None = None) -> Iterator[Commit]:
+        """The rows of each new commit, in commit order, exactly once: a :class:`~trajstore.query.follow.Commit`
+        (``version``, ``rows``, ``runs``) per commit that appended rows of the selected runs/envs.
+
+        ``since``: the last version already seen (the one to resume after; -1 for every commit since the first;
+        None: from now on). ``rows`` are the commit's steps (``columns``, or all), or with ``episodes`` the
+        ``episodes`` rows of the episodes it completed. Waits for commits by reading the next version's log
+        file only, backing off up to ``poll`` seconds; stops after ``timeout`` idle seconds (None: never).
+        Commits that rewrite rows (a compaction) add none and are passed over.
+        """
+        check_follow(since, poll, timeout)
+        start = self.version if since is None else since
+        for commit in new_commits(self.table, since=start, poll=poll, timeout=timeout):
+            rows = self._commit_rows(commit, columns, run_id=run_id, env_id=env_id, episodes=episodes)
+            if rows is not None:
+                yield rows
+
+    def commit_rows(self, version: int, columns: Sequence[str] | None = None, *, run_id: Names = None,
+                    env_id: Names = None, episodes: bool = False) -> Commit | None:
+        """What :meth:`follow` yields for the commit of ``version`` (``rows`` empty when it appended none of
+        the selected runs' rows); None while there is no such version."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise InputError(f"version: must be a store version >= 0, got {version!r}")
+        commit = self.table.commit_at(version)
+        if commit is None:
+            return None
+        found = self._commit_rows(commit, columns, run_id=run_id, env_id=env_id, episodes=episodes)
+        return found or Commit(version, pa.table({}), [], commit.timestamp_ms)
+
+    def _commit_rows(self, commit: LogCommit, columns: Sequence[str] | None, *, run_id: Names, env_id: Names,
+                     episodes: bool) -> Commit | None:
+        files = [f for f in commit.added if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
+        if not commit.new_rows or not files:
+            return None
+        rows = self._completed_episodes(files, columns) if episodes else self._file_rows(files, columns)
+        return Commit(commit.version, rows, sorted({f.run_id for f in files}), commit.timestamp_ms)
+
+    def _file_rows(self, files: list[DataFile], columns: Sequence[str] | None) -> pa.Table:
+        """Every step of ``files`` (``columns``, or all), typed as the ``steps`` view types them."""
+        schema = self._with_fixed_sizes(self._steps_schema(files), files)
+        names = list(dict.fromkeys(columns)) if columns else schema.names
+        check_names(names, schema.names, view="steps", field="columns")
+        return scan_steps(files, schema, names).read_all()
+
+    def _completed_episodes(self, files: list[DataFile], columns: Sequence[str] | None) -> pa.Table:
+        """The ``episodes`` rows of the episodes whose last step is in ``files`` (read over every committed file
+        that may hold their steps)."""
+        ends = self._file_rows(files, ["episode_id", "terminated", "truncated"])
+        done = ends.filter(pc.or_(ends["terminated"], ends["truncated"]))["episode_id"]
+        ids = np.unique(done.to_numpy())
+        with self._new_snapshot(files_holding(self.files(), ids), con=self._cursor()) as snap:
+            if columns:
+                snap.check_columns(list(columns), view="episodes", field="columns")
+            rows = snap.arrow(sql.episodes(sql.conditions(episode_id=ids), source="episodes", order_by="episode_id",
+                                           descending=False, limit=None))
+        return rows.select(list(columns)) if columns else rows
 
     # --- steps --------------------------------------------------------------------------------------
 
@@ -568,11 +697,16 @@ class Store:
 
     @_where_named
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002
-                   where: str | None = None, limit: int = 100, offset: int = 0) -> pa.Table:
-        """One page of the selected steps in ``(episode_id, step)`` order (``columns``, or all)."""
+                   where: str | None = None, limit: int = 100, offset: int = 0,
+                   after: tuple[int, int] | None = None) -> pa.Table:
+        """One page of the selected steps in ``(episode_id, step)`` order (``columns``, or all); with ``after``
+        (the ``(episode_id, step)`` of the previous page's last row: a keyset cursor) the page after it, read
+        without counting off the rows before it."""
         with self._query_snapshot(episodes="if-cached") as snap:
             snap.check_columns(list(columns or ()), view="steps", field="columns")
             conds = _step_conditions(filter, where)
+            if after is not None:
+                conds.append(sql.after_key(["episode_id", "step"], [int(after[0]), int(after[1])]))
             return snap.arrow(sql.steps(list(columns or ()), conds, limit=limit, offset=offset))
 
     def episode_steps(self, episode_id: int, columns: Sequence[str] | None = None) -> pa.Table:
@@ -625,6 +759,7 @@ class ScanPlan:
     episode_ids: np.ndarray | None
 
 
+CURVE_CACHE_SELECTIONS = 8  # curve selections kept per version (Store._curve)
 EPISODE_CACHE_ROWS = 2_000_000  # larger episodes views are aggregated per query instead of kept in memory
 
 

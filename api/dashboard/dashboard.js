@@ -1,5 +1,6 @@
 // trajstore dashboard. Every number on this page comes from the public REST API (see /openapi.json):
-// /ready (has the store changed?), /runs, /curves, /episodes, /episodes/{id}/steps and /returns.
+// /events (commits, pushed), /ready, /runs, /curves/binned, /curves/histogram, /stats, /episodes,
+// /episodes/{id}/steps and /returns; /curves (every episode) only for small stores.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -7,17 +8,19 @@ const COLORS = ["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6"
   "#b82e2e", "#316395"];
 const POLL_MS = 2000;
 const LAST_N = 100;               // the runs table summarises each series' latest episodes
-const MAX_LINE_POINTS = 1000;     // rolling mean and band are drawn decimated beyond this
+const POINTS_LIMIT = 20000;       // one marker per episode up to this many complete episodes; bins only beyond
+const MAX_BINS = 2000;            // bins of the curves: about the plot's width in pixels, at most this
+const HIST_BINS = 60;
 const GL_POINTS = 300;            // the learning curves switch to WebGL (faster than SVG) beyond this
 const MAX_OBS_DIMS = 32;
 const PLOT_CONFIG = { responsive: true, displaylogo: false };
-const BANDS = { minmax: [0, 1], p10: [0.1, 0.9], p25: [0.25, 0.75], none: null };
 // Columns of a step that are not numeric extras (everything else that holds numbers is plotted).
 const NOT_EXTRAS = new Set(["run_id", "env_id", "episode_id", "step", "obs", "next_obs", "reward", "terminated",
   "truncated", "wall_time", "env_steps", "policy_version", "seed", "env_index", "worker_id", "mode"]);
 
 const state = {
-  version: null, runs: [], curves: [], gamma: null, hidden: new Set(),
+  version: null, runs: [], curves: [], binned: null, hists: {}, stats: [], gamma: null, hidden: new Set(),
+  urlRuns: null, events: 0,
   table: { page: 0, size: 25, sort: "-ended_at", total: 0, loads: 0, token: 0 },
   episode: null, episodeToken: 0, refreshing: null, again: false,
   timings: {}, loads: 0, points: 0, ready: false, errors: [],
@@ -176,6 +179,7 @@ function renderRuns() {
       box.checked = !state.hidden.has(key);
       box.addEventListener("change", () => {
         if (box.checked) state.hidden.delete(key); else state.hidden.add(key);
+        saveUrl();
         renderPlots().catch(fail);
       });
       const swatch = document.createElement("span");
@@ -206,91 +210,22 @@ function fillSelect(select, values) {
 }
 
 // --- learning curves and distributions ------------------------------------------------------------------
+// The service bins the curves (/curves/binned: per bin the mean and 10/50/90 percentiles) and the histograms
+// (/curves/histogram), so what the page fetches does not grow with the number of episodes. Only for a small
+// store (POINTS_LIMIT complete episodes) does it also fetch /curves and draw one marker per episode.
+
+function binCount() { return Math.max(50, Math.min(MAX_BINS, Math.round($("curves").clientWidth || 800))); }
+
+function xMid(b, i, axis) {
+  const mid = (b.lo[i] + b.hi[i]) / 2;
+  return axis === "wall_time" ? new Date(mid * 1000) : mid;
+}
 
 function xValues(s, axis) {
   if (axis === "wall_time") return s.wall_time.map((t) => (t === null ? null : new Date(t * 1000)));
   if (axis === "policy_version") return s.policy_version;
+  if (axis === "episode_index") return s.episode_id.map((_, i) => i);
   return s.env_steps;
-}
-
-function insertSorted(sorted, v) {
-  let lo = 0, hi = sorted.length;
-  while (lo < hi) { const mid = (lo + hi) >> 1; if (sorted[mid] < v) lo = mid + 1; else hi = mid; }
-  sorted.splice(lo, 0, v);
-}
-
-function removeSorted(sorted, v) {
-  let lo = 0, hi = sorted.length;
-  while (lo < hi) { const mid = (lo + hi) >> 1; if (sorted[mid] < v) lo = mid + 1; else hi = mid; }
-  sorted.splice(lo, 1);
-}
-
-function quantile(sorted, q) {
-  const pos = q * (sorted.length - 1), i = Math.floor(pos), f = pos - i;
-  return i + 1 < sorted.length ? sorted[i] * (1 - f) + sorted[i + 1] * f : sorted[i];
-}
-
-// Rolling mean over the last `w` values, with the band's quantiles of the same window.
-function rolling(y, w, band) {
-  const n = y.length, mean = new Array(n), lo = band ? new Array(n) : [], hi = band ? new Array(n) : [], win = [];
-  let sum = 0;
-  for (let i = 0; i < n; i++) {
-    sum += y[i];
-    if (band) insertSorted(win, y[i]);
-    if (i >= w) { sum -= y[i - w]; if (band) removeSorted(win, y[i - w]); }
-    mean[i] = sum / Math.min(i + 1, w);
-    if (band) { lo[i] = quantile(win, band[0]); hi[i] = quantile(win, band[1]); }
-  }
-  return { mean, lo, hi };
-}
-
-// Mean and band of the episodes of each policy version (x = the versions in increasing order).
-function byVersion(x, y, band) {
-  const groups = new Map();
-  x.forEach((v, i) => { if (v !== null) (groups.get(v) || groups.set(v, []).get(v)).push(y[i]); });
-  const keys = [...groups.keys()].sort((a, b) => a - b), out = { x: keys, mean: [], lo: [], hi: [] };
-  for (const k of keys) {
-    const vals = groups.get(k).sort((a, b) => a - b);
-    out.mean.push(vals.reduce((a, b) => a + b, 0) / vals.length);
-    if (band) { out.lo.push(quantile(vals, band[0])); out.hi.push(quantile(vals, band[1])); }
-  }
-  return out;
-}
-
-// At most MAX_LINE_POINTS points: the last x and mean of each block, the block's extremes for the band.
-function decimate(x, r) {
-  const n = x.length, k = Math.ceil(n / MAX_LINE_POINTS);
-  if (k <= 1) return { x, ...r };
-  const out = { x: [], mean: [], lo: [], hi: [] };
-  for (let a = 0; a < n; a += k) {
-    const b = Math.min(n, a + k) - 1;
-    out.x.push(x[b]); out.mean.push(r.mean[b]);
-    if (r.lo.length) { out.lo.push(Math.min(...r.lo.slice(a, b + 1))); out.hi.push(Math.max(...r.hi.slice(a, b + 1))); }
-  }
-  return out;
-}
-
-// About `n` bins of a round width over all `arrays` (integer widths for integer data).
-function commonBins(arrays, n = 60) {
-  let lo = Infinity, hi = -Infinity, integers = true;
-  for (const a of arrays) {
-    for (const v of a) {
-      if (v < lo) lo = v;
-      if (v > hi) hi = v;
-      if (integers && !Number.isInteger(v)) integers = false;
-    }
-  }
-  if (!(hi >= lo)) return undefined;
-  const raw = Math.max((hi - lo) / n, integers ? 1 : 1e-9), p = 10 ** Math.floor(Math.log10(raw));
-  const size = [1, 2, 2.5, 5, 10].map((m) => m * p).find((w) => w >= raw * (1 - 1e-12));
-  const start = Math.floor(lo / size) * size - (integers && size === 1 ? 0.5 : 0);
-  return { start, end: hi + size, size };
-}
-
-function windowSize(n) {
-  const raw = Number($("window").value);
-  if (raw >= 1) return Math.floor(raw);
-  return n < 10 ? 1 : Math.max(5, Math.min(200, Math.round(n / 25)));
 }
 
 function rgba(hex, alpha) {
@@ -298,44 +233,50 @@ function rgba(hex, alpha) {
   return `rgba(${n >> 16}, ${(n >> 8) & 255}, ${n & 255}, ${alpha})`;
 }
 
-// The traces of one series: its band (two traces, the second filled up to the first), one marker per episode
-// (opacity falling as episodes pile up) and the rolling mean, or the mean per version on the policy_version axis.
-function curveTraces(s, metric, axis, band, type) {
-  const key = seriesKey(s), color = seriesColor(key);
-  const x = xValues(s, axis), y = yValues(s, metric), w = windowSize(y.length);
-  const line = axis === "policy_version" ? byVersion(x, y, band) : decimate(x, rolling(y, w, band));
-  const common = { type, legendgroup: key, hoverinfo: "skip" };
-  const bandTraces = band ? [  // SVG: WebGL fills do not draw; the WebGL canvas lies above, so markers cover it
-    { ...common, type: "scatter", x: line.x, y: line.hi, mode: "lines", line: { width: 0, color }, showlegend: false,
-      name: `${key} band` },
-    { ...common, type: "scatter", x: line.x, y: line.lo, mode: "lines", line: { width: 0, color }, fill: "tonexty",
-      fillcolor: rgba(color, 0.18), showlegend: false, name: `${key} band` },
+// The traces of one series' bins: its p10–p90 band (two traces, the second filled up to the first) and the mean.
+function binnedTraces(b, axis, band) {
+  const key = seriesKey(b), color = seriesColor(key), x = b.bin.map((_, i) => xMid(b, i, axis));
+  const common = { type: "scatter", legendgroup: key, hoverinfo: "skip", meta: { kind: "binned", key } };
+  const bandTraces = band ? [
+    { ...common, x, y: b.p90, mode: "lines", line: { width: 0, color }, showlegend: false, name: `${key} p90` },
+    { ...common, x, y: b.p10, mode: "lines", line: { width: 0, color }, fill: "tonexty",
+      fillcolor: rgba(color, 0.18), showlegend: false, name: `${key} p10–p90` },
   ] : [];
-  const opacity = Math.min(0.45, Math.max(0.06, 0.45 * Math.sqrt(1000 / Math.max(1, y.length))));
-  const points = { ...common, x, y, mode: "markers", marker: { size: y.length > 5000 ? 3 : 4, color, opacity },
-    name: `${key} episodes`, showlegend: false, meta: { kind: "episodes", key }, customdata: s.episode_id,
-    hoverinfo: undefined, hovertemplate: `${key}<br>episode %{customdata}<br>%{y:.4~g}<extra></extra>` };
-  const mean = { ...common, x: line.x, y: line.mean, mode: axis === "policy_version" ? "lines+markers" : "lines",
-    line: { color, width: 2.5 },
-    name: axis === "policy_version" ? `${key} (mean per version)` : `${key} (rolling mean of ${w})` };
-  return { band: bandTraces, points, mean };
+  const mean = { ...common, x, y: b.mean, mode: b.bin.length < 30 ? "lines+markers" : "lines",
+    line: { color, width: 2.5 }, name: key, meta: { kind: "mean", key }, customdata: b.count,
+    hoverinfo: undefined, hovertemplate: `${key}<br>mean %{y:.4~g} of %{customdata} episodes<extra></extra>` };
+  return { band: bandTraces, mean };
 }
+
+// One marker per complete episode (small stores only), opacity falling as episodes pile up.
+function pointTraces(s, metric, axis, type) {
+  const key = seriesKey(s), color = seriesColor(key), y = yValues(s, metric);
+  const opacity = Math.min(0.45, Math.max(0.06, 0.45 * Math.sqrt(1000 / Math.max(1, y.length))));
+  return { type, x: xValues(s, axis), y, mode: "markers", legendgroup: key,
+    marker: { size: y.length > 5000 ? 3 : 4, color, opacity }, name: `${key} episodes`, showlegend: false,
+    meta: { kind: "episodes", key }, customdata: s.episode_id,
+    hovertemplate: `${key}<br>episode %{customdata}<br>%{y:.4~g}<extra></extra>` };
+}
+
+const shownKey = (s) => !state.hidden.has(seriesKey(s));
 
 async function renderPlots() {
   const Plotly = await plotlyReady();
-  const metric = $("metric").value, axis = $("xaxis").value, band = BANDS[$("band").value];
-  const shown = visibleSeries().filter((s) => axis !== "policy_version" || s.policy_version.some((v) => v !== null));
+  const metric = $("metric").value, axis = $("xaxis").value, band = $("band").value !== "none";
+  const binned = (state.binned ? state.binned.series : []).filter(shownKey);
+  const points = state.curves.filter(shownKey)
+    .filter((s) => axis !== "policy_version" || s.policy_version.some((v) => v !== null));
   const yTitle = metric === "episode_length" ? "episode length" : returnLabel();
-  const empty = !shown.length ? note(axis === "policy_version" && visibleSeries().length
+  const empty = !binned.length ? note(axis === "policy_version" && state.curves.length
     ? "no policy_version stored for the runs shown" : "no complete episodes to show") : [];
-  // One kind of trace for the whole plot: WebGL traces are drawn above SVG ones whatever their order.
-  const total = shown.reduce((n, s) => n + s.episode_id.length, 0), type = total > GL_POINTS ? "scattergl" : "scatter";
-  const parts = shown.map((s) => curveTraces(s, metric, axis, band, type));
-  const traces = [...parts.flatMap((p) => p.band), ...parts.map((p) => p.points), ...parts.map((p) => p.mean)];
+  const total = points.reduce((n, s) => n + s.episode_id.length, 0), type = total > GL_POINTS ? "scattergl" : "scatter";
+  const parts = binned.map((b) => binnedTraces(b, axis, band));
+  const traces = [...parts.flatMap((p) => p.band), ...points.map((s) => pointTraces(s, metric, axis, type)),
+    ...parts.map((p) => p.mean)];
   await Plotly.react("curves", traces, {
     margin: { t: 30, r: 20, b: 50, l: 60 }, uirevision: `${metric}/${axis}`, annotations: empty,
     xaxis: { title: { text: $("xaxis").selectedOptions[0].text } }, yaxis: { title: { text: yTitle } },
-    legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" }, hovermode: "closest",
+    legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" }, hovermode: "closest", showlegend: true,
   }, PLOT_CONFIG);
   if (!state.curvesClickable) {  // Plotly adds .on() to the div at its first plot
     $("curves").on("plotly_click", (ev) => {
@@ -344,17 +285,90 @@ async function renderPlots() {
     });
     state.curvesClickable = true;
   }
-  const hist = (id, values, title) => {
-    const xbins = commonBins(shown.map(values));  // Plotly's own binning sorts every value: slow at 100k
-    return Plotly.react(id, shown.map((s) => ({
-      x: values(s), type: "histogram", xbins, opacity: 0.55, name: seriesKey(s),
-      marker: { color: seriesColor(seriesKey(s)) },
-    })), { barmode: "overlay", margin: { t: 10, r: 10, b: 45, l: 55 }, xaxis: { title: { text: title } },
+  const hist = (id, h, title) => {
+    const shown = (h ? h.series : []).filter(shownKey);
+    return Plotly.react(id, shown.map((b) => ({
+      type: "bar", x: b.bin.map((_, i) => (b.lo[i] + b.hi[i]) / 2), y: b.count, width: b.bin.map((_, i) => b.hi[i] - b.lo[i]),
+      opacity: 0.55, name: seriesKey(b), marker: { color: seriesColor(seriesKey(b)) },
+    })), { barmode: "overlay", bargap: 0, margin: { t: 10, r: 10, b: 45, l: 55 }, xaxis: { title: { text: title } },
     yaxis: { title: { text: "episodes" } }, showlegend: shown.length > 1, legend: { orientation: "h", y: -0.25 },
     annotations: shown.length ? [] : note("no complete episodes") }, PLOT_CONFIG);
   };
-  await Promise.all([hist("hist-return", returns, returnLabel()),
-    hist("hist-length", (s) => s.episode_length, "episode length")]);
+  await Promise.all([hist("hist-return", state.hists.ret, returnLabel()),
+    hist("hist-length", state.hists.len, "episode length")]);
+  renderCompare();
+}
+
+// Per-run statistics side by side (/stats by run and env), for the series shown.
+function renderCompare() {
+  const shown = state.stats.filter(shownKey), table = $("compare");
+  const rows = [["episodes", "n_traj", 0], ["return mean", "return_mean"], ["return std", "return_std"],
+    ["return min", "return_min"], ["return max", "return_max"], ["length mean", "len_mean", 1]];
+  if (state.gamma !== null) rows.push([`discounted return mean (γ=${state.gamma})`, "discounted_return_mean"]);
+  const head = document.createElement("tr");
+  cell(head, "");
+  for (const s of shown) {
+    const th = cell(head, seriesKey(s));
+    th.style.borderBottom = `3px solid ${seriesColor(seriesKey(s))}`;
+  }
+  const body = rows.map(([label, key, digits]) => {
+    const tr = document.createElement("tr");
+    cell(tr, label);
+    for (const s of shown) cell(tr, fmt(s[key], digits ?? 3));
+    return tr;
+  });
+  table.querySelector("thead").replaceChildren(head);
+  table.querySelector("tbody").replaceChildren(...body);
+}
+
+// The binned curves, histograms and per-run stats for the controls as they are.
+async function loadBinned() {
+  const g = state.gamma, metric = $("metric").value;
+  const y = metric === "episode_length" ? "episode_length" : "episode_return";  // discounted with γ
+  const [binned, ret_, len, stats] = await Promise.all([
+    api("/curves/binned", { x: $("xaxis").value, y, gamma: g, bins: binCount() }, { exact: false }),
+    api("/curves/histogram", { y: "episode_return", gamma: g, bins: HIST_BINS }, { exact: false }),
+    api("/curves/histogram", { y: "episode_length", bins: HIST_BINS }, { exact: false }),
+    api("/stats", { by: "run_id,env_id", gamma: g }, { exact: false }),
+  ]);
+  state.binned = binned;
+  state.hists = { ret: ret_, len };
+  state.stats = stats;
+}
+
+// --- the page's URL: runs shown, axes and γ, so that a view can be shared and survives a reload -------------
+
+function saveUrl() {
+  const url = new URL(window.location.href), p = url.searchParams;
+  for (const k of ["run", "x", "y", "gamma", "band"]) p.delete(k);
+  const runs = [...new Set(state.runs.flatMap((r) => r.envs.map((e) => ({ run: r.run_id, key: `${r.run_id} · ${e.env_id}` })))
+    .filter((s) => !state.hidden.has(s.key)).map((s) => s.run))];
+  if (state.hidden.size) for (const r of runs) p.append("run", r);
+  if ($("xaxis").value !== "env_steps") p.set("x", $("xaxis").value);
+  if ($("metric").value !== "episode_return") p.set("y", $("metric").value);
+  if ($("gamma").value.trim() !== "") p.set("gamma", $("gamma").value.trim());
+  if ($("band").value !== "p10") p.set("band", $("band").value);
+  window.history.replaceState(null, "", url);
+}
+
+function restoreUrl() {
+  const p = new URLSearchParams(window.location.search);
+  const set = (id, value) => {
+    if (value !== null && [...$(id).options].some((o) => o.value === value)) $(id).value = value;
+  };
+  set("xaxis", p.get("x"));
+  set("metric", p.get("y"));
+  set("band", p.get("band"));
+  if (p.get("gamma") !== null) $("gamma").value = p.get("gamma");
+  state.urlRuns = p.getAll("run");
+}
+
+// Runs named in the URL: every other series hidden (once, when the runs are first known).
+function applyUrlRuns() {
+  if (!state.urlRuns || !state.urlRuns.length) return;
+  const wanted = new Set(state.urlRuns);
+  for (const r of state.runs) for (const e of r.envs) if (!wanted.has(r.run_id)) state.hidden.add(`${r.run_id} · ${e.env_id}`);
+  state.urlRuns = null;
 }
 
 // --- episodes table ---------------------------------------------------------------------------------------
@@ -509,26 +523,31 @@ async function load() {
   const t0 = performance.now(), g = gamma(), first = state.loads === 0;
   const ready = await api("/ready", {}, { exact: false });  // the version first: data read later is never older
   state.gamma = g;
-  const curves = api("/curves", { gamma: g }, { exact: false });
-  // On the first load the tables go on screen as soon as they can; the runs' latest-episode stats follow the curves.
-  const runs = api("/runs").then((r) => { state.runs = r; if (first) renderRuns(); });
+  const binned = loadBinned();
+  // On the first load the tables go on screen as soon as they can; the per-episode markers follow, small stores only.
+  const runs = api("/runs").then((r) => { state.runs = r; applyUrlRuns(); if (first) renderRuns(); return r; });
+  let complete = 0;
+  const curves = runs.then((r) => {
+    complete = r.reduce((acc, run) => acc + run.envs.reduce((m, e) => m + e.complete_episodes, 0), 0);
+    return complete <= POINTS_LIMIT ? api("/curves", { gamma: g }, { exact: false }).then((c) => c.series) : [];
+  });
   const table = loadEpisodes();
   const tables = Promise.all([runs, table]).then(async () => {
     if (first) { await nextPaint(); performance.mark("trajstore-tables"); }
   });
-  if (first) tables.then(plotlyReady).catch(() => {});  // runs while /curves may still be on its way
-  const [c] = await Promise.all([curves, runs, table, tables]);
+  if (first) tables.then(plotlyReady).catch(() => {});  // runs while the curves may still be on their way
+  const [c] = await Promise.all([curves, binned, runs, table, tables]);
   state.version = ready.version;
-  state.curves = c.series;
-  state.points = state.curves.reduce((n, s) => n + s.episode_id.length, 0);
+  state.curves = c;
   renderRuns();
   await renderPlots();
+  state.points = complete;
   await nextPaint();
   if (!state.loads) performance.mark("trajstore-plots");
   if (state.episode && !state.episode.complete) await showEpisode(state.episode.id);  // it may have grown
   state.loads += 1;
   state.timings.load_ms = performance.now() - t0;
-  const series = state.curves.length;
+  const series = state.binned.series.length;
   setStatus(`${fmt(state.points, 0)} complete episodes in ${series} series · store v${ready.version} · `
     + `${new Date().toLocaleTimeString("en-GB")}`);
 }
@@ -544,6 +563,19 @@ function refresh() {
   return state.refreshing;
 }
 
+// Commits are pushed (/events, Server-Sent Events): each one that lands redraws the page (folded into one
+// reload while one runs). Without EventSource, the page polls /ready instead.
+function listen() {
+  if (typeof EventSource === "undefined") { setTimeout(poll, POLL_MS); return; }
+  const source = new EventSource("/events");
+  source.addEventListener("commit", () => {
+    state.events += 1;
+    if ($("live").checked) refresh().catch(fail);
+  });
+  state.source = source;
+  window.addEventListener("pagehide", () => source.close());  // leaving: the server drops the subscriber at once
+}
+
 async function poll() {
   try {
     if ($("live").checked && !document.hidden && !state.refreshing) {
@@ -555,10 +587,12 @@ async function poll() {
 }
 
 function wire() {
-  for (const id of ["metric", "xaxis", "band", "window"]) {
-    $(id).addEventListener("change", () => renderPlots().catch(fail));
+  $("band").addEventListener("change", () => { saveUrl(); renderPlots().catch(fail); });
+  for (const id of ["metric", "xaxis"]) {
+    $(id).addEventListener("change", () => { saveUrl(); loadBinned().then(renderPlots).catch(fail); });
   }
   $("gamma").addEventListener("change", () => {
+    saveUrl();
     refresh().then(() => state.episode && showEpisode(state.episode.id)).catch(fail);
   });
   $("filters").addEventListener("submit", (ev) => {
@@ -585,8 +619,9 @@ function wire() {
   $("episode-close").addEventListener("click", closeEpisode);
 }
 
+restoreUrl();
 wire();
+listen();
 refresh()
   .then(() => { state.ready = true; performance.mark("trajstore-ready"); })
-  .catch(fail)
-  .finally(() => setTimeout(poll, POLL_MS));
+  .catch(fail);

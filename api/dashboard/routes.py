@@ -1,11 +1,12 @@
-"""Routes of the dashboard: the page, its assets, and ``/curves`` (learning-curve data as columns)."""
+"""Routes of the dashboard: the page, its assets, ``/curves`` (every complete episode, as columns) and
+``/curves/binned`` / ``/curves/histogram`` (the same binned on the server: a payload of the number of bins)."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 from importlib import metadata, resources
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -110,3 +111,78 @@ def curves(store: StoreDep,
            gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return")] = None,
            ) -> Curves:
     return curves_payload(store, run_id=run_id or None, env_id=env_id or None, gamma=gamma)
+
+
+class BinnedSeries(BaseModel):
+    """One (run, env)'s non-empty bins, one list per column."""
+
+    run_id: str
+    env_id: str
+    bin: list[int]
+    lo: list[float] = Field(description="left edge of each bin (x)")
+    hi: list[float] = Field(description="right edge of each bin (x; the last bin includes it)")
+    count: list[int]
+    mean: list[float] | None = None
+    p10: list[float] | None = None
+    p50: list[float] | None = None
+    p90: list[float] | None = None
+
+
+class Binned(BaseModel):
+    x: str
+    y: str
+    bins: int
+    gamma: float | None
+    version: int = Field(description="the store version the bins were computed at")
+    metric: str = Field(description="what was summarised: episode_return, episode_length or discounted_return")
+    series: list[BinnedSeries]
+
+
+def binned_payload(table: pa.Table, *, x: str, y: str, bins: int, gamma: float | None, version: int) -> Binned:
+    keys = list(zip(table["run_id"].to_pylist(), table["env_id"].to_pylist()))
+    starts = [i for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]
+    series = []
+    for a, b in zip(starts, [*starts[1:], len(keys)]):
+        part = table.slice(a, b - a).to_pydict()
+        series.append(BinnedSeries(**{k: v for k, v in part.items() if k not in ("run_id", "env_id")},
+                                   run_id=keys[a][0], env_id=keys[a][1]))
+    return Binned(x=x, y=y, bins=bins, gamma=gamma, version=version, metric=_metric(y, gamma), series=series)
+
+
+Axis = Literal["env_steps", "wall_time", "policy_version", "episode_index"]
+Metric = Literal["episode_return", "episode_length"]
+RunsQuery = Annotated[list[str], Query(description="runs to include (all by default)")]
+EnvsQuery = Annotated[list[str], Query(description="envs to include (all by default)")]
+GammaQuery = Annotated[float | None, Query(ge=0, le=1, description="with y=episode_return: the discounted return "
+                                                                    "for this discount instead")]
+
+
+def _metric(y: str, gamma: float | None) -> str:
+    """The episodes column ``y`` names: the return is the discounted one when ``gamma`` is given."""
+    return "discounted_return" if y == "episode_return" and gamma is not None else y
+
+
+@router.get("/curves/binned", tags=["dashboard"], summary="Learning curves in bins along x: per (run, env) and bin, "
+                                                          "the count, mean and 10/50/90 percentiles of y")
+def curves_binned(store: StoreDep, run_id: RunsQuery = [], env_id: EnvsQuery = [],  # noqa: B006
+                  x: Annotated[Axis, Query(description="the x axis")] = "env_steps",
+                  y: Annotated[Metric, Query(description="the value summarised in each bin")] = "episode_return",
+                  bins: Annotated[int, Query(ge=1, le=10_000, description="number of bins (about the plot's "
+                                                                          "width in pixels)")] = 800,
+                  gamma: GammaQuery = None) -> Binned:
+    version = store.version
+    table = store.binned_curves(x=x, y=_metric(y, gamma), bins=bins, gamma=gamma, run_id=run_id or None,
+                                env_id=env_id or None)
+    return binned_payload(table, x=x, y=y, bins=bins, gamma=gamma, version=version)
+
+
+@router.get("/curves/histogram", tags=["dashboard"], summary="Distribution of y per (run, env) in bins shared by "
+                                                             "all the series")
+def curves_histogram(store: StoreDep, run_id: RunsQuery = [], env_id: EnvsQuery = [],  # noqa: B006
+                     y: Annotated[Metric, Query(description="the value counted")] = "episode_return",
+                     bins: Annotated[int, Query(ge=1, le=10_000, description="number of bins")] = 60,
+                     gamma: GammaQuery = None) -> Binned:
+    version = store.version
+    table = store.histogram(y=_metric(y, gamma), bins=bins, gamma=gamma, run_id=run_id or None,
+                            env_id=env_id or None)
+    return binned_payload(table, x=y, y=y, bins=bins, gamma=gamma, version=version)

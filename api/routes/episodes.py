@@ -7,9 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response, json_rows, wants_arrow
+from trajstore.api.cursor import CursorQuery, decode, encode
 from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.api.params import EPISODE_COLUMNS, INT64, NAME, ColumnsDep, FilterDep, run_hint, unknown_runs
 
@@ -21,6 +22,7 @@ class EpisodePage(BaseModel):
     total: int
     limit: int
     offset: int
+    next_cursor: str | None = Field(None, description="pass as cursor= for the next page (episode_id order only)")
 
 
 class StepRows(BaseModel):
@@ -38,14 +40,20 @@ def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: 
                                                           "response says which limit applied)")] = 100,
              offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
              gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return")] = None,
+             cursor: CursorQuery = None,
              ) -> Any:
     limit = min(limit, settings.max_page_size)
     hint = run_hint(store, unknown_runs(store, flt))
     if wants_arrow(request):
         return arrow_response(store.episodes(filter=flt, gamma=gamma, order_by=order_by, limit=limit,
                                              offset=offset), hint)
-    page, total = store.episode_page(filter=flt, gamma=gamma, order_by=order_by, limit=limit, offset=offset)
-    body = EpisodePage(items=json_rows(page), total=total, limit=limit, offset=offset)
+    after = decode(cursor, 1)[0] if cursor else None
+    page, total = store.episode_page(filter=flt, gamma=gamma, order_by=order_by, limit=limit,
+                                     offset=0 if cursor else offset, after=after)
+    following = None
+    if page.num_rows == limit and order_by.lstrip("-") == "episode_id":
+        following = encode([page["episode_id"][page.num_rows - 1].as_py()])
+    body = EpisodePage(items=json_rows(page), total=total, limit=limit, offset=offset, next_cursor=following)
     return JSONResponse(jsonable_encoder(body), headers=hint) if hint else body
 
 

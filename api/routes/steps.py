@@ -13,6 +13,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from trajstore.api.arrow import ARROW_CONTENT, json_rows
+from trajstore.api.cursor import CursorQuery, decode, encode
 from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.api.params import ColumnsDep, FilterDep
 from trajstore.query.filters import EpisodeFilter
@@ -111,10 +112,29 @@ def steps(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: Fil
           format: Annotated[Literal["arrow", "json"], Query(description="arrow stream or a JSON page")] = "arrow",
           limit: Annotated[int, Query(ge=1, description="JSON only: rows per page, capped at max_page_size")] = 100,
           offset: Annotated[int, Query(ge=0, le=2**62, description="JSON only")] = 0,
+          cursor: CursorQuery = None,
           ) -> Any:
     if format == "json":
-        limit = min(limit, settings.max_page_size)
-        rows = store.steps_page(columns, filter=flt, limit=limit, offset=offset)
-        return JSONResponse(jsonable_encoder({"items": json_rows(rows), "limit": limit, "offset": offset}))
+        return _json_page(store, flt, columns, min(limit, settings.max_page_size), offset, cursor)
     chunks = _stream(store, flt, columns, batch_rows or settings.stream_batch_rows, settings.stream_batch_bytes)
     return StreamingResponse(_until_disconnect(chunks), media_type=ARROW_STREAM)
+
+
+KEY = ["episode_id", "step"]
+
+
+def _json_page(store: Store, flt: EpisodeFilter, columns: list[str], limit: int, offset: int,
+               cursor: str | None) -> JSONResponse:
+    """One JSON page in ``(episode_id, step)`` order, by offset or after a cursor, with the cursor of the next."""
+    after = decode(cursor, 2) if cursor else None
+    asked = list(dict.fromkeys(columns))
+    names = asked + [k for k in KEY if k not in asked] if asked else []
+    rows = store.steps_page(names, filter=flt, limit=limit, offset=0 if after else offset, after=after)
+    following = None
+    if rows.num_rows == limit:
+        last = rows.slice(rows.num_rows - 1).select(KEY).to_pylist()[0]
+        following = encode([last["episode_id"], last["step"]])
+    if asked:
+        rows = rows.select(asked)
+    return JSONResponse(jsonable_encoder({"items": json_rows(rows), "limit": limit, "offset": offset,
+                                          "next_cursor": following}))

@@ -183,3 +183,106 @@ def test_curves_of_an_empty_store(store: trajstore.Store) -> None:
 def test_the_last_total_counts_every_writer(store: trajstore.Store, writers: int) -> None:
     one_end_per_writer(store, writers)
     assert store.curves()["total_env_steps"].to_pylist()[-1] == writers * 2 * 5 * 3
+
+
+# --- binned curves and histograms (Store.binned_curves, Store.histogram) --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def learning_store(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
+    from tests.api.dashboard.synthetic import write_learning_runs
+
+    store = trajstore.open(tmp_path_factory.mktemp("binned"), create=True)
+    write_learning_runs(store, episodes=1500, runs=3, num_envs=8, versions=5)
+    return store
+
+
+def reference_x(curve: dict[str, list[Any]], axis: str) -> np.ndarray:
+    """Where each episode lies along ``axis``, from the plain columns of Store.curves (already tested above)."""
+    if axis == "env_steps":
+        return np.array(curve["total_env_steps"], float)
+    if axis == "policy_version":
+        return np.array([np.nan if v is None else v for v in curve["policy_version"]], float)
+    if axis == "wall_time":
+        return np.array([t.timestamp() for t in curve["ended_at"]])
+    index, seen = [], {}
+    for run, env in zip(curve["run_id"], curve["env_id"]):
+        index.append(seen.setdefault((run, env), 0))
+        seen[(run, env)] += 1
+    return np.array(index, float)
+
+
+def reference_bins(store: trajstore.Store, x: str, y: str, bins: int, gamma: float | None) -> list[dict[str, Any]]:
+    """Per series and non-empty bin, from a plain loop over the episodes: numpy's edges and counts, numpy's
+    mean and 'linear' percentiles (DuckDB's quantile_cont)."""
+    curve = store.curves(gamma=gamma).to_pydict()
+    xs, ys = reference_x(curve, x), np.array(curve[y], float)
+    edges = np.histogram_bin_edges(xs[np.isfinite(xs)], bins)
+    rows = []
+    for key in sorted(set(zip(curve["run_id"], curve["env_id"]))):
+        mine = np.array([(r, e) == key for r, e in zip(curve["run_id"], curve["env_id"])])
+        counts = np.histogram(xs[mine & np.isfinite(xs)], edges)[0]
+        for i in range(bins):
+            last = i == bins - 1
+            inside = mine & (xs >= edges[i]) & ((xs <= edges[i + 1]) if last else (xs < edges[i + 1]))
+            assert inside.sum() == counts[i]
+            if counts[i]:
+                v = ys[inside]
+                p10, p50, p90 = np.percentile(v, [10, 50, 90], method="linear")
+                rows.append({"run_id": key[0], "env_id": key[1], "bin": i, "lo": edges[i], "hi": edges[i + 1],
+                             "count": int(counts[i]), "mean": v.mean(), "p10": p10, "p50": p50, "p90": p90})
+    return rows
+
+
+@pytest.mark.parametrize(("x", "y", "bins", "gamma"), [
+    ("env_steps", "episode_return", 50, None), ("episode_index", "episode_length", 7, None),
+    ("wall_time", "discounted_return", 33, 0.95), ("policy_version", "episode_return", 5, None),
+    ("env_steps", "episode_return", 1, None), ("episode_index", "episode_return", 2000, None)])
+def test_binned_curves_match_numpy(learning_store: trajstore.Store, x: str, y: str, bins: int,
+                                   gamma: float | None) -> None:
+    got = learning_store.binned_curves(x=x, y=y, bins=bins, gamma=gamma).to_pylist()
+    want = reference_bins(learning_store, x, y, bins, gamma)
+    assert [(r["run_id"], r["bin"], r["count"]) for r in got] == [(r["run_id"], r["bin"], r["count"]) for r in want]
+    for g, w in zip(got, want):
+        assert g["lo"] == w["lo"] and g["hi"] == w["hi"]
+        np.testing.assert_allclose([g[k] for k in ("mean", "p10", "p50", "p90")],
+                                   [w[k] for k in ("mean", "p10", "p50", "p90")], rtol=1e-9, atol=1e-9)
+    assert sum(r["count"] for r in got) == learning_store.curves().num_rows
+
+
+def test_binned_curves_select_runs_and_keep_their_size(learning_store: trajstore.Store) -> None:
+    one = learning_store.binned_curves(run_id="ppo-seed1", bins=40)
+    assert set(one["run_id"].to_pylist()) == {"ppo-seed1"}
+    assert one.num_rows <= 40
+    both = learning_store.binned_curves(run_id=["ppo-seed0", "ppo-seed2"], bins=40)
+    assert set(both["run_id"].to_pylist()) == {"ppo-seed0", "ppo-seed2"}
+    assert learning_store.binned_curves(run_id="absent").num_rows == 0
+
+
+def test_histogram_matches_numpy(learning_store: trajstore.Store) -> None:
+    curve = learning_store.curves().to_pydict()
+    ys = np.array(curve["episode_length"], float)
+    edges = np.histogram_bin_edges(ys, 25)
+    got = learning_store.histogram(y="episode_length", bins=25)
+    for run in sorted(set(curve["run_id"])):
+        mine = np.array(curve["run_id"]) == run
+        want = np.histogram(ys[mine], edges)[0]
+        rows = got.filter(pa.compute.equal(got["run_id"], run)).to_pydict()
+        dense = np.zeros(25, int)
+        dense[rows["bin"]] = rows["count"]
+        np.testing.assert_array_equal(dense, want)
+        assert rows["lo"] == edges[:-1][rows["bin"]].tolist()
+
+
+def test_binned_curves_of_an_empty_store(store: trajstore.Store) -> None:
+    assert store.binned_curves().num_rows == 0
+    assert store.histogram().num_rows == 0
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"x": "steps"}, "x: must be one of env_steps, wall_time"), ({"y": "reward"}, "y: must be one of"),
+    ({"bins": 0}, r"bins: must be a whole number in \[1, 100000\], got 0"),
+    ({"y": "discounted_return"}, "discounted_return needs gamma")])
+def test_binned_curves_refuse_bad_arguments(store: trajstore.Store, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(trajstore.InputError, match=message):
+        store.binned_curves(**kwargs)

@@ -16,10 +16,15 @@ without ``env_steps`` (written before it was recorded) add their length.
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trajstore.errors import InputError
+from trajstore.query import sql
 from trajstore.storage.episode_ids import COUNTER_BITS
 
 SPENT_TOKEN = 1 << (COUNTER_BITS - 1)  # counters a token must have reached before it can be a writer's older one
@@ -81,3 +86,87 @@ def _cumsum_per_run(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     total = np.cumsum(values)
     start = np.maximum.accumulate(np.where(starts, np.arange(len(values)), 0))
     return total - (total - values)[start]
+
+
+# --- binned curves ----------------------------------------------------------------------------------------------
+
+AXES = ("env_steps", "wall_time", "policy_version", "episode_index")
+METRICS = ("episode_return", "episode_length", "discounted_return")
+QUANTILES = (0.1, 0.5, 0.9)  # per bin, with DuckDB's quantile_cont: numpy's "linear" percentile
+MAX_BINS = 100_000
+POINTS = "curve_points"  # the name the episodes' (series, bin, y) are registered under for DuckDB
+
+
+def check_binning(x: str, y: str, bins: int, gamma: float | None) -> None:
+    """Raise an :class:`InputError` naming the argument when ``x``/``y``/``bins`` are not ones binning knows."""
+    if x not in AXES:
+        raise InputError(f"x: must be one of {', '.join(AXES)}, got {x!r}")
+    if y not in METRICS:
+        raise InputError(f"y: must be one of {', '.join(METRICS)}, got {y!r}")
+    if y == "discounted_return" and gamma is None:
+        raise InputError("y: discounted_return needs gamma (a discount factor in [0, 1])")
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or not 1 <= bins <= MAX_BINS:
+        raise InputError(f"bins: must be a whole number in [1, {MAX_BINS}], got {bins!r}")
+
+
+def x_values(curve: pa.Table, axis: str) -> np.ndarray:
+    """Where each episode of ``curve`` (:meth:`Store.curves <trajstore.store.Store.curves>` rows, each series'
+    episodes together in the order they ended) lies along ``axis``, as float64 (NaN where not stored):
+    ``env_steps`` (all the series' writers), ``wall_time`` (Unix seconds), ``policy_version``, or
+    ``episode_index`` (0, 1, … within each series)."""
+    if axis == "env_steps":
+        return curve["total_env_steps"].to_numpy().astype(np.float64)
+    if axis == "wall_time":
+        micros = pc.cast(curve["ended_at"], pa.int64()).cast(pa.float64())
+        return pc.fill_null(pc.divide(micros, 1e6), np.nan).to_numpy()
+    if axis == "policy_version":
+        if "policy_version" not in curve.column_names:
+            return np.full(curve.num_rows, np.nan)
+        return pc.fill_null(curve["policy_version"].cast(pa.float64()), np.nan).to_numpy()
+    starts = series_starts(curve)
+    index = np.arange(curve.num_rows)
+    return (index - np.maximum.accumulate(np.where(starts, index, 0))).astype(np.float64)
+
+
+def series_starts(curve: pa.Table) -> np.ndarray:
+    """True at the first episode of each ``(run_id, env_id)`` series of ``curve``."""
+    if curve.num_rows == 0:
+        return np.zeros(0, bool)
+    return _run_starts_of(_codes(curve["run_id"])) | _run_starts_of(_codes(curve["env_id"]))
+
+
+def bin_edges(values: np.ndarray, bins: int) -> np.ndarray:
+    """``bins + 1`` edges over the finite ``values``, as ``numpy.histogram_bin_edges(values, bins)`` gives them
+    (an empty or one-valued range widened as numpy does)."""
+    finite = values[np.isfinite(values)]
+    return np.histogram_bin_edges(finite, bins) if len(finite) else np.linspace(0.0, 1.0, bins + 1)
+
+
+def bin_index(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The bin of each value as ``numpy.histogram`` counts it: ``[e_i, e_{i+1})``, the last bin closed;
+    -1 for NaN and values outside the edges."""
+    index = np.searchsorted(edges, values, side="right") - 1
+    index[values == edges[-1]] = len(edges) - 2
+    index[~np.isfinite(values) | (values < edges[0]) | (values > edges[-1])] = -1
+    return index.astype(np.int64)
+
+
+def bin_stats(con: duckdb.DuckDBPyConnection, curve: pa.Table, y: np.ndarray, index: np.ndarray,
+              edges: np.ndarray, *, quantiles: Sequence[float] = QUANTILES) -> pa.Table:
+    """Per series and non-empty bin of ``index``: ``run_id, env_id, bin, lo, hi, count`` and, with
+    ``quantiles``, ``mean`` and ``p10, p50, p90`` of ``y`` (aggregated by DuckDB on ``con``)."""
+    points = pa.table({"run_id": curve["run_id"], "env_id": curve["env_id"], "bin": pa.array(index, pa.int64()),
+                       "y": pa.array(y, pa.float64())})
+    con.register(POINTS, points)
+    try:
+        out = con.sql(sql.bin_stats(POINTS, quantiles)).to_arrow_table()
+    finally:
+        con.unregister(POINTS)
+    at = out["bin"].to_numpy()
+    out = out.add_column(3, "lo", pa.array(edges[:-1][at], pa.float64()))
+    return out.add_column(4, "hi", pa.array(edges[1:][at], pa.float64()))
+
+
+def y_values(curve: pa.Table, metric: str) -> np.ndarray:
+    """The values of ``metric`` for each episode of ``curve`` as float64."""
+    return curve[metric].to_numpy().astype(np.float64)

@@ -130,6 +130,17 @@ def filter_conditions(flt: EpisodeFilter) -> list[str]:
     return conds
 
 
+def after_key(columns: Sequence[str], values: Sequence[Any], *, descending: bool = False) -> str:
+    """Rows after ``values`` in the order of ``columns`` (a keyset cursor): ``a > x OR (a = x AND b > y)`` for
+    ``(a, b) > (x, y)``, ``<`` when ``descending``; every value a quoted literal."""
+    op = "<" if descending else ">"
+    ors, equal = [], []
+    for column, value in zip(columns, values):
+        ors.append(" AND ".join([*equal, f"{ident(column)} {op} {literal(value)}"]))
+        equal.append(f"{ident(column)} = {literal(value)}")
+    return "(" + " OR ".join(f"({c})" for c in ors) + ")"
+
+
 def episodes_selected(conds: Sequence[str]) -> str:
     """A condition on ``steps`` keeping the episodes that ``conds`` (over ``episodes``) select."""
     return f"episode_id IN (SELECT episode_id FROM episodes{where(conds)})"
@@ -242,6 +253,17 @@ def curve_episodes(series: Sequence[str], chosen: Sequence[str], *, source: str,
     keys = ", ".join(ident(k) for k in WALK)
     return (f"SELECT *, ({' AND '.join(['complete', *chosen])}) AS {ident(flag)} FROM {source}{where(series)} "
             f"ORDER BY {keys}")
+
+
+def bin_stats(source: str, quantiles: Sequence[float]) -> str:
+    """Per ``(run_id, env_id, bin)`` of ``source`` (columns ``run_id, env_id, bin, y``; bin -1 left out): the
+    count, and with ``quantiles`` the mean and each quantile of ``y`` (``quantile_cont``: numpy's "linear")."""
+    aggs = ["count(*) AS count"]
+    if quantiles:
+        aggs.append("avg(y) AS mean")
+        aggs += [f"quantile_cont(y, {literal(float(q))}) AS {ident(f'p{round(q * 100)}')}" for q in quantiles]
+    keys = "run_id, env_id, bin"
+    return f"SELECT {keys}, {', '.join(aggs)} FROM {ident(source)} WHERE bin >= 0 GROUP BY {keys} ORDER BY {keys}"
 
 
 def subquery(select: str) -> str:

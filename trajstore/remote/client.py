@@ -26,6 +26,7 @@ from trajstore.__about__ import __version__
 from trajstore.errors import RemoteError
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
+from trajstore.query.follow import Commit, check_follow
 from trajstore.remote.stream import HttpByteStream
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,42 @@ class Client:
     def schema(self, env_id: str | None = None) -> pa.Schema:
         """The Arrow types of the store's ``steps`` columns (of one environment's files with ``env_id``)."""
         return self._table("GET", "/schema", params={"env_id": env_id}).schema
+
+    # --- following ---------------------------------------------------------------------------------------
+
+    def follow(self, columns: list[str] | None = None, *, run_id: str | list[str] | None = None,
+               env_id: str | list[str] | None = None, since: int | None = None, episodes: bool = False,
+               timeout: float | None = None) -> Iterator[Commit]:
+        """What :meth:`Store.follow <trajstore.store.Store.follow>` yields, from the service: the rows of each new
+        commit in commit order, exactly once (``since``: the last version seen; None: from now on).
+
+        Listens to ``GET /events`` and fetches each version after the last one delivered from
+        ``GET /commits/{version}`` (so a burst of commits, or a listener that fell behind, misses none);
+        stops after ``timeout`` seconds without an event (None: never).
+        """
+        check_follow(since, 1.0, timeout)
+        params = {"columns": columns, "run_id": run_id, "env_id": env_id, "episodes": episodes}
+        read = httpx.Timeout(self._timeout, read=timeout)
+        try:
+            with self._http.stream("GET", "/events", timeout=read) as response:
+                _raise_for_problem(response, streamed=True)
+                last = since
+                for _name, data in _sse(response.iter_lines()):  # a hello, then one event per commit
+                    last = data["version"] if last is None else last
+                    for version in range(last + 1, data["version"] + 1):
+                        found = self._commit(version, params)
+                        if found is not None:
+                            yield found
+                    last = max(last, data["version"])
+        except httpx.ReadTimeout:
+            return
+
+    def _commit(self, version: int, params: Mapping[str, Any]) -> Commit | None:
+        rows = self._table("GET", f"/commits/{version}", params=params)
+        if rows.num_rows == 0:
+            return None
+        runs = sorted(set(rows["run_id"].to_pylist())) if "run_id" in rows.column_names else []
+        return Commit(version, rows, runs)
 
     # --- streaming ---------------------------------------------------------------------------------------
 
@@ -245,3 +282,15 @@ def _problem(status: int, reason: str, body: bytes) -> RemoteError:
     if not isinstance(problem, dict):
         problem = {}
     return RemoteError(status, problem.get("title") or reason, problem.get("detail"))
+
+
+def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(event name, data)`` of each Server-Sent Event with JSON data among ``lines``."""
+    name = "message"
+    for line in lines:
+        if line.startswith("event:"):
+            name = line[len("event:"):].strip()
+        elif line.startswith("data:"):
+            yield name, json.loads(line[len("data:"):])
+        elif not line:
+            name = "message"

@@ -77,6 +77,22 @@ class WrittenFile:
     schema: pa.Schema
 
 
+@dataclass(frozen=True)
+class LogCommit:
+    """One version of the log: the data files it added, how many files it removed (a compaction or a delete
+    rewrites rows that were there before: its files hold no new rows) and its commit time (ms), if recorded."""
+
+    version: int
+    added: list[DataFile]
+    removed: int = 0
+    timestamp_ms: int | None = None
+
+    @property
+    def new_rows(self) -> bool:
+        """Whether the rows of :attr:`added` are new to the table (an append), not rewritten ones."""
+        return self.removed == 0
+
+
 class StepsTable:
     """The Delta table at ``<store>/steps`` (``location``: a directory or an ``s3://`` prefix)."""
 
@@ -134,6 +150,35 @@ class StepsTable:
                 [_ms(m) for m in actions["modification_time"]],
                 actions.get("min.episode_id", none), actions.get("max.episode_id", none))
         ]
+
+    def commit_at(self, version: int) -> LogCommit | None:
+        """What the commit of ``version`` did, read from its one JSON file in the log (no listing, no other
+        file read); None while there is no such version yet."""
+        try:
+            with self.fs.open_input_stream(self.location.path(f"_delta_log/{version:020d}.json")) as stream:
+                text = stream.read().decode()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise explain(exc, self.location) or exc
+        return self._log_commit(version, [json.loads(line) for line in text.splitlines() if line.strip()])
+
+    def _log_commit(self, version: int, actions: list[dict[str, Any]]) -> LogCommit:
+        added, removed, when = [], 0, None
+        for action in actions:
+            if "add" in action and action["add"].get("dataChange", True):
+                added.append(self._added_file(action["add"]))
+            removed += "remove" in action
+            when = action.get("commitInfo", {}).get("timestamp", when)
+        return LogCommit(version, added, removed, when)
+
+    def _added_file(self, add: dict[str, Any]) -> DataFile:
+        stats = json.loads(add.get("stats") or "{}")
+        part = add.get("partitionValues", {})
+        return DataFile(self.location.path(unquote(add["path"])), part.get("run_id", ""), part.get("env_id", ""),
+                        int(stats.get("numRecords") or 0), int(add.get("size") or 0),
+                        int(add.get("modificationTime") or 0), stats.get("minValues", {}).get("episode_id"),
+                        stats.get("maxValues", {}).get("episode_id"), self.fs)
 
     def size_problem(self, f: DataFile) -> str | None:
         """Why the committed file ``f`` is not what the log says, judged from its size alone (a missing file,

@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 import trajstore
@@ -44,8 +43,8 @@ def test_curves_have_one_point_per_complete_episode(dashboard: Dashboard, demo_s
     assert dashboard.state("points") == sum(expected.values())
     assert sum(expected.values()) < demo_store.sql("SELECT count(*) AS n FROM episodes")["n"][0].as_py()
     assert f"{sum(expected.values()):,} complete episodes" in dashboard.page.locator("#status").inner_text()
-    for hist in ("hist-return", "hist-length"):
-        assert {t["name"]: len(t["x"]) for t in dashboard.traces(hist)} == expected
+    for hist in ("hist-return", "hist-length"):  # binned by the service: the counts add up to the episodes
+        assert {t["name"]: sum(t["y"]) for t in dashboard.traces(hist)} == expected
     assert dashboard.problems == []
 
 
@@ -155,20 +154,9 @@ def test_hiding_a_series_removes_it_from_the_plots(dashboard: Dashboard) -> None
     assert dashboard.problems == []
 
 
-def test_rolling_band_and_exact_ids_in_page_helpers(dashboard: Dashboard) -> None:
-    """The page's own helpers: the rolling mean and quantile band against numpy, bins that hold every value,
-    and 63-bit episode ids read exactly from JSON."""
+def test_exact_ids_in_page_helpers(dashboard: Dashboard) -> None:
+    """63-bit episode ids read exactly from JSON by the page's own helper."""
     dashboard.open()
-    rng = np.random.default_rng(0)
-    y = rng.normal(size=300).round(3).tolist()
-    w, q = 20, [0.1, 0.9]
-    got = dashboard.page.evaluate("([y, w, q]) => rolling(y, w, q)", [y, w, q])
-    windows = [np.array(y[max(0, i - w + 1):i + 1]) for i in range(len(y))]
-    assert got["mean"] == pytest.approx([x.mean() for x in windows])
-    assert got["lo"] == pytest.approx([np.quantile(x, q[0]) for x in windows])
-    assert got["hi"] == pytest.approx([np.quantile(x, q[1]) for x in windows])
-    bins = dashboard.page.evaluate("(ys) => commonBins(ys)", [y, [v * 3 for v in y]])
-    assert bins["start"] <= 3 * min(y) and bins["end"] > 3 * max(y) and (bins["end"] - bins["start"]) / bins["size"] < 80
     big = 2**62 + 1  # not representable as a double
     assert dashboard.page.evaluate(f"() => parseJson('{{\"episode_id\": {big}, \"seed\": {big}, \"x\": 1.5}}', true)") \
         == {"episode_id": str(big), "seed": str(big), "x": 1.5}
@@ -191,7 +179,7 @@ def test_a_rollout_written_during_the_test_appears_without_reload(context: Any, 
             assert dash.episode_points() == expected
             assert page.locator(f'#runs tr[data-series="{run} · CartPole-v1"]').count() == 1
         assert page.evaluate("() => window.notReloaded") is True
-        assert dash.state("loads") >= 3
+        assert dash.state("loads") >= 3 and dash.state("events") >= 2  # redrawn on pushed commits, not polls
         dash.screenshot("live")
         assert dash.problems == []
         page.close()

@@ -99,3 +99,25 @@ def test_curves_with_gamma_and_filters(client: TestClient, demo_store: trajstore
 def test_curves_of_an_empty_store(tmp_path: Path) -> None:
     with TestClient(create_app(Settings(store=str(tmp_path / "empty")), create=True)) as c:
         assert c.get("/curves").json() == {"gamma": None, "series": []}
+
+
+def test_binned_curves_route_gives_the_store_bins_per_series(client: TestClient, demo_store: trajstore.Store) -> None:
+    body = client.get("/curves/binned", params={"bins": 30, "x": "episode_index", "gamma": 0.9}).json()
+    assert body["metric"] == "discounted_return"  # the return, discounted with gamma
+    want = demo_store.binned_curves(bins=30, x="episode_index", y="discounted_return", gamma=0.9).to_pylist()
+    got = [{"run_id": s["run_id"], "env_id": s["env_id"], **{k: s[k][i] for k in ("bin", "lo", "hi", "count", "mean",
+                                                                                 "p10", "p50", "p90")}}
+           for s in body["series"] for i in range(len(s["bin"]))]
+    assert got == want and body["version"] == demo_store.version and body["bins"] == 30
+    one = client.get("/curves/binned", params={"run_id": body["series"][0]["run_id"], "bins": 5}).json()
+    assert [s["run_id"] for s in one["series"]] == [body["series"][0]["run_id"]]
+    assert all(len(s["bin"]) <= 5 for s in one["series"])
+    hist = client.get("/curves/histogram", params={"y": "episode_length", "bins": 12}).json()
+    assert sum(sum(s["count"]) for s in hist["series"]) == demo_store.curves().num_rows
+
+
+@pytest.mark.parametrize(("params", "field"), [({"x": "steps"}, "x"), ({"bins": 0}, "bins"),
+                                               ({"y": "reward"}, "y"), ({"gamma": 2}, "gamma")])
+def test_binned_curves_route_refuses_bad_parameters(client: TestClient, params: dict, field: str) -> None:
+    r = client.get("/curves/binned", params=params)
+    assert r.status_code in (400, 422) and field in r.text

@@ -1,0 +1,118 @@
+"""Commits announced to every listener: one watcher thread per store, fanned out to bounded queues.
+
+The watcher follows the store's log with :func:`~trajstore.query.follow.new_commits` (it reads the next
+version's JSON file only, backing off while nothing lands) and runs only while someone listens: the first
+subscriber starts it, the last one to leave stops it. Each subscriber has an ``asyncio`` queue of at most
+:data:`QUEUE_SIZE` announcements; one that falls that far behind loses the oldest and is told to reload
+(``"lagged": true``). A subscriber is removed as soon as its stream ends, so a client that disconnects leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trajstore.query.follow import new_commits
+from trajstore.storage.table import LogCommit
+from trajstore.store import Store
+
+log = logging.getLogger(__name__)
+
+QUEUE_SIZE = 64
+POLL_S = 0.25  # the longest wait between two looks at the log while it is idle
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """One commit: its version, the runs it touched, the rows it added (0 for a compaction, which rewrites)."""
+
+    version: int
+    runs: list[str]
+    rows_added: int
+    files_added: int
+    files_removed: int
+    lagged: bool = False
+
+    @classmethod
+    def of(cls, commit: LogCommit) -> Announcement:
+        rows = sum(f.rows for f in commit.added) if commit.new_rows else 0
+        return cls(commit.version, sorted({f.run_id for f in commit.added}), rows, len(commit.added),
+                   commit.removed)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Subscriber:
+    """One listener's queue; ``put`` drops the oldest announcement when the queue is full."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Announcement] = asyncio.Queue(QUEUE_SIZE)
+
+    def put(self, item: Announcement) -> None:
+        if self.queue.full():
+            self.queue.get_nowait()
+            item = Announcement(**{**item.as_dict(), "lagged": True})
+        self.queue.put_nowait(item)
+
+
+class CommitHub:
+    """The announcements of one store's commits, for any number of subscribers of one event loop."""
+
+    def __init__(self, store: Store, *, poll: float = POLL_S) -> None:
+        self.store, self.poll = store, poll
+        self._subscribers: set[Subscriber] = set()
+        self._lock = threading.Lock()
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+    @property
+    def watching(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def subscribe(self) -> Subscriber:
+        """A new subscriber (call from the event loop); starts the watcher if it was not running."""
+        sub = Subscriber()
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            self._subscribers.add(sub)
+            if self._stop is None:
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._watch, args=(loop, self._stop, self.store.version),
+                                                name="trajstore-commits", daemon=True)
+                self._thread.start()
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        """Remove ``sub``; the watcher stops with the last one."""
+        with self._lock:
+            self._subscribers.discard(sub)
+            if not self._subscribers and self._stop is not None:
+                self._stop.set()
+                self._stop = None
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, stop: threading.Event, since: int) -> None:
+        try:
+            for commit in new_commits(self.store.table, since=since, poll=self.poll, sleep=stop.wait):
+                if stop.is_set():
+                    return
+                loop.call_soon_threadsafe(self._fan_out, Announcement.of(commit))
+        except RuntimeError:  # the loop closed: the server is shutting down
+            return
+        except Exception:  # noqa: BLE001 - a watcher that dies is logged; the next subscriber starts another
+            log.exception("watching the commit log of %s failed", self.store.uri)
+            with self._lock:
+                if self._stop is stop:
+                    self._stop = None
+
+    def _fan_out(self, item: Announcement) -> None:
+        for sub in list(self._subscribers):
+            sub.put(item)

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from trajstore.errors import (
     AuthenticationError,
@@ -27,6 +28,7 @@ from trajstore.errors import (
     StoreDamagedError,
     StoreNotFoundError,
     TrajstoreError,
+    VersionNotFoundError,
 )
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (QueryTimeoutError, 408),
     (ConflictError, 409),
     (RunNotFoundError, 404),
+    (VersionNotFoundError, 404),
     (ReadOnlyError, 403),
     (ResultTooLargeError, 413),
     (QueryBusyError, 429),
@@ -79,13 +82,28 @@ def problem(status: int, detail: str | None = None, *, request: Request | None =
                         media_type=PROBLEM_JSON)
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app answers on the request's path."""
+    methods: set[str] = set()
+    routes = list(request.app.router.routes)
+    while routes:
+        route = routes.pop()
+        if hasattr(route, "original_router"):  # an included router (FastAPI >= 0.165): its own routes
+            routes.extend(route.original_router.routes)
+        elif route.matches(request.scope)[0] is not Match.NONE:  # PARTIAL: the path matches, the method not
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into a problem document."""
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return problem(exc.status_code, str(exc.detail) if exc.detail else None, request=request,
-                       headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # Starlette names the methods of the first route on the path only
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
+        return problem(exc.status_code, str(exc.detail) if exc.detail else None, request=request, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -136,3 +136,7 @@ class ReadOnlyError(TrajstoreError, PermissionError):
 
 class RunNotFoundError(InputError, LookupError):
     """A run the store does not hold (the message names it and lists the runs it has)."""
+
+
+class VersionNotFoundError(InputError, LookupError):
+    """A version the store's log does not have (the message names the versions it has)."""

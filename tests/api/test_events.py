@@ -89,6 +89,7 @@ def test_events_are_open_to_readers_like_other_reads(live: Live) -> None:
 
 def test_a_subscriber_that_falls_behind_loses_the_oldest_and_is_told() -> None:
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
     from trajstore.api.events import QUEUE_SIZE, Announcement, Subscriber
 
@@ -98,6 +99,7 @@ def test_a_subscriber_that_falls_behind_loses_the_oldest_and_is_told() -> None:
             sub.put(Announcement(v, ["r"], 1, 1, 0))
         return [sub.queue.get_nowait() for _ in range(sub.queue.qsize())]
 
-    got = asyncio.run(fill())
+    with ThreadPoolExecutor(1) as pool:  # a thread of its own: Playwright's sync API may hold this one's loop
+        got = pool.submit(asyncio.run, fill()).result()
     assert len(got) == QUEUE_SIZE and [a.version for a in got] == list(range(3, QUEUE_SIZE + 3))
     assert [a.lagged for a in got[-3:]] == [True] * 3 and not any(a.lagged for a in got[:-3])

@@ -46,3 +46,11 @@ def test_delete_is_refused_without_a_configured_key(tmp_path: Path) -> None:
     small_store(tmp_path / "s")
     with TestClient(create_app(settings_for(tmp_path / "s", api_key=None))) as c:
         assert c.delete("/runs/a", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 403
+
+
+def test_a_method_the_path_lacks_names_every_method_it_has(tmp_path: Path) -> None:
+    small_store(tmp_path / "s")
+    with TestClient(create_app(settings_for(tmp_path / "s"))) as c:
+        r = c.put("/runs/a")
+        assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET"
+        assert c.post("/runs").headers["allow"] == "GET"

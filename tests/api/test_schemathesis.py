@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Iterator
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.api.helpers import API_KEY, Live
+from tests.api.helpers import API_KEY, Live, serve, settings_for
+from trajstore.api.app import create_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_schemathesis_finds_no_failure(live: Live) -> None:
+@pytest.fixture
+def own_live(populated: Path, tmp_path: Path) -> Iterator[Live]:
+    """A copy of the populated store behind its own server: schemathesis writes and deletes runs with the key."""
+    copy = tmp_path / "store"
+    shutil.copytree(populated, copy)
+    yield from serve(create_app(settings_for(copy)))
+
+
+def test_schemathesis_finds_no_failure(own_live: Live) -> None:
+    live = own_live
     cli = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or shutil.which("schemathesis")
     if cli is None:
         pytest.fail("schemathesis is not installed: `pip install -e '.[dev]'` installs it")

@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from trajstore.errors import InputError, StoreNotFoundError
+from trajstore.errors import InputError, StoreNotFoundError, VersionNotFoundError
 from trajstore.storage.location import explain
 from trajstore.storage.table import StepsTable
 
@@ -111,8 +111,10 @@ def resolve_version(table: StepsTable, *, version: int | None = None, as_of: dat
     if latest < 0:
         raise StoreNotFoundError(f"version: the store at {table.location.uri} has no committed version yet")
     if version is not None:
-        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= latest:
-            raise InputError(f"version: must be a version of this store, 0..{latest}, got {version!r}")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise InputError(f"version: expected an integer version, got {version!r}")
+        if not 0 <= version <= latest:
+            raise VersionNotFoundError(f"version: must be a version of this store, 0..{latest}, got {version!r}")
         _check_readable(table, version)
         return version
     if not isinstance(as_of, datetime):

@@ -87,13 +87,13 @@ class Layout:
             self.folder = None
 
 
-def column_type(schema: pa.Schema, name: str) -> tuple[np.dtype, tuple[int, ...]]:
+def column_type(schema: pa.Schema, name: str, *, empty: bool = False) -> tuple[np.dtype, tuple[int, ...]]:
     """The numpy dtype and per-step shape a stored column has in a layout; an :class:`InputError` naming
-    ``columns`` for a column that has no fixed numeric shape."""
+    ``columns`` for a column that has no fixed numeric shape (unless no step is selected: ``empty``)."""
     t = schema.field(name).type
     shape: list[int] = []
-    while pa.types.is_fixed_size_list(t):
-        shape.append(t.list_size)
+    while pa.types.is_fixed_size_list(t) or (empty and (pa.types.is_list(t) or pa.types.is_large_list(t))):
+        shape.append(t.list_size if pa.types.is_fixed_size_list(t) else 1)  # no rows: any shape
         t = t.value_type
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         raise InputError(f"columns: {name!r} has no fixed shape across the selected steps (environments with "
@@ -106,8 +106,8 @@ def column_type(schema: pa.Schema, name: str) -> tuple[np.dtype, tuple[int, ...]
 def build(read: Reader, schema: pa.Schema, columns: Sequence[str]) -> Layout:
     """The layout of every step ``read`` yields, with ``columns`` (stored columns typed by ``schema``) in
     files: one pass over ``episode_id, step`` for the index, one over the columns to fill the files."""
-    types = {c: column_type(schema, c) for c in columns}
     layout = _index(read(["episode_id", "step"]))
+    types = {c: column_type(schema, c, empty=layout.steps == 0) for c in columns}
     try:
         files = {c: layout.new_column(c, *types[c]) for c in columns}
         if columns:

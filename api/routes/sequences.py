@@ -54,6 +54,9 @@ def _response(batches: Batches) -> StreamingResponse:
     return StreamingResponse(_until_disconnect(_stream(batches)), media_type=ARROW_STREAM)
 
 
+MAX_BATCH_STEPS = 1 << 24  # steps in one streamed batch of windows
+Length = Annotated[int, Query(ge=1, le=65_536, description="steps per window")]
+Samples = Annotated[int, Query(ge=1, le=1 << 24, description="draws with replacement (with weight_by)")]
 Int = Annotated[int, Query(ge=0, le=2**31 - 1)]
 Positive = Annotated[int, Query(ge=1, le=2**31 - 1)]
 Gamma = Annotated[float, Query(ge=0, le=1, description="discount in [0, 1]")]
@@ -66,11 +69,14 @@ Resume = Annotated[str | None, Query(description="the JSON of a state_dict() to 
 
 @router.get("/sequences", summary="Windows inside episodes as an Arrow IPC stream of training batches",
             responses={200: {"content": ARROW_CONTENT}})
-def sequences(store: StoreDep, flt: FilterDep, columns: ColumnsDep, length: Positive,
+def sequences(store: StoreDep, flt: FilterDep, columns: ColumnsDep, length: Length,
               stride: Positive | None = None, pad: bool = False, gamma: Gamma | None = None,
               batch_size: Annotated[int, Query(ge=1, le=1_048_576)] = 256, shuffle: bool = False,
               order_seed: OrderSeed = 0, epoch: Int = 0, rank: Int = 0, world_size: Positive = 1,
-              weight_by: WeightBy = None, num_samples: Positive | None = None, resume: Resume = None) -> Any:
+              weight_by: WeightBy = None, num_samples: Samples | None = None, resume: Resume = None) -> Any:
+    if batch_size * length > MAX_BATCH_STEPS:
+        raise HTTPException(status_code=422, detail=f"batch_size: batch_size × length must be at most "
+                                                    f"{MAX_BATCH_STEPS} steps, got {batch_size} × {length}")
     batches = store.sequences(length, columns=columns or None, stride=stride, pad=pad, gamma=gamma,
                               batch_size=batch_size, shuffle=shuffle, seed=order_seed, epoch=epoch, rank=rank,
                               world_size=world_size, format="arrow", resume=_resume(resume), weight_by=weight_by,
@@ -83,7 +89,7 @@ def sequences(store: StoreDep, flt: FilterDep, columns: ColumnsDep, length: Posi
 def transitions(store: StoreDep, flt: FilterDep, columns: ColumnsDep, n: Positive, gamma: Gamma,
                 batch_size: Annotated[int, Query(ge=1, le=1_048_576)] = 256, shuffle: bool = False,
                 order_seed: OrderSeed = 0, epoch: Int = 0, rank: Int = 0, world_size: Positive = 1,
-                weight_by: WeightBy = None, num_samples: Positive | None = None, resume: Resume = None) -> Any:
+                weight_by: WeightBy = None, num_samples: Samples | None = None, resume: Resume = None) -> Any:
     batches = store.transitions(n, gamma=gamma, columns=columns or None, batch_size=batch_size, shuffle=shuffle,
                                 seed=order_seed, epoch=epoch, rank=rank, world_size=world_size, format="arrow",
                                 resume=_resume(resume), weight_by=weight_by, num_samples=num_samples, filter=flt)

@@ -75,6 +75,7 @@ def transition_batch(layout: lay.Layout, names: Sequence[str], positions: np.nda
                      terminal: np.ndarray) -> dict[str, np.ndarray]:
     """The n-step transitions starting at step ``positions`` of the layout; ``terminal[e]`` says whether
     episode ``e`` ended by termination."""
+    n = min(n, int(layout.length.max(initial=1)))  # no episode is longer: the same sums, bounded arrays
     episode = layout.episode_of(positions)
     t = positions - layout.offset[episode]
     left = layout.length[episode] - t

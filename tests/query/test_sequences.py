@@ -247,3 +247,15 @@ def test_an_s3_store_gives_the_windows_of_a_directory(s3: Any, tmp_path: Any) ->
                                            float(t["discount"])) for t in steps]
     assert batches["local"] == batches["s3"] and len(batches["local"]) > 0
     assert batches["local-transitions"] == batches["s3-transitions"]
+
+
+def test_environments_of_other_shapes_are_refused_until_one_is_selected(tmp_path: Any) -> None:
+    from tests.helpers import write_mixed_store
+
+    store = write_mixed_store(tmp_path / "mixed", seed=0, commits=2)
+    with pytest.raises(InputError, match="columns: 'obs' has no fixed shape across the selected steps"):
+        store.sequences(4)
+    wide = next(store.sequences(4, where="env_id = 'Wide-v0'", columns=["obs", "value"]))
+    assert wide["obs"].shape[1:] == (4, 8) and wide["value"].shape[1:] == (4,)
+    with pytest.raises(InputError, match="columns: 'value' is missing"):
+        store.sequences(4, columns=["value"])

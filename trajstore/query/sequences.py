@@ -147,23 +147,31 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
             names.append(RETURN_TO_GO)
         episode, start = window_starts(layout.length, length, stride, bool(pad))
         weights = item_weights(source, layout, sampling.weight_by, episode, start)
-        args = {"kind": "sequences", "length": length, "columns": names, "stride": stride, "pad": bool(pad),
-                "gamma": g, **sampling.digested(), **source.arguments, "data": source.version_key}
-        order = epoch_order(len(episode), shuffle=bool(sampling.shuffle), seed=sampling.seed, epoch=sampling.epoch,
-                            rank=sampling.rank, world_size=sampling.world_size, weights=weights,
-                            num_samples=sampling.num_samples)
-        position = Position("sequences", digest(args), int(sampling.epoch), 0)
-        begin = resume_position(resume, kind="sequences", digest_=position.digest, epoch=position.epoch,
-                                total=len(order))
+        arguments = {"length": length, "columns": names, "stride": stride, "pad": bool(pad), "gamma": g}
 
         def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
             return window_batch(layout, names, episode[items], start[items], length)
 
-        return Batches(order, start=begin, batch_size=int(sampling.batch_size), assemble=assemble, format=format,
-                       position=position, on_close=layout.close)
+        return loader_batches("sequences", arguments, source, layout, sampling, len(episode), weights, assemble,
+                              format, resume)
     except BaseException:
         layout.close()
         raise
+
+
+def loader_batches(kind: str, arguments: dict[str, Any], source: Source, layout: lay.Layout, sampling: Sampling,
+                   items: int, weights: np.ndarray | None, assemble: Callable[[np.ndarray], dict[str, np.ndarray]],
+                   format: str, resume: Mapping[str, Any] | None) -> Batches:  # noqa: A002
+    """The iterator over this epoch's shard of ``items`` items: its order, where ``resume`` puts it, and the
+    digest of everything that fixes the order (``arguments``, the sampling, the selection, the data)."""
+    digested = {"kind": kind, **arguments, **sampling.digested(), **source.arguments, "data": source.version_key}
+    order = epoch_order(items, shuffle=bool(sampling.shuffle), seed=sampling.seed, epoch=sampling.epoch,
+                        rank=sampling.rank, world_size=sampling.world_size, weights=weights,
+                        num_samples=sampling.num_samples)
+    position = Position(kind, digest(digested), int(sampling.epoch), 0)
+    begin = resume_position(resume, kind=kind, digest_=position.digest, epoch=position.epoch, total=len(order))
+    return Batches(order, start=begin, batch_size=int(sampling.batch_size), assemble=assemble, format=format,
+                   position=position, on_close=layout.close)
 
 
 def window_batch(layout: lay.Layout, names: Sequence[str], episode: np.ndarray, start: np.ndarray,

@@ -17,9 +17,9 @@ import numpy as np
 from trajstore.errors import InputError
 from trajstore.query import layout as lay
 from trajstore.query.loader import Batches, check_format
-from trajstore.query.order import Position, check_count, digest, epoch_order, resume_position
+from trajstore.query.order import check_count
 from trajstore.query.returns import check_gamma
-from trajstore.query.sequences import Sampling, Source, item_weights, stored_columns, weight_column
+from trajstore.query.sequences import Sampling, Source, item_weights, loader_batches, stored_columns, weight_column
 
 DEFAULT_COLUMNS = ("obs", "action")
 OUTPUTS = ("reward", "next_obs", "terminated", "discount")  # made by the n-step rule, never taken at t
@@ -52,20 +52,13 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
         del steps, episode
         ends = layout.offset + layout.length - 1
         terminal = layout.gather("terminated", ends).astype(bool) if len(ends) else np.zeros(0, bool)
-        args = {"kind": "transitions", "n": n, "gamma": g, "columns": at_t, **sampling.digested(),
-                **source.arguments, "data": source.version_key}
-        order = epoch_order(layout.steps, shuffle=bool(sampling.shuffle), seed=sampling.seed, epoch=sampling.epoch,
-                            rank=sampling.rank, world_size=sampling.world_size, weights=weights,
-                            num_samples=sampling.num_samples)
-        position = Position("transitions", digest(args), int(sampling.epoch), 0)
-        begin = resume_position(resume, kind="transitions", digest_=position.digest, epoch=position.epoch,
-                                total=len(order))
+        arguments = {"n": n, "gamma": g, "columns": at_t}
 
         def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
             return transition_batch(layout, at_t, items, n, g, terminal)
 
-        return Batches(order, start=begin, batch_size=int(sampling.batch_size), assemble=assemble, format=format,
-                       position=position, on_close=layout.close)
+        return loader_batches("transitions", arguments, source, layout, sampling, layout.steps, weights, assemble,
+                              format, resume)
     except BaseException:
         layout.close()
         raise

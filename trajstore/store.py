@@ -40,7 +40,7 @@ from trajstore.query.filters import EpisodeFilter
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.query.scan import files_holding, scan_steps
 from trajstore.query.layout import read_files
-from trajstore.query.loader import Batches
+from trajstore.query.loader import Batches, LoaderFormat
 from trajstore.query.order import digest as files_digest
 from trajstore.query.sequences import Sampling, Source
 from trajstore.query.sequences import sequences as load_sequences
@@ -513,7 +513,8 @@ class Store:
     def sequences(self, length: int, *, columns: Sequence[str] | None = None, stride: int | None = None,
                   pad: bool = False, gamma: float | None = None, batch_size: int = 256, shuffle: bool = False,
                   seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1, run_id: Names = None,
-                  where: str | None = None, format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
+                  where: str | None = None, format: LoaderFormat = "numpy",  # noqa: A002
+                  resume: Mapping[str, Any] | None = None,
                   weight_by: str | None = None, num_samples: int | None = None,
                   filter: EpisodeFilter | None = None) -> Batches:  # noqa: A002
         """Batches of fixed-length windows inside episodes: each column ``(n, length, …)``, ``mask``,
@@ -534,7 +535,7 @@ class Store:
 
     def transitions(self, n: int, *, gamma: float, columns: Sequence[str] | None = None, batch_size: int = 256,
                     shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
-                    run_id: Names = None, where: str | None = None, format: str = "numpy",  # noqa: A002
+                    run_id: Names = None, where: str | None = None, format: LoaderFormat = "numpy",  # noqa: A002
                     resume: Mapping[str, Any] | None = None, weight_by: str | None = None,
                     num_samples: int | None = None, filter: EpisodeFilter | None = None) -> Batches:  # noqa: A002
         """Batches of n-step transitions, one per step: ``columns`` at t (default ``obs``, ``action``), the

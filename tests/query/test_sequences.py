@@ -259,3 +259,24 @@ def test_environments_of_other_shapes_are_refused_until_one_is_selected(tmp_path
     assert wide["obs"].shape[1:] == (4, 8) and wide["value"].shape[1:] == (4,)
     with pytest.raises(InputError, match="columns: 'value' is missing"):
         store.sequences(4, columns=["value"])
+
+
+def test_torch_format_without_torch_names_format(filled: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # what `import torch` meets where PyTorch is not installed
+    with pytest.raises(InputError, match=r"format: 'torch' needs PyTorch; install the extra: pip install "
+                                         r"'trajstore\[torch\]'"):
+        filled.sequences(4, format="torch")
+
+
+def test_return_to_go_is_exact_when_computed_in_many_pieces(filled: trajstore.Store,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajstore.query import layout
+
+    monkeypatch.setattr(layout, "CHUNK_STEPS", 7)  # groups of whole episodes of about 7 steps each
+    ref = reference_windows(episodes(filled), 3, 1, True, gamma=0.97)
+    got = rows(filled.sequences(3, stride=1, pad=True, gamma=0.97, columns=["return_to_go"]))
+    assert [key(w) for w in got] == [key(w) for w in ref]
+    np.testing.assert_allclose(np.stack([w["return_to_go"] for w in got]),
+                               np.stack([w["return_to_go"] for w in ref]), rtol=1e-12, atol=1e-12)

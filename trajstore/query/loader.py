@@ -9,7 +9,7 @@ one is used), ``"arrow"`` (a record batch; arrays of shape ``(n, a, b)`` as nest
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +18,7 @@ from trajstore.errors import InputError
 from trajstore.query.order import Position
 from trajstore.schema import to_numpy
 
+LoaderFormat = Literal["numpy", "jax", "arrow", "torch"]
 LOADER_FORMATS = ("numpy", "jax", "arrow", "torch")
 Assemble = Callable[[np.ndarray], dict[str, np.ndarray]]
 

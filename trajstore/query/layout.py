@@ -4,9 +4,11 @@ offset) and each column in one file on disk, ordered by ``(episode, step)``, fil
 A step's place is ``offset[episode] + step``, so the files are filled straight from the store's scan in
 whatever order the files hold the rows, without sorting anything: each record batch is scattered into
 memory maps of the column files opened for that batch alone. Windows and n-step transitions are then
-gathered by fancy indexing, batch by batch, from maps opened for that batch: the process only holds the
+gathered (``np.take``) batch by batch from maps opened for that batch: the process only holds the
 pages one batch touches, whatever the size of the store (the files live in the page cache, not in the
-process). The folder is a temporary directory removed when the layout is closed or collected.
+process). The files are made by writing zeros, not by a sparse truncate: the page cache then holds them in
+large folios, and gathers from them run ~4x faster. The folder is a temporary directory removed when the
+layout is closed or collected.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from trajstore.storage.table import DataFile
 Reader = Callable[[Sequence[str]], Iterable[pa.RecordBatch]]
 CHUNK_STEPS = 1 << 20  # steps per piece of a derived column computed over the files
 READ_ROWS = 32_768  # rows per batch read from a file
+ZERO_BLOCK = 4 << 20  # bytes written at a time when a column file is made
 READ_BUFFER = 256 * 1024  # bytes of a file read at a time (a whole column chunk otherwise: ~3x the peak memory)
 
 
@@ -48,7 +51,8 @@ class Column:
         """The values at ``positions`` (any shape), as a new array shaped ``(*positions.shape, *shape)``."""
         values = self.open()
         try:
-            return np.asarray(values[positions])
+            flat = np.take(values, positions.reshape(-1), axis=0)  # faster than values[positions] on a map
+            return np.asarray(flat).reshape(*positions.shape, *self.shape)
         finally:
             del values  # unmaps: the pages this batch touched leave the process
 
@@ -75,8 +79,7 @@ class Layout:
         if self.folder is None:
             self.folder = tempfile.TemporaryDirectory(prefix="trajstore-layout-")
         path = Path(self.folder.name) / f"{len(self.columns)}.bin"
-        with open(path, "wb") as f:
-            f.truncate(self.steps * np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
+        _zeros(path, self.steps * np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
         column = Column(path, np.dtype(dtype), tuple(shape), self.steps)
         self.columns[name] = column
         return column
@@ -89,6 +92,16 @@ class Layout:
         if self.folder is not None:
             self.folder.cleanup()
             self.folder = None
+
+
+def _zeros(path: Path, size: int) -> None:
+    """A file of ``size`` zero bytes, written (not a sparse truncate): the page cache then holds it in large
+    folios, and batches gather from it ~4x faster than from pages a memory map allocated one by one."""
+    block = bytes(min(size, ZERO_BLOCK))
+    with open(path, "wb") as f:
+        while size > 0:
+            f.write(block[:min(size, len(block))])
+            size -= len(block)
 
 
 def column_type(schema: pa.Schema, name: str, *, empty: bool = False) -> tuple[np.dtype, tuple[int, ...]]:

@@ -28,7 +28,7 @@ from trajstore.storage.table import DataFile
 
 Reader = Callable[[Sequence[str]], Iterable[pa.RecordBatch]]
 CHUNK_STEPS = 1 << 20  # steps per piece of a derived column computed over the files
-READ_ROWS = 32_768  # rows per batch read from a file
+READ_ROWS = 16_384  # rows per batch read from a file
 ZERO_BLOCK = 4 << 20  # bytes written at a time when a column file is made
 READ_BUFFER = 256 * 1024  # bytes of a file read at a time (a whole column chunk otherwise: ~3x the peak memory)
 
@@ -142,6 +142,7 @@ def build(read: Reader, schema: pa.Schema, columns: Sequence[str]) -> Layout:
     """The layout of every step ``read`` yields, with ``columns`` (stored columns typed by ``schema``) in
     files: one pass over ``episode_id, step`` for the index, one over the columns to fill the files."""
     layout = _index(read(["episode_id", "step"]))
+    pa.default_memory_pool().release_unused()  # what the reads decoded goes back to the system, not kept
     types = {c: column_type(schema, c, empty=layout.steps == 0) for c in columns}
     try:
         files = {c: layout.new_column(c, *types[c]) for c in columns}
@@ -151,6 +152,7 @@ def build(read: Reader, schema: pa.Schema, columns: Sequence[str]) -> Layout:
     except BaseException:
         layout.close()
         raise
+    pa.default_memory_pool().release_unused()
     return layout
 
 

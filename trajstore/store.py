@@ -39,7 +39,7 @@ from trajstore.query.curves import total_env_steps
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.query.scan import files_holding, scan_steps
-from trajstore.query.layout import read_files
+from trajstore.query.layout import read_files, unified_schema
 from trajstore.query.loader import Batches, LoaderFormat
 from trajstore.query.order import digest as files_digest
 from trajstore.query.sequences import Sampling, Source
@@ -548,8 +548,11 @@ class Store:
 
     def _loader_source(self, *, run_id: Names, where: str | None, filter: EpisodeFilter | None) -> Source:  # noqa: A002
         """The selected steps of the latest version, pinned: every read of a loader reads these files."""
-        plan = self._loader_plan(run_id) if where is None and filter is None else \
-            self.scan_plan(None, run_id=run_id, where=where, filter=filter)
+        env_id = None
+        if filter is not None and filter.per_episode().is_empty() and not filter.episode_id:
+            run_id, env_id, filter = _both(run_id, filter.run_id), filter.env_id or None, None  # files alone
+        plan = self._loader_plan(run_id, env_id) if where is None and filter is None else \
+            self.scan_plan(None, run_id=run_id, env_id=env_id, where=where, filter=filter)
         self._verify_sizes(plan.files)
 
         def read(columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
@@ -564,21 +567,17 @@ class Store:
                 rows = snap.arrow(sql.episode_values(name))
             return rows["episode_id"].to_numpy(), rows["value"].to_numpy(zero_copy_only=False).astype(np.float64)
 
+        # the order depends on what is selected, not on how: a state made locally resumes over REST and back
         key = files_digest([f.path for f in plan.files])
-        arguments = {"run_id": run_id, "where": where, "filter": filter}
-        return Source(plan.schema, read, episode_values, key, arguments)
+        chosen = None if plan.episode_ids is None else files_digest(plan.episode_ids.tolist())
+        return Source(plan.schema, read, episode_values, key, {"episodes": chosen})
 
-    def _loader_plan(self, run_id: Names) -> ScanPlan:
-        """:meth:`scan_plan` for a selection of runs alone, without opening DuckDB (~35 MiB a loader need not
-        pay): the stored types of each environment's files, a column whose types differ as a list type."""
-        files = [f for f in self.files() if _selected(f.run_id, run_id)]
-        stored = [self._env_schema(env, files) for env in sorted({f.env_id for f in files})]
-        types: dict[str, set[pa.DataType]] = {}
-        for schema in filter(None, stored):
-            for field in schema:
-                types.setdefault(field.name, set()).add(field.type)
-        fields = [pa.field(n, next(iter(t)) if len(t) == 1 else _list_of(t)) for n, t in types.items()]
-        return ScanPlan(files, pa.schema(fields), [f.name for f in fields], None)
+    def _loader_plan(self, run_id: Names, env_id: Names) -> ScanPlan:
+        """:meth:`scan_plan` for a selection of runs and envs alone, without opening DuckDB (~35 MiB a loader
+        need not pay): the stored types of each environment's files, a column whose types differ as a list."""
+        files = [f for f in self.files() if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
+        schema = unified_schema([self._env_schema(env, files) for env in sorted({f.env_id for f in files})])
+        return ScanPlan(files, schema, schema.names, None)
 
     @_where_named
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002
@@ -678,14 +677,6 @@ def _reordered(column: pa.ChunkedArray, s: SortedReturns) -> pa.Array:
             return arr
         return pa.DictionaryArray.from_arrays(s.reorder(idx), arr.dictionary)
     return arr.take(pa.array(s.reorder(np.arange(len(arr)))))
-
-
-def _list_of(types: set[pa.DataType]) -> pa.DataType:
-    """The type of a column stored with several types: a list of the first one's values (a loader refuses it)."""
-    t = sorted(types, key=str)[0]
-    while pa.types.is_fixed_size_list(t) or pa.types.is_list(t):
-        t = t.value_type
-    return pa.list_(t)
 
 
 def _names(value: str | Sequence[str] | None) -> list[str]:

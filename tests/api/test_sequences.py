@@ -52,6 +52,8 @@ def test_transitions_are_the_local_batches_and_resume(live: Live, populated: Pat
         assert state["position"] == 400 and state["kind"] == "transitions"
         rest = list(client.transitions(3, resume=state, **args))
         same(head + rest, local)
+        local_state = (lambda it: (next(it), next(it), it.state_dict())[-1])(store.transitions(3, **args))
+        assert local_state == state  # the same selection, the same state: resumable on either side
         with pytest.raises(RemoteError, match="422.*resume: the state was made with other arguments"):
             client.transitions(3, resume=state, **{**args, "seed": 5})
 

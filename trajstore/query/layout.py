@@ -104,6 +104,23 @@ def _zeros(path: Path, size: int) -> None:
             size -= len(block)
 
 
+def unified_schema(schemas: Sequence[pa.Schema | None]) -> pa.Schema:
+    """One schema for the files of several environments: each column's stored type where they agree, a list of
+    the first one's values where they differ (obs of other shapes: :func:`column_type` then refuses it)."""
+    types: dict[str, list[pa.DataType]] = {}
+    for schema in schemas:
+        for f in schema or ():
+            if f.type not in types.setdefault(f.name, []):
+                types[f.name].append(f.type)
+    return pa.schema([pa.field(name, t[0] if len(t) == 1 else _list_of(t[0])) for name, t in types.items()])
+
+
+def _list_of(t: pa.DataType) -> pa.DataType:
+    while pa.types.is_fixed_size_list(t) or pa.types.is_list(t):
+        t = t.value_type
+    return pa.list_(t)
+
+
 def column_type(schema: pa.Schema, name: str, *, empty: bool = False) -> tuple[np.dtype, tuple[int, ...]]:
     """The numpy dtype and per-step shape a stored column has in a layout; an :class:`InputError` naming
     ``columns`` for a column that has no fixed numeric shape (unless no step is selected: ``empty``)."""

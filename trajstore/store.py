@@ -37,11 +37,11 @@ from trajstore.query import sandbox, sql
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.curves import total_env_steps
 from trajstore.query.filters import EpisodeFilter
-from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
-from trajstore.query.scan import files_holding, scan_steps
 from trajstore.query.layout import read_files, unified_schema
 from trajstore.query.loader import Batches, LoaderFormat
 from trajstore.query.order import digest as files_digest
+from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
+from trajstore.query.scan import files_holding, scan_steps
 from trajstore.query.sequences import Sampling, Source
 from trajstore.query.sequences import sequences as load_sequences
 from trajstore.query.snapshot import Snapshot, check_names, damaged_file
@@ -521,8 +521,8 @@ class Store:
         ``episode_id``, ``start``; see :mod:`trajstore.query.sequences`.
 
         Windows start at steps ``0, stride, …`` (``stride`` defaults to ``length``); ``pad`` adds the partial
-        ones at episode ends, zero-padded and masked. ``columns`` defaults to every numeric step column (and
-        ``return_to_go`` when ``gamma`` is given). ``shuffle`` permutes all windows by ``(seed, epoch)``;
+        ones at episode ends, zero-padded and masked. ``columns`` defaults to ``obs, action, reward, terminated,
+        truncated`` (and ``return_to_go`` when ``gamma`` is given). ``shuffle`` permutes all windows by ``(seed, epoch)``;
         ``rank``/``world_size`` take one shard; ``weight_by`` (a step column, read at a window's first step,
         or an ``episodes`` column such as ``episode_return``) draws ``num_samples`` windows (default: as many
         as there are) with replacement in proportion to it. The iterator's ``state_dict()``, passed back as

@@ -18,7 +18,7 @@ import trajstore
 from trajstore.__about__ import __version__
 from trajstore.api import params, problems
 from trajstore.api.dashboard import router as dashboard_router
-from trajstore.api.routes import commits, episodes, events, health, history, ingest, runs, sql, stats, steps
+from trajstore.api.routes import commits, episodes, events, health, history, ingest, runs, sequences, sql, stats, steps
 from trajstore.settings import Settings
 from trajstore.store import Store
 
@@ -35,7 +35,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     app.state.settings = settings
     app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
     problems.install(app)
-    for module in (health, runs, episodes, stats, steps, sql, ingest, history, events, commits):
+    for module in (health, runs, episodes, stats, steps, sql, ingest, history, events, commits, sequences):
         app.include_router(module.router)
     app.include_router(dashboard_router)
     return app

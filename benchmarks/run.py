@@ -2,7 +2,7 @@
 
     python benchmarks/run.py                    # every benchmark at full size, writes docs/benchmarks.md
     python benchmarks/run.py --only store       # one of: store (issue 2), jax (3), api (4), dashboard (5), s3 (13),
-                                                # live (15)
+                                                # loaders (14), live (15)
     python benchmarks/run.py --steps 200000     # quick smoke run; prints the sections, writes no doc
     python benchmarks/run.py --steps 200000 --out /tmp/bench.md
 """
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
                         "steps or more; smaller runs only print their section unless --out is given)")
     p.add_argument("--workdir", type=Path, default=None, help="where to put the temporary stores")
     p.add_argument("--check", action="store_true", help="exit with status 1 when a target is not met")
-    p.add_argument("--only", default="store,jax,api,dashboard,s3,live",
+    p.add_argument("--only", default="store,jax,api,dashboard,s3,loaders,live",
                    help="comma-separated benchmarks to run (default: %(default)s)")
     return p
 
@@ -49,6 +49,7 @@ def run_others(names: list[str], steps: int, out: Path | None, check: bool) -> i
     import bench_dashboard
     import bench_jax
     import bench_live
+    import bench_loaders
     import bench_s3
 
     status = 0
@@ -64,6 +65,9 @@ def run_others(names: list[str], steps: int, out: Path | None, check: bool) -> i
         s3_steps = ["--steps", str(min(steps, bench_s3.FULL_STEPS))]
         status |= bench_s3.main(s3_steps + (["--out", str(out)] if out is not None else []) + (["--check"] if check
                                                                                                  else []))
+    if "loaders" in names:
+        status |= bench_loaders.main(["--steps", str(min(steps, bench_loaders.FULL_STEPS))] +
+                                     (["--out", str(out)] if out is not None else []) + (["--check"] if check else []))
     if "live" in names:
         sizes = ["--sizes", str(max(10_000, steps // 100))] if steps < FULL_STEPS else []
         status |= bench_live.main(sizes + (["--out", str(out)] if out is not None else []))

@@ -48,9 +48,15 @@ from trajstore.query.curves import (
 )
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.follow import Commit, check_follow, new_commits
+from trajstore.query.layout import read_files, unified_schema
+from trajstore.query.loader import Batches, LoaderFormat
+from trajstore.query.order import digest as files_digest
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.query.scan import files_holding, scan_steps
+from trajstore.query.sequences import Sampling, Source
+from trajstore.query.sequences import sequences as load_sequences
 from trajstore.query.snapshot import Snapshot, check_names, damaged_file
+from trajstore.query.transitions import transitions as load_transitions
 from trajstore.settings import Settings
 from trajstore.storage.ingest import append_rows
 from trajstore.storage.location import Location, explain, locate
@@ -694,6 +700,77 @@ class Store:
         with contextlib.closing(reader):
             yield from training_batches(reader, batch_size=batch_size, shuffle=shuffle, seed=seed,
                                         shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)
+
+    # --- training loaders: windows and n-step transitions (trajstore.query.sequences / .transitions) -------
+
+    def sequences(self, length: int, *, columns: Sequence[str] | None = None, stride: int | None = None,
+                  pad: bool = False, gamma: float | None = None, batch_size: int = 256, shuffle: bool = False,
+                  seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1, run_id: Names = None,
+                  where: str | None = None, format: LoaderFormat = "numpy",  # noqa: A002
+                  resume: Mapping[str, Any] | None = None,
+                  weight_by: str | None = None, num_samples: int | None = None,
+                  filter: EpisodeFilter | None = None) -> Batches:  # noqa: A002
+        """Batches of fixed-length windows inside episodes: each column ``(n, length, …)``, ``mask``,
+        ``episode_id``, ``start``; see :mod:`trajstore.query.sequences`.
+
+        Windows start at steps ``0, stride, …`` (``stride`` defaults to ``length``); ``pad`` adds the partial
+        ones at episode ends, zero-padded and masked. ``columns`` defaults to ``obs, action, reward, terminated,
+        truncated`` (and ``return_to_go`` when ``gamma`` is given). ``shuffle`` permutes all windows by ``(seed, epoch)``;
+        ``rank``/``world_size`` take one shard; ``weight_by`` (a step column, read at a window's first step,
+        or an ``episodes`` column such as ``episode_return``) draws ``num_samples`` windows (default: as many
+        as there are) with replacement in proportion to it. The iterator's ``state_dict()``, passed back as
+        ``resume``, continues right after the last batch it gave. Reads one committed version.
+        """
+        source = self._loader_source(run_id=run_id, where=where, filter=filter)
+        sampling = Sampling(batch_size, shuffle, seed, epoch, rank, world_size, weight_by, num_samples)
+        return load_sequences(source, length, columns=columns, stride=stride, pad=pad, gamma=gamma,
+                              sampling=sampling, format=format, resume=resume)
+
+    def transitions(self, n: int, *, gamma: float, columns: Sequence[str] | None = None, batch_size: int = 256,
+                    shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
+                    run_id: Names = None, where: str | None = None, format: LoaderFormat = "numpy",  # noqa: A002
+                    resume: Mapping[str, Any] | None = None, weight_by: str | None = None,
+                    num_samples: int | None = None, filter: EpisodeFilter | None = None) -> Batches:  # noqa: A002
+        """Batches of n-step transitions, one per step: ``columns`` at t (default ``obs``, ``action``), the
+        n-step ``reward``, ``next_obs``, ``terminated``, ``discount``, ``episode_id``, ``step``; see
+        :mod:`trajstore.query.transitions`. Order, shards, sampling and resume as for :meth:`sequences`."""
+        source = self._loader_source(run_id=run_id, where=where, filter=filter)
+        sampling = Sampling(batch_size, shuffle, seed, epoch, rank, world_size, weight_by, num_samples)
+        return load_transitions(source, n, gamma=gamma, columns=columns, sampling=sampling, format=format,
+                                resume=resume)
+
+    def _loader_source(self, *, run_id: Names, where: str | None, filter: EpisodeFilter | None) -> Source:  # noqa: A002
+        """The selected steps of the latest version, pinned: every read of a loader reads these files."""
+        env_id = None
+        if filter is not None and filter.per_episode().is_empty() and not filter.episode_id:
+            run_id, env_id, filter = _both(run_id, filter.run_id), filter.env_id or None, None  # files alone
+        plan = self._loader_plan(run_id, env_id) if where is None and filter is None else \
+            self.scan_plan(None, run_id=run_id, env_id=env_id, where=where, filter=filter)
+        self._verify_sizes(plan.files)
+
+        def read(columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+            try:
+                yield from read_files(plan.files, plan.schema, list(columns), plan.episode_ids)
+            except (OSError, pa.ArrowException) as exc:
+                raise damaged_file(exc, plan.files, self.uri) or exc
+
+        def episode_values(name: str) -> tuple[np.ndarray, np.ndarray]:
+            with self._new_snapshot(plan.files, con=self._cursor()) as snap:
+                snap.check_columns([name], view="episodes", field="weight_by")
+                rows = snap.arrow(sql.episode_values(name))
+            return rows["episode_id"].to_numpy(), rows["value"].to_numpy(zero_copy_only=False).astype(np.float64)
+
+        # the order depends on what is selected, not on how: a state made locally resumes over REST and back
+        key = files_digest([f.path for f in plan.files])
+        chosen = None if plan.episode_ids is None else files_digest(plan.episode_ids.tolist())
+        return Source(plan.schema, read, episode_values, key, {"episodes": chosen})
+
+    def _loader_plan(self, run_id: Names, env_id: Names) -> ScanPlan:
+        """:meth:`scan_plan` for a selection of runs and envs alone, without opening DuckDB (~35 MiB a loader
+        need not pay): the stored types of each environment's files, a column whose types differ as a list."""
+        files = [f for f in self.files() if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
+        schema = unified_schema([self._env_schema(env, files) for env in sorted({f.env_id for f in files})])
+        return ScanPlan(files, schema, schema.names, None)
 
     @_where_named
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002

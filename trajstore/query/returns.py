@@ -31,6 +31,12 @@ def discounted_sum(rewards: np.ndarray, gamma: float) -> float:
     return float(out[0]) if len(out) else 0.0
 
 
+def episodes_return_to_go(reward: np.ndarray, starts: np.ndarray, gamma: float) -> np.ndarray:
+    """Return-to-go (float64) of rewards laid out episode after episode, each episode's first row at ``starts``."""
+    g = check_gamma(gamma)
+    return _rtg_sorted(np.ascontiguousarray(reward, np.float64), np.ascontiguousarray(starts, np.int64), g)
+
+
 def return_to_go(episode_id: np.ndarray, step: np.ndarray, reward: np.ndarray,
                  gamma: float) -> tuple[np.ndarray, np.ndarray]:
     """Per-step return-to-go for rows in any order whose episodes are stored as runs of consecutive steps.

@@ -328,6 +328,11 @@ def steps(columns: Sequence[str], conds: Sequence[str], *, limit: int | None = N
     return f"SELECT {select_list(columns)} FROM steps{where(conds)} ORDER BY episode_id, step{page(limit, offset)}"
 
 
+def episode_values(column: str) -> str:
+    """``episode_id`` and one column of every episode, by id (the weights of a loader's sampling)."""
+    return f"SELECT episode_id, {ident(column)} AS value FROM episodes ORDER BY episode_id"
+
+
 def count_other_mode(run_id: str, mode: str) -> str:
     """Steps of ``run_id`` whose lineage ``mode`` is not ``mode`` (``eval`` against train or untagged)."""
     other = "mode IS DISTINCT FROM 'eval'" if mode == "eval" else "mode = 'eval'"

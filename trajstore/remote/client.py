@@ -27,6 +27,8 @@ from trajstore.errors import RemoteError
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.follow import Commit, check_follow
+from trajstore.query.loader import check_format
+from trajstore.remote.loader import RemoteBatches
 from trajstore.remote.stream import HttpByteStream
 
 log = logging.getLogger(__name__)
@@ -160,6 +162,34 @@ class Client:
         with self._stream("/steps", params) as body:
             yield from training_batches(pa.ipc.open_stream(body), batch_size=batch_size, shuffle=shuffle, seed=seed,
                                         shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)
+
+    def iter_sequences(self, length: int, *, columns: list[str] | None = None, stride: int | None = None,
+                       pad: bool = False, gamma: float | None = None, batch_size: int = 256, shuffle: bool = False,
+                       seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
+                       format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
+                       weight_by: str | None = None, num_samples: int | None = None,
+                       **filters: Any) -> RemoteBatches:
+        """The batches of :meth:`Store.sequences <trajstore.store.Store.sequences>` with these arguments, from
+        the service's ``/sequences`` stream (filters as in the REST API: ``run_id``, ``complete``, …); the
+        iterator's ``state_dict()`` passed back as ``resume`` continues after its last batch."""
+        check_format(format)
+        params = {"length": length, "columns": columns, "stride": stride, "pad": pad, "gamma": gamma,
+                  "batch_size": batch_size, "shuffle": shuffle, "order_seed": seed, "epoch": epoch, "rank": rank,
+                  "world_size": world_size, "weight_by": weight_by, "num_samples": num_samples,
+                  "resume": None if resume is None else json.dumps(dict(resume)), **filters}
+        return RemoteBatches(self._stream("/sequences", params), format)
+
+    def transitions(self, n: int, *, gamma: float, columns: list[str] | None = None, batch_size: int = 256,
+                    shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
+                    format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
+                    weight_by: str | None = None, num_samples: int | None = None, **filters: Any) -> RemoteBatches:
+        """The batches of :meth:`Store.transitions <trajstore.store.Store.transitions>` from ``/transitions``."""
+        check_format(format)
+        params = {"n": n, "gamma": gamma, "columns": columns, "batch_size": batch_size, "shuffle": shuffle,
+                  "order_seed": seed, "epoch": epoch, "rank": rank, "world_size": world_size, "weight_by": weight_by,
+                  "num_samples": num_samples, "resume": None if resume is None else json.dumps(dict(resume)),
+                  **filters}
+        return RemoteBatches(self._stream("/transitions", params), format)
 
     @contextlib.contextmanager
     def _stream(self, path: str, params: Mapping[str, Any]) -> Iterator[BinaryIO]:

@@ -1,0 +1,194 @@
+"""Fixed-length windows inside episodes, for recurrent and sequence models (R2D2 burn-in, Decision Transformer).
+
+A window is ``length`` consecutive steps of one episode, starting at step ``0, stride, 2·stride, …``; it never
+crosses into another episode. With ``pad=False`` only the windows that fit wholly inside their episode exist;
+with ``pad=True`` also the partial ones at its end, their missing steps zero and ``mask`` False. Windows are
+numbered episode by episode (ids ascending), starts ascending; :mod:`~trajstore.query.order` makes an epoch's
+order of them and :mod:`~trajstore.query.layout` holds the steps they are gathered from.
+
+A batch is a dict: each column ``(n, length, …)``, ``mask`` ``(n, length)``, ``episode_id`` ``(n,)`` and
+``start`` ``(n,)``. ``return_to_go`` (with ``gamma``) is the exact return-to-go of the whole episode at each
+step, ``G_t = r_t + gamma G_{t+1}``, in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from trajstore.errors import InputError
+from trajstore.query import layout as lay
+from trajstore.query.loader import Batches, check_format
+from trajstore.query.order import Position, check_count, check_shard, digest, epoch_order, resume_position
+from trajstore.query.returns import check_gamma, episodes_return_to_go
+
+RETURN_TO_GO = "return_to_go"
+KEYS = ("episode_id", "step", "run_id", "env_id")  # never a batched column: given as episode_id/start
+DEFAULT_COLUMNS = ("obs", "action", "reward", "terminated", "truncated")
+
+
+@dataclass
+class Source:
+    """The steps a loader reads, pinned to one committed version: their types, a reader of their columns, the
+    value of an ``episodes`` view column per episode (same version), and a key naming the version's files."""
+
+    schema: pa.Schema
+    read: lay.Reader
+    episode_values: Callable[[str], tuple[np.ndarray, np.ndarray]]  # sorted ids, values; InputError if unknown
+    version_key: str
+    arguments: dict[str, Any] = field(default_factory=dict)  # the selection (run_id, where, filter), digested
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Order arguments shared by every loader."""
+
+    batch_size: int = 256
+    shuffle: bool = False
+    seed: int = 0
+    epoch: int = 0
+    rank: int = 0
+    world_size: int = 1
+    weight_by: str | None = None
+    num_samples: int | None = None
+
+    def check(self) -> None:
+        check_count("batch_size", self.batch_size)
+        check_shard(self.rank, self.world_size)
+        check_count("epoch", self.epoch, minimum=0)
+        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) or self.seed < 0:
+            raise InputError(f"seed: must be an integer >= 0, got {self.seed!r}")
+        if self.num_samples is not None:
+            check_count("num_samples", self.num_samples)
+            if self.weight_by is None:
+                raise InputError("num_samples: draws with replacement need weight_by (a column to weight by)")
+
+    def digested(self) -> dict[str, Any]:
+        return {"shuffle": bool(self.shuffle), "seed": int(self.seed), "rank": int(self.rank),
+                "world_size": int(self.world_size), "weight_by": self.weight_by, "num_samples": self.num_samples}
+
+
+def stored_columns(source: Source, columns: Sequence[str] | None, *, default: Sequence[str] | None = None) -> list[str]:
+    """The stored columns asked for (those of ``default`` the steps have, without ``columns``), checked."""
+    names = source.schema.names
+    if columns is None:
+        return [c for c in (DEFAULT_COLUMNS if default is None else default) if c in names]
+    if isinstance(columns, str):
+        columns = [columns]
+    unknown = [c for c in columns if c not in names and c != RETURN_TO_GO]
+    if unknown:
+        raise InputError(f"columns: unknown column(s) {unknown}; the steps have {list(names)} (and "
+                         f"{RETURN_TO_GO!r} with gamma)")
+    keys = [c for c in columns if c in KEYS]
+    if keys:
+        raise InputError(f"columns: {keys} cannot be batched per step; each batch has episode_id and start")
+    return list(dict.fromkeys(c for c in columns if c != RETURN_TO_GO))
+
+
+def window_starts(lengths: np.ndarray, length: int, stride: int, pad: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(episode, start)`` of every window, episode by episode, starts ascending."""
+    lengths = np.asarray(lengths, np.int64)
+    if pad:
+        counts = np.where(lengths > 0, (lengths - 1) // stride + 1, 0)
+    else:
+        counts = np.where(lengths >= length, (lengths - length) // stride + 1, 0)
+    episode = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    return episode, (np.arange(len(episode), dtype=np.int64) - first) * stride
+
+
+def item_weights(source: Source, layout: lay.Layout, weight_by: str | None, episode: np.ndarray,
+                 step: np.ndarray) -> np.ndarray | None:
+    """Each item's weight: the step column ``weight_by`` at the item's (first) step, or the ``episodes``
+    view's column ``weight_by`` of its episode."""
+    if weight_by is None:
+        return None
+    if weight_by in layout.columns:
+        return layout.gather(weight_by, layout.offset[episode] + step).astype(np.float64)
+    ids, values = source.episode_values(weight_by)
+    at = np.searchsorted(ids, layout.episode_id)
+    at = np.minimum(at, max(len(ids) - 1, 0))
+    per_episode = np.where(ids[at] == layout.episode_id, values[at], 0.0) if len(ids) else \
+        np.zeros(len(layout.episode_id))
+    return np.asarray(per_episode, np.float64)[episode]
+
+
+def weight_column(source: Source, weight_by: str | None) -> list[str]:
+    """The step column to lay out for ``weight_by`` (none if it names an episodes column)."""
+    if weight_by is None or weight_by not in source.schema.names or weight_by in KEYS:
+        return []
+    lay.column_type(source.schema, weight_by)
+    return [weight_by]
+
+
+def sequences(source: Source, length: int, *, columns: Sequence[str] | None = None, stride: int | None = None,
+              pad: bool = False, gamma: float | None = None, sampling: Sampling = Sampling(),
+              format: str = "numpy", resume: Mapping[str, Any] | None = None) -> Batches:  # noqa: A002
+    """Batches of windows of the steps of ``source`` (see the module's description)."""
+    length = check_count("length", length)
+    stride = length if stride is None else check_count("stride", stride)
+    sampling.check()
+    check_format(format)
+    g = None if gamma is None else check_gamma(gamma)
+    names = stored_columns(source, columns)
+    wants_rtg = (columns is None and g is not None) or (columns is not None and RETURN_TO_GO in list(columns))
+    if wants_rtg and g is None:
+        raise InputError(f"gamma: {RETURN_TO_GO!r} needs a discount; pass gamma in [0, 1]")
+    extra = (["reward"] if wants_rtg and "reward" not in names else []) + \
+        [c for c in weight_column(source, sampling.weight_by) if c not in names]
+    layout = lay.build(source.read, source.schema, [*names, *extra])
+    try:
+        if wants_rtg:
+            lay.derive(layout, RETURN_TO_GO, np.dtype(np.float64), "reward",
+                       lambda r, starts: episodes_return_to_go(r, starts, g))
+            names.append(RETURN_TO_GO)
+        episode, start = window_starts(layout.length, length, stride, bool(pad))
+        weights = item_weights(source, layout, sampling.weight_by, episode, start)
+        arguments = {"length": length, "columns": names, "stride": stride, "pad": bool(pad), "gamma": g}
+
+        def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
+            return window_batch(layout, names, episode[items], start[items], length)
+
+        return loader_batches("sequences", arguments, source, layout, sampling, len(episode), weights, assemble,
+                              format, resume)
+    except BaseException:
+        layout.close()
+        raise
+
+
+def loader_batches(kind: str, arguments: dict[str, Any], source: Source, layout: lay.Layout, sampling: Sampling,
+                   items: int, weights: np.ndarray | None, assemble: Callable[[np.ndarray], dict[str, np.ndarray]],
+                   format: str, resume: Mapping[str, Any] | None) -> Batches:  # noqa: A002
+    """The iterator over this epoch's shard of ``items`` items: its order, where ``resume`` puts it, and the
+    digest of everything that fixes the order (``arguments``, the sampling, the selection, the data)."""
+    digested = {"kind": kind, **arguments, **sampling.digested(), **source.arguments, "data": source.version_key}
+    order = epoch_order(items, shuffle=bool(sampling.shuffle), seed=sampling.seed, epoch=sampling.epoch,
+                        rank=sampling.rank, world_size=sampling.world_size, weights=weights,
+                        num_samples=sampling.num_samples)
+    position = Position(kind, digest(digested), int(sampling.epoch), 0)
+    begin = resume_position(resume, kind=kind, digest_=position.digest, epoch=position.epoch, total=len(order))
+    return Batches(order, start=begin, batch_size=int(sampling.batch_size), assemble=assemble, format=format,
+                   position=position, on_close=layout.close)
+
+
+def window_batch(layout: lay.Layout, names: Sequence[str], episode: np.ndarray, start: np.ndarray,
+                 length: int) -> dict[str, np.ndarray]:
+    """The windows ``(episode, start)``: each column ``(n, length, …)`` (zero past the episode's end),
+    ``mask``, ``episode_id`` and ``start``."""
+    steps = start[:, None] + np.arange(length, dtype=np.int64)
+    ends = layout.length[episode][:, None]
+    mask = steps < ends
+    positions = layout.offset[episode][:, None] + np.minimum(steps, ends - 1)
+    out: dict[str, np.ndarray] = {}
+    for name in names:
+        values = layout.gather(name, positions)
+        if not mask.all():
+            values[~mask] = 0
+        out[name] = values
+    out["mask"] = mask
+    out["episode_id"] = layout.episode_id[episode]
+    out["start"] = start
+    return out

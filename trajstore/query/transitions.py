@@ -1,0 +1,89 @@
+"""n-step transitions for the DQN family: one row per step ``t`` of every selected episode.
+
+With ``m = min(n, steps left in the episode from t)``: ``obs``/``action`` (and any other column asked for) at
+``t``; ``reward`` = ``sum_{k<m} gamma**k r_{t+k}`` (computed in float64, given in the stored reward's dtype);
+``next_obs`` = the ``next_obs`` stored at step ``t+m-1``; ``terminated`` = whether the episode terminated within
+those steps; ``discount`` = ``gamma**m``, or 0 when terminated (a truncated or unfinished end bootstraps).
+Rows also carry ``episode_id`` and ``step`` (= t). Items are numbered by step position: episodes by id,
+steps ascending; the order, shards and resume are those of every loader (:mod:`~trajstore.query.order`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from trajstore.errors import InputError
+from trajstore.query import layout as lay
+from trajstore.query.loader import Batches, check_format
+from trajstore.query.order import check_count
+from trajstore.query.returns import check_gamma
+from trajstore.query.sequences import Sampling, Source, item_weights, loader_batches, stored_columns, weight_column
+
+DEFAULT_COLUMNS = ("obs", "action")
+OUTPUTS = ("reward", "next_obs", "terminated", "discount")  # made by the n-step rule, never taken at t
+
+
+def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] | None = None,
+                sampling: Sampling = Sampling(), format: str = "numpy",  # noqa: A002
+                resume: Mapping[str, Any] | None = None) -> Batches:
+    """Batches of the n-step transitions of the steps of ``source`` (see the module's description)."""
+    n = check_count("n", n)
+    g = check_gamma(gamma)
+    sampling.check()
+    check_format(format)
+    if isinstance(columns, str):
+        columns = [columns]
+    if columns is not None and "return_to_go" in columns:
+        raise InputError("columns: 'return_to_go' is a column of store.sequences(...), not of transitions")
+    asked = stored_columns(source, columns, default=DEFAULT_COLUMNS)
+    at_t = [c for c in asked if c not in OUTPUTS]
+    needed = ["reward", "next_obs", "terminated"]
+    missing = [c for c in needed if c not in source.schema.names]
+    if missing:
+        raise InputError(f"columns: n-step transitions need {missing}, which these steps do not have")
+    extra = [c for c in [*needed, *weight_column(source, sampling.weight_by)] if c not in at_t]
+    layout = lay.build(source.read, source.schema, list(dict.fromkeys([*at_t, *extra])))
+    try:
+        steps = np.arange(layout.steps, dtype=np.int64)
+        episode = layout.episode_of(steps)
+        weights = item_weights(source, layout, sampling.weight_by, episode, steps - layout.offset[episode])
+        del steps, episode
+        ends = layout.offset + layout.length - 1
+        terminal = layout.gather("terminated", ends).astype(bool) if len(ends) else np.zeros(0, bool)
+        arguments = {"n": n, "gamma": g, "columns": at_t}
+
+        def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
+            return transition_batch(layout, at_t, items, n, g, terminal)
+
+        return loader_batches("transitions", arguments, source, layout, sampling, layout.steps, weights, assemble,
+                              format, resume)
+    except BaseException:
+        layout.close()
+        raise
+
+
+def transition_batch(layout: lay.Layout, names: Sequence[str], positions: np.ndarray, n: int, gamma: float,
+                     terminal: np.ndarray) -> dict[str, np.ndarray]:
+    """The n-step transitions starting at step ``positions`` of the layout; ``terminal[e]`` says whether
+    episode ``e`` ended by termination."""
+    n = min(n, int(layout.length.max(initial=1)))  # no episode is longer: the same sums, bounded arrays
+    episode = layout.episode_of(positions)
+    t = positions - layout.offset[episode]
+    left = layout.length[episode] - t
+    m = np.minimum(n, left)
+    k = np.arange(n, dtype=np.int64)
+    within = k[None, :] < m[:, None]
+    rewards = layout.gather("reward", positions[:, None] + np.minimum(k[None, :], m[:, None] - 1))
+    dtype = rewards.dtype if rewards.dtype.kind == "f" else np.dtype(np.float64)
+    reward = (rewards.astype(np.float64) * np.where(within, gamma ** k[None, :], 0.0)).sum(axis=1)
+    terminated = terminal[episode] & (m == left)
+    out = {name: layout.gather(name, positions) for name in names}
+    out["reward"] = reward.astype(dtype)
+    out["next_obs"] = layout.gather("next_obs", positions + m - 1)
+    out["terminated"] = terminated
+    out["discount"] = np.where(terminated, 0.0, np.power(gamma, m, dtype=np.float64)).astype(dtype)
+    out["episode_id"] = layout.episode_id[episode]
+    out["step"] = t
+    return out

@@ -194,6 +194,18 @@ def test_formats(filled: trajstore.Store) -> None:
     np.testing.assert_array_equal(np.asarray(batches[0]["obs"]), ref["obs"])
 
 
+def test_jax_batches_are_on_the_device_and_the_next_one_is_made_while_this_one_trains(
+        filled: trajstore.Store) -> None:
+    jax = pytest.importorskip("jax")
+    with filled.sequences(4, pad=True, batch_size=5, format="jax") as it:
+        first = next(it)
+        assert isinstance(first["obs"], jax.Array)
+        ahead = it._ahead  # the second batch, submitted to the prefetch thread before the first was handed out
+        assert ahead is not None
+        ahead.result(timeout=30)  # made while the caller held the first batch and had not asked for more
+        assert next(it) is ahead.result()
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"length": 0}, "length: must be an integer >= 1, got 0"),
     ({"length": 4, "stride": 0}, "stride: must be an integer >= 1, got 0"),

@@ -36,6 +36,7 @@ def test_history_lists_each_commit(store: trajstore.Store) -> None:
 def test_a_store_opened_at_a_version_reads_as_it_was(store: trajstore.Store) -> None:
     write(store, "a", 0)
     stats, episodes, steps = store.stats(), store.episodes(), store.sql("SELECT * FROM steps ORDER BY episode_id, step")
+    windows = [b["obs"] for b in store.sequences(3, columns=["obs"], pad=True, batch_size=64)]
     version, when = store.version, datetime.now(timezone.utc)
     time.sleep(0.05)
     write(store, "b", 1)
@@ -48,6 +49,8 @@ def test_a_store_opened_at_a_version_reads_as_it_was(store: trajstore.Store) -> 
         assert old.scan().read_all().num_rows == steps.num_rows and old.run_ids() == ["a"]
         assert old.returns(gamma=0.9).num_rows == episodes.num_rows
         assert len(old.history()) == version + 1
+        old_windows = [b["obs"] for b in old.sequences(3, columns=["obs"], pad=True, batch_size=64)]
+        assert len(old_windows) == len(windows) and all(np.array_equal(a, b) for a, b in zip(old_windows, windows))
     assert store.run_ids() == ["b"] and not store.read_only
 
 

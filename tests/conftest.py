@@ -3,6 +3,7 @@ ask for it (helpers are in ``tests/helpers.py``)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator
 
 import pytest
@@ -26,3 +27,11 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[seaweed.SeaweedFS]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def datasets(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An empty Minari datasets folder (``MINARI_DATASETS_PATH``) for the import and export tests."""
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    warnings.filterwarnings("ignore", module="minari")
+    return tmp_path / "minari"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +13,6 @@ from trajstore.export.minari import export_minari
 from trajstore.rollout import gym_rollout
 
 minari = pytest.importorskip("minari")
-
-
-@pytest.fixture
-def datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
-    warnings.filterwarnings("ignore", module="minari")
-    return tmp_path / "minari"
 
 
 def test_the_exported_dataset_holds_the_same_episodes(datasets: Path, store: trajstore.Store,

@@ -3,7 +3,6 @@ obs/next_obs aligned, flags kept apart, episodes cut without a flag kept incompl
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,6 @@ import trajstore
 from trajstore.rollout.minari import import_minari
 
 minari = pytest.importorskip("minari")
-
-
-@pytest.fixture
-def datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
-    warnings.filterwarnings("ignore", module="minari")
-    return tmp_path / "minari"
 
 
 def collect(dataset_id: str, episodes: int, *, seed: int = 0, data_format: str = "arrow") -> Any:

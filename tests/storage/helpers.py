@@ -1,10 +1,15 @@
-"""Helpers for the storage tests: rows as a remote writer sends them (already cut into episodes)."""
+"""Helpers for the storage tests: rows as a remote writer sends them (already cut into episodes), and stores
+of two runs written in many small files."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+
+import trajstore
+from tests.helpers import make_batch
 
 
 def rows(n: int = 4, episode_id: int = 7, **change: Any) -> pa.Table:
@@ -26,3 +31,12 @@ def episode(steps: list[int], episode_id: int = 7, *, end: bool = False) -> pa.T
     """Rows of one episode at ``steps`` (in that order); the last one terminated with ``end``."""
     n = len(steps)
     return rows(n, episode_id, step=pa.array(steps, pa.int64()), terminated=pa.array([False] * (n - 1) + [end]))
+
+
+def fill_two_runs(store: trajstore.Store, *, seed: int, batches: int, steps: int, envs: int) -> None:
+    """Runs ``a`` and ``b`` of env ``E``, each ``batches`` batches of ``(steps, envs)``, one file per batch."""
+    rng = np.random.default_rng(seed)
+    for run in ("a", "b"):
+        with store.writer(run_id=run, env_id="E", flush_bytes=1) as w:
+            for _ in range(batches):
+                w.add_batch(make_batch(rng, steps, envs))

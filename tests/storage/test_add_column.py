@@ -8,16 +8,12 @@ import pyarrow.compute as pc
 import pytest
 
 import trajstore
-from tests.helpers import make_batch
+from tests.storage.helpers import fill_two_runs
 from trajstore.errors import InputError
 
 
 def fill(store: trajstore.Store) -> None:
-    rng = np.random.default_rng(3)
-    for run in ("a", "b"):
-        with store.writer(run_id=run, env_id="E", flush_bytes=1) as w:
-            for _ in range(4):
-                w.add_batch(make_batch(rng, 9, 3))
+    fill_two_runs(store, seed=3, batches=4, steps=9, envs=3)
 
 
 def test_an_sql_expression_becomes_a_stored_column(store: trajstore.Store) -> None:

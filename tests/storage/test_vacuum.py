@@ -14,6 +14,7 @@ import pyarrow.dataset as ds
 import pytest
 
 import trajstore
+from tests.storage.helpers import fill_two_runs
 from tests.helpers import make_batch
 from trajstore.errors import InputError
 from trajstore.storage.check import check
@@ -21,11 +22,7 @@ from trajstore.storage.vacuum import parse_duration
 
 
 def fill(store: trajstore.Store) -> None:
-    rng = np.random.default_rng(0)
-    for run in ("a", "b"):
-        with store.writer(run_id=run, env_id="E", flush_bytes=1) as w:
-            for _ in range(5):
-                w.add_batch(make_batch(rng, 8, 2))
+    fill_two_runs(store, seed=0, batches=5, steps=8, envs=2)
 
 
 def folder_rows(store: trajstore.Store) -> int:

@@ -221,7 +221,7 @@ def test_orphan_half_written_file_is_information_not_a_problem(healthy: trajstor
     report = check(healthy)
     assert report.ok, report.format()
     assert report.orphans == [str(orphan)]
-    assert "1 file(s) on disk not listed by the log" in report.format()
+    assert "1 file(s) on disk not listed by the latest version" in report.format()
     after = healthy.stats().to_pylist()[0]
     assert after == pytest.approx(before.to_pylist()[0], rel=1e-12)
     assert healthy.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 5 * T * B

@@ -64,8 +64,10 @@ class CheckReport:
         lines = [f"{status}: {self.files} committed files, {self.episodes} episodes, {self.steps} steps"]
         lines += [f"  problem: {p}" for p in self.problems]
         if self.orphans:
-            lines.append(f"  info: {len(self.orphans)} file(s) on disk not listed by the log (never read; "
-                         "e.g. left by a killed writer), first: " + ", ".join(self.orphans[:3]))
+            lines.append(f"  info: {len(self.orphans)} file(s) on disk not listed by the latest version (never read; "
+                         "files of older versions, deleted or compacted away, or left by a killed writer; "
+                         "`trajstore vacuum` removes them once no retained version needs them), first: "
+                         + ", ".join(self.orphans[:3]))
         return "\n".join(lines)
 
     __str__ = format

@@ -16,7 +16,7 @@ import pytest
 import trajstore
 from tests.storage.helpers import fill_two_runs
 from tests.helpers import make_batch
-from trajstore.errors import InputError
+from trajstore.errors import InputError, VersionNotFoundError
 from trajstore.storage.check import check
 from trajstore.storage.vacuum import parse_duration
 
@@ -48,6 +48,10 @@ def test_after_delete_compact_and_vacuum_the_folder_holds_what_the_log_lists(sto
     assert sorted(report.files) == sorted(dry.files) and report.bytes > 0
     assert folder_rows(store) == logged_rows(store)
     assert check(store).ok and not check(store).orphans
+    with pytest.raises(VersionNotFoundError, match=rf"version: version {old} can no longer be read: \d+ of its "
+                                                   r"files were removed \(by `trajstore vacuum`"):
+        trajstore.open(store.uri, version=old)
+    assert trajstore.open(store.uri, version=store.version).stats()["n_traj"][0].as_py() > 0
 
 
 def test_uncommitted_files_get_a_grace_period(store: trajstore.Store) -> None:

@@ -196,6 +196,14 @@ def _check_file(table: StepsTable, f: DataFile, *, deep: bool) -> str | None:
     return None
 
 
+def missing_files(location: Location, files: Sequence[DataFile]) -> list[DataFile]:
+    """The ``files`` that are not in the table's folder (one listing of it, not a request per file)."""
+    selector = pafs.FileSelector(location.root, recursive=True, allow_not_found=True)
+    found = {os.path.normpath(i.path) if location.is_local else i.path
+             for i in location.fs.get_file_info(selector) if i.type == pafs.FileType.File}
+    return [f for f in files if (_normalized(location, f.path) if location.is_local else f.path) not in found]
+
+
 def _orphans(location: Location, committed: Sequence[DataFile]) -> list[pafs.FileInfo]:
     """Files under the table folder that the snapshot does not list, and staging files a killed commit
     left in the log (delta-rs writes ``<name>#<n>`` and links or renames it into place), sorted by path."""

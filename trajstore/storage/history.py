@@ -20,6 +20,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from trajstore.errors import InputError, StoreNotFoundError, VersionNotFoundError
+from trajstore.storage.check import missing_files
 from trajstore.storage.location import explain
 from trajstore.storage.table import StepsTable
 
@@ -116,6 +117,8 @@ def resolve_version(table: StepsTable, *, version: int | None = None, as_of: dat
         if not 0 <= version <= latest:
             raise VersionNotFoundError(f"version: must be a version of this store, 0..{latest}, got {version!r}")
         _check_readable(table, version)
+        if version < latest:
+            _check_files_kept(table, version)
         return version
     if not isinstance(as_of, datetime):
         raise InputError(f"as_of: expected a datetime, got {type(as_of).__name__}")
@@ -127,7 +130,19 @@ def resolve_version(table: StepsTable, *, version: int | None = None, as_of: dat
                          f"({versions[0]}, committed {first.isoformat()})")
     dt = DeltaTable(table.uri, storage_options=table.location.storage_options)
     dt.load_as_version(when)
-    return int(dt.version())
+    version = int(dt.version())
+    if version < latest:
+        _check_files_kept(table, version)
+    return version
+
+
+def _check_files_kept(table: StepsTable, version: int) -> None:
+    """Refuse an old version some of whose files a vacuum has removed (a clear 'gone', not a damaged store)."""
+    gone = missing_files(table.location, StepsTable(table.location, pinned=version).files())
+    if gone:
+        raise VersionNotFoundError(f"version: version {version} can no longer be read: {len(gone)} of its files were "
+                                   f"removed (by `trajstore vacuum`, which keeps only what versions inside its "
+                                   f"retention horizon need), first: {gone[0].path}")
 
 
 def _check_readable(table: StepsTable, version: int) -> None:

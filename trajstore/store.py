@@ -530,6 +530,10 @@ class Store:
         Commits that rewrite rows (a compaction) add none and are passed over.
         """
         check_follow(since, poll, timeout)
+        if self.read_only:
+            raise InputError(f"follow: this store is opened at version {self.table.pinned}, which never changes; "
+                             f"follow the store itself from that version: trajstore.open(uri).follow("
+                             f"since={self.table.pinned})")
         start = self.version if since is None else since
         for commit in new_commits(self.table, since=start, poll=poll, timeout=timeout):
             rows = self._commit_rows(commit, columns, run_id=run_id, env_id=env_id, episodes=episodes)

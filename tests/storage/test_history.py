@@ -65,6 +65,9 @@ def test_a_pinned_store_refuses_every_change(store: trajstore.Store) -> None:
             change()
     with pytest.raises(PermissionError):
         old.delete(run_id="a")
+    with pytest.raises(InputError, match=r"follow: this store is opened at version 1, which never changes; follow "
+                                         r"the store itself from that version: trajstore.open\(uri\).follow\(since=1\)"):
+        next(old.follow(timeout=0.1))
 
 
 def test_bad_versions_are_named(store: trajstore.Store) -> None:

@@ -35,7 +35,7 @@ def browser() -> Iterator[Any]:
     except ImportError:
         pytest.skip("playwright is not installed: `pip install -e '.[dev]'` installs it")
     if not CHROMIUM.is_file():
-        pytest.skip(f"no Chromium at {CHROMIUM}: `apt-get install -y chromium` (or `make browser`) installs it")
+        pytest.skip(f"no Chromium at {CHROMIUM}: `apt-get install -y chromium` (or `make system-tools`) installs it")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:

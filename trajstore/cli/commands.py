@@ -211,10 +211,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "minari":
         from trajstore.export.minari import export_minari
 
-        result = export_minari(store, args.name, run_id=runs, where=args.where)
+        result = export_minari(store, args.name, run_id=runs, where=args.where, progress=True)
     else:
         from trajstore.export.lerobot import export_lerobot
 
-        result = export_lerobot(store, args.name, run_id=runs, where=args.where)
+        result = export_lerobot(store, args.name, run_id=runs, where=args.where, progress=True)
     print(result.format())
     return 0

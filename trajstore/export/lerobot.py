@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm.auto import tqdm
 
 from trajstore.errors import InputError
 from trajstore.export.episodes import ExportResult, as_episode, episodes
@@ -36,9 +37,10 @@ DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
 
 
 def export_lerobot(store: Store, folder: str | Path, *, run_id: str | Sequence[str] | None = None,
-                   where: str | None = None, fps: int = 30, chunk_size: int = 1000) -> ExportResult:
+                   where: str | None = None, fps: int = 30, chunk_size: int = 1000,
+                   progress: bool = False) -> ExportResult:
     """Write the episodes of ``run_id`` (selected by ``where``, over the episodes view) under ``folder`` (new or
-    empty) in LeRobot's chunked Parquet layout."""
+    empty) in LeRobot's chunked Parquet layout. ``progress``: a bar over the episodes."""
     root = Path(folder)
     if root.exists() and any(root.iterdir()):
         raise InputError(f"folder: {root} exists and is not empty; choose a new folder")
@@ -47,7 +49,7 @@ def export_lerobot(store: Store, folder: str | Path, *, run_id: str | Sequence[s
     tables = episodes(store, run_id=run_id, where=where)
     tasks = sorted({t["env_id"][0].as_py() for t in tables})
     lines, index, features = [], 0, None
-    for i, steps in enumerate(tables):
+    for i, steps in enumerate(tqdm(tables, desc="export", unit="episode", disable=not progress)):
         e = as_episode(steps)
         table = _frames(e, i, index, fps, tasks.index(e.env_id))
         path = root / DATA_PATH.format(episode_chunk=i // chunk_size, episode_index=i)

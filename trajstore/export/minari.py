@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from trajstore.errors import InputError
 from trajstore.export.episodes import Episode, ExportResult, as_episode, episodes
@@ -22,9 +23,9 @@ if TYPE_CHECKING:
 
 
 def export_minari(store: Store, dataset_id: str, *, run_id: str | Sequence[str] | None = None,
-                  where: str | None = None, data_format: str = "arrow") -> ExportResult:
+                  where: str | None = None, data_format: str = "arrow", progress: bool = False) -> ExportResult:
     """Write the episodes of ``run_id`` (selected by ``where``, a condition over the episodes view) as the
-    Minari dataset ``dataset_id``; refused if it exists already."""
+    Minari dataset ``dataset_id``; refused if it exists already. ``progress``: a bar over the episodes."""
     try:
         import minari
         from minari.data_collector import EpisodeBuffer
@@ -34,7 +35,8 @@ def export_minari(store: Store, dataset_id: str, *, run_id: str | Sequence[str] 
     if dataset_id in minari.list_local_datasets():
         raise InputError(f"name: a local Minari dataset {dataset_id!r} exists already; choose another id or "
                          "delete it (minari delete …)")
-    eps = [as_episode(t) for t in episodes(store, run_id=run_id, where=where)]
+    eps = [as_episode(t) for t in tqdm(episodes(store, run_id=run_id, where=where), desc="export",
+                                       unit="episode", disable=not progress)]
     env, obs_space, act_space = _spaces(eps)
     buffers = [EpisodeBuffer(id=i, observations=np.concatenate([e.obs, e.next_obs[-1:]]), actions=e.action,
                              rewards=e.reward.tolist(), terminations=e.terminated.tolist(),

@@ -12,6 +12,10 @@ planned again on the newer version. The files stay on disk for readers of older 
 properties through the ``episodes`` view: ``episode_id IN (SELECT episode_id FROM episodes WHERE
 episode_return < 0)``). Only whole episodes are deleted: a condition that selects some steps of an episode
 but not all of them is refused.
+
+Close a run's writers before deleting it: a delete does not reach into a writer that is still appending, so
+that writer's next steps of an episode it had open would be stored without the episode's start (``check``
+names such episodes; deleting them again removes them).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ class Settings:
     max_body_bytes: int = 256 * 1024 * 1024
     stream_batch_rows: int = 65_536
     stream_batch_bytes: int = 16 * 1024 * 1024  # fewer rows per streamed batch when rows are wide
+    loader_layouts: int = 1  # loader layouts (column files on local disk) kept for the next epoch; 0: none
     debug: bool = False  # the CLI prints tracebacks
 
     @classmethod

@@ -48,7 +48,7 @@ from trajstore.query.curves import (
 )
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.follow import Commit, check_follow, new_commits
-from trajstore.query.layout import read_files, unified_schema
+from trajstore.query.layout import LayoutCache, read_files, unified_schema
 from trajstore.query.loader import Batches, LoaderFormat
 from trajstore.query.order import digest as files_digest
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
@@ -175,6 +175,7 @@ class Store:
         self._curve_cache: dict[tuple[tuple[str, ...], str], pa.Table] = {}
         self._log_schema_cache: tuple[Any, pa.Schema | None] | None = None
         self.sql_gate = sandbox.Gate(self.settings.sql_max_concurrent)
+        self._layouts = LayoutCache(self.settings.loader_layouts)  # the last loader layout, for the next epoch
 
     @property
     def uri(self) -> str:
@@ -767,7 +768,7 @@ class Store:
         # the order depends on what is selected, not on how: a state made locally resumes over REST and back
         key = files_digest([f.path for f in plan.files])
         chosen = None if plan.episode_ids is None else files_digest(plan.episode_ids.tolist())
-        return Source(plan.schema, read, episode_values, key, {"episodes": chosen})
+        return Source(plan.schema, read, episode_values, key, {"episodes": chosen}, self._layouts)
 
     def _loader_plan(self, run_id: Names, env_id: Names) -> ScanPlan:
         """:meth:`scan_plan` for a selection of runs and envs alone, without opening DuckDB (~35 MiB a loader

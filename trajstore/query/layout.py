@@ -8,15 +8,18 @@ gathered (``np.take``) batch by batch from maps opened for that batch: the proce
 pages one batch touches, whatever the size of the store (the files live in the page cache, not in the
 process). The files are made by writing zeros, not by a sparse truncate: the page cache then holds them in
 large folios, and gathers from them run ~4x faster. The folder is a temporary directory removed when the
-layout is closed or collected.
+layout is closed or collected. A store keeps its last layout (:class:`LayoutCache`): the next epoch over the
+same selection of the same version gathers from it without reading the store again.
 """
 
 from __future__ import annotations
 
 import tempfile
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Hashable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -92,6 +95,79 @@ class Layout:
         if self.folder is not None:
             self.folder.cleanup()
             self.folder = None
+
+
+class LayoutCache:
+    """The last ``capacity`` layouts built, kept between calls (the next epoch over the same selection reads
+    its files again instead of the store): each shared by the iterators using it, and closed (its files
+    removed) once it has been evicted and the last of them has finished. Thread-safe."""
+
+    def __init__(self, capacity: int = 1) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Hashable, Layout] = OrderedDict()
+        self._users: dict[int, int] = {}  # id(layout) -> iterators using it
+        self._evicted: set[int] = set()
+
+    def get(self, key: Hashable, make: Callable[[], Layout]) -> tuple[Layout, Callable[[], None]]:
+        """The layout for ``key`` (built by ``make`` unless kept) and the call that releases it; with
+        ``capacity`` 0 the layout is the caller's alone and the release closes it."""
+        with self._lock:
+            layout = self._entries.get(key)
+            if layout is not None:
+                self._entries.move_to_end(key)
+                self._users[id(layout)] += 1
+                return layout, self._releaser(layout)
+        layout = make()  # outside the lock: building reads the whole selection
+        if self.capacity <= 0:
+            return layout, layout.close
+        with self._lock:
+            kept = self._entries.get(key)
+            if kept is not None:  # built by another caller meanwhile: use theirs
+                layout.close()
+                layout = kept
+                self._entries.move_to_end(key)
+            else:
+                self._entries[key] = layout
+                self._users[id(layout)] = 0
+                while len(self._entries) > self.capacity:
+                    _, old = self._entries.popitem(last=False)
+                    self._evicted.add(id(old))
+                    self._close_if_unused(old)
+            self._users[id(layout)] += 1
+        return layout, self._releaser(layout)
+
+    def clear(self) -> None:
+        """Evict every layout (each closed once no iterator uses it)."""
+        with self._lock:
+            while self._entries:
+                _, old = self._entries.popitem(last=False)
+                self._evicted.add(id(old))
+                self._close_if_unused(old)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _releaser(self, layout: Layout) -> Callable[[], None]:
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if released:
+                    return
+                released = True
+                self._users[id(layout)] -= 1
+                self._close_if_unused(layout)
+
+        return release
+
+    def _close_if_unused(self, layout: Layout) -> None:
+        key = id(layout)
+        if key in self._evicted and self._users.get(key, 0) == 0:
+            self._evicted.discard(key)
+            self._users.pop(key, None)
+            layout.close()
 
 
 def _zeros(path: Path, size: int) -> None:

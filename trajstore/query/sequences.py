@@ -40,6 +40,14 @@ class Source:
     episode_values: Callable[[str], tuple[np.ndarray, np.ndarray]]  # sorted ids, values; InputError if unknown
     version_key: str
     arguments: dict[str, Any] = field(default_factory=dict)  # the selection (run_id, where, filter), digested
+    layouts: lay.LayoutCache | None = None  # where layouts are kept between calls (None: built for each call)
+
+    def laid_out(self, columns: Sequence[str], derived: Any,
+                 make: Callable[[], lay.Layout]) -> tuple[lay.Layout, Callable[[], None]]:
+        """The layout of ``columns`` (plus what ``derived`` names) of these steps, and its release."""
+        cache = self.layouts if self.layouts is not None else lay.LayoutCache(0)  # (an empty cache is falsy)
+        key = (self.version_key, digest(self.arguments), tuple(columns), derived)
+        return cache.get(key, make)
 
 
 @dataclass(frozen=True)
@@ -139,11 +147,21 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
         raise InputError(f"gamma: {RETURN_TO_GO!r} needs a discount; pass gamma in [0, 1]")
     extra = (["reward"] if wants_rtg and "reward" not in names else []) + \
         [c for c in weight_column(source, sampling.weight_by) if c not in names]
-    layout = lay.build(source.read, source.schema, [*names, *extra])
+
+    def make() -> lay.Layout:
+        layout = lay.build(source.read, source.schema, [*names, *extra])
+        try:
+            if wants_rtg:
+                lay.derive(layout, RETURN_TO_GO, np.dtype(np.float64), "reward",
+                           lambda r, starts: episodes_return_to_go(r, starts, g))
+        except BaseException:
+            layout.close()
+            raise
+        return layout
+
+    layout, release = source.laid_out([*names, *extra], (RETURN_TO_GO, g) if wants_rtg else None, make)
     try:
         if wants_rtg:
-            lay.derive(layout, RETURN_TO_GO, np.dtype(np.float64), "reward",
-                       lambda r, starts: episodes_return_to_go(r, starts, g))
             names.append(RETURN_TO_GO)
         episode, start = window_starts(layout.length, length, stride, bool(pad))
         weights = item_weights(source, layout, sampling.weight_by, episode, start)
@@ -152,14 +170,15 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
         def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
             return window_batch(layout, names, episode[items], start[items], length)
 
-        return loader_batches("sequences", arguments, source, layout, sampling, len(episode), weights, assemble,
+        return loader_batches("sequences", arguments, source, release, sampling, len(episode), weights, assemble,
                               format, resume)
     except BaseException:
-        layout.close()
+        release()
         raise
 
 
-def loader_batches(kind: str, arguments: dict[str, Any], source: Source, layout: lay.Layout, sampling: Sampling,
+def loader_batches(kind: str, arguments: dict[str, Any], source: Source, release: Callable[[], None],
+                   sampling: Sampling,
                    items: int, weights: np.ndarray | None, assemble: Callable[[np.ndarray], dict[str, np.ndarray]],
                    format: str, resume: Mapping[str, Any] | None) -> Batches:  # noqa: A002
     """The iterator over this epoch's shard of ``items`` items: its order, where ``resume`` puts it, and the
@@ -171,7 +190,7 @@ def loader_batches(kind: str, arguments: dict[str, Any], source: Source, layout:
     position = Position(kind, digest(digested), int(sampling.epoch), 0)
     begin = resume_position(resume, kind=kind, digest_=position.digest, epoch=position.epoch, total=len(order))
     return Batches(order, start=begin, batch_size=int(sampling.batch_size), assemble=assemble, format=format,
-                   position=position, on_close=layout.close)
+                   position=position, on_close=release)
 
 
 def window_batch(layout: lay.Layout, names: Sequence[str], episode: np.ndarray, start: np.ndarray,

@@ -44,7 +44,8 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
     if missing:
         raise InputError(f"columns: n-step transitions need {missing}, which these steps do not have")
     extra = [c for c in [*needed, *weight_column(source, sampling.weight_by)] if c not in at_t]
-    layout = lay.build(source.read, source.schema, list(dict.fromkeys([*at_t, *extra])))
+    laid = list(dict.fromkeys([*at_t, *extra]))
+    layout, release = source.laid_out(laid, None, lambda: lay.build(source.read, source.schema, laid))
     try:
         steps = np.arange(layout.steps, dtype=np.int64)
         episode = layout.episode_of(steps)
@@ -57,10 +58,10 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
         def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
             return transition_batch(layout, at_t, items, n, g, terminal)
 
-        return loader_batches("transitions", arguments, source, layout, sampling, layout.steps, weights, assemble,
+        return loader_batches("transitions", arguments, source, release, sampling, layout.steps, weights, assemble,
                               format, resume)
     except BaseException:
-        layout.close()
+        release()
         raise
 
 

@@ -222,7 +222,8 @@ def to_markdown(res: dict[str, list[dict[str, Any]]], steps: int, repeats: int, 
              "sequences": "`store.sequences(64, columns=[…], batch_size=256, shuffle=True)`: building the on-disk "
                           "episode-major layout included",
              "rest": "`Client.iter_sequences(...)` against `trajstore serve` on 127.0.0.1 (client process; the "
-                     "server's peak RSS is below)",
+                     "server's peak RSS is below; the server keeps its layout between requests, so every epoch "
+                     "after the first is gathered from it)",
              "next-epoch": "the next epoch (`epoch=1`) on the same `Store` after one untimed epoch: the layout "
                            "kept from the first is gathered from again (peak memory includes the first epoch)",
              "s3": "`store.sequences(...)` on `s3://` (SeaweedFS on this machine, over loopback)",

@@ -603,10 +603,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "trajstore-bench-cache",
                    help="where stores are kept between runs (default: %(default)s)")
     p.add_argument("--rebuild", action="store_true", help="write the store again even if it is cached")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"markdown file to update (default: docs/benchmarks.md for runs of {FULL_STEPS:,} "
-                        "steps or more; smaller runs only print their section unless --out is given)")
-    p.add_argument("--check", action="store_true", help="exit with status 1 when a target is not met")
+    report.output_options(p, f"runs of {FULL_STEPS:,} steps or more")
     return p
 
 
@@ -614,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     args = _parser().parse_args(argv)
-    out = args.out or (REPO / "docs" / "benchmarks.md" if args.steps >= FULL_STEPS else None)
+    out = report.out_path(args.out, args.steps >= FULL_STEPS, REPO)
     machine = report.machine_info(REPO)
     with tempfile.TemporaryDirectory(prefix="trajstore-bench-api-") as work:
         res = run(args.steps, envs=args.envs, horizon=args.horizon, batch_size=args.batch_size, repeats=args.repeats,

@@ -38,7 +38,7 @@ from tests.api.conftest import serve  # noqa: E402
 from tests.api.dashboard.synthetic import write_learning_runs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import cpu_model, publish  # noqa: E402
+from report import cpu_model, out_path, output_options, publish  # noqa: E402
 from trajstore.settings import Settings  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -211,9 +211,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=FULL_EPISODES, help="episodes in the store (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="fresh browser contexts (default: %(default)s)")
     p.add_argument("--store", type=Path, default=None, help="where to write the store (reused if it exists)")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"markdown file to update (default: docs/benchmarks.md for {FULL_EPISODES:,} episodes or "
-                        "more; smaller runs only print their section unless --out is given)")
+    output_options(p, f"{FULL_EPISODES:,} episodes or more", check=False)
     p.add_argument("--workdir", type=Path, default=None, help="where to put the temporary store")
     return p
 
@@ -223,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(CHROMIUM).is_file():
         print(f"no Chromium at {CHROMIUM}: `apt-get install -y chromium` installs it", file=sys.stderr)
         return 2
-    out = args.out or (REPO / "docs" / "benchmarks.md" if args.episodes >= FULL_EPISODES else None)
+    out = out_path(args.out, args.episodes >= FULL_EPISODES, REPO)
     with tempfile.TemporaryDirectory(prefix="trajstore-bench-dashboard-", dir=args.workdir) as work:
         res = run(args.episodes, repeats=args.repeats, store_path=args.store, work=Path(work))
     command = "python benchmarks/bench_dashboard.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))

@@ -35,6 +35,8 @@ FULL_STEPS = 10_000_000
 RUN_ID = "bench-jax"
 sys.path.insert(0, str(HERE))
 
+import report  # noqa: E402
+
 
 @dataclass
 class Timing:
@@ -341,9 +343,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-steps", default=None,
                    help="comma-separated sizes for the peak-memory runs (default: steps/5, steps/2 and steps; "
                         "0 to skip)")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"markdown file to update (default: docs/benchmarks.md for runs of {FULL_STEPS:,} steps or "
-                        "more; smaller runs only print their section unless --out is given)")
+    report.output_options(p, f"runs of {FULL_STEPS:,} steps or more", check=False)
     p.add_argument("--workdir", type=Path, default=None, help="where to put the temporary stores")
     p.add_argument("--check", action="store_true", help="exit with status 1 when a target is not met")
     p.add_argument("--memory-probe", action="store_true", help=argparse.SUPPRESS)
@@ -356,10 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         out = memory_probe(args.steps, envs=args.envs, rollout_length=args.rollout_length, work=args.workdir)
         print(json.dumps(out))
         return 0
-    import report
 
     memory_steps = None if args.memory_steps is None else [int(s) for s in args.memory_steps.split(",") if int(s)]
-    out = args.out or (REPO / "docs" / "benchmarks.md" if args.steps >= FULL_STEPS else None)
+    out = report.out_path(args.out, args.steps >= FULL_STEPS, REPO)
     machine = report.machine_info(REPO)
     with tempfile.TemporaryDirectory(prefix="trajstore-bench-jax-", dir=args.workdir) as work:
         res = run(args.steps, envs=args.envs, rollout_length=args.rollout_length, repeats=args.repeats,

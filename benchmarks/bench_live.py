@@ -35,7 +35,7 @@ import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
 import trajstore  # noqa: E402
-from report import cpu_model, load_average, publish  # noqa: E402
+from report import cpu_model, load_average, out_path, publish  # noqa: E402
 from tests.api.helpers import serve  # noqa: E402
 from trajstore.api.app import create_app  # noqa: E402
 from trajstore.api.cursor import encode  # noqa: E402
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=None)
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    out = args.out or (REPO / "docs" / "benchmarks.md" if max(sizes) >= SIZES[-1] else None)
+    out = out_path(args.out, max(sizes) >= SIZES[-1], REPO)
     with tempfile.TemporaryDirectory(prefix="trajstore-bench-live-", dir=args.workdir) as work:
         results = [run_size(n, Path(work), args.repeats) for n in sizes]
     command = "python benchmarks/bench_live.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))

@@ -261,10 +261,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=FULL_STEPS, help="steps in the store (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per method (default: %(default)s)")
     p.add_argument("--no-s3", action="store_true", help="skip the s3:// epoch")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"markdown file to update (default: docs/benchmarks.md for runs of {FULL_STEPS:,} steps or "
-                        "more; smaller runs only print their section unless --out is given)")
-    p.add_argument("--check", action="store_true", help="exit with status 1 when a target is not met")
+    report.output_options(p, f"runs of {FULL_STEPS:,} steps or more")
     p.add_argument("--child", nargs=3, metavar=("METHOD", "TARGET", "OPTIONS"), help=argparse.SUPPRESS)
     return p
 
@@ -274,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(*args.child)
         return 0
-    out = args.out or (REPO / "docs" / "benchmarks.md" if args.steps >= FULL_STEPS else None)
+    out = report.out_path(args.out, args.steps >= FULL_STEPS, REPO)
     machine = report.machine_info(REPO)
     with tempfile.TemporaryDirectory(prefix="trajstore-bench-loaders-") as tmp:
         res = measure(args.steps, args.repeats, Path(tmp), not args.no_s3)

@@ -207,10 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=FULL_STEPS, help="steps written (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="repeats per place (default: %(default)s)")
     p.add_argument("--workers", default="1,2,4", help="Ray rollout worker counts (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"markdown file to update (default: docs/benchmarks.md for runs of {FULL_STEPS:,} steps or "
-                        "more; smaller runs only print their section unless --out is given)")
-    p.add_argument("--check", action="store_true", help="exit with status 1 when a target is not met")
+    report.output_options(p, f"runs of {FULL_STEPS:,} steps or more")
     return p
 
 
@@ -218,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests import seaweed
 
     args = _parser().parse_args(argv)
-    out = args.out or (REPO / "docs" / "benchmarks.md" if args.steps >= FULL_STEPS else None)
+    out = report.out_path(args.out, args.steps >= FULL_STEPS, REPO)
     machine = report.machine_info(REPO)
     with tempfile.TemporaryDirectory(prefix="trajstore-bench-s3-") as tmp:
         work = Path(tmp)

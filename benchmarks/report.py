@@ -3,6 +3,8 @@ markers (``<!-- bench:NAME -->`` … ``<!-- /bench:NAME -->``) and replaces only
 
 from __future__ import annotations
 
+import argparse
+
 import importlib.metadata
 import os
 import platform
@@ -92,6 +94,21 @@ def replace_section(doc: Path, name: str, body: str) -> None:
     tmp = doc.with_name(f".{doc.name}.tmp")
     tmp.write_text(text)
     tmp.replace(doc)
+
+
+def output_options(parser: argparse.ArgumentParser, full_run: str, *, check: bool = True) -> None:
+    """``--out`` (the doc a full run updates by default) and, with ``check``, ``--check``; ``full_run`` says
+    which runs are full, e.g. "runs of 10,000,000 steps or more"."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"markdown file to update (default: docs/benchmarks.md for {full_run}; smaller runs "
+                             "only print their section unless --out is given)")
+    if check:
+        parser.add_argument("--check", action="store_true", help="exit with status 1 when a target is not met")
+
+
+def out_path(out: Path | None, full: bool, repo: Path) -> Path | None:
+    """Where a run writes its section: ``out`` if given, else the repository's doc for a full run, else none."""
+    return out or (repo / "docs" / "benchmarks.md" if full else None)
 
 
 def publish(out: Path | None, name: str, body: str) -> None:

@@ -33,9 +33,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="runs per method (default: %(default)s; at least 7 for the ones well under a second)")
     p.add_argument("--imitation-steps", type=int, default=1_000_000,
                    help="rows for the imitation-style Python baseline (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"markdown file to update (default: docs/benchmarks.md for runs of {FULL_STEPS:,} "
-                        "steps or more; smaller runs only print their section unless --out is given)")
+    report.output_options(p, f"runs of {FULL_STEPS:,} steps or more", check=False)
     p.add_argument("--workdir", type=Path, default=None, help="where to put the temporary stores")
     p.add_argument("--check", action="store_true", help="exit with status 1 when a target is not met")
     p.add_argument("--only", default="store,jax,api,dashboard,s3,loaders,live",
@@ -77,7 +75,7 @@ def run_others(names: list[str], steps: int, out: Path | None, check: bool) -> i
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
-    out = args.out or (REPO / "docs" / "benchmarks.md" if args.steps >= FULL_STEPS else None)
+    out = report.out_path(args.out, args.steps >= FULL_STEPS, REPO)
     status = run_store(args, argv, out) if "store" in names else 0
     return status | run_others(names, args.steps, out, args.check)
 

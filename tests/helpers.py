@@ -159,3 +159,18 @@ def plant_uncommitted(root: Any) -> None:
     path = root / UNCOMMITTED
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"secret": ["uncommitted"]}), path)
+
+
+def write_commits(store: trajstore.Store, commits: int, *, run_id: str = "live", seed: int = 0, steps: int = 6) -> None:
+    """``commits`` commits of 8 envs x ``steps`` steps each (one flush per batch), for the tests that follow
+    commits."""
+    rng = np.random.default_rng(seed)
+    with store.writer(run_id=run_id, env_id="Toy-v0") as w:
+        for _ in range(commits):
+            w.add_batch(make_batch(rng, steps, 8, p_terminated=0.3))
+            w.flush()
+
+
+def step_keys(table: Any) -> list[tuple[int, int]]:
+    """The ``(episode_id, step)`` of each row, in order."""
+    return list(zip(table["episode_id"].to_pylist(), table["step"].to_pylist()))

@@ -5,26 +5,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import numpy as np
 import pytest
 
 import trajstore
 from trajstore.query.follow import new_commits
 
-from tests.helpers import make_batch
-
-
-def write_commits(store: trajstore.Store, commits: int, *, run_id: str = "live", seed: int = 0) -> None:
-    """``commits`` commits of 8 envs x 6 steps each (one flush per batch)."""
-    rng = np.random.default_rng(seed)
-    with store.writer(run_id=run_id, env_id="Toy-v0") as w:
-        for _ in range(commits):
-            w.add_batch(make_batch(rng, 6, 8, p_terminated=0.3))
-            w.flush()
-
-
-def keys(table: Any) -> list[tuple[int, int]]:
-    return list(zip(table["episode_id"].to_pylist(), table["step"].to_pylist()))
+from tests.helpers import step_keys, write_commits
 
 
 def test_follow_under_a_concurrent_writer_delivers_every_step_once_in_commit_order(store: trajstore.Store) -> None:
@@ -40,8 +26,8 @@ def test_follow_under_a_concurrent_writer_delivers_every_step_once_in_commit_ord
     writer.join()
     versions = [c.version for c in got]
     assert versions == sorted(set(versions)) and versions[0] > start
-    delivered = [k for c in got for k in keys(c.rows)]
-    stored = keys(store.scan(["episode_id", "step"], run_id="live").read_all())
+    delivered = [k for c in got for k in step_keys(c.rows)]
+    stored = step_keys(store.scan(["episode_id", "step"], run_id="live").read_all())
     assert len(delivered) == len(set(delivered)) == len(stored) == 30 * 6 * 8
     assert set(delivered) == set(stored)
     assert all(c.runs == ["live"] and c.rows.column_names == ["episode_id", "step", "reward"] for c in got)
@@ -54,7 +40,7 @@ def test_follow_resumes_after_a_version(store: trajstore.Store) -> None:
     middle = every[2].version
     rest = list(store.follow(since=middle, timeout=0))
     assert [c.version for c in rest] == [c.version for c in every[3:]]
-    assert [keys(c.rows) for c in rest] == [keys(c.rows) for c in every[3:]]
+    assert [step_keys(c.rows) for c in rest] == [step_keys(c.rows) for c in every[3:]]
     assert list(store.follow(timeout=0)) == []  # from now on: nothing new yet
 
 

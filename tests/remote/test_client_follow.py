@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
-import numpy as np
 import pytest
 
 import trajstore
 from trajstore.api.app import create_app
 
-from tests.api.helpers import Live, serve, settings_for, steps_batch
+from tests.api.helpers import Live, serve, settings_for
+from tests.helpers import step_keys, write_commits
 
 
 @pytest.fixture
@@ -22,23 +22,11 @@ def live(tmp_path: Path) -> Iterator[Live]:
     yield from serve(create_app(settings_for(tmp_path / "store")))
 
 
-def write(store: trajstore.Store, commits: int, run_id: str = "live") -> None:
-    rng = np.random.default_rng(1)
-    with store.writer(run_id=run_id, env_id="Toy-v0") as w:
-        for _ in range(commits):
-            w.add_batch(steps_batch(rng, 4, 8, p_done=0.3))
-            w.flush()
-
-
-def keys(table: Any) -> list[tuple[int, int]]:
-    return list(zip(table["episode_id"].to_pylist(), table["step"].to_pylist()))
-
-
 def test_client_follow_delivers_every_step_once_in_commit_order(live: Live) -> None:
     store: trajstore.Store = live.app.state.store
-    write(store, 2, run_id="before")
+    write_commits(store, 2, run_id="before", steps=4, seed=1)
     start = store.version
-    writer = threading.Thread(target=write, args=(store, 25))
+    writer = threading.Thread(target=write_commits, args=(store, 25), kwargs={"steps": 4, "seed": 1})
     got = []
     with trajstore.Client(live.url) as client:
         follower = client.follow(["run_id", "episode_id", "step"], run_id="live", since=start, timeout=5)
@@ -50,13 +38,13 @@ def test_client_follow_delivers_every_step_once_in_commit_order(live: Live) -> N
         writer.join()
         versions = [c.version for c in got]
         assert versions == sorted(set(versions)) and all(c.runs == ["live"] for c in got)
-        delivered = [k for c in got for k in keys(c.rows)]
-        stored = keys(store.scan(["episode_id", "step"], run_id="live").read_all())
+        delivered = [k for c in got for k in step_keys(c.rows)]
+        stored = step_keys(store.scan(["episode_id", "step"], run_id="live").read_all())
         assert len(delivered) == len(set(delivered)) == len(stored) == 25 * 4 * 8
         assert set(delivered) == set(stored)
-        local = {c.version: keys(c.rows) for c in store.follow(["episode_id", "step"], run_id="live", since=start,
+        local = {c.version: step_keys(c.rows) for c in store.follow(["episode_id", "step"], run_id="live", since=start,
                                                              timeout=0)}
-        assert {c.version: keys(c.rows) for c in got} == local
+        assert {c.version: step_keys(c.rows) for c in got} == local
         middle = versions[len(versions) // 2]
         rest = list(client.follow(["episode_id", "step"], since=middle, timeout=1))
         assert [c.version for c in rest] == [v for v in versions if v > middle]
@@ -64,7 +52,7 @@ def test_client_follow_delivers_every_step_once_in_commit_order(live: Live) -> N
 
 def test_commits_route_gives_a_versions_rows_or_404(live: Live) -> None:
     store: trajstore.Store = live.app.state.store
-    write(store, 3)
+    write_commits(store, 3, steps=4, seed=1)
     with trajstore.Client(live.url) as client:
         rows = client._table("GET", f"/commits/{store.version}", params={"columns": ["step"]})
         assert rows.num_rows == 32 and rows.column_names == ["step"]

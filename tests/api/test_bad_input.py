@@ -1,5 +1,6 @@
 """Bad input anywhere is a 4xx problem document naming the parameter, never a 500, and the keep-alive
-connection it came on stays usable (a 500 made uvicorn drop it)."""
+connection it came on stays usable (a 500 made uvicorn drop it); an ingest body the store cannot hold is refused
+before anything is written or committed."""
 
 from __future__ import annotations
 
@@ -9,11 +10,18 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlencode, urlsplit
 
+import numpy as np
+import pyarrow as pa
 import pytest
+from fastapi.testclient import TestClient
 
-from tests.api.helpers import Live, serve, settings_for
+import trajstore
+from tests.api.helpers import API_KEY, Live, serve, settings_for
+from tests.api.test_ingest import ARROW
+from tests.api.test_ingest import rows as ingest_rows
 from tests.api.test_runs import small_store
 from trajstore.api.app import create_app
+from trajstore.remote.wire import ipc_bytes
 
 NESTED = "[" * 5000 + "]" * 5000
 STATE = {"kind": "sequences", "digest": "0" * 32, "epoch": 0, "position": 0}
@@ -80,3 +88,43 @@ def test_junk_parameters_keep_the_connection(live: Live, params: dict) -> None:
         assert get(conn, "/health", {})[0] == 200
     finally:
         conn.close()
+
+
+def extra(name: str, values: pa.Array) -> pa.Table:
+    return ingest_rows(n_episodes=1, length=4, first_id=99).append_column(name, values)
+
+
+BAD_BODIES = {
+    "a union": (extra("u", pa.UnionArray.from_sparse(pa.array([0, 1, 0, 1], pa.int8()),
+                                                     [pa.array([1, 2, 3, 4]), pa.array(list("abcd"))])), "u"),
+    "an extension type": (extra("id", pa.array([b"0" * 16] * 4, pa.uuid())), "id"),
+    "a timestamp in another zone": (extra("w", pa.array([1, 2, 3, 4], pa.timestamp("ns", tz="Mars/Olympus"))), "w"),
+    "half floats": (extra("h", pa.array(np.ones(4, np.float16))), "h"),
+    "decimals": (extra("d", pa.array([1, 2, 3, 4], pa.decimal128(5, 2))), "d"),
+    "a map": (extra("m", pa.array([[("k", 1)]] * 4, pa.map_(pa.string(), pa.int64()))), "m"),
+    "nulls": (extra("x", pa.nulls(4)), "x"),
+    "dictionary strings": (extra("c", pa.array(list("abab")).dictionary_encode()), "c"),
+    "a struct field of a bad type": (extra("s", pa.array([{"a": {"b": 1.5}}] * 4, pa.struct(
+        [("a", pa.struct([("b", pa.float16())]))]))), "s.a.b"),
+    "a column twice": (pa.Table.from_arrays([*ingest_rows(1, 4, first_id=99).columns, pa.array([99] * 4)],
+                                            names=[*ingest_rows(1, 4).column_names, "episode_id"]), "episode_id"),
+    "an episode that does not continue": (extra("fine", pa.array([1.0] * 4)).set_column(
+        1, "step", pa.array([5, 6, 7, 8], pa.int32())), "step"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BODIES))
+def test_a_body_the_store_cannot_hold_is_422_and_changes_nothing(tmp_path: Path, case: str) -> None:
+    store = trajstore.open(tmp_path / "s", create=True)
+    auth = {"Authorization": f"Bearer {API_KEY}", "content-type": ARROW}
+    body, field = BAD_BODIES[case]
+    with TestClient(create_app(settings_for(tmp_path / "s"))) as c:
+        first = c.post("/runs/r/batches", params={"env_id": "E"}, content=ipc_bytes(ingest_rows(2, 4)), headers=auth)
+        assert first.status_code == 201, first.text
+        history, schema = store.history(), store.schema()
+        r = c.post("/runs/r/batches", params={"env_id": "E"}, content=ipc_bytes(body), headers=auth)
+        assert r.status_code == 422 and r.json()["detail"].startswith(f"{field}:"), r.text
+        assert store.history().num_rows == history.num_rows and store.schema() == schema  # not even a new column
+        again = c.post("/runs/r/batches", params={"env_id": "E"}, content=ipc_bytes(ingest_rows(1, 4, first_id=7)),
+                       headers=auth)
+        assert again.status_code == 201 and c.get("/stats").json()[0]["n_traj"] == 3

@@ -215,6 +215,9 @@ def _removal(table: StepsTable, paths: set[str], *, known: int | None,
 def _check_readable(table: StepsTable, version: int) -> None:
     try:
         DeltaTable(table.uri, version=version, storage_options=table.location.storage_options)
-    except (DeltaError, OSError) as exc:
-        raise InputError(f"version: version {version} can no longer be read (its log entries were cleaned up): "
-                         f"{str(exc).splitlines()[0]}") from exc
+    except (DeltaError, OSError) as exc:  # a removed version too: not found (404), not bad input
+        access = explain(exc, table.location)
+        if access is not None:
+            raise access from exc
+        raise VersionNotFoundError(f"version: version {version} can no longer be read (its log entries were cleaned "
+                                   f"up): {str(exc).splitlines()[0]}") from exc

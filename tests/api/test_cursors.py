@@ -12,9 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 import trajstore
-from trajstore.api.app import create_app
-
 from tests.api.helpers import settings_for, steps_batch
+from trajstore.api.app import create_app
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import pytest
 
 import trajstore
 from tests import seaweed
-from tests.storage.helpers import fill_two_runs
 from tests.helpers import make_batch
+from tests.storage.helpers import fill_two_runs
 from trajstore.errors import InputError, StoreDamagedError, VersionNotFoundError
 from trajstore.storage.check import check
 from trajstore.storage.vacuum import parse_duration
@@ -130,13 +130,13 @@ def test_every_read_of_a_vacuumed_version_is_version_not_found_never_damage(stor
     store.delete(run_id="a")
     trajstore.compact(store, progress=False)
     assert store.vacuum(older_than=0).files and check(store).ok
-    for name, read in reads(pinned).items():
+    for read in reads(pinned).values():
         with pytest.raises(VersionNotFoundError, match=rf"version: version {old} can no longer be read: `trajstore "
                                                        rf"vacuum` deleted its file .*, which version ({old + 1} "
                                                        rf"\(delete|{old + 2} \(compact), .*\) had removed from the "
                                                        r"store; the store is not damaged"):
             read()
-    for name, read in reads(store).items():  # the latest version reads
+    for read in reads(store).values():  # the latest version reads
         read()
 
 

@@ -31,7 +31,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     settings = settings or Settings.from_env()
     app = FastAPI(title="trajstore", version=__version__,
                   description="Episode statistics, returns, SQL and Arrow streams over stored RL trajectories.",
-                  responses=problems.ERROR_RESPONSES, dependencies=[Depends(params.single_valued)])
+                  responses=problems.ERROR_RESPONSES,
+                  dependencies=[Depends(params.single_valued), Depends(params.version_refused)])
     app.state.settings = settings
     app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
     problems.install(app)

@@ -33,6 +33,7 @@ from trajstore.errors import (
     StoreDamagedError,
     StoreExistsError,
     StoreNotFoundError,
+    TrajstoreError,
     first_line,
 )
 from trajstore.query import sandbox, sql
@@ -274,7 +275,7 @@ class Store:
     def schema(self, env_id: str | None = None) -> pa.Schema:
         """The Arrow types of the stored columns, fixed sizes kept (of one environment's files with ``env_id``);
         an empty schema for an empty store."""
-        return self.table.file_schema(env_id=env_id) or pa.schema([])
+        return self._file_schema(env_id) or pa.schema([])
 
     def snapshot(self, *, config: dict[str, Any] | None = None) -> Snapshot:
         """A DuckDB connection with ``steps`` and ``episodes`` views over the latest committed version."""
@@ -303,7 +304,7 @@ class Store:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
         store's through a pyarrow dataset over its filesystem, typed as the log's schema records them."""
         schema = None if self.location.is_local else self._log_schema(files)
-        return Snapshot(files, con=con, config=config, store=self.uri, schema=schema)
+        return Snapshot(files, con=con, config=config, store=self.uri, schema=schema, judge=self._judged)
 
     def _log_schema(self, files: list[DataFile]) -> pa.Schema | None:
         """The stored columns as the log records them, kept for the latest file list asked about."""
@@ -368,7 +369,7 @@ class Store:
         on can read no file at all. Concurrent callers share :meth:`sql_slot`'s gate only if they take a slot.
         """
         files = self.files()
-        snap = Snapshot(files, schema=self._steps_schema(files), store=self.uri)
+        snap = Snapshot(files, schema=self._steps_schema(files), store=self.uri, judge=self._judged)
         return sandbox.run(snap, query, limits or sandbox.Limits(), encode=encode)
 
     def sql_slot(self) -> sandbox.Slot:
@@ -544,9 +545,12 @@ class Store:
     def commit_rows(self, version: int, columns: Sequence[str] | None = None, *, run_id: Names = None,
                     env_id: Names = None, episodes: bool = False) -> Commit | None:
         """What :meth:`follow` yields for the commit of ``version`` (``rows`` empty when it appended none of
-        the selected runs' rows); None while there is no such version."""
+        the selected runs' rows); None while there is no such version (for a store opened at a version, a
+        version after it). ``episodes`` finds the completed episodes among this store's files."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise InputError(f"version: must be a store version >= 0, got {version!r}")
+        if self.table.pinned is not None and version > self.table.pinned:
+            return None  # not committed yet, as of the version this store reads
         commit = self.table.commit_at(version)
         if commit is None:
             return None
@@ -558,7 +562,10 @@ class Store:
         files = [f for f in commit.added if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
         if not commit.new_rows or not files:
             return None
-        rows = self._completed_episodes(files, columns) if episodes else self._file_rows(files, columns)
+        try:
+            rows = self._completed_episodes(files, columns) if episodes else self._file_rows(files, columns)
+        except (OSError, pa.ArrowException) as exc:  # the commit's own files (a snapshot's errors come judged)
+            raise self._damage(exc, files, version=commit.version) or exc
         return Commit(commit.version, rows, sorted({f.run_id for f in files}), commit.timestamp_ms)
 
     def _file_rows(self, files: list[DataFile], columns: Sequence[str] | None) -> pa.Table:
@@ -605,7 +612,7 @@ class Store:
             reader = scan_steps(plan.files, plan.schema, plan.columns, episode_ids=plan.episode_ids,
                                 batch_size=batch_size, max_batch_bytes=max_batch_bytes)
         except (OSError, pa.ArrowException) as exc:
-            raise damaged_file(exc, plan.files, self.uri) or exc
+            raise self._damage(exc, plan.files) or exc
         return pa.RecordBatchReader.from_batches(reader.schema, self._damage_named(reader, plan.files))
 
     @_where_named
@@ -658,24 +665,56 @@ class Store:
             if self._env_schemas.get("key") != key[0]:
                 self._env_schemas = {"key": key[0]}
             if env_id not in self._env_schemas:
-                self._env_schemas[env_id] = self.table.file_schema(env_id=env_id)
+                self._env_schemas[env_id] = self._file_schema(env_id)
             return self._env_schemas[env_id]
 
+    def _file_schema(self, env_id: str | None) -> pa.Schema | None:
+        """:meth:`StepsTable.file_schema <trajstore.storage.table.StepsTable.file_schema>`, its file that cannot
+        be read judged by :meth:`_judged`."""
+        try:
+            return self.table.file_schema(env_id=env_id)
+        except StoreDamagedError as exc:
+            raise self._judged(exc) from exc
+
     def _verify_sizes(self, files: Sequence[DataFile]) -> None:
-        """Raise a :class:`StoreDamagedError` before a stream starts if a file it needs is missing or resized."""
+        """Raise a :class:`StoreDamagedError` before a stream starts if a file it needs is missing or resized
+        (a :class:`VersionNotFoundError` if a vacuum removed it: see :meth:`_judged`)."""
         for f in files:
             problem = self.table.size_problem(f)
             if problem:
-                raise StoreDamagedError.of_file(f.uri, problem.split(": ", 1)[1], self.uri)
+                raise self._judged(StoreDamagedError.of_file(f.uri, problem.split(": ", 1)[1], self.uri))
 
     def _damage_named(self, reader: pa.RecordBatchReader, files: Sequence[DataFile]) -> Iterator[pa.RecordBatch]:
-        """``reader``'s batches; a read error about a committed file becomes a :class:`StoreDamagedError`."""
+        """``reader``'s batches; a read error about a committed file becomes a :class:`StoreDamagedError`
+        (or :class:`VersionNotFoundError`)."""
         try:
             yield from reader
         except (OSError, pa.ArrowException) as exc:
-            raise damaged_file(exc, files, self.uri) or exc
+            raise self._damage(exc, files) or exc
         finally:
             reader.close()
+
+    def _damage(self, exc: BaseException, files: Sequence[DataFile], *,
+                version: int | None = None) -> TrajstoreError | None:
+        """The error to raise for a read error ``exc`` about one of ``files`` (committed files of ``version``,
+        by default the version this store reads), judged by :meth:`_judged`; None if it is about none of them."""
+        found = damaged_file(exc, files, self.uri)
+        return None if found is None else self._judged(found, version=version)
+
+    def _judged(self, error: StoreDamagedError, *, version: int | None = None) -> TrajstoreError:
+        """What a committed file that cannot be read means: a :class:`VersionNotFoundError` when a vacuum
+        removed it (it is gone and the latest version no longer lists it: only the older version this read
+        needed it; :func:`~trajstore.storage.history.vacuumed`), else ``error`` itself: the store is damaged.
+
+        ``version`` is the version whose file it is (default: the one this store is pinned to, or for the latest,
+        the version the read began at)."""
+        from trajstore.storage.history import vacuumed
+
+        if error.path is None:
+            return error
+        path = error.path if self.location.is_local else error.path.removeprefix("s3://")
+        at = self.table.pinned if version is None else version
+        return vacuumed(self.table, path, version=at) or error
 
     def health(self) -> list[str]:
         """Problems that stop this store from being served: an unreadable log, committed files missing or of
@@ -757,7 +796,7 @@ class Store:
             try:
                 yield from read_files(plan.files, plan.schema, list(columns), plan.episode_ids)
             except (OSError, pa.ArrowException) as exc:
-                raise damaged_file(exc, plan.files, self.uri) or exc
+                raise self._damage(exc, plan.files) or exc
 
         def episode_values(name: str) -> tuple[np.ndarray, np.ndarray]:
             with self._new_snapshot(plan.files, con=self._cursor()) as snap:

@@ -145,6 +145,8 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
     wants_rtg = (columns is None and g is not None) or (columns is not None and RETURN_TO_GO in list(columns))
     if wants_rtg and g is None:
         raise InputError(f"gamma: {RETURN_TO_GO!r} needs a discount; pass gamma in [0, 1]")
+    if wants_rtg and "reward" not in source.schema.names:  # e.g. the empty first version of a store
+        raise InputError(f"gamma: {RETURN_TO_GO!r} is computed from the steps' reward, which these steps do not have")
     extra = (["reward"] if wants_rtg and "reward" not in names else []) + \
         [c for c in weight_column(source, sampling.weight_by) if c not in names]
 

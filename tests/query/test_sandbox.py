@@ -142,7 +142,7 @@ def test_the_gate_refuses_at_once_and_a_slot_is_given_back_once() -> None:
     gate = sandbox.Gate(2)
     first, second = gate.take(), gate.take()
     started = time.monotonic()
-    with pytest.raises(QueryBusyError, match="2 SQL queries are running") as refused:
+    with pytest.raises(QueryBusyError, match="2 SQL queries or loader streams are running") as refused:
         gate.take()
     assert refused.value.retry_after_s == 1 and time.monotonic() - started < 5  # refused, not queued
     first.release()

@@ -379,7 +379,7 @@ class Store:
         if limits.worker_bytes is None:
             return sandbox.run(Snapshot(files, schema=schema, store=self.uri), query, limits, encode=encode)
         task = sql_worker.Task.of(query, limits, self.location, files, schema)
-        result = sql_worker.run(task, keep=self.settings.sql_max_concurrent)
+        result = sql_worker.run(task)  # a service starts sql_max_concurrent workers ahead (sql_worker.warm)
         return sandbox.encoded(result, limits, encode, started=started)
 
     def sql_slot(self, what: str = "query") -> sandbox.Slot:

@@ -2,8 +2,8 @@
 
 DuckDB's ``memory_limit`` covers its buffers, not the lists and strings one expression builds
 (``SELECT len(range(2000000000))`` grows past any limit until the kernel kills the process). So a sandboxed
-query runs in a worker process of its own whose address space is capped (``RLIMIT_AS``) at its idle size plus
-``Limits.worker_bytes``: an allocation past the cap fails, DuckDB reports it as an out-of-memory error, and the
+query runs in a worker process of its own whose private memory is capped (``RLIMIT_DATA``) at its idle size
+plus ``Limits.worker_bytes``: an allocation past the cap fails, DuckDB reports it as an out-of-memory error, and the
 worker answers with a :class:`~trajstore.errors.QueryMemoryError` and is replaced; a worker that dies instead
 (or does not answer within the time limit plus :data:`GRACE_S`, since one long expression does not see DuckDB's
 interrupt) is killed and replaced, and the query gets that error or a :class:`~trajstore.errors.QueryTimeoutError`.
@@ -100,8 +100,7 @@ class Worker:
             header, _ = self._answer(START_TIMEOUT_S)
         except (TimeoutError, WorkerStopped) as exc:
             self.kill()
-            why = str(exc) or f"no answer within {START_TIMEOUT_S:g} s"
-            raise TrajstoreError(f"query: the SQL worker process did not start ({why}); see the log for why") \
+            raise TrajstoreError(f"query: the SQL worker process did not start ({exc}); see the log for why") \
                 from None
         if not header.get("limited"):
             log.warning("SQL workers run without a memory limit here: %s", header.get("message"))
@@ -112,9 +111,15 @@ class Worker:
         return self._answer(wait_s)
 
     def _answer(self, wait_s: float | None) -> tuple[dict[str, Any], bytes | None]:
+        """The next answer (a JSON header, then the data it announces); :class:`TimeoutError` when none begins
+        within ``wait_s``, :class:`WorkerStopped` when the process is gone."""
         try:
-            if not self._recv.poll(wait_s):
-                raise TimeoutError
+            ready = self._recv.poll(wait_s)
+        except (EOFError, OSError):
+            raise WorkerStopped(self._stopped()) from None
+        if not ready:
+            raise TimeoutError(f"no answer within {wait_s:g} s")
+        try:
             header = json.loads(self._recv.recv_bytes())
             data = self._recv.recv_bytes() if header.get("data") else None
         except (EOFError, OSError, ValueError):
@@ -146,11 +151,13 @@ class Worker:
 
 
 def _worker_env() -> dict[str, str]:
-    """The caller's environment, with this very trajstore first on the path and few malloc arenas (each
-    reserves 64 MiB of address space, which the worker's cap counts)."""
+    """The caller's environment, with this very trajstore first on the path, and allocators that reserve
+    little memory ahead: Arrow's system pool (mimalloc reserves 1 GiB at once) and few malloc arenas (each
+    reserves 64 MiB). Memory reserved while idle is outside the cap, which counts from the idle size."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    env.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     env.setdefault("MALLOC_ARENA_MAX", "2")
     return env
 
@@ -306,7 +313,7 @@ def _error(header: dict[str, Any]) -> TrajstoreError:
 
 
 def _serve(requests: Connection, answers: Connection, worker_bytes: int) -> None:
-    """Warm up, cap the address space, say so, then answer one task after another until the caller is gone."""
+    """Warm up, cap the private memory, say so, then answer one task after another until the caller is gone."""
     _watch_parent()
     _warm_up()
     limited, message = _cap(worker_bytes)
@@ -369,28 +376,30 @@ _base_size = 0
 
 
 def _cap(worker_bytes: int) -> tuple[bool, str]:
-    """Cap this process's address space at its size now plus ``worker_bytes``."""
+    """Cap this process's private memory (``RLIMIT_DATA``: heap and private mappings, not the code of its
+    libraries) at what it holds now plus ``worker_bytes``."""
     global _base_size
-    _base_size = _vm_size()
+    _base_size = _data_size()
     limit = _base_size + worker_bytes
     try:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     except (ValueError, OSError) as exc:
-        return False, f"RLIMIT_AS cannot be set ({exc})"
-    return True, f"address space capped at {limit} bytes"
+        return False, f"RLIMIT_DATA cannot be set ({exc})"
+    return True, f"private memory capped at {limit} bytes"
 
 
 def _grown() -> bool:
     """Whether this worker kept more than a quarter of its allowance after a query (then it is replaced, so the
     next query gets the whole allowance)."""
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    return limit != resource.RLIM_INFINITY and _vm_size() - _base_size > (limit - _base_size) // 4
+    limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
+    return limit != resource.RLIM_INFINITY and _data_size() - _base_size > (limit - _base_size) // 4
 
 
-def _vm_size() -> int:
+def _data_size() -> int:
+    """The private memory this process has mapped (``VmData``), resident or not."""
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmSize:"):
+            if line.startswith("VmData:"):
                 return int(line.split()[1]) * 1024
     return 0  # pragma: no cover - every Linux has it
 

@@ -22,6 +22,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8321
     max_page_size: int = 1000
+    max_page_bytes: int = 8 * 1024 * 1024  # the most decoded bytes of steps one JSON page or one episode's answer holds
     sql_max_rows: int = 100_000
     sql_timeout_s: float = 10.0
     sql_memory_limit: str = "1GB"  # DuckDB's memory limit of each /sql query

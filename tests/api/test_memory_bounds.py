@@ -1,7 +1,8 @@
 """Every request bounded: a real ``trajstore serve`` (its resident memory and its SQL workers' read from /proc)
 under the queries and loader requests that took the machine's memory (issue 20), four at once. Each gets a 4xx
 naming the limit it met, the server with its workers stays under the memory those limits allow, and it answers
-a normal request afterwards. Limits are set low so that every refusal comes within a second."""
+a normal request afterwards. Limits are set low so that every refusal comes within a second. Answers that are
+not streamed (JSON pages of steps, one episode's steps) hold what fits in ``max_page_bytes``."""
 
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import gymnasium
 import httpx
+import numpy as np
+import pyarrow as pa
 import pytest
+from fastapi.testclient import TestClient
 
 import trajstore
-from tests.api.helpers import free_port
+from tests.api.helpers import free_port, settings_for
+from trajstore.api import pages
+from trajstore.api.app import create_app
 from trajstore.rollout import gym_rollout
 
 MiB = 1 << 20
@@ -250,3 +257,61 @@ def test_loader_streams_share_the_sql_gate(server: Server) -> None:
         assert time.monotonic() < deadline, "the places of the closed streams were not given back"
         time.sleep(0.1)
     assert answer.status_code == 200 and answer.json()["rows"] == [{"x": 1}]
+
+
+# --- answers that are not streamed: as many rows as fit in max_page_bytes -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pixel_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One episode of 200 steps of 4 x 84 x 84 uint8 frames (28 KiB a step, as obs and as next_obs)."""
+    path = tmp_path_factory.mktemp("pixels") / "store"
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, (200, 1, 4, 84, 84), dtype=np.uint8)
+    done = np.zeros((200, 1), bool)
+    done[-1] = True
+    space = gymnasium.spaces.Box(0, 255, (4, 84, 84), np.uint8)  # so that frames stay uint8
+    with trajstore.open(path, create=True).writer(run_id="pixels", env_id="Pix-v0", observation_space=space) as w:
+        w.add_batch({"obs": frames, "action": np.zeros((200, 1), np.int64), "reward": np.ones((200, 1), np.float32),
+                     "next_obs": frames, "terminated": done, "truncated": np.zeros((200, 1), bool)})
+    return path
+
+
+def test_a_json_page_of_wide_rows_holds_what_fits_in_max_page_bytes(pixel_store: Path) -> None:
+    store = trajstore.open(pixel_store)
+    with TestClient(create_app(settings_for(pixel_store, max_page_bytes=MiB))) as client:
+        page = client.get("/steps", params={"format": "json", "limit": 1000, "columns": "step,obs"}).json()
+        fits = MiB // (4 * 84 * 84 + 4)  # obs and step
+        assert page["limit"] == len(page["items"]) == fits and page["next_cursor"]
+        expected = store.steps_page(["step", "obs"], limit=fits).to_pylist()
+        assert [r["step"] for r in page["items"]] == [r["step"] for r in expected]
+        assert page["items"][-1]["obs"] == expected[-1]["obs"]
+        rest = client.get("/steps", params={"format": "json", "limit": 1000, "columns": "step",
+                                            "cursor": page["next_cursor"]}).json()
+        assert rest["items"][0]["step"] == fits  # narrow rows: a whole page again, after the cursor
+        assert rest["limit"] == 1000 and len(rest["items"]) == 200 - fits
+
+
+def test_an_episode_past_max_page_bytes_is_413_naming_the_streams(pixel_store: Path) -> None:
+    episode = trajstore.open(pixel_store).episodes()["episode_id"][0].as_py()
+    with TestClient(create_app(settings_for(pixel_store, max_page_bytes=MiB))) as client:
+        for headers in ({}, {"Accept": "application/vnd.apache.arrow.stream"}):
+            refused = client.get(f"/episodes/{episode}/steps", headers=headers)
+            assert refused.status_code == 413 and refused.headers["content-type"] == "application/problem+json"
+            detail = refused.json()["detail"]
+            assert "max_page_bytes" in detail and f"GET /steps?episode_id={episode}" in detail, detail
+        narrow = client.get(f"/episodes/{episode}/steps", params={"columns": "reward"}).json()
+        assert [s["step"] for s in narrow["steps"]] == list(range(200))  # a narrow column: whole, as before
+    with TestClient(create_app(settings_for(pixel_store))) as client:  # the default (8 MiB) holds its frames
+        whole = client.get(f"/episodes/{episode}/steps", params={"columns": "obs"},
+                           headers={"Accept": "application/vnd.apache.arrow.stream"})
+        assert whole.status_code == 200 and pa.ipc.open_stream(whole.content).read_all().num_rows == 200
+
+
+def test_row_bytes_are_the_decoded_sizes(probed_store: Path, pixel_store: Path) -> None:
+    cartpole, pixels = trajstore.open(probed_store), trajstore.open(pixel_store)
+    assert pages.row_bytes(cartpole, ["obs"]) == 16 and pages.row_bytes(cartpole, ["obs", "action", "reward"]) == 28
+    assert pages.row_bytes(pixels, ["obs", "terminated"]) == 4 * 84 * 84 + 1
+    worker = cartpole.sql("SELECT avg(length(worker_id)) AS n FROM steps")["n"][0].as_py()
+    assert worker <= pages.row_bytes(cartpole, ["worker_id"]) <= pages.VARYING_BYTES  # a short string
+    assert pages.row_bytes(cartpole, []) > pages.row_bytes(cartpole, ["obs", "next_obs", "worker_id"])

@@ -26,8 +26,8 @@ from trajstore.api.params import NAME, ColumnsDep, FilterDep
 from trajstore.api.routes.steps import _until_disconnect
 from trajstore.query.loader import Batches
 from trajstore.query.sandbox import Slot
-from trajstore.store import Store
 from trajstore.remote.wire import ARROW_STREAM, ipc_pieces
+from trajstore.store import Store
 
 router = APIRouter(tags=["training"])
 STATE_KEY = b"trajstore.state"

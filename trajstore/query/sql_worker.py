@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import pickle
-import resource
 import subprocess
 import sys
 import threading
@@ -37,7 +36,14 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from trajstore import errors
-from trajstore.errors import QueryMemoryError, QueryTimeoutError, TrajstoreError, size_text
+from trajstore.errors import (
+    InputError,
+    QueryMemoryError,
+    QueryTimeoutError,
+    TrajstoreError,
+    first_line,
+    size_text,
+)
 from trajstore.query import sandbox, sql
 from trajstore.storage.location import Location
 from trajstore.storage.table import DataFile
@@ -279,7 +285,9 @@ def run(task: Task, *, keep: int = 1) -> sandbox.Result:
     """``task``'s rows (at most its limits allow) from a worker of the pool for ``task.limits.worker_bytes``,
     which keeps at least ``keep`` workers warm."""
     limits = task.limits
-    assert limits.worker_bytes is not None
+    if limits.worker_bytes is None:
+        raise InputError("worker_bytes: a query runs in a worker only with a memory limit; run it with "
+                         "sandbox.run for none")
     workers = pool(limits.worker_bytes)
     if workers.size < keep:
         workers.warm(keep)
@@ -347,6 +355,9 @@ def _handle(task: Task) -> tuple[dict[str, Any], bytes | None]:
     except MemoryError:  # past the cap outside DuckDB (pyarrow, Python): the same limit
         return {"ok": False, "error": "QueryMemoryError", "message": sandbox.worker_memory_message(task.limits),
                 "retire": True}, None
+    except Exception as exc:  # noqa: BLE001 - said to the caller as a failed query; a fresh worker takes the next
+        log.exception("SQL worker: the query failed unexpectedly")
+        return {"ok": False, "error": "QueryError", "message": f"query: {first_line(exc)}", "retire": True}, None
     finally:
         pa.default_memory_pool().release_unused()
     return {"ok": True, "truncated": result.truncated, "data": True, "retire": _grown()}, data
@@ -378,6 +389,8 @@ _base_size = 0
 def _cap(worker_bytes: int) -> tuple[bool, str]:
     """Cap this process's private memory (``RLIMIT_DATA``: heap and private mappings, not the code of its
     libraries) at what it holds now plus ``worker_bytes``."""
+    import resource  # POSIX only, as the workers' limits are
+
     global _base_size
     _base_size = _data_size()
     limit = _base_size + worker_bytes
@@ -391,6 +404,8 @@ def _cap(worker_bytes: int) -> tuple[bool, str]:
 def _grown() -> bool:
     """Whether this worker kept more than a quarter of its allowance after a query (then it is replaced, so the
     next query gets the whole allowance)."""
+    import resource
+
     limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
     return limit != resource.RLIM_INFINITY and _data_size() - _base_size > (limit - _base_size) // 4
 

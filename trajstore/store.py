@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,7 +37,7 @@ from trajstore.errors import (
     TrajstoreError,
     first_line,
 )
-from trajstore.query import sandbox, sql
+from trajstore.query import sandbox, sql, sql_worker
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.curves import (
     bin_edges,
@@ -229,7 +230,9 @@ class Store:
         from trajstore.storage.history import resolve_version
 
         pinned = resolve_version(StepsTable(self.table.location), version=version, as_of=as_of)
-        return Store(self.location, settings=self.settings, pinned=pinned)
+        store = Store(self.location, settings=self.settings, pinned=pinned)
+        store.sql_gate = self.sql_gate  # one bound on the queries at once, whatever version they read
+        return store
 
     def history(self, *, limit: int | None = None) -> pa.Table:
         """One row per committed version, oldest first: ``version, timestamp, operation, rows_added,
@@ -366,16 +369,29 @@ class Store:
         the body of its answer within them too (see :mod:`~trajstore.query.sandbox`).
 
         The views read the committed files through a registered pyarrow dataset: the connection the query runs
-        on can read no file at all. Concurrent callers share :meth:`sql_slot`'s gate only if they take a slot.
+        on can read no file at all. With ``limits.worker_bytes`` (the default) the query runs in a worker
+        process that cannot take more memory than that (:mod:`~trajstore.query.sql_worker`); the body is
+        encoded here. Concurrent callers share :meth:`sql_slot`'s gate only if they take a slot.
         """
+        limits = limits or sandbox.Limits()
+        started = time.monotonic()
         files = self.files()
-        snap = Snapshot(files, schema=self._steps_schema(files), store=self.uri, judge=self._judged)
-        return sandbox.run(snap, query, limits or sandbox.Limits(), encode=encode)
+        schema = self._steps_schema(files)
+        if limits.worker_bytes is None:
+            snap = Snapshot(files, schema=schema, store=self.uri, judge=self._judged)
+            return sandbox.run(snap, query, limits, encode=encode)
+        task = sql_worker.Task.of(query, limits, self.location, files, schema)
+        try:
+            result = sql_worker.run(task)  # a service starts sql_max_concurrent workers ahead (sql_worker.warm)
+        except StoreDamagedError as exc:  # judged here, where the log is: a vacuumed version is not damage
+            raise self._judged(exc) from None
+        return sandbox.encoded(result, limits, encode, started=started)
 
-    def sql_slot(self) -> sandbox.Slot:
-        """One of the ``sql_max_concurrent`` places for a sandboxed query; a
-        :class:`~trajstore.errors.QueryBusyError` at once when every one is taken. Release it when done."""
-        return self.sql_gate.take()
+    def sql_slot(self, what: str = "query") -> sandbox.Slot:
+        """One of the ``sql_max_concurrent`` places for a sandboxed query (or, in the service, a loader
+        stream); a :class:`~trajstore.errors.QueryBusyError` whose message starts with ``what`` at once when
+        every one is taken. Release it when done. A store opened at a version shares its store's places."""
+        return self.sql_gate.take(what)
 
     # --- episodes and statistics --------------------------------------------------------------------
 
@@ -753,7 +769,8 @@ class Store:
                   where: str | None = None, format: LoaderFormat = "numpy",  # noqa: A002
                   resume: Mapping[str, Any] | None = None,
                   weight_by: str | None = None, num_samples: int | None = None,
-                  filter: EpisodeFilter | None = None) -> Batches:  # noqa: A002
+                  filter: EpisodeFilter | None = None,  # noqa: A002
+                  max_batch_bytes: int | None = None) -> Batches:
         """Batches of fixed-length windows inside episodes: each column ``(n, length, …)``, ``mask``,
         ``episode_id``, ``start``; see :mod:`trajstore.query.sequences`.
 
@@ -763,25 +780,28 @@ class Store:
         ``rank``/``world_size`` take one shard; ``weight_by`` (a step column, read at a window's first step,
         or an ``episodes`` column such as ``episode_return``) draws ``num_samples`` windows (default: as many
         as there are) with replacement in proportion to it. The iterator's ``state_dict()``, passed back as
-        ``resume``, continues right after the last batch it gave. Reads one committed version.
+        ``resume``, continues right after the last batch it gave. Reads one committed version. With
+        ``max_batch_bytes``, an :class:`InputError` before anything is read when one batch would take more.
         """
         source = self._loader_source(run_id=run_id, where=where, filter=filter)
         sampling = Sampling(batch_size, shuffle, seed, epoch, rank, world_size, weight_by, num_samples)
         return load_sequences(source, length, columns=columns, stride=stride, pad=pad, gamma=gamma,
-                              sampling=sampling, format=format, resume=resume)
+                              sampling=sampling, format=format, resume=resume, max_batch_bytes=max_batch_bytes)
 
     def transitions(self, n: int, *, gamma: float, columns: Sequence[str] | None = None, batch_size: int = 256,
                     shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
                     run_id: Names = None, where: str | None = None, format: LoaderFormat = "numpy",  # noqa: A002
                     resume: Mapping[str, Any] | None = None, weight_by: str | None = None,
-                    num_samples: int | None = None, filter: EpisodeFilter | None = None) -> Batches:  # noqa: A002
+                    num_samples: int | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
+                    max_batch_bytes: int | None = None) -> Batches:
         """Batches of n-step transitions, one per step: ``columns`` at t (default ``obs``, ``action``), the
         n-step ``reward``, ``next_obs``, ``terminated``, ``discount``, ``episode_id``, ``step``; see
-        :mod:`trajstore.query.transitions`. Order, shards, sampling and resume as for :meth:`sequences`."""
+        :mod:`trajstore.query.transitions`. Order, shards, sampling, resume and ``max_batch_bytes`` as for
+        :meth:`sequences`."""
         source = self._loader_source(run_id=run_id, where=where, filter=filter)
         sampling = Sampling(batch_size, shuffle, seed, epoch, rank, world_size, weight_by, num_samples)
         return load_transitions(source, n, gamma=gamma, columns=columns, sampling=sampling, format=format,
-                                resume=resume)
+                                resume=resume, max_batch_bytes=max_batch_bytes)
 
     def _loader_source(self, *, run_id: Names, where: str | None, filter: EpisodeFilter | None) -> Source:  # noqa: A002
         """The selected steps of the latest version, pinned: every read of a loader reads these files."""

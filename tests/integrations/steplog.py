@@ -69,9 +69,9 @@ def stored(store: trajstore.Store, run_id: str) -> dict[int, list[Episode]]:
     return out
 
 
-def assert_same(got: list[Episode], logged: list[Episode], *, rtol: float = 0.0) -> None:
+def assert_same(got: list[Episode], logged: list[Episode], *, atol: float = 0.0) -> None:
     """Stored episodes equal the logged ones: same count, boundaries, flags, and values (as the store keeps
-    them: rewards as float32; ``rtol`` for values that went through a lossy round trip)."""
+    them: rewards as float32; ``atol`` for observations that went through a lossy round trip)."""
     assert [len(e.reward) for e in got] == [len(e.reward) for e in logged]
     assert [e.complete for e in got] == [e.complete for e in logged]
     for g, e in zip(got, logged):
@@ -80,4 +80,4 @@ def assert_same(got: list[Episode], logged: list[Episode], *, rtol: float = 0.0)
         np.testing.assert_array_equal(g.reward, e.reward.astype(np.float32))
         np.testing.assert_array_equal(g.action.reshape(e.action.shape), e.action)
         for name in ("obs", "next_obs"):
-            np.testing.assert_allclose(getattr(g, name), getattr(e, name), rtol=rtol, atol=0, err_msg=name)
+            np.testing.assert_allclose(getattr(g, name), getattr(e, name), rtol=0, atol=atol, err_msg=name)

@@ -127,7 +127,7 @@ class DictEnv(gym.Env):
     """Dict observations (a position and a velocity), episodes of 3 to 7 steps."""
 
     observation_space = spaces.Dict({"pos": spaces.Box(-10, 10, (2,), np.float32),
-                                     "vel": spaces.Box(-1, 1, (), np.float32)})
+                                     "vel": spaces.Box(-1, 1, (1,), np.float32)})
     action_space = spaces.Discrete(3)
 
     def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
@@ -141,7 +141,7 @@ class DictEnv(gym.Env):
         return self._obs(), 1.0, self.t >= 3 and self.np_random.random() < 0.3, self.t >= 7, {"t": self.t}
 
     def _obs(self) -> dict[str, np.ndarray]:
-        return {"pos": self.pos.copy(), "vel": np.float32(self.t / 10)}
+        return {"pos": self.pos.copy(), "vel": np.full(1, self.t / 10, np.float32)}
 
 
 def test_dict_observations_and_extras_from_info(store: trajstore.Store) -> None:
@@ -155,7 +155,7 @@ def test_dict_observations_and_extras_from_info(store: trajstore.Store) -> None:
     assert len(rows) == 80
     assert all(r["t"] == r["step"] + 1 for r in rows)  # the env's own step counter, from its info
     last = [r for r in rows if r["terminated"] or r["truncated"]]
-    assert last and all(r["next_obs"]["vel"] == pytest.approx(r["t"] / 10) for r in last)  # true final obs
+    assert last and all(r["next_obs"]["vel"] == pytest.approx([r["t"] / 10]) for r in last)  # true final obs
 
 
 def test_flush_makes_the_steps_visible_and_close_is_idempotent(store: trajstore.Store) -> None:

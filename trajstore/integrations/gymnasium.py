@@ -110,7 +110,7 @@ class RecordToStore(gym.Wrapper):
         if self._open:  # cut before it ended: stored as unfinished, never merged with the next one
             self._buffer.push()
             self.writer.reset([0])
-        self._obs, self._open = _copy(obs), False
+        self._obs, self._open = copy_obs(obs), False
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
@@ -118,7 +118,7 @@ class RecordToStore(gym.Wrapper):
             raise InputError("step: call reset() before the first step (the observation it returns is the one "
                              "the first action is taken on)")
         next_obs, reward, terminated, truncated, info = self.env.step(action)
-        kept = _copy(next_obs)
+        kept = copy_obs(next_obs)
         self._buffer.add((_one(self._obs), _one(np.array(action, copy=True)), np.array([reward]), _one(kept),
                           np.array([terminated], bool), np.array([truncated], bool)), info)
         self._obs, self._open = kept, not (terminated or truncated)
@@ -173,7 +173,7 @@ class VectorRecordToStore(gym.vector.VectorWrapper):
         obs, info = self.env.reset(seed=seed, options=None if options is None else dict(options))
         if self._obs is not None:
             self._restart(mask)
-        self._obs = _copy(obs)
+        self._obs = copy_obs(obs)
         return obs, info
 
     def _restart(self, mask: np.ndarray) -> None:
@@ -191,7 +191,7 @@ class VectorRecordToStore(gym.vector.VectorWrapper):
             raise InputError("step: call reset() before the first step (the observations it returns are the ones "
                              "the first actions are taken on)")
         next_obs, reward, terminated, truncated, info = self.env.step(actions)
-        kept = _copy(next_obs)
+        kept = copy_obs(next_obs)
         final = with_final_obs(kept, info) if self.mode == SAME_STEP else kept
         term, trunc = np.array(terminated, bool), np.array(truncated, bool)
         extras = with_final_info(info, self._buffer.extras) if self.mode == SAME_STEP else info
@@ -294,10 +294,10 @@ def _replace_rows(batch: Any, envs: np.ndarray, rows: list[Any]) -> Any:
     return out
 
 
-def _copy(x: Any) -> Any:
+def copy_obs(x: Any) -> Any:
     """A copy of an observation (envs may hand out one array and write the next step into it)."""
     if isinstance(x, Mapping):
-        return {k: _copy(v) for k, v in x.items()}
+        return {k: copy_obs(v) for k, v in x.items()}
     return np.array(x, copy=True)
 
 

@@ -48,7 +48,7 @@ def test_one_env_stores_the_steps_it_took_and_the_episodes_record_episode_statis
     env.action_space.seed(0)
     env.reset(seed=0)
     episodes, cuts = [], 0
-    for t in range(1500):
+    for _ in range(1500):
         _, _, terminated, truncated, info = env.step(env.action_space.sample())
         if terminated or truncated:
             episodes.append((info["episode"]["r"], info["episode"]["l"]))

@@ -39,8 +39,8 @@ FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 
 class StepBuffer:
     """Steps of one (vector) env as they come, handed to ``writer`` as one time-major batch every ``chunk``
-    steps (one ``add_batch`` call, not one per step). Each step is ``(B, …)``; ``extras`` names info keys
-    stored as extra columns."""
+    steps (one ``add_batch`` call, not one per step). Each step is ``(B, …)`` for a vector env (``vector``), one
+    env's values otherwise; ``extras`` names info keys stored as extra columns."""
 
     def __init__(self, writer: Writer, *, chunk: int, extras: Sequence[str], vector: bool) -> None:
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
@@ -64,7 +64,7 @@ class StepBuffer:
         if key in info:
             value = np.array(info[key], copy=True)
             self._last_extra[key] = value
-            return value if self.vector else value[None]
+            return value
         if self.vector and key in self._last_extra:  # no env gave it this step: zeros, as gymnasium fills them
             return np.zeros_like(self._last_extra[key])
         raise InputError(f"extras: the info of this step has no {key!r}; every step's info must carry the keys "
@@ -74,9 +74,10 @@ class StepBuffer:
         """Hand the collected steps to the writer as one ``(T, B, …)`` batch."""
         if not self._steps:
             return
-        batch = {name: _stack([s[i] for s in self._steps]) for i, name in enumerate(FIELDS)}
+        single = not self.vector
+        batch = {name: _stack([s[i] for s in self._steps], env_axis=single) for i, name in enumerate(FIELDS)}
         if self.extras:
-            batch["extras"] = {k: _stack([info[k] for info in self._infos]) for k in self.extras}
+            batch["extras"] = {k: _stack([info[k] for info in self._infos], env_axis=single) for k in self.extras}
         self._steps, self._infos = [], []
         self.writer.add_batch(batch)
         self.started = True
@@ -119,8 +120,7 @@ class RecordToStore(gym.Wrapper):
                              "the first action is taken on)")
         next_obs, reward, terminated, truncated, info = self.env.step(action)
         kept = copy_obs(next_obs)
-        self._buffer.add((_one(self._obs), _one(np.array(action, copy=True)), np.array([reward]), _one(kept),
-                          np.array([terminated], bool), np.array([truncated], bool)), info)
+        self._buffer.add((self._obs, np.array(action, copy=True), reward, kept, terminated, truncated), info)
         self._obs, self._open = kept, not (terminated or truncated)
         return next_obs, reward, terminated, truncated, info
 
@@ -287,7 +287,7 @@ def with_final_info(info: Mapping[str, Any], keys: Sequence[str]) -> Mapping[str
 
 
 def _replace_rows(batch: Any, envs: np.ndarray, rows: list[Any]) -> Any:
-    if isinstance(batch, Mapping):
+    if isinstance(batch, dict):
         return {k: _replace_rows(v, envs, [r[k] for r in rows]) for k, v in batch.items()}
     out = np.array(batch, copy=True)
     out[envs] = np.stack([np.asarray(r) for r in rows])
@@ -296,19 +296,16 @@ def _replace_rows(batch: Any, envs: np.ndarray, rows: list[Any]) -> Any:
 
 def copy_obs(x: Any) -> Any:
     """A copy of an observation (envs may hand out one array and write the next step into it)."""
-    if isinstance(x, Mapping):
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if isinstance(x, dict):
         return {k: copy_obs(v) for k, v in x.items()}
     return np.array(x, copy=True)
 
 
-def _one(x: Any) -> Any:
-    """One env's value as a batch of one env: a leading axis of 1 on every leaf."""
-    if isinstance(x, Mapping):
-        return {k: _one(v) for k, v in x.items()}
-    return np.asarray(x)[None]
-
-
-def _stack(items: list[Any]) -> Any:
-    if isinstance(items[0], Mapping):
-        return {k: _stack([it[k] for it in items]) for k in items[0]}
-    return np.stack(items)
+def _stack(items: list[Any], *, env_axis: bool = False) -> Any:
+    """``T`` steps as one ``(T, …)`` array per leaf; ``env_axis``: steps of one env, given an env axis of 1."""
+    if isinstance(items[0], dict):
+        return {k: _stack([it[k] for it in items], env_axis=env_axis) for k in items[0]}
+    out = np.stack(items) if isinstance(items[0], np.ndarray) else np.asarray(items)
+    return out[:, None] if env_axis else out

@@ -193,3 +193,18 @@ def test_mistakes_are_named(store: trajstore.Store) -> None:
         RecordToStore(DictEnv(), store, run_id="bad")
     with pytest.raises(InputError, match="chunk"):
         VectorRecordToStore(gym.make_vec("CartPole-v1", 2), store, run_id="bad", chunk=0)
+
+
+def test_a_frame_stack_is_declared_where_the_writer_takes_it() -> None:
+    import inspect
+
+    from trajstore.integrations.gymnasium import frame_stack_option
+    from trajstore.storage.writer import Writer
+
+    takes = "frame_stack" in inspect.signature(Writer.__init__).parameters  # the storage format's option
+    stacked = gym.wrappers.FrameStackObservation(gym.make("CartPole-v1"), 4)
+    outside = gym.wrappers.RecordEpisodeStatistics(stacked)  # leaves the observations as they are
+    assert frame_stack_option(outside, outside.observation_space) == ({"frame_stack": {"obs": 4}} if takes else {})
+    flat = gym.wrappers.FlattenObservation(stacked)  # changes them: no stack of 4 frames along the first axis
+    assert frame_stack_option(flat, flat.observation_space) == {}
+    assert frame_stack_option(gym.make("CartPole-v1"), stacked.observation_space) == {}

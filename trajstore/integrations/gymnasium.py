@@ -51,7 +51,6 @@ class StepBuffer:
         self._steps: list[tuple[Any, ...]] = []
         self._infos: list[dict[str, Any]] = []
         self._last_extra: dict[str, np.ndarray] = {}
-        self.started = False  # whether any step reached the writer
 
     def add(self, step: tuple[Any, ...], info: Mapping[str, Any]) -> None:
         self._steps.append(step)
@@ -79,8 +78,7 @@ class StepBuffer:
         if self.extras:
             batch["extras"] = {k: _stack([info[k] for info in self._infos], env_axis=single) for k in self.extras}
         self._steps, self._infos = [], []
-        self.writer.add_batch(batch)
-        self.started = True
+        self.writer.add_batch(batch)  # refused whole (the writer's error) if a step is invalid, e.g. a NaN reward
 
 
 class RecordToStore(gym.Wrapper):

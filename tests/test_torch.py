@@ -5,6 +5,7 @@ batches. Skipped cleanly without PyTorch."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import pickle
 import sys
@@ -170,6 +171,9 @@ def test_resume_mistakes_are_named(uri: str) -> None:
     two = ttorch.Sequences(uri, **WINDOWS, resume=state)  # made without workers, used with two
     with pytest.raises(Exception, match="resume: a state made with 1 DataLoader worker"):
         list(torch.utils.data.DataLoader(two, batch_size=None, num_workers=2))
+    # the error's traceback holds the DataLoader's forked workers, and with them every pipe this process had open
+    # when they forked (pytest's browser driver's too: its end would wait on them), until collected
+    gc.collect()
     too_far = ttorch.Sequences(uri, **WINDOWS, resume={**state, "batches": 10_000})
     with pytest.raises(InputError, match="resume: 10000 batches taken, but epoch 0 of rank 0 has only"):
         list(too_far)

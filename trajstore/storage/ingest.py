@@ -127,7 +127,7 @@ def _cast_keys(rows: pa.Table) -> pa.Table:
 
 def _check_range(rows: pa.Table, name: str, t: pa.DataType) -> None:
     """Refuse values of ``name`` that its stored type ``t`` cannot hold, naming the episode and the step."""
-    col, top = rows[name], np.iinfo(t.to_pandas_dtype()).max
+    col, top = rows[name], np.iinfo(sch.numpy_dtype(t)).max
     if not len(col) or pc.max(col).as_py() <= top:
         return
     i = pc.index(pc.greater(col, pa.scalar(top, col.type)), True).as_py()

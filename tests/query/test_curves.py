@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 import trajstore
+from trajstore.errors import RunNotFoundError
 from trajstore.storage.episode_ids import COUNTER_BITS
 
 from tests.helpers import make_batch
@@ -171,7 +172,8 @@ def test_filters_choose_episodes_not_positions(store: trajstore.Store) -> None:
     discounted = store.curves(gamma=0.9)
     assert discounted["total_env_steps"].to_pylist() == list(every.values())
     assert "discounted_return" in discounted.column_names
-    assert store.curves(run_id="absent").num_rows == 0
+    with pytest.raises(RunNotFoundError, match="run_id: no run 'absent'"):
+        store.curves(run_id="absent")
 
 
 def test_curves_of_an_empty_store(store: trajstore.Store) -> None:
@@ -256,7 +258,8 @@ def test_binned_curves_select_runs_and_keep_their_size(learning_store: trajstore
     assert one.num_rows <= 40
     both = learning_store.binned_curves(run_id=["ppo-seed0", "ppo-seed2"], bins=40)
     assert set(both["run_id"].to_pylist()) == {"ppo-seed0", "ppo-seed2"}
-    assert learning_store.binned_curves(run_id="absent").num_rows == 0
+    with pytest.raises(RunNotFoundError, match="run_id: no run 'absent'"):
+        learning_store.binned_curves(run_id="absent")
 
 
 def test_histogram_matches_numpy(learning_store: trajstore.Store) -> None:

@@ -10,7 +10,7 @@ STORE ?= ./demo-store
 PORT ?= 8321
 RUN := $(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: install demo test bench system-tools clean
+.PHONY: install demo test bench system-tools vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,16 @@ system-tools:
 	@{ command -v chromium >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1; } || \
 	  { apt-get update -qq && apt-get install -y -qq chromium docker-compose >/dev/null; } \
 	  || echo "could not install chromium/docker-compose (needs root and Debian's apt): their tests will be skipped"
+
+# The dashboard's Plotly.js: npm's plotly.js-basic-dist-min (scatter and bar traces), vendored in api/dashboard/vendor/.
+# Run it (npm needed) to move to another version; the service serves the file as it is, gzipped.
+PLOTLY_VERSION ?= 4.1.1
+vendor-plotly:
+	rm -rf .plotly-pack && mkdir .plotly-pack
+	cd .plotly-pack && npm pack --silent plotly.js-basic-dist-min@$(PLOTLY_VERSION) >/dev/null && tar xzf *.tgz
+	cp .plotly-pack/package/plotly-basic.min.js api/dashboard/vendor/plotly-basic.min.js
+	cp .plotly-pack/package/LICENSE api/dashboard/vendor/plotly-LICENSE
+	rm -rf .plotly-pack
 
 bench: install
 	$(PY) benchmarks/run.py

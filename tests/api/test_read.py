@@ -207,3 +207,18 @@ def test_a_single_valued_parameter_given_twice_is_refused(client: TestClient) ->
     response = client.get("/episodes", params=[("complete", "true"), ("complete", "false")])
     assert response.status_code == 422 and response.json()["detail"].startswith("complete: given 2 times")
     assert client.get("/episodes", params=[("run_id", "alpha"), ("run_id", "beta")]).status_code == 200
+
+
+def test_schema_as_arrow_or_json(client: TestClient, populated: Path) -> None:
+    store = trajstore.open(populated)
+    arrow = client.get("/schema", headers={"Accept": "application/vnd.apache.arrow.stream"})
+    assert pa.ipc.open_stream(arrow.content).schema.equals(store.schema())
+    assert pa.ipc.open_stream(client.get("/schema").content).schema.equals(store.schema())  # Arrow by default
+    for env in (None, "Acrobot-v1"):
+        response = client.get("/schema", params={"env_id": env} if env else {}, headers={"Accept": "application/json"})
+        assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+        assert response.json() == {"columns": [{"name": f.name, "type": str(f.type), "nullable": f.nullable}
+                                               for f in store.schema(env)]}
+    obs = {c["name"]: c["type"] for c in client.get("/schema", params={"env_id": "CartPole-v1"},
+                                                    headers={"Accept": "application/json"}).json()["columns"]}["obs"]
+    assert obs.startswith("fixed_size_list<") and obs.endswith("[4]")  # CartPole's four floats

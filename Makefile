@@ -1,6 +1,7 @@
 # make demo: install into .venv, run a gym and a JAX rollout into ./demo-store (a new pair of runs each time,
-#            named by the time), print the statistics of every run, then serve the store: the dashboard's URL is
-#            printed last (Ctrl-C stops the server; `make clean` removes the store).
+#            named by the time), print the statistics of every run, then serve the store: how to put `trajstore`
+#            on PATH (source .venv/bin/activate) and the dashboard's URL are printed last (Ctrl-C stops the
+#            server; `make clean` removes the store).
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and run the whole
 #            test suite.
 PYTHON ?= python3
@@ -26,6 +27,7 @@ demo: install
 	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo-gym-$(RUN) --seed 0
 	$(VENV)/bin/trajstore rollout --backend jax --env cartpole --num-envs 1024 --steps 500000 --store $(STORE) --run demo-jax-$(RUN) --seed 0
 	$(VENV)/bin/trajstore stats --store $(STORE) --by run_id --gamma 0.99
+	@echo "the trajstore command is $(VENV)/bin/trajstore: put it on your PATH with  source $(VENV)/bin/activate"
 	@echo "dashboard: http://127.0.0.1:$(PORT)/dashboard  (serving $(STORE); Ctrl-C stops it)"
 	$(VENV)/bin/trajstore serve --store $(STORE) --port $(PORT)
 

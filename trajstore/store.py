@@ -184,9 +184,13 @@ Names = Union[str, Sequence[str], None]
 class Store:
     """Entry point for writing and querying one store. Every query reads one committed snapshot.
 
-    The filter keywords of the read methods are the same everywhere: ``run_id``/``env_id`` (one or
-    several), ``where`` (your own SQL condition over the ``episodes`` view) and ``filter`` (a typed
-    :class:`~trajstore.query.filters.EpisodeFilter`, as the REST service builds from its parameters).
+    The filter keywords of the read methods are the same everywhere, and the same as the Client's:
+    ``run_id``/``env_id``/``episode_id`` (one or several), ``complete``/``terminated``/``truncated``,
+    ``min_return``/``max_return``/``min_length``/``max_length``, the lineage columns (``policy_version``,
+    ``mode``, ``worker_id``, ``seed``, ``env_index``), ``filter`` (all of them as a typed
+    :class:`~trajstore.query.filters.EpisodeFilter`, as the REST service builds from its parameters) and
+    ``where`` (your own SQL condition over the ``episodes`` view). A run the store does not hold is a
+    :class:`~trajstore.errors.RunNotFoundError` naming it and the runs it holds.
     """
 
     def __init__(self, location: Location | str | Path, *, settings: Settings | None = None,

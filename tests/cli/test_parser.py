@@ -29,6 +29,8 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_every_command_has_a_description_and_every_option_help() -> None:
+    top = build_parser()
+    assert top.description and all(a.help for a in top._actions)  # noqa: SLF001
     found = commands()
     assert set(found) == {"rollout", "import", "stats", "episodes", "sql", "serve", "compact", "check", "delete",
                           "history", "vacuum", "export"}

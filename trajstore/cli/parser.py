@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
                "130 interrupted. TRAJSTORE_DEBUG=1 shows a traceback.")
     parser.add_argument("--version", action="version", version=f"trajstore {__version__}",
                         help="print which trajstore this is and exit")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do; `trajstore COMMAND --help` describes each one")
     store_opt: dict[str, Any] = {
         "default": settings.store,
         "help": f"the store: a directory or s3://bucket/prefix (default: $TRAJSTORE_STORE or {settings.store})"}

@@ -83,7 +83,10 @@ class Client:
 
     Reads are retried (``retries`` times, exponential back-off) on connection errors and 502/503/504;
     so are writes that carry an idempotency key. Errors the server reports are raised as
-    :class:`~trajstore.errors.RemoteError` with the problem's ``status`` and ``detail``.
+    :class:`~trajstore.errors.RemoteError` with the problem's ``status`` and ``detail``; a run the store does not
+    hold as :class:`RunNotFoundRemoteError`, which is also a :class:`~trajstore.errors.RunNotFoundError`, with
+    the Store's message. The readers take the Store's filters (``run_id=``, ``min_return=``, ``mode=``, …,
+    ``filter=``).
 
     Every read takes ``version=N``: the store as it was at version N (``?version=``, see ``GET /history``), as
     ``trajstore.open(uri, version=N)`` reads it; by default the latest version.

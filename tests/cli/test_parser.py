@@ -82,17 +82,16 @@ def test_messages_name_flags_and_are_one_line() -> None:
     assert _message(coloured, flags) == "Kernel error -> Generic S3 error: \u21b3 connection refused"
 
 
-def _rollout(store: Path, *, terminal: bool, extra: tuple[str, ...] = ()) -> str:
-    """stderr of a rollout, given a pseudo-terminal or a pipe as its standard error."""
-    argv = [sys.executable, "-m", "trajstore.cli", "rollout", "--env", "CartPole-v1", "--episodes", "30",
-            "--num-envs", "2", "--store", str(store), "--run", "r", *extra]
+def _stderr(argv: list[str], *, terminal: bool) -> str:
+    """stderr of ``trajstore argv``, given a 100-column pseudo-terminal or a pipe as its standard error."""
+    argv = [sys.executable, "-m", "trajstore.cli", *argv]
     env = {**os.environ, "TRAJSTORE_DEBUG": ""}
     if not terminal:
         return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=True).stderr
     leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 100-column terminal
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     try:
-        proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=follower, env=env, timeout=300, check=True)
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=follower, env=env, timeout=300, check=True)
         os.close(follower)
         chunks = []
         while True:
@@ -103,16 +102,24 @@ def _rollout(store: Path, *, terminal: bool, extra: tuple[str, ...] = ()) -> str
             if not chunk:
                 break
             chunks.append(chunk)
-        assert proc.returncode == 0
         return b"".join(chunks).decode(errors="replace")
     finally:
         os.close(leader)
 
 
 def test_progress_bars_only_on_a_terminal(tmp_path: Path) -> None:
-    assert _rollout(tmp_path / "a", terminal=False) == ""  # a log file or a pipe gets no bar redrawn into it
-    assert "rollout" in _rollout(tmp_path / "b", terminal=True) and "ep" in _rollout(tmp_path / "c", terminal=True)
-    assert _rollout(tmp_path / "d", terminal=True, extra=("--no-progress",)).strip() == ""
+    def rollout(name: str, *extra: str) -> list[str]:
+        return ["rollout", "--env", "CartPole-v1", "--episodes", "30", "--num-envs", "2", "--store",
+                str(tmp_path / name), "--run", "r", *extra]
+
+    assert _stderr(rollout("a"), terminal=False) == ""  # a log file or a pipe gets no bar redrawn into it
+    shown = _stderr(rollout("b"), terminal=True)
+    assert "rollout" in shown and "steps/s" in shown
+    assert _stderr(rollout("c", "--no-progress"), terminal=True).strip() == ""
+    export = ["export", "lerobot", "--store", str(tmp_path / "a"), "--run", "r"]
+    assert _stderr([*export, str(tmp_path / "out1")], terminal=False) == ""
+    assert "export" in _stderr([*export, str(tmp_path / "out2")], terminal=True)
+    assert _stderr([*export, str(tmp_path / "out3"), "--no-progress"], terminal=True).strip() == ""
 
 
 def test_the_help_of_each_command_prints(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,7 @@
 # make demo: install into .venv, run a gym and a JAX rollout into ./demo-store (a new pair of runs each time,
-#            named by the time), print the statistics of every run, then serve the store: the dashboard's URL is
-#            printed last (Ctrl-C stops the server; `make clean` removes the store).
+#            named by the time), print the statistics of every run, then serve the store: how to put `trajstore`
+#            on PATH (source .venv/bin/activate) and the dashboard's URL are printed last (Ctrl-C stops the
+#            server; `make clean` removes the store).
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and the virtualenv of
 #            the declared minimum versions (min-venv), and run the whole test suite.
 # make min-venv: a virtualenv in .cache/min-venv with every core dependency at the minimum pyproject.toml
@@ -14,7 +15,7 @@ PORT ?= 8321
 RUN := $(shell date +%Y%m%d-%H%M%S)
 MIN_VENV ?= .cache/min-venv
 
-.PHONY: install demo test bench system-tools min-venv clean
+.PHONY: install demo test bench system-tools min-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +31,7 @@ demo: install
 	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo-gym-$(RUN) --seed 0
 	$(VENV)/bin/trajstore rollout --backend jax --env cartpole --num-envs 1024 --steps 500000 --store $(STORE) --run demo-jax-$(RUN) --seed 0
 	$(VENV)/bin/trajstore stats --store $(STORE) --by run_id --gamma 0.99
+	@echo "the trajstore command is $(VENV)/bin/trajstore: put it on your PATH with  source $(VENV)/bin/activate"
 	@echo "dashboard: http://127.0.0.1:$(PORT)/dashboard  (serving $(STORE); Ctrl-C stops it)"
 	$(VENV)/bin/trajstore serve --store $(STORE) --port $(PORT)
 
@@ -54,6 +56,16 @@ system-tools:
 	@{ command -v chromium >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1; } || \
 	  { apt-get update -qq && apt-get install -y -qq chromium docker-compose >/dev/null; } \
 	  || echo "could not install chromium/docker-compose (needs root and Debian's apt): their tests will be skipped"
+
+# The dashboard's Plotly.js: npm's plotly.js-basic-dist-min (scatter and bar traces), vendored in api/dashboard/vendor/.
+# Run it (npm needed) to move to another version; the service serves the file as it is, gzipped.
+PLOTLY_VERSION ?= 4.1.1
+vendor-plotly:
+	rm -rf .plotly-pack && mkdir .plotly-pack
+	cd .plotly-pack && npm pack --silent plotly.js-basic-dist-min@$(PLOTLY_VERSION) >/dev/null && tar xzf *.tgz
+	cp .plotly-pack/package/plotly-basic.min.js api/dashboard/vendor/plotly-basic.min.js
+	cp .plotly-pack/package/LICENSE api/dashboard/vendor/plotly-LICENSE
+	rm -rf .plotly-pack
 
 bench: install
 	$(PY) benchmarks/run.py

@@ -40,7 +40,9 @@ PROBLEM_JSON = "application/problem+json"
 class Problem(BaseModel):
     """An RFC 9457 problem document."""
 
-    type: str = Field("about:blank", description="a URI naming the kind of problem")
+    type: str = Field("about:blank", description="a URI naming the kind of problem: urn:trajstore:error:<name> for "
+                                                 "an error of trajstore.errors (e.g. RunNotFoundError), else "
+                                                 "about:blank")
     title: str = Field(description="short summary of the kind of problem")
     status: int = Field(description="the HTTP status code")
     detail: str | None = Field(None, description="what went wrong in this request")
@@ -76,9 +78,14 @@ _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
 )
 
 
+ERROR_TYPE = "urn:trajstore:error:"  # + the name of the trajstore error: what a client may raise again
+
+
 def problem(status: int, detail: str | None = None, *, request: Request | None = None,
-            headers: dict[str, str] | None = None, errors: list[dict[str, Any]] | None = None) -> JSONResponse:
-    body = Problem(title=HTTPStatus(status).phrase, status=status, detail=detail,
+            headers: dict[str, str] | None = None, errors: list[dict[str, Any]] | None = None,
+            error: type[BaseException] | None = None) -> JSONResponse:
+    body = Problem(type=ERROR_TYPE + error.__name__ if error is not None else "about:blank",
+                   title=HTTPStatus(status).phrase, status=status, detail=detail,
                    instance=request.url.path if request is not None else None, errors=errors)
     return JSONResponse(jsonable_encoder(body, exclude_none=True), status_code=status, headers=headers,
                         media_type=PROBLEM_JSON)
@@ -124,7 +131,7 @@ def install(app: FastAPI) -> None:
             headers = {"Retry-After": str(exc.retry_after_s)}
         if status == 500:
             log.exception("error serving %s", request.url.path, exc_info=exc)
-        return problem(status, str(exc), request=request, headers=headers)
+        return problem(status, str(exc), request=request, headers=headers, error=type(exc))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -6,6 +6,8 @@ also derive from the matching built-in, so ``except ValueError`` keeps working.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 __all__ = [
     "TrajstoreError",
     "InputError",
@@ -150,6 +152,13 @@ class ReadOnlyError(TrajstoreError, PermissionError):
 
 class RunNotFoundError(InputError, LookupError):
     """A run the store does not hold (the message names it and lists the runs it has)."""
+
+    @classmethod
+    def naming(cls, missing: Sequence[str], store: str, runs: Sequence[str]) -> RunNotFoundError:
+        """The error for the runs ``missing`` from the store at ``store``, which holds ``runs``: one message
+        wherever it is raised (the Store's readers, delete, export; 404 over REST)."""
+        return cls(f"run_id: no run {', '.join(map(repr, missing))} in {store}; its runs: "
+                   f"{', '.join(runs) or 'none yet'}")
 
 
 class VersionNotFoundError(InputError, LookupError):

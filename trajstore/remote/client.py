@@ -12,20 +12,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.client
+import inspect
 import io
 import json
 import logging
 import time
 import uuid
-from typing import Any, BinaryIO, Iterator, Literal, Mapping
+from typing import Any, BinaryIO, Callable, Iterator, Literal, Mapping, TypeVar
 
 import httpx
 import pyarrow as pa
 
 from trajstore.__about__ import __version__
-from trajstore.errors import RemoteError
+from trajstore.errors import InputError, RemoteError, RunNotFoundError
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
+from trajstore.query.filters import EpisodeFilter, from_keywords
+from trajstore.query.filters import keywords as filter_keywords
 from trajstore.query.follow import Commit, check_follow
 from trajstore.query.loader import check_format
 from trajstore.remote.loader import RemoteBatches
@@ -34,6 +37,45 @@ from trajstore.remote.stream import HttpByteStream
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = (502, 503, 504)
+PAGE_ROWS = 10_000  # episodes asked for per page when walking every match (the server may cap it lower)
+TOTAL_HEADER, CURSOR_HEADER, VERSION_HEADER = "X-Total-Count", "X-Next-Cursor", "X-Trajstore-Version"
+ERROR_TYPE = "urn:trajstore:error:"  # a problem's type for an error of trajstore.errors (see api/problems.py)
+
+
+class RunNotFoundRemoteError(RemoteError, RunNotFoundError):
+    """The service's store does not hold a run the request named (404): caught as a
+    :class:`~trajstore.errors.RemoteError` (``status``, ``detail``) and, as from a Store, as a
+    :class:`~trajstore.errors.RunNotFoundError`."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _filtered(method: F) -> F:
+    """A reader of the Client takes the filter keywords of the Store's readers
+    (:func:`~trajstore.query.filters.keywords`: ``run_id``, ``min_return``, ``mode``, …) and ``filter=`` (an
+    :class:`~trajstore.query.filters.EpisodeFilter`), checked here and sent as the REST service's query
+    parameters of the same names; its signature lists them. A keyword the method has a meaning of its own for
+    (``seed``: the shuffle's) keeps it, as on the Store: that filter goes in ``filter=``."""
+    own = inspect.signature(method)
+    names = {n: t for n, t in filter_keywords().items() if n not in own.parameters}
+    kept = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+    @functools.wraps(method)
+    def call(self: Client, *args: Any, filter: EpisodeFilter | None = None, **kwargs: Any) -> Any:  # noqa: A002
+        given = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+        unknown = [k for k in kwargs if k not in own.parameters]
+        if unknown:
+            raise TypeError(f"{method.__name__}() got an unexpected keyword argument {unknown[0]!r}; its filters "
+                            f"are {', '.join(names)} and filter=")
+        flt = from_keywords(filter, given)
+        return method(self, *args, **kwargs, **(flt.keywords() if flt is not None else {}))
+
+    added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=t) for n, t in names.items()]
+    added.append(inspect.Parameter("filter", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                   annotation="EpisodeFilter | None"))
+    call.__signature__ = own.replace(parameters=kept + added)  # type: ignore[attr-defined]
+    return call  # type: ignore[return-value]
 
 
 class Client:
@@ -41,7 +83,10 @@ class Client:
 
     Reads are retried (``retries`` times, exponential back-off) on connection errors and 502/503/504;
     so are writes that carry an idempotency key. Errors the server reports are raised as
-    :class:`~trajstore.errors.RemoteError` with the problem's ``status`` and ``detail``.
+    :class:`~trajstore.errors.RemoteError` with the problem's ``status`` and ``detail``; a run the store does not
+    hold as :class:`RunNotFoundRemoteError`, which is also a :class:`~trajstore.errors.RunNotFoundError`, with
+    the Store's message. The readers take the Store's filters (``run_id=``, ``min_return=``, ``mode=``, …,
+    ``filter=``).
 
     Every read takes ``version=N``: the store as it was at version N (``?version=``, see ``GET /history``), as
     ``trajstore.open(uri, version=N)`` reads it; by default the latest version.
@@ -79,22 +124,57 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/ready").json()
 
-    def runs(self, *, version: int | None = None) -> list[dict[str, Any]]:
-        """Every run with its envs, episode and step counts and last write time."""
-        return self._request("GET", "/runs", params={"version": version}).json()
+    def runs(self, *, last: int | None = None, gamma: float | None = None,
+             version: int | None = None) -> list[dict[str, Any]]:
+        """Every run with its envs, episode and step counts and last write time; with ``last``, each env's
+        statistics of its ``last`` latest complete episodes too (``latest``; see :meth:`Store.latest_stats
+        <trajstore.store.Store.latest_stats>`)."""
+        return self._request("GET", "/runs", params={"last": last, "gamma": gamma, "version": version}).json()
 
-    def episodes(self, *, order_by: str = "episode_id", limit: int = 100, offset: int = 0,
+    @_filtered
+    def episodes(self, *, order_by: str = "episode_id", limit: int | None = None, offset: int = 0,
                  gamma: float | None = None, version: int | None = None, **filters: Any) -> pa.Table:
-        """One page of episodes; filters as in the REST API (``run_id``, ``complete``, ``min_return``, …)."""
-        params = {"order_by": order_by, "limit": limit, "offset": offset, "gamma": gamma, "version": version,
-                  **filters}
-        return self._table("GET", "/episodes", params=params)
+        """Every episode the filters select (with ``limit``, the first ``limit`` of them after ``offset``), in
+        ``order_by`` order (a column, ``-`` prefixed for descending), as :meth:`Store.episodes
+        <trajstore.store.Store.episodes>` gives them.
+
+        The service answers in pages (``max_page_size`` rows at most); this walks them, with the keyset cursor in
+        ``episode_id`` order and by offset otherwise, every page read at one version: ``version``, or the
+        version of the first page when the answer takes more than one."""
+        for name, value in (("limit", limit), ("offset", offset)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise InputError(f"{name}: must be a whole number >= 0, got {value!r}")
+        params = {"order_by": order_by, "gamma": gamma, **filters}
+        first, headers = self._episode_page(params, rows=_page_rows(limit, 0), offset=offset, version=version)
+        needed = _needed(int(headers[TOTAL_HEADER]), offset, limit)
+        if first.num_rows >= needed:
+            return first.slice(0, needed)
+        if version is None:  # more pages to come: all of them, the first again too, at the version it read
+            version = int(headers[VERSION_HEADER])
+            first, headers = self._episode_page(params, rows=_page_rows(limit, 0), offset=offset, version=version)
+            needed = _needed(int(headers[TOTAL_HEADER]), offset, limit)
+        pages, got = [first], first.num_rows
+        while got < needed and pages[-1].num_rows:
+            page, headers = self._episode_page(params, rows=_page_rows(limit, got), offset=offset + got,
+                                               version=version, cursor=headers.get(CURSOR_HEADER))
+            pages.append(page)
+            got += page.num_rows
+        return pa.concat_tables(pages).slice(0, needed)
+
+    def _episode_page(self, params: Mapping[str, Any], *, rows: int, offset: int, version: int | None,
+                      cursor: str | None = None) -> tuple[pa.Table, httpx.Headers]:
+        """One Arrow page of ``GET /episodes`` and its headers (total, next cursor, version read)."""
+        where = {"cursor": cursor} if cursor else {"offset": offset}
+        response = self._request("GET", "/episodes", params={**params, "limit": rows, "version": version, **where},
+                                 headers={"Accept": ARROW_STREAM})
+        return pa.ipc.open_stream(response.content).read_all(), response.headers
 
     def episode_steps(self, episode_id: int, columns: list[str] | None = None, *,
                       version: int | None = None) -> pa.Table:
         return self._table("GET", f"/episodes/{int(episode_id)}/steps", params={"columns": columns,
                                                                                  "version": version})
 
+    @_filtered
     def stats(self, *, by: str | list[str] | None = None, gamma: float | None = None,
               include_incomplete: bool = False, version: int | None = None, **filters: Any) -> pa.Table:
         """Episode statistics with the keys of ``imitation``'s ``rollout_stats``, one row per group of ``by``."""
@@ -102,6 +182,7 @@ class Client:
                   "include_incomplete": include_incomplete, "version": version, **filters}
         return self._table("GET", "/stats", params=params)
 
+    @_filtered
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", limit: int = 10_000,
                 version: int | None = None, **filters: Any) -> pa.Table:
         return self._table("GET", "/returns", params={"gamma": gamma, "per": per, "limit": limit, "version": version,
@@ -156,6 +237,7 @@ class Client:
 
     # --- streaming ---------------------------------------------------------------------------------------
 
+    @_filtered
     def iter_batches(self, *, batch_size: int = 4096, columns: list[str] | None = None, shuffle: bool = False,
                      seed: int | None = None, shuffle_buffer: int = 65_536, drop_last: bool = False,
                      format: BatchFormat = "numpy", version: int | None = None,  # noqa: A002
@@ -172,6 +254,7 @@ class Client:
             yield from training_batches(pa.ipc.open_stream(body), batch_size=batch_size, shuffle=shuffle, seed=seed,
                                         shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)
 
+    @_filtered
     def iter_sequences(self, length: int, *, columns: list[str] | None = None, stride: int | None = None,
                        pad: bool = False, gamma: float | None = None, batch_size: int = 256, shuffle: bool = False,
                        seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
@@ -188,6 +271,7 @@ class Client:
                   "resume": None if resume is None else json.dumps(dict(resume)), "version": version, **filters}
         return RemoteBatches(self._stream("/sequences", params), format)
 
+    @_filtered
     def transitions(self, n: int, *, gamma: float, columns: list[str] | None = None, batch_size: int = 256,
                     shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
                     format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
@@ -287,6 +371,17 @@ class Client:
 
 
 
+def _page_rows(limit: int | None, got: int) -> int:
+    """Rows to ask for in the next page, ``got`` rows of ``limit`` (None: every match) in."""
+    return PAGE_ROWS if limit is None else max(1, min(PAGE_ROWS, limit - got))
+
+
+def _needed(total: int, offset: int, limit: int | None) -> int:
+    """Rows the answer has: the ``total`` matches after ``offset``, at most ``limit``."""
+    after = max(0, total - offset)
+    return after if limit is None else min(after, limit)
+
+
 def _proxied(url: httpx.URL) -> bool:
     """Whether the environment routes ``url`` through a proxy (``HTTP_PROXY`` and the like, ``NO_PROXY``)."""
     import urllib.request
@@ -321,7 +416,8 @@ def _problem(status: int, reason: str, body: bytes) -> RemoteError:
         problem = None
     if not isinstance(problem, dict):
         problem = {}
-    return RemoteError(status, problem.get("title") or reason, problem.get("detail"))
+    kind = RunNotFoundRemoteError if problem.get("type") == ERROR_TYPE + "RunNotFoundError" else RemoteError
+    return kind(status, problem.get("title") or reason, problem.get("detail"))
 
 
 def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:

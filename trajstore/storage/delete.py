@@ -104,8 +104,7 @@ def _check_runs(store: Store, runs: list[str], files: list[DataFile]) -> None:
     held = sorted({f.run_id for f in files})
     missing = [r for r in runs if r not in held]
     if missing:
-        raise RunNotFoundError(f"run_id: no run {', '.join(map(repr, missing))} in {store.uri}; its runs: "
-                               f"{', '.join(held) or 'none yet'}")
+        raise RunNotFoundError.naming(missing, store.uri, held)
 
 
 def _plan(store: Store, files: list[DataFile], where: str | None) -> _Plan:

@@ -208,13 +208,14 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     store = _open(args.store, version=args.at_version)
     runs = _split(args.run) or None
+    progress = not args.no_progress
     if args.format == "minari":
         from trajstore.export.minari import export_minari
 
-        result = export_minari(store, args.name, run_id=runs, where=args.where, progress=True)
+        result = export_minari(store, args.name, run_id=runs, where=args.where, progress=progress)
     else:
         from trajstore.export.lerobot import export_lerobot
 
-        result = export_lerobot(store, args.name, run_id=runs, where=args.where, progress=True)
+        result = export_lerobot(store, args.name, run_id=runs, where=args.where, fps=args.fps, progress=progress)
     print(result.format())
     return 0

@@ -138,13 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write a run's episodes as a dataset of another format")
     p.add_argument("format", choices=["minari", "lerobot"],
-                   help="minari: a Minari dataset ($MINARI_DATASETS_PATH); lerobot: LeRobot's chunked Parquet "
-                        "layout (meta/*.json, data/chunk-*/episode_*.parquet) in a new folder")
-    p.add_argument("name", help="minari: the dataset id (e.g. cartpole/trajstore-v0); lerobot: the folder")
+                   help="minari: a Minari dataset ($MINARI_DATASETS_PATH); lerobot: a LeRobot v3.0 dataset "
+                        "(meta/, data/chunk-*/file-*.parquet) in a new folder")
+    p.add_argument("name", help="minari: the dataset id, (namespace/)name-vN (e.g. cartpole/trajstore-v0); "
+                                "lerobot: the folder (new or empty)")
     p.add_argument("--store", **store_opt)
     p.add_argument("--run", action="append", default=[], help="only this run (repeatable, or comma-separated)")
     p.add_argument("--where", help="only the episodes this condition over the episodes view selects")
     p.add_argument("--version", dest="at_version", type=int, metavar="N", help="export the store as of version N")
+    p.add_argument("--fps", type=int, default=30, help="lerobot: frames per second of the steps (timestamps are "
+                                                       "frame_index / fps; default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=commands.cmd_export)
     for name in ("stats", "episodes", "sql"):
         sub.choices[name].add_argument("--version", dest="at_version", type=int, metavar="N",

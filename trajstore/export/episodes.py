@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from trajstore.store import Store
 
 COLUMNS = ("obs", "next_obs", "action", "reward", "terminated", "truncated")
-GROUP_BYTES = 64 << 20  # steps read back from the layout at a time (whole episodes)
+GROUP_BYTES = 16 << 20  # steps read back from the layout at a time (whole episodes)
 
 
 @dataclass

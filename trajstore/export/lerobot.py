@@ -13,7 +13,7 @@ The layout and the types are those of LeRobot's own recorder (``lerobot.datasets
                            trajstore's trajstore/run_id, trajstore/env_id, trajstore/episode_id
     data/chunk-000/file-000.parquet
                            one row per step, many episodes per file (a new file past ``file_size_mb``, a new
-                           chunk folder every ``chunk_size`` files), one row group per episode
+                           chunk folder every ``chunk_size`` files), in row groups of whole episodes
 
 Each step is one frame: ``observation.state`` (obs), ``action``, ``next.observation.state`` (next_obs),
 ``next.reward``, ``next.terminated``, ``next.truncated``, ``next.done`` (either flag), then LeRobot's
@@ -52,6 +52,7 @@ DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 CHUNK_SIZE = 1000  # files per chunk folder (LeRobot's chunks_size)
 FILE_SIZE_MB = 100  # a data or episodes file is closed when the next episode would take it past this size
+ROW_GROUP_FRAMES = 16_384  # a data file's row groups: whole episodes, this many frames or more (the last fewer)
 VIDEO_FILE_SIZE_MB = 200  # recorded in info.json as LeRobot does (no videos are written)
 
 
@@ -70,6 +71,7 @@ class Feature:
     source: str
     dtype: np.dtype
     shape: tuple[int, ...]
+    ordered: bool = False  # values never decrease within an episode (indices, timestamps)
 
     def info(self) -> dict[str, Any]:
         return {"dtype": self.dtype.name, "shape": list(self.shape), "names": None}
@@ -107,14 +109,19 @@ class Feature:
         return arr.cast(self.field().type)
 
     def statistics(self, values: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
-        return stats.episode_stats(values, lengths)
+        return stats.episode_stats(values, lengths, ordered=self.ordered)
+
+    @property
+    def few_values(self) -> bool:
+        """Whether a column of it holds few distinct values per file (worth a dictionary)."""
+        return self.dtype == np.bool_ or self.name in ("episode_index", "task_index")
 
 
 STEP_FEATURES = (("observation.state", "obs"), ("action", "action"), ("next.observation.state", "next_obs"),
                  ("next.reward", "reward"), ("next.terminated", "terminated"), ("next.truncated", "truncated"),
                  ("next.done", "done"))
-INDEX_FEATURES = (Feature("timestamp", "timestamp", np.dtype(np.float32), (1,)),
-                  *(Feature(name, name, np.dtype(np.int64), (1,))
+INDEX_FEATURES = (Feature("timestamp", "timestamp", np.dtype(np.float32), (1,), ordered=True),
+                  *(Feature(name, name, np.dtype(np.int64), (1,), ordered=True)
                     for name in ("frame_index", "episode_index", "index", "task_index")))
 
 
@@ -154,23 +161,27 @@ def _write(sel: Selection, root: Path, *, fps: int, chunk_size: int, file_mb: fl
     tasks = sel.env_ids
     schema = pa.schema([f.field() for f in feats], metadata={"huggingface": json.dumps(
         {"info": {"features": {f.name: f.hf() for f in feats}}})})
-    data = RollingFiles(root, DATA_PATH, chunk_size, file_mb)
-    meta = RollingFiles(root, EPISODES_PATH, chunk_size, file_mb)
+    data = RollingFiles(root, DATA_PATH, schema, chunk_size=chunk_size, file_mb=file_mb,
+                        row_group_rows=ROW_GROUP_FRAMES, dictionary=[f.name for f in feats if f.few_values])
+    meta = None
     totals = {f.name: stats.Totals() for f in feats}
     frames = 0
     with tqdm(total=sel.episodes, desc="export", unit="episode", disable=not progress) as bar:
         for group in sel.groups():
             values = _frames(group, first_frame=frames, fps=fps, tasks=tasks)
             table = pa.table([f.arrow(values[f.source]) for f in feats], schema=schema)
-            places = [data.write(table.slice(a, n), schema) for a, n in zip(group.start, group.length)]
+            places = [data.add(table.slice(a, n)) for a, n in zip(group.start, group.length)]
             ep_stats = {f.name: f.statistics(values[f.source], group.length) for f in feats}
             for f in feats:
                 totals[f.name].add(ep_stats[f.name])
-            meta.write(_episode_rows(group, places, ep_stats, frames, meta.place(len(group))))
+            rows = _episode_rows(group, places, ep_stats, frames)
+            meta = meta or RollingFiles(root, EPISODES_PATH, rows.schema, chunk_size=chunk_size, file_mb=file_mb)
+            meta.add(_placed(rows, meta.place(rows)))
             frames += group.steps
             bar.update(len(group))
     data.close()
-    meta.close()
+    if meta is not None:
+        meta.close()
     _write_meta(root, sel, feats, tasks, totals, fps=fps, chunk_size=chunk_size, file_mb=file_mb)
 
 
@@ -187,49 +198,75 @@ def _frames(group: EpisodeGroup, *, first_frame: int, fps: int, tasks: list[str]
 
 
 class RollingFiles:
-    """Parquet files under one path template, written in order: a table goes to the current file unless the
-    file would pass ``file_mb`` with it (LeRobot's rule, from the bytes written so far per row), then to the
-    next file; ``chunk_size`` files per chunk folder. Snappy with dictionaries, as LeRobot writes."""
+    """Parquet files under one path template, filled in order: rows go to the current file unless the file would
+    pass ``file_mb`` with them (LeRobot's rule: the size so far plus the rows at the file's bytes per row), then
+    to the next file; ``chunk_size`` files per chunk folder. Rows are written in row groups of whole tables of at
+    least ``row_group_rows`` rows (each table is one when None): a Parquet writer holds ~10 KB of metadata per
+    row group until it closes, so one row group per short episode, as LeRobot's recorder writes, would cost
+    memory growing with the episodes. Snappy, as LeRobot writes; dictionaries for the columns named in
+    ``dictionary`` (all when None: a dictionary of floats costs time for nothing)."""
 
-    def __init__(self, root: Path, template: str, chunk_size: int, file_mb: float) -> None:
-        self.root, self.template, self.chunk_size, self.limit = root, template, chunk_size, file_mb * 2 ** 20
-        self.chunk, self.file, self.rows = 0, 0, 0
+    def __init__(self, root: Path, template: str, schema: pa.Schema, *, chunk_size: int, file_mb: float,
+                 row_group_rows: int | None = None, dictionary: list[str] | None = None) -> None:
+        self.root, self.template, self.schema = root, template, schema
+        self.chunk_size, self.limit, self.row_group_rows = chunk_size, file_mb * 2 ** 20, row_group_rows
+        self.dictionary: bool | list[str] = True if dictionary is None else dictionary
+        self.chunk, self.file = 0, 0
+        self.written = 0  # rows in the current file's row groups
+        self.pending: list[pa.Table] = []
         self._writer: pq.ParquetWriter | None = None
         self._path: Path | None = None
 
-    def place(self, rows: int) -> tuple[int, int]:
-        """The (chunk, file) the next ``rows`` rows go to (a new file when the current one is full)."""
-        if self._writer is not None and self._path is not None:
-            size = os.path.getsize(self._path)
-            if size + size / max(1, self.rows) * rows >= self.limit:
+    @property
+    def pending_rows(self) -> int:
+        return sum(t.num_rows for t in self.pending)
+
+    def place(self, table: pa.Table) -> tuple[int, int]:
+        """The (chunk, file) ``table``'s rows go to: the next file when the current one would pass the limit."""
+        rows = self.written + self.pending_rows
+        if rows:
+            per_row = os.path.getsize(self._path) / self.written if self._path is not None and self.written else \
+                table.nbytes / max(1, table.num_rows)  # nothing on disk yet: the uncompressed size, an upper bound
+            if per_row * (rows + table.num_rows) >= self.limit:
                 self.close()
                 self.file += 1
                 if self.file == self.chunk_size:
                     self.chunk, self.file = self.chunk + 1, 0
         return self.chunk, self.file
 
-    def write(self, table: pa.Table, schema: pa.Schema | None = None) -> tuple[int, int]:
-        """Append ``table`` as one row group; where it went."""
-        place = self.place(table.num_rows)
-        if self._writer is None:
-            self._path = self.root / self.template.format(chunk_index=place[0], file_index=place[1])
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self._path, schema or table.schema, compression="snappy",
-                                            use_dictionary=True)
-            self.rows = 0
-        self._writer.write_table(table)
-        self.rows += table.num_rows
+    def add(self, table: pa.Table) -> tuple[int, int]:
+        """Append ``table`` (written once a row group's worth is pending); where its rows go."""
+        place = self.place(table)
+        self.pending.append(table)
+        if self.row_group_rows is None or self.pending_rows >= self.row_group_rows:
+            self.flush()
         return place
 
+    def flush(self) -> None:
+        """Write the pending rows as one row group."""
+        if not self.pending:
+            return
+        if self._writer is None:
+            self._path = self.root / self.template.format(chunk_index=self.chunk, file_index=self.file)
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = pq.ParquetWriter(self._path, self.schema, compression="snappy",
+                                            use_dictionary=self.dictionary)
+        rows = pa.concat_tables(self.pending)
+        self._writer.write_table(rows, row_group_size=max(1, rows.num_rows))
+        self.written += rows.num_rows
+        self.pending = []
+
     def close(self) -> None:
+        self.flush()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            self._path, self.written = None, 0
 
 
 def _episode_rows(group: EpisodeGroup, places: list[tuple[int, int]], ep_stats: dict[str, dict[str, np.ndarray]],
-                  first_frame: int, meta_place: tuple[int, int]) -> pa.Table:
-    """The group's rows of ``meta/episodes``, in LeRobot's column order."""
+                  first_frame: int) -> pa.Table:
+    """The group's rows of ``meta/episodes``, in LeRobot's column order (their own place still unset)."""
     n = len(group)
     start = first_frame + group.start
     cols: dict[str, pa.Array] = {
@@ -244,12 +281,18 @@ def _episode_rows(group: EpisodeGroup, places: list[tuple[int, int]], ep_stats: 
             v = values[stat]
             offsets = np.arange(0, v.size + 1, v.shape[1], dtype=np.int32)
             cols[f"stats/{name}/{stat}"] = pa.ListArray.from_arrays(offsets, pa.array(v.reshape(-1)))
-    cols["meta/episodes/chunk_index"] = pa.array(np.full(n, meta_place[0], np.int64))
-    cols["meta/episodes/file_index"] = pa.array(np.full(n, meta_place[1], np.int64))
+    cols["meta/episodes/chunk_index"] = cols["meta/episodes/file_index"] = pa.array(np.zeros(n, np.int64))
     cols["trajstore/run_id"] = pa.array(group.run_id, pa.string())
     cols["trajstore/env_id"] = pa.array(group.env_id, pa.string())
     cols["trajstore/episode_id"] = pa.array(group.episode_id.astype(np.int64))
     return pa.table(cols)
+
+
+def _placed(rows: pa.Table, place: tuple[int, int]) -> pa.Table:
+    """``meta/episodes`` rows with the (chunk, file) they are written to."""
+    for name, value in zip(("meta/episodes/chunk_index", "meta/episodes/file_index"), place):
+        rows = rows.set_column(rows.schema.get_field_index(name), name, pa.array(np.full(len(rows), value, np.int64)))
+    return rows
 
 
 def _write_meta(root: Path, sel: Selection, feats: list[Feature], tasks: list[str], totals: dict[str, stats.Totals],

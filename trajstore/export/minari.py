@@ -10,9 +10,9 @@ written under ``$MINARI_DATASETS_PATH``, default ``~/.minari/datasets``). Needs 
 Minari's own ``create_dataset_from_buffers`` takes every episode at once, and its Arrow storage writes one
 episode per call, re-measuring the whole dataset folder after each (quadratic: thousands of short episodes took
 minutes). Here the episodes stream from :mod:`trajstore.export.episodes` a group at a time, and the Arrow and
-Parquet formats are written in minari's layout (a folder per episode holding its table and ``metadata.json``,
-values encoded by minari's own encoder) with one dataset write per batch of episodes; the dataset's size is
-measured once, at the end. Other formats (``hdf5``) go through minari's ``update_episodes``, a group per call.
+Parquet formats are written in minari's layout (a folder per episode holding its table, ``part-0.<format>``, and
+``metadata.json``), the values encoded by minari's own encoder a batch of episodes at a time and the files made
+on a few threads; the dataset's size is measured once, at the end. Other formats (``hdf5``) go through minari's ``update_episodes``, a group per call.
 The dataset is written into a hidden folder of the datasets folder and moved to its id's place when complete:
 a failed or interrupted export leaves nothing behind.
 """
@@ -20,13 +20,15 @@ a failed or interrupted export leaves nothing behind.
 from __future__ import annotations
 
 import json
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from trajstore.errors import InputError
@@ -36,7 +38,8 @@ from trajstore.export.target import staged
 if TYPE_CHECKING:
     from trajstore.store import Store
 
-BATCH_EPISODES = 1000  # episodes per dataset write (each is a folder: one open file each)
+BATCH_EPISODES = 1000  # episodes encoded at a time
+FILE_THREADS = 8  # episodes' files made at once
 
 
 def export_minari(store: Store, dataset_id: str, *, run_id: str | Sequence[str] | None = None,
@@ -135,7 +138,7 @@ def _write(sel: Selection, data_path: Path, dataset_id: str, data_format: str, p
     if encode is None:
         del storage.get_size
     storage.update_metadata({"total_steps": sel.steps, "total_episodes": sel.episodes,
-                             "dataset_size": storage.get_size()})
+                             "dataset_size": _size_mb(str(storage.data_path))})
 
 
 def _encoder() -> Callable[..., pa.Array] | None:
@@ -149,36 +152,61 @@ def _encoder() -> Callable[..., pa.Array] | None:
 
 
 def _write_batch(storage: Any, group: EpisodeGroup, a: int, b: int, encode: Callable[..., pa.Array]) -> None:
-    """Episodes ``a:b`` of the group into minari's layout: ``data/<id>/`` with their table (``T + 1`` rows, the
-    last one's action, reward and flags zero) and ``metadata.json``, in one dataset write."""
+    """Episodes ``a:b`` of the group into minari's layout: ``data/<id>/part-0.<format>`` with the episode's
+    table (``T + 1`` rows, the last one's action, reward and flags zero) and ``data/<id>/metadata.json``, the
+    values encoded in one call per column, the files made on a few threads (making thousands of small files
+    waits on the file system far more than on the CPU)."""
     lengths = group.length[a:b]
     lo, hi = int(group.start[a]), int(group.start[b - 1] + lengths[-1])
     c = {name: values[lo:hi] for name, values in group.columns.items()}
     ends = np.cumsum(lengths)  # the row of each episode's extra (last) observation, counted in steps before it
     steps = np.arange(hi - lo) + np.repeat(np.arange(b - a), lengths)  # rows of the steps among T + 1 per episode
-    extra = ends + np.arange(b - a)
 
     def padded(values: np.ndarray, last: np.ndarray | None = None) -> np.ndarray:
         out = np.zeros((len(values) + b - a, *values.shape[1:]), values.dtype)
         out[steps] = values
         if last is not None:
-            out[extra] = last
+            out[ends + np.arange(b - a)] = last
         return out
 
-    ids = group.first + np.arange(a, b)
     table = pa.table({
-        "episode_id": pa.array(np.repeat(ids, lengths + 1).astype(np.int32)),
         "observations": encode(storage.observation_space, padded(c["obs"], c["next_obs"][ends - 1]),
                                jpeg_encoding=storage.jpeg_encoding),
         "actions": encode(storage.action_space, padded(c["action"]), jpeg_encoding=storage.jpeg_encoding),
         "rewards": pa.array(padded(c["reward"])), "terminations": pa.array(padded(c["terminated"])),
         "truncations": pa.array(padded(c["truncated"]))})
-    ds.write_dataset(table, storage.data_path, format=storage.FORMAT, partitioning=["episode_id"],
-                     existing_data_behavior="overwrite_or_ignore", basename_template=f"part-{ids[0]}-{{i}}."
-                     f"{storage.FORMAT}", max_partitions=b - a, max_open_files=b - a + 1, preserve_order=True)
-    for episode_id, n in zip(ids.tolist(), lengths.tolist()):
-        (Path(storage.data_path) / str(episode_id) / "metadata.json").write_text(
-            json.dumps({"id": episode_id, "total_steps": n}))
+    first = np.concatenate([[0], ends[:-1] + np.arange(1, b - a)])
+    jobs = [(group.first + i, table.slice(int(f), int(n) + 1), int(n)) for i, f, n in
+            zip(range(a, b), first, lengths)]
+    with ThreadPoolExecutor(FILE_THREADS) as pool:
+        for _ in pool.map(lambda job: _write_episode(str(storage.data_path), storage.FORMAT, *job), jobs):
+            pass
+
+
+def _write_episode(data_path: str, data_format: str, episode_id: int, table: pa.Table, steps: int) -> None:
+    """One episode's folder, as minari's storage writes it (``ds.write_dataset`` partitioned by episode id)."""
+    folder = os.path.join(data_path, str(episode_id))
+    os.mkdir(folder)
+    if data_format == "parquet":
+        pq.write_table(table, os.path.join(folder, "part-0.parquet"))
+    else:
+        with pa.OSFile(os.path.join(folder, "part-0.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+    with open(os.path.join(folder, "metadata.json"), "w") as f:
+        f.write(json.dumps({"id": episode_id, "total_steps": steps}))
+
+
+def _size_mb(path: str) -> float:
+    """minari's ``MinariStorage.get_size`` (every file and folder under ``path``, in MB to one decimal), by
+    ``os.scandir`` rather than its ``pathlib`` glob, which takes as long as writing the episodes."""
+    total, stack = 0, [path]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                total += entry.stat(follow_symlinks=False).st_size
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+    return float(np.round(total / 1e6, 1))
 
 
 def _buffers(group: EpisodeGroup, a: int, b: int) -> list[Any]:

@@ -110,6 +110,21 @@ def test_the_v3_layout_as_a_plain_parquet_reader_sees_it(store: trajstore.Store,
     assert tasks.index.name == "task" and tasks.to_dict()["task_index"] == {"EnvA-v0": 0, "EnvB-v0": 1}
 
 
+def test_a_condition_selects_the_episodes(store: trajstore.Store, tmp_path: Path, small_groups: None) -> None:
+    cartpole_like(store)
+    where = "episode_length > 3 AND env_id = 'EnvB-v0' OR episode_id % 3 = 0"
+    result = export_lerobot(store, tmp_path / "out", where=where)
+    chosen = store.episodes(where=where)
+    episodes = pq.read_table(tmp_path / "out/meta/episodes/chunk-000/file-000.parquet")
+    assert episodes["trajstore/episode_id"].to_pylist() == chosen["episode_id"].to_pylist()
+    assert episodes["trajstore/run_id"].to_pylist() == chosen["run_id"].to_pylist()
+    assert episodes["trajstore/env_id"].to_pylist() == chosen["env_id"].to_pylist() == \
+        [list(t)[0] for t in episodes["tasks"].to_pylist()]
+    assert result.runs == ["other", "r"] and result.steps == chosen["episode_length"].to_numpy().sum()
+    frames = pq.read_table(tmp_path / "out/data/chunk-000/file-000.parquet")
+    np.testing.assert_array_equal(to_numpy(frames["observation.state"]), steps(store, where=where)["obs"])
+
+
 def test_episode_statistics_match_numpy_per_episode() -> None:
     rng = np.random.default_rng(1)
     lengths = np.array([1, 5, 2, 9])

@@ -70,7 +70,8 @@ def test_every_storage_format(datasets: Path, store: trajstore.Store, small_grou
 
 
 def test_bad_ids_and_runs_are_named_and_leave_nothing(datasets: Path, store: trajstore.Store,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     gym_rollout(store, "CartPole-v1", run_id="r", num_envs=1, episodes=2, seed=0, progress=False)
     for bad in ("bad id", "cartpole/no-version", "", "a/../b-v0", "-v0"):
         with pytest.raises(InputError, match="dataset_id: .* is not a Minari dataset id"):
@@ -82,6 +83,10 @@ def test_bad_ids_and_runs_are_named_and_leave_nothing(datasets: Path, store: tra
     with pytest.raises(InputError, match="data_format: one of"):
         export_minari(store, "cartpole/a-v0", run_id="r", data_format="csv")
     assert not datasets.exists() or [p.name for p in datasets.iterdir()] == []
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(store.root / "trajstore.json"))  # a file
+    with pytest.raises(InputError, match="MINARI_DATASETS_PATH: cannot use .*trajstore.json"):
+        export_minari(store, "cartpole/a-v0", run_id="r")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(datasets))
     export_minari(store, "cartpole/a-v0", run_id="r")  # every failure above left nothing in the way
     with pytest.raises(InputError, match="dataset_id: a local Minari dataset 'cartpole/a-v0' exists already"):
         export_minari(store, "cartpole/a-v0", run_id="r")

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from trajstore.errors import InputError, RunNotFoundError, StoreDamagedError
 from trajstore.query import layout as lay
+from trajstore.storage.table import DataFile
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -141,11 +141,11 @@ class Selection:
         per_step = sum(np.dtype(d).itemsize * int(np.prod(s, dtype=np.int64)) for d, s in self.kinds.values())
         budget = max(1, max_bytes // max(1, per_step))
         lay_ = self.layout
+        ends = lay_.offset + lay_.length
         first = 0
         while first < self.episodes:
-            last = int(np.searchsorted(lay_.offset, lay_.offset[first] + budget, side="right"))
-            last = max(last, first + 1)
-            lo, hi = int(lay_.offset[first]), int(lay_.offset[last - 1] + lay_.length[last - 1])
+            last = max(first + 1, int(np.searchsorted(ends, lay_.offset[first] + budget, side="right")))
+            lo, hi = int(lay_.offset[first]), int(ends[last - 1])
             columns = {name: _read(lay_.columns[name], lo, hi) for name in COLUMNS}
             yield EpisodeGroup(first, lay_.episode_id[first:last], [self._names[0][i] for i in self._run[first:last]],
                                [self._names[1][i] for i in self._env[first:last]], lay_.length[first:last], columns)
@@ -185,18 +185,27 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
     if store.version < 0:
         raise InputError(f"run_id/where: nothing to export from {store.uri}: the store is empty")
     pinned = store if store.read_only else store.at(version=store.version)  # every read sees one version
-    rows = pinned.episodes(run_id=runs or None, where=where)
-    if rows.num_rows == 0:
+    files, chosen = _files(pinned, runs, where)
+    if not files or (chosen is not None and len(chosen) == 0):
         raise InputError(f"run_id/where: nothing to export from {store.uri} (run_id={run_id!r}, where={where!r})")
     source = pinned._loader_source(run_id=runs or None, where=where, filter=None)
     kinds = {name: _kind(source.schema, name) for name in COLUMNS}
     layout = lay.build(source.read, source.schema, list(COLUMNS))
     try:
-        run_idx, env_idx, names = _owners(rows, layout.episode_id, store.uri)
+        run_idx, env_idx, names = _owners(files, chosen, layout.episode_id, store.uri)
     except BaseException:
         layout.close()
         raise
     return Selection(pinned, layout, run_idx, env_idx, names, kinds)
+
+
+def _files(store: Store, runs: list[str], where: str | None) -> tuple[list[DataFile], np.ndarray | None]:
+    """The committed files holding the selection, and the ids of the episodes ``where`` chose (None: all
+    episodes of the files); a condition needs DuckDB, runs alone only the file list."""
+    if where is None:
+        return [f for f in store.files() if not runs or f.run_id in runs], None
+    plan = store.scan_plan(["episode_id"], run_id=runs or None, where=where)
+    return plan.files, plan.episode_ids
 
 
 def _kind(schema: pa.Schema, name: str) -> tuple[np.dtype, tuple[int, ...]]:
@@ -212,17 +221,22 @@ def _kind(schema: pa.Schema, name: str) -> tuple[np.dtype, tuple[int, ...]]:
                          "environment at a time (run_id=… or where=\"env_id = '…'\")") from None
 
 
-def _owners(rows: pa.Table, ids: np.ndarray, uri: str) -> tuple[np.ndarray, np.ndarray, tuple[list[str], list[str]]]:
-    """For each of the sorted ``ids``, the index of its run and env (in the returned name lists) in ``rows`` (the
-    selected episodes' rows of the episodes view)."""
-    order = np.argsort(rows["episode_id"].to_numpy())
-    known = rows["episode_id"].to_numpy()[order]
-    at = np.searchsorted(known, ids)
-    if len(known) != len(ids) or not np.array_equal(known[np.minimum(at, len(known) - 1)], ids):
-        raise StoreDamagedError(f"the episodes view and the steps of {uri} disagree on the selected episodes; "
-                                "run `trajstore check`")
-    run = pc.dictionary_encode(rows["run_id"].combine_chunks())
-    env = pc.dictionary_encode(rows["env_id"].combine_chunks())
-    pick = order[at]
-    return (run.indices.to_numpy()[pick], env.indices.to_numpy()[pick],
-            (run.dictionary.to_pylist(), env.dictionary.to_pylist()))
+def _owners(files: list[DataFile], chosen: np.ndarray | None, ids: np.ndarray,
+            uri: str) -> tuple[np.ndarray, np.ndarray, tuple[list[str], list[str]]]:
+    """For each of the sorted ``ids``, the index of its run and env in the returned name lists: those of the
+    files holding it (an episode is one writer's, so all its files are of one run and env)."""
+    runs = sorted({f.run_id for f in files})
+    envs = sorted({f.env_id for f in files})
+    run_idx = np.full(len(ids), -1, np.int64)
+    env_idx = np.full(len(ids), -1, np.int64)
+    schema = pa.schema([pa.field("episode_id", pa.int64())])
+    for f in files:
+        batches = [b.column(0).to_numpy() for b in lay.read_files([f], schema, ["episode_id"], chosen)]
+        held = np.unique(np.concatenate(batches)) if batches else np.zeros(0, np.int64)
+        at = np.searchsorted(ids, held)
+        run_idx[at[at < len(ids)]] = runs.index(f.run_id)
+        env_idx[at[at < len(ids)]] = envs.index(f.env_id)
+    if (run_idx < 0).any():
+        raise StoreDamagedError(f"episode {ids[np.argmax(run_idx < 0)]} of {uri} is in no committed file of the "
+                                "selection; run `trajstore check`")
+    return run_idx, env_idx, (runs, envs)

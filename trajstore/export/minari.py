@@ -12,7 +12,8 @@ episode per call, re-measuring the whole dataset folder after each (quadratic: t
 minutes). Here the episodes stream from :mod:`trajstore.export.episodes` a group at a time, and the Arrow and
 Parquet formats are written in minari's layout (a folder per episode holding its table, ``part-0.<format>``, and
 ``metadata.json``), the values encoded by minari's own encoder a batch of episodes at a time and the files made
-on a few threads; the dataset's size is measured once, at the end. Other formats (``hdf5``) go through minari's ``update_episodes``, a group per call.
+on a few threads; the dataset's size is measured once, at the end. Other formats (``hdf5``) go through minari's
+``update_episodes``, a group per call.
 The dataset is written into a hidden folder of the datasets folder and moved to its id's place when complete:
 a failed or interrupted export leaves nothing behind.
 """
@@ -55,12 +56,17 @@ def export_minari(store: Store, dataset_id: str, *, run_id: str | Sequence[str] 
     namespace = check_dataset_id(dataset_id)
     if data_format not in get_storage_keys():
         raise InputError(f"data_format: one of {', '.join(get_storage_keys())}, got {data_format!r}")
+    try:
+        root = get_dataset_path()  # minari makes its datasets folder here
+    except OSError as exc:
+        raise InputError(f"MINARI_DATASETS_PATH: cannot use {os.environ.get('MINARI_DATASETS_PATH', '~/.minari')} "
+                         f"for Minari's datasets: {exc.strerror or exc}") from None
     final = get_dataset_path(dataset_id)
     if final.exists():
         raise InputError(f"dataset_id: a local Minari dataset {dataset_id!r} exists already ({final}); choose "
                          f"another id or delete it (minari delete {dataset_id})")
     with select(store, run_id=run_id, where=where) as selection:
-        with staged(final, field="dataset_id", stage_in=get_dataset_path(),
+        with staged(final, field="dataset_id", stage_in=root,
                     before_move=lambda: _namespace(namespace, get_dataset_path)) as stage:
             _write(selection, stage / "data", dataset_id, data_format, progress, minari.__version__)
         return ExportResult(dataset_id, selection.episodes, selection.steps, selection.runs, "Minari dataset")
@@ -125,8 +131,6 @@ def _write(sel: Selection, data_path: Path, dataset_id: str, data_format: str, p
                              "description": f"exported by trajstore from {sel.store.uri} at version "
                                             f"{sel.store.version}", "minari_version": version})
     encode = _encoder() if data_format in ("arrow", "parquet") else None
-    if encode is None:
-        storage.get_size = lambda: 0.0  # measured once below, not after every episode (minari walks the folder)
     with tqdm(total=sel.episodes, desc="export", unit="episode", disable=not progress) as bar:
         for group in sel.groups():
             for a in range(0, len(group), BATCH_EPISODES):
@@ -135,8 +139,6 @@ def _write(sel: Selection, data_path: Path, dataset_id: str, data_format: str, p
                 else:
                     storage.update_episodes(_buffers(group, a, min(len(group), a + BATCH_EPISODES)))
             bar.update(len(group))
-    if encode is None:
-        del storage.get_size
     storage.update_metadata({"total_steps": sel.steps, "total_episodes": sel.episodes,
                              "dataset_size": _size_mb(str(storage.data_path))})
 

@@ -231,8 +231,8 @@ def _owners(files: list[DataFile], chosen: np.ndarray | None, ids: np.ndarray,
     env_idx = np.full(len(ids), -1, np.int64)
     schema = pa.schema([pa.field("episode_id", pa.int64())])
     for f in files:
-        batches = [b.column(0).to_numpy() for b in lay.read_files([f], schema, ["episode_id"], chosen)]
-        held = np.unique(np.concatenate(batches)) if batches else np.zeros(0, np.int64)
+        pieces = [np.unique(b.column(0).to_numpy()) for b in lay.read_files([f], schema, ["episode_id"], chosen)]
+        held = np.unique(np.concatenate(pieces)) if pieces else np.zeros(0, np.int64)
         at = np.searchsorted(ids, held)
         run_idx[at[at < len(ids)]] = runs.index(f.run_id)
         env_idx[at[at < len(ids)]] = envs.index(f.env_id)

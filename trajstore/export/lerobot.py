@@ -178,6 +178,7 @@ def _write(sel: Selection, root: Path, *, fps: int, chunk_size: int, file_mb: fl
             meta = meta or RollingFiles(root, EPISODES_PATH, rows.schema, chunk_size=chunk_size, file_mb=file_mb)
             meta.add(_placed(rows, meta.place(rows)))
             frames += group.steps
+            data.detach()
             bar.update(len(group))
     data.close()
     if meta is not None:
@@ -241,6 +242,12 @@ class RollingFiles:
         if self.row_group_rows is None or self.pending_rows >= self.row_group_rows:
             self.flush()
         return place
+
+    def detach(self) -> None:
+        """Copy the pending rows, so that the tables they were sliced from can be freed."""
+        if self.pending:
+            rows = pa.concat_tables(self.pending)
+            self.pending = [rows.take(np.arange(rows.num_rows))]  # a copy (combining one chunk would not copy)
 
     def flush(self) -> None:
         """Write the pending rows as one row group."""

@@ -3,10 +3,13 @@
 #            on PATH (source .venv/bin/activate) and the dashboard's URL are printed last (Ctrl-C stops the
 #            server; `make clean` removes the store).
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and the virtualenv of
-#            the declared minimum versions (min-venv), and run the whole test suite.
+#            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
+#            first when a Python >= 3.12 is here; its tests skip without it).
 # make min-venv: a virtualenv in .cache/min-venv with every core dependency at the minimum pyproject.toml
 #            declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself (editable);
 #            tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build, once).
+# make lerobot-venv: a separate venv, .venv-lerobot, with the real lerobot release (it needs Python >= 3.12 and its
+#            own torch) that tests/export/test_lerobot.py opens the exported datasets with; built once, then kept.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,7 +18,13 @@ PORT ?= 8321
 RUN := $(shell date +%Y%m%d-%H%M%S)
 MIN_VENV ?= .cache/min-venv
 
-.PHONY: install demo test bench system-tools min-venv vendor-plotly clean
+LEROBOT_VENV ?= .venv-lerobot
+LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
+# Python >= 3.12 for it: LEROBOT_PYTHON if given, else the first that runs of python3.12, python3.13 and pyenv's
+# (pyenv's shims on PATH fail for a version that is not selected, so its versions are tried directly)
+LEROBOT_PYTHONS = $(LEROBOT_PYTHON) python3.12 python3.13 $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python3)
+
+.PHONY: install demo test bench system-tools min-venv lerobot-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +45,7 @@ demo: install
 	$(VENV)/bin/trajstore serve --store $(STORE) --port $(PORT)
 
 test: install system-tools min-venv
+	@$(MAKE) --no-print-directory lerobot-venv || echo "could not build $(LEROBOT_VENV): the LeRobot tests will be skipped"
 	$(PY) -m pytest
 
 # Each core dependency pinned to its declared minimum ("name>=x" in [project] dependencies becomes "name==x").
@@ -49,6 +59,19 @@ $(MIN_VENV)/.installed: pyproject.toml
 	touch $@
 
 min-venv: $(MIN_VENV)/.installed
+
+# lerobot pins torch < 2.12 and PyPI has no CPU-only build of it for Linux: pip brings the CUDA one (~4 GB of
+# wheels, unused here). A failed build leaves no half venv behind.
+$(LEROBOT_VENV)/.installed:
+	@for py in $(LEROBOT_PYTHONS) none; do \
+	  $$py -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && break; done; \
+	test "$$py" != none || { echo "no Python >= 3.12 found (give one: make lerobot-venv LEROBOT_PYTHON=...)"; exit 1; }; \
+	echo "building $(LEROBOT_VENV) with $$py: $(LEROBOT_SPEC)"; \
+	rm -rf $(LEROBOT_VENV) && $$py -m venv $(LEROBOT_VENV) && \
+	$(LEROBOT_VENV)/bin/python -m pip install -q '$(LEROBOT_SPEC)' || { rm -rf $(LEROBOT_VENV); exit 1; }
+	touch $@
+
+lerobot-venv: $(LEROBOT_VENV)/.installed
 
 # From Debian's packages: chromium for the dashboard's browser tests (Playwright drives it; its own browser
 # download is not used), and docker-compose to validate docker-compose.yml (no Docker engine is needed).
@@ -71,4 +94,4 @@ bench: install
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(STORE) $(MIN_VENV)
+	rm -rf $(VENV) $(LEROBOT_VENV) $(STORE) $(MIN_VENV)

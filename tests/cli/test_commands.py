@@ -136,7 +136,7 @@ def test_installed_command_prints_no_traceback(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("argv", [
-    ["stats"], ["episodes"], ["compact", "--no-progress"], ["delete", "--yes"], ["export", "minari", "x/y-v0"],
+    ["stats"], ["episodes"], ["compact", "--no-progress"], ["delete", "--yes"], ["export", "minari", "xx/y-v0"],
     ["export", "lerobot", "{tmp}/out"]])
 def test_a_run_the_store_lacks_is_one_error_and_one_exit_code(demo: Path, tmp_path: Path, argv: list[str],
                                                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -219,14 +219,15 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     store = _open(args.store, version=args.at_version)
-    runs = _split(args.run)
+    runs = _split(args.run) or None
+    progress = _progress(args)
     if args.format == "minari":
         from trajstore.export.minari import export_minari
 
-        result = export_minari(store, args.name, run_id=runs, where=args.where, progress=_progress(args))
+        result = export_minari(store, args.name, run_id=runs, where=args.where, progress=progress)
     else:
         from trajstore.export.lerobot import export_lerobot
 
-        result = export_lerobot(store, args.name, run_id=runs, where=args.where, progress=_progress(args))
+        result = export_lerobot(store, args.name, run_id=runs, where=args.where, fps=args.fps, progress=progress)
     print(result.format())
     return 0

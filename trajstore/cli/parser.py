@@ -178,13 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("export", "write a run's episodes as a dataset of another format")
     p.add_argument("format", choices=["minari", "lerobot"],
-                   help="minari: a Minari dataset ($MINARI_DATASETS_PATH); lerobot: a LeRobot dataset in a new "
-                        "folder")
-    p.add_argument("name", help="minari: the dataset id (e.g. cartpole/trajstore-v0); lerobot: the folder")
+                   help="minari: a Minari dataset ($MINARI_DATASETS_PATH); lerobot: a LeRobot v3.0 dataset "
+                        "(meta/, data/chunk-*/file-*.parquet) in a new folder")
+    p.add_argument("name", help="minari: the dataset id, (namespace/)name-vN (e.g. cartpole/trajstore-v0); "
+                                "lerobot: the folder (new or empty)")
     p.add_argument("--store", **store_opt)
     p.add_argument("--run", action="append", default=[], help="only this run (repeatable, or comma-separated)")
     p.add_argument("--where", help="only the episodes this condition over the episodes view selects")
     _version_option(p, "export the store as of version N")
+    p.add_argument("--fps", type=int, default=30, help="lerobot: frames per second of the steps (timestamps are "
+                                                       "frame_index / fps; default: %(default)s)")
     _progress_option(p)
     p.set_defaults(func=commands.cmd_export)
 
@@ -206,8 +209,11 @@ def duration(text: str) -> float:
 
 def _flags(p: argparse.ArgumentParser) -> dict[str, str]:
     """Which flag of ``p`` sets each name: its ``dest``, and the library's argument name for it."""
+    actions = p._actions  # noqa: SLF001
     found = {a.dest: next(o for o in a.option_strings if o.startswith("--"))
-             for a in p._actions if any(o.startswith("--") for o in a.option_strings)}  # noqa: SLF001
+             for a in actions if any(o.startswith("--") for o in a.option_strings)}
+    found.update({a.dest: str(a.metavar or a.dest) for a in actions  # positionals by their name in the usage
+                  if not a.option_strings and a.dest not in ("help", "command", "func")})
     found.update({python: found[dest] for python, dest in ALIASES.items() if dest in found})
     return found
 

@@ -83,7 +83,7 @@ def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str,
 
     With ``version=N`` (see :meth:`Store.history`) or ``as_of=datetime`` (the latest version committed then),
     the store is read-only and every read sees it exactly as it was at that version."""
-    location = locate(uri, storage_options)
+    location = locate(uri, storage_options, settings=settings)
     try:
         found = _marker_found(location)
         if not found:
@@ -162,8 +162,8 @@ class Store:
 
     def __init__(self, location: Location | str | Path, *, settings: Settings | None = None,
                  pinned: int | None = None) -> None:
-        self.location = locate(location)
         self.settings = settings or Settings.from_env()
+        self.location = locate(location, settings=self.settings)
         self.table = StepsTable(self.location.child("steps"), row_group_rows=self.settings.row_group_rows,
                                 pinned=pinned)
         self._duckdb: tuple[int, duckdb.DuckDBPyConnection] | None = None
@@ -682,6 +682,8 @@ class Store:
         another size than the log says (cheap checks of every file; ``trajstore check`` reads them all)."""
         try:
             files = self.files()
+        except StoreAccessError:
+            raise  # the store does not answer (or refuses us): not a damage, and says what to do itself
         except Exception as exc:  # noqa: BLE001 - an unreadable log is the finding
             return [f"the commit log of {self.root} cannot be read: {first_line(exc)}"]
         return [p for p in map(self.table.size_problem, files) if p]

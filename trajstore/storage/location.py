@@ -235,7 +235,7 @@ def _cause(text: str, location: Location) -> str | None:
         return "access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and the bucket's policy)"
     if "NoSuchBucket" in text or "NO_SUCH_BUCKET" in text:
         return f"bucket {location.bucket!r} does not exist (create it, or check the store's URI)"
-    if any(s in text for s in _SILENT):
+    if any(s in text for s in _SILENT) or _waited(text) >= limits.timeout_s:
         return (f"no answer from {endpoint} within {limits.timeout_s:g} s ({limits.attempts} attempt(s)): the "
                 "object store is stopped, overloaded or unreachable; try again once it answers (if it is only "
                 "slow, raise storage_options 'timeout' or TRAJSTORE_S3_TIMEOUT_S)")
@@ -245,6 +245,13 @@ def _cause(text: str, location: Location) -> str | None:
         return (f"the object store at {endpoint} failed on its side ({_gist(text)}): its disk may be full, or it "
                 "is overloaded or failing; check its free space and its log, then try again")
     return None
+
+
+def _waited(text: str) -> float:
+    """How long a deltalake request waited before it failed, from its error text ("… in 10.1s, after 1
+    retries"; its short forms drop the "timed out" that follows), or 0."""
+    found = re.search(r"Error performing \w+ \S+ in ([\d.]+)s", text)
+    return float(found.group(1)) if found else 0.0
 
 
 def _gist(text: str) -> str:

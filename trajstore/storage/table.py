@@ -131,7 +131,7 @@ class StepsTable:
             return DeltaTable(self.uri, version=version, storage_options=self.location.storage_options)
         except TableNotFoundError:
             return None  # type: ignore[return-value]
-        except OSError as exc:
+        except (OSError, DeltaError) as exc:  # deltalake says "object store" errors either way
             raise explain(exc, self.location) or exc
 
     def version(self) -> int:
@@ -349,11 +349,9 @@ class StepsTable:
                                         partition_by=list(PARTITION_COLUMNS), commit_properties=properties)
         except CommitFailedError:
             return False
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - surfaced as a StoreAccessError or a CommitError naming the file
             raise explain(exc, self.location) or CommitError(
                 f"commit of {written.action.path} to {self.uri} failed: {one_line(exc)}") from exc
-        except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the file
-            raise CommitError(f"commit of {written.action.path} to {self.uri} failed: {one_line(exc)}") from exc
         return True
 
     def sync(self, written: WrittenFile) -> None:
@@ -383,12 +381,9 @@ class StepsTable:
                                         partition_filters=[("run_id", "=", run_id), ("env_id", "=", env_id)],
                                         commit_properties=CommitProperties(
                                             custom_metadata={"trajstore": {"operation": "compact"}}))
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the partition
             raise explain(exc, self.location) or CommitError(
                 f"compaction of run_id={run_id}/env_id={env_id} was not committed: {one_line(exc)}") from exc
-        except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the partition
-            raise CommitError(f"compaction of run_id={run_id}/env_id={env_id} was not committed: "
-                              f"{one_line(exc)}") from exc
 
     def swap(self, dt: DeltaTable, removed: list[DataFile], written: list[WrittenFile], *,
              metadata: dict[str, Any]) -> None:
@@ -421,9 +416,10 @@ class StepsTable:
             raise explain(exc, self.location) or CommitError(f"{metadata.get('operation')} of {len(removed)} "
                                                              f"file(s) in {self.uri} was not committed: "
                                                              f"{one_line(exc)}") from exc
-        except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the operation
-            raise CommitError(f"{metadata.get('operation')} of {len(removed)} file(s) in {self.uri} was not "
-                              f"committed (another change removed some of them first?): {first_line(exc)}") from exc
+        except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the operation
+            raise explain(exc, self.location) or CommitError(
+                f"{metadata.get('operation')} of {len(removed)} file(s) in {self.uri} was not committed (another "
+                f"change removed some of them first?): {first_line(exc)}") from exc
 
     def _write_file(self, data: pa.Table, path: str) -> int:
         """Write ``data`` as one Parquet file at ``path``; returns its size in bytes."""
@@ -455,11 +451,9 @@ class StepsTable:
                 time.sleep(0.01 * (attempt + 1))
             except StoreAccessError:
                 raise
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the file
                 raise explain(exc, self.location) or CommitError(
                     f"commit of {action.path} to {self.uri} failed: {one_line(exc)}") from exc
-            except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the file
-                raise CommitError(f"commit of {action.path} to {self.uri} failed: {one_line(exc)}") from exc
         raise CommitError(f"commit of {action.path} failed after {COMMIT_RETRIES} attempts: {one_line(last)}")
 
     def _ensure_table(self, schema: pa.Schema) -> DeltaTable:
@@ -469,13 +463,16 @@ class StepsTable:
         for attempt in range(COMMIT_RETRIES):
             try:
                 return self._with_columns(schema)
-            except (CommitFailedError, DeltaError) as exc:  # "metadata changed": another writer won the race
-                last = exc
-                time.sleep(0.01 * (attempt + 1))
             except StoreAccessError:
                 raise
-            except OSError as exc:
-                raise explain(exc, self.location) or exc
+            except (OSError, DeltaError) as exc:  # "metadata changed": another writer won the race; read again
+                access = explain(exc, self.location)  # unless the store failed or did not answer
+                if access is not None:
+                    raise access from exc
+                if not isinstance(exc, DeltaError):
+                    raise
+                last = exc
+                time.sleep(0.01 * (attempt + 1))
         raise CommitError(f"the table {self.uri} could not be created or given new columns: {one_line(last)}")
 
     def _with_columns(self, schema: pa.Schema) -> DeltaTable:

@@ -303,7 +303,7 @@ class Store:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
         store's through a pyarrow dataset over its filesystem, typed as the log's schema records them."""
         schema = None if self.location.is_local else self._log_schema(files)
-        return Snapshot(files, con=con, config=config, store=self.uri, schema=schema)
+        return Snapshot(files, con=con, config=config, store=self.uri, schema=schema, location=self.location)
 
     def _log_schema(self, files: list[DataFile]) -> pa.Schema | None:
         """The stored columns as the log records them, kept for the latest file list asked about."""
@@ -368,7 +368,7 @@ class Store:
         on can read no file at all. Concurrent callers share :meth:`sql_slot`'s gate only if they take a slot.
         """
         files = self.files()
-        snap = Snapshot(files, schema=self._steps_schema(files), store=self.uri)
+        snap = Snapshot(files, schema=self._steps_schema(files), store=self.uri, location=self.location)
         return sandbox.run(snap, query, limits or sandbox.Limits(), encode=encode)
 
     def sql_slot(self) -> sandbox.Slot:
@@ -605,7 +605,7 @@ class Store:
             reader = scan_steps(plan.files, plan.schema, plan.columns, episode_ids=plan.episode_ids,
                                 batch_size=batch_size, max_batch_bytes=max_batch_bytes)
         except (OSError, pa.ArrowException) as exc:
-            raise damaged_file(exc, plan.files, self.uri) or exc
+            raise damaged_file(exc, plan.files, self.uri, location=self.location) or exc
         return pa.RecordBatchReader.from_batches(reader.schema, self._damage_named(reader, plan.files))
 
     @_where_named
@@ -673,7 +673,7 @@ class Store:
         try:
             yield from reader
         except (OSError, pa.ArrowException) as exc:
-            raise damaged_file(exc, files, self.uri) or exc
+            raise damaged_file(exc, files, self.uri, location=self.location) or exc
         finally:
             reader.close()
 
@@ -759,7 +759,7 @@ class Store:
             try:
                 yield from read_files(plan.files, plan.schema, list(columns), plan.episode_ids)
             except (OSError, pa.ArrowException) as exc:
-                raise damaged_file(exc, plan.files, self.uri) or exc
+                raise damaged_file(exc, plan.files, self.uri, location=self.location) or exc
 
         def episode_values(name: str) -> tuple[np.ndarray, np.ndarray]:
             with self._new_snapshot(plan.files, con=self._cursor()) as snap:

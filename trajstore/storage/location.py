@@ -12,16 +12,18 @@ connections accepted, no reply) is an error within seconds, never a hang. Three 
 (deltalake's names; for each one not given, the ``TRAJSTORE_S3_*`` setting) bound both clients:
 
 - ``connect_timeout`` (``TRAJSTORE_S3_CONNECT_TIMEOUT_S``, 3 s): the longest wait for a connection;
-- ``timeout`` (``TRAJSTORE_S3_TIMEOUT_S``, 5 s): the longest wait for an answer. pyarrow (Parquet files, the
-  marker) gives up on a request that receives nothing for that long (curl's low-speed limit: a large transfer
-  that keeps moving is not cut); deltalake (the commit log) on one log request that takes longer in all;
+- ``timeout`` (``TRAJSTORE_S3_TIMEOUT_S``, 3 s, the AWS SDK's own default): the longest wait for an answer.
+  pyarrow (Parquet files, the marker) gives up on a request that receives nothing for that long (curl's
+  low-speed limit: a large transfer that keeps moving is not cut); deltalake (the commit log) on a log request
+  that takes longer in all (raise it for a log whose checkpoints take longer than that to download);
 - ``max_retries`` (``TRAJSTORE_S3_RETRIES``, 1): how often a request that failed or went unanswered is tried
-  again (deltalake's ``retry_timeout``, the time after which it retries no more, follows: ``timeout`` times
+  again (deltalake's ``retry_timeout``, after which it retries no more, follows: ``timeout`` times
   ``max_retries`` plus a second, unless given).
 
-So one silent request fails after about ``(max_retries + 1) * timeout`` (10 s by default), with a
-:class:`~trajstore.errors.StoreAccessError` naming the store and what to do (:func:`explain`). Durations are
-seconds, or text such as ``"5s"``, ``"500ms"``, ``"1m"``.
+So one silent request fails after about ``(max_retries + 1) * timeout`` (6 s by default), with a
+:class:`~trajstore.errors.StoreAccessError` naming the store and what to do (:func:`explain`); a read of many
+files that the store leaves in the middle may wait for two (its next files' requests were under way). Durations
+are seconds, or text such as ``"5s"``, ``"500ms"``, ``"1m"``.
 
 >>> locate("/tmp/store").uri, locate("/tmp/store").is_local
 ('/tmp/store', True)
@@ -65,7 +67,7 @@ class Limits:
     answer, and how often a request that failed or went unanswered is retried (``retries``)."""
 
     connect_s: float = 3.0
-    timeout_s: float = 5.0
+    timeout_s: float = 3.0
     retries: int = 1
 
     @property

@@ -291,8 +291,8 @@ class StepsTable:
         reader lists, which ``trajstore check`` reports and :func:`~trajstore.storage.check.remove_orphans`
         removes. Asking a store that does not answer to delete them would only wait again."""
         if paths and not self.location.is_local and _from_store(cause):
-            log.warning("%s: left %d uncommitted file(s) after %s (trajstore check lists them)", self.uri,
-                        len(paths), first_line(cause) if cause else "a refused commit")
+            log.info("%s: %d file(s) of a failed write or commit left as they are (if they exist, `trajstore "
+                     "check` lists them as orphans)", self.uri, len(paths))
             return
         for path in paths:
             try:

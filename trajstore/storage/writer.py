@@ -337,8 +337,8 @@ class Writer:
 
 def _not_stored(exc: BaseException, steps: int, run_id: str) -> BaseException:
     """``exc`` again (same type), its message saying that ``steps`` steps are kept for the next flush."""
-    note = (f"; {steps} steps of run {run_id!r} are not stored yet: the writer keeps them and stores them with "
-            "the next flush() or close()")
+    note = (f"; {steps} steps of run {run_id!r} are not stored yet: the writer keeps them for its next flush() or "
+            "close() (lost if the process ends first)")
     if isinstance(exc, RemoteError):
         return RemoteError(exc.status, exc.title, f"{exc.detail or ''}{note}")
     for kind in (StoreAccessError, CommitError):

@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from trajstore.cli.parser import build_parser
-from trajstore.errors import TrajstoreError
+from trajstore.errors import TrajstoreError, one_line
 from trajstore.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
 
 
 def _message(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = one_line(exc)  # no terminal codes (deltalake's errors carry some), one line
     if isinstance(exc, (TrajstoreError, OSError)):
         return text
     return f"{type(exc).__name__}: {text} (set TRAJSTORE_DEBUG=1 for a traceback)"

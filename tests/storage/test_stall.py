@@ -289,10 +289,27 @@ def test_the_client_retries_a_503_until_the_store_is_back(live: Live, server: se
         started = time.monotonic()
         stats = client.stats(by="run_id")
     assert stats.num_rows >= 2 and time.monotonic() - started > 4
-    with server.paused(), Client(live.url, retries=1, backoff=0.1) as client:
+    recorded = Recording()
+    with server.paused(), Client(live.url, retries=1, backoff=0.01, transport=recorded) as client:
         with pytest.raises(RemoteError) as err:
             client.stats()
     assert err.value.status == 503 and SILENT in str(err.value)
+    (_, first_answered, first), (second_sent, _, second) = recorded.requests
+    assert first == second == 503 and second_sent - first_answered >= 2  # Retry-After: 2, not the 0.01 s back-off
+
+
+class Recording(httpx.HTTPTransport):
+    """A real HTTP transport that notes when each request went out, when its answer came and its status."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[tuple[float, float, int]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        sent = time.monotonic()
+        response = super().handle_request(request)
+        self.requests.append((sent, time.monotonic(), response.status_code))
+        return response
 
 
 def test_a_remote_writer_keeps_its_rows_until_the_server_can_store_them(live: Live,

@@ -21,6 +21,7 @@ __all__ = [
     "QueryRefusedError",
     "QueryTimeoutError",
     "ResultTooLargeError",
+    "QueryMemoryError",
     "QueryBusyError",
     "CommitError",
     "StoreDamagedError",
@@ -79,6 +80,11 @@ class QueryTimeoutError(QueryError, TimeoutError):
 
 class ResultTooLargeError(QueryError):
     """A query's result is larger than one answer may be (the sandbox's ``max_bytes``); nothing of it is sent."""
+
+
+class QueryMemoryError(QueryError):
+    """A query needed more memory than it may take (DuckDB's limit, or its worker process's); it was stopped,
+    and nothing else was affected."""
 
 
 class QueryBusyError(QueryError):
@@ -147,6 +153,14 @@ def first_line(exc: BaseException) -> str:
     terminal escape codes."""
     text = plain(str(exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes as a message says them: ``1.5 GiB``, ``32 MiB``, ``100 bytes``."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} bytes"
 
 
 class ReadOnlyError(TrajstoreError, PermissionError):

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, StoreDamagedError
-from trajstore.schema import to_numpy
+from trajstore.schema import numpy_dtype, to_numpy
 from trajstore.storage.table import DataFile
 
 Reader = Callable[[Sequence[str]], Iterable[pa.RecordBatch]]
@@ -210,7 +210,7 @@ def column_type(schema: pa.Schema, name: str, *, empty: bool = False) -> tuple[n
                          "different shapes?); select one env_id with run_id/where")
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
         raise InputError(f"columns: {name!r} is {t}, not numbers; loaders batch numeric and boolean columns")
-    return np.dtype(t.to_pandas_dtype()), tuple(shape)
+    return numpy_dtype(t), tuple(shape)
 
 
 def read_files(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[str],

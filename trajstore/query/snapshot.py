@@ -11,18 +11,29 @@ nothing else. ``episodes`` is built from ``schemas/episode.v1.json``. The SQL of
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import duckdb
 import pyarrow as pa
 
-from trajstore.errors import QueryError, StoreAccessError, StoreDamagedError, UnknownColumnError, first_line
+from trajstore.errors import (
+    QueryError,
+    StoreAccessError,
+    StoreDamagedError,
+    TrajstoreError,
+    UnknownColumnError,
+    first_line,
+)
 from trajstore.query import sql
 from trajstore.query.scan import steps_dataset
 from trajstore.storage.location import Location, explain
 from trajstore.storage.table import DataFile
 
 DATASET = "committed_files"  # the name of a registered dataset of the committed files
+
+Judge = Callable[[StoreDamagedError], TrajstoreError]
+"""What a failed read of a committed file means for the version read: the damage itself, or (the store's
+judgment, see ``Store._judged``) a version whose files a vacuum removed."""
 
 
 def ids_disjoint(files: Sequence[DataFile]) -> bool:
@@ -79,14 +90,17 @@ class Snapshot:
     """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store.
 
     With ``schema`` (the ``steps`` view's Arrow types, e.g. ``Store._steps_schema``), ``steps`` reads the files
-    through a registered pyarrow dataset instead of ``read_parquet``: the same rows and types.
+    through a registered pyarrow dataset instead of ``read_parquet``: the same rows and types. ``judge`` turns
+    the error about a committed file that cannot be read into the one to raise.
     """
 
     def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None,
                  con: duckdb.DuckDBPyConnection | None = None, store: str | None = None,
-                 schema: pa.Schema | None = None, location: Location | None = None) -> None:
+                 schema: pa.Schema | None = None, judge: Judge | None = None,
+                 location: Location | None = None) -> None:
         self.files = list(files)
         self.store = store  # where the files are from, for messages
+        self.judge = judge
         self.location = location  # the store's, to tell a store that fails from a damaged file
         self.con = con if con is not None else duckdb.connect(config=config or {})
         try:  # binding read_parquet reads the files' footers
@@ -130,10 +144,13 @@ class Snapshot:
         except duckdb.Error as exc:
             raise self.damage(exc) or QueryError(f"query failed: {first_line(exc)}") from exc
 
-    def damage(self, exc: BaseException) -> StoreDamagedError | StoreAccessError | None:
-        """The error to raise when ``exc`` says that a committed file is missing or unreadable, or that the
-        store failed or did not answer while reading it; else None."""
-        return damaged_file(exc, self.files, self.store, location=self.location)
+    def damage(self, exc: BaseException) -> TrajstoreError | None:
+        """The error to raise when ``exc`` says that a committed file is missing or unreadable (judged), or that
+        the store failed or did not answer while it was read; else None."""
+        found = damaged_file(exc, self.files, self.store, location=self.location)
+        if isinstance(found, StoreDamagedError) and self.judge is not None:
+            return self.judge(found)
+        return found
 
     def check_columns(self, names: Sequence[str], *, view: str = "episodes", field: str = "by") -> None:
         """Raise an :class:`UnknownColumnError` naming ``field`` when a name is not a column of ``view``."""

@@ -89,7 +89,7 @@ def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str,
 
     With ``version=N`` (see :meth:`Store.history`) or ``as_of=datetime`` (the latest version committed then),
     the store is read-only and every read sees it exactly as it was at that version."""
-    location = locate(uri, storage_options)
+    location = locate(uri, storage_options, settings=settings)
     try:
         found = _marker_found(location)
         if not found:
@@ -196,8 +196,8 @@ class Store:
 
     def __init__(self, location: Location | str | Path, *, settings: Settings | None = None,
                  pinned: int | None = None) -> None:
-        self.location = locate(location)
         self.settings = settings or Settings.from_env()
+        self.location = locate(location, settings=self.settings)
         self.table = StepsTable(self.location.child("steps"), row_group_rows=self.settings.row_group_rows,
                                 pinned=pinned)
         self._duckdb: tuple[int, duckdb.DuckDBPyConnection] | None = None
@@ -350,7 +350,8 @@ class Store:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
         store's through a pyarrow dataset over its filesystem, typed as the log's schema records them."""
         schema = None if self.location.is_local else self._log_schema(files)
-        return Snapshot(files, con=con, config=config, store=self.uri, schema=schema, judge=self._judged)
+        return Snapshot(files, con=con, config=config, store=self.uri, schema=schema, judge=self._judged,
+                        location=self.location)
 
     def _log_schema(self, files: list[DataFile]) -> pa.Schema | None:
         """The stored columns as the log records them, kept for the latest file list asked about."""
@@ -421,7 +422,7 @@ class Store:
         files = self.files()
         schema = self._steps_schema(files)
         if limits.worker_bytes is None:
-            snap = Snapshot(files, schema=schema, store=self.uri, judge=self._judged)
+            snap = Snapshot(files, schema=schema, store=self.uri, judge=self._judged, location=self.location)
             return sandbox.run(snap, query, limits, encode=encode)
         task = sql_worker.Task.of(query, limits, self.location, files, schema)
         try:
@@ -768,9 +769,10 @@ class Store:
     def _damage(self, exc: BaseException, files: Sequence[DataFile], *,
                 version: int | None = None) -> TrajstoreError | None:
         """The error to raise for a read error ``exc`` about one of ``files`` (committed files of ``version``,
-        by default the version this store reads), judged by :meth:`_judged`; None if it is about none of them."""
-        found = damaged_file(exc, files, self.uri)
-        return None if found is None else self._judged(found, version=version)
+        by default the version this store reads), judged by :meth:`_judged`, or the :class:`StoreAccessError` of a
+        store that failed or did not answer while they were read; None if it is about none of them."""
+        found = damaged_file(exc, files, self.uri, location=self.location)
+        return found if not isinstance(found, StoreDamagedError) else self._judged(found, version=version)
 
     def _judged(self, error: StoreDamagedError, *, version: int | None = None) -> TrajstoreError:
         """What a committed file that cannot be read means: a :class:`VersionNotFoundError` when a vacuum
@@ -792,6 +794,8 @@ class Store:
         another size than the log says (cheap checks of every file; ``trajstore check`` reads them all)."""
         try:
             files = self.files()
+        except StoreAccessError:
+            raise  # the store does not answer (or refuses us): not a damage, and says what to do itself
         except Exception as exc:  # noqa: BLE001 - an unreadable log is the finding
             return [f"the commit log of {self.root} cannot be read: {first_line(exc)}"]
         return [p for p in map(self.table.size_problem, files) if p]

@@ -79,7 +79,7 @@ def test_messages_name_flags_and_are_one_line() -> None:
     assert _message(InputError("give run_id= and/or where=; pad=True"), flags) == \
         "give --run and/or --where; pad=True"
     coloured = OSError("Kernel error -> \x1b[1;31mGeneric S3 error\x1b[0m:\n  \u21b3 connection refused\n")
-    assert _message(coloured, flags) == "Kernel error -> Generic S3 error: \u21b3 connection refused"
+    assert _message(coloured, flags) == "Kernel error -> Generic S3 error: connection refused"
 
 
 def _stderr(argv: list[str], *, terminal: bool) -> str:

@@ -15,7 +15,7 @@ import sys
 from typing import Mapping, Sequence
 
 from trajstore.cli.parser import build_parser
-from trajstore.errors import TrajstoreError
+from trajstore.errors import TrajstoreError, one_line
 from trajstore.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,6 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colour and cursor codes (a library's error text)
 # "run_id: …", "gamma must …" and "give run_id= …": where a library message names an argument
 ARGUMENT = re.compile(r"^(\w+)(?=(?:\[[^\]]*\])?: | must )|\b(\w+)=(?!\w)")
 
@@ -63,7 +62,7 @@ def _flags(args: argparse.Namespace) -> Mapping[str, str]:
 
 def _message(exc: BaseException, flags: Mapping[str, str] = {}) -> str:  # noqa: B006 - read only
     """``exc`` as one line: no colour codes, and the command's flags for the argument names it starts with."""
-    text = " ".join(ANSI.sub("", str(exc)).split()) or type(exc).__name__
+    text = one_line(exc)  # no terminal codes (deltalake's errors carry some), one line
     if isinstance(exc, (TrajstoreError, OSError)):
         return ARGUMENT.sub(lambda m: flags.get(m.group(1) or m.group(2), m.group(0)), text)
     return f"{type(exc).__name__}: {text} (set TRAJSTORE_DEBUG=1 for a traceback)"

@@ -76,13 +76,16 @@ def _filtered(method: F) -> F:
                                    annotation="EpisodeFilter | None"))
     call.__signature__ = own.replace(parameters=kept + added)  # type: ignore[attr-defined]
     return call  # type: ignore[return-value]
+MAX_RETRY_WAIT_S = 30.0  # the longest wait before one retry, whatever Retry-After asks
 
 
 class Client:
     """A connection to a trajstore service at ``url``; ``api_key`` is needed only to write.
 
-    Reads are retried (``retries`` times, exponential back-off) on connection errors and 502/503/504;
-    so are writes that carry an idempotency key. Errors the server reports are raised as
+    Reads are retried (``retries`` times) on connection errors and 502/503/504, after ``backoff`` seconds
+    doubled at each attempt, or after the server's ``Retry-After`` if it asks for longer (at most
+    :data:`MAX_RETRY_WAIT_S`); so are writes that carry an idempotency key. A 503 is what the service answers
+    while its object store fails or does not answer. Errors the server reports are raised as
     :class:`~trajstore.errors.RemoteError` with the problem's ``status`` and ``detail``; a run the store does not
     hold as :class:`RunNotFoundRemoteError`, which is also a :class:`~trajstore.errors.RunNotFoundError`, with
     the Store's message. The readers take the Store's filters (``run_id=``, ``min_return=``, ``mode=``, …,
@@ -209,24 +212,48 @@ class Client:
 
         Listens to ``GET /events`` and fetches each version after the last one delivered from
         ``GET /commits/{version}`` (so a burst of commits, or a listener that fell behind, misses none);
-        stops after ``timeout`` seconds without an event (None: never).
+        stops after ``timeout`` seconds without an event (None: never). A stream the server ends (a restart,
+        its store failing) is opened again, with the client's retries, and goes on after the last version
+        delivered; a server that stays unable raises :class:`~trajstore.errors.RemoteError`.
         """
         check_follow(since, 1.0, timeout)
         params = {"columns": columns, "run_id": run_id, "env_id": env_id, "episodes": episodes}
         read = httpx.Timeout(self._timeout, read=timeout)
-        try:
-            with self._http.stream("GET", "/events", timeout=read) as response:
-                _raise_for_problem(response, streamed=True)
-                last = since
-                for _name, data in _sse(response.iter_lines()):  # a hello, then one event per commit
-                    last = data["version"] if last is None else last
-                    for version in range(last + 1, data["version"] + 1):
-                        found = self._commit(version, params)
-                        if found is not None:
-                            yield found
-                    last = max(last, data["version"])
-        except httpx.ReadTimeout:
-            return
+        last, failures = since, 0
+        while True:
+            try:
+                with self._events(read) as response:
+                    for _name, data in _sse(response.iter_lines()):  # a hello, then one event per commit
+                        failures = 0
+                        last = data["version"] if last is None else last
+                        for version in range(last + 1, data["version"] + 1):
+                            found = self._commit(version, params)
+                            if found is not None:
+                                yield found
+                        last = max(last, data["version"])
+            except httpx.ReadTimeout:
+                return
+            except httpx.TransportError as exc:
+                if failures == self.retries:
+                    raise RemoteError(0, "Connection failed", f"GET {self.url}/events: {exc}") from exc
+            else:
+                if failures == self.retries:
+                    raise RemoteError(0, "Stream ended", f"GET {self.url}/events: the server ended the stream "
+                                      f"{failures + 1} times in a row; follow again with since={last}")
+            time.sleep(self._wait(failures))
+            failures += 1
+
+    @contextlib.contextmanager
+    def _events(self, timeout: httpx.Timeout) -> Iterator[httpx.Response]:
+        """The ``GET /events`` stream, its opening retried like any read (503 while the store fails)."""
+        for attempt in range(self.retries + 1):
+            with self._http.stream("GET", "/events", timeout=timeout) as response:
+                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
+                    _raise_for_problem(response, streamed=True)
+                    yield response
+                    return
+                retry_after = response.headers.get("Retry-After")
+            time.sleep(self._wait(attempt, retry_after))
 
     def _commit(self, version: int, params: Mapping[str, Any]) -> Commit | None:
         rows = self._table("GET", f"/commits/{version}", params=params)
@@ -318,8 +345,11 @@ class Client:
             else:
                 if response.status not in RETRY_STATUSES or attempt == self.retries:
                     break
+                retry_after = response.getheader("Retry-After")
                 conn.close()
-            time.sleep(self.backoff * 2 ** attempt)
+                time.sleep(self._wait(attempt, retry_after))
+                continue
+            time.sleep(self._wait(attempt))
         try:
             if response.status >= 400:
                 raise _problem(response.status, response.reason, response.read())
@@ -357,6 +387,7 @@ class Client:
         retry = method in ("GET", "HEAD") or path == "/sql" if retry is None else retry
         attempts = self.retries + 1 if retry else 1
         for attempt in range(attempts):
+            retry_after = None
             try:
                 response = self._http.request(method, path, params=_params(params or {}), **kwargs)
             except httpx.TransportError as exc:
@@ -366,8 +397,19 @@ class Client:
                 if response.status_code not in RETRY_STATUSES or attempt + 1 == attempts:
                     _raise_for_problem(response)
                     return response
-            time.sleep(self.backoff * 2 ** attempt)
+                retry_after = response.headers.get("Retry-After")
+                log.info("%s %s answered %d; retrying", method, path, response.status_code)
+            time.sleep(self._wait(attempt, retry_after))
         raise AssertionError("unreachable")
+
+    def _wait(self, attempt: int, retry_after: str | None = None) -> float:
+        """Seconds to wait before retry ``attempt + 1``: the back-off, or the server's Retry-After (seconds) if
+        longer; never more than :data:`MAX_RETRY_WAIT_S`."""
+        try:
+            asked = float(retry_after) if retry_after else 0.0
+        except ValueError:  # an HTTP date: rare from a trajstore service; the back-off does
+            asked = 0.0
+        return min(MAX_RETRY_WAIT_S, max(self.backoff * 2 ** attempt, asked))
 
 
 

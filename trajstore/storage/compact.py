@@ -89,8 +89,7 @@ def _compact_partition(store: Store, run_id: str, env_id: str, target_bytes: int
             written.append(store.table.write(data, run_id=run_id, env_id=env_id))
         store.table.replace(dt, written, run_id=run_id, env_id=env_id)
     except BaseException as exc:
-        for w in written:
-            store.table.delete(w.path)
+        store.table.discard([w.path for w in written], exc)
         if not isinstance(exc, CommitError):
             raise
         report.skipped.append(f"run_id={run_id}/env_id={env_id}: {exc}")

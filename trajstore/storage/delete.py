@@ -166,8 +166,7 @@ def _apply(store: Store, dt: object, plan: _Plan) -> int:
         r = plan.report
         store.table.swap(dt, removed, written, metadata={  # type: ignore[arg-type]
             "operation": "delete", "episodes": r.episodes, "rows_removed": r.steps, "run_ids": r.runs})
-    except BaseException:
-        for w in written:
-            store.table.delete(w.path)
+    except BaseException as exc:
+        store.table.discard([w.path for w in written], exc)
         raise
     return store.table.version()

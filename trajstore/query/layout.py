@@ -26,7 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, StoreDamagedError
+from trajstore.query.scan import file_layout
 from trajstore.schema import to_numpy
+from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileLayout, decode_batches
 from trajstore.storage.table import DataFile
 
 Reader = Callable[[Sequence[str]], Iterable[pa.RecordBatch]]
@@ -180,23 +182,6 @@ def _zeros(path: Path, size: int) -> None:
             size -= len(block)
 
 
-def unified_schema(schemas: Sequence[pa.Schema | None]) -> pa.Schema:
-    """One schema for the files of several environments: each column's stored type where they agree, a list of
-    the first one's values where they differ (obs of other shapes: :func:`column_type` then refuses it)."""
-    types: dict[str, list[pa.DataType]] = {}
-    for schema in schemas:
-        for f in schema or ():
-            if f.type not in types.setdefault(f.name, []):
-                types[f.name].append(f.type)
-    return pa.schema([pa.field(name, t[0] if len(t) == 1 else _list_of(t[0])) for name, t in types.items()])
-
-
-def _list_of(t: pa.DataType) -> pa.DataType:
-    while pa.types.is_fixed_size_list(t) or pa.types.is_list(t):
-        t = t.value_type
-    return pa.list_(t)
-
-
 def column_type(schema: pa.Schema, name: str, *, empty: bool = False) -> tuple[np.dtype, tuple[int, ...]]:
     """The numpy dtype and per-step shape a stored column has in a layout; an :class:`InputError` naming
     ``columns`` for a column that has no fixed numeric shape (unless no step is selected: ``empty``)."""
@@ -214,21 +199,47 @@ def column_type(schema: pa.Schema, name: str, *, empty: bool = False) -> tuple[n
 
 
 def read_files(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[str],
-               episode_ids: np.ndarray | None = None) -> Iterator[pa.RecordBatch]:
+               episode_ids: np.ndarray | None = None,
+               layouts: Sequence[FileLayout] | None = None) -> Iterator[pa.RecordBatch]:
     """``columns`` of the steps of ``files``, one file after the other, in small buffered reads: the memory of a
-    few batches, not of a row group (the scan for a loader, which must not cost what it saves). Columns a file
-    lacks come as nulls of their type in ``schema``; with ``episode_ids`` (sorted), only those episodes' steps."""
-    for f in files:
-        parquet = pq.ParquetFile(f.path, filesystem=f.fs, pre_buffer=False, buffer_size=READ_BUFFER)
-        held = [c for c in columns if c in parquet.schema_arrow.names]
-        for batch in parquet.iter_batches(batch_size=READ_ROWS, columns=held, use_threads=False):
-            arrays = [batch.column(c) if c in held else pa.nulls(batch.num_rows, schema.field(c).type)
-                      for c in columns]
-            out = pa.record_batch(arrays, names=list(columns))
-            if episode_ids is not None:
-                eid = out.column(columns.index("episode_id")).to_numpy(zero_copy_only=False)
-                out = out.filter(pa.array(np.isin(eid, episode_ids)))
-            yield out
+    few batches, not of a row group (the scan for a loader, which must not cost what it saves). Decoded and under
+    their logical names (``layouts``: the files' own, read from their footers when not given), typed as in
+    ``schema``; columns a file lacks come as nulls; with ``episode_ids`` (sorted), only those episodes' steps."""
+    for i, f in enumerate(files):
+        layout = layouts[i] if layouts is not None else file_layout(f)
+        yield from _file_batches(f, layout, schema, list(columns), episode_ids)
+
+
+def _file_batches(f: DataFile, layout: FileLayout, schema: pa.Schema, columns: list[str],
+                  episode_ids: np.ndarray | None) -> Iterator[pa.RecordBatch]:
+    fmt = layout.format
+    held = [c for c in columns if c in layout.logical.names]
+    decode = fmt.encoded and bool({OBS, NEXT} & set(held))
+    read = list(dict.fromkeys(held + (["episode_id", "step", OBS] if decode else []) +
+                              (["episode_id"] if episode_ids is not None else [])))
+    parquet = pq.ParquetFile(f.path, filesystem=f.fs, pre_buffer=False, buffer_size=READ_BUFFER)
+    batches = (pa.record_batch(b.columns, names=read) for b in
+               parquet.iter_batches(batch_size=READ_ROWS, columns=[fmt.physical(c) for c in read], use_threads=False))
+    if episode_ids is not None:
+        batches = (b.filter(pa.array(np.isin(b.column("episode_id").to_numpy(zero_copy_only=False), episode_ids)))
+                   for b in batches)
+    if decode:
+        batches = _checked_decode(decode_batches(batches, fmt, layout.logical.field(OBS).type, where=f.uri), f)
+    for batch in batches:
+        arrays = [_cast(batch.column(c), schema.field(c).type) if c in held
+                  else pa.nulls(batch.num_rows, schema.field(c).type) for c in columns]
+        yield pa.record_batch(arrays, names=list(columns))
+
+
+def _checked_decode(batches: Iterator[pa.RecordBatch], f: DataFile) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from batches
+    except EncodingError as exc:
+        raise StoreDamagedError.of_file(f.uri, f"breaks its encoding: {exc}", None) from exc
+
+
+def _cast(column: pa.Array, t: pa.DataType) -> pa.Array:
+    return column if column.type.equals(t) else column.cast(t)
 
 
 def build(read: Reader, schema: pa.Schema, columns: Sequence[str]) -> Layout:

@@ -41,6 +41,7 @@ class Source:
     version_key: str
     arguments: dict[str, Any] = field(default_factory=dict)  # the selection (run_id, where, filter), digested
     layouts: lay.LayoutCache | None = None  # where layouts are kept between calls (None: built for each call)
+    check: Callable[[Sequence[str]], None] | None = None  # InputError for columns no array can stack (env ids)
 
     def laid_out(self, columns: Sequence[str], derived: Any,
                  make: Callable[[], lay.Layout]) -> tuple[lay.Layout, Callable[[], None]]:
@@ -96,6 +97,13 @@ def stored_columns(source: Source, columns: Sequence[str] | None, *, default: Se
     return list(dict.fromkeys(c for c in columns if c != RETURN_TO_GO))
 
 
+def checked(source: Source, columns: Sequence[str]) -> list[str]:
+    """``columns``, refused (naming the environments) where no array can stack their steps."""
+    if source.check is not None:
+        source.check(columns)
+    return list(columns)
+
+
 def window_starts(lengths: np.ndarray, length: int, stride: int, pad: bool) -> tuple[np.ndarray, np.ndarray]:
     """``(episode, start)`` of every window, episode by episode, starts ascending."""
     lengths = np.asarray(lengths, np.int64)
@@ -147,6 +155,7 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
         raise InputError(f"gamma: {RETURN_TO_GO!r} needs a discount; pass gamma in [0, 1]")
     extra = (["reward"] if wants_rtg and "reward" not in names else []) + \
         [c for c in weight_column(source, sampling.weight_by) if c not in names]
+    checked(source, [*names, *extra])
 
     def make() -> lay.Layout:
         layout = lay.build(source.read, source.schema, [*names, *extra])

@@ -19,7 +19,15 @@ from trajstore.query import layout as lay
 from trajstore.query.loader import Batches, check_format
 from trajstore.query.order import check_count
 from trajstore.query.returns import check_gamma
-from trajstore.query.sequences import Sampling, Source, item_weights, loader_batches, stored_columns, weight_column
+from trajstore.query.sequences import (
+    Sampling,
+    Source,
+    checked,
+    item_weights,
+    loader_batches,
+    stored_columns,
+    weight_column,
+)
 
 DEFAULT_COLUMNS = ("obs", "action")
 OUTPUTS = ("reward", "next_obs", "terminated", "discount")  # made by the n-step rule, never taken at t
@@ -44,7 +52,7 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
     if missing:
         raise InputError(f"columns: n-step transitions need {missing}, which these steps do not have")
     extra = [c for c in [*needed, *weight_column(source, sampling.weight_by)] if c not in at_t]
-    laid = list(dict.fromkeys([*at_t, *extra]))
+    laid = checked(source, list(dict.fromkeys([*at_t, *extra])))
     layout, release = source.laid_out(laid, None, lambda: lay.build(source.read, source.schema, laid))
     try:
         steps = np.arange(layout.steps, dtype=np.int64)

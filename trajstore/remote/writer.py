@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow as pa
 
@@ -53,6 +53,10 @@ class RemoteSink:
     def file_schema(self, env_id: str | None = None) -> pa.Schema | None:
         schema = self.client.schema(env_id=env_id)
         return schema if len(schema) else None
+
+    def reserve(self, types: Mapping[str, pa.DataType]) -> dict[str, str]:
+        """Logical names as they are: the service resolves the physical names of the rows it commits."""
+        return {name: name for name in types}
 
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> EncodedRows:
         return EncodedRows(ipc_bytes(data), run_id, env_id, uuid.uuid4().hex)

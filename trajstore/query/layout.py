@@ -216,7 +216,7 @@ def _file_batches(f: DataFile, layout: FileLayout, schema: pa.Schema, columns: l
     held = [c for c in columns if c in layout.logical.names]
     decode = fmt.encoded and bool({OBS, NEXT} & set(held))
     read = list(dict.fromkeys(held + (["episode_id", "step", OBS] if decode else []) +
-                              (["episode_id"] if episode_ids is not None else [])))
+                              (["episode_id"] if episode_ids is not None or not held else [])))
     parquet = pq.ParquetFile(f.path, filesystem=f.fs, pre_buffer=False, buffer_size=READ_BUFFER)
     batches = (pa.record_batch(b.columns, names=read) for b in
                parquet.iter_batches(batch_size=READ_ROWS, columns=[fmt.physical(c) for c in read], use_threads=False))

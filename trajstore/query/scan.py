@@ -78,8 +78,8 @@ def _group_batches(group: FileGroup, out: pa.Schema, episode_ids: np.ndarray | N
     wanted = [c for c in out.names if c in group.logical.names or c in PARTITION_COLUMNS]
     decode = fmt.encoded and bool({OBS, NEXT} & set(wanted))
     read = list(dict.fromkeys(wanted + ([*KEYS, OBS] if decode else [])))
-    if episode_ids is not None and "episode_id" not in read:
-        read.append("episode_id")
+    if (episode_ids is not None or not read) and "episode_id" not in read:
+        read.append("episode_id")  # to filter by, or to count rows by when the files hold no column asked for
     physical = [fmt.physical(c) for c in read]
     dataset = steps_dataset(group.files, group.physical)
     condition = ds.field(fmt.physical("episode_id")).isin(pa.array(episode_ids)) if episode_ids is not None else None

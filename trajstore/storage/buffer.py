@@ -57,7 +57,8 @@ def _and_shifted_equal(a: np.ndarray, ai: np.ndarray, b: np.ndarray, bi: np.ndar
 
 def _bytes(leaf: np.ndarray) -> np.ndarray:
     """A contiguous ``(rows, …)`` array as ``(rows, bytes per row)`` uint8 (a view)."""
-    return leaf.reshape(len(leaf), -1).view(np.uint8)
+    width = leaf.dtype.itemsize * int(np.prod(leaf.shape[1:], dtype=np.int64))
+    return leaf.reshape(len(leaf), width // leaf.dtype.itemsize).view(np.uint8)
 
 
 @dataclass

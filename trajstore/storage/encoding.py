@@ -432,6 +432,62 @@ class FileDecoder:
         raise EncodingError(f"{self.where}: row {row} (episode {int(eid[i])}, step {int(step[i])}): {problem}")
 
 
+def check_rows(batches: Iterator[pa.RecordBatch], fmt: Format, obs_type: pa.DataType, *, where: str = "file") -> int:
+    """Check every invariant a reader relies on over one file's batches (logical names, physical types, file
+    order) without decoding a frame: entries per row of each stacked and ``next_obs`` leaf, and the neighbours of
+    one-frame rows and null ``next_obs``. Raises :class:`EncodingError` naming the row; returns the rows seen."""
+    prev: tuple[int, int] | None = None
+    waiting: tuple[int, int, int] | None = None  # a null next_obs at the end of the batch before: row, episode, step
+    row = 0
+    for batch in batches:
+        n = batch.num_rows
+        if not n:
+            continue
+        eid = batch.column("episode_id").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        step = batch.column("step").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        follows = np.r_[prev is not None and prev == (eid[0], step[0] - 1),
+                        (eid[1:] == eid[:-1]) & (step[1:] == step[:-1] + 1)]
+        if waiting is not None and not follows[0]:
+            raise EncodingError(f"{where}: row {waiting[0]} (episode {waiting[1]}, step {waiting[2]}): next_obs is "
+                                "null, but the next row is not the same episode's next step")
+        for path, t in leaves(obs_type):
+            k = fmt.stacks.get(path)
+            if k is not None and OBS in batch.schema.names:
+                counts = np.diff(_leaf(batch.column(OBS), path).offsets.to_numpy())
+                _refuse(where, row, eid, step, (counts != 1) & (counts != k), f"{path} holds other than 1 or {k} frames")
+                _refuse(where, row, eid, step, (counts == 1) & ~follows,
+                        f"{path} holds one frame, but the row before it is not the same episode's previous step")
+        waiting = None
+        if NEXT in batch.schema.names:
+            column = batch.column(NEXT)
+            valid = column.is_valid().to_numpy(zero_copy_only=False)
+            then = np.r_[follows[1:], True]
+            _refuse(where, row, eid, step, ~valid & ~then,
+                    "next_obs is null, but the next row is not the same episode's next step")
+            if not valid[-1]:
+                waiting = (row + n - 1, int(eid[-1]), int(step[-1]))
+            for path, t in leaves(obs_type):
+                arr = _leaf(column, path)
+                if _listy(arr.type):
+                    counts = np.diff(arr.offsets.to_numpy())
+                    whole = t.list_size if _fixed(t) else -1
+                    ok = (counts == whole) | ((counts == 1) if path in fmt.stacks else False)
+                    _refuse(where, row, eid, step, valid & ~ok, f"next_obs leaf {path} holds {whole} entries or less")
+        prev = (int(eid[-1]), int(step[-1]))
+        row += n
+    if waiting is not None:
+        raise EncodingError(f"{where}: row {waiting[0]} (episode {waiting[1]}, step {waiting[2]}): next_obs is null, "
+                            "but it is the file's last row")
+    return row
+
+
+def _refuse(where: str, first: int, eid: np.ndarray, step: np.ndarray, bad: np.ndarray, problem: str) -> None:
+    hit = np.flatnonzero(bad)
+    if len(hit):
+        i = int(hit[0])
+        raise EncodingError(f"{where}: row {first + i} (episode {int(eid[i])}, step {int(step[i])}): {problem}")
+
+
 def decode_table(table: pa.Table, fmt: Format, *, where: str = "file") -> pa.Table:
     """Every row of one file's ``table`` (logical names, physical types, rows in file order) decoded."""
     if not fmt.encoded or (OBS not in table.column_names and NEXT not in table.column_names):

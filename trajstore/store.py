@@ -692,11 +692,9 @@ class Store:
         given ``seed``; memory stays bounded by that buffer.
         """
         check_batching(batch_size, shuffle_buffer, format)
-        plan = self.scan_plan(columns, run_id=run_id, env_id=env_id, episode_id=episode_id, where=where,
-                              filter=filter)
-        plan.types.check(plan.columns, stackable=format != "arrow")  # type: ignore[union-attr]
-        reader = self._read_plan(plan, batch_size=max(batch_size, 8192),
-                                 max_batch_bytes=self.settings.stream_batch_bytes)
+        reader = self.scan(columns, run_id=run_id, env_id=env_id, episode_id=episode_id, where=where,
+                           filter=filter, batch_size=max(batch_size, 8192),
+                           max_batch_bytes=self.settings.stream_batch_bytes)
         with contextlib.closing(reader):
             yield from training_batches(reader, batch_size=batch_size, shuffle=shuffle, seed=seed,
                                         shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)

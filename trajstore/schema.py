@@ -180,6 +180,8 @@ def delta_type(t: pa.DataType) -> pa.DataType:
         return pa.list_(delta_type(t.value_type))
     if pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return pa.string()
+    if pa.types.is_fixed_size_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()  # image frames: Delta has no fixed-size binary
     return _DELTA_WIDER.get(t, t)
 
 

@@ -20,6 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from trajstore.errors import QueryError, StoreDamagedError, UnknownColumnError, first_line
+from trajstore.query import images as images_sql
 from trajstore.query import sql
 from trajstore.query.groups import FileGroup, as_duckdb_reads, group_files, step_types
 from trajstore.query.scan import file_layout, steps_dataset
@@ -122,9 +123,11 @@ class Snapshot:
             [(p.name, lg.name) for p, lg in zip(group.physical, group.logical)]
         if not fmt.encoded or OBS not in group.logical.names:
             return sql.decoded_steps(source, columns, variant=variant)
+        images = {path: images_sql.register(self.con, dtype, shape, path in fmt.stacks)
+                  for path, (dtype, shape) in fmt.images.items()}
         return sql.decoded_steps(source, columns, obs=fmt.physical(OBS), obs_type=group.logical.field(OBS).type,
                                  next_obs=fmt.physical(NEXT) if NEXT in group.logical.names else None,
-                                 stacks=fmt.stacks, variant=variant)
+                                 stacks=fmt.stacks, images=images, variant=variant)
 
     def columns(self, view: str) -> list[str]:
         """The column names of ``view``."""

@@ -174,25 +174,34 @@ def steps_view(files: Sequence[DataFile]) -> str:
 
 
 _WINDOW = "PARTITION BY episode_id ORDER BY step"
+_FUNCTION = __import__("re").compile(r"^[a-z][a-z0-9_]*$")
 
 
 def decoded_steps(source: str, columns: Sequence[tuple[str, str]], *, obs: str | None = None,
                   next_obs: str | None = None, obs_type: pa.DataType | None = None,
-                  stacks: dict[str, int] | None = None, variant: Sequence[str] = ()) -> str:
+                  stacks: dict[str, int] | None = None, images: dict[str, str] | None = None,
+                  variant: Sequence[str] = ()) -> str:
     """One group of files (``source``: their SELECT) as logical columns: each ``(physical, logical)`` of
     ``columns`` renamed, those of ``variant`` as VARIANT (their types differ between groups), and, for an
     encoding-2 group, ``obs`` (its physical name) and ``next_obs`` decoded with windows over each episode's
     steps: a stacked leaf is the last k frames of the frames stored by its last k rows, a null ``next_obs`` the
-    next step's decoded ``obs``, a one-frame ``next_obs`` leaf ``obs[1:]`` and that frame."""
-    stacks = stacks or {}
+    next step's decoded ``obs``, a stored one its only frame, or for a stack ``obs[2:]`` and its newest frame
+    (or its whole stack); image frames (``images``: leaf path -> the function that makes values of their
+    bytes) become nested lists last."""
+    stacks, images = stacks or {}, images or {}
     select = source
     if obs is not None and obs_type is not None and _any_stacked(obs_type, stacks):
         select = f"SELECT * REPLACE ({_obs_expr(ident(obs), obs_type, stacks)} AS {ident(obs)}) FROM ({select})"
     if obs is not None and next_obs is not None and obs_type is not None:
-        stored = _next_expr(ident(next_obs), ident(obs), obs_type, stacks)
+        stored = _next_expr(ident(next_obs), ident(obs), obs_type, stacks, set(images))
         expr = f"CASE WHEN {ident(next_obs)} IS NULL THEN lead({ident(obs)}) OVER ({_WINDOW}) ELSE {stored} END"
         select = f"SELECT * REPLACE ({expr} AS {ident(next_obs)}) FROM ({select})"
-    names = [f"{ident(p)}{'::VARIANT' if lg in variant else ''} AS {ident(lg)}" for p, lg in columns]
+    names = []
+    for p, lg in columns:
+        expr = ident(p)
+        if obs_type is not None and p in (obs, next_obs) and images:
+            expr = _values_expr(expr, obs_type, images)
+        names.append(f"{expr}{'::VARIANT' if lg in variant else ''} AS {ident(lg)}")
     return f"SELECT {', '.join(names)} FROM ({select})"
 
 
@@ -214,20 +223,44 @@ def _obs_expr(ref: str, t: pa.DataType, stacks: dict[str, int], path: str = "obs
     return f"list_slice(flatten({frames}), {-k}, -1)"
 
 
-def _next_expr(ref: str, obs: str, t: pa.DataType, stacks: dict[str, int], path: str = "obs") -> str:
-    if not _any_stacked(t, stacks, path):
-        return ref
+def _next_expr(ref: str, obs: str, t: pa.DataType, stacks: dict[str, int], images: set[str],
+               path: str = "obs") -> str:
     if pa.types.is_struct(t):
         parts = [f"{ident(f.name)} := "
-                 f"{_next_expr(_field(ref, f.name), _field(obs, f.name), f.type, stacks, f'{path}.{f.name}')}"
+                 f"{_next_expr(_field(ref, f.name), _field(obs, f.name), f.type, stacks, images, f'{path}.{f.name}')}"
                  for f in t]
         return f"struct_pack({', '.join(parts)})"
+    if path not in stacks:
+        return f"{ref}[1]" if path in images else ref
     k = int(stacks[path])
     return f"CASE WHEN len({ref}) = {k} THEN {ref} ELSE list_concat(list_slice({obs}, 2, {k}), {ref}) END"
 
 
+def _values_expr(ref: str, t: pa.DataType, images: dict[str, str], path: str = "obs") -> str:
+    """``ref`` with each image leaf's bytes made the nested lists of their values."""
+    if pa.types.is_struct(t):
+        parts = [f"{ident(f.name)} := {_values_expr(_field(ref, f.name), f.type, images, f'{path}.{f.name}')}"
+                 for f in t]
+        return f"struct_pack({', '.join(parts)})"
+    if path not in images:
+        return ref
+    if not _FUNCTION.match(images[path]):
+        raise InputError(f"not a function name: {images[path]!r}")
+    return f"{images[path]}({ref})"
+
+
 def _field(ref: str, name: str) -> str:
     return f"struct_extract({ref}, {literal(name)})"
+
+
+_DUCKDB_NUMBERS = {"bool": "BOOLEAN", "int8": "TINYINT", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT",
+                   "uint8": "UTINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT",
+                   "float16": "FLOAT", "float32": "FLOAT", "float64": "DOUBLE"}
+
+
+def values_type(dtype: str, dims: int) -> str:
+    """The DuckDB type of ``dims`` nested lists of a numpy dtype's values (float16 as FLOAT)."""
+    return _DUCKDB_NUMBERS[dtype] + "[]" * dims
 
 
 def union_by_name(selects: Sequence[str]) -> str:

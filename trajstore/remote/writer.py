@@ -54,7 +54,8 @@ class RemoteSink:
         schema = self.client.schema(env_id=env_id)
         return schema if len(schema) else None
 
-    def reserve(self, types: Mapping[str, pa.DataType]) -> dict[str, str]:
+    def reserve(self, types: Mapping[str, pa.DataType],
+                logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
         """Logical names as they are: the service resolves the physical names of the rows it commits."""
         return {name: name for name in types}
 

@@ -20,7 +20,18 @@ import numba
 import numpy as np
 import pyarrow as pa
 
-from trajstore.storage.encoding import NEXT, OBS, from_numpy, leaves, physical_next_type, physical_obs_type
+from trajstore.storage.encoding import (
+    NEXT,
+    OBS,
+    Format,
+    frames_array,
+    in_frames,
+    leaves,
+    physical_next_type,
+    physical_obs_type,
+    stored_frame,
+    with_validity,
+)
 
 WIDE_ROW_BYTES = 1024  # rows wider than this are ordered by slices at a flush, narrower ones by a take
 
@@ -105,11 +116,15 @@ class Rows:
 class RowBuffer:
     """The rows of one writer since its last flush (see the module's description)."""
 
-    def __init__(self, num_envs: int, obs_type: pa.DataType, frame_stack: Mapping[str, int]) -> None:
+    def __init__(self, num_envs: int, obs_type: pa.DataType, fmt: Format) -> None:
         self.num_envs = num_envs
         self.obs_type = obs_type
-        self.stacks = dict(frame_stack)
+        self.stacks = fmt.stacks
         self.paths = [p for p, _ in leaves(obs_type)]
+        self.frames = {p: stored_frame(t, fmt, p) for p, t in leaves(obs_type)}
+        self.listed = {p for p in self.paths if in_frames(fmt, p)}  # next_obs leaves stored as list<frame>
+        self.physical_obs = physical_obs_type(obs_type, fmt)
+        self.physical_next = physical_next_type(obs_type, fmt)
         self._calls: list[_Call] = []
         self._envs = _Envs.empty(num_envs)
         self.nbytes = 0
@@ -151,15 +166,15 @@ class RowBuffer:
 
     def _obs(self, obs: Mapping[str, np.ndarray], rows: Rows, inside: np.ndarray, before: np.ndarray) -> pa.Array:
         out = {}
-        for path, t in leaves(self.obs_type):
+        for path in self.paths:
             k = self.stacks.get(path)
             leaf = obs[path]
             if k is None:
-                out[path] = from_numpy(np.take(leaf, rows.tm, axis=0), t)
+                out[path] = frames_array(np.take(leaf, rows.tm, axis=0), self.frames[path])
                 continue
             anchor = self._anchors(leaf, k, rows, inside, before, path)
-            out[path] = _frames(leaf, k, rows.tm, np.where(anchor, k, 1), t)
-        return _struct(self.obs_type, out, physical_obs_type(self.obs_type, self.stacks), None)
+            out[path] = _frames(leaf, k, rows.tm, np.where(anchor, k, 1), self.frames[path])
+        return _struct(self.obs_type, out, self.physical_obs, None)
 
     def _anchors(self, leaf: np.ndarray, k: int, rows: Rows, inside: np.ndarray, before: np.ndarray,
                  path: str) -> np.ndarray:
@@ -213,7 +228,7 @@ class RowBuffer:
         """The stored ``next_obs`` of the rows (null where ``stored`` is false)."""
         j = np.flatnonzero(stored)
         out = {}
-        for path, t in leaves(self.obs_type):
+        for path in self.paths:
             leaf = nxt[path]
             k = self.stacks.get(path)
             if k is not None:
@@ -221,18 +236,15 @@ class RowBuffer:
                 _and_shifted_equal(raw, rows.tm[j], _bytes(obs[path]), rows.tm[j], raw.shape[1] // k, ok)
                 counts = np.zeros(len(stored), np.int64)
                 counts[j] = np.where(ok, 1, k)
-                out[path] = _frames(leaf, k, rows.tm, counts, t, valid=stored)
-            elif pa.types.is_fixed_size_list(t):
-                counts = np.where(stored, t.list_size, 0)
-                values = from_numpy(np.take(leaf, rows.tm[j], axis=0).reshape(-1, *leaf.shape[2:]), t.value_type)
-                out[path] = _list(counts, values, stored)
-            else:
-                out[path] = from_numpy(np.take(leaf, rows.tm, axis=0), t)
-        physical = physical_next_type(self.obs_type)
-        if pa.types.is_struct(physical):
-            return _struct(self.obs_type, out, physical, stored)
-        arr = out[OBS]
-        return arr if pa.types.is_list(arr.type) else with_validity(arr, stored)
+                out[path] = _frames(leaf, k, rows.tm, counts, self.frames[path], valid=stored)
+            elif path in self.listed:  # an image: its one frame where stored
+                values = frames_array(np.take(leaf, rows.tm[j], axis=0), self.frames[path])
+                out[path] = _list(stored.astype(np.int64), values, stored)
+            else:  # small: as in obs, every row's slot filled, null where not stored
+                out[path] = frames_array(np.take(leaf, rows.tm, axis=0), self.frames[path])
+        if pa.types.is_struct(self.physical_next):
+            return _struct(self.obs_type, out, self.physical_next, stored)
+        return out[OBS] if OBS in self.listed else with_validity(out[OBS], stored)
 
     def _remember(self, obs: Mapping[str, np.ndarray], nxt: Mapping[str, np.ndarray], rows: Rows,
                   stored: np.ndarray) -> None:
@@ -281,7 +293,7 @@ def _keep(store: dict[str, np.ndarray], path: str, raw: np.ndarray, at: np.ndarr
     store[path][envs] = raw[at]
 
 
-def _frames(leaf: np.ndarray, k: int, tm: np.ndarray, counts: np.ndarray, t: pa.DataType,
+def _frames(leaf: np.ndarray, k: int, tm: np.ndarray, counts: np.ndarray, frame: pa.DataType,
             valid: np.ndarray | None = None) -> pa.Array:
     """A stacked leaf as ``list<frame>``: per row its newest frame (count 1) or whole stack (count k), gathered
     in one ``np.take``; rows with count 0 null (``valid``)."""
@@ -289,8 +301,7 @@ def _frames(leaf: np.ndarray, k: int, tm: np.ndarray, counts: np.ndarray, t: pa.
     offsets = np.r_[0, np.cumsum(counts)]
     idx = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
     frames = leaf.reshape(len(leaf) * k, *leaf.shape[2:])
-    values = from_numpy(np.take(frames, idx, axis=0), t.value_type)
-    return _list(counts, values, valid)
+    return _list(counts, frames_array(np.take(frames, idx, axis=0), frame), valid)
 
 
 def _list(counts: np.ndarray, values: pa.Array, valid: np.ndarray | None) -> pa.Array:
@@ -307,25 +318,6 @@ def _struct(t: pa.DataType, leaves_: Mapping[str, pa.Array], physical: pa.DataTy
     children = [_struct(f.type, leaves_, physical.field(f.name).type, None, f"{path}.{f.name}") for f in t]
     mask = None if valid is None else pa.array(~valid)
     return pa.StructArray.from_arrays(children, fields=list(physical), mask=mask)
-
-
-def with_validity(arr: pa.Array, valid: np.ndarray) -> pa.Array:
-    """``arr`` (offset 0) with its top-level validity replaced by ``valid``; children and values shared."""
-    bitmap = pa.array(valid, pa.bool_()).buffers()[1]
-    buffers = [bitmap, *arr.buffers()[1:1 + _own_buffers(arr.type)]]
-    children = [arr.values] if pa.types.is_list(arr.type) or pa.types.is_fixed_size_list(arr.type) else \
-        [arr.field(i) for i in range(arr.type.num_fields)] if pa.types.is_struct(arr.type) else None
-    return pa.Array.from_buffers(arr.type, len(arr), buffers, children=children)
-
-
-def _own_buffers(t: pa.DataType) -> int:
-    """Buffers of a top-level array after its validity: offsets for a list, none for a fixed list or a struct,
-    the values for a primitive."""
-    if pa.types.is_list(t):
-        return 1
-    if pa.types.is_fixed_size_list(t) or pa.types.is_struct(t):
-        return 0
-    return 1
 
 
 def _final(call: _Call) -> pa.RecordBatch:

@@ -6,17 +6,24 @@ A file's Parquet key-value metadata ``trajstore`` (JSON) says how it is encoded,
 encoding 1: every column stored as given, decoding is the identity. ``columns`` maps a logical column name to the
 typed physical name it is stored under (see :mod:`trajstore.storage.names`), in any encoding.
 
-Encoding 2 stores each observation once:
+Encoding 2 stores each observation once. Each leaf of ``obs`` (the column, or each leaf of a Dict observation by
+its dotted path, ``obs.pixels``) is a stack of *frames*: a leaf declared as a frame stack of ``k``
+(``frame_stack={"obs": k}``; gymnasium's ``FrameStackObservation`` layout ``(k, *F)``, newest frame last) has k
+frames of shape F, any other leaf is one frame (its whole per-step array). A frame of two or more dimensions (an
+image) is stored as its raw bytes, C order, in a ``fixed_size_binary`` (``frames`` in the metadata gives its dtype
+and shape: ``{"obs": ["uint8", [84, 84]]}``); a smaller one as the fixed-size list (or scalar) it is. Then:
 
+- ``obs``: a stacked leaf is a ``list<frame>`` holding either the row's newest frame (1 entry) or its whole stack
+  (k entries: an *anchor*); decoded, ``stack[t]`` is the last k frames of the stored lists of rows ``t-k+1..t``,
+  and a 1-entry row always follows its episode's previous step in the same file. Any other leaf is its frame.
 - ``next_obs`` is nullable; null means "the ``obs`` of the next row", which is then the same episode's next step.
   The writer nulls it only where it compared the two bit for bit (every leaf of a Dict observation), so a reader
-  gets back exactly the bits written. Its array leaves are stored as variable-size lists (a null row costs nothing).
-- A leaf declared as a frame stack of ``k`` (``frame_stack={"obs": k}``, or ``"obs.pixels"`` inside a Dict; the
-  same for ``next_obs``) has the layout ``(k, *F)``, newest frame last (gymnasium's ``FrameStackObservation``) and
-  is stored as a variable-size ``list<F>`` holding either the row's newest frame (1 entry) or its whole stack
-  (k entries: an *anchor*). Decoded, ``stack[t]`` is the last k frames of the stored lists of rows ``t-k+1..t``.
-  A 1-entry row always follows its episode's previous step in the same file. In a non-null ``next_obs`` such a
-  leaf holds 1 entry (``obs[t][1:]`` and that frame) or k (the whole stack).
+  gets back exactly the bits written. A leaf stored as frames (a stacked leaf, or an image) is a ``list<frame>``
+  (a null row stores nothing) holding one frame (an image: the whole observation; a stack: its newest frame,
+  after ``obs[t][1:]``) or, for a stack, k (the whole stack); any other leaf is stored as in ``obs``.
+
+Parquet stores an 8-bit integer as a 32-bit one with levels per value, so images as nested lists cost ~4x the
+bytes and ~80x the time to write and read that their bytes do (measured: 4.7k vs 370k 84x84 frames/s written).
 
 :class:`FileDecoder` decodes the batches of one file in order with numpy (one row of look-ahead, k-1 frames of
 look-behind) and checks what it relies on; :func:`decode_reference` is the plain loop it is tested against, and
@@ -53,12 +60,22 @@ class Format:
     encoding: int = 1
     frame_stack: tuple[tuple[str, int], ...] = ()
     columns: tuple[tuple[str, str], ...] = ()
+    frames: tuple[tuple[str, str, tuple[int, ...]], ...] = ()  # image leaves: path, dtype, frame shape
 
     @classmethod
     def create(cls, *, encoding: int = CURRENT, frame_stack: Mapping[str, int] | None = None,
-               columns: Mapping[str, str] | None = None) -> Format:
+               columns: Mapping[str, str] | None = None,
+               frames: Mapping[str, tuple[str, Sequence[int]]] | None = None) -> Format:
         renames = tuple(sorted((k, v) for k, v in (columns or {}).items() if k != v))
-        return cls(encoding, tuple(sorted((frame_stack or {}).items())), renames)
+        images = tuple(sorted((p, str(np.dtype(d).name), tuple(int(x) for x in shape))
+                              for p, (d, shape) in (frames or {}).items()))
+        return cls(encoding, tuple(sorted((frame_stack or {}).items())), renames, images)
+
+    @classmethod
+    def for_obs(cls, obs: pa.DataType, *, frame_stack: Mapping[str, int] | None = None,
+                columns: Mapping[str, str] | None = None) -> Format:
+        """The encoding-2 format of files whose observations are of logical type ``obs``."""
+        return cls.create(frame_stack=frame_stack, columns=columns, frames=frames_of(obs, frame_stack or {}))
 
     @classmethod
     def of(cls, metadata: Mapping[bytes, bytes] | None, *, where: str = "file") -> Format:
@@ -71,12 +88,14 @@ class Format:
             encoding = int(spec["encoding"])
             stacks = {str(k): int(v) for k, v in dict(spec.get("frame_stack") or {}).items()}
             columns = {str(k): str(v) for k, v in dict(spec.get("columns") or {}).items()}
+            frames = {str(k): (str(np.dtype(d).name), [int(x) for x in shape])
+                      for k, (d, shape) in dict(spec.get("frames") or {}).items()}
         except (ValueError, TypeError, KeyError) as exc:
             raise EncodingError(f"{where}: its {META_KEY!r} metadata is not a trajstore format: {exc}") from None
         if encoding not in (1, 2):
             raise EncodingError(f"{where}: encoding {encoding} is newer than this trajstore reads (1, 2); "
                                 "upgrade trajstore")
-        return cls.create(encoding=encoding, frame_stack=stacks, columns=columns)
+        return cls.create(encoding=encoding, frame_stack=stacks, columns=columns, frames=frames)
 
     def metadata(self) -> dict[bytes, bytes]:
         """The schema metadata that records this format."""
@@ -85,6 +104,8 @@ class Format:
             spec["frame_stack"] = dict(self.frame_stack)
         if self.columns:
             spec["columns"] = dict(self.columns)
+        if self.frames:
+            spec["frames"] = {p: [d, list(shape)] for p, d, shape in self.frames}
         return {META_KEY.encode(): json.dumps(spec, separators=(",", ":")).encode()}
 
     @property
@@ -100,6 +121,11 @@ class Format:
     def renames(self) -> dict[str, str]:
         return dict(self.columns)
 
+    @property
+    def images(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """The leaves whose frames are stored as bytes: path -> (dtype name, frame shape)."""
+        return {p: (d, shape) for p, d, shape in self.frames}
+
     def physical(self, name: str) -> str:
         return self.renames.get(name, name)
 
@@ -108,10 +134,10 @@ class Format:
         return {v: k for k, v in self.columns}
 
     def with_columns(self, columns: Mapping[str, str]) -> Format:
-        return Format.create(encoding=self.encoding, frame_stack=self.stacks, columns=columns)
+        return Format(self.encoding, self.frame_stack, Format.create(columns=columns).columns, self.frames)
 
     def key(self) -> str:
-        return json.dumps([self.encoding, self.frame_stack, self.columns])
+        return json.dumps([self.encoding, self.frame_stack, self.columns, self.frames])
 
 
 # --- types: logical (what readers return) <-> physical (what the file holds) ---------------------------
@@ -155,26 +181,73 @@ def check_frame_stack(obs: pa.DataType, frame_stack: Mapping[str, int]) -> dict[
     return out
 
 
-def physical_obs_type(t: pa.DataType, stacks: Mapping[str, int], path: str = OBS) -> pa.DataType:
-    """The stored type of ``obs`` of logical type ``t``: each stacked leaf a ``list<frame>``."""
+IMAGE_DIMS = 2  # frames of at least this many dimensions are stored as raw bytes
+
+
+def frames_of(obs: pa.DataType, stacks: Mapping[str, int]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The leaves of a (logical) observation type whose frames are images: path -> (dtype name, frame shape)."""
+    from trajstore.schema import leaf_of_type
+
+    out = {}
+    for path, t in leaves(obs):
+        frame = t.value_type if path in stacks else t
+        leaf = leaf_of_type(frame)
+        if len(leaf.shape) >= IMAGE_DIMS:
+            out[path] = (leaf.dtype.name, tuple(leaf.shape))
+    return out
+
+
+def _stored_frame(frame: pa.DataType, image: tuple[str, tuple[int, ...]] | None) -> pa.DataType:
+    if image is None:
+        return frame
+    dtype, shape = image
+    return pa.binary(np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
+
+
+def _image_type(image: tuple[str, tuple[int, ...]]) -> pa.DataType:
+    dtype, shape = image
+    t = pa.from_numpy_dtype(np.dtype(dtype))
+    for size in reversed(shape):
+        t = pa.list_(t, size)
+    return t
+
+
+def stored_frame(t: pa.DataType, fmt: Format, path: str) -> pa.DataType:
+    """The stored type of one frame of the leaf ``path`` of logical type ``t``."""
+    return _stored_frame(t.value_type if path in fmt.stacks else t, fmt.images.get(path))
+
+
+def physical_obs_type(t: pa.DataType, fmt: Format, path: str = OBS) -> pa.DataType:
+    """The stored type of ``obs`` of logical type ``t``: each stacked leaf a ``list<frame>``, each other leaf its
+    frame; an image frame as bytes."""
     if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, physical_obs_type(f.type, stacks, f"{path}.{f.name}")) for f in t])
-    return pa.list_(t.value_type) if path in stacks else t
+        return pa.struct([pa.field(f.name, physical_obs_type(f.type, fmt, f"{path}.{f.name}")) for f in t])
+    k = fmt.stacks.get(path)
+    frame = _stored_frame(t.value_type if k else t, fmt.images.get(path))
+    return pa.list_(frame) if k else frame
 
 
-def physical_next_type(t: pa.DataType, path: str = OBS) -> pa.DataType:
-    """The stored type of ``next_obs`` whose observations are of logical type ``t``: every array leaf a
-    variable-size list along its first axis (so that a null row stores nothing)."""
+def in_frames(fmt: Format, path: str) -> bool:
+    """Whether leaf ``path`` is stored as frames in ``next_obs`` (a ``list<frame>``): a stack, or an image."""
+    return path in fmt.stacks or path in fmt.images
+
+
+def physical_next_type(t: pa.DataType, fmt: Format, path: str = OBS) -> pa.DataType:
+    """The stored type of ``next_obs`` whose observations are of logical type ``t``: each leaf stored as frames
+    a ``list<frame>`` (a null row stores nothing), the others as in ``obs``."""
     if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, physical_next_type(f.type, f"{path}.{f.name}")) for f in t])
-    return pa.list_(t.value_type) if _fixed(t) else t
+        return pa.struct([pa.field(f.name, physical_next_type(f.type, fmt, f"{path}.{f.name}")) for f in t])
+    return pa.list_(stored_frame(t, fmt, path)) if in_frames(fmt, path) else t
 
 
-def logical_obs_type(t: pa.DataType, stacks: Mapping[str, int], path: str = OBS) -> pa.DataType:
+def logical_obs_type(t: pa.DataType, fmt: Format, path: str = OBS) -> pa.DataType:
     """Inverse of :func:`physical_obs_type`."""
     if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, logical_obs_type(f.type, stacks, f"{path}.{f.name}")) for f in t])
-    return pa.list_(t.value_type, stacks[path]) if path in stacks else t
+        return pa.struct([pa.field(f.name, logical_obs_type(f.type, fmt, f"{path}.{f.name}")) for f in t])
+    k = fmt.stacks.get(path)
+    image = fmt.images.get(path)
+    frame = _image_type(image) if image is not None else (t.value_type if k else t)
+    return pa.list_(frame, k) if k else frame
 
 
 def physical_schema(logical: pa.Schema, fmt: Format) -> pa.Schema:
@@ -183,9 +256,9 @@ def physical_schema(logical: pa.Schema, fmt: Format) -> pa.Schema:
     for f in logical:
         t = f.type
         if fmt.encoded and f.name == OBS:
-            t = physical_obs_type(t, fmt.stacks)
+            t = physical_obs_type(t, fmt)
         elif fmt.encoded and f.name == NEXT:
-            t = physical_next_type(logical.field(OBS).type if OBS in logical.names else t)
+            t = physical_next_type(logical.field(OBS).type if OBS in logical.names else t, fmt)
         fields.append(pa.field(fmt.physical(f.name), t))
     return pa.schema(fields, metadata=fmt.metadata())
 
@@ -197,7 +270,7 @@ def logical_schema(physical: pa.Schema, fmt: Format) -> pa.Schema:
     if fmt.encoded:
         by = {f.name: i for i, f in enumerate(fields)}
         if OBS in by:
-            obs = logical_obs_type(fields[by[OBS]].type, fmt.stacks)
+            obs = logical_obs_type(fields[by[OBS]].type, fmt)
             fields[by[OBS]] = pa.field(OBS, obs)
             if NEXT in by:
                 fields[by[NEXT]] = pa.field(NEXT, obs)
@@ -216,18 +289,25 @@ class FileLayout:
     def of(cls, schema: pa.Schema, *, where: str = "file") -> FileLayout:
         fmt = Format.of(schema.metadata, where=where)
         physical = schema.remove_metadata()
-        return cls(physical, fmt, logical_schema(physical, fmt))
+        try:
+            logical = logical_schema(physical, fmt)
+        except (KeyError, AttributeError, ValueError, TypeError) as exc:
+            raise EncodingError(f"{where}: its columns do not fit its format {fmt.metadata()}: {exc}") from None
+        return cls(physical, fmt, logical)
 
 
 # --- numpy <-> Arrow for fixed-shape leaves ---------------------------------------------------------------
 
 def fixed_numpy(arr: pa.Array) -> np.ndarray:
-    """A column of (nested) fixed-size lists, or of scalars, as an ``(n, *shape)`` array (no copy for numbers)."""
+    """A column of (nested) fixed-size lists, or of scalars, as an ``(n, *shape)`` array (no copy for numbers;
+    a null row's values are whatever its slot holds)."""
     shape, values = [], arr
     while _fixed(values.type):
-        shape.append(values.type.list_size)
-        values = values.flatten()
-    out = values.to_numpy(zero_copy_only=False)
+        size = values.type.list_size
+        shape.append(size)
+        values = values.values.slice(values.offset * size, len(values) * size)
+    out = values.to_numpy(zero_copy_only=False) if not values.null_count else \
+        values.fill_null(False if pa.types.is_boolean(values.type) else 0).to_numpy(zero_copy_only=False)
     return out.reshape(len(arr), *shape)
 
 
@@ -241,6 +321,36 @@ def from_numpy(values: np.ndarray, t: pa.DataType) -> pa.Array:
     for level in reversed(levels):
         flat = pa.FixedSizeListArray.from_arrays(flat, type=level)
     return flat
+
+
+def frames_numpy(arr: pa.Array, image: tuple[str, tuple[int, ...]] | None) -> np.ndarray:
+    """Stored frames (non-null) as an ``(n, *frame shape)`` array: an image's bytes viewed as its dtype (no copy),
+    other frames as :func:`fixed_numpy` gives them."""
+    if image is None:
+        return fixed_numpy(arr)
+    dtype, shape = np.dtype(image[0]), image[1]
+    width = arr.type.byte_width
+    data = np.frombuffer(arr.buffers()[1], np.uint8, count=len(arr) * width, offset=arr.offset * width)
+    return data.view(dtype).reshape(len(arr), *shape)
+
+
+def frames_array(values: np.ndarray, frame: pa.DataType) -> pa.Array:
+    """``(m, *frame shape)`` frames as an Arrow array of the stored ``frame`` type (bytes of contiguous frames
+    are shared, not copied)."""
+    if pa.types.is_fixed_size_binary(frame):
+        data = np.ascontiguousarray(values)
+        return pa.FixedSizeBinaryArray.from_buffers(frame, len(data), [None, pa.py_buffer(data.reshape(-1))])
+    return from_numpy(values, frame)
+
+
+def with_validity(arr: pa.Array, valid: np.ndarray) -> pa.Array:
+    """``arr`` (offset 0) with its top-level validity replaced by ``valid``; children and values shared."""
+    bitmap = pa.array(valid, pa.bool_()).buffers()[1]
+    t = arr.type
+    own = 1 if pa.types.is_list(t) else 0 if pa.types.is_fixed_size_list(t) or pa.types.is_struct(t) else 1
+    children = [arr.values] if pa.types.is_list(t) or pa.types.is_fixed_size_list(t) else \
+        [arr.field(i) for i in range(t.num_fields)] if pa.types.is_struct(t) else None
+    return pa.Array.from_buffers(t, len(arr), [bitmap, *arr.buffers()[1:1 + own]], children=children)
 
 
 def _leaf(arr: pa.Array, path: str) -> pa.Array:
@@ -333,7 +443,8 @@ class FileDecoder:
         for path, t in leaves(self.obs_type):
             arr = _leaf(column, path)
             k = self.fmt.stacks.get(path)
-            out[path] = fixed_numpy(arr) if k is None else self._frames(arr, k, path, follows, eid, step)
+            image = self.fmt.images.get(path)
+            out[path] = frames_numpy(arr, image) if k is None else self._frames(arr, k, path, follows, eid, step)
         return out
 
     def _frames(self, arr: pa.Array, k: int, path: str, follows: np.ndarray, eid: np.ndarray,
@@ -348,7 +459,7 @@ class FileDecoder:
         if len(lone):
             self._fail(lone[0], eid, step, f"{path} holds one frame, but the row before it is not the same "
                                            "episode's previous step")
-        frames = fixed_numpy(arr.values)
+        frames = frames_numpy(arr.values, self.fmt.images.get(path))
         lo = int(offsets[0])
         idx = offsets[1:, None] - k + np.arange(k)
         out = np.take(frames, np.maximum(idx, lo).reshape(-1), axis=0).reshape(len(counts), k, *frames.shape[1:])
@@ -399,29 +510,30 @@ class FileDecoder:
 
     def _stored_next(self, arr: pa.Array, path: str, rows: np.ndarray, obs: np.ndarray, held: _Held,
                      first_row: int) -> np.ndarray:
-        """The stored ``next_obs`` of leaf ``path`` at ``rows`` (non-null), decoded."""
-        if not _listy(arr.type):
-            return arr.take(pa.array(rows)).to_numpy(zero_copy_only=False)
+        """The stored ``next_obs`` of leaf ``path`` at ``rows`` (non-null), decoded: one frame (the whole
+        observation, or a stack's newest frame after ``obs[t][1:]``) or, for a stack, k frames."""
+        if not in_frames(self.fmt, path):
+            return fixed_numpy(arr)[rows]
         offsets = arr.offsets.to_numpy().astype(np.int64)
         counts = np.diff(offsets)[rows]
-        shape = obs.shape[1:]
-        frames = fixed_numpy(arr.values)
         k = self.fmt.stacks.get(path)
-        whole = counts == shape[0]
-        ok = whole | (counts == 1) if k is not None else whole
+        ok = (counts == 1) | (counts == k) if k is not None else counts == 1
         if not ok.all():
             i = int(rows[np.flatnonzero(~ok)[0]])
             eid = held.batch.column("episode_id").to_numpy(zero_copy_only=False)
             step = held.batch.column("step").to_numpy(zero_copy_only=False)
-            self._fail(i, eid, step, f"next_obs leaf {path} holds {np.diff(offsets)[i]} entries; expected "
-                                     f"{shape[0]}" + (" or 1" if k is not None else ""), first_row)
-        out = np.empty((len(rows), *shape), obs.dtype)
+            self._fail(i, eid, step, f"next_obs leaf {path} holds {np.diff(offsets)[i]} frames; expected 1"
+                                     + (f" or {k}" if k is not None else ""), first_row)
+        frames = frames_numpy(arr.values, self.fmt.images.get(path))
         starts = offsets[:-1][rows]
-        w = np.flatnonzero(whole)
-        if len(w):
-            out[w] = np.take(frames, (starts[w, None] + np.arange(shape[0])).reshape(-1), axis=0) \
-                .reshape(len(w), *shape)
-        one = np.flatnonzero(~whole)
+        if k is None:
+            return frames[starts]
+        out = np.empty((len(rows), *obs.shape[1:]), obs.dtype)
+        whole = np.flatnonzero(counts == k)
+        if len(whole):
+            out[whole] = np.take(frames, (starts[whole, None] + np.arange(k)).reshape(-1), axis=0) \
+                .reshape(len(whole), *obs.shape[1:])
+        one = np.flatnonzero(counts != k)
         if len(one):
             out[one, :-1] = obs[rows[one], 1:]
             out[one, -1] = frames[starts[one]]
@@ -467,12 +579,13 @@ def check_rows(batches: Iterator[pa.RecordBatch], fmt: Format, obs_type: pa.Data
             if not valid[-1]:
                 waiting = (row + n - 1, int(eid[-1]), int(step[-1]))
             for path, t in leaves(obs_type):
-                arr = _leaf(column, path)
-                if _listy(arr.type):
-                    counts = np.diff(arr.offsets.to_numpy())
-                    whole = t.list_size if _fixed(t) else -1
-                    ok = (counts == whole) | ((counts == 1) if path in fmt.stacks else False)
-                    _refuse(where, row, eid, step, valid & ~ok, f"next_obs leaf {path} holds {whole} entries or less")
+                if not in_frames(fmt, path):
+                    continue
+                counts = np.diff(_leaf(column, path).offsets.to_numpy())
+                k = fmt.stacks.get(path)
+                ok = (counts == 1) | (counts == k) if k is not None else counts == 1
+                _refuse(where, row, eid, step, valid & ~ok,
+                        f"next_obs leaf {path} holds other than 1" + (f" or {k}" if k else "") + " frames")
         prev = (int(eid[-1]), int(step[-1]))
         row += n
     if waiting is not None:
@@ -533,7 +646,7 @@ def _set(value: Any, path: str, leaf: Any) -> Any:
 def decode_reference(rows: Sequence[Mapping[str, Any]], fmt: Format) -> list[dict[str, Any]]:
     """The rows of one file (``to_pylist()``: logical names, physical values, file order) decoded by the letter of
     the format, in plain Python: a stacked leaf is the last k frames of the stored lists of rows t-k+1..t, a null
-    ``next_obs`` the decoded ``obs`` of the next row."""
+    ``next_obs`` the decoded ``obs`` of the next row, an image frame's bytes its values."""
     rows = [dict(r) for r in rows]
     if not fmt.encoded:
         return rows
@@ -542,6 +655,7 @@ def decode_reference(rows: Sequence[Mapping[str, Any]], fmt: Format) -> list[dic
         return i > 0 and rows[i - 1]["episode_id"] == rows[i]["episode_id"] and \
             rows[i - 1]["step"] + 1 == rows[i]["step"]
 
+    paths = [p for p, _ in _reference_leaves(rows)]
     obs = []
     for i, r in enumerate(rows):
         o = r.get(OBS)
@@ -557,11 +671,36 @@ def decode_reference(rows: Sequence[Mapping[str, Any]], fmt: Format) -> list[dic
     for i, r in enumerate(rows):
         d = dict(r)
         if OBS in r:
-            d[OBS] = obs[i]
+            d[OBS] = _values(obs[i], fmt, paths)
         if NEXT in r:
-            d[NEXT] = _next_reference(rows, obs, i, fmt, follows)
+            d[NEXT] = _values(_next_reference(rows, obs, i, fmt, follows), fmt, paths)
         out.append(d)
     return out
+
+
+def _reference_leaves(rows: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    first = next((r[OBS] for r in rows if r.get(OBS) is not None), None)
+
+    def walk(value: Any, path: str) -> list[tuple[str, Any]]:
+        if isinstance(value, dict):
+            return [leaf for k, v in value.items() for leaf in walk(v, f"{path}.{k}")]
+        return [(path, value)]
+    return walk(first, OBS) if first is not None else []
+
+
+def _values(value: Any, fmt: Format, paths: list[str]) -> Any:
+    """An observation with its image frames (bytes) as the nested lists of their values."""
+    for path in paths:
+        image = fmt.images.get(path)
+        if image is None:
+            continue
+        dtype, shape = np.dtype(image[0]), image[1]
+
+        def of(b: bytes) -> Any:
+            return np.frombuffer(b, dtype).reshape(shape).tolist()
+        leaf = _get(value, path)
+        value = _set(value, path, [of(f) for f in leaf] if path in fmt.stacks else of(leaf))
+    return value
 
 
 def _next_reference(rows: list[dict[str, Any]], obs: list[Any], i: int, fmt: Format, follows: Any) -> Any:
@@ -570,9 +709,13 @@ def _next_reference(rows: list[dict[str, Any]], obs: list[Any], i: int, fmt: For
         if i + 1 >= len(rows) or not follows(i + 1):
             raise EncodingError(f"row {i}: next_obs is null without the episode's next step after it")
         return obs[i + 1]
-    for path, k in fmt.frame_stack:
+    for path, _ in _reference_leaves([{OBS: n}]):
         stored = _get(n, path)
-        n = _set(n, path, stored if len(stored) == k else list(_get(obs[i], path))[1:] + list(stored))
+        k = fmt.stacks.get(path)
+        if k is None and path in fmt.images:
+            n = _set(n, path, stored[0])
+        elif k is not None and len(stored) != k:
+            n = _set(n, path, list(_get(obs[i], path))[1:] + list(stored))
     return n
 
 
@@ -581,33 +724,66 @@ def encode_reference(table: pa.Table, fmt: Format) -> pa.Table:
     ``next_obs`` is the next row's ``obs`` bit for bit (same episode, next step) it is null, and a stacked leaf
     holds its newest frame wherever its stack is the row before's shifted by one frame (an anchor elsewhere).
     What the writer stores for the same rows in the same file."""
-    rows = table.to_pylist()
-    arrays = {name: table.column(name) for name in table.column_names}
+    eid, step = table["episode_id"].to_pylist(), table["step"].to_pylist()
+    n = table.num_rows
     obs_t = table.schema.field(OBS).type
-
-    def bits(column: str, i: int, path: str) -> np.ndarray:
-        return np.ascontiguousarray(fixed_numpy(_leaf(arrays[column].combine_chunks().slice(i, 1), path))[0])
-
-    def same(a: np.ndarray, b: np.ndarray) -> bool:
-        return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    physical = physical_schema(table.schema, fmt)
+    paths = [p for p, _ in leaves(obs_t)]
+    o = {p: fixed_numpy(_leaf(table[OBS].combine_chunks(), p)) for p in paths}
+    x = {p: fixed_numpy(_leaf(table[NEXT].combine_chunks(), p)) for p in paths} if NEXT in table.column_names else {}
 
     def follows(i: int) -> bool:
-        return i > 0 and rows[i - 1]["episode_id"] == rows[i]["episode_id"] and \
-            rows[i - 1]["step"] + 1 == rows[i]["step"]
+        return 0 < i < n and eid[i - 1] == eid[i] and step[i - 1] + 1 == step[i]
 
-    paths = [p for p, _ in leaves(obs_t)]
-    for i, r in enumerate(rows):
-        o, n = r[OBS], r.get(NEXT)
-        for path, k in fmt.frame_stack:
-            anchor = not follows(i) or not same(bits(OBS, i, path)[:-1], bits(OBS, i - 1, path)[1:])
-            o = _set(o, path, list(_get(r[OBS], path)) if anchor else [_get(r[OBS], path)[-1]])
-            if n is not None:
-                shifted = same(bits(NEXT, i, path)[:-1], bits(OBS, i, path)[1:])
-                n = _set(n, path, [_get(r[NEXT], path)[-1]] if shifted else list(_get(r[NEXT], path)))
-        if NEXT in r and i + 1 < len(rows) and follows(i + 1) and \
-                all(same(bits(NEXT, i, p), bits(OBS, i + 1, p)) for p in paths):
-            n = None
-        r[OBS] = o
-        if NEXT in r:
-            r[NEXT] = n
-    return pa.Table.from_pylist(rows, schema=physical_schema(table.schema, fmt))
+    def same(a: np.ndarray, b: np.ndarray) -> bool:
+        return a.tobytes() == b.tobytes()
+
+    null = [bool(x) and follows(i + 1) and all(same(x[p][i], o[p][i + 1]) for p in paths) for i in range(n)]
+    obs_leaves, next_leaves = {}, {}
+    for path, t in leaves(obs_t):
+        k = fmt.stacks.get(path)
+        frame = _stored_frame(t.value_type if k else t, fmt.images.get(path))
+        if k is None:
+            obs_leaves[path] = frames_array(o[path], frame)
+            stored = [[x[path][i]] if not null[i] else [] for i in range(n)] if x else []
+            if x and not in_frames(fmt, path):  # as in obs (null where next_obs is: set below)
+                next_leaves[path] = frames_array(x[path], frame)
+                continue
+        else:
+            anchor = [not follows(i) or not same(o[path][i][:-1], o[path][i - 1][1:]) for i in range(n)]
+            obs_leaves[path] = _lists([list(o[path][i]) if anchor[i] else [o[path][i][-1]] for i in range(n)], frame)
+            stored = [[] if null[i] else [x[path][i][-1]] if same(x[path][i][:-1], o[path][i][1:])
+                      else list(x[path][i]) for i in range(n)] if x else []
+        if x:
+            next_leaves[path] = _lists(stored, frame, valid=[not v for v in null])
+    columns = {name: table[name].combine_chunks() for name in table.column_names}
+    columns[OBS] = _reference_struct(obs_t, obs_leaves, physical.field(fmt.physical(OBS)).type, None)
+    if x:
+        valid = pa.array([not v for v in null])
+        column = _reference_struct(obs_t, next_leaves, physical.field(fmt.physical(NEXT)).type, valid)
+        if not pa.types.is_struct(obs_t) and not in_frames(fmt, OBS):
+            column = with_validity(column, ~np.array(null))
+        columns[NEXT] = column
+    return pa.table(list(columns.values()), schema=physical)
+
+
+def _lists(rows: list[list[np.ndarray]], frame: pa.DataType, valid: list[bool] | None = None) -> pa.Array:
+    flat = [f for r in rows for f in r]
+    values = frames_array(np.stack(flat), frame) if flat else pa.array([], frame)
+    offsets = pa.array(np.r_[0, np.cumsum([len(r) for r in rows])].astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, values, mask=None if valid is None else pa.array([not v for v in valid]))
+
+
+def _reference_struct(t: pa.DataType, arrays: Mapping[str, pa.Array], physical: pa.DataType,
+                      valid: pa.Array | None, path: str = OBS) -> pa.Array:
+    if not pa.types.is_struct(t):
+        return arrays[path]
+    children = [_reference_struct(f.type, arrays, physical.field(f.name).type, None, f"{path}.{f.name}") for f in t]
+    mask = None if valid is None else pc_invert(valid)
+    return pa.StructArray.from_arrays(children, fields=list(physical), mask=mask)
+
+
+def pc_invert(valid: pa.Array) -> pa.Array:
+    import pyarrow.compute as pc
+
+    return pc.invert(valid)

@@ -92,8 +92,8 @@ def _check_encoding(rows: pa.Table, fmt: Format) -> None:
         return
     obs = logical_schema(rows.schema, fmt).field(OBS).type
     check_frame_stack(obs, fmt.stacks)
-    if NEXT in rows.column_names and sch.describe(rows[NEXT].type) != sch.describe(physical_next_type(obs)):
-        raise InputError(f"next_obs: encoded rows store it as {sch.describe(physical_next_type(obs))} (obs "
+    if NEXT in rows.column_names and sch.describe(rows[NEXT].type) != sch.describe(physical_next_type(obs, fmt)):
+        raise InputError(f"next_obs: encoded rows store it as {sch.describe(physical_next_type(obs, fmt))} (obs "
                          f"{sch.describe(obs)}), got {sch.describe(rows[NEXT].type)}")
     try:
         decode_table(rows, fmt, where="rows")
@@ -132,7 +132,11 @@ def _fitted(rows: pa.Table, stored: pa.Schema, fmt: Format) -> pa.Table:
             raise SchemaMismatchError(f"{field.name}: the stored steps of this environment hold "
                                       f"{sch.describe(stored.field(field.name).type)}, got {sch.describe(field.type)}")
     target = pa.schema([stored.field(f.name) if f.name in stored.names else f for f in logical])
-    return _cast_to(rows, physical_schema(target, Format.create(encoding=fmt.encoding, frame_stack=fmt.stacks)))
+    if fmt.encoded and OBS in target.names and OBS in stored.names and \
+            sch.describe(stored.field(OBS).type) != sch.describe(logical.field(OBS).type):
+        raise SchemaMismatchError(f"obs: encoded rows must have the stored observation type "
+                                  f"{sch.describe(stored.field(OBS).type)}, got {sch.describe(logical.field(OBS).type)}")
+    return _cast_to(rows, physical_schema(target, Format(fmt.encoding, fmt.frame_stack, (), fmt.frames)))
 
 
 def _cast_keys(rows: pa.Table) -> pa.Table:
@@ -245,7 +249,8 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
 def _physical(table: StepsTable, rows: pa.Table) -> pa.Table:
     """``rows`` under the physical names the log resolves for their types (reserved there first)."""
     fmt = Format.of(rows.schema.metadata)
-    names = table.reserve({f.name: f.type for f in rows.schema})
+    logical = logical_schema(rows.schema.remove_metadata(), fmt)
+    names = table.reserve({f.name: f.type for f in rows.schema}, {f.name: f.type for f in logical})
     renamed = rows.rename_columns([names[n] for n in rows.column_names])
     return renamed.replace_schema_metadata(fmt.with_columns(names).metadata())
 

@@ -29,22 +29,23 @@ MAX_TRIES = 100
 
 
 def candidates(name: str, t: pa.DataType) -> list[str]:
-    """The physical names a column ``name`` of stored type ``t`` may take, in order of preference."""
+    """The physical names a column ``name`` whose logical type is ``t`` may take, in order of preference."""
     tagged = f"{name}{SEPARATOR}{type_tag(t)}"
     return [name, tagged] + [f"{tagged}_{i}" for i in range(2, MAX_TRIES)]
 
 
-def resolve(types: Mapping[str, pa.DataType],
-            log: Mapping[str, pa.DataType]) -> tuple[dict[str, str], list[pa.Field]]:
+def resolve(types: Mapping[str, pa.DataType], log: Mapping[str, pa.DataType],
+            logical: Mapping[str, pa.DataType] | None = None) -> tuple[dict[str, str], list[pa.Field]]:
     """For each column (logical name -> stored Arrow type), the physical name it is stored under, given the
-    log's columns (name -> type); and the columns the log must gain (their Delta types)."""
+    log's columns (name -> type); and the columns the log must gain (their Delta types). Tags are made from the
+    ``logical`` types where given (an image's bytes say nothing of its dtype), else from the stored ones."""
     taken = {name: describe(delta_type(t)) for name, t in log.items()}
     mapping: dict[str, str] = {}
     new: list[pa.Field] = []
     for name, t in types.items():
         wanted = delta_type(t)
         key = describe(wanted)
-        for candidate in candidates(name, t):
+        for candidate in candidates(name, (logical or {}).get(name, t)):
             have = taken.get(candidate)
             if have is None:
                 taken[candidate] = key

@@ -25,9 +25,10 @@ class Sink(Protocol[Pending]):
         must match; None if none."""
         ...
 
-    def reserve(self, types: Mapping[str, pa.DataType]) -> dict[str, str]:
-        """The physical name each column (logical name -> stored type) is stored under, reserved before the
-        first file that uses it (see :mod:`trajstore.storage.names`)."""
+    def reserve(self, types: Mapping[str, pa.DataType],
+                logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
+        """The physical name each column (logical name -> stored type; ``logical``: the types readers return) is
+        stored under, reserved before the first file that uses it (see :mod:`trajstore.storage.names`)."""
         ...
 
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> Pending:

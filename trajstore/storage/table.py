@@ -298,16 +298,18 @@ class StepsTable:
             if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
                 raise explain(exc, self.location) or exc
 
-    def reserve(self, types: Mapping[str, pa.DataType]) -> dict[str, str]:
-        """The physical name of each column (logical name -> the type its files hold), resolved against the log
-        and added to the log's schema where new, in a commit of its own, before any file uses it (see
-        :mod:`~trajstore.storage.names`). Safe when several writers race: a lost race resolves again."""
+    def reserve(self, types: Mapping[str, pa.DataType],
+                logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
+        """The physical name of each column (logical name -> the type its files hold; ``logical``: the types
+        readers return, for the names' tags), resolved against the log and added to the log's schema where new,
+        in a commit of its own, before any file uses it (see :mod:`~trajstore.storage.names`). Safe when several
+        writers race: a lost race resolves again."""
         self.writable("write")
         last: Exception | None = None
         for attempt in range(COMMIT_RETRIES):
             dt = self._open()
             log_types = {} if dt is None else {f.name: f.type for f in pa.schema(dt.schema().to_arrow())}
-            mapping, new = names.resolve(types, log_types)
+            mapping, new = names.resolve(types, log_types, logical)
             if not new:
                 return mapping
             try:

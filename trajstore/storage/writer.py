@@ -70,9 +70,9 @@ class Writer:
         self.flush_bytes = flush_bytes
         _check_lineage_names(lineage)
         self.lineage = {"worker_id": worker_id or f"{socket.gethostname()}:{os.getpid()}", **lineage}
-        self.frame_stack = dict(frame_stack or {})
         if frame_stack is not None and not isinstance(frame_stack, Mapping):
             check_frame_stack(pa.null(), frame_stack)  # raises naming frame_stack
+        self.frame_stack = dict(frame_stack or {})
         self._types = self._initial_types(observation_space, action_space)
         if OBS in self._types:
             check_frame_stack(self._types[OBS], self.frame_stack)
@@ -251,7 +251,8 @@ class Writer:
         if self._buffer is not None and self._buffer and key != self._buffer_key:
             self._submit()  # other columns: the rows so far go to a file of their own
         if self._buffer is None:
-            self._buffer = RowBuffer(B, self._types[OBS], self.frame_stack)
+            self._buffer = RowBuffer(B, self._types[OBS], Format.for_obs(self._types[OBS],
+                                                                         frame_stack=self.frame_stack))
         self._buffer_key = key
         self._buffer.add(columns, obs, nxt, rows)
         if self._buffer.nbytes >= self.flush_bytes:
@@ -274,10 +275,11 @@ class Writer:
         wanted = {f.name: f.type for f in data.schema}
         changed = {n: t for n, t in wanted.items() if self._reserved.get(n, ("", ""))[0] != sch.describe(t)}
         if changed:
-            for name, physical in self.sink.reserve(changed).items():
+            logical = {n: self._types.get(n, t) for n, t in changed.items()}
+            for name, physical in self.sink.reserve(changed, logical).items():
                 self._reserved[name] = (sch.describe(changed[name]), physical)
         names = {n: self._reserved[n][1] for n in wanted}
-        fmt = Format.create(frame_stack=self.frame_stack, columns=names)
+        fmt = Format.for_obs(self._types[OBS], frame_stack=self.frame_stack, columns=names)
         return data.rename_columns([names[n] for n in data.column_names]).replace_schema_metadata(fmt.metadata())
 
     def _wait(self) -> None:

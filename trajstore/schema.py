@@ -203,13 +203,14 @@ def describe(t: pa.DataType) -> str:
     return f"{base}[{','.join(dims)}]" if dims else base
 
 
+_ARROW_NAMES = {"float": "float32", "double": "float64", "halffloat": "float16", "large_string": "string",
+                "string_view": "string"}
+
+
 def _base_name(t: pa.DataType) -> str:
     """numpy's name of a numeric or bool type (``float32``, ``uint8``, ``bool``), Arrow's of the others."""
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        return np.dtype(t.to_pandas_dtype()).name
-    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return "string"
-    return str(t)
+    name = str(t)
+    return _ARROW_NAMES.get(name, name)
 
 
 def type_tag(t: pa.DataType) -> str:

@@ -1,0 +1,130 @@
+"""Every environment in one store: CartPole (Discrete int64 action, float32[4] obs), Pendulum (float32[1] action),
+an Atari-like image env (uint8 (4, 84, 84) frame stacks) and a Dict-observation env. Statistics, episodes and SQL
+work across all of them; readers that return arrays work per environment and name the env ids when asked to mix
+what cannot be one column; external Delta readers see honest, typed columns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import trajstore
+from tests.helpers import make_batch, stacked_stream
+from trajstore.errors import InputError
+from trajstore.rollout import gym_rollout
+from trajstore.schema import to_numpy
+
+IMAGE = "Breakout-like-v0"
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[trajstore.Store, dict[str, Any]]:
+    store = trajstore.open(tmp_path_factory.mktemp("mixed") / "store", create=True)
+    gym_rollout(store, "CartPole-v1", run_id="gym", num_envs=2, steps=300, seed=0, progress=False)
+    gym_rollout(store, "Pendulum-v1", run_id="gym", num_envs=2, steps=300, seed=0, progress=False)
+    frames = stacked_stream(np.random.default_rng(1), 30, 2, shape=(84, 84), p_end=0.1)
+    with store.writer(run_id="pixels", env_id=IMAGE, frame_stack={"obs": 4}) as w:
+        w.add_batch(frames)
+    rng = np.random.default_rng(2)
+    batch = make_batch(rng, 25, 2, extras={"t": np.repeat(np.arange(25)[:, None], 2, axis=1)})
+    pos = rng.normal(size=(26, 2, 2)).astype(np.float64)
+    batch["obs"] = {"pos": pos[:-1], "mode": np.zeros((25, 2), np.int8)}
+    batch["next_obs"] = {"pos": pos[1:], "mode": np.zeros((25, 2), np.int8)}
+    with store.writer(run_id="dict", env_id="Dict-v0") as w:
+        w.add_batch(batch)
+    return store, {"frames": frames, "dict": batch}
+
+
+def test_statistics_episodes_and_sql_work_across_every_environment(mixed: tuple[trajstore.Store, Any]) -> None:
+    store, _ = mixed
+    envs = [IMAGE, "CartPole-v1", "Dict-v0", "Pendulum-v1"]
+    assert store.stats(by="env_id", include_incomplete=True)["env_id"].to_pylist() == envs
+    assert sorted(set(store.episodes(limit=None)["env_id"].to_pylist())) == envs
+    counts = store.sql("SELECT env_id, count(*) AS n, sum(reward) AS r FROM steps GROUP BY env_id ORDER BY env_id")
+    per_env = {env: sum(f.rows for f in store.files() if f.env_id == env) for env in envs}
+    assert counts["env_id"].to_pylist() == envs and counts["n"].to_pylist() == list(per_env.values())
+    assert per_env[IMAGE] == 60 and per_env["Dict-v0"] == 50
+    assert store.sql("SELECT DISTINCT typeof(action) AS t FROM steps")["t"].to_pylist() == ["VARIANT"]
+    types = {env: store.sql("SELECT typeof(action) AS a, typeof(obs) AS o FROM steps LIMIT 1", env_id=env).to_pylist()[0]
+             for env in envs}
+    assert types == {"CartPole-v1": {"a": "BIGINT", "o": "FLOAT[]"}, "Pendulum-v1": {"a": "FLOAT[]", "o": "FLOAT[]"},
+                     IMAGE: {"a": "BIGINT", "o": "UTINYINT[][][]"},
+                     "Dict-v0": {"a": "BIGINT", "o": 'STRUCT(pos DOUBLE[], "mode" TINYINT)'}}
+    both = store.sql("SELECT avg(action) AS a FROM steps", env_id=["CartPole-v1", IMAGE])  # one type: no VARIANT
+    assert 0 <= both["a"][0].as_py() <= 3
+    assert store.sql("SELECT count(*) AS n FROM steps", run_id="pixels")["n"][0].as_py() == 60
+
+
+def test_arrays_come_per_environment_in_their_own_types(mixed: tuple[trajstore.Store, Any]) -> None:
+    store, written = mixed
+    got = store.scan(["env_index", "step", "episode_id", "obs", "next_obs", "action"], env_id=IMAGE).read_all()
+    obs = to_numpy(got["obs"])
+    assert obs.dtype == np.uint8 and obs.shape[1:] == (4, 84, 84)
+    pendulum = next(store.iter_batches(batch_size=64, columns=["obs", "action"], env_id="Pendulum-v1"))
+    assert pendulum["action"].dtype == np.float32 and pendulum["action"].shape == (64, 1)
+    cartpole = next(store.iter_batches(batch_size=64, columns=["obs", "action"], env_id="CartPole-v1"))
+    assert cartpole["action"].dtype == np.int64 and cartpole["obs"].shape == (64, 4)
+    both = next(store.iter_batches(batch_size=600, columns=["obs"], env_id=["CartPole-v1", "Pendulum-v1"]))
+    assert both["obs"].dtype == object  # one float32 array per row: shapes (4,) and (3,)
+    d = store.scan(["t", "env_index", "obs"], env_id="Dict-v0").read_all()
+    values = to_numpy(d["obs"])
+    assert values["pos"].dtype == np.float64 and values["mode"].dtype == np.int8
+    np.testing.assert_array_equal(values["pos"], written["dict"]["obs"]["pos"][d["t"].to_numpy(), d["env_index"].to_numpy()])
+    window = next(store.sequences(4, columns=["obs", "action"], where=f"env_id = '{IMAGE}'", batch_size=8))
+    assert window["obs"].dtype == np.uint8 and window["obs"].shape == (8, 4, 4, 84, 84)
+    n_step = next(store.transitions(2, gamma=0.9, columns=["obs"], where="env_id = 'Pendulum-v1'", batch_size=8))
+    assert n_step["next_obs"].dtype == np.float32 and n_step["next_obs"].shape == (8, 3)
+
+
+def test_mixing_what_cannot_be_one_column_names_the_environments(mixed: tuple[trajstore.Store, Any]) -> None:
+    store, _ = mixed
+    with pytest.raises(InputError, match=r"columns: 'action' is stored in types that cannot be one column by the "
+                                         r"selected environments \(.*CartPole-v1.*: int64; .*Pendulum-v1: "
+                                         r"float32\[1\]\); select one with env_id="):
+        store.scan(["action"])
+    with pytest.raises(InputError, match=r"'obs' .*Breakout-like-v0: uint8\[4,84,84\]"):
+        list(store.iter_batches(columns=["obs"]))
+    with pytest.raises(InputError, match=r"columns: 'obs' is stored in types that cannot be one array"):
+        store.sequences(4, columns=["obs"], where="env_id IN ('CartPole-v1', 'Pendulum-v1')")
+    total = sum(f.rows for f in store.files())
+    assert store.scan(["reward", "episode_id"]).read_all().num_rows == total  # columns every env stores alike
+
+
+def test_the_log_holds_typed_columns_that_external_delta_readers_read(mixed: tuple[trajstore.Store, Any]) -> None:
+    import deltalake
+    import polars as pl
+
+    store, _ = mixed
+    log = {f.name: f.type for f in store.table.delta_schema()}
+    assert log["action"] == pa.int64() and log["action__float32_1d"] == pa.list_(pa.float32())
+    assert log["obs"] == pa.list_(pa.float32()) and log["obs__uint8_3d"] == pa.list_(pa.binary())
+    assert [n for n in log if n.startswith("obs__struct_")]  # the Dict observation's struct
+    path = Path(str(store.root)) / "steps"
+    dataset = deltalake.DeltaTable(str(path)).to_pyarrow_dataset()
+    total = sum(f.rows for f in store.files())
+    assert dataset.count_rows() == total
+    table = dataset.to_table(columns=["env_id", "action", "action__float32_1d", "obs__uint8_3d"])
+    per_env = {env: table.filter(pa.compute.equal(table["env_id"], env)) for env in ("CartPole-v1", "Pendulum-v1")}
+    pendulum = per_env["Pendulum-v1"].num_rows
+    assert per_env["CartPole-v1"]["action"].null_count == 0 and per_env["Pendulum-v1"]["action"].null_count == pendulum
+    assert per_env["Pendulum-v1"]["action__float32_1d"].null_count == 0
+    images = table.filter(pa.compute.equal(table["env_id"], IMAGE))["obs__uint8_3d"]
+    assert images.null_count == 0 and {len(b) for f in images.to_pylist() for b in f} == {84 * 84}
+    frame = pl.scan_delta(str(path), use_pyarrow=True).select(pl.col("reward").count().alias("n"),
+                                                              pl.col("reward").sum().alias("r"))
+    n, r = frame.collect().row(0)
+    assert n == total and r == pytest.approx(store.sql("SELECT sum(reward) AS r FROM steps")["r"][0].as_py(), rel=1e-5)
+
+
+def test_sandboxed_sql_takes_the_same_selection(mixed: tuple[trajstore.Store, Any]) -> None:
+    store, written = mixed
+    result = store.sandboxed_sql("SELECT t, env_index, obs FROM steps ORDER BY t, env_index", env_id="Dict-v0")
+    pos = np.array([r["pos"] for r in result.table["obs"].to_pylist()])
+    t, b = result.table["t"].to_numpy(), result.table["env_index"].to_numpy()
+    np.testing.assert_array_equal(pos, written["dict"]["obs"]["pos"][t, b])
+    images = store.sandboxed_sql("SELECT obs FROM steps LIMIT 3", run_id="pixels").table
+    assert np.array(images["obs"].to_pylist(), np.uint8).shape == (3, 4, 84, 84)

@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Hashable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -77,8 +77,18 @@ class Layout:
     def steps(self) -> int:
         return int(self.length.sum())
 
-    def gather(self, name: str, positions: np.ndarray) -> np.ndarray:
-        return self.columns[name].gather(positions)
+    def gather(self, name: str, positions: np.ndarray) -> Any:
+        """Column ``name`` at ``positions``: an array, or for a Dict column a dict of its leaves' arrays."""
+        if name in self.columns:
+            return self.columns[name].gather(positions)
+        out: dict[str, Any] = {}
+        for leaf in (c for c in self.columns if c.startswith(name + ".")):
+            *parents, last = leaf[len(name) + 1:].split(".")
+            target = out
+            for part in parents:
+                target = target.setdefault(part, {})
+            target[last] = self.columns[leaf].gather(positions)
+        return out
 
     def new_column(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Column:
         if self.folder is None:
@@ -182,6 +192,18 @@ def _zeros(path: Path, size: int) -> None:
             size -= len(block)
 
 
+def column_leaves(schema: pa.Schema, name: str, *, empty: bool = False) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """The arrays a column is laid out as: itself, or each leaf of a Dict column (``obs.pixels``), with its dtype
+    and per-step shape (see :func:`column_type`)."""
+    t = schema.field(name).type
+    if not pa.types.is_struct(t):
+        return {name: column_type(schema, name, empty=empty)}
+    out = {}
+    for f in t:
+        out.update(column_leaves(pa.schema([pa.field(f"{name}.{f.name}", f.type)]), f"{name}.{f.name}", empty=empty))
+    return out
+
+
 def column_type(schema: pa.Schema, name: str, *, empty: bool = False) -> tuple[np.dtype, tuple[int, ...]]:
     """The numpy dtype and per-step shape a stored column has in a layout; an :class:`InputError` naming
     ``columns`` for a column that has no fixed numeric shape (unless no step is selected: ``empty``)."""
@@ -247,9 +269,9 @@ def build(read: Reader, schema: pa.Schema, columns: Sequence[str]) -> Layout:
     files: one pass over ``episode_id, step`` for the index, one over the columns to fill the files."""
     layout = _index(read(["episode_id", "step"]))
     pa.default_memory_pool().release_unused()  # what the reads decoded goes back to the system, not kept
-    types = {c: column_type(schema, c, empty=layout.steps == 0) for c in columns}
+    types = {leaf: kind for c in columns for leaf, kind in column_leaves(schema, c, empty=layout.steps == 0).items()}
     try:
-        files = {c: layout.new_column(c, *types[c]) for c in columns}
+        files = {leaf: layout.new_column(leaf, *kind) for leaf, kind in types.items()}
         if columns:
             for batch in read(["episode_id", "step", *columns]):
                 _scatter(layout, batch, files)
@@ -290,14 +312,22 @@ def _scatter(layout: Layout, batch: pa.RecordBatch, files: dict[str, Column]) ->
     eid = batch.column(0).to_numpy(zero_copy_only=False)
     step = batch.column(1).to_numpy(zero_copy_only=False)
     pos = layout.offset[np.searchsorted(layout.episode_id, eid)] + step
-    for i, (name, column) in enumerate(files.items(), start=2):
-        values = batch.column(i)
+    for i in range(2, batch.num_columns):
+        name, values = batch.schema.names[i], batch.column(i)
         if values.null_count:
             raise InputError(f"columns: {name!r} is missing (null) in some selected steps; select episodes "
                              "that all hold it (where=…)")
-        target = column.open("r+")
-        target[pos] = to_numpy(values)
-        del target  # unmapped after each batch: written pages go to the page cache, not this process
+        for leaf, array in _leaf_arrays(name, to_numpy(values)).items():
+            target = files[leaf].open("r+")
+            target[pos] = array
+            del target  # unmapped after each batch: written pages go to the page cache, not this process
+
+
+def _leaf_arrays(name: str, value: Any) -> dict[str, np.ndarray]:
+    """A column's values as arrays by leaf name (a Dict column's leaves as ``obs.pixels``)."""
+    if isinstance(value, dict):
+        return {leaf: a for k, v in value.items() for leaf, a in _leaf_arrays(f"{name}.{k}", v).items()}
+    return {name: value}
 
 
 def derive(layout: Layout, name: str, dtype: np.dtype, source: str,

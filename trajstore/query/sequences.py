@@ -202,6 +202,15 @@ def loader_batches(kind: str, arguments: dict[str, Any], source: Source, release
                    position=position, on_close=release)
 
 
+def _zero_outside(values: Any, mask: np.ndarray) -> Any:
+    """``values`` (an array, or a dict of them for a Dict column) with the steps outside ``mask`` zero."""
+    if isinstance(values, dict):
+        return {k: _zero_outside(v, mask) for k, v in values.items()}
+    if not mask.all():
+        values[~mask] = 0
+    return values
+
+
 def window_batch(layout: lay.Layout, names: Sequence[str], episode: np.ndarray, start: np.ndarray,
                  length: int) -> dict[str, np.ndarray]:
     """The windows ``(episode, start)``: each column ``(n, length, …)`` (zero past the episode's end),
@@ -212,10 +221,7 @@ def window_batch(layout: lay.Layout, names: Sequence[str], episode: np.ndarray, 
     positions = layout.offset[episode][:, None] + np.minimum(steps, ends - 1)
     out: dict[str, np.ndarray] = {}
     for name in names:
-        values = layout.gather(name, positions)
-        if not mask.all():
-            values[~mask] = 0
-        out[name] = values
+        out[name] = _zero_outside(layout.gather(name, positions), mask)
     out["mask"] = mask
     out["episode_id"] = layout.episode_id[episode]
     out["start"] = start

@@ -176,3 +176,19 @@ def test_a_remote_writer_stores_the_dtype_encoded(live: Live, store: trajstore.S
     layout = store.table.layouts([f])[0]
     assert layout.format.encoded and layout.format.stacks == {"obs.img": 2}  # stored as sent: encoded
     assert layout.format.images == {"obs.img": (dtype, (4, 5))}
+
+
+def test_a_remote_writer_sends_whole_rows_where_the_service_takes_no_encoding_2(live: Live,
+                                                                                store: trajstore.Store) -> None:
+    """A service older than encoding 2 says so in GET /ingest (no "encodings", or [1]); the writer then decodes
+    its rows before sending them (here the switch the writer sets from that answer, on a current service)."""
+    with trajstore.Client(live.url, api_key=API_KEY) as client:
+        assert client.check_ingest()["encodings"] == [1, 2]
+    with trajstore.RemoteWriter(live.url, api_key=API_KEY, run_id="remote", env_id="Remote-old",
+                                frame_stack={"obs.img": 2}) as w:
+        w.sink.encoded = False  # type: ignore[attr-defined]
+        w.add_batch(batch_of("uint8", DTYPES.index("uint8")))
+    (f,) = [f for f in store.files() if f.env_id == "Remote-old"]
+    assert not store.table.layouts([f])[0].format.encoded  # stored as sent: every row whole
+    table = store.scan(COLUMNS, env_id="Remote-old").read_all()
+    check_rows("uint8", {c: to_numpy(table[c]) for c in COLUMNS})

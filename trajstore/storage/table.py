@@ -314,7 +314,7 @@ class StepsTable:
                 return mapping
             try:
                 if dt is None:
-                    self._ensure_table(_full_schema(pa.schema(new)))
+                    self._ensure_table(_full_schema(pa.schema([])))
                 else:
                     dt.alter.add_columns([Field.from_arrow(f) for f in new])
                     continue  # read the log again: the names must be the ones it now holds
@@ -475,10 +475,11 @@ class StepsTable:
 
     def _with_columns(self, schema: pa.Schema) -> DeltaTable:
         dt = self._open()
-        if dt is None:
-            try:
-                return DeltaTable.create(self.uri, schema, partition_by=list(PARTITION_COLUMNS), mode="ignore",
-                                         name="steps", storage_options=self.location.storage_options)
+        if dt is None:  # created with the partition columns alone, the same whoever creates it: racing creators
+            try:        # (a local log lets each commit its own creation) then leave one schema, columns come after
+                DeltaTable.create(self.uri, _full_schema(pa.schema([])), partition_by=list(PARTITION_COLUMNS),
+                                  mode="ignore", name="steps", storage_options=self.location.storage_options)
+                dt = self._open()
             except (CommitFailedError, DeltaError):  # a concurrent writer created it first
                 dt = self._open()
                 if dt is None:

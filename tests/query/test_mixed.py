@@ -49,8 +49,8 @@ def test_statistics_episodes_and_sql_work_across_every_environment(mixed: tuple[
     assert counts["env_id"].to_pylist() == envs and counts["n"].to_pylist() == list(per_env.values())
     assert per_env[IMAGE] == 60 and per_env["Dict-v0"] == 50
     assert store.sql("SELECT DISTINCT typeof(action) AS t FROM steps")["t"].to_pylist() == ["VARIANT"]
-    types = {env: store.sql("SELECT typeof(action) AS a, typeof(obs) AS o FROM steps LIMIT 1", env_id=env).to_pylist()[0]
-             for env in envs}
+    query = "SELECT typeof(action) AS a, typeof(obs) AS o FROM steps LIMIT 1"
+    types = {env: store.sql(query, env_id=env).to_pylist()[0] for env in envs}
     assert types == {"CartPole-v1": {"a": "BIGINT", "o": "FLOAT[]"}, "Pendulum-v1": {"a": "FLOAT[]", "o": "FLOAT[]"},
                      IMAGE: {"a": "BIGINT", "o": "UTINYINT[][][]"},
                      "Dict-v0": {"a": "BIGINT", "o": 'STRUCT(pos DOUBLE[], "mode" TINYINT)'}}
@@ -73,7 +73,8 @@ def test_arrays_come_per_environment_in_their_own_types(mixed: tuple[trajstore.S
     d = store.scan(["t", "env_index", "obs"], env_id="Dict-v0").read_all()
     values = to_numpy(d["obs"])
     assert values["pos"].dtype == np.float64 and values["mode"].dtype == np.int8
-    np.testing.assert_array_equal(values["pos"], written["dict"]["obs"]["pos"][d["t"].to_numpy(), d["env_index"].to_numpy()])
+    at = (d["t"].to_numpy(), d["env_index"].to_numpy())
+    np.testing.assert_array_equal(values["pos"], written["dict"]["obs"]["pos"][at])
     window = next(store.sequences(4, columns=["obs", "action"], where=f"env_id = '{IMAGE}'", batch_size=8))
     assert window["obs"].dtype == np.uint8 and window["obs"].shape == (8, 4, 4, 84, 84)
     n_step = next(store.transitions(2, gamma=0.9, columns=["obs"], where="env_id = 'Pendulum-v1'", batch_size=8))

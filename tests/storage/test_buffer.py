@@ -293,3 +293,27 @@ def test_a_space_declared_for_a_stacked_leaf_refuses_other_shapes(store: trajsto
     space = spaces.Box(0, 255, (4, 8, 8), np.uint8)
     with pytest.raises(SchemaMismatchError, match=r"obs: expected shape \(4, 8, 8\) uint8 per step"):
         write(store, stream, [], frame_stack={"obs": 4}, observation_space=space)
+
+
+def test_deletes_derived_columns_and_compaction_keep_what_decodes(store: trajstore.Store) -> None:
+    """Rewrites keep each file's format and each episode's rows in order: whole episodes go, a column is added,
+    files of one format are joined; every remaining step decodes to what was written."""
+    from trajstore.storage.check import check
+    from trajstore.storage.compact import compact
+
+    stream = stacked_stream(np.random.default_rng(13), 40, 3)
+    write(store, stream, [10, 25], flush_at=(0, 1), frame_stack={"obs": 4})
+    assert len(store.files()) == 3
+    episodes = store.episodes(limit=None)["episode_id"].to_pylist()
+    store.delete(where=f"episode_id IN ({episodes[1]}, {episodes[-2]})")
+    store.add_column("doubled", "reward * 2")
+    compact(store, progress=False)
+    assert len(store.files()) == 1 and check(store).ok
+    got = store.scan(["env_index", "t", "obs", "next_obs", "doubled", "reward"]).read_all()
+    from trajstore.schema import to_numpy
+
+    t, env = got["t"].to_numpy(), got["env_index"].to_numpy()
+    np.testing.assert_array_equal(to_numpy(got["obs"]), stream["obs"][t, env])
+    np.testing.assert_array_equal(to_numpy(got["next_obs"]), stream["next_obs"][t, env])
+    np.testing.assert_allclose(got["doubled"].to_numpy(), got["reward"].to_numpy() * 2)
+    assert store.table.layouts(store.files())[0].format.stacks == {"obs": 4}

@@ -220,6 +220,7 @@ def test_the_format_round_trips_through_metadata_and_refuses_what_it_cannot_read
     assert logical.names == ["obs", "next_obs", "action"]
     assert logical.field("obs").type == logical.field("next_obs").type == leaf_type("uint8", (4, 2))
     images = Format.for_obs(leaf_type("uint8", (4, 84, 84)), frame_stack={"obs": 4})
-    assert images.metadata() == {b"trajstore": b'{"encoding":2,"frame_stack":{"obs":4},"frames":{"obs":["uint8",[84,84]]}}'}
+    assert images.metadata() == {b"trajstore": b'{"encoding":2,"frame_stack":{"obs":4},'
+                                               b'"frames":{"obs":["uint8",[84,84]]}}'}
     physical = pa.schema([("obs", pa.list_(pa.binary(7056))), ("next_obs", pa.list_(pa.binary(7056)))])
     assert logical_schema(physical, images).field("obs").type == leaf_type("uint8", (4, 84, 84))

@@ -12,7 +12,7 @@ dtypes, nestings: :class:`StepTypes` names them with their environments).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa

@@ -65,8 +65,8 @@ def _bytes(blobs: pa.Array, present: np.ndarray, width: int) -> np.ndarray:
     if pa.types.is_fixed_size_binary(blobs.type):
         data = np.frombuffer(blobs.buffers()[1], np.uint8, count=len(blobs) * width, offset=blobs.offset * width)
         return data.reshape(len(blobs), width)[present].reshape(-1)
-    offsets = np.frombuffer(blobs.buffers()[1], np.int64 if pa.types.is_large_binary(blobs.type) else np.int32,
-                            count=len(blobs) + 1, offset=blobs.offset * (8 if pa.types.is_large_binary(blobs.type) else 4))
+    kind = np.dtype(np.int64 if pa.types.is_large_binary(blobs.type) else np.int32)
+    offsets = np.frombuffer(blobs.buffers()[1], kind, count=len(blobs) + 1, offset=blobs.offset * kind.itemsize)
     lengths = np.diff(offsets)
     if (lengths[present] != width).any():
         raise ValueError(f"image frames must be {width} bytes each, got {sorted(set(lengths[present].tolist()))}")

@@ -1,14 +1,15 @@
 """Steps read straight from the committed Parquet files: the rows of ``SELECT … FROM steps`` as a stream
-of record batches, at the speed of a direct pyarrow read.
+of record batches, at the speed of a direct pyarrow read, in the types the files store.
 
 Streaming for training reads every selected step once and in storage order; a SQL engine adds nothing
-there but its own cost. :func:`steps_dataset` is a pyarrow dataset over exactly the files of one
+there but its own cost. :func:`steps_dataset` is a pyarrow dataset over exactly some files of one
 committed version (never a listing of the folder), with ``run_id`` and ``env_id`` taken from each file's
-partition, every column cast to the type the ``steps`` view gives it (so both paths yield identical
-tables), and columns a file lacks filled with nulls; :func:`scan_steps` streams it, and a
-:class:`~trajstore.query.snapshot.Snapshot` given a schema lets DuckDB read it instead of the files. Files are read in the order the log lists them (the
-order of the ``steps`` view), two ahead, their row groups decoded on Arrow's thread pool; memory is bounded
-by the read-ahead, not by the result.
+partition, every column cast to one type, and columns a file lacks filled with nulls. :func:`scan_steps`
+reads the files group by group (:mod:`~trajstore.query.groups`: files stored alike), one dataset each, decodes
+each file's batches (:mod:`~trajstore.storage.encoding`) and gives them their logical names; a
+:class:`~trajstore.query.snapshot.Snapshot` registers the same datasets to let DuckDB read them instead of the
+files. Files are read two ahead, their row groups decoded on Arrow's thread pool; memory is bounded by the
+read-ahead, not by the result.
 """
 
 from __future__ import annotations

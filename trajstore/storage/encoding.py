@@ -566,7 +566,8 @@ def check_rows(batches: Iterator[pa.RecordBatch], fmt: Format, obs_type: pa.Data
             k = fmt.stacks.get(path)
             if k is not None and OBS in batch.schema.names:
                 counts = np.diff(_leaf(batch.column(OBS), path).offsets.to_numpy())
-                _refuse(where, row, eid, step, (counts != 1) & (counts != k), f"{path} holds other than 1 or {k} frames")
+                _refuse(where, row, eid, step, (counts != 1) & (counts != k),
+                        f"{path} holds other than 1 or {k} frames")
                 _refuse(where, row, eid, step, (counts == 1) & ~follows,
                         f"{path} holds one frame, but the row before it is not the same episode's previous step")
         waiting = None

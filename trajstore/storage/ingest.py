@@ -135,7 +135,8 @@ def _fitted(rows: pa.Table, stored: pa.Schema, fmt: Format) -> pa.Table:
     if fmt.encoded and OBS in target.names and OBS in stored.names and \
             sch.describe(stored.field(OBS).type) != sch.describe(logical.field(OBS).type):
         raise SchemaMismatchError(f"obs: encoded rows must have the stored observation type "
-                                  f"{sch.describe(stored.field(OBS).type)}, got {sch.describe(logical.field(OBS).type)}")
+                                  f"{sch.describe(stored.field(OBS).type)}, "
+                                  f"got {sch.describe(logical.field(OBS).type)}")
     return _cast_to(rows, physical_schema(target, Format(fmt.encoding, fmt.frame_stack, (), fmt.frames)))
 
 

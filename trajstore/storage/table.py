@@ -215,9 +215,9 @@ class StepsTable:
         if not files:
             return None
         fields: dict[str, pa.Field] = {}
-        for f, layout in sorted(zip(files, self.layouts(files)), key=lambda p: -p[0].modified_ms):
-            for field in layout.logical:
-                fields.setdefault(field.name, field)
+        for _, layout in sorted(zip(files, self.layouts(files)), key=lambda p: -p[0].modified_ms):
+            for column in layout.logical:
+                fields.setdefault(column.name, column)
         return pa.schema(list(fields.values()))
 
     def layouts(self, files: Sequence[DataFile]) -> list[FileLayout]:

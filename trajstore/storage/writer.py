@@ -403,7 +403,8 @@ def _leaves_of(name: str, value: Any, t: pa.DataType, T: int, B: int) -> dict[st
         want = sch.leaf_of_type(leaf_t)
         arr = np.asarray(leaf)
         sch.check_leaf(name + path[len(OBS):], arr.shape[2:], arr.dtype, want)
-        out[path] = np.ascontiguousarray(sch.fitting(name, arr, want.dtype), dtype=want.dtype).reshape(T * B, *want.shape)
+        fitted = sch.fitting(name, arr, want.dtype)
+        out[path] = np.ascontiguousarray(fitted, dtype=want.dtype).reshape(T * B, *want.shape)
     return out
 
 

@@ -1,5 +1,9 @@
 """Writes the encoding-1 fixture stores with trajstore as it was before encoding 2 (main at that time): obs of
-two shapes stored as the old writer widened them (uint8 -> int64), and a Dict store (float64 -> float32)."""
+two shapes stored as the old writer widened them (uint8 -> int64), and a Dict store (float64 -> float32).
+
+Run with that version first on the path (it is not collected by pytest; the committed stores are its output):
+``git archive <commit before encoding 2> | tar -x -C /tmp/old && PYTHONPATH=/tmp/old python
+tests/data/make_encoding1.py tests/data``."""
 import sys, shutil
 from pathlib import Path
 import numpy as np

@@ -1,16 +1,20 @@
 # make demo: install into .venv, run a gym and a JAX rollout into ./demo-store (a new pair of runs each time,
 #            named by the time), print the statistics of every run, then serve the store: the dashboard's URL is
 #            printed last (Ctrl-C stops the server; `make clean` removes the store).
-# make test: install into .venv (with every integration, [all], and the test tools, [dev]) and run the whole
-#            test suite.
+# make test: install into .venv (with every integration, [all], and the test tools, [dev]) and the virtualenv of
+#            the declared minimum versions (min-venv), and run the whole test suite.
+# make min-venv: a virtualenv in .cache/min-venv with every core dependency at the minimum pyproject.toml
+#            declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself (editable);
+#            tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build, once).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= ./demo-store
 PORT ?= 8321
 RUN := $(shell date +%Y%m%d-%H%M%S)
+MIN_VENV ?= .cache/min-venv
 
-.PHONY: install demo test bench system-tools clean
+.PHONY: install demo test bench system-tools min-venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +33,20 @@ demo: install
 	@echo "dashboard: http://127.0.0.1:$(PORT)/dashboard  (serving $(STORE); Ctrl-C stops it)"
 	$(VENV)/bin/trajstore serve --store $(STORE) --port $(PORT)
 
-test: install system-tools
+test: install system-tools min-venv
 	$(PY) -m pytest
+
+# Each core dependency pinned to its declared minimum ("name>=x" in [project] dependencies becomes "name==x").
+$(MIN_VENV)/.installed: pyproject.toml
+	rm -rf $(MIN_VENV)
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(PYTHON) -c 'import re; text = open("pyproject.toml").read(); \
+	  deps = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1); \
+	  print("\n".join(d.replace(">=", "==") for d in re.findall(r"\"([^\"]+)\"", deps)))' > $(MIN_VENV)/minimums.txt
+	$(MIN_VENV)/bin/python -m pip install -q -c $(MIN_VENV)/minimums.txt -e .
+	touch $@
+
+min-venv: $(MIN_VENV)/.installed
 
 # From Debian's packages: chromium for the dashboard's browser tests (Playwright drives it; its own browser
 # download is not used), and docker-compose to validate docker-compose.yml (no Docker engine is needed).
@@ -43,4 +59,4 @@ bench: install
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(STORE)
+	rm -rf $(VENV) $(STORE) $(MIN_VENV)

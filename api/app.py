@@ -19,6 +19,7 @@ from trajstore.__about__ import __version__
 from trajstore.api import params, problems
 from trajstore.api.dashboard import router as dashboard_router
 from trajstore.api.routes import commits, episodes, events, health, history, ingest, runs, sequences, sql, stats, steps
+from trajstore.query import sql_worker
 from trajstore.settings import Settings
 from trajstore.store import Store
 
@@ -31,9 +32,11 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     settings = settings or Settings.from_env()
     app = FastAPI(title="trajstore", version=__version__,
                   description="Episode statistics, returns, SQL and Arrow streams over stored RL trajectories.",
-                  responses=problems.ERROR_RESPONSES, dependencies=[Depends(params.single_valued)])
+                  responses=problems.ERROR_RESPONSES,
+                  dependencies=[Depends(params.single_valued), Depends(params.version_refused)])
     app.state.settings = settings
     app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
+    sql_worker.warm(settings.sql_worker_bytes, settings.sql_max_concurrent)  # POST /sql pays no process start
     problems.install(app)
     for module in (health, runs, episodes, stats, steps, sql, ingest, history, events, commits, sequences):
         app.include_router(module.router)

@@ -1,12 +1,12 @@
-"""Dependencies shared by the routes: settings, the store and the API key."""
+"""Dependencies shared by the routes: settings, the store (the latest version, or one ``?version=`` names) and
+the API key."""
 
 from __future__ import annotations
 
 import secrets
-from typing import Annotated
-
 import threading
 from collections import OrderedDict
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -29,15 +29,20 @@ def get_store(request: Request) -> Store:
 
 
 PINNED_CACHE = 8  # stores kept open at old versions (each caches its file list and schema)
+MAX_VERSION = 2**62  # larger numbers are no version a log reaches: refused as junk (422), like "abc" or -1
 _pinned_lock = threading.Lock()
+
+VersionQuery = Annotated[int | None, Query(alias="version", ge=0, le=MAX_VERSION, description=(
+    "read the store as it was at this version (see GET /history), as trajstore.open(uri, version=N) does; "
+    "default: the latest. 404 for a version the log does not have or whose files a vacuum removed"))]
 
 
 def get_read_store(store: Annotated[Store, Depends(get_store)], request: Request,
-                   version: Annotated[int | None, Query(ge=0, description="read the store as it was at this "
-                                                        "version (see GET /history); default: the latest")] = None,
-                   ) -> Store:
+                   at_version: VersionQuery = None) -> Store:  # not `version`: /commits/{version} has that name
     """The store for a read: the latest version, or with ``?version=N`` a read-only store pinned to N (kept
-    for the next requests of that version)."""
+    for the next requests of that version; once a vacuum removes that version's files, its reads answer 404
+    :class:`~trajstore.errors.VersionNotFoundError`, as they would from a new store of that version)."""
+    version = at_version
     if version is None:
         return store
     with _pinned_lock:

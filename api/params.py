@@ -95,23 +95,51 @@ def run_hint(store: Store, missing: list[str]) -> dict[str, str]:
 async def single_valued(request: Request) -> None:
     """Refuse a query parameter given more than once where the route takes one value (``complete=true&
     complete=false``), with 422 naming it, instead of silently keeping the last one."""
-    route = request.scope.get("route")
-    names = _scalar_parameters(request.app, getattr(route, "path", ""), request.method)
+    params = _query_parameters(request.app, _route_path(request), request.method)
     counts = Counter(k for k, _ in request.query_params.multi_items())
-    repeated = sorted(k for k, n in counts.items() if n > 1 and k in names)
+    repeated = sorted(k for k, n in counts.items() if n > 1 and k in params and not params[k])
     if repeated:
         raise HTTPException(status_code=422, detail=f"{repeated[0]}: given {counts[repeated[0]]} times; this "
                                                     "parameter takes one value")
 
 
-def _scalar_parameters(app: Any, path: str, method: str) -> frozenset[str]:
-    """Query parameters of ``method path`` whose schema (in the app's OpenAPI document) is not an array."""
-    cache = app.state.__dict__.setdefault("scalar_parameters", {})
+# Why a route that reads no version of the store refuses ?version= (the others: it has no version to read).
+NO_VERSION = {
+    "/events": "it streams the commits made from now on; to catch up from version N, read GET /commits/{version} "
+               "for N+1, N+2, ... (Client.follow(since=N) does)",
+    "/ready": "it checks the latest version, the one the service serves",
+    "/health": "it says whether the process answers",
+}
+
+
+async def version_refused(request: Request) -> None:
+    """Refuse ``?version=`` (whatever its value) with 422 on a route that reads no version of the store
+    (``/health``, ``/ready``, ``/events``, ingest, deletes, the dashboard's page), instead of silently
+    answering for the latest version; the read routes declare ``version`` themselves (``get_read_store``)."""
+    if "version" not in request.query_params:
+        return
+    path = _route_path(request)
+    if "version" in _query_parameters(request.app, path, request.method):
+        return
+    writes = request.method in ("POST", "PUT", "PATCH", "DELETE")
+    why = NO_VERSION.get(path, "it changes the store, whose latest version alone takes changes" if writes else
+                         "it reads no version of the store")
+    raise HTTPException(status_code=422, detail=f"version: has no meaning on {request.method} {path}: {why}; "
+                                                "?version= is taken by the routes that read data (see GET /history)")
+
+
+def _route_path(request: Request) -> str:
+    return getattr(request.scope.get("route"), "path", "")
+
+
+def _query_parameters(app: Any, path: str, method: str) -> dict[str, bool]:
+    """The query parameters of ``method path`` (in the app's OpenAPI document), each with whether its schema is
+    an array (the parameter may repeat)."""
+    cache = app.state.__dict__.setdefault("query_parameters", {})
     if (path, method) not in cache:
         operation = app.openapi().get("paths", {}).get(path, {}).get(method.lower(), {})
-        cache[(path, method)] = frozenset(
-            p["name"] for p in operation.get("parameters", [])
-            if p.get("in") == "query" and not _is_array(p.get("schema", {})))
+        cache[(path, method)] = {p["name"]: _is_array(p.get("schema", {}))
+                                 for p in operation.get("parameters", []) if p.get("in") == "query"}
     return cache[(path, method)]
 
 

@@ -1,9 +1,16 @@
-"""trajstore.torch: an IterableDataset whose DataLoader workers (num_workers=2) and ranks together cover every
-window exactly once, with the tensors of Store.sequences; format="torch"; skipped cleanly without PyTorch."""
+"""trajstore.torch: IterableDatasets whose DataLoader workers and ranks together cover every window exactly once,
+with the tensors of Store.sequences; set_epoch reaching persistent workers; DataLoader's default start method
+(fork on Linux) after the parent opened and read the store; a Store (local or s3://) or a path; resume after n
+batches. Skipped cleanly without PyTorch."""
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
+import pickle
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,27 +19,45 @@ torch = pytest.importorskip("torch")
 
 import trajstore  # noqa: E402
 import trajstore.torch as ttorch  # noqa: E402
+from tests import seaweed  # noqa: E402
 from tests.helpers import make_batch  # noqa: E402
+from trajstore.errors import InputError  # noqa: E402
+
+WINDOWS = {"length": 4, "pad": True, "shuffle": True, "seed": 1, "batch_size": 8}
+
+
+def fill(store: trajstore.Store, seed: int = 3) -> None:
+    with store.writer(run_id="r", env_id="E") as w:
+        w.add_batch(make_batch(np.random.default_rng(seed), 60, 4, p_terminated=0.05))
 
 
 @pytest.fixture
 def uri(tmp_path: Path) -> str:
-    store = trajstore.open(tmp_path / "store", create=True)
-    with store.writer(run_id="r", env_id="E") as w:
-        w.add_batch(make_batch(np.random.default_rng(3), 60, 4, p_terminated=0.05))
+    fill(trajstore.open(tmp_path / "store", create=True))
     return str(tmp_path / "store")
 
 
-def windows(batches: object) -> list[tuple[int, int]]:
+def windows(batches: Any) -> list[tuple[int, int]]:
     return [(int(e), int(s)) for b in batches for e, s in zip(b["episode_id"], b["start"])]
+
+
+def delivered(store: trajstore.Store, epoch: int, workers: int, **kwargs: Any) -> list[tuple[int, int]]:
+    """The windows a DataLoader with ``workers`` workers gives in one epoch, from the store's own shards: each
+    worker's batches, taken round robin (the DataLoader's in-order delivery)."""
+    shards = [list(store.sequences(**{**WINDOWS, **kwargs}, epoch=epoch, rank=w, world_size=workers))
+              for w in range(workers)]
+    out = []
+    for i in range(max(map(len, shards))):
+        out += [windows([s[i]]) for s in shards if i < len(s)]
+    return [w for batch in out for w in batch]
 
 
 def test_workers_and_ranks_cover_every_window_once(uri: str) -> None:
     everything = sorted(windows(trajstore.open(uri).sequences(4, pad=True)))
     seen = []
-    for rank in range(2):
-        data = ttorch.Sequences(uri, 4, pad=True, shuffle=True, seed=1, batch_size=8, rank=rank, world_size=2)
-        loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    for rank, context in enumerate(["spawn", None]):  # None: DataLoader's default (fork on Linux)
+        data = ttorch.Sequences(uri, **WINDOWS, rank=rank, world_size=2)
+        loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, multiprocessing_context=context)
         got = windows(loader)
         assert len(got) > 0
         seen += got
@@ -53,3 +78,102 @@ def test_batches_are_tensors_of_the_local_batches(uri: str) -> None:
     assert step["discount"].shape == (5,)
     torch_batch = next(trajstore.open(uri).transitions(3, gamma=0.9, batch_size=5, format="torch"))
     assert torch.equal(torch_batch["reward"], step["reward"])
+
+
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_set_epoch_reaches_persistent_workers(uri: str, context: str | None) -> None:
+    store = trajstore.open(uri)
+    data = ttorch.Sequences(store, **WINDOWS)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, persistent_workers=True,
+                                         multiprocessing_context=context)
+    orders = []
+    for epoch in range(3):
+        data.set_epoch(epoch)
+        orders.append(windows(loader))
+        assert orders[-1] == delivered(store, epoch, 2)  # this epoch's order, not the first one's again
+    assert orders[0] != orders[1] != orders[2]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork is DataLoader's default start method on Linux only")
+def test_the_default_start_method_after_the_parent_opened_and_read_the_store(uri: str) -> None:
+    assert multiprocessing.get_start_method() == "fork"  # what DataLoader uses when given no context
+    store = trajstore.open(uri)
+    assert store.stats()["n_traj"][0].as_py() > 0  # deltalake's runtime now exists in this process
+    data = ttorch.Sequences(store, **WINDOWS)
+    got = windows(torch.utils.data.DataLoader(data, batch_size=None, num_workers=2))
+    assert got == delivered(store, 0, 2)
+    steps = ttorch.Transitions(uri, 3, gamma=0.9, batch_size=64)
+    rewards = [b["reward"] for b in torch.utils.data.DataLoader(steps, batch_size=None, num_workers=2)]
+    assert sum(len(r) for r in rewards) == store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
+
+
+def test_a_store_or_a_path(uri: str, tmp_path: Path) -> None:
+    pinned = trajstore.open(uri, version=trajstore.open(uri).version)
+    everything = sorted(windows(pinned.sequences(4, pad=True)))
+    fill(trajstore.open(uri), seed=4)  # more data after the version the pinned store reads
+    data = ttorch.Sequences(pinned, 4, pad=True)
+    assert sorted(windows(torch.utils.data.DataLoader(data, batch_size=None, num_workers=2))) == everything
+    data.set_epoch(1)  # a store opened at a version stays there
+    assert data.version == pinned.version
+    by_path = ttorch.Sequences(Path(uri), 4, pad=True)
+    assert len(windows(by_path)) > len(everything)  # the latest version
+    assert windows(pickle.loads(pickle.dumps(by_path))) == windows(by_path)
+    with pytest.raises(InputError, match="store: expected a trajstore.Store or its URI"):
+        ttorch.Sequences(42, 4)  # type: ignore[arg-type]
+    with pytest.raises(trajstore.errors.StoreNotFoundError):
+        ttorch.Sequences(tmp_path / "nothing", 4)
+
+
+def test_a_store_on_s3_reaches_the_workers_with_its_options(s3: seaweed.SeaweedFS) -> None:
+    store = trajstore.open(f"s3://{s3.bucket()}/torch", create=True, storage_options=s3.storage_options)
+    fill(store)
+    data = ttorch.Sequences(store, **WINDOWS)
+    got = windows(torch.utils.data.DataLoader(data, batch_size=None, num_workers=2))
+    assert got == delivered(store, 0, 2)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # more than this machine's cores
+@pytest.mark.parametrize(("workers", "stop"), [(0, 5), (2, 5), (3, -2)])
+def test_resume_after_n_batches_gives_the_rest_of_the_epoch(uri: str, workers: int, stop: int) -> None:
+    data = ttorch.Sequences(uri, **WINDOWS)
+    data.set_epoch(1)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=workers,
+                                         persistent_workers=workers > 0)
+    whole = [windows([b]) for b in loader]
+    stop = stop % len(whole)  # 5 batches in, or in the last round, where shards run out one after another
+    taken = 0
+    for _ in loader:  # a preempted run
+        taken += 1
+        if taken == stop:
+            break
+    state = data.state_dict(batches=taken)
+    fill(trajstore.open(uri), seed=5)  # written meanwhile: the resumed run still reads the version it had read
+
+    again = ttorch.Sequences(uri, **WINDOWS, resume=state)
+    rest = [windows([b]) for b in torch.utils.data.DataLoader(again, batch_size=None, num_workers=workers)]
+    assert whole[:stop] + rest == whole and len(rest) > 0
+    again.set_epoch(2)  # the next epoch from its beginning, over the latest version
+    latest = windows(trajstore.open(uri).sequences(**WINDOWS, epoch=2))
+    assert windows(again) == latest and len(latest) > sum(map(len, whole))
+
+
+def test_resume_mistakes_are_named(uri: str) -> None:
+    data = ttorch.Sequences(uri, **WINDOWS)
+    state = data.state_dict(batches=3)
+    with pytest.raises(InputError, match="resume: the state was made by a dataset with other arguments"):
+        ttorch.Sequences(uri, **{**WINDOWS, "seed": 2}, resume=state)
+    with pytest.raises(InputError, match="resume: a state of rank 0 of 1"):
+        ttorch.Sequences(uri, **WINDOWS, rank=1, world_size=2, resume=state)
+    with pytest.raises(InputError, match="resume: a state of epoch 0, but epoch=1"):
+        ttorch.Sequences(uri, **WINDOWS, epoch=1, resume=state)
+    with pytest.raises(InputError, match="resume: expected the dict"):
+        ttorch.Sequences(uri, **WINDOWS, resume={"position": 3})
+    two = ttorch.Sequences(uri, **WINDOWS, resume=state)  # made without workers, used with two
+    with pytest.raises(Exception, match="resume: a state made with 1 DataLoader worker"):
+        list(torch.utils.data.DataLoader(two, batch_size=None, num_workers=2))
+    # the error's traceback holds the DataLoader's forked workers, and with them every pipe this process had open
+    # when they forked (pytest's browser driver's too: its end would wait on them), until collected
+    gc.collect()
+    too_far = ttorch.Sequences(uri, **WINDOWS, resume={**state, "batches": 10_000})
+    with pytest.raises(InputError, match="resume: 10000 batches taken, but epoch 0 of rank 0 has only"):
+        list(too_far)

@@ -19,6 +19,7 @@ __all__ = [
     "QueryRefusedError",
     "QueryTimeoutError",
     "ResultTooLargeError",
+    "QueryMemoryError",
     "QueryBusyError",
     "CommitError",
     "StoreDamagedError",
@@ -78,6 +79,11 @@ class ResultTooLargeError(QueryError):
     """A query's result is larger than one answer may be (the sandbox's ``max_bytes``); nothing of it is sent."""
 
 
+class QueryMemoryError(QueryError):
+    """A query needed more memory than it may take (DuckDB's limit, or its worker process's); it was stopped,
+    and nothing else was affected."""
+
+
 class QueryBusyError(QueryError):
     """As many sandboxed queries as allowed are already running; try again after ``retry_after_s`` seconds."""
 
@@ -128,6 +134,14 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (a library's error without the context lines it appends)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes as a message says them: ``1.5 GiB``, ``32 MiB``, ``100 bytes``."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} bytes"
 
 
 class ReadOnlyError(TrajstoreError, PermissionError):

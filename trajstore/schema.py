@@ -132,7 +132,13 @@ def leaf_of_type(t: pa.DataType) -> Leaf:
     while _is_list(t):
         shape.append(t.list_size if pa.types.is_fixed_size_list(t) else -1)
         t = t.value_type
-    return Leaf(tuple(shape), np.dtype(t.to_pandas_dtype()))
+    return Leaf(tuple(shape), numpy_dtype(t))
+
+
+def numpy_dtype(t: pa.DataType) -> np.dtype:
+    """The numpy dtype Arrow converts values of type ``t`` to (``DataType.to_pandas_dtype`` imports pandas,
+    which trajstore does not depend on)."""
+    return pa.array([], t).to_numpy(zero_copy_only=False).dtype
 
 
 def type_of_space(space: Any, *, role: str) -> pa.DataType:

@@ -22,14 +22,19 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8321
     max_page_size: int = 1000
+    max_page_bytes: int = 8 * 1024 * 1024  # the most decoded bytes of steps one JSON page or one episode's answer holds
     sql_max_rows: int = 100_000
     sql_timeout_s: float = 10.0
     sql_memory_limit: str = "1GB"  # DuckDB's memory limit of each /sql query
     sql_max_bytes: int = 32 * 1024 * 1024  # the largest /sql answer (decoded result and body): 413 beyond
-    sql_max_concurrent: int = 4  # /sql queries at once (429 beyond): with sql_memory_limit, their memory bound
+    sql_max_concurrent: int = 4  # /sql queries and /sequences, /transitions streams at once (429 beyond)
+    # the memory each sandboxed query's worker process may take above its idle size (hard: 413 beyond); with
+    # sql_max_concurrent, what SQL can take at all (4 x 1.5 GiB, plus ~0.25 GiB per idle worker)
+    sql_worker_bytes: int = 1536 * 1024 * 1024
     max_body_bytes: int = 256 * 1024 * 1024
     stream_batch_rows: int = 65_536
     stream_batch_bytes: int = 16 * 1024 * 1024  # fewer rows per streamed batch when rows are wide
+    loader_batch_bytes: int = 256 * 1024 * 1024  # the largest batch /sequences and /transitions build (422 beyond)
     loader_layouts: int = 1  # loader layouts (column files on local disk) kept for the next epoch; 0: none
     debug: bool = False  # the CLI prints tracebacks
 

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -33,9 +34,10 @@ from trajstore.errors import (
     StoreDamagedError,
     StoreExistsError,
     StoreNotFoundError,
+    TrajstoreError,
     first_line,
 )
-from trajstore.query import sandbox, sql
+from trajstore.query import sandbox, sql, sql_worker
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.curves import (
     bin_edges,
@@ -228,7 +230,9 @@ class Store:
         from trajstore.storage.history import resolve_version
 
         pinned = resolve_version(StepsTable(self.table.location), version=version, as_of=as_of)
-        return Store(self.location, settings=self.settings, pinned=pinned)
+        store = Store(self.location, settings=self.settings, pinned=pinned)
+        store.sql_gate = self.sql_gate  # one bound on the queries at once, whatever version they read
+        return store
 
     def history(self, *, limit: int | None = None) -> pa.Table:
         """One row per committed version, oldest first: ``version, timestamp, operation, rows_added,
@@ -274,7 +278,7 @@ class Store:
     def schema(self, env_id: str | None = None) -> pa.Schema:
         """The Arrow types of the stored columns, fixed sizes kept (of one environment's files with ``env_id``);
         an empty schema for an empty store."""
-        return self.table.file_schema(env_id=env_id) or pa.schema([])
+        return self._file_schema(env_id) or pa.schema([])
 
     def snapshot(self, *, config: dict[str, Any] | None = None, run_id: Names = None,
                  env_id: Names = None) -> Snapshot:
@@ -310,8 +314,8 @@ class Store:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
         store's through pyarrow datasets over its filesystem (``registered``)."""
         registered = not self.location.is_local if registered is None else registered
-        return Snapshot(files, con=con, config=config, store=self.uri, layouts=self.table.layouts(files),
-                        registered=registered)
+        return Snapshot(files, con=con, config=config, store=self.uri, layouts=self._file_layouts(files),
+                        registered=registered, judge=self._judged)
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._duckdb_lock:
@@ -328,7 +332,7 @@ class Store:
         if cached is not None:
             return cached
         if files:
-            types = step_types(group_files(files, self.table.layouts(files)))
+            types = step_types(group_files(files, self._file_layouts(files)))
         else:  # an empty store: the typed nulls of the empty view
             with self._new_snapshot([], con=self._cursor()) as own:
                 types = StepTypes(own.arrow(sql.select_all("steps", limit=0)).schema, {})
@@ -373,16 +377,29 @@ class Store:
         :mod:`~trajstore.query.sandbox`).
 
         The views read the committed files through registered pyarrow datasets: the connection the query runs
-        on can read no file at all. Concurrent callers share :meth:`sql_slot`'s gate only if they take a slot.
+        on can read no file at all. With ``limits.worker_bytes`` (the default) the query runs in a worker
+        process that cannot take more memory than that (:mod:`~trajstore.query.sql_worker`); the body is
+        encoded here. Concurrent callers share :meth:`sql_slot`'s gate only if they take a slot.
         """
+        limits = limits or sandbox.Limits()
+        started = time.monotonic()
         files = self._selected_files(run_id, env_id)
-        snap = Snapshot(files, store=self.uri, layouts=self.table.layouts(files), registered=True)
-        return sandbox.run(snap, query, limits or sandbox.Limits(), encode=encode)
+        layouts = self._file_layouts(files)
+        if limits.worker_bytes is None:
+            snap = Snapshot(files, store=self.uri, layouts=layouts, registered=True, judge=self._judged)
+            return sandbox.run(snap, query, limits, encode=encode)
+        task = sql_worker.Task.of(query, limits, self.location, files, layouts)
+        try:
+            result = sql_worker.run(task)  # a service starts sql_max_concurrent workers ahead (sql_worker.warm)
+        except StoreDamagedError as exc:  # judged here, where the log is: a vacuumed version is not damage
+            raise self._judged(exc) from None
+        return sandbox.encoded(result, limits, encode, started=started)
 
-    def sql_slot(self) -> sandbox.Slot:
-        """One of the ``sql_max_concurrent`` places for a sandboxed query; a
-        :class:`~trajstore.errors.QueryBusyError` at once when every one is taken. Release it when done."""
-        return self.sql_gate.take()
+    def sql_slot(self, what: str = "query") -> sandbox.Slot:
+        """One of the ``sql_max_concurrent`` places for a sandboxed query (or, in the service, a loader
+        stream); a :class:`~trajstore.errors.QueryBusyError` whose message starts with ``what`` at once when
+        every one is taken. Release it when done. A store opened at a version shares its store's places."""
+        return self.sql_gate.take(what)
 
     # --- episodes and statistics --------------------------------------------------------------------
 
@@ -552,9 +569,12 @@ class Store:
     def commit_rows(self, version: int, columns: Sequence[str] | None = None, *, run_id: Names = None,
                     env_id: Names = None, episodes: bool = False) -> Commit | None:
         """What :meth:`follow` yields for the commit of ``version`` (``rows`` empty when it appended none of
-        the selected runs' rows); None while there is no such version."""
+        the selected runs' rows); None while there is no such version (for a store opened at a version, a
+        version after it). ``episodes`` finds the completed episodes among this store's files."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise InputError(f"version: must be a store version >= 0, got {version!r}")
+        if self.table.pinned is not None and version > self.table.pinned:
+            return None  # not committed yet, as of the version this store reads
         commit = self.table.commit_at(version)
         if commit is None:
             return None
@@ -566,7 +586,10 @@ class Store:
         files = [f for f in commit.added if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
         if not commit.new_rows or not files:
             return None
-        rows = self._completed_episodes(files, columns) if episodes else self._file_rows(files, columns)
+        try:
+            rows = self._completed_episodes(files, columns) if episodes else self._file_rows(files, columns)
+        except (OSError, pa.ArrowException) as exc:  # the commit's own files (a snapshot's errors come judged)
+            raise self._damage(exc, files, version=commit.version) or exc
         return Commit(commit.version, rows, sorted({f.run_id for f in files}), commit.timestamp_ms)
 
     def _file_rows(self, files: list[DataFile], columns: Sequence[str] | None) -> pa.Table:
@@ -575,7 +598,7 @@ class Store:
         names = list(dict.fromkeys(columns)) if columns else types.schema.names
         check_names(names, types.schema.names, view="steps", field="columns")
         types.check(names)
-        return scan_steps(files, types.schema, names, layouts=self.table.layouts(files)).read_all()
+        return scan_steps(files, types.schema, names, layouts=self._file_layouts(files)).read_all()
 
     def _completed_episodes(self, files: list[DataFile], columns: Sequence[str] | None) -> pa.Table:
         """The ``episodes`` rows of the episodes whose last step is in ``files`` (read over every committed file
@@ -618,7 +641,7 @@ class Store:
             reader = scan_steps(plan.files, plan.schema, plan.columns, episode_ids=plan.episode_ids,
                                 batch_size=batch_size, max_batch_bytes=max_batch_bytes, layouts=plan.layouts)
         except (OSError, pa.ArrowException) as exc:
-            raise damaged_file(exc, plan.files, self.uri) or exc
+            raise self._damage(exc, plan.files) or exc
         return pa.RecordBatchReader.from_batches(reader.schema, self._damage_named(reader, plan.files))
 
     @_where_named
@@ -652,23 +675,63 @@ class Store:
         types = self._step_types(files)
         own = types.schema
         schema = pa.schema([own.field(f.name) if f.name in own.names else f for f in known])
-        return ScanPlan(files, schema, names, ids, types, self.table.layouts(files))
+        return ScanPlan(files, schema, names, ids, types, self._file_layouts(files))
+
+    def _file_layouts(self, files: Sequence[DataFile]) -> list[FileLayout]:
+        """:meth:`StepsTable.layouts <trajstore.storage.table.StepsTable.layouts>`, a file that cannot be read
+        judged by :meth:`_judged`."""
+        try:
+            return self.table.layouts(files)
+        except StoreDamagedError as exc:
+            raise self._judged(exc) from exc
+
+    def _file_schema(self, env_id: str | None) -> pa.Schema | None:
+        """:meth:`StepsTable.file_schema <trajstore.storage.table.StepsTable.file_schema>`, its file that cannot
+        be read judged by :meth:`_judged`."""
+        try:
+            return self.table.file_schema(env_id=env_id)
+        except StoreDamagedError as exc:
+            raise self._judged(exc) from exc
 
     def _verify_sizes(self, files: Sequence[DataFile]) -> None:
-        """Raise a :class:`StoreDamagedError` before a stream starts if a file it needs is missing or resized."""
+        """Raise a :class:`StoreDamagedError` before a stream starts if a file it needs is missing or resized
+        (a :class:`VersionNotFoundError` if a vacuum removed it: see :meth:`_judged`)."""
         for f in files:
             problem = self.table.size_problem(f)
             if problem:
-                raise StoreDamagedError.of_file(f.uri, problem.split(": ", 1)[1], self.uri)
+                raise self._judged(StoreDamagedError.of_file(f.uri, problem.split(": ", 1)[1], self.uri))
 
     def _damage_named(self, reader: pa.RecordBatchReader, files: Sequence[DataFile]) -> Iterator[pa.RecordBatch]:
-        """``reader``'s batches; a read error about a committed file becomes a :class:`StoreDamagedError`."""
+        """``reader``'s batches; a read error about a committed file becomes a :class:`StoreDamagedError`
+        (or :class:`VersionNotFoundError`)."""
         try:
             yield from reader
         except (OSError, pa.ArrowException) as exc:
-            raise damaged_file(exc, files, self.uri) or exc
+            raise self._damage(exc, files) or exc
         finally:
             reader.close()
+
+    def _damage(self, exc: BaseException, files: Sequence[DataFile], *,
+                version: int | None = None) -> TrajstoreError | None:
+        """The error to raise for a read error ``exc`` about one of ``files`` (committed files of ``version``,
+        by default the version this store reads), judged by :meth:`_judged`; None if it is about none of them."""
+        found = damaged_file(exc, files, self.uri)
+        return None if found is None else self._judged(found, version=version)
+
+    def _judged(self, error: StoreDamagedError, *, version: int | None = None) -> TrajstoreError:
+        """What a committed file that cannot be read means: a :class:`VersionNotFoundError` when a vacuum
+        removed it (it is gone and the latest version no longer lists it: only the older version this read
+        needed it; :func:`~trajstore.storage.history.vacuumed`), else ``error`` itself: the store is damaged.
+
+        ``version`` is the version whose file it is (default: the one this store is pinned to, or for the latest,
+        the version the read began at)."""
+        from trajstore.storage.history import vacuumed
+
+        if error.path is None:
+            return error
+        path = error.path if self.location.is_local else error.path.removeprefix("s3://")
+        at = self.table.pinned if version is None else version
+        return vacuumed(self.table, path, version=at) or error
 
     def health(self) -> list[str]:
         """Problems that stop this store from being served: an unreadable log, committed files missing or of
@@ -707,7 +770,8 @@ class Store:
                   where: str | None = None, format: LoaderFormat = "numpy",  # noqa: A002
                   resume: Mapping[str, Any] | None = None,
                   weight_by: str | None = None, num_samples: int | None = None,
-                  filter: EpisodeFilter | None = None) -> Batches:  # noqa: A002
+                  filter: EpisodeFilter | None = None,  # noqa: A002
+                  max_batch_bytes: int | None = None) -> Batches:
         """Batches of fixed-length windows inside episodes: each column ``(n, length, …)``, ``mask``,
         ``episode_id``, ``start``; see :mod:`trajstore.query.sequences`.
 
@@ -717,25 +781,28 @@ class Store:
         ``rank``/``world_size`` take one shard; ``weight_by`` (a step column, read at a window's first step,
         or an ``episodes`` column such as ``episode_return``) draws ``num_samples`` windows (default: as many
         as there are) with replacement in proportion to it. The iterator's ``state_dict()``, passed back as
-        ``resume``, continues right after the last batch it gave. Reads one committed version.
+        ``resume``, continues right after the last batch it gave. Reads one committed version. With
+        ``max_batch_bytes``, an :class:`InputError` before anything is read when one batch would take more.
         """
         source = self._loader_source(run_id=run_id, where=where, filter=filter)
         sampling = Sampling(batch_size, shuffle, seed, epoch, rank, world_size, weight_by, num_samples)
         return load_sequences(source, length, columns=columns, stride=stride, pad=pad, gamma=gamma,
-                              sampling=sampling, format=format, resume=resume)
+                              sampling=sampling, format=format, resume=resume, max_batch_bytes=max_batch_bytes)
 
     def transitions(self, n: int, *, gamma: float, columns: Sequence[str] | None = None, batch_size: int = 256,
                     shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
                     run_id: Names = None, where: str | None = None, format: LoaderFormat = "numpy",  # noqa: A002
                     resume: Mapping[str, Any] | None = None, weight_by: str | None = None,
-                    num_samples: int | None = None, filter: EpisodeFilter | None = None) -> Batches:  # noqa: A002
+                    num_samples: int | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
+                    max_batch_bytes: int | None = None) -> Batches:
         """Batches of n-step transitions, one per step: ``columns`` at t (default ``obs``, ``action``), the
         n-step ``reward``, ``next_obs``, ``terminated``, ``discount``, ``episode_id``, ``step``; see
-        :mod:`trajstore.query.transitions`. Order, shards, sampling and resume as for :meth:`sequences`."""
+        :mod:`trajstore.query.transitions`. Order, shards, sampling, resume and ``max_batch_bytes`` as for
+        :meth:`sequences`."""
         source = self._loader_source(run_id=run_id, where=where, filter=filter)
         sampling = Sampling(batch_size, shuffle, seed, epoch, rank, world_size, weight_by, num_samples)
         return load_transitions(source, n, gamma=gamma, columns=columns, sampling=sampling, format=format,
-                                resume=resume)
+                                resume=resume, max_batch_bytes=max_batch_bytes)
 
     def _loader_source(self, *, run_id: Names, where: str | None, filter: EpisodeFilter | None) -> Source:  # noqa: A002
         """The selected steps of the latest version, pinned: every read of a loader reads these files."""
@@ -750,7 +817,7 @@ class Store:
             try:
                 yield from read_files(plan.files, plan.schema, list(columns), plan.episode_ids, plan.layouts)
             except (OSError, pa.ArrowException) as exc:
-                raise damaged_file(exc, plan.files, self.uri) or exc
+                raise self._damage(exc, plan.files) or exc
 
         def episode_values(name: str) -> tuple[np.ndarray, np.ndarray]:
             with self._new_snapshot(plan.files, con=self._cursor()) as snap:
@@ -770,7 +837,7 @@ class Store:
         need not pay): the files' own types."""
         files = [f for f in self.files() if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
         types = self._step_types(files)
-        return ScanPlan(files, types.schema, types.schema.names, None, types, self.table.layouts(files))
+        return ScanPlan(files, types.schema, types.schema.names, None, types, self._file_layouts(files))
 
     @_where_named
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002

@@ -1,5 +1,6 @@
 """Routes of the dashboard: the page, its assets, ``/curves`` (every complete episode, as columns) and
-``/curves/binned`` / ``/curves/histogram`` (the same binned on the server: a payload of the number of bins)."""
+``/curves/binned`` / ``/curves/histogram`` (the same binned on the server: a payload of the number of bins).
+The curves read the latest version, or with ``?version=N`` the store as it was at version N."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from pydantic import BaseModel, Field
 
-from trajstore.api.deps import StoreDep
+from trajstore.api.deps import ReadStoreDep
 from trajstore.store import Store
 
 router = APIRouter()
@@ -105,7 +106,7 @@ def _series(t: pa.Table) -> CurveSeries:
 
 @router.get("/curves", tags=["dashboard"], summary="Learning curves: the complete episodes of each (run, env) in "
                                                    "the order they ended, as columns")
-def curves(store: StoreDep,
+def curves(store: ReadStoreDep,
            run_id: Annotated[list[str], Query(description="runs to include (all by default)")] = [],  # noqa: B006
            env_id: Annotated[list[str], Query(description="envs to include (all by default)")] = [],  # noqa: B006
            gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return")] = None,
@@ -164,7 +165,7 @@ def _metric(y: str, gamma: float | None) -> str:
 
 @router.get("/curves/binned", tags=["dashboard"], summary="Learning curves in bins along x: per (run, env) and bin, "
                                                           "the count, mean and 10/50/90 percentiles of y")
-def curves_binned(store: StoreDep, run_id: RunsQuery = [], env_id: EnvsQuery = [],  # noqa: B006
+def curves_binned(store: ReadStoreDep, run_id: RunsQuery = [], env_id: EnvsQuery = [],  # noqa: B006
                   x: Annotated[Axis, Query(description="the x axis")] = "env_steps",
                   y: Annotated[Metric, Query(description="the value summarised in each bin")] = "episode_return",
                   bins: Annotated[int, Query(ge=1, le=10_000, description="number of bins (about the plot's "
@@ -178,7 +179,7 @@ def curves_binned(store: StoreDep, run_id: RunsQuery = [], env_id: EnvsQuery = [
 
 @router.get("/curves/histogram", tags=["dashboard"], summary="Distribution of y per (run, env) in bins shared by "
                                                              "all the series")
-def curves_histogram(store: StoreDep, run_id: RunsQuery = [], env_id: EnvsQuery = [],  # noqa: B006
+def curves_histogram(store: ReadStoreDep, run_id: RunsQuery = [], env_id: EnvsQuery = [],  # noqa: B006
                      y: Annotated[Metric, Query(description="the value counted")] = "episode_return",
                      bins: Annotated[int, Query(ge=1, le=10_000, description="number of bins")] = 60,
                      gamma: GammaQuery = None) -> Binned:

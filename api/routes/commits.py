@@ -1,4 +1,9 @@
-"""The rows one commit added (``GET /commits/{version}``): what a follower reads after each ``/events`` commit."""
+"""The rows one commit added (``GET /commits/{version}``): what a follower reads after each ``/events`` commit.
+
+With ``?version=V`` the commit is read as the store was at version V (``trajstore.open(uri, version=V)
+.commit_rows(version)``): a commit after V is 404 (not committed as of V), and ``episodes=true`` finds the
+episodes the commit completed among V's files. Without it, among the latest version's.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, Response
 
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response
-from trajstore.api.deps import StoreDep
+from trajstore.api.deps import ReadStoreDep
 from trajstore.api.params import ColumnsDep
 
 router = APIRouter(tags=["steps"])
@@ -16,7 +21,7 @@ router = APIRouter(tags=["steps"])
 @router.get("/commits/{version}", summary="The steps (or the episodes completed) that the commit of one version "
                                           "added, as an Arrow IPC stream; empty when it added none of the selection",
             responses={200: {"content": ARROW_CONTENT}})
-def commit_rows(store: StoreDep, columns: ColumnsDep,
+def commit_rows(store: ReadStoreDep, columns: ColumnsDep,
                 version: Annotated[int, Path(ge=0, le=2**62, description="a store version")],
                 run_id: Annotated[list[str], Query(description="runs to include (all by default)")] = [],  # noqa: B006
                 env_id: Annotated[list[str], Query(description="envs to include (all by default)")] = [],  # noqa: B006
@@ -25,6 +30,7 @@ def commit_rows(store: StoreDep, columns: ColumnsDep,
     found = store.commit_rows(version, columns or None, run_id=run_id or None, env_id=env_id or None,
                               episodes=episodes)
     if found is None:
-        raise HTTPException(status_code=404, detail=f"version {version}: not committed yet (the store is at "
-                                                    f"version {store.version})")
+        when = f"as of version {store.version}, which ?version= reads" if store.read_only else \
+            f"yet (the store is at version {store.version})"
+        raise HTTPException(status_code=404, detail=f"version {version}: not committed {when}")
     return arrow_response(found.rows)

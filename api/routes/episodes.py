@@ -9,10 +9,12 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from trajstore.api import pages
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response, json_rows, wants_arrow
 from trajstore.api.cursor import CursorQuery, decode, encode
 from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.api.params import EPISODE_COLUMNS, INT64, NAME, ColumnsDep, FilterDep, run_hint, unknown_runs
+from trajstore.query.filters import EpisodeFilter
 
 router = APIRouter(tags=["episodes"])
 
@@ -57,11 +59,15 @@ def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: 
     return JSONResponse(jsonable_encoder(body), headers=hint) if hint else body
 
 
-@router.get("/episodes/{episode_id}/steps", summary="Every step of one episode, in order",
+@router.get("/episodes/{episode_id}/steps", summary="Every step of one episode, in order (413 past max_page_bytes)",
             responses={200: {"content": ARROW_CONTENT}})
-def episode_steps(request: Request, store: ReadStoreDep, episode_id: Annotated[int, Path(**INT64)],
-                  columns: ColumnsDep) -> Any:
-    rows = store.episode_steps(episode_id, columns)
+def episode_steps(request: Request, store: ReadStoreDep, settings: SettingsDep,
+                  episode_id: Annotated[int, Path(**INT64)], columns: ColumnsDep) -> Any:
+    most = pages.page_rows(store, columns, settings.max_page_bytes)  # 413 past it: the stream has no limit
+    rows = store.steps_page(["step", *columns] if columns else [], filter=EpisodeFilter(episode_id=[episode_id]),
+                            limit=most + 1)
+    if rows.num_rows > most:
+        raise pages.too_large(episode_id, most, settings.max_page_bytes)
     if rows.num_rows == 0:
         raise HTTPException(status_code=404, detail=f"episode_id {episode_id}: no such episode in the store")
     if wants_arrow(request):

@@ -1,4 +1,9 @@
-"""Server-Sent Events: each new commit of the store, as it lands (``GET /events``)."""
+"""Server-Sent Events: each new commit of the store, as it lands (``GET /events``).
+
+The stream starts at the version current when it opens; ``?version=`` is refused (422, see
+``api.params.version_refused``): a version never changes, and a follower that wants the commits after version N
+reads ``GET /commits/{version}`` for N+1, N+2, … up to the version of the ``hello`` event, as ``Client.follow``
+does."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
 """Ad hoc SQL: one read-only SELECT over the steps and episodes views, sandboxed and bounded.
 
 Each query takes one of the store's ``sql_max_concurrent`` slots on the event loop (429 with ``Retry-After``
-at once when none is free), then runs, is fetched and is encoded (JSON or Arrow IPC) on a worker thread
-within its limits: rows, bytes (413), memory, and time (408, fetching and encoding included). The whole body
-is built before the answer starts, and the slot is given back once it is sent, so the bodies waiting for
-slow clients are counted too.
+at once when none is free; the loader streams share them), then runs in a worker process that cannot take
+more than ``sql_worker_bytes`` of memory (:mod:`~trajstore.query.sql_worker`), and its rows are encoded (JSON
+or Arrow IPC) on a thread here, all within its limits: rows, bytes (413), memory (413: DuckDB's
+``sql_memory_limit`` or the worker's), and time (408, fetching and encoding included). The whole body is
+built before the answer starts, and the slot is given back once it is sent, so the bodies waiting for slow
+clients are counted too.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def arrow_pieces(result: sandbox.Result) -> Iterator[bytes]:
 async def sql(body: SqlRequest, request: Request, store: ReadStoreDep, settings: SettingsDep) -> Response:
     limits = sandbox.Limits(max_rows=min(body.max_rows or settings.sql_max_rows, settings.sql_max_rows),
                             max_bytes=settings.sql_max_bytes, timeout_s=settings.sql_timeout_s,
-                            memory_limit=settings.sql_memory_limit)
+                            memory_limit=settings.sql_memory_limit, worker_bytes=settings.sql_worker_bytes)
     arrow = wants_arrow(request)
     slot = store.sql_slot()  # QueryBusyError (429) when every slot is taken: nothing waits
     try:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from trajstore.api import pages
 from trajstore.api.arrow import ARROW_CONTENT, json_rows
 from trajstore.api.cursor import CursorQuery, decode, encode
 from trajstore.api.deps import ReadStoreDep, SettingsDep
@@ -110,12 +111,15 @@ def steps(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: Fil
           batch_rows: Annotated[int | None, Query(ge=1, le=1_048_576, description="rows per Arrow batch (at most: "
                                                                                "fewer when rows are wide)")] = None,
           format: Annotated[Literal["arrow", "json"], Query(description="arrow stream or a JSON page")] = "arrow",
-          limit: Annotated[int, Query(ge=1, description="JSON only: rows per page, capped at max_page_size")] = 100,
+          limit: Annotated[int, Query(ge=1, description="JSON only: rows per page, capped at max_page_size and "
+                                                        "at the rows that fit in max_page_bytes (the page says "
+                                                        "which limit applied)")] = 100,
           offset: Annotated[int, Query(ge=0, le=2**62, description="JSON only")] = 0,
           cursor: CursorQuery = None,
           ) -> Any:
-    if format == "json":
-        return _json_page(store, flt, columns, min(limit, settings.max_page_size), offset, cursor)
+    if format == "json":  # wide rows (images): fewer rows, so that the page stays within max_page_bytes
+        limit = min(limit, settings.max_page_size, pages.page_rows(store, columns, settings.max_page_bytes))
+        return _json_page(store, flt, columns, limit, offset, cursor)
     chunks = _stream(store, flt, columns, batch_rows or settings.stream_batch_rows, settings.stream_batch_bytes)
     return StreamingResponse(_until_disconnect(chunks), media_type=ARROW_STREAM)
 

@@ -81,11 +81,13 @@ def test_a_long_query_is_interrupted_at_the_time_limit(populated: Path) -> None:
         assert c.post("/sql", json={"query": "SELECT 42 AS x"}).json()["rows"] == [{"x": 42}]
 
 
-def test_memory_limit(populated: Path) -> None:
+def test_duckdbs_memory_limit_is_413_naming_it(populated: Path) -> None:
     with TestClient(create_app(settings_for(populated, sql_memory_limit="20MB"))) as c:
         q = "SELECT list(i) FROM range(100000000) t(i) GROUP BY i % 3"
         response = c.post("/sql", json={"query": q})
-    assert response.status_code == 400 and "memory" in response.json()["detail"].lower()
+        assert response.status_code == 413, response.text
+        assert "memory limit of 20MB (sql_memory_limit" in response.json()["detail"]
+        assert c.post("/sql", json={"query": "SELECT 42 AS x"}).json()["rows"] == [{"x": 42}]
 
 
 def test_bad_sql_is_a_client_error(client: TestClient) -> None:

@@ -1,8 +1,13 @@
 """The sandbox on its own: one SELECT only, over the two views and no file at all, cut at its row, byte, time
-and memory limits, at most so many at once, and the trusted path (``Store.sql``) untouched by it."""
+and memory limits, at most so many at once, and the trusted path (``Store.sql``) untouched by it. Queries run
+in a worker process (``Limits.worker_bytes``) unless asked to run here: both ways are checked where they differ
+(memory past the worker's limit, a worker killed, an expression that ignores DuckDB's interrupt)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -14,8 +19,18 @@ import pytest
 
 import trajstore
 from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, make_batch, plant_uncommitted
-from trajstore.errors import QueryBusyError, QueryError, QueryRefusedError, QueryTimeoutError, ResultTooLargeError
-from trajstore.query import sandbox
+from trajstore.errors import (
+    QueryBusyError,
+    QueryError,
+    QueryMemoryError,
+    QueryRefusedError,
+    QueryTimeoutError,
+    ResultTooLargeError,
+)
+from trajstore.query import sandbox, sql_worker
+
+MiB = 1 << 20
+IN_PROCESS = [None, sandbox.WORKER_BYTES]  # worker_bytes: the query runs here, or in a worker
 
 
 @pytest.fixture
@@ -42,18 +57,96 @@ def test_exactly_one_statement_and_syntax_errors() -> None:
         sandbox.check_statement(con, "SELEC 1")
 
 
-def test_rows_are_cut_at_the_limit_and_said_so(filled: trajstore.Store) -> None:
-    result = filled.sandboxed_sql("SELECT step FROM steps", sandbox.Limits(max_rows=7))
+@pytest.mark.parametrize("worker_bytes", IN_PROCESS)
+def test_rows_are_cut_at_the_limit_and_said_so(filled: trajstore.Store, worker_bytes: int | None) -> None:
+    result = filled.sandboxed_sql("SELECT step FROM steps", sandbox.Limits(max_rows=7, worker_bytes=worker_bytes))
     assert result.table.num_rows == 7 and result.truncated
-    whole = filled.sandboxed_sql("SELECT count(*) AS n FROM steps", sandbox.Limits(max_rows=7))
+    whole = filled.sandboxed_sql("SELECT count(*) AS n FROM steps", sandbox.Limits(max_rows=7,
+                                                                                  worker_bytes=worker_bytes))
     assert whole.table["n"][0].as_py() == 200 and not whole.truncated
 
 
-def test_files_outside_the_store_are_refused(filled: trajstore.Store, tmp_path: object) -> None:
+@pytest.mark.parametrize("worker_bytes", IN_PROCESS)
+def test_files_outside_the_store_are_refused(filled: trajstore.Store, worker_bytes: int | None) -> None:
+    limits = sandbox.Limits(worker_bytes=worker_bytes)
     with pytest.raises(QueryRefusedError, match="reaches outside the store"):
-        filled.sandboxed_sql("SELECT * FROM read_csv('/etc/passwd')")
+        filled.sandboxed_sql("SELECT * FROM read_csv('/etc/passwd')", limits)
     with pytest.raises(QueryError, match="getenv does not exist"):
-        filled.sandboxed_sql("SELECT getenv('HOME')")
+        filled.sandboxed_sql("SELECT getenv('HOME')", limits)
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT len(range(2000000000))",  # one list of 16 GB
+    "SELECT count(*) FROM (SELECT i, md5(i::VARCHAR) AS h FROM range(20000000) t(i) ORDER BY h)",  # grows to it
+])
+def test_a_query_past_the_workers_memory_is_stopped_and_the_next_one_runs(filled: trajstore.Store,
+                                                                          query: str) -> None:
+    limits = sandbox.Limits(worker_bytes=256 * MiB, memory_limit="4GB")  # DuckDB's own limit out of the way
+    with pytest.raises(QueryMemoryError, match=r"limit of 256 MiB of the worker process it runs in "
+                                               r"\(sql_worker_bytes\)"):
+        filled.sandboxed_sql(query, limits)
+    assert filled.sandboxed_sql("SELECT count(*) AS n FROM steps", limits).table["n"].to_pylist() == [200]
+
+
+def test_duckdbs_own_memory_limit_is_named(filled: trajstore.Store) -> None:
+    with pytest.raises(QueryMemoryError, match=r"memory limit of 20MB \(sql_memory_limit"):
+        filled.sandboxed_sql("SELECT list(i) FROM range(100000000) t(i) GROUP BY i % 3",
+                             sandbox.Limits(memory_limit="20MB"))
+
+
+def workers_of_this_process() -> list[int]:
+    """The SQL worker processes this process started (the processes whose parent it is, running the worker)."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == os.getpid() and b"trajstore.query.sql_worker" in command:
+            found.append(int(name))
+    return found
+
+
+def test_a_worker_killed_while_it_runs_a_query_is_an_error_and_is_replaced(filled: trajstore.Store) -> None:
+    limits = sandbox.Limits(timeout_s=30, worker_bytes=300 * MiB)
+    filled.sandboxed_sql("SELECT 1", limits)  # the pool of this size has started
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            filled.sandboxed_sql("SELECT count(*) FROM range(1000000000000) a", limits)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(1.0)
+    for pid in workers_of_this_process():  # the busy one among them
+        os.kill(pid, signal.SIGKILL)
+    thread.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], QueryMemoryError), errors
+    assert "its worker process stopped (it was killed by signal 9)" in str(errors[0])
+    assert filled.sandboxed_sql("SELECT count(*) AS n FROM steps", limits).table["n"].to_pylist() == [200]
+
+
+def test_an_expression_that_ignores_the_interrupt_is_stopped_at_the_time_limit(
+        filled: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sql_worker, "GRACE_S", 0.2)  # one list of 20M items takes seconds, unaware of DuckDB's interrupt
+    limits = sandbox.Limits(timeout_s=0.3)
+    filled.sandboxed_sql("SELECT 1", limits)
+    started = time.monotonic()
+    with pytest.raises(QueryTimeoutError, match="time limit of 0.3 s"):
+        filled.sandboxed_sql("SELECT len(range(20000000))", limits)
+    assert time.monotonic() - started < 2.0  # the worker was killed, not waited for
+    assert filled.sandboxed_sql("SELECT count(*) AS n FROM steps", limits).table["n"].to_pylist() == [200]
+
+
+def test_a_bad_worker_memory_is_refused_naming_the_setting() -> None:
+    with pytest.raises(trajstore.InputError, match="sql_worker_bytes: must be a number of bytes >= 1, got 0"):
+        sandbox.Limits(worker_bytes=0)
 
 
 def test_time_limit(filled: trajstore.Store) -> None:
@@ -142,7 +235,7 @@ def test_the_gate_refuses_at_once_and_a_slot_is_given_back_once() -> None:
     gate = sandbox.Gate(2)
     first, second = gate.take(), gate.take()
     started = time.monotonic()
-    with pytest.raises(QueryBusyError, match="2 SQL queries are running") as refused:
+    with pytest.raises(QueryBusyError, match="2 SQL queries or loader streams are running") as refused:
         gate.take()
     assert refused.value.retry_after_s == 1 and time.monotonic() - started < 5  # refused, not queued
     first.release()

@@ -11,7 +11,7 @@ import pytest
 
 import trajstore
 from tests.helpers import make_batch
-from trajstore.errors import InputError, ReadOnlyError
+from trajstore.errors import InputError, ReadOnlyError, VersionNotFoundError
 
 
 def write(store: trajstore.Store, run: str, seed: int) -> None:
@@ -79,3 +79,15 @@ def test_bad_versions_are_named(store: trajstore.Store) -> None:
         trajstore.open(store.uri, version=0, as_of=datetime.now())
     with pytest.raises(InputError, match="as_of: .* is before the store's first readable version"):
         trajstore.open(store.uri, as_of=datetime.now(timezone.utc) - timedelta(days=1))
+
+
+def test_a_version_whose_log_entries_were_cleaned_up_is_not_found(store: trajstore.Store) -> None:
+    write(store, "a", 0)
+    write(store, "b", 1)
+    store.table.latest().create_checkpoint()  # the latest version reads from the checkpoint alone
+    for version in (0, 1):
+        (store.root / "steps" / "_delta_log" / f"{version:020d}.json").unlink()
+    with pytest.raises(VersionNotFoundError, match=r"version: version 1 can no longer be read \(its log entries were "
+                                                   r"cleaned up\)"):
+        trajstore.open(store.uri, version=1)
+    assert trajstore.open(store.uri, version=2).stats()["n_traj"][0].as_py() == store.stats()["n_traj"][0].as_py()

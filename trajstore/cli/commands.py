@@ -108,7 +108,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
     else:
         from trajstore.query.sandbox import Limits
 
-        result = store.sandboxed_sql(args.query, Limits.unbounded(max_rows=args.limit), **selection)
+        limits = Limits.unbounded(max_rows=args.limit, worker_bytes=store.settings.sql_worker_bytes)
+        result = store.sandboxed_sql(args.query, limits, **selection)
         table, truncated = result.table, result.truncated
     if truncated:
         print(f"trajstore: showing the first {args.limit} rows; the query returned more (raise --limit)",

@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sql", help="run one read-only SELECT over the steps and episodes views (sandboxed)",
                        description="Run one SELECT over the steps and episodes views, in the same sandbox as the "
                                    "service's POST /sql: a single SELECT, no file access (only the two views), "
-                                   "nothing written. Every row is printed unless --limit is given. --unsafe "
+                                   "nothing written, in a worker process of at most TRAJSTORE_SQL_WORKER_BYTES of "
+                                   "memory. Every row is printed unless --limit is given. --unsafe "
                                    "lifts the sandbox for your own queries: any statement (COPY ... TO, CREATE), "
                                    "any file this user may read or write.")
     p.add_argument("query", help='e.g. "SELECT run_id, count(*) FROM steps GROUP BY run_id"')

@@ -118,7 +118,7 @@ def unify(types: Sequence[pa.DataType]) -> pa.DataType | None:
     if all(_kind(t) == _kind(first) for t in types):
         return loose(first)
     if all(_numeric(t) for t in types):
-        dtype = np.result_type(*[np.dtype(t.to_pandas_dtype()) for t in types])
+        dtype = np.result_type(*[sch.numpy_dtype(t) for t in types])
         return pa.from_numpy_dtype(dtype)
     return None
 

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, StoreDamagedError
 from trajstore.query.scan import file_layout
-from trajstore.schema import to_numpy
+from trajstore.schema import numpy_dtype, to_numpy
 from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileLayout, decode_batches
 from trajstore.storage.table import DataFile
 
@@ -217,7 +217,7 @@ def column_type(schema: pa.Schema, name: str, *, empty: bool = False) -> tuple[n
                          "different shapes?); select one env_id with run_id/where")
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
         raise InputError(f"columns: {name!r} is {t}, not numbers; loaders batch numeric and boolean columns")
-    return np.dtype(t.to_pandas_dtype()), tuple(shape)
+    return numpy_dtype(t), tuple(shape)
 
 
 def read_files(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[str],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -105,22 +106,53 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
+STATE_KEYS = ("kind", "digest", "epoch", "position")
+_SHORT = reprlib.Repr()  # (keywords only from Python 3.12)
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlong = 3, 60, 60, 6, 6, 40
+
+
+def _short(value: Any) -> str:
+    """``value`` for a message: a bounded repr, however large or deeply nested it is."""
+    try:
+        return _SHORT.repr(value)
+    except (ValueError, RecursionError):  # an int of more digits than str() writes, a repr that recurses
+        return f"a {type(value).__name__}"
+
+
+def parse_state(text: str) -> dict[str, Any]:
+    """The ``state_dict()`` whose JSON is ``text`` (how it travels over REST: ``resume=``); an
+    :class:`InputError` naming ``resume`` for anything that is not a JSON object, deeply nested or huge text
+    included (the JSON decoder's recursion limit is bad input, not a server error)."""
+    try:
+        state = json.loads(text)
+    except (ValueError, RecursionError):  # ValueError: not JSON, or an integer of more digits than Python takes
+        state = None
+    if not isinstance(state, dict):
+        raise InputError("resume: expected the JSON of an iterator's state_dict() ({\"kind\": ..., \"digest\": ..., "
+                         f"\"epoch\": ..., \"position\": ...}}), got {_short(text)}")
+    return state
+
+
 def resume_position(resume: Mapping[str, Any] | None, *, kind: str, digest_: str, epoch: int, total: int) -> int:
     """The number of items already done by the iterator whose ``state_dict()`` is ``resume`` (0 without one);
-    an :class:`InputError` naming ``resume`` when it was made by another call or over other data."""
+    an :class:`InputError` naming ``resume`` when it was made by another call or over other data, or is not
+    such a state at all."""
     if resume is None:
         return 0
-    if not isinstance(resume, Mapping) or not {"kind", "digest", "epoch", "position"} <= set(resume):
+    if not isinstance(resume, Mapping) or not all(k in resume for k in STATE_KEYS):
         raise InputError("resume: expected the dict an iterator's state_dict() returned (kind, digest, epoch, "
-                         f"position), got {resume!r}")
-    if resume["kind"] != kind:
-        raise InputError(f"resume: a state of store.{resume['kind']}(...), not of store.{kind}(...)")
-    if resume["epoch"] != epoch:
-        raise InputError(f"resume: a state of epoch {resume['epoch']}, but epoch={epoch}; pass the same epoch")
-    if resume["digest"] != digest_:
+                         f"position), got {_short(resume)}")
+    got_kind, got_digest, got_epoch, position = (resume[k] for k in STATE_KEYS)
+    if not (isinstance(got_kind, str) and isinstance(got_digest, str) and _is_int(got_epoch)):
+        raise InputError("resume: kind and digest must be strings and epoch an integer, as state_dict() makes "
+                         f"them, got {_short(dict(zip(STATE_KEYS[:3], (got_kind, got_digest, got_epoch))))}")
+    if got_kind != kind:
+        raise InputError(f"resume: a state of store.{_short(got_kind)[1:-1]}(...), not of store.{kind}(...)")
+    if got_epoch != epoch:
+        raise InputError(f"resume: a state of epoch {_short(got_epoch)}, but epoch={epoch}; pass the same epoch")
+    if got_digest != digest_:
         raise InputError("resume: the state was made with other arguments (or over other data: episodes were "
                          "added or removed since); pass the same arguments as the call that made it")
-    position = resume["position"]
     if not _is_int(position) or not 0 <= position <= total:
-        raise InputError(f"resume: position must be in [0, {total}], got {position!r}")
+        raise InputError(f"resume: position must be in [0, {total}], got {_short(position)}")
     return int(position)

@@ -12,8 +12,11 @@ The limits (:class:`Limits`) cover the whole answer, not only the query: rows an
 batches are fetched (decoded sizes, see :func:`decoded_nbytes`) and again while the caller's encoder writes
 the body; the time limit interrupts DuckDB from a timer and is checked between encoded pieces, and any error
 after the timer fired (DuckDB reports an interrupt during fetching as an ``OSError``) is a
-:class:`~trajstore.errors.QueryTimeoutError`. A :class:`Gate` bounds how many queries run at once (and so
-their memory: each has its own DuckDB memory limit); one more is refused at once, never queued.
+:class:`~trajstore.errors.QueryTimeoutError`. Memory has two limits: DuckDB's own (``memory_limit``, its
+buffers) and, since that one does not bound the lists and strings one expression builds, the hard limit of the
+worker process the query runs in (``worker_bytes``, see :mod:`~trajstore.query.sql_worker`); past either the
+query is a :class:`~trajstore.errors.QueryMemoryError`. A :class:`Gate` bounds how many queries (and loader
+streams) run at once, and so their memory; one more is refused at once, never queued.
 """
 
 from __future__ import annotations
@@ -31,32 +34,46 @@ from trajstore.errors import (
     InputError,
     QueryBusyError,
     QueryError,
+    QueryMemoryError,
     QueryRefusedError,
     QueryTimeoutError,
     ResultTooLargeError,
     TrajstoreError,
     first_line,
+    size_text,
 )
 from trajstore.query import sql
 from trajstore.query.snapshot import Snapshot
 
 FETCH_ROWS = 8192  # rows per fetched batch: the bytes limit is checked after each
+WORKER_BYTES = 1536 * 1024 * 1024  # the memory a query's worker process may take above its idle size
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one untrusted query may use; ``None`` means no limit (DuckDB's defaults for memory and threads)."""
+    """What one untrusted query may use; ``None`` means no limit (DuckDB's defaults for memory and threads).
+
+    ``worker_bytes`` is the hard memory limit of the worker process the query runs in (above what the idle
+    worker takes); with ``None`` the query runs in the calling process, bounded by DuckDB's limit alone."""
 
     max_rows: int | None = 100_000
     max_bytes: int | None = 32 * 1024 * 1024
     timeout_s: float | None = 10.0
     memory_limit: str | None = "1GB"
     threads: int | None = 2
+    worker_bytes: int | None = WORKER_BYTES
+
+    def __post_init__(self) -> None:
+        if self.worker_bytes is not None and (isinstance(self.worker_bytes, bool) or
+                                              not isinstance(self.worker_bytes, int) or self.worker_bytes < 1):
+            raise InputError(f"sql_worker_bytes: must be a number of bytes >= 1, got {self.worker_bytes!r}")
 
     @classmethod
-    def unbounded(cls, *, max_rows: int | None = None) -> Limits:
-        """Confinement only (your own query on your own machine, as ``trajstore sql`` runs it)."""
-        return cls(max_rows=max_rows, max_bytes=None, timeout_s=None, memory_limit=None, threads=None)
+    def unbounded(cls, *, max_rows: int | None = None, worker_bytes: int | None = WORKER_BYTES) -> Limits:
+        """Confinement and the worker's memory limit only (your own query on your own machine, as ``trajstore
+        sql`` runs it: no row, size or time limit, but no query takes the machine's memory either)."""
+        return cls(max_rows=max_rows, max_bytes=None, timeout_s=None, memory_limit=None, threads=None,
+                   worker_bytes=worker_bytes)
 
 
 @dataclass
@@ -93,8 +110,9 @@ class Slot:
 
 
 class Gate:
-    """At most ``size`` sandboxed queries at once: :meth:`take` refuses one more at once with a
-    :class:`~trajstore.errors.QueryBusyError` (a service answers 429 with ``Retry-After``), never queues it."""
+    """At most ``size`` sandboxed queries (and, in the service, loader streams) at once: :meth:`take` refuses
+    one more at once with a :class:`~trajstore.errors.QueryBusyError` (a service answers 429 with
+    ``Retry-After``), never queues it."""
 
     def __init__(self, size: int, *, retry_after_s: int = 1) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -103,10 +121,11 @@ class Gate:
         self.retry_after_s = retry_after_s
         self._free = threading.BoundedSemaphore(size)
 
-    def take(self) -> Slot:
+    def take(self, what: str = "query") -> Slot:
+        """A slot, or a :class:`~trajstore.errors.QueryBusyError` whose message starts with ``what``."""
         if not self._free.acquire(blocking=False):
-            raise QueryBusyError(f"query: {self.size} SQL queries are running, the most allowed at once "
-                                 f"(sql_max_concurrent); retry in {self.retry_after_s} s",
+            raise QueryBusyError(f"{what}: {self.size} SQL queries or loader streams are running, the most "
+                                 f"allowed at once (sql_max_concurrent); retry in {self.retry_after_s} s",
                                  retry_after_s=self.retry_after_s)
         return Slot(self._free.release)
 
@@ -131,19 +150,23 @@ def harden(con: duckdb.DuckDBPyConnection, limits: Limits) -> None:
 
 
 class Deadline:
-    """Interrupts ``con`` at ``timeout_s`` (none without one) and remembers that the time is up."""
+    """Interrupts ``con`` (if given) at ``timeout_s`` after ``started`` (now by default; none without a
+    time limit) and remembers that the time is up."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, timeout_s: float | None) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection | None, timeout_s: float | None, *,
+                 started: float | None = None) -> None:
         self.timeout_s = timeout_s
-        self._at = None if timeout_s is None else time.monotonic() + timeout_s
+        self._at = None if timeout_s is None else (started or time.monotonic()) + timeout_s
         self._fired = threading.Event()
         self._con = con
-        self._timer = None if timeout_s is None else threading.Timer(timeout_s, self._fire)
+        self._timer = None if self._at is None or con is None else \
+            threading.Timer(max(0.0, self._at - time.monotonic()), self._fire)
 
     def _fire(self) -> None:
         self._fired.set()
         try:
-            self._con.interrupt()
+            if self._con is not None:
+                self._con.interrupt()
         except duckdb.Error:  # the query ended and its connection closed as the timer fired: nothing to stop
             pass
 
@@ -175,11 +198,20 @@ def run(snapshot: Snapshot, query: str, limits: Limits, *, encode: Encoder | Non
                 result = _fetch(con, query, limits)
             except TrajstoreError:
                 raise
-            except (duckdb.Error, OSError, pa.ArrowException) as exc:
+            except (duckdb.Error, OSError, pa.ArrowException, MemoryError) as exc:
                 raise _failure(exc, snapshot, limits, deadline) from None
             if encode is not None:
                 result.body = _encoded(encode(result), limits, deadline)
             return result
+
+
+def encoded(result: Result, limits: Limits, encode: Encoder | None, *, started: float) -> Result:
+    """``result`` with the body ``encode`` writes of it (nothing without one), within the byte limit and what
+    is left of the time limit counted from ``started`` (a :func:`time.monotonic` reading): for rows that came
+    from a worker process."""
+    if encode is not None:
+        result.body = _encoded(encode(result), limits, Deadline(None, limits.timeout_s, started=started))
+    return result
 
 
 def _failure(exc: BaseException, snapshot: Snapshot, limits: Limits, deadline: Deadline) -> TrajstoreError:
@@ -192,9 +224,21 @@ def _failure(exc: BaseException, snapshot: Snapshot, limits: Limits, deadline: D
     damaged = snapshot.damage(exc)
     if damaged is not None:
         return damaged
+    if isinstance(exc, MemoryError) or "bad allocation" in str(exc) or "std::bad_alloc" in str(exc):
+        return QueryMemoryError(worker_memory_message(limits))  # an allocation the process could not make
     if isinstance(exc, duckdb.OutOfMemoryException) or "Out of Memory Error" in str(exc):
-        return QueryError(f"query: exceeded the memory limit of {limits.memory_limit}")
+        return QueryMemoryError(f"query: exceeded the memory limit of {limits.memory_limit} (sql_memory_limit, "
+                                "DuckDB's own); aggregate, or select fewer rows or smaller values")
     return QueryError(f"query: {first_line(exc)}")
+
+
+def worker_memory_message(limits: Limits) -> str:
+    """The message of a query that needed more memory than its process may take."""
+    if limits.worker_bytes is None:
+        return "query: needs more memory than this process can take; aggregate, or select fewer rows or " \
+               "smaller values"
+    return (f"query: needs more memory than the limit of {size_text(limits.worker_bytes)} of the worker process "
+            "it runs in (sql_worker_bytes); aggregate, or select fewer rows or smaller values")
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, query: str, limits: Limits) -> Result:
@@ -215,7 +259,7 @@ def _fetch(con: duckdb.DuckDBPyConnection, query: str, limits: Limits) -> Result
 
 def _counted(size: int, limits: Limits) -> int:
     if limits.max_bytes is not None and size > limits.max_bytes:
-        raise ResultTooLargeError(f"query: the result is larger than the limit of {_bytes(limits.max_bytes)} "
+        raise ResultTooLargeError(f"query: the result is larger than the limit of {size_text(limits.max_bytes)} "
                                   "(sql_max_bytes); select fewer rows or columns, or aggregate")
     return size
 
@@ -257,10 +301,3 @@ def decoded_nbytes(data: pa.Array | pa.ChunkedArray | pa.RecordBatch | pa.Table)
     if pa.types.is_struct(kind):
         return sum(decoded_nbytes(child) for child in data.flatten())
     return data.nbytes
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:g} {unit}"
-    return f"{n} bytes"

@@ -19,13 +19,15 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from trajstore.errors import InputError
+from trajstore.errors import InputError, size_text
 from trajstore.query import layout as lay
 from trajstore.query.loader import Batches, check_format
 from trajstore.query.order import Position, check_count, check_shard, digest, epoch_order, resume_position
 from trajstore.query.returns import check_gamma, episodes_return_to_go
 
 RETURN_TO_GO = "return_to_go"
+# bytes per step of a batch beyond its columns: the mask, and the int64 step and position indices gathered by
+GATHER_BYTES = 1 + 3 * 8
 KEYS = ("episode_id", "step", "run_id", "env_id")  # never a batched column: given as episode_id/start
 DEFAULT_COLUMNS = ("obs", "action", "reward", "terminated", "truncated")
 
@@ -140,10 +142,29 @@ def weight_column(source: Source, weight_by: str | None) -> list[str]:
     return [weight_by]
 
 
+def step_bytes(schema: pa.Schema, names: Sequence[str]) -> int:
+    """The bytes one step of ``names`` (stored columns typed by ``schema``) takes in a batch."""
+    total = 0
+    for name in names:
+        for dtype, shape in lay.column_leaves(schema, name, empty=True).values():  # a Dict column: its leaves
+            total += dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    return total
+
+
+def check_batch_bytes(nbytes: int, max_batch_bytes: int | None, what: str, advice: str) -> None:
+    """Refuse a batch that would take ``nbytes`` (``what`` says of what) past ``max_batch_bytes``."""
+    if max_batch_bytes is not None and nbytes > max_batch_bytes:
+        raise InputError(f"{what} would take {size_text(nbytes)} to build, over the limit of "
+                         f"{size_text(max_batch_bytes)} a batch may take (max_batch_bytes; a server's "
+                         f"TRAJSTORE_LOADER_BATCH_BYTES); {advice}")
+
+
 def sequences(source: Source, length: int, *, columns: Sequence[str] | None = None, stride: int | None = None,
               pad: bool = False, gamma: float | None = None, sampling: Sampling = Sampling(),
-              format: str = "numpy", resume: Mapping[str, Any] | None = None) -> Batches:  # noqa: A002
-    """Batches of windows of the steps of ``source`` (see the module's description)."""
+              format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
+              max_batch_bytes: int | None = None) -> Batches:
+    """Batches of windows of the steps of ``source`` (see the module's description); with ``max_batch_bytes``,
+    an :class:`InputError` (before anything is read) when one batch would take more than that to build."""
     length = check_count("length", length)
     stride = length if stride is None else check_count("stride", stride)
     sampling.check()
@@ -153,9 +174,17 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
     wants_rtg = (columns is None and g is not None) or (columns is not None and RETURN_TO_GO in list(columns))
     if wants_rtg and g is None:
         raise InputError(f"gamma: {RETURN_TO_GO!r} needs a discount; pass gamma in [0, 1]")
+    if wants_rtg and "reward" not in source.schema.names:  # e.g. the empty first version of a store
+        raise InputError(f"gamma: {RETURN_TO_GO!r} is computed from the steps' reward, which these steps do not have")
     extra = (["reward"] if wants_rtg and "reward" not in names else []) + \
         [c for c in weight_column(source, sampling.weight_by) if c not in names]
     checked(source, [*names, *extra])
+    if max_batch_bytes is not None:
+        per_step = step_bytes(source.schema, names) + (8 if wants_rtg else 0) + GATHER_BYTES
+        check_batch_bytes(int(sampling.batch_size) * length * per_step, max_batch_bytes,
+                          f"batch_size × length: {sampling.batch_size} windows × {length} steps × {per_step} bytes "
+                          f"a step ({', '.join([*names, *([RETURN_TO_GO] if wants_rtg else []), 'mask'])} and "
+                          "indices)", "lower batch_size or length, or select fewer columns")
 
     def make() -> lay.Layout:
         layout = lay.build(source.read, source.schema, [*names, *extra])

@@ -14,12 +14,12 @@ environments (``Store.sql(…, env_id=…)``) to see it in its own type. ``episo
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import duckdb
 import pyarrow as pa
 
-from trajstore.errors import QueryError, StoreDamagedError, UnknownColumnError, first_line
+from trajstore.errors import QueryError, StoreDamagedError, TrajstoreError, UnknownColumnError, first_line
 from trajstore.query import images as images_sql
 from trajstore.query import sql
 from trajstore.query.groups import FileGroup, as_duckdb_reads, group_files, step_types
@@ -28,6 +28,10 @@ from trajstore.storage.encoding import NEXT, OBS, FileLayout
 from trajstore.storage.table import DataFile
 
 DATASET = "committed_files"  # the name of a registered dataset of the committed files
+
+Judge = Callable[[StoreDamagedError], TrajstoreError]
+"""What a failed read of a committed file means for the version read: the damage itself, or (the store's
+judgment, see ``Store._judged``) a version whose files a vacuum removed."""
 
 
 def ids_disjoint(files: Sequence[DataFile]) -> bool:
@@ -80,14 +84,17 @@ class Snapshot:
 
     ``layouts`` are the files' own (:meth:`~trajstore.storage.table.StepsTable.layouts`; read from their footers
     when not given). With ``registered``, ``steps`` reads the files through registered pyarrow datasets instead
-    of ``read_parquet``: the same rows and types.
+    of ``read_parquet``: the same rows and types. ``judge`` turns the error about a committed file that cannot be
+    read into the one to raise.
     """
 
     def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None,
                  con: duckdb.DuckDBPyConnection | None = None, store: str | None = None,
-                 layouts: Sequence[FileLayout] | None = None, registered: bool = False) -> None:
+                 layouts: Sequence[FileLayout] | None = None, registered: bool = False,
+                 judge: Judge | None = None) -> None:
         self.files = list(files)
         self.store = store  # where the files are from, for messages
+        self.judge = judge
         self.con = con if con is not None else duckdb.connect(config=config or {})
         try:  # binding read_parquet reads the files' footers
             self.con.execute(sql.create_view("committed_steps", self._stored_steps(layouts, registered)))
@@ -152,9 +159,10 @@ class Snapshot:
         except duckdb.Error as exc:
             raise self.damage(exc) or QueryError(f"query failed: {first_line(exc)}") from exc
 
-    def damage(self, exc: BaseException) -> StoreDamagedError | None:
+    def damage(self, exc: BaseException) -> TrajstoreError | None:
         """The error to raise when ``exc`` says that a committed file is missing or unreadable, else None."""
-        return damaged_file(exc, self.files, self.store)
+        found = damaged_file(exc, self.files, self.store)
+        return self.judge(found) if found is not None and self.judge is not None else found
 
     def check_columns(self, names: Sequence[str], *, view: str = "episodes", field: str = "by") -> None:
         """Raise an :class:`UnknownColumnError` naming ``field`` when a name is not a column of ``view``."""

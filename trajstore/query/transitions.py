@@ -22,21 +22,27 @@ from trajstore.query.returns import check_gamma
 from trajstore.query.sequences import (
     Sampling,
     Source,
+    check_batch_bytes,
     checked,
     item_weights,
     loader_batches,
+    step_bytes,
     stored_columns,
     weight_column,
 )
 
 DEFAULT_COLUMNS = ("obs", "action")
 OUTPUTS = ("reward", "next_obs", "terminated", "discount")  # made by the n-step rule, never taken at t
+ITEM_BYTES = 8 * 8  # per transition beyond its columns: episode_id, step, discount and int64 indices
+REWARD_BYTES = 5 * 8  # per transition and each of its n steps: the rewards summed and their indices
 
 
 def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] | None = None,
                 sampling: Sampling = Sampling(), format: str = "numpy",  # noqa: A002
-                resume: Mapping[str, Any] | None = None) -> Batches:
-    """Batches of the n-step transitions of the steps of ``source`` (see the module's description)."""
+                resume: Mapping[str, Any] | None = None, max_batch_bytes: int | None = None) -> Batches:
+    """Batches of the n-step transitions of the steps of ``source`` (see the module's description); with
+    ``max_batch_bytes``, an :class:`InputError` when one batch would take more than that to build (known once
+    the steps are laid out: the rewards summed are those of ``min(n, longest episode)`` steps)."""
     n = check_count("n", n)
     g = check_gamma(gamma)
     sampling.check()
@@ -55,6 +61,8 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
     laid = checked(source, list(dict.fromkeys([*at_t, *extra])))
     layout, release = source.laid_out(laid, None, lambda: lay.build(source.read, source.schema, laid))
     try:
+        if max_batch_bytes is not None:
+            _check_bytes(source, layout, at_t, n, int(sampling.batch_size), max_batch_bytes)
         steps = np.arange(layout.steps, dtype=np.int64)
         episode = layout.episode_of(steps)
         weights = item_weights(source, layout, sampling.weight_by, episode, steps - layout.offset[episode])
@@ -71,6 +79,18 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
     except BaseException:
         release()
         raise
+
+
+def _check_bytes(source: Source, layout: lay.Layout, at_t: Sequence[str], n: int, batch_size: int,
+                 max_batch_bytes: int) -> None:
+    """Refuse batches of ``batch_size`` transitions that would take more than ``max_batch_bytes`` to build."""
+    steps = min(n, int(layout.length.max(initial=1)))
+    per_item = step_bytes(source.schema, [*at_t, "next_obs", "reward", "terminated"]) + ITEM_BYTES + \
+        steps * REWARD_BYTES
+    check_batch_bytes(batch_size * per_item, max_batch_bytes,
+                      f"batch_size: {batch_size} transitions × {per_item} bytes each (columns "
+                      f"{', '.join([*at_t, 'next_obs', 'reward', 'terminated'])}, and {steps} rewards summed)",
+                      "lower batch_size or n, or select fewer columns")
 
 
 def transition_batch(layout: lay.Layout, names: Sequence[str], positions: np.ndarray, n: int, gamma: float,

@@ -42,6 +42,9 @@ class Client:
     Reads are retried (``retries`` times, exponential back-off) on connection errors and 502/503/504;
     so are writes that carry an idempotency key. Errors the server reports are raised as
     :class:`~trajstore.errors.RemoteError` with the problem's ``status`` and ``detail``.
+
+    Every read takes ``version=N``: the store as it was at version N (``?version=``, see ``GET /history``), as
+    ``trajstore.open(uri, version=N)`` reads it; by default the latest version.
     """
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 30.0, retries: int = 3,
@@ -76,45 +79,49 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/ready").json()
 
-    def runs(self) -> list[dict[str, Any]]:
+    def runs(self, *, version: int | None = None) -> list[dict[str, Any]]:
         """Every run with its envs, episode and step counts and last write time."""
-        return self._request("GET", "/runs").json()
+        return self._request("GET", "/runs", params={"version": version}).json()
 
     def episodes(self, *, order_by: str = "episode_id", limit: int = 100, offset: int = 0,
-                 gamma: float | None = None, **filters: Any) -> pa.Table:
+                 gamma: float | None = None, version: int | None = None, **filters: Any) -> pa.Table:
         """One page of episodes; filters as in the REST API (``run_id``, ``complete``, ``min_return``, …)."""
-        params = {"order_by": order_by, "limit": limit, "offset": offset, "gamma": gamma, **filters}
+        params = {"order_by": order_by, "limit": limit, "offset": offset, "gamma": gamma, "version": version,
+                  **filters}
         return self._table("GET", "/episodes", params=params)
 
-    def episode_steps(self, episode_id: int, columns: list[str] | None = None) -> pa.Table:
-        return self._table("GET", f"/episodes/{int(episode_id)}/steps", params={"columns": columns})
+    def episode_steps(self, episode_id: int, columns: list[str] | None = None, *,
+                      version: int | None = None) -> pa.Table:
+        return self._table("GET", f"/episodes/{int(episode_id)}/steps", params={"columns": columns,
+                                                                                 "version": version})
 
     def stats(self, *, by: str | list[str] | None = None, gamma: float | None = None,
-              include_incomplete: bool = False, **filters: Any) -> pa.Table:
+              include_incomplete: bool = False, version: int | None = None, **filters: Any) -> pa.Table:
         """Episode statistics with the keys of ``imitation``'s ``rollout_stats``, one row per group of ``by``."""
         params = {"by": [by] if isinstance(by, str) else by, "gamma": gamma,
-                  "include_incomplete": include_incomplete, **filters}
+                  "include_incomplete": include_incomplete, "version": version, **filters}
         return self._table("GET", "/stats", params=params)
 
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", limit: int = 10_000,
-                **filters: Any) -> pa.Table:
-        return self._table("GET", "/returns", params={"gamma": gamma, "per": per, "limit": limit, **filters})
+                version: int | None = None, **filters: Any) -> pa.Table:
+        return self._table("GET", "/returns", params={"gamma": gamma, "per": per, "limit": limit, "version": version,
+                                                      **filters})
 
     def sql(self, query: str, *, max_rows: int | None = None, as_: Literal["arrow", "dicts"] = "arrow",
-            run_id: str | list[str] | None = None,
-            env_id: str | list[str] | None = None) -> pa.Table | list[dict[str, Any]]:
+            run_id: str | list[str] | None = None, env_id: str | list[str] | None = None,
+            version: int | None = None) -> pa.Table | list[dict[str, Any]]:
         """Run one read-only SELECT on the server; an Arrow table, or a list of dicts with ``as_="dicts"``. With
         ``run_id``/``env_id``, the views hold only those runs' or environments' steps (as for ``Store.sql``)."""
         body: dict[str, Any] = {"query": query, "max_rows": max_rows}
         for name, value in (("run_id", run_id), ("env_id", env_id)):
             if value is not None:
                 body[name] = [value] if isinstance(value, str) else list(value)
-        table = self._table("POST", "/sql", json=body)
+        table = self._table("POST", "/sql", json=body, params={"version": version})
         return table.to_pylist() if as_ == "dicts" else table
 
-    def schema(self, env_id: str | None = None) -> pa.Schema:
+    def schema(self, env_id: str | None = None, *, version: int | None = None) -> pa.Schema:
         """The Arrow types of the store's ``steps`` columns (of one environment's files with ``env_id``)."""
-        return self._table("GET", "/schema", params={"env_id": env_id}).schema
+        return self._table("GET", "/schema", params={"env_id": env_id, "version": version}).schema
 
     # --- following ---------------------------------------------------------------------------------------
 
@@ -156,7 +163,8 @@ class Client:
 
     def iter_batches(self, *, batch_size: int = 4096, columns: list[str] | None = None, shuffle: bool = False,
                      seed: int | None = None, shuffle_buffer: int = 65_536, drop_last: bool = False,
-                     format: BatchFormat = "numpy", **filters: Any) -> Iterator[Any]:  # noqa: A002
+                     format: BatchFormat = "numpy", version: int | None = None,  # noqa: A002
+                     **filters: Any) -> Iterator[Any]:
         """Yield batches of ``batch_size`` steps while the stream is still arriving.
 
         ``format`` is ``"numpy"`` (dict of arrays, ``(n, …)``), ``"jax"`` (dict of JAX arrays) or
@@ -164,7 +172,7 @@ class Client:
         ``shuffle_buffer`` rows, reproducibly for a given ``seed``; memory stays bounded by that buffer.
         """
         check_batching(batch_size, shuffle_buffer, format)
-        params = {"columns": columns, "batch_rows": max(batch_size, 8192), **filters}
+        params = {"columns": columns, "batch_rows": max(batch_size, 8192), "version": version, **filters}
         with self._stream("/steps", params) as body:
             yield from training_batches(pa.ipc.open_stream(body), batch_size=batch_size, shuffle=shuffle, seed=seed,
                                         shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)
@@ -173,7 +181,7 @@ class Client:
                        pad: bool = False, gamma: float | None = None, batch_size: int = 256, shuffle: bool = False,
                        seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
                        format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
-                       weight_by: str | None = None, num_samples: int | None = None,
+                       weight_by: str | None = None, num_samples: int | None = None, version: int | None = None,
                        **filters: Any) -> RemoteBatches:
         """The batches of :meth:`Store.sequences <trajstore.store.Store.sequences>` with these arguments, from
         the service's ``/sequences`` stream (filters as in the REST API: ``run_id``, ``complete``, …); the
@@ -182,19 +190,20 @@ class Client:
         params = {"length": length, "columns": columns, "stride": stride, "pad": pad, "gamma": gamma,
                   "batch_size": batch_size, "shuffle": shuffle, "order_seed": seed, "epoch": epoch, "rank": rank,
                   "world_size": world_size, "weight_by": weight_by, "num_samples": num_samples,
-                  "resume": None if resume is None else json.dumps(dict(resume)), **filters}
+                  "resume": None if resume is None else json.dumps(dict(resume)), "version": version, **filters}
         return RemoteBatches(self._stream("/sequences", params), format)
 
     def transitions(self, n: int, *, gamma: float, columns: list[str] | None = None, batch_size: int = 256,
                     shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
                     format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
-                    weight_by: str | None = None, num_samples: int | None = None, **filters: Any) -> RemoteBatches:
+                    weight_by: str | None = None, num_samples: int | None = None, version: int | None = None,
+                    **filters: Any) -> RemoteBatches:
         """The batches of :meth:`Store.transitions <trajstore.store.Store.transitions>` from ``/transitions``."""
         check_format(format)
         params = {"n": n, "gamma": gamma, "columns": columns, "batch_size": batch_size, "shuffle": shuffle,
                   "order_seed": seed, "epoch": epoch, "rank": rank, "world_size": world_size, "weight_by": weight_by,
                   "num_samples": num_samples, "resume": None if resume is None else json.dumps(dict(resume)),
-                  **filters}
+                  "version": version, **filters}
         return RemoteBatches(self._stream("/transitions", params), format)
 
     @contextlib.contextmanager

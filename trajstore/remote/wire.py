@@ -30,7 +30,7 @@ def read_table(body: bytes, *, field: str = "body") -> pa.Table:
     """An Arrow IPC stream's table; :class:`InputError` naming ``field`` when it is not one."""
     try:
         return pa.ipc.open_stream(body).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError) as exc:  # ArrowInvalid, and a type or codec this pyarrow does not read
         raise InputError(f"{field}: not an Arrow IPC stream ({exc})") from None
 
 

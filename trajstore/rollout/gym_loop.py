@@ -3,7 +3,8 @@
 Both autoreset modes of gymnasium 1.x vector envs are handled. In next-step mode (the default)
 the step after an episode ends is a reset step, not a transition, and is not stored; in
 same-step mode ``next_obs`` of the last step is the true final observation from
-``info["final_obs"]``. A vector env with autoreset disabled is reset here, env by env.
+``info["final_obs"]``. A vector env with autoreset disabled is reset here, env by env. gymnasium 1.0 (no
+``AutoresetMode``, added in 1.1) has next-step vector envs only; a vector env that declares no mode is next-step.
 
 >>> import trajstore, tempfile
 >>> store = trajstore.open(tempfile.mkdtemp(), create=True)
@@ -123,7 +124,7 @@ class EpisodeTracker:
 
 def _vector_env(env: Any, num_envs: int, autoreset: str, env_kwargs: Mapping[str, Any]) -> tuple[Any, bool]:
     import gymnasium as gym
-    from gymnasium.vector import AutoresetMode, VectorEnv
+    from gymnasium.vector import VectorEnv
 
     if isinstance(env, VectorEnv):
         return env, False
@@ -131,19 +132,35 @@ def _vector_env(env: Any, num_envs: int, autoreset: str, env_kwargs: Mapping[str
         raise InputError(f"env must be a gymnasium id or a gymnasium.vector.VectorEnv, got {type(env).__name__}")
     if not isinstance(num_envs, int) or num_envs < 1:
         raise InputError(f"num_envs must be a positive integer, got {num_envs!r}")
-    modes = {NEXT_STEP: AutoresetMode.NEXT_STEP, SAME_STEP: AutoresetMode.SAME_STEP,
-             DISABLED: AutoresetMode.DISABLED}
-    if autoreset not in modes:
-        raise InputError(f"autoreset must be one of {list(modes)}, got {autoreset!r}")
     try:
         venv = gym.make_vec(env, num_envs=num_envs, vectorization_mode="sync",
-                            vector_kwargs={"autoreset_mode": modes[autoreset]}, **env_kwargs)
+                            vector_kwargs=_autoreset_kwargs(autoreset), **env_kwargs)
     except gym.error.Error as exc:
         raise InputError(f"env: gymnasium cannot make {env!r}: {exc}") from None
     return venv, True
 
 
+def _autoreset_kwargs(autoreset: str) -> dict[str, Any]:
+    """The vector env's keyword for ``autoreset``. gymnasium 1.0 has no ``AutoresetMode`` (added in 1.1): its
+    vector envs always autoreset next-step, so that is the only mode it can give."""
+    if autoreset not in (NEXT_STEP, SAME_STEP, DISABLED):
+        raise InputError(f"autoreset must be one of {[NEXT_STEP, SAME_STEP, DISABLED]}, got {autoreset!r}")
+    try:
+        from gymnasium.vector import AutoresetMode
+    except ImportError:
+        if autoreset != NEXT_STEP:
+            import gymnasium
+
+            raise InputError(f"autoreset={autoreset!r} needs gymnasium >= 1.1; gymnasium {gymnasium.__version__} "
+                             f"vector envs autoreset {NEXT_STEP!r} only") from None
+        return {}
+    modes = {NEXT_STEP: AutoresetMode.NEXT_STEP, SAME_STEP: AutoresetMode.SAME_STEP,
+             DISABLED: AutoresetMode.DISABLED}
+    return {"autoreset_mode": modes[autoreset]}
+
+
 def _autoreset_mode(venv: Any) -> str:
+    """The vector env's autoreset mode; next-step where it declares none (every vector env of gymnasium 1.0)."""
     mode = getattr(venv.metadata.get("autoreset_mode"), "value", venv.metadata.get("autoreset_mode"))
     return {"NextStep": NEXT_STEP, "SameStep": SAME_STEP, "Disabled": DISABLED}.get(str(mode), NEXT_STEP)
 

@@ -22,7 +22,7 @@ from deltalake.exceptions import DeltaError
 from trajstore.errors import InputError, StoreNotFoundError, VersionNotFoundError
 from trajstore.storage.check import missing_files
 from trajstore.storage.location import explain
-from trajstore.storage.table import StepsTable
+from trajstore.storage.table import StepsTable, display
 
 LOG_DIR = "_delta_log"
 COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
@@ -140,14 +140,84 @@ def _check_files_kept(table: StepsTable, version: int) -> None:
     """Refuse an old version some of whose files a vacuum has removed (a clear 'gone', not a damaged store)."""
     gone = missing_files(table.location, StepsTable(table.location, pinned=version).files())
     if gone:
-        raise VersionNotFoundError(f"version: version {version} can no longer be read: {len(gone)} of its files were "
-                                   f"removed (by `trajstore vacuum`, which keeps only what versions inside its "
-                                   f"retention horizon need), first: {gone[0].path}")
+        latest = {f.path for f in StepsTable(table.location).files()}
+        gone = [f for f in gone if f.path not in latest]  # a file the latest version needs too is damage
+    if gone:
+        raise removed_version(table, [f.path for f in gone], version=version)
+
+
+def vacuumed(table: StepsTable, path: str, *, version: int | None) -> VersionNotFoundError | None:
+    """The error for a read of ``version`` (None: the latest version when the read began) that failed on its
+    committed file ``path`` (in the table's filesystem) because a vacuum removed it: the file is gone and the
+    latest version no longer lists it, so only older versions needed it and the store is not damaged. None when
+    the file is there (unreadable) or the latest version still lists it: the store is damaged."""
+    if table.fs.get_file_info(path).type != pafs.FileType.NotFound:
+        return None
+    if any(f.path == path for f in StepsTable(table.location).files()):
+        return None
+    return removed_version(table, [path], version=version)
+
+
+def removed_version(table: StepsTable, paths: list[str], *, version: int | None) -> VersionNotFoundError:
+    """A :class:`VersionNotFoundError` for ``version`` (None: the version a read began at) whose committed files
+    ``paths`` a vacuum deleted: which version removed (the last of) them from the store, and when, and so which
+    versions do not need them."""
+    latest = StepsTable(table.location).version()
+    uri = display(paths[0], table.fs)
+    what = f"its file {uri}" if len(paths) == 1 else f"{len(paths)} of its files (first: {uri})"
+    removal = _removal(table, set(paths), known=version, latest=latest)
+    removed, after = "", f"the latest version, {latest}, does not need {'it' if len(paths) == 1 else 'them'}"
+    if removal is not None:
+        at, when, operation = removal
+        which = "version" if len(paths) == 1 else "versions up to"
+        removed = f", which {which} {at} ({operation}, {when.isoformat(timespec='seconds')}) had removed from the store"
+        if at < latest:
+            after = f"versions {at} to {latest} do not need {'it' if len(paths) == 1 else 'them'}"
+    if version is None:
+        return VersionNotFoundError(f"version: the version this read began at can no longer be read: `trajstore "
+                                    f"vacuum` deleted {what} while the read used it{removed}; the store is not "
+                                    f"damaged: read again (the latest version is {latest})")
+    return VersionNotFoundError(f"version: version {version} can no longer be read: `trajstore vacuum` deleted "
+                                f"{what}{removed}; the store is not damaged: {after} (`trajstore history` lists "
+                                "the versions)")
+
+
+def _removal(table: StepsTable, paths: set[str], *, known: int | None,
+             latest: int) -> tuple[int, datetime, str] | None:
+    """The version whose commit removed the last of ``paths`` from the table, with its time and operation: the
+    first version after ``known`` (a version listing them all; None: found by stepping back from the latest) that
+    lists none of them, by bisection (a file, once removed, is never listed again). None when the log no longer
+    tells."""
+    def lists(v: int) -> bool:
+        return any(f.path in paths for f in StepsTable(table.location, pinned=v).files())
+
+    try:
+        hi, lo, step = latest, known, 1
+        if lists(hi):
+            return None
+        while lo is None:  # the read began at some version before the latest: step back until one lists it
+            candidate = max(hi - step, 0)
+            if lists(candidate):
+                lo = candidate
+            elif candidate == 0:
+                return None
+            else:
+                hi, step = candidate, step * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if lists(mid) else (lo, mid)
+        summary = _summary(hi, _read_commit(table, hi), {})
+    except (DeltaError, OSError):  # a version whose log entries were cleaned up
+        return None
+    return hi, summary["timestamp"], summary["operation"]
 
 
 def _check_readable(table: StepsTable, version: int) -> None:
     try:
         DeltaTable(table.uri, version=version, storage_options=table.location.storage_options)
-    except (DeltaError, OSError) as exc:
-        raise InputError(f"version: version {version} can no longer be read (its log entries were cleaned up): "
-                         f"{str(exc).splitlines()[0]}") from exc
+    except (DeltaError, OSError) as exc:  # a removed version too: not found (404), not bad input
+        access = explain(exc, table.location)
+        if access is not None:
+            raise access from exc
+        raise VersionNotFoundError(f"version: version {version} can no longer be read (its log entries were cleaned "
+                                   f"up): {str(exc).splitlines()[0]}") from exc

@@ -23,6 +23,7 @@ import json
 import random
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -102,6 +103,12 @@ def _check_encoding(rows: pa.Table, fmt: Format) -> None:
 
 
 def _check_columns(rows: pa.Table, fmt: Format) -> None:
+    repeated = [n for n, k in Counter(rows.column_names).items() if k > 1]
+    if repeated:
+        raise InputError(f"{repeated[0]}: {rows.column_names.count(repeated[0])} columns of the body have this name;"
+                         " each column once")
+    for field in rows.schema:
+        _check_storable(field.name, field.type)
     present = set(rows.column_names)
     for name in sch.PARTITION_COLUMNS:
         if name in present:
@@ -114,6 +121,29 @@ def _check_columns(rows: pa.Table, fmt: Format) -> None:
             continue  # null where it is the next row's obs (checked with the encoding)
         if rows[name].null_count and name in (*KEYS, *sch.TRANSITION_COLUMNS):
             raise InputError(f"{name}: {rows[name].null_count} null value(s); every row needs one")
+
+
+def _check_storable(name: str, t: pa.DataType) -> None:
+    """Refuse a column type the table cannot hold (before anything is written or committed: a type the commit
+    log records but cannot give back would break every later read of its schema): numbers, booleans, strings
+    and UTC timestamps, alone or in fixed-size lists, lists and structs of them, as the local writer stores."""
+    leaf = t
+    while pa.types.is_fixed_size_list(leaf) or pa.types.is_list(leaf) or pa.types.is_large_list(leaf):
+        leaf = leaf.value_type
+    if pa.types.is_struct(leaf):
+        if len({f.name for f in leaf}) != leaf.num_fields or not all(f.name for f in leaf):
+            raise InputError(f"{name}: the fields of a struct column need distinct, non-empty names, got {leaf}")
+        for f in leaf:
+            _check_storable(f"{name}.{f.name}", f.type)
+        return
+    plain = pa.types.is_integer(leaf) or pa.types.is_boolean(leaf) or pa.types.is_string(leaf) or \
+        pa.types.is_large_string(leaf) or leaf in (pa.float16(), pa.float32(), pa.float64())
+    utc = pa.types.is_timestamp(leaf) and leaf.tz in (None, "UTC")
+    frames = pa.types.is_fixed_size_binary(leaf)  # image frames of encoded rows, as their bytes
+    if not (plain or utc or frames):
+        raise InputError(f"{name}: columns of type {t} cannot be stored; expected numbers (integers, float16, "
+                         "float32, float64), booleans, strings or UTC timestamps, or fixed-size lists, lists or "
+                         "structs of them (or, in encoded rows, image frames as fixed-size binary)")
 
 
 def _stamped(rows: pa.Table) -> pa.Table:
@@ -154,7 +184,7 @@ def _cast_keys(rows: pa.Table) -> pa.Table:
 
 def _check_range(rows: pa.Table, name: str, t: pa.DataType) -> None:
     """Refuse values of ``name`` that its stored type ``t`` cannot hold, naming the episode and the step."""
-    col, top = rows[name], np.iinfo(t.to_pandas_dtype()).max
+    col, top = rows[name], np.iinfo(sch.numpy_dtype(t)).max
     if not len(col) or pc.max(col).as_py() <= top:
         return
     i = pc.index(pc.greater(col, pa.scalar(top, col.type)), True).as_py()
@@ -259,7 +289,12 @@ def _physical(table: StepsTable, rows: pa.Table) -> pa.Table:
 def _commit_checked(table: StepsTable, written: WrittenFile, spans: Spans, *, run_id: str, env_id: str,
             key: IdempotencyKey | None) -> bool:
     """Check ``spans`` against the latest version V and commit ``written`` as V+1; again on a newer V.
-    False when a request with the same key and digest was committed meanwhile."""
+    False when a request with the same key and digest was committed meanwhile. Rows that bring new columns
+    are checked once before the table is given them, so that refused rows change nothing."""
+    if _new_columns(table, written):
+        dt = table.latest()
+        check_continues(spans, stored_ends(table.files_at(dt) if dt is not None else [], spans.episode_id),
+                        run_id=run_id, env_id=env_id)
     for attempt in range(ATTEMPTS):
         dt = table.latest(written.schema)
         if key is not None and _seen(dt, key):
@@ -271,6 +306,12 @@ def _commit_checked(table: StepsTable, written: WrittenFile, spans: Spans, *, ru
         time.sleep(min(0.2, 0.005 * 2 ** attempt) * random.uniform(0.5, 1.5))
     raise CommitError(f"rows for run_id={run_id!r}, env_id={env_id!r} were not committed: other commits kept "
                       f"coming first ({ATTEMPTS} attempts); nothing was stored, send the request again")
+
+
+def _new_columns(table: StepsTable, written: WrittenFile) -> bool:
+    """Whether committing ``written`` first gives the table columns it lacks (a change of its own, in the log)."""
+    known = table.delta_schema()
+    return known is not None and bool(set(written.schema.names) - set(known.names))
 
 
 def _seen(dt: DeltaTable | None, key: IdempotencyKey) -> bool:

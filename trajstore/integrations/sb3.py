@@ -1,0 +1,161 @@
+"""Recording Stable-Baselines3 training (the ``[sb3]`` extra): a callback that stores every step of the model's
+VecEnv, for on-policy (PPO, A2C) and off-policy (DQN, SAC, TD3) algorithms alike.
+
+SB3's VecEnvs reset an env in the step its episode ends: the observation they return there is the next
+episode's first one, the true final observation is ``infos[i]["terminal_observation"]``, and a time-limit end
+is ``infos[i]["TimeLimit.truncated"]`` (kept apart from termination here). The observation an action was
+taken on is the model's ``_last_obs`` when the step is reported. The stored episodes are those SB3's
+``Monitor`` records (``get_episode_rewards()``, ``get_episode_lengths()``).
+
+>>> from stable_baselines3 import PPO                                          # doctest: +SKIP
+>>> from stable_baselines3.common.env_util import make_vec_env
+>>> model = PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=4))
+>>> with StoreCallback(store, run_id="ppo") as callback:
+...     model.learn(10_000, callback=callback)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback
+
+from trajstore.errors import InputError
+from trajstore.integrations.gymnasium import StepBuffer, copy_obs
+
+log = logging.getLogger(__name__)
+
+
+class StoreCallback(BaseCallback):
+    """Stores every step of the model's training env in ``store`` under ``run_id`` (``env_id`` defaults to the
+    env's spec id); pass it to ``model.learn(..., callback=...)``.
+
+    Steps are handed to the writer ``chunk`` steps at a time and committed at the end of each ``learn()`` (and
+    whenever the writer's buffer passes ``flush_bytes``). The writer stays open across ``learn()`` calls, so an
+    episode that runs on into the next call (``reset_num_timesteps=False``) continues; one cut by the env's reset
+    at the start of a ``learn()`` is stored as unfinished. :meth:`close` (or a ``with`` block) releases it.
+
+    Under a ``VecNormalize`` (the outermost VecEnv wrapper), the env's own observations and rewards are stored,
+    not the normalized ones the policy sees (a final observation is un-normalized from SB3's normalized copy).
+    The action stored is the one the env received (clipped or rescaled into its space). ``extras`` names keys of
+    each env's ``info`` to store as columns; other keywords are writer options or lineage values.
+    """
+
+    def __init__(self, store: Any, *, run_id: str, env_id: str | None = None, chunk: int = 256,
+                 extras: Sequence[str] = (), verbose: int = 0, **options: Any) -> None:
+        super().__init__(verbose)
+        self.store, self.run_id, self.env_id = store, run_id, env_id
+        self.chunk, self.extras, self.options = chunk, tuple(extras), options
+        self.writer: Any = None
+        self._buffer: StepBuffer | None = None
+        self._obs: Any = None  # the env's observation the next action is taken on
+        self._seen: Any = None  # the model's _last_obs after the last step (to tell a reset env at learn())
+
+    # --- SB3's hooks ----------------------------------------------------------------------------------------
+
+    def _on_training_start(self) -> None:
+        if self._buffer is None:
+            self._buffer = self._open()
+        elif self.model._last_obs is not self._seen:  # learn() reset the env: open episodes end unfinished
+            self._buffer.push()
+            self.writer.reset()
+        self._obs = self._original_obs(self.model._last_obs)
+
+    def _on_step(self) -> bool:
+        if self._buffer is None:
+            raise InputError("StoreCallback: on_step before on_training_start; pass the callback to model.learn()")
+        new_obs, dones, infos = self.locals["new_obs"], np.asarray(self.locals["dones"], bool), self.locals["infos"]
+        # the env's action: on-policy algorithms clip it into a Box (`clipped_actions`), off-policy ones
+        # unscale it (`actions`); rewards are copied now, as PPO adds bootstrapped values to them in place later
+        action = self.locals["clipped_actions"] if "clipped_actions" in self.locals else self.locals["actions"]
+        reward = self._original_reward(self.locals["rewards"])
+        obs = self._original_obs(new_obs)
+        truncated = np.array([bool(d and info.get("TimeLimit.truncated", False)) for d, info in zip(dones, infos)])
+        step = (self._obs, np.array(action, copy=True), reward, self._final_obs(obs, dones, infos),
+                dones & ~truncated, truncated)
+        self._buffer.add(step, _per_env_info(infos, self.extras))
+        self._obs, self._seen = obs, new_obs
+        return True
+
+    def _on_training_end(self) -> None:
+        self.flush()
+
+    # --- the writer ----------------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Commit every step so far: visible to readers when this returns."""
+        if self.writer is not None and self._buffer is not None:
+            self._buffer.push()
+            self.writer.flush()
+
+    def close(self) -> None:
+        """Commit every step and close the writer. Idempotent — safe to call multiple times."""
+        if self.writer is not None and self._buffer is not None:
+            self._buffer.push()
+            self.writer.close()
+
+    def __enter__(self) -> StoreCallback:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open(self) -> StepBuffer:
+        env = self.training_env
+        self.writer = self.store.writer(run_id=self.run_id, env_id=self.env_id or _spec_id(env),
+                                        autoreset="same-step", observation_space=env.observation_space,
+                                        action_space=env.action_space, **self.options)
+        return StepBuffer(self.writer, chunk=self.chunk, extras=self.extras, vector=True)
+
+    # --- the env's own values under a VecNormalize ------------------------------------------------------------
+
+    def _normalizer(self) -> Any:
+        vec_normalize = self.model.get_vec_normalize_env()
+        return vec_normalize if vec_normalize is not None and vec_normalize is self.training_env else None
+
+    def _original_obs(self, obs: Any) -> Any:
+        normalizer = self._normalizer()
+        return copy_obs(obs) if normalizer is None else normalizer.get_original_obs()
+
+    def _original_reward(self, reward: Any) -> np.ndarray:
+        normalizer = self._normalizer()
+        return np.array(reward, copy=True) if normalizer is None else normalizer.get_original_reward()
+
+    def _final_obs(self, obs: Any, dones: np.ndarray, infos: Sequence[Mapping[str, Any]]) -> Any:
+        """``obs`` with the true final observation of every env whose episode ended in this step."""
+        ended = [i for i in np.flatnonzero(dones) if infos[i].get("terminal_observation") is not None]
+        if not ended:
+            return obs
+        normalizer = self._normalizer()
+        out = copy_obs(obs)
+        for i in ended:
+            final = infos[i]["terminal_observation"]
+            final = final if normalizer is None else normalizer.unnormalize_obs(final)
+            if isinstance(out, dict):
+                for key in out:
+                    out[key][i] = final[key]
+            else:
+                out[i] = final
+        return out
+
+
+def _per_env_info(infos: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
+    """The ``keys`` of every env's info as one ``(B, …)`` array each (as a gymnasium vector env gives them)."""
+    out = {}
+    for key in keys:
+        missing = [i for i, info in enumerate(infos) if key not in info]
+        if missing:
+            raise InputError(f"extras: the info of env {missing[0]} has no {key!r}; every step's info must carry "
+                             f"the keys named in extras (it has {sorted(infos[missing[0]])})")
+        out[key] = np.stack([np.asarray(info[key]) for info in infos])
+    return out
+
+
+def _spec_id(venv: Any) -> str:
+    spec = venv.get_attr("spec", [0])[0]
+    if spec is None or not getattr(spec, "id", None):
+        raise InputError("env_id: the training env has no spec id (it was not made by gymnasium.make); "
+                         "pass StoreCallback(..., env_id='…')")
+    return str(spec.id)

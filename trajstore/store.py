@@ -836,7 +836,7 @@ class Store:
         """:meth:`scan_plan` for a selection of runs and envs alone, without opening DuckDB (~35 MiB a loader
         need not pay): the files' own types."""
         files = [f for f in self.files() if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
-        types = self._step_types(files)
+        types = self._step_types(files) if files else StepTypes(pa.schema([]))  # no file: no column
         return ScanPlan(files, types.schema, types.schema.names, None, types, self._file_layouts(files))
 
     @_where_named

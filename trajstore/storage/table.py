@@ -215,7 +215,12 @@ class StepsTable:
         if not files:
             return None
         fields: dict[str, pa.Field] = {}
-        for _, layout in sorted(zip(files, self.layouts(files)), key=lambda p: -p[0].modified_ms):
+        ordered = sorted(zip(files, self.layouts(files)), key=lambda p: -p[0].modified_ms)
+        problem = self.size_problem(ordered[0][0])  # the layouts may be known: the newest file must be there
+        if problem:
+            raise StoreDamagedError.of_file(ordered[0][0].uri, problem.split(": ", 1)[1],
+                                            self.location.uri.rsplit("/", 1)[0])
+        for _, layout in ordered:
             for column in layout.logical:
                 fields.setdefault(column.name, column)
         return pa.schema(list(fields.values()))

@@ -856,10 +856,18 @@ class Store:
     def episode_steps(self, episode_id: int, columns: Sequence[str] | None = None) -> pa.Table:
         """Every step of one episode in order (``step`` and ``columns``, or every column); empty if there is
         no such episode."""
-        with self._query_snapshot() as snap:
-            names = ["step", *columns] if columns else []
-            snap.check_columns(names, view="steps", field="columns")
-            return snap.arrow(sql.steps(names, sql.conditions(episode_id=int(episode_id))))
+        committed = self.files()
+        names = ["step", *columns] if columns else []
+        known = self._step_types(committed).schema
+        check_names(names, known.names, view="steps", field="columns")
+        files = files_holding(committed, np.array([int(episode_id)], np.int64))  # its environment's types alone
+        with self._new_snapshot(files, con=self._cursor()) as snap:
+            held = [n for n in names if n in snap.step_columns]
+            rows = snap.arrow(sql.steps(held, sql.conditions(episode_id=int(episode_id))))
+        for name in names:  # a column only other environments store: null here
+            if name not in rows.column_names:
+                rows = rows.append_column(known.field(name), pa.nulls(rows.num_rows, known.field(name).type))
+        return rows.select(names) if names else rows
 
     @_where_named
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", run_id: Names = None,

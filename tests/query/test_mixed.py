@@ -129,3 +129,20 @@ def test_sandboxed_sql_takes_the_same_selection(mixed: tuple[trajstore.Store, An
     np.testing.assert_array_equal(pos, written["dict"]["obs"]["pos"][t, b])
     images = store.sandboxed_sql("SELECT obs FROM steps LIMIT 3", run_id="pixels").table
     assert np.array(images["obs"].to_pylist(), np.uint8).shape == (3, 4, 84, 84)
+
+
+def test_image_functions_outlive_the_cursors_that_registered_them(mixed: tuple[trajstore.Store, Any]) -> None:
+    """The store's own queries run on cursors of one DuckDB database, closed after each query: the function that
+    makes image bytes values again must stay callable for the next cursor (it once pointed at a freed object)."""
+    import gc
+
+    store, written = mixed
+    episode = store.episodes(env_id=IMAGE, limit=1)["episode_id"][0].as_py()
+    first = None
+    for _ in range(4):
+        rows = store.episode_steps(episode, ["obs", "next_obs"])  # a cursor of the store's database each time
+        gc.collect()
+        values = np.array(rows["obs"].to_pylist(), np.uint8)
+        assert values.shape[1:] == (4, 84, 84)
+        first = values if first is None else first
+        np.testing.assert_array_equal(values, first)

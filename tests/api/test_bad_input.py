@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlencode, urlsplit
 
-import numpy as np
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient

@@ -146,3 +146,20 @@ def test_image_functions_outlive_the_cursors_that_registered_them(mixed: tuple[t
         assert values.shape[1:] == (4, 84, 84)
         first = values if first is None else first
         np.testing.assert_array_equal(values, first)
+
+
+def test_exports_take_one_environment_and_name_those_that_cannot_be_mixed(mixed: tuple[trajstore.Store, Any]) -> None:
+    from trajstore.export.episodes import select
+
+    store, _ = mixed
+    with pytest.raises(InputError, match=r"columns: '(obs|action)' is stored in types that cannot be one .*"
+                                         r"CartPole-v1.*; export one environment at a time"):
+        select(store, run_id="gym")
+    with select(store, where="env_id = 'Pendulum-v1'") as selection:
+        assert selection.env_ids == ["Pendulum-v1"] and selection.kinds["action"] == (np.dtype(np.float32), (1,))
+        episodes = list(selection)
+    stored = store.scan(["episode_id", "step", "action", "next_obs"], env_id="Pendulum-v1").read_all()
+    for episode in episodes[:5]:
+        rows = stored.filter(pa.compute.equal(stored["episode_id"], episode.episode_id)).sort_by("step")
+        np.testing.assert_array_equal(episode.action, to_numpy(rows["action"]))
+        np.testing.assert_array_equal(episode.next_obs, to_numpy(rows["next_obs"]))

@@ -163,3 +163,27 @@ def test_exports_take_one_environment_and_name_those_that_cannot_be_mixed(mixed:
         rows = stored.filter(pa.compute.equal(stored["episode_id"], episode.episode_id)).sort_by("step")
         np.testing.assert_array_equal(episode.action, to_numpy(rows["action"]))
         np.testing.assert_array_equal(episode.next_obs, to_numpy(rows["next_obs"]))
+
+
+def test_the_service_and_the_client_work_per_environment(mixed: tuple[trajstore.Store, Any]) -> None:
+    """Over REST as in the library: statistics across everything, arrays per environment in their own types, and
+    a mix that cannot be one array refused with a problem naming the column and the env ids."""
+    import httpx
+
+    from tests.api.helpers import serve, settings_for
+    from trajstore.api.app import create_app
+    from trajstore.errors import RemoteError
+
+    store, written = mixed
+    for live in serve(create_app(settings_for(Path(str(store.root))))):
+        with trajstore.Client(live.url) as client:
+            assert len(client.stats(by="env_id", include_incomplete=True)) == 4
+            pendulum = next(client.iter_batches(batch_size=16, columns=["obs", "action"], env_id="Pendulum-v1"))
+            assert pendulum["action"].dtype == np.float32 and pendulum["action"].shape == (16, 1)
+            frames = next(client.iter_batches(batch_size=8, columns=["obs", "next_obs"], env_id=IMAGE))
+            assert frames["obs"].dtype == np.uint8 and frames["next_obs"].shape == (8, 4, 84, 84)
+            with pytest.raises(RemoteError, match=r"422.*'action' .*(Pendulum-v1: float32\[1\]; CartPole-v1: int64|"
+                                                    r"CartPole-v1: int64; Pendulum-v1: float32\[1\])"):
+                next(client.iter_batches(batch_size=16, columns=["action"], run_id="gym"))
+        answer = httpx.get(f"{live.url}/steps", params={"columns": "action"})
+        assert answer.status_code == 422 and "CartPole-v1" in answer.json()["detail"], answer.text

@@ -63,7 +63,7 @@ class _Unstored:
 
     data: pa.Table
     pending: Any = None
-    named: bool = True  # False: rows as the buffer took them, not yet under their physical names
+    physical: bool = True  # False: rows as given, not yet under their physical names with their format
 
 
 class Writer:
@@ -303,19 +303,17 @@ class Writer:
         unstored, self._unstored = self._unstored, []
         for i, kept in enumerate(unstored):
             try:
-                if not kept.named:
-                    kept = _Unstored(self._stored(kept.data))
-                self._send(kept.data, kept.pending)
+                self._send(kept.data if kept.physical else self._stored(kept.data), kept.pending)
             except BaseException:
                 self._unstored[len(self._unstored):] = unstored[i:]  # not handed over yet: kept, in order
                 raise
         if not self._buffer:
             return
-        taken = self._buffer.take()
+        raw = self._buffer.take()
         try:
-            data = self._stored(taken)
-        except BaseException:  # the log could not be asked for the columns' names: kept as taken
-            self._unstored.append(_Unstored(taken, named=False))
+            data = self._stored(raw)
+        except BaseException:  # the columns could not be reserved: kept as given, prepared at the next flush
+            self._unstored.append(_Unstored(raw, physical=False))
             raise
         try:
             self._send(data)

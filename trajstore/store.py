@@ -331,6 +331,9 @@ class Store:
         return self._new_snapshot(self._selected_files(run_id, env_id), config=config)
 
     def _selected_files(self, run_id: Names, env_id: Names) -> list[DataFile]:
+        """The committed files of ``run_id``/``env_id`` (all when None); a run the store does not hold is a
+        :class:`RunNotFoundError`, as for every reader."""
+        self._check_runs(run_id)
         runs, envs = _names(run_id) or None, _names(env_id) or None
         return [f for f in self.files() if _selected(f.run_id, runs) and _selected(f.env_id, envs)]
 

@@ -129,6 +129,9 @@ def test_sandboxed_sql_takes_the_same_selection(mixed: tuple[trajstore.Store, An
     np.testing.assert_array_equal(pos, written["dict"]["obs"]["pos"][t, b])
     images = store.sandboxed_sql("SELECT obs FROM steps LIMIT 3", run_id="pixels").table
     assert np.array(images["obs"].to_pylist(), np.uint8).shape == (3, 4, 84, 84)
+    for query in (store.sql, store.sandboxed_sql):  # an unknown run is named, as by every reader
+        with pytest.raises(trajstore.RunNotFoundError, match="pixel"):
+            query("SELECT count(*) FROM steps", run_id="pixel")
 
 
 def test_image_functions_outlive_the_cursors_that_registered_them(mixed: tuple[trajstore.Store, Any]) -> None:

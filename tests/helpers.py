@@ -174,3 +174,50 @@ def write_commits(store: trajstore.Store, commits: int, *, run_id: str = "live",
 def step_keys(table: Any) -> list[tuple[int, int]]:
     """The ``(episode_id, step)`` of each row, in order."""
     return list(zip(table["episode_id"].to_pylist(), table["step"].to_pylist()))
+
+
+# --- image observations: frame stacks as gymnasium's FrameStackObservation makes them ----------------------
+
+def stacked_stream(rng: np.random.Generator, T: int, B: int, *, k: int = 4, shape: tuple[int, ...] = (8, 8),
+                   autoreset: str = "same-step", noise: bool = False, p_end: float = 0.08) -> dict[str, Any]:
+    """A ``(T, B, …)`` stream of uint8 frame stacks ``(k, *shape)``, newest frame last, padded at each episode
+    start by repeating its first frame, as a vector env under FrameStackObservation gives them in ``autoreset``
+    mode (next-step: the step after an end is the reset step, obs the final stack, next_obs the new episode's
+    first). Frames are a Breakout-like picture (a fixed wall, a moving ball and paddle) or, with ``noise``,
+    random bytes; extras ``t`` holds each step's time index."""
+    def frame(episode: int, i: int) -> np.ndarray:
+        if noise:
+            return rng.integers(0, 256, shape, dtype=np.uint8)
+        f = np.zeros(shape, np.uint8)
+        f[0] = 200  # the wall
+        f[(episode + i) % (shape[0] - 1) + 1, (3 * i + episode) % shape[1]] = 255  # the ball
+        f[-1, i % shape[1]] = 90  # the paddle
+        return f
+
+    obs = np.zeros((T, B, k, *shape), np.uint8)
+    nxt = np.zeros_like(obs)
+    term, trunc = np.zeros((T, B), bool), np.zeros((T, B), bool)
+    for b in range(B):
+        episode, i = b * 1000, 0
+        stack = np.repeat(frame(episode, 0)[None], k, axis=0)
+        reset_next = False
+        for t in range(T):
+            obs[t, b] = stack
+            if reset_next:  # next-step autoreset: this step resets the env
+                episode, i, reset_next = episode + 1, 0, False
+                stack = np.repeat(frame(episode, 0)[None], k, axis=0)
+                nxt[t, b] = stack
+                continue
+            i += 1
+            stack = np.concatenate([stack[1:], frame(episode, i)[None]])
+            nxt[t, b] = stack
+            if rng.random() < p_end:
+                (term if rng.random() < 0.7 else trunc)[t, b] = True
+                if autoreset == "next-step":
+                    reset_next = True
+                else:
+                    episode, i = episode + 1, 0
+                    stack = np.repeat(frame(episode, 0)[None], k, axis=0)
+    return {"obs": obs, "action": rng.integers(0, 4, (T, B)), "reward": rng.random((T, B)).astype(np.float32),
+            "next_obs": nxt, "terminated": term, "truncated": trunc,
+            "extras": {"t": np.repeat(np.arange(T)[:, None], B, axis=1)}}

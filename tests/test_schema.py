@@ -72,7 +72,8 @@ def test_stored_arrow_types_follow_the_step_schema(store: trajstore.Store) -> No
     for c in spec["lineage"]:
         assert stored.field(c["name"]).type == ARROW[c["type"]], c["name"]
     assert stored.field("obs").type == pa.list_(pa.float32(), 3)
-    assert stored.field("next_obs").type == pa.list_(pa.float32(), 3)
+    assert stored.field("next_obs").type == pa.list_(pa.float32(), 3)  # encoding 2: null where it is the next obs
+    assert stored.field("next_obs").nullable and store.schema().field("next_obs").type == pa.list_(pa.float32(), 3)
     assert stored.field("action").type == pa.int64()
     # the same types through DuckDB, partition columns included
     described = {r["column_name"]: r["column_type"] for r in store.sql("DESCRIBE steps").to_pylist()}
@@ -105,7 +106,11 @@ def test_episode_view_types_follow_the_episode_schema(store: trajstore.Store) ->
 @pytest.mark.parametrize(("space", "role", "expected"), [
     (spaces.Box(-1, 1, (4,), np.float32), "observation", pa.list_(pa.float32(), 4)),
     (spaces.Box(0, 255, (2, 3), np.uint8), "observation", pa.list_(pa.list_(pa.uint8(), 3), 2)),
-    (spaces.Box(-1, 1, (2,), np.float64), "action", pa.list_(pa.float32(), 2)),
+    (spaces.Box(-1, 1, (2,), np.float64), "action", pa.list_(pa.float64(), 2)),
+    (spaces.Box(0, 255, (4, 84, 84), np.uint8), "observation",
+     pa.list_(pa.list_(pa.list_(pa.uint8(), 84), 84), 4)),
+    (spaces.Discrete(3, start=1), "action", pa.int64()),
+    (spaces.Box(-1, 1, (2,), np.float16), "action", pa.list_(pa.float16(), 2)),
     (spaces.Discrete(3), "action", pa.int64()),
     (spaces.MultiDiscrete([2, 5, 3]), "action", pa.list_(pa.int64(), 3)),
     (spaces.MultiBinary(4), "observation", pa.list_(pa.int8(), 4)),
@@ -124,7 +129,9 @@ def test_unsupported_space_is_refused() -> None:
 def test_space_types_are_what_the_writer_stores(store: trajstore.Store) -> None:
     obs_space = spaces.Box(0, 255, (2, 3), np.uint8)
     stored = _write_images(store, obs_space)
-    assert stored.field("obs").type == sch.type_of_space(obs_space, role="observation")
+    assert stored.field("obs").type == pa.binary(6)  # an image frame: its bytes (the file's format says what)
+    assert store.schema().field("obs").type == sch.type_of_space(obs_space, role="observation")
+    assert store.scan(["obs"]).read_all().schema.field("obs").type == sch.type_of_space(obs_space, role="observation")
 
 
 def _write_images(store: trajstore.Store, space: Any) -> pa.Schema:

@@ -52,6 +52,8 @@ def read_steps(uri: str, *, columns: Sequence[str] | None = None, run_id: str | 
     """The committed steps of the store at ``uri`` as a Ray Dataset, with ``columns`` (all by default), of
     ``run_id`` (one or several), of the episodes ``where`` (a condition on the ``episodes`` view) selects."""
     plan = open_store(uri, storage_options=storage_options).scan_plan(columns, run_id=run_id, where=where)
+    if plan.types is not None:
+        plan.types.check(plan.columns)  # environments whose columns cannot be one: named before any task runs
     return ray.data.read_datasource(_CommittedSteps(plan.files, plan.schema, plan.columns, plan.episode_ids))
 
 

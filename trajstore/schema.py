@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -74,6 +74,23 @@ def fixed_types() -> dict[str, pa.DataType]:
     return {c["name"]: arrow_type(c["type"]) for c in load(STEP_SCHEMA_FILE)["columns"] if c["type"] != "space"}
 
 
+def view_columns(stored: Sequence[str]) -> list[tuple[str, pa.DataType | None]]:
+    """The columns of the ``steps`` view over stored columns named ``stored``, in its order: the schema's own
+    (lineage ones always, as a typed null where not stored), then every lineage column, then other extras by
+    name. Each with None when stored, else the type of the null that stands for it."""
+    spec = load(STEP_SCHEMA_FILE)
+    out: list[tuple[str, pa.DataType | None]] = []
+    for c in spec["columns"]:
+        if c["name"] in stored:
+            out.append((c["name"], None))
+        elif c.get("role") == "lineage":
+            out.append((c["name"], arrow_type(c["type"])))
+    for c in spec["lineage"]:
+        out.append((c["name"], None if c["name"] in stored else arrow_type(c["type"])))
+    described = {c["name"] for c in spec["columns"] + spec["lineage"]}
+    return out + [(n, None) for n in sorted(n for n in stored if n not in described)]
+
+
 def episode_columns() -> list[dict[str, Any]]:
     return list(load(EPISODE_SCHEMA_FILE)["columns"])
 
@@ -125,39 +142,95 @@ def numpy_dtype(t: pa.DataType) -> np.dtype:
 
 
 def type_of_space(space: Any, *, role: str) -> pa.DataType:
-    """Arrow type for one element of a gymnasium space (``role`` is "observation" or "action")."""
+    """Arrow type for one element of a gymnasium space (``role`` is "observation" or "action"): the space's own
+    dtype, whatever it is (uint8 images stay uint8, a float64 Box stays float64)."""
     from gymnasium import spaces
 
     if isinstance(space, spaces.Dict):
         return pa.struct([pa.field(k, type_of_space(s, role=role)) for k, s in space.spaces.items()])
     if isinstance(space, spaces.Discrete):
-        return pa.int64()
-    if isinstance(space, spaces.MultiDiscrete):
-        return nested_list_type(Leaf(tuple(space.shape), np.dtype(np.int64)))
-    if isinstance(space, (spaces.Box, spaces.MultiBinary)):
-        dtype = np.dtype(space.dtype)
-        if role == "action" and dtype.kind == "f":
-            dtype = np.dtype(np.float32)
-        return nested_list_type(Leaf(tuple(space.shape), dtype))
+        return pa.from_numpy_dtype(np.dtype(space.dtype))
+    if isinstance(space, (spaces.Box, spaces.MultiBinary, spaces.MultiDiscrete)):
+        return nested_list_type(Leaf(tuple(space.shape), np.dtype(space.dtype)))
     raise InputError(f"{role}_space: unsupported gymnasium space {type(space).__name__}; "
                      "expected Box, Discrete, MultiDiscrete, MultiBinary or Dict")
 
 
 def type_of_array(name: str, value: Any, lead: int) -> pa.DataType:
-    """Arrow type inferred from a batch array whose first ``lead`` dimensions are time/env."""
+    """Arrow type inferred from a batch array whose first ``lead`` dimensions are time/env: its own dtype
+    (bool, every int and uint width, float16/32/64), strings for per-step text."""
     if isinstance(value, Mapping):
         return pa.struct([pa.field(k, type_of_array(f"{name}.{k}", v, lead)) for k, v in value.items()])
     arr = np.asarray(value)
     dtype = arr.dtype
-    if dtype.kind == "f":
-        dtype = np.dtype(np.float32) if name != "reward" or dtype.itemsize <= 4 else dtype
-    elif dtype.kind in "iu":
-        dtype = np.dtype(np.int64) if name in ("action", "obs", "next_obs") else dtype
-    elif dtype.kind not in "b":
+    if dtype.kind not in "biuf":
         if dtype.kind in "US" and arr.ndim == lead:
             return pa.string()
         raise InputError(f"{name}: unsupported dtype {arr.dtype}; expected a numeric or bool array")
-    return nested_list_type(Leaf(tuple(arr.shape[lead:]), dtype))
+    return nested_list_type(Leaf(tuple(arr.shape[lead:]), dtype.newbyteorder("=")))
+
+
+# --- the Delta log's view of a type, and type names ---------------------------------------------------
+
+_DELTA_WIDER = {pa.uint8(): pa.int16(), pa.uint16(): pa.int32(), pa.uint32(): pa.int64(), pa.uint64(): pa.int64(),
+                pa.float16(): pa.float32()}
+
+
+def delta_type(t: pa.DataType) -> pa.DataType:
+    """The type the Delta log records for a column of Arrow type ``t``: the lossless widening of what Delta cannot
+    express (uint8 -> int16, uint16 -> int32, uint32 -> int64, uint64 -> int64 (values >= 2**63 do not fit),
+    float16 -> float32), every list as a variable-size list. External Delta readers read the files as these."""
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, delta_type(f.type)) for f in t])
+    if _is_list(t):
+        return pa.list_(delta_type(t.value_type))
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_fixed_size_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()  # image frames: Delta has no fixed-size binary
+    return _DELTA_WIDER.get(t, t)
+
+
+def delta_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every column's type as :func:`delta_type` gives it (what deltalake is handed)."""
+    return pa.schema([pa.field(f.name, delta_type(f.type), nullable=True) for f in schema])
+
+
+def describe(t: pa.DataType) -> str:
+    """A short name of an Arrow type, the same for equal types whatever their list fields are called:
+    ``int64``, ``float32[4]``, ``uint8[4,84,84]``, ``uint8[*,84,84]`` (a variable first axis), ``{a: int64}``."""
+    if pa.types.is_struct(t):
+        return "{" + ", ".join(f"{f.name}: {describe(f.type)}" for f in t) + "}"
+    dims = []
+    while _is_list(t):
+        dims.append(str(t.list_size) if pa.types.is_fixed_size_list(t) else "*")
+        t = t.value_type
+    base = _base_name(t)
+    return f"{base}[{','.join(dims)}]" if dims else base
+
+
+_ARROW_NAMES = {"float": "float32", "double": "float64", "halffloat": "float16", "large_string": "string",
+                "string_view": "string"}
+
+
+def _base_name(t: pa.DataType) -> str:
+    """numpy's name of a numeric or bool type (``float32``, ``uint8``, ``bool``), Arrow's of the others."""
+    name = str(t)
+    return _ARROW_NAMES.get(name, name)
+
+
+def type_tag(t: pa.DataType) -> str:
+    """A readable tag of a stored type for a typed column name: ``float32_1d``, ``uint8_3d``, ``int64``, or
+    ``struct_<6 hex digits of its Delta type>``."""
+    if pa.types.is_struct(t):
+        import hashlib
+
+        return "struct_" + hashlib.sha256(describe(delta_type(t)).encode()).hexdigest()[:6]
+    depth = 0
+    while _is_list(t):
+        depth, t = depth + 1, t.value_type
+    base = _base_name(t).replace("[", "_").replace(",", "_").replace(" ", "").replace("]", "").replace("=", "")
+    return f"{base}_{depth}d" if depth else base
 
 
 # --- numpy <-> Arrow ---------------------------------------------------------------------------------
@@ -172,8 +245,30 @@ def _castable(src: np.dtype, dst: np.dtype) -> bool:
     return src == dst
 
 
+def check_leaf(name: str, shape: tuple[int, ...], dtype: np.dtype, want: Leaf) -> None:
+    """Raise :class:`SchemaMismatchError` naming ``name`` unless values of per-step ``shape`` and ``dtype`` fit
+    ``want`` (the stored shape, a dtype they convert to)."""
+    if tuple(shape) != want.shape or not _castable(np.dtype(dtype), want.dtype):
+        got = Leaf(tuple(shape), np.dtype(dtype))
+        raise SchemaMismatchError(f"{name}: expected {want.describe()} per step (the table's schema), "
+                                  f"got {got.describe()}")
+
+
+def fitting(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``arr`` as ``dtype``, refused naming ``name`` when an integer value does not fit a narrower integer type."""
+    if arr.dtype == dtype or dtype.kind not in "iu" or np.can_cast(arr.dtype, dtype, "safe") or not arr.size:
+        return arr
+    info = np.iinfo(dtype)
+    lo, hi = arr.min(), arr.max()
+    if lo < info.min or hi > info.max:
+        raise SchemaMismatchError(f"{name}: values {lo}..{hi} do not fit the stored {dtype}; expected values in "
+                                  f"{info.min}..{info.max}")
+    return arr
+
+
 def to_arrow(name: str, value: Any, t: pa.DataType, n: int) -> pa.Array:
-    """``value`` of shape ``(n, *step_shape)`` (already flattened over time/env) as an Arrow array of type ``t``.
+    """``value`` of shape ``(n, *step_shape)`` (already flattened over time/env) as an Arrow array of type ``t``
+    (no copy when it already has the stored dtype and is contiguous).
 
     Raises :class:`SchemaMismatchError` naming ``name`` when shape or dtype do not fit ``t``.
     """
@@ -188,13 +283,14 @@ def to_arrow(name: str, value: Any, t: pa.DataType, n: int) -> pa.Array:
         return pa.array(np.asarray(value).astype(str).reshape(n), pa.string())
     arr = np.asarray(value)
     leaf = leaf_of_type(t)
-    if arr.shape[1:] != leaf.shape or not _castable(arr.dtype, leaf.dtype):
-        got = Leaf(tuple(arr.shape[1:]), arr.dtype)
-        raise SchemaMismatchError(f"{name}: expected {leaf.describe()} per step (the table's schema), "
-                                  f"got {got.describe()}")
-    flat = pa.array(np.ascontiguousarray(arr, dtype=leaf.dtype).reshape(-1))
-    for size in reversed(leaf.shape):
-        flat = pa.FixedSizeListArray.from_arrays(flat, size)
+    check_leaf(name, arr.shape[1:], arr.dtype, leaf)
+    flat = pa.array(np.ascontiguousarray(fitting(name, arr, leaf.dtype), dtype=leaf.dtype).reshape(-1))
+    levels = []
+    while _is_list(t):
+        levels.append(t)
+        t = t.value_type
+    for level in reversed(levels):
+        flat = pa.FixedSizeListArray.from_arrays(flat, type=level)
     return flat
 
 

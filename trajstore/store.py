@@ -54,7 +54,8 @@ from trajstore.query.curves import (
 from trajstore.query.filters import EpisodeFilter, from_keywords
 from trajstore.query.filters import keywords as filter_keywords
 from trajstore.query.follow import Commit, check_follow, new_commits
-from trajstore.query.layout import LayoutCache, read_files, unified_schema
+from trajstore.query.groups import StepTypes, group_files, step_types
+from trajstore.query.layout import LayoutCache, read_files
 from trajstore.query.loader import Batches, LoaderFormat
 from trajstore.query.order import digest as files_digest
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
@@ -64,6 +65,7 @@ from trajstore.query.sequences import sequences as load_sequences
 from trajstore.query.snapshot import Snapshot, check_names, damaged_file
 from trajstore.query.transitions import transitions as load_transitions
 from trajstore.settings import Settings
+from trajstore.storage.encoding import FileLayout
 from trajstore.storage.ingest import append_rows
 from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.table import DataFile, LogCommit, StepsTable
@@ -204,10 +206,8 @@ class Store:
         self._duckdb_lock = threading.Lock()
         self._episodes_cache: tuple[tuple[str, ...], pa.Table] | None = None
         self._episodes_lock = threading.Lock()
-        self._schema_cache: tuple[tuple[str, ...], pa.Schema] | None = None
-        self._env_schemas: dict[str, Any] = {}
+        self._types_cache: dict[tuple[str, ...], StepTypes] = {}
         self._curve_cache: dict[tuple[tuple[str, ...], str], pa.Table] = {}
-        self._log_schema_cache: tuple[Any, pa.Schema | None] | None = None
         self.sql_gate = sandbox.Gate(self.settings.sql_max_concurrent)
         self._layouts = LayoutCache(self.settings.loader_layouts)  # the last loader layout, for the next epoch
 
@@ -323,9 +323,19 @@ class Store:
         an empty schema for an empty store."""
         return self._file_schema(env_id) or pa.schema([])
 
-    def snapshot(self, *, config: dict[str, Any] | None = None) -> Snapshot:
-        """A DuckDB connection with ``steps`` and ``episodes`` views over the latest committed version."""
-        return self._new_snapshot(self.files(), config=config)
+    def snapshot(self, *, config: dict[str, Any] | None = None, run_id: Names = None,
+                 env_id: Names = None) -> Snapshot:
+        """A DuckDB connection with ``steps`` and ``episodes`` views over the latest committed version (of the
+        files of ``run_id``/``env_id`` only, where every column has its own type: over environments whose
+        columns differ in type, such a column is a VARIANT)."""
+        return self._new_snapshot(self._selected_files(run_id, env_id), config=config)
+
+    def _selected_files(self, run_id: Names, env_id: Names) -> list[DataFile]:
+        """The committed files of ``run_id``/``env_id`` (all when None); a run the store does not hold is a
+        :class:`RunNotFoundError`, as for every reader."""
+        self._check_runs(run_id)
+        runs, envs = _names(run_id) or None, _names(env_id) or None
+        return [f for f in self.files() if _selected(f.run_id, runs) and _selected(f.env_id, envs)]
 
     def _query_snapshot(self, *, episodes: Literal["fill", "if-cached"] | None = None) -> Snapshot:
         """A snapshot on a cursor of this store's own DuckDB database, for the queries the store builds itself.
@@ -346,22 +356,12 @@ class Store:
         return snap
 
     def _new_snapshot(self, files: list[DataFile], *, con: duckdb.DuckDBPyConnection | None = None,
-                      config: dict[str, Any] | None = None) -> Snapshot:
+                      config: dict[str, Any] | None = None, registered: bool | None = None) -> Snapshot:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
-        store's through a pyarrow dataset over its filesystem, typed as the log's schema records them."""
-        schema = None if self.location.is_local else self._log_schema(files)
-        return Snapshot(files, con=con, config=config, store=self.uri, schema=schema, judge=self._judged,
-                        location=self.location)
-
-    def _log_schema(self, files: list[DataFile]) -> pa.Schema | None:
-        """The stored columns as the log records them, kept for the latest file list asked about."""
-        key = ("log", tuple(f.path for f in files))
-        cached = self._log_schema_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        schema = self.table.delta_schema() if files else None
-        self._log_schema_cache = (key, schema)
-        return schema
+        store's through pyarrow datasets over its filesystem (``registered``); both in the files' own types."""
+        registered = not self.location.is_local if registered is None else registered
+        return Snapshot(files, con=con, config=config, store=self.uri, layouts=self._file_layouts(files),
+                        registered=registered, judge=self._judged, location=self.location)
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._duckdb_lock:
@@ -369,20 +369,25 @@ class Store:
                 self._duckdb = (os.getpid(), duckdb.connect())
             return self._duckdb[1].cursor()
 
-    def _steps_schema(self, files: list[DataFile], snap: Snapshot | None = None) -> pa.Schema:
-        """The Arrow types of the ``steps`` view over ``files`` (asked of ``snap`` when it has them open),
-        kept for the latest file list asked about."""
+    def _step_types(self, files: Sequence[DataFile]) -> StepTypes:
+        """What readers return for the steps of ``files`` (see :func:`~trajstore.query.groups.step_types`), kept
+        for the latest file list asked about."""
         key = tuple(f.path for f in files)
-        cached = self._schema_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        if snap is None:
-            with self._new_snapshot(files, con=self._cursor()) as own:
-                schema = own.arrow(sql.select_all("steps", limit=0)).schema
-        else:
-            schema = snap.arrow(sql.select_all("steps", limit=0)).schema
-        self._schema_cache = (key, schema)
-        return schema
+        with self._episodes_lock:
+            cached = self._types_cache.get(key)
+        if cached is not None:
+            return cached
+        if files:
+            types = step_types(group_files(files, self._file_layouts(files)))
+        else:  # an empty store: the typed nulls of the empty view
+            with self._new_snapshot([], con=self._cursor()) as own:
+                types = StepTypes(own.arrow(sql.select_all("steps", limit=0)).schema, {})
+        with self._episodes_lock:
+            self._types_cache = {k: v for k, v in self._types_cache.items() if len(k) <= len(key) * 4 + 64}
+            while len(self._types_cache) >= TYPES_KEPT:
+                self._types_cache.pop(next(iter(self._types_cache)))
+            self._types_cache[key] = types
+        return types
 
     def _materialized_episodes(self, snap: Snapshot, *, fill: bool) -> pa.Table | None:
         key = tuple(f.path for f in snap.files)  # committed files never change: the list names the version
@@ -398,33 +403,39 @@ class Store:
 
     # --- SQL ----------------------------------------------------------------------------------------
 
-    def sql(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
+    def sql(self, query: str, params: dict[str, Any] | None = None, *, run_id: Names = None,
+            env_id: Names = None) -> pa.Table:
         """Run SQL over the ``steps`` and ``episodes`` views; returns an Arrow table.
 
+        With ``run_id``/``env_id``, the views hold those runs' or environments' steps only, and every column
+        has its own type (over environments whose columns differ in type, such a column is a VARIANT).
         This is the trusted path (your own process, your own files); for SQL from others use
         :meth:`sandboxed_sql`.
         """
-        with self.snapshot() as snap:
+        with self.snapshot(run_id=run_id, env_id=env_id) as snap:
             return snap.arrow(query, params)
 
     def sandboxed_sql(self, query: str, limits: sandbox.Limits | None = None, *,
-                      encode: sandbox.Encoder | None = None) -> sandbox.Result:
-        """Run one untrusted, read-only SELECT over the views, bounded by ``limits``, and with ``encode`` write
-        the body of its answer within them too (see :mod:`~trajstore.query.sandbox`).
+                      encode: sandbox.Encoder | None = None, run_id: Names = None,
+                      env_id: Names = None) -> sandbox.Result:
+        """Run one untrusted, read-only SELECT over the views (of ``run_id``/``env_id`` only, as for :meth:`sql`),
+        bounded by ``limits``, and with ``encode`` write the body of its answer within them too (see
+        :mod:`~trajstore.query.sandbox`).
 
-        The views read the committed files through a registered pyarrow dataset: the connection the query runs
+        The views read the committed files through registered pyarrow datasets: the connection the query runs
         on can read no file at all. With ``limits.worker_bytes`` (the default) the query runs in a worker
         process that cannot take more memory than that (:mod:`~trajstore.query.sql_worker`); the body is
         encoded here. Concurrent callers share :meth:`sql_slot`'s gate only if they take a slot.
         """
         limits = limits or sandbox.Limits()
         started = time.monotonic()
-        files = self.files()
-        schema = self._steps_schema(files)
+        files = self._selected_files(run_id, env_id)
+        layouts = self._file_layouts(files)
         if limits.worker_bytes is None:
-            snap = Snapshot(files, schema=schema, store=self.uri, judge=self._judged, location=self.location)
+            snap = Snapshot(files, store=self.uri, layouts=layouts, registered=True, judge=self._judged,
+                            location=self.location)
             return sandbox.run(snap, query, limits, encode=encode)
-        task = sql_worker.Task.of(query, limits, self.location, files, schema)
+        task = sql_worker.Task.of(query, limits, self.location, files, layouts)
         try:
             result = sql_worker.run(task)  # a service starts sql_max_concurrent workers ahead (sql_worker.warm)
         except StoreDamagedError as exc:  # judged here, where the log is: a vacuumed version is not damage
@@ -641,11 +652,12 @@ class Store:
         return Commit(commit.version, rows, sorted({f.run_id for f in files}), commit.timestamp_ms)
 
     def _file_rows(self, files: list[DataFile], columns: Sequence[str] | None) -> pa.Table:
-        """Every step of ``files`` (``columns``, or all), typed as the ``steps`` view types them."""
-        schema = self._with_fixed_sizes(self._steps_schema(files), files)
-        names = list(dict.fromkeys(columns)) if columns else schema.names
-        check_names(names, schema.names, view="steps", field="columns")
-        return scan_steps(files, schema, names).read_all()
+        """Every step of ``files`` (``columns``, or all), decoded, in their own types."""
+        types = self._step_types(files)
+        names = list(dict.fromkeys(columns)) if columns else types.schema.names
+        check_names(names, types.schema.names, view="steps", field="columns")
+        types.check(names)
+        return scan_steps(files, types.schema, names, layouts=self._file_layouts(files)).read_all()
 
     def _completed_episodes(self, files: list[DataFile], columns: Sequence[str] | None) -> pa.Table:
         """The ``episodes`` rows of the episodes whose last step is in ``files`` (read over every committed file
@@ -679,10 +691,14 @@ class Store:
             raise InputError(f"max_batch_bytes: must be a positive number of bytes, got {max_batch_bytes}")
         plan = self.scan_plan(columns, run_id=run_id, env_id=env_id, episode_id=episode_id, where=where,
                               filter=filter)
+        plan.types.check(plan.columns)  # type: ignore[union-attr]
+        return self._read_plan(plan, batch_size=batch_size, max_batch_bytes=max_batch_bytes)
+
+    def _read_plan(self, plan: ScanPlan, *, batch_size: int, max_batch_bytes: int | None) -> pa.RecordBatchReader:
         self._verify_sizes(plan.files)
         try:
             reader = scan_steps(plan.files, plan.schema, plan.columns, episode_ids=plan.episode_ids,
-                                batch_size=batch_size, max_batch_bytes=max_batch_bytes)
+                                batch_size=batch_size, max_batch_bytes=max_batch_bytes, layouts=plan.layouts)
         except (OSError, pa.ArrowException) as exc:
             raise self._damage(exc, plan.files) or exc
         return pa.RecordBatchReader.from_batches(reader.schema, self._damage_named(reader, plan.files))
@@ -706,39 +722,27 @@ class Store:
                                        episode_id=episode_id)
                 ids = snap.arrow(sql.episode_ids(conds))["episode_id"].to_numpy()
                 committed = snap.files
-                schema = self._steps_schema(committed, snap)
-        else:  # no SQL at all once the view's types are known for this version
+        else:  # no SQL at all once the files' layouts are known for this version
             committed = self.files()
-            schema = self._steps_schema(committed)
-        names = list(dict.fromkeys(columns)) if columns else schema.names
-        check_names(names, schema.names, view="steps", field="columns")
+        known = self._step_types(committed).schema
+        names = list(dict.fromkeys(columns)) if columns else known.names
+        check_names(names, known.names, view="steps", field="columns")
         files = [f for f in committed if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
         if ids is not None:
             ids = np.unique(ids)
             files = files_holding(files, ids)
-        return ScanPlan(files, self._with_fixed_sizes(schema, files), names, ids)
+        types = self._step_types(files)
+        own = types.schema
+        schema = pa.schema([own.field(f.name) if f.name in own.names else f for f in known])
+        return ScanPlan(files, schema, names, ids, types, self._file_layouts(files))
 
-    def _with_fixed_sizes(self, schema: pa.Schema, files: Sequence[DataFile]) -> pa.Schema:
-        """``schema`` (the steps view's, where arrays are variable-size lists) with the stored fixed-size list
-        types of the columns whose type every environment among ``files`` stores alike (an environment's files
-        all hold one type), so that ``obs`` arrives as ``(n, *shape)``-shaped fixed-size lists."""
-        stored = [self._env_schema(env, files) for env in sorted({f.env_id for f in files})]
-        fields = []
-        for field in schema:
-            kinds = {s.field(field.name).type for s in stored if s is not None and field.name in s.names}
-            fixed = len(kinds) == 1 and pa.types.is_fixed_size_list(next(iter(kinds)))
-            fields.append(field.with_type(next(iter(kinds))) if fixed else field)
-        return pa.schema(fields, metadata=schema.metadata)
-
-    def _env_schema(self, env_id: str, files: Sequence[DataFile]) -> pa.Schema | None:
-        """The stored Arrow types of one environment's files, read once per committed file list."""
-        key = (tuple(f.path for f in files), env_id)
-        with self._episodes_lock:
-            if self._env_schemas.get("key") != key[0]:
-                self._env_schemas = {"key": key[0]}
-            if env_id not in self._env_schemas:
-                self._env_schemas[env_id] = self._file_schema(env_id)
-            return self._env_schemas[env_id]
+    def _file_layouts(self, files: Sequence[DataFile]) -> list[FileLayout]:
+        """:meth:`StepsTable.layouts <trajstore.storage.table.StepsTable.layouts>`, a file that cannot be read
+        judged by :meth:`_judged`."""
+        try:
+            return self.table.layouts(files)
+        except StoreDamagedError as exc:
+            raise self._judged(exc) from exc
 
     def _file_schema(self, env_id: str | None) -> pa.Schema | None:
         """:meth:`StepsTable.file_schema <trajstore.storage.table.StepsTable.file_schema>`, its file that cannot
@@ -876,7 +880,7 @@ class Store:
 
         def read(columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
             try:
-                yield from read_files(plan.files, plan.schema, list(columns), plan.episode_ids)
+                yield from read_files(plan.files, plan.schema, list(columns), plan.episode_ids, plan.layouts)
             except (OSError, pa.ArrowException) as exc:
                 raise self._damage(exc, plan.files) or exc
 
@@ -889,14 +893,16 @@ class Store:
         # the order depends on what is selected, not on how: a state made locally resumes over REST and back
         key = files_digest([f.path for f in plan.files])
         chosen = None if plan.episode_ids is None else files_digest(plan.episode_ids.tolist())
-        return Source(plan.schema, read, episode_values, key, {"episodes": chosen}, self._layouts)
+        types = plan.types
+        return Source(plan.schema, read, episode_values, key, {"episodes": chosen}, self._layouts,
+                      check=lambda names: types.check(names, stackable=True))  # type: ignore[union-attr]
 
     def _loader_plan(self, run_id: Names, env_id: Names) -> ScanPlan:
         """:meth:`scan_plan` for a selection of runs and envs alone, without opening DuckDB (~35 MiB a loader
-        need not pay): the stored types of each environment's files, a column whose types differ as a list."""
+        need not pay): the files' own types."""
         files = [f for f in self.files() if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
-        schema = unified_schema([self._env_schema(env, files) for env in sorted({f.env_id for f in files})])
-        return ScanPlan(files, schema, schema.names, None)
+        types = self._step_types(files) if files else StepTypes(pa.schema([]))  # no file: no column
+        return ScanPlan(files, types.schema, types.schema.names, None, types, self._file_layouts(files))
 
     @_reader
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002
@@ -915,10 +921,18 @@ class Store:
     def episode_steps(self, episode_id: int, columns: Sequence[str] | None = None) -> pa.Table:
         """Every step of one episode in order (``step`` and ``columns``, or every column); empty if there is
         no such episode."""
-        with self._query_snapshot() as snap:
-            names = ["step", *columns] if columns else []
-            snap.check_columns(names, view="steps", field="columns")
-            return snap.arrow(sql.steps(names, sql.conditions(episode_id=int(episode_id))))
+        committed = self.files()
+        names = ["step", *columns] if columns else []
+        known = self._step_types(committed).schema
+        check_names(names, known.names, view="steps", field="columns")
+        files = files_holding(committed, np.array([int(episode_id)], np.int64))  # its environment's types alone
+        with self._new_snapshot(files, con=self._cursor()) as snap:
+            held = [n for n in names if n in snap.step_columns]
+            rows = snap.arrow(sql.steps(held, sql.conditions(episode_id=int(episode_id))))
+        for name in names:  # a column only other environments store: null here
+            if name not in rows.column_names:
+                rows = rows.append_column(known.field(name), pa.nulls(rows.num_rows, known.field(name).type))
+        return rows.select(names) if names else rows
 
     @_reader
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", run_id: Names = None,
@@ -953,16 +967,20 @@ class Store:
 
 @dataclass(frozen=True)
 class ScanPlan:
-    """The committed files a scan reads (in log order), the steps view's types for them, the columns asked for
-    and the episode ids selected (None: every episode in the files)."""
+    """The committed files a scan reads (in log order), the types a scan of them returns for every column of the
+    steps view, the columns asked for and the episode ids selected (None: every episode in the files); the
+    types of the selected files (with the columns they store unlike each other) and their layouts."""
 
     files: list[DataFile]
     schema: pa.Schema
     columns: list[str]
     episode_ids: np.ndarray | None
+    types: StepTypes | None = None
+    layouts: list[FileLayout] | None = None
 
 
 CURVE_CACHE_SELECTIONS = 8  # curve selections kept per version (Store._curve)
+TYPES_KEPT = 8  # file selections whose step types are kept (Store._step_types)
 EPISODE_CACHE_ROWS = 2_000_000  # larger episodes views are aggregated per query instead of kept in memory
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from trajstore.api.deps import SettingsDep, StoreDep, require_api_key
@@ -19,6 +19,8 @@ NAME = r"^[^\s/](.*[^\s])?$"
 class IngestAccess(BaseModel):
     accepted: bool
     max_body_bytes: int
+    encodings: list[int] = Field([1, 2], description="the row encodings the service takes (2: next_obs and frame "
+                                                     "stacks stored once, see docs/architecture.md)")
 
 
 class Ingested(BaseModel):

@@ -32,6 +32,10 @@ class SqlRequest(BaseModel):
     query: str = Field(min_length=1, max_length=100_000, description="one SELECT over steps and episodes",
                        examples=["SELECT run_id, count(*) AS episodes FROM episodes GROUP BY run_id"])
     max_rows: int | None = Field(None, ge=1, description="at most this many rows (capped by the server's limit)")
+    run_id: list[str] | None = Field(None, description="the views hold only these runs' steps")
+    env_id: list[str] | None = Field(None, description="the views hold only these environments' steps, every column "
+                                                       "in its own type (over environments whose columns differ in "
+                                                       "type, such a column is a VARIANT)")
 
 
 class SqlResult(BaseModel):
@@ -76,7 +80,8 @@ async def sql(body: SqlRequest, request: Request, store: ReadStoreDep, settings:
     slot = store.sql_slot()  # QueryBusyError (429) when every slot is taken: nothing waits
     try:
         result = await run_in_threadpool(store.sandboxed_sql, body.query, limits,
-                                         encode=arrow_pieces if arrow else json_pieces)
+                                         encode=arrow_pieces if arrow else json_pieces, run_id=body.run_id,
+                                         env_id=body.env_id)
     except BaseException:
         slot.release()
         raise

@@ -24,7 +24,7 @@ def test_history_and_reads_at_a_version(tmp_path: Path) -> None:
     store.delete(run_id="a")
     with TestClient(create_app(settings_for(tmp_path / "s"))) as c:
         h = c.get("/history").json()
-        assert [v["operation"] for v in h] == ["create", "append", "append", "delete"]
+        assert [v["operation"] for v in h] == ["create", "add_columns", "append", "append", "delete"]
         assert h[-1]["run_ids"] == ["a"] and h[-1]["rows_removed"] == 20
         assert c.get("/history", params={"limit": 1}).json() == h[-1:]
         old = c.get("/stats", params={"version": before}).json()
@@ -35,7 +35,7 @@ def test_history_and_reads_at_a_version(tmp_path: Path) -> None:
         steps = c.get("/steps", params={"version": before, "run_id": "a"})
         assert steps.status_code == 200 and len(steps.content) > 0
         bad = c.get("/stats", params={"version": 99})
-        assert bad.status_code == 404 and "version: must be a version of this store, 0..3" in bad.json()["detail"]
+        assert bad.status_code == 404 and "version: must be a version of this store, 0..4" in bad.json()["detail"]
     assert trajstore.open(tmp_path / "s").version == before + 1
 
 

@@ -235,3 +235,12 @@ def test_health_answers_quickly_under_heavy_sql(planted: Path) -> None:
                 t.join()
     assert set(statuses) <= {200, 408, 413, 429} and {200, 413} <= set(statuses), sorted(set(statuses))
     assert statistics.median(probes) < 0.1, probes
+
+
+def test_the_body_restricts_the_views_to_runs_and_environments(client: TestClient, populated: Path) -> None:
+    query = "SELECT env_id, run_id, count(*) AS n, max(len(obs)) AS d FROM steps GROUP BY ALL ORDER BY ALL"
+    store = trajstore.open(populated)
+    for body in ({"env_id": ["Acrobot-v1"]}, {"run_id": ["beta"]}, {"run_id": ["alpha"], "env_id": ["CartPole-v1"]}):
+        got = client.post("/sql", json={"query": query, **body}).json()["rows"]
+        assert got == store.sql(query, **body).to_pylist() and got, body
+        assert {r["env_id"] for r in got} <= set(body.get("env_id", ["Acrobot-v1", "CartPole-v1"]))

@@ -256,3 +256,23 @@ def test_sql_help_describes_the_sandbox_and_the_opt_out(capsys: pytest.CaptureFi
         main(["sql", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "same sandbox as the service's POST /sql" in out and "--unsafe" in out and "--limit" in out
+
+
+def test_sql_takes_the_environments_and_runs_its_views_hold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Over environments whose actions differ in kind, action is a VARIANT; --env gives it its own type."""
+    store = trajstore.open(tmp_path / "mixed", create=True)
+    rng = np.random.default_rng(0)
+    from tests.helpers import make_batch
+
+    box = make_batch(rng, 6, 2)
+    box["action"] = rng.normal(size=(6, 2, 1)).astype(np.float32)
+    for env, batch in (("Int-v0", make_batch(rng, 6, 2)), ("Box-v0", box)):
+        with store.writer(run_id=env.lower(), env_id=env) as w:
+            w.add_batch(batch)
+    query = "SELECT DISTINCT typeof(action) AS t FROM steps"
+    code, out, _ = run(capsys, "sql", "--store", str(tmp_path / "mixed"), query, "--format", "json")
+    assert code == 0 and [json.loads(line)["t"] for line in out.splitlines()] == ["VARIANT"]
+    for flags, kind in ((["--env", "Box-v0"], "FLOAT[]"), (["--run", "int-v0"], "BIGINT"),
+                        (["--env", "Box-v0", "--unsafe"], "FLOAT[]")):
+        code, out, _ = run(capsys, "sql", "--store", str(tmp_path / "mixed"), query, "--format", "json", *flags)
+        assert code == 0 and [json.loads(line)["t"] for line in out.splitlines()] == [kind], flags

@@ -39,10 +39,10 @@ def test_delete_history_vacuum_and_version(tmp_path: Path, capsys: pytest.Captur
     assert cli.main(["history", "--store", s, "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 + store.version + 1 and "delete" in lines[-1]
-    assert cli.main(["sql", "--store", s, "--version", "2", "--format", "csv",
+    assert cli.main(["sql", "--store", s, "--version", "3", "--format", "csv",
                      "SELECT DISTINCT run_id FROM steps ORDER BY run_id"]) == 0
     assert capsys.readouterr().out.split() == ["run_id", "a", "b"]
-    assert cli.main(["stats", "--store", s, "--version", "2", "--run", "a", "--format", "csv"]) == 0
+    assert cli.main(["stats", "--store", s, "--version", "3", "--run", "a", "--format", "csv"]) == 0
     capsys.readouterr()
     assert cli.main(["vacuum", "--store", s, "--older-than", "7d", "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith("would delete 0 file(s), 0 bytes, not needed by any version of the "

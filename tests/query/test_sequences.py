@@ -275,7 +275,9 @@ def test_environments_of_other_shapes_are_refused_until_one_is_selected(tmp_path
     from tests.helpers import write_mixed_store
 
     store = write_mixed_store(tmp_path / "mixed", seed=0, commits=2)
-    with pytest.raises(InputError, match="columns: 'obs' has no fixed shape across the selected steps"):
+    with pytest.raises(InputError, match=r"columns: 'obs' is stored in types that cannot be one array by the selected "
+                                         r"environments \(Small-v0: float32\[3\]; Wide-v0: float32\[8\]\); select one "
+                                         r"with env_id="):
         store.sequences(4)
     wide = next(store.sequences(4, where="env_id = 'Wide-v0'", columns=["obs", "value"]))
     assert wide["obs"].shape[1:] == (4, 8) and wide["value"].shape[1:] == (4,)

@@ -1,6 +1,6 @@
-"""Snapshot: its ``steps`` read through a registered pyarrow dataset (given the view's schema) are the rows and
-types of DuckDB's own ``read_parquet`` of the same committed files, so that the sandbox's connection, which can
-open no file, sees the same views."""
+"""Snapshot: its ``steps`` read through registered pyarrow datasets are the rows and types of DuckDB's own
+``read_parquet`` of the same committed files, so that the sandbox's connection, which can open no file, sees the
+same views."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
 
 def both(store: trajstore.Store, query: str) -> tuple[pa.Table, pa.Table]:
     files = store.files()
-    with Snapshot(files) as parquet, Snapshot(files, schema=store._steps_schema(files)) as dataset:
+    with Snapshot(files) as parquet, Snapshot(files, registered=True) as dataset:
         return parquet.arrow(query), dataset.arrow(query)
 
 
@@ -43,7 +43,7 @@ def test_an_empty_store_has_the_same_typed_views(store: trajstore.Store) -> None
 
 def test_the_dataset_source_reads_no_file_through_duckdb(mixed: trajstore.Store) -> None:
     files = mixed.files()
-    with Snapshot(files, schema=mixed._steps_schema(files)) as snap:
+    with Snapshot(files, registered=True) as snap:
         snap.con.execute("SET enable_external_access = false")
         assert snap.arrow("SELECT count(*) AS n FROM steps")["n"][0].as_py() == sum(f.rows for f in files)
     with Snapshot(files) as snap:  # the default source needs the files' paths

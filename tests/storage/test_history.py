@@ -25,12 +25,13 @@ def test_history_lists_each_commit(store: trajstore.Store) -> None:
     store.delete(run_id="a")
     h = store.history()
     assert h["version"].to_pylist() == list(range(store.version + 1))
-    assert h["operation"].to_pylist() == ["create", "append", "append", "delete"]
-    assert h["rows_added"].to_pylist() == [0, 20, 20, 0]
-    assert h["rows_removed"].to_pylist() == [0, 0, 0, 20]
-    assert h["run_ids"].to_pylist() == [[], ["a"], ["b"], ["a"]]
+    # the first writer reserves its columns in the log in a commit of their own, before its first file
+    assert h["operation"].to_pylist() == ["create", "add_columns", "append", "append", "delete"]
+    assert h["rows_added"].to_pylist() == [0, 0, 20, 20, 0]
+    assert h["rows_removed"].to_pylist() == [0, 0, 0, 0, 20]
+    assert h["run_ids"].to_pylist() == [[], [], ["a"], ["b"], ["a"]]
     assert h["timestamp"].to_pylist() == sorted(h["timestamp"].to_pylist())
-    assert store.history(limit=1)["version"].to_pylist() == [3]
+    assert store.history(limit=1)["version"].to_pylist() == [4]
 
 
 def test_a_store_opened_at_a_version_reads_as_it_was(store: trajstore.Store) -> None:
@@ -72,7 +73,7 @@ def test_a_pinned_store_refuses_every_change(store: trajstore.Store) -> None:
 
 def test_bad_versions_are_named(store: trajstore.Store) -> None:
     write(store, "a", 0)
-    with pytest.raises(InputError, match=r"version: must be a version of this store, 0..1, got 7"):
+    with pytest.raises(InputError, match=r"version: must be a version of this store, 0..2, got 7"):
         trajstore.open(store.uri, version=7)
     with pytest.raises(InputError, match="give one of them, not both"):
         trajstore.open(store.uri, version=0, as_of=datetime.now())
@@ -84,9 +85,9 @@ def test_a_version_whose_log_entries_were_cleaned_up_is_not_found(store: trajsto
     write(store, "a", 0)
     write(store, "b", 1)
     store.table.latest().create_checkpoint()  # the latest version reads from the checkpoint alone
-    for version in (0, 1):
+    for version in (0, 1, 2):  # create, the columns' commit, a's append
         (store.root / "steps" / "_delta_log" / f"{version:020d}.json").unlink()
-    with pytest.raises(VersionNotFoundError, match=r"version: version 1 can no longer be read \(its log entries were "
+    with pytest.raises(VersionNotFoundError, match=r"version: version 2 can no longer be read \(its log entries were "
                                                    r"cleaned up\)"):
-        trajstore.open(store.uri, version=1)
-    assert trajstore.open(store.uri, version=2).stats()["n_traj"][0].as_py() == store.stats()["n_traj"][0].as_py()
+        trajstore.open(store.uri, version=2)
+    assert trajstore.open(store.uri, version=3).stats()["n_traj"][0].as_py() == store.stats()["n_traj"][0].as_py()

@@ -101,15 +101,16 @@ def cmd_sql(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         raise InputError(f"--limit: must be a number of rows >= 0, got {args.limit}")
     store = _open(args.store, version=args.at_version)
+    selection = {"run_id": args.run or None, "env_id": args.env or None}
     if args.unsafe:
-        table = store.sql(args.query)
+        table = store.sql(args.query, **selection)
         truncated = args.limit is not None and table.num_rows > args.limit
         table = table.slice(0, args.limit) if truncated else table
     else:
         from trajstore.query.sandbox import Limits
 
         limits = Limits.unbounded(max_rows=args.limit, worker_bytes=store.settings.sql_worker_bytes)
-        result = store.sandboxed_sql(args.query, limits)
+        result = store.sandboxed_sql(args.query, limits, **selection)
         table, truncated = result.table, result.truncated
     if truncated:
         print(f"trajstore: showing the first {args.limit} rows; the query returned more (raise --limit)",

@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unsafe", action="store_true",
                    help="no sandbox: run any SQL with this user's file access (read_csv of any file, COPY ... TO, "
                         "CREATE); only for queries you wrote yourself")
+    p.add_argument("--run", action="append", help="the views hold only this run_id's steps (repeatable)")
+    p.add_argument("--env", action="append",
+                   help="the views hold only this env_id's steps (repeatable): every column in its own type "
+                        "(over environments whose columns differ in type, such a column is a VARIANT)")
     _version_option(p, "read the store as it was at version N (see trajstore history)")
     _output_options(p)
     p.set_defaults(func=commands.cmd_sql)

@@ -19,14 +19,16 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Hashable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, StoreDamagedError
+from trajstore.query.scan import file_layout
 from trajstore.schema import numpy_dtype, to_numpy
+from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileLayout, decode_batches
 from trajstore.storage.table import DataFile
 
 Reader = Callable[[Sequence[str]], Iterable[pa.RecordBatch]]
@@ -75,8 +77,18 @@ class Layout:
     def steps(self) -> int:
         return int(self.length.sum())
 
-    def gather(self, name: str, positions: np.ndarray) -> np.ndarray:
-        return self.columns[name].gather(positions)
+    def gather(self, name: str, positions: np.ndarray) -> Any:
+        """Column ``name`` at ``positions``: an array, or for a Dict column a dict of its leaves' arrays."""
+        if name in self.columns:
+            return self.columns[name].gather(positions)
+        out: dict[str, Any] = {}
+        for leaf in (c for c in self.columns if c.startswith(name + ".")):
+            *parents, last = leaf[len(name) + 1:].split(".")
+            target = out
+            for part in parents:
+                target = target.setdefault(part, {})
+            target[last] = self.columns[leaf].gather(positions)
+        return out
 
     def new_column(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Column:
         if self.folder is None:
@@ -180,21 +192,16 @@ def _zeros(path: Path, size: int) -> None:
             size -= len(block)
 
 
-def unified_schema(schemas: Sequence[pa.Schema | None]) -> pa.Schema:
-    """One schema for the files of several environments: each column's stored type where they agree, a list of
-    the first one's values where they differ (obs of other shapes: :func:`column_type` then refuses it)."""
-    types: dict[str, list[pa.DataType]] = {}
-    for schema in schemas:
-        for f in schema or ():
-            if f.type not in types.setdefault(f.name, []):
-                types[f.name].append(f.type)
-    return pa.schema([pa.field(name, t[0] if len(t) == 1 else _list_of(t[0])) for name, t in types.items()])
-
-
-def _list_of(t: pa.DataType) -> pa.DataType:
-    while pa.types.is_fixed_size_list(t) or pa.types.is_list(t):
-        t = t.value_type
-    return pa.list_(t)
+def column_leaves(schema: pa.Schema, name: str, *, empty: bool = False) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """The arrays a column is laid out as: itself, or each leaf of a Dict column (``obs.pixels``), with its dtype
+    and per-step shape (see :func:`column_type`)."""
+    t = schema.field(name).type
+    if not pa.types.is_struct(t):
+        return {name: column_type(schema, name, empty=empty)}
+    out = {}
+    for f in t:
+        out.update(column_leaves(pa.schema([pa.field(f"{name}.{f.name}", f.type)]), f"{name}.{f.name}", empty=empty))
+    return out
 
 
 def column_type(schema: pa.Schema, name: str, *, empty: bool = False) -> tuple[np.dtype, tuple[int, ...]]:
@@ -214,21 +221,47 @@ def column_type(schema: pa.Schema, name: str, *, empty: bool = False) -> tuple[n
 
 
 def read_files(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[str],
-               episode_ids: np.ndarray | None = None) -> Iterator[pa.RecordBatch]:
+               episode_ids: np.ndarray | None = None,
+               layouts: Sequence[FileLayout] | None = None) -> Iterator[pa.RecordBatch]:
     """``columns`` of the steps of ``files``, one file after the other, in small buffered reads: the memory of a
-    few batches, not of a row group (the scan for a loader, which must not cost what it saves). Columns a file
-    lacks come as nulls of their type in ``schema``; with ``episode_ids`` (sorted), only those episodes' steps."""
-    for f in files:
-        parquet = pq.ParquetFile(f.path, filesystem=f.fs, pre_buffer=False, buffer_size=READ_BUFFER)
-        held = [c for c in columns if c in parquet.schema_arrow.names]
-        for batch in parquet.iter_batches(batch_size=READ_ROWS, columns=held, use_threads=False):
-            arrays = [batch.column(c) if c in held else pa.nulls(batch.num_rows, schema.field(c).type)
-                      for c in columns]
-            out = pa.record_batch(arrays, names=list(columns))
-            if episode_ids is not None:
-                eid = out.column(columns.index("episode_id")).to_numpy(zero_copy_only=False)
-                out = out.filter(pa.array(np.isin(eid, episode_ids)))
-            yield out
+    few batches, not of a row group (the scan for a loader, which must not cost what it saves). Decoded and under
+    their logical names (``layouts``: the files' own, read from their footers when not given), typed as in
+    ``schema``; columns a file lacks come as nulls; with ``episode_ids`` (sorted), only those episodes' steps."""
+    for i, f in enumerate(files):
+        layout = layouts[i] if layouts is not None else file_layout(f)
+        yield from _file_batches(f, layout, schema, list(columns), episode_ids)
+
+
+def _file_batches(f: DataFile, layout: FileLayout, schema: pa.Schema, columns: list[str],
+                  episode_ids: np.ndarray | None) -> Iterator[pa.RecordBatch]:
+    fmt = layout.format
+    held = [c for c in columns if c in layout.logical.names]
+    decode = fmt.encoded and bool({OBS, NEXT} & set(held))
+    read = list(dict.fromkeys(held + (["episode_id", "step", OBS] if decode else []) +
+                              (["episode_id"] if episode_ids is not None or not held else [])))
+    parquet = pq.ParquetFile(f.path, filesystem=f.fs, pre_buffer=False, buffer_size=READ_BUFFER)
+    batches = (pa.record_batch(b.columns, names=read) for b in
+               parquet.iter_batches(batch_size=READ_ROWS, columns=[fmt.physical(c) for c in read], use_threads=False))
+    if episode_ids is not None:
+        batches = (b.filter(pa.array(np.isin(b.column("episode_id").to_numpy(zero_copy_only=False), episode_ids)))
+                   for b in batches)
+    if decode:
+        batches = _checked_decode(decode_batches(batches, fmt, layout.logical.field(OBS).type, where=f.uri), f)
+    for batch in batches:
+        arrays = [_cast(batch.column(c), schema.field(c).type) if c in held
+                  else pa.nulls(batch.num_rows, schema.field(c).type) for c in columns]
+        yield pa.record_batch(arrays, names=list(columns))
+
+
+def _checked_decode(batches: Iterator[pa.RecordBatch], f: DataFile) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from batches
+    except EncodingError as exc:
+        raise StoreDamagedError.of_file(f.uri, f"breaks its encoding: {exc}", None) from exc
+
+
+def _cast(column: pa.Array, t: pa.DataType) -> pa.Array:
+    return column if column.type.equals(t) else column.cast(t)
 
 
 def build(read: Reader, schema: pa.Schema, columns: Sequence[str]) -> Layout:
@@ -236,9 +269,9 @@ def build(read: Reader, schema: pa.Schema, columns: Sequence[str]) -> Layout:
     files: one pass over ``episode_id, step`` for the index, one over the columns to fill the files."""
     layout = _index(read(["episode_id", "step"]))
     pa.default_memory_pool().release_unused()  # what the reads decoded goes back to the system, not kept
-    types = {c: column_type(schema, c, empty=layout.steps == 0) for c in columns}
+    types = {leaf: kind for c in columns for leaf, kind in column_leaves(schema, c, empty=layout.steps == 0).items()}
     try:
-        files = {c: layout.new_column(c, *types[c]) for c in columns}
+        files = {leaf: layout.new_column(leaf, *kind) for leaf, kind in types.items()}
         if columns:
             for batch in read(["episode_id", "step", *columns]):
                 _scatter(layout, batch, files)
@@ -279,14 +312,22 @@ def _scatter(layout: Layout, batch: pa.RecordBatch, files: dict[str, Column]) ->
     eid = batch.column(0).to_numpy(zero_copy_only=False)
     step = batch.column(1).to_numpy(zero_copy_only=False)
     pos = layout.offset[np.searchsorted(layout.episode_id, eid)] + step
-    for i, (name, column) in enumerate(files.items(), start=2):
-        values = batch.column(i)
+    for i in range(2, batch.num_columns):
+        name, values = batch.schema.names[i], batch.column(i)
         if values.null_count:
             raise InputError(f"columns: {name!r} is missing (null) in some selected steps; select episodes "
                              "that all hold it (where=…)")
-        target = column.open("r+")
-        target[pos] = to_numpy(values)
-        del target  # unmapped after each batch: written pages go to the page cache, not this process
+        for leaf, array in _leaf_arrays(name, to_numpy(values)).items():
+            target = files[leaf].open("r+")
+            target[pos] = array
+            del target  # unmapped after each batch: written pages go to the page cache, not this process
+
+
+def _leaf_arrays(name: str, value: Any) -> dict[str, np.ndarray]:
+    """A column's values as arrays by leaf name (a Dict column's leaves as ``obs.pixels``)."""
+    if isinstance(value, dict):
+        return {leaf: a for k, v in value.items() for leaf, a in _leaf_arrays(f"{name}.{k}", v).items()}
+    return {name: value}
 
 
 def derive(layout: Layout, name: str, dtype: np.dtype, source: str,

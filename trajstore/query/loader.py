@@ -104,31 +104,42 @@ def convert(arrays: dict[str, np.ndarray], format: str) -> Any:  # noqa: A002
     if format == "torch":
         import torch
 
-        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+        def tensors(value: Any) -> Any:
+            if isinstance(value, dict):
+                return {k: tensors(v) for k, v in value.items()}
+            return torch.from_numpy(np.ascontiguousarray(value))
+        return tensors(arrays)
     import jax
 
     return jax.device_put(arrays)
 
 
-def to_arrow(arrays: dict[str, np.ndarray]) -> pa.RecordBatch:
-    """Arrays of shape ``(n, a, b, …)`` as nested fixed-size lists; read back by :func:`from_arrow`."""
-    return pa.record_batch([_fixed_lists(np.ascontiguousarray(a)) for a in arrays.values()], names=list(arrays))
+def to_arrow(arrays: dict[str, Any]) -> pa.RecordBatch:
+    """Arrays of shape ``(n, a, b, …)`` as nested fixed-size lists (a dict of them, a Dict column's leaves, as a
+    struct); read back by :func:`from_arrow`."""
+    return pa.record_batch([_fixed_lists(a) for a in arrays.values()], names=list(arrays))
 
 
-def _fixed_lists(a: np.ndarray) -> pa.Array:
+def _fixed_lists(a: Any) -> pa.Array:
+    if isinstance(a, dict):
+        return pa.StructArray.from_arrays([_fixed_lists(v) for v in a.values()], names=list(a))
+    a = np.ascontiguousarray(a)
     out: pa.Array = pa.array(a.reshape(-1))
     for size in reversed(a.shape[1:]):
         out = pa.FixedSizeListArray.from_arrays(out, size)
     return out
 
 
-def from_arrow(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+def from_arrow(batch: pa.RecordBatch) -> dict[str, Any]:
     """The arrays of :func:`to_arrow`'s record batch (shapes kept, also for no rows)."""
-    out = {}
-    for name, column in zip(batch.schema.names, batch.columns):
-        shape, t = [], column.type
-        while pa.types.is_fixed_size_list(t):
-            shape.append(t.list_size)
-            t = t.value_type
-        out[name] = np.asarray(to_numpy(column)).reshape((len(column), *shape))
-    return out
+    return {name: _arrays(column) for name, column in zip(batch.schema.names, batch.columns)}
+
+
+def _arrays(column: pa.Array) -> Any:
+    if pa.types.is_struct(column.type):
+        return {f.name: _arrays(column.field(i)) for i, f in enumerate(column.type)}
+    shape, t = [], column.type
+    while pa.types.is_fixed_size_list(t):
+        shape.append(t.list_size)
+        t = t.value_type
+    return np.asarray(to_numpy(column)).reshape((len(column), *shape))

@@ -43,6 +43,7 @@ class Source:
     version_key: str
     arguments: dict[str, Any] = field(default_factory=dict)  # the selection (run_id, where, filter), digested
     layouts: lay.LayoutCache | None = None  # where layouts are kept between calls (None: built for each call)
+    check: Callable[[Sequence[str]], None] | None = None  # InputError for columns no array can stack (env ids)
 
     def laid_out(self, columns: Sequence[str], derived: Any,
                  make: Callable[[], lay.Layout]) -> tuple[lay.Layout, Callable[[], None]]:
@@ -98,6 +99,13 @@ def stored_columns(source: Source, columns: Sequence[str] | None, *, default: Se
     return list(dict.fromkeys(c for c in columns if c != RETURN_TO_GO))
 
 
+def checked(source: Source, columns: Sequence[str]) -> list[str]:
+    """``columns``, refused (naming the environments) where no array can stack their steps."""
+    if source.check is not None:
+        source.check(columns)
+    return list(columns)
+
+
 def window_starts(lengths: np.ndarray, length: int, stride: int, pad: bool) -> tuple[np.ndarray, np.ndarray]:
     """``(episode, start)`` of every window, episode by episode, starts ascending."""
     lengths = np.asarray(lengths, np.int64)
@@ -138,8 +146,8 @@ def step_bytes(schema: pa.Schema, names: Sequence[str]) -> int:
     """The bytes one step of ``names`` (stored columns typed by ``schema``) takes in a batch."""
     total = 0
     for name in names:
-        dtype, shape = lay.column_type(schema, name, empty=True)
-        total += dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        for dtype, shape in lay.column_leaves(schema, name, empty=True).values():  # a Dict column: its leaves
+            total += dtype.itemsize * int(np.prod(shape, dtype=np.int64))
     return total
 
 
@@ -170,6 +178,7 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
         raise InputError(f"gamma: {RETURN_TO_GO!r} is computed from the steps' reward, which these steps do not have")
     extra = (["reward"] if wants_rtg and "reward" not in names else []) + \
         [c for c in weight_column(source, sampling.weight_by) if c not in names]
+    checked(source, [*names, *extra])
     if max_batch_bytes is not None:
         per_step = step_bytes(source.schema, names) + (8 if wants_rtg else 0) + GATHER_BYTES
         check_batch_bytes(int(sampling.batch_size) * length * per_step, max_batch_bytes,
@@ -235,6 +244,15 @@ def loader_batches(kind: str, arguments: dict[str, Any], source: Source, release
                    position=position, on_close=release)
 
 
+def _zero_outside(values: Any, mask: np.ndarray) -> Any:
+    """``values`` (an array, or a dict of them for a Dict column) with the steps outside ``mask`` zero."""
+    if isinstance(values, dict):
+        return {k: _zero_outside(v, mask) for k, v in values.items()}
+    if not mask.all():
+        values[~mask] = 0
+    return values
+
+
 def window_batch(layout: lay.Layout, names: Sequence[str], episode: np.ndarray, start: np.ndarray,
                  length: int) -> dict[str, np.ndarray]:
     """The windows ``(episode, start)``: each column ``(n, length, …)`` (zero past the episode's end),
@@ -245,10 +263,7 @@ def window_batch(layout: lay.Layout, names: Sequence[str], episode: np.ndarray, 
     positions = layout.offset[episode][:, None] + np.minimum(steps, ends - 1)
     out: dict[str, np.ndarray] = {}
     for name in names:
-        values = layout.gather(name, positions)
-        if not mask.all():
-            values[~mask] = 0
-        out[name] = values
+        out[name] = _zero_outside(layout.gather(name, positions), mask)
     out["mask"] = mask
     out["episode_id"] = layout.episode_id[episode]
     out["start"] = start

@@ -1,12 +1,15 @@
 """DuckDB over one committed snapshot of the store: the ``steps`` and ``episodes`` views.
 
-``steps`` reads exactly the files listed by one version of the Delta log (never a glob), from one of two
-sources: DuckDB's native ``read_parquet`` of their paths (the default, and the fastest), or, given the
-``steps`` view's schema, a pyarrow dataset of them registered with DuckDB
-(:func:`~trajstore.query.scan.steps_dataset`), so that DuckDB itself opens no file: the sandbox's
-connection has no file access at all, and a store whose files pyarrow reads (another filesystem) needs
-nothing else. ``episodes`` is built from ``schemas/episode.v1.json``. The SQL of both comes from
-:mod:`trajstore.query.sql`.
+``steps`` reads exactly the files listed by one version of the Delta log (never a glob), group by group
+(:func:`~trajstore.query.groups.group_files`: files stored alike), each group from one of two sources: DuckDB's
+native ``read_parquet`` of their paths (the default, and the fastest), or, with ``registered``, a pyarrow dataset
+of them registered with DuckDB (:func:`~trajstore.query.scan.steps_dataset`), so that DuckDB itself opens no
+file: the sandbox's connection has no file access at all, and a store whose files pyarrow reads (another
+filesystem) needs nothing else. Each group's columns get their logical names and encoding-2 observations are
+decoded in SQL (:func:`~trajstore.query.sql.decoded_steps`); the groups are unioned by name, and a column whose
+types cannot be one (environments of other kinds) is a VARIANT there: restrict the snapshot to some
+environments (``Store.sql(…, env_id=…)``) to see it in its own type. ``episodes`` is built from
+``schemas/episode.v1.json``. The SQL of both comes from :mod:`trajstore.query.sql`.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ from trajstore.errors import (
     UnknownColumnError,
     first_line,
 )
+from trajstore.query import images as images_sql
 from trajstore.query import sql
-from trajstore.query.scan import steps_dataset
+from trajstore.query.groups import FileGroup, as_duckdb_reads, group_files, step_types
+from trajstore.query.scan import file_layout, steps_dataset
+from trajstore.storage.encoding import NEXT, OBS, FileLayout
 from trajstore.storage.location import Location, explain
 from trajstore.storage.table import DataFile
 
@@ -89,22 +95,23 @@ def check_names(names: Sequence[str], known: Sequence[str], *, view: str, field:
 class Snapshot:
     """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store.
 
-    With ``schema`` (the ``steps`` view's Arrow types, e.g. ``Store._steps_schema``), ``steps`` reads the files
-    through a registered pyarrow dataset instead of ``read_parquet``: the same rows and types. ``judge`` turns
-    the error about a committed file that cannot be read into the one to raise.
+    ``layouts`` are the files' own (:meth:`~trajstore.storage.table.StepsTable.layouts`; read from their footers
+    when not given). With ``registered``, ``steps`` reads the files through registered pyarrow datasets instead
+    of ``read_parquet``: the same rows and types. ``judge`` turns the error about a committed file that cannot be
+    read into the one to raise.
     """
 
     def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None,
                  con: duckdb.DuckDBPyConnection | None = None, store: str | None = None,
-                 schema: pa.Schema | None = None, judge: Judge | None = None,
-                 location: Location | None = None) -> None:
+                 layouts: Sequence[FileLayout] | None = None, registered: bool = False,
+                 judge: Judge | None = None, location: Location | None = None) -> None:
         self.files = list(files)
         self.store = store  # where the files are from, for messages
         self.judge = judge
         self.location = location  # the store's, to tell a store that fails from a damaged file
         self.con = con if con is not None else duckdb.connect(config=config or {})
         try:  # binding read_parquet reads the files' footers
-            self.con.execute(sql.create_view("committed_steps", self._stored_steps(schema)))
+            self.con.execute(sql.create_view("committed_steps", self._stored_steps(layouts, registered)))
             stored = self.columns("committed_steps")
         except duckdb.Error as exc:
             raise self.damage(exc) or QueryError(f"the store's files cannot be read: {first_line(exc)}") from exc
@@ -114,12 +121,34 @@ class Snapshot:
         self.con.execute(sql.create_view("episodes", sql.episodes_view(self.step_columns, by_id=self.by_id)))
         self.episodes_materialized = False
 
-    def _stored_steps(self, schema: pa.Schema | None) -> str:
-        """The SELECT of the stored steps: ``read_parquet`` of the files, or a registered dataset of them."""
-        if schema is None or not self.files:
+    def _stored_steps(self, layouts: Sequence[FileLayout] | None, registered: bool) -> str:
+        """The SELECT of the stored steps, logical and decoded: the groups of files, each from ``read_parquet``
+        of its files or a registered dataset of them, unioned by name."""
+        if not self.files:
             return sql.steps_view(self.files)
-        self.con.register(DATASET, steps_dataset(self.files, schema))
-        return sql.select_all(DATASET)
+        if layouts is None:
+            layouts = [file_layout(f) for f in self.files]
+        groups = group_files(self.files, layouts)
+        variant = list(step_types(groups).conflicts)
+        return sql.union_by_name([self._group(i, g, variant, registered) for i, g in enumerate(groups)])
+
+    def _group(self, i: int, group: FileGroup, variant: list[str], registered: bool) -> str:
+        if registered:
+            name = f"{DATASET}_{i}"
+            self.con.register(name, steps_dataset(group.files, as_duckdb_reads(group.physical)))
+            source = sql.registered_source(name)
+        else:
+            source = sql.parquet_source(group.files)
+        fmt = group.format
+        columns = [("run_id", "run_id"), ("env_id", "env_id")] + \
+            [(p.name, lg.name) for p, lg in zip(group.physical, group.logical)]
+        if not fmt.encoded or OBS not in group.logical.names:
+            return sql.decoded_steps(source, columns, variant=variant)
+        images = {path: images_sql.register(self.con, dtype, shape, path in fmt.stacks)
+                  for path, (dtype, shape) in fmt.images.items()}
+        return sql.decoded_steps(source, columns, obs=fmt.physical(OBS), obs_type=group.logical.field(OBS).type,
+                                 next_obs=fmt.physical(NEXT) if NEXT in group.logical.names else None,
+                                 stacks=fmt.stacks, images=images, variant=variant)
 
     def columns(self, view: str) -> list[str]:
         """The column names of ``view``."""

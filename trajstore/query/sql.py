@@ -164,13 +164,117 @@ def _typed_null(column: dict[str, Any]) -> str:
 
 
 def steps_view(files: Sequence[DataFile]) -> str:
-    """The SELECT behind the stored steps of a committed file list (never a glob)."""
+    """The SELECT behind the stored steps of a committed file list (never a glob), as stored."""
     if not files:
         return f"SELECT {', '.join(_typed_null(c) for c in sch.step_columns())} WHERE false"
     paths = ", ".join(literal(f.path) for f in files)
     return ("SELECT run_id, env_id, * EXCLUDE (run_id, env_id) FROM read_parquet("
             f"[{paths}], hive_partitioning = true, union_by_name = true, "
             "hive_types = {'run_id': VARCHAR, 'env_id': VARCHAR})")
+
+
+_WINDOW = "PARTITION BY episode_id ORDER BY step"
+_FUNCTION = __import__("re").compile(r"^[a-z][a-z0-9_]*$")
+
+
+def decoded_steps(source: str, columns: Sequence[tuple[str, str]], *, obs: str | None = None,
+                  next_obs: str | None = None, obs_type: pa.DataType | None = None,
+                  stacks: dict[str, int] | None = None, images: dict[str, str] | None = None,
+                  variant: Sequence[str] = ()) -> str:
+    """One group of files (``source``: their SELECT) as logical columns: each ``(physical, logical)`` of
+    ``columns`` renamed, those of ``variant`` as VARIANT (their types differ between groups), and, for an
+    encoding-2 group, ``obs`` (its physical name) and ``next_obs`` decoded with windows over each episode's
+    steps: a stacked leaf is the last k frames of the frames stored by its last k rows, a null ``next_obs`` the
+    next step's decoded ``obs``, a stored one its only frame, or for a stack ``obs[2:]`` and its newest frame
+    (or its whole stack); image frames (``images``: leaf path -> the function that makes values of their
+    bytes) become nested lists last."""
+    stacks, images = stacks or {}, images or {}
+    select = source
+    if obs is not None and obs_type is not None and _any_stacked(obs_type, stacks):
+        select = f"SELECT * REPLACE ({_obs_expr(ident(obs), obs_type, stacks)} AS {ident(obs)}) FROM ({select})"
+    if obs is not None and next_obs is not None and obs_type is not None:
+        stored = _next_expr(ident(next_obs), ident(obs), obs_type, stacks, set(images))
+        expr = f"CASE WHEN {ident(next_obs)} IS NULL THEN lead({ident(obs)}) OVER ({_WINDOW}) ELSE {stored} END"
+        select = f"SELECT * REPLACE ({expr} AS {ident(next_obs)}) FROM ({select})"
+    names = []
+    for p, lg in columns:
+        expr = ident(p)
+        if obs_type is not None and p in (obs, next_obs) and images:
+            expr = _values_expr(expr, obs_type, images)
+        names.append(f"{expr}{'::VARIANT' if lg in variant else ''} AS {ident(lg)}")
+    return f"SELECT {', '.join(names)} FROM ({select})"
+
+
+def _any_stacked(t: pa.DataType, stacks: dict[str, int], path: str = "obs") -> bool:
+    if pa.types.is_struct(t):
+        return any(_any_stacked(f.type, stacks, f"{path}.{f.name}") for f in t)
+    return path in stacks
+
+
+def _obs_expr(ref: str, t: pa.DataType, stacks: dict[str, int], path: str = "obs") -> str:
+    if pa.types.is_struct(t):
+        parts = [f"{ident(f.name)} := {_obs_expr(_field(ref, f.name), f.type, stacks, f'{path}.{f.name}')}"
+                 for f in t]
+        return f"struct_pack({', '.join(parts)})"
+    if path not in stacks:
+        return ref
+    k = int(stacks[path])
+    frames = f"list({ref}) OVER ({_WINDOW} ROWS BETWEEN {k - 1} PRECEDING AND CURRENT ROW)"
+    return f"list_slice(flatten({frames}), {-k}, -1)"
+
+
+def _next_expr(ref: str, obs: str, t: pa.DataType, stacks: dict[str, int], images: set[str],
+               path: str = "obs") -> str:
+    if pa.types.is_struct(t):
+        parts = [f"{ident(f.name)} := "
+                 f"{_next_expr(_field(ref, f.name), _field(obs, f.name), f.type, stacks, images, f'{path}.{f.name}')}"
+                 for f in t]
+        return f"struct_pack({', '.join(parts)})"
+    if path not in stacks:
+        return f"{ref}[1]" if path in images else ref
+    k = int(stacks[path])
+    return f"CASE WHEN len({ref}) = {k} THEN {ref} ELSE list_concat(list_slice({obs}, 2, {k}), {ref}) END"
+
+
+def _values_expr(ref: str, t: pa.DataType, images: dict[str, str], path: str = "obs") -> str:
+    """``ref`` with each image leaf's bytes made the nested lists of their values."""
+    if pa.types.is_struct(t):
+        parts = [f"{ident(f.name)} := {_values_expr(_field(ref, f.name), f.type, images, f'{path}.{f.name}')}"
+                 for f in t]
+        return f"struct_pack({', '.join(parts)})"
+    if path not in images:
+        return ref
+    if not _FUNCTION.match(images[path]):
+        raise InputError(f"not a function name: {images[path]!r}")
+    return f"{images[path]}({ref})"
+
+
+def _field(ref: str, name: str) -> str:
+    return f"struct_extract({ref}, {literal(name)})"
+
+
+_DUCKDB_NUMBERS = {"bool": "BOOLEAN", "int8": "TINYINT", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT",
+                   "uint8": "UTINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT",
+                   "float16": "FLOAT", "float32": "FLOAT", "float64": "DOUBLE"}
+
+
+def values_type(dtype: str, dims: int) -> str:
+    """The DuckDB type of ``dims`` nested lists of a numpy dtype's values (float16 as FLOAT)."""
+    return _DUCKDB_NUMBERS[dtype] + "[]" * dims
+
+
+def union_by_name(selects: Sequence[str]) -> str:
+    """The rows of every SELECT, columns matched by name (a column some lack is NULL there)."""
+    return " UNION ALL BY NAME ".join(f"({s})" for s in selects)
+
+
+def parquet_source(files: Sequence[DataFile]) -> str:
+    """The SELECT of ``files`` as stored, read by DuckDB itself."""
+    return steps_view(files)
+
+
+def registered_source(name: str) -> str:
+    return f"SELECT * FROM {ident(name)}"
 
 
 def with_lineage(stored: Sequence[str], source: str) -> str:
@@ -180,17 +284,8 @@ def with_lineage(stored: Sequence[str], source: str) -> str:
     So ``steps`` and ``episodes`` have the same columns in every store, whatever its writers recorded,
     and in the same order whatever the order of the files (which compaction changes).
     """
-    spec = sch.load(sch.STEP_SCHEMA_FILE)
-    select = []
-    for c in spec["columns"]:
-        if c["name"] in stored:
-            select.append(ident(c["name"]))
-        elif c.get("role") == "lineage":
-            select.append(_typed_null(c))
-    for c in spec["lineage"]:
-        select.append(ident(c["name"]) if c["name"] in stored else _typed_null(c))
-    described = {c["name"] for c in spec["columns"] + spec["lineage"]}
-    select += [ident(n) for n in sorted(n for n in stored if n not in described)]
+    select = [ident(name) if null is None else f"NULL::{_DUCKDB[null]} AS {ident(name)}"
+              for name, null in sch.view_columns(stored)]
     return f"SELECT {', '.join(select)} FROM {source}"
 
 

@@ -46,6 +46,7 @@ from trajstore.errors import (
 )
 from trajstore.query import sandbox, sql
 from trajstore.storage.location import Location
+from trajstore.storage.encoding import FileLayout
 from trajstore.storage.table import DataFile
 
 log = logging.getLogger(__name__)
@@ -58,20 +59,26 @@ ENTRY = "import sys; from trajstore.query.sql_worker import main; main(sys.argv[
 
 @dataclass(frozen=True)
 class Task:
-    """One query for a worker: the store's place, one version's committed files, the ``steps`` view's types."""
+    """One query for a worker: the store's place, one version's committed files and their layouts."""
 
     query: str
     limits: sandbox.Limits
     uri: str
     storage_options: dict[str, str]
     files: list[tuple[Any, ...]]  # DataFile fields but the filesystem (the worker's own, from the location)
-    schema: bytes  # the steps view's Arrow schema, serialized
+    layouts: list[int]  # per file, its layout in ``schemas``
+    schemas: list[bytes]  # the files' own Arrow schemas with their formats, serialized, each once
 
     @classmethod
     def of(cls, query: str, limits: sandbox.Limits, location: Location, files: Sequence[DataFile],
-           schema: pa.Schema) -> Task:
+           layouts: Sequence[FileLayout]) -> Task:
+        schemas: dict[bytes, int] = {}
+        index = []
+        for layout in layouts:
+            body = layout.physical.with_metadata(layout.format.metadata()).serialize().to_pybytes()
+            index.append(schemas.setdefault(body, len(schemas)))
         return cls(query, limits, location.uri, dict(location.storage_options),
-                   [astuple(f)[:-1] for f in files], schema.serialize().to_pybytes())
+                   [astuple(f)[:-1] for f in files], index, list(schemas))
 
 
 # --- the caller's side ---------------------------------------------------------------------------------------
@@ -344,8 +351,9 @@ def _handle(task: Task) -> tuple[dict[str, Any], bytes | None]:
     try:
         location = _location(task.uri, task.storage_options)
         files = [DataFile(*fields, fs=location.fs) for fields in task.files]
-        schema = pa.ipc.read_schema(pa.py_buffer(task.schema))
-        snapshot = Snapshot(files, schema=schema, store=task.uri, location=location)
+        kinds = [FileLayout.of(pa.ipc.read_schema(pa.py_buffer(body))) for body in task.schemas]
+        snapshot = Snapshot(files, store=task.uri, layouts=[kinds[i] for i in task.layouts], registered=True,
+                            location=location)
         result = sandbox.run(snapshot, task.query, task.limits)
         data = _ipc(result.table)
     except TrajstoreError as exc:

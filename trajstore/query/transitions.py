@@ -23,6 +23,7 @@ from trajstore.query.sequences import (
     Sampling,
     Source,
     check_batch_bytes,
+    checked,
     item_weights,
     loader_batches,
     step_bytes,
@@ -57,7 +58,7 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
     if missing:
         raise InputError(f"columns: n-step transitions need {missing}, which these steps do not have")
     extra = [c for c in [*needed, *weight_column(source, sampling.weight_by)] if c not in at_t]
-    laid = list(dict.fromkeys([*at_t, *extra]))
+    laid = checked(source, list(dict.fromkeys([*at_t, *extra])))
     layout, release = source.laid_out(laid, None, lambda: lay.build(source.read, source.schema, laid))
     try:
         if max_batch_bytes is not None:

@@ -192,10 +192,15 @@ class Client:
                                                       **filters})
 
     def sql(self, query: str, *, max_rows: int | None = None, as_: Literal["arrow", "dicts"] = "arrow",
+            run_id: str | list[str] | None = None, env_id: str | list[str] | None = None,
             version: int | None = None) -> pa.Table | list[dict[str, Any]]:
-        """Run one read-only SELECT on the server; an Arrow table, or a list of dicts with ``as_="dicts"``."""
-        table = self._table("POST", "/sql", json={"query": query, "max_rows": max_rows},
-                            params={"version": version})
+        """Run one read-only SELECT on the server; an Arrow table, or a list of dicts with ``as_="dicts"``. With
+        ``run_id``/``env_id``, the views hold only those runs' or environments' steps (as for ``Store.sql``)."""
+        body: dict[str, Any] = {"query": query, "max_rows": max_rows}
+        for name, value in (("run_id", run_id), ("env_id", env_id)):
+            if value is not None:
+                body[name] = [value] if isinstance(value, str) else list(value)
+        table = self._table("POST", "/sql", json=body, params={"version": version})
         return table.to_pylist() if as_ == "dicts" else table
 
     def schema(self, env_id: str | None = None, *, version: int | None = None) -> pa.Schema:

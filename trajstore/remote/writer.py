@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow as pa
 
 from trajstore.errors import QueryError, RemoteError
 from trajstore.remote.client import Client
 from trajstore.remote.wire import ipc_bytes
+from trajstore.storage.encoding import Format, decode_table
 from trajstore.storage.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -47,14 +48,22 @@ class RemoteSink:
     ``commit`` sends (on its commit thread).
     """
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, *, encoded: bool = True) -> None:
         self.client = client
+        self.encoded = encoded  # False for a service that takes encoding-1 rows only (one older than encoding 2)
 
     def file_schema(self, env_id: str | None = None) -> pa.Schema | None:
         schema = self.client.schema(env_id=env_id)
         return schema if len(schema) else None
 
+    def reserve(self, types: Mapping[str, pa.DataType],
+                logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
+        """Logical names as they are: the service resolves the physical names of the rows it commits."""
+        return {name: name for name in types}
+
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> EncodedRows:
+        if not self.encoded:  # every row whole, as a service older than encoding 2 takes them
+            data = decode_table(data, Format.of(data.schema.metadata)).replace_schema_metadata(None)
         return EncodedRows(ipc_bytes(data), run_id, env_id, uuid.uuid4().hex)
 
     def commit(self, encoded: EncodedRows) -> str:
@@ -72,18 +81,20 @@ class RemoteWriter(Writer):
     def __init__(self, url: str | Client, *, api_key: str | None = None, run_id: str, env_id: str,
                  flush_bytes: int = 16 * 1024 * 1024, **options: Any) -> None:
         self.client = url if isinstance(url, Client) else Client(url, api_key=api_key)
-        _check_access(self.client)
-        super().__init__(RemoteSink(self.client), run_id=run_id, env_id=env_id, flush_bytes=flush_bytes,
-                         **options)
+        encodings = _check_access(self.client)
+        super().__init__(RemoteSink(self.client, encoded=2 in encodings), run_id=run_id, env_id=env_id,
+                         flush_bytes=flush_bytes, **options)
 
 
-def _check_access(client: Client) -> None:
+def _check_access(client: Client) -> list[int]:
+    """The row encodings the service takes (a service that does not say takes encoding 1 only)."""
     try:
-        client.check_ingest()
+        return list(client.check_ingest().get("encodings") or [1])
     except RemoteError as exc:
         if exc.status != 404:  # a server older than GET /ingest: its first commit will tell
             raise
         log.debug("%s has no GET /ingest; its first commit will tell whether the key may write", client.url)
+        return [1]
 
 
 class RemoteStore:

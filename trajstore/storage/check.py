@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import duckdb
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, StoreDamagedError
 from trajstore.query import sql
 from trajstore.query.snapshot import Snapshot
+from trajstore.storage.encoding import NEXT, OBS, EncodingError, check_rows
 from trajstore.storage.location import Location
 from trajstore.storage.table import DataFile, StepsTable, display
 
@@ -41,6 +43,7 @@ __all__ = ["CheckReport", "check", "remove_orphans", "removable_orphans"]
 log = logging.getLogger(__name__)
 
 MAX_LISTED = 20
+CHECK_ROWS = 8192  # rows per batch read when an encoded file's structure is checked
 KEY_COLUMNS = ("episode_id", "step", "terminated", "truncated")
 LOG_DIR = "_delta_log"
 
@@ -77,7 +80,9 @@ def check(store: Store, *, deep: bool = False) -> CheckReport:
     """Check one committed snapshot of ``store``; never raises for a damaged store, reports instead.
 
     Verifies that every committed file exists and is a readable Parquet file whose row count and
-    size match the log (with ``deep``, every column of every file is also decoded), that every
+    size match the log and, for an encoded file, whose rows decode (every frame count and the neighbour each
+    null ``next_obs`` or one-frame row stands for; with ``deep``, every column of every file is also
+    decoded), that every
     episode's steps are exactly ``0..n-1``, that no episode id appears in two partitions or as two
     episodes, and that no step follows an episode's terminated/truncated step. The episode checks
     run over the readable files only.
@@ -188,11 +193,38 @@ def _check_file(table: StepsTable, f: DataFile, *, deep: bool) -> str | None:
     missing = [c for c in KEY_COLUMNS if c not in meta.schema.names]
     if missing:
         return f"{f.uri}: lacks the column(s) {missing}"
+    problem = _encoding_problem(table, f)
+    if problem:
+        return problem
     if deep:
         try:
             pq.ParquetFile(f.path, filesystem=f.fs).read()
         except Exception as exc:  # noqa: BLE001
             return f"{f.uri}: data pages cannot be decoded: {exc}"
+    return None
+
+
+def _encoding_problem(table: StepsTable, f: DataFile) -> str | None:
+    """Why the rows of an encoded file do not decode (its format, frame counts, where a null ``next_obs`` or a
+    one-frame row lacks the neighbour it stands for), or None. Reads the key and observation columns; decodes
+    no frame."""
+    try:
+        layout = table.layouts([f])[0]
+    except StoreDamagedError as exc:
+        return f"{f.uri}: {exc}"
+    fmt = layout.format
+    if not fmt.encoded or OBS not in layout.logical.names:
+        return None
+    names = [n for n in ("episode_id", "step", OBS, NEXT) if n in layout.logical.names]
+    try:
+        parquet = pq.ParquetFile(f.path, filesystem=f.fs)
+        batches = (pa.record_batch(b.columns, names=names) for b in
+                   parquet.iter_batches(columns=[fmt.physical(n) for n in names], batch_size=CHECK_ROWS))
+        check_rows(batches, fmt, layout.logical.field(OBS).type, where=f.uri)
+    except EncodingError as exc:
+        return f"{exc} (its encoding is broken: readers cannot decode it)"
+    except Exception as exc:  # noqa: BLE001 - any failure to read is the finding
+        return f"{f.uri}: data pages cannot be decoded: {exc}"
     return None
 
 

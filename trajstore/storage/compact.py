@@ -6,6 +6,8 @@ thousands of small files, and every query pays for each one (its footer, its sca
 files are read in the order they were written and written again as files of about ``target_bytes``,
 with the writer's Parquet settings and the stored types (fixed-size observation columns stay
 fixed-size), then committed in one Delta transaction that removes exactly the files that were read.
+Only files of one format (:mod:`~trajstore.storage.encoding`) are joined, as they are: an encoded file's rows
+decode from the rows around them in that file, and whole files concatenated keep every such neighbour.
 
 Appends that land in the partition meanwhile stay. A concurrent compaction of the same partition makes
 the later commit fail, and that partition is left as it was (its new files deleted). The old files stay
@@ -83,9 +85,12 @@ def _compact_partition(store: Store, run_id: str, env_id: str, target_bytes: int
         return
     written: list[WrittenFile] = []
     try:
-        for group in _groups(sorted(files, key=lambda f: (f.modified_ms, f.path)), target_bytes):
+        for group in _groups(sorted(files, key=lambda f: (f.modified_ms, f.path)), target_bytes,
+                             _formats(store, files)):
             # ParquetFile, not read_table: no partition columns inferred from the path
-            data = pa.concat_tables([pq.ParquetFile(f.path, filesystem=f.fs).read() for f in group], promote_options="default")
+            tables = [pq.ParquetFile(f.path, filesystem=f.fs).read() for f in group]
+            metadata = tables[0].schema.metadata
+            data = pa.concat_tables(tables, promote_options="default").replace_schema_metadata(metadata)
             written.append(store.table.write(data, run_id=run_id, env_id=env_id))
         store.table.replace(dt, written, run_id=run_id, env_id=env_id)
     except BaseException as exc:
@@ -99,15 +104,21 @@ def _compact_partition(store: Store, run_id: str, env_id: str, target_bytes: int
     report.files_after += len(written)
 
 
-def _groups(files: list[DataFile], target_bytes: int) -> Iterator[list[DataFile]]:
-    """Consecutive files in groups of about ``target_bytes`` (one new file each)."""
-    group: list[DataFile] = []
-    size = 0
-    for f in files:
-        if group and size + f.size > target_bytes:
+def _formats(store: Store, files: list[DataFile]) -> dict[str, str]:
+    """Each file's format, as a key (files of one format are joined)."""
+    return {f.path: layout.format.key() for f, layout in zip(files, store.table.layouts(files))}
+
+
+def _groups(files: list[DataFile], target_bytes: int, formats: dict[str, str]) -> Iterator[list[DataFile]]:
+    """Consecutive files of each format in groups of about ``target_bytes`` (one new file each)."""
+    for key in dict.fromkeys(formats[f.path] for f in files):
+        group: list[DataFile] = []
+        size = 0
+        for f in (f for f in files if formats[f.path] == key):
+            if group and size + f.size > target_bytes:
+                yield group
+                group, size = [], 0
+            group.append(f)
+            size += f.size
+        if group:
             yield group
-            group, size = [], 0
-        group.append(f)
-        size += f.size
-    if group:
-        yield group

@@ -1,9 +1,13 @@
 """Appending rows that arrive already cut into episodes (from a :class:`~trajstore.remote.writer.RemoteWriter`).
 
 A remote writer segments its batches itself, exactly as a local :class:`~trajstore.storage.writer.Writer`
-does, and sends each commit as an Arrow table of rows. :func:`validate_rows` checks those rows against the
-``steps`` schema and each episode's rows among themselves; :func:`append_rows` also checks that they continue
-what the store holds (:mod:`~trajstore.storage.continuity`) and commits them once per idempotency key.
+does, and sends each commit as an Arrow table of rows, encoded as its files would be (encoding 2, the format in
+the stream's schema metadata ``trajstore``, logical column names; see :mod:`~trajstore.storage.encoding`).
+:func:`validate_rows` checks those rows against the environment's stored types, each episode's rows among
+themselves, and every invariant of their encoding (the service decodes them: nothing the client says is trusted);
+:func:`append_rows` also checks that they continue what the store holds (:mod:`~trajstore.storage.continuity`),
+stores them under the physical names the log resolves (:mod:`~trajstore.storage.names`) and commits them once per
+idempotency key.
 
 Both hold under concurrency: the rows are checked against one committed version V of the log and committed
 as version V+1 or not at all (a newer commit sends them back to be checked again), so two requests can never
@@ -32,6 +36,17 @@ from deltalake.transaction import Transaction
 from trajstore import schema as sch
 from trajstore.errors import CommitError, ConflictError, InputError, SchemaMismatchError
 from trajstore.storage.continuity import Spans, check_continues, request_spans, stored_ends
+from trajstore.storage.encoding import (
+    NEXT,
+    OBS,
+    EncodingError,
+    Format,
+    check_frame_stack,
+    decode_table,
+    logical_schema,
+    physical_next_type,
+    physical_schema,
+)
 from trajstore.storage.table import StepsTable, WrittenFile
 
 KEYS = {"episode_id": pa.int64(), "step": pa.int32()}
@@ -40,22 +55,54 @@ LEGACY_DIGEST = 1  # what trajstore recorded for every key before it kept the re
 
 
 def validate_rows(rows: pa.Table, stored: pa.Schema | None) -> pa.Table:
-    """``rows`` checked and cast to the store's types; raises naming the first bad field (and, for an
-    episode whose rows repeat or skip a step or go on after it ended, the episode and the step)."""
+    """``rows`` checked and cast to the store's types (``stored``: the environment's, logical); raises naming the
+    first bad field (and, for an episode whose rows repeat or skip a step or go on after it ended, or rows that
+    break their encoding, the episode and the step)."""
     return _checked(rows, stored)[0]
 
 
 def _checked(rows: pa.Table, stored: pa.Schema | None) -> tuple[pa.Table, Spans]:
     """:func:`validate_rows`, and the first and last step of each episode in ``rows``."""
-    _check_columns(rows)
+    fmt = row_format(rows)
+    _check_columns(rows, fmt)
     rows = _stamped(_cast_env_steps(_cast_keys(rows)))
     _check_flags_and_rewards(rows)
     ended = pc.or_(rows["terminated"], rows["truncated"]).to_numpy()
     spans = request_spans(rows["episode_id"].to_numpy(), rows["step"].to_numpy(), ended)
-    return (rows if stored is None else _fitted(rows, stored)), spans
+    _check_encoding(rows, fmt)
+    rows = rows if stored is None else _fitted(rows, stored, fmt)
+    return rows.replace_schema_metadata(fmt.metadata()), spans
 
 
-def _check_columns(rows: pa.Table) -> None:
+def row_format(rows: pa.Table) -> Format:
+    """The format the rows say they are in (encoding 1 without one), refused naming it when it is no format or
+    renames columns (rows name their columns logically; the service resolves physical names)."""
+    try:
+        fmt = Format.of(rows.schema.metadata, where="rows")
+    except EncodingError as exc:
+        raise InputError(f"{str(exc).replace('rows: its', 'rows: their')}") from None
+    if fmt.columns:
+        raise InputError(f"{'trajstore'}: rows name their columns logically (obs, action, …); got the physical "
+                         f"names {dict(fmt.columns)}")
+    return fmt
+
+
+def _check_encoding(rows: pa.Table, fmt: Format) -> None:
+    """Every invariant of the rows' encoding, checked by decoding them (what a reader will do)."""
+    if not fmt.encoded or OBS not in rows.column_names:
+        return
+    obs = logical_schema(rows.schema, fmt).field(OBS).type
+    check_frame_stack(obs, fmt.stacks)
+    if NEXT in rows.column_names and sch.describe(rows[NEXT].type) != sch.describe(physical_next_type(obs, fmt)):
+        raise InputError(f"next_obs: encoded rows store it as {sch.describe(physical_next_type(obs, fmt))} (obs "
+                         f"{sch.describe(obs)}), got {sch.describe(rows[NEXT].type)}")
+    try:
+        decode_table(rows, fmt, where="rows")
+    except EncodingError as exc:
+        raise InputError(f"next_obs/obs: {exc}; rows must be encoded as the writer encodes them") from None
+
+
+def _check_columns(rows: pa.Table, fmt: Format) -> None:
     repeated = [n for n, k in Counter(rows.column_names).items() if k > 1]
     if repeated:
         raise InputError(f"{repeated[0]}: {rows.column_names.count(repeated[0])} columns of the body have this name;"
@@ -70,6 +117,8 @@ def _check_columns(rows: pa.Table) -> None:
     if missing:
         raise InputError(f"{missing[0]}: missing column; rows need {[*KEYS, *sch.TRANSITION_COLUMNS]}")
     for name in rows.column_names:
+        if name == NEXT and fmt.encoded:
+            continue  # null where it is the next row's obs (checked with the encoding)
         if rows[name].null_count and name in (*KEYS, *sch.TRANSITION_COLUMNS):
             raise InputError(f"{name}: {rows[name].null_count} null value(s); every row needs one")
 
@@ -88,12 +137,13 @@ def _check_storable(name: str, t: pa.DataType) -> None:
             _check_storable(f"{name}.{f.name}", f.type)
         return
     plain = pa.types.is_integer(leaf) or pa.types.is_boolean(leaf) or pa.types.is_string(leaf) or \
-        pa.types.is_large_string(leaf) or leaf in (pa.float32(), pa.float64())
+        pa.types.is_large_string(leaf) or leaf in (pa.float16(), pa.float32(), pa.float64())
     utc = pa.types.is_timestamp(leaf) and leaf.tz in (None, "UTC")
-    if not (plain or utc):
-        raise InputError(f"{name}: columns of type {t} cannot be stored; expected numbers (integers, float32, "
-                         "float64), booleans, strings or UTC timestamps, or fixed-size lists, lists or structs of "
-                         "them")
+    frames = pa.types.is_fixed_size_binary(leaf)  # image frames of encoded rows, as their bytes
+    if not (plain or utc or frames):
+        raise InputError(f"{name}: columns of type {t} cannot be stored; expected numbers (integers, float16, "
+                         "float32, float64), booleans, strings or UTC timestamps, or fixed-size lists, lists or "
+                         "structs of them (or, in encoded rows, image frames as fixed-size binary)")
 
 
 def _stamped(rows: pa.Table) -> pa.Table:
@@ -104,13 +154,20 @@ def _stamped(rows: pa.Table) -> pa.Table:
     return rows.append_column("wall_time", pa.repeat(now, rows.num_rows))
 
 
-def _fitted(rows: pa.Table, stored: pa.Schema) -> pa.Table:
-    """``rows`` cast to the ``stored`` types, refused where they cannot be."""
-    for field in rows.schema:
+def _fitted(rows: pa.Table, stored: pa.Schema, fmt: Format) -> pa.Table:
+    """``rows`` cast to the environment's ``stored`` (logical) types, refused where they cannot be."""
+    logical = logical_schema(rows.schema.remove_metadata(), fmt)
+    for field in logical:
         if field.name in stored.names and not sch.compatible(stored.field(field.name).type, field.type):
-            raise SchemaMismatchError(f"{field.name}: the store holds {stored.field(field.name).type}, "
-                                      f"got {field.type}")
-    return _cast_to(rows, stored)
+            raise SchemaMismatchError(f"{field.name}: the stored steps of this environment hold "
+                                      f"{sch.describe(stored.field(field.name).type)}, got {sch.describe(field.type)}")
+    target = pa.schema([stored.field(f.name) if f.name in stored.names else f for f in logical])
+    if fmt.encoded and OBS in target.names and OBS in stored.names and \
+            sch.describe(stored.field(OBS).type) != sch.describe(logical.field(OBS).type):
+        raise SchemaMismatchError(f"obs: encoded rows must have the stored observation type "
+                                  f"{sch.describe(stored.field(OBS).type)}, "
+                                  f"got {sch.describe(logical.field(OBS).type)}")
+    return _cast_to(rows, physical_schema(target, Format(fmt.encoding, fmt.frame_stack, (), fmt.frames)))
 
 
 def _cast_keys(rows: pa.Table) -> pa.Table:
@@ -162,7 +219,7 @@ def _check_flags_and_rewards(rows: pa.Table) -> None:
 
 def _cast_to(rows: pa.Table, stored: pa.Schema) -> pa.Table:
     for i, field in enumerate(rows.schema):
-        if field.name in stored.names and stored.field(field.name).type != field.type:
+        if field.name in stored.names and sch.describe(stored.field(field.name).type) != sch.describe(field.type):
             rows = rows.set_column(i, field.name, rows[field.name].cast(stored.field(field.name).type))
     return rows
 
@@ -183,11 +240,14 @@ def request_digest(rows: pa.Table, *, run_id: str, env_id: str) -> int:
     """A 63-bit digest (sha256) of a request: its run, environment and rows as they came (types included,
     schema metadata left out); a positive int64, the version of the key's app transaction."""
     sink = pa.BufferOutputStream()
+    fmt = (rows.schema.metadata or {}).get(b"trajstore")
     rows = rows.replace_schema_metadata(None).combine_chunks()
     with pa.ipc.new_stream(sink, rows.schema) as stream:
         stream.write_table(rows)
     h = hashlib.sha256(json.dumps([run_id, env_id]).encode())
     h.update(sink.getvalue())
+    if fmt is not None:  # encoded rows are another request than the same rows unencoded (none before had one)
+        h.update(fmt)
     return int.from_bytes(h.digest()[:8], "big") >> 1
 
 
@@ -203,7 +263,11 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
                                                                  env_id=env_id)
     if key is not None and _seen(table.latest(), key):
         return None, True
-    rows, spans = _checked(rows, table.file_schema())
+    rows, spans = _checked(rows, table.file_schema(env_id=env_id))
+    dt = table.latest()  # rows that do not continue their episodes are refused before any column is reserved
+    if dt is not None:
+        check_continues(spans, stored_ends(table.files_at(dt), spans.episode_id), run_id=run_id, env_id=env_id)
+    rows = _physical(table, rows)
     written = table.write(rows, run_id=run_id, env_id=env_id)  # encoded outside the lock: requests overlap here
     try:
         table.sync(written)
@@ -215,6 +279,15 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
     if not committed:
         table.discard([written.path], None)
     return (str(written.path), False) if committed else (None, True)
+
+
+def _physical(table: StepsTable, rows: pa.Table) -> pa.Table:
+    """``rows`` under the physical names the log resolves for their types (reserved there first)."""
+    fmt = Format.of(rows.schema.metadata)
+    logical = logical_schema(rows.schema.remove_metadata(), fmt)
+    names = table.reserve({f.name: f.type for f in rows.schema}, {f.name: f.type for f in logical})
+    renamed = rows.rename_columns([names[n] for n in rows.column_names])
+    return renamed.replace_schema_metadata(fmt.with_columns(names).metadata())
 
 
 def _commit_checked(table: StepsTable, written: WrittenFile, spans: Spans, *, run_id: str, env_id: str,

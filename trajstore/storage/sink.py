@@ -9,7 +9,7 @@ of a store; :class:`~trajstore.remote.writer.RemoteSink` the sink of a served st
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Mapping, Protocol, TypeVar, runtime_checkable
 
 import pyarrow as pa
 
@@ -21,7 +21,14 @@ class Sink(Protocol[Pending]):
     """Where a writer's rows go."""
 
     def file_schema(self, env_id: str | None = None) -> pa.Schema | None:
-        """The Arrow types already stored (of ``env_id``'s rows), which new rows must match; None if none."""
+        """The Arrow types already stored (of ``env_id``'s rows; logical names and decoded types), which new rows
+        must match; None if none."""
+        ...
+
+    def reserve(self, types: Mapping[str, pa.DataType],
+                logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
+        """The physical name each column (logical name -> stored type; ``logical``: the types readers return) is
+        stored under, reserved before the first file that uses it (see :mod:`trajstore.storage.names`)."""
         ...
 
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> Pending:

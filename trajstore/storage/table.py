@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -27,12 +28,16 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from trajstore.errors import CommitError, ReadOnlyError, StoreAccessError, StoreDamagedError, first_line, one_line
-from trajstore.schema import PARTITION_COLUMNS
+from trajstore.schema import PARTITION_COLUMNS, delta_schema
+from trajstore.storage import names
+from trajstore.storage.encoding import EncodingError, FileLayout
 from trajstore.storage.location import Location, explain, locate
 
 log = logging.getLogger(__name__)
 
 COMMIT_RETRIES = 20
+LAYOUTS_KEPT = 200_000  # file footers kept per table (committed files never change)
+FOOTER_THREADS = 8  # footers read at once from an object store
 LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id", "mode", "policy_version", "seed",
                    "env_steps", "wall_time")  # one value per time index: few in a file of many envs
 
@@ -102,6 +107,8 @@ class StepsTable:
         self.fs = self.location.fs
         self.row_group_rows = row_group_rows
         self.pinned = pinned  # a version read as it was (time travel): every read sees it, writes are refused
+        self._layouts: dict[str, FileLayout] = {}
+        self._layouts_lock = threading.Lock()
         self._unsure: set[str] = set()  # files whose commit failed without an answer: it may have landed
 
     def writable(self, operation: str) -> None:
@@ -205,27 +212,47 @@ class StepsTable:
         return None
 
     def file_schema(self, env_id: str | None = None) -> pa.Schema | None:
-        """The Arrow schema of the stored columns (fixed sizes kept) merged over committed files.
+        """The columns readers get (logical names, decoded types, fixed sizes kept) merged over the committed
+        files, the newest file's first.
 
-        With ``env_id``, over the files of that environment only: observation shapes may differ
-        between environments (the log records them as lists), never within one.
+        With ``env_id``, over the files of that environment only: observation shapes and dtypes may differ
+        between environments, never within one.
         """
         files = [f for f in self.files() if env_id is None or f.env_id == env_id]
         if not files:
             return None
-        newest = max(files, key=lambda f: f.modified_ms)
-        schema = self._read_schema(newest)
-        table_fields = {f.name for f in pa.schema(self._open().schema().to_arrow())}
-        missing = table_fields - set(schema.names) - set(PARTITION_COLUMNS)
-        for f in files:
-            if not missing:
-                break
-            other = self._read_schema(f)
-            for name in list(missing):
-                if name in other.names:
-                    schema = schema.append(other.field(name))
-                    missing.discard(name)
-        return schema
+        fields: dict[str, pa.Field] = {}
+        ordered = sorted(zip(files, self.layouts(files)), key=lambda p: -p[0].modified_ms)
+        problem = self.size_problem(ordered[0][0])  # the layouts may be known: the newest file must be there
+        if problem:
+            raise StoreDamagedError.of_file(ordered[0][0].uri, problem.split(": ", 1)[1],
+                                            self.location.uri.rsplit("/", 1)[0])
+        for _, layout in ordered:
+            for column in layout.logical:
+                fields.setdefault(column.name, column)
+        return pa.schema(list(fields.values()))
+
+    def layouts(self, files: Sequence[DataFile]) -> list[FileLayout]:
+        """Each committed file's layout (its schema and format, from its footer), read once per file."""
+        with self._layouts_lock:
+            missing = list({f.path: f for f in files if f.path not in self._layouts}.values())
+        if missing:
+            if len(missing) > 1 and not missing[0].is_local:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(FOOTER_THREADS) as pool:
+                    read = list(pool.map(self._layout, missing))
+            else:
+                read = [self._layout(f) for f in missing]
+            with self._layouts_lock:
+                if len(self._layouts) + len(read) > LAYOUTS_KEPT:
+                    self._layouts.clear()
+                self._layouts.update((f.path, layout) for f, layout in zip(missing, read))
+                known = dict(self._layouts)
+        else:
+            with self._layouts_lock:
+                known = dict(self._layouts)
+        return [known[f.path] if f.path in known else self._layout(f) for f in files]
 
     def _read_schema(self, f: DataFile) -> pa.Schema:
         try:
@@ -236,6 +263,14 @@ class StepsTable:
                 raise access from exc
             problem = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read ({first_line(exc)})"
             raise StoreDamagedError.of_file(f.uri, problem, self.location.uri.rsplit("/", 1)[0]) from exc
+
+    def _layout(self, f: DataFile) -> FileLayout:
+        schema = self._read_schema(f)
+        try:
+            return FileLayout.of(schema, where=f.uri)
+        except EncodingError as exc:
+            raise StoreDamagedError.of_file(f.uri, f"has an unreadable format ({exc})",
+                                            self.location.uri.rsplit("/", 1)[0]) from exc
 
     def delta_schema(self) -> pa.Schema | None:
         """The table's schema as its log records it (array columns as variable-size lists; every column any
@@ -299,6 +334,38 @@ class StepsTable:
                 self.delete(path)
             except Exception as exc:  # noqa: BLE001 - the caller raises the error that matters
                 log.warning("%s: could not remove the uncommitted file %s: %s", self.uri, path, first_line(exc))
+
+    def reserve(self, types: Mapping[str, pa.DataType],
+                logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
+        """The physical name of each column (logical name -> the type its files hold; ``logical``: the types
+        readers return, for the names' tags), resolved against the log and added to the log's schema where new,
+        in a commit of its own, before any file uses it (see :mod:`~trajstore.storage.names`). Safe when several
+        writers race: a lost race resolves again."""
+        self.writable("write")
+        last: Exception | None = None
+        for attempt in range(COMMIT_RETRIES):
+            dt = self._open()
+            log_types = {} if dt is None else {f.name: f.type for f in pa.schema(dt.schema().to_arrow())}
+            mapping, new = names.resolve(types, log_types, logical)
+            if not new:
+                return mapping
+            try:
+                if dt is None:
+                    self._ensure_table(_full_schema(pa.schema([])))
+                else:
+                    dt.alter.add_columns([Field.from_arrow(f) for f in new])
+                    continue  # read the log again: the names must be the ones it now holds
+            except StoreAccessError:
+                raise
+            except (OSError, DeltaError) as exc:  # another writer changed the schema first, unless the store failed
+                access = explain(exc, self.location)
+                if access is not None:
+                    raise access from exc
+                if not isinstance(exc, DeltaError):
+                    raise
+                last = exc
+                time.sleep(0.01 * (attempt + 1))
+        raise CommitError(f"the columns {sorted(types)} could not be reserved in {self.uri}: {one_line(last)}")
 
     def commit(self, written: WrittenFile) -> str:
         """Second half of :meth:`append`: make the file durable, then commit it. Returns its path.
@@ -477,10 +544,11 @@ class StepsTable:
 
     def _with_columns(self, schema: pa.Schema) -> DeltaTable:
         dt = self._open()
-        if dt is None:
-            try:
-                return DeltaTable.create(self.uri, schema, partition_by=list(PARTITION_COLUMNS), mode="ignore",
-                                         name="steps", storage_options=self.location.storage_options)
+        if dt is None:  # created with the partition columns alone, the same whoever creates it: racing creators
+            try:        # (a local log lets each commit its own creation) then leave one schema, columns come after
+                DeltaTable.create(self.uri, _full_schema(pa.schema([])), partition_by=list(PARTITION_COLUMNS),
+                                  mode="ignore", name="steps", storage_options=self.location.storage_options)
+                dt = self._open()
             except (CommitFailedError, DeltaError):  # a concurrent writer created it first
                 dt = self._open()
                 if dt is None:
@@ -504,14 +572,15 @@ def _from_store(exc: BaseException | None) -> bool:
 
 
 def _full_schema(file_schema: pa.Schema) -> pa.Schema:
-    """The table's schema for a file's: the partition columns first."""
-    return pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + list(file_schema))
+    """The table's schema (as the Delta log records it) for a file's: the partition columns first."""
+    stored = [f for f in delta_schema(file_schema) if f.name not in PARTITION_COLUMNS]
+    return pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + stored)
 
 
 def _merged(table_schema: pa.Schema, file_schema: pa.Schema) -> pa.Schema:
-    """``table_schema`` with the columns of ``file_schema`` it lacks appended (nullable)."""
+    """``table_schema`` with the columns of ``file_schema`` it lacks appended (nullable, as the log records them)."""
     known = set(table_schema.names)
-    return pa.schema(list(table_schema) + [f.with_nullable(True) for f in file_schema if f.name not in known])
+    return pa.schema(list(table_schema) + [f for f in delta_schema(file_schema) if f.name not in known])
 
 
 def _fsync(path: Path) -> None:

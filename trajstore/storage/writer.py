@@ -35,6 +35,8 @@ from trajstore.errors import (
     StoreAccessError,
     WriterClosedError,
 )
+from trajstore.storage.buffer import RowBuffer, Rows, gather
+from trajstore.storage.encoding import NEXT, OBS, Format, check_frame_stack, leaves
 from trajstore.storage.episode_ids import EpisodeIds
 from trajstore.storage.segment import Autoreset, Cursors, Segments, segment
 from trajstore.storage.sink import Sink
@@ -61,6 +63,7 @@ class _Unstored:
 
     data: pa.Table
     pending: Any = None
+    physical: bool = True  # False: rows as given, not yet under their physical names with their format
 
 
 class Writer:
@@ -69,6 +72,12 @@ class Writer:
     Rows are buffered and committed as one Delta Lake append when the buffer passes
     ``flush_bytes`` and on :meth:`flush` / :meth:`close`. Steps of episodes still running are
     committed too; the next call continues their ``step`` and ``episode_id``.
+
+    Every dtype is stored as given (or as ``observation_space``/``action_space`` declare it). ``next_obs`` is
+    stored only where it is not the next step's ``obs`` (compared bit for bit on every step), and with
+    ``frame_stack={"obs": k}`` (a leaf path: ``"obs.pixels"`` in a Dict observation) that leaf is a stack of its
+    last k frames along its first axis, of which each frame is stored once; readers give back what was written
+    (see :mod:`~trajstore.storage.encoding`).
 
     When the store fails (an object store that does not answer, a full disk), the error says how many steps
     are not stored yet; the writer keeps them, in order, and stores them with the next :meth:`flush` or
@@ -83,7 +92,7 @@ class Writer:
     def __init__(self, sink: Sink[Any], *, run_id: str, env_id: str, observation_space: Any = None,
                  action_space: Any = None, autoreset: Autoreset = "same-step",
                  flush_bytes: int = 128 * 1024 * 1024, worker_id: str | None = None,
-                 **lineage: Any) -> None:
+                 frame_stack: Mapping[str, int] | None = None, **lineage: Any) -> None:
         _check_name("run_id", run_id)
         _check_name("env_id", env_id)
         if autoreset not in AUTORESET_MODES:
@@ -93,12 +102,18 @@ class Writer:
         self.flush_bytes = flush_bytes
         _check_lineage_names(lineage)
         self.lineage = {"worker_id": worker_id or f"{socket.gethostname()}:{os.getpid()}", **lineage}
+        if frame_stack is not None and not isinstance(frame_stack, Mapping):
+            check_frame_stack(pa.null(), frame_stack)  # raises naming frame_stack
+        self.frame_stack = dict(frame_stack or {})
         self._types = self._initial_types(observation_space, action_space)
+        if OBS in self._types:
+            check_frame_stack(self._types[OBS], self.frame_stack)
         self._ids = EpisodeIds()
         self._cursors: Cursors | None = None
-        self._buffer: list[pa.RecordBatch] = []
+        self._buffer: RowBuffer | None = None
+        self._buffer_key: tuple[Any, ...] | None = None
+        self._reserved: dict[str, tuple[str, str]] = {}  # logical name -> (stored type, physical name)
         self._repeats: dict[str, pa.Array] = {}
-        self._buffered_bytes = 0
         self._time_indices = 0  # time indices of every accepted call so far
         self._last_us = _now_us()  # wall time of the last accepted call (the opening, before any)
         # Two stages, one thread each: Parquet encoding of one buffer, and fsync + commit of the files in
@@ -135,14 +150,15 @@ class Writer:
                              "use one writer per vector env")
         seg = segment(valid, done, cursors, self._ids, autoreset=self.autoreset)
         now = max(_now_us(), self._last_us)  # a clock set back must not make wall_time go backwards
-        record = self._record(arrays, seg, T, B, now)
+        rows = _kept_rows(seg, done, T, B)
+        columns, obs, nxt = self._gathered(arrays, seg, rows, T, B, now)
         self._cursors = seg.cursors
         self._time_indices += T
         self._last_us = now
-        self.steps_written += record.num_rows
+        self.steps_written += len(rows.tm)
         self.episodes_completed += seg.completed
-        self._buffer_rows(record)
-        return record.num_rows
+        self._buffer_rows(columns, obs, nxt, rows, B)
+        return len(rows.tm)
 
     def add_step(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
                  *, valid: Any = None, extras: Mapping[str, Any] | None = None) -> int:
@@ -184,7 +200,7 @@ class Writer:
     @property
     def steps_unstored(self) -> int:
         """Steps given to the writer that are not committed (buffered, on their way, or kept after a failure)."""
-        return (sum(b.num_rows for b in self._buffer) + sum(p.data.num_rows for p in self._pieces)
+        return ((self._buffer.rows if self._buffer is not None else 0) + sum(p.data.num_rows for p in self._pieces)
                 + sum(u.data.num_rows for u in self._unstored))
 
     @property
@@ -200,60 +216,65 @@ class Writer:
     # --- internals ------------------------------------------------------------------------------------
 
     def _initial_types(self, observation_space: Any, action_space: Any) -> dict[str, pa.DataType]:
+        """The types this environment's stored steps have (an environment keeps them), and the declared spaces'."""
         stored = self.sink.file_schema(env_id=self.env_id)
         types: dict[str, pa.DataType] = {f.name: f.type for f in stored} if stored is not None else {}
-        others = self.sink.file_schema()
-        self._other_envs = {f.name: f.type for f in others} if others is not None else {}
         declared: dict[str, pa.DataType] = {}
         if observation_space is not None:
-            declared["obs"] = declared["next_obs"] = sch.type_of_space(observation_space, role="observation")
+            declared[OBS] = declared[NEXT] = sch.type_of_space(observation_space, role="observation")
         if action_space is not None:
             declared["action"] = sch.type_of_space(action_space, role="action")
         for name, t in declared.items():
             if name in types and not sch.compatible(types[name], t):
-                raise SchemaMismatchError(f"{name}: the store's steps table holds {types[name]}, but the given "
-                                          f"space needs {t}; use a separate store for this environment")
-            if name not in types:
-                types[name] = self._check_kind(name, t)
+                raise SchemaMismatchError(f"{name}: the stored steps of env_id {self.env_id!r} hold "
+                                          f"{sch.describe(types[name])}, but the given space needs {sch.describe(t)}; "
+                                          "an environment keeps its types: write this one under another env_id")
+            types.setdefault(name, t)
         return types
-
-    def _check_kind(self, name: str, t: pa.DataType) -> pa.DataType:
-        """A new column type must be one the table can hold next to other environments' files."""
-        other = self._other_envs.get(name)
-        if other is not None and not sch.same_kind(other, t):
-            raise SchemaMismatchError(f"{name}: other environments in this store hold {other}, this one gives {t}, "
-                                      "which one table cannot hold; use a separate store for this environment")
-        return t
 
     def _type_for(self, name: str, value: Any, lead: int) -> pa.DataType:
         if name not in self._types:
             known = {**sch.lineage_columns(), **sch.fixed_types()}
-            self._types[name] = self._check_kind(name, known.get(name) or sch.type_of_array(name, value, lead))
+            self._types[name] = known.get(name) or sch.type_of_array(name, value, lead)
+            if name == OBS:
+                check_frame_stack(self._types[OBS], self.frame_stack)
         return self._types[name]
 
-    def _record(self, arrays: dict[str, Any], seg: Segments, T: int, B: int, now: int) -> pa.RecordBatch:
-        n = len(seg.rows)
-        cols: dict[str, pa.Array] = {"episode_id": pa.array(seg.episode_id, pa.int64()),
-                                     "step": pa.array(seg.step.astype(np.int32))}
+    def _gathered(self, arrays: dict[str, Any], seg: Segments, rows: Rows, T: int, B: int,
+                  now: int) -> tuple[dict[str, pa.Array | None], dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The call's kept rows of every column (each gathered once), and obs/next_obs by leaf as contiguous
+        ``(T*B, …)`` arrays of the stored dtype; nothing of the call is kept if a field is refused."""
+        n = len(rows.tm)
+        cols: dict[str, pa.Array | None] = {"episode_id": pa.array(seg.episode_id, pa.int64()),
+                                            "step": pa.array(seg.step.astype(np.int32))}
         base_types = dict(self._types)
         try:
+            obs_t = self._type_for(OBS, arrays[OBS], 2)
+            if self._types.setdefault(NEXT, obs_t) != obs_t:
+                raise SchemaMismatchError(f"next_obs: the stored steps of env_id {self.env_id!r} hold "
+                                          f"{sch.describe(self._types[NEXT])}, obs {sch.describe(obs_t)}; next_obs "
+                                          "must be of the observation's type")
+            obs = _leaves_of(OBS, arrays[OBS], obs_t, T, B)
+            nxt = _leaves_of(NEXT, arrays[NEXT], obs_t, T, B)
             for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated"):
+                if name in (OBS, NEXT):
+                    cols[name] = None  # filled by the buffer, encoded
+                    continue
                 t = self._type_for(name, arrays[name], 2)
-                cols[name] = sch.to_arrow(name, _rows(arrays[name], seg.rows, T, B), t, n)
-            env = (seg.rows // T).astype(np.int32)
-            tick = seg.rows - env.astype(np.int64) * T  # each row's time index in this call
-            cols["wall_time"] = pa.array(_interpolated_us(self._last_us, now, T)[tick], pa.timestamp("us", tz="UTC"))
-            cols["env_steps"] = pa.array((self._time_indices + 1 + tick) * B, pa.int64())
-            cols["env_index"] = pa.array(env)
+                cols[name] = sch.to_arrow(name, gather(arrays[name], rows.tm), t, n)
+            cols["wall_time"] = pa.array(_interpolated_us(self._last_us, now, T)[rows.tick],
+                                         pa.timestamp("us", tz="UTC"))
+            cols["env_steps"] = pa.array((self._time_indices + 1 + rows.tick) * B, pa.int64())
+            cols["env_index"] = pa.array(rows.env.astype(np.int32))
             for name, value in self.lineage.items():
-                cols[name] = self._lineage(name, value, env, B, n)
+                cols[name] = self._lineage(name, value, rows.env, B, n)
             for name, value in (arrays.get("extras") or {}).items():
                 _check_extra(name, value, T, B)
-                cols[name] = sch.to_arrow(name, _rows(value, seg.rows, T, B), self._type_for(name, value, 2), n)
+                cols[name] = sch.to_arrow(name, gather(value, rows.tm), self._type_for(name, value, 2), n)
         except Exception:
             self._types = base_types  # a refused call must not fix column types for the next one
             raise
-        return pa.RecordBatch.from_pydict(cols)
+        return cols, obs, nxt
 
     def _lineage(self, name: str, value: Any, env: np.ndarray, B: int, n: int) -> pa.Array:
         """A lineage column; a per-writer scalar is converted and repeated once, then sliced by later calls."""
@@ -264,12 +285,17 @@ class Writer:
             self._repeats[name] = _lineage_column(name, value, env, B, n, t)
         return self._repeats[name].slice(0, n)
 
-    def _buffer_rows(self, record: pa.RecordBatch) -> None:
-        if self._buffer and record.schema != self._buffer[0].schema:
-            self._submit()
-        self._buffer.append(record)
-        self._buffered_bytes += record.nbytes
-        if self._buffered_bytes >= self.flush_bytes:
+    def _buffer_rows(self, columns: dict[str, pa.Array | None], obs: dict[str, np.ndarray],
+                     nxt: dict[str, np.ndarray], rows: Rows, B: int) -> None:
+        key = tuple((name, None if a is None else sch.describe(a.type)) for name, a in columns.items())
+        if self._buffer is not None and self._buffer and key != self._buffer_key:
+            self._submit()  # other columns: the rows so far go to a file of their own
+        if self._buffer is None:
+            self._buffer = RowBuffer(B, self._types[OBS], Format.for_obs(self._types[OBS],
+                                                                         frame_stack=self.frame_stack))
+        self._buffer_key = key
+        self._buffer.add(columns, obs, nxt, rows)
+        if self._buffer.nbytes >= self.flush_bytes:
             self._submit()
 
     def _submit(self) -> None:
@@ -277,14 +303,18 @@ class Writer:
         unstored, self._unstored = self._unstored, []
         for i, kept in enumerate(unstored):
             try:
-                self._send(kept.data, kept.pending)
+                self._send(kept.data if kept.physical else self._stored(kept.data), kept.pending)
             except BaseException:
                 self._unstored[len(self._unstored):] = unstored[i:]  # not handed over yet: kept, in order
                 raise
         if not self._buffer:
             return
-        data = pa.Table.from_batches(self._buffer)
-        self._buffer, self._buffered_bytes = [], 0
+        raw = self._buffer.take()
+        try:
+            data = self._stored(raw)
+        except BaseException:  # the columns could not be reserved: kept as given, prepared at the next flush
+            self._unstored.append(_Unstored(raw, physical=False))
+            raise
         try:
             self._send(data)
         except BaseException:
@@ -305,6 +335,18 @@ class Writer:
         previous = self._pieces[-1].commit if self._pieces else None
         commit = self._committer.submit(_commit_in_order, self.sink, self._encoding, previous)
         self._pieces.append(_Piece(data, self._encoding, commit))
+
+    def _stored(self, data: pa.Table) -> pa.Table:
+        """The rows of one file under their physical names (reserved in the log first), with its format."""
+        wanted = {f.name: f.type for f in data.schema}
+        changed = {n: t for n, t in wanted.items() if self._reserved.get(n, ("", ""))[0] != sch.describe(t)}
+        if changed:
+            logical = {n: self._types.get(n, t) for n, t in changed.items()}
+            for name, physical in self.sink.reserve(changed, logical).items():
+                self._reserved[name] = (sch.describe(changed[name]), physical)
+        names = {n: self._reserved[n][1] for n in wanted}
+        fmt = Format.for_obs(self._types[OBS], frame_stack=self.frame_stack, columns=names)
+        return data.rename_columns([names[n] for n in data.column_names]).replace_schema_metadata(fmt.metadata())
 
     def _wait(self) -> None:
         self._collect(keep=0)
@@ -442,12 +484,39 @@ def _check_extra(name: str, value: Any, T: int, B: int) -> None:
             raise InputError(f"{leaf_name}: expected leading dims (T, B) = ({T}, {B}), got shape {leaf.shape}")
 
 
-def _rows(value: Any, rows: np.ndarray, T: int, B: int) -> Any:
-    """Select ``rows`` (env-major flat indices) of a ``(T, B, …)`` array."""
+def _kept_rows(seg: Segments, done: np.ndarray, T: int, B: int) -> Rows:
+    """The kept rows of a cut: env-major, each with its time-major index into the call's ``(T*B, …)`` arrays."""
+    env = seg.rows // T
+    tick = seg.rows - env * T
+    tm = tick * B + env
+    return Rows(tm, env, seg.episode_id, seg.step, done.reshape(-1)[tm], tick)
+
+
+def _leaves_of(name: str, value: Any, t: pa.DataType, T: int, B: int) -> dict[str, np.ndarray]:
+    """An observation batch by leaf path (``obs``, ``obs.pixels``), each checked against its type in ``t`` and
+    made a contiguous ``(T*B, *shape)`` array of the stored dtype (a copy only where it was not one)."""
+    out = {}
+    for path, leaf_t in leaves(t):
+        leaf = _at(name, value, path, t)
+        want = sch.leaf_of_type(leaf_t)
+        arr = np.asarray(leaf)
+        sch.check_leaf(name + path[len(OBS):], arr.shape[2:], arr.dtype, want)
+        fitted = sch.fitting(name, arr, want.dtype)
+        out[path] = np.ascontiguousarray(fitted, dtype=want.dtype).reshape(T * B, *want.shape)
+    return out
+
+
+def _at(name: str, value: Any, path: str, t: pa.DataType) -> Any:
+    """The leaf at ``path`` of a (dict) batch value; refused naming the field when the keys differ."""
+    for part in path.split(".")[1:]:
+        if not isinstance(value, Mapping) or set(value) != {f.name for f in t}:
+            expected = sorted(f.name for f in t)
+            got = sorted(value) if isinstance(value, Mapping) else type(value).__name__
+            raise SchemaMismatchError(f"{name}: expected a dict with keys {expected}, got {got}")
+        value, t, name = value[part], t.field(part).type, f"{name}.{part}"
     if isinstance(value, Mapping):
-        return {k: _rows(v, rows, T, B) for k, v in value.items()}
-    env_major = np.swapaxes(value, 0, 1).reshape(T * B, *value.shape[2:])
-    return env_major if len(rows) == T * B else env_major[rows]
+        raise SchemaMismatchError(f"{name}: expected an array, got a dict with keys {sorted(value)}")
+    return value
 
 
 def _lineage_column(name: str, value: Any, env: np.ndarray, B: int, n: int, t: pa.DataType) -> pa.Array:

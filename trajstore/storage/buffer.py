@@ -1,0 +1,354 @@
+"""A writer's rows until its next flush, already as they will be stored (encoding 2, see
+:mod:`~trajstore.storage.encoding`).
+
+Each call's rows are gathered once from the caller's time-major arrays, env-major (one ``np.take`` per column;
+for a stacked observation leaf, only the frames that are stored). On the way, every step is checked bit for bit,
+by compiled loops that make no full-size temporaries: ``next_obs[t]`` against the next step's ``obs`` (null where
+equal), and each stack against the previous step's shifted by one frame (one frame where it is, the whole stack
+elsewhere). An env's last row of a call waits for the next call (its ``next_obs`` is compared with that call's
+first ``obs`` of the env) or for the flush (then it is stored). At a flush, rows are ordered env by env, calls in
+order, so each episode's rows are contiguous and in step order: by zero-copy slices when rows are wide (images),
+by one ``take`` when they are narrow and envs many. Both give the same rows (a test checks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numba
+import numpy as np
+import pyarrow as pa
+
+from trajstore.storage.encoding import (
+    NEXT,
+    OBS,
+    Format,
+    frames_array,
+    in_frames,
+    leaves,
+    physical_next_type,
+    physical_obs_type,
+    stored_frame,
+    with_validity,
+)
+
+WIDE_ROW_BYTES = 1024  # rows wider than this are ordered by slices at a flush, narrower ones by a take
+
+
+@numba.njit(cache=True, nogil=True)
+def _and_rows_equal(a: np.ndarray, ai: np.ndarray, b: np.ndarray, bi: np.ndarray, out: np.ndarray) -> None:
+    """``out[r] &= a[ai[r]] == b[bi[r]]`` (rows of bytes), for the rows still true."""
+    width = a.shape[1]
+    for r in range(len(out)):
+        if not out[r]:
+            continue
+        x, y = a[ai[r]], b[bi[r]]
+        for c in range(width):
+            if x[c] != y[c]:
+                out[r] = False
+                break
+
+
+@numba.njit(cache=True, nogil=True)
+def _and_shifted_equal(a: np.ndarray, ai: np.ndarray, b: np.ndarray, bi: np.ndarray, frame: int,
+                       out: np.ndarray) -> None:
+    """``out[r] &= a[ai[r]][:-frame] == b[bi[r]][frame:]`` (a stack without its newest frame against another
+    without its oldest), for the rows still true."""
+    width = a.shape[1] - frame
+    for r in range(len(out)):
+        if not out[r]:
+            continue
+        x, y = a[ai[r]], b[bi[r]]
+        for c in range(width):
+            if x[c] != y[c + frame]:
+                out[r] = False
+                break
+
+
+def _bytes(leaf: np.ndarray) -> np.ndarray:
+    """A contiguous ``(rows, …)`` array as ``(rows, bytes per row)`` uint8 (a view)."""
+    width = leaf.dtype.itemsize * int(np.prod(leaf.shape[1:], dtype=np.int64))
+    return leaf.reshape(len(leaf), width // leaf.dtype.itemsize).view(np.uint8)
+
+
+@dataclass
+class _Call:
+    """One call's rows (env-major) and the final validity of its ``next_obs`` (pending rows may be cleared)."""
+
+    batch: pa.RecordBatch
+    counts: np.ndarray  # rows per env
+    next_valid: np.ndarray
+
+
+@dataclass
+class _Envs:
+    """Per env, its last buffered row: episode (-1: none buffered), step, where it is, whether its ``next_obs``
+    waits for the next call, and the bytes a following row is compared with (its stacks, its next_obs)."""
+
+    episode_id: np.ndarray
+    step: np.ndarray
+    call: np.ndarray
+    row: np.ndarray
+    pending: np.ndarray
+    stacks: dict[str, np.ndarray] = field(default_factory=dict)  # path -> (B, bytes of one stack)
+    nexts: dict[str, np.ndarray] = field(default_factory=dict)  # path -> (B, bytes of one next_obs leaf)
+
+    @classmethod
+    def empty(cls, num_envs: int) -> _Envs:
+        return cls(np.full(num_envs, -1, np.int64), np.zeros(num_envs, np.int64), np.zeros(num_envs, np.int64),
+                   np.zeros(num_envs, np.int64), np.zeros(num_envs, bool))
+
+
+@dataclass
+class Rows:
+    """One call's kept rows: env-major, with each row's time-major index into the call's ``(T*B, …)`` arrays,
+    env, episode, step and whether it ended its episode."""
+
+    tm: np.ndarray
+    env: np.ndarray
+    episode_id: np.ndarray
+    step: np.ndarray
+    ends: np.ndarray
+    tick: np.ndarray  # the row's time index in the call
+
+
+class RowBuffer:
+    """The rows of one writer since its last flush (see the module's description)."""
+
+    def __init__(self, num_envs: int, obs_type: pa.DataType, fmt: Format) -> None:
+        self.num_envs = num_envs
+        self.obs_type = obs_type
+        self.stacks = fmt.stacks
+        self.paths = [p for p, _ in leaves(obs_type)]
+        self.frames = {p: stored_frame(t, fmt, p) for p, t in leaves(obs_type)}
+        self.listed = {p for p in self.paths if in_frames(fmt, p)}  # next_obs leaves stored as list<frame>
+        self.physical_obs = physical_obs_type(obs_type, fmt)
+        self.physical_next = physical_next_type(obs_type, fmt)
+        self._calls: list[_Call] = []
+        self._envs = _Envs.empty(num_envs)
+        self.nbytes = 0
+        self.rows = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    # --- one call ---
+
+    def add(self, columns: dict[str, pa.Array], obs: Mapping[str, np.ndarray], nxt: Mapping[str, np.ndarray],
+            rows: Rows) -> None:
+        """Add a call's rows: ``columns`` (every column but obs/next_obs, gathered), ``obs`` and ``nxt`` by leaf
+        path as contiguous ``(T*B, *shape)`` arrays of the stored dtype."""
+        n = len(rows.tm)
+        first = np.r_[True, rows.env[1:] != rows.env[:-1]] if n else np.zeros(0, bool)
+        inside = ~first & np.r_[False, rows.episode_id[1:] == rows.episode_id[:-1]] if n else first
+        before = self._continues(rows, first)  # first rows of an env continuing its buffered last row
+        obs_array = self._obs(obs, rows, inside, before)
+        null = self._next_nulls(obs, nxt, rows, first)
+        self._resolve(obs, rows, first, before)
+        next_array = self._next(obs, nxt, rows, ~null)
+        counts = np.bincount(rows.env, minlength=self.num_envs).astype(np.int64)
+        cols = {**columns, OBS: obs_array, NEXT: next_array}
+        batch = pa.RecordBatch.from_arrays(list(cols.values()), names=list(cols))
+        self._calls.append(_Call(batch, counts, ~null))
+        self._remember(obs, nxt, rows, ~null)
+        self.nbytes += batch.nbytes
+        self.rows += n
+
+    def _continues(self, rows: Rows, first: np.ndarray) -> np.ndarray:
+        """Per row: whether it is an env's first row of the call and its episode's next step after that env's
+        last buffered row."""
+        out = np.zeros(len(rows.tm), bool)
+        j = np.flatnonzero(first)
+        b = rows.env[j]
+        out[j] = (self._envs.episode_id[b] == rows.episode_id[j]) & (self._envs.step[b] + 1 == rows.step[j])
+        return out
+
+    def _obs(self, obs: Mapping[str, np.ndarray], rows: Rows, inside: np.ndarray, before: np.ndarray) -> pa.Array:
+        out = {}
+        for path in self.paths:
+            k = self.stacks.get(path)
+            leaf = obs[path]
+            if k is None:
+                out[path] = frames_array(np.take(leaf, rows.tm, axis=0), self.frames[path])
+                continue
+            anchor = self._anchors(leaf, k, rows, inside, before, path)
+            out[path] = _frames(leaf, k, rows.tm, np.where(anchor, k, 1), self.frames[path])
+        return _struct(self.obs_type, out, self.physical_obs, None)
+
+    def _anchors(self, leaf: np.ndarray, k: int, rows: Rows, inside: np.ndarray, before: np.ndarray,
+                 path: str) -> np.ndarray:
+        """Rows whose stack is not the previous step's shifted by one frame (or has no previous step here)."""
+        raw = _bytes(leaf)
+        frame = raw.shape[1] // k
+        shifted = inside.copy()
+        j = np.flatnonzero(inside)
+        ok = np.ones(len(j), bool)
+        _and_shifted_equal(raw, rows.tm[j], raw, rows.tm[j - 1], frame, ok)
+        shifted[j] = ok
+        j = np.flatnonzero(before)
+        if len(j):
+            ok = np.ones(len(j), bool)
+            _and_shifted_equal(raw, rows.tm[j], self._envs.stacks[path], rows.env[j], frame, ok)
+            shifted[j] = ok
+        return ~shifted
+
+    def _next_nulls(self, obs: Mapping[str, np.ndarray], nxt: Mapping[str, np.ndarray], rows: Rows,
+                    first: np.ndarray) -> np.ndarray:
+        """Rows whose ``next_obs`` is the next row's ``obs`` bit for bit (that row in this call)."""
+        n = len(rows.tm)
+        cand = np.zeros(n, bool)
+        if n:
+            cand[:-1] = ~first[1:] & (rows.episode_id[1:] == rows.episode_id[:-1])
+        j = np.flatnonzero(cand)
+        ok = np.ones(len(j), bool)
+        for path in self.paths:
+            _and_rows_equal(_bytes(nxt[path]), rows.tm[j], _bytes(obs[path]), rows.tm[j + 1], ok)
+        cand[j] = ok
+        return cand
+
+    def _resolve(self, obs: Mapping[str, np.ndarray], rows: Rows, first: np.ndarray, before: np.ndarray) -> None:
+        """Decide the waiting ``next_obs`` of the envs that have rows in this call: null where it is this call's
+        first ``obs`` of the env (the same episode's next step), stored otherwise."""
+        j = np.flatnonzero(first)
+        b = rows.env[j]
+        waiting = self._envs.pending[b]
+        if not waiting.any():
+            return
+        j, b = j[waiting], b[waiting]
+        ok = before[j].copy()
+        for path in self.paths:
+            _and_rows_equal(self._envs.nexts[path], b, _bytes(obs[path]), rows.tm[j], ok)
+        for env in b[ok]:
+            self._calls[self._envs.call[env]].next_valid[self._envs.row[env]] = False
+        self._envs.pending[b] = False
+
+    def _next(self, obs: Mapping[str, np.ndarray], nxt: Mapping[str, np.ndarray], rows: Rows,
+              stored: np.ndarray) -> pa.Array:
+        """The stored ``next_obs`` of the rows (null where ``stored`` is false)."""
+        j = np.flatnonzero(stored)
+        out = {}
+        for path in self.paths:
+            leaf = nxt[path]
+            k = self.stacks.get(path)
+            if k is not None:
+                raw, ok = _bytes(leaf), np.ones(len(j), bool)
+                _and_shifted_equal(raw, rows.tm[j], _bytes(obs[path]), rows.tm[j], raw.shape[1] // k, ok)
+                counts = np.zeros(len(stored), np.int64)
+                counts[j] = np.where(ok, 1, k)
+                out[path] = _frames(leaf, k, rows.tm, counts, self.frames[path], valid=stored)
+            elif path in self.listed:  # an image: its one frame where stored
+                values = frames_array(np.take(leaf, rows.tm[j], axis=0), self.frames[path])
+                out[path] = _list(stored.astype(np.int64), values, stored)
+            else:  # small: as in obs, every row's slot filled, null where not stored
+                out[path] = frames_array(np.take(leaf, rows.tm, axis=0), self.frames[path])
+        if pa.types.is_struct(self.physical_next):
+            return _struct(self.obs_type, out, self.physical_next, stored)
+        return out[OBS] if OBS in self.listed else with_validity(out[OBS], stored)
+
+    def _remember(self, obs: Mapping[str, np.ndarray], nxt: Mapping[str, np.ndarray], rows: Rows,
+                  stored: np.ndarray) -> None:
+        """Each env's last row of this call becomes its last buffered row."""
+        n = len(rows.tm)
+        if not n:
+            return
+        last = np.flatnonzero(np.r_[rows.env[1:] != rows.env[:-1], True])
+        b = rows.env[last]
+        envs = self._envs
+        envs.episode_id[b], envs.step[b] = rows.episode_id[last], rows.step[last]
+        envs.call[b], envs.row[b] = len(self._calls) - 1, last
+        envs.pending[b] = ~rows.ends[last] & stored[last]
+        for path in self.paths:
+            if path in self.stacks:
+                _keep(envs.stacks, path, _bytes(obs[path]), rows.tm[last], b, self.num_envs)
+            _keep(envs.nexts, path, _bytes(nxt[path]), rows.tm[last], b, self.num_envs)
+
+    # --- the flush ---
+
+    def take(self, *, by: str | None = None) -> pa.Table:
+        """Every buffered row in file order (env by env, calls in order), and an empty buffer; the next call's
+        rows start a new file (its first row of each episode an anchor, nothing waits). ``by`` forces the
+        ordering: ``"slices"`` or ``"take"`` (default: by row width)."""
+        calls, self._calls = self._calls, []
+        self._envs = _Envs.empty(self.num_envs)
+        self.nbytes = self.rows = 0
+        batches = [_final(c) for c in calls]
+        if not batches:
+            return pa.table({})
+        if len(batches) == 1:
+            return pa.Table.from_batches(batches)
+        counts = np.stack([c.counts for c in calls])  # (calls, envs)
+        rows = int(counts.sum())
+        wide = sum(b.nbytes for b in batches) > WIDE_ROW_BYTES * max(rows, 1)
+        if (by or ("slices" if wide else "take")) == "slices":
+            return pa.Table.from_batches(_env_slices(batches, counts), schema=batches[0].schema)
+        return pa.Table.from_batches(batches).take(_env_order(counts)).combine_chunks()
+
+
+def _keep(store: dict[str, np.ndarray], path: str, raw: np.ndarray, at: np.ndarray, envs: np.ndarray,
+          num_envs: int) -> None:
+    """Copy rows ``at`` of ``raw`` into the per-env array ``store[path]`` at ``envs``."""
+    if path not in store or store[path].shape[1] != raw.shape[1]:
+        store[path] = np.zeros((num_envs, raw.shape[1]), np.uint8)
+    store[path][envs] = raw[at]
+
+
+def _frames(leaf: np.ndarray, k: int, tm: np.ndarray, counts: np.ndarray, frame: pa.DataType,
+            valid: np.ndarray | None = None) -> pa.Array:
+    """A stacked leaf as ``list<frame>``: per row its newest frame (count 1) or whole stack (count k), gathered
+    in one ``np.take``; rows with count 0 null (``valid``)."""
+    starts = tm * k + np.where(counts == k, 0, k - 1)
+    offsets = np.r_[0, np.cumsum(counts)]
+    idx = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
+    frames = leaf.reshape(len(leaf) * k, *leaf.shape[2:])
+    return _list(counts, frames_array(np.take(frames, idx, axis=0), frame), valid)
+
+
+def _list(counts: np.ndarray, values: pa.Array, valid: np.ndarray | None) -> pa.Array:
+    offsets = pa.array(np.r_[0, np.cumsum(counts)].astype(np.int32))
+    mask = None if valid is None else pa.array(~valid)
+    return pa.ListArray.from_arrays(offsets, values, mask=mask)
+
+
+def _struct(t: pa.DataType, leaves_: Mapping[str, pa.Array], physical: pa.DataType, valid: np.ndarray | None,
+            path: str = OBS) -> pa.Array:
+    """A (struct) column of ``physical`` type from its leaves' arrays; null where ``valid`` is false."""
+    if not pa.types.is_struct(t):
+        return leaves_[path]
+    children = [_struct(f.type, leaves_, physical.field(f.name).type, None, f"{path}.{f.name}") for f in t]
+    mask = None if valid is None else pa.array(~valid)
+    return pa.StructArray.from_arrays(children, fields=list(physical), mask=mask)
+
+
+def _final(call: _Call) -> pa.RecordBatch:
+    """A call's batch with its ``next_obs`` validity as decided."""
+    i = call.batch.schema.get_field_index(NEXT)
+    column = call.batch.column(i)
+    decided = with_validity(column, call.next_valid) if (~call.next_valid).sum() != column.null_count else column
+    return call.batch.set_column(i, call.batch.schema.field(i), decided)
+
+
+def _env_slices(batches: list[pa.RecordBatch], counts: np.ndarray) -> list[pa.RecordBatch]:
+    """Zero-copy slices of the calls' batches, env by env, calls in order."""
+    starts = np.cumsum(counts, axis=1) - counts
+    return [batches[c].slice(int(starts[c, b]), int(counts[c, b]))
+            for b in range(counts.shape[1]) for c in range(counts.shape[0]) if counts[c, b]]
+
+
+def _env_order(counts: np.ndarray) -> np.ndarray:
+    """Row indices into the calls' batches concatenated, env by env, calls in order."""
+    base = np.cumsum(counts.sum(axis=1)) - counts.sum(axis=1)  # first row of each call
+    starts = base[:, None] + np.cumsum(counts, axis=1) - counts  # (calls, envs)
+    runs_start = starts.T.reshape(-1)
+    runs_len = counts.T.reshape(-1)
+    total = int(runs_len.sum())
+    offsets = np.cumsum(runs_len) - runs_len
+    return np.repeat(runs_start - offsets, runs_len) + np.arange(total)
+
+
+def gather(value: Any, tm: np.ndarray) -> Any:
+    """Rows ``tm`` (time-major flat indices) of a ``(T, B, …)`` array (or dict of them): one copy."""
+    if isinstance(value, Mapping):
+        return {k: gather(v, tm) for k, v in value.items()}
+    flat = value.reshape(value.shape[0] * value.shape[1], *value.shape[2:])
+    return np.take(flat, tm, axis=0)

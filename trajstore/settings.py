@@ -35,7 +35,9 @@ class Settings:
     stream_batch_rows: int = 65_536
     stream_batch_bytes: int = 16 * 1024 * 1024  # fewer rows per streamed batch when rows are wide
     loader_batch_bytes: int = 256 * 1024 * 1024  # the largest batch /sequences and /transitions build (422 beyond)
-    loader_layouts: int = 1  # loader layouts (column files on local disk) kept for the next epoch; 0: none
+    loader_layouts: int = 1  # loader layouts kept open in a Store for the next epoch; 0: none
+    store_layouts: bool = True  # loader layouts saved in the store (layouts/) for every process; off: temporary
+    layout_cache: str = "~/.cache/trajstore/layouts"  # this machine's copies of s3:// stores' loader layouts
     debug: bool = False  # the CLI prints tracebacks
 
     @classmethod

@@ -50,7 +50,9 @@ from trajstore.query.curves import (
 )
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.follow import Commit, check_follow, new_commits
-from trajstore.query.layout import LayoutCache, read_files, unified_schema
+from trajstore.query.layout import read_files, unified_schema
+from trajstore.query.layout_store import Basis, LayoutStore
+from trajstore.query.layout_store import files_digest as layout_files_digest
 from trajstore.query.loader import Batches, LoaderFormat
 from trajstore.query.order import digest as files_digest
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
@@ -177,7 +179,8 @@ class Store:
         self._curve_cache: dict[tuple[tuple[str, ...], str], pa.Table] = {}
         self._log_schema_cache: tuple[Any, pa.Schema | None] | None = None
         self.sql_gate = sandbox.Gate(self.settings.sql_max_concurrent)
-        self._layouts = LayoutCache(self.settings.loader_layouts)  # the last loader layout, for the next epoch
+        self.layouts = LayoutStore(self.location, cache=self.settings.layout_cache,  # loader layouts, kept
+                                    shared=self.settings.store_layouts, keep=self.settings.loader_layouts)
 
     @property
     def uri(self) -> str:
@@ -825,9 +828,22 @@ class Store:
             return rows["episode_id"].to_numpy(), rows["value"].to_numpy(zero_copy_only=False).astype(np.float64)
 
         # the order depends on what is selected, not on how: a state made locally resumes over REST and back
-        key = files_digest([f.path for f in plan.files])
+        key = files_digest([self.table.location.relative(f.path) for f in plan.files])
         chosen = None if plan.episode_ids is None else files_digest(plan.episode_ids.tolist())
-        return Source(plan.schema, read, episode_values, key, {"episodes": chosen}, self._layouts)
+        return Source(plan.schema, read, episode_values, key, {"episodes": chosen}, self.layouts,
+                      self._layout_basis(plan, run_id, env_id))
+
+    def _layout_basis(self, plan: ScanPlan, run_id: Names, env_id: Names) -> Basis:
+        """What vacuum keeps a layout of ``plan`` by: the version, and the files its selection names (every
+        file of the version when episode-level conditions chose the episodes)."""
+        version = self.version  # read after the files: if anything, later than theirs (a layout kept longer)
+        if plan.episode_ids is not None:
+            named = [self.table.location.relative(f.path) for f in self.files()]
+            return Basis(version, episodes=True, files=layout_files_digest(named))
+        runs, envs = (None if v is None else sorted([v] if isinstance(v, str) else map(str, v))
+                      for v in (run_id, env_id))
+        named = [self.table.location.relative(f.path) for f in plan.files]
+        return Basis(version, runs, envs, files=layout_files_digest(named))
 
     def _loader_plan(self, run_id: Names, env_id: Names) -> ScanPlan:
         """:meth:`scan_plan` for a selection of runs and envs alone, without opening DuckDB (~35 MiB a loader

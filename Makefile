@@ -56,6 +56,7 @@ system-tools:
 	  || echo "could not install chromium/docker-compose (needs root and Debian's apt): their tests will be skipped"
 
 bench: install
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/run.py
 
 clean:

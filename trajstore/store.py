@@ -828,7 +828,7 @@ class Store:
             return rows["episode_id"].to_numpy(), rows["value"].to_numpy(zero_copy_only=False).astype(np.float64)
 
         # the order depends on what is selected, not on how: a state made locally resumes over REST and back
-        key = files_digest([self.table.location.relative(f.path) for f in plan.files])
+        key = files_digest(sorted(self.table.location.relative(f.path) for f in plan.files))  # (in any log order)
         chosen = None if plan.episode_ids is None else files_digest(plan.episode_ids.tolist())
         return Source(plan.schema, read, episode_values, key, {"episodes": chosen}, self.layouts,
                       self._layout_basis(plan, run_id, env_id))

@@ -830,20 +830,21 @@ class Store:
         # the order depends on what is selected, not on how: a state made locally resumes over REST and back
         key = files_digest(sorted(self.table.location.relative(f.path) for f in plan.files))  # (in any log order)
         chosen = None if plan.episode_ids is None else files_digest(plan.episode_ids.tolist())
+        selection = files_digest({"run_id": run_id, "env_id": env_id, "where": where, "filter": filter})
         return Source(plan.schema, read, episode_values, key, {"episodes": chosen}, self.layouts,
-                      self._layout_basis(plan, run_id, env_id))
+                      self._layout_basis(plan, run_id, env_id, selection))
 
-    def _layout_basis(self, plan: ScanPlan, run_id: Names, env_id: Names) -> Basis:
+    def _layout_basis(self, plan: ScanPlan, run_id: Names, env_id: Names, selection: str) -> Basis:
         """What vacuum keeps a layout of ``plan`` by: the version, and the files its selection names (every
         file of the version when episode-level conditions chose the episodes)."""
         version = self.version  # read after the files: if anything, later than theirs (a layout kept longer)
         if plan.episode_ids is not None:
             named = [self.table.location.relative(f.path) for f in self.files()]
-            return Basis(version, episodes=True, files=layout_files_digest(named))
+            return Basis(version, episodes=True, files=layout_files_digest(named), selection=selection)
         runs, envs = (None if v is None else sorted([v] if isinstance(v, str) else map(str, v))
                       for v in (run_id, env_id))
         named = [self.table.location.relative(f.path) for f in plan.files]
-        return Basis(version, runs, envs, files=layout_files_digest(named))
+        return Basis(version, runs, envs, files=layout_files_digest(named), selection=selection)
 
     def _loader_plan(self, run_id: Names, env_id: Names) -> ScanPlan:
         """:meth:`scan_plan` for a selection of runs and envs alone, without opening DuckDB (~35 MiB a loader

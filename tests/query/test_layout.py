@@ -56,17 +56,21 @@ def test_the_next_epoch_reuses_the_layout_and_gives_what_a_fresh_one_gives(store
 def test_a_commit_other_columns_or_gamma_make_another_layout(store: trajstore.Store) -> None:
     write(store, "a", 0)
     epoch(store)
+    assert store.layouts.built == 1 and len(manifests(store)) == 1
     write(store, "b", 1)  # a new version: its windows include run b
     assert sum(len(b["episode_id"]) for b in epoch(store)) > 0
+    assert store.layouts.built == 2 and len(manifests(store)) == 1  # the same selection's older layout went
     list(store.sequences(4, columns=["obs", "return_to_go"], gamma=0.9, pad=True))
     a = list(store.sequences(4, columns=["return_to_go"], gamma=0.5, pad=True, batch_size=10_000))
-    assert store.layouts.built == 4 and len(manifests(store)) == 4
+    assert store.layouts.built == 4 and len(manifests(store)) == 3
     b = list(private(store).sequences(4, columns=["return_to_go"], gamma=0.5, pad=True, batch_size=10_000))
     same(a, b)  # gamma is part of what is kept
-    epoch(store, run_id="a")  # run a's files are all the first version held: its layout is found, not built
-    assert store.layouts.built == 4
-    epoch(store, run_id="b")
-    assert store.layouts.built == 5
+    epoch(store, run_id="a")
+    assert store.layouts.built == 5 and len(manifests(store)) == 4
+    write(store, "b", 2)  # a commit to another run: run a's files, hence its layout, stay
+    again = trajstore.open(store.uri)
+    same(epoch(again, run_id="a"), epoch(private(store), run_id="a"))
+    assert again.layouts.built == 0
 
 
 def test_an_evicted_temporary_layout_stays_while_an_iterator_reads_it(store: trajstore.Store) -> None:

@@ -132,28 +132,37 @@ def test_a_damaged_layout_is_built_again(store: trajstore.Store) -> None:
 def test_vacuum_removes_the_layouts_no_retained_version_needs(store: trajstore.Store) -> None:
     fill(store, "a", 0)
     fill(store, "b", 1)
-    list(store.sequences(4, **ARGS))  # every run: its files change with the next commit
-    list(store.sequences(4, run_id="a", **ARGS))  # run a alone: unchanged by commits to run b
+    for run_id in (None, "a", "b"):  # every run (its files change with any commit), run a alone, run b alone
+        list(store.sequences(4, run_id=run_id, **ARGS))
     pinned = trajstore.open(store.uri, version=store.version - 1)
-    list(pinned.sequences(4, **ARGS))  # an older version: run a alone then too, so the same files
-    assert store.layouts.built == 2 and pinned.layouts.built == 0
+    list(pinned.sequences(4, **ARGS))  # version 1 held run a alone: the same files as run a's layout
+    assert store.layouts.built == 3 and pinned.layouts.built == 0
     fill(store, "b", 2)
     assert store.vacuum(older_than="1h").files == []  # the versions of the last hour read all of them
-    list(store.sequences(4, **ARGS))
-    manifests, data = layout_files(store.root)
-    assert len(manifests) == len(data) == 3
+    store.delete(run_id="b")
+    assert len(layout_files(store.root)[0]) == 3
     report = store.vacuum(older_than=0)
-    assert len(report.files) > 0 and report.bytes > 0
-    kept, kept_data = layout_files(store.root)
-    assert len(kept) == len(kept_data) == 2  # the latest version's and run a's
-    for run_id in (None, "a"):
-        before = store.layouts.built
-        list(trajstore.open(store.uri).sequences(4, run_id=run_id, **ARGS))
-        assert store.layouts.built == before
+    assert report.bytes > 0 and any(f.endswith(".json") for f in report.files)
+    manifests, data = layout_files(store.root)
+    assert len(manifests) == len(data) == 1  # run a's: the latest version still reads its files
     fresh = trajstore.open(store.uri)
-    list(fresh.sequences(4, **ARGS))
-    list(fresh.sequences(4, run_id="a", **ARGS))
+    for run_id in ("a", None):  # every run is run a now: the same files, the same layout
+        list(fresh.sequences(4, run_id=run_id, **ARGS))
     assert fresh.layouts.built == 0
+
+
+def test_a_later_version_supersedes_the_layout_of_the_same_selection(store: trajstore.Store) -> None:
+    fill(store, "a", 0)
+    fill(store, "b", 0)
+    list(store.sequences(4, **ARGS))
+    list(store.sequences(4, run_id="a", **ARGS))
+    assert len(layout_files(store.root)[0]) == 2
+    for seed in (1, 2, 3):  # a learner reading every new version: one layout of each selection, not one per version
+        fill(store, "b", seed)
+        list(trajstore.open(store.uri).sequences(4, **ARGS))
+    manifests, data = layout_files(store.root)
+    assert len(manifests) == len(data) == 2  # the latest version's, and run a's (untouched by run b's commits)
+    assert result(run_child(store.uri))["built"] == 0
 
 
 def test_an_s3_store_keeps_its_layouts_in_the_bucket(s3: Any, tmp_path: Path) -> None:

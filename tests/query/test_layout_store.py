@@ -189,7 +189,25 @@ def test_an_s3_store_keeps_its_layouts_in_the_bucket(s3: Any, tmp_path: Path) ->
     for x, y in zip(got, copied):
         for k in x:
             np.testing.assert_array_equal(x[k], y[k])
-    assert list((tmp_path / "b").rglob("*.bin"))
+    column = next((tmp_path / "b").rglob("0.bin"))
+    with open(column, "r+b") as f:
+        f.truncate(column.stat().st_size // 2)  # this machine's copy cut short: copied again, not built
+    again = trajstore.open(uri, storage_options=s3.storage_options,
+                           settings=Settings(layout_cache=str(tmp_path / "b")))
+    for x, y in zip(got, list(again.sequences(4, **ARGS)), strict=True):
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
+    assert again.layouts.built == 0 and bucket_files() == stored
+    column = next((tmp_path / "b").rglob("0.bin"))
+    column.write_bytes(bytes(column.stat().st_size))  # a copy killed before its manifest: whole size, wrong bytes
+    for manifest in (tmp_path / "b").rglob("*.json"):
+        manifest.unlink()
+    third = trajstore.open(uri, storage_options=s3.storage_options,
+                           settings=Settings(layout_cache=str(tmp_path / "b")))
+    for x, y in zip(got, list(third.sequences(4, **ARGS)), strict=True):
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
+    assert third.layouts.built == 0 and not list((tmp_path / "b").rglob(".download-*"))
     fill(machine_a, "a", 5)  # a new version of the same selection
     machine_a.vacuum(older_than=0)
     assert bucket_files() == []

@@ -147,7 +147,7 @@ class Layout:
                  *(c.path for c in self.columns.values())]
         if sync:
             for path in files:
-                _fsync(path)
+                fsync_file(path)
         return files
 
     @classmethod
@@ -186,7 +186,8 @@ def _index_file(path: Path, n: int) -> np.ndarray:
     return np.fromfile(path, dtype=np.int64)
 
 
-def _fsync(path: Path) -> None:
+def fsync_file(path: Path) -> None:
+    """``path``'s bytes flushed to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -20,8 +20,11 @@ folder and a manifest naming it, the last manifest wins, and the other folder is
 
 On ``s3://`` the files live in the bucket and are mapped from a copy on local disk (``layout_cache``, one folder
 per store): a machine that has no copy downloads the data folder its manifest names (the columns' bytes, at the
-bucket's speed) into a temporary folder and renames it into place. A local store whose folder cannot be written
-(read-only) builds its layouts in temporary folders, for the process alone, as before.
+bucket's speed; one process of the machine, the others wait on the lock) into a temporary folder, flushes it to
+disk, renames it into place and only then writes its local manifest. A copy whose files have other sizes than its
+manifest says (cut short), or that no local manifest names (a copy killed before its manifest), is copied again,
+never read. A local store whose folder cannot be written (read-only) builds its layouts in temporary folders, for
+the process alone, as before.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import IO, Any, Callable, Sequence
 
 import pyarrow.fs as pafs
 
-from trajstore.query.layout import BrokenLayoutError, Layout, LayoutCache
+from trajstore.query.layout import BrokenLayoutError, Layout, LayoutCache, fsync_file
 from trajstore.storage.location import Location
 
 log = logging.getLogger(__name__)
@@ -150,21 +153,24 @@ class LayoutStore:
         if found is not None:
             return found
         lock = self._lock(digest)
-        if lock is None:  # a store we may read but not write
+        if lock is None:  # a store (or a cache) we may read but not write
             return self._built(make, None)
-        try:
-            found = self._find(digest)  # built by another process while we waited
+        try:  # one process of this machine copies or builds it; the others wait, then find it
+            found = self._find(digest)
+            if found is None:
+                found = self._copy(digest)
             return found if found is not None else self._build(key, digest, make, basis)
         finally:
             lock.close()  # releases the lock
 
     def _find(self, digest: str) -> Layout | None:
-        """The saved layout of ``digest`` (a local copy first, then on S3 the bucket's), or None."""
+        """The saved layout of ``digest`` on this machine (in the store's folder, or a copy of an ``s3://``
+        store's layout), or None."""
         manifest = _read_manifest(self.local / f"{digest}.json")
-        if manifest is not None:
-            layout = self._load(manifest, self.local)
-            if layout is not None or self.location.is_local:
-                return layout
+        return None if manifest is None else self._load(manifest, self.local)
+
+    def _copy(self, digest: str) -> Layout | None:
+        """An ``s3://`` store's layout of ``digest`` copied from the bucket, or None."""
         if self.location.is_local:
             return None
         manifest = self._remote_manifest(digest)
@@ -264,27 +270,26 @@ class LayoutStore:
         """The bucket's layout copied to this machine: its data folder into a temporary folder renamed into
         place, then the manifest; None if the bucket's copy is incomplete (a vacuum removed it meanwhile)."""
         target = self.local / manifest.data
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = Path(tempfile.mkdtemp(prefix=".download-", dir=target.parent))
-            try:
-                pafs.copy_files(self._remote(manifest.data), str(partial), source_filesystem=self.location.fs,
-                                destination_filesystem=pafs.LocalFileSystem(), use_threads=True)
-                partial.rename(target)
-            except FileNotFoundError:
-                return None
-            except OSError:
-                if not target.exists():  # not another process's copy renamed into place first
-                    raise
-            finally:
-                shutil.rmtree(partial, ignore_errors=True)
-            log.info("copied loader layout %s from %s", manifest.key, self.location.uri)
+        if target.exists():  # no usable manifest of it here (we hold the lock): a copy cut short or damaged
+            shutil.rmtree(target, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=".download-", dir=target.parent))
+        try:
+            pafs.copy_files(self._remote(manifest.data), str(partial), source_filesystem=self.location.fs,
+                            destination_filesystem=pafs.LocalFileSystem(), use_threads=True)
+            for path in partial.iterdir():
+                fsync_file(path)  # on disk before the manifest names it: a crash leaves no copy with holes
+            partial.rename(target)
+        except FileNotFoundError:
+            return None
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+        log.info("copied loader layout %s from %s", manifest.key, self.location.uri)
         layout = self._load(manifest, self.local)
         if layout is not None:
             _write_atomically(self.local / f"{manifest.key}.json", manifest.encode())
             self.prune_copies()  # a new copy here: the ones the bucket no longer has go
         return layout
-
 
     def prune_copies(self, *, grace_s: float = UNREFERENCED_GRACE_S) -> None:
         """Remove this machine's copies of an ``s3://`` store's layouts whose manifest the bucket no longer has

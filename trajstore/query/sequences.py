@@ -242,6 +242,8 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
         if wants_rtg:
             names.append(RETURN_TO_GO)
         windows = Windows.of(layout.length, length, stride, bool(pad))
+        if not len(windows):
+            check_fits(layout, length)
         weights = item_weights(source, view, sampling.weight_by, windows.first, windows.count,
                                lambda items: _first_steps(view, windows, items))
         arguments = {"length": length, "columns": names, "stride": stride, "pad": bool(pad), "gamma": g}
@@ -256,6 +258,17 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
         view.close()
         release()
         raise
+
+
+def check_fits(layout: lay.Layout, length: int) -> None:
+    """An :class:`InputError` when windows of ``length`` steps fit in none of the selected episodes (with
+    ``pad=False`` they would give nothing), naming the longest episode."""
+    if not len(layout.length):
+        return
+    longest = int(np.argmax(layout.length))
+    raise InputError(f"length: {length} steps is longer than every selected episode; the longest, episode_id "
+                     f"{int(layout.episode_id[longest])}, has {int(layout.length[longest])} steps: ask for at most "
+                     f"that, or pass pad=True for windows padded (and masked) past episode ends")
 
 
 def _first_steps(view: lay.Mapped, windows: Windows, items: np.ndarray) -> np.ndarray:

@@ -345,7 +345,7 @@ def _handle(task: Task) -> tuple[dict[str, Any], bytes | None]:
         location = _location(task.uri, task.storage_options)
         files = [DataFile(*fields, fs=location.fs) for fields in task.files]
         schema = pa.ipc.read_schema(pa.py_buffer(task.schema))
-        snapshot = Snapshot(files, schema=schema, store=task.uri)
+        snapshot = Snapshot(files, schema=schema, store=task.uri, location=location)
         result = sandbox.run(snapshot, task.query, task.limits)
         data = _ipc(result.table)
     except TrajstoreError as exc:

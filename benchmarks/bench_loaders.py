@@ -559,9 +559,14 @@ def to_markdown(res: dict[str, Any], machine: dict[str, str], command: str) -> s
               "computed 16,384 entries at a time.",
               f"- The first-batch times start after the imports (`import trajstore` took {imports:.1f} s here, "
               "median of the trajstore processes).",
-              "- Per-batch cost still grows a little with the store: every window lands on pages no cache or TLB "
-              "holds, and the page tables of a larger mapping miss the caches too; the numpy route grows the same "
-              "way (its arrays are in the process's memory instead).",
+              "- Per-batch cost still grows a little with the store: a batch copies 768 blocks (256 windows × 3 "
+              "columns) from random places of the maps; a small layout's pages stay in the CPU's caches and TLB, "
+              "a 4.8 GB one's do not, so most blocks cost a page-table walk and cache misses. Page faults are not "
+              "the cause (measured apart: ~16 minor faults per batch at 50M, the page cache's large folios "
+              "mapped a folio at a time). The numpy route grows the same way (its arrays are in the process's "
+              "memory instead).",
+              "- p90 and the spread of the epoch times are the machine's load (other sessions' test suites on the "
+              "same 2 cores, see the load averages below), not the loaders': compare medians and minima.",
               "- The page cache was warmed before each method's run by reading its files once; the first "
               "process ever (the build row) reads the Parquet files, writes the layout and flushes it to disk.",
               "- The machine is shared (2 cores, other sessions running): expect noise in the seconds; compare "

@@ -873,8 +873,12 @@ class Store:
         env_id = None
         if filter is not None and filter.per_episode().is_empty() and not filter.episode_id:
             run_id, env_id, filter = _both(run_id, filter.run_id), filter.env_id or None, None  # files alone
-        plan = self._loader_plan(run_id, env_id) if where is None and filter is None else \
-            self.scan_plan(None, run_id=run_id, env_id=env_id, where=where, filter=filter)
+        if where is None and filter is None:
+            version, files = self.table.listing()  # one reading of the log for the files and the layout's basis
+            plan = self._loader_plan(run_id, env_id, files)
+        else:
+            plan = self.scan_plan(None, run_id=run_id, env_id=env_id, where=where, filter=filter)
+            version, files = self.table.listing()  # after the plan's: if anything, later (a layout kept longer)
         self._verify_sizes(plan.files)
 
         def read(columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
@@ -894,24 +898,26 @@ class Store:
         chosen = None if plan.episode_ids is None else files_digest(plan.episode_ids.tolist())
         selection = files_digest({"run_id": run_id, "env_id": env_id, "where": where, "filter": filter})
         return Source(plan.schema, read, episode_values, key, {"episodes": chosen}, self.layouts,
-                      self._layout_basis(plan, run_id, env_id, selection))
+                      self._layout_basis(plan, run_id, env_id, selection, version, files))
 
-    def _layout_basis(self, plan: ScanPlan, run_id: Names, env_id: Names, selection: str) -> Basis:
-        """What vacuum keeps a layout of ``plan`` by: the version, and the files its selection names (every
-        file of the version when episode-level conditions chose the episodes)."""
-        version = self.version  # read after the files: if anything, later than theirs (a layout kept longer)
+    def _layout_basis(self, plan: ScanPlan, run_id: Names, env_id: Names, selection: str, version: int,
+                      files: list[DataFile]) -> Basis:
+        """What vacuum keeps a layout of ``plan`` by: ``version`` (that of ``plan``'s files or later), and the
+        files its selection names (every file of ``files``, that version's, when episode-level conditions chose
+        the episodes)."""
         if plan.episode_ids is not None:
-            named = [self.table.location.relative(f.path) for f in self.files()]
+            named = [self.table.location.relative(f.path) for f in files]
             return Basis(version, episodes=True, files=layout_files_digest(named), selection=selection)
         runs, envs = (None if v is None else sorted([v] if isinstance(v, str) else map(str, v))
                       for v in (run_id, env_id))
         named = [self.table.location.relative(f.path) for f in plan.files]
         return Basis(version, runs, envs, files=layout_files_digest(named), selection=selection)
 
-    def _loader_plan(self, run_id: Names, env_id: Names) -> ScanPlan:
-        """:meth:`scan_plan` for a selection of runs and envs alone, without opening DuckDB (~35 MiB a loader
-        need not pay): the stored types of each environment's files, a column whose types differ as a list."""
-        files = [f for f in self.files() if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
+    def _loader_plan(self, run_id: Names, env_id: Names, committed: list[DataFile]) -> ScanPlan:
+        """:meth:`scan_plan` for a selection of runs and envs alone among ``committed`` files, without opening
+        DuckDB (~35 MiB a loader need not pay): the stored types of each environment's files, a column whose
+        types differ as a list."""
+        files = [f for f in committed if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
         schema = unified_schema([self._env_schema(env, files) for env in sorted({f.env_id for f in files})])
         return ScanPlan(files, schema, schema.names, None)
 

@@ -91,6 +91,7 @@ vendor-plotly:
 	rm -rf .plotly-pack
 
 bench: install
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/run.py
 
 clean:

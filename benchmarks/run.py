@@ -2,7 +2,7 @@
 
     python benchmarks/run.py                    # every benchmark at full size, writes docs/benchmarks.md
     python benchmarks/run.py --only store       # one of: store (issue 2), jax (3), api (4), dashboard (5), s3 (13),
-                                                # loaders (14), live (15), export (20)
+                                                # loaders (22), live (15), export (20)
     python benchmarks/run.py --steps 200000     # quick smoke run; prints the sections, writes no doc
     python benchmarks/run.py --steps 200000 --out /tmp/bench.md
 """
@@ -65,7 +65,7 @@ def run_others(names: list[str], steps: int, out: Path | None, check: bool) -> i
         status |= bench_s3.main(s3_steps + (["--out", str(out)] if out is not None else []) + (["--check"] if check
                                                                                                  else []))
     if "loaders" in names:
-        status |= bench_loaders.main(["--steps", str(min(steps, bench_loaders.FULL_STEPS))] +
+        status |= bench_loaders.main((["--quick"] if steps < FULL_STEPS else []) +
                                      (["--out", str(out)] if out is not None else []) + (["--check"] if check else []))
     if "export" in names:
         sizes = [] if steps >= FULL_STEPS else ["--sizes", ",".join(str(max(10_000, s * steps // FULL_STEPS))

@@ -3,6 +3,7 @@ ask for it (helpers are in ``tests/helpers.py``)."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Iterator
 
@@ -10,6 +11,22 @@ import pytest
 
 import trajstore
 from tests import seaweed
+
+
+@pytest.fixture(scope="session", autouse=True)
+def layout_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """This machine's copies of s3:// stores' loader layouts in a folder of the session (not ~/.cache), for
+    every test and the processes tests start."""
+    folder = tmp_path_factory.mktemp("layout-cache")
+    before = os.environ.get("TRAJSTORE_LAYOUT_CACHE")
+    os.environ["TRAJSTORE_LAYOUT_CACHE"] = str(folder)
+    try:
+        yield folder
+    finally:
+        if before is None:
+            os.environ.pop("TRAJSTORE_LAYOUT_CACHE", None)
+        else:
+            os.environ["TRAJSTORE_LAYOUT_CACHE"] = before
 
 
 @pytest.fixture

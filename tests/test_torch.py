@@ -1,7 +1,7 @@
 """trajstore.torch: IterableDatasets whose DataLoader workers and ranks together cover every window exactly once,
 with the tensors of Store.sequences; set_epoch reaching persistent workers; DataLoader's default start method
-(fork on Linux) after the parent opened and read the store; a Store (local or s3://) or a path; resume after n
-batches. Skipped cleanly without PyTorch."""
+(fork on Linux) after the parent opened and read the store; workers sharing the one layout kept in the store; a
+Store (local or s3://) or a path; resume after n batches. Skipped cleanly without PyTorch."""
 
 from __future__ import annotations
 
@@ -92,6 +92,21 @@ def test_set_epoch_reaches_persistent_workers(uri: str, context: str | None) -> 
         orders.append(windows(loader))
         assert orders[-1] == delivered(store, epoch, 2)  # this epoch's order, not the first one's again
     assert orders[0] != orders[1] != orders[2]
+
+
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_workers_share_one_layout_kept_in_the_store(uri: str, context: str | None) -> None:
+    data = ttorch.Sequences(uri, **WINDOWS)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, persistent_workers=True,
+                                         multiprocessing_context=context)
+    for epoch in range(2):
+        data.set_epoch(epoch)
+        assert windows(loader) == delivered(trajstore.open(uri), epoch, 2)
+    layouts = Path(uri) / "layouts"
+    assert len(list(layouts.glob("*.json"))) == 1 and len(list((layouts / "data").iterdir())) == 1  # built once
+    fresh = trajstore.open(uri)
+    assert sorted(windows(fresh.sequences(**WINDOWS))) == sorted(windows(loader))
+    assert fresh.layouts.built == 0  # a later process finds what the workers built
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork is DataLoader's default start method on Linux only")

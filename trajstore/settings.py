@@ -38,7 +38,9 @@ class Settings:
     s3_connect_timeout_s: float = 3.0  # object store: the longest wait for a connection
     s3_timeout_s: float = 3.0  # object store: the longest wait for an answer (see storage/location.py)
     s3_retries: int = 1  # object store: retries of a request that failed or got no answer in time
-    loader_layouts: int = 1  # loader layouts (column files on local disk) kept for the next epoch; 0: none
+    loader_layouts: int = 1  # loader layouts kept open in a Store for the next epoch; 0: none
+    store_layouts: bool = True  # loader layouts saved in the store (layouts/) for every process; off: temporary
+    layout_cache: str = "~/.cache/trajstore/layouts"  # this machine's copies of s3:// stores' loader layouts
     debug: bool = False  # the CLI prints tracebacks
 
     @classmethod

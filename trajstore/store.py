@@ -55,7 +55,9 @@ from trajstore.query.filters import EpisodeFilter, from_keywords
 from trajstore.query.filters import keywords as filter_keywords
 from trajstore.query.follow import Commit, check_follow, new_commits
 from trajstore.query.groups import StepTypes, group_files, step_types
-from trajstore.query.layout import LayoutCache, read_files
+from trajstore.query.layout import read_files
+from trajstore.query.layout_store import Basis, LayoutStore
+from trajstore.query.layout_store import files_digest as layout_files_digest
 from trajstore.query.loader import Batches, LoaderFormat
 from trajstore.query.order import digest as files_digest
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
@@ -209,7 +211,8 @@ class Store:
         self._types_cache: dict[tuple[str, ...], StepTypes] = {}
         self._curve_cache: dict[tuple[tuple[str, ...], str], pa.Table] = {}
         self.sql_gate = sandbox.Gate(self.settings.sql_max_concurrent)
-        self._layouts = LayoutCache(self.settings.loader_layouts)  # the last loader layout, for the next epoch
+        self.layouts = LayoutStore(self.location, cache=self.settings.layout_cache,  # loader layouts, kept
+                                    shared=self.settings.store_layouts, keep=self.settings.loader_layouts)
 
     @property
     def uri(self) -> str:
@@ -874,8 +877,12 @@ class Store:
         env_id = None
         if filter is not None and filter.per_episode().is_empty() and not filter.episode_id:
             run_id, env_id, filter = _both(run_id, filter.run_id), filter.env_id or None, None  # files alone
-        plan = self._loader_plan(run_id, env_id) if where is None and filter is None else \
-            self.scan_plan(None, run_id=run_id, env_id=env_id, where=where, filter=filter)
+        if where is None and filter is None:
+            version, files = self.table.listing()  # one reading of the log for the files and the layout's basis
+            plan = self._loader_plan(run_id, env_id, files)
+        else:
+            plan = self.scan_plan(None, run_id=run_id, env_id=env_id, where=where, filter=filter)
+            version, files = self.table.listing()  # after the plan's: if anything, later (a layout kept longer)
         self._verify_sizes(plan.files)
 
         def read(columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
@@ -891,16 +898,31 @@ class Store:
             return rows["episode_id"].to_numpy(), rows["value"].to_numpy(zero_copy_only=False).astype(np.float64)
 
         # the order depends on what is selected, not on how: a state made locally resumes over REST and back
-        key = files_digest([f.path for f in plan.files])
+        key = files_digest(sorted(self.table.location.relative(f.path) for f in plan.files))  # (in any log order)
         chosen = None if plan.episode_ids is None else files_digest(plan.episode_ids.tolist())
+        selection = files_digest({"run_id": run_id, "env_id": env_id, "where": where, "filter": filter})
         types = plan.types
-        return Source(plan.schema, read, episode_values, key, {"episodes": chosen}, self._layouts,
+        return Source(plan.schema, read, episode_values, key, {"episodes": chosen}, self.layouts,
+                      self._layout_basis(plan, run_id, env_id, selection, version, files),
                       check=lambda names: types.check(names, stackable=True))  # type: ignore[union-attr]
 
-    def _loader_plan(self, run_id: Names, env_id: Names) -> ScanPlan:
-        """:meth:`scan_plan` for a selection of runs and envs alone, without opening DuckDB (~35 MiB a loader
-        need not pay): the files' own types."""
-        files = [f for f in self.files() if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
+    def _layout_basis(self, plan: ScanPlan, run_id: Names, env_id: Names, selection: str, version: int,
+                      files: list[DataFile]) -> Basis:
+        """What vacuum keeps a layout of ``plan`` by: ``version`` (that of ``plan``'s files or later), and the
+        files its selection names (every file of ``files``, that version's, when episode-level conditions chose
+        the episodes)."""
+        if plan.episode_ids is not None:
+            named = [self.table.location.relative(f.path) for f in files]
+            return Basis(version, episodes=True, files=layout_files_digest(named), selection=selection)
+        runs, envs = (None if v is None else sorted([v] if isinstance(v, str) else map(str, v))
+                      for v in (run_id, env_id))
+        named = [self.table.location.relative(f.path) for f in plan.files]
+        return Basis(version, runs, envs, files=layout_files_digest(named), selection=selection)
+
+    def _loader_plan(self, run_id: Names, env_id: Names, committed: list[DataFile]) -> ScanPlan:
+        """:meth:`scan_plan` for a selection of runs and envs alone among ``committed`` files, without opening
+        DuckDB (~35 MiB a loader need not pay): the files' own types."""
+        files = [f for f in committed if _selected(f.run_id, run_id) and _selected(f.env_id, env_id)]
         types = self._step_types(files) if files else StepTypes(pa.schema([]))  # no file: no column
         return ScanPlan(files, types.schema, types.schema.names, None, types, self._file_layouts(files))
 

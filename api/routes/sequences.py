@@ -6,7 +6,8 @@ The stream's schema carries the iterator's starting state (``trajstore.state``, 
 make its own ``state_dict()``; ``resume`` takes such a state back. ``?version=N`` reads the store as it was at
 version N, as ``trajstore.open(uri, version=N).sequences(...)`` does (a state resumes over the data it was made
 on: the same version, or the same latest files). The server gathers each batch as it is sent,
-from the loader's column files on disk: its memory does not grow with the store. It is bounded per request:
+from the loader layout kept in the store (column files it maps, built once for every client and process):
+its memory does not grow with the store. It is bounded per request:
 a batch that would take more than ``loader_batch_bytes`` to build is refused (422 naming the parameters), at
 most one batch is made ahead of the network, and each stream holds one of the ``sql_max_concurrent`` places
 it shares with ``POST /sql`` from its start to its end (429 with ``Retry-After`` when none is free).
@@ -47,7 +48,7 @@ def _stream(batches: Batches, slot: Slot) -> Generator[bytes, None, None]:
     try:
         yield from ipc_pieces(reader)
     finally:
-        batches.close()  # the end, an error or a client gone: the column files go
+        batches.close()  # the end, an error or a client gone: the column files are unmapped
         slot.release()  # and the place: the last batch is gone with them
 
 

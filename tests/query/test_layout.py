@@ -1,9 +1,10 @@
-"""Loader layouts kept between calls: the next epoch over the same selection reuses the column files; a new
-commit, another selection or other columns build anew; an evicted layout is removed once nobody uses it."""
+"""Loader layouts: the next epoch reuses the layout a store keeps open; another commit, other columns or another
+gamma make another; an iterator maps its files once and holds no per-window or per-step arrays; the in-memory
+cache shares a layout between iterators and closes a temporary one when the last is done."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -14,60 +15,72 @@ from trajstore.query.layout import Layout, LayoutCache
 from trajstore.settings import Settings
 
 
-def write(store: trajstore.Store, run: str, seed: int) -> None:
+def write(store: trajstore.Store, run: str, seed: int, T: int = 30, B: int = 4) -> None:
     with store.writer(run_id=run, env_id="E") as w:
-        w.add_batch(make_batch(np.random.default_rng(seed), 30, 4, p_terminated=0.1))
+        w.add_batch(make_batch(np.random.default_rng(seed), T, B, p_terminated=0.1))
 
 
 def epoch(store: trajstore.Store, **kwargs: object) -> list[dict[str, np.ndarray]]:
     return list(store.sequences(4, columns=["obs", "reward"], pad=True, batch_size=16, shuffle=True, **kwargs))
 
 
-def folders(store: trajstore.Store) -> list[Path]:
-    return [Path(layout.folder.name) for layout in store._layouts._entries.values() if layout.folder]
+def private(store: trajstore.Store) -> trajstore.Store:
+    """The same store, building every layout anew in a temporary folder: the reference a kept layout must match."""
+    return trajstore.Store(store.location, settings=Settings(loader_layouts=0, store_layouts=False))
 
 
-def test_the_next_epoch_reuses_the_layout_and_gives_what_a_fresh_one_gives(store: trajstore.Store,
-                                                                            tmp_path: Path) -> None:
+def same(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> None:
+    assert len(got) == len(want) > 0
+    for a, b in zip(got, want):
+        assert list(a) == list(b)
+        for k in b:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def manifests(store: trajstore.Store) -> list[str]:
+    return sorted(p.name for p in (store.root / "layouts").glob("*.json"))
+
+
+def test_the_next_epoch_reuses_the_layout_and_gives_what_a_fresh_one_gives(store: trajstore.Store) -> None:
     write(store, "a", 0)
     first = epoch(store, epoch=0)
-    kept = folders(store)
-    assert len(kept) == 1 and kept[0].exists()  # the iteration ended; its files stay for the next epoch
+    assert store.layouts.built == 1 and len(manifests(store)) == 1
     second = epoch(store, epoch=1)
-    assert folders(store) == kept
-    fresh = trajstore.Store(store.location, settings=Settings(loader_layouts=0))
-    for got, want in ((first, epoch(fresh, epoch=0)), (second, epoch(fresh, epoch=1))):
-        assert len(got) == len(want)
-        for a, b in zip(got, want):
-            for k in b:
-                np.testing.assert_array_equal(a[k], b[k])
-    assert len(fresh._layouts) == 0
+    assert store.layouts.built == 1  # kept open: nothing found or built again
+    fresh = private(store)
+    same(first, epoch(fresh, epoch=0))
+    same(second, epoch(fresh, epoch=1))
+    assert len(fresh.layouts.opened) == 0 and len(manifests(store)) == 1  # the private store saved nothing
 
 
-def test_a_commit_other_columns_or_gamma_build_anew_and_the_old_files_go(store: trajstore.Store) -> None:
+def test_a_commit_other_columns_or_gamma_make_another_layout(store: trajstore.Store) -> None:
     write(store, "a", 0)
     epoch(store)
-    (old,) = folders(store)
+    assert store.layouts.built == 1 and len(manifests(store)) == 1
     write(store, "b", 1)  # a new version: its windows include run b
     assert sum(len(b["episode_id"]) for b in epoch(store)) > 0
-    (new,) = folders(store)
-    assert new != old and not old.exists()
+    assert store.layouts.built == 2 and len(manifests(store)) == 1  # the same selection's older layout went
     list(store.sequences(4, columns=["obs", "return_to_go"], gamma=0.9, pad=True))
-    (rtg,) = folders(store)
-    assert rtg != new and not new.exists()
-    a = list(store.sequences(4, columns=["return_to_go"], gamma=0.5, pad=True, batch_size=10_000))[0]
-    b = list(trajstore.Store(store.location, settings=Settings(loader_layouts=0)).sequences(
-        4, columns=["return_to_go"], gamma=0.5, pad=True, batch_size=10_000))[0]
-    np.testing.assert_array_equal(a["return_to_go"], b["return_to_go"])  # gamma is part of what is kept
+    a = list(store.sequences(4, columns=["return_to_go"], gamma=0.5, pad=True, batch_size=10_000))
+    assert store.layouts.built == 4 and len(manifests(store)) == 3
+    b = list(private(store).sequences(4, columns=["return_to_go"], gamma=0.5, pad=True, batch_size=10_000))
+    same(a, b)  # gamma is part of what is kept
+    epoch(store, run_id="a")
+    assert store.layouts.built == 5 and len(manifests(store)) == 4
+    write(store, "b", 2)  # a commit to another run: run a's files, hence its layout, stay
+    again = trajstore.open(store.uri)
+    same(epoch(again, run_id="a"), epoch(private(store), run_id="a"))
+    assert again.layouts.built == 0
 
 
-def test_an_evicted_layout_stays_while_an_iterator_reads_it(store: trajstore.Store) -> None:
+def test_an_evicted_temporary_layout_stays_while_an_iterator_reads_it(store: trajstore.Store) -> None:
     write(store, "a", 0)
-    running = store.sequences(4, columns=["obs"], pad=True, batch_size=2)
+    fresh = trajstore.Store(store.location, settings=Settings(loader_layouts=1, store_layouts=False))
+    running = fresh.sequences(4, columns=["obs"], pad=True, batch_size=2)
     next(running)
-    (held,) = folders(store)
-    list(store.sequences(4, columns=["reward"], pad=True))  # evicts the first layout
-    assert held.exists() and held not in folders(store)
+    (held,) = [layout.folder for layout in fresh.layouts.opened._entries.values()]
+    list(fresh.sequences(4, columns=["reward"], pad=True))  # evicts the first layout
+    assert held is not None and held.exists()
     rest = list(running)  # still gathers from its files
     assert rest and not held.exists()  # gone once its last reader finished
 
@@ -107,8 +120,48 @@ def test_both_loaders_keep_and_share_nothing_wrong(store: trajstore.Store, loade
     call = (lambda s: s.sequences(3, columns=["obs"], batch_size=64)) if loader == "sequences" else \
         (lambda s: s.transitions(2, gamma=0.9, columns=["obs"], batch_size=64))
     twice = [list(call(store)) for _ in range(2)]
-    once = list(call(trajstore.Store(store.location, settings=Settings(loader_layouts=0))))
+    once = list(call(private(store)))
     for got in twice:
-        for a, b in zip(got, once, strict=True):
-            for k in b:
-                np.testing.assert_array_equal(a[k], b[k])
+        same(got, once)
+    same(list(call(trajstore.open(store.uri))), once)  # another Store object finds the saved layout
+    assert store.layouts.built == 1
+
+
+def test_an_iterator_maps_its_files_once(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(store, "a", 0, T=200)
+    list(store.sequences(4, batch_size=8, columns=["obs", "action", "reward"]))  # built (maps batch by batch)
+    opened = []
+    real = np.memmap.__new__
+
+    def counted(cls: type, *args: object, **kwargs: object) -> np.memmap:
+        opened.append(args)
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(np.memmap, "__new__", counted)
+    it = store.sequences(4, batch_size=8, columns=["obs", "action", "reward"])
+    batches = list(it)
+    assert len(batches) >= 10 and len(opened) == 3  # one map per column for the whole iteration
+
+
+def test_stride_one_windows_hold_memory_per_episode_not_per_window(store: trajstore.Store) -> None:
+    """300,000 windows: a per-window int64 array alone would be 2.4 MB; the iterator holds far less."""
+    with store.writer(run_id="a", env_id="E") as w:
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            w.add_batch(make_batch(rng, 1000, 100, obs_dim=1, p_terminated=0.002, p_truncated=0.0))
+    list(store.sequences(8, stride=1, columns=["reward"], batch_size=4096, shuffle=True))  # built
+    for kind in ("sequences", "transitions"):
+        tracemalloc.start()
+        try:
+            if kind == "sequences":
+                it = store.sequences(8, stride=1, columns=["reward"], batch_size=256, shuffle=True, epoch=1)
+            else:
+                it = store.transitions(3, gamma=0.9, columns=["reward"], batch_size=256, shuffle=True, epoch=1)
+            next(it)
+            next(it)
+            held, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert it.items > 250_000, kind
+        assert held < 600_000 and peak < 2_400_000, (kind, held, peak)  # less than one int64 per window
+        it.close()

@@ -1,25 +1,30 @@
 """Steps laid out episode-major for training loaders: a compact index of the selected episodes (id, length,
-offset) and each column in one file on disk, ordered by ``(episode, step)``, filled in one streaming pass.
+offset) and each column in one file, ordered by ``(episode, step)``, filled in one streaming pass.
 
 A step's place is ``offset[episode] + step``, so the files are filled straight from the store's scan in
 whatever order the files hold the rows, without sorting anything: each record batch is scattered into
-memory maps of the column files opened for that batch alone. Windows and n-step transitions are then
-gathered (``np.take``) batch by batch from maps opened for that batch: the process only holds the
-pages one batch touches, whatever the size of the store (the files live in the page cache, not in the
-process). The files are made by writing zeros, not by a sparse truncate: the page cache then holds them in
-large folios, and gathers from them run ~4x faster. The folder is a temporary directory removed when the
-layout is closed or collected. A store keeps its last layout (:class:`LayoutCache`): the next epoch over the
-same selection of the same version gathers from it without reading the store again.
+memory maps of the column files opened for that batch alone, so building holds the pages of one batch, not
+the columns. The files are made by writing zeros, not by a sparse truncate: the page cache then holds them in
+large folios, and gathers from them run ~4x faster.
+
+An iterator gathers its batches (``np.take``) from maps of the files it opens once (:meth:`Layout.mapped`):
+mapping a file costs far more than a batch's gathers, and the pages a batch touches are the page cache's, not
+the process's own memory (they count in its resident size as file pages, never as anonymous memory).
+
+Where the files live and who shares them is :mod:`~trajstore.query.layout_store`'s business: a layout is
+built into a folder it is given (or a temporary one, removed on :meth:`Layout.close`), saved with its index
+(:meth:`Layout.describe`) and opened again by any process (:meth:`Layout.load`).
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +41,12 @@ CHUNK_STEPS = 1 << 20  # steps per piece of a derived column computed over the f
 READ_ROWS = 16_384  # rows per batch read from a file
 ZERO_BLOCK = 4 << 20  # bytes written at a time when a column file is made
 READ_BUFFER = 256 * 1024  # bytes of a file read at a time (a whole column chunk otherwise: ~3x the peak memory)
+INDEX = {"episode_id": "episode_id.i64", "length": "length.i64"}  # the index's files (int64 each)
+
+
+class BrokenLayoutError(StoreDamagedError):
+    """A saved layout whose files are missing or of another size than its description says (a copy cut short,
+    a file removed by hand): never used, built again."""
 
 
 @dataclass(frozen=True)
@@ -47,31 +58,70 @@ class Column:
     shape: tuple[int, ...]
     rows: int
 
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64))
+
     def open(self, mode: str = "r") -> np.ndarray:
-        if self.rows == 0 or self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64)) == 0:
+        if self.nbytes == 0:
             return np.zeros((self.rows, *self.shape), self.dtype)
         return np.memmap(self.path, dtype=self.dtype, mode=mode, shape=(self.rows, *self.shape))
 
     def gather(self, positions: np.ndarray) -> np.ndarray:
-        """The values at ``positions`` (any shape), as a new array shaped ``(*positions.shape, *shape)``."""
+        """The values at ``positions`` from a map opened for this call alone (building, derived columns)."""
         values = self.open()
         try:
-            flat = np.take(values, positions.reshape(-1), axis=0)  # faster than values[positions] on a map
-            return np.asarray(flat).reshape(*positions.shape, *self.shape)
+            return take(values, positions, self.shape)
         finally:
-            del values  # unmaps: the pages this batch touched leave the process
+            del values  # unmaps: the pages this call touched leave the process
+
+    def describe(self) -> dict[str, Any]:
+        return {"file": self.path.name, "dtype": self.dtype.str, "shape": list(self.shape)}
+
+
+def leaves(name: str, columns: Mapping[str, Any], read: Callable[[str], np.ndarray]) -> Any:
+    """``read(name)`` for a column laid out whole; for a Dict column (laid out leaf by leaf as ``name.a.b``) the
+    nested dict of ``read(leaf)`` of its leaves."""
+    if name in columns:
+        return read(name)
+    out: dict[str, Any] = {}
+    for leaf in (c for c in columns if c.startswith(name + ".")):
+        *parents, last = leaf[len(name) + 1:].split(".")
+        target = out
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[last] = read(leaf)
+    return out
+
+
+def take(values: np.ndarray, positions: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``values[positions]`` as a new array shaped ``(*positions.shape, *shape)``."""
+    flat = np.take(values, positions.reshape(-1), axis=0)  # faster than values[positions] on a map
+    return np.asarray(flat).reshape(*positions.shape, *shape)
+
+
+def take_windows(values: np.ndarray, first: np.ndarray, length: int) -> np.ndarray:
+    """``values[first[i]:first[i] + length]`` for each ``i``, as a new ``(n, length, *shape)`` array: each window
+    copied as one block from a read-only view of every window (~1.5x faster than gathering step by step). Every
+    window must lie within ``values``."""
+    rows = len(values) - length + 1
+    view = np.lib.stride_tricks.as_strided(values, shape=(rows, length, *values.shape[1:]),
+                                           strides=(values.strides[0], *values.strides), writeable=False)
+    return view[first]
 
 
 @dataclass
 class Layout:
     """The selected episodes sorted by id (``episode_id``, ``length``, ``offset`` of their first step) and
-    their column files."""
+    their column files in ``folder``; with ``owned`` (a temporary folder) the files are this layout's alone
+    and :meth:`close` removes them."""
 
     episode_id: np.ndarray
     length: np.ndarray
     offset: np.ndarray
     columns: dict[str, Column] = field(default_factory=dict)
-    folder: tempfile.TemporaryDirectory | None = None
+    folder: Path | None = None
+    owned: tempfile.TemporaryDirectory | None = None
 
     @property
     def steps(self) -> int:
@@ -79,23 +129,14 @@ class Layout:
 
     def gather(self, name: str, positions: np.ndarray) -> Any:
         """Column ``name`` at ``positions``: an array, or for a Dict column a dict of its leaves' arrays."""
-        if name in self.columns:
-            return self.columns[name].gather(positions)
-        out: dict[str, Any] = {}
-        for leaf in (c for c in self.columns if c.startswith(name + ".")):
-            *parents, last = leaf[len(name) + 1:].split(".")
-            target = out
-            for part in parents:
-                target = target.setdefault(part, {})
-            target[last] = self.columns[leaf].gather(positions)
-        return out
+        return leaves(name, self.columns, lambda leaf: self.columns[leaf].gather(positions))
 
     def new_column(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Column:
         if self.folder is None:
-            self.folder = tempfile.TemporaryDirectory(prefix="trajstore-layout-")
-        path = Path(self.folder.name) / f"{len(self.columns)}.bin"
-        _zeros(path, self.steps * np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
-        column = Column(path, np.dtype(dtype), tuple(shape), self.steps)
+            self.owned = tempfile.TemporaryDirectory(prefix="trajstore-layout-")
+            self.folder = Path(self.owned.name)
+        column = Column(self.folder / f"{len(self.columns)}.bin", np.dtype(dtype), tuple(shape), self.steps)
+        _zeros(column.path, column.nbytes)
         self.columns[name] = column
         return column
 
@@ -103,16 +144,112 @@ class Layout:
         """The index (into ``episode_id``) of the episode holding each step position."""
         return np.searchsorted(self.offset, positions, side="right") - 1
 
+    def mapped(self) -> Mapped:
+        """The column files mapped once, for one iterator's batches (:meth:`Mapped.close` unmaps them)."""
+        return Mapped(self)
+
+    def describe(self) -> dict[str, Any]:
+        """What :meth:`load` needs besides the folder: the index's files and each column's file and type."""
+        return {"episodes": len(self.episode_id), "steps": self.steps, "index": dict(INDEX),
+                "columns": {name: c.describe() for name, c in self.columns.items()}}
+
+    def save(self, *, sync: bool = True) -> list[Path]:
+        """Write the index beside the columns (and with ``sync`` flush every file to disk): the files a saved
+        layout consists of."""
+        if self.folder is None:
+            self.owned = tempfile.TemporaryDirectory(prefix="trajstore-layout-")  # no column: only the index
+            self.folder = Path(self.owned.name)
+        self.episode_id.astype(np.int64).tofile(self.folder / INDEX["episode_id"])
+        self.length.astype(np.int64).tofile(self.folder / INDEX["length"])
+        files = [self.folder / INDEX["episode_id"], self.folder / INDEX["length"],
+                 *(c.path for c in self.columns.values())]
+        if sync:
+            for path in files:
+                fsync_file(path)
+        return files
+
+    @classmethod
+    def load(cls, folder: Path, description: dict[str, Any]) -> Layout:
+        """The layout saved in ``folder`` as ``description`` says; a :class:`BrokenLayoutError` when a file is
+        missing or of another size."""
+        try:
+            episodes, steps = int(description["episodes"]), int(description["steps"])
+            episode_id = _index_file(folder / INDEX["episode_id"], episodes)
+            length = _index_file(folder / INDEX["length"], episodes)
+            if int(length.sum()) != steps:
+                raise BrokenLayoutError(f"{folder}: the episode lengths add up to {length.sum()} steps, not {steps}")
+            columns = {name: Column(folder / d["file"], np.dtype(d["dtype"]), tuple(d["shape"]), steps)
+                       for name, d in description["columns"].items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BrokenLayoutError(f"{folder}: unreadable description ({exc!r})") from None
+        for c in columns.values():
+            size = c.path.stat().st_size if c.path.exists() else -1
+            if size != c.nbytes and c.nbytes:
+                raise BrokenLayoutError(f"{c.path}: {size} bytes, expected {c.nbytes}")
+        offset = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+        return cls(episode_id, length, offset, columns, folder)
+
     def close(self) -> None:
-        if self.folder is not None:
-            self.folder.cleanup()
+        """Remove the files if they are this layout's alone (a saved layout's files stay)."""
+        if self.owned is not None:
+            self.owned.cleanup()
+            self.owned = None
             self.folder = None
 
 
+def _index_file(path: Path, n: int) -> np.ndarray:
+    size = path.stat().st_size if path.exists() else -1
+    if size != 8 * n:
+        raise BrokenLayoutError(f"{path}: {size} bytes, expected {8 * n}")
+    return np.fromfile(path, dtype=np.int64)
+
+
+def fsync_file(path: Path) -> None:
+    """``path``'s bytes flushed to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Mapped:
+    """A layout as one iterator reads it: the index in memory, each column file mapped once (not per batch).
+
+    The maps are read-only and shared by nothing else; gathers copy out of them. The pages a gather touches
+    stay mapped (file pages, reclaimable by the kernel) until :meth:`close`.
+    """
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.episode_id, self.length, self.offset = layout.episode_id, layout.length, layout.offset
+        self.columns = layout.columns
+        self._maps = {name: c.open() for name, c in layout.columns.items()}
+
+    @property
+    def steps(self) -> int:
+        return self.layout.steps
+
+    def gather(self, name: str, positions: np.ndarray) -> Any:
+        """Column ``name`` at ``positions`` (a dict of its leaves' arrays for a Dict column)."""
+        return leaves(name, self.columns, lambda leaf: take(self._maps[leaf], positions, self.columns[leaf].shape))
+
+    def windows(self, name: str, first: np.ndarray, length: int) -> Any:
+        """The ``length`` steps from each of ``first`` (windows wholly inside the layout)."""
+        return leaves(name, self.columns, lambda leaf: take_windows(self._maps[leaf], first, length))
+
+    def episode_of(self, positions: np.ndarray) -> np.ndarray:
+        return self.layout.episode_of(positions)
+
+    def close(self) -> None:
+        self._maps.clear()  # the last references: numpy unmaps the files
+
+
 class LayoutCache:
-    """The last ``capacity`` layouts built, kept between calls (the next epoch over the same selection reads
-    its files again instead of the store): each shared by the iterators using it, and closed (its files
-    removed) once it has been evicted and the last of them has finished. Thread-safe."""
+    """The last ``capacity`` layouts opened, kept between calls (the next epoch over the same selection gathers
+    from them again without finding or reading anything): each shared by the iterators using it, and closed
+    (the files removed, if they are its own) once it has been evicted and the last of them has finished.
+    Thread-safe."""
 
     def __init__(self, capacity: int = 1) -> None:
         self.capacity = capacity
@@ -264,10 +401,12 @@ def _cast(column: pa.Array, t: pa.DataType) -> pa.Array:
     return column if column.type.equals(t) else column.cast(t)
 
 
-def build(read: Reader, schema: pa.Schema, columns: Sequence[str]) -> Layout:
-    """The layout of every step ``read`` yields, with ``columns`` (stored columns typed by ``schema``) in
-    files: one pass over ``episode_id, step`` for the index, one over the columns to fill the files."""
+def build(read: Reader, schema: pa.Schema, columns: Sequence[str], folder: Path | None = None) -> Layout:
+    """The layout of every step ``read`` yields, with ``columns`` (stored columns typed by ``schema``) in files
+    in ``folder`` (an empty folder; a temporary one the layout owns without it): one pass over
+    ``episode_id, step`` for the index, one over the columns to fill the files."""
     layout = _index(read(["episode_id", "step"]))
+    layout.folder = folder
     pa.default_memory_pool().release_unused()  # what the reads decoded goes back to the system, not kept
     types = {leaf: kind for c in columns for leaf, kind in column_leaves(schema, c, empty=layout.steps == 0).items()}
     try:

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError
-from trajstore.query.order import Position
+from trajstore.query.order import Order, Position
 from trajstore.schema import to_numpy
 
 LoaderFormat = Literal["numpy", "jax", "arrow", "torch"]
@@ -39,10 +39,10 @@ class Batches(Iterator[Any]):
 
     ``state_dict()`` says how many items of the order the batches returned so far hold; pass it as
     ``resume=`` to the same call to continue right after them. ``len()`` is the number of batches left.
-    ``close()`` (or the end of the order) releases the files the batches are gathered from.
+    ``close()`` (or the end of the order) unmaps the files the batches are gathered from.
     """
 
-    def __init__(self, order: np.ndarray, *, start: int, batch_size: int, assemble: Assemble, format: str,  # noqa: A002
+    def __init__(self, order: Order, *, start: int, batch_size: int, assemble: Assemble, format: str,  # noqa: A002
                  position: Position, on_close: Callable[[], None] | None = None) -> None:
         self._order, self._pos, self._size = order, start, batch_size
         self._assemble, self._format, self._position = assemble, format, position
@@ -73,7 +73,7 @@ class Batches(Iterator[Any]):
         return batch
 
     def _make(self, at: int) -> Any:
-        return convert(self._assemble(self._order[at:at + self._size]), self._format)
+        return convert(self._assemble(self._order.take(at, at + self._size)), self._format)
 
     def _submit(self, at: int) -> concurrent.futures.Future[Any]:
         if self._pool is None:

@@ -14,15 +14,27 @@ step, ``G_t = r_t + gamma G_{t+1}``, in float64.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError, size_text
 from trajstore.query import layout as lay
+from trajstore.query.layout_store import Basis, LayoutKey, LayoutStore
 from trajstore.query.loader import Batches, check_format
-from trajstore.query.order import Position, check_count, check_shard, digest, epoch_order, resume_position
+from trajstore.query.order import (
+    GroupWeights,
+    Position,
+    StepWeights,
+    Weights,
+    check_count,
+    check_shard,
+    digest,
+    epoch_order,
+    resume_position,
+)
 from trajstore.query.returns import check_gamma, episodes_return_to_go
 
 RETURN_TO_GO = "return_to_go"
@@ -35,22 +47,28 @@ DEFAULT_COLUMNS = ("obs", "action", "reward", "terminated", "truncated")
 @dataclass
 class Source:
     """The steps a loader reads, pinned to one committed version: their types, a reader of their columns, the
-    value of an ``episodes`` view column per episode (same version), and a key naming the version's files."""
+    value of an ``episodes`` view column per episode (same version), and a key naming the version's files (a
+    digest of their paths relative to the table)."""
 
     schema: pa.Schema
     read: lay.Reader
     episode_values: Callable[[str], tuple[np.ndarray, np.ndarray]]  # sorted ids, values; InputError if unknown
     version_key: str
     arguments: dict[str, Any] = field(default_factory=dict)  # the selection (run_id, where, filter), digested
-    layouts: lay.LayoutCache | None = None  # where layouts are kept between calls (None: built for each call)
+    layouts: LayoutStore | None = None  # where layouts are found and kept (None: built for each call)
+    basis: Basis | None = None  # what the store's vacuum judges a layout of these steps by
     check: Callable[[Sequence[str]], None] | None = None  # InputError for columns no array can stack (env ids)
 
     def laid_out(self, columns: Sequence[str], derived: Any,
-                 make: Callable[[], lay.Layout]) -> tuple[lay.Layout, Callable[[], None]]:
-        """The layout of ``columns`` (plus what ``derived`` names) of these steps, and its release."""
-        cache = self.layouts if self.layouts is not None else lay.LayoutCache(0)  # (an empty cache is falsy)
-        key = (self.version_key, digest(self.arguments), tuple(columns), derived)
-        return cache.get(key, make)
+                 make: Callable[[Path | None], lay.Layout]) -> tuple[lay.Layout, Callable[[], None]]:
+        """The layout of ``columns`` (plus what ``derived`` names) of these steps, and its release: found, or
+        built by ``make(folder)``."""
+        if self.layouts is None or self.basis is None:
+            return lay.LayoutCache(0).get(None, lambda: make(None))
+        types = tuple(str(self.schema.field(c).type) for c in columns)
+        key = LayoutKey(self.version_key, self.arguments.get("episodes"), tuple(columns), types,
+                        None if derived is None else tuple(derived))
+        return self.layouts.get(key, make, self.basis)
 
 
 @dataclass(frozen=True)
@@ -106,32 +124,62 @@ def checked(source: Source, columns: Sequence[str]) -> list[str]:
     return list(columns)
 
 
-def window_starts(lengths: np.ndarray, length: int, stride: int, pad: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``(episode, start)`` of every window, episode by episode, starts ascending."""
-    lengths = np.asarray(lengths, np.int64)
-    if pad:
-        counts = np.where(lengths > 0, (lengths - 1) // stride + 1, 0)
-    else:
-        counts = np.where(lengths >= length, (lengths - length) // stride + 1, 0)
-    episode = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
-    first = np.repeat(np.cumsum(counts) - counts, counts)
-    return episode, (np.arange(len(episode), dtype=np.int64) - first) * stride
+@dataclass(frozen=True)
+class Windows:
+    """The windows of a layout's episodes, numbered episode by episode, starts ascending: ``count[e]`` windows
+    in episode ``e``, numbered from ``end[e] - count[e]``, starting at steps ``0, stride, …``. Memory per
+    episode: a window's episode and start are found from its number (:meth:`locate`)."""
+
+    count: np.ndarray
+    end: np.ndarray
+    stride: int
+
+    @classmethod
+    def of(cls, lengths: np.ndarray, length: int, stride: int, pad: bool) -> Windows:
+        lengths = np.asarray(lengths, np.int64)
+        if pad:
+            count = np.where(lengths > 0, (lengths - 1) // stride + 1, 0)
+        else:
+            count = np.where(lengths >= length, (lengths - length) // stride + 1, 0)
+        return cls(count, np.cumsum(count), stride)
+
+    def __len__(self) -> int:
+        return int(self.end[-1]) if len(self.end) else 0
+
+    @property
+    def first(self) -> np.ndarray:
+        return self.end - self.count
+
+    def locate(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(episode, start)`` of windows ``items``."""
+        episode = np.searchsorted(self.end, items, side="right")
+        return episode, (items - (self.end[episode] - self.count[episode])) * self.stride
 
 
-def item_weights(source: Source, layout: lay.Layout, weight_by: str | None, episode: np.ndarray,
-                 step: np.ndarray) -> np.ndarray | None:
-    """Each item's weight: the step column ``weight_by`` at the item's (first) step, or the ``episodes``
-    view's column ``weight_by`` of its episode."""
+WEIGHT_CHUNK = 1 << 20  # items whose step weights are gathered at a time
+
+
+def item_weights(source: Source, layout: lay.Layout | lay.Mapped, weight_by: str | None, first: np.ndarray,
+                 count: np.ndarray, first_step: Callable[[np.ndarray], np.ndarray]) -> Weights | None:
+    """The items' weights: the step column ``weight_by`` at each item's (first) step, ``first_step(items)``,
+    or the ``episodes`` view's column ``weight_by`` of its episode (``count[e]`` items of episode ``e`` from
+    item ``first[e]`` on)."""
     if weight_by is None:
         return None
     if weight_by in layout.columns:
-        return layout.gather(weight_by, layout.offset[episode] + step).astype(np.float64)
+        n = int(count.sum())
+
+        def chunks() -> Iterator[np.ndarray]:
+            for lo in range(0, n, WEIGHT_CHUNK):
+                items = np.arange(lo, min(lo + WEIGHT_CHUNK, n), dtype=np.int64)
+                yield layout.gather(weight_by, first_step(items)).astype(np.float64)
+
+        return StepWeights(chunks(), n)
     ids, values = source.episode_values(weight_by)
-    at = np.searchsorted(ids, layout.episode_id)
-    at = np.minimum(at, max(len(ids) - 1, 0))
+    at = np.minimum(np.searchsorted(ids, layout.episode_id), max(len(ids) - 1, 0))
     per_episode = np.where(ids[at] == layout.episode_id, values[at], 0.0) if len(ids) else \
         np.zeros(len(layout.episode_id))
-    return np.asarray(per_episode, np.float64)[episode]
+    return GroupWeights(np.asarray(per_episode, np.float64), first, count)
 
 
 def weight_column(source: Source, weight_by: str | None) -> list[str]:
@@ -186,8 +234,8 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
                           f"a step ({', '.join([*names, *([RETURN_TO_GO] if wants_rtg else []), 'mask'])} and "
                           "indices)", "lower batch_size or length, or select fewer columns")
 
-    def make() -> lay.Layout:
-        layout = lay.build(source.read, source.schema, [*names, *extra])
+    def make(folder: Path | None) -> lay.Layout:
+        layout = lay.build(source.read, source.schema, [*names, *extra], folder)
         try:
             if wants_rtg:
                 lay.derive(layout, RETURN_TO_GO, np.dtype(np.float64), "reward",
@@ -198,21 +246,25 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
         return layout
 
     layout, release = source.laid_out([*names, *extra], (RETURN_TO_GO, g) if wants_rtg else None, make)
+    view = layout.mapped()
     try:
         if wants_rtg:
             names.append(RETURN_TO_GO)
-        episode, start = window_starts(layout.length, length, stride, bool(pad))
-        if not len(episode):
+        windows = Windows.of(layout.length, length, stride, bool(pad))
+        if not len(windows):
             check_fits(layout, length)
-        weights = item_weights(source, layout, sampling.weight_by, episode, start)
+        weights = item_weights(source, view, sampling.weight_by, windows.first, windows.count,
+                               lambda items: _first_steps(view, windows, items))
         arguments = {"length": length, "columns": names, "stride": stride, "pad": bool(pad), "gamma": g}
 
         def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
-            return window_batch(layout, names, episode[items], start[items], length)
+            episode, start = windows.locate(items)
+            return window_batch(view, names, episode, start, length)
 
-        return loader_batches("sequences", arguments, source, release, sampling, len(episode), weights, assemble,
-                              format, resume)
+        return loader_batches("sequences", arguments, source, release_view(view, release), sampling, len(windows),
+                              weights, assemble, format, resume)
     except BaseException:
+        view.close()
         release()
         raise
 
@@ -228,10 +280,23 @@ def check_fits(layout: lay.Layout, length: int) -> None:
                      f"that, or pass pad=True for windows padded (and masked) past episode ends")
 
 
+def _first_steps(view: lay.Mapped, windows: Windows, items: np.ndarray) -> np.ndarray:
+    episode, start = windows.locate(items)
+    return view.offset[episode] + start
+
+
+def release_view(view: lay.Mapped, release: Callable[[], None]) -> Callable[[], None]:
+    """What ends an iterator: its maps closed, then its layout released."""
+    def close() -> None:
+        view.close()
+        release()
+    return close
+
+
 def loader_batches(kind: str, arguments: dict[str, Any], source: Source, release: Callable[[], None],
-                   sampling: Sampling,
-                   items: int, weights: np.ndarray | None, assemble: Callable[[np.ndarray], dict[str, np.ndarray]],
-                   format: str, resume: Mapping[str, Any] | None) -> Batches:  # noqa: A002
+                   sampling: Sampling, items: int, weights: Weights | None,
+                   assemble: Callable[[np.ndarray], dict[str, np.ndarray]], format: str,  # noqa: A002
+                   resume: Mapping[str, Any] | None) -> Batches:
     """The iterator over this epoch's shard of ``items`` items: its order, where ``resume`` puts it, and the
     digest of everything that fixes the order (``arguments``, the sampling, the selection, the data)."""
     digested = {"kind": kind, **arguments, **sampling.digested(), **source.arguments, "data": source.version_key}
@@ -253,17 +318,23 @@ def _zero_outside(values: Any, mask: np.ndarray) -> Any:
     return values
 
 
-def window_batch(layout: lay.Layout, names: Sequence[str], episode: np.ndarray, start: np.ndarray,
+def window_batch(layout: lay.Mapped, names: Sequence[str], episode: np.ndarray, start: np.ndarray,
                  length: int) -> dict[str, np.ndarray]:
     """The windows ``(episode, start)``: each column ``(n, length, …)`` (zero past the episode's end),
-    ``mask``, ``episode_id`` and ``start``."""
+    ``mask``, ``episode_id`` and ``start``. Windows wholly inside their episodes are copied as blocks; a batch
+    with a padded window gathers step by step."""
     steps = start[:, None] + np.arange(length, dtype=np.int64)
     ends = layout.length[episode][:, None]
     mask = steps < ends
-    positions = layout.offset[episode][:, None] + np.minimum(steps, ends - 1)
+    whole = len(start) > 0 and bool(mask[:, -1].all())
+    first = layout.offset[episode] + start
+    positions = None if whole else first[:, None] + np.minimum(steps, ends - 1) - start[:, None]
     out: dict[str, np.ndarray] = {}
     for name in names:
-        out[name] = _zero_outside(layout.gather(name, positions), mask)
+        if positions is None:
+            out[name] = layout.windows(name, first, length)
+        else:
+            out[name] = _zero_outside(layout.gather(name, positions), mask)
     out["mask"] = mask
     out["episode_id"] = layout.episode_id[episode]
     out["start"] = start

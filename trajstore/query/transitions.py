@@ -26,6 +26,7 @@ from trajstore.query.sequences import (
     checked,
     item_weights,
     loader_batches,
+    release_view,
     step_bytes,
     stored_columns,
     weight_column,
@@ -59,24 +60,23 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
         raise InputError(f"columns: n-step transitions need {missing}, which these steps do not have")
     extra = [c for c in [*needed, *weight_column(source, sampling.weight_by)] if c not in at_t]
     laid = checked(source, list(dict.fromkeys([*at_t, *extra])))
-    layout, release = source.laid_out(laid, None, lambda: lay.build(source.read, source.schema, laid))
+    layout, release = source.laid_out(laid, None, lambda folder: lay.build(source.read, source.schema, laid, folder))
+    view = layout.mapped()
     try:
         if max_batch_bytes is not None:
             _check_bytes(source, layout, at_t, n, int(sampling.batch_size), max_batch_bytes)
-        steps = np.arange(layout.steps, dtype=np.int64)
-        episode = layout.episode_of(steps)
-        weights = item_weights(source, layout, sampling.weight_by, episode, steps - layout.offset[episode])
-        del steps, episode
+        weights = item_weights(source, view, sampling.weight_by, layout.offset, layout.length, lambda items: items)
         ends = layout.offset + layout.length - 1
-        terminal = layout.gather("terminated", ends).astype(bool) if len(ends) else np.zeros(0, bool)
+        terminal = view.gather("terminated", ends).astype(bool) if len(ends) else np.zeros(0, bool)
         arguments = {"n": n, "gamma": g, "columns": at_t}
 
         def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
-            return transition_batch(layout, at_t, items, n, g, terminal)
+            return transition_batch(view, at_t, items, n, g, terminal)
 
-        return loader_batches("transitions", arguments, source, release, sampling, layout.steps, weights, assemble,
-                              format, resume)
+        return loader_batches("transitions", arguments, source, release_view(view, release), sampling, layout.steps,
+                              weights, assemble, format, resume)
     except BaseException:
+        view.close()
         release()
         raise
 
@@ -93,7 +93,7 @@ def _check_bytes(source: Source, layout: lay.Layout, at_t: Sequence[str], n: int
                       "lower batch_size or n, or select fewer columns")
 
 
-def transition_batch(layout: lay.Layout, names: Sequence[str], positions: np.ndarray, n: int, gamma: float,
+def transition_batch(layout: lay.Layout | lay.Mapped, names: Sequence[str], positions: np.ndarray, n: int, gamma: float,
                      terminal: np.ndarray) -> dict[str, np.ndarray]:
     """The n-step transitions starting at step ``positions`` of the layout; ``terminal[e]`` says whether
     episode ``e`` ended by termination."""

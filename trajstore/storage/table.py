@@ -150,6 +150,12 @@ class StepsTable:
         dt = self._open()
         return [] if dt is None else self._files(dt)
 
+    def listing(self) -> tuple[int, list[DataFile]]:
+        """The latest version and its committed files, from one reading of the log (the two may not come from
+        two readings: a commit between them would pair a version with another version's files)."""
+        dt = self._open()
+        return (-1, []) if dt is None else (dt.version(), self._files(dt))
+
     def _files(self, dt: DeltaTable) -> list[DataFile]:
         actions = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
         none = [None] * len(actions["path"])

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
+import pyarrow.fs as pafs
+
 from trajstore.errors import InputError
+from trajstore.query.layout_store import Horizon, remove_empty_folders, unneeded
 from trajstore.storage.check import removable_orphans
 from trajstore.storage.table import display
 
@@ -74,14 +77,41 @@ def vacuum(store: Store, *, older_than: float | str | timedelta = "7d", dry_run:
     fs = store.table.fs
     report = VacuumReport(older_than_s=horizon, dry_run=dry_run)
     for path, info in zip(paths, fs.get_file_info(paths) if paths else []):
-        if not dry_run:
-            try:
-                fs.delete_file(path)
-            except FileNotFoundError:  # another vacuum got there first
-                continue
-        report.files.append(display(path, fs))
-        report.bytes += max(int(info.size or 0), 0)
+        _remove(fs, info, report)
+    layouts = unneeded(store.location, _horizon(store, horizon), grace_s=max(horizon, UNCOMMITTED_GRACE_S))
+    for info in layouts:
+        _remove(store.location.fs, info, report)
+    if not dry_run:
+        remove_empty_folders(store.location, layouts)
+        store.layouts.opened.clear()  # layouts this store keeps open may be gone
+        store.layouts.prune_copies()  # this machine's copies of removed s3:// layouts
     return report
+
+
+def _remove(fs: pafs.FileSystem, info: pafs.FileInfo, report: VacuumReport) -> None:
+    """Delete one file (unless the report is a dry run) and count it."""
+    if not report.dry_run:
+        try:
+            fs.delete_file(info.path)
+        except FileNotFoundError:  # another vacuum got there first
+            return
+    report.files.append(display(info.path, fs))
+    report.bytes += max(int(info.size or 0), 0)
+
+
+def _horizon(store: Store, older_than_s: float) -> Horizon | None:
+    """The version that was current ``older_than_s`` ago (the oldest a vacuum keeps) and its files; None when
+    the store has no version that old (every version is kept)."""
+    dt = store.table.latest()
+    if dt is None:
+        return None
+    if older_than_s > 0:
+        try:
+            dt.load_as_version(datetime.now(timezone.utc) - timedelta(seconds=older_than_s))
+        except Exception:  # noqa: BLE001 - deltalake's error for a time before the first version
+            return None
+    files = store.table.files_at(dt)
+    return Horizon(int(dt.version()), [(store.table.location.relative(f.path), f.run_id, f.env_id) for f in files])
 
 
 def format_duration(seconds: float) -> str:

@@ -103,7 +103,8 @@ def _run(store: RolloutTarget, venv: Any, mode: str, until: Callable[..., bool],
     started = time.perf_counter()
     with bar, store.writer(run_id=run_id, env_id=env_id, observation_space=venv.single_observation_space,
                            action_space=venv.single_action_space,
-                           autoreset="next-step" if mode == NEXT_STEP else "same-step", **options, **lineage) as writer:
+                           autoreset="next-step" if mode == NEXT_STEP else "same-step",
+                           **options, **lineage) as writer:
         with BackgroundWriter(writer, queue_size, prepare=time_major) as background:
             steps: list[tuple[Any, ...]] = []
             stop = False

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -276,3 +277,25 @@ def test_sql_takes_the_environments_and_runs_its_views_hold(tmp_path: Path, caps
                         (["--env", "Box-v0", "--unsafe"], "FLOAT[]")):
         code, out, _ = run(capsys, "sql", "--store", str(tmp_path / "mixed"), query, "--format", "json", *flags)
         assert code == 0 and [json.loads(line)["t"] for line in out.splitlines()] == [kind], flags
+
+
+def test_rollout_frame_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "stacked"
+    code, out, _ = run(capsys, "rollout", "--env", "CartPole-v1", "--frame-stack", "4", "--steps", "200",
+                       "--num-envs", "2", "--store", str(path), "--run", "fs", "--no-progress")
+    assert code == 0 and "stored 20" in out
+    store = trajstore.open(path)
+    files = store.files()
+    assert all(pq.ParquetFile(f.path).schema_arrow.metadata[b"trajstore"].find(b'"frame_stack":{"obs":4}') > 0
+               for f in files)
+    table = store.sql("SELECT episode_id, step, obs, next_obs FROM steps ORDER BY episode_id, step")
+    assert table.schema.field("obs").type.value_type.value_type == pa.float32()
+    rows = table.to_pydict()
+    obs, nxt = np.array(rows["obs"]), np.array(rows["next_obs"])
+    assert obs.shape == (len(obs), 4, 4) and len(obs) >= 200
+    same = np.array(rows["episode_id"][1:]) == np.array(rows["episode_id"][:-1])
+    np.testing.assert_array_equal(obs[1:][same][:, :-1], obs[:-1][same][:, 1:])  # stacks of the env's frames
+    np.testing.assert_array_equal(nxt[:-1][same], obs[1:][same])
+    code, _, err = run(capsys, "rollout", "--backend", "jax", "--env", "cartpole", "--frame-stack", "4",
+                       "--steps", "10", "--store", str(path), "--run", "x")
+    assert code == 2 and "--frame-stack" in err and "--backend gym" in err

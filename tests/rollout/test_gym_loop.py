@@ -157,3 +157,16 @@ def test_a_result_prints_as_a_summary(store: trajstore.Store) -> None:
     text = repr(result)
     assert text.startswith("RolloutResult(run_id='r', env_id='CartPole-v1', steps=") and "return_mean=" in text
     assert len(text) < 200  # not one number per episode
+
+
+def test_a_vector_env_that_reuses_its_arrays_is_stored_exactly(store: trajstore.Store) -> None:
+    from tests.integrations.steplog import StepLog, assert_same, stored
+
+    def make() -> StepLog:
+        return StepLog(gym.make("CartPole-v1", max_episode_steps=30))
+
+    venv = gym.vector.SyncVectorEnv([make] * 3, copy=False)  # writes every step into the same arrays
+    gym_rollout(store, venv, run_id="nocopy", env_id="CartPole-v1", steps=300, chunk=16, progress=False)
+    got = stored(store, "nocopy")
+    for i, env in enumerate(venv.envs):
+        assert_same(got[i], env.episodes())

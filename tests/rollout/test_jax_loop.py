@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from gymnasium import spaces
 
@@ -279,3 +280,44 @@ def test_cli_rollout_with_the_jax_backend(tmp_path: Path, capsys: pytest.Capture
     assert main(["rollout", "--backend", "jax", "--env", "nope", "--steps", "10", "--store", str(path),
                  "--run", "x"]) == 2
     assert "unknown JAX environment 'nope'" in capsys.readouterr().err
+
+
+def stacking_env(k: int = 4) -> FunctionalAdapter:
+    """A JAX env whose observation is the stack of its last ``k`` frames (newest last; at a reset, the first
+    frame k times, as FrameStackObservation pads): frames of 3 floats wander until one leaves [-1, 1]."""
+
+    def reset_fn(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        stack = jnp.broadcast_to(jax.random.uniform(key, (3,), minval=-0.5, maxval=0.5), (k, 3))
+        return stack, stack
+
+    def step_fn(stack: jax.Array, action: jax.Array, key: jax.Array) -> tuple[Any, ...]:
+        frame = stack[-1] + 0.1 * jax.random.normal(key, (3,)) + 0.05 * (action - 0.5)
+        stack = jnp.concatenate([stack[1:], frame[None]])
+        return stack, stack, -jnp.abs(frame).sum(), jnp.abs(frame).max() > 1.0, {}
+
+    return FunctionalAdapter(reset_fn, step_fn, spaces.Box(-np.inf, np.inf, (k, 3), np.float32), spaces.Discrete(2),
+                             max_episode_steps=30, name="stacked")
+
+
+def test_frame_stack_stores_each_frame_once_and_reads_back_the_same(store: trajstore.Store) -> None:
+    env = stacking_env()
+    for run, frame_stack in (("whole", None), ("stacked", {"obs": 4})):
+        jax_rollout(store, env, run_id=run, num_envs=8, rollout_length=16, steps=8 * 16 * 6, seed=2,
+                    frame_stack=frame_stack, progress=False)
+    read = {run: store.scan(["episode_id", "step", "obs", "next_obs", "terminated", "truncated"],
+                            run_id=run).read_all().sort_by([("episode_id", "ascending"), ("step", "ascending")])
+            for run in ("whole", "stacked")}
+    assert read["stacked"].drop_columns("episode_id").equals(read["whole"].drop_columns("episode_id"))
+    ends = read["whole"]
+    assert pa_any(ends["terminated"]) and pa_any(ends["truncated"])
+    sizes = {}
+    for f in store.files():
+        meta = pq.ParquetFile(f.path, filesystem=f.fs).metadata
+        sizes[f.run_id] = sizes.get(f.run_id, 0) + sum(
+            meta.row_group(g).column(c).total_uncompressed_size for g in range(meta.num_row_groups)
+            for c in range(meta.num_columns) if meta.row_group(g).column(c).path_in_schema.startswith("obs"))
+    assert sizes["stacked"] < 0.5 * sizes["whole"]
+
+
+def pa_any(column: Any) -> bool:
+    return bool(np.asarray(column.to_numpy()).any())

@@ -45,6 +45,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     else:
         store = _open(args.store, create=True)
     lineage = {"policy_version": args.policy_version} if args.policy_version is not None else {}
+    if args.frame_stack is not None and (args.backend != "gym" or args.frame_stack < 2):
+        raise InputError("rollout: --frame-stack K stacks the last K >= 2 observations of a --backend gym env, "
+                         f"got K={args.frame_stack} with --backend {args.backend}")
     if args.backend == "jax":
         from trajstore.rollout import jax_rollout
 
@@ -56,10 +59,22 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
         result = gym_rollout(store, args.env, run_id=args.run, num_envs=args.num_envs, episodes=args.episodes,
                              steps=args.steps, seed=args.seed, autoreset=args.autoreset,
-                             progress=_progress(args), **lineage)
+                             progress=_progress(args), wrappers=_frame_stacker(args.frame_stack), **lineage)
     print(f"stored {result.steps} steps, {result.episodes} complete episodes of {result.env_id} "
           f"as run {result.run_id!r} in {store.root} ({result.steps_per_second:,.0f} steps/s)")
     return 0
+
+
+def _frame_stacker(k: int | None) -> list[Any]:
+    """``--frame-stack K``: each env wrapped in gymnasium's FrameStackObservation (gym_rollout finds it there
+    and stores each frame once)."""
+    if k is None:
+        return []
+    import functools
+
+    import gymnasium as gym
+
+    return [functools.partial(gym.wrappers.FrameStackObservation, stack_size=k)]
 
 
 def cmd_import(args: argparse.Namespace) -> int:

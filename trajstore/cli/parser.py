@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gymnasium vector-env autoreset mode (default: next-step, gymnasium's default)")
     p.add_argument("--rollout-length", type=int, default=128,
                    help="jax: steps per lax.scan, each scan one (T, B) batch (default: 128)")
+    p.add_argument("--frame-stack", type=int, metavar="K",
+                   help="gym: stack each env's last K observations (gymnasium's FrameStackObservation); each "
+                        "frame is stored once")
     p.add_argument("--policy-version", type=int, help="stored in the policy_version column")
     _progress_option(p)
     p.set_defaults(func=commands.cmd_rollout)

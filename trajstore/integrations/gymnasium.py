@@ -152,7 +152,7 @@ class VectorRecordToStore(gym.vector.VectorWrapper):
                  chunk: int = 256, extras: Sequence[str] = (), **options: Any) -> None:
         super().__init__(env)
         self.mode = autoreset_mode(env)
-        options = {**frame_stack_option(_first_env(env), env.single_observation_space), **options}
+        options = {**frame_stack_option(first_env(env), env.single_observation_space), **options}
         self.writer = store.writer(run_id=run_id, env_id=env_id or spec_id(env),
                                    autoreset=NEXT_STEP if self.mode == NEXT_STEP else SAME_STEP,
                                    observation_space=env.single_observation_space,
@@ -231,8 +231,8 @@ def autoreset_mode(venv: gym.vector.VectorEnv) -> str:
 def spec_id(env: Any) -> str:
     """The gymnasium id ``env`` was made with (for a vector env without one, its first sub-env's)."""
     spec = getattr(env, "spec", None) or getattr(getattr(env, "unwrapped", None), "spec", None)
-    if spec is None and isinstance(env, gym.vector.VectorEnv) and _first_env(env) is not None:
-        return spec_id(_first_env(env))
+    if spec is None and isinstance(env, gym.vector.VectorEnv) and first_env(env) is not None:
+        return spec_id(first_env(env))
     if spec is None or not getattr(spec, "id", None):
         raise InputError("env_id: this env has no spec id (it was not made by gymnasium.make); pass env_id='…'")
     return str(spec.id)
@@ -254,7 +254,7 @@ def frame_stack_option(env: Any, space: Any) -> dict[str, Any]:
     return {"frame_stack": {"obs": int(k)}}
 
 
-def _first_env(venv: Any) -> Any:
+def first_env(venv: Any) -> Any:
     """The first sub-env of a synchronous vector env (to look at its wrappers); None if not reachable."""
     envs = getattr(getattr(venv, "unwrapped", venv), "envs", None)
     return envs[0] if envs else None

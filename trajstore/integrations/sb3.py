@@ -23,7 +23,7 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 from trajstore.errors import InputError
-from trajstore.integrations.gymnasium import StepBuffer, copy_obs
+from trajstore.integrations.gymnasium import StepBuffer, copy_obs, frame_stack_option
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,9 @@ class StoreCallback(BaseCallback):
     Under a ``VecNormalize`` (the outermost VecEnv wrapper), the env's own observations and rewards are stored,
     not the normalized ones the policy sees (a final observation is un-normalized from SB3's normalized copy).
     The action stored is the one the env received (clipped or rescaled into its space). ``extras`` names keys of
-    each env's ``info`` to store as columns; other keywords are writer options or lineage values.
+    each env's ``info`` to store as columns; other keywords are writer options or lineage values. Where the envs
+    of a ``DummyVecEnv`` end in gymnasium's ``FrameStackObservation``, the stack is declared to the writer
+    (``frame_stack={"obs": k}``: each frame stored once) unless ``frame_stack=`` is given.
     """
 
     def __init__(self, store: Any, *, run_id: str, env_id: str | None = None, chunk: int = 256,
@@ -104,9 +106,10 @@ class StoreCallback(BaseCallback):
 
     def _open(self) -> StepBuffer:
         env = self.training_env
+        options = {**_frame_stack_option(env), **self.options}
         self.writer = self.store.writer(run_id=self.run_id, env_id=self.env_id or _spec_id(env),
                                         autoreset="same-step", observation_space=env.observation_space,
-                                        action_space=env.action_space, **self.options)
+                                        action_space=env.action_space, **options)
         return StepBuffer(self.writer, chunk=self.chunk, extras=self.extras, vector=True)
 
     # --- the env's own values under a VecNormalize ------------------------------------------------------------
@@ -151,6 +154,21 @@ def _per_env_info(infos: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> di
                              f"the keys named in extras (it has {sorted(infos[missing[0]])})")
         out[key] = np.stack([np.asarray(info[key]) for info in infos])
     return out
+
+
+def _frame_stack_option(venv: Any) -> dict[str, Any]:
+    """``{"frame_stack": {"obs": k}}`` where the envs of a ``DummyVecEnv`` end in gymnasium's
+    ``FrameStackObservation`` and no VecEnv wrapper around it changes the observation space (SB3's own
+    ``VecFrameStack`` stacks along the last axis, which is not that layout); else nothing."""
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecEnvWrapper
+
+    while isinstance(venv, VecEnvWrapper):
+        if venv.observation_space != venv.venv.observation_space:
+            return {}
+        venv = venv.venv
+    if not isinstance(venv, DummyVecEnv) or not venv.envs:
+        return {}
+    return frame_stack_option(venv.envs[0], venv.observation_space)
 
 
 def _spec_id(venv: Any) -> str:

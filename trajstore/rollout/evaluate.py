@@ -22,13 +22,14 @@ under their own ``run_id``: a run holding training steps is refused.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 
 from trajstore.errors import InputError
-from trajstore.rollout.jax_host import BackgroundWriter, Tally, collect, open_writer
+from trajstore.rollout.background import BackgroundWriter
+from trajstore.rollout.jax_host import Tally, collect, open_writer
 from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
 from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.target import RolloutTarget, check_run_mode
@@ -41,13 +42,13 @@ def jax_evaluate(store: RolloutTarget, env: Any, *, run_id: str, episodes: int, 
                  params: Any = None, num_envs: int = 1024, rollout_length: int = 128, seed: int = 0,
                  policy_version: int | None = None, worker_id: str | None = None, env_id: str | None = None,
                  max_episode_steps: int | None = None, queue_size: int = 2, progress: Progress = True,
-                 **lineage: Any) -> RolloutResult:
+                 frame_stack: Mapping[str, int] | None = None, **lineage: Any) -> RolloutResult:
     """Store exactly ``episodes`` complete evaluation episodes of ``policy`` in ``env`` under ``run_id``.
 
     ``num_envs`` envs run in parallel (at most ``episodes``), scanned ``rollout_length`` steps at a
     time until every episode of the round has ended. ``max_episode_steps`` truncates episodes (it
     defaults to the env's own time limit). ``result.episode_returns``/``episode_lengths`` are the
-    sums computed inside JAX.
+    sums computed inside JAX. ``frame_stack`` as for :func:`~trajstore.rollout.jax_loop.jax_rollout`.
     """
     check_positive("episodes", episodes)
     check_positive("num_envs", num_envs)
@@ -65,6 +66,7 @@ def jax_evaluate(store: RolloutTarget, env: Any, *, run_id: str, episodes: int, 
     if policy_version is not None:
         lineage["policy_version"] = policy_version
     opts = {"worker_id": worker_id} if worker_id is not None else {}
+    opts.update({"frame_stack": dict(frame_stack)} if frame_stack else {})
     key = jax.random.PRNGKey(seed)
     scan.compile(params, scan.init(key, jnp.ones(B, bool)))
     tally = Tally(B)

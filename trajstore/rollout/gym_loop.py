@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from trajstore.errors import InputError
+from trajstore.integrations.gymnasium import copy_obs, first_env, frame_stack_option
+from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.target import RolloutTarget
 from trajstore.rollout.sampling import RolloutResult, sample_until
@@ -32,70 +34,118 @@ Policy = Callable[[Any], Any]
 """``policy(obs) -> action`` for a whole vector env: ``(B, …)`` observations in, ``(B, …)`` actions out."""
 
 NEXT_STEP, SAME_STEP, DISABLED = "next-step", "same-step", "disabled"
+CALL_BYTES = 8 * 1024 * 1024  # observations handed to the writer per call, at most (where chunk allows more)
 
 
 def gym_rollout(store: RolloutTarget, env: Any, *, run_id: str, num_envs: int = 8, policy: Policy | None = None,
                 episodes: int | None = None, steps: int | None = None, seed: int | None = 0,
                 env_id: str | None = None, autoreset: str = NEXT_STEP, chunk: int = 256,
                 progress: Progress = True, env_kwargs: Mapping[str, Any] | None = None,
-                **lineage: Any) -> RolloutResult:
+                wrappers: Sequence[Callable[[Any], Any]] = (), frame_stack: Mapping[str, int] | None = None,
+                queue_size: int = 2, **lineage: Any) -> RolloutResult:
     """Roll out ``env`` (a gymnasium id or a vector env) into ``store`` until ``episodes``/``steps`` are reached.
 
     With no ``policy``, actions are sampled from the action space (seeded with ``seed``).
     ``episodes`` counts complete episodes, ``steps`` stored steps; with both, both must be reached.
     Episodes still running at the stop are stored too, as incomplete. Extra keywords
-    (``policy_version=``, ``mode=``, …) are stored as lineage columns.
+    (``policy_version=``, ``mode=``, …) are stored as lineage columns. ``wrappers`` wrap each env made from an
+    id (gymnasium's ``make_vec(wrappers=…)``, e.g. ``AtariPreprocessing``, ``FrameStackObservation``).
+
+    ``frame_stack={"obs": k}`` says the observations are stacks of their last k frames (gymnasium's
+    ``FrameStackObservation`` layout), so that each frame is stored once (see :meth:`Store.writer`). Left out,
+    it is found where the sub-envs are reachable (a synchronous vector env) and end in ``FrameStackObservation``;
+    ``frame_stack={}`` stores whole observations.
+
+    The envs are stepped in this thread; ``chunk`` steps at a time (fewer where their observations pass 8 MiB)
+    are stacked, checked and handed to the writer in another (at most ``queue_size`` chunks wait), so storing
+    overlaps stepping.
     """
     until = sample_until(min_timesteps=steps, min_episodes=episodes)
     if chunk < 1:
         raise InputError(f"chunk must be a positive number of steps, got {chunk}")
-    venv, owned = _vector_env(env, num_envs, autoreset, env_kwargs or {})
+    venv, owned = _vector_env(env, num_envs, autoreset, env_kwargs or {}, wrappers)
     try:
         mode = _autoreset_mode(venv)
         env_id = env_id or _env_id(env, venv)
+        options = _frame_stack(venv, frame_stack)
         return _run(store, venv, mode, until, policy, seed, run_id=run_id, env_id=env_id, chunk=chunk,
-                    bar=RolloutProgress(episodes=episodes, steps=steps, enabled=progress), lineage=lineage)
+                    bar=RolloutProgress(episodes=episodes, steps=steps, enabled=progress), lineage=lineage,
+                    options={**options, "queue_size": queue_size})
     finally:
         if owned:
             venv.close()
 
 
+def _frame_stack(venv: Any, frame_stack: Mapping[str, int] | None) -> dict[str, Any]:
+    """The writer's ``frame_stack`` option: as given, or found on the first sub-env (None: not found)."""
+    if frame_stack is None:
+        found = frame_stack_option(first_env(venv), venv.single_observation_space)
+        if found:
+            log.info("frame_stack: the envs end in FrameStackObservation: storing %s", found["frame_stack"])
+        return found
+    return {"frame_stack": frame_stack} if frame_stack else {}
+
+
 def _run(store: RolloutTarget, venv: Any, mode: str, until: Callable[..., bool], policy: Policy | None,
          seed: int | None, *, run_id: str, env_id: str, chunk: int, bar: RolloutProgress,
-         lineage: dict[str, Any]) -> RolloutResult:
+         lineage: dict[str, Any], options: dict[str, Any]) -> RolloutResult:
     B = venv.num_envs
     if seed is not None:
         lineage.setdefault("seed", seed + np.arange(B, dtype=np.int64))
         venv.action_space.seed(seed)
+    queue_size = options.pop("queue_size")
+    fresh = _fresh_arrays(venv)
     obs, _ = venv.reset(seed=seed)
+    obs = obs if fresh else copy_obs(obs)
+    chunk = _steps_per_call(chunk, obs)
     tracker = EpisodeTracker(B, drops_reset_steps=mode == NEXT_STEP)
     result = RolloutResult(run_id=run_id, env_id=env_id)
     started = time.perf_counter()
     with bar, store.writer(run_id=run_id, env_id=env_id, observation_space=venv.single_observation_space,
                            action_space=venv.single_action_space,
-                           autoreset="next-step" if mode == NEXT_STEP else "same-step", **lineage) as writer:
-        steps: list[tuple[Any, ...]] = []
-        stop = False
-        while not stop:
-            action = np.asarray(policy(obs)) if policy is not None else venv.action_space.sample()
-            next_obs, reward, terminated, truncated, info = venv.step(action)
-            final_obs = _with_final_obs(next_obs, info) if mode == SAME_STEP else next_obs
-            steps.append((obs, action, reward, final_obs, terminated, truncated))
-            returns, lengths = tracker.update(reward, terminated, truncated)
-            result.episode_returns += returns
-            result.episode_lengths += lengths
-            obs = _reset_done(venv, next_obs, terminated | truncated) if mode == DISABLED else next_obs
-            stop = until(episodes=tracker.episodes, timesteps=tracker.steps)
-            if len(steps) == chunk or stop:
-                writer.add_batch(_time_major(steps))
-                steps = []
-            bar.update(steps=tracker.steps, episodes=tracker.episodes, returns=returns)
+                           autoreset="next-step" if mode == NEXT_STEP else "same-step",
+                           **options, **lineage) as writer:
+        with BackgroundWriter(writer, queue_size, prepare=time_major) as background:
+            steps: list[tuple[Any, ...]] = []
+            stop = False
+            while not stop:
+                action = np.asarray(policy(obs)) if policy is not None else venv.action_space.sample()
+                next_obs, reward, terminated, truncated, info = venv.step(action)
+                next_obs = next_obs if fresh else copy_obs(next_obs)
+                final_obs = _with_final_obs(next_obs, info) if mode == SAME_STEP else next_obs
+                steps.append((obs, action, reward, final_obs, terminated, truncated))
+                returns, lengths = tracker.update(reward, terminated, truncated)
+                result.episode_returns += returns
+                result.episode_lengths += lengths
+                obs = _reset_done(venv, next_obs, terminated | truncated) if mode == DISABLED else next_obs
+                stop = until(episodes=tracker.episodes, timesteps=tracker.steps)
+                if len(steps) == chunk or stop:
+                    background.put(steps)  # stacked in the writer's thread
+                    steps = []
+                bar.update(steps=tracker.steps, episodes=tracker.episodes, returns=returns)
         bar.finish(steps=tracker.steps, episodes=tracker.episodes)
     result.steps, result.episodes = writer.steps_written, tracker.episodes
     result.seconds = time.perf_counter() - started
     log.info("rollout %s/%s: %d steps, %d episodes in %.1fs", run_id, env_id, result.steps, result.episodes,
              result.seconds)
     return result
+
+
+def _steps_per_call(chunk: int, obs: Any) -> int:
+    """``chunk``, or fewer steps where their observations would pass ``CALL_BYTES``: steps kept for the writer
+    are new arrays each, and fewer of them in flight keep the memory they come from warm (measured on Breakout:
+    half the system time of 256 steps a call)."""
+    return max(1, min(chunk, CALL_BYTES // max(_nbytes(obs), 1)))
+
+
+def _nbytes(value: Any) -> int:
+    return sum(map(_nbytes, value.values())) if isinstance(value, Mapping) else np.asarray(value).nbytes
+
+
+def _fresh_arrays(venv: Any) -> bool:
+    """Whether ``venv`` hands out new observation arrays every step (a vector env made with ``copy=False``
+    writes each step into the same ones: those are copied here, as the steps are kept until stacked)."""
+    return getattr(getattr(venv, "unwrapped", venv), "copy", True) is not False
 
 
 class EpisodeTracker:
@@ -122,11 +172,15 @@ class EpisodeTracker:
         return returns, lengths
 
 
-def _vector_env(env: Any, num_envs: int, autoreset: str, env_kwargs: Mapping[str, Any]) -> tuple[Any, bool]:
+def _vector_env(env: Any, num_envs: int, autoreset: str, env_kwargs: Mapping[str, Any],
+                wrappers: Sequence[Callable[[Any], Any]]) -> tuple[Any, bool]:
     import gymnasium as gym
     from gymnasium.vector import VectorEnv
 
     if isinstance(env, VectorEnv):
+        if wrappers:
+            raise InputError("wrappers: apply to envs made from a gymnasium id; wrap the envs of a vector env "
+                             "where you make it")
         return env, False
     if not isinstance(env, str):
         raise InputError(f"env must be a gymnasium id or a gymnasium.vector.VectorEnv, got {type(env).__name__}")
@@ -134,7 +188,8 @@ def _vector_env(env: Any, num_envs: int, autoreset: str, env_kwargs: Mapping[str
         raise InputError(f"num_envs must be a positive integer, got {num_envs!r}")
     try:
         venv = gym.make_vec(env, num_envs=num_envs, vectorization_mode="sync",
-                            vector_kwargs=_autoreset_kwargs(autoreset), **env_kwargs)
+                            vector_kwargs=_autoreset_kwargs(autoreset), wrappers=list(wrappers) or None,
+                            **env_kwargs)
     except gym.error.Error as exc:
         raise InputError(f"env: gymnasium cannot make {env!r}: {exc}") from None
     return venv, True
@@ -204,9 +259,22 @@ def _row(batch: Any, i: int) -> Any:
     return {k: _row(v, i) for k, v in batch.items()} if isinstance(batch, Mapping) else batch[i]
 
 
-def _time_major(steps: list[tuple[Any, ...]]) -> dict[str, Any]:
+def time_major(steps: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """Vector-env steps ``(obs, action, reward, next_obs, terminated, truncated)`` as one ``(T, B, …)`` batch.
+
+    Where each step's ``next_obs`` is the very array the next step's ``obs`` is (next-step autoreset: no array
+    replaced), observations are stacked once, ``T + 1`` of them, and ``obs``/``next_obs`` are two views of it.
+    """
     names = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+    if all(steps[t][3] is steps[t + 1][0] for t in range(len(steps) - 1)):
+        both = _stack([s[0] for s in steps] + [steps[-1][3]])
+        views = {"obs": _slice(both, slice(None, -1)), "next_obs": _slice(both, slice(1, None))}
+        return {name: views[name] if name in views else _stack([s[i] for s in steps]) for i, name in enumerate(names)}
     return {name: _stack([s[i] for s in steps]) for i, name in enumerate(names)}
+
+
+def _slice(value: Any, index: slice) -> Any:
+    return {k: _slice(v, index) for k, v in value.items()} if isinstance(value, Mapping) else value[index]
 
 
 def _stack(items: list[Any]) -> Any:

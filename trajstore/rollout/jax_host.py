@@ -5,8 +5,6 @@ feeding them to a writer from a background thread while the next scan runs.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -14,7 +12,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-from trajstore.errors import InputError
+from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.progress import RolloutProgress
 from trajstore.rollout.jax_scan import Carry, RolloutScan
 from trajstore.rollout.sampling import RolloutResult, SampleUntil
@@ -90,57 +88,6 @@ def _head(batch: Any, n: int) -> Any:
     if isinstance(batch, Mapping):
         return {k: _head(v, n) for k, v in batch.items()}
     return batch[:n]
-
-
-class BackgroundWriter:
-    """Feeds host batches to a writer from its own thread through a bounded queue.
-
-    ``put`` blocks while ``depth`` batches wait, so a slow writer slows the rollout instead of
-    letting memory grow. An error in the writer thread is raised by the next ``put`` or by ``close``.
-    """
-
-    def __init__(self, writer: Writer, depth: int = 2) -> None:
-        if not isinstance(depth, int) or depth < 1:
-            raise InputError(f"queue_size must be a positive integer, got {depth!r}")
-        self.writer = writer
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="trajstore-jax-writer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            batch = self._queue.get()
-            if batch is None:
-                return
-            if self._error is None:  # after an error, keep draining so that put() never blocks for ever
-                try:
-                    self.writer.add_batch(batch)
-                except BaseException as exc:  # noqa: BLE001 - handed to the rollout thread
-                    self._error = exc
-
-    def put(self, batch: dict[str, Any]) -> None:
-        self._raise()
-        self._queue.put(batch)
-
-    def close(self, *, raise_error: bool = True) -> None:
-        """Wait until every queued batch is written. Idempotent — safe to call multiple times."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-        if raise_error:
-            self._raise()
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def __enter__(self) -> BackgroundWriter:
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: object) -> None:
-        self.close(raise_error=exc_type is None)
 
 
 def open_writer(store: RolloutTarget, env: Any, *, run_id: str, env_id: str | None, **options: Any) -> Writer:

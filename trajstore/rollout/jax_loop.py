@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 
 from trajstore.errors import InputError
 from trajstore.rollout.evaluate import jax_evaluate
-from trajstore.rollout.jax_host import BackgroundWriter, Tally, collect, open_writer
+from trajstore.rollout.background import BackgroundWriter
+from trajstore.rollout.jax_host import Tally, collect, open_writer
 from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
 from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.target import Mode, RolloutTarget, check_run_mode
@@ -44,7 +45,7 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
                 episodes: int | None = None, seed: int = 0, mode: Mode = "train",
                 policy_version: int | None = None, worker_id: str | None = None, env_id: str | None = None,
                 max_episode_steps: int | None = None, queue_size: int = 2, progress: Progress = True,
-                **lineage: Any) -> RolloutResult:
+                frame_stack: Mapping[str, int] | None = None, **lineage: Any) -> RolloutResult:
     """Roll out the JAX env ``env`` (a :class:`~trajstore.rollout.envs.JaxEnv` or a name for
     :func:`trajstore.rollout.envs.make`) into ``store`` until ``episodes``/``steps`` are reached.
 
@@ -56,7 +57,9 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
     ``mode="eval"`` runs :func:`trajstore.rollout.evaluate.jax_evaluate` instead: no autoreset and
     exactly ``episodes`` complete episodes (pass the deterministic policy as ``policy``).
     ``seed``, ``mode``, ``policy_version`` (when given), ``worker_id`` and ``env_index`` are stored
-    as lineage columns, as are extra keywords.
+    as lineage columns, as are extra keywords. ``frame_stack={"obs": k}`` says the env's observations are
+    stacks of their last k frames (newest last, gymnasium's ``FrameStackObservation`` layout), so that each
+    frame is stored once (see :meth:`trajstore.Store.writer`).
     """
     if mode == "eval":
         if steps is not None:
@@ -67,7 +70,7 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
                             num_envs=num_envs, rollout_length=rollout_length, seed=seed,
                             policy_version=policy_version, worker_id=worker_id, env_id=env_id,
                             max_episode_steps=max_episode_steps, queue_size=queue_size, progress=progress,
-                            **lineage)
+                            frame_stack=frame_stack, **lineage)
     if mode != "train":
         raise InputError(f"mode must be 'train' or 'eval', got {mode!r}")
     if max_episode_steps is not None:
@@ -80,6 +83,7 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
     max_scans = -(-steps // (num_envs * rollout_length)) if episodes is None and steps is not None else None
     lineage.update(seed=check_seed(seed), mode="train", **_optional(policy_version=policy_version))
     opts = {"worker_id": worker_id} if worker_id is not None else {}
+    opts.update({"frame_stack": dict(frame_stack)} if frame_stack else {})
     carry = scan.init(jax.random.PRNGKey(seed), jnp.ones(num_envs, bool))
     scan.compile(params, carry)
     tally = Tally(num_envs)

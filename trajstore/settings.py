@@ -38,7 +38,7 @@ class Settings:
     loader_layouts: int = 1  # loader layouts (column files on local disk) kept for the next epoch; 0: none
     # upkeep by writers after their commits (storage/upkeep): a partition holding more than compact_small_files
     # files below compact_small_bytes has them merged into files of up to compact_target_bytes (0: never)
-    compact_small_files: int = 16
+    compact_small_files: int = 8
     compact_small_bytes: int = 16 * 1024 * 1024
     compact_target_bytes: int = 128 * 1024 * 1024
     checkpoint_interval: int = 100  # a Delta checkpoint once the log is this many versions past the last (0: never)

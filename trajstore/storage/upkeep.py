@@ -44,7 +44,7 @@ class Policy:
     """When upkeep acts: more than ``small_files`` files below ``small_bytes`` in a partition (0: never compact),
     merged into files of up to ``target_bytes``; a checkpoint every ``checkpoint_interval`` versions (0: never)."""
 
-    small_files: int = 16
+    small_files: int = 8
     small_bytes: int = 16 * 1024 * 1024
     target_bytes: int = 128 * 1024 * 1024
     checkpoint_interval: int = 100

@@ -168,6 +168,10 @@ with open(sys.argv[2], "a") as side, store.writer(run_id="k", env_id="E", flush_
 """
 
 
+def _lines(path: Path) -> int:
+    return len(path.read_text().split()) if path.exists() else 0
+
+
 def test_a_killed_compaction_leaves_a_readable_store(tmp_path: Path) -> None:
     store = opened(tmp_path / "store")
     side = tmp_path / "committed"
@@ -175,7 +179,10 @@ def test_a_killed_compaction_leaves_a_readable_store(tmp_path: Path) -> None:
         proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(store.root), str(side), str(REPO)],
                                 stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(1.0 + 0.3 * attempt)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _lines(side) < 6 * (attempt + 1):  # compactions under way
+            time.sleep(0.02)
+        time.sleep(0.05 * attempt)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
     report = check(store, deep=True)

@@ -136,17 +136,19 @@ def test_loaders_return_the_dtype(store: trajstore.Store, dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["uint8", "float32", "bool"])
 def test_exports_read_frame_stacks_whole_in_their_dtype(tmp_path: Path, dtype: str) -> None:
-    from trajstore.export.episodes import as_episode, episodes
+    from trajstore.export.episodes import select
 
     store = trajstore.open(tmp_path / "store", create=True)
     batch = batch_of(dtype, 1)
     batch["obs"], batch["next_obs"] = batch["obs"]["img"], batch["next_obs"]["img"]
     with store.writer(run_id="r", env_id="E", frame_stack={"obs": 2}) as w:
         w.add_batch(batch)
-    tables = episodes(store)
-    assert sum(t.num_rows for t in tables) == T * B
-    for table in tables:
-        episode = as_episode(table)
+    with select(store) as selection:
+        assert selection.kinds["obs"] == (np.dtype(dtype), (2, 4, 5)) == selection.kinds["next_obs"]
+        episodes = list(selection.groups(max_bytes=200))  # small groups: whole episodes read back a few at a time
+        assert sum(len(g) for g in episodes) == selection.episodes and len(episodes) > 1
+    assert sum(g.steps for g in episodes) == T * B
+    for episode in (e for g in episodes for e in g):
         t = store.scan(["episode_id", "t", "env_index"], episode_id=episode.episode_id).read_all()
         same(episode.obs, batch["obs"][t["t"].to_numpy(), t["env_index"].to_numpy()])
         same(episode.next_obs, batch["next_obs"][t["t"].to_numpy(), t["env_index"].to_numpy()])
@@ -158,6 +160,8 @@ def test_the_rest_routes_and_the_client_return_the_dtype(store: trajstore.Store,
     with trajstore.Client(live.url) as client:
         (batch,) = list(client.iter_batches(batch_size=T * B, columns=COLUMNS, env_id=env))
         check_rows(dtype, batch)
+        followed = pa.concat_tables([c.rows for c in client.follow(COLUMNS, env_id=env, since=-1, timeout=1)])
+        check_rows(dtype, {c: to_numpy(followed[c]) for c in COLUMNS})  # next_obs and stacks decoded, exact
         got = client.sql("SELECT t, env_index, obs.img AS img FROM steps ORDER BY t, env_index", env_id=env)
         want = expected(dtype, {"t": got["t"].to_numpy(), "env_index": got["env_index"].to_numpy()})
         cast = np.float32 if dtype == "float16" else dtype

@@ -9,6 +9,7 @@ DuckDB has no 16-bit float.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import duckdb
@@ -23,15 +24,25 @@ def function_name(dtype: str, shape: tuple[int, ...], stacked: bool) -> str:
     return f"trajstore_{'stack' if stacked else 'frame'}_{np.dtype(dtype).name}_{dims}"
 
 
+_FUNCTIONS: dict[str, Callable[[Any], pa.Array]] = {}  # every function registered, alive as long as the process
+_LOCK = threading.Lock()
+
+
 def register(con: duckdb.DuckDBPyConnection, dtype: str, shape: tuple[int, ...], stacked: bool) -> str:
-    """The name of the function for such frames, registered on ``con`` (once)."""
+    """The name of the function for such frames, registered on ``con``'s database (once).
+
+    A function registered through a cursor lives in the database its cursors share, but DuckDB does not keep
+    the Python callable alive after that cursor is closed: the callables are kept here for the process's life,
+    one per name, so that every registration (and every later call through another cursor) uses a live one."""
     name = function_name(dtype, shape, stacked)
+    with _LOCK:
+        function = _FUNCTIONS.setdefault(name, values(np.dtype(dtype), tuple(shape), stacked))
     blob = "BLOB[]" if stacked else "BLOB"
     try:
-        con.create_function(name, values(np.dtype(dtype), tuple(shape), stacked), [blob],
+        con.create_function(name, function, [blob],
                             sql.values_type(np.dtype(dtype).name, len(shape) + int(stacked)), type="arrow",
                             null_handling="special")
-    except duckdb.CatalogException:  # registered on this connection before
+    except duckdb.CatalogException:  # registered in this database before
         pass
     return name
 

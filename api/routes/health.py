@@ -13,13 +13,13 @@ from trajstore.errors import StoreDamagedError
 router = APIRouter(tags=["health"])
 
 
-LOG_TIMEOUT_S = 2.0  # /health answers without the log's figures rather than wait longer for them
+LOG_TIMEOUT_S = 0.5  # /health answers without the log's figures rather than wait longer for them (a stalled store)
 
 
 class Health(BaseModel):
     status: str
     version: int | None = Field(None, description="the log's latest version (null: no store open, or the log did "
-                                                    "not answer within 2 s)")
+                                                    "not answer within 0.5 s)")
     versions_since_checkpoint: int | None = Field(
         None, description="how many versions the log is past its last checkpoint (a reader replays them; writers "
                           "checkpoint every TRAJSTORE_CHECKPOINT_INTERVAL versions)")
@@ -37,7 +37,7 @@ async def health(request: Request) -> Health:  # on the event loop: no worker th
     store = getattr(request.app.state, "store", None)
     if store is None:
         return Health(status="ok")
-    try:  # the log's figures on the loop's own executor, not the request threads; never longer than 2 s
+    try:  # the log's figures on the loop's own executor, not the request threads; never longer than 0.5 s
         version, behind = await asyncio.wait_for(asyncio.to_thread(store.log_lag), LOG_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - liveness answers whatever the log does (/ready reports it)
         return Health(status="ok")

@@ -255,3 +255,19 @@ def test_writers_compact_on_s3(s3: seaweed.SeaweedFS) -> None:
     assert store.sql("SELECT count(*) AS n, count(DISTINCT (episode_id, step)) AS d FROM steps").to_pylist() == [
         {"n": 14 * 6 * 3, "d": 14 * 6 * 3}]
     assert check(store, deep=True).ok
+
+
+def test_the_service_compacts_what_remote_writers_send(tmp_path: Path) -> None:
+    from tests.storage.helpers import rows
+
+    store = opened(tmp_path / "store")
+    for i in range(12):  # what POST /runs/{run_id}/batches hands to Store.ingest: one commit each
+        store.ingest(rows(5, episode_id=100 + i), run_id="remote", env_id="E")
+    deadline = time.monotonic() + 60
+    while len(store.files()) > SMALL + 1 and time.monotonic() < deadline:  # on the ingest upkeep's thread
+        time.sleep(0.05)
+    assert len(store.files()) <= SMALL + 1
+    assert any(h["operation"] == "compact" for h in store.history().to_pylist())
+    got = store.sql("SELECT episode_id, count(*) AS n FROM steps GROUP BY ALL ORDER BY episode_id").to_pylist()
+    assert got == [{"episode_id": 100 + i, "n": 5} for i in range(12)]
+    assert check(store, deep=True).ok

@@ -71,6 +71,7 @@ from trajstore.storage.encoding import FileLayout
 from trajstore.storage.ingest import append_rows
 from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.table import DataFile, LogCommit, StepsTable
+from trajstore.storage.upkeep import Policy, Upkeep, versions_since_checkpoint
 from trajstore.storage.writer import Writer
 
 if TYPE_CHECKING:
@@ -213,6 +214,7 @@ class Store:
         self.sql_gate = sandbox.Gate(self.settings.sql_max_concurrent)
         self.layouts = LayoutStore(self.location, cache=self.settings.layout_cache,  # loader layouts, kept
                                     shared=self.settings.store_layouts, keep=self.settings.loader_layouts)
+        self._ingest_upkeep: Upkeep | None = None  # compacts what ingest commits (a daemon thread, once needed)
 
     @property
     def uri(self) -> str:
@@ -233,6 +235,7 @@ class Store:
         """A :class:`Writer` appending to ``run_id``/``env_id``; extra keywords are writer options or lineage."""
         self.table.writable("writer")
         options.setdefault("flush_bytes", self.settings.flush_bytes)
+        options.setdefault("upkeep", Upkeep(self.table, Policy.of(self.settings)))
         return Writer(self.table, run_id=run_id, env_id=env_id, **options)
 
     def ingest(self, rows: pa.Table, *, run_id: str, env_id: str,
@@ -242,7 +245,13 @@ class Store:
         used before for another request :class:`~trajstore.errors.ConflictError`. See
         :mod:`trajstore.storage.ingest`."""
         self.table.writable("ingest")
-        return append_rows(self.table, rows, run_id=run_id, env_id=env_id, idempotency_key=idempotency_key)
+        out = append_rows(self.table, rows, run_id=run_id, env_id=env_id, idempotency_key=idempotency_key)
+        if out[0] is not None and not out[1]:  # remote writers' commits are compacted by the service
+            with self._duckdb_lock:
+                if self._ingest_upkeep is None:
+                    self._ingest_upkeep = Upkeep(self.table, Policy.of(self.settings))
+            self._ingest_upkeep.committed(run_id, env_id)
+        return out
 
     # --- the committed state ------------------------------------------------------------------------
 
@@ -795,6 +804,12 @@ class Store:
         path = error.path if self.location.is_local else error.path.removeprefix("s3://")
         at = self.table.pinned if version is None else version
         return vacuumed(self.table, path, version=at) or error
+
+    def log_lag(self) -> tuple[int, int]:
+        """The log's latest version and how many versions it is past its last checkpoint (what opening it
+        replays; see :mod:`trajstore.storage.upkeep`)."""
+        version = self.table.version()
+        return version, versions_since_checkpoint(self.table, version)
 
     def health(self) -> list[str]:
         """Problems that stop this store from being served: an unreadable log, committed files missing or of

@@ -16,7 +16,10 @@ ARROW = {"Accept": "application/vnd.apache.arrow.stream"}
 
 
 def test_health_and_readiness(client: TestClient, populated: Path) -> None:
-    assert client.get("/health").json() == {"status": "ok"}
+    health = client.get("/health").json()
+    store = trajstore.open(populated)
+    assert health["status"] == "ok" and health["version"] == store.version
+    assert 0 <= health["versions_since_checkpoint"] <= store.version + 1
     ready = client.get("/ready").json()
     assert ready["status"] == "ready" and ready["files"] == len(trajstore.open(populated).files())
 

@@ -37,6 +37,6 @@ def fill_two_runs(store: trajstore.Store, *, seed: int, batches: int, steps: int
     """Runs ``a`` and ``b`` of env ``E``, each ``batches`` batches of ``(steps, envs)``, one file per batch."""
     rng = np.random.default_rng(seed)
     for run in ("a", "b"):
-        with store.writer(run_id=run, env_id="E", flush_bytes=1) as w:
+        with store.writer(run_id=run, env_id="E", flush_bytes=1, upkeep=None) as w:  # no merging
             for _ in range(batches):
                 w.add_batch(make_batch(rng, steps, envs))

@@ -84,7 +84,7 @@ def test_an_append_during_compaction_is_kept(store: trajstore.Store, monkeypatch
         out = real_write(self, data, **kwargs)
         if not appended["rows"]:  # a writer commits to the same partition while compaction runs
             appended["rows"] = 1
-            with store.writer(run_id=kwargs["run_id"], env_id=kwargs["env_id"]) as w:
+            with store.writer(run_id=kwargs["run_id"], env_id=kwargs["env_id"], upkeep=None) as w:  # no merging
                 w.add_batch(make_batch(np.random.default_rng(5), 7, 3))
         return out
 

@@ -260,7 +260,7 @@ def test_context_manager_commits_on_exit(store: trajstore.Store) -> None:
 def test_memory_is_bounded_while_an_episode_runs(store: trajstore.Store) -> None:
     rng = np.random.default_rng(11)
     counts = []
-    with store.writer(run_id="r", env_id="e", flush_bytes=1024) as w:
+    with store.writer(run_id="r", env_id="e", flush_bytes=1024, upkeep=None) as w:  # one file per flush
         for _ in range(12):
             w.add_batch(make_batch(rng, 16, 2, p_terminated=0, p_truncated=0))
             counts.append(len(store.files()))

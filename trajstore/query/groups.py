@@ -68,12 +68,21 @@ class FileGroup:
 def group_files(files: Sequence[DataFile], layouts: Sequence[FileLayout]) -> list[FileGroup]:
     """``files`` in groups read in one pass each, in the order of their first file."""
     groups: list[FileGroup] = []
+    # a file stored exactly as an earlier one goes where it went (the group's first types never change, and an
+    # earlier group that refused it refuses it still): no type comparisons per file, however many files
+    placed: dict[tuple[str, pa.Schema], FileGroup] = {}
     for f, layout in zip(files, layouts):
+        key = (layout.format.key(), layout.physical)
+        group = placed.get(key)
+        if group is not None:
+            group.files.append(f)
+            continue
         group = next((g for g in groups if g.takes(layout.format, layout.physical)), None)
         if group is None:
             group = FileGroup([], layout.format, pa.schema([]))
             groups.append(group)
         group.add(f, layout.physical)
+        placed[key] = group
     return groups
 
 

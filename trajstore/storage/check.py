@@ -38,7 +38,7 @@ from trajstore.storage.table import DataFile, StepsTable, display
 if TYPE_CHECKING:
     from trajstore.store import Store
 
-__all__ = ["CheckReport", "check", "remove_orphans", "removable_orphans"]
+__all__ = ["CheckReport", "PartitionFiles", "check", "remove_orphans", "removable_orphans"]
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +47,37 @@ CHECK_ROWS = 8192  # rows per batch read when an encoded file's structure is che
 KEY_COLUMNS = ("episode_id", "step", "terminated", "truncated")
 LOG_DIR = "_delta_log"
 
+@dataclass(frozen=True)
+class PartitionFiles:
+    """The committed files of one ``(run_id, env_id)`` partition: how many, how many are small (below the
+    store's ``compact_small_bytes``), and their bytes. Each file costs every query a little (its footer, its
+    scan set-up): writers merge a partition's small files past ``compact_small_files``, ``trajstore compact``
+    merges any."""
+
+    run_id: str
+    env_id: str
+    files: int
+    small_files: int
+    bytes: int
+
+
 @dataclass
 class CheckReport:
-    """What :func:`check` found. ``problems`` make the store inconsistent; ``orphans`` are only information."""
+    """What :func:`check` found. ``problems`` make the store inconsistent; ``orphans`` and ``partitions`` (file
+    counts, small files) are only information."""
 
     problems: list[str] = field(default_factory=list)
     files: int = 0
     episodes: int = 0
     steps: int = 0
     orphans: list[str] = field(default_factory=list)
+    partitions: list[PartitionFiles] = field(default_factory=list)
+    small_bytes: int = 0  # below this a file is small
+    small_files_limit: int = 0  # writers merge a partition's small files past this many
+
+    @property
+    def small_files(self) -> int:
+        return sum(p.small_files for p in self.partitions)
 
     @property
     def ok(self) -> bool:
@@ -66,6 +88,7 @@ class CheckReport:
         status = "ok" if self.ok else f"{len(self.problems)} problem(s)"
         lines = [f"{status}: {self.files} committed files, {self.episodes} episodes, {self.steps} steps"]
         lines += [f"  problem: {p}" for p in self.problems]
+        lines += self._file_lines()
         if self.orphans:
             lines.append(f"  info: {len(self.orphans)} file(s) on disk not listed by the latest version (never read; "
                          "files of older versions, deleted or compacted away, or left by a killed writer; "
@@ -73,7 +96,34 @@ class CheckReport:
                          + ", ".join(self.orphans[:3]))
         return "\n".join(lines)
 
+    def _file_lines(self) -> list[str]:
+        if not self.partitions:
+            return []
+        mib = self.small_bytes / 2**20
+        lines = [f"  files: {len(self.partitions)} partition(s), {self.files} files, {self.small_files} small "
+                 f"(below {mib:g} MiB)"]
+        busiest = sorted(self.partitions, key=lambda p: (-p.small_files, -p.files, p.run_id, p.env_id))
+        for p in busiest[:MAX_LISTED]:
+            lines.append(f"    run_id={p.run_id}/env_id={p.env_id}: {p.files} files, {p.small_files} small, "
+                         f"{p.bytes / 2**20:.1f} MiB")
+        if len(busiest) > MAX_LISTED:
+            lines.append(f"    … and {len(busiest) - MAX_LISTED} more partition(s)")
+        crowded = [p for p in self.partitions if self.small_files_limit and p.small_files > self.small_files_limit]
+        if crowded:
+            lines.append(f"  info: {len(crowded)} partition(s) hold more than {self.small_files_limit} small files: "
+                         "writers merge them after their next commit there, `trajstore compact` does it now")
+        return lines
+
     __str__ = format
+
+
+def partition_files(files: Sequence[DataFile], small_bytes: int) -> list[PartitionFiles]:
+    """File counts, small files and bytes of each partition of ``files``, sorted by partition."""
+    parts: dict[tuple[str, str], list[DataFile]] = {}
+    for f in files:
+        parts.setdefault((f.run_id, f.env_id), []).append(f)
+    return [PartitionFiles(run, env, len(fs), sum(f.size < small_bytes for f in fs), sum(f.size for f in fs))
+            for (run, env), fs in sorted(parts.items())]
 
 
 def check(store: Store, *, deep: bool = False) -> CheckReport:
@@ -93,7 +143,9 @@ def check(store: Store, *, deep: bool = False) -> CheckReport:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
         log_dir = store.table.location.uri_of(LOG_DIR)
         return CheckReport(problems=[f"the commit log {log_dir} cannot be read: {reason}"])
-    report = CheckReport(files=len(files))
+    report = CheckReport(files=len(files), partitions=partition_files(files, store.settings.compact_small_bytes),
+                         small_bytes=store.settings.compact_small_bytes,
+                         small_files_limit=store.settings.compact_small_files)
     readable = []
     for f in files:
         problem = _check_file(store.table, f, deep=deep)

@@ -6,8 +6,11 @@ thousands of small files, and every query pays for each one (its footer, its sca
 files are read in the order they were written and written again as files of about ``target_bytes``,
 with the writer's Parquet settings and the stored types (fixed-size observation columns stay
 fixed-size), then committed in one Delta transaction that removes exactly the files that were read.
-Only files of one format (:mod:`~trajstore.storage.encoding`) are joined, as they are: an encoded file's rows
-decode from the rows around them in that file, and whole files concatenated keep every such neighbour.
+Only files of one format (:mod:`~trajstore.storage.encoding`) are joined (:func:`merged`), their rows ordered by
+``(episode_id, step)``: each episode is contiguous in the new file, and an encoded row still has the neighbour it
+decodes from (a null ``next_obs`` or a one-frame row always follows its episode's previous step in its file, and
+an episode's rows from a later file start with an anchor and a stored ``next_obs`` ends its rows in each file).
+Writers also compact their own partitions as they go (:mod:`~trajstore.storage.upkeep`).
 
 Appends that land in the partition meanwhile stay. A concurrent compaction of the same partition makes
 the later commit fail, and that partition is left as it was (its new files deleted). The old files stay
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trajstore.errors import CommitError, InputError, RunNotFoundError
@@ -87,11 +91,7 @@ def _compact_partition(store: Store, run_id: str, env_id: str, target_bytes: int
     try:
         for group in _groups(sorted(files, key=lambda f: (f.modified_ms, f.path)), target_bytes,
                              _formats(store, files)):
-            # ParquetFile, not read_table: no partition columns inferred from the path
-            tables = [pq.ParquetFile(f.path, filesystem=f.fs).read() for f in group]
-            metadata = tables[0].schema.metadata
-            data = pa.concat_tables(tables, promote_options="default").replace_schema_metadata(metadata)
-            written.append(store.table.write(data, run_id=run_id, env_id=env_id))
+            written.append(store.table.write(merged(group), run_id=run_id, env_id=env_id))
         store.table.replace(dt, written, run_id=run_id, env_id=env_id)
     except BaseException as exc:
         store.table.discard([w.path for w in written], exc)
@@ -102,6 +102,17 @@ def _compact_partition(store: Store, run_id: str, env_id: str, target_bytes: int
     report.partitions += 1
     report.files_before += len(files)
     report.files_after += len(written)
+
+
+def merged(files: Sequence[DataFile]) -> pa.Table:
+    """The rows of ``files`` (all of one format) as one table ordered by ``(episode_id, step)``, with their format's
+    metadata: what one compacted file holds."""
+    # ParquetFile, not read_table: no partition columns inferred from the path
+    tables = [pq.ParquetFile(f.path, filesystem=f.fs).read() for f in files]
+    metadata = tables[0].schema.metadata
+    data = pa.concat_tables(tables, promote_options="default").replace_schema_metadata(metadata)
+    order = pc.sort_indices(data, sort_keys=[("episode_id", "ascending"), ("step", "ascending")])
+    return data.take(order)
 
 
 def _formats(store: Store, files: list[DataFile]) -> dict[str, str]:

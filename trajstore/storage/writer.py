@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,9 @@ from trajstore.storage.encoding import NEXT, OBS, Format, check_frame_stack, lea
 from trajstore.storage.episode_ids import EpisodeIds
 from trajstore.storage.segment import Autoreset, Cursors, Segments, segment
 from trajstore.storage.sink import Sink
+
+if TYPE_CHECKING:
+    from trajstore.storage.upkeep import Upkeep
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +95,8 @@ class Writer:
     def __init__(self, sink: Sink[Any], *, run_id: str, env_id: str, observation_space: Any = None,
                  action_space: Any = None, autoreset: Autoreset = "same-step",
                  flush_bytes: int = 128 * 1024 * 1024, worker_id: str | None = None,
-                 frame_stack: Mapping[str, int] | None = None, **lineage: Any) -> None:
+                 frame_stack: Mapping[str, int] | None = None, upkeep: Upkeep | None = None,
+                 **lineage: Any) -> None:
         _check_name("run_id", run_id)
         _check_name("env_id", env_id)
         if autoreset not in AUTORESET_MODES:
@@ -105,6 +109,7 @@ class Writer:
         if frame_stack is not None and not isinstance(frame_stack, Mapping):
             check_frame_stack(pa.null(), frame_stack)  # raises naming frame_stack
         self.frame_stack = dict(frame_stack or {})
+        self.upkeep = upkeep  # told of each commit, on the commit thread; compacts on a thread of its own
         self._types = self._initial_types(observation_space, action_space)
         if OBS in self._types:
             check_frame_stack(self._types[OBS], self.frame_stack)
@@ -196,6 +201,8 @@ class Writer:
         self._closed = True
         self._encoder.shutdown(wait=True)
         self._committer.shutdown(wait=True)
+        if self.upkeep is not None:
+            self.upkeep.close()
 
     @property
     def steps_unstored(self) -> int:
@@ -333,8 +340,12 @@ class Writer:
             self._encoding = Future()
             self._encoding.set_result(pending)
         previous = self._pieces[-1].commit if self._pieces else None
-        commit = self._committer.submit(_commit_in_order, self.sink, self._encoding, previous)
+        commit = self._committer.submit(_commit_in_order, self.sink, self._encoding, previous, self._committed)
         self._pieces.append(_Piece(data, self._encoding, commit))
+
+    def _committed(self) -> None:
+        if self.upkeep is not None:
+            self.upkeep.committed(self.run_id, self.env_id)
 
     def _stored(self, data: pa.Table) -> pa.Table:
         """The rows of one file under their physical names (reserved in the log first), with its format."""
@@ -390,11 +401,16 @@ def _not_stored(exc: BaseException, steps: int, run_id: str) -> BaseException:
     return exc
 
 
-def _commit_in_order(sink: Sink[Any], written: Future[Any], previous: Future[str] | None) -> str:
-    """Commit a buffer once it is encoded and the one before it is committed (a failure stops the chain)."""
+def _commit_in_order(sink: Sink[Any], written: Future[Any], previous: Future[str] | None,
+                     committed: Any = None) -> str:
+    """Commit a buffer once it is encoded and the one before it is committed (a failure stops the chain), then
+    call ``committed()`` (which tells the writer's upkeep, and returns at once)."""
     if previous is not None:
         previous.result()
-    return sink.commit(written.result())
+    where = sink.commit(written.result())
+    if committed is not None:
+        committed()
+    return where
 
 
 # --- helpers (pure functions over the batch) --------------------------------------------------------------

@@ -1,0 +1,213 @@
+"""A store after many small commits (issue 22): query times against a freshly compacted copy, 10 → 10,000 commits.
+
+    python benchmarks/bench_commits.py                          # 10, 100, 1,000, 3,000 commits; writes docs/benchmarks.md
+    python benchmarks/bench_commits.py --commits 10 100 1000 3000 10000   # the whole curve (~25 min here)
+    python benchmarks/bench_commits.py --commits 10 100 --out /dev/stdout  # a quick look
+
+For each point, 8 writer processes (spawned, as Ray workers would be: one run, one env, a worker_id each) commit
+N small batches in all (16 time steps x 4 envs = 64 steps, 3-float obs; ``flush`` after each) at the same time,
+with the default upkeep (``TRAJSTORE_COMPACT_*``, ``TRAJSTORE_CHECKPOINT_INTERVAL``). Then the store is copied and
+the copy compacted (``trajstore compact``: one file per partition, its log checkpointed), and on each, with a new
+``Store`` (or service) per measurement, so no cache of an earlier one helps: ``open`` (``trajstore.open`` + the
+committed file list), ``stats``, ``episodes``, ``/stats`` and the dashboard's first plot (the requests the page makes
+before its first plot, one after the other, on a new app), medians of 3. ``follow`` catch-up is the time per
+commit of reading the last 100 commits (the compacted copy has none to follow: its ratio is against the 10-commit
+point). The writers' ``add_batch`` + ``flush`` latency is reported with the upkeep on, and at the largest point
+that is at most 1,000 commits also with it off (``TRAJSTORE_COMPACT_SMALL_FILES=0``) in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+
+import trajstore  # noqa: E402
+from report import cpu_model, load_average, output_options, publish  # noqa: E402
+
+WRITERS = 8
+T, B = 16, 4
+REPEATS = 3
+FOLLOWED = 100
+FIRST_PLOT = ["/ready", "/runs", "/episodes?order_by=-ended_at&limit=25", "/curves/binned?bins=1330",
+              "/curves/histogram?y=episode_return&bins=60", "/curves/histogram?y=episode_length&bins=60",
+              "/stats?by=run_id,env_id"]
+
+
+def _writer(path: str, worker: int, commits: int, start: float, env: dict[str, str], out: Any) -> None:
+    """One writer process: ``commits`` small commits, each add_batch + flush timed."""
+    os.environ.update(env)
+    store = trajstore.open(path)
+    rng = np.random.default_rng(worker)
+    lat = []
+    while time.time() < start:
+        time.sleep(0.001)
+    with store.writer(run_id="bench", env_id="Small-v0", worker_id=f"w{worker}", flush_bytes=1 << 40) as w:
+        for _ in range(commits):
+            batch = {"obs": rng.random((T, B, 3), np.float32), "action": rng.integers(0, 2, (T, B)),
+                     "reward": rng.random((T, B), np.float32), "next_obs": rng.random((T, B, 3), np.float32),
+                     "terminated": rng.random((T, B)) < 0.05, "truncated": np.zeros((T, B), bool)}
+            t0 = time.perf_counter()
+            w.add_batch(batch)
+            w.flush()
+            lat.append(time.perf_counter() - t0)
+        upkeep = w.upkeep
+        out.put({"lat": lat, "compactions": len(upkeep.compactions) if upkeep else 0,
+             "errors": upkeep.errors if upkeep else []})
+
+
+def write_store(path: Path, commits: int, *, upkeep: bool) -> dict[str, Any]:
+    """``commits`` commits from 8 processes at once; their latencies and the wall time."""
+    trajstore.open(path, create=True)
+    env = {} if upkeep else {"TRAJSTORE_COMPACT_SMALL_FILES": "0"}
+    ctx = mp.get_context("spawn")  # deltalake's runtime does not survive fork
+    out = ctx.Queue()
+    start = time.time() + 3.0
+    share = [commits // WRITERS + (i < commits % WRITERS) for i in range(WRITERS)]
+    procs = [ctx.Process(target=_writer, args=(str(path), i, share[i], start, env, out)) for i in range(WRITERS)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=3600) for _ in procs]
+    for p in procs:
+        p.join()
+    lat = sorted(x for r in results for x in r["lat"])
+    return {"wall_s": max(time.time() - start, 0.0), "lat_median_ms": 1000 * statistics.median(lat),
+            "lat_p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))],
+            "compactions": sum(r["compactions"] for r in results), "errors": [e for r in results for e in r["errors"]]}
+
+
+def _median(fn: Callable[[], Any]) -> float:
+    times = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(path: Path) -> dict[str, float]:
+    """Seconds of each query on a new Store (or service) each time."""
+    from fastapi.testclient import TestClient
+
+    from trajstore.api.app import create_app
+    from trajstore.settings import Settings
+
+    def service(urls: list[str]) -> None:
+        with TestClient(create_app(Settings(store=str(path)))) as client:
+            for url in urls:
+                assert client.get(url).status_code == 200, url
+
+    def follow() -> float:
+        store = trajstore.open(path)
+        since = max(-1, store.version - FOLLOWED)
+        t0 = time.perf_counter()
+        n = sum(1 for _ in store.follow(["reward"], since=since, timeout=0))
+        return (time.perf_counter() - t0) / max(1, store.version - since) if n else float("nan")
+
+    return {
+        "open": _median(lambda: trajstore.open(path).files()),
+        "stats": _median(lambda: trajstore.open(path).stats()),
+        "episodes": _median(lambda: trajstore.open(path).episodes()),
+        "/stats": _median(lambda: service(["/stats"])),
+        "first plot": _median(lambda: service(FIRST_PLOT)),
+        "follow/commit": statistics.median(follow() for _ in range(REPEATS)),
+    }
+
+
+def compacted_copy(path: Path, to: Path) -> None:
+    shutil.copytree(path, to)
+    from trajstore.storage.compact import compact
+
+    store = trajstore.open(to)
+    compact(store, progress=False)
+    store.table.latest().create_checkpoint()
+
+
+def run(points: list[int], work: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    rows = []
+    for n in points:
+        path = work / f"c{n}"
+        written = write_store(path, n, upkeep=True)
+        store = trajstore.open(path)
+        files, version, lag = len(store.files()), store.version, store.log_lag()[1]
+        compacted_copy(path, work / f"c{n}-compacted")
+        rows.append({"commits": n, "files": files, "version": version, "lag": lag, **written,
+                     "aged": measure(path), "compacted": measure(work / f"c{n}-compacted")})
+        print(json.dumps(rows[-1]), flush=True)
+        shutil.rmtree(work / f"c{n}-compacted")
+        shutil.rmtree(path)
+    off_n = max([n for n in points if n <= 1000], default=None)
+    off = None
+    if off_n is not None:
+        path = work / f"off{off_n}"
+        off = {"commits": off_n, **write_store(path, off_n, upkeep=False), "files": len(trajstore.open(path).files()),
+               "aged": measure(path)}
+        print(json.dumps(off), flush=True)
+        shutil.rmtree(path)
+    return rows, off
+
+
+def report(rows: list[dict[str, Any]], off: dict[str, Any] | None) -> str:
+    names = list(rows[0]["aged"])
+    base_follow = rows[0]["aged"]["follow/commit"]
+    lines = ["## A store after many small commits (issue 22)", "",
+             "`python benchmarks/bench_commits.py` (see its docstring): 8 writer processes commit N batches of 64 "
+             "steps at once (one partition, default upkeep), then each query runs on a new `Store`/service, "
+             "median of 3; the ratio is against a compacted copy of the same store measured in the same run "
+             "(follow: seconds per commit of catching up on the last 100, against the 10-commit point). "
+             "Target: ≤ 2× at 10,000 commits.", "",
+             "| commits | files (compacted: 1) | versions past checkpoint | " + " | ".join(names) + " |",
+             "|---|---|---|" + "---|" * len(names)]
+    for r in rows:
+        cells = []
+        for k in names:
+            aged = r["aged"][k]
+            base = base_follow if k == "follow/commit" else r["compacted"][k]
+            cells.append(f"{aged * 1000:.1f} ms ({aged / base:.2f}×)")
+        lines.append(f"| {r['commits']:,} | {r['files']} | {r['lag']} | " + " | ".join(cells) + " |")
+    lines += ["", "Compacted copies (ms): " + "; ".join(
+        f"{r['commits']:,}: " + ", ".join(f"{k} {r['compacted'][k] * 1000:.1f}" for k in names if k != "follow/commit")
+        for r in rows), ""]
+    lines += ["Writers (`add_batch` + `flush` of 64 steps, all 8 processes): " + "; ".join(
+        f"{r['commits']:,} commits: median {r['lat_median_ms']:.1f} ms, p99 {r['lat_p99_ms']:.1f} ms, "
+        f"{r['compactions']} compactions committed" for r in rows) + "."]
+    if off is not None:
+        on = next(r for r in rows if r["commits"] == off["commits"])
+        lines += ["", f"Upkeep off (`TRAJSTORE_COMPACT_SMALL_FILES=0`), {off['commits']:,} commits, same run: "
+                  f"writers median {off['lat_median_ms']:.1f} ms, p99 {off['lat_p99_ms']:.1f} ms (on: "
+                  f"{on['lat_median_ms']:.1f} / {on['lat_p99_ms']:.1f}); {off['files']} files; " + ", ".join(
+                      f"{k} {off['aged'][k] * 1000:.1f} ms ({off['aged'][k] / on['aged'][k]:.1f}× the store with "
+                      "upkeep)" for k in names if k != "follow/commit") + "."]
+    lines += ["", f"Machine: {cpu_model()}, {os.cpu_count()} cores (shared; load average {load_average()})."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--commits", type=int, nargs="+", default=[10, 100, 1000, 3000])
+    parser.add_argument("--work", type=Path, default=None, help="folder for the stores (default: a temporary one)")
+    output_options(parser, "runs up to 1,000 commits or more", check=False)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.work) as work:
+        rows, off = run(sorted(args.commits), Path(work))
+    out = args.out or (REPO / "docs" / "benchmarks.md" if max(args.commits) >= 1000 else None)
+    publish(out, "commits", report(rows, off))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,15 @@
 # make demo: install into .venv, run a gym and a JAX rollout into ./demo-store (a new pair of runs each time,
-#            named by the time), print the statistics of every run, then serve the store: the dashboard's URL is
-#            printed last (Ctrl-C stops the server; `make clean` removes the store).
+#            named by the time), print the statistics of every run, then serve the store: how to put `trajstore`
+#            on PATH (source .venv/bin/activate) and the dashboard's URL are printed last (Ctrl-C stops the
+#            server; `make clean` removes the store).
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and the virtualenv of
-#            the declared minimum versions (min-venv), and run the whole test suite.
+#            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
+#            first when a Python >= 3.12 is here; its tests skip without it).
 # make min-venv: a virtualenv in .cache/min-venv with every core dependency at the minimum pyproject.toml
 #            declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself (editable);
 #            tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build, once).
+# make lerobot-venv: a separate venv, .venv-lerobot, with the real lerobot release (it needs Python >= 3.12 and its
+#            own torch) that tests/export/test_lerobot.py opens the exported datasets with; built once, then kept.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +18,13 @@ PORT ?= 8321
 RUN := $(shell date +%Y%m%d-%H%M%S)
 MIN_VENV ?= .cache/min-venv
 
-.PHONY: install demo test bench system-tools min-venv clean
+LEROBOT_VENV ?= .venv-lerobot
+LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
+# Python >= 3.12 for it: LEROBOT_PYTHON if given, else the first that runs of python3.12, python3.13 and pyenv's
+# (pyenv's shims on PATH fail for a version that is not selected, so its versions are tried directly)
+LEROBOT_PYTHONS = $(LEROBOT_PYTHON) python3.12 python3.13 $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python3)
+
+.PHONY: install demo test bench system-tools min-venv lerobot-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +40,12 @@ demo: install
 	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo-gym-$(RUN) --seed 0
 	$(VENV)/bin/trajstore rollout --backend jax --env cartpole --num-envs 1024 --steps 500000 --store $(STORE) --run demo-jax-$(RUN) --seed 0
 	$(VENV)/bin/trajstore stats --store $(STORE) --by run_id --gamma 0.99
+	@echo "the trajstore command is $(VENV)/bin/trajstore: put it on your PATH with  source $(VENV)/bin/activate"
 	@echo "dashboard: http://127.0.0.1:$(PORT)/dashboard  (serving $(STORE); Ctrl-C stops it)"
 	$(VENV)/bin/trajstore serve --store $(STORE) --port $(PORT)
 
 test: install system-tools min-venv
+	@$(MAKE) --no-print-directory lerobot-venv || echo "could not build $(LEROBOT_VENV): the LeRobot tests will be skipped"
 	$(PY) -m pytest
 
 # Each core dependency pinned to its declared minimum ("name>=x" in [project] dependencies becomes "name==x").
@@ -48,6 +60,19 @@ $(MIN_VENV)/.installed: pyproject.toml
 
 min-venv: $(MIN_VENV)/.installed
 
+# lerobot pins torch < 2.12 and PyPI has no CPU-only build of it for Linux: pip brings the CUDA one (~4 GB of
+# wheels, unused here). A failed build leaves no half venv behind.
+$(LEROBOT_VENV)/.installed:
+	@for py in $(LEROBOT_PYTHONS) none; do \
+	  $$py -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && break; done; \
+	test "$$py" != none || { echo "no Python >= 3.12 found (give one: make lerobot-venv LEROBOT_PYTHON=...)"; exit 1; }; \
+	echo "building $(LEROBOT_VENV) with $$py: $(LEROBOT_SPEC)"; \
+	rm -rf $(LEROBOT_VENV) && $$py -m venv $(LEROBOT_VENV) && \
+	$(LEROBOT_VENV)/bin/python -m pip install -q '$(LEROBOT_SPEC)' || { rm -rf $(LEROBOT_VENV); exit 1; }
+	touch $@
+
+lerobot-venv: $(LEROBOT_VENV)/.installed
+
 # From Debian's packages: chromium for the dashboard's browser tests (Playwright drives it; its own browser
 # download is not used), and docker-compose to validate docker-compose.yml (no Docker engine is needed).
 system-tools:
@@ -55,8 +80,18 @@ system-tools:
 	  { apt-get update -qq && apt-get install -y -qq chromium docker-compose >/dev/null; } \
 	  || echo "could not install chromium/docker-compose (needs root and Debian's apt): their tests will be skipped"
 
+# The dashboard's Plotly.js: npm's plotly.js-basic-dist-min (scatter and bar traces), vendored in api/dashboard/vendor/.
+# Run it (npm needed) to move to another version; the service serves the file as it is, gzipped.
+PLOTLY_VERSION ?= 4.1.1
+vendor-plotly:
+	rm -rf .plotly-pack && mkdir .plotly-pack
+	cd .plotly-pack && npm pack --silent plotly.js-basic-dist-min@$(PLOTLY_VERSION) >/dev/null && tar xzf *.tgz
+	cp .plotly-pack/package/plotly-basic.min.js api/dashboard/vendor/plotly-basic.min.js
+	cp .plotly-pack/package/LICENSE api/dashboard/vendor/plotly-LICENSE
+	rm -rf .plotly-pack
+
 bench: install
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(STORE) $(MIN_VENV)
+	rm -rf $(VENV) $(LEROBOT_VENV) $(STORE) $(MIN_VENV)

@@ -2,7 +2,9 @@
 
 The watcher follows the store's log with :func:`~trajstore.query.follow.new_commits` (it reads the next
 version's JSON file only, backing off while nothing lands) and runs only while someone listens: the first
-subscriber starts it, the last one to leave stops it. Each subscriber has an ``asyncio`` queue of at most
+subscriber starts it, the last one to leave stops it. While the store fails or does not answer, the watcher
+waits and reads the log again from where it was, so no commit is missed when the store is back; nothing that
+waits on the store runs on the event loop. Each subscriber has an ``asyncio`` queue of at most
 :data:`QUEUE_SIZE` announcements; one that falls that far behind loses the oldest and is told to reload
 (``"lagged": true``). A subscriber is removed as soon as its stream ends, so a client that disconnects leaves
 nothing behind.
@@ -16,6 +18,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from trajstore.errors import StoreAccessError
 from trajstore.query.follow import new_commits
 from trajstore.storage.table import LogCommit
 from trajstore.store import Store
@@ -24,6 +27,7 @@ log = logging.getLogger(__name__)
 
 QUEUE_SIZE = 64
 POLL_S = 0.25  # the longest wait between two looks at the log while it is idle
+RETRY_S = 2.0  # the wait before reading the log again after the store failed or did not answer
 
 
 @dataclass(frozen=True)
@@ -78,15 +82,26 @@ class CommitHub:
     def watching(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def subscribe(self) -> Subscriber:
-        """A new subscriber (call from the event loop); starts the watcher if it was not running."""
+    async def subscribe(self) -> Subscriber:
+        """A new subscriber (from the event loop); starts the watcher, from the store's version, if it was not
+        running. The version is read on a worker thread: a store that does not answer never blocks the loop
+        (the error, a :class:`~trajstore.errors.StoreAccessError`, is raised here and nothing is subscribed)."""
         sub = Subscriber()
         loop = asyncio.get_running_loop()
         with self._lock:
             self._subscribers.add(sub)
-            if self._stop is None:
+            running = self._stop is not None
+        if running:
+            return sub
+        try:
+            since = await asyncio.to_thread(lambda: self.store.version)
+        except BaseException:
+            self.unsubscribe(sub)
+            raise
+        with self._lock:  # unless another subscriber started it meanwhile (from a version read before)
+            if self._stop is None and sub in self._subscribers:
                 self._stop = threading.Event()
-                self._thread = threading.Thread(target=self._watch, args=(loop, self._stop, self.store.version),
+                self._thread = threading.Thread(target=self._watch, args=(loop, self._stop, since),
                                                 name="trajstore-commits", daemon=True)
                 self._thread.start()
         return sub
@@ -101,10 +116,17 @@ class CommitHub:
 
     def _watch(self, loop: asyncio.AbstractEventLoop, stop: threading.Event, since: int) -> None:
         try:
-            for commit in new_commits(self.store.table, since=since, poll=self.poll, sleep=stop.wait):
-                if stop.is_set():
-                    return
-                loop.call_soon_threadsafe(self._fan_out, Announcement.of(commit))
+            while not stop.is_set():
+                try:
+                    for commit in new_commits(self.store.table, since=since, poll=self.poll, sleep=stop.wait):
+                        if stop.is_set():
+                            return
+                        loop.call_soon_threadsafe(self._fan_out, Announcement.of(commit))
+                        since = commit.version
+                    return  # stopped: the last subscriber left
+                except StoreAccessError as exc:  # the store fails or does not answer: the same version again
+                    log.warning("%s; reading the commit log again in %g s", exc, RETRY_S)
+                    stop.wait(RETRY_S)
         except RuntimeError:  # the loop closed: the server is shutting down
             return
         except Exception:  # noqa: BLE001 - a watcher that dies is logged; the next subscriber starts another

@@ -10,7 +10,6 @@ from fastapi import Depends, HTTPException, Query, Request
 
 from trajstore import schema as sch
 from trajstore.query.filters import EpisodeFilter
-from trajstore.store import Store
 
 INT32 = {"ge": -(2**31), "le": 2**31 - 1}
 INT64 = {"ge": -(2**63), "le": 2**63 - 1}
@@ -71,25 +70,6 @@ def group_columns(
 
 
 ByDep = Annotated[list[str], Depends(group_columns)]
-
-
-HINT_HEADER = "X-Trajstore-Hint"
-
-
-def unknown_runs(store: Store, flt: EpisodeFilter) -> list[str]:
-    """The runs the filter names that the store does not hold."""
-    if not flt.run_id:
-        return []
-    held = set(store.run_ids())
-    return [r for r in flt.run_id if r not in held]
-
-
-def run_hint(store: Store, missing: list[str]) -> dict[str, str]:
-    """A response header saying which runs of the request the store does not hold (none if all are held)."""
-    if not missing:
-        return {}
-    runs = ", ".join(map(ascii, store.run_ids())) or "none yet"  # a header is latin-1: other text escaped
-    return {HINT_HEADER: f"no run {', '.join(map(ascii, missing))} in this store; its runs: {runs}"[:2000]}
 
 
 async def single_valued(request: Request) -> None:

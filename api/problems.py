@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trajstore.errors import (
     AuthenticationError,
@@ -26,6 +27,7 @@ from trajstore.errors import (
     ReadOnlyError,
     ResultTooLargeError,
     RunNotFoundError,
+    StoreAccessError,
     StoreDamagedError,
     StoreNotFoundError,
     TrajstoreError,
@@ -40,7 +42,9 @@ PROBLEM_JSON = "application/problem+json"
 class Problem(BaseModel):
     """An RFC 9457 problem document."""
 
-    type: str = Field("about:blank", description="a URI naming the kind of problem")
+    type: str = Field("about:blank", description="a URI naming the kind of problem: urn:trajstore:error:<name> for "
+                                                 "an error of trajstore.errors (e.g. RunNotFoundError), else "
+                                                 "about:blank")
     title: str = Field(description="short summary of the kind of problem")
     status: int = Field(description="the HTTP status code")
     detail: str | None = Field(None, description="what went wrong in this request")
@@ -73,12 +77,19 @@ _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (QueryError, 400),
     (StoreNotFoundError, 503),
     (StoreDamagedError, 503),
+    (StoreAccessError, 503),
 )
+STORE_RETRY_AFTER_S = 2  # Retry-After of a 503 for an object store that failed or did not answer
+
+
+ERROR_TYPE = "urn:trajstore:error:"  # + the name of the trajstore error: what a client may raise again
 
 
 def problem(status: int, detail: str | None = None, *, request: Request | None = None,
-            headers: dict[str, str] | None = None, errors: list[dict[str, Any]] | None = None) -> JSONResponse:
-    body = Problem(title=HTTPStatus(status).phrase, status=status, detail=detail,
+            headers: dict[str, str] | None = None, errors: list[dict[str, Any]] | None = None,
+            error: type[BaseException] | None = None) -> JSONResponse:
+    body = Problem(type=ERROR_TYPE + error.__name__ if error is not None else "about:blank",
+                   title=HTTPStatus(status).phrase, status=status, detail=detail,
                    instance=request.url.path if request is not None else None, errors=errors)
     return JSONResponse(jsonable_encoder(body, exclude_none=True), status_code=status, headers=headers,
                         media_type=PROBLEM_JSON)
@@ -122,11 +133,46 @@ def install(app: FastAPI) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if isinstance(exc, QueryBusyError):
             headers = {"Retry-After": str(exc.retry_after_s)}
+        if isinstance(exc, StoreAccessError):
+            headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}
         if status == 500:
             log.exception("error serving %s", request.url.path, exc_info=exc)
-        return problem(status, str(exc), request=request, headers=headers)
+        return problem(status, str(exc), request=request, headers=headers, error=type(exc))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error serving %s", request.url.path, exc_info=exc)
         return problem(500, "internal error; see the server log", request=request)
+
+    app.add_middleware(KeepAliveOn500)
+
+
+class KeepAliveOn500:
+    """ASGI middleware: an unexpected error is answered as a 500 problem here, and the connection stays usable.
+
+    A handler of ``Exception`` alone does not do that: Starlette runs it in its outermost middleware, which sends
+    the answer and then raises the error again, and uvicorn closes the connection of an app that raised. This
+    sits inside it, answers, and does not raise (unless the answer had begun: a broken stream must be cut)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            if started:
+                raise
+            request = Request(scope)
+            log.exception("unexpected error serving %s", request.url.path, exc_info=exc)
+            await problem(500, "internal error; see the server log", request=request)(scope, receive, send)

@@ -280,7 +280,7 @@ def to_markdown(res: Results, machine: dict[str, str], command: str) -> str:
         req = ("≥ " if k.higher_is_better else "≤ ") + fmt.format(k.required)
         lines.append(f"| {k.what} | {fmt.format(k.measured)} | {req} | {'PASS' if k.passed else '**FAIL**'} |")
     lines += ["", "### Throughput", "",
-              f"JAX CartPole-v1 (`trajstore.jax_envs.CartPole`), B = {c['envs']} envs, T = {c['rollout_length']} "
+              f"JAX CartPole-v1 (`trajstore.rollout.envs.CartPole`), B = {c['envs']} envs, T = {c['rollout_length']} "
               f"steps per scan, {c['scans']} scans = {c['steps']:,} steps; uniform random actions (the default "
               f"policy) and autoreset with a fresh key per reset; jax {c['jax']} on {c['backend']}.", "",
               "| method | median s | steps/s | vs slower of the other two | best run steps/s | CPU cores busy "

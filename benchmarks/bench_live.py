@@ -195,7 +195,8 @@ def to_markdown(results: list[dict[str, Any]], command: str) -> str:
              "expect noise). Stores written directly with the library writer (4 runs x 4 policy versions, 2,000 "
              "envs, episodes of 1–8 steps). First plot = the page's fetches before its first plot with data, timed "
              "over HTTP on a warm server (concurrent requests counted by the slowest), bytes = their bodies; page "
-             "assets (HTML, JS, CSS) listed apart, Plotly.js (4.6 MB, cached for good by the browser) not counted. "
+             "assets (HTML, JS, CSS) listed apart, Plotly.js (its basic bundle, 396 kB gzipped, cached for good by the "
+             "browser) not counted; the dashboard benchmark counts every byte of a first visit. "
              "Browser = the page's own `trajstore-plots` mark in Chromium, warm.", "",
              "| episodes | first plot before (`/curves`) | after (binned) | ratio | bytes before | bytes after | "
              "page assets | browser first plot (after) |", "|---|---|---|---|---|---|---|---|"]

@@ -2,7 +2,7 @@
 
     python benchmarks/run.py                    # every benchmark at full size, writes docs/benchmarks.md
     python benchmarks/run.py --only store       # one of: store (issue 2), jax (3), api (4), dashboard (5), s3 (13),
-                                                # loaders (14), live (15)
+                                                # loaders (14), live (15), export (20)
     python benchmarks/run.py --steps 200000     # quick smoke run; prints the sections, writes no doc
     python benchmarks/run.py --steps 200000 --out /tmp/bench.md
 """
@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     report.output_options(p, f"runs of {FULL_STEPS:,} steps or more", check=False)
     p.add_argument("--workdir", type=Path, default=None, help="where to put the temporary stores")
     p.add_argument("--check", action="store_true", help="exit with status 1 when a target is not met")
-    p.add_argument("--only", default="store,jax,api,dashboard,s3,loaders,live",
+    p.add_argument("--only", default="store,jax,api,dashboard,s3,loaders,live,export",
                    help="comma-separated benchmarks to run (default: %(default)s)")
     return p
 
@@ -45,6 +45,7 @@ def run_others(names: list[str], steps: int, out: Path | None, check: bool) -> i
     """The JAX, service and dashboard benchmarks, each through its own command line."""
     import bench_api
     import bench_dashboard
+    import bench_export
     import bench_jax
     import bench_live
     import bench_loaders
@@ -66,6 +67,11 @@ def run_others(names: list[str], steps: int, out: Path | None, check: bool) -> i
     if "loaders" in names:
         status |= bench_loaders.main(["--steps", str(min(steps, bench_loaders.FULL_STEPS))] +
                                      (["--out", str(out)] if out is not None else []) + (["--check"] if check else []))
+    if "export" in names:
+        sizes = [] if steps >= FULL_STEPS else ["--sizes", ",".join(str(max(10_000, s * steps // FULL_STEPS))
+                                                                   for s in bench_export.FULL_SIZES)]
+        status |= bench_export.main(sizes + (["--out", str(out)] if out is not None else []) +
+                                    (["--check"] if check else []))
     if "live" in names:
         sizes = ["--sizes", str(max(10_000, steps // 100))] if steps < FULL_STEPS else []
         status |= bench_live.main(sizes + (["--out", str(out)] if out is not None else []))

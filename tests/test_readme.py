@@ -131,3 +131,13 @@ def test_make_demo_serves_its_dashboard(tmp_path: Path) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+
+
+def test_the_minari_example_runs_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run again, the Minari recording example keeps the dataset it made instead of failing on its id."""
+    pytest.importorskip("minari")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari-datasets"))
+    code = next(code for lang, _, code in blocks() if lang == "python" and "minari.DataCollector" in code)
+    for _ in range(2):
+        exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})  # noqa: S102 - the README's example
+    assert [p.name for p in (tmp_path / "minari-datasets" / "cartpole").iterdir() if p.is_dir()] == ["random-v0"]

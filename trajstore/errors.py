@@ -6,6 +6,9 @@ also derive from the matching built-in, so ``except ValueError`` keeps working.
 
 from __future__ import annotations
 
+import re
+from typing import Sequence
+
 __all__ = [
     "TrajstoreError",
     "InputError",
@@ -60,7 +63,8 @@ class StoreExistsError(FileExistsError, TrajstoreError):
 
 
 class StoreAccessError(TrajstoreError, ConnectionError):
-    """The object store holding a store cannot be reached, or refuses us (wrong keys, a missing bucket)."""
+    """The store cannot be reached, or refuses us: an object store that does not answer in time or at all, wrong
+    keys, a missing bucket, a full disk. The message names the store, the cause and what to do."""
 
 
 class QueryError(TrajstoreError):
@@ -130,9 +134,25 @@ class RemoteError(TrajstoreError):
         super().__init__(f"{status} {title}" + (f": {detail}" if detail else ""))
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colour and cursor codes (deltalake's error chains)
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal escape codes."""
+    return _ANSI.sub("", text)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's whole message on one line, without terminal escape codes (deltalake's errors are a chain of
+    indented ``↳`` lines whose last one is the cause)."""
+    text = " ".join(plain(str(exc)).replace("\u21b3", " ").split())
+    return text or type(exc).__name__
+
+
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (a library's error without the context lines it appends)."""
-    text = str(exc).strip()
+    """The first line of an exception's message (a library's error without the context lines it appends), without
+    terminal escape codes."""
+    text = plain(str(exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 
@@ -150,6 +170,13 @@ class ReadOnlyError(TrajstoreError, PermissionError):
 
 class RunNotFoundError(InputError, LookupError):
     """A run the store does not hold (the message names it and lists the runs it has)."""
+
+    @classmethod
+    def naming(cls, missing: Sequence[str], store: str, runs: Sequence[str]) -> RunNotFoundError:
+        """The error for the runs ``missing`` from the store at ``store``, which holds ``runs``: one message
+        wherever it is raised (the Store's readers, delete, export; 404 over REST)."""
+        return cls(f"run_id: no run {', '.join(map(repr, missing))} in {store}; its runs: "
+                   f"{', '.join(runs) or 'none yet'}")
 
 
 class VersionNotFoundError(InputError, LookupError):

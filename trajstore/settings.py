@@ -35,6 +35,9 @@ class Settings:
     stream_batch_rows: int = 65_536
     stream_batch_bytes: int = 16 * 1024 * 1024  # fewer rows per streamed batch when rows are wide
     loader_batch_bytes: int = 256 * 1024 * 1024  # the largest batch /sequences and /transitions build (422 beyond)
+    s3_connect_timeout_s: float = 3.0  # object store: the longest wait for a connection
+    s3_timeout_s: float = 3.0  # object store: the longest wait for an answer (see storage/location.py)
+    s3_retries: int = 1  # object store: retries of a request that failed or got no answer in time
     loader_layouts: int = 1  # loader layouts (column files on local disk) kept for the next epoch; 0: none
     debug: bool = False  # the CLI prints tracebacks
 

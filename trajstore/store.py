@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ import pyarrow.fs as pafs
 from trajstore.errors import (
     InputError,
     QueryError,
+    RunNotFoundError,
     StoreAccessError,
     StoreDamagedError,
     StoreExistsError,
@@ -44,11 +46,13 @@ from trajstore.query.curves import (
     bin_index,
     bin_stats,
     check_binning,
+    latest_stats,
     total_env_steps,
     x_values,
     y_values,
 )
-from trajstore.query.filters import EpisodeFilter
+from trajstore.query.filters import EpisodeFilter, from_keywords
+from trajstore.query.filters import keywords as filter_keywords
 from trajstore.query.follow import Commit, check_follow, new_commits
 from trajstore.query.groups import StepTypes, group_files, step_types
 from trajstore.query.layout import LayoutCache, read_files
@@ -87,7 +91,7 @@ def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str,
 
     With ``version=N`` (see :meth:`Store.history`) or ``as_of=datetime`` (the latest version committed then),
     the store is read-only and every read sees it exactly as it was at that version."""
-    location = locate(uri, storage_options)
+    location = locate(uri, storage_options, settings=settings)
     try:
         found = _marker_found(location)
         if not found:
@@ -138,18 +142,42 @@ def _create(location: Location) -> None:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _where_named(method: F) -> F:
-    """A query that fails because of the caller's own ``where`` condition is an :class:`InputError` naming
-    ``where`` (DuckDB's first line, without the SQL trajstore built around the condition)."""
+def _reader(method: F) -> F:
+    """The one place where a read method's selection is resolved, so that every reader takes the same filters
+    and says the same about the same mistake:
+
+    - the filter keywords of :func:`~trajstore.query.filters.keywords` (``min_return=``, ``mode=``, …; the
+      Client's readers take the same) that the method does not name itself are added to its ``filter``, and
+      appear in its signature (a name the method gives a meaning of its own, ``seed`` for a shuffle, keeps it:
+      that filter goes in ``filter=``);
+    - a run the store does not hold (``run_id=``, or in ``filter``) is a :class:`RunNotFoundError` naming it and
+      the runs there are, before anything is read;
+    - a query that fails because of the caller's own ``where`` condition is an :class:`InputError` naming
+      ``where`` (DuckDB's first line, without the SQL trajstore built around the condition).
+    """
+    own = inspect.signature(method)
+    added = [name for name in filter_keywords() if name not in own.parameters]
+
     @functools.wraps(method)
-    def named(self: Store, *args: Any, **kwargs: Any) -> Any:
+    def read(self: Store, *args: Any, **kwargs: Any) -> Any:
+        extra = {name: kwargs.pop(name) for name in added if name in kwargs}
+        if extra:
+            kwargs["filter"] = from_keywords(kwargs.get("filter"), extra)
+        flt = kwargs.get("filter")
+        self._check_runs(kwargs.get("run_id"), flt.run_id if flt is not None else None)
         try:
             return method(self, *args, **kwargs)
         except QueryError as exc:
             if not kwargs.get("where") or type(exc) is not QueryError:
                 raise
             raise InputError(f"where: {str(exc).removeprefix('query failed: ')} (in {kwargs['where']!r})") from None
-    return named  # type: ignore[return-value]
+
+    types = filter_keywords()
+    params = list(own.parameters.values())
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=types[name])
+               for name in added]
+    read.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
+    return read  # type: ignore[return-value]
 
 
 Ids = Union[int, Sequence[int], None]
@@ -159,15 +187,19 @@ Names = Union[str, Sequence[str], None]
 class Store:
     """Entry point for writing and querying one store. Every query reads one committed snapshot.
 
-    The filter keywords of the read methods are the same everywhere: ``run_id``/``env_id`` (one or
-    several), ``where`` (your own SQL condition over the ``episodes`` view) and ``filter`` (a typed
-    :class:`~trajstore.query.filters.EpisodeFilter`, as the REST service builds from its parameters).
+    The filter keywords of the read methods are the same everywhere, and the same as the Client's:
+    ``run_id``/``env_id``/``episode_id`` (one or several), ``complete``/``terminated``/``truncated``,
+    ``min_return``/``max_return``/``min_length``/``max_length``, the lineage columns (``policy_version``,
+    ``mode``, ``worker_id``, ``seed``, ``env_index``), ``filter`` (all of them as a typed
+    :class:`~trajstore.query.filters.EpisodeFilter`, as the REST service builds from its parameters) and
+    ``where`` (your own SQL condition over the ``episodes`` view). A run the store does not hold is a
+    :class:`~trajstore.errors.RunNotFoundError` naming it and the runs it holds.
     """
 
     def __init__(self, location: Location | str | Path, *, settings: Settings | None = None,
                  pinned: int | None = None) -> None:
-        self.location = locate(location)
         self.settings = settings or Settings.from_env()
+        self.location = locate(location, settings=self.settings)
         self.table = StepsTable(self.location.child("steps"), row_group_rows=self.settings.row_group_rows,
                                 pinned=pinned)
         self._duckdb: tuple[int, duckdb.DuckDBPyConnection] | None = None
@@ -275,6 +307,17 @@ class Store:
         """The runs the store holds (from the committed file list: no file is read)."""
         return sorted({f.run_id for f in self.files()})
 
+    def _check_runs(self, *selections: Names) -> None:
+        """A :class:`RunNotFoundError` naming each run of ``selections`` (a run id or several) the store does
+        not hold, and the runs it holds."""
+        wanted = list(dict.fromkeys(r for sel in selections for r in _run_list(sel)))
+        if not wanted:
+            return
+        held = self.run_ids()
+        missing = [r for r in wanted if r not in held]
+        if missing:
+            raise RunNotFoundError.naming(missing, self.uri, held)
+
     def schema(self, env_id: str | None = None) -> pa.Schema:
         """The Arrow types of the stored columns, fixed sizes kept (of one environment's files with ``env_id``);
         an empty schema for an empty store."""
@@ -315,7 +358,8 @@ class Store:
         store's through pyarrow datasets over its filesystem (``registered``)."""
         registered = not self.location.is_local if registered is None else registered
         return Snapshot(files, con=con, config=config, store=self.uri, layouts=self._file_layouts(files),
-                        registered=registered, judge=self._judged)
+                        registered=registered, judge=self._judged,
+                        location=self.location)
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._duckdb_lock:
@@ -386,7 +430,8 @@ class Store:
         files = self._selected_files(run_id, env_id)
         layouts = self._file_layouts(files)
         if limits.worker_bytes is None:
-            snap = Snapshot(files, store=self.uri, layouts=layouts, registered=True, judge=self._judged)
+            snap = Snapshot(files, store=self.uri, layouts=layouts, registered=True, judge=self._judged,
+                            location=self.location)
             return sandbox.run(snap, query, limits, encode=encode)
         task = sql_worker.Task.of(query, limits, self.location, files, layouts)
         try:
@@ -403,7 +448,7 @@ class Store:
 
     # --- episodes and statistics --------------------------------------------------------------------
 
-    @_where_named
+    @_reader
     def episodes(self, *, run_id: Names = None, env_id: Names = None, complete: bool | None = None,
                  where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
                  gamma: float | None = None, order_by: str = "episode_id", limit: int | None = None,
@@ -412,7 +457,7 @@ class Store:
         return self._episodes(run_id=run_id, env_id=env_id, complete=complete, where=where, filter=filter,
                               gamma=gamma, order_by=order_by, limit=limit, offset=offset)
 
-    @_where_named
+    @_reader
     def episode_page(self, *, where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
                      gamma: float | None = None, order_by: str = "episode_id", limit: int,
                      offset: int = 0, after: int | None = None) -> tuple[pa.Table, int]:
@@ -456,7 +501,7 @@ class Store:
             return snap.arrow(sql.episodes(conds, source=src, order_by=name, descending=descending, limit=limit,
                                            offset=offset, total=total), params)
 
-    @_where_named
+    @_reader
     def curves(self, *, run_id: Names = None, env_id: Names = None, where: str | None = None,
                filter: EpisodeFilter | None = None, gamma: float | None = None) -> pa.Table:  # noqa: A002
         """Learning curves: the complete episodes of each ``(run_id, env_id)`` in the order they ended, with
@@ -473,7 +518,7 @@ class Store:
         walk = walk.append_column("total_env_steps", pa.array(total_env_steps(walk), pa.int64()))
         return walk.filter(walk[CURVE_POINT]).drop_columns([CURVE_POINT])
 
-    @_where_named
+    @_reader
     def binned_curves(self, *, x: str = "env_steps", y: str = "episode_return", bins: int = 800,
                       gamma: float | None = None, run_id: Names = None, env_id: Names = None,
                       where: str | None = None, filter: EpisodeFilter | None = None) -> pa.Table:  # noqa: A002
@@ -488,7 +533,7 @@ class Store:
         edges = bin_edges(xs, bins)
         return bin_stats(self._cursor(), curve, y_values(curve, y), bin_index(xs, edges), edges)
 
-    @_where_named
+    @_reader
     def histogram(self, *, y: str = "episode_return", bins: int = 60, gamma: float | None = None,
                   run_id: Names = None, env_id: Names = None, where: str | None = None,
                   filter: EpisodeFilter | None = None) -> pa.Table:  # noqa: A002
@@ -499,6 +544,18 @@ class Store:
         ys = y_values(curve, y)
         edges = bin_edges(ys, bins)
         return bin_stats(self._cursor(), curve, ys, bin_index(ys, edges), edges, quantiles=())
+
+    @_reader
+    def latest_stats(self, last: int = 100, *, gamma: float | None = None, run_id: Names = None,
+                     env_id: Names = None, where: str | None = None,
+                     filter: EpisodeFilter | None = None) -> pa.Table:  # noqa: A002
+        """Statistics of the ``last`` complete episodes of each ``(run_id, env_id)`` to end (the dashboard's
+        runs table): ``run_id, env_id, n_traj, return_*, len_*`` (and ``discounted_return_*`` with ``gamma``),
+        one row per series with complete episodes; read from the same learning curves :meth:`binned_curves`
+        keeps, so its cost does not grow with the store once they are (see
+        :func:`~trajstore.query.curves.latest_stats`)."""
+        curve = self._curve(run_id=run_id, env_id=env_id, where=where, filter=filter, gamma=gamma)
+        return latest_stats(curve, last)
 
     def _curve(self, **selection: Any) -> pa.Table:
         """:meth:`curves` of ``selection``, kept for the latest committed version and the last few selections
@@ -516,7 +573,7 @@ class Store:
             self._curve_cache[key] = curve
         return curve
 
-    @_where_named
+    @_reader
     def stats(self, *, by: Names = None, gamma: float | None = None, where: str | None = None,
               filter: EpisodeFilter | None = None, run_id: Names = None,  # noqa: A002
               env_id: Names = None, include_incomplete: bool = False) -> pa.Table:
@@ -615,7 +672,7 @@ class Store:
 
     # --- steps --------------------------------------------------------------------------------------
 
-    @_where_named
+    @_reader
     def scan(self, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
              episode_id: Ids = None, where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
              batch_size: int = 65_536, max_batch_bytes: int | None = None) -> pa.RecordBatchReader:
@@ -644,7 +701,7 @@ class Store:
             raise self._damage(exc, plan.files) or exc
         return pa.RecordBatchReader.from_batches(reader.schema, self._damage_named(reader, plan.files))
 
-    @_where_named
+    @_reader
     def scan_plan(self, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
                   episode_id: Ids = None, where: str | None = None,
                   filter: EpisodeFilter | None = None) -> ScanPlan:  # noqa: A002
@@ -714,9 +771,10 @@ class Store:
     def _damage(self, exc: BaseException, files: Sequence[DataFile], *,
                 version: int | None = None) -> TrajstoreError | None:
         """The error to raise for a read error ``exc`` about one of ``files`` (committed files of ``version``,
-        by default the version this store reads), judged by :meth:`_judged`; None if it is about none of them."""
-        found = damaged_file(exc, files, self.uri)
-        return None if found is None else self._judged(found, version=version)
+        by default the version this store reads), judged by :meth:`_judged`, or the :class:`StoreAccessError` of a
+        store that failed or did not answer while they were read; None if it is about none of them."""
+        found = damaged_file(exc, files, self.uri, location=self.location)
+        return found if not isinstance(found, StoreDamagedError) else self._judged(found, version=version)
 
     def _judged(self, error: StoreDamagedError, *, version: int | None = None) -> TrajstoreError:
         """What a committed file that cannot be read means: a :class:`VersionNotFoundError` when a vacuum
@@ -738,10 +796,13 @@ class Store:
         another size than the log says (cheap checks of every file; ``trajstore check`` reads them all)."""
         try:
             files = self.files()
+        except StoreAccessError:
+            raise  # the store does not answer (or refuses us): not a damage, and says what to do itself
         except Exception as exc:  # noqa: BLE001 - an unreadable log is the finding
             return [f"the commit log of {self.root} cannot be read: {first_line(exc)}"]
         return [p for p in map(self.table.size_problem, files) if p]
 
+    @_reader
     def iter_batches(self, *, batch_size: int = 4096, columns: Sequence[str] | None = None, shuffle: bool = False,
                      seed: int | None = None, shuffle_buffer: int = 65_536, drop_last: bool = False,
                      format: BatchFormat = "numpy", run_id: Names = None, env_id: Names = None,  # noqa: A002
@@ -764,6 +825,7 @@ class Store:
 
     # --- training loaders: windows and n-step transitions (trajstore.query.sequences / .transitions) -------
 
+    @_reader
     def sequences(self, length: int, *, columns: Sequence[str] | None = None, stride: int | None = None,
                   pad: bool = False, gamma: float | None = None, batch_size: int = 256, shuffle: bool = False,
                   seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1, run_id: Names = None,
@@ -789,6 +851,7 @@ class Store:
         return load_sequences(source, length, columns=columns, stride=stride, pad=pad, gamma=gamma,
                               sampling=sampling, format=format, resume=resume, max_batch_bytes=max_batch_bytes)
 
+    @_reader
     def transitions(self, n: int, *, gamma: float, columns: Sequence[str] | None = None, batch_size: int = 256,
                     shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
                     run_id: Names = None, where: str | None = None, format: LoaderFormat = "numpy",  # noqa: A002
@@ -839,7 +902,7 @@ class Store:
         types = self._step_types(files) if files else StepTypes(pa.schema([]))  # no file: no column
         return ScanPlan(files, types.schema, types.schema.names, None, types, self._file_layouts(files))
 
-    @_where_named
+    @_reader
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002
                    where: str | None = None, limit: int = 100, offset: int = 0,
                    after: tuple[int, int] | None = None) -> pa.Table:
@@ -861,7 +924,7 @@ class Store:
             snap.check_columns(names, view="steps", field="columns")
             return snap.arrow(sql.steps(names, sql.conditions(episode_id=int(episode_id))))
 
-    @_where_named
+    @_reader
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", run_id: Names = None,
                 env_id: Names = None, episode_id: Ids = None, where: str | None = None,
                 filter: EpisodeFilter | None = None, limit: int | None = None) -> pa.Table:  # noqa: A002
@@ -963,6 +1026,13 @@ def _both(a: Any, b: Any) -> Any:
         return b
     a_set = {a} if isinstance(a, (str, int, np.integer)) else set(np.atleast_1d(a).tolist())
     return [v for v in b if v in a_set]
+
+
+def _run_list(value: Names) -> list[str]:
+    """A selection of runs (one id, several, or none) as a list."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
 def _selected(value: str, wanted: str | Sequence[str] | None) -> bool:

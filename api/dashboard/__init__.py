@@ -1,4 +1,4 @@
-"""The dashboard: one web page over the public API, with Plotly.js served from the installed package."""
+"""The dashboard: one web page over the public API, its assets (Plotly.js vendored) served compressed."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 // trajstore dashboard. Every number on this page comes from the public REST API (see /openapi.json):
-// /events (commits, pushed), /ready, /runs, /curves/binned, /curves/histogram, /stats, /episodes,
+// /events (commits, pushed), /ready, /runs (with each series' latest episodes summarised by the service),
+// /curves/binned, /curves/histogram, /stats, /episodes,
 // /episodes/{id}/steps and /returns; /curves (every episode) only for small stores.
 "use strict";
 
@@ -7,11 +8,10 @@ const $ = (id) => document.getElementById(id);
 const COLORS = ["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#dd4477", "#66aa00",
   "#b82e2e", "#316395"];
 const POLL_MS = 2000;
-const LAST_N = 100;               // the runs table summarises each series' latest episodes
-const POINTS_LIMIT = 20000;       // one marker per episode up to this many complete episodes; bins only beyond
+const LAST_N = 100;               // the runs table summarises each series' latest episodes (/runs?last=)
+const POINTS_LIMIT = 5000;        // one marker per episode (SVG) up to this many complete episodes; bins only beyond
 const MAX_BINS = 2000;            // bins of the curves: about the plot's width in pixels, at most this
 const HIST_BINS = 60;
-const GL_POINTS = 300;            // the learning curves switch to WebGL (faster than SVG) beyond this
 const MAX_OBS_DIMS = 32;
 const PLOT_CONFIG = { responsive: true, displaylogo: false };
 // Columns of a step that are not numeric extras (everything else that holds numbers is plotted).
@@ -27,8 +27,8 @@ const state = {
 };
 window.trajstoreDashboard = state;  // for the browser tests, and for poking around in the console
 
-// Plotly.js comes from the installed plotly package. The page preloads it but runs it only once the tables are
-// on screen: compiling its 4.6 MB blocks the page for a while (seconds on a cold cache).
+// Plotly.js (its basic bundle: scatter and bar traces) is served by the service, compressed. The page preloads
+// it but runs it only once the tables are on screen: compiling its 1.2 MB blocks the page for a moment.
 let plotly = null;
 function plotlyReady() {
   plotly ??= new Promise((resolve, reject) => {
@@ -149,13 +149,14 @@ function yValues(s, metric) { return metric === "episode_length" ? s.episode_len
 
 function returnLabel() { return state.gamma === null ? "episode return" : `discounted return (γ=${state.gamma})`; }
 
-function summary(values) {
-  if (!values.length) return {};
-  let sum = 0, min = Infinity, max = -Infinity;
-  for (const v of values) { sum += v; if (v < min) min = v; if (v > max) max = v; }
-  const mean = sum / values.length;
-  const std = Math.sqrt(values.reduce((acc, v) => acc + (v - mean) ** 2, 0) / values.length);
-  return { mean, std, min, max };
+// A series' latest episodes as the service summarised them (/runs?last=): the return (discounted with γ) and
+// length statistics, or {} when the series has no complete episode.
+function latest(env) {
+  const l = env.latest;
+  if (!l) return { r: {}, len: {} };
+  const p = state.gamma !== null && l.discounted_return_mean !== null ? "discounted_return" : "return";
+  return { r: { mean: l[`${p}_mean`], std: l[`${p}_std`], min: l[`${p}_min`], max: l[`${p}_max`] },
+    len: { mean: l.len_mean } };
 }
 
 // --- runs overview --------------------------------------------------------------------------------------
@@ -165,12 +166,9 @@ function renderRuns() {
   body.innerHTML = "";
   const what = state.gamma === null ? "return" : `discounted return (γ=${state.gamma})`;
   $("runs-return").textContent = `${what}, last ${LAST_N} (mean ± std)`;
-  const bySeries = new Map(state.curves.map((s) => [seriesKey(s), s]));
   for (const run of state.runs) {
     for (const env of run.envs) {
-      const key = `${run.run_id} · ${env.env_id}`, s = bySeries.get(key);
-      const r = s ? summary(returns(s).slice(-LAST_N)) : {};
-      const len = s ? summary(s.episode_length.slice(-LAST_N)) : {};
+      const key = `${run.run_id} · ${env.env_id}`, { r, len } = latest(env);
       const tr = document.createElement("tr");
       tr.dataset.series = key;
       const label = document.createElement("label");
@@ -249,10 +247,10 @@ function binnedTraces(b, axis, band) {
 }
 
 // One marker per complete episode (small stores only), opacity falling as episodes pile up.
-function pointTraces(s, metric, axis, type) {
+function pointTraces(s, metric, axis) {
   const key = seriesKey(s), color = seriesColor(key), y = yValues(s, metric);
   const opacity = Math.min(0.45, Math.max(0.06, 0.45 * Math.sqrt(1000 / Math.max(1, y.length))));
-  return { type, x: xValues(s, axis), y, mode: "markers", legendgroup: key,
+  return { type: "scatter", x: xValues(s, axis), y, mode: "markers", legendgroup: key,
     marker: { size: y.length > 5000 ? 3 : 4, color, opacity }, name: `${key} episodes`, showlegend: false,
     meta: { kind: "episodes", key }, customdata: s.episode_id,
     hovertemplate: `${key}<br>episode %{customdata}<br>%{y:.4~g}<extra></extra>` };
@@ -269,9 +267,8 @@ async function renderPlots() {
   const yTitle = metric === "episode_length" ? "episode length" : returnLabel();
   const empty = !binned.length ? note(axis === "policy_version" && state.curves.length
     ? "no policy_version stored for the runs shown" : "no complete episodes to show") : [];
-  const total = points.reduce((n, s) => n + s.episode_id.length, 0), type = total > GL_POINTS ? "scattergl" : "scatter";
   const parts = binned.map((b) => binnedTraces(b, axis, band));
-  const traces = [...parts.flatMap((p) => p.band), ...points.map((s) => pointTraces(s, metric, axis, type)),
+  const traces = [...parts.flatMap((p) => p.band), ...points.map((s) => pointTraces(s, metric, axis)),
     ...parts.map((p) => p.mean)];
   await Plotly.react("curves", traces, {
     margin: { t: 30, r: 20, b: 50, l: 60 }, uirevision: `${metric}/${axis}`, annotations: empty,
@@ -525,7 +522,7 @@ async function load() {
   state.gamma = g;
   const binned = loadBinned();
   // On the first load the tables go on screen as soon as they can; the per-episode markers follow, small stores only.
-  const runs = api("/runs").then((r) => { state.runs = r; applyUrlRuns(); if (first) renderRuns(); return r; });
+  const runs = api("/runs", { last: LAST_N, gamma: g }).then((r) => { state.runs = r; applyUrlRuns(); if (first) renderRuns(); return r; });
   let complete = 0;
   const curves = runs.then((r) => {
     complete = r.reduce((acc, run) => acc + run.envs.reduce((m, e) => m + e.complete_episodes, 0), 0);

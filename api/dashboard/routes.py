@@ -1,19 +1,27 @@
 """Routes of the dashboard: the page, its assets, ``/curves`` (every complete episode, as columns) and
 ``/curves/binned`` / ``/curves/histogram`` (the same binned on the server: a payload of the number of bins).
-The curves read the latest version, or with ``?version=N`` the store as it was at version N."""
+The curves read the latest version, or with ``?version=N`` the store as it was at version N.
+
+The assets (``dashboard.js``, ``dashboard.css`` and Plotly.js: the ``plotly.js-basic-dist-min`` bundle of npm,
+vendored in ``vendor/`` by ``make vendor-plotly``: scatter and bar traces, a quarter of the full bundle) are
+gzipped once and named by their content's hash in the page (``?v=<hash>``), so a browser fetches each one
+compressed and once, then keeps it (``immutable``); the page itself is revalidated with its ETag.
+"""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+from dataclasses import dataclass
 from functools import lru_cache
-from importlib import metadata, resources
 from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from fastapi import APIRouter, HTTPException, Query
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, Field
 
 from trajstore.api.deps import ReadStoreDep
@@ -21,18 +29,57 @@ from trajstore.store import Store
 
 router = APIRouter()
 HERE = Path(__file__).resolve().parent
-ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
-NO_CACHE = {"Cache-Control": "no-cache"}
+ASSETS = {"dashboard.js": ("dashboard.js", "text/javascript"), "dashboard.css": ("dashboard.css", "text/css"),
+          "plotly.min.js": ("vendor/plotly-basic.min.js", "text/javascript")}
+FOREVER = "public, max-age=31536000, immutable"  # an asset named by its content's hash never changes
+REVALIDATE = "no-cache"  # kept, but asked again each time (answered 304 while its ETag holds)
+
+
+@dataclass(frozen=True)
+class Asset:
+    """A file of the dashboard, as sent: its bytes, gzipped bytes, media type and content hash."""
+
+    body: bytes
+    gzipped: bytes
+    media_type: str
+    digest: str
+
+
+def _asset(body: bytes, media_type: str) -> Asset:
+    return Asset(body, gzip.compress(body, compresslevel=9, mtime=0), media_type,
+                 hashlib.sha256(body).hexdigest()[:16])
+
+
+@lru_cache(maxsize=None)
+def asset(name: str) -> Asset:
+    """The asset ``name`` (read and compressed once per process)."""
+    if name not in ASSETS:
+        raise HTTPException(status_code=404, detail=f"no dashboard asset {name!r}")
+    path, media_type = ASSETS[name]
+    if not (HERE / path).is_file():
+        raise HTTPException(status_code=500, detail=f"the dashboard's {path} is missing from this installation: "
+                                                    "reinstall trajstore")
+    return _asset((HERE / path).read_bytes(), media_type)
 
 
 @lru_cache(maxsize=1)
-def plotly_js() -> tuple[Path, str]:
-    """Plotly.js as shipped inside the installed ``plotly`` Python package (nothing fetched from a CDN)."""
-    path = Path(str(resources.files("plotly") / "package_data" / "plotly.min.js"))
-    if not path.is_file():
-        raise HTTPException(status_code=500, detail="plotly.min.js is missing from the installed plotly package: "
-                                                    "reinstall it with `pip install --force-reinstall plotly`")
-    return path, metadata.version("plotly")
+def page() -> Asset:
+    """The page, each asset's URL carrying its hash."""
+    text = (HERE / "page.html").read_text()
+    for name in ASSETS:
+        text = text.replace(f"{{{{{name}}}}}", f"/dashboard/assets/{name}?v={asset(name).digest}")
+    return _asset(text.encode(), "text/html; charset=utf-8")
+
+
+def _send(request: Request, found: Asset, cache: str) -> Response:
+    """``found``, gzipped when the client takes it, or 304 when the client holds this version (its ETag)."""
+    etag = f'"{found.digest}"'
+    headers = {"ETag": etag, "Cache-Control": cache, "Vary": "Accept-Encoding"}
+    if etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers=headers)
+    if "gzip" in request.headers.get("accept-encoding", ""):
+        return Response(found.gzipped, media_type=found.media_type, headers={**headers, "Content-Encoding": "gzip"})
+    return Response(found.body, media_type=found.media_type, headers=headers)
 
 
 @router.get("/", include_in_schema=False)
@@ -40,21 +87,17 @@ def root() -> RedirectResponse:
     return RedirectResponse("/dashboard")
 
 
-@router.get("/dashboard", response_class=HTMLResponse, tags=["dashboard"],
+@router.get("/dashboard", response_class=Response, tags=["dashboard"],
+            responses={200: {"content": {"text/html": {}}}},
             summary="The dashboard: runs, learning curves, distributions, episodes and one episode's steps, live")
-def dashboard() -> HTMLResponse:
-    page = (HERE / "page.html").read_text().replace("{{plotly_version}}", plotly_js()[1])
-    return HTMLResponse(page, headers=NO_CACHE)
+def dashboard(request: Request) -> Response:
+    return _send(request, page(), REVALIDATE)
 
 
 @router.get("/dashboard/assets/{name}", include_in_schema=False)
-def asset(name: str) -> FileResponse:
-    if name == "plotly.min.js":  # the page asks for it with ?v=<plotly version>, so it may be cached for good
-        return FileResponse(plotly_js()[0], media_type="text/javascript",
-                            headers={"Cache-Control": "public, max-age=31536000, immutable"})
-    if name not in ASSETS:
-        raise HTTPException(status_code=404, detail=f"no dashboard asset {name!r}")
-    return FileResponse(HERE / name, media_type=ASSETS[name], headers=NO_CACHE)
+def dashboard_asset(request: Request, name: str, v: str | None = None) -> Response:
+    found = asset(name)
+    return _send(request, found, FOREVER if v == found.digest else REVALIDATE)
 
 
 class CurveSeries(BaseModel):

@@ -13,7 +13,7 @@ from trajstore.api import pages
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response, json_rows, wants_arrow
 from trajstore.api.cursor import CursorQuery, decode, encode
 from trajstore.api.deps import ReadStoreDep, SettingsDep
-from trajstore.api.params import EPISODE_COLUMNS, INT64, NAME, ColumnsDep, FilterDep, run_hint, unknown_runs
+from trajstore.api.params import EPISODE_COLUMNS, INT64, NAME, ColumnsDep, FilterDep
 from trajstore.query.filters import EpisodeFilter
 
 router = APIRouter(tags=["episodes"])
@@ -32,8 +32,20 @@ class StepRows(BaseModel):
     steps: list[dict[str, Any]]
 
 
+# Arrow pages carry in headers what the JSON page carries in its body: the total, the next cursor, and the
+# version they read (to pin the next pages to: Client.episodes walks every page of one version).
+TOTAL_HEADER, CURSOR_HEADER, VERSION_HEADER = "X-Total-Count", "X-Next-Cursor", "X-Trajstore-Version"
+
+
 @router.get("/episodes", summary="Episodes, filtered, sorted and paginated",
-            responses={200: {"content": ARROW_CONTENT}})
+            responses={200: {"content": ARROW_CONTENT, "headers": {
+                TOTAL_HEADER: {"description": "Arrow pages: the episodes the filter selects in all",
+                               "schema": {"type": "integer"}},
+                CURSOR_HEADER: {"description": "Arrow pages: the next page's cursor, as next_cursor",
+                                "schema": {"type": "string"}},
+                VERSION_HEADER: {"description": "the store version the page was read at (pass as version= to "
+                                                "read the next pages at that version)",
+                                 "schema": {"type": "integer"}}}}})
 def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: FilterDep,
              order_by: Annotated[str, Query(pattern=NAME.replace("^", "^-?"), description=(
                  f"a column of episodes ({EPISODE_COLUMNS}, discounted_return with gamma); prefix - for "
@@ -45,18 +57,18 @@ def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: 
              cursor: CursorQuery = None,
              ) -> Any:
     limit = min(limit, settings.max_page_size)
-    hint = run_hint(store, unknown_runs(store, flt))
-    if wants_arrow(request):
-        return arrow_response(store.episodes(filter=flt, gamma=gamma, order_by=order_by, limit=limit,
-                                             offset=offset), hint)
+    version = store.version  # before the read: the rows are of this version or, rarely, a newer one
     after = decode(cursor, 1)[0] if cursor else None
     page, total = store.episode_page(filter=flt, gamma=gamma, order_by=order_by, limit=limit,
                                      offset=0 if cursor else offset, after=after)
     following = None
     if page.num_rows == limit and order_by.lstrip("-") == "episode_id":
         following = encode([page["episode_id"][page.num_rows - 1].as_py()])
+    headers = {TOTAL_HEADER: str(total), VERSION_HEADER: str(version), **({CURSOR_HEADER: following} if following else {})}
+    if wants_arrow(request):
+        return arrow_response(page, headers)
     body = EpisodePage(items=json_rows(page), total=total, limit=limit, offset=offset, next_cursor=following)
-    return JSONResponse(jsonable_encoder(body), headers=hint) if hint else body
+    return JSONResponse(jsonable_encoder(body), headers={VERSION_HEADER: str(version)})
 
 
 @router.get("/episodes/{episode_id}/steps", summary="Every step of one episode, in order (413 past max_page_bytes)",

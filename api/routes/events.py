@@ -13,8 +13,10 @@ from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from trajstore.api.events import CommitHub
+from trajstore.errors import StoreAccessError
 
 router = APIRouter(tags=["events"])
 KEEPALIVE_S = 15.0  # a comment line this often, so proxies keep the connection and a gone client is noticed
@@ -34,9 +36,15 @@ def _event(name: str, data: dict, event_id: int | None = None) -> bytes:
 
 
 async def _stream(request: Request, hub: CommitHub) -> AsyncIterator[bytes]:
-    sub = hub.subscribe()  # here, not in the route: a stream that never starts never subscribes
     try:
-        version = hub.store.version
+        sub = await hub.subscribe()  # here, not in the route: a stream that never starts never subscribes
+    except StoreAccessError:
+        return  # the store stopped answering since the route read it: the client connects again
+    try:
+        try:
+            version = await run_in_threadpool(lambda: hub.store.version)  # never on the event loop: it may wait
+        except StoreAccessError:
+            return
         yield f"retry: {RETRY_MS}\n".encode() + _event("hello", {"version": version}, version)
         while not await request.is_disconnected():
             try:
@@ -57,5 +65,7 @@ async def _stream(request: Request, hub: CommitHub) -> AsyncIterator[bytes]:
                 "properties": {"event": {"type": "string", "enum": ["hello", "commit"]}, "data": {"type": "string"},
                                "id": {"type": "string"}, "retry": {"type": "integer"}}}}}}})
 async def events(request: Request) -> StreamingResponse:
-    return StreamingResponse(_stream(request, hub_of(request)), media_type="text/event-stream",
+    hub = hub_of(request)
+    await run_in_threadpool(lambda: hub.store.version)  # a store that fails: a 503 now, not a stream that ends
+    return StreamingResponse(_stream(request, hub), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

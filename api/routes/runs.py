@@ -5,15 +5,36 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
-from pydantic import BaseModel
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
-from trajstore.api.arrow import ARROW_CONTENT, arrow_response
+from trajstore.api.arrow import ARROW_CONTENT, arrow_response, wants_arrow
 from trajstore.api.deps import ReadStoreDep, StoreDep, require_api_key
 from trajstore.api.problems import problem_response
+from trajstore.errors import RunNotFoundError
 from trajstore.store import Store
 
 router = APIRouter(tags=["runs"])
+
+
+class Latest(BaseModel):
+    """Statistics of a series' latest complete episodes (``?last=N``), computed by the service at any size."""
+
+    n_traj: int = Field(description="complete episodes summarised: the last N to end, or all if fewer")
+    return_mean: float
+    return_std: float = Field(description="population std, as numpy.std")
+    return_min: float
+    return_max: float
+    len_mean: float
+    len_std: float
+    len_min: float
+    len_max: float
+    discounted_return_mean: float | None = Field(None, description="with gamma")
+    discounted_return_std: float | None = None
+    discounted_return_min: float | None = None
+    discounted_return_max: float | None = None
 
 
 class RunEnv(BaseModel):
@@ -22,6 +43,8 @@ class RunEnv(BaseModel):
     complete_episodes: int
     steps: int
     last_write: datetime | None
+    latest: Latest | None = Field(None, description="with ?last=N: statistics of its last N complete episodes "
+                                                    "(null when it has none)")
 
 
 class Run(BaseModel):
@@ -33,9 +56,18 @@ class Run(BaseModel):
     envs: list[RunEnv]
 
 
-@router.get("/runs", summary="Every run with its environments, episode and step counts and last write time")
-def runs(store: ReadStoreDep) -> list[Run]:
-    return _runs(store)
+@router.get("/runs", summary="Every run with its environments, episode and step counts and last write time (and "
+                           "with ?last=N the statistics of each one's latest episodes)")
+def runs(store: ReadStoreDep,
+         last: Annotated[int | None, Query(ge=1, le=1_000_000, description=(
+             "add each environment's statistics of its last N complete episodes to end (return, length; "
+             "discounted return with gamma)"))] = None,
+         gamma: Annotated[float | None, Query(ge=0, le=1, description="with last: also the discounted return")] = None,
+         ) -> list[Run]:
+    found = _runs(store)
+    if last is not None:
+        _add_latest(store, found, last, gamma)
+    return found
 
 
 @router.get("/runs/{run_id}", summary="One run with its environments, episode and step counts and last write time",
@@ -43,8 +75,7 @@ def runs(store: ReadStoreDep) -> list[Run]:
 def run(store: ReadStoreDep, run_id: Annotated[str, Path(min_length=1, max_length=200)]) -> Run:
     found = [r for r in _runs(store) if r.run_id == run_id]
     if not found:
-        raise HTTPException(status_code=404, detail=f"run_id: no run {run_id!r} in this store; its runs: "
-                                                    f"{store.run_ids()}")
+        raise RunNotFoundError.naming([run_id], store.uri, store.run_ids())
     return found[0]
 
 
@@ -81,9 +112,39 @@ def _runs(store: Store) -> list[Run]:
     return list(out.values())
 
 
-@router.get("/schema", summary="The columns of the steps table, as an empty Arrow IPC stream",
-            response_class=Response, responses={200: {"content": ARROW_CONTENT}})
-def schema(store: ReadStoreDep,
+def _add_latest(store: Store, found: list[Run], last: int, gamma: float | None) -> None:
+    rows = {(r["run_id"], r["env_id"]): r for r in store.latest_stats(last, gamma=gamma).to_pylist()}
+    for run in found:
+        for env in run.envs:
+            row = rows.get((run.run_id, env.env_id))
+            env.latest = None if row is None else Latest(**{k: v for k, v in row.items() if k in Latest.model_fields})
+
+
+class Column(BaseModel):
+    name: str
+    type: str = Field(description="the Arrow type, as pyarrow writes it (e.g. fixed_size_list<item: float>[4])")
+    nullable: bool
+
+
+class Schema(BaseModel):
+    columns: list[Column]
+
+
+@router.get("/schema", summary="The columns of the steps table: an empty Arrow IPC stream, or JSON for "
+                               "Accept: application/json",
+            response_class=Response, responses={200: {"content": {**ARROW_CONTENT, "application/json": {
+                "schema": Schema.model_json_schema()}}}})
+def schema(request: Request, store: ReadStoreDep,
            env_id: Annotated[str | None, Query(description="the types of this environment's files")] = None,
            ) -> Response:
-    return arrow_response(store.schema(env_id).empty_table())
+    found = store.schema(env_id)
+    if _wants_json(request):
+        columns = [Column(name=f.name, type=str(f.type), nullable=f.nullable) for f in found]
+        return JSONResponse(jsonable_encoder(Schema(columns=columns)))
+    return arrow_response(found.empty_table())
+
+
+def _wants_json(request: Request) -> bool:
+    """Whether the client asked for JSON rather than Arrow (``Accept: application/json``, Arrow not named)."""
+    accept = request.headers.get("accept", "")
+    return "application/json" in accept and not wants_arrow(request)

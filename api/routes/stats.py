@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 
 from trajstore.api.arrow import ARROW_CONTENT, table_response
 from trajstore.api.deps import ReadStoreDep
-from trajstore.api.params import ByDep, FilterDep, run_hint, unknown_runs
+from trajstore.api.params import ByDep, FilterDep
 
 router = APIRouter(tags=["stats"])
 MAX_RETURN_ROWS = 100_000
@@ -22,10 +22,7 @@ def stats(request: Request, store: ReadStoreDep, flt: FilterDep,
           include_incomplete: Annotated[bool, Query(description="also count unfinished episodes")] = False,
           ) -> list[dict[str, Any]] | Any:
     table = store.stats(by=by, gamma=gamma, filter=flt, include_incomplete=include_incomplete)
-    missing = unknown_runs(store, flt)
-    if missing and len(missing) == len(set(flt.run_id or [])):  # no run asked for exists: no statistics at all
-        table = table.slice(0, 0)
-    return table_response(request, table, run_hint(store, missing))
+    return table_response(request, table)
 
 
 @router.get("/returns", summary="Discounted return per episode, or return-to-go per step",
@@ -36,4 +33,4 @@ def returns(request: Request, store: ReadStoreDep, flt: FilterDep,
             limit: Annotated[int, Query(ge=1, le=MAX_RETURN_ROWS)] = 10_000,
             ) -> list[dict[str, Any]] | Any:
     table = store.returns(gamma=gamma, per=per, filter=flt, limit=limit)
-    return table_response(request, table, run_hint(store, unknown_runs(store, flt)))
+    return table_response(request, table)

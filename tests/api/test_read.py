@@ -162,16 +162,15 @@ def _first_episode(path: Path) -> int:
     return pq.read_table(trajstore.open(path).files()[-1].path, columns=["episode_id"])["episode_id"][0].as_py()
 
 
-def test_a_run_the_store_lacks_gets_no_statistics_and_a_hint(client: TestClient) -> None:
-    response = client.get("/stats", params={"run_id": "nosuchrun"})
-    assert response.status_code == 200 and response.json() == []
-    assert response.headers["x-trajstore-hint"].startswith("no run 'nosuchrun' in this store; its runs: 'alpha'")
-    assert "\\xe9" in client.get("/stats", params={"run_id": "caf\u00e9"}).headers["x-trajstore-hint"]
-    mixed = client.get("/stats", params={"run_id": ["alpha", "nosuchrun"]})
-    assert mixed.json()[0]["n_traj"] > 0 and "'nosuchrun'" in mixed.headers["x-trajstore-hint"]
-    episodes = client.get("/episodes", params={"run_id": "nosuchrun"})
-    assert episodes.json()["items"] == [] and "x-trajstore-hint" in episodes.headers
-    assert "x-trajstore-hint" not in client.get("/stats", params={"run_id": "alpha"}).headers
+def test_a_run_the_store_lacks_is_404_naming_it(client: TestClient) -> None:
+    for params in ({"run_id": "nosuchrun"}, {"run_id": ["alpha", "nosuchrun"]}):
+        for path in ("/stats", "/episodes"):
+            response = client.get(path, params=params)
+            assert response.status_code == 404
+            assert "run_id: no run 'nosuchrun' in " in response.json()["detail"]
+            assert response.json()["detail"].endswith("; its runs: alpha, beta")
+    assert "no run 'caf\u00e9'" in client.get("/stats", params={"run_id": "caf\u00e9"}).json()["detail"]
+    assert client.get("/stats", params={"run_id": "alpha"}).status_code == 200
 
 
 def test_one_run_or_404(client: TestClient) -> None:
@@ -208,3 +207,18 @@ def test_a_single_valued_parameter_given_twice_is_refused(client: TestClient) ->
     response = client.get("/episodes", params=[("complete", "true"), ("complete", "false")])
     assert response.status_code == 422 and response.json()["detail"].startswith("complete: given 2 times")
     assert client.get("/episodes", params=[("run_id", "alpha"), ("run_id", "beta")]).status_code == 200
+
+
+def test_schema_as_arrow_or_json(client: TestClient, populated: Path) -> None:
+    store = trajstore.open(populated)
+    arrow = client.get("/schema", headers={"Accept": "application/vnd.apache.arrow.stream"})
+    assert pa.ipc.open_stream(arrow.content).schema.equals(store.schema())
+    assert pa.ipc.open_stream(client.get("/schema").content).schema.equals(store.schema())  # Arrow by default
+    for env in (None, "Acrobot-v1"):
+        response = client.get("/schema", params={"env_id": env} if env else {}, headers={"Accept": "application/json"})
+        assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+        assert response.json() == {"columns": [{"name": f.name, "type": str(f.type), "nullable": f.nullable}
+                                               for f in store.schema(env)]}
+    obs = {c["name"]: c["type"] for c in client.get("/schema", params={"env_id": "CartPole-v1"},
+                                                    headers={"Accept": "application/json"}).json()["columns"]}["obs"]
+    assert obs.startswith("fixed_size_list<") and obs.endswith("[4]")  # CartPole's four floats

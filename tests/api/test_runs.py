@@ -54,3 +54,19 @@ def test_a_method_the_path_lacks_names_every_method_it_has(tmp_path: Path) -> No
         r = c.put("/runs/a")
         assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET"
         assert c.post("/runs").headers["allow"] == "GET"
+
+
+def test_runs_with_the_statistics_of_their_latest_episodes(tmp_path: Path) -> None:
+    store = small_store(tmp_path / "s")
+    with TestClient(create_app(settings_for(tmp_path / "s"))) as c:
+        assert all(env["latest"] is None for run in c.get("/runs").json() for env in run["envs"])  # only if asked
+        for gamma in (None, 0.5):
+            want = {(r["run_id"], r["env_id"]): r for r in store.latest_stats(3, gamma=gamma).to_pylist()}
+            body = c.get("/runs", params={"last": 3, **({"gamma": gamma} if gamma is not None else {})}).json()
+            got = {(run["run_id"], env["env_id"]): env["latest"] for run in body for env in run["envs"]}
+            assert got.keys() == want.keys() and all(v is not None for v in got.values())
+            for key, row in want.items():
+                assert {k: got[key][k] for k in row if k not in ("run_id", "env_id")} == \
+                    {k: v for k, v in row.items() if k not in ("run_id", "env_id")}
+            assert all((got[k]["discounted_return_mean"] is None) == (gamma is None) for k in got)
+        assert c.get("/runs", params={"last": 0}).status_code == 422

@@ -109,14 +109,15 @@ def test_check_fails_on_a_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFix
 @pytest.mark.parametrize("argv, message", [
     (["stats", "--store", "{missing}"], "no trajstore store at"),
     (["sql", "--store", "{demo}", "SELECT * FROM nope"], "Table with name nope does not exist"),
-    (["stats", "--store", "{demo}", "--gamma", "1.5"], r"gamma must be in \[0, 1\], got 1.5"),
-    (["stats", "--store", "{demo}", "--by", "colour"], "by: unknown column"),
-    (["episodes", "--store", "{demo}", "--order-by", "height"], r"order_by: unknown column\(s\) \['height'\]"),
+    (["stats", "--store", "{demo}", "--gamma", "1.5"], r"error: --gamma must be in \[0, 1\], got 1.5"),
+    (["stats", "--store", "{demo}", "--by", "colour"], "error: --by: unknown column"),
+    (["episodes", "--store", "{demo}", "--order-by", "height"], r"--order-by: unknown column\(s\) \['height'\]"),
     (["sql", "--store", "{demo}", "SELECT 1", "--format", "parquet"], "give --output PATH"),
     (["rollout", "--env", "CartPole-v1", "--store", "{demo}", "--run", "x"], "give --episodes N or --steps N"),
-    (["episodes", "--store", "{demo}", "--limit", "-1"], r"limit: must be a whole number >= 0, got -1"),
-    (["stats", "--store", "{demo}", "--where", "nope > 1"], r"where: Binder Error: .*\"nope\" not found"),
-    (["serve", "--store", "{missing}"], "no trajstore store at"),
+    (["episodes", "--store", "{demo}", "--limit", "-1"], r"error: --limit: must be a whole number >= 0, got -1"),
+    (["stats", "--store", "{demo}", "--where", "nope > 1"], r"error: --where: Binder Error: .*\"nope\" not found"),
+    (["serve", "--store", "{missing}"], r"no trajstore store at .*nothing: check --store, or add --create to serve"),
+    (["delete", "--store", "{demo}"], r"error: give --run RUN and/or --where CONDITION"),
 ])
 def test_errors_are_one_line(demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                              argv: list[str], message: str) -> None:
@@ -134,11 +135,19 @@ def test_installed_command_prints_no_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("trajstore: error: no trajstore store")
 
 
-def test_a_run_that_does_not_exist_is_said_so(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for command in ("stats", "episodes"):
-        code, out, err = run(capsys, command, "--store", str(demo), "--run", "demo", "--run", "nosuchrun")
-        assert code == 1 and out == ""
-        assert err.startswith(f"trajstore: no run 'nosuchrun' in {demo}; its runs: demo") and err.count("\n") == 1
+@pytest.mark.parametrize("argv", [
+    ["stats"], ["episodes"], ["compact", "--no-progress"], ["delete", "--yes"], ["export", "minari", "xx/y-v0"],
+    ["export", "lerobot", "{tmp}/out"]])
+def test_a_run_the_store_lacks_is_one_error_and_one_exit_code(demo: Path, tmp_path: Path, argv: list[str],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    code, out, err = run(capsys, *argv, "--store", str(demo), "--run", "demo", "--run", "nosuchrun")
+    assert code == 2 and out == ""
+    assert err.startswith(f"trajstore: error: --run: no run 'nosuchrun' in {demo}; its runs: demo")
+    assert err.count("\n") == 1
+    with pytest.raises(trajstore.RunNotFoundError) as raised:  # the same message as Python's, flag for argument
+        trajstore.open(demo).stats(run_id=["demo", "nosuchrun"])
+    assert err.removeprefix("trajstore: error: --run") == str(raised.value).removeprefix("run_id") + "\n"
 
 
 def test_the_version_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,7 +23,7 @@ from trajstore.integrations import RecordToStore, VectorRecordToStore
 from trajstore.rollout import gym_rollout
 
 CORE = ("numpy", "pyarrow", "duckdb", "deltalake", "polars", "gymnasium", "numba", "tqdm", "fastapi", "uvicorn",
-        "httpx", "plotly")
+        "httpx")
 
 
 def reported_episodes(env: gym.Env, steps: int, *, reset_at: int) -> list[tuple[int, float, int]]:

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 import trajstore
+from trajstore.errors import RunNotFoundError
 from trajstore.storage.episode_ids import COUNTER_BITS
 
 from tests.helpers import make_batch
@@ -171,7 +172,8 @@ def test_filters_choose_episodes_not_positions(store: trajstore.Store) -> None:
     discounted = store.curves(gamma=0.9)
     assert discounted["total_env_steps"].to_pylist() == list(every.values())
     assert "discounted_return" in discounted.column_names
-    assert store.curves(run_id="absent").num_rows == 0
+    with pytest.raises(RunNotFoundError, match="run_id: no run 'absent'"):
+        store.curves(run_id="absent")
 
 
 def test_curves_of_an_empty_store(store: trajstore.Store) -> None:
@@ -256,7 +258,8 @@ def test_binned_curves_select_runs_and_keep_their_size(learning_store: trajstore
     assert one.num_rows <= 40
     both = learning_store.binned_curves(run_id=["ppo-seed0", "ppo-seed2"], bins=40)
     assert set(both["run_id"].to_pylist()) == {"ppo-seed0", "ppo-seed2"}
-    assert learning_store.binned_curves(run_id="absent").num_rows == 0
+    with pytest.raises(RunNotFoundError, match="run_id: no run 'absent'"):
+        learning_store.binned_curves(run_id="absent")
 
 
 def test_histogram_matches_numpy(learning_store: trajstore.Store) -> None:
@@ -286,3 +289,26 @@ def test_binned_curves_of_an_empty_store(store: trajstore.Store) -> None:
 def test_binned_curves_refuse_bad_arguments(store: trajstore.Store, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(trajstore.InputError, match=message):
         store.binned_curves(**kwargs)
+
+
+def test_latest_stats_are_those_of_each_series_last_episodes(learning_store: trajstore.Store) -> None:
+    """Against a plain reference: every complete episode, sorted per series in the order they ended."""
+    episodes = learning_store.returns(gamma=0.9).to_pylist()
+    discounted = {e["episode_id"]: e["discounted_return"] for e in episodes}
+    rows = sorted((e for e in learning_store.episodes(complete=True).to_pylist()),
+                  key=lambda e: (e["run_id"], e["env_id"], e["ended_at"], e["env_steps"], e["episode_id"]))
+    for last in (1, 7, 100, 10**6):
+        got = learning_store.latest_stats(last, gamma=0.9).to_pylist()
+        series = sorted({(e["run_id"], e["env_id"]) for e in rows})
+        assert [(g["run_id"], g["env_id"]) for g in got] == series
+        for g in got:
+            mine = [e for e in rows if (e["run_id"], e["env_id"]) == (g["run_id"], g["env_id"])][-last:]
+            for prefix, values in (("return", [e["episode_return"] for e in mine]),
+                                   ("len", [e["episode_length"] for e in mine]),
+                                   ("discounted_return", [discounted[e["episode_id"]] for e in mine])):
+                assert g["n_traj"] == len(values)
+                want = {"mean": np.mean(values), "std": np.std(values), "min": min(values), "max": max(values)}
+                assert {k: g[f"{prefix}_{k}"] for k in want} == pytest.approx(want, rel=1e-9), (prefix, last)
+    assert "discounted_return_mean" not in learning_store.latest_stats(5).column_names
+    with pytest.raises(trajstore.InputError, match="last: must be a whole number of episodes >= 1, got 0"):
+        learning_store.latest_stats(0)

@@ -60,7 +60,6 @@ def test_every_column_matches_the_steps_view_in_rows_order_and_types(mixed: traj
     ({"where": "complete AND episode_return > 0"},
      "episode_id IN (SELECT episode_id FROM episodes WHERE complete AND episode_return > 0)"),
     ({"where": "\"mode\" = 'train'"}, "episode_id IN (SELECT episode_id FROM episodes WHERE \"mode\" = 'train')"),
-    ({"run_id": "zzz"}, "false"),
 ])
 def test_filters_select_the_same_steps_as_sql(mixed: trajstore.Store, kwargs: dict, where: str) -> None:
     columns = ["run_id", "env_id", "episode_id", "step", "obs", "reward", "policy_version"]

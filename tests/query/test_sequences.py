@@ -228,9 +228,19 @@ def test_bad_input_names_the_argument(filled: trajstore.Store, kwargs: dict[str,
 
 
 def test_an_empty_selection_gives_no_batches(filled: trajstore.Store) -> None:
-    it = filled.sequences(4, run_id="nope")
+    it = filled.sequences(4, where="episode_length > 10000")
     assert len(it) == 0 and list(it) == []
-    assert list(filled.sequences(1000)) == []  # no episode that long
+
+
+def test_a_window_longer_than_every_episode_is_refused_naming_the_longest(filled: trajstore.Store) -> None:
+    longest = filled.episodes(order_by="-episode_length", limit=1).to_pylist()[0]
+    n, episode_id = longest["episode_length"], longest["episode_id"]
+    with pytest.raises(InputError, match=rf"length: 1000 steps is longer than every selected episode; the "
+                                         rf"longest, episode_id {episode_id}, has {n} steps: .*pad=True"):
+        filled.sequences(1000)
+    assert sum(int(b["mask"][:, 0].sum()) for b in filled.sequences(n)) >= 1  # the longest one fits
+    padded = list(filled.sequences(1000, pad=True, batch_size=10_000))
+    assert sum(len(b["start"]) for b in padded) == filled.episodes().num_rows  # one padded window per episode
 
 
 def test_an_s3_store_gives_the_windows_of_a_directory(s3: Any, tmp_path: Any) -> None:

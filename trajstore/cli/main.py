@@ -1,17 +1,21 @@
 """The ``trajstore`` command's entry point: parse, run the command, turn any error into one line.
 
-Errors are printed as one line (``trajstore: error: …``) with exit status 2; ``check`` exits 1
-when the store has problems. Set ``TRAJSTORE_DEBUG=1`` to see a traceback.
+Exit status: 0 done, 1 ``check`` found problems, 2 any error (bad usage, a run the store does not hold, an
+unreachable store, …), 130 interrupted. Errors are printed as one line (``trajstore: error: …``), without
+terminal colour codes, naming the command's flags where the library's message names its arguments
+(``run_id`` is ``--run``). Set ``TRAJSTORE_DEBUG=1`` to see a traceback.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import re
 import sys
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from trajstore.cli.parser import build_parser
-from trajstore.errors import TrajstoreError
+from trajstore.errors import TrajstoreError, one_line
 from trajstore.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -33,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the one place that turns errors into a message and an exit code
         if Settings.from_env().debug:
             raise
-        print(f"trajstore: error: {_message(exc)}", file=sys.stderr)
+        print(f"trajstore: error: {_message(exc, _flags(args))}", file=sys.stderr)
         return EXIT_ERROR
 
 
@@ -48,8 +52,17 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
-def _message(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+# "run_id: …", "gamma must …" and "give run_id= …": where a library message names an argument
+ARGUMENT = re.compile(r"^(\w+)(?=(?:\[[^\]]*\])?: | must )|\b(\w+)=(?!\w)")
+
+
+def _flags(args: argparse.Namespace) -> Mapping[str, str]:
+    return getattr(args, "flags", None) or {}
+
+
+def _message(exc: BaseException, flags: Mapping[str, str] = {}) -> str:  # noqa: B006 - read only
+    """``exc`` as one line: no colour codes, and the command's flags for the argument names it starts with."""
+    text = one_line(exc)  # no terminal codes (deltalake's errors carry some), one line
     if isinstance(exc, (TrajstoreError, OSError)):
-        return text
+        return ARGUMENT.sub(lambda m: flags.get(m.group(1) or m.group(2), m.group(0)), text)
     return f"{type(exc).__name__}: {text} (set TRAJSTORE_DEBUG=1 for a traceback)"

@@ -1,5 +1,9 @@
 """The ``trajstore`` command line: every subcommand and its options (the commands are in
-:mod:`trajstore.cli.commands`)."""
+:mod:`trajstore.cli.commands`).
+
+Every command has a description and every option a help text (``tests/cli/test_parser.py`` walks the tree);
+durations are one format everywhere (``7d``, ``12h``, ``30m``, ``90s``); each subparser records which flag sets
+each Python argument (``flags``), so that an error naming ``run_id`` names ``--run`` here."""
 
 from __future__ import annotations
 
@@ -9,78 +13,101 @@ from typing import Any
 from trajstore.__about__ import __version__
 from trajstore.cli import commands
 
+# Python argument names of the library whose flag has another name (the rest: --name-with-dashes).
+ALIASES = {"run_id": "run", "env_id": "env", "version": "at_version", "older_than_s": "older_than",
+           "target_bytes": "target_mb", "dataset_id": "name", "folder": "name"}
+
 
 def build_parser() -> argparse.ArgumentParser:
     from trajstore.settings import Settings
 
     settings = Settings.from_env()
-    default_store = settings.store
-    parser = argparse.ArgumentParser(prog="trajstore", description="Store RL trajectories and query them.")
-    parser.add_argument("--version", action="version", version=f"trajstore {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    store_opt: dict[str, Any] = {"default": default_store,
-                                 "help": f"store directory (default: $TRAJSTORE_STORE or {default_store})"}
+    parser = argparse.ArgumentParser(
+        prog="trajstore", description="Store RL trajectories and query them: rollouts into a store, statistics, "
+                                      "SQL, a REST service and dashboard, and the store's lifecycle.",
+        epilog="Exit status: 0 done, 1 `check` found problems, 2 an error (said in one line on stderr), "
+               "130 interrupted. TRAJSTORE_DEBUG=1 shows a traceback.")
+    parser.add_argument("--version", action="version", version=f"trajstore {__version__}",
+                        help="print which trajstore this is and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do; `trajstore COMMAND --help` describes each one")
+    store_opt: dict[str, Any] = {
+        "default": settings.store,
+        "help": f"the store: a directory or s3://bucket/prefix (default: $TRAJSTORE_STORE or {settings.store})"}
 
-    p = sub.add_parser("rollout", help="run a policy in an environment and store every transition")
+    def command(name: str, summary: str, details: str = "") -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + "." +
+                              (f" {details}" if details else ""))
+
+    p = command("rollout", "run a policy in an environment and store every transition",
+                "A gymnasium vector env (--backend gym) or a pure-JAX env under lax.scan + vmap (--backend jax); "
+                "a random policy. With --url, the episodes go to a trajstore service instead (a remote worker).")
     p.add_argument("--backend", choices=["gym", "jax"], default="gym",
-                   help="gym: a gymnasium vector env; jax: a pure-JAX env under lax.scan + vmap")
+                   help="gym: a gymnasium vector env; jax: a pure-JAX env under lax.scan + vmap (default: gym)")
     p.add_argument("--env", required=True, help="environment id, e.g. CartPole-v1 (gym) or cartpole (jax)")
-    p.add_argument("--num-envs", type=int, default=8)
+    p.add_argument("--num-envs", type=int, default=8, help="environments stepped together (default: %(default)s)")
     p.add_argument("--episodes", type=int, help="stop after at least this many complete episodes")
     p.add_argument("--steps", type=int, help="stop after at least this many stored steps")
     p.add_argument("--store", **store_opt)
     p.add_argument("--url", help="send the episodes to the trajstore service at this URL instead of a store "
-                                 "directory (a remote worker)")
+                                 "(a remote worker)")
     p.add_argument("--api-key", default=settings.api_key,
                    help="with --url: the service's API key (default: $TRAJSTORE_API_KEY)")
     p.add_argument("--run", required=True, help="run_id to store the episodes under")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the environments and the policy (default: 0)")
     p.add_argument("--autoreset", choices=["next-step", "same-step", "disabled"], default="next-step",
                    help="gymnasium vector-env autoreset mode (default: next-step, gymnasium's default)")
     p.add_argument("--rollout-length", type=int, default=128,
                    help="jax: steps per lax.scan, each scan one (T, B) batch (default: 128)")
     p.add_argument("--policy-version", type=int, help="stored in the policy_version column")
-    p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    _progress_option(p)
     p.set_defaults(func=commands.cmd_rollout)
 
-    p = sub.add_parser("import", help="store every episode of an existing dataset (Minari)")
+    p = command("import", "store every episode of an existing dataset (Minari)",
+                "The dataset is read from Minari's local datasets ($MINARI_DATASETS_PATH, default "
+                "~/.minari/datasets).")
     p.add_argument("source", choices=["minari"], help="the dataset format")
     p.add_argument("dataset", help="a local Minari dataset id, e.g. cartpole/random-v0 ($MINARI_DATASETS_PATH)")
     p.add_argument("--store", **store_opt)
     p.add_argument("--run", help="run_id to store the episodes under (default: the dataset id, / as -)")
     p.add_argument("--env", help="env_id (default: the environment the dataset was collected in)")
-    p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    _progress_option(p)
     p.set_defaults(func=commands.cmd_import)
 
-    p = sub.add_parser("stats", help="episode statistics (n_traj, return_*, len_*), optionally grouped")
+    p = command("stats", "episode statistics (n_traj, return_*, len_*), optionally grouped",
+                "Complete episodes only unless --include-incomplete; one row, or one per group of --by.")
     p.add_argument("--store", **store_opt)
     p.add_argument("--by", action="append", default=[], help="group by this column (repeat or comma-separate)")
     p.add_argument("--gamma", type=float, help="also discounted_return_* for this discount factor")
     _filter_options(p)
     p.add_argument("--include-incomplete", action="store_true", help="also count unfinished episodes")
+    _version_option(p, "read the store as it was at version N (see trajstore history)")
     _output_options(p)
     p.set_defaults(func=commands.cmd_stats)
 
-    p = sub.add_parser("episodes", help="one row per episode")
+    p = command("episodes", "one row per episode, filtered, sorted and paged")
     p.add_argument("--store", **store_opt)
     _filter_options(p)
     done = p.add_mutually_exclusive_group()
-    done.add_argument("--complete", dest="complete", action="store_const", const=True, default=None)
-    done.add_argument("--incomplete", dest="complete", action="store_const", const=False)
+    done.add_argument("--complete", dest="complete", action="store_const", const=True, default=None,
+                      help="only complete episodes (ended by terminated or truncated)")
+    done.add_argument("--incomplete", dest="complete", action="store_const", const=False,
+                      help="only unfinished episodes")
     p.add_argument("--gamma", type=float, help="add discounted_return for this discount factor")
-    p.add_argument("--order-by", default="episode_id", help="column, prefixed with - for descending")
-    p.add_argument("--limit", type=int, default=100)
-    p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--order-by", default="episode_id", help="column to sort by, prefixed with - for descending "
+                                                            "(default: %(default)s)")
+    p.add_argument("--limit", type=int, default=100, help="at most this many rows (default: %(default)s)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many rows first (default: 0)")
+    _version_option(p, "read the store as it was at version N (see trajstore history)")
     _output_options(p)
     p.set_defaults(func=commands.cmd_episodes)
 
-    p = sub.add_parser("sql", help="run one read-only SELECT over the steps and episodes views (sandboxed)",
-                       description="Run one SELECT over the steps and episodes views, in the same sandbox as the "
-                                   "service's POST /sql: a single SELECT, no file access (only the two views), "
-                                   "nothing written, in a worker process of at most TRAJSTORE_SQL_WORKER_BYTES of "
-                                   "memory. Every row is printed unless --limit is given. --unsafe "
-                                   "lifts the sandbox for your own queries: any statement (COPY ... TO, CREATE), "
-                                   "any file this user may read or write.")
+    p = command("sql", "run one read-only SELECT over the steps and episodes views (sandboxed)",
+                "It runs in the same sandbox as the service's POST /sql: a single SELECT, no file access (only "
+                "the two views), nothing written, in a worker process of at most TRAJSTORE_SQL_WORKER_BYTES of "
+                "memory. Every row is printed unless --limit is given. --unsafe lifts "
+                "the sandbox for your own queries: any statement (COPY ... TO, CREATE), any file this user may "
+                "read or write.")
     p.add_argument("query", help='e.g. "SELECT run_id, count(*) FROM steps GROUP BY run_id"')
     p.add_argument("--store", **store_opt)
     p.add_argument("--limit", type=int, help="print at most this many rows (default: all); says so on stderr "
@@ -92,10 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", action="append",
                    help="the views hold only this env_id's steps (repeatable): every column in its own type "
                         "(over environments whose columns differ in type, such a column is a VARIANT)")
+    _version_option(p, "read the store as it was at version N (see trajstore history)")
     _output_options(p)
     p.set_defaults(func=commands.cmd_sql)
 
-    p = sub.add_parser("serve", help="serve the REST API and dashboard over a store (uvicorn)")
+    p = command("serve", "serve the REST API and dashboard over a store (uvicorn)",
+                "OpenAPI at /openapi.json, the dashboard at /dashboard. Ctrl-C stops it.")
     p.add_argument("--store", **store_opt)
     p.add_argument("--host", help="address to listen on (default: $TRAJSTORE_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: $TRAJSTORE_PORT or 8321)")
@@ -103,23 +132,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--create", action="store_true", help="make an empty store at --store if there is none")
     p.set_defaults(func=commands.cmd_serve)
 
-    p = sub.add_parser("compact", help="rewrite partitions of many small files as a few large ones")
+    p = command("compact", "rewrite partitions of many small files as a few large ones",
+                "One commit per partition; readers that started before it keep their files until they are "
+                "removed (check --remove-orphans, vacuum).")
     p.add_argument("--store", **store_opt)
     p.add_argument("--run", action="append", default=[], help="only this run (repeatable, or comma-separated)")
     p.add_argument("--env", action="append", default=[], help="only this env (repeatable, or comma-separated)")
-    p.add_argument("--target-mb", type=float, default=128.0, help="size of the new files (default: %(default)s)")
-    p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    p.add_argument("--target-mb", type=float, default=128.0, help="size of the new files in MiB "
+                                                                  "(default: %(default)s)")
+    _progress_option(p)
     p.set_defaults(func=commands.cmd_compact)
 
-    p = sub.add_parser("check", help="verify committed files and episodes; exit 1 if anything is wrong")
+    p = command("check", "verify committed files and episodes; exit 1 if anything is wrong",
+                "Every committed file is read; episodes must be contiguous and their ids unique.")
     p.add_argument("--store", **store_opt)
     p.add_argument("--remove-orphans", action="store_true",
                    help="then delete the files no commit lists (left by killed writers) that are old enough")
-    p.add_argument("--older-than", type=float, default=60.0, metavar="MINUTES",
-                   help="with --remove-orphans: only files last modified this long ago (default: %(default)s)")
+    p.add_argument("--older-than", type=duration, default="1h", metavar="DURATION",
+                   help="with --remove-orphans: only files last modified this long ago, e.g. 30m, 12h, 7d "
+                        "(default: %(default)s)")
     p.set_defaults(func=commands.cmd_check)
 
-    p = sub.add_parser("delete", help="delete whole episodes (a run, or those a condition selects) in one commit")
+    p = command("delete", "delete whole episodes (a run, or those a condition selects) in one commit",
+                "Says what it would delete and asks first on a terminal (off one, it needs --yes). Older "
+                "versions keep reading the deleted episodes until a vacuum removes their files.")
     p.add_argument("--store", **store_opt)
     p.add_argument("--run", action="append", default=[], help="delete this run (repeatable, or comma-separated)")
     p.add_argument("--where", help="delete the episodes whose every step this SQL condition over steps selects, "
@@ -128,41 +164,82 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "terminal)")
     p.set_defaults(func=commands.cmd_delete)
 
-    p = sub.add_parser("history", help="the store's versions: each commit, its rows added/removed and runs")
+    p = command("history", "the store's versions: each commit, its rows added/removed and runs")
     p.add_argument("--store", **store_opt)
     p.add_argument("--limit", type=int, help="only the last N versions")
     _output_options(p)
     p.set_defaults(func=commands.cmd_history)
 
-    p = sub.add_parser("vacuum", help="delete files no version of the retention period needs (deleted, compacted)")
+    p = command("vacuum", "delete files no version of the retention period needs (deleted, compacted)",
+                "Every version committed within --older-than keeps all its files; so do files a writer may be "
+                "about to commit.")
     p.add_argument("--store", **store_opt)
-    p.add_argument("--older-than", default="7d", help="retention period: keep every version committed within "
-                                                      "it (e.g. 7d, 12h, 30m; default: %(default)s)")
+    p.add_argument("--older-than", type=duration, default="7d", metavar="DURATION",
+                   help="retention period: keep every version committed within it, e.g. 7d, 12h, 30m "
+                        "(default: %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="list the files, delete nothing")
     p.set_defaults(func=commands.cmd_vacuum)
 
-    p = sub.add_parser("export", help="write a run's episodes as a dataset of another format")
+    p = command("export", "write a run's episodes as a dataset of another format")
     p.add_argument("format", choices=["minari", "lerobot"],
-                   help="minari: a Minari dataset ($MINARI_DATASETS_PATH); lerobot: LeRobot's chunked Parquet "
-                        "layout (meta/*.json, data/chunk-*/episode_*.parquet) in a new folder")
-    p.add_argument("name", help="minari: the dataset id (e.g. cartpole/trajstore-v0); lerobot: the folder")
+                   help="minari: a Minari dataset ($MINARI_DATASETS_PATH); lerobot: a LeRobot v3.0 dataset "
+                        "(meta/, data/chunk-*/file-*.parquet) in a new folder")
+    p.add_argument("name", help="minari: the dataset id, (namespace/)name-vN (e.g. cartpole/trajstore-v0); "
+                                "lerobot: the folder (new or empty)")
     p.add_argument("--store", **store_opt)
     p.add_argument("--run", action="append", default=[], help="only this run (repeatable, or comma-separated)")
     p.add_argument("--where", help="only the episodes this condition over the episodes view selects")
-    p.add_argument("--version", dest="at_version", type=int, metavar="N", help="export the store as of version N")
+    _version_option(p, "export the store as of version N")
+    p.add_argument("--fps", type=int, default=30, help="lerobot: frames per second of the steps (timestamps are "
+                                                       "frame_index / fps; default: %(default)s)")
+    _progress_option(p)
     p.set_defaults(func=commands.cmd_export)
-    for name in ("stats", "episodes", "sql"):
-        sub.choices[name].add_argument("--version", dest="at_version", type=int, metavar="N",
-                                       help="read the store as it was at version N (see trajstore history)")
+
+    for p in sub.choices.values():
+        p.set_defaults(flags=_flags(p))
     return parser
 
 
+def duration(text: str) -> float:
+    """Seconds of a duration flag (``7d``, ``12h``, ``30m``, ``90s``): one format in every command."""
+    from trajstore.errors import InputError
+    from trajstore.storage.vacuum import parse_duration
+
+    try:
+        return parse_duration(text)
+    except InputError:
+        raise argparse.ArgumentTypeError(f"expected a duration like 7d, 12h, 30m or 90s, got {text!r}") from None
+
+
+def _flags(p: argparse.ArgumentParser) -> dict[str, str]:
+    """Which flag of ``p`` sets each name: its ``dest``, and the library's argument name for it."""
+    actions = p._actions  # noqa: SLF001
+    found = {a.dest: next(o for o in a.option_strings if o.startswith("--"))
+             for a in actions if any(o.startswith("--") for o in a.option_strings)}
+    found.update({a.dest: str(a.metavar or a.dest) for a in actions  # positionals by their name in the usage
+                  if not a.option_strings and a.dest not in ("help", "command", "func")})
+    found.update({python: found[dest] for python, dest in ALIASES.items() if dest in found})
+    return found
+
+
 def _filter_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", action="append", help="only this run_id (repeatable)")
-    p.add_argument("--env", action="append", help="only this env_id (repeatable)")
+    p.add_argument("--run", action="append", help="only this run_id (repeatable, or comma-separated)")
+    p.add_argument("--env", action="append", help="only this env_id (repeatable, or comma-separated)")
     p.add_argument("--where", help="an SQL condition over the episodes view, e.g. \"episode_return > 100\"")
 
 
 def _output_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
+    p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table",
+                   help="table (aligned columns), csv, json (one object per line) or parquet (needs --output); "
+                        "default: table")
     p.add_argument("--output", "-o", help="write to this file instead of standard output")
+
+
+def _progress_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (there is one only when standard error is a terminal)")
+
+
+def _version_option(p: argparse.ArgumentParser, text: str) -> None:
+    p.add_argument("--version", dest="at_version", type=int, metavar="N", help=text)
+

@@ -1,19 +1,31 @@
-"""The episodes an export writes, one at a time: their steps in order, as numpy arrays."""
+"""The episodes an export writes, streamed: whole episodes in ``episode_id`` order, a bounded group at a time.
+
+A store's files hold many episodes interleaved (one writer's envs step together) and an episode can span many
+files, so no order of reading the files gives whole episodes. :func:`select` lays the selected steps out once,
+episode-major, on local disk (:mod:`trajstore.query.layout`, the training loaders' layout: one streaming pass
+over the committed files, no sort, memory of one record batch), pinned to one version of the store. Then
+:meth:`Selection.groups` reads whole episodes back from it in groups of about ``GROUP_BYTES`` (one episode larger
+than that is a group of its own): an export holds one group at a time, whatever the size of the selection. The
+temporary files (the selected columns, uncompressed) live until the selection is closed.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from trajstore.errors import InputError
+from trajstore.errors import InputError, RunNotFoundError, StoreDamagedError
+from trajstore.query import layout as lay
+from trajstore.storage.table import DataFile
 
 if TYPE_CHECKING:
     from trajstore.store import Store
 
-COLUMNS = ("episode_id", "step", "obs", "next_obs", "action", "reward", "terminated", "truncated")
+COLUMNS = ("obs", "next_obs", "action", "reward", "terminated", "truncated")
+GROUP_BYTES = 16 << 20  # steps read back from the layout at a time (whole episodes)
 
 
 @dataclass
@@ -35,6 +47,40 @@ class Episode:
 
 
 @dataclass
+class EpisodeGroup:
+    """Consecutive whole episodes of a selection: each column's steps of all of them, episode after episode,
+    and where each episode starts in those arrays."""
+
+    first: int  # position of the group's first episode in the selection
+    episode_id: np.ndarray
+    run_id: list[str]
+    env_id: list[str]
+    length: np.ndarray
+    columns: dict[str, np.ndarray]
+    start: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start = np.concatenate([[0], np.cumsum(self.length)[:-1]]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.episode_id)
+
+    @property
+    def steps(self) -> int:
+        return int(self.length.sum())
+
+    def episode(self, i: int) -> Episode:
+        """Episode ``i`` of the group (its arrays are views into the group's)."""
+        a, b = int(self.start[i]), int(self.start[i] + self.length[i])
+        c = {name: values[a:b] for name, values in self.columns.items()}
+        return Episode(self.run_id[i], self.env_id[i], int(self.episode_id[i]), c["obs"], c["next_obs"],
+                       c["action"], c["reward"], c["terminated"], c["truncated"])
+
+    def __iter__(self) -> Iterator[Episode]:
+        return (self.episode(i) for i in range(len(self)))
+
+
+@dataclass
 class ExportResult:
     """What an export wrote: where, how many episodes and steps, from which runs."""
 
@@ -51,42 +97,146 @@ class ExportResult:
     __str__ = format
 
 
-def episodes(store: Store, *, run_id: str | Sequence[str] | None = None, where: str | None = None) -> list[pa.Table]:
-    """The selected episodes' steps, one table per episode in ``episode_id`` order (flat array observations)."""
+class Selection:
+    """The selected episodes of one version of a store, laid out on local disk (see the module's docstring);
+    a context manager that removes the layout's files on exit."""
+
+    def __init__(self, store: Store, layout: lay.Layout, runs: np.ndarray, envs: np.ndarray,
+                 names: tuple[list[str], list[str]], kinds: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> None:
+        self.store = store
+        self.layout = layout
+        self._run, self._env = runs, envs  # per episode: index into names
+        self._names = names
+        self.kinds = kinds  # column -> (numpy dtype, shape of one step)
+
+    def __enter__(self) -> Selection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.layout.close()
+
+    @property
+    def episodes(self) -> int:
+        return len(self.layout.episode_id)
+
+    @property
+    def steps(self) -> int:
+        return self.layout.steps
+
+    @property
+    def runs(self) -> list[str]:
+        return sorted({self._names[0][i] for i in np.unique(self._run)})
+
+    @property
+    def env_ids(self) -> list[str]:
+        return sorted({self._names[1][i] for i in np.unique(self._env)})
+
+    def groups(self, max_bytes: int | None = None) -> Iterator[EpisodeGroup]:
+        """Whole episodes in ``episode_id`` order, about ``max_bytes`` (default ``GROUP_BYTES``) of steps at a
+        time; an episode larger than that is a group of its own."""
+        max_bytes = GROUP_BYTES if max_bytes is None else max_bytes
+        per_step = sum(np.dtype(d).itemsize * int(np.prod(s, dtype=np.int64)) for d, s in self.kinds.values())
+        budget = max(1, max_bytes // max(1, per_step))
+        lay_ = self.layout
+        ends = lay_.offset + lay_.length
+        first = 0
+        while first < self.episodes:
+            last = max(first + 1, int(np.searchsorted(ends, lay_.offset[first] + budget, side="right")))
+            lo, hi = int(lay_.offset[first]), int(ends[last - 1])
+            columns = {name: _read(lay_.columns[name], lo, hi) for name in COLUMNS}
+            yield EpisodeGroup(first, lay_.episode_id[first:last], [self._names[0][i] for i in self._run[first:last]],
+                               [self._names[1][i] for i in self._env[first:last]], lay_.length[first:last], columns)
+            first = last
+
+    def __iter__(self) -> Iterator[Episode]:
+        for group in self.groups():
+            yield from group
+
+    def largest(self, name: str) -> float:
+        """The largest value of column ``name`` over every selected step (read from the layout in pieces)."""
+        out = -np.inf
+        for a in range(0, self.steps, lay.CHUNK_STEPS):
+            piece = _read(self.layout.columns[name], a, min(self.steps, a + lay.CHUNK_STEPS))
+            out = max(out, float(piece.max())) if piece.size else out
+        return out
+
+
+def _read(column: lay.Column, lo: int, hi: int) -> np.ndarray:
+    """Steps ``lo:hi`` of a layout column as an array of this process (the map is closed again)."""
+    values = column.open()
+    try:
+        return np.array(values[lo:hi])
+    finally:
+        del values
+
+
+def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: str | None = None) -> Selection:
+    """The episodes of ``run_id`` (all runs when None) that ``where`` (a condition over the episodes view)
+    selects, laid out for export at the store's current version. Close it (or use it in a ``with`` block)."""
     runs = [run_id] if isinstance(run_id, str) else list(run_id or [])
-    missing = [r for r in runs if r not in store.run_ids()]
+    known = store.run_ids()
+    missing = [r for r in runs if r not in known]
     if missing:
-        from trajstore.errors import RunNotFoundError
-
         raise RunNotFoundError(f"run_id: no run {', '.join(map(repr, missing))} in {store.uri}; its runs: "
-                               f"{', '.join(store.run_ids()) or 'none yet'}")
-    table = store.scan(["run_id", "env_id", *COLUMNS], run_id=runs or None, where=where).read_all()
-    if table.num_rows == 0:
+                               f"{', '.join(known) or 'none yet'}")
+    if store.version < 0:
+        raise InputError(f"run_id/where: nothing to export from {store.uri}: the store is empty")
+    pinned = store if store.read_only else store.at(version=store.version)  # every read sees one version
+    files, chosen = _files(pinned, runs, where)
+    if not files or (chosen is not None and len(chosen) == 0):
         raise InputError(f"run_id/where: nothing to export from {store.uri} (run_id={run_id!r}, where={where!r})")
-    for name in ("obs", "action"):
-        t = table.schema.field(name).type
-        if pa.types.is_struct(t):
-            raise InputError(f"{name}: Dict observation/action spaces (struct columns) are not exported yet")
-    table = table.sort_by([("episode_id", "ascending"), ("step", "ascending")])
-    ids = table["episode_id"].to_numpy()
-    cuts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1], True])
-    return [table.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:])]
+    source = pinned._loader_source(run_id=runs or None, where=where, filter=None)
+    kinds = {name: _kind(source.schema, name) for name in COLUMNS}
+    layout = lay.build(source.read, source.schema, list(COLUMNS))
+    try:
+        run_idx, env_idx, names = _owners(files, chosen, layout.episode_id, store.uri)
+    except BaseException:
+        layout.close()
+        raise
+    return Selection(pinned, layout, run_idx, env_idx, names, kinds)
 
 
-def as_episode(steps: pa.Table) -> Episode:
-    """One episode's table as numpy arrays (observations ``(T, *shape)``)."""
-    return Episode(steps["run_id"][0].as_py(), steps["env_id"][0].as_py(), steps["episode_id"][0].as_py(),
-                   _array(steps["obs"]), _array(steps["next_obs"]), _array(steps["action"]),
-                   steps["reward"].to_numpy(), steps["terminated"].to_numpy(zero_copy_only=False),
-                   steps["truncated"].to_numpy(zero_copy_only=False))
+def _files(store: Store, runs: list[str], where: str | None) -> tuple[list[DataFile], np.ndarray | None]:
+    """The committed files holding the selection, and the ids of the episodes ``where`` chose (None: all
+    episodes of the files); a condition needs DuckDB, runs alone only the file list."""
+    if where is None:
+        return [f for f in store.files() if not runs or f.run_id in runs], None
+    plan = store.scan_plan(["episode_id"], run_id=runs or None, where=where)
+    return plan.files, plan.episode_ids
 
 
-def _array(column: pa.ChunkedArray | pa.Array) -> Any:
-    """A column as a numpy array; fixed-size lists (nested for images) as ``(n, *shape)``."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if pa.types.is_fixed_size_list(arr.type):
-        inner = _array(arr.flatten())
-        return inner.reshape(len(arr), arr.type.list_size, *inner.shape[1:])
-    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-        return np.stack([np.asarray(v) for v in arr.to_pylist()]) if len(arr) else np.zeros((0,))
-    return arr.to_numpy(zero_copy_only=False)
+def _kind(schema: pa.Schema, name: str) -> tuple[np.dtype, tuple[int, ...]]:
+    """The numpy dtype and step shape of a stored column, or an :class:`InputError` saying why it cannot be
+    exported (Dict spaces, or observations whose shape differs between the selected environments)."""
+    t = schema.field(name).type
+    if pa.types.is_struct(t):
+        raise InputError(f"{name}: Dict observation/action spaces (struct columns) are not exported yet")
+    try:
+        return lay.column_type(schema, name)
+    except InputError:
+        raise InputError(f"{name}: its shape differs between the selected environments; export one "
+                         "environment at a time (run_id=… or where=\"env_id = '…'\")") from None
+
+
+def _owners(files: list[DataFile], chosen: np.ndarray | None, ids: np.ndarray,
+            uri: str) -> tuple[np.ndarray, np.ndarray, tuple[list[str], list[str]]]:
+    """For each of the sorted ``ids``, the index of its run and env in the returned name lists: those of the
+    files holding it (an episode is one writer's, so all its files are of one run and env)."""
+    runs = sorted({f.run_id for f in files})
+    envs = sorted({f.env_id for f in files})
+    run_idx = np.full(len(ids), -1, np.int64)
+    env_idx = np.full(len(ids), -1, np.int64)
+    schema = pa.schema([pa.field("episode_id", pa.int64())])
+    for f in files:
+        pieces = [np.unique(b.column(0).to_numpy()) for b in lay.read_files([f], schema, ["episode_id"], chosen)]
+        held = np.unique(np.concatenate(pieces)) if pieces else np.zeros(0, np.int64)
+        at = np.searchsorted(ids, held)
+        run_idx[at[at < len(ids)]] = runs.index(f.run_id)
+        env_idx[at[at < len(ids)]] = envs.index(f.env_id)
+    if (run_idx < 0).any():
+        raise StoreDamagedError(f"episode {ids[np.argmax(run_idx < 0)]} of {uri} is in no committed file of the "
+                                "selection; run `trajstore check`")
+    return run_idx, env_idx, (runs, envs)

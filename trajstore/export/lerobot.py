@@ -1,23 +1,36 @@
-"""Export to a LeRobot-style dataset: chunked Parquet, one file per episode, with JSON metadata.
+"""Export to LeRobot's dataset format v3.0, the one the current ``lerobot`` release reads:
+``LeRobotDataset(repo_id, root=folder)`` opens the result offline, frame by frame, with ``delta_timestamps``.
 
-The layout of LeRobot's ``v2.1`` datasets, which Hugging Face hosts by the thousand and which any Parquet reader
-(pandas, polars, ``datasets.load_dataset("parquet", …)``) opens without trajstore::
+The layout and the types are those of LeRobot's own recorder (``lerobot.datasets.dataset_writer``)::
 
-    meta/info.json        fps, counts, chunk size, path template, features (dtype and shape of each column)
-    meta/episodes.jsonl   one line per episode: episode_index, length, tasks, and trajstore's run_id,
-                          env_id and episode_id
-    meta/tasks.jsonl      one task per environment (the env_id)
-    data/chunk-000/episode_000000.parquet
-                          one row per step: observation.state, action, next.observation.state, next.reward,
-                          next.terminated, next.truncated, next.done (either flag), episode_index,
-                          frame_index, timestamp (frame_index / fps), index (over the dataset), task_index
+    meta/info.json         codebase_version "v3.0", fps, counts, chunk and file sizes, path templates, features
+    meta/stats.json        every feature's statistics over the dataset (:mod:`trajstore.export.lerobot_stats`)
+    meta/tasks.parquet     one task per environment: its env_id (a pandas frame indexed by ``task``)
+    meta/episodes/chunk-000/file-000.parquet
+                           one row per episode: episode_index, tasks, length, where its frames are
+                           (data/chunk_index, data/file_index, dataset_from_index, dataset_to_index), its
+                           statistics (stats/<feature>/<stat>), where this row is (meta/episodes/…), and
+                           trajstore's trajstore/run_id, trajstore/env_id, trajstore/episode_id
+    data/chunk-000/file-000.parquet
+                           one row per step, many episodes per file (a new file past ``file_size_mb``, a new
+                           chunk folder every ``chunk_size`` files), in row groups of whole episodes
 
-No video: observations are stored as arrays (``observation.state``), whatever their shape.
+Each step is one frame: ``observation.state`` (obs), ``action``, ``next.observation.state`` (next_obs),
+``next.reward``, ``next.terminated``, ``next.truncated``, ``next.done`` (either flag), then LeRobot's
+``timestamp`` (frame_index / fps), ``frame_index``, ``episode_index``, ``index`` (over the dataset) and
+``task_index``. A feature whose steps are scalars or one-element vectors (a Discrete action, Pendulum's
+``Box(1,)`` action, the reward) is declared with shape ``[1]`` and stored as a scalar column, as LeRobot
+declares and stores it; vectors are fixed-size lists, 2-D to 5-D arrays ``datasets``' ``ArrayND`` columns.
+The data files carry the ``huggingface`` schema metadata ``datasets`` writes. Episodes are written a group at a
+time from :mod:`trajstore.export.episodes`, so memory stays bounded whatever the size of the selection, and into
+a hidden folder beside ``folder`` that becomes ``folder`` only when complete (:mod:`trajstore.export.target`).
 """
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -27,86 +40,298 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from trajstore.errors import InputError
-from trajstore.export.episodes import ExportResult, as_episode, episodes
+from trajstore.export import lerobot_stats as stats
+from trajstore.export.episodes import EpisodeGroup, ExportResult, Selection, select
+from trajstore.export.target import check_new, staged
 
 if TYPE_CHECKING:
     from trajstore.store import Store
 
-CODEBASE_VERSION = "v2.1"
-DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+CODEBASE_VERSION = "v3.0"
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+CHUNK_SIZE = 1000  # files per chunk folder (LeRobot's chunks_size)
+FILE_SIZE_MB = 100  # a data or episodes file is closed when the next episode would take it past this size
+ROW_GROUP_FRAMES = 16_384  # a data file's row groups: whole episodes, this many frames or more (the last fewer)
+VIDEO_FILE_SIZE_MB = 200  # recorded in info.json as LeRobot does (no videos are written)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One numeric LeRobot feature: its name, the column of frame values it is made of, and the dtype and
+    shape it declares (``(1,)`` for a scalar per step, stored as a scalar column).
+
+    The extension point for images: an image observation (``uint8`` ``(H, W, C)``) is to become a feature of
+    dtype ``"image"`` with its own ``info``/``hf``/``arrow`` (PNG bytes in ``struct<bytes, path>``) and
+    per-channel ``statistics`` over sampled frames divided by 255, shape ``(C, 1, 1)``; :func:`features`
+    chooses the kind per column, and everything else (files, episodes, totals) takes any feature alike.
+    """
+
+    name: str
+    source: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    ordered: bool = False  # values never decrease within an episode (indices, timestamps)
+
+    def info(self) -> dict[str, Any]:
+        return {"dtype": self.dtype.name, "shape": list(self.shape), "names": None}
+
+    def hf(self) -> dict[str, Any]:
+        """The feature as ``datasets.Features`` serialize it (the data files' ``huggingface`` metadata)."""
+        value = {"dtype": self.dtype.name, "_type": "Value"}
+        if self.shape == (1,):
+            return value
+        if len(self.shape) == 1:
+            return {"feature": value, "length": self.shape[0], "_type": "List"}
+        return {"shape": list(self.shape), "dtype": self.dtype.name, "_type": f"Array{len(self.shape)}D"}
+
+    def field(self) -> pa.Field:
+        t = pa.from_numpy_dtype(self.dtype)
+        if self.shape == (1,):
+            return pa.field(self.name, t)
+        if len(self.shape) == 1:
+            return pa.field(self.name, pa.list_(pa.field("element", t), self.shape[0]))
+        for _ in self.shape:
+            t = pa.list_(pa.field("element", t))
+        return pa.field(self.name, t, metadata={  # as datasets stores its ArrayND extension types
+            "ARROW:extension:name": f"datasets.features.features.Array{len(self.shape)}DExtensionType",
+            "ARROW:extension:metadata": json.dumps([list(self.shape), self.dtype.name])})
+
+    def arrow(self, values: np.ndarray) -> pa.Array:
+        flat = pa.array(np.ascontiguousarray(values, dtype=self.dtype).reshape(-1))
+        if self.shape == (1,):
+            return flat
+        if len(self.shape) == 1:
+            return pa.FixedSizeListArray.from_arrays(flat, type=self.field().type)
+        arr: pa.Array = flat
+        for size in reversed(self.shape):
+            arr = pa.ListArray.from_arrays(np.arange(0, len(arr) + 1, size, dtype=np.int32), arr)
+        return arr.cast(self.field().type)
+
+    def statistics(self, values: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
+        return stats.episode_stats(values, lengths, ordered=self.ordered)
+
+    @property
+    def few_values(self) -> bool:
+        """Whether a column of it holds few distinct values per file (worth a dictionary)."""
+        return self.dtype == np.bool_ or self.name in ("episode_index", "task_index")
+
+
+STEP_FEATURES = (("observation.state", "obs"), ("action", "action"), ("next.observation.state", "next_obs"),
+                 ("next.reward", "reward"), ("next.terminated", "terminated"), ("next.truncated", "truncated"),
+                 ("next.done", "done"))
+INDEX_FEATURES = (Feature("timestamp", "timestamp", np.dtype(np.float32), (1,), ordered=True),
+                  *(Feature(name, name, np.dtype(np.int64), (1,), ordered=True)
+                    for name in ("frame_index", "episode_index", "index", "task_index")))
+
+
+def features(kinds: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> list[Feature]:
+    """The dataset's features, given each stored column's dtype and step shape: the step's, then LeRobot's."""
+    kinds = {**kinds, "done": (np.dtype(bool), ())}
+    out = []
+    for name, column in STEP_FEATURES:
+        dtype, shape = kinds[column]
+        if len(shape) > 5:
+            raise InputError(f"{column}: steps of {len(shape)} dimensions; LeRobot features have at most 5")
+        out.append(Feature(name, column, np.dtype(dtype), shape if len(shape) and shape != (1,) else (1,)))
+    return out + list(INDEX_FEATURES)
 
 
 def export_lerobot(store: Store, folder: str | Path, *, run_id: str | Sequence[str] | None = None,
-                   where: str | None = None, fps: int = 30, chunk_size: int = 1000,
-                   progress: bool = False) -> ExportResult:
-    """Write the episodes of ``run_id`` (selected by ``where``, over the episodes view) under ``folder`` (new or
-    empty) in LeRobot's chunked Parquet layout. ``progress``: a bar over the episodes."""
+                   where: str | None = None, fps: int = 30, chunk_size: int = CHUNK_SIZE,
+                   file_size_mb: float = FILE_SIZE_MB, progress: bool = False) -> ExportResult:
+    """Write the episodes of ``run_id`` (selected by ``where``, a condition over the episodes view) as a
+    LeRobot v3.0 dataset in ``folder`` (new, or an empty folder): one frame per step, ``fps`` frames per
+    second. ``chunk_size`` files per chunk folder and files of ``file_size_mb`` at most, as LeRobot's
+    ``chunks_size`` and ``data_files_size_in_mb``. ``progress``: a bar over the episodes."""
+    if not isinstance(fps, int) or fps < 1:
+        raise InputError(f"fps: must be a positive whole number of frames per second, got {fps!r}")
+    if chunk_size < 1 or not file_size_mb > 0:
+        raise InputError(f"chunk_size/file_size_mb: must be positive, got {chunk_size}/{file_size_mb}")
     root = Path(folder)
-    if root.exists() and any(root.iterdir()):
-        raise InputError(f"folder: {root} exists and is not empty; choose a new folder")
-    if fps < 1 or chunk_size < 1:
-        raise InputError(f"fps/chunk_size: must be positive, got {fps}/{chunk_size}")
-    tables = episodes(store, run_id=run_id, where=where)
-    tasks = sorted({t["env_id"][0].as_py() for t in tables})
-    lines, index, features = [], 0, None
-    for i, steps in enumerate(tqdm(tables, desc="export", unit="episode", disable=not progress)):
-        e = as_episode(steps)
-        table = _frames(e, i, index, fps, tasks.index(e.env_id))
-        path = root / DATA_PATH.format(episode_chunk=i // chunk_size, episode_index=i)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, path, compression="zstd")
-        features = features or _features(table, e, fps)
-        lines.append({"episode_index": i, "tasks": [e.env_id], "length": len(e), "run_id": e.run_id,
-                      "env_id": e.env_id, "episode_id": e.episode_id})
-        index += len(e)
-    (root / "meta").mkdir(parents=True, exist_ok=True)
-    _jsonl(root / "meta" / "episodes.jsonl", lines)
-    _jsonl(root / "meta" / "tasks.jsonl", [{"task_index": i, "task": t} for i, t in enumerate(tasks)])
-    info = {"codebase_version": CODEBASE_VERSION, "robot_type": None, "total_episodes": len(lines),
-            "total_frames": index, "total_tasks": len(tasks), "total_videos": 0,
-            "total_chunks": (len(lines) - 1) // chunk_size + 1, "chunks_size": chunk_size, "fps": fps,
-            "splits": {"train": f"0:{len(lines)}"}, "data_path": DATA_PATH, "video_path": None,
-            "features": features, "trajstore": {"store": store.uri, "version": store.version}}
-    (root / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
-    runs = sorted({line["run_id"] for line in lines})
-    return ExportResult(str(root), len(lines), index, runs, "LeRobot-style dataset")
+    check_new(root, field="folder")
+    with select(store, run_id=run_id, where=where) as selection:
+        with staged(root, field="folder") as stage:
+            _write(selection, stage, fps=fps, chunk_size=chunk_size, file_mb=file_size_mb, progress=progress)
+        return ExportResult(str(root), selection.episodes, selection.steps, selection.runs, "LeRobot dataset")
 
 
-def _frames(e: Any, episode_index: int, first: int, fps: int, task: int) -> pa.Table:
-    T = len(e)
-    frame = np.arange(T, dtype=np.int64)
-    return pa.table({
-        "observation.state": _column(e.obs), "action": _column(e.action),
-        "next.observation.state": _column(e.next_obs), "next.reward": pa.array(e.reward),
-        "next.terminated": pa.array(e.terminated), "next.truncated": pa.array(e.truncated),
-        "next.done": pa.array(e.terminated | e.truncated),
-        "episode_index": pa.array(np.full(T, episode_index, np.int64)), "frame_index": pa.array(frame),
-        "timestamp": pa.array((frame / fps).astype(np.float32)), "index": pa.array(first + frame),
-        "task_index": pa.array(np.full(T, task, np.int64)),
-    })
+def _write(sel: Selection, root: Path, *, fps: int, chunk_size: int, file_mb: float, progress: bool) -> None:
+    feats = features(sel.kinds)
+    tasks = sel.env_ids
+    schema = pa.schema([f.field() for f in feats], metadata={"huggingface": json.dumps(
+        {"info": {"features": {f.name: f.hf() for f in feats}}})})
+    data = RollingFiles(root, DATA_PATH, schema, chunk_size=chunk_size, file_mb=file_mb,
+                        row_group_rows=ROW_GROUP_FRAMES, dictionary=[f.name for f in feats if f.few_values])
+    meta = None
+    totals = {f.name: stats.Totals() for f in feats}
+    frames = 0
+    with tqdm(total=sel.episodes, desc="export", unit="episode", disable=not progress) as bar:
+        for group in sel.groups():
+            values = _frames(group, first_frame=frames, fps=fps, tasks=tasks)
+            table = pa.table([f.arrow(values[f.source]) for f in feats], schema=schema)
+            places = [data.add(table.slice(a, n)) for a, n in zip(group.start, group.length)]
+            ep_stats = {f.name: f.statistics(values[f.source], group.length) for f in feats}
+            for f in feats:
+                totals[f.name].add(ep_stats[f.name])
+            rows = _episode_rows(group, places, ep_stats, frames)
+            meta = meta or RollingFiles(root, EPISODES_PATH, rows.schema, chunk_size=chunk_size, file_mb=file_mb)
+            meta.add(_placed(rows, meta.place(rows)))
+            frames += group.steps
+            data.detach()
+            bar.update(len(group))
+    data.close()
+    if meta is not None:
+        meta.close()
+    _write_meta(root, sel, feats, tasks, totals, fps=fps, chunk_size=chunk_size, file_mb=file_mb)
 
 
-def _column(values: np.ndarray) -> pa.Array:
-    """``(T, *shape)`` as nested fixed-size lists (a scalar per step as itself)."""
-    arr: pa.Array = pa.array(np.ascontiguousarray(values).reshape(-1))
-    for size in reversed(values.shape[1:]):
-        arr = pa.FixedSizeListArray.from_arrays(arr, size)
-    return arr
+def _frames(group: EpisodeGroup, *, first_frame: int, fps: int, tasks: list[str]) -> dict[str, np.ndarray]:
+    """Every feature's values for the group's steps, by source name."""
+    c = group.columns
+    frame_index = np.arange(group.steps, dtype=np.int64) - np.repeat(group.start, group.length)
+    task = np.array([tasks.index(e) for e in group.env_id], dtype=np.int64)
+    return {**c, "done": c["terminated"] | c["truncated"],
+            "timestamp": (frame_index / fps).astype(np.float32), "frame_index": frame_index,
+            "episode_index": np.repeat(group.first + np.arange(len(group), dtype=np.int64), group.length),
+            "index": first_frame + np.arange(group.steps, dtype=np.int64),
+            "task_index": np.repeat(task, group.length)}
 
 
-def _features(table: pa.Table, e: Any, fps: int) -> dict[str, Any]:
-    shapes = {"observation.state": e.obs.shape[1:], "next.observation.state": e.next_obs.shape[1:],
-              "action": e.action.shape[1:]}
-    out = {}
-    for field in table.schema:
-        t = field.type
-        while pa.types.is_fixed_size_list(t):
-            t = t.value_type
-        shape = list(shapes.get(field.name, ())) or [1]
-        out[field.name] = {"dtype": "bool" if pa.types.is_boolean(t) else t.to_pandas_dtype().__name__,
-                           "shape": shape, "names": None}
-    return out
+class RollingFiles:
+    """Parquet files under one path template, filled in order: rows go to the current file unless the file would
+    pass ``file_mb`` with them (LeRobot's rule: the size so far plus the rows at the file's bytes per row), then
+    to the next file; ``chunk_size`` files per chunk folder. Rows are written in row groups of whole tables of at
+    least ``row_group_rows`` rows (each table is one when None): a Parquet writer holds ~10 KB of metadata per
+    row group until it closes, so one row group per short episode, as LeRobot's recorder writes, would cost
+    memory growing with the episodes. Snappy, as LeRobot writes; dictionaries for the columns named in
+    ``dictionary`` (all when None: a dictionary of floats costs time for nothing)."""
+
+    def __init__(self, root: Path, template: str, schema: pa.Schema, *, chunk_size: int, file_mb: float,
+                 row_group_rows: int | None = None, dictionary: list[str] | None = None) -> None:
+        self.root, self.template, self.schema = root, template, schema
+        self.chunk_size, self.limit, self.row_group_rows = chunk_size, file_mb * 2 ** 20, row_group_rows
+        self.dictionary: bool | list[str] = True if dictionary is None else dictionary
+        self.chunk, self.file = 0, 0
+        self.written = 0  # rows in the current file's row groups
+        self.pending: list[pa.Table] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._path: Path | None = None
+
+    @property
+    def pending_rows(self) -> int:
+        return sum(t.num_rows for t in self.pending)
+
+    def place(self, table: pa.Table) -> tuple[int, int]:
+        """The (chunk, file) ``table``'s rows go to: the next file when the current one would pass the limit."""
+        rows = self.written + self.pending_rows
+        if rows:
+            per_row = os.path.getsize(self._path) / self.written if self._path is not None and self.written else \
+                table.nbytes / max(1, table.num_rows)  # nothing on disk yet: the uncompressed size, an upper bound
+            if per_row * (rows + table.num_rows) >= self.limit:
+                self.close()
+                self.file += 1
+                if self.file == self.chunk_size:
+                    self.chunk, self.file = self.chunk + 1, 0
+        return self.chunk, self.file
+
+    def add(self, table: pa.Table) -> tuple[int, int]:
+        """Append ``table`` (written once a row group's worth is pending); where its rows go."""
+        place = self.place(table)
+        self.pending.append(table)
+        if self.row_group_rows is None or self.pending_rows >= self.row_group_rows:
+            self.flush()
+        return place
+
+    def detach(self) -> None:
+        """Copy the pending rows, so that the tables they were sliced from can be freed."""
+        if self.pending:
+            rows = pa.concat_tables(self.pending)
+            self.pending = [rows.take(np.arange(rows.num_rows))]  # a copy (combining one chunk would not copy)
+
+    def flush(self) -> None:
+        """Write the pending rows as one row group."""
+        if not self.pending:
+            return
+        if self._writer is None:
+            self._path = self.root / self.template.format(chunk_index=self.chunk, file_index=self.file)
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = pq.ParquetWriter(self._path, self.schema, compression="snappy",
+                                            use_dictionary=self.dictionary)
+        rows = pa.concat_tables(self.pending)
+        self._writer.write_table(rows, row_group_size=max(1, rows.num_rows))
+        self.written += rows.num_rows
+        self.pending = []
+
+    def close(self) -> None:
+        self.flush()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            self._path, self.written = None, 0
 
 
-def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def _episode_rows(group: EpisodeGroup, places: list[tuple[int, int]], ep_stats: dict[str, dict[str, np.ndarray]],
+                  first_frame: int) -> pa.Table:
+    """The group's rows of ``meta/episodes``, in LeRobot's column order (their own place still unset)."""
+    n = len(group)
+    start = first_frame + group.start
+    cols: dict[str, pa.Array] = {
+        "episode_index": pa.array(group.first + np.arange(n, dtype=np.int64)),
+        "tasks": pa.array([[e] for e in group.env_id], pa.list_(pa.string())),
+        "length": pa.array(group.length.astype(np.int64)),
+        "data/chunk_index": pa.array([p[0] for p in places], pa.int64()),
+        "data/file_index": pa.array([p[1] for p in places], pa.int64()),
+        "dataset_from_index": pa.array(start), "dataset_to_index": pa.array(start + group.length)}
+    for name, values in ep_stats.items():
+        for stat in stats.STATS:
+            v = values[stat]
+            offsets = np.arange(0, v.size + 1, v.shape[1], dtype=np.int32)
+            cols[f"stats/{name}/{stat}"] = pa.ListArray.from_arrays(offsets, pa.array(v.reshape(-1)))
+    cols["meta/episodes/chunk_index"] = cols["meta/episodes/file_index"] = pa.array(np.zeros(n, np.int64))
+    cols["trajstore/run_id"] = pa.array(group.run_id, pa.string())
+    cols["trajstore/env_id"] = pa.array(group.env_id, pa.string())
+    cols["trajstore/episode_id"] = pa.array(group.episode_id.astype(np.int64))
+    return pa.table(cols)
+
+
+def _placed(rows: pa.Table, place: tuple[int, int]) -> pa.Table:
+    """``meta/episodes`` rows with the (chunk, file) they are written to."""
+    for name, value in zip(("meta/episodes/chunk_index", "meta/episodes/file_index"), place):
+        rows = rows.set_column(rows.schema.get_field_index(name), name, pa.array(np.full(len(rows), value, np.int64)))
+    return rows
+
+
+def _write_meta(root: Path, sel: Selection, feats: list[Feature], tasks: list[str], totals: dict[str, stats.Totals],
+                *, fps: int, chunk_size: int, file_mb: float) -> None:
+    """``meta/info.json``, ``meta/stats.json`` and ``meta/tasks.parquet``."""
+    info = {"codebase_version": CODEBASE_VERSION, "fps": fps, "features": {f.name: f.info() for f in feats},
+            "total_episodes": sel.episodes, "total_frames": sel.steps, "total_tasks": len(tasks),
+            "chunks_size": chunk_size, "data_files_size_in_mb": file_mb,
+            "video_files_size_in_mb": VIDEO_FILE_SIZE_MB, "data_path": DATA_PATH, "video_path": None,
+            "robot_type": None, "splits": {"train": f"0:{sel.episodes}"}}
+    _json(root / "meta" / "info.json", info)
+    _json(root / "meta" / "stats.json", {name: t.result() for name, t in totals.items()})
+    _json(root / "meta" / "trajstore.json", {"store": sel.store.uri, "version": sel.store.version,
+                                             "runs": sel.runs})
+    pq.write_table(_tasks_table(tasks), root / "meta" / "tasks.parquet", compression="snappy")
+
+
+def _tasks_table(tasks: list[str]) -> pa.Table:
+    """The tasks as pandas writes a frame indexed by ``task`` with a ``task_index`` column (LeRobot reads it
+    with ``pandas.read_parquet`` and looks tasks up by that index)."""
+    pandas = {"index_columns": ["task"],
+              "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode",
+                                  "numpy_type": "object", "metadata": {"encoding": "UTF-8"}}],
+              "columns": [{"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
+                           "numpy_type": "int64", "metadata": None},
+                          {"name": "task", "field_name": "task", "pandas_type": "unicode", "numpy_type": "object",
+                           "metadata": None}],
+              "attributes": {}, "creator": {"library": "pyarrow", "version": pa.__version__}}
+    return pa.table({"task_index": pa.array(np.arange(len(tasks), dtype=np.int64)), "task": pa.array(tasks)},
+                    metadata={"pandas": json.dumps(pandas)})
+
+
+def _json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=4, ensure_ascii=False))

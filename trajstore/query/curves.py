@@ -170,3 +170,30 @@ def bin_stats(con: duckdb.DuckDBPyConnection, curve: pa.Table, y: np.ndarray, in
 def y_values(curve: pa.Table, metric: str) -> np.ndarray:
     """The values of ``metric`` for each episode of ``curve`` as float64."""
     return curve[metric].to_numpy().astype(np.float64)
+
+
+# --- the latest episodes of each series ---------------------------------------------------------------------------
+
+LATEST_VALUES = (("return", "episode_return"), ("len", "episode_length"), ("discounted_return", "discounted_return"))
+
+
+def latest_stats(curve: pa.Table, last: int) -> pa.Table:
+    """Per ``(run_id, env_id)`` series of ``curve`` (rows of :meth:`Store.curves <trajstore.store.Store.curves>`:
+    each series' complete episodes together, in the order they ended), the statistics of its ``last`` latest
+    episodes: ``n_traj`` and ``{return,len}_{mean,std,min,max}`` (std as ``numpy.std``), and
+    ``discounted_return_*`` when ``curve`` has that column. One row per series, in ``curve``'s order."""
+    if isinstance(last, bool) or not isinstance(last, (int, np.integer)) or last < 1:
+        raise InputError(f"last: must be a whole number of episodes >= 1, got {last!r}")
+    starts = np.flatnonzero(series_starts(curve))
+    ends = np.r_[starts[1:], curve.num_rows].astype(np.int64)
+    firsts = np.maximum(starts, ends - int(last))
+    out: dict[str, object] = {"run_id": curve["run_id"].take(starts), "env_id": curve["env_id"].take(starts),
+                              "n_traj": pa.array(ends - firsts, pa.int64())}
+    for prefix, column in LATEST_VALUES:
+        if column not in curve.column_names:
+            continue
+        values = curve[column].to_numpy().astype(np.float64)
+        parts = [values[a:b] for a, b in zip(firsts, ends)]
+        for name, stat in (("mean", np.mean), ("std", np.std), ("min", np.min), ("max", np.max)):
+            out[f"{prefix}_{name}"] = pa.array([float(stat(p)) for p in parts], pa.float64())
+    return pa.table(out)

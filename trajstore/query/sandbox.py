@@ -215,15 +215,16 @@ def encoded(result: Result, limits: Limits, encode: Encoder | None, *, started: 
 
 
 def _failure(exc: BaseException, snapshot: Snapshot, limits: Limits, deadline: Deadline) -> TrajstoreError:
-    """The error to raise for a failed query (after the timer fired, whatever failed: the time limit)."""
+    """The error to raise for a failed query: a damaged file or a store that failed (whenever it failed: a
+    read that waits on a silent store outlasts the time limit); after the timer fired, the time limit."""
+    damaged = snapshot.damage(exc)
+    if damaged is not None:
+        return damaged
     if deadline.passed():
         return deadline.error()
     if isinstance(exc, duckdb.PermissionException):
         return QueryRefusedError("query: reaches outside the store: only the steps and episodes views can be "
                                  "read, no file")
-    damaged = snapshot.damage(exc)
-    if damaged is not None:
-        return damaged
     if isinstance(exc, MemoryError) or "bad allocation" in str(exc) or "std::bad_alloc" in str(exc):
         return QueryMemoryError(worker_memory_message(limits))  # an allocation the process could not make
     if isinstance(exc, duckdb.OutOfMemoryException) or "Out of Memory Error" in str(exc):

@@ -202,6 +202,8 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
         if wants_rtg:
             names.append(RETURN_TO_GO)
         episode, start = window_starts(layout.length, length, stride, bool(pad))
+        if not len(episode):
+            check_fits(layout, length)
         weights = item_weights(source, layout, sampling.weight_by, episode, start)
         arguments = {"length": length, "columns": names, "stride": stride, "pad": bool(pad), "gamma": g}
 
@@ -213,6 +215,17 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
     except BaseException:
         release()
         raise
+
+
+def check_fits(layout: lay.Layout, length: int) -> None:
+    """An :class:`InputError` when windows of ``length`` steps fit in none of the selected episodes (with
+    ``pad=False`` they would give nothing), naming the longest episode."""
+    if not len(layout.length):
+        return
+    longest = int(np.argmax(layout.length))
+    raise InputError(f"length: {length} steps is longer than every selected episode; the longest, episode_id "
+                     f"{int(layout.episode_id[longest])}, has {int(layout.length[longest])} steps: ask for at most "
+                     f"that, or pass pad=True for windows padded (and masked) past episode ends")
 
 
 def loader_batches(kind: str, arguments: dict[str, Any], source: Source, release: Callable[[], None],

@@ -19,12 +19,20 @@ from typing import Any, Callable, Sequence
 import duckdb
 import pyarrow as pa
 
-from trajstore.errors import QueryError, StoreDamagedError, TrajstoreError, UnknownColumnError, first_line
+from trajstore.errors import (
+    QueryError,
+    StoreAccessError,
+    StoreDamagedError,
+    TrajstoreError,
+    UnknownColumnError,
+    first_line,
+)
 from trajstore.query import images as images_sql
 from trajstore.query import sql
 from trajstore.query.groups import FileGroup, as_duckdb_reads, group_files, step_types
 from trajstore.query.scan import file_layout, steps_dataset
 from trajstore.storage.encoding import NEXT, OBS, FileLayout
+from trajstore.storage.location import Location, explain
 from trajstore.storage.table import DataFile
 
 DATASET = "committed_files"  # the name of a registered dataset of the committed files
@@ -57,9 +65,14 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def damaged_file(exc: BaseException, files: Sequence[DataFile], store: str | None = None) -> StoreDamagedError | None:
+def damaged_file(exc: BaseException, files: Sequence[DataFile], store: str | None = None, *,
+                 location: Location | None = None) -> StoreDamagedError | StoreAccessError | None:
     """A :class:`StoreDamagedError` naming the committed file that a read error ``exc`` is about, if it is
-    about one (a missing file, a file that is not Parquet), else None."""
+    about one (a missing file, a file that is not Parquet), else None. With ``location`` (the store's), an error
+    that says the store failed or did not answer is that :class:`StoreAccessError` instead: no damage."""
+    access = explain(exc, location) if location is not None else None
+    if access is not None:
+        return access
     if not isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException, OSError, pa.ArrowException)):
         return None
     text = str(exc)
@@ -91,10 +104,11 @@ class Snapshot:
     def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None,
                  con: duckdb.DuckDBPyConnection | None = None, store: str | None = None,
                  layouts: Sequence[FileLayout] | None = None, registered: bool = False,
-                 judge: Judge | None = None) -> None:
+                 judge: Judge | None = None, location: Location | None = None) -> None:
         self.files = list(files)
         self.store = store  # where the files are from, for messages
         self.judge = judge
+        self.location = location  # the store's, to tell a store that fails from a damaged file
         self.con = con if con is not None else duckdb.connect(config=config or {})
         try:  # binding read_parquet reads the files' footers
             self.con.execute(sql.create_view("committed_steps", self._stored_steps(layouts, registered)))
@@ -160,9 +174,12 @@ class Snapshot:
             raise self.damage(exc) or QueryError(f"query failed: {first_line(exc)}") from exc
 
     def damage(self, exc: BaseException) -> TrajstoreError | None:
-        """The error to raise when ``exc`` says that a committed file is missing or unreadable, else None."""
-        found = damaged_file(exc, self.files, self.store)
-        return self.judge(found) if found is not None and self.judge is not None else found
+        """The error to raise when ``exc`` says that a committed file is missing or unreadable (judged), or that
+        the store failed or did not answer while it was read; else None."""
+        found = damaged_file(exc, self.files, self.store, location=self.location)
+        if isinstance(found, StoreDamagedError) and self.judge is not None:
+            return self.judge(found)
+        return found
 
     def check_columns(self, names: Sequence[str], *, view: str = "episodes", field: str = "by") -> None:
         """Raise an :class:`UnknownColumnError` naming ``field`` when a name is not a column of ``view``."""

@@ -352,7 +352,8 @@ def _handle(task: Task) -> tuple[dict[str, Any], bytes | None]:
         location = _location(task.uri, task.storage_options)
         files = [DataFile(*fields, fs=location.fs) for fields in task.files]
         kinds = [FileLayout.of(pa.ipc.read_schema(pa.py_buffer(body))) for body in task.schemas]
-        snapshot = Snapshot(files, store=task.uri, layouts=[kinds[i] for i in task.layouts], registered=True)
+        snapshot = Snapshot(files, store=task.uri, layouts=[kinds[i] for i in task.layouts], registered=True,
+                            location=location)
         result = sandbox.run(snapshot, task.query, task.limits)
         data = _ipc(result.table)
     except TrajstoreError as exc:

@@ -12,20 +12,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.client
+import inspect
 import io
 import json
 import logging
 import time
 import uuid
-from typing import Any, BinaryIO, Iterator, Literal, Mapping
+from typing import Any, BinaryIO, Callable, Iterator, Literal, Mapping, TypeVar
 
 import httpx
 import pyarrow as pa
 
 from trajstore.__about__ import __version__
-from trajstore.errors import RemoteError
+from trajstore.errors import InputError, RemoteError, RunNotFoundError
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
+from trajstore.query.filters import EpisodeFilter, from_keywords
+from trajstore.query.filters import keywords as filter_keywords
 from trajstore.query.follow import Commit, check_follow
 from trajstore.query.loader import check_format
 from trajstore.remote.loader import RemoteBatches
@@ -34,14 +37,59 @@ from trajstore.remote.stream import HttpByteStream
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = (502, 503, 504)
+PAGE_ROWS = 10_000  # episodes asked for per page when walking every match (the server may cap it lower)
+TOTAL_HEADER, CURSOR_HEADER, VERSION_HEADER = "X-Total-Count", "X-Next-Cursor", "X-Trajstore-Version"
+ERROR_TYPE = "urn:trajstore:error:"  # a problem's type for an error of trajstore.errors (see api/problems.py)
+
+
+class RunNotFoundRemoteError(RemoteError, RunNotFoundError):
+    """The service's store does not hold a run the request named (404): caught as a
+    :class:`~trajstore.errors.RemoteError` (``status``, ``detail``) and, as from a Store, as a
+    :class:`~trajstore.errors.RunNotFoundError`."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _filtered(method: F) -> F:
+    """A reader of the Client takes the filter keywords of the Store's readers
+    (:func:`~trajstore.query.filters.keywords`: ``run_id``, ``min_return``, ``mode``, …) and ``filter=`` (an
+    :class:`~trajstore.query.filters.EpisodeFilter`), checked here and sent as the REST service's query
+    parameters of the same names; its signature lists them. A keyword the method has a meaning of its own for
+    (``seed``: the shuffle's) keeps it, as on the Store: that filter goes in ``filter=``."""
+    own = inspect.signature(method)
+    names = {n: t for n, t in filter_keywords().items() if n not in own.parameters}
+    kept = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+    @functools.wraps(method)
+    def call(self: Client, *args: Any, filter: EpisodeFilter | None = None, **kwargs: Any) -> Any:  # noqa: A002
+        given = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+        unknown = [k for k in kwargs if k not in own.parameters]
+        if unknown:
+            raise TypeError(f"{method.__name__}() got an unexpected keyword argument {unknown[0]!r}; its filters "
+                            f"are {', '.join(names)} and filter=")
+        flt = from_keywords(filter, given)
+        return method(self, *args, **kwargs, **(flt.keywords() if flt is not None else {}))
+
+    added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=t) for n, t in names.items()]
+    added.append(inspect.Parameter("filter", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                   annotation="EpisodeFilter | None"))
+    call.__signature__ = own.replace(parameters=kept + added)  # type: ignore[attr-defined]
+    return call  # type: ignore[return-value]
+MAX_RETRY_WAIT_S = 30.0  # the longest wait before one retry, whatever Retry-After asks
 
 
 class Client:
     """A connection to a trajstore service at ``url``; ``api_key`` is needed only to write.
 
-    Reads are retried (``retries`` times, exponential back-off) on connection errors and 502/503/504;
-    so are writes that carry an idempotency key. Errors the server reports are raised as
-    :class:`~trajstore.errors.RemoteError` with the problem's ``status`` and ``detail``.
+    Reads are retried (``retries`` times) on connection errors and 502/503/504, after ``backoff`` seconds
+    doubled at each attempt, or after the server's ``Retry-After`` if it asks for longer (at most
+    :data:`MAX_RETRY_WAIT_S`); so are writes that carry an idempotency key. A 503 is what the service answers
+    while its object store fails or does not answer. Errors the server reports are raised as
+    :class:`~trajstore.errors.RemoteError` with the problem's ``status`` and ``detail``; a run the store does not
+    hold as :class:`RunNotFoundRemoteError`, which is also a :class:`~trajstore.errors.RunNotFoundError`, with
+    the Store's message. The readers take the Store's filters (``run_id=``, ``min_return=``, ``mode=``, …,
+    ``filter=``).
 
     Every read takes ``version=N``: the store as it was at version N (``?version=``, see ``GET /history``), as
     ``trajstore.open(uri, version=N)`` reads it; by default the latest version.
@@ -79,22 +127,57 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/ready").json()
 
-    def runs(self, *, version: int | None = None) -> list[dict[str, Any]]:
-        """Every run with its envs, episode and step counts and last write time."""
-        return self._request("GET", "/runs", params={"version": version}).json()
+    def runs(self, *, last: int | None = None, gamma: float | None = None,
+             version: int | None = None) -> list[dict[str, Any]]:
+        """Every run with its envs, episode and step counts and last write time; with ``last``, each env's
+        statistics of its ``last`` latest complete episodes too (``latest``; see :meth:`Store.latest_stats
+        <trajstore.store.Store.latest_stats>`)."""
+        return self._request("GET", "/runs", params={"last": last, "gamma": gamma, "version": version}).json()
 
-    def episodes(self, *, order_by: str = "episode_id", limit: int = 100, offset: int = 0,
+    @_filtered
+    def episodes(self, *, order_by: str = "episode_id", limit: int | None = None, offset: int = 0,
                  gamma: float | None = None, version: int | None = None, **filters: Any) -> pa.Table:
-        """One page of episodes; filters as in the REST API (``run_id``, ``complete``, ``min_return``, …)."""
-        params = {"order_by": order_by, "limit": limit, "offset": offset, "gamma": gamma, "version": version,
-                  **filters}
-        return self._table("GET", "/episodes", params=params)
+        """Every episode the filters select (with ``limit``, the first ``limit`` of them after ``offset``), in
+        ``order_by`` order (a column, ``-`` prefixed for descending), as :meth:`Store.episodes
+        <trajstore.store.Store.episodes>` gives them.
+
+        The service answers in pages (``max_page_size`` rows at most); this walks them, with the keyset cursor in
+        ``episode_id`` order and by offset otherwise, every page read at one version: ``version``, or the
+        version of the first page when the answer takes more than one."""
+        for name, value in (("limit", limit), ("offset", offset)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise InputError(f"{name}: must be a whole number >= 0, got {value!r}")
+        params = {"order_by": order_by, "gamma": gamma, **filters}
+        first, headers = self._episode_page(params, rows=_page_rows(limit, 0), offset=offset, version=version)
+        needed = _needed(int(headers[TOTAL_HEADER]), offset, limit)
+        if first.num_rows >= needed:
+            return first.slice(0, needed)
+        if version is None:  # more pages to come: all of them, the first again too, at the version it read
+            version = int(headers[VERSION_HEADER])
+            first, headers = self._episode_page(params, rows=_page_rows(limit, 0), offset=offset, version=version)
+            needed = _needed(int(headers[TOTAL_HEADER]), offset, limit)
+        pages, got = [first], first.num_rows
+        while got < needed and pages[-1].num_rows:
+            page, headers = self._episode_page(params, rows=_page_rows(limit, got), offset=offset + got,
+                                               version=version, cursor=headers.get(CURSOR_HEADER))
+            pages.append(page)
+            got += page.num_rows
+        return pa.concat_tables(pages).slice(0, needed)
+
+    def _episode_page(self, params: Mapping[str, Any], *, rows: int, offset: int, version: int | None,
+                      cursor: str | None = None) -> tuple[pa.Table, httpx.Headers]:
+        """One Arrow page of ``GET /episodes`` and its headers (total, next cursor, version read)."""
+        where = {"cursor": cursor} if cursor else {"offset": offset}
+        response = self._request("GET", "/episodes", params={**params, "limit": rows, "version": version, **where},
+                                 headers={"Accept": ARROW_STREAM})
+        return pa.ipc.open_stream(response.content).read_all(), response.headers
 
     def episode_steps(self, episode_id: int, columns: list[str] | None = None, *,
                       version: int | None = None) -> pa.Table:
         return self._table("GET", f"/episodes/{int(episode_id)}/steps", params={"columns": columns,
                                                                                  "version": version})
 
+    @_filtered
     def stats(self, *, by: str | list[str] | None = None, gamma: float | None = None,
               include_incomplete: bool = False, version: int | None = None, **filters: Any) -> pa.Table:
         """Episode statistics with the keys of ``imitation``'s ``rollout_stats``, one row per group of ``by``."""
@@ -102,6 +185,7 @@ class Client:
                   "include_incomplete": include_incomplete, "version": version, **filters}
         return self._table("GET", "/stats", params=params)
 
+    @_filtered
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", limit: int = 10_000,
                 version: int | None = None, **filters: Any) -> pa.Table:
         return self._table("GET", "/returns", params={"gamma": gamma, "per": per, "limit": limit, "version": version,
@@ -133,24 +217,48 @@ class Client:
 
         Listens to ``GET /events`` and fetches each version after the last one delivered from
         ``GET /commits/{version}`` (so a burst of commits, or a listener that fell behind, misses none);
-        stops after ``timeout`` seconds without an event (None: never).
+        stops after ``timeout`` seconds without an event (None: never). A stream the server ends (a restart,
+        its store failing) is opened again, with the client's retries, and goes on after the last version
+        delivered; a server that stays unable raises :class:`~trajstore.errors.RemoteError`.
         """
         check_follow(since, 1.0, timeout)
         params = {"columns": columns, "run_id": run_id, "env_id": env_id, "episodes": episodes}
         read = httpx.Timeout(self._timeout, read=timeout)
-        try:
-            with self._http.stream("GET", "/events", timeout=read) as response:
-                _raise_for_problem(response, streamed=True)
-                last = since
-                for _name, data in _sse(response.iter_lines()):  # a hello, then one event per commit
-                    last = data["version"] if last is None else last
-                    for version in range(last + 1, data["version"] + 1):
-                        found = self._commit(version, params)
-                        if found is not None:
-                            yield found
-                    last = max(last, data["version"])
-        except httpx.ReadTimeout:
-            return
+        last, failures = since, 0
+        while True:
+            try:
+                with self._events(read) as response:
+                    for _name, data in _sse(response.iter_lines()):  # a hello, then one event per commit
+                        failures = 0
+                        last = data["version"] if last is None else last
+                        for version in range(last + 1, data["version"] + 1):
+                            found = self._commit(version, params)
+                            if found is not None:
+                                yield found
+                        last = max(last, data["version"])
+            except httpx.ReadTimeout:
+                return
+            except httpx.TransportError as exc:
+                if failures == self.retries:
+                    raise RemoteError(0, "Connection failed", f"GET {self.url}/events: {exc}") from exc
+            else:
+                if failures == self.retries:
+                    raise RemoteError(0, "Stream ended", f"GET {self.url}/events: the server ended the stream "
+                                      f"{failures + 1} times in a row; follow again with since={last}")
+            time.sleep(self._wait(failures))
+            failures += 1
+
+    @contextlib.contextmanager
+    def _events(self, timeout: httpx.Timeout) -> Iterator[httpx.Response]:
+        """The ``GET /events`` stream, its opening retried like any read (503 while the store fails)."""
+        for attempt in range(self.retries + 1):
+            with self._http.stream("GET", "/events", timeout=timeout) as response:
+                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
+                    _raise_for_problem(response, streamed=True)
+                    yield response
+                    return
+                retry_after = response.headers.get("Retry-After")
+            time.sleep(self._wait(attempt, retry_after))
 
     def _commit(self, version: int, params: Mapping[str, Any]) -> Commit | None:
         rows = self._table("GET", f"/commits/{version}", params=params)
@@ -161,6 +269,7 @@ class Client:
 
     # --- streaming ---------------------------------------------------------------------------------------
 
+    @_filtered
     def iter_batches(self, *, batch_size: int = 4096, columns: list[str] | None = None, shuffle: bool = False,
                      seed: int | None = None, shuffle_buffer: int = 65_536, drop_last: bool = False,
                      format: BatchFormat = "numpy", version: int | None = None,  # noqa: A002
@@ -177,6 +286,7 @@ class Client:
             yield from training_batches(pa.ipc.open_stream(body), batch_size=batch_size, shuffle=shuffle, seed=seed,
                                         shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)
 
+    @_filtered
     def iter_sequences(self, length: int, *, columns: list[str] | None = None, stride: int | None = None,
                        pad: bool = False, gamma: float | None = None, batch_size: int = 256, shuffle: bool = False,
                        seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
@@ -193,6 +303,7 @@ class Client:
                   "resume": None if resume is None else json.dumps(dict(resume)), "version": version, **filters}
         return RemoteBatches(self._stream("/sequences", params), format)
 
+    @_filtered
     def transitions(self, n: int, *, gamma: float, columns: list[str] | None = None, batch_size: int = 256,
                     shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
                     format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
@@ -239,8 +350,11 @@ class Client:
             else:
                 if response.status not in RETRY_STATUSES or attempt == self.retries:
                     break
+                retry_after = response.getheader("Retry-After")
                 conn.close()
-            time.sleep(self.backoff * 2 ** attempt)
+                time.sleep(self._wait(attempt, retry_after))
+                continue
+            time.sleep(self._wait(attempt))
         try:
             if response.status >= 400:
                 raise _problem(response.status, response.reason, response.read())
@@ -278,6 +392,7 @@ class Client:
         retry = method in ("GET", "HEAD") or path == "/sql" if retry is None else retry
         attempts = self.retries + 1 if retry else 1
         for attempt in range(attempts):
+            retry_after = None
             try:
                 response = self._http.request(method, path, params=_params(params or {}), **kwargs)
             except httpx.TransportError as exc:
@@ -287,9 +402,31 @@ class Client:
                 if response.status_code not in RETRY_STATUSES or attempt + 1 == attempts:
                     _raise_for_problem(response)
                     return response
-            time.sleep(self.backoff * 2 ** attempt)
+                retry_after = response.headers.get("Retry-After")
+                log.info("%s %s answered %d; retrying", method, path, response.status_code)
+            time.sleep(self._wait(attempt, retry_after))
         raise AssertionError("unreachable")
 
+    def _wait(self, attempt: int, retry_after: str | None = None) -> float:
+        """Seconds to wait before retry ``attempt + 1``: the back-off, or the server's Retry-After (seconds) if
+        longer; never more than :data:`MAX_RETRY_WAIT_S`."""
+        try:
+            asked = float(retry_after) if retry_after else 0.0
+        except ValueError:  # an HTTP date: rare from a trajstore service; the back-off does
+            asked = 0.0
+        return min(MAX_RETRY_WAIT_S, max(self.backoff * 2 ** attempt, asked))
+
+
+
+def _page_rows(limit: int | None, got: int) -> int:
+    """Rows to ask for in the next page, ``got`` rows of ``limit`` (None: every match) in."""
+    return PAGE_ROWS if limit is None else max(1, min(PAGE_ROWS, limit - got))
+
+
+def _needed(total: int, offset: int, limit: int | None) -> int:
+    """Rows the answer has: the ``total`` matches after ``offset``, at most ``limit``."""
+    after = max(0, total - offset)
+    return after if limit is None else min(after, limit)
 
 
 def _proxied(url: httpx.URL) -> bool:
@@ -326,7 +463,8 @@ def _problem(status: int, reason: str, body: bytes) -> RemoteError:
         problem = None
     if not isinstance(problem, dict):
         problem = {}
-    return RemoteError(status, problem.get("title") or reason, problem.get("detail"))
+    kind = RunNotFoundRemoteError if problem.get("type") == ERROR_TYPE + "RunNotFoundError" else RemoteError
+    return kind(status, problem.get("title") or reason, problem.get("detail"))
 
 
 def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:

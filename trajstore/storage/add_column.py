@@ -79,9 +79,8 @@ def add_column(store: Store, name: str, expression: str | Callable[[pa.Table], A
             store.table.swap(dt, removed, written, metadata={"operation": "add_column", "column": name,
                                                             "rows": report.rows})
             report.version = store.table.version()
-    except BaseException:
-        for w in written:
-            store.table.delete(w.path)
+    except BaseException as exc:
+        store.table.discard([w.path for w in written], exc)
         raise
     return report
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trajstore.errors import CommitError, InputError
+from trajstore.errors import CommitError, InputError, RunNotFoundError
 from trajstore.storage.table import DataFile, WrittenFile
 
 if TYPE_CHECKING:
@@ -59,7 +59,12 @@ def compact(store: Store, *, run_id: str | Sequence[str] | None = None, env_id: 
     runs = {run_id} if isinstance(run_id, str) else set(run_id or ())
     envs = {env_id} if isinstance(env_id, str) else set(env_id or ())
     partitions: dict[tuple[str, str], list[DataFile]] = {}
-    for f in store.files():
+    files = store.files()
+    held = sorted({f.run_id for f in files})
+    missing = sorted(runs - set(held))
+    if missing:
+        raise RunNotFoundError.naming(missing, store.uri, held)
+    for f in files:
         if (not runs or f.run_id in runs) and (not envs or f.env_id in envs):
             partitions.setdefault((f.run_id, f.env_id), []).append(f)
     todo = sorted(key for key, files in partitions.items()
@@ -89,8 +94,7 @@ def _compact_partition(store: Store, run_id: str, env_id: str, target_bytes: int
             written.append(store.table.write(data, run_id=run_id, env_id=env_id))
         store.table.replace(dt, written, run_id=run_id, env_id=env_id)
     except BaseException as exc:
-        for w in written:
-            store.table.delete(w.path)
+        store.table.discard([w.path for w in written], exc)
         if not isinstance(exc, CommitError):
             raise
         report.skipped.append(f"run_id={run_id}/env_id={env_id}: {exc}")

@@ -104,8 +104,7 @@ def _check_runs(store: Store, runs: list[str], files: list[DataFile]) -> None:
     held = sorted({f.run_id for f in files})
     missing = [r for r in runs if r not in held]
     if missing:
-        raise RunNotFoundError(f"run_id: no run {', '.join(map(repr, missing))} in {store.uri}; its runs: "
-                               f"{', '.join(held) or 'none yet'}")
+        raise RunNotFoundError.naming(missing, store.uri, held)
 
 
 def _plan(store: Store, files: list[DataFile], where: str | None) -> _Plan:
@@ -167,8 +166,7 @@ def _apply(store: Store, dt: object, plan: _Plan) -> int:
         r = plan.report
         store.table.swap(dt, removed, written, metadata={  # type: ignore[arg-type]
             "operation": "delete", "episodes": r.episodes, "rows_removed": r.steps, "run_ids": r.runs})
-    except BaseException:
-        for w in written:
-            store.table.delete(w.path)
+    except BaseException as exc:
+        store.table.discard([w.path for w in written], exc)
         raise
     return store.table.version()

@@ -266,14 +266,15 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
     rows, spans = _checked(rows, table.file_schema(env_id=env_id))
     rows = _physical(table, rows)
     written = table.write(rows, run_id=run_id, env_id=env_id)  # encoded outside the lock: requests overlap here
-    committed = False
     try:
         table.sync(written)
         with _lock(table.uri):
             committed = _commit_checked(table, written, spans, run_id=run_id, env_id=env_id, key=key)
-    finally:
-        if not committed:
-            table.delete(written.path)
+    except BaseException as exc:
+        table.discard([written.path], exc)
+        raise
+    if not committed:
+        table.discard([written.path], None)
     return (str(written.path), False) if committed else (None, True)
 
 

@@ -27,7 +27,7 @@ from deltalake import DeltaTable, Field
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
-from trajstore.errors import CommitError, ReadOnlyError, StoreDamagedError, first_line
+from trajstore.errors import CommitError, ReadOnlyError, StoreAccessError, StoreDamagedError, first_line, one_line
 from trajstore.schema import PARTITION_COLUMNS, delta_schema
 from trajstore.storage import names
 from trajstore.storage.encoding import EncodingError, FileLayout
@@ -109,6 +109,7 @@ class StepsTable:
         self.pinned = pinned  # a version read as it was (time travel): every read sees it, writes are refused
         self._layouts: dict[str, FileLayout] = {}
         self._layouts_lock = threading.Lock()
+        self._unsure: set[str] = set()  # files whose commit failed without an answer: it may have landed
 
     def writable(self, operation: str) -> None:
         """Raise :class:`ReadOnlyError` if this table is pinned to an old version."""
@@ -126,7 +127,10 @@ class StepsTable:
         return self.location.uri
 
     def exists(self) -> bool:
-        return DeltaTable.is_deltatable(self.uri, storage_options=self.location.storage_options)
+        try:
+            return DeltaTable.is_deltatable(self.uri, storage_options=self.location.storage_options)
+        except OSError as exc:
+            raise explain(exc, self.location) or exc
 
     def _open(self, version: int | None = None) -> DeltaTable:
         version = self.pinned if version is None else version
@@ -134,7 +138,7 @@ class StepsTable:
             return DeltaTable(self.uri, version=version, storage_options=self.location.storage_options)
         except TableNotFoundError:
             return None  # type: ignore[return-value]
-        except OSError as exc:
+        except (OSError, DeltaError) as exc:  # deltalake says "object store" errors either way
             raise explain(exc, self.location) or exc
 
     def version(self) -> int:
@@ -196,7 +200,10 @@ class StepsTable:
             except FileNotFoundError:
                 return f"{f.uri}: committed file is missing"
         else:
-            info = self.fs.get_file_info(f.path)
+            try:
+                info = self.fs.get_file_info(f.path)
+            except OSError as exc:
+                raise explain(exc, self.location) or exc
             if info.type == pafs.FileType.NotFound:
                 return f"{f.uri}: committed file is missing"
             size = info.size
@@ -285,7 +292,7 @@ class StepsTable:
         try:
             size = self._write_file(data, full)
         except BaseException as exc:
-            self.delete(full)
+            self.discard([full], exc)
             if isinstance(exc, OSError):
                 raise explain(exc, self.location) or exc
             raise
@@ -300,8 +307,33 @@ class StepsTable:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
-                raise explain(exc, self.location) or exc
+            access = explain(exc, self.location)
+            if access is not None:  # asking whether it is gone would wait on the same store again
+                raise access from exc
+            try:
+                gone = self.fs.get_file_info(path).type == pafs.FileType.NotFound
+            except OSError:
+                gone = False
+            if not gone:
+                raise
+
+    def discard(self, paths: list[str], cause: BaseException | None) -> None:
+        """Clean up after a write or commit that failed with ``cause`` (None: refused, nothing committed): remove
+        the files it wrote, which no commit lists. Never raises, so the cleanup cannot hide ``cause``.
+
+        On an object store, a failure that came from the store itself (an error, no answer) leaves the files:
+        a commit that got no answer may still land, and then needs them; one that did not leaves files no
+        reader lists, which ``trajstore check`` reports and :func:`~trajstore.storage.check.remove_orphans`
+        removes. Asking a store that does not answer to delete them would only wait again."""
+        if paths and not self.location.is_local and _from_store(cause):
+            log.info("%s: %d file(s) of a failed write or commit left as they are (if they exist, `trajstore "
+                     "check` lists them as orphans)", self.uri, len(paths))
+            return
+        for path in paths:
+            try:
+                self.delete(path)
+            except Exception as exc:  # noqa: BLE001 - the caller raises the error that matters
+                log.warning("%s: could not remove the uncommitted file %s: %s", self.uri, path, first_line(exc))
 
     def reserve(self, types: Mapping[str, pa.DataType],
                 logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
@@ -331,10 +363,26 @@ class StepsTable:
         raise CommitError(f"the columns {sorted(types)} could not be reserved in {self.uri}: {last}")
 
     def commit(self, written: WrittenFile) -> str:
-        """Second half of :meth:`append`: make the file durable, then commit it. Returns its path."""
+        """Second half of :meth:`append`: make the file durable, then commit it. Returns its path.
+
+        Safe to call again for the same file after it failed: a commit that failed without an answer from the
+        store may have landed, so a second call first looks whether the log lists the file already."""
         self.sync(written)
-        self._commit(written.action, written.schema)
+        if written.path in self._unsure and self._committed(written.path):
+            self._unsure.discard(written.path)
+            return written.path
+        try:
+            self._commit(written.action, written.schema)
+        except BaseException as exc:
+            if _from_store(exc):
+                self._unsure.add(written.path)
+            raise
+        self._unsure.discard(written.path)
         return written.path
+
+    def _committed(self, path: str) -> bool:
+        dt = self._open()
+        return dt is not None and any(f.path == path for f in self._files(dt))
 
     # --- conditional commits (ingest) -------------------------------------------------------------
 
@@ -363,8 +411,9 @@ class StepsTable:
                                         partition_by=list(PARTITION_COLUMNS), commit_properties=properties)
         except CommitFailedError:
             return False
-        except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the file
-            raise CommitError(f"commit of {written.action.path} to {self.uri} failed: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - surfaced as a StoreAccessError or a CommitError naming the file
+            raise explain(exc, self.location) or CommitError(
+                f"commit of {written.action.path} to {self.uri} failed: {one_line(exc)}") from exc
         return True
 
     def sync(self, written: WrittenFile) -> None:
@@ -394,8 +443,9 @@ class StepsTable:
                                         partition_filters=[("run_id", "=", run_id), ("env_id", "=", env_id)],
                                         commit_properties=CommitProperties(
                                             custom_metadata={"trajstore": {"operation": "compact"}}))
-        except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the partition
-            raise CommitError(f"compaction of run_id={run_id}/env_id={env_id} was not committed: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the partition
+            raise explain(exc, self.location) or CommitError(
+                f"compaction of run_id={run_id}/env_id={env_id} was not committed: {one_line(exc)}") from exc
 
     def swap(self, dt: DeltaTable, removed: list[DataFile], written: list[WrittenFile], *,
              metadata: dict[str, Any]) -> None:
@@ -426,10 +476,12 @@ class StepsTable:
                                         commit_properties=CommitProperties(custom_metadata={"trajstore": metadata}))
         except OSError as exc:
             raise explain(exc, self.location) or CommitError(f"{metadata.get('operation')} of {len(removed)} "
-                                                             f"file(s) in {self.uri} was not committed: {exc}")
-        except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the operation
-            raise CommitError(f"{metadata.get('operation')} of {len(removed)} file(s) in {self.uri} was not "
-                              f"committed (another change removed some of them first?): {first_line(exc)}") from exc
+                                                             f"file(s) in {self.uri} was not committed: "
+                                                             f"{one_line(exc)}") from exc
+        except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the operation
+            raise explain(exc, self.location) or CommitError(
+                f"{metadata.get('operation')} of {len(removed)} file(s) in {self.uri} was not committed (another "
+                f"change removed some of them first?): {first_line(exc)}") from exc
 
     def _write_file(self, data: pa.Table, path: str) -> int:
         """Write ``data`` as one Parquet file at ``path``; returns its size in bytes."""
@@ -459,12 +511,12 @@ class StepsTable:
             except CommitFailedError as exc:  # another writer won the version race: read the log again
                 last = exc
                 time.sleep(0.01 * (attempt + 1))
-            except OSError as exc:
+            except StoreAccessError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the file
                 raise explain(exc, self.location) or CommitError(
-                    f"commit of {action.path} to {self.uri} failed: {exc}") from exc
-            except Exception as exc:  # noqa: BLE001 - surfaced as a CommitError naming the file
-                raise CommitError(f"commit of {action.path} to {self.uri} failed: {exc}") from exc
-        raise CommitError(f"commit of {action.path} failed after {COMMIT_RETRIES} attempts: {last}")
+                    f"commit of {action.path} to {self.uri} failed: {one_line(exc)}") from exc
+        raise CommitError(f"commit of {action.path} failed after {COMMIT_RETRIES} attempts: {one_line(last)}")
 
     def _ensure_table(self, schema: pa.Schema) -> DeltaTable:
         """The table at its latest version, created or given the columns of ``schema`` it lacks. Safe when
@@ -473,10 +525,17 @@ class StepsTable:
         for attempt in range(COMMIT_RETRIES):
             try:
                 return self._with_columns(schema)
-            except (CommitFailedError, DeltaError) as exc:  # "metadata changed": another writer won the race
+            except StoreAccessError:
+                raise
+            except (OSError, DeltaError) as exc:  # "metadata changed": another writer won the race; read again
+                access = explain(exc, self.location)  # unless the store failed or did not answer
+                if access is not None:
+                    raise access from exc
+                if not isinstance(exc, DeltaError):
+                    raise
                 last = exc
                 time.sleep(0.01 * (attempt + 1))
-        raise CommitError(f"the table {self.uri} could not be created or given new columns: {last}")
+        raise CommitError(f"the table {self.uri} could not be created or given new columns: {one_line(last)}")
 
     def _with_columns(self, schema: pa.Schema) -> DeltaTable:
         dt = self._open()
@@ -495,6 +554,16 @@ class StepsTable:
             dt.alter.add_columns([Field.from_arrow(f) for f in new])
             dt = self._open()
         return dt
+
+
+def _from_store(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an error it was raised from) came from the store's side: an object store that failed
+    or did not answer, a disk that failed; then whether a commit under way landed is unknown."""
+    while exc is not None:
+        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _full_schema(file_schema: pa.Schema) -> pa.Schema:

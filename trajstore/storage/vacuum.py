@@ -41,7 +41,7 @@ class VacuumReport:
     def format(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
         head = f"{verb} {len(self.files)} file(s), {self.bytes:,} bytes, not needed by any version of the last " \
-               f"{_human(self.older_than_s)}"
+               f"{format_duration(self.older_than_s)}"
         return "\n".join([head] + [f"  {f}" for f in self.files] if self.dry_run else [head])
 
     __str__ = format
@@ -84,8 +84,9 @@ def vacuum(store: Store, *, older_than: float | str | timedelta = "7d", dry_run:
     return report
 
 
-def _human(seconds: float) -> str:
-    for unit in ("w", "d", "h", "m"):
+def format_duration(seconds: float) -> str:
+    """``seconds`` as :func:`parse_duration` reads it back, in days, hours, minutes or seconds (7d, not 1w)."""
+    for unit in ("d", "h", "m"):
         if seconds >= UNITS[unit] and seconds % UNITS[unit] == 0:
             return f"{int(seconds // UNITS[unit])}{unit}"
     return f"{seconds:g}s"

@@ -18,6 +18,8 @@ import os
 import socket
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -25,7 +27,14 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore import schema as sch
-from trajstore.errors import InputError, SchemaMismatchError, WriterClosedError
+from trajstore.errors import (
+    CommitError,
+    InputError,
+    RemoteError,
+    SchemaMismatchError,
+    StoreAccessError,
+    WriterClosedError,
+)
 from trajstore.storage.buffer import RowBuffer, Rows, gather
 from trajstore.storage.encoding import NEXT, OBS, Format, check_frame_stack, leaves
 from trajstore.storage.episode_ids import EpisodeIds
@@ -36,6 +45,25 @@ log = logging.getLogger(__name__)
 
 REQUIRED = sch.TRANSITION_COLUMNS
 AUTORESET_MODES = ("same-step", "next-step", "off")
+
+
+@dataclass
+class _Piece:
+    """One buffer on its way to the store: its rows, what the sink made of them (once encoded) and its commit."""
+
+    data: pa.Table
+    encoding: Future[Any]
+    commit: Future[str]
+
+
+@dataclass(frozen=True)
+class _Unstored:
+    """A buffer whose write or commit failed, kept for the next flush: its rows, and what the sink had made of
+    them if that much succeeded (committed again as it is: the same file, the same idempotency key)."""
+
+    data: pa.Table
+    pending: Any = None
+    physical: bool = True  # False: rows as given, not yet under their physical names with their format
 
 
 class Writer:
@@ -50,6 +78,10 @@ class Writer:
     ``frame_stack={"obs": k}`` (a leaf path: ``"obs.pixels"`` in a Dict observation) that leaf is a stack of its
     last k frames along its first axis, of which each frame is stored once; readers give back what was written
     (see :mod:`~trajstore.storage.encoding`).
+
+    When the store fails (an object store that does not answer, a full disk), the error says how many steps
+    are not stored yet; the writer keeps them, in order, and stores them with the next :meth:`flush` or
+    :meth:`close` (call it again once the store is back). Steps committed before are never touched.
 
     Every row records where it happened: ``env_steps``, the writer's env steps over all its envs up to
     and including its time index (``(t + 1) * B`` for the ``t``-th time index since the writer opened,
@@ -87,7 +119,8 @@ class Writer:
         # Two stages, one thread each: Parquet encoding of one buffer, and fsync + commit of the files in
         # the order they were written, so syncing one file overlaps encoding the next.
         self._encoding: Future[Any] | None = None
-        self._commits: list[Future[str]] = []
+        self._pieces: list[_Piece] = []
+        self._unstored: list[_Unstored] = []
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-encode")
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-commit")
         self._lock = threading.Lock()
@@ -148,20 +181,27 @@ class Writer:
         self._cursors.next_step[idx] = 0
 
     def flush(self) -> None:
-        """Commit everything buffered and wait until it is visible to readers."""
+        """Commit everything buffered (and what a failed flush kept) and wait until it is visible to readers."""
         self._submit()
         self._wait()
 
     def close(self) -> None:
-        """Flush and release the writer. Idempotent — safe to call multiple times."""
+        """Flush and release the writer. Idempotent — safe to call multiple times.
+
+        If the flush fails, the writer stays open with the steps it could not store: call ``close()`` again
+        once the store is back (they are lost if the process ends first)."""
         if self._closed:
             return
-        try:
-            self.flush()
-        finally:
-            self._closed = True
-            self._encoder.shutdown(wait=True)
-            self._committer.shutdown(wait=True)
+        self.flush()
+        self._closed = True
+        self._encoder.shutdown(wait=True)
+        self._committer.shutdown(wait=True)
+
+    @property
+    def steps_unstored(self) -> int:
+        """Steps given to the writer that are not committed (buffered, on their way, or kept after a failure)."""
+        return ((self._buffer.rows if self._buffer is not None else 0) + sum(p.data.num_rows for p in self._pieces)
+                + sum(u.data.num_rows for u in self._unstored))
 
     @property
     def open_episodes(self) -> int:
@@ -259,16 +299,42 @@ class Writer:
             self._submit()
 
     def _submit(self) -> None:
-        """Hand the buffer to the encoding thread; at most one buffer is being encoded at a time."""
+        """Hand what a failed flush kept, then the buffer, to the encoding thread (in that order)."""
+        unstored, self._unstored = self._unstored, []
+        for i, kept in enumerate(unstored):
+            try:
+                self._send(kept.data if kept.physical else self._stored(kept.data), kept.pending)
+            except BaseException:
+                self._unstored[len(self._unstored):] = unstored[i:]  # not handed over yet: kept, in order
+                raise
         if not self._buffer:
             return
-        data = self._stored(self._buffer.take())
+        raw = self._buffer.take()
+        try:
+            data = self._stored(raw)
+        except BaseException:  # the columns could not be reserved: kept as given, prepared at the next flush
+            self._unstored.append(_Unstored(raw, physical=False))
+            raise
+        try:
+            self._send(data)
+        except BaseException:
+            self._unstored.append(_Unstored(data))
+            raise
+
+    def _send(self, data: pa.Table, pending: Any = None) -> None:
+        """Encode ``data`` (unless ``pending`` is what the sink made of it already) and commit it after the
+        files before it; at most one buffer is being encoded at a time."""
         self._collect(keep=1)  # files in flight: at most the previous one syncing/committing and this one
         if self._encoding is not None:
-            self._encoding.result()
-        self._encoding = self._encoder.submit(self.sink.write, data, run_id=self.run_id, env_id=self.env_id)
-        previous = self._commits[-1] if self._commits else None
-        self._commits.append(self._committer.submit(_commit_in_order, self.sink, self._encoding, previous))
+            wait_for([self._encoding])  # a failure surfaces through its commit, in order
+        if pending is None:
+            self._encoding = self._encoder.submit(self.sink.write, data, run_id=self.run_id, env_id=self.env_id)
+        else:
+            self._encoding = Future()
+            self._encoding.set_result(pending)
+        previous = self._pieces[-1].commit if self._pieces else None
+        commit = self._committer.submit(_commit_in_order, self.sink, self._encoding, previous)
+        self._pieces.append(_Piece(data, self._encoding, commit))
 
     def _stored(self, data: pa.Table) -> pa.Table:
         """The rows of one file under their physical names (reserved in the log first), with its format."""
@@ -287,9 +353,41 @@ class Writer:
         self._encoding = None
 
     def _collect(self, *, keep: int) -> None:
-        """Record finished commits in order (raising the first failure), waiting until at most ``keep`` are pending."""
-        while self._commits and (len(self._commits) > keep or self._commits[0].done()):
-            self.files_committed.append(self._commits.pop(0).result())
+        """Record finished commits in order, waiting until at most ``keep`` are pending. At the first failure,
+        that buffer and every one after it are kept for the next flush, and the error says so."""
+        while self._pieces and (len(self._pieces) > keep or self._pieces[0].commit.done()):
+            try:
+                path = self._pieces[0].commit.result()
+            except BaseException as exc:
+                error = self._keep_unstored(exc)
+                if error is exc:
+                    raise
+                raise error from exc
+            self._pieces.pop(0)
+            self.files_committed.append(path)
+
+    def _keep_unstored(self, exc: BaseException) -> BaseException:
+        """Move every buffer on its way (the failed one first; the commits after it fail with it) back to the
+        writer, and the error to raise: ``exc``'s, saying how many steps are not stored."""
+        wait_for([p.commit for p in self._pieces])
+        for piece in self._pieces:
+            encoded = piece.encoding.done() and not piece.encoding.cancelled() and piece.encoding.exception() is None
+            self._unstored.append(_Unstored(piece.data, piece.encoding.result() if encoded else None))
+        self._pieces, self._encoding = [], None
+        return _not_stored(exc, self.steps_unstored, self.run_id)
+
+
+def _not_stored(exc: BaseException, steps: int, run_id: str) -> BaseException:
+    """``exc`` again (same type), its message saying that ``steps`` steps are kept for the next flush."""
+    note = (f"; {steps} steps of run {run_id!r} are not stored yet: the writer keeps them for its next flush() or "
+            "close() (lost if the process ends first)")
+    if isinstance(exc, RemoteError):
+        return RemoteError(exc.status, exc.title, f"{exc.detail or ''}{note}")
+    for kind in (StoreAccessError, CommitError):
+        if type(exc) is kind:
+            return kind(f"{exc}{note}")
+    exc.add_note(note.removeprefix("; "))
+    return exc
 
 
 def _commit_in_order(sink: Sink[Any], written: Future[Any], previous: Future[str] | None) -> str:

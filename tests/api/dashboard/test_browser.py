@@ -183,3 +183,51 @@ def test_a_rollout_written_during_the_test_appears_without_reload(context: Any, 
         dash.screenshot("live")
         assert dash.problems == []
         page.close()
+
+
+RUN_CELLS = "() => Array.from(document.querySelectorAll('#runs tbody tr')).map((tr) => [tr.dataset.series, " \
+            "Array.from(tr.cells).slice(7).map((td) => td.textContent)])"
+FETCHED = """() => {
+  const nav = performance.getEntriesByType("navigation")[0];
+  const all = [nav, ...performance.getEntriesByType("resource")];
+  return all.map((e) => ({ url: e.name, bytes: e.transferSize, body: e.encodedBodySize }));
+}"""
+
+
+def _cells(row: dict[str, Any], gamma: float | None) -> list[str]:
+    """The runs table's return and length cells of one series, as the page formats them (en-US, 2 digits)."""
+    p = "return" if gamma is None else "discounted_return"
+    fmt = lambda x, d=2: f"{round(x, d):,.{d}f}".rstrip("0").rstrip(".")  # noqa: E731 - toLocaleString's form
+    return [f"{fmt(row[p + '_mean'])} ± {fmt(row[p + '_std'])}", fmt(row[p + "_min"]), fmt(row[p + "_max"]),
+            fmt(row["len_mean"], 1)]
+
+
+def test_runs_table_and_first_load_at_a_size_past_the_per_episode_points(context: Any, tmp_path: Path) -> None:
+    """Past 20,000 complete episodes (the page draws one marker per episode up to 5,000, bins only beyond) the
+    runs table's statistics still show (computed by the service), and the first load fetches at most 2 MB in all,
+    as it would at a million episodes."""
+    store = trajstore.open(tmp_path / "store", create=True)
+    write_learning_runs(store, episodes=22_000, runs=2, num_envs=64, versions=4)
+    assert store.stats()["n_traj"][0].as_py() > 20_000
+    with contextlib.contextmanager(serve)(create_app(Settings(store=str(store.root)))) as live:
+        page = context.browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-GB").new_page()
+        dash = Dashboard(page, live.url)
+        dash.open()
+        assert dash.episode_points() == {}  # bins only at this size
+        fetched = page.evaluate(FETCHED)  # everything of the first load: the page, its assets, the API's answers
+        assert not any("/curves?" in f["url"] or f["url"].endswith("/curves") for f in fetched)
+        total = sum(f["bytes"] for f in fetched)
+        assert 0 < total <= 2_000_000, fetched
+        plotly = next(f for f in fetched if "/plotly.min.js" in f["url"])
+        assert plotly["body"] < 500_000  # fetched compressed
+        for gamma in (None, 0.9):
+            if gamma is not None:
+                loads = dash.state("loads")
+                page.fill("#gamma", str(gamma))
+                page.dispatch_event("#gamma", "change")
+                page.wait_for_function(f"() => trajstoreDashboard.loads > {loads}")
+            want = {f"{r['run_id']} · {r['env_id']}": _cells(r, gamma)
+                    for r in store.latest_stats(100, gamma=gamma).to_pylist()}
+            assert dict(page.evaluate(RUN_CELLS)) == want
+        assert dash.problems == []
+        page.context.close()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from importlib import metadata
+import hashlib
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -12,7 +13,7 @@ from fastapi.testclient import TestClient
 
 import trajstore
 from trajstore.api.app import create_app
-from trajstore.api.dashboard.routes import HERE, plotly_js
+from trajstore.api.dashboard.routes import ASSETS, HERE
 from trajstore.settings import Settings
 
 
@@ -27,17 +28,38 @@ def test_root_redirects_to_the_dashboard(client: TestClient) -> None:
     assert r.status_code in (302, 307) and r.headers["location"] == "/dashboard"
 
 
-def test_page_loads_plotly_from_the_installed_package(client: TestClient) -> None:
-    page = client.get("/dashboard")
+def test_assets_are_compressed_named_by_their_hash_and_kept(client: TestClient) -> None:
+    page = client.get("/dashboard", headers={"Accept-Encoding": "gzip"})
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    src = f"/dashboard/assets/plotly.min.js?v={metadata.version('plotly')}"
-    assert f'data-plotly="{src}"' in page.text
-    js = client.get(src)
-    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
-    assert js.content == plotly_js()[0].read_bytes() and "immutable" in js.headers["cache-control"]
-    for name in ("dashboard.js", "dashboard.css"):
-        assert client.get(f"/dashboard/assets/{name}").status_code == 200
+    assert page.headers["content-encoding"] == "gzip" and page.headers["cache-control"] == "no-cache"
+    assert client.get("/dashboard", headers={"If-None-Match": page.headers["etag"]}).status_code == 304
+    links = re.findall(r'(?:href|src|data-plotly)="(/dashboard/assets/[^"]+)"', page.text)
+    assert {link.split("?")[0].rsplit("/", 1)[1] for link in links} == {"dashboard.js", "dashboard.css",
+                                                                        "plotly.min.js"}
+    for link in links:
+        name = link.split("?")[0].rsplit("/", 1)[1]
+        source = HERE / ASSETS[name][0]
+        assert link.endswith("?v=" + hashlib.sha256(source.read_bytes()).hexdigest()[:16])
+        zipped = client.get(link, headers={"Accept-Encoding": "gzip"})
+        assert zipped.status_code == 200 and zipped.headers["content-encoding"] == "gzip"
+        assert zipped.content == source.read_bytes()  # (httpx decompresses it)
+        assert int(zipped.headers["content-length"]) < 0.45 * source.stat().st_size
+        assert zipped.headers["cache-control"] == "public, max-age=31536000, immutable"
+        plain = client.get(link, headers={"Accept-Encoding": "identity"})
+        assert "content-encoding" not in plain.headers and plain.content == source.read_bytes()
+        assert client.get(link, headers={"If-None-Match": zipped.headers["etag"]}).status_code == 304
+        stale = client.get(link.split("?")[0] + "?v=0123")  # another version's hash: not kept for good
+        assert stale.headers["cache-control"] == "no-cache" and stale.content == source.read_bytes()
     assert client.get("/dashboard/assets/other.js").status_code == 404
+
+
+def test_plotly_is_the_vendored_basic_bundle() -> None:
+    head = (HERE / "vendor" / "plotly-basic.min.js").read_text()[:200]
+    assert "plotly.js (basic - minified) v" in head
+    assert (HERE / "vendor" / "plotly-LICENSE").read_text().startswith("MIT License")
+    js = (HERE / "dashboard.js").read_text()
+    used = set(re.findall(r'type: "(\w+)"', js))
+    assert used <= {"scatter", "bar"}, used  # the traces the basic bundle has (it has no scattergl)
 
 
 def test_nothing_comes_from_another_host() -> None:

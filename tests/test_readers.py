@@ -1,0 +1,179 @@
+"""Every reader, from Python, over REST and through the Client: the same filters, and the same error for a run the
+store does not hold (RunNotFoundError naming it and listing the runs; 404 over REST)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+import pytest
+
+import trajstore
+from tests.api.helpers import Live, serve, settings_for
+from trajstore.api.app import create_app
+from trajstore.errors import InputError, RemoteError, RunNotFoundError
+from trajstore.query.filters import EpisodeFilter, keywords
+from trajstore.rollout import gym_rollout
+
+FILTERS = set(keywords()) | {"filter"}
+# What one side takes that the other cannot: the Store runs your own SQL condition, the Client reads a version
+# (the Store is opened at one: trajstore.open(uri, version=N)).
+STORE_ONLY, CLIENT_ONLY = {"where", "max_batch_bytes"}, {"version"}  # a batch-size guard the service sets itself
+PAIRS = [("episodes", "episodes"), ("stats", "stats"), ("returns", "returns"), ("iter_batches", "iter_batches"),
+         ("sequences", "iter_sequences"), ("transitions", "transitions")]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
+    store = trajstore.open(tmp_path_factory.mktemp("readers") / "store", create=True)
+    gym_rollout(store, "CartPole-v1", run_id="alpha", num_envs=4, episodes=240, seed=0, progress=False,
+                policy_version=1)
+    gym_rollout(store, "CartPole-v1", run_id="beta", num_envs=2, episodes=20, seed=1, progress=False, mode="eval")
+    return store
+
+
+@pytest.fixture(scope="module")
+def live(store: trajstore.Store) -> Iterator[Live]:
+    with contextlib.contextmanager(serve)(create_app(settings_for(store.root, max_page_size=50))) as found:
+        yield found
+
+
+def expected_message(store: trajstore.Store, run: str = "nope") -> str:
+    return f"run_id: no run '{run}' in {store.uri}; its runs: alpha, beta"
+
+
+READERS: dict[str, Callable[[trajstore.Store, dict[str, Any]], Any]] = {
+    "stats": lambda s, kw: s.stats(**kw),
+    "episodes": lambda s, kw: s.episodes(**kw),
+    "scan": lambda s, kw: s.scan(["reward"], **kw),
+    "scan_plan": lambda s, kw: s.scan_plan(["reward"], **kw),
+    "returns": lambda s, kw: s.returns(gamma=0.9, **kw),
+    "returns per step": lambda s, kw: s.returns(gamma=0.9, per="step", **kw),
+    "sequences": lambda s, kw: s.sequences(4, **kw),
+    "transitions": lambda s, kw: s.transitions(3, gamma=0.9, **kw),
+    "iter_batches": lambda s, kw: s.iter_batches(**kw),  # raised at the call, before the first batch
+    "curves": lambda s, kw: s.curves(**kw),
+    "binned_curves": lambda s, kw: s.binned_curves(**kw),
+    "histogram": lambda s, kw: s.histogram(**kw),
+    "latest_stats": lambda s, kw: s.latest_stats(**kw),
+}
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("how", ["run_id", "run_id list", "filter"])
+def test_every_reader_says_which_run_the_store_lacks(store: trajstore.Store, reader: str, how: str) -> None:
+    kwargs = {"run_id": {"run_id": "nope"}, "run_id list": {"run_id": ["alpha", "nope"]},
+              "filter": {"filter": EpisodeFilter(run_id=["nope"])}}[how]
+    with pytest.raises(RunNotFoundError) as raised:
+        READERS[reader](store, kwargs)
+    assert str(raised.value) == expected_message(store)
+    assert isinstance(raised.value, LookupError) and isinstance(raised.value, ValueError)
+
+
+def test_the_same_error_from_delete_and_a_version(store: trajstore.Store) -> None:
+    with pytest.raises(RunNotFoundError) as raised:
+        store.delete(run_id="nope", dry_run=True)
+    assert str(raised.value) == expected_message(store)
+    with pytest.raises(RunNotFoundError, match=r"no run 'beta' in .*; its runs: alpha$"):
+        store.at(version=1).stats(run_id="beta")  # at version 1, only alpha was there
+
+
+@pytest.mark.parametrize(("path", "params"), [
+    ("/stats", {}), ("/episodes", {}), ("/returns", {"gamma": 0.9}), ("/steps", {}), ("/steps", {"format": "json"}),
+    ("/sequences", {"length": 4}), ("/transitions", {"n": 3, "gamma": 0.9}), ("/curves", {}),
+    ("/curves/binned", {}), ("/curves/histogram", {}), ("/runs/nope", {})])
+def test_rest_answers_404_with_the_same_message(store: trajstore.Store, live: Live, path: str,
+                                                params: dict[str, Any]) -> None:
+    query = params if path.startswith("/runs/") else {**params, "run_id": ["alpha", "nope"]}
+    response = httpx.get(live.url + path, params=query)
+    assert response.status_code == 404, response.text
+    problem = response.json()
+    assert problem["detail"] == expected_message(store)
+    assert problem["type"] == "urn:trajstore:error:RunNotFoundError"
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: c.stats(run_id="nope"), lambda c: c.episodes(run_id=["alpha", "nope"]),
+    lambda c: c.returns(gamma=0.9, run_id="nope"), lambda c: next(c.iter_batches(run_id="nope")),
+    lambda c: c.iter_sequences(4, run_id="nope"), lambda c: c.transitions(3, gamma=0.9, run_id="nope")])
+def test_the_client_raises_it_too(store: trajstore.Store, live: Live, call: Callable[[Any], Any]) -> None:
+    with trajstore.Client(live.url) as client, pytest.raises(RunNotFoundError) as raised:
+        call(client)
+    assert isinstance(raised.value, RemoteError) and raised.value.status == 404
+    assert raised.value.detail == expected_message(store)
+
+
+def test_client_and_store_readers_take_the_same_filters() -> None:
+    for store_name, client_name in PAIRS:
+        ours = set(inspect.signature(getattr(trajstore.Store, store_name)).parameters) - {"self"}
+        theirs = set(inspect.signature(getattr(trajstore.Client, client_name)).parameters) - {"self"}
+        assert ours - STORE_ONLY == theirs - CLIENT_ONLY, (store_name, ours ^ theirs)
+        # every filter, except where the method gives the name a meaning of its own (seed: the shuffle's)
+        assert FILTERS - {"seed"} <= ours, (store_name, FILTERS - ours)
+
+
+def test_filter_keywords_select_what_the_filter_does(store: trajstore.Store, live: Live) -> None:
+    cases = [({"min_return": 30}, EpisodeFilter(min_return=30)),
+             ({"mode": "eval", "max_length": 40}, EpisodeFilter(max_length=40, lineage={"mode": ["eval"]})),
+             ({"policy_version": [1], "complete": True, "run_id": "alpha"},
+              EpisodeFilter(run_id=["alpha"], complete=True, lineage={"policy_version": [1]}))]
+    with trajstore.Client(live.url) as client:
+        for kwargs, flt in cases:
+            want = store.episodes(filter=flt)
+            assert 0 < want.num_rows < store.episodes().num_rows, kwargs
+            assert store.episodes(**kwargs).equals(want)
+            assert store.stats(**kwargs).equals(store.stats(filter=flt))
+            assert client.episodes(**kwargs)["episode_id"].to_pylist() == want["episode_id"].to_pylist()
+            assert client.episodes(filter=flt)["episode_id"].to_pylist() == want["episode_id"].to_pylist()
+            assert client.stats(**kwargs)["n_traj"].to_pylist() == store.stats(**kwargs)["n_traj"].to_pylist()
+
+
+def test_filters_are_checked_by_name(store: trajstore.Store, live: Live) -> None:
+    with pytest.raises(InputError, match="min_return: given both as a keyword"):
+        store.episodes(min_return=3, filter=EpisodeFilter(min_return=5))
+    with pytest.raises(InputError, match=r"complete: expected True, False or None, got 'yes'"):
+        store.stats(terminated=True, complete="yes")
+    with pytest.raises(InputError, match=r"min_length: expected a number, got 'long'"):
+        store.episodes(min_length="long")
+    with trajstore.Client(live.url) as client:
+        with pytest.raises(TypeError, match="unexpected keyword argument 'min_retrun'; its filters are run_id"):
+            client.episodes(min_retrun=3)
+        with pytest.raises(InputError, match="min_length: expected a number"):
+            client.stats(min_length="long")
+
+
+@pytest.mark.parametrize(("order_by", "limit", "offset"), [
+    ("episode_id", None, 0), ("-episode_id", None, 13), ("-episode_return", None, 0), ("episode_length", 120, 7),
+    ("episode_id", 0, 0), ("episode_id", 30, 255)])
+def test_client_episodes_returns_every_match_across_pages(store: trajstore.Store, live: Live, order_by: str,
+                                                          limit: int | None, offset: int) -> None:
+    want = store.episodes(order_by=order_by, limit=limit, offset=offset)
+    assert want.num_rows > 50 or limit is not None  # more than a page of the server's (max_page_size=50)
+    with trajstore.Client(live.url) as client:
+        got = client.episodes(order_by=order_by, limit=limit, offset=offset)
+    assert got["episode_id"].to_pylist() == want["episode_id"].to_pylist()
+    assert got.column_names == want.column_names
+
+
+def test_client_episodes_reads_every_page_at_one_version(tmp_path: Path) -> None:
+    store = trajstore.open(tmp_path / "s", create=True)
+    gym_rollout(store, "CartPole-v1", run_id="a", num_envs=2, episodes=120, seed=0, progress=False)
+    pages: list[str] = []
+
+    def on_request(request: httpx.Request) -> None:
+        if request.url.path == "/episodes":
+            pages.append(request.url.params.get("version", ""))
+            if len(pages) == 2:  # a commit lands while the client walks the pages
+                gym_rollout(store, "CartPole-v1", run_id="a", num_envs=2, episodes=20, seed=1, progress=False)
+
+    before = store.version
+    app = create_app(settings_for(store.root, max_page_size=50))
+    with contextlib.contextmanager(serve)(app) as found:
+        client = trajstore.Client(found.url)
+        client._http.event_hooks["request"].append(on_request)
+        got = client.episodes()
+    assert got["episode_id"].to_pylist() == store.at(version=before).episodes()["episode_id"].to_pylist()
+    assert pages[0] == "" and set(pages[1:]) == {str(before)}

@@ -9,6 +9,7 @@ DuckDB has no 16-bit float.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable
 
 import duckdb
@@ -24,16 +25,29 @@ def function_name(dtype: str, shape: tuple[int, ...], stacked: bool) -> str:
 
 
 def register(con: duckdb.DuckDBPyConnection, dtype: str, shape: tuple[int, ...], stacked: bool) -> str:
-    """The name of the function for such frames, registered on ``con`` (once)."""
-    name = function_name(dtype, shape, stacked)
+    """The name of a function for such frames, newly registered on ``con``; remove it (:func:`unregister`)
+    before ``con`` closes.
+
+    Each call registers a name of its own: the cursors of one DuckDB database share its catalog, and a Python
+    function stays there after the cursor that registered it closed while its Python side is gone (calling it
+    crashed the process). So no cursor ever calls another's function, and each removes its own."""
+    name = f"{function_name(dtype, shape, stacked)}_{next(_REGISTERED)}"
     blob = "BLOB[]" if stacked else "BLOB"
-    try:
-        con.create_function(name, values(np.dtype(dtype), tuple(shape), stacked), [blob],
-                            sql.values_type(np.dtype(dtype).name, len(shape) + int(stacked)), type="arrow",
-                            null_handling="special")
-    except duckdb.CatalogException:  # registered on this connection before
-        pass
+    con.create_function(name, values(np.dtype(dtype), tuple(shape), stacked), [blob],
+                        sql.values_type(np.dtype(dtype).name, len(shape) + int(stacked)), type="arrow",
+                        null_handling="special")
     return name
+
+
+def unregister(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    """Remove the function ``name`` that :func:`register` registered on ``con`` (nothing if it is gone)."""
+    try:
+        con.remove_function(name)
+    except (duckdb.Error, duckdb.InvalidInputException):
+        pass
+
+
+_REGISTERED = itertools.count()
 
 
 def values(dtype: np.dtype, shape: tuple[int, ...], stacked: bool) -> Callable[[Any], pa.Array]:

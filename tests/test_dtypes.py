@@ -136,18 +136,19 @@ def test_loaders_return_the_dtype(store: trajstore.Store, dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["uint8", "float32", "bool"])
 def test_exports_read_frame_stacks_whole_in_their_dtype(tmp_path: Path, dtype: str) -> None:
-    from trajstore.export.episodes import as_episode, episodes
+    from trajstore.export.episodes import select
 
     store = trajstore.open(tmp_path / "store", create=True)
     batch = batch_of(dtype, 1)
     batch["obs"], batch["next_obs"] = batch["obs"]["img"], batch["next_obs"]["img"]
     with store.writer(run_id="r", env_id="E", frame_stack={"obs": 2}) as w:
         w.add_batch(batch)
-    tables = episodes(store)
-    assert sum(t.num_rows for t in tables) == T * B
-    for table in tables:
-        episode = as_episode(table)
-        t = store.scan(["episode_id", "t", "env_index"], episode_id=episode.episode_id).read_all()
+    with select(store) as selection:
+        assert selection.kinds["obs"] == (np.dtype(dtype), (2, 4, 5))
+        episodes = list(selection)
+    assert sum(len(e) for e in episodes) == T * B
+    for episode in episodes:
+        t = store.scan(["step", "t", "env_index"], episode_id=episode.episode_id).read_all().sort_by("step")
         same(episode.obs, batch["obs"][t["t"].to_numpy(), t["env_index"].to_numpy()])
         same(episode.next_obs, batch["next_obs"][t["t"].to_numpy(), t["env_index"].to_numpy()])
 

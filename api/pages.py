@@ -21,8 +21,8 @@ VARYING_BYTES = 16  # the least a value of a string (or varying list) column is 
 
 def row_bytes(store: Store, columns: Sequence[str], env_ids: Sequence[str] | None = None) -> int:
     """The most bytes one step of ``columns`` (every stored column if empty) takes decoded, over the store's
-    environments (or ``env_ids``): fixed-width types exactly, others (strings, lists of varying length) as their files' footers
-    say, and at least :data:`VARYING_BYTES` each. At least 1."""
+    environments (or ``env_ids``): fixed-width types exactly, others (strings, lists of varying length) as
+    their files' footers say, and at least :data:`VARYING_BYTES` each. At least 1."""
     files = store.files()
     widest = 0
     for env_id in sorted({f.env_id for f in files if env_ids is None or f.env_id in env_ids}):
@@ -32,9 +32,8 @@ def row_bytes(store: Store, columns: Sequence[str], env_ids: Sequence[str] | Non
         size = sum(_fixed_bytes(schema.field(n).type) or 0 for n in fixed)
         varying = [n for n in names if n not in fixed]
         if varying:  # a dictionary-encoded column's footer counts its indices: a short string at least
-            plan = store.scan_plan(varying, env_id=env_id)
-            stored = stored_row_bytes(plan.files, pa.schema([plan.schema.field(n) for n in varying]), plan.layouts)
-            size += max(int(stored), VARYING_BYTES * len(varying))
+            size += max(int(stored_row_bytes([f for f in files if f.env_id == env_id], varying)),
+                        VARYING_BYTES * len(varying))
         widest = max(widest, size)
     return max(1, widest)
 

@@ -100,7 +100,7 @@ def image_leaf(path: str, shape: tuple[int, ...], dtype: np.dtype, stack: int | 
     if not (np.issubdtype(dtype, np.number) or dtype == np.bool_) or np.issubdtype(dtype, np.complexfloating):
         return None
     frame = shape[1:] if stack else shape
-    big = lambda h, w: h >= MIN_SIDE and w >= MIN_SIDE  # noqa: E731
+    big = lambda h, w: h >= MIN_SIDE and w >= MIN_SIDE
     if len(frame) == 2 and big(*frame):
         return ImageLeaf(path, shape, dtype, stack, "hw")
     if len(frame) != 3:

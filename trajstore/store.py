@@ -344,6 +344,9 @@ class Store:
         return self._new_snapshot(self._selected_files(run_id, env_id), config=config)
 
     def _selected_files(self, run_id: Names, env_id: Names) -> list[DataFile]:
+        """The committed files of ``run_id``/``env_id`` (all when None); a run the store does not hold is a
+        :class:`RunNotFoundError`, as for every reader."""
+        self._check_runs(run_id)
         runs, envs = _names(run_id) or None, _names(env_id) or None
         return [f for f in self.files() if _selected(f.run_id, runs) and _selected(f.env_id, envs)]
 
@@ -372,11 +375,10 @@ class Store:
     def _new_snapshot(self, files: list[DataFile], *, con: duckdb.DuckDBPyConnection | None = None,
                       config: dict[str, Any] | None = None, registered: bool | None = None) -> Snapshot:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
-        store's through pyarrow datasets over its filesystem (``registered``)."""
+        store's through pyarrow datasets over its filesystem (``registered``); both in the files' own types."""
         registered = not self.location.is_local if registered is None else registered
         return Snapshot(files, con=con, config=config, store=self.uri, layouts=self._file_layouts(files),
-                        registered=registered, judge=self._judged,
-                        location=self.location)
+                        registered=registered, judge=self._judged, location=self.location)
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._duckdb_lock:
@@ -937,10 +939,18 @@ class Store:
     def episode_steps(self, episode_id: int, columns: Sequence[str] | None = None) -> pa.Table:
         """Every step of one episode in order (``step`` and ``columns``, or every column); empty if there is
         no such episode."""
-        with self._query_snapshot() as snap:
-            names = ["step", *columns] if columns else []
-            snap.check_columns(names, view="steps", field="columns")
-            return snap.arrow(sql.steps(names, sql.conditions(episode_id=int(episode_id))))
+        committed = self.files()
+        names = ["step", *columns] if columns else []
+        known = self._step_types(committed).schema
+        check_names(names, known.names, view="steps", field="columns")
+        files = files_holding(committed, np.array([int(episode_id)], np.int64))  # its environment's types alone
+        with self._new_snapshot(files, con=self._cursor()) as snap:
+            held = [n for n in names if n in snap.step_columns]
+            rows = snap.arrow(sql.steps(held, sql.conditions(episode_id=int(episode_id))))
+        for name in names:  # a column only other environments store: null here
+            if name not in rows.column_names:
+                rows = rows.append_column(known.field(name), pa.nulls(rows.num_rows, known.field(name).type))
+        return rows.select(names) if names else rows
 
     @_reader
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", run_id: Names = None,

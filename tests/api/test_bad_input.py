@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlencode, urlsplit
 
-import numpy as np
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
@@ -99,13 +98,12 @@ BAD_BODIES = {
                                                      [pa.array([1, 2, 3, 4]), pa.array(list("abcd"))])), "u"),
     "an extension type": (extra("id", pa.array([b"0" * 16] * 4, pa.uuid())), "id"),
     "a timestamp in another zone": (extra("w", pa.array([1, 2, 3, 4], pa.timestamp("ns", tz="Mars/Olympus"))), "w"),
-    "half floats": (extra("h", pa.array(np.ones(4, np.float16))), "h"),
     "decimals": (extra("d", pa.array([1, 2, 3, 4], pa.decimal128(5, 2))), "d"),
     "a map": (extra("m", pa.array([[("k", 1)]] * 4, pa.map_(pa.string(), pa.int64()))), "m"),
     "nulls": (extra("x", pa.nulls(4)), "x"),
     "dictionary strings": (extra("c", pa.array(list("abab")).dictionary_encode()), "c"),
-    "a struct field of a bad type": (extra("s", pa.array([{"a": {"b": 1.5}}] * 4, pa.struct(
-        [("a", pa.struct([("b", pa.float16())]))]))), "s.a.b"),
+    "a struct field of a bad type": (extra("s", pa.array([{"a": {"b": 1}}] * 4, pa.struct(
+        [("a", pa.struct([("b", pa.decimal128(5, 2))]))]))), "s.a.b"),
     "a column twice": (pa.Table.from_arrays([*ingest_rows(1, 4, first_id=99).columns, pa.array([99] * 4)],
                                             names=[*ingest_rows(1, 4).column_names, "episode_id"]), "episode_id"),
     "an episode that does not continue": (extra("fine", pa.array([1.0] * 4)).set_column(

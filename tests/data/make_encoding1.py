@@ -8,7 +8,6 @@ import sys, shutil
 from pathlib import Path
 import numpy as np
 import trajstore
-from gymnasium import spaces
 
 root = Path(sys.argv[1])
 rng = np.random.default_rng(21)

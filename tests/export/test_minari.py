@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import trajstore
+from tests.helpers import make_batch, stacked_stream
 from trajstore import cli
 from trajstore.errors import InputError, RunNotFoundError
 from trajstore.export import episodes as selection_module
 from trajstore.export import minari as minari_export
 from trajstore.export.minari import export_minari
 from trajstore.rollout import gym_rollout
-from tests.helpers import make_batch, stacked_stream
 
 minari = pytest.importorskip("minari")
 

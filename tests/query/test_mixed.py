@@ -129,3 +129,64 @@ def test_sandboxed_sql_takes_the_same_selection(mixed: tuple[trajstore.Store, An
     np.testing.assert_array_equal(pos, written["dict"]["obs"]["pos"][t, b])
     images = store.sandboxed_sql("SELECT obs FROM steps LIMIT 3", run_id="pixels").table
     assert np.array(images["obs"].to_pylist(), np.uint8).shape == (3, 4, 84, 84)
+    for query in (store.sql, store.sandboxed_sql):  # an unknown run is named, as by every reader
+        with pytest.raises(trajstore.RunNotFoundError, match="pixel"):
+            query("SELECT count(*) FROM steps", run_id="pixel")
+
+
+def test_image_functions_outlive_the_cursors_that_registered_them(mixed: tuple[trajstore.Store, Any]) -> None:
+    """The store's own queries run on cursors of one DuckDB database, closed after each query: the function that
+    makes image bytes values again must stay callable for the next cursor (it once pointed at a freed object)."""
+    import gc
+
+    store, written = mixed
+    episode = store.episodes(env_id=IMAGE, limit=1)["episode_id"][0].as_py()
+    first = None
+    for _ in range(4):
+        rows = store.episode_steps(episode, ["obs", "next_obs"])  # a cursor of the store's database each time
+        gc.collect()
+        values = np.array(rows["obs"].to_pylist(), np.uint8)
+        assert values.shape[1:] == (4, 84, 84)
+        first = values if first is None else first
+        np.testing.assert_array_equal(values, first)
+
+
+def test_exports_take_one_environment_and_name_those_that_cannot_be_mixed(mixed: tuple[trajstore.Store, Any]) -> None:
+    from trajstore.export.episodes import select
+
+    store, _ = mixed
+    with pytest.raises(InputError, match=r"columns: '(obs|action)' is stored in types that cannot be one .*"
+                                         r"CartPole-v1.*; export one environment at a time"):
+        select(store, run_id="gym")
+    with select(store, where="env_id = 'Pendulum-v1'") as selection:
+        assert selection.env_ids == ["Pendulum-v1"] and selection.kinds["action"] == (np.dtype(np.float32), (1,))
+        episodes = list(selection)
+    stored = store.scan(["episode_id", "step", "action", "next_obs"], env_id="Pendulum-v1").read_all()
+    for episode in episodes[:5]:
+        rows = stored.filter(pa.compute.equal(stored["episode_id"], episode.episode_id)).sort_by("step")
+        np.testing.assert_array_equal(episode.action, to_numpy(rows["action"]))
+        np.testing.assert_array_equal(episode.next_obs, to_numpy(rows["next_obs"]))
+
+
+def test_the_service_and_the_client_work_per_environment(mixed: tuple[trajstore.Store, Any]) -> None:
+    """Over REST as in the library: statistics across everything, arrays per environment in their own types, and
+    a mix that cannot be one array refused with a problem naming the column and the env ids."""
+    import httpx
+
+    from tests.api.helpers import serve, settings_for
+    from trajstore.api.app import create_app
+    from trajstore.errors import RemoteError
+
+    store, written = mixed
+    for live in serve(create_app(settings_for(Path(str(store.root))))):
+        with trajstore.Client(live.url) as client:
+            assert len(client.stats(by="env_id", include_incomplete=True)) == 4
+            pendulum = next(client.iter_batches(batch_size=16, columns=["obs", "action"], env_id="Pendulum-v1"))
+            assert pendulum["action"].dtype == np.float32 and pendulum["action"].shape == (16, 1)
+            frames = next(client.iter_batches(batch_size=8, columns=["obs", "next_obs"], env_id=IMAGE))
+            assert frames["obs"].dtype == np.uint8 and frames["next_obs"].shape == (8, 4, 84, 84)
+            with pytest.raises(RemoteError, match=r"422.*'action' .*(Pendulum-v1: float32\[1\]; CartPole-v1: int64|"
+                                                    r"CartPole-v1: int64; Pendulum-v1: float32\[1\])"):
+                next(client.iter_batches(batch_size=16, columns=["action"], run_id="gym"))
+        answer = httpx.get(f"{live.url}/steps", params={"columns": "action"})
+        assert answer.status_code == 422 and "CartPole-v1" in answer.json()["detail"], answer.text

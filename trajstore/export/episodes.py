@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 COLUMNS = ("obs", "next_obs", "action", "reward", "terminated", "truncated")
 GROUP_BYTES = 16 << 20  # steps read back from the layout at a time (whole episodes)
+ONE_ENV = "export one environment at a time (run_id=… or where=\"env_id = '…'\")"
 
 
 @dataclass
@@ -188,6 +189,7 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
     files, chosen = _files(pinned, runs, where)
     if not files or (chosen is not None and len(chosen) == 0):
         raise InputError(f"run_id/where: nothing to export from {store.uri} (run_id={run_id!r}, where={where!r})")
+    pinned._step_types(files).check(list(COLUMNS), stackable=True, hint=ONE_ENV)  # names the env ids
     source = pinned._loader_source(run_id=runs or None, where=where, filter=None)
     kinds = {name: _kind(source.schema, name) for name in COLUMNS}
     layout = lay.build(source.read, source.schema, list(COLUMNS))
@@ -217,8 +219,7 @@ def _kind(schema: pa.Schema, name: str) -> tuple[np.dtype, tuple[int, ...]]:
     try:
         return lay.column_type(schema, name)
     except InputError:
-        raise InputError(f"{name}: its shape differs between the selected environments; export one "
-                         "environment at a time (run_id=… or where=\"env_id = '…'\")") from None
+        raise InputError(f"{name}: its shape differs between the selected environments; {ONE_ENV}") from None
 
 
 def _owners(files: list[DataFile], chosen: np.ndarray | None, ids: np.ndarray,

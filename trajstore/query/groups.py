@@ -138,16 +138,18 @@ class StepTypes:
     conflicts: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     ragged: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
-    def check(self, columns: Sequence[str], *, stackable: bool = False) -> None:
+    def check(self, columns: Sequence[str], *, stackable: bool = False, hint: str | None = None) -> None:
         """Raise :class:`InputError` naming the first of ``columns`` whose environments store it in types that
-        cannot be one column (with ``stackable``: one array), their env ids and types."""
+        cannot be one column (with ``stackable``: one array), their env ids and types; ``hint`` says how to
+        select one environment (default: env_id=, or leave the column out)."""
         for name in columns:
             found = self.conflicts.get(name) or (self.ragged.get(name) if stackable else None)
             if found:
                 kinds = "; ".join(f"{', '.join(envs)}: {t}" for t, envs in found.items())
                 what = "one array" if name not in self.conflicts else "one column"
                 raise InputError(f"columns: {name!r} is stored in types that cannot be {what} by the selected "
-                                 f"environments ({kinds}); select one with env_id= (or leave {name!r} out)")
+                                 f"environments ({kinds}); "
+                                 f"{hint or f'select one with env_id= (or leave {name!r} out)'}")
 
 
 def step_types(groups: Sequence[FileGroup]) -> StepTypes:

@@ -9,7 +9,7 @@ DuckDB has no 16-bit float.
 
 from __future__ import annotations
 
-import itertools
+import threading
 from typing import Any, Callable
 
 import duckdb
@@ -24,30 +24,27 @@ def function_name(dtype: str, shape: tuple[int, ...], stacked: bool) -> str:
     return f"trajstore_{'stack' if stacked else 'frame'}_{np.dtype(dtype).name}_{dims}"
 
 
+_FUNCTIONS: dict[str, Callable[[Any], pa.Array]] = {}  # every function registered, alive as long as the process
+_LOCK = threading.Lock()
+
+
 def register(con: duckdb.DuckDBPyConnection, dtype: str, shape: tuple[int, ...], stacked: bool) -> str:
-    """The name of a function for such frames, newly registered on ``con``; remove it (:func:`unregister`)
-    before ``con`` closes.
+    """The name of the function for such frames, registered on ``con``'s database (once).
 
-    Each call registers a name of its own: the cursors of one DuckDB database share its catalog, and a Python
-    function stays there after the cursor that registered it closed while its Python side is gone (calling it
-    crashed the process). So no cursor ever calls another's function, and each removes its own."""
-    name = f"{function_name(dtype, shape, stacked)}_{next(_REGISTERED)}"
+    A function registered through a cursor lives in the database its cursors share, but DuckDB does not keep
+    the Python callable alive after that cursor is closed: the callables are kept here for the process's life,
+    one per name, so that every registration (and every later call through another cursor) uses a live one."""
+    name = function_name(dtype, shape, stacked)
+    with _LOCK:
+        function = _FUNCTIONS.setdefault(name, values(np.dtype(dtype), tuple(shape), stacked))
     blob = "BLOB[]" if stacked else "BLOB"
-    con.create_function(name, values(np.dtype(dtype), tuple(shape), stacked), [blob],
-                        sql.values_type(np.dtype(dtype).name, len(shape) + int(stacked)), type="arrow",
-                        null_handling="special")
-    return name
-
-
-def unregister(con: duckdb.DuckDBPyConnection, name: str) -> None:
-    """Remove the function ``name`` that :func:`register` registered on ``con`` (nothing if it is gone)."""
     try:
-        con.remove_function(name)
-    except (duckdb.Error, duckdb.InvalidInputException):
+        con.create_function(name, function, [blob],
+                            sql.values_type(np.dtype(dtype).name, len(shape) + int(stacked)), type="arrow",
+                            null_handling="special")
+    except duckdb.CatalogException:  # registered in this database before
         pass
-
-
-_REGISTERED = itertools.count()
+    return name
 
 
 def values(dtype: np.dtype, shape: tuple[int, ...], stacked: bool) -> Callable[[Any], pa.Array]:

@@ -56,7 +56,7 @@ def scan_steps(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[s
         return pa.RecordBatchReader.from_batches(out, iter(()))
     layouts = list(layouts) if layouts is not None else [file_layout(f) for f in files]
     if max_batch_bytes is not None:
-        batch_size = max(1, min(batch_size, int(max_batch_bytes // max(1.0, row_bytes(files, out, layouts)))))
+        batch_size = max(1, min(batch_size, int(max_batch_bytes // max(1.0, decoded_row_bytes(files, out, layouts)))))
     groups = group_files(files, layouts)
     batches = (b for g in groups for b in _group_batches(g, out, episode_ids, batch_size))
     return pa.RecordBatchReader.from_batches(out, batches)
@@ -140,27 +140,35 @@ def steps_dataset(files: Sequence[DataFile], schema: pa.Schema) -> ds.FileSystem
                                            filesystem=filesystem, partitions=partitions)
 
 
-def row_bytes(files: Sequence[DataFile], out: pa.Schema, layouts: Sequence[FileLayout]) -> float:
+def decoded_row_bytes(files: Sequence[DataFile], out: pa.Schema, layouts: Sequence[FileLayout]) -> float:
     """The widest decoded row of ``out``'s columns among the environments of ``files``, in bytes: exact for
     fixed-width types, from the Parquet footer of one file per ``env_id`` for the others (text)."""
-    import pyarrow.parquet as pq
-
     fixed = sum(_width(f.type) or 0 for f in out)
     variable = [f.name for f in out if _width(f.type) is None]
-    if not variable:
-        return float(fixed)
-    first = {f.env_id: (f, layout) for f, layout in zip(reversed(files), reversed(layouts))}.values()
+    return float(fixed) + (row_bytes(files, variable, layouts) if variable else 0.0)
+
+
+def row_bytes(files: Sequence[DataFile], columns: Sequence[str],
+              layouts: Sequence[FileLayout] | None = None) -> float:
+    """The widest stored row of ``columns`` (logical names) among the environments of ``files``, in bytes, from
+    the Parquet footer of one file per ``env_id`` (uncompressed sizes; ``layouts``, the files' own, say the
+    physical names, read from the footers when not given)."""
+    import pyarrow.parquet as pq
+
+    first = {f.env_id: i for i, f in reversed(list(enumerate(files)))}.values()
     widest = 0.0
-    for f, layout in first:
-        names = {layout.format.physical(n) for n in variable}
+    for i in first:
+        f = files[i]
         meta = pq.read_metadata(f.path, filesystem=f.fs)
         if not meta.num_rows:
             continue
+        fmt = (layouts[i] if layouts is not None else FileLayout.of(meta.schema.to_arrow_schema())).format
+        names = {fmt.physical(n) for n in columns}
         size = sum(meta.row_group(g).column(c).total_uncompressed_size
                    for g in range(meta.num_row_groups) for c in range(meta.num_columns)
                    if meta.row_group(g).column(c).path_in_schema.split(".")[0] in names)
         widest = max(widest, size / meta.num_rows)
-    return fixed + widest
+    return widest
 
 
 def _width(t: pa.DataType) -> int | None:

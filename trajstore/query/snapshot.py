@@ -110,7 +110,6 @@ class Snapshot:
         self.judge = judge
         self.location = location  # the store's, to tell a store that fails from a damaged file
         self.con = con if con is not None else duckdb.connect(config=config or {})
-        self._functions: dict[tuple[str, tuple[int, ...], bool], str] = {}  # image functions this snapshot made
         try:  # binding read_parquet reads the files' footers
             self.con.execute(sql.create_view("committed_steps", self._stored_steps(layouts, registered)))
             stored = self.columns("committed_steps")
@@ -145,17 +144,11 @@ class Snapshot:
             [(p.name, lg.name) for p, lg in zip(group.physical, group.logical)]
         if not fmt.encoded or OBS not in group.logical.names:
             return sql.decoded_steps(source, columns, variant=variant)
-        images = {path: self._image_function(dtype, tuple(shape), path in fmt.stacks)
+        images = {path: images_sql.register(self.con, dtype, shape, path in fmt.stacks)
                   for path, (dtype, shape) in fmt.images.items()}
         return sql.decoded_steps(source, columns, obs=fmt.physical(OBS), obs_type=group.logical.field(OBS).type,
                                  next_obs=fmt.physical(NEXT) if NEXT in group.logical.names else None,
                                  stacks=fmt.stacks, images=images, variant=variant)
-
-    def _image_function(self, dtype: str, shape: tuple[int, ...], stacked: bool) -> str:
-        key = (dtype, shape, stacked)
-        if key not in self._functions:
-            self._functions[key] = images_sql.register(self.con, dtype, shape, stacked)
-        return self._functions[key]
 
     def columns(self, view: str) -> list[str]:
         """The column names of ``view``."""
@@ -194,9 +187,6 @@ class Snapshot:
         check_names(names, known, view=view, field=field)
 
     def close(self) -> None:
-        for name in self._functions.values():  # the catalog may be shared with other cursors: leave nothing
-            images_sql.unregister(self.con, name)
-        self._functions.clear()
         self.con.close()
 
     def __enter__(self) -> Snapshot:

@@ -264,6 +264,9 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
     if key is not None and _seen(table.latest(), key):
         return None, True
     rows, spans = _checked(rows, table.file_schema(env_id=env_id))
+    dt = table.latest()  # rows that do not continue their episodes are refused before any column is reserved
+    if dt is not None:
+        check_continues(spans, stored_ends(table.files_at(dt), spans.episode_id), run_id=run_id, env_id=env_id)
     rows = _physical(table, rows)
     written = table.write(rows, run_id=run_id, env_id=env_id)  # encoded outside the lock: requests overlap here
     try:

@@ -355,12 +355,17 @@ class StepsTable:
                 else:
                     dt.alter.add_columns([Field.from_arrow(f) for f in new])
                     continue  # read the log again: the names must be the ones it now holds
-            except (CommitFailedError, DeltaError) as exc:  # another writer changed the schema first
+            except StoreAccessError:
+                raise
+            except (OSError, DeltaError) as exc:  # another writer changed the schema first, unless the store failed
+                access = explain(exc, self.location)
+                if access is not None:
+                    raise access from exc
+                if not isinstance(exc, DeltaError):
+                    raise
                 last = exc
                 time.sleep(0.01 * (attempt + 1))
-            except OSError as exc:
-                raise explain(exc, self.location) or exc
-        raise CommitError(f"the columns {sorted(types)} could not be reserved in {self.uri}: {last}")
+        raise CommitError(f"the columns {sorted(types)} could not be reserved in {self.uri}: {one_line(last)}")
 
     def commit(self, written: WrittenFile) -> str:
         """Second half of :meth:`append`: make the file durable, then commit it. Returns its path.

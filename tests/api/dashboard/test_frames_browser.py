@@ -4,7 +4,6 @@ CartPole episode shows no player and asks for no frame. Screenshots land in ``te
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np

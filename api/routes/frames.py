@@ -19,7 +19,6 @@ from fastapi.responses import Response
 from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.api.params import INT64
 from trajstore.api.problems import problem_response
-from trajstore.errors import InputError
 from trajstore.images import ImageLeaf, leaf_values, png
 from trajstore.query.filters import EpisodeFilter
 from trajstore.storage.encoding import fixed_numpy
@@ -32,21 +31,21 @@ CACHE = "private, max-age=3600"  # a committed step's frame does not change
 @router.get("/episodes/{episode_id}/frames", response_class=Response,
             summary="One step's image observation as a PNG, its longer side scaled to size pixels",
             responses={200: {"content": {"image/png": {}}},
-                       404: problem_response(404, "no such episode, or its observations hold no image"),
-                       422: problem_response(422, "a bad step, size or leaf (named)")})
+                       404: problem_response(404, "no such episode, step or image leaf (named), or the episode's "
+                                                  "observations hold no image"),
+                       422: problem_response(422, "a step or size that is no whole number in range (named)")})
 def frame(store: ReadStoreDep, settings: SettingsDep, episode_id: Annotated[int, Path(**INT64)],
           step: Annotated[int, Query(ge=0, le=2**62, description="the step (0 is the episode's first)")],
-          size: Annotated[int | None, Query(ge=1, description="the picture's longer side in pixels (at most the "
-                                                              "server's max_frame_size); default: as stored")] = None,
+          size: Annotated[int | None, Query(ge=1, description="the picture's longer side in pixels, capped at the "
+                                                              "server's max_frame_size; default: as stored")] = None,
           leaf: Annotated[str | None, Query(description="which image leaf of a Dict observation (obs.pixels); "
                                                         "default: the first (GET /schema lists them)")] = None,
           ) -> Response:
-    if size is not None and size > settings.max_frame_size:
-        raise InputError(f"size: at most {settings.max_frame_size} pixels (the server's max_frame_size), got {size}")
     env_id, length = _episode(store, episode_id)
     chosen = _leaf(store.image_leaves(env_id), leaf, episode_id, env_id)
     if step >= length:
-        raise InputError(f"step: episode_id {episode_id} has {length} step(s), 0 to {length - 1}; got {step}")
+        raise HTTPException(status_code=404, detail=f"step: episode_id {episode_id} has {length} step(s), 0 to "
+                                                    f"{length - 1}; got {step}")
     values = _step_obs(store, episode_id, env_id, step, chosen, settings.stream_batch_bytes)
     if size is not None:
         size = min(size, settings.max_frame_size)
@@ -71,8 +70,8 @@ def _leaf(found: list[ImageLeaf], leaf: str | None, episode_id: int, env_id: str
     for candidate in found:
         if candidate.path == leaf:
             return candidate
-    raise InputError(f"leaf: {leaf!r} is not an image leaf of env_id {env_id!r}; its image leaves: "
-                     f"{', '.join(c.path for c in found)}")
+    raise HTTPException(status_code=404, detail=f"leaf: {leaf!r} is not an image leaf of env_id {env_id!r}; its "
+                                                f"image leaves: {', '.join(c.path for c in found)}")
 
 
 def _step_obs(store: Store, episode_id: int, env_id: str, step: int, leaf: ImageLeaf, batch_bytes: int) -> Any:

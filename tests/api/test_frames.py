@@ -69,6 +69,8 @@ def test_size_scales_the_longer_side(client: TestClient, pixels: trajstore.Store
     assert small.shape == (12, 16)  # halved: each pixel the mean of a 2x2 block
     means = newest.reshape(12, 2, 16, 2).astype(float).mean(axis=(1, 3))
     assert np.abs(small.astype(float) - means).max() <= 1
+    capped = picture(client.get(f"/episodes/{ep['episode_id']}/frames", params={"step": 2, "size": 10**9}).content)
+    assert capped.shape == (300, 400)  # at most the server's max_frame_size (400 here), as limit= is capped
 
 
 def test_a_dict_observation_shows_its_picture_leaf(client: TestClient, pixels: trajstore.Store) -> None:
@@ -99,13 +101,12 @@ def test_bad_parameters_are_named(client: TestClient, pixels: trajstore.Store) -
     ep = first_episode(pixels, "Stacks-v0")
     url = f"/episodes/{ep['episode_id']}/frames"
     n = ep["episode_length"]
-    cases = [({"step": n}, "step", f"has {n} step(s)"), ({"step": -1}, "step", ""),
-             ({}, "step", "required"), ({"step": 0, "size": 401}, "size", "max_frame_size"),
-             ({"step": 0, "size": 0}, "size", ""), ({"step": 0, "leaf": "obs.nope"}, "leaf", "its image leaves: obs"),
-             ({"step": "x"}, "step", "")]
-    for params, name, words in cases:
+    cases = [({"step": n}, 404, "step", f"has {n} step(s), 0 to {n - 1}"), ({"step": -1}, 422, "step", ""),
+             ({}, 422, "step", "required"), ({"step": 0, "size": 0}, 422, "size", ""),
+             ({"step": 0, "leaf": "obs.nope"}, 404, "leaf", "its image leaves: obs"), ({"step": "x"}, 422, "step", "")]
+    for params, status, name, words in cases:
         r = client.get(url, params=params)
-        assert r.status_code == 422, (params, r.text)
+        assert r.status_code == status, (params, r.text)
         detail = r.json()["detail"]
         assert name in detail and words in detail, (params, detail)
 

@@ -18,7 +18,20 @@ import trajstore
 from trajstore.__about__ import __version__
 from trajstore.api import params, problems
 from trajstore.api.dashboard import router as dashboard_router
-from trajstore.api.routes import commits, episodes, events, health, history, ingest, runs, sequences, sql, stats, steps
+from trajstore.api.routes import (
+    commits,
+    episodes,
+    events,
+    frames,
+    health,
+    history,
+    ingest,
+    runs,
+    sequences,
+    sql,
+    stats,
+    steps,
+)
 from trajstore.query import sql_worker
 from trajstore.settings import Settings
 from trajstore.store import Store
@@ -38,7 +51,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
     sql_worker.warm(settings.sql_worker_bytes, settings.sql_max_concurrent)  # POST /sql pays no process start
     problems.install(app)
-    for module in (health, runs, episodes, stats, steps, sql, ingest, history, events, commits, sequences):
+    for module in (health, runs, episodes, frames, stats, steps, sql, ingest, history, events, commits, sequences):
         app.include_router(module.router)
     app.include_router(dashboard_router)
     return app

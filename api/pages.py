@@ -19,13 +19,13 @@ from trajstore.store import Store
 VARYING_BYTES = 16  # the least a value of a string (or varying list) column is counted: a short string
 
 
-def row_bytes(store: Store, columns: Sequence[str]) -> int:
+def row_bytes(store: Store, columns: Sequence[str], env_ids: Sequence[str] | None = None) -> int:
     """The most bytes one step of ``columns`` (every stored column if empty) takes decoded, over the store's
-    environments: fixed-width types exactly, others (strings, lists of varying length) as their files' footers
-    say, and at least :data:`VARYING_BYTES` each. At least 1."""
+    environments (or ``env_ids``): fixed-width types exactly, others (strings, lists of varying length) as
+    their files' footers say, and at least :data:`VARYING_BYTES` each. At least 1."""
     files = store.files()
     widest = 0
-    for env_id in sorted({f.env_id for f in files}):
+    for env_id in sorted({f.env_id for f in files if env_ids is None or f.env_id in env_ids}):
         schema = store.schema(env_id)
         names = [n for n in (columns or schema.names) if n in schema.names]
         fixed = [n for n in names if _fixed_bytes(schema.field(n).type) is not None]
@@ -56,9 +56,11 @@ def _fixed_bytes(kind: pa.DataType) -> int | None:
         return None
 
 
-def page_rows(store: Store, columns: Sequence[str], max_page_bytes: int) -> int:
-    """How many steps of ``columns`` fit in ``max_page_bytes`` (at least one)."""
-    return max(1, max_page_bytes // row_bytes(store, columns))
+def page_rows(store: Store, columns: Sequence[str], max_page_bytes: int,
+              env_ids: Sequence[str] | None = None) -> int:
+    """How many steps of ``columns`` (of the environments ``env_ids``, or all) fit in ``max_page_bytes`` (at
+    least one)."""
+    return max(1, max_page_bytes // row_bytes(store, columns, env_ids))
 
 
 def too_large(episode_id: int, rows: int, max_page_bytes: int) -> ResultTooLargeError:

@@ -221,3 +221,24 @@ def stacked_stream(rng: np.random.Generator, T: int, B: int, *, k: int = 4, shap
     return {"obs": obs, "action": rng.integers(0, 4, (T, B)), "reward": rng.random((T, B)).astype(np.float32),
             "next_obs": nxt, "terminated": term, "truncated": trunc,
             "extras": {"t": np.repeat(np.arange(T)[:, None], B, axis=1)}}
+
+
+def write_pixel_store(path: Any, *, T: int = 60, B: int = 2, seed: int = 0) -> trajstore.Store:
+    """A store of image observations beside plain ones: run ``pixels`` holds env ``Stacks-v0`` (uint8 frame
+    stacks ``(4, 24, 32)`` of random bytes, declared with ``frame_stack``) and env ``Rgb-v0`` (a Dict
+    observation: an RGB picture ``pixels`` ``(16, 20, 3)`` and a float vector ``state``); run ``plain`` holds
+    ``Vector-v0`` (float32 vectors, no picture)."""
+    rng = np.random.default_rng(seed)
+    store = trajstore.open(path, create=True)
+    with store.writer(run_id="pixels", env_id="Stacks-v0", frame_stack={"obs": 4}) as w:
+        w.add_batch(stacked_stream(rng, T, B, shape=(24, 32), noise=True, p_end=0.05))
+    batch = make_batch(rng, T, B, p_terminated=0.05, p_truncated=0.0)
+    pictures = rng.integers(0, 256, (T + 1, B, 16, 20, 3), dtype=np.uint8)
+    state = rng.standard_normal((T + 1, B, 3)).astype(np.float32)
+    batch["obs"] = {"pixels": pictures[:-1], "state": state[:-1]}
+    batch["next_obs"] = {"pixels": pictures[1:], "state": state[1:]}
+    with store.writer(run_id="pixels", env_id="Rgb-v0") as w:
+        w.add_batch(batch)
+    with store.writer(run_id="plain", env_id="Vector-v0") as w:
+        w.add_batch(make_batch(rng, T, B, p_terminated=0.05, p_truncated=0.0))
+    return store

@@ -23,6 +23,7 @@ class Settings:
     port: int = 8321
     max_page_size: int = 1000
     max_page_bytes: int = 8 * 1024 * 1024  # the most decoded bytes of steps one JSON page or one episode's answer holds
+    max_frame_size: int = 1024  # the longest side, in pixels, of a frame the dashboard's frame route draws
     sql_max_rows: int = 100_000
     sql_timeout_s: float = 10.0
     sql_memory_limit: str = "1GB"  # DuckDB's memory limit of each /sql query

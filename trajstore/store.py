@@ -39,6 +39,7 @@ from trajstore.errors import (
     TrajstoreError,
     first_line,
 )
+from trajstore.images import ImageLeaf, image_leaves
 from trajstore.query import sandbox, sql, sql_worker
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.curves import (
@@ -335,6 +336,18 @@ class Store:
         an empty schema for an empty store."""
         return self._file_schema(env_id) or pa.schema([])
 
+    def image_leaves(self, env_id: str | None = None) -> list[ImageLeaf]:
+        """The observation leaves that are pictures (see :mod:`trajstore.images`; of one environment's files
+        with ``env_id``), their declared frame stacks taken from the files' formats; empty without images."""
+        schema = self.schema(env_id)
+        if "obs" not in schema.names:
+            return []
+        stacks: dict[str, int] = {}
+        files = [f for f in self.files() if env_id is None or f.env_id == env_id]
+        for layout in self._file_layouts(files):
+            stacks.update(layout.format.stacks)
+        return image_leaves(schema.field("obs").type, stacks)
+
     def snapshot(self, *, config: dict[str, Any] | None = None, run_id: Names = None,
                  env_id: Names = None) -> Snapshot:
         """A DuckDB connection with ``steps`` and ``episodes`` views over the latest committed version (of the
@@ -349,7 +362,8 @@ class Store:
         runs, envs = _names(run_id) or None, _names(env_id) or None
         return [f for f in self.files() if _selected(f.run_id, runs) and _selected(f.env_id, envs)]
 
-    def _query_snapshot(self, *, episodes: Literal["fill", "if-cached"] | None = None) -> Snapshot:
+    def _query_snapshot(self, *, episodes: Literal["fill", "if-cached"] | None = None,
+                        run_id: Names = None, env_id: Names = None) -> Snapshot:
         """A snapshot on a cursor of this store's own DuckDB database, for the queries the store builds itself.
 
         Opening a DuckDB database costs ~20 ms, a cursor (a connection with its own views) next to nothing.
@@ -358,10 +372,13 @@ class Store:
         With ``episodes``, its ``episodes`` view reads the view's rows materialized once per committed
         version (the file list), so that the queries of one page (runs, episodes, curves, stats) aggregate
         the steps once, not each: ``"fill"`` materializes them when they are not yet, ``"if-cached"``
-        only uses them when they are.
+        only uses them when they are. With ``run_id``/``env_id``, the views hold those files only (every column
+        in its own type, as :meth:`sql` with them); the materialized episodes are then not used.
         """
-        snap = self._new_snapshot(self.files(), con=self._cursor())
-        if episodes is not None:
+        restricted = run_id is not None or env_id is not None
+        files = self._selected_files(run_id, env_id) if restricted else self.files()
+        snap = self._new_snapshot(files, con=self._cursor())
+        if episodes is not None and not restricted:
             table = self._materialized_episodes(snap, fill=episodes == "fill")
             if table is not None:
                 snap.use_episodes(table)
@@ -948,7 +965,8 @@ class Store:
         """One page of the selected steps in ``(episode_id, step)`` order (``columns``, or all); with ``after``
         (the ``(episode_id, step)`` of the previous page's last row: a keyset cursor) the page after it, read
         without counting off the rows before it."""
-        with self._query_snapshot(episodes="if-cached") as snap:
+        restrict = {} if filter is None else {"run_id": filter.run_id, "env_id": filter.env_id}
+        with self._query_snapshot(episodes="if-cached", **restrict) as snap:  # the selected envs' own types
             snap.check_columns(list(columns or ()), view="steps", field="columns")
             conds = _step_conditions(filter, where)
             if after is not None:

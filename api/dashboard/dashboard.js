@@ -1,7 +1,9 @@
 // trajstore dashboard. Every number on this page comes from the public REST API (see /openapi.json):
 // /events (commits, pushed), /ready, /runs (with each series' latest episodes summarised by the service),
 // /curves/binned, /curves/histogram, /stats, /episodes,
-// /episodes/{id}/steps and /returns; /curves (every episode) only for small stores.
+// /episodes/{id}/steps and /returns; /curves (every episode) only for small stores; /schema?env_id= (which
+// observation leaves are pictures) and /episodes/{id}/frames (one step's picture, a PNG drawn by the service)
+// when an episode is opened; nothing about frames for environments without pictures.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -13,6 +15,8 @@ const POINTS_LIMIT = 5000;        // one marker per episode (SVG) up to this man
 const MAX_BINS = 2000;            // bins of the curves: about the plot's width in pixels, at most this
 const HIST_BINS = 60;
 const MAX_OBS_DIMS = 32;
+const FRAME_BOX_PX = 320;         // the frame player's width on screen (CSS pixels)
+const FRAME_MAX_PX = 640;         // the largest picture asked for (the service caps it at its max_frame_size)
 const PLOT_CONFIG = { responsive: true, displaylogo: false };
 // Columns of a step that are not numeric extras (everything else that holds numbers is plotted).
 const NOT_EXTRAS = new Set(["run_id", "env_id", "episode_id", "step", "obs", "next_obs", "reward", "terminated",
@@ -22,7 +26,7 @@ const state = {
   version: null, runs: [], curves: [], binned: null, hists: {}, stats: [], gamma: null, hidden: new Set(),
   urlRuns: null, events: 0,
   table: { page: 0, size: 25, sort: "-ended_at", total: 0, loads: 0, token: 0 },
-  episode: null, episodeToken: 0, refreshing: null, again: false,
+  episode: null, episodeToken: 0, refreshing: null, again: false, schemas: new Map(), frame: null,
   timings: {}, loads: 0, points: 0, ready: false, errors: [],
 };
 window.trajstoreDashboard = state;  // for the browser tests, and for poking around in the console
@@ -278,7 +282,7 @@ async function renderPlots() {
   if (!state.curvesClickable) {  // Plotly adds .on() to the div at its first plot
     $("curves").on("plotly_click", (ev) => {
       const point = ev.points.find((p) => p.data.meta && p.data.meta.kind === "episodes");
-      if (point) showEpisode(point.customdata).catch(fail);
+      if (point) showEpisode(point.customdata, point.data.meta.key.split(" · ").slice(1).join(" · ")).catch(fail);
     });
     state.curvesClickable = true;
   }
@@ -399,7 +403,7 @@ async function loadEpisodes() {
     if (g !== null) cell(tr, fmt(ep.discounted_return, 3));
     for (const c of [fmt(ep.episode_length, 0), ep.terminated ? "✓" : "", ep.truncated ? "✓" : "",
       fmt(ep.policy_version, 0), when(ep.ended_at)]) cell(tr, c);
-    tr.addEventListener("click", () => showEpisode(ep.episode_id).catch(fail));
+    tr.addEventListener("click", () => showEpisode(ep.episode_id, ep.env_id).catch(fail));
     body.appendChild(tr);
   }
   if (!payload.items.length) body.innerHTML = '<tr><td colspan="10" class="empty">no episodes match</td></tr>';
@@ -482,33 +486,104 @@ function observationPlot(Plotly, steps) {
   })), stepPlotLayout({ yaxis: { title: { text: "observation" } }, showlegend: true, annotations: cut }), PLOT_CONFIG);
 }
 
-// Open one episode: its steps and return-to-go (for the chosen γ, 0.99 when none) from the API, then three plots.
-async function showEpisode(id) {
+// The columns and picture leaves of one environment (/schema?env_id=, JSON), asked once per environment.
+function envSchema(env) {
+  if (!state.schemas.has(env)) {
+    const asked = api("/schema", { env_id: env }, { exact: false });
+    asked.catch(() => state.schemas.delete(env));
+    state.schemas.set(env, asked);
+  }
+  return state.schemas.get(env);
+}
+
+async function episodeEnv(id) {
+  const page = await api("/episodes", { episode_id: id, limit: 1 });
+  if (!page.items.length) throw new Error(`episode ${id}: no such episode in the store`);
+  return page.items[0].env_id;
+}
+
+// Open one episode: its steps and return-to-go (for the chosen γ, 0.99 when none) from the API, then its plots;
+// an environment whose observations are pictures gets the frame player instead of the observation plot, and
+// its steps are asked for without obs/next_obs (the pictures come one at a time, as PNGs drawn by the service).
+async function showEpisode(id, env) {
   const t0 = performance.now(), token = ++state.episodeToken;
   const g = state.gamma === null ? 0.99 : state.gamma;
+  env = env || await episodeEnv(id);
+  const images = (await envSchema(env)).images || [];
+  const columns = images.length
+    ? ["run_id", ...(await envSchema(env)).columns.map((c) => c.name)
+      .filter((n) => !["obs", "next_obs", "run_id", "env_id", "step"].includes(n))] : [];
   const [stepsPage, rtgRows] = await Promise.all([
-    api(`/episodes/${encodeURIComponent(id)}/steps`),
+    api(`/episodes/${encodeURIComponent(id)}/steps`, { columns: columns.join(",") }),
     api("/returns", { per: "step", episode_id: id, gamma: g, limit: 100000 }),
   ]);
   if (token !== state.episodeToken) return;  // a later click won
   const Plotly = await plotlyReady(), steps = stepsPage.steps, last = steps[steps.length - 1];
   const end = last.terminated ? "terminated" : last.truncated ? "truncated" : "unfinished";
   const total = steps.reduce((acc, r) => acc + r.reward, 0);
-  state.episode = { id, steps: steps.length, gamma: g, complete: end !== "unfinished" };
+  state.episode = { id, env, steps: steps.length, gamma: g, complete: end !== "unfinished", images: images.length };
   $("episode").hidden = false;
-  $("episode-title").textContent = `Episode ${id} · ${last.run_id} · ${last.env_id} · `
+  $("episode-title").textContent = `Episode ${id} · ${last.run_id ?? ""} · ${env} · `
     + `${fmt(steps.length, 0)} steps · return ${fmt(total, 3)} · ${end}`;
   for (const tr of $("episodes").querySelectorAll("tbody tr")) {
     tr.classList.toggle("selected", tr.dataset.episodeId === id);
   }
-  await Promise.all([rewardPlot(Plotly, steps, rtgRows, g), extrasPlot(Plotly, steps), observationPlot(Plotly, steps)]);
+  $("ep-obs").hidden = images.length > 0;
+  await Promise.all([rewardPlot(Plotly, steps, rtgRows, g), extrasPlot(Plotly, steps),
+    images.length ? Promise.resolve() : observationPlot(Plotly, steps)]);
+  showFrames(id, steps.length, images);
   await nextPaint();
   state.timings.episode_ms = performance.now() - t0;
   $("episode").scrollIntoView({ block: "start" });
 }
 
+// --- the frame player: one step's picture at a time, beside the reward curve ---------------------------------
+
+function showFrames(id, n, images) {
+  const kept = state.frame && state.frame.id === id ? state.frame : null;  // a growing episode keeps its place
+  state.frame = null;
+  $("ep-frames").hidden = !images.length;
+  if (!images.length) { $("frame-img").removeAttribute("src"); return; }
+  const select = $("frame-leaf"), chosen = kept ? kept.leaf : images[0].leaf;
+  select.length = 0;
+  for (const im of images) {
+    const size = `${im.height}×${im.width}${im.channels > 1 ? `×${im.channels}` : ""}`;
+    select.add(new Option(`${im.leaf} (${size}${im.stack ? `, newest of ${im.stack}` : ""})`, im.leaf));
+  }
+  select.value = images.some((im) => im.leaf === chosen) ? chosen : images[0].leaf;
+  $("frame-leaf-label").hidden = images.length < 2;
+  const slider = $("frame-step");
+  slider.max = String(n - 1);
+  slider.value = String(kept ? Math.min(kept.step, n - 1) : 0);
+  state.frame = { id, steps: n, step: 0, leaf: select.value, requests: 0, loaded: 0, shown: null,
+    leaves: images.map((im) => im.leaf) };
+  drawFrame();
+}
+
+// Ask for the picture of the slider's step (the browser drops a request the next one replaces) and mark the step
+// on the reward curve.
+function drawFrame() {
+  const f = state.frame;
+  if (!f) return;
+  f.step = Number($("frame-step").value);
+  f.leaf = $("frame-leaf").value;
+  $("frame-label").textContent = `${fmt(f.step, 0)} of ${fmt(f.steps - 1, 0)}`;
+  const size = Math.min(FRAME_MAX_PX, Math.round(FRAME_BOX_PX * (window.devicePixelRatio || 1)));
+  const url = apiUrl(`/episodes/${encodeURIComponent(f.id)}/frames`, { step: f.step, size, leaf: f.leaf });
+  const wanted = { step: f.step, leaf: f.leaf }, img = $("frame-img");
+  img.onload = () => { if (state.frame === f) { f.loaded += 1; f.shown = wanted; } };
+  img.onerror = () => { if (state.frame === f) fail(new Error(`GET ${url.pathname}${url.search}: no picture`)); };
+  f.requests += 1;
+  img.src = url.toString();
+  if (window.Plotly && $("ep-reward").data) {
+    window.Plotly.relayout("ep-reward", { shapes: [{ type: "line", xref: "x", yref: "paper", x0: f.step,
+      x1: f.step, y0: 0, y1: 1, line: { color: "#6b7385", width: 1, dash: "dot" } }] });
+  }
+}
+
 function closeEpisode() {
   state.episode = null;
+  state.frame = null;
   state.episodeToken += 1;
   $("episode").hidden = true;
   for (const tr of $("episodes").querySelectorAll("tbody tr.selected")) tr.classList.remove("selected");
@@ -541,7 +616,7 @@ async function load() {
   state.points = complete;
   await nextPaint();
   if (!state.loads) performance.mark("trajstore-plots");
-  if (state.episode && !state.episode.complete) await showEpisode(state.episode.id);  // it may have grown
+  if (state.episode && !state.episode.complete) await showEpisode(state.episode.id, state.episode.env);  // it may have grown
   state.loads += 1;
   state.timings.load_ms = performance.now() - t0;
   const series = state.binned.series.length;
@@ -590,7 +665,7 @@ function wire() {
   }
   $("gamma").addEventListener("change", () => {
     saveUrl();
-    refresh().then(() => state.episode && showEpisode(state.episode.id)).catch(fail);
+    refresh().then(() => state.episode && showEpisode(state.episode.id, state.episode.env)).catch(fail);
   });
   $("filters").addEventListener("submit", (ev) => {
     ev.preventDefault();
@@ -614,6 +689,8 @@ function wire() {
     });
   }
   $("episode-close").addEventListener("click", closeEpisode);
+  $("frame-step").addEventListener("input", drawFrame);
+  $("frame-leaf").addEventListener("change", drawFrame);
 }
 
 restoreUrl();

@@ -75,9 +75,11 @@ def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: 
             responses={200: {"content": ARROW_CONTENT}})
 def episode_steps(request: Request, store: ReadStoreDep, settings: SettingsDep,
                   episode_id: Annotated[int, Path(**INT64)], columns: ColumnsDep) -> Any:
-    most = pages.page_rows(store, columns, settings.max_page_bytes)  # 413 past it: the stream has no limit
-    rows = store.steps_page(["step", *columns] if columns else [], filter=EpisodeFilter(episode_id=[episode_id]),
-                            limit=most + 1)
+    found, _ = store.episode_page(filter=EpisodeFilter(episode_id=[episode_id]), limit=1)
+    env = [found["env_id"][0].as_py()] if found.num_rows else None  # its environment's own column types
+    most = pages.page_rows(store, columns, settings.max_page_bytes, env)  # 413 past it: streams have no limit
+    rows = store.steps_page(["step", *columns] if columns else [],
+                            filter=EpisodeFilter(episode_id=[episode_id], env_id=env), limit=most + 1)
     if rows.num_rows > most:
         raise pages.too_large(episode_id, most, settings.max_page_bytes)
     if rows.num_rows == 0:

@@ -126,8 +126,22 @@ class Column(BaseModel):
     nullable: bool
 
 
+class Image(BaseModel):
+    """An observation leaf that is a picture (see trajstore.images): GET /episodes/{id}/frames draws it."""
+
+    leaf: str = Field(description="obs, or the path of a Dict observation's leaf (obs.pixels)")
+    shape: list[int] = Field(description="one step's shape as stored")
+    dtype: str
+    stack: int | None = Field(description="frames stacked along the first axis (the newest last is drawn)")
+    height: int
+    width: int
+    channels: int
+
+
 class Schema(BaseModel):
     columns: list[Column]
+    images: list[Image] = Field(default_factory=list, description="the observation leaves that are pictures "
+                                                                  "(empty when there is none)")
 
 
 @router.get("/schema", summary="The columns of the steps table: an empty Arrow IPC stream, or JSON for "
@@ -140,7 +154,8 @@ def schema(request: Request, store: ReadStoreDep,
     found = store.schema(env_id)
     if _wants_json(request):
         columns = [Column(name=f.name, type=str(f.type), nullable=f.nullable) for f in found]
-        return JSONResponse(jsonable_encoder(Schema(columns=columns)))
+        images = [Image(**leaf.describe()) for leaf in store.image_leaves(env_id)]  # type: ignore[arg-type]
+        return JSONResponse(jsonable_encoder(Schema(columns=columns, images=images)))
     return arrow_response(found.empty_table())
 
 

@@ -221,7 +221,7 @@ def test_schema_as_arrow_or_json(client: TestClient, populated: Path) -> None:
         response = client.get("/schema", params={"env_id": env} if env else {}, headers={"Accept": "application/json"})
         assert response.status_code == 200 and response.headers["content-type"] == "application/json"
         assert response.json() == {"columns": [{"name": f.name, "type": str(f.type), "nullable": f.nullable}
-                                               for f in store.schema(env)]}
+                                               for f in store.schema(env)], "images": []}  # no pictures
     obs = {c["name"]: c["type"] for c in client.get("/schema", params={"env_id": "CartPole-v1"},
                                                     headers={"Accept": "application/json"}).json()["columns"]}["obs"]
     assert obs.startswith("fixed_size_list<") and obs.endswith("[4]")  # CartPole's four floats

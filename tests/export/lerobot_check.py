@@ -4,7 +4,10 @@ open each exported folder with ``LeRobotDataset`` offline and compare it with wh
     python lerobot_check.py CASES.json
 
 ``CASES.json`` lists ``{"root": folder, "expected": file.npz}``; the ``.npz`` holds the store's steps in export
-order (``episode_id, step``): obs, action, next_obs, reward, terminated, truncated, episode_id, env_id, fps.
+order (``episode_id, step``): obs, action, next_obs, reward, terminated, truncated, episode_id, env_id, fps; for
+a store of pictures also ``obs_picture``/``next_obs_picture`` (each step's picture, ``(C, H, W)`` uint8) and, for
+frame stacks, ``obs_stack`` (each step's whole stack of pictures, ``(k, C, H, W)``), which ``delta_timestamps``
+must give back.
 Prints one ``OK`` line per dataset; any difference raises (exit status 1) naming the feature and the frame.
 """
 
@@ -17,6 +20,7 @@ import numpy as np
 import torch
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
+IMAGES = {"observation.image": "obs_picture", "next.observation.image": "next_obs_picture"}
 STEP_FEATURES = {"observation.state": "obs", "action": "action", "next.observation.state": "next_obs",
                  "next.reward": "reward", "next.terminated": "terminated", "next.truncated": "truncated"}
 
@@ -47,11 +51,17 @@ def check(root: str, want: dict[str, np.ndarray]) -> str:
     assert len(ds) == len(ids) and ds.num_episodes == len(starts), (len(ds), ds.num_episodes)
     got = frames(ds)
     for name, column in STEP_FEATURES.items():
+        if name not in ds.meta.features:  # observations that are pictures: image features instead
+            assert column in ("obs", "next_obs") and IMAGES.keys() <= ds.meta.features.keys(), name
+            continue
         expected = want[column]
         declared = tuple(ds.meta.features[name]["shape"])
         if declared == (1,):  # a scalar per step: stored and served as a scalar
             expected = expected.reshape(len(expected))
         same(name, got[name], expected)
+    for name, column in IMAGES.items():
+        if name in ds.meta.features:  # PIL's decoding, as a float in [0, 1]: the stored bytes / 255
+            same(name, np.rint(got[name] * 255).astype(np.uint8), want[column])
     same("next.done", got["next.done"], want["terminated"] | want["truncated"])
     episode_index = np.repeat(np.arange(len(starts)), lengths)
     frame_index = np.arange(len(ids)) - np.repeat(starts, lengths)
@@ -67,7 +77,8 @@ def check(root: str, want: dict[str, np.ndarray]) -> str:
     check_stats(ds, got, len(ids))
     check_windows(root, want, starts, lengths, fps)
     batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True, num_workers=2)))
-    assert batch["observation.state"].shape[0] == min(64, len(ds))
+    observation = "observation.image" if "observation.image" in ds.meta.features else "observation.state"
+    assert batch[observation].shape[0] == min(64, len(ds))
     files = {(e["data/chunk_index"], e["data/file_index"]) for e in episodes}
     return f"OK {root}: {len(ids)} frames, {len(starts)} episodes, {len(files)} data file(s)"
 
@@ -78,6 +89,10 @@ def check_stats(ds: LeRobotDataset, got: dict[str, np.ndarray], n: int) -> None:
         s = ds.meta.stats[name]
         values = got[name].astype(np.float64)
         d = feature["shape"][-1] if tuple(feature["shape"]) != (1,) else 1
+        if feature["dtype"] == "image":  # (N, C, H, W) in [0, 1]: per channel, shaped (C, 1, 1)
+            values = values.transpose(0, 2, 3, 1)
+            assert s["mean"].shape == (d, 1, 1), (name, s["mean"].shape)
+            s = {k: v.reshape(-1) if k != "count" else v for k, v in s.items()}
         values = values.reshape(-1, d)
         assert s["count"].tolist() == [n], (name, s["count"])
         np.testing.assert_allclose(s["min"], values.min(axis=0), err_msg=name)
@@ -93,8 +108,12 @@ def check_windows(root: str, want: dict[str, np.ndarray], starts: np.ndarray, le
     """``delta_timestamps`` windows: the neighbouring frames of the same episode, clamped and marked padding at
     the episode's ends."""
     deltas = [-2, -1, 0, 1]
+    images = "obs_picture" in want
+    observation = "observation.image" if images else "observation.state"
+    k = want["obs_stack"].shape[1] if "obs_stack" in want else 2
     ds = LeRobotDataset("local/trajstore-export", root=root,
-                        delta_timestamps={"action": [d / fps for d in deltas], "observation.state": [-1 / fps, 0]})
+                        delta_timestamps={"action": [d / fps for d in deltas],
+                                          observation: [d / fps for d in range(1 - k, 1)]})
     action = want["action"].reshape(len(want["action"]), -1)
     for i in np.unique(np.r_[starts, starts + lengths - 1, np.linspace(0, len(action) - 1, 50).astype(int)]):
         e = np.searchsorted(starts, i, side="right") - 1
@@ -105,7 +124,10 @@ def check_windows(root: str, want: dict[str, np.ndarray], starts: np.ndarray, le
         same(f"action window at frame {i}", got, action[wanted])
         pad = (i + np.array(deltas) < lo) | (i + np.array(deltas) > hi)
         same(f"action_is_pad at frame {i}", item["action_is_pad"].numpy(), pad)
-        assert tuple(item["observation.state"].shape)[0] == 2
+        assert tuple(item[observation].shape)[0] == k
+        if "obs_stack" in want:  # the frames before, clamped at the episode's start: the stack the env returned
+            same(f"observation.image stack at frame {i}", np.rint(item[observation].numpy() * 255).astype(np.uint8),
+                 want["obs_stack"][i])
 
 
 def main() -> int:

@@ -4,6 +4,7 @@ Parquet reader finds the same layout; bad destinations and failed exports leave 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import trajstore
-from tests.helpers import make_batch
+from tests.helpers import make_batch, stacked_stream
 from trajstore import cli
 from trajstore.errors import InputError, RunNotFoundError
 from trajstore.export import episodes as selection_module
@@ -163,16 +164,69 @@ def _other_shapes(tmp: Path) -> list[tuple[trajstore.Store, str]]:
     return out
 
 
+def _picture_stores(tmp: Path) -> list[tuple[trajstore.Store, str]]:
+    """Stores of uint8 pictures: gray frame stacks (4, 24, 32) declared with ``frame_stack``, as
+    FrameStackObservation gives them (padded at each episode's start with its first frame), and RGB pictures
+    channels first (3, 16, 20)."""
+    rng = np.random.default_rng(3)
+    stacks = trajstore.open(tmp / "stacks", create=True)
+    with stacks.writer(run_id="r", env_id="Stacks-v0", frame_stack={"obs": 4}) as w:
+        w.add_batch(stacked_stream(rng, 60, 3, shape=(24, 32), noise=True, p_end=0.06))
+    rgb = trajstore.open(tmp / "rgb", create=True)
+    batch = make_batch(rng, 40, 2)
+    pictures = rng.integers(0, 256, (41, 2, 3, 16, 20), dtype=np.uint8)
+    batch["obs"], batch["next_obs"] = pictures[:-1], pictures[1:]
+    write(rgb, "r", "RgbChw-v0", batch)
+    return [(stacks, "stacks"), (rgb, "rgb")]
+
+
+def picture_reference(want: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What LeRobot must serve for stored pictures, ``(C, H, W)``: a stack's newest frame (and the whole stack,
+    which delta_timestamps restacks), or an RGB picture as stored channels first."""
+    if want["obs"].ndim == 4 and want["obs"].shape[1] == 4:  # (k, H, W) stacks of gray frames
+        return {"obs_picture": want["obs"][:, -1, None], "next_obs_picture": want["next_obs"][:, -1, None],
+                "obs_stack": want["obs"][:, :, None]}
+    return {"obs_picture": want["obs"], "next_obs_picture": want["next_obs"]}
+
+
+def test_picture_observations_are_png_image_features(tmp_path: Path, small_groups: None) -> None:
+    from PIL import Image
+
+    for store, name in _picture_stores(tmp_path / "stores"):
+        want = steps(store)
+        want.update(picture_reference(want))
+        export_lerobot(store, tmp_path / name, fps=10)
+        info = json.loads((tmp_path / name / "meta/info.json").read_text())
+        c, h, w = want["obs_picture"].shape[1:]
+        for feature in ("observation.image", "next.observation.image"):
+            assert info["features"][feature] == {"dtype": "image", "shape": [h, w, c],
+                                                 "names": ["height", "width", "channels"]}
+        assert "observation.state" not in info["features"]
+        stats = json.loads((tmp_path / name / "meta/stats.json").read_text())["observation.image"]
+        assert np.array(stats["mean"]).shape == (c, 1, 1)
+        np.testing.assert_allclose(np.array(stats["mean"]).reshape(c),
+                                   want["obs_picture"].mean(axis=(0, 2, 3)) / 255, rtol=1e-6)
+        frames = pa.concat_tables([pq.read_table(f) for f in sorted((tmp_path / name).glob("data/*/*.parquet"))])
+        for feature, column in (("observation.image", "obs_picture"), ("next.observation.image", "next_obs_picture")):
+            decoded = [np.array(Image.open(io.BytesIO(v["bytes"]))) for v in frames[feature].to_pylist()]
+            got = np.stack(decoded).reshape(len(decoded), h, w, c).transpose(0, 3, 1, 2)
+            np.testing.assert_array_equal(got, want[column])
+
+
 @pytest.mark.skipif(not LEROBOT_PYTHON.exists(), reason="no lerobot venv: build it with `make lerobot-venv` "
                                                         "(needs Python >= 3.12)")
 def test_the_real_lerobot_opens_the_export(store: trajstore.Store, tmp_path: Path, small_groups: None) -> None:
     cartpole_like(store)
     cases = [(store, "cartpole", {"run_id": "r"}, {"chunk_size": 2, "file_size_mb": 0.004})]
     cases += [(s, name, {}, {}) for s, name in _other_shapes(tmp_path / "stores")]
+    cases += [(s, name, {}, {}) for s, name in _picture_stores(tmp_path / "pictures")]
     listed = []
     for s, name, selection, options in cases:
         export_lerobot(s, tmp_path / name, fps=15, **selection, **options)
-        np.savez(tmp_path / f"{name}.npz", fps=15, **steps(s, **selection))
+        want = steps(s, **selection)
+        if name in ("stacks", "rgb"):
+            want.update(picture_reference(want))
+        np.savez(tmp_path / f"{name}.npz", fps=15, **want)
         listed.append({"root": str(tmp_path / name), "expected": str(tmp_path / f"{name}.npz")})
     (tmp_path / "cases.json").write_text(json.dumps(listed))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": ""}

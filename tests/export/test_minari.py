@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import trajstore
+from tests.helpers import make_batch, stacked_stream
 from trajstore import cli
 from trajstore.errors import InputError, RunNotFoundError
 from trajstore.export import episodes as selection_module
@@ -114,3 +115,33 @@ def test_an_interrupted_export_leaves_nothing(datasets: Path, store: trajstore.S
     export_minari(store, "new/space/ts-v0", run_id="r")
     assert minari.namespace.list_local_namespaces() == ["new", "new/space"]
     same_episodes("new/space/ts-v0", store, "r")
+
+
+@pytest.mark.parametrize("data_format", ["arrow", "hdf5"])
+def test_picture_observations_are_uint8_boxes_of_their_shape(datasets: Path, store: trajstore.Store,
+                                                             small_groups: None, data_format: str) -> None:
+    """Frame stacks (declared with frame_stack: each frame stored once) come back whole, as the env returned
+    them, in a Box(0, 255, (4, 24, 32), uint8); RGB pictures too."""
+    rng = np.random.default_rng(5)
+    with store.writer(run_id="stacks", env_id="Stacks-v0", frame_stack={"obs": 4}) as w:
+        w.add_batch(stacked_stream(rng, 50, 2, shape=(24, 32), noise=True, p_end=0.08))
+    batch = make_batch(rng, 30, 2)
+    pictures = rng.integers(0, 256, (31, 2, 16, 20, 3), dtype=np.uint8)
+    batch["obs"], batch["next_obs"] = pictures[:-1], pictures[1:]
+    with store.writer(run_id="rgb", env_id="Rgb-v0") as w:
+        w.add_batch(batch)
+    for run, shape in (("stacks", (4, 24, 32)), ("rgb", (16, 20, 3))):
+        dataset_id = f"{run}/{data_format}-v0"
+        export_minari(store, dataset_id, run_id=run, data_format=data_format)
+        dataset = minari.load_dataset(dataset_id)
+        space = dataset.observation_space
+        assert (space.shape, space.dtype, space.low.min(), space.high.max()) == (shape, np.uint8, 0, 255)
+        loaded = list(dataset.iterate_episodes())
+        stored = store.episodes(run_id=run)["episode_id"].to_pylist()
+        assert len(loaded) == len(stored)
+        for e, episode_id in zip(loaded, stored):
+            steps = store.scan(["step", "obs", "next_obs"], episode_id=episode_id).read_all().sort_by("step")
+            obs = np.array(steps["obs"].to_pylist(), np.uint8)
+            assert e.observations.dtype == np.uint8 and e.observations.shape == (len(obs) + 1, *shape)
+            np.testing.assert_array_equal(e.observations[:-1], obs)
+            np.testing.assert_array_equal(e.observations[-1], np.array(steps["next_obs"][-1].as_py(), np.uint8))

@@ -21,6 +21,9 @@ Each step is one frame: ``observation.state`` (obs), ``action``, ``next.observat
 ``task_index``. A feature whose steps are scalars or one-element vectors (a Discrete action, Pendulum's
 ``Box(1,)`` action, the reward) is declared with shape ``[1]`` and stored as a scalar column, as LeRobot
 declares and stores it; vectors are fixed-size lists, 2-D to 5-D arrays ``datasets``' ``ArrayND`` columns.
+Observations that are ``uint8`` pictures (gray or RGB, channels first or last; a frame stack gives its newest
+frame, and ``delta_timestamps`` stacks frames again) are LeRobot image features instead:
+``observation.image`` and ``next.observation.image``, PNG bytes that LeRobot decodes without ffmpeg.
 The data files carry the ``huggingface`` schema metadata ``datasets`` writes. Episodes are written a group at a
 time from :mod:`trajstore.export.episodes`, so memory stays bounded whatever the size of the selection, and into
 a hidden folder beside ``folder`` that becomes ``folder`` only when complete (:mod:`trajstore.export.target`).
@@ -43,6 +46,7 @@ from trajstore.errors import InputError
 from trajstore.export import lerobot_stats as stats
 from trajstore.export.episodes import EpisodeGroup, ExportResult, Selection, select
 from trajstore.export.target import check_new, staged
+from trajstore.images import ImageLeaf, image_leaf, png
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -61,10 +65,9 @@ class Feature:
     """One numeric LeRobot feature: its name, the column of frame values it is made of, and the dtype and
     shape it declares (``(1,)`` for a scalar per step, stored as a scalar column).
 
-    The extension point for images: an image observation (``uint8`` ``(H, W, C)``) is to become a feature of
-    dtype ``"image"`` with its own ``info``/``hf``/``arrow`` (PNG bytes in ``struct<bytes, path>``) and
-    per-channel ``statistics`` over sampled frames divided by 255, shape ``(C, 1, 1)``; :func:`features`
-    chooses the kind per column, and everything else (files, episodes, totals) takes any feature alike.
+    Image observations are :class:`ImageFeature` s, with their own ``info``/``hf``/``field``/``arrow`` and
+    ``statistics``; :func:`features` chooses the kind per column, and everything else (files, episodes, totals)
+    takes any feature alike.
     """
 
     name: str
@@ -116,6 +119,52 @@ class Feature:
         """Whether a column of it holds few distinct values per file (worth a dictionary)."""
         return self.dtype == np.bool_ or self.name in ("episode_index", "task_index")
 
+    def dataset_stats(self, result: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        """``meta/stats.json``'s entry from the feature's :meth:`Totals.result <trajstore.export.lerobot_stats.
+        Totals.result>`."""
+        return result
+
+
+@dataclass(frozen=True)
+class ImageFeature(Feature):
+    """An image observation as LeRobot's ``"image"`` feature: each step's picture (:mod:`trajstore.images`: a
+    frame stack's newest frame, channels last) as PNG bytes in ``struct<bytes, path>``, which LeRobot decodes
+    with PIL into a ``(C, H, W)`` float tensor in [0, 1]. Declared ``(H, W, C)`` as LeRobot's recorder declares
+    cameras; statistics per channel over every pixel of every frame, divided by 255, shape ``(C, 1, 1)`` in
+    ``meta/stats.json`` (LeRobot's own recorder estimates them from sampled, downscaled frames)."""
+
+    leaf: ImageLeaf | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {"dtype": "image", "shape": list(self.shape), "names": ["height", "width", "channels"]}
+
+    def hf(self) -> dict[str, Any]:
+        return {"_type": "Image"}
+
+    def field(self) -> pa.Field:
+        return pa.field(self.name, pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())]))
+
+    def pictures(self, values: np.ndarray) -> np.ndarray:
+        """Each step's picture, ``(steps, H, W, C)`` ``uint8``."""
+        assert self.leaf is not None
+        return np.stack([self.leaf.picture(v) for v in values]).reshape(len(values), *self.shape) \
+            if len(values) else np.zeros((0, *self.shape), np.uint8)
+
+    def arrow(self, values: np.ndarray) -> pa.Array:
+        encoded = [png(p[..., 0] if self.shape[-1] == 1 else p) for p in self.pictures(values)]
+        return pa.StructArray.from_arrays([pa.array(encoded, pa.binary()), pa.nulls(len(encoded), pa.string())],
+                                          fields=list(self.field().type))
+
+    def statistics(self, values: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
+        return stats.episode_stats(self.pictures(values).astype(np.float32) / np.float32(255.0), lengths)
+
+    @property
+    def few_values(self) -> bool:
+        return False
+
+    def dataset_stats(self, result: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        return {k: v if k == "count" else [[[x]] for x in v] for k, v in result.items()}
+
 
 STEP_FEATURES = (("observation.state", "obs"), ("action", "action"), ("next.observation.state", "next_obs"),
                  ("next.reward", "reward"), ("next.terminated", "terminated"), ("next.truncated", "truncated"),
@@ -125,12 +174,22 @@ INDEX_FEATURES = (Feature("timestamp", "timestamp", np.dtype(np.float32), (1,), 
                     for name in ("frame_index", "episode_index", "index", "task_index")))
 
 
-def features(kinds: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> list[Feature]:
-    """The dataset's features, given each stored column's dtype and step shape: the step's, then LeRobot's."""
+IMAGE_FEATURES = {"obs": "observation.image", "next_obs": "next.observation.image"}
+
+
+def features(kinds: dict[str, tuple[np.dtype, tuple[int, ...]]],
+             images: dict[str, ImageLeaf] | None = None) -> list[Feature]:
+    """The dataset's features, given each stored column's dtype and step shape (and ``images``: the columns
+    whose steps are pictures): the step's, then LeRobot's."""
     kinds = {**kinds, "done": (np.dtype(bool), ())}
-    out = []
+    out: list[Feature] = []
     for name, column in STEP_FEATURES:
         dtype, shape = kinds[column]
+        leaf = (images or {}).get(column)
+        if leaf is not None:
+            out.append(ImageFeature(IMAGE_FEATURES[column], column, np.dtype(np.uint8),
+                                    (leaf.height, leaf.width, leaf.channels), leaf=leaf))
+            continue
         if len(shape) > 5:
             raise InputError(f"{column}: steps of {len(shape)} dimensions; LeRobot features have at most 5")
         out.append(Feature(name, column, np.dtype(dtype), shape if len(shape) and shape != (1,) else (1,)))
@@ -156,8 +215,22 @@ def export_lerobot(store: Store, folder: str | Path, *, run_id: str | Sequence[s
         return ExportResult(str(root), selection.episodes, selection.steps, selection.runs, "LeRobot dataset")
 
 
+def image_columns(sel: Selection) -> dict[str, ImageLeaf]:
+    """``obs`` and ``next_obs`` as pictures when the selected observations are ``uint8`` pictures of one (gray)
+    or three (RGB) channels (a frame stack's newest frame; see :mod:`trajstore.images`), else nothing: such
+    observations are exported as LeRobot image features, any other stay arrays."""
+    dtype, shape = sel.kinds["obs"]
+    if np.dtype(dtype) != np.uint8:
+        return {}
+    declared = [leaf.stack for env in sel.env_ids for leaf in sel.store.image_leaves(env) if leaf.path == "obs"]
+    leaf = image_leaf("obs", shape, np.dtype(dtype), declared[0] if declared else None)
+    if leaf is None or leaf.channels not in (1, 3):
+        return {}
+    return {"obs": leaf, "next_obs": leaf}
+
+
 def _write(sel: Selection, root: Path, *, fps: int, chunk_size: int, file_mb: float, progress: bool) -> None:
-    feats = features(sel.kinds)
+    feats = features(sel.kinds, image_columns(sel))
     tasks = sel.env_ids
     schema = pa.schema([f.field() for f in feats], metadata={"huggingface": json.dumps(
         {"info": {"features": {f.name: f.hf() for f in feats}}})})
@@ -311,7 +384,7 @@ def _write_meta(root: Path, sel: Selection, feats: list[Feature], tasks: list[st
             "video_files_size_in_mb": VIDEO_FILE_SIZE_MB, "data_path": DATA_PATH, "video_path": None,
             "robot_type": None, "splits": {"train": f"0:{sel.episodes}"}}
     _json(root / "meta" / "info.json", info)
-    _json(root / "meta" / "stats.json", {name: t.result() for name, t in totals.items()})
+    _json(root / "meta" / "stats.json", {f.name: f.dataset_stats(totals[f.name].result()) for f in feats})
     _json(root / "meta" / "trajstore.json", {"store": sel.store.uri, "version": sel.store.version,
                                              "runs": sel.runs})
     pq.write_table(_tasks_table(tasks), root / "meta" / "tasks.parquet", compression="snappy")

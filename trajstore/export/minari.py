@@ -3,8 +3,9 @@
 Each stored episode of ``T`` steps becomes a Minari episode of ``T + 1`` observations (``obs`` of every step,
 then the last step's ``next_obs``) and ``T`` actions, rewards, terminations and truncations, the two flags kept
 apart: the inverse of :mod:`trajstore.rollout.minari`. The spaces are the environment's when gymnasium knows
-its ``env_id`` and its observations have the stored shape, else a ``Box`` of the stored shape and dtype (and
-``Discrete`` actions for integer scalar actions). ``minari.load_dataset(dataset_id)`` opens the result (it is
+its ``env_id`` and its observations have the stored shape, else a ``Box`` of the stored shape and dtype (an
+integer type's range as bounds: ``uint8`` pictures and frame stacks are ``Box(0, 255)``, exported whole), and
+``Discrete`` actions for integer scalar actions. ``minari.load_dataset(dataset_id)`` opens the result (it is
 written under ``$MINARI_DATASETS_PATH``, default ``~/.minari/datasets``). Needs the ``minari`` extra.
 
 Minari's own ``create_dataset_from_buffers`` takes every episode at once, and its Arrow storage writes one
@@ -251,7 +252,19 @@ def _spaces(sel: Selection) -> tuple[str | None, Any, Any]:
             env.close()
             if fits:
                 return env_id, env.observation_space, env.action_space
-    obs = gym.spaces.Box(-np.inf, np.inf, shape=obs_shape, dtype=obs_dtype)
+    obs = _box(obs_dtype, obs_shape)
     if np.issubdtype(act_dtype, np.integer) and act_shape == ():
         return None, obs, gym.spaces.Discrete(int(sel.largest("action")) + 1)
-    return None, obs, gym.spaces.Box(-np.inf, np.inf, shape=act_shape, dtype=act_dtype)
+    return None, obs, _box(act_dtype, act_shape)
+
+
+def _box(dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+    """A ``Box`` of the stored dtype and shape: an integer type's own range (``uint8`` pictures ``[0, 255]``, as
+    gymnasium's pixel environments declare them), floats unbounded. Frame stacks are stored and exported whole,
+    as the environment returned them."""
+    import gymnasium as gym
+
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return gym.spaces.Box(int(info.min), int(info.max), shape=shape, dtype=dtype)
+    return gym.spaces.Box(-np.inf, np.inf, shape=shape, dtype=dtype)

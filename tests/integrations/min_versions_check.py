@@ -10,8 +10,11 @@ one JSON line at the end.
 from __future__ import annotations
 
 import json
+import re
 import sys
+import tomllib
 from importlib.metadata import version
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -22,8 +25,11 @@ from trajstore.errors import InputError
 from trajstore.integrations import RecordToStore, VectorRecordToStore
 from trajstore.rollout import gym_rollout
 
-CORE = ("numpy", "pyarrow", "duckdb", "deltalake", "polars", "gymnasium", "numba", "tqdm", "fastapi", "uvicorn",
-        "httpx")
+
+def core() -> list[str]:
+    """The core dependencies pyproject.toml declares, by name."""
+    deps = tomllib.loads(Path("pyproject.toml").read_text())["project"]["dependencies"]
+    return [re.match(r"[\w-]+", d).group(0) for d in deps]  # type: ignore[union-attr]
 
 
 def reported_episodes(env: gym.Env, steps: int, *, reset_at: int) -> list[tuple[int, float, int]]:
@@ -85,7 +91,7 @@ def main(root: str) -> None:
     windows = next(store.sequences(8, columns=["obs", "reward"], pad=True, batch_size=4, run_id="one"))
     assert windows["obs"].shape == (4, 8, 3) and windows["obs"].dtype == np.float32
     assert trajstore.check(store).ok
-    print(json.dumps({name: version(name) for name in CORE}))
+    print(json.dumps({name: version(name) for name in core()}))
 
 
 if __name__ == "__main__":

@@ -241,11 +241,14 @@ def _cause(text: str, location: Location) -> str | None:
         return (f"no answer from {endpoint} within {limits.timeout_s:g} s ({limits.attempts} attempt(s)): the "
                 "object store is stopped, overloaded or unreachable; try again once it answers (if it is only "
                 "slow, raise storage_options 'timeout' or TRAJSTORE_S3_TIMEOUT_S)")
-    if any(s in text for s in _UNREACHABLE) or ("Error performing" in text and "retries" in text):
-        return f"cannot reach {endpoint} (is the object store running, and AWS_ENDPOINT_URL right?)"
-    if any(s in text for s in _FAILING):
+    unreachable = f"cannot reach {endpoint} (is the object store running, and AWS_ENDPOINT_URL right?)"
+    if any(s in text for s in _UNREACHABLE):
+        return unreachable
+    if any(s in text for s in _FAILING):  # it answered (deltalake's retried PUT of a log entry included)
         return (f"the object store at {endpoint} failed on its side ({_gist(text)}): its disk may be full, or it "
                 "is overloaded or failing; check its free space and its log, then try again")
+    if "Error performing" in text and "retries" in text:  # deltalake's words for a request that got no answer
+        return unreachable
     return None
 
 
@@ -259,6 +262,13 @@ def _waited(text: str) -> float:
 def _gist(text: str) -> str:
     """The server's own words from a pyarrow or deltalake error text, on one line and short."""
     said = re.search(r"during (\w+) operation: ([^(\n]+)", text)
-    gist = f"{said.group(1)}: {said.group(2)}" if said else text.strip().splitlines()[0]
+    answer = re.search(r"<Code>([^<]+)</Code>\s*<Message>([^<]+)</Message>", text)  # deltalake's: the reply's XML
+    request = re.search(r"Error performing (\w+) \S*?([^/\s]+) in ", text)
+    if said:
+        gist = f"{said.group(1)}: {said.group(2)}"
+    elif answer:
+        gist = (f"{request.group(1)} {request.group(2)}: " if request else "") + f"{answer.group(1)}: {answer.group(2)}"
+    else:
+        gist = text.strip().splitlines()[0]
     gist = " ".join(gist.split()).rstrip(" .;,")
     return gist if len(gist) <= 160 else gist[:157] + "..."

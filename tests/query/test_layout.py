@@ -11,7 +11,7 @@ import pytest
 
 import trajstore
 from tests.helpers import make_batch
-from trajstore.query.layout import Layout, LayoutCache
+from trajstore.query.layout import Layout, LayoutCache, take_windows
 from trajstore.settings import Settings
 
 
@@ -165,3 +165,19 @@ def test_stride_one_windows_hold_memory_per_episode_not_per_window(store: trajst
         assert it.items > 250_000, kind
         assert held < 600_000 and peak < 2_400_000, (kind, held, peak)  # less than one int64 per window
         it.close()
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (2, 5, 5), (0,)])
+def test_window_copies_are_the_slices_they_stand_for(tmp_path, shape: tuple[int, ...]) -> None:
+    rows, length = 500, 7
+    values = np.random.default_rng(0).random((rows, *shape)).astype(np.float32)
+    sources = [values]
+    if values.size:  # as a layout's column file (one of no bytes is never mapped)
+        values.tofile(tmp_path / "c.bin")
+        sources.append(np.memmap(tmp_path / "c.bin", dtype=np.float32, mode="r", shape=(rows, *shape)))
+    first = np.array([0, rows - length, 3, 3, 250, 17])
+    for source in sources:
+        got = take_windows(source, first, length)
+        assert got.shape == (len(first), length, *shape)
+        np.testing.assert_array_equal(got, np.stack([values[i:i + length] for i in first]))
+    assert take_windows(sources[-1], first[:0], length).shape == (0, length, *shape)

@@ -81,7 +81,36 @@ class StepBuffer:
         self.writer.add_batch(batch)  # refused whole (the writer's error) if a step is invalid, e.g. a NaN reward
 
 
-class RecordToStore(gym.Wrapper):
+class Recording:
+    """What both recorders share: the writer they hand their steps to and the buffer of steps not handed yet."""
+
+    writer: Any
+    writer_closed: bool
+    _buffer: StepBuffer
+
+    def flush(self) -> None:
+        """Commit every step so far: visible to readers when this returns."""
+        self._buffer.push()
+        self.writer.flush()
+
+    def close(self, **kwargs: Any) -> None:
+        """Commit every step and close the writer, then the env. Idempotent — safe to call multiple times."""
+        try:
+            if not self.writer_closed:
+                self._buffer.push()
+                self.writer.close()
+        finally:
+            self.writer_closed = True
+            super().close(**kwargs)  # type: ignore[misc]  # the env wrapper's, next in the recorder's MRO
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RecordToStore(Recording, gym.Wrapper):
     """Stores every step of ``env`` in ``store`` under ``run_id`` (``env_id`` defaults to the env's spec id).
 
     A ``reset()`` before the episode ended leaves that episode stored as unfinished; the next step starts a
@@ -122,23 +151,8 @@ class RecordToStore(gym.Wrapper):
         self._obs, self._open = kept, not (terminated or truncated)
         return next_obs, reward, terminated, truncated, info
 
-    def flush(self) -> None:
-        """Commit every step so far: visible to readers when this returns."""
-        self._buffer.push()
-        self.writer.flush()
 
-    def close(self) -> None:
-        """Commit every step and close the writer, then ``env``. Idempotent — safe to call multiple times."""
-        try:
-            if not self.writer_closed:
-                self._buffer.push()
-                self.writer.close()
-        finally:
-            self.writer_closed = True
-            super().close()
-
-
-class VectorRecordToStore(gym.vector.VectorWrapper):
+class VectorRecordToStore(Recording, gym.vector.VectorWrapper):
     """Stores every step of the vector env ``env`` in ``store`` under ``run_id``, in either autoreset mode.
 
     Next-step (gymnasium's default, and the only mode of gymnasium 1.0): the step after an episode ended is a
@@ -198,27 +212,6 @@ class VectorRecordToStore(gym.vector.VectorWrapper):
         self._obs, self._ended = kept, term | trunc
         return next_obs, reward, terminated, truncated, info
 
-    def flush(self) -> None:
-        """Commit every step so far: visible to readers when this returns."""
-        self._buffer.push()
-        self.writer.flush()
-
-    def close(self, **kwargs: Any) -> None:
-        """Commit every step and close the writer, then the vector env. Idempotent."""
-        try:
-            if not self.writer_closed:
-                self._buffer.push()
-                self.writer.close()
-        finally:
-            self.writer_closed = True
-            super().close(**kwargs)
-
-    def __enter__(self) -> VectorRecordToStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def autoreset_mode(venv: gym.vector.VectorEnv) -> str:
     """``venv``'s autoreset mode: ``metadata["autoreset_mode"]`` (gymnasium ≥ 1.1), next-step where it declares
@@ -266,7 +259,7 @@ def with_final_obs(next_obs: Any, info: Mapping[str, Any]) -> Any:
     if mask is None or not np.any(mask):
         return next_obs
     envs = np.flatnonzero(mask)
-    return _replace_rows(next_obs, envs, [info["final_obs"][i] for i in envs])
+    return replace_rows(next_obs, envs, [info["final_obs"][i] for i in envs])
 
 
 def with_final_info(info: Mapping[str, Any], keys: Sequence[str]) -> Mapping[str, Any]:
@@ -284,9 +277,10 @@ def with_final_info(info: Mapping[str, Any], keys: Sequence[str]) -> Mapping[str
     return out
 
 
-def _replace_rows(batch: Any, envs: np.ndarray, rows: list[Any]) -> Any:
-    if isinstance(batch, dict):
-        return {k: _replace_rows(v, envs, [r[k] for r in rows]) for k, v in batch.items()}
+def replace_rows(batch: Any, envs: np.ndarray, rows: list[Any]) -> Any:
+    """A copy of the vector batch ``batch`` (an array, or a dict of them) with row ``envs[i]`` set to ``rows[i]``."""
+    if isinstance(batch, Mapping):
+        return {k: replace_rows(v, envs, [r[k] for r in rows]) for k, v in batch.items()}
     out = np.array(batch, copy=True)
     out[envs] = np.stack([np.asarray(r) for r in rows])
     return out

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from trajstore.errors import InputError
-from trajstore.integrations.gymnasium import copy_obs, first_env, frame_stack_option
+from trajstore.integrations.gymnasium import copy_obs, first_env, frame_stack_option, replace_rows, with_final_obs
 from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.target import RolloutTarget
@@ -112,7 +112,7 @@ def _run(store: RolloutTarget, venv: Any, mode: str, until: Callable[..., bool],
                 action = np.asarray(policy(obs)) if policy is not None else venv.action_space.sample()
                 next_obs, reward, terminated, truncated, info = venv.step(action)
                 next_obs = next_obs if fresh else copy_obs(next_obs)
-                final_obs = _with_final_obs(next_obs, info) if mode == SAME_STEP else next_obs
+                final_obs = with_final_obs(next_obs, info) if mode == SAME_STEP else next_obs
                 steps.append((obs, action, reward, final_obs, terminated, truncated))
                 returns, lengths = tracker.update(reward, terminated, truncated)
                 result.episode_returns += returns
@@ -229,30 +229,13 @@ def _env_id(env: Any, venv: Any) -> str:
     return str(spec.id)
 
 
-def _with_final_obs(next_obs: Any, info: Mapping[str, Any]) -> Any:
-    """Same-step autoreset: put the true final observation where an episode ended."""
-    mask = info.get("_final_obs")
-    if mask is None or not np.any(mask):
-        return next_obs
-    envs = np.flatnonzero(mask)
-    return _replace_rows(next_obs, envs, [info["final_obs"][i] for i in envs])
-
-
 def _reset_done(venv: Any, next_obs: Any, done: np.ndarray) -> Any:
     """Autoreset disabled: reset the envs whose episode ended and use their first observation."""
     if not np.any(done):
         return next_obs
     reset_obs, _ = venv.reset(options={"reset_mask": np.asarray(done)})
     envs = np.flatnonzero(done)
-    return _replace_rows(next_obs, envs, [_row(reset_obs, i) for i in envs])
-
-
-def _replace_rows(batch: Any, envs: np.ndarray, rows: list[Any]) -> Any:
-    if isinstance(batch, Mapping):
-        return {k: _replace_rows(v, envs, [r[k] for r in rows]) for k, v in batch.items()}
-    out = np.array(batch, copy=True)
-    out[envs] = np.stack([np.asarray(r) for r in rows])
-    return out
+    return replace_rows(next_obs, envs, [_row(reset_obs, i) for i in envs])
 
 
 def _row(batch: Any, i: int) -> Any:

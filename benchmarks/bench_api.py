@@ -45,6 +45,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import report  # noqa: E402
+from timing import status_kib  # noqa: E402
 
 
 def _log(msg: str) -> None:
@@ -95,14 +96,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _proc_status(pid: int, key: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
 def _proc_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -137,14 +130,14 @@ class Server:
         raise RuntimeError(f"the server did not answer /health within {timeout} s; see {self._log.name}")
 
     def rss(self) -> int:
-        return _proc_status(self.pid, "VmRSS")
+        return status_kib("VmRSS", self.pid) * 1024
 
     def rss_anon(self) -> int:
         """Resident memory that is the process's own (not pages of files or libraries it has mapped)."""
-        return _proc_status(self.pid, "RssAnon")
+        return status_kib("RssAnon", self.pid) * 1024
 
     def hwm(self) -> int:
-        return _proc_status(self.pid, "VmHWM")
+        return status_kib("VmHWM", self.pid) * 1024
 
     def cpu(self) -> float:
         return _proc_cpu(self.pid)

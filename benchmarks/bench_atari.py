@@ -21,18 +21,15 @@ Needs the ``[atari]`` extra (ale-py ships the ROMs; AtariPreprocessing needs ope
 from __future__ import annotations
 
 import argparse
-import gc
 import os
-import resource
 import shlex
 import shutil
 import statistics
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,55 +43,15 @@ CHUNK = 256  # time steps per writer call, as gym_rollout hands them
 sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402
+from timing import Check, Timing  # noqa: E402
 
 
 @dataclass
-class Timing:
-    """Repeated wall-clock (and process CPU) timings of one method over ``steps`` steps, and the bytes it wrote."""
+class Written(Timing):
+    """The timings of one method and the bytes it wrote (0: it writes none)."""
 
-    name: str
-    steps: int
-    note: str = ""
-    seconds: list[float] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)
     disk_bytes: int = 0  # bytes of the files it wrote
     raw_bytes: int = 0  # bytes the Parquet pages held before compression
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
-    def rate(self) -> float:
-        return self.steps / self.median
-
-    @property
-    def cores(self) -> float:
-        return statistics.median(c / s for c, s in zip(self.cpu, self.seconds))
-
-    def add(self, fn: Callable[[], Any]) -> Any:
-        gc.collect()
-        c0, t0 = _cpu(), time.perf_counter()
-        out = fn()
-        self.seconds.append(time.perf_counter() - t0)
-        self.cpu.append(_cpu() - c0)
-        return out
-
-
-@dataclass
-class Check:
-    what: str
-    measured: float
-    required: float
-
-    @property
-    def passed(self) -> bool:
-        return self.measured >= self.required
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _log(msg: str) -> None:
@@ -199,7 +156,7 @@ def _sizes(files: list[tuple[str, Any]]) -> tuple[int, int]:
 
 # --- the run --------------------------------------------------------------------------------------------------
 
-def run(steps: int, repeats: int, work: Path) -> tuple[list[Timing], list[Check], dict[str, Any]]:
+def run(steps: int, repeats: int, work: Path) -> tuple[list[Written], list[Check], dict[str, Any]]:
     vector_steps = steps // NUM_ENVS
     steps = vector_steps * NUM_ENVS
     venv = vector_env()
@@ -208,14 +165,14 @@ def run(steps: int, repeats: int, work: Path) -> tuple[list[Timing], list[Check]
     step_alone(venv, vector_steps, seed=0, keep=batches)
     write_store(work / "warm-up", batches[:1])  # compiles the writer's checks once (numba caches them)
     shutil.rmtree(work / "warm-up")
-    writer = Timing("trajstore writer, frame_stack={'obs': 4}", steps,
+    writer = Written("trajstore writer, frame_stack={'obs': 4}", steps,
                     "`add_batch` of (256, 8, 4, 84, 84) obs and next_obs, then close (every file committed)")
-    bare = Timing("bare `pq.write_table`, zstd", steps,
+    bare = Written("bare `pq.write_table`, zstd", steps,
                   "the same arrays as one table (obs, next_obs as `FixedShapeTensorArray`), one file")
-    as_bytes = Timing("bare `pq.write_table`, zstd, stacks as bytes", steps,
+    as_bytes = Written("bare `pq.write_table`, zstd, stacks as bytes", steps,
                       "the same, obs and next_obs as `fixed_size_binary` (not a target: for comparison)")
-    alone = Timing("vector env stepped alone", steps, "reset, then random actions")
-    rollout = Timing("`gym_rollout` into a store", steps, "the same, every step stored (writer in its own thread)")
+    alone = Written("vector env stepped alone", steps, "reset, then random actions")
+    rollout = Written("`gym_rollout` into a store", steps, "the same, every step stored (writer in its own thread)")
     methods = [(writer, lambda i: write_store(work / f"w{i}", batches)),
                (bare, lambda i: write_bare(work / f"b{i}.parquet", batches)),
                (as_bytes, lambda i: write_bare_bytes(work / f"y{i}.parquet", batches)),
@@ -241,7 +198,7 @@ def run(steps: int, repeats: int, work: Path) -> tuple[list[Timing], list[Check]
     return [writer, bare, as_bytes, alone, rollout], checks, config
 
 
-def to_markdown(timings: list[Timing], checks: list[Check], config: dict[str, Any], machine: dict[str, str],
+def to_markdown(timings: list[Written], checks: list[Check], config: dict[str, Any], machine: dict[str, str],
                 command: str) -> str:
     writer, bare, as_bytes, alone, rollout = timings
     lines = ["## Pixels: Breakout frame stacks through the writer and gym_rollout (issue 21)", "",

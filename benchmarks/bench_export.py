@@ -36,17 +36,11 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import report  # noqa: E402
+from timing import status_kib  # noqa: E402
 
 
 def _log(msg: str) -> None:
     print(f"[bench:export] {msg}", file=sys.stderr, flush=True)
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
 
 
 # --- one export (run in a child process) ----------------------------------------------------------------------------
@@ -76,7 +70,7 @@ def child(method: str, uri: str, out: str) -> None:
     import minari  # noqa: F401
 
     store = trajstore.open(uri)
-    base = _status_kib("VmRSS")
+    base = status_kib("VmRSS")
     t0 = time.perf_counter()
     if method == "lerobot":
         steps = export_lerobot(store, Path(out) / "lerobot").steps
@@ -85,7 +79,7 @@ def child(method: str, uri: str, out: str) -> None:
     else:
         steps = scan_to_parquet(store, Path(out))
     seconds = time.perf_counter() - t0
-    hwm = _status_kib("VmHWM")
+    hwm = status_kib("VmHWM")
     print(json.dumps({"seconds": seconds, "steps": steps, "peak_mib": hwm / 1024, "growth_mib": (hwm - base) / 1024}))
 
 

@@ -19,13 +19,12 @@ import os
 import resource
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,51 +35,7 @@ RUN_ID = "bench-jax"
 sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402
-
-
-@dataclass
-class Timing:
-    """Repeated wall-clock (and process CPU) timings of one method over ``steps`` steps."""
-
-    name: str
-    steps: int
-    seconds: list[float] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)
-    note: str = ""
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
-    def rate(self) -> float:
-        return self.steps / self.median
-
-    @property
-    def cores(self) -> float:
-        return statistics.median(c / s for c, s in zip(self.cpu, self.seconds))
-
-    def add(self, fn: Callable[[], Any]) -> Any:
-        gc.collect()
-        c0, t0 = _cpu(), time.perf_counter()
-        out = fn()
-        self.seconds.append(time.perf_counter() - t0)
-        self.cpu.append(_cpu() - c0)
-        return out
-
-
-@dataclass
-class Check:
-    """A target: ``measured`` must be at least (``higher_is_better``) or at most ``required``."""
-
-    what: str
-    measured: float
-    required: float
-    higher_is_better: bool
-
-    @property
-    def passed(self) -> bool:
-        return self.measured >= self.required if self.higher_is_better else self.measured <= self.required
+from timing import Check, Timing  # noqa: E402
 
 
 @dataclass
@@ -93,11 +48,6 @@ class Results:
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _log(msg: str) -> None:

@@ -49,6 +49,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import report  # noqa: E402
+from timing import status_kib  # noqa: E402
 
 
 def _log(msg: str) -> None:
@@ -56,13 +57,6 @@ def _log(msg: str) -> None:
 
 
 # --- in the child: memory and timing ---------------------------------------------------------------------------
-
-
-def status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
 
 
 class Memory:

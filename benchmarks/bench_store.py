@@ -6,11 +6,9 @@ method and of its baseline are interleaved so that load from other processes hit
 
 from __future__ import annotations
 
-import gc
 import shutil
-import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +21,7 @@ from trajstore.query.returns import return_to_go
 
 import baselines as base
 from data import Rollout, make_rollout
+from timing import Timing
 
 GAMMA = 0.99
 TARGET_STEPS = 10_000_000
@@ -30,37 +29,6 @@ FAST_REPEATS = 7  # at least this many runs of the methods that take well under 
 RUN_ID, ENV_ID = "bench", "CartPole-v1"
 STAT_KEYS = ("n_traj", "return_min", "return_mean", "return_std", "return_max",
              "len_min", "len_mean", "len_std", "len_max")
-
-
-@dataclass
-class Timing:
-    """Repeated wall-clock timings of one method over ``steps`` rows."""
-
-    name: str
-    steps: int
-    seconds: list[float] = field(default_factory=list)
-    cpu_seconds: list[float] = field(default_factory=list)  # process CPU time, all threads
-    note: str = ""
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
-    def cpu_median(self) -> float:
-        return statistics.median(self.cpu_seconds)
-
-    @property
-    def rate(self) -> float:
-        return self.steps / self.median
-
-    def add(self, fn: Callable[[], Any]) -> Any:
-        gc.collect()
-        c0, t0 = time.process_time(), time.perf_counter()
-        out = fn()
-        self.seconds.append(time.perf_counter() - t0)
-        self.cpu_seconds.append(time.process_time() - c0)
-        return out
 
 
 @dataclass

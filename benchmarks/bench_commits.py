@@ -203,6 +203,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="folder for the stores (default: a temporary one)")
     output_options(parser, "runs up to 1,000 commits or more", check=False)
     args = parser.parse_args()
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work) as work:
         rows, off = run(sorted(args.commits), Path(work))
     out = args.out or (REPO / "docs" / "benchmarks.md" if max(args.commits) >= 1000 else None)

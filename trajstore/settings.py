@@ -47,7 +47,7 @@ class Settings:
     compact_small_files: int = 8
     compact_small_bytes: int = 16 * 1024 * 1024
     compact_target_bytes: int = 128 * 1024 * 1024
-    checkpoint_interval: int = 100  # a Delta checkpoint once the log is this many versions past the last (0: never)
+    checkpoint_interval: int = 25  # a Delta checkpoint once the log is this many versions past the last (0: never)
     debug: bool = False  # the CLI prints tracebacks
 
     @classmethod

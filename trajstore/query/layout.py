@@ -18,7 +18,6 @@ built into a folder it is given (or a temporary one, removed on :meth:`Layout.cl
 
 from __future__ import annotations
 
-import os
 import tempfile
 import threading
 from collections import OrderedDict
@@ -34,7 +33,7 @@ from trajstore.errors import InputError, StoreDamagedError
 from trajstore.query.scan import file_layout
 from trajstore.schema import numpy_dtype, to_numpy
 from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileLayout, decode_batches
-from trajstore.storage.table import DataFile
+from trajstore.storage.table import DataFile, fsync_file
 
 Reader = Callable[[Sequence[str]], Iterable[pa.RecordBatch]]
 CHUNK_STEPS = 1 << 20  # steps per piece of a derived column computed over the files
@@ -207,15 +206,6 @@ def _index_file(path: Path, n: int) -> np.ndarray:
     if size != 8 * n:
         raise BrokenLayoutError(f"{path}: {size} bytes, expected {8 * n}")
     return np.fromfile(path, dtype=np.int64)
-
-
-def fsync_file(path: Path) -> None:
-    """``path``'s bytes flushed to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Mapped:

@@ -46,8 +46,9 @@ from typing import IO, Any, Callable, Sequence
 
 import pyarrow.fs as pafs
 
-from trajstore.query.layout import BrokenLayoutError, Layout, LayoutCache, fsync_file
+from trajstore.query.layout import BrokenLayoutError, Layout, LayoutCache
 from trajstore.storage.location import Location
+from trajstore.storage.table import fsync_file
 
 log = logging.getLogger(__name__)
 
@@ -253,14 +254,11 @@ class LayoutStore:
         return self.location.path(FOLDER, *parts)
 
     def _remote_manifest(self, digest: str) -> Manifest | None:
-        try:
+        def read() -> bytes:
             with self.location.fs.open_input_stream(self._remote(f"{digest}.json")) as stream:
-                return Manifest.decode(stream.read())
-        except FileNotFoundError:
-            return None
-        except (ValueError, TypeError) as exc:
-            log.warning("loader layout manifest %s is unreadable (%s); building it again", digest, exc)
-            return None
+                return stream.read()
+
+        return _decode_manifest(read, digest)
 
     def _upload(self, folder: Path, name: str) -> None:
         pafs.copy_files(str(folder), self._remote(name), source_filesystem=pafs.LocalFileSystem(),
@@ -317,12 +315,17 @@ def _store_folder(uri: str) -> str:
 
 
 def _read_manifest(path: Path) -> Manifest | None:
+    return _decode_manifest(path.read_bytes, path)
+
+
+def _decode_manifest(read: Callable[[], bytes], where: object) -> Manifest | None:
+    """The manifest ``read()`` returns; None where there is none, or (warned) where it cannot be decoded."""
     try:
-        return Manifest.decode(path.read_bytes())
+        return Manifest.decode(read())
     except FileNotFoundError:
         return None
     except (ValueError, TypeError) as exc:
-        log.warning("loader layout manifest %s is unreadable (%s); building it again", path, exc)
+        log.warning("loader layout manifest %s is unreadable (%s); building it again", where, exc)
         return None
 
 

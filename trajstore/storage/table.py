@@ -430,7 +430,7 @@ class StepsTable:
     def sync(self, written: WrittenFile) -> None:
         """Make the bytes of ``written`` durable before a commit lists it (on S3 a completed upload already is)."""
         if self.location.is_local:
-            _fsync(written.path)
+            fsync_file(written.path)
 
     def partition_files(self, run_id: str, env_id: str) -> tuple[DeltaTable | None, list[DataFile]]:
         """The latest version and the committed files of one partition in it (for :meth:`replace`)."""
@@ -589,8 +589,9 @@ def _merged(table_schema: pa.Schema, file_schema: pa.Schema) -> pa.Schema:
     return pa.schema(list(table_schema) + [f for f in delta_schema(file_schema) if f.name not in known])
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDWR)
+def fsync_file(path: Path) -> None:
+    """``path``'s bytes flushed to disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytest
 
 import trajstore
 
@@ -88,6 +89,19 @@ def reference_return(rewards: Any, gamma: float) -> float:
     for r in reversed([float(x) for x in rewards]):
         g = r + gamma * g
     return g
+
+
+def assert_same_stats(got: Any, want: Any) -> None:
+    """Two stats tables are the same statistics: equal counts, lengths and keys, and float aggregates equal up to
+    summation order (DuckDB sums in parallel, and a cached episodes table is summed in another order than the
+    view it caches)."""
+    assert got.schema == want.schema
+    for name in got.column_names:
+        ours, theirs = got[name].to_pylist(), want[name].to_pylist()
+        if got.schema.field(name).type == "double":
+            assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-12), name
+        else:
+            assert ours == theirs, name
 
 
 def stored_episodes(store: trajstore.Store, run_id: str) -> dict[int, list[tuple[float, int]]]:

@@ -611,7 +611,8 @@ class Store:
         """Episode statistics (``n_traj, return_*, len_*`` and ``discounted_return_*`` with ``gamma``).
 
         One row per group of ``by`` (one row overall without it). Complete episodes only unless
-        ``include_incomplete``.
+        ``include_incomplete``. Means and standard deviations are summed in parallel, in no fixed order: two
+        calls can differ in their last bits (compare them with a tolerance, not ``==``).
         """
         keys = _names(by)
         with self._query_snapshot(episodes="if-cached" if gamma is None else None) as snap:

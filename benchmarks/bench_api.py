@@ -181,6 +181,13 @@ class RssSampler:
                 return
             self._stop.wait(self.interval)
 
+    def sample(self) -> None:
+        """One sample now, besides the thread's: a stream shorter than the interval still gets its own."""
+        try:
+            self.samples.append((time.perf_counter(), self.read()))
+        except (OSError, KeyError):
+            pass
+
     def between(self, t0: float, t1: float) -> list[int]:
         return [rss for t, rss in self.samples if t0 <= t <= t1]
 
@@ -379,7 +386,7 @@ def run(steps: int, *, envs: int = 1000, horizon: int = 250, batch_size: int = 6
         idle = statistics.median(sampler.between(0, time.perf_counter()))
         streams: list[StreamRun] = []
         body_size: dict[str, int] = {}
-        methods = _methods(server.url, path, paths, batch_size, n, streams, body_size)
+        methods = _methods(server.url, path, paths, batch_size, n, streams, body_size, [sampler, anon])
         _log("warm-up: one untimed pass of each method")
         for method in methods:
             method()
@@ -410,11 +417,16 @@ def run(steps: int, *, envs: int = 1000, horizon: int = 250, batch_size: int = 6
 
 
 def _methods(url: str, store: Path, paths: list[str], batch_size: int, rows: int, streams: list[StreamRun],
-             body: dict[str, int]) -> list[Callable[[], int]]:
-    """The methods in the order of the timings; each returns the rows it read."""
+             body: dict[str, int], samplers: list[RssSampler]) -> list[Callable[[], int]]:
+    """The methods in the order of the timings; each returns the rows it read. Each client stream is sampled
+    by ``samplers`` as it starts and ends, however short it is."""
     def client() -> int:
         streams.append(StreamRun(time.perf_counter()))
+        for sampler in samplers:
+            sampler.sample()
         got = read_client(url, batch_size, streams[-1])
+        for sampler in samplers:
+            sampler.sample()
         streams[-1].end = time.perf_counter()
         return got
 
@@ -445,7 +457,7 @@ def _memory(sampler: RssSampler, streams: list[StreamRun], rows: int, *, idle: f
     for s in streams:
         marks = [(s.start, 0)] + s.marks
         i = 0
-        samples = [(t, rss) for t, rss in sampler.samples if s.start <= t <= s.end]
+        samples = sorted((t, rss) for t, rss in sampler.samples if s.start <= t <= s.end)
         for t, rss in samples:
             while i + 1 < len(marks) and marks[i + 1][0] <= t:
                 i += 1

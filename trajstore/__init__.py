@@ -17,6 +17,7 @@ from trajstore.__about__ import __version__
 from trajstore.errors import (
     AuthenticationError,
     CommitError,
+    CommitUnknownError,
     ConflictError,
     InputError,
     QueryBusyError,
@@ -54,6 +55,7 @@ __all__ = [
     "Client",
     "Commit",
     "CommitError",
+    "CommitUnknownError",
     "CompactReport",
     "ConflictError",
     "EpisodeFilter",

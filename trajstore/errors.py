@@ -25,6 +25,7 @@ __all__ = [
     "QueryMemoryError",
     "QueryBusyError",
     "CommitError",
+    "CommitUnknownError",
     "StoreDamagedError",
     "AuthenticationError",
     "WriterClosedError",
@@ -102,6 +103,12 @@ class AuthenticationError(TrajstoreError, PermissionError):
 
 class CommitError(TrajstoreError):
     """Writing or committing files to the store's log failed; nothing of that commit is visible."""
+
+
+class CommitUnknownError(StoreAccessError):
+    """A commit was sent, its answer did not come, and the log could not be read to tell whether it landed: the
+    change may have been applied (none of its files were deleted); ``trajstore history`` shows it once the store
+    answers."""
 
 
 class StoreDamagedError(TrajstoreError):

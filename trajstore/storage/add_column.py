@@ -76,9 +76,8 @@ def add_column(store: Store, name: str, expression: str | Callable[[pa.Table], A
             _rewrite(store, partitions[part], values, name, removed, written)
         report.files_rewritten = len(written)
         if written:
-            store.table.swap(dt, removed, written, metadata={"operation": "add_column", "column": name,
-                                                            "rows": report.rows})
-            report.version = store.table.version()
+            report.version = store.table.swap(dt, removed, written, metadata={
+                "operation": "add_column", "column": name, "rows": report.rows})
     except BaseException as exc:
         store.table.discard([w.path for w in written], exc)
         raise

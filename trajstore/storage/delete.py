@@ -164,9 +164,8 @@ def _apply(store: Store, dt: object, plan: _Plan) -> int:
             written.append(store.table.write(kept, run_id=f.run_id, env_id=f.env_id))
         removed = plan.whole + [f for f, _ in plan.partial.values()]
         r = plan.report
-        store.table.swap(dt, removed, written, metadata={  # type: ignore[arg-type]
+        return store.table.swap(dt, removed, written, metadata={  # type: ignore[arg-type]
             "operation": "delete", "episodes": r.episodes, "rows_removed": r.steps, "run_ids": r.runs})
     except BaseException as exc:
         store.table.discard([w.path for w in written], exc)
         raise
-    return store.table.version()

@@ -27,14 +27,24 @@ from deltalake import DeltaTable, Field
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
-from trajstore.errors import CommitError, ReadOnlyError, StoreAccessError, StoreDamagedError, first_line, one_line
+from trajstore.errors import (
+    CommitError,
+    CommitUnknownError,
+    ReadOnlyError,
+    StoreAccessError,
+    StoreDamagedError,
+    first_line,
+    one_line,
+)
 from trajstore.schema import PARTITION_COLUMNS, delta_schema
 from trajstore.storage import names
 from trajstore.storage.encoding import EncodingError, FileLayout
+from trajstore.storage.landing import MARKER, Attempt, find, settle
 from trajstore.storage.location import Location, explain, locate
 
 log = logging.getLogger(__name__)
 
+LOG_DIR = "_delta_log"
 COMMIT_RETRIES = 20
 LAYOUTS_KEPT = 200_000  # file footers kept per table (committed files never change)
 FOOTER_THREADS = 8  # footers read at once from an object store
@@ -109,7 +119,7 @@ class StepsTable:
         self.pinned = pinned  # a version read as it was (time travel): every read sees it, writes are refused
         self._layouts: dict[str, FileLayout] = {}
         self._layouts_lock = threading.Lock()
-        self._unsure: set[str] = set()  # files whose commit failed without an answer: it may have landed
+        self._unsure: dict[str, Attempt] = {}  # files whose commit raised, and how it was sent: it may have landed
 
     def writable(self, operation: str) -> None:
         """Raise :class:`ReadOnlyError` if this table is pinned to an old version."""
@@ -171,14 +181,32 @@ class StepsTable:
     def commit_at(self, version: int) -> LogCommit | None:
         """What the commit of ``version`` did, read from its one JSON file in the log (no listing, no other
         file read); None while there is no such version yet."""
+        actions = self._log_entry(version)
+        return None if actions is None else self._log_commit(version, actions)
+
+    def marker_at(self, version: int) -> str | None:
+        """The marker trajstore gave the commit of ``version`` (:mod:`~trajstore.storage.landing`): its commit id,
+        ``""`` for a commit without one (another tool's, or an older trajstore's); None while there is no such
+        version yet."""
+        actions = self._log_entry(version)
+        if actions is None:
+            return None
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        own = info.get("trajstore")
+        return str(own.get(MARKER) or "") if isinstance(own, dict) else ""
+
+    def _log_entry(self, version: int) -> list[dict[str, Any]] | None:
+        """The actions of the log's entry for ``version``; None while there is none. An entry that cannot be
+        read (an object store that does not answer) raises :class:`StoreAccessError`."""
         try:
-            with self.fs.open_input_stream(self.location.path(f"_delta_log/{version:020d}.json")) as stream:
+            with self.fs.open_input_stream(self.location.path(LOG_DIR, f"{version:020d}.json")) as stream:
                 text = stream.read().decode()
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise explain(exc, self.location) or exc
-        return self._log_commit(version, [json.loads(line) for line in text.splitlines() if line.strip()])
+            raise explain(exc, self.location) or StoreAccessError(
+                f"{self.uri}: the log entry of version {version} cannot be read: {first_line(exc)}") from exc
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def _log_commit(self, version: int, actions: list[dict[str, Any]]) -> LogCommit:
         added, removed, when = [], 0, None
@@ -327,13 +355,18 @@ class StepsTable:
         """Clean up after a write or commit that failed with ``cause`` (None: refused, nothing committed): remove
         the files it wrote, which no commit lists. Never raises, so the cleanup cannot hide ``cause``.
 
-        On an object store, a failure that came from the store itself (an error, no answer) leaves the files:
-        a commit that got no answer may still land, and then needs them; one that did not leaves files no
-        reader lists, which ``trajstore check`` reports and :func:`~trajstore.storage.check.remove_orphans`
-        removes. Asking a store that does not answer to delete them would only wait again."""
-        if paths and not self.location.is_local and _from_store(cause):
-            log.info("%s: %d file(s) of a failed write or commit left as they are (if they exist, `trajstore "
-                     "check` lists them as orphans)", self.uri, len(paths))
+        Every commit path raises only once the log says its commit did not land
+        (:mod:`~trajstore.storage.landing`); the files are kept when that could not be told
+        (:class:`~trajstore.errors.CommitUnknownError`) or the call was interrupted, and, on an object store,
+        after any failure that came from the store itself (an error, no answer): a PUT of the log entry that got
+        no answer may still be on its way, and would then need them, and asking a store that does not answer
+        to delete them would only wait again. Files kept by a commit that did not land are listed by no version:
+        ``trajstore check`` reports them as orphans and :func:`~trajstore.storage.check.remove_orphans` (or
+        ``trajstore vacuum``) removes them."""
+        keep = isinstance(cause, CommitUnknownError) or (cause is not None and not isinstance(cause, Exception))
+        if paths and (keep or (not self.location.is_local and _from_store(cause))):
+            log.info("%s: %d file(s) of a failed write or commit left as they are (if no version lists them, "
+                     "`trajstore check` reports them as orphans)", self.uri, len(paths))
             return
         for path in paths:
             try:
@@ -359,7 +392,7 @@ class StepsTable:
                 if dt is None:
                     self._ensure_table(_full_schema(pa.schema([])))
                 else:
-                    dt.alter.add_columns([Field.from_arrow(f) for f in new])
+                    self._add_columns(dt, new)
                     continue  # read the log again: the names must be the ones it now holds
             except StoreAccessError:
                 raise
@@ -376,24 +409,18 @@ class StepsTable:
     def commit(self, written: WrittenFile) -> str:
         """Second half of :meth:`append`: make the file durable, then commit it. Returns its path.
 
-        Safe to call again for the same file after it failed: a commit that failed without an answer from the
-        store may have landed, so a second call first looks whether the log lists the file already."""
+        Safe to call again for the same file after it failed: a commit that raised may have landed (its answer
+        lost, or it could not be told), so a second call first looks for it in every version after the one the
+        first try was planned on, not only in the latest file list (a compaction may have merged the file since);
+        each try carries the same marker (:mod:`~trajstore.storage.landing`)."""
         self.sync(written)
-        if written.path in self._unsure and self._committed(written.path):
-            self._unsure.discard(written.path)
+        tried = self._unsure.get(written.path)
+        if tried is not None and find(self, tried) is not None:
+            del self._unsure[written.path]
             return written.path
-        try:
-            self._commit(written.action, written.schema)
-        except BaseException as exc:
-            if _from_store(exc):
-                self._unsure.add(written.path)
-            raise
-        self._unsure.discard(written.path)
+        self._commit(written)
+        self._unsure.pop(written.path, None)
         return written.path
-
-    def _committed(self, path: str) -> bool:
-        dt = self._open()
-        return dt is not None and any(f.path == path for f in self._files(dt))
 
     # --- conditional commits (ingest) -------------------------------------------------------------
 
@@ -416,12 +443,14 @@ class StepsTable:
         Unlike :meth:`commit`, never rebases onto newer commits: what the caller checked against ``dt`` still
         holds when the commit succeeds. ``written`` must be synced (:meth:`sync`).
         """
-        properties = CommitProperties(max_commit_retries=0, app_transactions=[transaction] if transaction else None)
         try:
-            dt.create_write_transaction([written.action], mode="append", schema=_full_schema(written.schema),
-                                        partition_by=list(PARTITION_COLUMNS), commit_properties=properties)
+            self._send(dt, Attempt(dt.version()), [written.action], what=f"the append of {written.action.path}",
+                       metadata={"operation": "append"}, schema=_full_schema(written.schema), retries=0,
+                       transaction=transaction)
         except CommitFailedError:
             return False
+        except StoreAccessError:
+            raise
         except Exception as exc:  # noqa: BLE001 - surfaced as a StoreAccessError or a CommitError naming the file
             raise explain(exc, self.location) or CommitError(
                 f"commit of {written.action.path} to {self.uri} failed: {one_line(exc)}") from exc
@@ -439,8 +468,9 @@ class StepsTable:
             return None, []
         return dt, [f for f in self._files(dt) if f.run_id == run_id and f.env_id == env_id]
 
-    def replace(self, dt: DeltaTable, written: list[WrittenFile], *, run_id: str, env_id: str) -> None:
-        """Commit ``written`` in place of every file the partition had in version ``dt`` (a compaction).
+    def replace(self, dt: DeltaTable, written: list[WrittenFile], *, run_id: str, env_id: str) -> int:
+        """Commit ``written`` in place of every file the partition had in version ``dt`` (a compaction); returns
+        the version committed.
 
         Files appended to the partition after ``dt`` stay; if another commit removed files of ``dt``
         meanwhile (a concurrent compaction), the commit fails with :class:`CommitError` and changes nothing.
@@ -448,23 +478,27 @@ class StepsTable:
         for w in written:
             self.sync(w)
         table_schema = pa.schema(dt.schema().to_arrow())  # every column stays in the table's schema
+        attempt = Attempt(dt.version())
         try:
-            dt.create_write_transaction([w.action for w in written], mode="overwrite", schema=table_schema,
-                                        partition_by=list(PARTITION_COLUMNS),
-                                        partition_filters=[("run_id", "=", run_id), ("env_id", "=", env_id)],
-                                        commit_properties=CommitProperties(
-                                            custom_metadata={"trajstore": {"operation": "compact"}}))
+            landed = self._send(dt, attempt, [w.action for w in written], what=f"the compaction of run_id={run_id}/"
+                                f"env_id={env_id}", metadata={"operation": "compact"}, schema=table_schema,
+                                mode="overwrite",
+                                partition_filters=[("run_id", "=", run_id), ("env_id", "=", env_id)])
+        except StoreAccessError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the partition
             raise explain(exc, self.location) or CommitError(
                 f"compaction of run_id={run_id}/env_id={env_id} was not committed: {one_line(exc)}") from exc
+        return self._version_of(attempt, landed)
 
     def swap(self, dt: DeltaTable, removed: list[DataFile], written: list[WrittenFile], *,
-             metadata: dict[str, Any]) -> None:
+             metadata: dict[str, Any]) -> int:
         """Commit, in one transaction over version ``dt``, the removal of exactly ``removed`` and the addition
-        of ``written`` (a delete, a rewrite). Commits appended after ``dt`` stay (the log rebases the commit
-        onto them); if one of them removed a file of ``removed`` (a concurrent delete or compaction), the
-        commit fails with a :class:`CommitError` and changes nothing. ``metadata`` goes into the commit's info
-        under ``"trajstore"`` (what :func:`trajstore.storage.history.history` shows)."""
+        of ``written`` (a delete, a rewrite); returns the version committed. Commits appended after ``dt`` stay
+        (the log rebases the commit onto them); if one of them removed a file of ``removed`` (a concurrent
+        delete or compaction), the commit fails with a :class:`CommitError` and changes nothing. ``metadata``
+        goes into the commit's info under ``"trajstore"`` (what :func:`trajstore.storage.history.history`
+        shows)."""
         self.writable(str(metadata.get("operation", "change")))
         for w in written:
             self.sync(w)
@@ -481,10 +515,12 @@ class StepsTable:
             if any(f.path not in listed for f in removed):
                 raise CommitError(f"{metadata.get('operation')}: another change removed some of the files it "
                                   "read; nothing was committed")
+        attempt = Attempt(dt.version())
+        what = f"the {metadata.get('operation', 'change')} of {len(removed)} file(s)"
         try:
-            dt.create_write_transaction(actions, mode="append", schema=table_schema,
-                                        partition_by=list(PARTITION_COLUMNS),
-                                        commit_properties=CommitProperties(custom_metadata={"trajstore": metadata}))
+            landed = self._send(dt, attempt, actions, what=what, metadata=metadata, schema=table_schema)
+        except StoreAccessError:
+            raise
         except OSError as exc:
             raise explain(exc, self.location) or CommitError(f"{metadata.get('operation')} of {len(removed)} "
                                                              f"file(s) in {self.uri} was not committed: "
@@ -493,6 +529,36 @@ class StepsTable:
             raise explain(exc, self.location) or CommitError(
                 f"{metadata.get('operation')} of {len(removed)} file(s) in {self.uri} was not committed (another "
                 f"change removed some of them first?): {first_line(exc)}") from exc
+        return self._version_of(attempt, landed)
+
+    def _send(self, dt: DeltaTable, attempt: Attempt, actions: list[Any], *, what: str, metadata: dict[str, Any],
+              schema: pa.Schema, mode: str = "append", partition_filters: list[Any] | None = None,
+              retries: int | None = None, transaction: Transaction | None = None) -> int | None:
+        """Send one commit planned on version ``dt`` (``attempt``: its base and marker; ``what``: the change, for
+        messages). Returns None when it committed, or the version it landed as when sending raised after it
+        landed (:func:`~trajstore.storage.landing.settle`); raises sending's own error when it did not land,
+        and :class:`~trajstore.errors.CommitUnknownError` when the log cannot tell. ``retries``: how often
+        deltalake may rebase it onto commits that came first (None: its default; 0: never, the caller
+        retries)."""
+        properties = CommitProperties(custom_metadata=attempt.metadata(metadata), max_commit_retries=retries,
+                                      app_transactions=[transaction] if transaction else None)
+        try:
+            dt.create_write_transaction(actions, mode=mode, schema=schema, partition_by=list(PARTITION_COLUMNS),
+                                        partition_filters=partition_filters, commit_properties=properties)
+        except BaseException as exc:
+            landed = settle(self, attempt, exc, what)
+            if landed is None:
+                raise
+            return landed
+        return None
+
+    def _version_of(self, attempt: Attempt, landed: int | None) -> int:
+        """The version ``attempt`` committed as (``landed`` if already known)."""
+        version = landed if landed is not None else find(self, attempt)
+        if version is None:  # it committed, so the log holds it: only a log cleaned up under us could hide it
+            raise CommitError(f"{self.uri}: a commit succeeded but no version after {attempt.base} carries its id "
+                              f"{attempt.marker}")
+        return version
 
     def _write_file(self, data: pa.Table, path: str) -> int:
         """Write ``data`` as one Parquet file at ``path``; returns its size in bytes."""
@@ -510,18 +576,23 @@ class StepsTable:
             out.write(body)
         return body.size
 
-    def _commit(self, action: AddAction, file_schema: pa.Schema) -> None:
-        full_schema = _full_schema(file_schema)
+    def _commit(self, written: WrittenFile) -> None:
+        """Append ``written``, exactly once: each try is planned on the latest version and never rebased by
+        deltalake (a rebase after a lost answer would commit the file a second time, after a compaction that
+        merged it, too); a try that lost the race to another commit is looked for in the log, then made again.
+        The first try's base and marker are kept (``_unsure``) until the file is known to be committed."""
+        action, full_schema = written.action, _full_schema(written.schema)
         last: Exception | None = None
-        for attempt in range(COMMIT_RETRIES):
+        for i in range(COMMIT_RETRIES):
             try:
                 dt = self._ensure_table(full_schema)
-                dt.create_write_transaction([action], mode="append", schema=full_schema,
-                                            partition_by=list(PARTITION_COLUMNS))
+                attempt = self._unsure.setdefault(written.path, Attempt(dt.version()))
+                self._send(dt, attempt, [action], what=f"the append of {action.path}",
+                           metadata={"operation": "append"}, schema=full_schema, retries=0)
                 return
             except CommitFailedError as exc:  # another writer won the version race: read the log again
                 last = exc
-                time.sleep(0.01 * (attempt + 1))
+                time.sleep(0.01 * (i + 1))
             except StoreAccessError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the file
@@ -555,16 +626,35 @@ class StepsTable:
                 DeltaTable.create(self.uri, _full_schema(pa.schema([])), partition_by=list(PARTITION_COLUMNS),
                                   mode="ignore", name="steps", storage_options=self.location.storage_options)
                 dt = self._open()
-            except (CommitFailedError, DeltaError):  # a concurrent writer created it first
-                dt = self._open()
+            except (OSError, DeltaError):  # a concurrent writer created it first, or the creation's answer was
+                dt = self._open()            # lost: the log says whether the table is there
                 if dt is None:
                     raise
         known = set(pa.schema(dt.schema().to_arrow()).names)
         new = [f for f in schema if f.name not in known]
         if new:
-            dt.alter.add_columns([Field.from_arrow(f) for f in new])
+            self._add_columns(dt, new)
             dt = self._open()
         return dt
+
+    def _add_columns(self, dt: DeltaTable, fields: list[pa.Field]) -> None:
+        """Give the log's schema ``fields`` in a commit of its own. When that raises, the log says whether it
+        landed anyway (the columns are there: done) before the error goes on; a log that cannot be read raises
+        :class:`~trajstore.errors.CommitUnknownError`."""
+        try:
+            dt.alter.add_columns([Field.from_arrow(f) for f in fields])
+        except Exception as exc:
+            try:
+                now = self._open()
+            except StoreAccessError as unread:
+                raise CommitUnknownError(f"{self.uri}: adding the columns {[f.name for f in fields]} to the log "
+                                         f"may have been applied; the log cannot be read to tell "
+                                         f"({first_line(unread)}); nothing was deleted") from exc
+            held = set() if now is None else set(pa.schema(now.schema().to_arrow()).names)
+            if not {f.name for f in fields} <= held:
+                raise
+            log.warning("%s: the columns %s were added to the log, though the call reported a failure after it "
+                        "(%s)", self.uri, [f.name for f in fields], first_line(exc))
 
 
 def _from_store(exc: BaseException | None) -> bool:

@@ -159,8 +159,7 @@ def compact_small(table: StepsTable, run_id: str, env_id: str, policy: Policy) -
                 written.append(table.write(merged(part), run_id=run_id, env_id=env_id))
         table.swap(dt, removed, written, metadata={"operation": "compact", "auto": True})
     except BaseException as exc:
-        for w in written:
-            table.delete(w.path)
+        table.discard([w.path for w in written], exc)  # only what the log says did not land
         if not isinstance(exc, CommitError):
             raise
         log.info("compaction of run_id=%s/env_id=%s skipped: %s", run_id, env_id, exc)

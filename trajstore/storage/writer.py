@@ -29,6 +29,7 @@ import pyarrow as pa
 from trajstore import schema as sch
 from trajstore.errors import (
     CommitError,
+    CommitUnknownError,
     InputError,
     RemoteError,
     SchemaMismatchError,
@@ -392,6 +393,10 @@ def _not_stored(exc: BaseException, steps: int, run_id: str) -> BaseException:
     """``exc`` again (same type), its message saying that ``steps`` steps are kept for the next flush."""
     note = (f"; {steps} steps of run {run_id!r} are not stored yet: the writer keeps them for its next flush() or "
             "close() (lost if the process ends first)")
+    if isinstance(exc, CommitUnknownError):
+        return CommitUnknownError(f"{exc}; the writer keeps the {steps} steps of run {run_id!r} it has not seen "
+                                  "committed: its next flush() or close() looks for them in the log and sends only "
+                                  "what is not there (lost if the process ends first)")
     if isinstance(exc, RemoteError):
         return RemoteError(exc.status, exc.title, f"{exc.detail or ''}{note}")
     for kind in (StoreAccessError, CommitError):

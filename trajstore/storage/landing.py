@@ -1,0 +1,101 @@
+"""Whether a commit landed: the one answer every commit path gives when sending a commit to the log raised.
+
+A commit can land and still raise. An object store may take the PUT of the log entry and lose its answer (the
+client times out, or retries and hears that the entry exists); deltalake may write the version and then fail in
+what it runs after it (a checkpoint that meets a full disk). Deleting the files of such a commit, or committing
+its rows again, would lose or duplicate data that readers already see.
+
+So every commit trajstore sends carries a marker of its own, a random id in its commit info
+(``commitInfo.trajstore.commit``), and names the version it was planned on (its *base*). When sending it raised,
+:func:`settle` reads the versions after the base, one log entry each: the commit landed exactly when one of them
+carries its marker. A later compaction or delete that removed its files does not hide it (the entry stays), so a
+retried append is known to be committed whatever happened to its files since. A commit that landed is reported
+as done (with a warning when what failed came after it); one that did not raises its own error, and its files
+may be cleaned up (:meth:`~trajstore.storage.table.StepsTable.discard`); when the log cannot be read either,
+:class:`~trajstore.errors.CommitUnknownError` says that the change may have been applied and how to see it, and
+nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from deltalake.exceptions import CommitFailedError
+
+from trajstore.errors import CommitUnknownError, StoreAccessError, first_line
+
+if TYPE_CHECKING:
+    from trajstore.storage.table import StepsTable
+
+log = logging.getLogger(__name__)
+
+MARKER = "commit"  # the key of a commit's marker in its commit info's "trajstore" object
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One commit as sent: the latest version when it was planned (``base``, -1 before the first) and its marker.
+    A retry of the same change (an append sent again) keeps both, so one search finds whichever try landed."""
+
+    base: int
+    marker: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def metadata(self, own: dict[str, Any]) -> dict[str, Any]:
+        """The commit info's custom metadata: ``own`` (what :mod:`~trajstore.storage.history` shows) and the
+        marker, under ``"trajstore"``."""
+        return {"trajstore": {**own, MARKER: self.marker}}
+
+
+def find(table: StepsTable, attempt: Attempt) -> int | None:
+    """The version that carries ``attempt``'s marker, or None when no version after its base does.
+
+    Raises :class:`CommitUnknownError` when the log cannot be read, or when an entry after the base is gone
+    (cleaned up after a checkpoint) while later versions exist: then nothing can tell."""
+    version = attempt.base + 1
+    while True:
+        try:
+            marker = table.marker_at(version)
+        except StoreAccessError as exc:
+            raise unknown(table, attempt, exc) from exc
+        if marker is None:  # no entry for this version: past the latest, unless it was cleaned up
+            if _later_versions(table, attempt, version):
+                raise unknown(table, attempt, f"the log entry of version {version} is gone")
+            return None
+        if marker == attempt.marker:
+            return version
+        version += 1
+
+
+def _later_versions(table: StepsTable, attempt: Attempt, version: int) -> bool:
+    try:
+        return table.version() > version
+    except StoreAccessError as exc:
+        raise unknown(table, attempt, exc) from exc
+
+
+def settle(table: StepsTable, attempt: Attempt, exc: BaseException, what: str) -> int | None:
+    """After sending ``attempt`` (``what``: the change, for messages) raised ``exc``: the version it landed as,
+    or None when it did not land (the caller raises its own error, and may clean up). A landed commit whose
+    failure was not a lost race is logged as a warning: the change is done, only what followed it failed."""
+    if not isinstance(exc, Exception):  # interrupted (KeyboardInterrupt, SystemExit): no more reads now
+        return None
+    version = find(table, attempt)
+    if version is not None and not isinstance(exc, CommitFailedError):
+        log.warning("%s: %s was committed as version %d, though the call failed (%s): its answer was lost, or "
+                    "what ran after the commit failed (a checkpoint is written again later); the change is done",
+                    table.uri, what, version, first_line(exc))
+    return version
+
+
+def unknown(table: StepsTable, attempt: Attempt, cause: object) -> CommitUnknownError:
+    """The error for a commit whose fate the log cannot tell."""
+    store = table.location.uri.rsplit("/", 1)[0]
+    said = first_line(cause) if isinstance(cause, BaseException) else str(cause)
+    return CommitUnknownError(
+        f"{table.uri}: a commit was sent but whether it landed cannot be told ({said}); the change "
+        f"may have been applied, so none of its files were deleted. Once the store answers, `trajstore history "
+        f"--store {store}` shows it as a version after {attempt.base} if it was (its commit id is "
+        f"{attempt.marker}); `trajstore check` lists the files of one that was not")

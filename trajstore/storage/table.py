@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import threading
 import time
 import uuid
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 
 LOG_DIR = "_delta_log"
 COMMIT_RETRIES = 20
+APPEND_RETRIES = 100  # an append's tries while other writers keep committing first (each after a back-off)
 LAYOUTS_KEPT = 200_000  # file footers kept per table (committed files never change)
 FOOTER_THREADS = 8  # footers read at once from an object store
 LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id", "mode", "policy_version", "seed",
@@ -579,26 +581,37 @@ class StepsTable:
     def _commit(self, written: WrittenFile) -> None:
         """Append ``written``, exactly once: each try is planned on the latest version and never rebased by
         deltalake (a rebase after a lost answer would commit the file a second time, after a compaction that
-        merged it, too); a try that lost the race to another commit is looked for in the log, then made again.
-        The first try's base and marker are kept (``_unsure``) until the file is known to be committed."""
+        merged it, too); a try that lost the race to another commit is looked for in the log, then made again
+        on the versions since (read incrementally, as deltalake's own rebase would). The first try's base and
+        marker are kept (``_unsure``) until the file is known to be committed."""
         action, full_schema = written.action, _full_schema(written.schema)
+        dt = self._ensure_table(full_schema)
+        attempt = self._unsure.setdefault(written.path, Attempt(dt.version()))
         last: Exception | None = None
-        for i in range(COMMIT_RETRIES):
+        for i in range(APPEND_RETRIES):
             try:
-                dt = self._ensure_table(full_schema)
-                attempt = self._unsure.setdefault(written.path, Attempt(dt.version()))
                 self._send(dt, attempt, [action], what=f"the append of {action.path}",
                            metadata={"operation": "append"}, schema=full_schema, retries=0)
                 return
-            except CommitFailedError as exc:  # another writer won the version race: read the log again
+            except CommitFailedError as exc:  # another writer won the version race: read what it committed
                 last = exc
-                time.sleep(0.01 * (i + 1))
+                time.sleep(backoff(i))
+                self._refresh(dt)
             except StoreAccessError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the file
                 raise explain(exc, self.location) or CommitError(
                     f"commit of {action.path} to {self.uri} failed: {one_line(exc)}") from exc
-        raise CommitError(f"commit of {action.path} failed after {COMMIT_RETRIES} attempts: {one_line(last)}")
+        raise CommitError(f"commit of {action.path} failed after {APPEND_RETRIES} attempts (other commits kept "
+                          f"coming first): {one_line(last)}")
+
+    def _refresh(self, dt: DeltaTable) -> None:
+        """``dt`` brought to the latest version by reading the versions since (columns are only ever added:
+        a file's columns the log held stay held)."""
+        try:
+            dt.update_incremental()
+        except (OSError, DeltaError) as exc:
+            raise explain(exc, self.location) or exc
 
     def _ensure_table(self, schema: pa.Schema) -> DeltaTable:
         """The table at its latest version, created or given the columns of ``schema`` it lacks. Safe when
@@ -653,8 +666,16 @@ class StepsTable:
             held = set() if now is None else set(pa.schema(now.schema().to_arrow()).names)
             if not {f.name for f in fields} <= held:
                 raise
+            if isinstance(exc, CommitFailedError):  # another writer added them first
+                return
             log.warning("%s: the columns %s were added to the log, though the call reported a failure after it "
                         "(%s)", self.uri, [f.name for f in fields], first_line(exc))
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before try ``attempt + 1`` of something that lost a race: doubling from 2 ms up to 0.2 s,
+    jittered so that racing writers spread out."""
+    return min(0.2, 0.002 * 2 ** attempt) * random.uniform(0.5, 1.5)
 
 
 def _from_store(exc: BaseException | None) -> bool:

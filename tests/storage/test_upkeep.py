@@ -20,6 +20,7 @@ import trajstore
 from tests import seaweed
 from tests.helpers import assert_same_stats, make_batch
 from trajstore.settings import Settings
+from trajstore.storage import compact as compaction
 from trajstore.storage import upkeep
 from trajstore.storage.check import check
 from trajstore.storage.table import StepsTable
@@ -93,14 +94,14 @@ def test_racing_compactions_one_wins_the_other_skips(store: trajstore.Store, mon
     write(store, 12)
     before = everything(store)
     both_read = threading.Barrier(2)
-    real = upkeep.merged
+    real = compaction.merged
 
     def merged_then_wait(files: Any) -> pa.Table:
         out = real(files)
         both_read.wait(timeout=30)  # each has read the same files before either commits
         return out
 
-    monkeypatch.setattr(upkeep, "merged", merged_then_wait)
+    monkeypatch.setattr(compaction, "merged", merged_then_wait)
     results: list[Any] = []
     policy = Policy(small_files=SMALL)
     threads = [threading.Thread(target=lambda: results.append(compact_small(StepsTable(store.table.location),
@@ -121,7 +122,7 @@ def test_a_change_during_compaction_wins_and_nothing_is_lost(store: trajstore.St
                                                             other: str) -> None:
     store.settings.compact_small_files = 0
     write(store, 12)
-    real = upkeep.merged
+    real = compaction.merged
     first = store.episodes(order_by="episode_id")["episode_id"][0].as_py()
 
     def merged_then_change(files: Any) -> pa.Table:
@@ -132,7 +133,7 @@ def test_a_change_during_compaction_wins_and_nothing_is_lost(store: trajstore.St
             store.add_column("double_reward", "reward * 2")
         return out
 
-    monkeypatch.setattr(upkeep, "merged", merged_then_change)
+    monkeypatch.setattr(compaction, "merged", merged_then_change)
     kept = None
     if other == "delete":
         kept = store.sql(f"SELECT * FROM steps WHERE episode_id <> {first}").num_rows

@@ -1,38 +1,44 @@
-"""Compaction: a partition's many small files rewritten as a few large ones, in one commit.
+"""Compaction, the one implementation: a partition's files merged into a few large ones, in one commit. ``trajstore
+compact`` (:func:`compact`), the writers' upkeep and the service's (:mod:`~trajstore.storage.upkeep`, its small files
+only) all call :func:`compact_partition`.
 
 Runs that flush often (a trainer that flushes every iteration, remote workers' 16 MiB commits) leave
 thousands of small files, and every query pays for each one (its footer, its scan set-up).
-:func:`compact` rewrites each ``(run_id, env_id)`` partition that would end up with fewer files: its
-files are read in the order they were written and written again as files of about ``target_bytes``,
-with the writer's Parquet settings and the stored types (fixed-size observation columns stay
-fixed-size), then committed in one Delta transaction that removes exactly the files that were read.
+:func:`compact_partition` reads the committed files it is given, of one ``(run_id, env_id)`` partition, in the
+order they were written, and writes them again as files of about ``target_bytes``, with the writer's Parquet
+settings and the stored types (fixed-size observation columns stay fixed-size); then one commit
+(:meth:`~trajstore.storage.table.StepsTable.swap`) removes exactly the files read and adds the new ones.
 Only files of one format (:mod:`~trajstore.storage.encoding`) are joined (:func:`merged`), their rows ordered by
 ``(episode_id, step)``: each episode is contiguous in the new file, and an encoded row still has the neighbour it
 decodes from (a null ``next_obs`` or a one-frame row always follows its episode's previous step in its file, and
 an episode's rows from a later file start with an anchor and a stored ``next_obs`` ends its rows in each file).
-Writers also compact their own partitions as they go (:mod:`~trajstore.storage.upkeep`).
 
-Appends that land in the partition meanwhile stay. A concurrent compaction of the same partition makes
-the later commit fail, and that partition is left as it was (its new files deleted). The old files stay
-on disk for readers that listed them before the commit; ``trajstore check --remove-orphans`` deletes
-them once they were removed long enough ago.
+Appends that land in the partition meanwhile stay (the commit is rebased onto them). A change that removed some
+of the files first (another compaction, a delete, an ``add_column``) makes the commit fail: nothing is committed,
+the new files are cleaned up by :meth:`~trajstore.storage.table.StepsTable.discard`'s rule (only once the log says
+the commit did not land, see :mod:`~trajstore.storage.landing`) and the partition is skipped. The old files stay
+on disk for readers that listed them before the commit; ``trajstore vacuum`` (or ``check --remove-orphans``)
+deletes them once they were removed long enough ago.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trajstore.errors import CommitError, InputError, RunNotFoundError
-from trajstore.storage.table import DataFile, WrittenFile
+from trajstore.storage.table import DataFile, StepsTable, WrittenFile
 
 if TYPE_CHECKING:
     from trajstore.store import Store
+
+log = logging.getLogger(__name__)
 
 TARGET_BYTES = 128 * 1024 * 1024
 
@@ -87,21 +93,51 @@ def _compact_partition(store: Store, run_id: str, env_id: str, target_bytes: int
     dt, files = store.table.partition_files(run_id, env_id)  # the files of one version, which the commit removes
     if dt is None or len(files) < 2:
         return
-    written: list[WrittenFile] = []
     try:
-        for group in _groups(sorted(files, key=lambda f: (f.modified_ms, f.path)), target_bytes,
-                             _formats(store, files)):
-            written.append(store.table.write(merged(group), run_id=run_id, env_id=env_id))
-        store.table.replace(dt, written, run_id=run_id, env_id=env_id)
-    except BaseException as exc:
-        store.table.discard([w.path for w in written], exc)
-        if not isinstance(exc, CommitError):
-            raise
+        done = compact_partition(store.table, dt, files, target_bytes=target_bytes)
+    except CommitError as exc:
         report.skipped.append(f"run_id={run_id}/env_id={env_id}: {exc}")
         return
-    report.partitions += 1
-    report.files_before += len(files)
-    report.files_after += len(written)
+    if done.files_removed:
+        report.partitions += 1
+        report.files_before += done.files_removed
+        report.files_after += done.files_added
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """What one :func:`compact_partition` committed: the partition, the files it removed and added, the version."""
+
+    run_id: str
+    env_id: str
+    files_removed: int
+    files_added: int
+    version: int | None = None
+
+
+def compact_partition(table: StepsTable, dt: Any, files: Sequence[DataFile], *, target_bytes: int,
+                      auto: bool = False) -> Compaction:
+    """Merge ``files`` (committed files of one partition in version ``dt``): the consecutive files of each format
+    in groups of about ``target_bytes``, one new file per group of two or more, in one commit removing exactly the
+    files read (``auto``: recorded as upkeep's in the commit). Raises :class:`CommitError` when another change
+    removed some of them first: nothing was committed."""
+    run_id, env_id = files[0].run_id, files[0].env_id
+    groups = [g for g in _groups(sorted(files, key=lambda f: (f.modified_ms, f.path)), target_bytes,
+                                 _formats(table, files)) if len(g) > 1]
+    if not groups:
+        return Compaction(run_id, env_id, 0, 0)
+    written: list[WrittenFile] = []
+    try:
+        for group in groups:
+            written.append(table.write(merged(group), run_id=run_id, env_id=env_id))
+        version = table.swap(dt, [f for g in groups for f in g], written,
+                             metadata={"operation": "compact", **({"auto": True} if auto else {})})
+    except BaseException as exc:
+        table.discard([w.path for w in written], exc)  # only what the log says did not land
+        raise
+    log.info("compacted run_id=%s/env_id=%s: %d files into %d (version %d)", run_id, env_id,
+             sum(map(len, groups)), len(written), version)
+    return Compaction(run_id, env_id, sum(map(len, groups)), len(written), version)
 
 
 def merged(files: Sequence[DataFile]) -> pa.Table:
@@ -115,9 +151,9 @@ def merged(files: Sequence[DataFile]) -> pa.Table:
     return data.take(order)
 
 
-def _formats(store: Store, files: list[DataFile]) -> dict[str, str]:
+def _formats(table: StepsTable, files: Sequence[DataFile]) -> dict[str, str]:
     """Each file's format, as a key (files of one format are joined)."""
-    return {f.path: layout.format.key() for f, layout in zip(files, store.table.layouts(files))}
+    return {f.path: layout.format.key() for f, layout in zip(files, table.layouts(files))}
 
 
 def _groups(files: list[DataFile], target_bytes: int, formats: dict[str, str]) -> Iterator[list[DataFile]]:

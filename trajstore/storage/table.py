@@ -464,34 +464,11 @@ class StepsTable:
             fsync_file(written.path)
 
     def partition_files(self, run_id: str, env_id: str) -> tuple[DeltaTable | None, list[DataFile]]:
-        """The latest version and the committed files of one partition in it (for :meth:`replace`)."""
+        """The latest version and the committed files of one partition in it (for a compaction's :meth:`swap`)."""
         dt = self._open()
         if dt is None:
             return None, []
         return dt, [f for f in self._files(dt) if f.run_id == run_id and f.env_id == env_id]
-
-    def replace(self, dt: DeltaTable, written: list[WrittenFile], *, run_id: str, env_id: str) -> int:
-        """Commit ``written`` in place of every file the partition had in version ``dt`` (a compaction); returns
-        the version committed.
-
-        Files appended to the partition after ``dt`` stay; if another commit removed files of ``dt``
-        meanwhile (a concurrent compaction), the commit fails with :class:`CommitError` and changes nothing.
-        """
-        for w in written:
-            self.sync(w)
-        table_schema = pa.schema(dt.schema().to_arrow())  # every column stays in the table's schema
-        attempt = Attempt(dt.version())
-        try:
-            landed = self._send(dt, attempt, [w.action for w in written], what=f"the compaction of run_id={run_id}/"
-                                f"env_id={env_id}", metadata={"operation": "compact"}, schema=table_schema,
-                                mode="overwrite",
-                                partition_filters=[("run_id", "=", run_id), ("env_id", "=", env_id)])
-        except StoreAccessError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the partition
-            raise explain(exc, self.location) or CommitError(
-                f"compaction of run_id={run_id}/env_id={env_id} was not committed: {one_line(exc)}") from exc
-        return self._version_of(attempt, landed)
 
     def swap(self, dt: DeltaTable, removed: list[DataFile], written: list[WrittenFile], *,
              metadata: dict[str, Any]) -> int:

@@ -6,9 +6,10 @@ version since the last one. An :class:`Upkeep` is told of each commit (:meth:`Up
 the partition and returns) and works on a thread of its own, never on the caller's ``add_batch``/``flush`` path:
 
 - a partition holding more than ``compact_small_files`` files below ``compact_small_bytes`` has those files merged
-  (:func:`compact_small`): the rows of each format's small files, ordered by ``(episode_id, step)``
-  (:func:`~trajstore.storage.compact.merged`), written as files of up to ``compact_target_bytes``, and committed by
-  :meth:`~trajstore.storage.table.StepsTable.swap` removing exactly the files read. Files another writer appends
+  (:func:`compact_small`, by the one compaction, :func:`~trajstore.storage.compact.compact_partition`): the rows
+  of each format's small files, ordered by ``(episode_id, step)``, written as files of up to
+  ``compact_target_bytes``, and committed by :meth:`~trajstore.storage.table.StepsTable.swap` removing exactly the
+  files read. Files another writer appends
   meanwhile stay; when two compactions race, the first commit wins and the other finds its files gone and is
   skipped (its new files deleted), as is one that meets a delete, an ``add_column`` or a vacuum that removed them.
   Only committed files are read, never a writer's in-flight one. A compaction killed before its commit leaves
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trajstore.errors import CommitError
-from trajstore.storage.compact import merged
-from trajstore.storage.table import DataFile, StepsTable, WrittenFile
+from trajstore.storage.compact import Compaction, compact_partition
+from trajstore.storage.table import DataFile, StepsTable
 
 if TYPE_CHECKING:
     from trajstore.settings import Settings
@@ -60,16 +61,6 @@ class Policy:
     @property
     def active(self) -> bool:
         return self.small_files > 0 or self.checkpoint_interval > 0
-
-
-@dataclass(frozen=True)
-class Compaction:
-    """What one :func:`compact_small` committed: the partition, the files it removed and the files it added."""
-
-    run_id: str
-    env_id: str
-    files_removed: int
-    files_added: int
 
 
 class Upkeep:
@@ -140,45 +131,21 @@ def small_files(files: list[DataFile], small_bytes: int) -> list[DataFile]:
 
 
 def compact_small(table: StepsTable, run_id: str, env_id: str, policy: Policy) -> Compaction | None:
-    """Merge the small files of one partition if it holds more than ``policy.small_files`` of them; None when
-    there was nothing to do or another change removed some of them first (nothing committed then)."""
+    """Merge the small files of one partition (:func:`~trajstore.storage.compact.compact_partition`) if it holds
+    more than ``policy.small_files`` of them; None when there was nothing to do or another change removed some of
+    them first (nothing committed then)."""
     if policy.small_files <= 0:
         return None
     dt, files = table.partition_files(run_id, env_id)
     small = small_files(files, policy.small_bytes)
     if dt is None or len(small) <= policy.small_files:
         return None
-    formats: dict[str, list[DataFile]] = {}
-    for f, layout in zip(small, table.layouts(small)):
-        formats.setdefault(layout.format.key(), []).append(f)
-    removed = [f for group in formats.values() if len(group) > 1 for f in group]
-    written: list[WrittenFile] = []
     try:
-        for group in formats.values():
-            for part in _parts(group, policy.target_bytes) if len(group) > 1 else ():
-                written.append(table.write(merged(part), run_id=run_id, env_id=env_id))
-        table.swap(dt, removed, written, metadata={"operation": "compact", "auto": True})
-    except BaseException as exc:
-        table.discard([w.path for w in written], exc)  # only what the log says did not land
-        if not isinstance(exc, CommitError):
-            raise
+        done = compact_partition(table, dt, small, target_bytes=policy.target_bytes, auto=True)
+    except CommitError as exc:
         log.info("compaction of run_id=%s/env_id=%s skipped: %s", run_id, env_id, exc)
         return None
-    log.info("compacted run_id=%s/env_id=%s: %d files into %d", run_id, env_id, len(removed), len(written))
-    return Compaction(run_id, env_id, len(removed), len(written))
-
-
-def _parts(files: list[DataFile], target_bytes: int) -> list[list[DataFile]]:
-    """``files`` in write order, in consecutive parts of about ``target_bytes`` (one new file each)."""
-    parts: list[list[DataFile]] = [[]]
-    size = 0
-    for f in sorted(files, key=lambda f: (f.modified_ms, f.path)):
-        if parts[-1] and size + f.size > target_bytes:
-            parts.append([])
-            size = 0
-        parts[-1].append(f)
-        size += f.size
-    return parts
+    return done if done.files_removed else None
 
 
 def last_checkpoint(table: StepsTable) -> int | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from trajstore.errors import StoreAccessError
 from trajstore.query.follow import new_commits
-from trajstore.storage.table import LogCommit
+from trajstore.storage.log import LogCommit
 from trajstore.store import Store
 
 log = logging.getLogger(__name__)

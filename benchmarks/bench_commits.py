@@ -135,7 +135,7 @@ def compacted_copy(path: Path, to: Path) -> None:
 
     store = trajstore.open(to)
     compact(store, progress=False)
-    store.table.latest().create_checkpoint()
+    store.table.log.checkpoint_if_due(0)
 
 
 def run(points: list[int], work: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:

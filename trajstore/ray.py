@@ -27,7 +27,7 @@ import pyarrow as pa
 from trajstore.errors import InputError
 from trajstore.query.scan import scan_steps
 from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed
-from trajstore.storage.table import DataFile
+from trajstore.storage.log import DataFile
 from trajstore.store import open as open_store
 
 try:

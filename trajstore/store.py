@@ -71,8 +71,9 @@ from trajstore.settings import Settings
 from trajstore.storage.encoding import FileLayout
 from trajstore.storage.ingest import append_rows
 from trajstore.storage.location import Location, explain, locate
-from trajstore.storage.table import DataFile, LogCommit, StepsTable
-from trajstore.storage.upkeep import Policy, Upkeep, versions_since_checkpoint
+from trajstore.storage.log import DataFile, LogCommit
+from trajstore.storage.table import StepsTable
+from trajstore.storage.upkeep import Policy, Upkeep
 from trajstore.storage.writer import Writer
 
 if TYPE_CHECKING:
@@ -234,7 +235,7 @@ class Store:
 
     def writer(self, *, run_id: str, env_id: str, **options: Any) -> Writer:
         """A :class:`Writer` appending to ``run_id``/``env_id``; extra keywords are writer options or lineage."""
-        self.table.writable("writer")
+        self.table.log.writable("writer")
         options.setdefault("flush_bytes", self.settings.flush_bytes)
         options.setdefault("upkeep", Upkeep(self.table, Policy.of(self.settings)))
         return Writer(self.table, run_id=run_id, env_id=env_id, **options)
@@ -245,7 +246,7 @@ class Store:
         returns ``(file, duplicate)``. Rows that do not continue their episodes raise :class:`InputError`, a key
         used before for another request :class:`~trajstore.errors.ConflictError`. See
         :mod:`trajstore.storage.ingest`."""
-        self.table.writable("ingest")
+        self.table.log.writable("ingest")
         out = append_rows(self.table, rows, run_id=run_id, env_id=env_id, idempotency_key=idempotency_key)
         if out[0] is not None and not out[1]:  # remote writers' commits are compacted by the service
             with self._duckdb_lock:
@@ -260,14 +261,14 @@ class Store:
     def version(self) -> int:
         """The latest committed version of the log (-1 for a store nothing was written to); for a store opened
         at a version, that version."""
-        return self.table.version()
+        return self.table.log.latest_number()
 
     # --- lifecycle: versions, delete, retention, derived columns (see trajstore.storage.*) ------------------
 
     @property
     def read_only(self) -> bool:
         """Whether this store is pinned to an old version (``open(uri, version=N)``): it reads, never writes."""
-        return self.table.pinned is not None
+        return self.table.log.pinned is not None
 
     def at(self, *, version: int | None = None, as_of: datetime | None = None) -> Store:
         """This store, read-only, exactly as it was at ``version`` (or the latest version committed at or before
@@ -646,9 +647,9 @@ class Store:
         """
         check_follow(since, poll, timeout)
         if self.read_only:
-            raise InputError(f"follow: this store is opened at version {self.table.pinned}, which never changes; "
+            raise InputError(f"follow: this store is opened at version {self.table.log.pinned}, which never changes; "
                              f"follow the store itself from that version: trajstore.open(uri).follow("
-                             f"since={self.table.pinned})")
+                             f"since={self.table.log.pinned})")
         start = self.version if since is None else since
         for commit in new_commits(self.table, since=start, poll=poll, timeout=timeout):
             rows = self._commit_rows(commit, columns, run_id=run_id, env_id=env_id, episodes=episodes)
@@ -662,9 +663,9 @@ class Store:
         version after it). ``episodes`` finds the completed episodes among this store's files."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise InputError(f"version: must be a store version >= 0, got {version!r}")
-        if self.table.pinned is not None and version > self.table.pinned:
+        if self.table.log.pinned is not None and version > self.table.log.pinned:
             return None  # not committed yet, as of the version this store reads
-        commit = self.table.commit_at(version)
+        commit = self.table.log.commit(version)
         if commit is None:
             return None
         found = self._commit_rows(commit, columns, run_id=run_id, env_id=env_id, episodes=episodes)
@@ -820,14 +821,14 @@ class Store:
         if error.path is None:
             return error
         path = error.path if self.location.is_local else error.path.removeprefix("s3://")
-        at = self.table.pinned if version is None else version
+        at = self.table.log.pinned if version is None else version
         return vacuumed(self.table, path, version=at) or error
 
     def log_lag(self) -> tuple[int, int]:
         """The log's latest version and how many versions it is past its last checkpoint (what opening it
         replays; see :mod:`trajstore.storage.upkeep`)."""
-        version = self.table.version()
-        return version, versions_since_checkpoint(self.table, version)
+        version = self.table.log.latest_number()
+        return version, self.table.log.versions_since_checkpoint(version)
 
     def health(self) -> list[str]:
         """Problems that stop this store from being served: an unreadable log, committed files missing or of
@@ -911,11 +912,11 @@ class Store:
         if filter is not None and filter.per_episode().is_empty() and not filter.episode_id:
             run_id, env_id, filter = _both(run_id, filter.run_id), filter.env_id or None, None  # files alone
         if where is None and filter is None:
-            version, files = self.table.listing()  # one reading of the log for the files and the layout's basis
+            version, files = _listing(self.table)  # one reading of the log for the files and the layout's basis
             plan = self._loader_plan(run_id, env_id, files)
         else:
             plan = self.scan_plan(None, run_id=run_id, env_id=env_id, where=where, filter=filter)
-            version, files = self.table.listing()  # after the plan's: if anything, later (a layout kept longer)
+            version, files = _listing(self.table)  # after the plan's: if anything, later (a layout kept longer)
         self._verify_sizes(plan.files)
 
         def read(columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
@@ -1076,6 +1077,13 @@ def _reordered(column: pa.ChunkedArray, s: SortedReturns) -> pa.Array:
             return arr
         return pa.DictionaryArray.from_arrays(s.reorder(idx), arr.dictionary)
     return arr.take(pa.array(s.reorder(np.arange(len(arr)))))
+
+
+def _listing(table: StepsTable) -> tuple[int, list[DataFile]]:
+    """The version the table's log reads and its committed files, from one reading of the log (the two may not
+    come from two readings: a commit between them would pair a version with another version's files)."""
+    version = table.log.read()
+    return (-1, []) if version is None else (version.number, version.files)
 
 
 def _names(value: str | Sequence[str] | None) -> list[str]:

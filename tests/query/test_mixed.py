@@ -100,7 +100,7 @@ def test_the_log_holds_typed_columns_that_external_delta_readers_read(mixed: tup
     import polars as pl
 
     store, _ = mixed
-    log = {f.name: f.type for f in store.table.delta_schema()}
+    log = {f.name: f.type for f in store.table.log.read().schema}
     assert log["action"] == pa.int64() and log["action__float32_1d"] == pa.list_(pa.float32())
     assert log["obs"] == pa.list_(pa.float32()) and log["obs__uint8_3d"] == pa.list_(pa.binary())
     assert [n for n in log if n.startswith("obs__struct_")]  # the Dict observation's struct

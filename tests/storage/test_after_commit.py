@@ -32,7 +32,7 @@ import numpy as np, trajstore
 from deltalake import DeltaTable
 from tests.helpers import make_batch
 from tests.storage.helpers import episode
-from trajstore.storage.upkeep import Policy, Upkeep, checkpoint_if_due, last_checkpoint
+from trajstore.storage.upkeep import Policy, Upkeep
 
 log_dir, saved, operation = sys.argv[1], sys.argv[2], sys.argv[3]
 for name in os.listdir(saved):  # the log as it was, now on the small disk
@@ -84,13 +84,13 @@ out["warnings"] = warnings
 out["before"] = before
 out["versions"] = store.version - before
 out["history"] = store.history()["operation"].to_pylist()[-3:]
-out["checkpoint_before_room"] = last_checkpoint(store.table)
+out["checkpoint_before_room"] = store.table.log.last_checkpoint()
 os.remove(os.path.join(log_dir, "filler"))  # room again
 fresh = trajstore.open(root)
 out["counts"] = fresh.sql("SELECT count(*) AS n, count(DISTINCT (run_id, episode_id, step)) AS d FROM steps").to_pylist()
 out["missing"] = [f.uri for f in fresh.files() if not os.path.exists(f.path)]
 out["check"] = trajstore.check(fresh).ok
-out["checkpointed"] = checkpoint_if_due(fresh.table, 1)
+out["checkpointed"] = fresh.table.log.checkpoint_if_due(1)
 out["latest"] = fresh.version
 print(json.dumps(out))
 """

@@ -256,17 +256,17 @@ def test_partial_temporary_files_in_the_log_are_ignored(tmp_path: Path) -> None:
     store = trajstore.open(tmp_path / "store", create=True)
     _seed(store)
     log_dir = tmp_path / "store" / "steps" / "_delta_log"
-    version = store.table.version()
+    version = store.table.log.latest_number()
     strays = {f"_commit_{'ab' * 16}.json.tmp": b'{"add":{"path":"run_id=x/e', f"{version + 1:020d}.json#1": b'{"comm',
               f"{version + 1:020d}.checkpoint.parquet#2": b"PAR1\x00\x00", "_last_checkpoint#3": b'{"vers'}
     for name, data in strays.items():
         (log_dir / name).write_bytes(data)
 
     reopened = trajstore.open(tmp_path / "store")
-    assert reopened.table.version() == version
+    assert reopened.table.log.latest_number() == version
     assert reopened.stats()["n_traj"][0].as_py() == 1
     _seed(reopened)
-    assert reopened.table.version() == version + 1
+    assert reopened.table.log.latest_number() == version + 1
     assert reopened.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 4
     report = check(reopened)
     assert report.ok, report.format()

@@ -84,7 +84,7 @@ def test_bad_versions_are_named(store: trajstore.Store) -> None:
 def test_a_version_whose_log_entries_were_cleaned_up_is_not_found(store: trajstore.Store) -> None:
     write(store, "a", 0)
     write(store, "b", 1)
-    store.table.latest().create_checkpoint()  # the latest version reads from the checkpoint alone
+    store.table.log.checkpoint_if_due(0)  # the latest version reads from the checkpoint alone
     for version in (0, 1, 2):  # create, the columns' commit, a's append
         (store.root / "steps" / "_delta_log" / f"{version:020d}.json").unlink()
     with pytest.raises(VersionNotFoundError, match=r"version: version 2 can no longer be read \(its log entries were "

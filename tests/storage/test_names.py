@@ -52,7 +52,7 @@ def test_racing_writers_of_other_kinds_never_share_a_name(tmp_path: Path) -> Non
         [t.start() for t in threads]
         [t.join() for t in threads]
         assert got["int"] != got["box"] and "action" in got.values()
-        log = {f.name: f.type for f in table.delta_schema()}
+        log = {f.name: f.type for f in table.log.read().schema}
         assert log[got["int"]] == pa.int64() and log[got["box"]] == pa.list_(pa.float32())
 
 
@@ -65,7 +65,7 @@ def test_an_environment_keeps_its_names(store: trajstore.Store) -> None:
             w.add_batch(batch)
     layouts = store.table.layouts([f for f in store.files() if f.env_id == "Box-v0"])
     assert [layout.format.renames for layout in layouts] == [{"action": "action__float32_1d"}] * 2
-    assert store.table.delta_schema().names.count("action__float32_1d") == 1
+    assert store.table.log.read().schema.names.count("action__float32_1d") == 1
 
 
 def test_a_file_that_breaks_its_encoding_is_reported_by_check(store: trajstore.Store) -> None:

@@ -201,14 +201,14 @@ def test_a_killed_compaction_leaves_a_readable_store(tmp_path: Path) -> None:
 def test_checkpoints_every_interval_and_health_reports_the_lag(tmp_path: Path) -> None:
     store = opened(tmp_path / "store", small_files=0, checkpoint_interval=5)
     write(store, 12)
-    assert upkeep.last_checkpoint(store.table) is not None
-    assert store.version - upkeep.last_checkpoint(store.table) < 5  # type: ignore[operator]
+    assert store.table.log.last_checkpoint() is not None
+    assert store.version - store.table.log.last_checkpoint() < 5  # type: ignore[operator]
     version, behind = store.log_lag()
     assert version == store.version and 0 <= behind < 5
     plain = opened(tmp_path / "plain", small_files=0, checkpoint_interval=0)
     write(plain, 12)
-    assert upkeep.last_checkpoint(plain.table) is None and plain.log_lag()[1] == plain.version + 1
-    assert upkeep.checkpoint_if_due(plain.table, 5) == plain.version  # what a writer's upkeep does
+    assert plain.table.log.last_checkpoint() is None and plain.log_lag()[1] == plain.version + 1
+    assert plain.table.log.checkpoint_if_due(5) == plain.version  # what a writer's upkeep does
     assert plain.log_lag()[1] == 0 and everything(trajstore.open(plain.root)).num_rows == 12 * 6 * 3
 
     from fastapi.testclient import TestClient

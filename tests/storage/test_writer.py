@@ -496,7 +496,7 @@ def test_an_action_of_another_kind_is_stored_under_a_typed_column(store: trajsto
     batch["action"] = rng.normal(size=(10, 2, 1)).astype(np.float32)
     with store.writer(run_id="r", env_id="Box-v0") as w:
         w.add_batch(batch)
-    log = {f.name: f.type for f in store.table.delta_schema()}
+    log = {f.name: f.type for f in store.table.log.read().schema}
     assert log["action"] == pa.int64() and log["action__float32_1d"] == pa.list_(pa.float32())
     assert store.schema("Box-v0").field("action").type == pa.list_(pa.float32(), 1)
     assert store.schema("Discrete-v0").field("action").type == pa.int64()

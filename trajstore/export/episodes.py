@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from trajstore.errors import InputError, RunNotFoundError, StoreDamagedError
 from trajstore.query import layout as lay
-from trajstore.storage.table import DataFile
+from trajstore.storage.log import DataFile
 
 if TYPE_CHECKING:
     from trajstore.store import Store

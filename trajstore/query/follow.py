@@ -16,7 +16,8 @@ from typing import Callable, Iterator
 import pyarrow as pa
 
 from trajstore.errors import InputError
-from trajstore.storage.table import LogCommit, StepsTable
+from trajstore.storage.log import LogCommit
+from trajstore.storage.table import StepsTable
 
 FIRST_WAIT = 0.02  # seconds: the first wait after a commit; then doubled up to `poll`
 
@@ -49,7 +50,7 @@ def new_commits(table: StepsTable, *, since: int, poll: float, timeout: float | 
     stop event does)."""
     version, wait, idle_since = since + 1, FIRST_WAIT, clock()
     while True:
-        commit = table.commit_at(version)
+        commit = table.log.commit(version)
         if commit is not None:
             yield commit
             version, wait, idle_since = version + 1, FIRST_WAIT, clock()

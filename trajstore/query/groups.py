@@ -20,7 +20,7 @@ import pyarrow as pa
 from trajstore import schema as sch
 from trajstore.errors import InputError
 from trajstore.storage.encoding import NEXT, OBS, FileLayout, Format, logical_schema
-from trajstore.storage.table import DataFile
+from trajstore.storage.log import DataFile
 
 
 @dataclass

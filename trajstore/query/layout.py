@@ -33,7 +33,8 @@ from trajstore.errors import InputError, StoreDamagedError
 from trajstore.query.scan import file_layout
 from trajstore.schema import numpy_dtype, to_numpy
 from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileLayout, decode_batches
-from trajstore.storage.table import DataFile, fsync_file
+from trajstore.storage.log import DataFile
+from trajstore.storage.table import fsync_file
 
 Reader = Callable[[Sequence[str]], Iterable[pa.RecordBatch]]
 CHUNK_STEPS = 1 << 20  # steps per piece of a derived column computed over the files

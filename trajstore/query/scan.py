@@ -25,7 +25,7 @@ from trajstore.errors import StoreDamagedError
 from trajstore.schema import PARTITION_COLUMNS
 from trajstore.query.groups import FileGroup, group_files
 from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileDecoder, FileLayout
-from trajstore.storage.table import DataFile
+from trajstore.storage.log import DataFile
 
 FRAGMENT_READAHEAD = 2  # files read ahead of the one being sent
 BATCH_READAHEAD = 4  # record batches decoded ahead, per file

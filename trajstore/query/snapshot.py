@@ -33,7 +33,7 @@ from trajstore.query.groups import FileGroup, as_duckdb_reads, group_files, step
 from trajstore.query.scan import file_layout, steps_dataset
 from trajstore.storage.encoding import NEXT, OBS, FileLayout
 from trajstore.storage.location import Location, explain
-from trajstore.storage.table import DataFile
+from trajstore.storage.log import DataFile
 
 DATASET = "committed_files"  # the name of a registered dataset of the committed files
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 from trajstore import schema as sch
 from trajstore.errors import InputError
 from trajstore.query.filters import EpisodeFilter
-from trajstore.storage.table import DataFile
+from trajstore.storage.log import DataFile
 
 STAT_KEYS = ("n_traj", "return_min", "return_mean", "return_std", "return_max",
              "len_min", "len_mean", "len_std", "len_max")

@@ -47,7 +47,7 @@ from trajstore.errors import (
 from trajstore.query import sandbox, sql
 from trajstore.storage.location import Location
 from trajstore.storage.encoding import FileLayout
-from trajstore.storage.table import DataFile
+from trajstore.storage.log import DataFile
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from trajstore.errors import InputError, QueryError
 from trajstore.query import sql
 from trajstore.query.scan import files_holding
-from trajstore.storage.table import DataFile, WrittenFile
+from trajstore.storage.log import DataFile, WrittenFile
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -52,9 +52,9 @@ class AddColumnReport:
 def add_column(store: Store, name: str, expression: str | Callable[[pa.Table], Any], *,
                where: str | None = None) -> AddColumnReport:
     """Write the derived column ``name`` (see the module's description); one commit."""
-    store.table.writable("add_column")
-    dt = store.table.latest()
-    files = [] if dt is None else store.table.files_at(dt)
+    store.table.log.writable("add_column")
+    version = store.table.log.read()
+    files = [] if version is None else version.files
     _check_name(store, name, files)
     if not (isinstance(expression, str) and expression.strip()) and not callable(expression):
         raise InputError(f"expression: expected DuckDB SQL over steps or a function of a pyarrow Table, got "
@@ -76,7 +76,7 @@ def add_column(store: Store, name: str, expression: str | Callable[[pa.Table], A
             _rewrite(store, partitions[part], values, name, removed, written)
         report.files_rewritten = len(written)
         if written:
-            report.version = store.table.swap(dt, removed, written, metadata={
+            report.version = store.table.log.swap(version, removed, written, metadata={  # type: ignore[arg-type]
                 "operation": "add_column", "column": name, "rows": report.rows})
     except BaseException as exc:
         store.table.discard([w.path for w in written], exc)

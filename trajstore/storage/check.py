@@ -33,7 +33,8 @@ from trajstore.query import sql
 from trajstore.query.snapshot import Snapshot
 from trajstore.storage.encoding import NEXT, OBS, EncodingError, check_rows
 from trajstore.storage.location import Location
-from trajstore.storage.table import DataFile, StepsTable, display
+from trajstore.storage.log import LOG_DIR, DataFile, display
+from trajstore.storage.table import StepsTable
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -45,7 +46,6 @@ log = logging.getLogger(__name__)
 MAX_LISTED = 20
 CHECK_ROWS = 8192  # rows per batch read when an encoded file's structure is checked
 KEY_COLUMNS = ("episode_id", "step", "terminated", "truncated")
-LOG_DIR = "_delta_log"
 
 @dataclass(frozen=True)
 class PartitionFiles:
@@ -201,31 +201,15 @@ def removable_orphans(store: Store, *, removed_before_s: float, written_before_s
 def _tombstones(store: Store, older_than_s: float) -> tuple[set[str], set[str]]:
     """Files a commit removed from the table (all, and those removed at least ``older_than_s`` ago, rounded
     up to whole hours as the log's tombstones are read)."""
-    if not store.table.exists():
+    log = store.table.log
+    if not log.exists():
         return set(), set()
-    from urllib.parse import unquote
-
-    dt = store.table.latest()
-    location = store.table.location
-
-    def removed(hours: int) -> set[str]:
-        paths = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False)
-        return {_normalized(location, unquote(p)) for p in paths}
-
     hours = math.ceil(older_than_s / 3600)
-    every = removed(0)
-    return every, every if hours == 0 else removed(hours)
+    every = log.removed_paths(0)
+    return every, every if hours == 0 else log.removed_paths(hours)
 
 
 # --- files -------------------------------------------------------------------------------------------------
-
-def _normalized(location: Location, path: str) -> str:
-    """A path the log gives (relative to the table, or a full URI) as a path in the table's filesystem."""
-    if "://" in path:
-        path = path.split("://", 1)[1]
-        return os.path.normpath(path) if location.is_local else path
-    return os.path.normpath(location.path(path)) if location.is_local else location.path(path)
-
 
 def _check_file(table: StepsTable, f: DataFile, *, deep: bool) -> str | None:
     """Why the committed file ``f`` cannot be read, or None."""
@@ -285,13 +269,13 @@ def missing_files(location: Location, files: Sequence[DataFile]) -> list[DataFil
     selector = pafs.FileSelector(location.root, recursive=True, allow_not_found=True)
     found = {os.path.normpath(i.path) if location.is_local else i.path
              for i in location.fs.get_file_info(selector) if i.type == pafs.FileType.File}
-    return [f for f in files if (_normalized(location, f.path) if location.is_local else f.path) not in found]
+    return [f for f in files if (location.normalized(f.path) if location.is_local else f.path) not in found]
 
 
 def _orphans(location: Location, committed: Sequence[DataFile]) -> list[pafs.FileInfo]:
     """Files under the table folder that the snapshot does not list, and staging files a killed commit
     left in the log (delta-rs writes ``<name>#<n>`` and links or renames it into place), sorted by path."""
-    listed = {_normalized(location, f.path) if location.is_local else f.path for f in committed}
+    listed = {location.normalized(f.path) if location.is_local else f.path for f in committed}
     selector = pafs.FileSelector(location.root, recursive=True, allow_not_found=True)
     found = []
     for info in sorted(location.fs.get_file_info(selector), key=lambda i: i.path):

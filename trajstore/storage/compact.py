@@ -26,14 +26,15 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trajstore.errors import CommitError, InputError, RunNotFoundError
-from trajstore.storage.table import DataFile, StepsTable, WrittenFile
+from trajstore.storage.log import DataFile, Version, WrittenFile
+from trajstore.storage.table import StepsTable
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -63,7 +64,7 @@ class CompactReport:
 def compact(store: Store, *, run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
             target_bytes: int = TARGET_BYTES, progress: bool = True) -> CompactReport:
     """Rewrite the partitions (of ``run_id``/``env_id``, or all) whose files could be fewer."""
-    store.table.writable("compact")
+    store.table.log.writable("compact")
     if target_bytes < 1:
         raise InputError(f"target_bytes: must be a positive number of bytes, got {target_bytes}")
     runs = {run_id} if isinstance(run_id, str) else set(run_id or ())
@@ -90,18 +91,19 @@ def compact(store: Store, *, run_id: str | Sequence[str] | None = None, env_id: 
 
 
 def _compact_partition(store: Store, run_id: str, env_id: str, target_bytes: int, report: CompactReport) -> None:
-    dt, files = store.table.partition_files(run_id, env_id)  # the files of one version, which the commit removes
-    if dt is None or len(files) < 2:
+    version = store.table.log.read()  # the files of one version, which the commit removes
+    files = [] if version is None else version.partition(run_id, env_id)
+    if version is None or len(files) < 2:
         return
     try:
-        done = compact_partition(store.table, dt, files, target_bytes=target_bytes)
+        done = compact_partition(store.table, version, files, target_bytes=target_bytes)
     except CommitError as exc:
         report.skipped.append(f"run_id={run_id}/env_id={env_id}: {exc}")
         return
-    if done.files_removed:
+    if done.files_removed:  # the partition's files before and after (a lone file of its format stays as it is)
         report.partitions += 1
-        report.files_before += done.files_removed
-        report.files_after += done.files_added
+        report.files_before += len(files)
+        report.files_after += len(files) - done.files_removed + done.files_added
 
 
 @dataclass(frozen=True)
@@ -115,9 +117,9 @@ class Compaction:
     version: int | None = None
 
 
-def compact_partition(table: StepsTable, dt: Any, files: Sequence[DataFile], *, target_bytes: int,
+def compact_partition(table: StepsTable, version: Version, files: Sequence[DataFile], *, target_bytes: int,
                       auto: bool = False) -> Compaction:
-    """Merge ``files`` (committed files of one partition in version ``dt``): the consecutive files of each format
+    """Merge ``files`` (committed files of one partition in ``version``): the consecutive files of each format
     in groups of about ``target_bytes``, one new file per group of two or more, in one commit removing exactly the
     files read (``auto``: recorded as upkeep's in the commit). Raises :class:`CommitError` when another change
     removed some of them first: nothing was committed."""
@@ -130,14 +132,14 @@ def compact_partition(table: StepsTable, dt: Any, files: Sequence[DataFile], *, 
     try:
         for group in groups:
             written.append(table.write(merged(group), run_id=run_id, env_id=env_id))
-        version = table.swap(dt, [f for g in groups for f in g], written,
-                             metadata={"operation": "compact", **({"auto": True} if auto else {})})
+        number = table.log.swap(version, [f for g in groups for f in g], written,
+                                metadata={"operation": "compact", **({"auto": True} if auto else {})})
     except BaseException as exc:
         table.discard([w.path for w in written], exc)  # only what the log says did not land
         raise
     log.info("compacted run_id=%s/env_id=%s: %d files into %d (version %d)", run_id, env_id,
-             sum(map(len, groups)), len(written), version)
-    return Compaction(run_id, env_id, sum(map(len, groups)), len(written), version)
+             sum(map(len, groups)), len(written), number)
+    return Compaction(run_id, env_id, sum(map(len, groups)), len(written), number)
 
 
 def merged(files: Sequence[DataFile]) -> pa.Table:

@@ -29,7 +29,7 @@ import pyarrow as pa
 from trajstore.errors import InputError
 from trajstore.query import sql
 from trajstore.query.scan import files_holding, steps_dataset
-from trajstore.storage.table import DataFile
+from trajstore.storage.log import DataFile
 
 
 KEY_SCHEMA = pa.schema([("run_id", pa.string()), ("env_id", pa.string()), ("episode_id", pa.int64()),

@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 from trajstore.errors import CommitError, InputError, QueryError, RunNotFoundError
 from trajstore.query import sql
 from trajstore.query.scan import files_holding
-from trajstore.storage.table import DataFile, WrittenFile
+from trajstore.retry import tries
+from trajstore.storage.log import DataFile, Version, WrittenFile
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -81,18 +82,18 @@ def delete(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
     if not runs and not where:
         raise InputError("delete: give run_id= (the run to delete) and/or where= (a condition over steps); "
                          "refusing to delete everything by default")
-    store.table.writable("delete")
+    store.table.log.writable("delete")
     last: CommitError | None = None
-    for _ in range(ATTEMPTS):
-        dt = store.table.latest()
-        files = [] if dt is None else store.table.files_at(dt)
+    for _ in tries(ATTEMPTS):
+        version = store.table.log.read()
+        files = [] if version is None else version.files
         _check_runs(store, runs, files)
         plan = _plan(store, [f for f in files if not runs or f.run_id in runs], where)
         plan.report.dry_run = dry_run
         if dry_run or not plan.report.episodes:
             return plan.report
         try:
-            plan.report.version = _apply(store, dt, plan)
+            plan.report.version = _apply(store, version, plan)  # type: ignore[arg-type]
             return plan.report
         except CommitError as exc:  # another change removed files we read: plan again on the newer version
             log.info("delete conflicted with another commit, planning again: %s", exc)
@@ -154,7 +155,7 @@ def _ids_per_partition(rows: pa.Table) -> dict[tuple[str, str], np.ndarray]:
     return {k: np.unique(np.asarray(v, np.int64)) for k, v in out.items()}
 
 
-def _apply(store: Store, dt: object, plan: _Plan) -> int:
+def _apply(store: Store, version: Version, plan: _Plan) -> int:
     """Rewrite the mixed files, then commit every removal and the rewritten files at once; the new version."""
     written: list[WrittenFile] = []
     try:
@@ -164,7 +165,7 @@ def _apply(store: Store, dt: object, plan: _Plan) -> int:
             written.append(store.table.write(kept, run_id=f.run_id, env_id=f.env_id))
         removed = plan.whole + [f for f, _ in plan.partial.values()]
         r = plan.report
-        return store.table.swap(dt, removed, written, metadata={  # type: ignore[arg-type]
+        return store.table.log.swap(version, removed, written, metadata={
             "operation": "delete", "episodes": r.episodes, "rows_removed": r.steps, "run_ids": r.runs})
     except BaseException as exc:
         store.table.discard([w.path for w in written], exc)

@@ -10,22 +10,16 @@ that ``trajstore.open`` pins a read-only store to.
 from __future__ import annotations
 
 import json
-import re
 from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
 
-from trajstore.errors import InputError, StoreNotFoundError, VersionNotFoundError
+from trajstore.errors import InputError, StoreDamagedError, StoreNotFoundError, VersionNotFoundError
 from trajstore.storage.check import missing_files
-from trajstore.storage.location import explain
-from trajstore.storage.table import StepsTable, display
-
-LOG_DIR = "_delta_log"
-COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+from trajstore.storage.log import display
+from trajstore.storage.table import StepsTable
 
 HISTORY_SCHEMA = pa.schema([
     ("version", pa.int64()), ("timestamp", pa.timestamp("ms", tz="UTC")), ("operation", pa.string()),
@@ -52,20 +46,14 @@ def history(table: StepsTable, *, limit: int | None = None) -> pa.Table:
 
 
 def _versions(table: StepsTable) -> list[int]:
-    selector = pafs.FileSelector(table.location.path(LOG_DIR), allow_not_found=True)
-    try:
-        infos = table.fs.get_file_info(selector)
-    except OSError as exc:
-        raise explain(exc, table.location) or exc
-    found = sorted(int(m.group(1)) for i in infos if (m := COMMIT_FILE.match(i.base_name)))
-    return [v for v in found if table.pinned is None or v <= table.pinned]
+    return table.log.numbers()
 
 
 def _read_commit(table: StepsTable, version: int) -> list[dict[str, Any]]:
-    path = table.location.path(LOG_DIR, f"{version:020d}.json")
-    with table.fs.open_input_stream(path) as f:
-        text = f.read().decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    actions = table.log.entry(version)
+    if actions is None:
+        raise FileNotFoundError(f"{table.uri}: no log entry for version {version}")
+    return actions
 
 
 def _summary(version: int, actions: list[dict[str, Any]], rows_of: dict[str, int]) -> dict[str, Any]:
@@ -108,7 +96,7 @@ def resolve_version(table: StepsTable, *, version: int | None = None, as_of: dat
         raise InputError("version/as_of: give one of them, not both")
     if version is None and as_of is None:
         return None
-    latest = table.version()
+    latest = table.log.latest_number()
     if latest < 0:
         raise StoreNotFoundError(f"version: the store at {table.location.uri} has no committed version yet")
     if version is not None:
@@ -128,9 +116,7 @@ def resolve_version(table: StepsTable, *, version: int | None = None, as_of: dat
     if when < first:
         raise InputError(f"as_of: {when.isoformat()} is before the store's first readable version "
                          f"({versions[0]}, committed {first.isoformat()})")
-    dt = DeltaTable(table.uri, storage_options=table.location.storage_options)
-    dt.load_as_version(when)
-    version = int(dt.version())
+    version = table.log.number_at(when)
     if version < latest:
         _check_files_kept(table, version)
     return version
@@ -162,7 +148,7 @@ def removed_version(table: StepsTable, paths: list[str], *, version: int | None)
     """A :class:`VersionNotFoundError` for ``version`` (None: the version a read began at) whose committed files
     ``paths`` a vacuum deleted: which version removed (the last of) them from the store, and when, and so which
     versions do not need them."""
-    latest = StepsTable(table.location).version()
+    latest = StepsTable(table.location).log.latest_number()
     uri = display(paths[0], table.fs)
     what = f"its file {uri}" if len(paths) == 1 else f"{len(paths)} of its files (first: {uri})"
     removal = _removal(table, set(paths), known=version, latest=latest)
@@ -207,17 +193,10 @@ def _removal(table: StepsTable, paths: set[str], *, known: int | None,
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if lists(mid) else (lo, mid)
         summary = _summary(hi, _read_commit(table, hi), {})
-    except (DeltaError, OSError):  # a version whose log entries were cleaned up
+    except (VersionNotFoundError, StoreDamagedError, OSError):  # a version whose log entries were cleaned up
         return None
     return hi, summary["timestamp"], summary["operation"]
 
 
 def _check_readable(table: StepsTable, version: int) -> None:
-    try:
-        DeltaTable(table.uri, version=version, storage_options=table.location.storage_options)
-    except (DeltaError, OSError) as exc:  # a removed version too: not found (404), not bad input
-        access = explain(exc, table.location)
-        if access is not None:
-            raise access from exc
-        raise VersionNotFoundError(f"version: version {version} can no longer be read (its log entries were cleaned "
-                                   f"up): {str(exc).splitlines()[0]}") from exc
+    table.log.check_readable(version)

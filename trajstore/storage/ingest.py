@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -30,8 +28,6 @@ from datetime import datetime, timezone
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
-from deltalake.transaction import Transaction
 
 from trajstore import schema as sch
 from trajstore.errors import CommitError, ConflictError, InputError, SchemaMismatchError
@@ -47,7 +43,9 @@ from trajstore.storage.encoding import (
     physical_next_type,
     physical_schema,
 )
-from trajstore.storage.table import StepsTable, WrittenFile
+from trajstore.retry import tries
+from trajstore.storage.log import Version, WrittenFile
+from trajstore.storage.table import StepsTable
 
 KEYS = {"episode_id": pa.int64(), "step": pa.int32()}
 ATTEMPTS = 30  # reads of the log per request while other processes keep committing before it
@@ -261,16 +259,15 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
     """
     key = None if idempotency_key is None else IdempotencyKey.of(idempotency_key, rows, run_id=run_id,
                                                                  env_id=env_id)
-    if key is not None and _seen(table.latest(), key):
+    if key is not None and _seen(table.log.read(), key):
         return None, True
     rows, spans = _checked(rows, table.file_schema(env_id=env_id))
-    dt = table.latest()  # rows that do not continue their episodes are refused before any column is reserved
-    if dt is not None:
-        check_continues(spans, stored_ends(table.files_at(dt), spans.episode_id), run_id=run_id, env_id=env_id)
+    version = table.log.read()  # rows that do not continue their episodes are refused before any column is reserved
+    if version is not None:
+        check_continues(spans, stored_ends(version.files, spans.episode_id), run_id=run_id, env_id=env_id)
     rows = _physical(table, rows)
     written = table.write(rows, run_id=run_id, env_id=env_id)  # encoded outside the lock: requests overlap here
     try:
-        table.sync(written)
         with _lock(table.uri):
             committed = _commit_checked(table, written, spans, run_id=run_id, env_id=env_id, key=key)
     except BaseException as exc:
@@ -296,31 +293,29 @@ def _commit_checked(table: StepsTable, written: WrittenFile, spans: Spans, *, ru
     False when a request with the same key and digest was committed meanwhile. Rows that bring new columns
     are checked once before the table is given them, so that refused rows change nothing."""
     if _new_columns(table, written):
-        dt = table.latest()
-        check_continues(spans, stored_ends(table.files_at(dt) if dt is not None else [], spans.episode_id),
+        version = table.log.read()
+        check_continues(spans, stored_ends(version.files if version is not None else [], spans.episode_id),
                         run_id=run_id, env_id=env_id)
-    for attempt in range(ATTEMPTS):
-        dt = table.latest(written.schema)
-        if key is not None and _seen(dt, key):
+    for _ in tries(ATTEMPTS):
+        version = table.log.ensure(written.schema)
+        if key is not None and _seen(version, key):
             return False
-        check_continues(spans, stored_ends(table.files_at(dt), spans.episode_id), run_id=run_id, env_id=env_id)
-        transaction = None if key is None else Transaction(key.app_id, key.digest)
-        if table.commit_after(dt, written, transaction=transaction):
+        check_continues(spans, stored_ends(version.files, spans.episode_id), run_id=run_id, env_id=env_id)
+        if table.log.commit_after(version, written, app=None if key is None else (key.app_id, key.digest)):
             return True
-        time.sleep(min(0.2, 0.005 * 2 ** attempt) * random.uniform(0.5, 1.5))
     raise CommitError(f"rows for run_id={run_id!r}, env_id={env_id!r} were not committed: other commits kept "
                       f"coming first ({ATTEMPTS} attempts); nothing was stored, send the request again")
 
 
 def _new_columns(table: StepsTable, written: WrittenFile) -> bool:
     """Whether committing ``written`` first gives the table columns it lacks (a change of its own, in the log)."""
-    known = table.delta_schema()
-    return known is not None and bool(set(written.schema.names) - set(known.names))
+    known = table.log.read()
+    return known is not None and bool(set(written.schema.names) - set(known.schema.names))
 
 
-def _seen(dt: DeltaTable | None, key: IdempotencyKey) -> bool:
-    """Whether version ``dt`` holds the request of ``key``; :class:`ConflictError` if the key went to another."""
-    digest = None if dt is None else dt.transaction_version(key.app_id)
+def _seen(version: Version | None, key: IdempotencyKey) -> bool:
+    """Whether ``version`` holds the request of ``key``; :class:`ConflictError` if the key went to another."""
+    digest = None if version is None else version.app_version(key.app_id)
     if digest is None:
         return False
     if digest in (key.digest, LEGACY_DIGEST):

@@ -23,14 +23,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from deltalake.exceptions import CommitFailedError
-
 from trajstore.errors import CommitUnknownError, StoreAccessError, first_line
 
 if TYPE_CHECKING:
-    from trajstore.storage.table import StepsTable
+    from trajstore.storage.log import Log
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 MARKER = "commit"  # the key of a commit's marker in its commit info's "trajstore" object
 
@@ -49,7 +47,7 @@ class Attempt:
         return {"trajstore": {**own, MARKER: self.marker}}
 
 
-def find(table: StepsTable, attempt: Attempt) -> int | None:
+def find(log: Log, attempt: Attempt) -> int | None:
     """The version that carries ``attempt``'s marker, or None when no version after its base does.
 
     Raises :class:`CommitUnknownError` when the log cannot be read, or when an entry after the base is gone
@@ -57,45 +55,46 @@ def find(table: StepsTable, attempt: Attempt) -> int | None:
     version = attempt.base + 1
     while True:
         try:
-            marker = table.marker_at(version)
+            marker = log.marker(version)
         except StoreAccessError as exc:
-            raise unknown(table, attempt, exc) from exc
+            raise unknown(log, attempt, exc) from exc
         if marker is None:  # no entry for this version: past the latest, unless it was cleaned up
-            if _later_versions(table, attempt, version):
-                raise unknown(table, attempt, f"the log entry of version {version} is gone")
+            if _later_versions(log, attempt, version):
+                raise unknown(log, attempt, f"the log entry of version {version} is gone")
             return None
         if marker == attempt.marker:
             return version
         version += 1
 
 
-def _later_versions(table: StepsTable, attempt: Attempt, version: int) -> bool:
+def _later_versions(log: Log, attempt: Attempt, version: int) -> bool:
     try:
-        return table.version() > version
+        return log.latest_number() > version
     except StoreAccessError as exc:
-        raise unknown(table, attempt, exc) from exc
+        raise unknown(log, attempt, exc) from exc
 
 
-def settle(table: StepsTable, attempt: Attempt, exc: BaseException, what: str) -> int | None:
+def settle(log: Log, attempt: Attempt, exc: BaseException, what: str, *, race: bool) -> int | None:
     """After sending ``attempt`` (``what``: the change, for messages) raised ``exc``: the version it landed as,
     or None when it did not land (the caller raises its own error, and may clean up). A landed commit whose
-    failure was not a lost race is logged as a warning: the change is done, only what followed it failed."""
+    failure was not a lost race (``race``: the log said another commit took the version) is logged as a warning:
+    the change is done, only its answer or what followed it failed."""
     if not isinstance(exc, Exception):  # interrupted (KeyboardInterrupt, SystemExit): no more reads now
         return None
-    version = find(table, attempt)
-    if version is not None and not isinstance(exc, CommitFailedError):
-        log.warning("%s: %s was committed as version %d, though the call failed (%s): its answer was lost, or "
+    version = find(log, attempt)
+    if version is not None and not race:
+        logger.warning("%s: %s was committed as version %d, though the call failed (%s): its answer was lost, or "
                     "what ran after the commit failed (a checkpoint is written again later); the change is done",
-                    table.uri, what, version, first_line(exc))
+                    log.uri, what, version, first_line(exc))
     return version
 
 
-def unknown(table: StepsTable, attempt: Attempt, cause: object) -> CommitUnknownError:
+def unknown(log: Log, attempt: Attempt, cause: object) -> CommitUnknownError:
     """The error for a commit whose fate the log cannot tell."""
-    store = table.location.uri.rsplit("/", 1)[0]
+    store = log.location.uri.rsplit("/", 1)[0]
     said = first_line(cause) if isinstance(cause, BaseException) else str(cause)
     return CommitUnknownError(
-        f"{table.uri}: a commit was sent but whether it landed cannot be told ({said}); the change "
+        f"{log.uri}: a commit was sent but whether it landed cannot be told ({said}); the change "
         f"may have been applied, so none of its files were deleted. Once the store answers, `trajstore history "
         f"--store {store}` shows it as a version after {attempt.base} if it was (its commit id is "
         f"{attempt.marker}); `trajstore check` lists the files of one that was not")

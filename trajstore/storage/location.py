@@ -115,6 +115,16 @@ class Location:
         """``path`` (a path in the filesystem) relative to the root."""
         return posixpath.relpath(path, self.root)
 
+    def normalized(self, path: str) -> str:
+        """A path as the log gives it (relative to the root, or a full URI) or a path of the filesystem, as one
+        path of the filesystem (local paths normalized, so that two spellings of one file compare equal)."""
+        if "://" in path:
+            path = path.split("://", 1)[1]
+            return os.path.normpath(path) if self.is_local else path
+        if self.is_local:
+            return os.path.normpath(path if os.path.isabs(path) else self.path(path))
+        return path if self.bucket and path.startswith(self.root + "/") else self.path(path)
+
 
 def locate(uri: str | Path | Location, storage_options: Mapping[str, Any] | None = None, *,
            settings: Settings | None = None) -> Location:

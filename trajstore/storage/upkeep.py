@@ -25,7 +25,6 @@ the partition and returns) and works on a thread of its own, never on the caller
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -33,14 +32,14 @@ from typing import TYPE_CHECKING
 
 from trajstore.errors import CommitError
 from trajstore.storage.compact import Compaction, compact_partition
-from trajstore.storage.table import DataFile, StepsTable
+from trajstore.storage.log import DataFile
+from trajstore.storage.table import StepsTable
 
 if TYPE_CHECKING:
     from trajstore.settings import Settings
 
 log = logging.getLogger(__name__)
 
-LOG_DIR = "_delta_log"
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ class Upkeep:
                 if done is not None:
                     self.compactions.append(done)
             if self.policy.checkpoint_interval > 0:
-                checkpoint_if_due(self.table, self.policy.checkpoint_interval)
+                self.table.log.checkpoint_if_due(self.policy.checkpoint_interval)
         except Exception as exc:  # noqa: BLE001 - upkeep is an optimization: log it, the writer goes on
             self.errors.append(f"{type(exc).__name__}: {exc}")
             log.warning("upkeep of %s failed (the store is unchanged by it): %s", self.table.uri, exc)
@@ -136,42 +135,13 @@ def compact_small(table: StepsTable, run_id: str, env_id: str, policy: Policy) -
     them first (nothing committed then)."""
     if policy.small_files <= 0:
         return None
-    dt, files = table.partition_files(run_id, env_id)
-    small = small_files(files, policy.small_bytes)
-    if dt is None or len(small) <= policy.small_files:
+    version = table.log.read()
+    small = [] if version is None else small_files(version.partition(run_id, env_id), policy.small_bytes)
+    if version is None or len(small) <= policy.small_files:
         return None
     try:
-        done = compact_partition(table, dt, small, target_bytes=policy.target_bytes, auto=True)
+        done = compact_partition(table, version, small, target_bytes=policy.target_bytes, auto=True)
     except CommitError as exc:
         log.info("compaction of run_id=%s/env_id=%s skipped: %s", run_id, env_id, exc)
         return None
     return done if done.files_removed else None
-
-
-def last_checkpoint(table: StepsTable) -> int | None:
-    """The version of the log's last checkpoint (from ``_last_checkpoint``), None if it has none."""
-    try:
-        with table.fs.open_input_stream(table.location.path(LOG_DIR, "_last_checkpoint")) as f:
-            return int(json.loads(f.read().decode())["version"])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def versions_since_checkpoint(table: StepsTable, version: int | None = None) -> int:
-    """How many versions the log is past its last checkpoint (all of them, counted from version 0, without one)."""
-    version = table.version() if version is None else version
-    last = last_checkpoint(table)
-    return max(0, version - (-1 if last is None else last))
-
-
-def checkpoint_if_due(table: StepsTable, interval: int) -> int | None:
-    """Write a checkpoint of the latest version if the log is ``interval`` or more versions past its last one;
-    returns the version checkpointed, or None. Two processes doing it at once write the same file."""
-    dt = table.latest()
-    if dt is None or versions_since_checkpoint(table, dt.version()) < interval:
-        return None
-    dt.create_checkpoint()
-    log.info("checkpointed %s at version %d", table.uri, dt.version())
-    return dt.version()

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 from trajstore.errors import InputError
 from trajstore.query.layout_store import Horizon, remove_empty_folders, unneeded
 from trajstore.storage.check import removable_orphans
-from trajstore.storage.table import display
+from trajstore.storage.log import display
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -70,7 +70,7 @@ def parse_duration(value: float | str | timedelta) -> float:
 
 def vacuum(store: Store, *, older_than: float | str | timedelta = "7d", dry_run: bool = False) -> VacuumReport:
     """Delete (or list, with ``dry_run``) the files no version committed within ``older_than`` needs."""
-    store.table.writable("vacuum")
+    store.table.log.writable("vacuum")
     horizon = parse_duration(older_than)
     paths = removable_orphans(store, removed_before_s=horizon,
                               written_before_s=max(horizon, UNCOMMITTED_GRACE_S))
@@ -102,16 +102,19 @@ def _remove(fs: pafs.FileSystem, info: pafs.FileInfo, report: VacuumReport) -> N
 def _horizon(store: Store, older_than_s: float) -> Horizon | None:
     """The version that was current ``older_than_s`` ago (the oldest a vacuum keeps) and its files; None when
     the store has no version that old (every version is kept)."""
-    dt = store.table.latest()
-    if dt is None:
+    log = store.table.log
+    number = log.latest_number()
+    if number < 0:
         return None
     if older_than_s > 0:
         try:
-            dt.load_as_version(datetime.now(timezone.utc) - timedelta(seconds=older_than_s))
+            number = log.number_at(datetime.now(timezone.utc) - timedelta(seconds=older_than_s))
         except Exception:  # noqa: BLE001 - deltalake's error for a time before the first version
             return None
-    files = store.table.files_at(dt)
-    return Horizon(int(dt.version()), [(store.table.location.relative(f.path), f.run_id, f.env_id) for f in files])
+    version = log.read(number)
+    if version is None:
+        return None
+    return Horizon(number, [(store.table.location.relative(f.path), f.run_id, f.env_id) for f in version.files])
 
 
 def format_duration(seconds: float) -> str:

@@ -1,0 +1,576 @@
+"""The Delta log of the ``steps`` table (``<store>/steps/_delta_log``): the one module that reads and writes it.
+
+Every other module sees the log through a :class:`Log` and the :class:`Version` it reads — a version's number, the
+committed files it lists (:class:`DataFile`), the table's schema as the log records it — and never through a
+deltalake object: only this module imports ``deltalake``. What it holds:
+
+- **Reading a version**: :meth:`Log.read` (the latest, or the version a read-only store is pinned to), its files and
+  schema, an idempotency key's app transaction (:meth:`Version.app_version`); the latest version's number alone
+  (:meth:`Log.latest_number`), the version current at a time (:meth:`Log.number_at`).
+- **Reading entries**: each version's one JSON file (:meth:`Log.entry`, :meth:`Log.commit`: the files it added,
+  how many it removed, when; :meth:`Log.marker`: the id trajstore gave it), the versions there are
+  (:meth:`Log.numbers`), the files commits removed (:meth:`Log.removed_paths`).
+- **Checkpoints**: the last one and how far the log is past it, one written when due.
+- **Commits**: the table created and given columns (:meth:`Log.ensure`, :meth:`Log.reserve`), a file appended once
+  (:meth:`Log.append`, :meth:`Log.commit_after`), files removed and added at once (:meth:`Log.swap`). Every commit
+  carries a marker and decides from the log whether it landed when sending it raised
+  (:mod:`~trajstore.storage.landing`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+from typing import Any, Mapping
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable, Field
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
+
+from trajstore.errors import (
+    CommitError,
+    CommitUnknownError,
+    ReadOnlyError,
+    StoreAccessError,
+    StoreDamagedError,
+    VersionNotFoundError,
+    first_line,
+    one_line,
+)
+from trajstore.retry import tries
+from trajstore.schema import PARTITION_COLUMNS, delta_schema
+from trajstore.storage import names
+from trajstore.storage.landing import MARKER, Attempt, find, settle
+from trajstore.storage.location import Location, explain
+
+log = logging.getLogger(__name__)
+
+LOG_DIR = "_delta_log"
+ENTRY = re.compile(r"^(\d{20})\.json$")  # one version's entry in LOG_DIR
+COMMIT_RETRIES = 20  # a schema change's tries while other writers change it first
+APPEND_RETRIES = 100  # an append's tries while other writers keep committing first (each after a back-off)
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One committed Parquet file, the partition it belongs to, and the filesystem that holds it (``path`` is a
+    path in ``fs``: a local path, or ``bucket/key`` on S3)."""
+
+    path: str
+    run_id: str
+    env_id: str
+    rows: int
+    size: int
+    modified_ms: int
+    min_episode_id: int | None = None  # from the commit's file statistics, when it has them
+    max_episode_id: int | None = None
+    fs: pafs.FileSystem = field(default_factory=pafs.LocalFileSystem, compare=False, repr=False)
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    @property
+    def uri(self) -> str:
+        """The file as a user names it: its local path, or ``s3://bucket/key``."""
+        return display(self.path, self.fs)
+
+
+def display(path: str, fs: pafs.FileSystem) -> str:
+    """A path of ``fs`` as a user names it: a local path as it is, an S3 one as ``s3://bucket/key``."""
+    return path if isinstance(fs, pafs.LocalFileSystem) else f"s3://{path}"
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A Parquet file written whole and made durable, not committed yet: ``path`` in the table's filesystem,
+    ``relative`` to the table, its partition, size, time and statistics (the commit's ``add`` action), its
+    schema."""
+
+    path: str
+    relative: str
+    run_id: str
+    env_id: str
+    size: int
+    modified_ms: int
+    stats: dict[str, Any]
+    schema: pa.Schema
+
+
+@dataclass(frozen=True)
+class LogCommit:
+    """One version of the log: the data files it added, how many files it removed (a compaction or a delete
+    rewrites rows that were there before: its files hold no new rows) and its commit time (ms), if recorded."""
+
+    version: int
+    added: list[DataFile]
+    removed: int = 0
+    timestamp_ms: int | None = None
+
+    @property
+    def new_rows(self) -> bool:
+        """Whether the rows of :attr:`added` are new to the table (an append), not rewritten ones."""
+        return self.removed == 0
+
+
+class Version:
+    """The table as one version of the log left it: its ``number``, the files it lists, its schema. A change
+    planned on what it read commits over it (:meth:`Log.swap`, :meth:`Log.commit_after`)."""
+
+    def __init__(self, log: Log, table: DeltaTable) -> None:
+        self._log, self._table = log, table
+        self.number: int = table.version()
+
+    def __repr__(self) -> str:
+        return f"Version({self.number} of {self._log.uri!r})"
+
+    @cached_property
+    def files(self) -> list[DataFile]:
+        """The committed files of this version."""
+        actions = pa.table(self._table.get_add_actions(flatten=True)).to_pydict()
+        none = [None] * len(actions["path"])
+        location = self._log.location
+        return [
+            DataFile(location.path(unquote(p)), r, e, int(n or 0), int(s), int(m), lo, hi, location.fs)
+            for p, r, e, n, s, m, lo, hi in zip(
+                actions["path"], actions["partition.run_id"], actions["partition.env_id"],
+                actions.get("num_records", [0] * len(actions["path"])), actions["size_bytes"],
+                [_ms(m) for m in actions["modification_time"]],
+                actions.get("min.episode_id", none), actions.get("max.episode_id", none))
+        ]
+
+    @cached_property
+    def schema(self) -> pa.Schema:
+        """The table's schema as the log records it (array columns as variable-size lists; every column any
+        commit added)."""
+        return pa.schema(self._table.schema().to_arrow())
+
+    def partition(self, run_id: str, env_id: str) -> list[DataFile]:
+        """The committed files of one ``(run_id, env_id)`` partition."""
+        return [f for f in self.files if f.run_id == run_id and f.env_id == env_id]
+
+    def app_version(self, app_id: str) -> int | None:
+        """The version the app transaction ``app_id`` last recorded (an idempotency key's digest), or None."""
+        return self._table.transaction_version(app_id)
+
+
+class Log:
+    """The Delta log of the table at ``location`` (the ``steps`` folder); ``pinned``: the version a read-only
+    store reads (every read sees it, every change is refused)."""
+
+    def __init__(self, location: Location, *, pinned: int | None = None) -> None:
+        self.location = location
+        self.pinned = pinned
+        self._unsure: dict[str, Attempt] = {}  # appends that raised, and how they were sent: they may have landed
+
+    @property
+    def uri(self) -> str:
+        return self.location.uri
+
+    def writable(self, operation: str) -> None:
+        """Raise :class:`ReadOnlyError` if this log is pinned to a version."""
+        if self.pinned is not None:
+            raise ReadOnlyError(f"{operation}: this store is opened read-only at version {self.pinned}; open it "
+                                "without version=/as_of= to change it")
+
+    # --- reading ---------------------------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        try:
+            return DeltaTable.is_deltatable(self.uri, storage_options=self.location.storage_options)
+        except OSError as exc:
+            raise explain(exc, self.location) or exc
+
+    def read(self, number: int | None = None) -> Version | None:
+        """Version ``number`` (default: the pinned or the latest one); None before the first commit. A version
+        whose entries cannot be read raises :class:`VersionNotFoundError` (one asked for by number: cleaned up)
+        or :class:`StoreDamagedError` (the latest)."""
+        number = self.pinned if number is None else number
+        try:
+            table = self._open(number)
+        except DeltaError as exc:
+            if number is not None:
+                raise VersionNotFoundError(f"version: version {number} of {self.uri} cannot be read: "
+                                           f"{first_line(exc)}") from exc
+            raise StoreDamagedError(f"the commit log of {self.uri} cannot be read: {first_line(exc)}",
+                                    path=self.location.uri_of(LOG_DIR)) from exc
+        return None if table is None else Version(self, table)
+
+    def latest_number(self) -> int:
+        """The number of the version :meth:`read` gives (-1 before the first commit)."""
+        version = self.read()
+        return -1 if version is None else version.number
+
+    def number_at(self, when: datetime) -> int:
+        """The latest version committed at or before ``when`` (timezone-aware); deltalake's error for a time before
+        the first version."""
+        table = self._open(None)
+        if table is None:
+            raise VersionNotFoundError(f"as_of: the store at {self.uri} has no committed version yet")
+        table.load_as_version(when)
+        return int(table.version())
+
+    def check_readable(self, number: int) -> None:
+        """Raise :class:`VersionNotFoundError` if version ``number``'s log entries were cleaned up."""
+        try:
+            DeltaTable(self.uri, version=number, storage_options=self.location.storage_options)
+        except (DeltaError, OSError) as exc:  # a removed version too: not found (404), not bad input
+            access = explain(exc, self.location)
+            if access is not None:
+                raise access from exc
+            raise VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were "
+                                       f"cleaned up): {first_line(exc)}") from exc
+
+    def numbers(self) -> list[int]:
+        """The versions whose entries the log holds, oldest first (up to the pinned one)."""
+        selector = pafs.FileSelector(self.location.path(LOG_DIR), allow_not_found=True)
+        try:
+            infos = self.location.fs.get_file_info(selector)
+        except OSError as exc:
+            raise explain(exc, self.location) or exc
+        found = sorted(int(m.group(1)) for i in infos if (m := ENTRY.match(i.base_name)))
+        return [v for v in found if self.pinned is None or v <= self.pinned]
+
+    def entry(self, number: int) -> list[dict[str, Any]] | None:
+        """The actions of version ``number``'s entry; None while there is none. An entry that cannot be read (an
+        object store that does not answer) raises :class:`StoreAccessError`."""
+        try:
+            with self.location.fs.open_input_stream(self.location.path(LOG_DIR, f"{number:020d}.json")) as stream:
+                text = stream.read().decode()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise explain(exc, self.location) or StoreAccessError(
+                f"{self.uri}: the log entry of version {number} cannot be read: {first_line(exc)}") from exc
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def commit(self, number: int) -> LogCommit | None:
+        """What the commit of version ``number`` did, from its one entry (no listing, no other file read); None
+        while there is no such version yet."""
+        actions = self.entry(number)
+        if actions is None:
+            return None
+        added, removed, when = [], 0, None
+        for action in actions:
+            if "add" in action and action["add"].get("dataChange", True):
+                added.append(self._added_file(action["add"]))
+            removed += "remove" in action
+            when = action.get("commitInfo", {}).get("timestamp", when)
+        return LogCommit(number, added, removed, when)
+
+    def marker(self, number: int) -> str | None:
+        """The marker trajstore gave the commit of version ``number`` (:mod:`~trajstore.storage.landing`): its
+        commit id, ``""`` for a commit without one (another tool's, an older trajstore's); None while there is no
+        such version yet."""
+        actions = self.entry(number)
+        if actions is None:
+            return None
+        own = next((a["commitInfo"] for a in actions if "commitInfo" in a), {}).get("trajstore")
+        return str(own.get(MARKER) or "") if isinstance(own, dict) else ""
+
+    def removed_paths(self, hours: int) -> set[str]:
+        """The files (paths in the table's filesystem) that commits at least ``hours`` ago removed from the table
+        (the log's tombstones)."""
+        table = self._open(None)
+        if table is None:
+            return set()
+        paths = table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False)
+        return {self.location.normalized(unquote(p)) for p in paths}
+
+    def _added_file(self, add: dict[str, Any]) -> DataFile:
+        stats = json.loads(add.get("stats") or "{}")
+        part = add.get("partitionValues", {})
+        return DataFile(self.location.path(unquote(add["path"])), part.get("run_id", ""), part.get("env_id", ""),
+                        int(stats.get("numRecords") or 0), int(add.get("size") or 0),
+                        int(add.get("modificationTime") or 0), stats.get("minValues", {}).get("episode_id"),
+                        stats.get("maxValues", {}).get("episode_id"), self.location.fs)
+
+    def _open(self, number: int | None) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.uri, version=number, storage_options=self.location.storage_options)
+        except TableNotFoundError:
+            return None
+        except (OSError, DeltaError) as exc:  # deltalake says "object store" errors either way
+            raise explain(exc, self.location) or exc
+
+    # --- checkpoints -----------------------------------------------------------------------------------------
+
+    def last_checkpoint(self) -> int | None:
+        """The version of the log's last checkpoint (from ``_last_checkpoint``), None if it has none."""
+        try:
+            with self.location.fs.open_input_stream(self.location.path(LOG_DIR, "_last_checkpoint")) as f:
+                return int(json.loads(f.read().decode())["version"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def versions_since_checkpoint(self, number: int | None = None) -> int:
+        """How many versions the log is past its last checkpoint (all of them, counted from version 0, without
+        one); ``number``: the latest version, if known."""
+        number = self.latest_number() if number is None else number
+        last = self.last_checkpoint()
+        return max(0, number - (-1 if last is None else last))
+
+    def checkpoint_if_due(self, interval: int) -> int | None:
+        """Write a checkpoint of the latest version if the log is ``interval`` or more versions past its last one;
+        returns the version checkpointed, or None. Two processes doing it at once write the same file."""
+        table = self._open(None)
+        if table is None or self.versions_since_checkpoint(table.version()) < interval:
+            return None
+        table.create_checkpoint()
+        log.info("checkpointed %s at version %d", self.uri, table.version())
+        return int(table.version())
+
+    # --- commits ---------------------------------------------------------------------------------------------
+
+    def ensure(self, file_schema: pa.Schema) -> Version:
+        """The latest version, the table created or given the columns of ``file_schema`` it lacks first (a commit
+        of its own), so that a commit of such a file needs no other change. Safe when several processes (or
+        machines) do it at once: the losers of a race read the log again."""
+        self.writable("write")
+        return Version(self, self._ensure(_full_schema(file_schema)))
+
+    def reserve(self, types: Mapping[str, pa.DataType],
+                logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
+        """The physical name of each column (logical name -> the type its files hold; ``logical``: the types
+        readers return, for the names' tags), resolved against the log and added to the log's schema where new,
+        in a commit of its own, before any file uses it (see :mod:`~trajstore.storage.names`). Safe when several
+        writers race: a lost race resolves again."""
+        self.writable("write")
+        last: Exception | None = None
+        for _ in tries(COMMIT_RETRIES):
+            table = self._open(None)
+            log_types = {} if table is None else {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
+            mapping, new = names.resolve(types, log_types, logical)
+            if not new:
+                return mapping
+            try:
+                if table is None:
+                    self._ensure(_full_schema(pa.schema([])))
+                else:
+                    self._add_columns(table, new)
+            except StoreAccessError:
+                raise
+            except (OSError, DeltaError) as exc:  # another writer changed the schema first, unless the store failed
+                access = explain(exc, self.location)
+                if access is not None:
+                    raise access from exc
+                if not isinstance(exc, DeltaError):
+                    raise
+                last = exc
+        raise CommitError(f"the columns {sorted(types)} could not be reserved in {self.uri}: {one_line(last)}")
+
+    def append(self, written: WrittenFile) -> None:
+        """Commit ``written``, exactly once: each try is planned on the latest version and never rebased by
+        deltalake (a rebase after a lost answer would commit the file a second time, after a compaction that
+        merged it, too); a try that lost the race to another commit is looked for in the log, then made again
+        on the versions since (read incrementally, as deltalake's own rebase would).
+
+        Safe to call again for the same file after it raised: the first try's base and marker are kept until the
+        file is known to be committed, and a second call first looks for it in every version after that base, not
+        only in the latest file list (a compaction may have merged the file since)."""
+        self.writable("write")
+        tried = self._unsure.get(written.path)
+        if tried is not None and find(self, tried) is not None:
+            del self._unsure[written.path]
+            return
+        full_schema = _full_schema(written.schema)
+        table = self._ensure(full_schema)
+        attempt = self._unsure.setdefault(written.path, Attempt(table.version()))
+        what = f"the append of {written.relative}"
+        last: Exception | None = None
+        for i in tries(APPEND_RETRIES):
+            try:
+                if i:  # another writer won the version race: read what it committed
+                    self._refresh(table)
+                self._send(table, attempt, [_add_action(written)], what=what, metadata={"operation": "append"},
+                           schema=full_schema, retries=0)
+                del self._unsure[written.path]
+                return
+            except CommitFailedError as exc:
+                last = exc
+            except StoreAccessError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the file
+                raise explain(exc, self.location) or CommitError(
+                    f"commit of {written.relative} to {self.uri} failed: {one_line(exc)}") from exc
+        raise CommitError(f"commit of {written.relative} failed after {APPEND_RETRIES} attempts (other commits "
+                          f"kept coming first): {one_line(last)}")
+
+    def commit_after(self, version: Version, written: WrittenFile, *, app: tuple[str, int] | None = None) -> bool:
+        """Commit ``written`` as the version right after ``version``, recording the app transaction ``app`` (its
+        id and version) if given, or not at all: False when another commit took that version first (read the log
+        again, then retry). Never rebases onto newer commits: what the caller checked against ``version`` still
+        holds when the commit succeeds."""
+        self.writable("write")
+        transaction = None if app is None else Transaction(*app)
+        try:
+            self._send(version._table, Attempt(version.number), [_add_action(written)],
+                       what=f"the append of {written.relative}", metadata={"operation": "append"},
+                       schema=_full_schema(written.schema), retries=0, transaction=transaction)
+        except CommitFailedError:
+            return False
+        except StoreAccessError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - surfaced as a StoreAccessError or a CommitError naming the file
+            raise explain(exc, self.location) or CommitError(
+                f"commit of {written.relative} to {self.uri} failed: {one_line(exc)}") from exc
+        return True
+
+    def swap(self, version: Version, removed: list[DataFile], written: list[WrittenFile], *,
+             metadata: dict[str, Any]) -> int:
+        """Commit, in one transaction over ``version``, the removal of exactly ``removed`` and the addition of
+        ``written`` (a compaction, a delete, a rewrite); returns the version committed. Commits appended after
+        ``version`` stay (the log rebases the commit onto them); if one of them removed a file of ``removed``
+        (a concurrent delete or compaction), the commit fails with a :class:`CommitError` and changes nothing.
+        ``metadata`` goes into the commit's info under ``"trajstore"`` (what
+        :func:`trajstore.storage.history.history` shows)."""
+        operation = str(metadata.get("operation", "change"))
+        self.writable(operation)
+        table = version._table
+        now = int(time.time() * 1000)
+        actions: list[Any] = [RemoveAction(self.location.relative(f.path), True, now, f.size,
+                                           {"run_id": f.run_id, "env_id": f.env_id}) for f in removed]
+        actions += [_add_action(w) for w in written]
+        table_schema = pa.schema(table.schema().to_arrow())
+        for w in written:
+            table_schema = _merged(table_schema, w.schema)
+        if len(table_schema) > len(table.schema().to_arrow()):  # a rewrite that adds a column: the log's schema
+            table = self._ensure(table_schema)  # gains it first (a commit of its own), then the files swap
+            listed = {f.path for f in Version(self, table).files}
+            if any(f.path not in listed for f in removed):
+                raise CommitError(f"{operation}: another change removed some of the files it read; nothing was "
+                                  "committed")
+        attempt = Attempt(table.version())
+        try:
+            landed = self._send(table, attempt, actions, what=f"the {operation} of {len(removed)} file(s)",
+                                metadata=metadata, schema=table_schema)
+        except StoreAccessError:
+            raise
+        except OSError as exc:
+            raise explain(exc, self.location) or CommitError(f"{operation} of {len(removed)} file(s) in {self.uri} "
+                                                             f"was not committed: {one_line(exc)}") from exc
+        except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the operation
+            raise explain(exc, self.location) or CommitError(
+                f"{operation} of {len(removed)} file(s) in {self.uri} was not committed (another change removed "
+                f"some of them first?): {first_line(exc)}") from exc
+        number = landed if landed is not None else find(self, attempt)
+        if number is None:  # it committed, so the log holds it: only a log cleaned up under us could hide it
+            raise CommitError(f"{self.uri}: a commit succeeded but no version after {attempt.base} carries its id "
+                              f"{attempt.marker}")
+        return number
+
+    def _send(self, table: DeltaTable, attempt: Attempt, actions: list[Any], *, what: str, metadata: dict[str, Any],
+              schema: pa.Schema, retries: int | None = None, transaction: Transaction | None = None) -> int | None:
+        """Send one commit planned on ``table``'s version (``attempt``: its base and marker; ``what``: the change,
+        for messages). Returns None when it committed, or the version it landed as when sending raised after it
+        landed (:func:`~trajstore.storage.landing.settle`); raises sending's own error when it did not land, and
+        :class:`~trajstore.errors.CommitUnknownError` when the log cannot tell. ``retries``: how often deltalake
+        may rebase it onto commits that came first (None: its default; 0: never, the caller retries)."""
+        properties = CommitProperties(custom_metadata=attempt.metadata(metadata), max_commit_retries=retries,
+                                      app_transactions=[transaction] if transaction else None)
+        try:
+            table.create_write_transaction(actions, mode="append", schema=schema,
+                                           partition_by=list(PARTITION_COLUMNS), commit_properties=properties)
+        except BaseException as exc:
+            landed = settle(self, attempt, exc, what, race=isinstance(exc, CommitFailedError))
+            if landed is None:
+                raise
+            return landed
+        return None
+
+    def _refresh(self, table: DeltaTable) -> None:
+        """``table`` brought to the latest version by reading the versions since (columns are only ever added:
+        a file's columns the log held stay held)."""
+        try:
+            table.update_incremental()
+        except (OSError, DeltaError) as exc:
+            raise explain(exc, self.location) or exc
+
+    def _ensure(self, schema: pa.Schema) -> DeltaTable:
+        """The table at its latest version, created or given the columns of the log schema ``schema`` it lacks."""
+        last: Exception | None = None
+        for _ in tries(COMMIT_RETRIES):
+            try:
+                return self._with_columns(schema)
+            except StoreAccessError:
+                raise
+            except (OSError, DeltaError) as exc:  # "metadata changed": another writer won the race; read again
+                access = explain(exc, self.location)  # unless the store failed or did not answer
+                if access is not None:
+                    raise access from exc
+                if not isinstance(exc, DeltaError):
+                    raise
+                last = exc
+        raise CommitError(f"the table {self.uri} could not be created or given new columns: {one_line(last)}")
+
+    def _with_columns(self, schema: pa.Schema) -> DeltaTable:
+        table = self._open(None)
+        if table is None:  # created with the partition columns alone, the same whoever creates it: racing creators
+            try:           # (a local log lets each commit its own creation) then leave one schema, columns after
+                DeltaTable.create(self.uri, _full_schema(pa.schema([])), partition_by=list(PARTITION_COLUMNS),
+                                  mode="ignore", name="steps", storage_options=self.location.storage_options)
+                table = self._open(None)
+            except (OSError, DeltaError):  # a concurrent writer created it first, or the creation's answer was
+                table = self._open(None)     # lost: the log says whether the table is there
+                if table is None:
+                    raise
+            assert table is not None
+        known = set(pa.schema(table.schema().to_arrow()).names)
+        new = [f for f in schema if f.name not in known]
+        if new:
+            self._add_columns(table, new)
+            table = self._open(None)
+            assert table is not None
+        return table
+
+    def _add_columns(self, table: DeltaTable, fields: list[pa.Field]) -> None:
+        """Give the log's schema ``fields`` in a commit of its own. When that raises, the log says whether it
+        landed anyway (the columns are there: done) before the error goes on; a log that cannot be read raises
+        :class:`~trajstore.errors.CommitUnknownError`."""
+        try:
+            table.alter.add_columns([Field.from_arrow(f) for f in fields])
+        except Exception as exc:
+            try:
+                now = self._open(None)
+            except StoreAccessError as unread:
+                raise CommitUnknownError(f"{self.uri}: adding the columns {[f.name for f in fields]} to the log "
+                                         f"may have been applied; the log cannot be read to tell "
+                                         f"({first_line(unread)}); nothing was deleted") from exc
+            held = set() if now is None else set(pa.schema(now.schema().to_arrow()).names)
+            if not {f.name for f in fields} <= held:
+                raise
+            if isinstance(exc, CommitFailedError):  # another writer added them first
+                return
+            log.warning("%s: the columns %s were added to the log, though the call reported a failure after it "
+                        "(%s)", self.uri, [f.name for f in fields], first_line(exc))
+
+
+def _add_action(written: WrittenFile) -> AddAction:
+    return AddAction(written.relative, written.size, {"run_id": written.run_id, "env_id": written.env_id},
+                     written.modified_ms, True, json.dumps(written.stats))
+
+
+def _full_schema(file_schema: pa.Schema) -> pa.Schema:
+    """The table's schema (as the Delta log records it) for a file's: the partition columns first."""
+    stored = [f for f in delta_schema(file_schema) if f.name not in PARTITION_COLUMNS]
+    return pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + stored)
+
+
+def _merged(table_schema: pa.Schema, file_schema: pa.Schema) -> pa.Schema:
+    """``table_schema`` with the columns of ``file_schema`` it lacks appended (nullable, as the log records them)."""
+    known = set(table_schema.names)
+    return pa.schema(list(table_schema) + [f for f in delta_schema(file_schema) if f.name not in known])
+
+
+def _ms(value: object) -> int:
+    if hasattr(value, "timestamp"):
+        return int(value.timestamp() * 1000)  # type: ignore[union-attr]
+    return int(value or 0)  # type: ignore[call-overload]

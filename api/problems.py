@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trajstore.errors import (
     AuthenticationError,
+    BodyTooLargeError,
     ConflictError,
     InputError,
     QueryBusyError,
@@ -71,6 +72,7 @@ _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (VersionNotFoundError, 404),
     (ReadOnlyError, 403),
     (ResultTooLargeError, 413),
+    (BodyTooLargeError, 413),
     (QueryMemoryError, 413),
     (QueryBusyError, 429),
     (InputError, 422),

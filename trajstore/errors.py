@@ -15,6 +15,7 @@ __all__ = [
     "SchemaMismatchError",
     "UnknownColumnError",
     "ConflictError",
+    "BodyTooLargeError",
     "StoreNotFoundError",
     "StoreExistsError",
     "StoreAccessError",
@@ -52,6 +53,11 @@ class UnknownColumnError(InputError):
 
 class ConflictError(InputError):
     """A request that conflicts with one the store already took: an idempotency key used before for other rows."""
+
+
+class BodyTooLargeError(InputError):
+    """A request body larger than the service takes on its route; it was refused before it was read (the message
+    names the limit in bytes and its setting)."""
 
 
 class StoreNotFoundError(FileNotFoundError, TrajstoreError):

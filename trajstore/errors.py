@@ -24,6 +24,7 @@ __all__ = [
     "QueryTimeoutError",
     "ResultTooLargeError",
     "QueryMemoryError",
+    "QueryWorkerDiedError",
     "QueryBusyError",
     "CommitError",
     "StoreDamagedError",
@@ -92,6 +93,13 @@ class ResultTooLargeError(QueryError):
 class QueryMemoryError(QueryError):
     """A query needed more memory than it may take (DuckDB's limit, or its worker process's); it was stopped,
     and nothing else was affected."""
+
+
+class QueryWorkerDiedError(QueryError):
+    """The worker process running a sandboxed query died before it answered: it was killed (by someone, or by the
+    kernel when the machine ran out of memory) or it crashed. A query past the worker's memory limit is not this:
+    its allocation fails and the worker answers :class:`QueryMemoryError`. A fresh worker takes the next query, so
+    running it again may well succeed (a service answers 503 with ``Retry-After``)."""
 
 
 class QueryBusyError(QueryError):

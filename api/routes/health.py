@@ -4,8 +4,9 @@
 (``status`` ``degraded`` and ``problem`` saying why when it cannot: an unreadable log, a committed file missing or of
 another size, a store that does not answer). It never waits on the store for long: the check runs on a thread of
 its own, one at a time (however many probes come), and a probe waits at most :data:`LOG_TIMEOUT_S` for it, else
-answers with the last check that ended and its age. ``/ready`` runs the same check and is 503 when it finds a
-problem.
+answers with the last check that ended and its age. A check that ended less than :data:`FRESH_S` ago answers the
+next probes too (unless a read found damage since), and the service starts the first one as it starts.
+``/ready`` runs the same check, at once, and is 503 when it finds a problem.
 """
 
 from __future__ import annotations
@@ -67,9 +68,8 @@ def damage(store: Store, request_state: Any) -> str | None:
     the service keeps in ``request_state.damaged``). A store that does not answer raises its
     :class:`~trajstore.errors.StoreAccessError`."""
     problems = store.health()
-    files = store.files() if not problems else []
     damaged: StoreDamagedError | None = getattr(request_state, "damaged", None)
-    if damaged is not None and any(f.uri == damaged.path for f in files):
+    if damaged is not None and not problems and any(f.uri == damaged.path for f in store.files()):
         problems.append(str(damaged))  # a read found it unreadable, and it is still committed
     if not problems:
         return None
@@ -79,9 +79,11 @@ def damage(store: Store, request_state: Any) -> str | None:
 
 @dataclass(frozen=True)
 class Finding:
-    """What one check of the store found, and when it ended (:func:`time.monotonic`)."""
+    """What one check of the store found, when it ended (:func:`time.monotonic`), and the damage reads had found
+    when it began (``seen``: a later one makes it stale at once)."""
 
     ended: float
+    seen: StoreDamagedError | None
     version: int | None = None
     behind: int | None = None
     problem: str | None = None
@@ -89,14 +91,15 @@ class Finding:
 
 def check(store: Store, request_state: Any) -> Finding:
     """The store's latest version and checkpoint lag, and what keeps that version from being read; never raises."""
+    seen = getattr(request_state, "damaged", None)
     try:
         version, behind = store.log_lag()
     except StoreAccessError as exc:
-        return Finding(time.monotonic(), problem=f"the latest version cannot be read: {exc}")
+        return Finding(time.monotonic(), seen, problem=f"the latest version cannot be read: {exc}")
     except Exception as exc:  # noqa: BLE001 - an unreadable log is the finding
-        return Finding(time.monotonic(), problem=f"the latest version cannot be read: the commit log of "
-                                                 f"{store.root} cannot be read: {first_line(exc)}; run `trajstore "
-                                                 f"check --store {store.root}`")
+        return Finding(time.monotonic(), seen, problem=f"the latest version cannot be read: the commit log of "
+                                                       f"{store.root} cannot be read: {first_line(exc)}; run "
+                                                       f"`trajstore check --store {store.root}`")
     try:
         problem = damage(store, request_state)
     except StoreAccessError as exc:
@@ -106,11 +109,12 @@ def check(store: Store, request_state: Any) -> Finding:
         problem = f"it could not be checked: {first_line(exc)}"
     if problem is not None:
         problem = f"version {version} cannot be read: {problem}"
-    return Finding(time.monotonic(), version, behind, problem)
+    return Finding(time.monotonic(), seen, version, behind, problem)
 
 
 class Checks:
-    """One check of the store at a time, on a thread of its own, and the last one that ended."""
+    """One check of the store at a time, on a thread of its own, and the last one that ended. A service starts
+    the first one as it starts (:func:`start`), so that its first probe rarely finds it still under way."""
 
     def __init__(self) -> None:
         self.last: Finding | None = None
@@ -118,10 +122,10 @@ class Checks:
         self._lock = threading.Lock()
 
     def current(self, store: Store, request_state: Any) -> concurrent.futures.Future[Finding]:
-        """The check under way, or a new one (the last one when it ended less than :data:`FRESH_S` ago)."""
+        """The check under way, or a new one (the last one when it ended less than :data:`FRESH_S` ago and no read
+        has found damage since it began)."""
         with self._lock:
-            if self._running is not None and (not self._running.done() or (
-                    self.last is not None and time.monotonic() - self.last.ended < FRESH_S)):
+            if self._running is not None and (not self._running.done() or self._fresh(request_state)):
                 return self._running
             future: concurrent.futures.Future[Finding] = concurrent.futures.Future()
             future.set_running_or_notify_cancel()  # a probe that stops waiting cannot cancel it
@@ -132,8 +136,25 @@ class Checks:
             self.last = finding
             future.set_result(finding)
 
-        threading.Thread(target=run, name="trajstore-health", daemon=True).start()
+        # not a daemon: an exit waits for it rather than stop it inside deltalake (which crashes the process)
+        threading.Thread(target=run, name="trajstore-health").start()
         return future
+
+    def _fresh(self, request_state: Any) -> bool:
+        last = self.last
+        return last is not None and time.monotonic() - last.ended < FRESH_S and \
+            getattr(request_state, "damaged", None) is last.seen
+
+
+def checks_of(state: Any) -> Checks:
+    """The :class:`Checks` of an application (its ``state``)."""
+    return state.__dict__.setdefault("health_checks", Checks())
+
+
+def start(state: Any) -> None:
+    """Start the first check of an application's store (``state.store``) in the background."""
+    if getattr(state, "store", None) is not None:
+        checks_of(state).current(state.store, state)
 
 
 @router.get("/health", summary="Liveness: the process answers; whether the store's latest version can be read, and "
@@ -143,7 +164,7 @@ async def health(request: Request) -> Health:  # on the event loop: no worker th
     store = getattr(state, "store", None)
     if store is None:
         return Health(status="ok")
-    checks: Checks = state.__dict__.setdefault("health_checks", Checks())
+    checks = checks_of(state)
     running = checks.current(store, state)
     try:
         finding, age = await asyncio.wait_for(asyncio.wrap_future(running), LOG_TIMEOUT_S), None

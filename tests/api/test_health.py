@@ -1,6 +1,6 @@
 """/health and /ready on a store whose latest version cannot be read (issue 27): /health stays 200 (the process
-answers) and says so in its body (``status`` degraded, ``problem``), /ready is 503 naming the problem; the check never keeps a probe waiting on a
-slow store, and runs once however many probes come."""
+answers) and says so in its body (``status`` degraded, ``problem``), /ready is 503 naming the problem; the check
+never keeps a probe waiting on a slow store, and runs one at a time however many probes come."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Every request bounded: a real ``trajstore serve`` (its resident memory and its SQL workers' read from /proc)
-under the queries and loader requests that took the machine's memory (issue 20), four at once, and under a 2 GB
-request body (issue 27). Each gets a 4xx naming the limit it met, the server with its workers stays under the
-memory those limits allow, and it answers a normal request afterwards. Limits are set low so that every refusal comes within a second. Answers that are
-not streamed (JSON pages of steps, one episode's steps) hold what fits in ``max_page_bytes``."""
+"""Every request bounded: a real ``trajstore serve`` (its resident memory and its SQL workers' read from /proc) under
+the queries and loader requests that took the machine's memory (issue 20), four at once, and under a 2 GB request
+body (issue 27). Each gets a 4xx naming the limit it met, the server with its workers stays under the memory those
+limits allow, and it answers a normal request afterwards. Limits are set low so that every refusal comes within a
+second. Answers that are not streamed (JSON pages of steps, one episode's steps) hold what fits in
+``max_page_bytes``."""
 
 from __future__ import annotations
 

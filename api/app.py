@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI
 
 import trajstore
 from trajstore.__about__ import __version__
-from trajstore.api import params, problems
+from trajstore.api import body_limit, params, problems
 from trajstore.api.dashboard import router as dashboard_router
 from trajstore.api.routes import (
     commits,
@@ -50,7 +50,9 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     app.state.settings = settings
     app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
     sql_worker.warm(settings.sql_worker_bytes, settings.sql_max_concurrent)  # POST /sql pays no process start
+    health.start(app.state)  # the first probe of /health finds the store checked
     problems.install(app)
+    app.add_middleware(body_limit.BodyLimit, settings=settings)  # outermost: a body is refused before anything runs
     for module in (health, runs, episodes, frames, stats, steps, sql, ingest, history, events, commits, sequences):
         app.include_router(module.router)
     app.include_router(dashboard_router)

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trajstore.errors import (
     AuthenticationError,
+    BodyTooLargeError,
     ConflictError,
     InputError,
     QueryBusyError,
@@ -24,6 +25,7 @@ from trajstore.errors import (
     QueryMemoryError,
     QueryRefusedError,
     QueryTimeoutError,
+    QueryWorkerDiedError,
     ReadOnlyError,
     ResultTooLargeError,
     RunNotFoundError,
@@ -71,8 +73,10 @@ _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (VersionNotFoundError, 404),
     (ReadOnlyError, 403),
     (ResultTooLargeError, 413),
+    (BodyTooLargeError, 413),
     (QueryMemoryError, 413),
     (QueryBusyError, 429),
+    (QueryWorkerDiedError, 503),
     (InputError, 422),
     (QueryError, 400),
     (StoreNotFoundError, 503),
@@ -80,6 +84,7 @@ _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (StoreAccessError, 503),
 )
 STORE_RETRY_AFTER_S = 2  # Retry-After of a 503 for an object store that failed or did not answer
+WORKER_RETRY_AFTER_S = 1  # Retry-After of a 503 for a query whose worker died (a fresh one is being started)
 
 
 ERROR_TYPE = "urn:trajstore:error:"  # + the name of the trajstore error: what a client may raise again
@@ -135,6 +140,8 @@ def install(app: FastAPI) -> None:
             headers = {"Retry-After": str(exc.retry_after_s)}
         if isinstance(exc, StoreAccessError):
             headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}
+        if isinstance(exc, QueryWorkerDiedError):
+            headers = {"Retry-After": str(WORKER_RETRY_AFTER_S)}
         if status == 500:
             log.exception("error serving %s", request.url.path, exc_info=exc)
         return problem(status, str(exc), request=request, headers=headers, error=type(exc))

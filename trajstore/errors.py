@@ -15,6 +15,7 @@ __all__ = [
     "SchemaMismatchError",
     "UnknownColumnError",
     "ConflictError",
+    "BodyTooLargeError",
     "StoreNotFoundError",
     "StoreExistsError",
     "StoreAccessError",
@@ -23,6 +24,7 @@ __all__ = [
     "QueryTimeoutError",
     "ResultTooLargeError",
     "QueryMemoryError",
+    "QueryWorkerDiedError",
     "QueryBusyError",
     "CommitError",
     "CommitUnknownError",
@@ -53,6 +55,11 @@ class UnknownColumnError(InputError):
 
 class ConflictError(InputError):
     """A request that conflicts with one the store already took: an idempotency key used before for other rows."""
+
+
+class BodyTooLargeError(InputError):
+    """A request body larger than the service takes on its route; it was refused before it was read (the message
+    names the limit in bytes and its setting)."""
 
 
 class StoreNotFoundError(FileNotFoundError, TrajstoreError):
@@ -87,6 +94,13 @@ class ResultTooLargeError(QueryError):
 class QueryMemoryError(QueryError):
     """A query needed more memory than it may take (DuckDB's limit, or its worker process's); it was stopped,
     and nothing else was affected."""
+
+
+class QueryWorkerDiedError(QueryError):
+    """The worker process running a sandboxed query died before it answered: it was killed (by someone, or by the
+    kernel when the machine ran out of memory) or it crashed. A query past the worker's memory limit is not this:
+    its allocation fails and the worker answers :class:`QueryMemoryError`. A fresh worker takes the next query, so
+    running it again may well succeed (a service answers 503 with ``Retry-After``)."""
 
 
 class QueryBusyError(QueryError):

@@ -32,7 +32,10 @@ class Settings:
     # the memory each sandboxed query's worker process may take above its idle size (hard: 413 beyond); with
     # sql_max_concurrent, what SQL can take at all (4 x 1.5 GiB, plus ~0.25 GiB per idle worker)
     sql_worker_bytes: int = 1536 * 1024 * 1024
-    max_body_bytes: int = 256 * 1024 * 1024
+    max_body_bytes: int = 256 * 1024 * 1024  # the largest POST /runs/{run_id}/batches body (413 beyond, unread)
+    # the largest POST /sql body (413 beyond, unread): its query of at most 100,000 characters fits even with every
+    # character escaped in JSON (6 bytes each)
+    sql_max_body_bytes: int = 1024 * 1024
     stream_batch_rows: int = 65_536
     stream_batch_bytes: int = 16 * 1024 * 1024  # fewer rows per streamed batch when rows are wide
     loader_batch_bytes: int = 256 * 1024 * 1024  # the largest batch /sequences and /transitions build (422 beyond)

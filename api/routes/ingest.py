@@ -1,4 +1,5 @@
-"""Ingest from remote rollout workers: Arrow IPC rows, authenticated, idempotent, size-limited."""
+"""Ingest from remote rollout workers: Arrow IPC rows, authenticated, idempotent, size-limited (a body over
+``max_body_bytes`` is refused unread by :mod:`trajstore.api.body_limit`)."""
 
 from __future__ import annotations
 
@@ -30,20 +31,6 @@ class Ingested(BaseModel):
     duplicate: bool
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(status_code=413, detail=f"body of {declared} bytes is over the limit of {limit} bytes")
-    parts, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(status_code=413, detail=f"body is over the limit of {limit} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
-
-
 @router.post("/runs/{run_id}/batches", status_code=201, dependencies=[Depends(require_api_key)],
              summary="Append rows already cut into episodes (what a RemoteWriter sends)",
              openapi_extra={"requestBody": {"required": True,
@@ -51,16 +38,18 @@ async def read_body(request: Request, limit: int) -> bytes:
                                                                                   "format": "binary"}}}}},
              responses={200: {"model": Ingested, "description": "already stored under this Idempotency-Key"},
                         409: problem_response(409, "the Idempotency-Key was already used for another request"),
+                        413: problem_response(413, "a body over TRAJSTORE_MAX_BODY_BYTES (default 256 MiB; GET "
+                                                   "/ingest says it), refused before it is read"),
                         422: problem_response(422, "rows that do not fit the schema, or do not continue their "
                                                    "episodes (the detail names the episode and the step)")})
-async def ingest(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
+async def ingest(request: Request, response: Response, store: StoreDep,
                  run_id: Annotated[str, Path(min_length=1, max_length=200, pattern=NAME)],
                  env_id: Annotated[str, Query(min_length=1, max_length=200, pattern=NAME)],
                  idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> Ingested:
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith(ARROW_STREAM):
         raise HTTPException(status_code=415, detail=f"content-type: expected {ARROW_STREAM}, got {content_type!r}")
-    rows = read_table(await read_body(request, settings.max_body_bytes))
+    rows = read_table(await request.body())  # at most max_body_bytes (api/body_limit.py)
     _, duplicate = await run_in_threadpool(store.ingest, rows, run_id=run_id, env_id=env_id,
                                            idempotency_key=idempotency_key)
     if duplicate:

@@ -1,12 +1,14 @@
 """Ad hoc SQL: one read-only SELECT over the steps and episodes views, sandboxed and bounded.
 
-Each query takes one of the store's ``sql_max_concurrent`` slots on the event loop (429 with ``Retry-After``
+Its body is bounded before it is read (``sql_max_body_bytes``, :mod:`~trajstore.api.body_limit`). Each
+query takes one of the store's ``sql_max_concurrent`` slots on the event loop (429 with ``Retry-After``
 at once when none is free; the loader streams share them), then runs in a worker process that cannot take
 more than ``sql_worker_bytes`` of memory (:mod:`~trajstore.query.sql_worker`), and its rows are encoded (JSON
 or Arrow IPC) on a thread here, all within its limits: rows, bytes (413), memory (413: DuckDB's
-``sql_memory_limit`` or the worker's), and time (408, fetching and encoding included). The whole body is
-built before the answer starts, and the slot is given back once it is sent, so the bodies waiting for slow
-clients are counted too.
+``sql_memory_limit`` or the worker's), and time (408, fetching and encoding included). A worker that dies
+before it answers (killed or crashed) is a 503 saying so, with ``Retry-After``: a fresh worker takes the query
+when it is sent again. The whole body is built before the answer starts, and the slot is given back once it is
+sent, so the bodies waiting for slow clients are counted too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from trajstore.api import json_body
 from trajstore.api.arrow import ARROW_CONTENT, ARROW_STREAM, wants_arrow
 from trajstore.api.deps import ReadStoreDep, SettingsDep
+from trajstore.api.problems import problem_response
 from trajstore.query import sandbox
 from trajstore.remote.wire import ipc_pieces
 
@@ -71,7 +74,18 @@ def arrow_pieces(result: sandbox.Result) -> Iterator[bytes]:
 
 
 @router.post("/sql", summary="Run one read-only SELECT over the steps and episodes views",
-             response_model=SqlResult, responses={200: {"content": ARROW_CONTENT}})
+             description="The request body may have at most TRAJSTORE_SQL_MAX_BODY_BYTES (default 1 MiB, 1048576 "
+                         "bytes: a query of 100,000 characters fits even with every character escaped); a larger "
+                         "one is refused with 413 before it is read. The answer is bounded by the server's row, "
+                         "byte, memory and time limits (413, 408), and at most TRAJSTORE_SQL_MAX_CONCURRENT queries "
+                         "run at once (429).",
+             response_model=SqlResult,
+             responses={200: {"content": ARROW_CONTENT},
+                        413: problem_response(413, "a body over TRAJSTORE_SQL_MAX_BODY_BYTES (refused unread), or an "
+                                                   "answer or query past its byte or memory limits"),
+                        503: problem_response(503, "the store cannot be read, or the worker process running the query "
+                                                   "died before it answered (killed or crashed): send it again "
+                                                   "after Retry-After")})
 async def sql(body: SqlRequest, request: Request, store: ReadStoreDep, settings: SettingsDep) -> Response:
     limits = sandbox.Limits(max_rows=min(body.max_rows or settings.sql_max_rows, settings.sql_max_rows),
                             max_bytes=settings.sql_max_bytes, timeout_s=settings.sql_timeout_s,

@@ -1,8 +1,9 @@
-"""Every request bounded: a real ``trajstore serve`` (its resident memory and its SQL workers' read from /proc)
-under the queries and loader requests that took the machine's memory (issue 20), four at once. Each gets a 4xx
-naming the limit it met, the server with its workers stays under the memory those limits allow, and it answers
-a normal request afterwards. Limits are set low so that every refusal comes within a second. Answers that are
-not streamed (JSON pages of steps, one episode's steps) hold what fits in ``max_page_bytes``."""
+"""Every request bounded: a real ``trajstore serve`` (its resident memory and its SQL workers' read from /proc) under
+the queries and loader requests that took the machine's memory (issue 20), four at once, and under a 2 GB request
+body (issue 27). Each gets a 4xx naming the limit it met, the server with its workers stays under the memory those
+limits allow, and it answers a normal request afterwards. Limits are set low so that every refusal comes within a
+second. Answers that are not streamed (JSON pages of steps, one episode's steps) hold what fits in
+``max_page_bytes``."""
 
 from __future__ import annotations
 
@@ -264,6 +265,42 @@ def test_loader_streams_share_the_sql_gate(server: Server) -> None:
         assert time.monotonic() < deadline, "the places of the closed streams were not given back"
         time.sleep(0.1)
     assert answer.status_code == 200 and answer.json()["rows"] == [{"x": 1}]
+
+
+# --- request bodies: refused before they are read (issue 27) ----------------------------------------------------
+
+BIG_BODY = 2 << 30  # a 1.5 GB POST /sql body took the server's processes to 5.9 GB before its 422, 2 GB past 6.2 GB
+BODY_SLACK = 64 * MiB  # what the server may grow by while it refuses one
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["chunked", "content-length"])
+def test_a_2_gb_body_is_refused_unread_and_the_server_stays_within_its_memory(server: Server,
+                                                                               declared: bool) -> None:
+    idle = server.idle()
+    server.watch(idle + BODY_SLACK)
+    sent = 0
+
+    def body() -> Iterator[bytes]:  # 2 GiB made 1 MiB at a time: the test holds one piece
+        nonlocal sent
+        piece = b"x" * MiB
+        for _ in range(BIG_BODY // MiB):
+            sent += len(piece)
+            yield piece
+
+    headers = {"Content-Type": "application/json", **({"Content-Length": str(BIG_BODY)} if declared else {})}
+    started = time.monotonic()
+    refused = httpx.post(server.url + "/sql", content=body(), headers=headers, timeout=120)
+    took = time.monotonic() - started
+    assert server.proc.poll() is None, f"killed at {server.peak / MiB:.0f} MiB, over the budget"
+    grown = max(server.peak, server.rss()) - idle
+    assert refused.status_code == 413 and refused.headers["content-type"] == "application/problem+json"
+    detail = refused.json()["detail"]
+    assert "the limit of 1048576 bytes (1 MiB) of POST /sql (TRAJSTORE_SQL_MAX_BODY_BYTES)" in detail, detail
+    assert ("Content-Length of 2147483648 bytes" in detail) == declared
+    assert sent < BIG_BODY // 4 and took < 30, (sent, took)  # the connection was closed: the rest was never sent
+    assert grown < BODY_SLACK, f"the server grew by {grown / MiB:.0f} MiB"
+    normal = httpx.post(server.url + "/sql", json={"query": "SELECT count(*) AS n FROM steps"}, timeout=60)
+    assert normal.status_code == 200 and normal.json()["rows"] == [{"n": server.steps}]
 
 
 # --- answers that are not streamed: as many rows as fit in max_page_bytes -------------------------------------

@@ -157,7 +157,9 @@ def test_a_damaged_committed_file_is_503_naming_it_and_ready_fails(populated: Pa
         assert sql.status_code == 503 and victim in sql.json()["detail"]
         ready = c.get("/ready")
         assert ready.status_code == 503 and victim in ready.json()["detail"]
-        assert c.get("/health").status_code == 200  # the process itself is alive
+        health = c.get("/health")  # the process itself is alive, and says what it found
+        assert health.status_code == 200 and health.json()["status"] == "degraded"
+        assert victim in health.json()["problem"]  # a garbled file of the right size: as a read found it
 
 
 def _first_episode(path: Path) -> int:

@@ -1,8 +1,12 @@
 """POST /sql: one read-only SELECT over the views; every way out of the store is refused and nothing changes;
-the answer is bounded (413, 408), so is the number of queries at once (429), and /health stays quick."""
+the answer is bounded (413, 408), so is the number of queries at once (429), a query whose worker died is 503
+saying so (not 413), and /health stays quick."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import statistics
 import threading
 import time
@@ -19,6 +23,7 @@ from fastapi.testclient import TestClient
 import trajstore
 from trajstore.api.app import create_app
 from tests.api.helpers import serve, settings_for
+from tests.query.test_sandbox import SLOW_SQL, busy_worker, quiet_workers
 from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, fingerprint, write_planted_store
 
 ARROW = {"Accept": "application/vnd.apache.arrow.stream"}
@@ -88,6 +93,40 @@ def test_duckdbs_memory_limit_is_413_naming_it(populated: Path) -> None:
         assert response.status_code == 413, response.text
         assert "memory limit of 20MB (sql_memory_limit" in response.json()["detail"]
         assert c.post("/sql", json={"query": "SELECT 42 AS x"}).json()["rows"] == [{"x": 42}]
+
+
+def test_a_worker_killed_mid_query_is_503_saying_it_died_and_the_client_runs_it_again(
+        populated: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="trajstore.remote.client")
+    with live_server(create_app(settings_for(populated, sql_timeout_s=60))) as live:
+        quiet_workers()
+        answers: list[httpx.Response] = []
+        slow = threading.Thread(target=lambda: answers.append(
+            httpx.post(live.url + "/sql", json={"query": SLOW_SQL}, timeout=120)))
+        slow.start()
+        os.kill(busy_worker(), signal.SIGKILL)
+        slow.join(60)
+        died = answers[0]
+        assert died.status_code == 503 and died.headers["retry-after"] == "1", died.text
+        assert died.headers["content-type"] == "application/problem+json"
+        problem = died.json()
+        assert problem["type"] == "urn:trajstore:error:QueryWorkerDiedError"
+        assert "died before it answered (it was killed by signal 9 (SIGKILL)): it was killed" in problem["detail"]
+        assert "memory limit" not in problem["detail"] and "sql_worker_bytes" not in problem["detail"]
+        after = httpx.post(live.url + "/sql", json={"query": "SELECT 1 AS x"}, timeout=60)
+        assert after.status_code == 200 and after.json()["rows"] == [{"x": 1}]
+
+        # the Client runs a read-only query again after a 503: killed once, it answers from a fresh worker
+        query = "SELECT sum(i % 2) AS n FROM range(600000000) t(i)"  # a few seconds
+        with trajstore.Client(live.url, retries=1, timeout=120) as client:
+            quiet_workers()  # the killed worker's replacement has started
+            result: list[pa.Table] = []
+            retried = threading.Thread(target=lambda: result.append(client.sql(query)))
+            retried.start()
+            os.kill(busy_worker(), signal.SIGKILL)
+            retried.join(120)
+        assert "POST /sql answered 503; retrying" in caplog.text
+        assert result and result[0]["n"].to_pylist() == [300_000_000]
 
 
 def test_bad_sql_is_a_client_error(client: TestClient) -> None:

@@ -1,7 +1,7 @@
 """The sandbox on its own: one SELECT only, over the two views and no file at all, cut at its row, byte, time
 and memory limits, at most so many at once, and the trusted path (``Store.sql``) untouched by it. Queries run
 in a worker process (``Limits.worker_bytes``) unless asked to run here: both ways are checked where they differ
-(memory past the worker's limit, a worker killed, an expression that ignores DuckDB's interrupt)."""
+(memory past the worker's limit, a worker killed or crashed, an expression that ignores DuckDB's interrupt)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from trajstore.errors import (
     QueryMemoryError,
     QueryRefusedError,
     QueryTimeoutError,
+    QueryWorkerDiedError,
     ResultTooLargeError,
 )
 from trajstore.query import sandbox, sql_worker
@@ -110,25 +111,68 @@ def workers_of_this_process() -> list[int]:
     return found
 
 
-def test_a_worker_killed_while_it_runs_a_query_is_an_error_and_is_replaced(filled: trajstore.Store) -> None:
-    limits = sandbox.Limits(timeout_s=30, worker_bytes=300 * MiB)
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process ``pid`` has used (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _cpu_used(window_s: float = 0.3) -> dict[int, float]:
+    """The CPU time each SQL worker of this process used in the next ``window_s`` seconds."""
+    before = {pid: cpu_seconds(pid) for pid in workers_of_this_process()}
+    time.sleep(window_s)
+    return {pid: cpu_seconds(pid) - spent for pid, spent in before.items()}
+
+
+def quiet_workers(timeout_s: float = 120.0) -> None:
+    """Wait until no SQL worker of this process uses CPU (those starting or replaced have warmed up)."""
+    deadline = time.monotonic() + timeout_s
+    while max(_cpu_used().values(), default=0.0) > 0.02:
+        assert time.monotonic() < deadline, "the SQL workers did not settle"
+
+
+def busy_worker(timeout_s: float = 30.0) -> int:
+    """The SQL worker of this process that is running a query (the one using CPU), once it is (call
+    :func:`quiet_workers` before the query starts: a worker warming up uses CPU too)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        used = _cpu_used()
+        if used and max(used.values()) > 0.1:
+            return max(used, key=used.__getitem__)
+    raise AssertionError("no SQL worker ran a query")
+
+
+SLOW_SQL = "SELECT count(*) FROM range(1000000000000) a"  # busy until its time limit
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV], ids=["killed", "crashed"])
+def test_a_worker_that_dies_mid_query_is_said_to_have_died_not_memory_and_is_replaced(
+        filled: trajstore.Store, sig: signal.Signals) -> None:
+    limits = sandbox.Limits(timeout_s=60, worker_bytes=300 * MiB)
     filled.sandboxed_sql("SELECT 1", limits)  # the pool of this size has started
+    quiet_workers()
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            filled.sandboxed_sql("SELECT count(*) FROM range(1000000000000) a", limits)
+            filled.sandboxed_sql(SLOW_SQL, limits)
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             errors.append(exc)
 
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(1.0)
-    for pid in workers_of_this_process():  # the busy one among them
-        os.kill(pid, signal.SIGKILL)
+    os.kill(busy_worker(), sig)
     thread.join(30)
-    assert len(errors) == 1 and isinstance(errors[0], QueryMemoryError), errors
-    assert "its worker process stopped (it was killed by signal 9)" in str(errors[0])
+    assert len(errors) == 1 and isinstance(errors[0], QueryWorkerDiedError), errors
+    assert not isinstance(errors[0], QueryMemoryError)
+    message = str(errors[0])
+    assert f"the SQL worker process running it died before it answered (it was killed by signal {sig.value} " \
+           f"({sig.name})): it was killed" in message and "or it crashed" in message, message
+    assert "run it again" in message and "sql_worker_bytes" not in message
     assert filled.sandboxed_sql("SELECT count(*) AS n FROM steps", limits).table["n"].to_pylist() == [200]
 
 

@@ -4,9 +4,11 @@ DuckDB's ``memory_limit`` covers its buffers, not the lists and strings one expr
 (``SELECT len(range(2000000000))`` grows past any limit until the kernel kills the process). So a sandboxed
 query runs in a worker process of its own whose private memory is capped (``RLIMIT_DATA``) at its idle size
 plus ``Limits.worker_bytes``: an allocation past the cap fails, DuckDB reports it as an out-of-memory error, and the
-worker answers with a :class:`~trajstore.errors.QueryMemoryError` and is replaced; a worker that dies instead
-(or does not answer within the time limit plus :data:`GRACE_S`, since one long expression does not see DuckDB's
-interrupt) is killed and replaced, and the query gets that error or a :class:`~trajstore.errors.QueryTimeoutError`.
+worker answers with a :class:`~trajstore.errors.QueryMemoryError` and is replaced. A worker that does not answer
+within the time limit plus :data:`GRACE_S` (one long expression does not see DuckDB's interrupt) is killed and
+replaced, and the query gets a :class:`~trajstore.errors.QueryTimeoutError`; one that dies before it answers (killed
+from outside, or crashed; a query past the cap fails an allocation, which the worker itself answers) is replaced,
+and the query gets a :class:`~trajstore.errors.QueryWorkerDiedError` saying so.
 The caller's process never holds more than the rows of the answer.
 
 A worker is a fresh interpreter (``python -c`` calling :func:`main`, never a fork: deltalake's runtime
@@ -25,6 +27,7 @@ import json
 import logging
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -40,9 +43,9 @@ from trajstore.errors import (
     InputError,
     QueryMemoryError,
     QueryTimeoutError,
+    QueryWorkerDiedError,
     TrajstoreError,
     first_line,
-    size_text,
 )
 from trajstore.query import sandbox, sql
 from trajstore.storage.location import Location
@@ -85,7 +88,7 @@ class Task:
 
 
 class WorkerStopped(Exception):
-    """The worker went away while it had a query (killed, crashed, or out of memory)."""
+    """The worker went away while it had a query (killed or crashed)."""
 
 
 class Worker:
@@ -146,7 +149,8 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.kill()
             return "it stopped answering"
-        return f"it was killed by signal {-code}" if code < 0 else f"it exited with status {code}"
+        return f"it was killed by signal {-code} ({_signal_name(-code)})" if code < 0 else \
+            f"it exited with status {code}"
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -304,13 +308,22 @@ def run(task: Task, *, keep: int = 1) -> sandbox.Result:
     except TimeoutError:
         raise QueryTimeoutError(f"query: stopped at the time limit of {limits.timeout_s:g} s") from None
     except WorkerStopped as stopped:
-        raise QueryMemoryError(f"query: its worker process stopped ({stopped}); most likely the query needed more "
-                               f"than the worker's memory limit of {size_text(limits.worker_bytes)} "
-                               "(sql_worker_bytes)") from None
+        log.warning("the SQL worker running a query died before it answered (%s); a fresh one replaces it", stopped)
+        raise QueryWorkerDiedError(f"query: the SQL worker process running it died before it answered ({stopped}): "
+                                   "it was killed (by someone, or by the kernel when the machine ran out of memory) "
+                                   "or it crashed. A fresh worker takes the next query: run it again, and see the "
+                                   "log if it happens again") from None
     if not header.get("ok"):
         raise _error(header)
     table = pa.ipc.open_stream(pa.py_buffer(data or b"")).read_all()
     return sandbox.Result(table, bool(header.get("truncated")))
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
 
 
 def _error(header: dict[str, Any]) -> TrajstoreError:

@@ -830,11 +830,18 @@ class Store:
         version = self.table.log.latest_number()
         return version, self.table.log.versions_since_checkpoint(version)
 
-    def health(self) -> list[str]:
+    def health(self, *, newest: bool = False) -> list[str]:
         """Problems that stop this store from being served: an unreadable log, committed files missing or of
-        another size than the log says (cheap checks of every file; ``trajstore check`` reads them all)."""
+        another size than the log says (cheap checks of every file; ``trajstore check`` reads them all). With
+        ``newest``, only the files the latest commit added are looked at (what a commit that lost its files
+        would break; a liveness probe's cost, whatever the store's size)."""
         try:
-            files = self.files()
+            version = self.table.log.read()
+            files = [] if version is None else version.files
+            if newest and version is not None:
+                commit = self.table.log.commit(version.number)
+                added = {f.path for f in commit.added} if commit is not None else set()
+                files = [f for f in files if f.path in added]
         except StoreAccessError:
             raise  # the store does not answer (or refuses us): not a damage, and says what to do itself
         except Exception as exc:  # noqa: BLE001 - an unreadable log is the finding

@@ -1,12 +1,14 @@
 """Liveness and readiness.
 
 ``/health`` is 200 while the process answers, and its body says whether the store's latest version can be read
-(``status`` ``degraded`` and ``problem`` saying why when it cannot: an unreadable log, a committed file missing or of
-another size, a store that does not answer). It never waits on the store for long: the check runs on a thread of
+(``status`` ``degraded`` and ``problem`` saying why when it cannot: an unreadable log, a file the latest commit added
+missing or of another size, a file a read found unreadable, a store that does not answer); it looks at the latest
+commit's files only, so that a probe costs the same whatever the store's size. It never waits on the store for
+long: the check runs on a thread of
 its own, one at a time (however many probes come), and a probe waits at most :data:`LOG_TIMEOUT_S` for it, else
 answers with the last check that ended and its age. A check that ended less than :data:`FRESH_S` ago answers the
 next probes too (unless a read found damage since), and the service starts the first one as it starts.
-``/ready`` runs the same check, at once, and is 503 when it finds a problem.
+``/ready`` checks every committed file, at once, and is 503 when it finds a problem.
 """
 
 from __future__ import annotations
@@ -62,12 +64,12 @@ class Ready(BaseModel):
     files: int
 
 
-def damage(store: Store, request_state: Any) -> str | None:
+def damage(store: Store, request_state: Any, *, newest: bool = False) -> str | None:
     """What keeps ``store``'s latest version from being read (None: nothing found): an unreadable log, committed
-    files missing or of another size than the log says, or a committed file a read found unreadable (which
-    the service keeps in ``request_state.damaged``). A store that does not answer raises its
-    :class:`~trajstore.errors.StoreAccessError`."""
-    problems = store.health()
+    files missing or of another size than the log says (``newest``: only those the latest commit added), or a
+    committed file a read found unreadable (which the service keeps in ``request_state.damaged``). A store that
+    does not answer raises its :class:`~trajstore.errors.StoreAccessError`."""
+    problems = store.health(newest=newest)
     damaged: StoreDamagedError | None = getattr(request_state, "damaged", None)
     if damaged is not None and not problems and any(f.uri == damaged.path for f in store.files()):
         problems.append(str(damaged))  # a read found it unreadable, and it is still committed
@@ -101,7 +103,7 @@ def check(store: Store, request_state: Any) -> Finding:
                                                        f"{store.root} cannot be read: {first_line(exc)}; run "
                                                        f"`trajstore check --store {store.root}`")
     try:
-        problem = damage(store, request_state)
+        problem = damage(store, request_state, newest=True)
     except StoreAccessError as exc:
         problem = str(exc)
     except Exception as exc:  # noqa: BLE001 - whatever stops the check stops a reader too

@@ -131,7 +131,7 @@ def measure(path: Path) -> dict[str, float]:
 
 def compacted_copy(path: Path, to: Path) -> None:
     shutil.copytree(path, to)
-    from trajstore.storage.compact import compact
+    from trajstore.operations.compact import compact
 
     store = trajstore.open(to)
     compact(store, progress=False)

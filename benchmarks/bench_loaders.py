@@ -292,8 +292,8 @@ def run_quality(path: str) -> dict[str, Any]:
     import numpy as np
 
     import trajstore
-    from trajstore.query.order import Permutation
-    from trajstore.query.sequences import Windows
+    from trajstore.loaders.order import Permutation
+    from trajstore.loaders.sequences import Windows
 
     lengths = trajstore.open(path).episodes(order_by="episode_id")["episode_length"].to_numpy()
     windows = Windows.of(lengths, LENGTH, 1, False)
@@ -321,7 +321,7 @@ def child(method: str, target: str, options: str) -> None:
     import pyarrow  # noqa: F401
 
     import trajstore  # noqa: F401
-    import trajstore.query.sequences  # noqa: F401
+    import trajstore.loaders.sequences  # noqa: F401
 
     imported = time.perf_counter() - started
 

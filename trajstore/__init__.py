@@ -43,9 +43,9 @@ from trajstore.query.returns import discounted_sum
 from trajstore.remote.client import Client
 from trajstore.remote.writer import RemoteStore, RemoteWriter
 from trajstore.settings import Settings
-from trajstore.storage.check import CheckReport, check, remove_orphans
-from trajstore.storage.compact import CompactReport, compact
-from trajstore.storage.writer import Writer
+from trajstore.operations.check import CheckReport, check, remove_orphans
+from trajstore.operations.compact import CompactReport, compact
+from trajstore.write.writer import Writer
 from trajstore.store import Store, open
 
 

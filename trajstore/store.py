@@ -39,7 +39,7 @@ from trajstore.errors import (
     TrajstoreError,
     first_line,
 )
-from trajstore.images import ImageLeaf, image_leaves
+from trajstore.query.pictures import ImageLeaf, image_leaves
 from trajstore.query import sandbox, sql, sql_worker
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.curves import (
@@ -56,30 +56,30 @@ from trajstore.query.filters import EpisodeFilter, from_keywords
 from trajstore.query.filters import keywords as filter_keywords
 from trajstore.query.follow import Commit, check_follow, new_commits
 from trajstore.query.groups import StepTypes, group_files, step_types
-from trajstore.query.layout import read_files
-from trajstore.query.layout_store import Basis, LayoutStore
-from trajstore.query.layout_store import files_digest as layout_files_digest
-from trajstore.query.loader import Batches, LoaderFormat
-from trajstore.query.order import digest as files_digest
+from trajstore.loaders.maps import read_files
+from trajstore.loaders.map_store import Basis, LayoutStore
+from trajstore.loaders.map_store import files_digest as layout_files_digest
+from trajstore.loaders.loader import Batches, LoaderFormat
+from trajstore.loaders.order import digest as files_digest
 from trajstore.query.returns import SortedReturns, check_gamma, sorted_return_to_go
 from trajstore.query.scan import files_holding, scan_steps
-from trajstore.query.sequences import Sampling, Source
-from trajstore.query.sequences import sequences as load_sequences
+from trajstore.loaders.sequences import Sampling, Source
+from trajstore.loaders.sequences import sequences as load_sequences
 from trajstore.query.snapshot import Snapshot, check_names, damaged_file
-from trajstore.query.transitions import transitions as load_transitions
+from trajstore.loaders.transitions import transitions as load_transitions
 from trajstore.settings import Settings
 from trajstore.storage.encoding import FileLayout
-from trajstore.storage.ingest import append_rows
+from trajstore.operations.ingest import append_rows
 from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.log import DataFile, LogCommit
 from trajstore.storage.table import StepsTable
-from trajstore.storage.upkeep import Policy, Upkeep
-from trajstore.storage.writer import Writer
+from trajstore.operations.upkeep import Policy, Upkeep
+from trajstore.write.writer import Writer
 
 if TYPE_CHECKING:
-    from trajstore.storage.add_column import AddColumnReport
-    from trajstore.storage.delete import DeleteReport
-    from trajstore.storage.vacuum import VacuumReport
+    from trajstore.operations.add_column import AddColumnReport
+    from trajstore.operations.delete import DeleteReport
+    from trajstore.operations.vacuum import VacuumReport
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class Store:
         """Append rows already cut into episodes (what a remote writer sends), checked against what is stored;
         returns ``(file, duplicate)``. Rows that do not continue their episodes raise :class:`InputError`, a key
         used before for another request :class:`~trajstore.errors.ConflictError`. See
-        :mod:`trajstore.storage.ingest`."""
+        :mod:`trajstore.operations.ingest`."""
         self.table.log.writable("ingest")
         out = append_rows(self.table, rows, run_id=run_id, env_id=env_id, idempotency_key=idempotency_key)
         if out[0] is not None and not out[1]:  # remote writers' commits are compacted by the service
@@ -290,16 +290,16 @@ class Store:
     def delete(self, *, run_id: Names = None, where: str | None = None, dry_run: bool = False) -> DeleteReport:
         """Delete whole episodes in one commit: every episode of ``run_id`` and/or every episode whose steps
         ``where`` (a condition over ``steps``) all select; refused if it selects part of an episode. Returns
-        what was deleted (see :mod:`trajstore.storage.delete`)."""
-        from trajstore.storage.delete import delete
+        what was deleted (see :mod:`trajstore.operations.delete`)."""
+        from trajstore.operations.delete import delete
 
         return delete(self, run_id=run_id, where=where, dry_run=dry_run)
 
     def vacuum(self, *, older_than: float | str | timedelta = "7d", dry_run: bool = False) -> VacuumReport:
         """Delete the files no version committed within ``older_than`` (seconds, a timedelta, or ``"7d"``,
         ``"12h"``, ``"30m"``) needs: files deleted or compacted away before then, and files no commit ever
-        listed (see :mod:`trajstore.storage.vacuum`). With ``dry_run``, only list them."""
-        from trajstore.storage.vacuum import vacuum
+        listed (see :mod:`trajstore.operations.vacuum`). With ``dry_run``, only list them."""
+        from trajstore.operations.vacuum import vacuum
 
         return vacuum(self, older_than=older_than, dry_run=dry_run)
 
@@ -308,8 +308,8 @@ class Store:
         """Write a derived column ``name`` into the stored steps, in one commit: ``expression`` is DuckDB SQL
         over the steps' columns (``"reward * 0.5 + 0.1"``) or a function of a pyarrow Table of a file's steps
         returning an array. With ``where`` (a condition over ``steps``), only those rows get a value, the
-        others null (see :mod:`trajstore.storage.add_column`)."""
-        from trajstore.storage.add_column import add_column
+        others null (see :mod:`trajstore.operations.add_column`)."""
+        from trajstore.operations.add_column import add_column
 
         return add_column(self, name, expression, where=where)
 
@@ -338,7 +338,7 @@ class Store:
         return self._file_schema(env_id) or pa.schema([])
 
     def image_leaves(self, env_id: str | None = None) -> list[ImageLeaf]:
-        """The observation leaves that are pictures (see :mod:`trajstore.images`; of one environment's files
+        """The observation leaves that are pictures (see :mod:`trajstore.query.pictures`; of one environment's files
         with ``env_id``), their declared frame stacks taken from the files' formats; empty without images."""
         schema = self.schema(env_id)
         if "obs" not in schema.names:
@@ -826,7 +826,7 @@ class Store:
 
     def log_lag(self) -> tuple[int, int]:
         """The log's latest version and how many versions it is past its last checkpoint (what opening it
-        replays; see :mod:`trajstore.storage.upkeep`)."""
+        replays; see :mod:`trajstore.operations.upkeep`)."""
         version = self.table.log.latest_number()
         return version, self.table.log.versions_since_checkpoint(version)
 
@@ -869,7 +869,7 @@ class Store:
             yield from training_batches(reader, batch_size=batch_size, shuffle=shuffle, seed=seed,
                                         shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)
 
-    # --- training loaders: windows and n-step transitions (trajstore.query.sequences / .transitions) -------
+    # --- training loaders: windows and n-step transitions (trajstore.loaders.sequences / .transitions) -------
 
     @_reader
     def sequences(self, length: int, *, columns: Sequence[str] | None = None, stride: int | None = None,
@@ -881,7 +881,7 @@ class Store:
                   filter: EpisodeFilter | None = None,  # noqa: A002
                   max_batch_bytes: int | None = None) -> Batches:
         """Batches of fixed-length windows inside episodes: each column ``(n, length, …)``, ``mask``,
-        ``episode_id``, ``start``; see :mod:`trajstore.query.sequences`.
+        ``episode_id``, ``start``; see :mod:`trajstore.loaders.sequences`.
 
         Windows start at steps ``0, stride, …`` (``stride`` defaults to ``length``); ``pad`` adds the partial
         ones at episode ends, zero-padded and masked. ``columns`` defaults to ``obs, action, reward, terminated,
@@ -906,7 +906,7 @@ class Store:
                     max_batch_bytes: int | None = None) -> Batches:
         """Batches of n-step transitions, one per step: ``columns`` at t (default ``obs``, ``action``), the
         n-step ``reward``, ``next_obs``, ``terminated``, ``discount``, ``episode_id``, ``step``; see
-        :mod:`trajstore.query.transitions`. Order, shards, sampling, resume and ``max_batch_bytes`` as for
+        :mod:`trajstore.loaders.transitions`. Order, shards, sampling, resume and ``max_batch_bytes`` as for
         :meth:`sequences`."""
         source = self._loader_source(run_id=run_id, where=where, filter=filter)
         sampling = Sampling(batch_size, shuffle, seed, epoch, rank, world_size, weight_by, num_samples)

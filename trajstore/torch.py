@@ -44,7 +44,7 @@ import torch.utils.data
 
 import trajstore
 from trajstore.errors import InputError
-from trajstore.query.order import check_count, check_shard, digest
+from trajstore.loaders.order import check_count, check_shard, digest
 from trajstore.torch_workers import Helper, ShardSpec, StoreCache, shard_batches
 
 EPOCH, VERSION, WORKERS = 0, 1, 2  # the slots of the shared state

@@ -2,7 +2,7 @@
 
 The dashboard's frame player asks for one frame per step it shows (``GET /episodes/{id}/frames?step=&size=``).
 Which observation leaves are pictures, and how one becomes a picture (a frame stack shows its newest frame,
-channels first or last), is :mod:`trajstore.images`; ``GET /schema?env_id=`` lists them (``images``), so a page
+channels first or last), is :mod:`trajstore.query.pictures`; ``GET /schema?env_id=`` lists them (``images``), so a page
 learns whether there is anything to draw before asking. A frame is read by a scan of its episode that holds one
 bounded batch at a time (``stream_batch_bytes``) and stops at the step, and is drawn at most
 ``max_frame_size`` pixels on its longer side.
@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.api.params import INT64
 from trajstore.api.problems import problem_response
-from trajstore.images import ImageLeaf, leaf_values, png
+from trajstore.query.pictures import ImageLeaf, leaf_values, png
 from trajstore.query.filters import EpisodeFilter
 from trajstore.storage.encoding import fixed_numpy
 from trajstore.store import Store

@@ -127,7 +127,7 @@ class Column(BaseModel):
 
 
 class Image(BaseModel):
-    """An observation leaf that is a picture (see trajstore.images): GET /episodes/{id}/frames draws it."""
+    """An observation leaf that is a picture (see trajstore.query.pictures): GET /episodes/{id}/frames draws it."""
 
     leaf: str = Field(description="obs, or the path of a Dict observation's leaf (obs.pixels)")
     shape: list[int] = Field(description="one step's shape as stored")

@@ -27,8 +27,8 @@ from trajstore.api.arrow import ARROW_CONTENT
 from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.api.params import NAME, ColumnsDep, FilterDep
 from trajstore.api.routes.steps import _until_disconnect
-from trajstore.query.loader import Batches
-from trajstore.query.order import parse_state
+from trajstore.loaders.loader import Batches
+from trajstore.loaders.order import parse_state
 from trajstore.query.sandbox import Slot
 from trajstore.remote.wire import ARROW_STREAM, ipc_pieces
 from trajstore.store import Store

@@ -199,7 +199,7 @@ def test_a_frame_stack_is_declared_where_the_writer_takes_it() -> None:
     import inspect
 
     from trajstore.integrations.gymnasium import frame_stack_option
-    from trajstore.storage.writer import Writer
+    from trajstore.write.writer import Writer
 
     takes = "frame_stack" in inspect.signature(Writer.__init__).parameters  # the storage format's option
     stacked = gym.wrappers.FrameStackObservation(gym.make("CartPole-v1"), 4)

@@ -11,7 +11,7 @@ import pytest
 
 import trajstore
 from trajstore.errors import RunNotFoundError
-from trajstore.storage.episode_ids import COUNTER_BITS
+from trajstore.write.episode_ids import COUNTER_BITS
 
 from tests.helpers import make_batch
 

@@ -32,7 +32,7 @@ import numpy as np, trajstore
 from deltalake import DeltaTable
 from tests.helpers import make_batch
 from tests.storage.helpers import episode
-from trajstore.storage.upkeep import Policy, Upkeep
+from trajstore.operations.upkeep import Policy, Upkeep
 
 log_dir, saved, operation = sys.argv[1], sys.argv[2], sys.argv[3]
 for name in os.listdir(saved):  # the log as it was, now on the small disk

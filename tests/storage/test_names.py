@@ -71,7 +71,7 @@ def test_an_environment_keeps_its_names(store: trajstore.Store) -> None:
 def test_a_file_that_breaks_its_encoding_is_reported_by_check(store: trajstore.Store) -> None:
     import pyarrow.parquet as pq
 
-    from trajstore.storage.check import check
+    from trajstore.operations.check import check
 
     rng = np.random.default_rng(1)
     batch = make_batch(rng, 8, 2, p_terminated=0, p_truncated=0)

@@ -15,8 +15,8 @@ import pytest
 import trajstore
 from tests.helpers import make_batch, slice_batch
 from trajstore.schema import to_numpy
-from trajstore.storage.check import check
-from trajstore.storage.compact import compact
+from trajstore.operations.check import check
+from trajstore.operations.compact import compact
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

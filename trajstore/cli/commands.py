@@ -175,7 +175,7 @@ def _listen(host: str, port: int) -> Any:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from trajstore.storage.compact import compact
+    from trajstore.operations.compact import compact
 
     report = compact(_open(args.store), run_id=_split(args.run), env_id=_split(args.env),
                      target_bytes=int(args.target_mb * 2**20), progress=_progress(args))
@@ -184,15 +184,15 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from trajstore.storage.check import check
+    from trajstore.operations.check import check
 
     store = _open(args.store)
     report = check(store)
     print(report.format())
     if args.remove_orphans:
-        from trajstore.storage.check import remove_orphans
+        from trajstore.operations.check import remove_orphans
 
-        from trajstore.storage.vacuum import format_duration
+        from trajstore.operations.vacuum import format_duration
 
         removed = remove_orphans(store, older_than_s=args.older_than)
         kept = len(report.orphans) - len(removed)

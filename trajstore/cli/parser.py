@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 def duration(text: str) -> float:
     """Seconds of a duration flag (``7d``, ``12h``, ``30m``, ``90s``): one format in every command."""
     from trajstore.errors import InputError
-    from trajstore.storage.vacuum import parse_duration
+    from trajstore.operations.vacuum import parse_duration
 
     try:
         return parse_duration(text)

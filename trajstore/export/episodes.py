@@ -2,7 +2,7 @@
 
 A store's files hold many episodes interleaved (one writer's envs step together) and an episode can span many
 files, so no order of reading the files gives whole episodes. :func:`select` lays the selected steps out once,
-episode-major, on local disk (:mod:`trajstore.query.layout`, the training loaders' layout: one streaming pass
+episode-major, on local disk (:mod:`trajstore.loaders.maps`, the training loaders' layout: one streaming pass
 over the committed files, no sort, memory of one record batch), pinned to one version of the store. Then
 :meth:`Selection.groups` reads whole episodes back from it in groups of about ``GROUP_BYTES`` (one episode larger
 than that is a group of its own): an export holds one group at a time, whatever the size of the selection. The
@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError, RunNotFoundError, StoreDamagedError
-from trajstore.query import layout as lay
+from trajstore.loaders import maps as lay
 from trajstore.storage.log import DataFile
 
 if TYPE_CHECKING:

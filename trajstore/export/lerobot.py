@@ -46,7 +46,7 @@ from trajstore.errors import InputError
 from trajstore.export import lerobot_stats as stats
 from trajstore.export.episodes import EpisodeGroup, ExportResult, Selection, select
 from trajstore.export.target import check_new, staged
-from trajstore.images import ImageLeaf, image_leaf, png
+from trajstore.query.pictures import ImageLeaf, image_leaf, png
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -127,7 +127,7 @@ class Feature:
 
 @dataclass(frozen=True)
 class ImageFeature(Feature):
-    """An image observation as LeRobot's ``"image"`` feature: each step's picture (:mod:`trajstore.images`: a
+    """An image observation as LeRobot's ``"image"`` feature: each step's picture (:mod:`trajstore.query.pictures`: a
     frame stack's newest frame, channels last) as PNG bytes in ``struct<bytes, path>``, which LeRobot decodes
     with PIL into a ``(C, H, W)`` float tensor in [0, 1]. Declared ``(H, W, C)`` as LeRobot's recorder declares
     cameras; statistics per channel over every pixel of every frame, divided by 255, shape ``(C, 1, 1)`` in
@@ -217,7 +217,7 @@ def export_lerobot(store: Store, folder: str | Path, *, run_id: str | Sequence[s
 
 def image_columns(sel: Selection) -> dict[str, ImageLeaf]:
     """``obs`` and ``next_obs`` as pictures when the selected observations are ``uint8`` pictures of one (gray)
-    or three (RGB) channels (a frame stack's newest frame; see :mod:`trajstore.images`), else nothing: such
+    or three (RGB) channels (a frame stack's newest frame; see :mod:`trajstore.query.pictures`), else nothing: such
     observations are exported as LeRobot image features, any other stay arrays."""
     dtype, shape = sel.kinds["obs"]
     if np.dtype(dtype) != np.uint8:

@@ -29,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from trajstore.errors import InputError
-from trajstore.storage.writer import Writer
+from trajstore.write.writer import Writer
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,9 @@
-"""The read side of a store: :mod:`~trajstore.query.sql` (every SQL string), :mod:`~trajstore.query.filters`
-(typed episode filters), :mod:`~trajstore.query.snapshot` (DuckDB views over one committed version),
-:mod:`~trajstore.query.scan` (steps straight from the files), :mod:`~trajstore.query.returns` (exact
-discounted returns), :mod:`~trajstore.query.curves` (learning curves, binned), :mod:`~trajstore.query.follow`
-(each new commit, as it lands) and :mod:`~trajstore.query.sandbox` (untrusted SQL, bounded)."""
+"""Reading one committed version: :mod:`~trajstore.query.sql` (every SQL string), :mod:`~trajstore.query.filters`
+(typed episode filters), :mod:`~trajstore.query.groups` (files grouped by how they are stored),
+:mod:`~trajstore.query.snapshot` (DuckDB views over one committed version), :mod:`~trajstore.query.picture_sql` (image
+bytes as values in SQL), :mod:`~trajstore.query.pictures` (which observation leaves are pictures, as PNG),
+:mod:`~trajstore.query.scan` (steps straight from the files), :mod:`~trajstore.query.returns` (exact discounted
+returns), :mod:`~trajstore.query.curves` (learning curves, binned), :mod:`~trajstore.query.follow` (each new
+commit, as it lands), :mod:`~trajstore.query.batches` (fixed-size training batches from a stream),
+:mod:`~trajstore.query.sandbox` (untrusted SQL, bounded) and :mod:`~trajstore.query.sql_worker` (the processes it
+runs in)."""

@@ -9,7 +9,7 @@ previous episode, so that the total at an episode is the steps all the series' w
 
 Writers are told apart within one ``worker_id`` (``host:pid`` by default, shared by the writers a process opens
 one after the other): a writer's count never decreases, so a drop starts a new writer; and a writer's episode
-ids share one random token (see :mod:`trajstore.storage.episode_ids`) that it replaces only after using 2**24
+ids share one random token (see :mod:`trajstore.write.episode_ids`) that it replaces only after using 2**24
 ids, so an unseen token is a new writer unless the token before it had used at least half of its ids. Episodes
 without ``env_steps`` (written before it was recorded) add their length.
 """
@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from trajstore.errors import InputError
 from trajstore.query import sql
-from trajstore.storage.episode_ids import COUNTER_BITS
+from trajstore.write.episode_ids import COUNTER_BITS
 
 SPENT_TOKEN = 1 << (COUNTER_BITS - 1)  # counters a token must have reached before it can be a writer's older one
 

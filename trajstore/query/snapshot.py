@@ -27,7 +27,7 @@ from trajstore.errors import (
     UnknownColumnError,
     first_line,
 )
-from trajstore.query import images as images_sql
+from trajstore.query import picture_sql as images_sql
 from trajstore.query import sql
 from trajstore.query.groups import FileGroup, as_duckdb_reads, group_files, step_types
 from trajstore.query.scan import file_layout, steps_dataset

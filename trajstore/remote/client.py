@@ -30,7 +30,7 @@ from trajstore.query.batches import BatchFormat, check_batching, training_batche
 from trajstore.query.filters import EpisodeFilter, from_keywords
 from trajstore.query.filters import keywords as filter_keywords
 from trajstore.query.follow import Commit, check_follow
-from trajstore.query.loader import check_format
+from trajstore.loaders.loader import check_format
 from trajstore.remote.loader import RemoteBatches
 from trajstore.remote.stream import HttpByteStream
 

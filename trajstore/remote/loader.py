@@ -1,5 +1,5 @@
 """Training batches read from a service's ``/sequences`` or ``/transitions`` stream: the batches of the local
-:class:`~trajstore.query.loader.Batches`, with the same ``state_dict()``.
+:class:`~trajstore.loaders.loader.Batches`, with the same ``state_dict()``.
 
 The stream's schema carries the server's starting state (``trajstore.state``); the client adds the items of
 each batch it hands over, so its state is where the training loop is, not where the network is.
@@ -13,7 +13,7 @@ from typing import Any, BinaryIO, ContextManager, Iterator
 
 import pyarrow as pa
 
-from trajstore.query.loader import convert, from_arrow
+from trajstore.loaders.loader import convert, from_arrow
 
 STATE_KEY = b"trajstore.state"
 

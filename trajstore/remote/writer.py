@@ -1,6 +1,6 @@
 """Writing to a store through its REST service, for rollout workers without access to the store's disk.
 
-:class:`RemoteWriter` is a :class:`~trajstore.storage.writer.Writer` (same ``add_batch``, ``add_step``,
+:class:`RemoteWriter` is a :class:`~trajstore.write.writer.Writer` (same ``add_batch``, ``add_step``,
 ``flush``, ``close``, same checks, same episode cutting) whose commits go to
 ``POST /runs/{run_id}/batches`` instead of the local Delta log. Each commit carries its own
 ``Idempotency-Key``, so a retried request never stores rows twice.
@@ -25,7 +25,7 @@ from trajstore.errors import QueryError, RemoteError
 from trajstore.remote.client import Client
 from trajstore.remote.wire import ipc_bytes
 from trajstore.storage.encoding import Format, decode_table
-from trajstore.storage.writer import Writer
+from trajstore.write.writer import Writer
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class EncodedRows:
 class RemoteSink:
     """Where a :class:`Writer` sends its commits: the service's ingest endpoint.
 
-    A :class:`~trajstore.storage.sink.Sink` with the same two stages as the store's
+    A :class:`~trajstore.write.sink.Sink` with the same two stages as the store's
     :class:`~trajstore.storage.table.StepsTable`: ``write`` encodes (on the writer's encoding thread),
     ``commit`` sends (on its commit thread).
     """

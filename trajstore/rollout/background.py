@@ -9,7 +9,7 @@ import threading
 from typing import Any, Callable
 
 from trajstore.errors import InputError
-from trajstore.storage.writer import Writer
+from trajstore.write.writer import Writer
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from trajstore.rollout.progress import RolloutProgress
 from trajstore.rollout.jax_scan import Carry, RolloutScan
 from trajstore.rollout.sampling import RolloutResult, SampleUntil
 from trajstore.rollout.target import RolloutTarget
-from trajstore.storage.writer import Writer
+from trajstore.write.writer import Writer
 
 log = logging.getLogger(__name__)
 

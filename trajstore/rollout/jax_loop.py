@@ -6,7 +6,7 @@ each env's open episode from batch to batch: episodes crossing many scans come o
 
 Storing overlaps the rollout (:mod:`~trajstore.rollout.jax_host`): the next scan is dispatched (JAX runs
 it asynchronously) before the previous batch is copied to the host once with ``jax.device_get`` and
-handed to a background thread that feeds the :class:`~trajstore.storage.writer.Writer`; a bounded queue
+handed to a background thread that feeds the :class:`~trajstore.write.writer.Writer`; a bounded queue
 keeps memory flat.
 
 >>> import trajstore, tempfile

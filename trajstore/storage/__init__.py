@@ -1,6 +1,5 @@
-"""The write side of a store, in the order rows move: a :class:`~trajstore.storage.writer.Writer` validates
-time-major batches, :mod:`~trajstore.storage.segment` cuts them into episodes (ids from
-:mod:`~trajstore.storage.episode_ids`), and a :class:`~trajstore.storage.sink.Sink` commits them: the
-store's :class:`~trajstore.storage.table.StepsTable` (Parquet files made visible by Delta Lake commits).
-:mod:`~trajstore.storage.ingest` appends rows that remote writers already cut; :mod:`~trajstore.storage.compact`
-rewrites small files; :mod:`~trajstore.storage.check` verifies what is committed."""
+"""The stored format and the log: where a store lives (:mod:`~trajstore.storage.location`), how a step is stored in a
+file (:mod:`~trajstore.storage.encoding`, typed physical column names in :mod:`~trajstore.storage.names`), the files
+of the ``steps`` table (:mod:`~trajstore.storage.table`), its Delta log, the one module that reads and writes it
+(:mod:`~trajstore.storage.log`), whether a commit landed (:mod:`~trajstore.storage.landing`) and the versions a
+reader can ask for (:mod:`~trajstore.storage.history`)."""

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from trajstore.errors import InputError, StoreDamagedError, StoreNotFoundError, VersionNotFoundError
-from trajstore.storage.check import missing_files
+from trajstore.operations.check import missing_files
 from trajstore.storage.log import display
 from trajstore.storage.table import StepsTable
 

@@ -196,7 +196,7 @@ class StepsTable:
         after any failure that came from the store itself (an error, no answer): a PUT of the log entry that got
         no answer may still be on its way, and would then need them, and asking a store that does not answer
         to delete them would only wait again. Files kept by a commit that did not land are listed by no version:
-        ``trajstore check`` reports them as orphans and :func:`~trajstore.storage.check.remove_orphans` (or
+        ``trajstore check`` reports them as orphans and :func:`~trajstore.operations.check.remove_orphans` (or
         ``trajstore vacuum``) removes them."""
         keep = isinstance(cause, CommitUnknownError) or (cause is not None and not isinstance(cause, Exception))
         if paths and (keep or (not self.location.is_local and _from_store(cause))):

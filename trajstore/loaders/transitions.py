@@ -1,0 +1,118 @@
+"""n-step transitions for the DQN family: one row per step ``t`` of every selected episode.
+
+With ``m = min(n, steps left in the episode from t)``: ``obs``/``action`` (and any other column asked for) at
+``t``; ``reward`` = ``sum_{k<m} gamma**k r_{t+k}`` (computed in float64, given in the stored reward's dtype);
+``next_obs`` = the ``next_obs`` stored at step ``t+m-1``; ``terminated`` = whether the episode terminated within
+those steps; ``discount`` = ``gamma**m``, or 0 when terminated (a truncated or unfinished end bootstraps).
+Rows also carry ``episode_id`` and ``step`` (= t). Items are numbered by step position: episodes by id,
+steps ascending; the order, shards and resume are those of every loader (:mod:`~trajstore.loaders.order`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from trajstore.errors import InputError
+from trajstore.loaders import maps as lay
+from trajstore.loaders.loader import Batches, check_format
+from trajstore.loaders.order import check_count
+from trajstore.query.returns import check_gamma
+from trajstore.loaders.sequences import (
+    Sampling,
+    Source,
+    check_batch_bytes,
+    checked,
+    item_weights,
+    loader_batches,
+    release_view,
+    step_bytes,
+    stored_columns,
+    weight_column,
+)
+
+DEFAULT_COLUMNS = ("obs", "action")
+OUTPUTS = ("reward", "next_obs", "terminated", "discount")  # made by the n-step rule, never taken at t
+ITEM_BYTES = 8 * 8  # per transition beyond its columns: episode_id, step, discount and int64 indices
+REWARD_BYTES = 5 * 8  # per transition and each of its n steps: the rewards summed and their indices
+
+
+def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] | None = None,
+                sampling: Sampling = Sampling(), format: str = "numpy",  # noqa: A002
+                resume: Mapping[str, Any] | None = None, max_batch_bytes: int | None = None) -> Batches:
+    """Batches of the n-step transitions of the steps of ``source`` (see the module's description); with
+    ``max_batch_bytes``, an :class:`InputError` when one batch would take more than that to build (known once
+    the steps are laid out: the rewards summed are those of ``min(n, longest episode)`` steps)."""
+    n = check_count("n", n)
+    g = check_gamma(gamma)
+    sampling.check()
+    check_format(format)
+    if isinstance(columns, str):
+        columns = [columns]
+    if columns is not None and "return_to_go" in columns:
+        raise InputError("columns: 'return_to_go' is a column of store.sequences(...), not of transitions")
+    asked = stored_columns(source, columns, default=DEFAULT_COLUMNS)
+    at_t = [c for c in asked if c not in OUTPUTS]
+    needed = ["reward", "next_obs", "terminated"]
+    missing = [c for c in needed if c not in source.schema.names]
+    if missing:
+        raise InputError(f"columns: n-step transitions need {missing}, which these steps do not have")
+    extra = [c for c in [*needed, *weight_column(source, sampling.weight_by)] if c not in at_t]
+    laid = checked(source, list(dict.fromkeys([*at_t, *extra])))
+    layout, release = source.laid_out(laid, None, lambda folder: lay.build(source.read, source.schema, laid, folder))
+    view = layout.mapped()
+    try:
+        if max_batch_bytes is not None:
+            _check_bytes(source, layout, at_t, n, int(sampling.batch_size), max_batch_bytes)
+        weights = item_weights(source, view, sampling.weight_by, layout.offset, layout.length, lambda items: items)
+        ends = layout.offset + layout.length - 1
+        terminal = view.gather("terminated", ends).astype(bool) if len(ends) else np.zeros(0, bool)
+        arguments = {"n": n, "gamma": g, "columns": at_t}
+
+        def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
+            return transition_batch(view, at_t, items, n, g, terminal)
+
+        return loader_batches("transitions", arguments, source, release_view(view, release), sampling, layout.steps,
+                              weights, assemble, format, resume)
+    except BaseException:
+        view.close()
+        release()
+        raise
+
+
+def _check_bytes(source: Source, layout: lay.Layout, at_t: Sequence[str], n: int, batch_size: int,
+                 max_batch_bytes: int) -> None:
+    """Refuse batches of ``batch_size`` transitions that would take more than ``max_batch_bytes`` to build."""
+    steps = min(n, int(layout.length.max(initial=1)))
+    per_item = step_bytes(source.schema, [*at_t, "next_obs", "reward", "terminated"]) + ITEM_BYTES + \
+        steps * REWARD_BYTES
+    check_batch_bytes(batch_size * per_item, max_batch_bytes,
+                      f"batch_size: {batch_size} transitions × {per_item} bytes each (columns "
+                      f"{', '.join([*at_t, 'next_obs', 'reward', 'terminated'])}, and {steps} rewards summed)",
+                      "lower batch_size or n, or select fewer columns")
+
+
+def transition_batch(layout: lay.Layout | lay.Mapped, names: Sequence[str], positions: np.ndarray, n: int, gamma: float,
+                     terminal: np.ndarray) -> dict[str, np.ndarray]:
+    """The n-step transitions starting at step ``positions`` of the layout; ``terminal[e]`` says whether
+    episode ``e`` ended by termination."""
+    n = min(n, int(layout.length.max(initial=1)))  # no episode is longer: the same sums, bounded arrays
+    episode = layout.episode_of(positions)
+    t = positions - layout.offset[episode]
+    left = layout.length[episode] - t
+    m = np.minimum(n, left)
+    k = np.arange(n, dtype=np.int64)
+    within = k[None, :] < m[:, None]
+    rewards = layout.gather("reward", positions[:, None] + np.minimum(k[None, :], m[:, None] - 1))
+    dtype = rewards.dtype if rewards.dtype.kind == "f" else np.dtype(np.float64)
+    reward = (rewards.astype(np.float64) * np.where(within, gamma ** k[None, :], 0.0)).sum(axis=1)
+    terminated = terminal[episode] & (m == left)
+    out = {name: layout.gather(name, positions) for name in names}
+    out["reward"] = reward.astype(dtype)
+    out["next_obs"] = layout.gather("next_obs", positions + m - 1)
+    out["terminated"] = terminated
+    out["discount"] = np.where(terminated, 0.0, np.power(gamma, m, dtype=np.float64)).astype(dtype)
+    out["episode_id"] = layout.episode_id[episode]
+    out["step"] = t
+    return out

@@ -1,0 +1,172 @@
+"""Delete whole episodes (a run, or the episodes a condition selects) in one commit of the log.
+
+Files that hold only deleted episodes are removed; files that mix kept and deleted episodes are rewritten with
+the kept rows (same Parquet settings, same stored types) and swapped in, in the same commit
+(:meth:`~trajstore.storage.table.StepsTable.swap`). Readers see the store before or after, never between.
+The commit removes exactly the files it read: appends committed meanwhile stay (the log rebases the commit
+onto them); if another change removed one of those files first (a compaction, a second delete), the delete is
+planned again on the newer version. The files stay on disk for readers of older versions until
+:func:`~trajstore.operations.vacuum.vacuum` removes them.
+
+``where`` is a condition over the ``steps`` view (``policy_version < 3``, ``worker_id = 'w1'``, or episode
+properties through the ``episodes`` view: ``episode_id IN (SELECT episode_id FROM episodes WHERE
+episode_return < 0)``). Only whole episodes are deleted: a condition that selects some steps of an episode
+but not all of them is refused.
+
+Close a run's writers before deleting it: a delete does not reach into a writer that is still appending, so
+that writer's next steps of an episode it had open would be stored without the episode's start (``check``
+names such episodes; deleting them again removes them).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from trajstore.errors import CommitError, InputError, QueryError, RunNotFoundError
+from trajstore.query import sql
+from trajstore.query.scan import files_holding
+from trajstore.retry import tries
+from trajstore.storage.log import DataFile, Version, WrittenFile
+
+if TYPE_CHECKING:
+    from trajstore.store import Store
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 10
+MAX_NAMED = 3  # partial episodes named in the refusal
+
+
+@dataclass
+class DeleteReport:
+    """What :func:`delete` removed (or, with ``dry_run``, would remove): episodes, steps, the runs they belong
+    to, the files removed whole and rewritten, and the version the commit made (None when nothing was)."""
+
+    episodes: int = 0
+    steps: int = 0
+    runs: list[str] = field(default_factory=list)
+    files_removed: int = 0
+    files_rewritten: int = 0
+    version: int | None = None
+    dry_run: bool = False
+
+    def format(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        if not self.episodes:
+            return "nothing to delete"
+        line = (f"{verb} {self.episodes} episode(s), {self.steps} step(s) of run(s) {', '.join(self.runs)} "
+                f"({self.files_removed} file(s) removed, {self.files_rewritten} rewritten)")
+        return line + (f" in version {self.version}" if self.version is not None else "")
+
+    __str__ = format
+
+
+@dataclass
+class _Plan:
+    report: DeleteReport
+    whole: list[DataFile]  # files removed whole
+    partial: dict[str, tuple[DataFile, np.ndarray]]  # path -> (file, the sorted episode ids to drop from it)
+
+
+def delete(store: Store, *, run_id: str | Sequence[str] | None = None, where: str | None = None,
+           dry_run: bool = False) -> DeleteReport:
+    """Delete the episodes of ``run_id`` (one or several) and/or those whose every step ``where`` selects."""
+    runs = [run_id] if isinstance(run_id, str) else list(run_id or [])
+    if not runs and not where:
+        raise InputError("delete: give run_id= (the run to delete) and/or where= (a condition over steps); "
+                         "refusing to delete everything by default")
+    store.table.log.writable("delete")
+    last: CommitError | None = None
+    for _ in tries(ATTEMPTS):
+        version = store.table.log.read()
+        files = [] if version is None else version.files
+        _check_runs(store, runs, files)
+        plan = _plan(store, [f for f in files if not runs or f.run_id in runs], where)
+        plan.report.dry_run = dry_run
+        if dry_run or not plan.report.episodes:
+            return plan.report
+        try:
+            plan.report.version = _apply(store, version, plan)  # type: ignore[arg-type]
+            return plan.report
+        except CommitError as exc:  # another change removed files we read: plan again on the newer version
+            log.info("delete conflicted with another commit, planning again: %s", exc)
+            last = exc
+    raise CommitError(f"delete could not commit after {ATTEMPTS} attempts: {last}")
+
+
+def _check_runs(store: Store, runs: list[str], files: list[DataFile]) -> None:
+    held = sorted({f.run_id for f in files})
+    missing = [r for r in runs if r not in held]
+    if missing:
+        raise RunNotFoundError.naming(missing, store.uri, held)
+
+
+def _plan(store: Store, files: list[DataFile], where: str | None) -> _Plan:
+    """Which episodes go, checked whole, and what happens to each file holding them."""
+    if not files:
+        return _Plan(DeleteReport(), [], {})
+    with store._new_snapshot(files) as snap:
+        try:
+            rows = snap.arrow(sql.delete_matches(where))
+        except QueryError as exc:
+            raise InputError(f"where: {str(exc).removeprefix('query failed: ')} (in {where!r}; a condition "
+                             "over the steps view)") from None
+    _refuse_partial(rows, where)
+    report = DeleteReport(episodes=rows.num_rows, steps=int(pc.sum(rows["steps"]).as_py() or 0),
+                          runs=sorted(set(rows["run_id"].to_pylist())))
+    if not where:
+        report.files_removed = len(files)
+        return _Plan(report, files, {})
+    whole, partial = [], {}
+    for (run, env), ids in _ids_per_partition(rows).items():
+        for f in files_holding([f for f in files if (f.run_id, f.env_id) == (run, env)], ids):
+            held = pq.ParquetFile(f.path, filesystem=f.fs).read(columns=["episode_id"])["episode_id"]
+            hit = pc.is_in(held, pa.array(ids))
+            n_hit = int(pc.sum(hit).as_py() or 0)
+            if n_hit == len(held):
+                whole.append(f)
+            elif n_hit:
+                partial[f.path] = (f, ids)
+    report.files_removed, report.files_rewritten = len(whole), len(partial)
+    return _Plan(report, whole, partial)
+
+
+def _refuse_partial(rows: pa.Table, where: str | None) -> None:
+    cut = rows.filter(pc.less(rows["matched"], rows["steps"])).to_pylist()
+    if cut:
+        named = "; ".join(f"episode {r['episode_id']} (run_id={r['run_id']!r}): {r['matched']} of its "
+                          f"{r['steps']} steps" for r in cut[:MAX_NAMED])
+        more = f"; and {len(cut) - MAX_NAMED} more episodes" if len(cut) > MAX_NAMED else ""
+        raise InputError(f"where: {where!r} selects part of {len(cut)} episode(s), and only whole episodes are "
+                         f"deleted: {named}{more}")
+
+
+def _ids_per_partition(rows: pa.Table) -> dict[tuple[str, str], np.ndarray]:
+    out: dict[tuple[str, str], list[int]] = {}
+    for run, env, ep in zip(*(rows[c].to_pylist() for c in ("run_id", "env_id", "episode_id"))):
+        out.setdefault((run, env), []).append(ep)
+    return {k: np.unique(np.asarray(v, np.int64)) for k, v in out.items()}
+
+
+def _apply(store: Store, version: Version, plan: _Plan) -> int:
+    """Rewrite the mixed files, then commit every removal and the rewritten files at once; the new version."""
+    written: list[WrittenFile] = []
+    try:
+        for f, ids in plan.partial.values():
+            data = pq.ParquetFile(f.path, filesystem=f.fs).read()  # no partition columns from the path
+            kept = data.filter(pc.invert(pc.is_in(data["episode_id"], pa.array(ids))))
+            written.append(store.table.write(kept, run_id=f.run_id, env_id=f.env_id))
+        removed = plan.whole + [f for f, _ in plan.partial.values()]
+        r = plan.report
+        return store.table.log.swap(version, removed, written, metadata={
+            "operation": "delete", "episodes": r.episodes, "rows_removed": r.steps, "run_ids": r.runs})
+    except BaseException as exc:
+        store.table.discard([w.path for w in written], exc)
+        raise

@@ -1,0 +1,335 @@
+"""Appending rows that arrive already cut into episodes (from a :class:`~trajstore.remote.writer.RemoteWriter`).
+
+A remote writer segments its batches itself, exactly as a local :class:`~trajstore.write.writer.Writer`
+does, and sends each commit as an Arrow table of rows, encoded as its files would be (encoding 2, the format in
+the stream's schema metadata ``trajstore``, logical column names; see :mod:`~trajstore.storage.encoding`).
+:func:`validate_rows` checks those rows against the environment's stored types, each episode's rows among
+themselves, and every invariant of their encoding (the service decodes them: nothing the client says is trusted);
+:func:`append_rows` also checks that they continue what the store holds (:mod:`~trajstore.operations.continuity`),
+stores them under the physical names the log resolves (:mod:`~trajstore.storage.names`) and commits them once per
+idempotency key.
+
+Both hold under concurrency: the rows are checked against one committed version V of the log and committed
+as version V+1 or not at all (a newer commit sends them back to be checked again), so two requests can never
+both append step 5 of one episode; within a process, ingests of one store take turns. The key's app
+transaction records a digest of the request (:func:`request_digest`) in the log, so a retry of the same
+request is a no-op and another request under a used key is refused, even after a restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from trajstore import schema as sch
+from trajstore.errors import CommitError, ConflictError, InputError, SchemaMismatchError
+from trajstore.operations.continuity import Spans, check_continues, request_spans, stored_ends
+from trajstore.storage.encoding import (
+    NEXT,
+    OBS,
+    EncodingError,
+    Format,
+    check_frame_stack,
+    decode_table,
+    logical_schema,
+    physical_next_type,
+    physical_schema,
+)
+from trajstore.retry import tries
+from trajstore.storage.log import Version, WrittenFile
+from trajstore.storage.table import StepsTable
+
+KEYS = {"episode_id": pa.int64(), "step": pa.int32()}
+ATTEMPTS = 30  # reads of the log per request while other processes keep committing before it
+LEGACY_DIGEST = 1  # what trajstore recorded for every key before it kept the request's digest
+
+
+def validate_rows(rows: pa.Table, stored: pa.Schema | None) -> pa.Table:
+    """``rows`` checked and cast to the store's types (``stored``: the environment's, logical); raises naming the
+    first bad field (and, for an episode whose rows repeat or skip a step or go on after it ended, or rows that
+    break their encoding, the episode and the step)."""
+    return _checked(rows, stored)[0]
+
+
+def _checked(rows: pa.Table, stored: pa.Schema | None) -> tuple[pa.Table, Spans]:
+    """:func:`validate_rows`, and the first and last step of each episode in ``rows``."""
+    fmt = row_format(rows)
+    _check_columns(rows, fmt)
+    rows = _stamped(_cast_env_steps(_cast_keys(rows)))
+    _check_flags_and_rewards(rows)
+    ended = pc.or_(rows["terminated"], rows["truncated"]).to_numpy()
+    spans = request_spans(rows["episode_id"].to_numpy(), rows["step"].to_numpy(), ended)
+    _check_encoding(rows, fmt)
+    rows = rows if stored is None else _fitted(rows, stored, fmt)
+    return rows.replace_schema_metadata(fmt.metadata()), spans
+
+
+def row_format(rows: pa.Table) -> Format:
+    """The format the rows say they are in (encoding 1 without one), refused naming it when it is no format or
+    renames columns (rows name their columns logically; the service resolves physical names)."""
+    try:
+        fmt = Format.of(rows.schema.metadata, where="rows")
+    except EncodingError as exc:
+        raise InputError(f"{str(exc).replace('rows: its', 'rows: their')}") from None
+    if fmt.columns:
+        raise InputError(f"{'trajstore'}: rows name their columns logically (obs, action, …); got the physical "
+                         f"names {dict(fmt.columns)}")
+    return fmt
+
+
+def _check_encoding(rows: pa.Table, fmt: Format) -> None:
+    """Every invariant of the rows' encoding, checked by decoding them (what a reader will do)."""
+    if not fmt.encoded or OBS not in rows.column_names:
+        return
+    obs = logical_schema(rows.schema, fmt).field(OBS).type
+    check_frame_stack(obs, fmt.stacks)
+    if NEXT in rows.column_names and sch.describe(rows[NEXT].type) != sch.describe(physical_next_type(obs, fmt)):
+        raise InputError(f"next_obs: encoded rows store it as {sch.describe(physical_next_type(obs, fmt))} (obs "
+                         f"{sch.describe(obs)}), got {sch.describe(rows[NEXT].type)}")
+    try:
+        decode_table(rows, fmt, where="rows")
+    except EncodingError as exc:
+        raise InputError(f"next_obs/obs: {exc}; rows must be encoded as the writer encodes them") from None
+
+
+def _check_columns(rows: pa.Table, fmt: Format) -> None:
+    repeated = [n for n, k in Counter(rows.column_names).items() if k > 1]
+    if repeated:
+        raise InputError(f"{repeated[0]}: {rows.column_names.count(repeated[0])} columns of the body have this name;"
+                         " each column once")
+    for field in rows.schema:
+        _check_storable(field.name, field.type)
+    present = set(rows.column_names)
+    for name in sch.PARTITION_COLUMNS:
+        if name in present:
+            raise InputError(f"{name}: comes from the request (path or query), not from a column of the body")
+    missing = [c for c in (*KEYS, *sch.TRANSITION_COLUMNS) if c not in present]
+    if missing:
+        raise InputError(f"{missing[0]}: missing column; rows need {[*KEYS, *sch.TRANSITION_COLUMNS]}")
+    for name in rows.column_names:
+        if name == NEXT and fmt.encoded:
+            continue  # null where it is the next row's obs (checked with the encoding)
+        if rows[name].null_count and name in (*KEYS, *sch.TRANSITION_COLUMNS):
+            raise InputError(f"{name}: {rows[name].null_count} null value(s); every row needs one")
+
+
+def _check_storable(name: str, t: pa.DataType) -> None:
+    """Refuse a column type the table cannot hold (before anything is written or committed: a type the commit
+    log records but cannot give back would break every later read of its schema): numbers, booleans, strings
+    and UTC timestamps, alone or in fixed-size lists, lists and structs of them, as the local writer stores."""
+    leaf = t
+    while pa.types.is_fixed_size_list(leaf) or pa.types.is_list(leaf) or pa.types.is_large_list(leaf):
+        leaf = leaf.value_type
+    if pa.types.is_struct(leaf):
+        if len({f.name for f in leaf}) != leaf.num_fields or not all(f.name for f in leaf):
+            raise InputError(f"{name}: the fields of a struct column need distinct, non-empty names, got {leaf}")
+        for f in leaf:
+            _check_storable(f"{name}.{f.name}", f.type)
+        return
+    plain = pa.types.is_integer(leaf) or pa.types.is_boolean(leaf) or pa.types.is_string(leaf) or \
+        pa.types.is_large_string(leaf) or leaf in (pa.float16(), pa.float32(), pa.float64())
+    utc = pa.types.is_timestamp(leaf) and leaf.tz in (None, "UTC")
+    frames = pa.types.is_fixed_size_binary(leaf)  # image frames of encoded rows, as their bytes
+    if not (plain or utc or frames):
+        raise InputError(f"{name}: columns of type {t} cannot be stored; expected numbers (integers, float16, "
+                         "float32, float64), booleans, strings or UTC timestamps, or fixed-size lists, lists or "
+                         "structs of them (or, in encoded rows, image frames as fixed-size binary)")
+
+
+def _stamped(rows: pa.Table) -> pa.Table:
+    """``rows`` with a ``wall_time``: stamped on arrival when the sender did not."""
+    if "wall_time" in rows.column_names:
+        return rows
+    now = pa.scalar(datetime.now(timezone.utc), pa.timestamp("us", tz="UTC"))
+    return rows.append_column("wall_time", pa.repeat(now, rows.num_rows))
+
+
+def _fitted(rows: pa.Table, stored: pa.Schema, fmt: Format) -> pa.Table:
+    """``rows`` cast to the environment's ``stored`` (logical) types, refused where they cannot be."""
+    logical = logical_schema(rows.schema.remove_metadata(), fmt)
+    for field in logical:
+        if field.name in stored.names and not sch.compatible(stored.field(field.name).type, field.type):
+            raise SchemaMismatchError(f"{field.name}: the stored steps of this environment hold "
+                                      f"{sch.describe(stored.field(field.name).type)}, got {sch.describe(field.type)}")
+    target = pa.schema([stored.field(f.name) if f.name in stored.names else f for f in logical])
+    if fmt.encoded and OBS in target.names and OBS in stored.names and \
+            sch.describe(stored.field(OBS).type) != sch.describe(logical.field(OBS).type):
+        raise SchemaMismatchError(f"obs: encoded rows must have the stored observation type "
+                                  f"{sch.describe(stored.field(OBS).type)}, "
+                                  f"got {sch.describe(logical.field(OBS).type)}")
+    return _cast_to(rows, physical_schema(target, Format(fmt.encoding, fmt.frame_stack, (), fmt.frames)))
+
+
+def _cast_keys(rows: pa.Table) -> pa.Table:
+    for name, t in KEYS.items():
+        col = rows[name]
+        if not pa.types.is_integer(col.type):
+            raise InputError(f"{name}: expected integers, got {col.type}")
+        if name == "step" and len(col) and pc.min(col).as_py() < 0:
+            raise InputError("step: must be >= 0")
+        _check_range(rows, name, t)
+        rows = rows.set_column(rows.schema.get_field_index(name), name, col.cast(t))
+    return rows
+
+
+def _check_range(rows: pa.Table, name: str, t: pa.DataType) -> None:
+    """Refuse values of ``name`` that its stored type ``t`` cannot hold, naming the episode and the step."""
+    col, top = rows[name], np.iinfo(sch.numpy_dtype(t)).max
+    if not len(col) or pc.max(col).as_py() <= top:
+        return
+    i = pc.index(pc.greater(col, pa.scalar(top, col.type)), True).as_py()
+    where = f"episode_id {rows['episode_id'][i].as_py()}" if name == "step" else f"step {rows['step'][i].as_py()}"
+    raise InputError(f"{name}: {rows[name][i].as_py()} at row {i} ({where}) is beyond {t}; expected at most {top}")
+
+
+def _cast_env_steps(rows: pa.Table) -> pa.Table:
+    """The sender's ``env_steps`` (its writer's position, see ``step.v1.json``) as the schema's int64."""
+    if "env_steps" not in rows.column_names:
+        return rows
+    col = rows["env_steps"]
+    if not pa.types.is_integer(col.type):
+        raise InputError(f"env_steps: expected integers, got {col.type}")
+    return rows.set_column(rows.schema.get_field_index("env_steps"), "env_steps", col.cast(pa.int64()))
+
+
+def _check_flags_and_rewards(rows: pa.Table) -> None:
+    for name in ("terminated", "truncated"):
+        if not pa.types.is_boolean(rows[name].type):
+            raise InputError(f"{name}: expected bool, got {rows[name].type}")
+    reward = rows["reward"]
+    if not (pa.types.is_floating(reward.type) or pa.types.is_integer(reward.type)):
+        raise InputError(f"reward: expected float32 or float64, got {reward.type}")
+    values = reward.to_numpy()
+    bad = ~np.isfinite(values)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        ep, step = rows["episode_id"][i].as_py(), rows["step"][i].as_py()
+        raise InputError(f"reward must be finite: got {values[i]} at row {i} (episode_id {ep}, step {step})")
+
+
+def _cast_to(rows: pa.Table, stored: pa.Schema) -> pa.Table:
+    for i, field in enumerate(rows.schema):
+        if field.name in stored.names and sch.describe(stored.field(field.name).type) != sch.describe(field.type):
+            rows = rows.set_column(i, field.name, rows[field.name].cast(stored.field(field.name).type))
+    return rows
+
+
+@dataclass(frozen=True)
+class IdempotencyKey:
+    """A request's key as an app transaction of the log: its id, and the request's digest as its version."""
+
+    app_id: str
+    digest: int
+
+    @classmethod
+    def of(cls, key: str, rows: pa.Table, *, run_id: str, env_id: str) -> IdempotencyKey:
+        return cls(f"trajstore-ingest:{key}", request_digest(rows, run_id=run_id, env_id=env_id))
+
+
+def request_digest(rows: pa.Table, *, run_id: str, env_id: str) -> int:
+    """A 63-bit digest (sha256) of a request: its run, environment and rows as they came (types included,
+    schema metadata left out); a positive int64, the version of the key's app transaction."""
+    sink = pa.BufferOutputStream()
+    fmt = (rows.schema.metadata or {}).get(b"trajstore")
+    rows = rows.replace_schema_metadata(None).combine_chunks()
+    with pa.ipc.new_stream(sink, rows.schema) as stream:
+        stream.write_table(rows)
+    h = hashlib.sha256(json.dumps([run_id, env_id]).encode())
+    h.update(sink.getvalue())
+    if fmt is not None:  # encoded rows are another request than the same rows unencoded (none before had one)
+        h.update(fmt)
+    return int.from_bytes(h.digest()[:8], "big") >> 1
+
+
+def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
+                idempotency_key: str | None = None) -> tuple[str | None, bool]:
+    """Commit ``rows`` once, if they continue what the store holds; returns ``(file, duplicate)``.
+
+    A request repeated under its ``idempotency_key`` is a no-op (``(None, True)``); another request under a
+    used key raises :class:`ConflictError`; rows that do not continue their episodes raise
+    :class:`InputError` naming the episode and the step, and store nothing.
+    """
+    key = None if idempotency_key is None else IdempotencyKey.of(idempotency_key, rows, run_id=run_id,
+                                                                 env_id=env_id)
+    if key is not None and _seen(table.log.read(), key):
+        return None, True
+    rows, spans = _checked(rows, table.file_schema(env_id=env_id))
+    version = table.log.read()  # rows that do not continue their episodes are refused before any column is reserved
+    if version is not None:
+        check_continues(spans, stored_ends(version.files, spans.episode_id), run_id=run_id, env_id=env_id)
+    rows = _physical(table, rows)
+    written = table.write(rows, run_id=run_id, env_id=env_id)  # encoded outside the lock: requests overlap here
+    try:
+        with _lock(table.uri):
+            committed = _commit_checked(table, written, spans, run_id=run_id, env_id=env_id, key=key)
+    except BaseException as exc:
+        table.discard([written.path], exc)
+        raise
+    if not committed:
+        table.discard([written.path], None)
+    return (str(written.path), False) if committed else (None, True)
+
+
+def _physical(table: StepsTable, rows: pa.Table) -> pa.Table:
+    """``rows`` under the physical names the log resolves for their types (reserved there first)."""
+    fmt = Format.of(rows.schema.metadata)
+    logical = logical_schema(rows.schema.remove_metadata(), fmt)
+    names = table.reserve({f.name: f.type for f in rows.schema}, {f.name: f.type for f in logical})
+    renamed = rows.rename_columns([names[n] for n in rows.column_names])
+    return renamed.replace_schema_metadata(fmt.with_columns(names).metadata())
+
+
+def _commit_checked(table: StepsTable, written: WrittenFile, spans: Spans, *, run_id: str, env_id: str,
+            key: IdempotencyKey | None) -> bool:
+    """Check ``spans`` against the latest version V and commit ``written`` as V+1; again on a newer V.
+    False when a request with the same key and digest was committed meanwhile. Rows that bring new columns
+    are checked once before the table is given them, so that refused rows change nothing."""
+    if _new_columns(table, written):
+        version = table.log.read()
+        check_continues(spans, stored_ends(version.files if version is not None else [], spans.episode_id),
+                        run_id=run_id, env_id=env_id)
+    for _ in tries(ATTEMPTS):
+        version = table.log.ensure(written.schema)
+        if key is not None and _seen(version, key):
+            return False
+        check_continues(spans, stored_ends(version.files, spans.episode_id), run_id=run_id, env_id=env_id)
+        if table.log.commit_after(version, written, app=None if key is None else (key.app_id, key.digest)):
+            return True
+    raise CommitError(f"rows for run_id={run_id!r}, env_id={env_id!r} were not committed: other commits kept "
+                      f"coming first ({ATTEMPTS} attempts); nothing was stored, send the request again")
+
+
+def _new_columns(table: StepsTable, written: WrittenFile) -> bool:
+    """Whether committing ``written`` first gives the table columns it lacks (a change of its own, in the log)."""
+    known = table.log.read()
+    return known is not None and bool(set(written.schema.names) - set(known.schema.names))
+
+
+def _seen(version: Version | None, key: IdempotencyKey) -> bool:
+    """Whether ``version`` holds the request of ``key``; :class:`ConflictError` if the key went to another."""
+    digest = None if version is None else version.app_version(key.app_id)
+    if digest is None:
+        return False
+    if digest in (key.digest, LEGACY_DIGEST):
+        return True
+    name = key.app_id.removeprefix("trajstore-ingest:")
+    raise ConflictError(f"idempotency_key: {name!r} was already used for another request (other rows, run_id "
+                        "or env_id); a retry must repeat its request exactly, and new rows need a new key")
+
+
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock(uri: str) -> threading.Lock:
+    """The lock that makes this process's ingests into the table at ``uri`` take turns."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(uri, threading.Lock())

@@ -1,0 +1,566 @@
+"""The writer: validates time-major batches, cuts them into episodes and commits them to the store.
+
+>>> import numpy as np, trajstore, tempfile
+>>> store = trajstore.open(tempfile.mkdtemp(), create=True)
+>>> with store.writer(run_id="demo", env_id="Toy-v0") as w:
+...     n = w.add_batch({"obs": np.zeros((3, 2, 1)), "action": np.zeros((3, 2), int),
+...                  "reward": np.ones((3, 2)), "next_obs": np.zeros((3, 2, 1)),
+...                  "terminated": np.array([[0, 0], [1, 0], [0, 0]], bool),
+...                  "truncated": np.zeros((3, 2), bool)})
+>>> store.stats().column("n_traj").to_pylist()
+[1]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from trajstore import schema as sch
+from trajstore.errors import (
+    CommitError,
+    CommitUnknownError,
+    InputError,
+    RemoteError,
+    SchemaMismatchError,
+    StoreAccessError,
+    WriterClosedError,
+)
+from trajstore.write.buffer import RowBuffer, Rows, gather
+from trajstore.storage.encoding import NEXT, OBS, Format, check_frame_stack, leaves
+from trajstore.write.episode_ids import EpisodeIds
+from trajstore.write.segment import Autoreset, Cursors, Segments, segment
+from trajstore.write.sink import Sink
+
+if TYPE_CHECKING:
+    from trajstore.operations.upkeep import Upkeep
+
+log = logging.getLogger(__name__)
+
+REQUIRED = sch.TRANSITION_COLUMNS
+AUTORESET_MODES = ("same-step", "next-step", "off")
+
+
+@dataclass
+class _Piece:
+    """One buffer on its way to the store: its rows, what the sink made of them (once encoded) and its commit."""
+
+    data: pa.Table
+    encoding: Future[Any]
+    commit: Future[str]
+
+
+@dataclass(frozen=True)
+class _Unstored:
+    """A buffer whose write or commit failed, kept for the next flush: its rows, and what the sink had made of
+    them if that much succeeded (committed again as it is: the same file, the same idempotency key)."""
+
+    data: pa.Table
+    pending: Any = None
+    physical: bool = True  # False: rows as given, not yet under their physical names with their format
+
+
+class Writer:
+    """Appends episodes of one ``(run_id, env_id)`` to a store; use as a context manager.
+
+    Rows are buffered and committed as one Delta Lake append when the buffer passes
+    ``flush_bytes`` and on :meth:`flush` / :meth:`close`. Steps of episodes still running are
+    committed too; the next call continues their ``step`` and ``episode_id``.
+
+    Every dtype is stored as given (or as ``observation_space``/``action_space`` declare it). ``next_obs`` is
+    stored only where it is not the next step's ``obs`` (compared bit for bit on every step), and with
+    ``frame_stack={"obs": k}`` (a leaf path: ``"obs.pixels"`` in a Dict observation) that leaf is a stack of its
+    last k frames along its first axis, of which each frame is stored once; readers give back what was written
+    (see :mod:`~trajstore.storage.encoding`).
+
+    When the store fails (an object store that does not answer, a full disk), the error says how many steps
+    are not stored yet; the writer keeps them, in order, and stores them with the next :meth:`flush` or
+    :meth:`close` (call it again once the store is back). Steps committed before are never touched.
+
+    Every row records where it happened: ``env_steps``, the writer's env steps over all its envs up to
+    and including its time index (``(t + 1) * B`` for the ``t``-th time index since the writer opened,
+    counting every index of every call, skipped steps too), and ``wall_time``, spread evenly per time
+    index between the previous call (or the writer's opening) and this one.
+    """
+
+    def __init__(self, sink: Sink[Any], *, run_id: str, env_id: str, observation_space: Any = None,
+                 action_space: Any = None, autoreset: Autoreset = "same-step",
+                 flush_bytes: int = 128 * 1024 * 1024, worker_id: str | None = None,
+                 frame_stack: Mapping[str, int] | None = None, upkeep: Upkeep | None = None,
+                 **lineage: Any) -> None:
+        _check_name("run_id", run_id)
+        _check_name("env_id", env_id)
+        if autoreset not in AUTORESET_MODES:
+            raise InputError(f"autoreset must be one of {AUTORESET_MODES}, got {autoreset!r}")
+        self.sink, self.run_id, self.env_id = sink, run_id, env_id
+        self.autoreset: Autoreset = autoreset
+        self.flush_bytes = flush_bytes
+        _check_lineage_names(lineage)
+        self.lineage = {"worker_id": worker_id or f"{socket.gethostname()}:{os.getpid()}", **lineage}
+        if frame_stack is not None and not isinstance(frame_stack, Mapping):
+            check_frame_stack(pa.null(), frame_stack)  # raises naming frame_stack
+        self.frame_stack = dict(frame_stack or {})
+        self.upkeep = upkeep  # told of each commit, on the commit thread; compacts on a thread of its own
+        self._types = self._initial_types(observation_space, action_space)
+        if OBS in self._types:
+            check_frame_stack(self._types[OBS], self.frame_stack)
+        self._ids = EpisodeIds()
+        self._cursors: Cursors | None = None
+        self._buffer: RowBuffer | None = None
+        self._buffer_key: tuple[Any, ...] | None = None
+        self._reserved: dict[str, tuple[str, str]] = {}  # logical name -> (stored type, physical name)
+        self._repeats: dict[str, pa.Array] = {}
+        self._time_indices = 0  # time indices of every accepted call so far
+        self._last_us = _now_us()  # wall time of the last accepted call (the opening, before any)
+        # Two stages, one thread each: Parquet encoding of one buffer, and fsync + commit of the files in
+        # the order they were written, so syncing one file overlaps encoding the next.
+        self._encoding: Future[Any] | None = None
+        self._pieces: list[_Piece] = []
+        self._unstored: list[_Unstored] = []
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-encode")
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-commit")
+        self._lock = threading.Lock()
+        self._closed = False
+        self.steps_written = 0
+        self.episodes_completed = 0
+        self.files_committed: list[str] = []
+
+    # --- public API -----------------------------------------------------------------------------------
+
+    def add_batch(self, batch: Mapping[str, Any]) -> int:
+        """Add a time-major ``(T, B, …)`` batch; returns the number of stored steps.
+
+        ``batch`` holds ``obs, action, reward, next_obs, terminated, truncated``, optionally
+        ``valid`` (``(T, B)`` bool, False for steps to skip) and ``extras`` (name → ``(T, B, …)``).
+        Nothing of the call is kept if any part of it is invalid.
+        """
+        if self._closed:
+            raise WriterClosedError(f"writer for run {self.run_id!r} is closed")
+        arrays = _host(batch)
+        T, B = _lead_shape(arrays)
+        valid, done = _masks(arrays, T, B)
+        _check_rewards(arrays["reward"], valid, self._types.get("reward") or sch.fixed_types()["reward"])
+        cursors = self._cursors if self._cursors is not None else Cursors.empty(B)
+        if cursors.num_envs != B:
+            raise InputError(f"batch has B={B} envs but this writer was started with B={cursors.num_envs}; "
+                             "use one writer per vector env")
+        seg = segment(valid, done, cursors, self._ids, autoreset=self.autoreset)
+        now = max(_now_us(), self._last_us)  # a clock set back must not make wall_time go backwards
+        rows = _kept_rows(seg, done, T, B)
+        columns, obs, nxt = self._gathered(arrays, seg, rows, T, B, now)
+        self._cursors = seg.cursors
+        self._time_indices += T
+        self._last_us = now
+        self.steps_written += len(rows.tm)
+        self.episodes_completed += seg.completed
+        self._buffer_rows(columns, obs, nxt, rows, B)
+        return len(rows.tm)
+
+    def add_step(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
+                 *, valid: Any = None, extras: Mapping[str, Any] | None = None) -> int:
+        """Add one vector-env step: every array is ``(B, …)``."""
+        batch: dict[str, Any] = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs,
+                                 "terminated": terminated, "truncated": truncated}
+        if valid is not None:
+            batch["valid"] = valid
+        if extras:
+            batch["extras"] = extras
+        return self.add_batch(_add_time_axis(_host(batch)))
+
+    def reset(self, env_indices: Any = None) -> None:
+        """Mark envs as reset (needed with ``autoreset='off'``); an open episode there stays unfinished."""
+        if self._cursors is None:
+            return
+        idx = np.arange(self._cursors.num_envs) if env_indices is None else np.asarray(env_indices)
+        self._cursors.state[idx] = 0
+        self._cursors.episode_id[idx] = -1
+        self._cursors.next_step[idx] = 0
+
+    def flush(self) -> None:
+        """Commit everything buffered (and what a failed flush kept) and wait until it is visible to readers."""
+        self._submit()
+        self._wait()
+
+    def close(self) -> None:
+        """Flush and release the writer. Idempotent — safe to call multiple times.
+
+        If the flush fails, the writer stays open with the steps it could not store: call ``close()`` again
+        once the store is back (they are lost if the process ends first)."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self._encoder.shutdown(wait=True)
+        self._committer.shutdown(wait=True)
+        if self.upkeep is not None:
+            self.upkeep.close()
+
+    @property
+    def steps_unstored(self) -> int:
+        """Steps given to the writer that are not committed (buffered, on their way, or kept after a failure)."""
+        return ((self._buffer.rows if self._buffer is not None else 0) + sum(p.data.num_rows for p in self._pieces)
+                + sum(u.data.num_rows for u in self._unstored))
+
+    @property
+    def open_episodes(self) -> int:
+        return 0 if self._cursors is None else int((self._cursors.state == 1).sum())
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- internals ------------------------------------------------------------------------------------
+
+    def _initial_types(self, observation_space: Any, action_space: Any) -> dict[str, pa.DataType]:
+        """The types this environment's stored steps have (an environment keeps them), and the declared spaces'."""
+        stored = self.sink.file_schema(env_id=self.env_id)
+        types: dict[str, pa.DataType] = {f.name: f.type for f in stored} if stored is not None else {}
+        declared: dict[str, pa.DataType] = {}
+        if observation_space is not None:
+            declared[OBS] = declared[NEXT] = sch.type_of_space(observation_space, role="observation")
+        if action_space is not None:
+            declared["action"] = sch.type_of_space(action_space, role="action")
+        for name, t in declared.items():
+            if name in types and not sch.compatible(types[name], t):
+                raise SchemaMismatchError(f"{name}: the stored steps of env_id {self.env_id!r} hold "
+                                          f"{sch.describe(types[name])}, but the given space needs {sch.describe(t)}; "
+                                          "an environment keeps its types: write this one under another env_id")
+            types.setdefault(name, t)
+        return types
+
+    def _type_for(self, name: str, value: Any, lead: int) -> pa.DataType:
+        if name not in self._types:
+            known = {**sch.lineage_columns(), **sch.fixed_types()}
+            self._types[name] = known.get(name) or sch.type_of_array(name, value, lead)
+            if name == OBS:
+                check_frame_stack(self._types[OBS], self.frame_stack)
+        return self._types[name]
+
+    def _gathered(self, arrays: dict[str, Any], seg: Segments, rows: Rows, T: int, B: int,
+                  now: int) -> tuple[dict[str, pa.Array | None], dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The call's kept rows of every column (each gathered once), and obs/next_obs by leaf as contiguous
+        ``(T*B, …)`` arrays of the stored dtype; nothing of the call is kept if a field is refused."""
+        n = len(rows.tm)
+        cols: dict[str, pa.Array | None] = {"episode_id": pa.array(seg.episode_id, pa.int64()),
+                                            "step": pa.array(seg.step.astype(np.int32))}
+        base_types = dict(self._types)
+        try:
+            obs_t = self._type_for(OBS, arrays[OBS], 2)
+            if self._types.setdefault(NEXT, obs_t) != obs_t:
+                raise SchemaMismatchError(f"next_obs: the stored steps of env_id {self.env_id!r} hold "
+                                          f"{sch.describe(self._types[NEXT])}, obs {sch.describe(obs_t)}; next_obs "
+                                          "must be of the observation's type")
+            obs = _leaves_of(OBS, arrays[OBS], obs_t, T, B)
+            nxt = _leaves_of(NEXT, arrays[NEXT], obs_t, T, B)
+            for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated"):
+                if name in (OBS, NEXT):
+                    cols[name] = None  # filled by the buffer, encoded
+                    continue
+                t = self._type_for(name, arrays[name], 2)
+                cols[name] = sch.to_arrow(name, gather(arrays[name], rows.tm), t, n)
+            cols["wall_time"] = pa.array(_interpolated_us(self._last_us, now, T)[rows.tick],
+                                         pa.timestamp("us", tz="UTC"))
+            cols["env_steps"] = pa.array((self._time_indices + 1 + rows.tick) * B, pa.int64())
+            cols["env_index"] = pa.array(rows.env.astype(np.int32))
+            for name, value in self.lineage.items():
+                cols[name] = self._lineage(name, value, rows.env, B, n)
+            for name, value in (arrays.get("extras") or {}).items():
+                _check_extra(name, value, T, B)
+                cols[name] = sch.to_arrow(name, gather(value, rows.tm), self._type_for(name, value, 2), n)
+        except Exception:
+            self._types = base_types  # a refused call must not fix column types for the next one
+            raise
+        return cols, obs, nxt
+
+    def _lineage(self, name: str, value: Any, env: np.ndarray, B: int, n: int) -> pa.Array:
+        """A lineage column; a per-writer scalar is converted and repeated once, then sliced by later calls."""
+        t = self._type_for(name, value, 0)
+        if np.ndim(value) != 0:
+            return _lineage_column(name, value, env, B, n, t)
+        if name not in self._repeats or len(self._repeats[name]) < n:
+            self._repeats[name] = _lineage_column(name, value, env, B, n, t)
+        return self._repeats[name].slice(0, n)
+
+    def _buffer_rows(self, columns: dict[str, pa.Array | None], obs: dict[str, np.ndarray],
+                     nxt: dict[str, np.ndarray], rows: Rows, B: int) -> None:
+        key = tuple((name, None if a is None else sch.describe(a.type)) for name, a in columns.items())
+        if self._buffer is not None and self._buffer and key != self._buffer_key:
+            self._submit()  # other columns: the rows so far go to a file of their own
+        if self._buffer is None:
+            self._buffer = RowBuffer(B, self._types[OBS], Format.for_obs(self._types[OBS],
+                                                                         frame_stack=self.frame_stack))
+        self._buffer_key = key
+        self._buffer.add(columns, obs, nxt, rows)
+        if self._buffer.nbytes >= self.flush_bytes:
+            self._submit()
+
+    def _submit(self) -> None:
+        """Hand what a failed flush kept, then the buffer, to the encoding thread (in that order)."""
+        unstored, self._unstored = self._unstored, []
+        for i, kept in enumerate(unstored):
+            try:
+                self._send(kept.data if kept.physical else self._stored(kept.data), kept.pending)
+            except BaseException:
+                self._unstored[len(self._unstored):] = unstored[i:]  # not handed over yet: kept, in order
+                raise
+        if not self._buffer:
+            return
+        raw = self._buffer.take()
+        try:
+            data = self._stored(raw)
+        except BaseException:  # the columns could not be reserved: kept as given, prepared at the next flush
+            self._unstored.append(_Unstored(raw, physical=False))
+            raise
+        try:
+            self._send(data)
+        except BaseException:
+            self._unstored.append(_Unstored(data))
+            raise
+
+    def _send(self, data: pa.Table, pending: Any = None) -> None:
+        """Encode ``data`` (unless ``pending`` is what the sink made of it already) and commit it after the
+        files before it; at most one buffer is being encoded at a time."""
+        self._collect(keep=1)  # files in flight: at most the previous one syncing/committing and this one
+        if self._encoding is not None:
+            wait_for([self._encoding])  # a failure surfaces through its commit, in order
+        if pending is None:
+            self._encoding = self._encoder.submit(self.sink.write, data, run_id=self.run_id, env_id=self.env_id)
+        else:
+            self._encoding = Future()
+            self._encoding.set_result(pending)
+        previous = self._pieces[-1].commit if self._pieces else None
+        commit = self._committer.submit(_commit_in_order, self.sink, self._encoding, previous, self._committed)
+        self._pieces.append(_Piece(data, self._encoding, commit))
+
+    def _committed(self) -> None:
+        if self.upkeep is not None:
+            self.upkeep.committed(self.run_id, self.env_id)
+
+    def _stored(self, data: pa.Table) -> pa.Table:
+        """The rows of one file under their physical names (reserved in the log first), with its format."""
+        wanted = {f.name: f.type for f in data.schema}
+        changed = {n: t for n, t in wanted.items() if self._reserved.get(n, ("", ""))[0] != sch.describe(t)}
+        if changed:
+            logical = {n: self._types.get(n, t) for n, t in changed.items()}
+            for name, physical in self.sink.reserve(changed, logical).items():
+                self._reserved[name] = (sch.describe(changed[name]), physical)
+        names = {n: self._reserved[n][1] for n in wanted}
+        fmt = Format.for_obs(self._types[OBS], frame_stack=self.frame_stack, columns=names)
+        return data.rename_columns([names[n] for n in data.column_names]).replace_schema_metadata(fmt.metadata())
+
+    def _wait(self) -> None:
+        self._collect(keep=0)
+        self._encoding = None
+
+    def _collect(self, *, keep: int) -> None:
+        """Record finished commits in order, waiting until at most ``keep`` are pending. At the first failure,
+        that buffer and every one after it are kept for the next flush, and the error says so."""
+        while self._pieces and (len(self._pieces) > keep or self._pieces[0].commit.done()):
+            try:
+                path = self._pieces[0].commit.result()
+            except BaseException as exc:
+                error = self._keep_unstored(exc)
+                if error is exc:
+                    raise
+                raise error from exc
+            self._pieces.pop(0)
+            self.files_committed.append(path)
+
+    def _keep_unstored(self, exc: BaseException) -> BaseException:
+        """Move every buffer on its way (the failed one first; the commits after it fail with it) back to the
+        writer, and the error to raise: ``exc``'s, saying how many steps are not stored."""
+        wait_for([p.commit for p in self._pieces])
+        for piece in self._pieces:
+            encoded = piece.encoding.done() and not piece.encoding.cancelled() and piece.encoding.exception() is None
+            self._unstored.append(_Unstored(piece.data, piece.encoding.result() if encoded else None))
+        self._pieces, self._encoding = [], None
+        return _not_stored(exc, self.steps_unstored, self.run_id)
+
+
+def _not_stored(exc: BaseException, steps: int, run_id: str) -> BaseException:
+    """``exc`` again (same type), its message saying that ``steps`` steps are kept for the next flush."""
+    note = (f"; {steps} steps of run {run_id!r} are not stored yet: the writer keeps them for its next flush() or "
+            "close() (lost if the process ends first)")
+    if isinstance(exc, CommitUnknownError):
+        return CommitUnknownError(f"{exc}; the writer keeps the {steps} steps of run {run_id!r} it has not seen "
+                                  "committed: its next flush() or close() looks for them in the log and sends only "
+                                  "what is not there (lost if the process ends first)")
+    if isinstance(exc, RemoteError):
+        return RemoteError(exc.status, exc.title, f"{exc.detail or ''}{note}")
+    for kind in (StoreAccessError, CommitError):
+        if type(exc) is kind:
+            return kind(f"{exc}{note}")
+    exc.add_note(note.removeprefix("; "))
+    return exc
+
+
+def _commit_in_order(sink: Sink[Any], written: Future[Any], previous: Future[str] | None,
+                     committed: Any = None) -> str:
+    """Commit a buffer once it is encoded and the one before it is committed (a failure stops the chain), then
+    call ``committed()`` (which tells the writer's upkeep, and returns at once)."""
+    if previous is not None:
+        previous.result()
+    where = sink.commit(written.result())
+    if committed is not None:
+        committed()
+    return where
+
+
+# --- helpers (pure functions over the batch) --------------------------------------------------------------
+
+def _check_name(field: str, value: Any) -> None:
+    if not isinstance(value, str) or not value or value.strip() != value or "\n" in value:
+        raise InputError(f"{field} must be a non-empty string without surrounding spaces, got {value!r}")
+
+
+def _host(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The batch with every (JAX or numpy) array copied to host memory once."""
+    if not isinstance(batch, Mapping):
+        raise InputError(f"batch must be a mapping of column name to array, got {type(batch).__name__}")
+    missing = [k for k in REQUIRED if k not in batch]
+    if missing:
+        raise InputError(f"batch is missing {missing}; expected {list(REQUIRED)} (+ optional valid, extras)")
+    unknown = set(batch) - set(REQUIRED) - {"valid", "extras"}
+    if unknown:
+        raise InputError(f"batch has unknown keys {sorted(unknown)}; put per-step extras under batch['extras']")
+    return {k: _to_host(v) for k, v in batch.items()}
+
+
+def _to_host(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _to_host(v) for k, v in value.items()}
+    return np.asarray(value)
+
+
+def _lead_shape(arrays: dict[str, Any]) -> tuple[int, int]:
+    reward = arrays["reward"]
+    if reward.ndim != 2:
+        raise InputError(f"reward: expected a time-major (T, B) array, got shape {reward.shape}")
+    T, B = reward.shape
+    for name in ("obs", "action", "next_obs", "terminated", "truncated", "valid"):
+        if name in arrays:
+            for leaf_name, leaf in _leaves(name, arrays[name]):
+                if leaf.shape[:2] != (T, B):
+                    raise InputError(f"{leaf_name}: expected leading dims (T, B) = ({T}, {B}) like reward, "
+                                     f"got shape {leaf.shape}")
+    return T, B
+
+
+def _leaves(name: str, value: Any) -> list[tuple[str, np.ndarray]]:
+    if isinstance(value, Mapping):
+        return [leaf for k, v in value.items() for leaf in _leaves(f"{name}.{k}", v)]
+    return [(name, value)]
+
+
+def _masks(arrays: dict[str, Any], T: int, B: int) -> tuple[np.ndarray, np.ndarray]:
+    for name in ("terminated", "truncated", "valid"):
+        if name in arrays and arrays[name].shape != (T, B):
+            raise InputError(f"{name}: expected shape ({T}, {B}), got {arrays[name].shape}")
+        if name in arrays and arrays[name].dtype.kind not in ("bui" if name == "valid" else "b"):
+            raise InputError(f"{name}: expected a bool array, got dtype {arrays[name].dtype}")
+    valid = arrays["valid"].astype(bool) if "valid" in arrays else np.ones((T, B), bool)
+    return valid, (arrays["terminated"].astype(bool) | arrays["truncated"].astype(bool))
+
+
+def _check_rewards(reward: np.ndarray, valid: np.ndarray, stored: pa.DataType) -> None:
+    if reward.dtype.kind not in "fiub":
+        raise InputError(f"reward: expected a float array, got dtype {reward.dtype}")
+    finite = np.isfinite(reward)
+    if stored == pa.float32() and reward.dtype.itemsize > 4:  # finite in float64 may be inf in float32
+        finite &= np.abs(reward) <= np.finfo(np.float32).max
+    bad = valid & ~finite
+    if bad.any():
+        t, b = (int(i[0]) for i in np.nonzero(bad))
+        raise InputError(f"reward must be finite (as {stored}, the table's reward type): got {reward[t, b]} "
+                         f"at env {b}, t={t}")
+
+
+WRITER_COLUMNS = frozenset(c["name"] for c in sch.step_columns())  # filled by the writer, never by its caller
+
+
+def _check_lineage_names(lineage: Mapping[str, Any]) -> None:
+    reserved = sorted(WRITER_COLUMNS & set(lineage))
+    if reserved:
+        raise InputError(f"{reserved[0]}: a column the writer fills itself, not a lineage value; "
+                         "give your own value under another name")
+
+
+def _check_extra(name: str, value: Any, T: int, B: int) -> None:
+    if name in WRITER_COLUMNS or name == "env_index":
+        raise InputError(f"extras: {name!r} is a reserved column name")
+    for leaf_name, leaf in _leaves(f"extras.{name}", value):
+        if leaf.shape[:2] != (T, B):
+            raise InputError(f"{leaf_name}: expected leading dims (T, B) = ({T}, {B}), got shape {leaf.shape}")
+
+
+def _kept_rows(seg: Segments, done: np.ndarray, T: int, B: int) -> Rows:
+    """The kept rows of a cut: env-major, each with its time-major index into the call's ``(T*B, …)`` arrays."""
+    env = seg.rows // T
+    tick = seg.rows - env * T
+    tm = tick * B + env
+    return Rows(tm, env, seg.episode_id, seg.step, done.reshape(-1)[tm], tick)
+
+
+def _leaves_of(name: str, value: Any, t: pa.DataType, T: int, B: int) -> dict[str, np.ndarray]:
+    """An observation batch by leaf path (``obs``, ``obs.pixels``), each checked against its type in ``t`` and
+    made a contiguous ``(T*B, *shape)`` array of the stored dtype (a copy only where it was not one)."""
+    out = {}
+    for path, leaf_t in leaves(t):
+        leaf = _at(name, value, path, t)
+        want = sch.leaf_of_type(leaf_t)
+        arr = np.asarray(leaf)
+        sch.check_leaf(name + path[len(OBS):], arr.shape[2:], arr.dtype, want)
+        fitted = sch.fitting(name, arr, want.dtype)
+        out[path] = np.ascontiguousarray(fitted, dtype=want.dtype).reshape(T * B, *want.shape)
+    return out
+
+
+def _at(name: str, value: Any, path: str, t: pa.DataType) -> Any:
+    """The leaf at ``path`` of a (dict) batch value; refused naming the field when the keys differ."""
+    for part in path.split(".")[1:]:
+        if not isinstance(value, Mapping) or set(value) != {f.name for f in t}:
+            expected = sorted(f.name for f in t)
+            got = sorted(value) if isinstance(value, Mapping) else type(value).__name__
+            raise SchemaMismatchError(f"{name}: expected a dict with keys {expected}, got {got}")
+        value, t, name = value[part], t.field(part).type, f"{name}.{part}"
+    if isinstance(value, Mapping):
+        raise SchemaMismatchError(f"{name}: expected an array, got a dict with keys {sorted(value)}")
+    return value
+
+
+def _lineage_column(name: str, value: Any, env: np.ndarray, B: int, n: int, t: pa.DataType) -> pa.Array:
+    arr = np.asarray(value)
+    if arr.ndim == 0:  # one value per writer: converted once, repeated by Arrow (not n Python strings)
+        return pa.repeat(sch.to_arrow(name, arr.reshape(1), t, 1)[0], n)
+    if arr.shape == (B,):
+        return sch.to_arrow(name, arr[env], t, n)
+    raise InputError(f"{name}: a writer lineage value must be a scalar or one value per env (shape ({B},)), "
+                     f"got shape {arr.shape}")
+
+
+def _add_time_axis(batch: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in batch.items():
+        out[k] = _add_time_axis(v) if isinstance(v, Mapping) else np.asarray(v)[None]
+    return out
+
+
+def _now_us() -> int:
+    return int(datetime.now(timezone.utc).timestamp() * 1_000_000)
+
+
+def _interpolated_us(last: int, now: int, T: int) -> np.ndarray:
+    """``T`` wall times (µs) evenly from just after ``last`` to ``now``, the last one ``now``: one per time index."""
+    return last + (now - last) * np.arange(1, T + 1, dtype=np.int64) // max(T, 1)

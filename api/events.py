@@ -129,7 +129,7 @@ class CommitHub:
                     stop.wait(RETRY_S)
         except RuntimeError:  # the loop closed: the server is shutting down
             return
-        except Exception:  # noqa: BLE001 - a watcher that dies is logged; the next subscriber starts another
+        except Exception:
             log.exception("watching the commit log of %s failed", self.store.uri)
             with self._lock:
                 if self._stop is stop:

@@ -33,7 +33,7 @@ def episode_filter(
     max_return: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     min_length: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     max_length: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-    policy_version: Annotated[list[Annotated[int, Query(**INT64)]], Query(description="lineage: policy versions")] = [],  # noqa: B006,E501
+    policy_version: Annotated[list[Annotated[int, Query(**INT64)]], Query(description="lineage: policy versions")] = [],  # noqa: B006
     mode: Annotated[list[Literal["train", "eval"]], Query(description="lineage: train or eval")] = [],  # noqa: B006
     worker_id: Annotated[list[str], Query(description="lineage: writer processes")] = [],  # noqa: B006
     seed: Annotated[list[Annotated[int, Query(**INT64)]], Query(description="lineage: seeds")] = [],  # noqa: B006

@@ -61,8 +61,9 @@ def _cpu() -> float:
 
 def cached_store(steps: int, *, envs: int, horizon: int, cache_dir: Path, rebuild: bool = False) -> tuple[Path, dict]:
     """A store of ``steps`` synthetic CartPole steps under ``cache_dir``, written now unless already there."""
-    import trajstore
     from data import make_rollout
+
+    import trajstore
 
     root = cache_dir / f"api-{steps}-B{envs}-T{horizon}"
     marker = root / "built.json"

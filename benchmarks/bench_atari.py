@@ -1,6 +1,6 @@
 """The pixel benchmark of issue 21: real Atari frame stacks through the writer and through ``gym_rollout``.
 
-    python benchmarks/bench_atari.py                  # 16,000 steps a run, writes the atari section of docs/benchmarks.md
+    python benchmarks/bench_atari.py      # 16,000 steps a run, writes the atari section of docs/benchmarks.md
     python benchmarks/bench_atari.py --steps 4000     # quick run; prints the section, writes no doc
     python benchmarks/bench_atari.py --steps 4000 --out /tmp/bench.md
 
@@ -181,7 +181,7 @@ def run(steps: int, repeats: int, work: Path) -> tuple[list[Written], list[Check
     for i in range(repeats):
         for j in range(len(methods)):
             timing, fn = methods[(i + j) % len(methods)]
-            sizes = timing.add(lambda: fn(i))
+            sizes = timing.add(lambda fn=fn, i=i: fn(i))
             if sizes:
                 timing.disk_bytes, timing.raw_bytes = sizes
             _log(f"repeat {i + 1}/{repeats}: {timing.name}: {timing.seconds[-1]:.2f}s")

@@ -1,6 +1,6 @@
 """A store after many small commits (issue 22): query times against a freshly compacted copy, 10 → 10,000 commits.
 
-    python benchmarks/bench_commits.py                          # 10, 100, 1,000, 3,000 commits; writes docs/benchmarks.md
+    python benchmarks/bench_commits.py                      # 10, 100, 1,000, 3,000 commits; writes docs/benchmarks.md
     python benchmarks/bench_commits.py --commits 10 100 1000 3000 10000   # the whole curve (~25 min here)
     python benchmarks/bench_commits.py --commits 10 100 --out /dev/stdout  # a quick look
 
@@ -36,9 +36,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
+from report import cpu_model, load_average, output_options, publish  # noqa: E402
 
 import trajstore  # noqa: E402
-from report import cpu_model, load_average, output_options, publish  # noqa: E402
 
 WRITERS = 8
 T, B = 16, 4
@@ -131,7 +131,7 @@ def measure(path: Path) -> dict[str, float]:
 
 def compacted_copy(path: Path, to: Path) -> None:
     shutil.copytree(path, to)
-    from trajstore.operations.compact import compact
+    from trajstore.store import compact
 
     store = trajstore.open(to)
     compact(store, progress=False)

@@ -36,12 +36,13 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 
 import trajstore  # noqa: E402
-from trajstore.api.app import create_app  # noqa: E402
 from tests.api.conftest import serve  # noqa: E402
 from tests.api.dashboard.synthetic import write_learning_runs  # noqa: E402
+from trajstore.api.app import create_app  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import cpu_model, out_path, output_options, publish  # noqa: E402
+
 from trajstore.settings import Settings  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -202,7 +203,8 @@ policy versions, value and log_prob extras{built}). Headless Debian Chromium (so
 Playwright; the service under uvicorn in the benchmark's process. Times run from navigation start and are read
 from the page's own Paint Timing entries and `performance.mark`s.
 
-| page load | first contentful paint | runs and episodes tables with data | learning curves and histograms drawn | last API response |
+| page load | first contentful paint | runs and episodes tables with data | learning curves and histograms drawn \
+| last API response |
 |---|---|---|---|---|
 {chr(10).join(rows)}
 
@@ -217,9 +219,10 @@ arrive materializes the `episodes` view of the committed version (all {res.steps
 others wait for it, then read those rows, as do later requests until the next commit (so the requests made
 alone, after the page loads, find it ready).
 The first visit fetches {total / 1e3:,.0f} kB in all, headers included (goal: at most {TARGET_BYTES / 1e6:g} MB,
-{within}): the page and its assets {first["page and assets"] / 1e3:,.0f} kB, of it Plotly.js {first.get("plotly", 0) / 1e3:,.0f}
-kB (its basic bundle, gzipped; the assets are named by their content hash and kept by the browser, so a reload
-fetches none of them), and the API's JSON answers {first["API answers"] / 1e3:,.0f} kB ({fetched_kb:,.0f} kB of
+{within}): the page and its assets {first["page and assets"] / 1e3:,.0f} kB, of it Plotly.js \
+{first.get("plotly", 0) / 1e3:,.0f} kB (its basic bundle, gzipped; the assets are named by their content hash and \
+kept by the browser, so a reload fetches none of them), and the API's JSON answers \
+{first["API answers"] / 1e3:,.0f} kB ({fetched_kb:,.0f} kB of
 bodies): the curves and histograms come binned (`/curves/binned`, `/curves/histogram`) and the runs table's
 statistics summarised (`/runs?last=100`), so this does not grow with the number of episodes. After the last
 response the page takes {_bm(drawing)} to draw the binned curves and both histograms.

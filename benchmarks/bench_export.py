@@ -2,7 +2,7 @@
 a 5M-step store, against the bare route measured in the same run: ``store.scan`` of the same columns streamed
 into one Parquet file (no episode order, no format), what any export reads at least.
 
-    python benchmarks/bench_export.py                    # 0.5M and 5M steps, writes the export section of docs/benchmarks.md
+    python benchmarks/bench_export.py        # 0.5M and 5M steps, writes the export section of docs/benchmarks.md
     python benchmarks/bench_export.py --sizes 200000     # quick run; prints the section, writes no doc
 
 Every export runs in a fresh Python process (this file with ``--child``), which reports its seconds, its peak
@@ -101,8 +101,9 @@ def run_child(method: str, uri: str, work: Path) -> dict[str, Any]:
 
 
 def write(uri: str, steps: int) -> dict[str, int]:
-    import trajstore
     from data import make_rollout
+
+    import trajstore
 
     store = trajstore.open(uri, create=True)
     with store.writer(run_id="bench", env_id="CartPole-v1") as w:
@@ -175,7 +176,8 @@ def to_markdown(res: dict[int, dict[str, Any]], repeats: int, machine: dict[str,
     lines += ["", "### What is timed", "",
               "- **scan-to-parquet**: `store.scan([episode_id, step, obs, next_obs, action, reward, terminated, "
               "truncated])` written batch by batch into one Parquet file (snappy): the bare read and write.",
-              "- **lerobot**: `export_lerobot(store, folder)` (what `trajstore export lerobot` runs): the selection laid "
+              "- **lerobot**: `export_lerobot(store, folder)` (what `trajstore export lerobot` runs): the selection "
+              "laid "
               "out episode-major on local disk in one pass, then groups of whole episodes (16 MB of steps) read back, "
               "their frames written in row groups of whole episodes (16,384 frames or more), per-episode statistics, "
               "`meta/`.",

@@ -63,8 +63,8 @@ def run(steps: int, *, envs: int = 1024, rollout_length: int = 128, repeats: int
     import jax.numpy as jnp
 
     import trajstore
-    from trajstore.rollout.envs import CartPole
     from trajstore.rollout import jax_rollout
+    from trajstore.rollout.envs import CartPole
     from trajstore.rollout.jax_host import open_writer
     from trajstore.rollout.jax_scan import make_scan
 
@@ -115,20 +115,20 @@ def run(steps: int, *, envs: int = 1024, rollout_length: int = 128, repeats: int
                 progress=False)
     _drop(warm)
     _log(f"collecting the {scans} batches ({n:,} steps) for the writer alone")
-    batches = collect_batches()
+    held = [collect_batches()]  # emptied after the runs: its memory goes back before the summary
     timings = [Timing("rollout alone", n, note="jitted `lax.scan` + `vmap`, all scans dispatched, blocked at the end; "
                                                "no host copy"),
                Timing("writer alone", n, note="`Writer.add_batch` on the host copies of the same batches, "
                                               "through `close()` (every file committed)"),
                Timing("rollout + store", n, note="`jax_rollout(..., steps=N)`: scan, one host copy, background "
                                                  "writer thread, through `close()`")]
-    methods: list[Callable[[], None]] = [rollout_alone, lambda: writer_alone(batches), rollout_and_store]
+    methods: list[Callable[[], None]] = [rollout_alone, lambda: writer_alone(held[0]), rollout_and_store]
     for r in range(repeats):
         for i in [(r + k) % 3 for k in range(3)]:
             timings[i].add(methods[i])
             _log(f"repeat {r + 1}/{repeats}: {timings[i].name}: {timings[i].seconds[-1]:.2f}s "
                  f"({n / timings[i].seconds[-1] / 1e6:.2f}M steps/s)")
-    del batches
+    held.clear()
     gc.collect()
     slower = min(timings[:2], key=lambda t: t.rate)
     checks = [Check(f"rollout + store vs the slower of rollout alone and writer alone ({slower.name})",
@@ -155,8 +155,8 @@ def _rss() -> int:
 def memory_probe(steps: int, *, envs: int, rollout_length: int, work: Path) -> dict[str, Any]:
     """In this process: warm up, then run ``jax_rollout`` for ``steps`` while sampling RSS every 10 ms."""
     import trajstore
-    from trajstore.rollout.envs import CartPole
     from trajstore.rollout import jax_rollout
+    from trajstore.rollout.envs import CartPole
 
     env = CartPole()
     store = trajstore.open(work / f"mem-{steps}", create=True)

@@ -33,9 +33,9 @@ sys.path.insert(0, str(HERE))
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
+from report import cpu_model, load_average, out_path, publish  # noqa: E402
 
 import trajstore  # noqa: E402
-from report import cpu_model, load_average, out_path, publish  # noqa: E402
 from tests.api.helpers import serve  # noqa: E402
 from trajstore.api.app import create_app  # noqa: E402
 from trajstore.api.cursor import encode  # noqa: E402
@@ -127,7 +127,7 @@ def follow_latency(store: trajstore.Store, url: str, commits: int = 20) -> dict[
         source = store.follow(["step"], since=since, poll=0.5, timeout=10) if name == "store" else \
             trajstore.Client(url).follow(["step"], since=since, timeout=10)
 
-        def consume(src: Any = source) -> None:
+        def consume(src: Any = source, got: dict[int, float] = got) -> None:
             for c in src:
                 got[c.version] = time.perf_counter()
                 if len(got) == commits:

@@ -252,8 +252,9 @@ def run_torchrl(path: str, cached: bool, limit: int) -> dict[str, Any]:
 def run_s3(path: str, steps: int) -> dict[str, Any]:
     """A store written to SeaweedFS; machine A builds the layout (and puts it in the bucket), machine B (another
     layout cache, fresh processes) copies it for its first batch, then reads its own copy."""
-    import trajstore
     from loader_data import batches
+
+    import trajstore
     from tests import seaweed
 
     work = Path(path)
@@ -320,7 +321,7 @@ def child(method: str, target: str, options: str) -> None:
     import numpy  # noqa: F401
     import pyarrow  # noqa: F401
 
-    import trajstore  # noqa: F401
+    import trajstore
     import trajstore.loaders.sequences  # noqa: F401
 
     imported = time.perf_counter() - started

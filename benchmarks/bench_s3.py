@@ -91,7 +91,7 @@ def run_store_ops(steps: int, repeats: int, work: Path, server: Any) -> list[Tim
     places = {"local": (lambda r: str(work / f"local-{r}"), None),
               "s3": (lambda r: f"s3://{bucket}/run-{r}", server.storage_options)}
     timings = {(p, op): Timing(p, op, rollout.steps) for p in places for op in ("write", "stats", "scan")}
-    for p, (uri_of, options) in places.items():  # warm-up: compilation, imports, first connections
+    for uri_of, options in places.values():  # warm-up: compilation, imports, first connections
         write(uri_of(-1), options, rollout.batches[:2])
         stats(uri_of(-1), options)
         scan(uri_of(-1), options)
@@ -99,11 +99,11 @@ def run_store_ops(steps: int, repeats: int, work: Path, server: Any) -> list[Tim
         for p in (list(places) if r % 2 == 0 else list(reversed(places))):
             uri_of, options = places[p]
             uri = uri_of(r)
-            seconds, _ = timed(lambda: write(uri, options, rollout.batches))
+            seconds, _ = timed(lambda uri=uri, options=options: write(uri, options, rollout.batches))
             timings[(p, "write")].seconds.append(seconds)
-            seconds, n = timed(lambda: stats(uri, options))
+            seconds, n = timed(lambda uri=uri, options=options: stats(uri, options))
             timings[(p, "stats")].seconds.append(seconds)
-            seconds, rows = timed(lambda: scan(uri, options))
+            seconds, rows = timed(lambda uri=uri, options=options: scan(uri, options))
             assert rows == rollout.steps, (rows, rollout.steps)
             timings[(p, "scan")].seconds.append(seconds)
             _log(f"repeat {r + 1}/{repeats} {p}: write {timings[(p, 'write')].seconds[-1]:.2f}s, "
@@ -127,7 +127,7 @@ def run_ray(steps: int, work: Path, server: Any, workers: list[int]) -> tuple[li
         for place, uri, options in (("local", local, None), ("s3", *s3)):
             t = Timing(place, "ray read_steps", steps)
             for _ in range(3):
-                seconds, rows = timed(lambda: sum(len(b["reward"]) for b in tray.read_steps(
+                seconds, rows = timed(lambda uri=uri, options=options: sum(len(b["reward"]) for b in tray.read_steps(
                     uri, columns=["obs", "action", "reward"], storage_options=options).iter_batches(
                     batch_size=65_536, batch_format="numpy")))
                 assert rows == steps, (rows, steps)
@@ -138,9 +138,9 @@ def run_ray(steps: int, work: Path, server: Any, workers: list[int]) -> tuple[li
         for n in workers:
             uri = f"s3://{server.bucket('bench-rollout')}/w{n}"
             t = Timing("s3", f"ray rollout, {n} worker{'s' if n > 1 else ''}", 0)
-            seconds, result = timed(lambda: tray.rollout(uri, "CartPole-v1", num_workers=n, steps=RAY_ROLLOUT_STEPS,
-                                                         run_id="bench", seed=0, num_envs=16, progress=False,
-                                                         storage_options=server.storage_options))
+            seconds, result = timed(lambda uri=uri, n=n: tray.rollout(
+                uri, "CartPole-v1", num_workers=n, steps=RAY_ROLLOUT_STEPS, run_id="bench", seed=0, num_envs=16,
+                progress=False, storage_options=server.storage_options))
             t.rows, t.seconds = result.steps, [seconds]
             rollouts.append(t)
             _log(f"ray rollout with {n} workers: {result.steps:,} steps in {seconds:.1f}s")

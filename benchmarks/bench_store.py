@@ -12,16 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import baselines as base
 import duckdb
 import numpy as np
 import pyarrow as pa
+from data import Rollout, make_rollout
+from timing import Timing
 
 import trajstore
 from trajstore.query.returns import return_to_go
-
-import baselines as base
-from data import Rollout, make_rollout
-from timing import Timing
 
 GAMMA = 0.99
 TARGET_STEPS = 10_000_000

@@ -4,7 +4,6 @@ markers (``<!-- bench:NAME -->`` … ``<!-- /bench:NAME -->``) and replaces only
 from __future__ import annotations
 
 import argparse
-
 import importlib.metadata
 import os
 import platform

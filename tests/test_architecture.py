@@ -1,6 +1,7 @@
-"""The shape of the package: imports follow the data flow (no cycles, the library never imports the service or
-the CLI), SQL text is written only in ``trajstore/query/sql.py``, and the wheel installs nothing at top level
-but ``trajstore`` (the service inside it as ``trajstore.api``)."""
+"""The shape of the package: layers, each a folder, each importing only from the layers below it (imports for type
+hints counted); no import cycles; nothing outside ``store.py`` touches a private part of the Store; every package's
+docstring names its modules; SQL text is written only in ``trajstore/query/sql.py``; and the wheel installs nothing
+at top level but ``trajstore`` (the service inside it as ``trajstore.api``)."""
 
 from __future__ import annotations
 
@@ -35,14 +36,14 @@ def _type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """The trajstore modules ``path`` imports, at top level or inside functions (not under TYPE_CHECKING):
-    for ``from package import module`` the module, not the package."""
+def imports(path: Path, name: str, known: set[str], *, type_hints: bool = False) -> set[str]:
+    """The trajstore modules ``path`` imports, at top level or inside functions (with ``type_hints``, under
+    TYPE_CHECKING too): for ``from package import module`` the module, not the package."""
     found: set[str] = set()
     is_package = path.name == "__init__.py"
 
     def visit(node: ast.AST) -> None:
-        if _type_checking(node):
+        if _type_checking(node) and not type_hints:
             return
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("trajstore"))
@@ -61,10 +62,50 @@ def imports(path: Path, name: str, known: set[str]) -> set[str]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
+def graph(*, type_hints: bool = False) -> dict[str, set[str]]:
     mods = modules()
-    return {name: {m for m in imports(path, name, set(mods)) if m in mods and m != name}
+    return {name: {m for m in imports(path, name, set(mods), type_hints=type_hints) if m in mods and m != name}
             for name, path in mods.items()}
+
+
+# The layers, lowest first (docs/architecture.md draws them): a module imports from its own layer and those below.
+LAYERS = [
+    ("base", ["trajstore.__about__", "trajstore.errors", "trajstore.settings", "trajstore.schema", "trajstore.retry",
+              "trajstore.durations"]),
+    ("the stored format and the log", ["trajstore.storage"]),
+    ("the writer", ["trajstore.write"]),
+    ("reading one committed version", ["trajstore.query"]),
+    ("training loaders", ["trajstore.loaders"]),
+    ("operations that change a store", ["trajstore.operations"]),
+    ("the store", ["trajstore.store"]),
+    ("what uses a store", ["trajstore.rollout", "trajstore.integrations", "trajstore.export", "trajstore.remote",
+                           "trajstore.torch", "trajstore.torch_workers", "trajstore.ray"]),
+    ("the public API", ["trajstore"]),
+    ("the service and the CLI", ["trajstore.api", "trajstore.cli"]),
+]
+
+
+def layer_of(module: str) -> int:
+    """The index of ``module``'s layer (its longest matching prefix)."""
+    best, index = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, index = len(p), i
+    assert index >= 0, f"{module} is in no layer: add it to LAYERS (and to docs/architecture.md)"
+    return index
+
+
+def test_each_layer_imports_only_from_below() -> None:
+    wrong = [f"{name} ({LAYERS[layer_of(name)][0]}) imports {dep} ({LAYERS[layer_of(dep)][0]})"
+             for name, deps in graph(type_hints=True).items() for dep in sorted(deps)
+             if layer_of(dep) > layer_of(name)]
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_the_layer_check_would_see_a_wrong_import() -> None:  # the check above can fail
+    assert layer_of("trajstore.storage.log") < layer_of("trajstore.query.engine") < layer_of("trajstore.store")
+    assert layer_of("trajstore") < layer_of("trajstore.api.app") and layer_of("trajstore.store") < layer_of("trajstore")
 
 
 def test_the_library_never_imports_the_service_or_the_cli() -> None:
@@ -75,10 +116,38 @@ def test_the_library_never_imports_the_service_or_the_cli() -> None:
             assert not {d for d in deps if d.startswith("trajstore.cli")}, name
 
 
-def test_storage_and_query_do_not_import_the_store() -> None:
-    for name, deps in graph().items():
-        if name.startswith(("trajstore.storage", "trajstore.query")):
-            assert "trajstore.store" not in deps, f"{name} imports trajstore.store"
+def _store_private_names() -> set[str]:
+    """The private methods and attributes of :class:`trajstore.store.Store`."""
+    tree = ast.parse((PACKAGE / "store.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Store")
+    names = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {t.attr for n in ast.walk(cls) if isinstance(n, ast.Assign) for t in n.targets
+              if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_nothing_outside_the_store_touches_its_private_parts() -> None:
+    private = _store_private_names()
+    offenders = []
+    for name, path in modules().items():
+        if name == "trajstore.store":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                holder = ast.unparse(node.value)
+                if node.attr in private or re.search(r"(^|\.|_)(store|pinned|served)$", holder):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {holder}.{node.attr}")
+    assert not offenders, "private parts of the Store used outside store.py:\n" + "\n".join(offenders)
+
+
+def test_every_package_docstring_names_its_modules() -> None:
+    missing = []
+    for folder in [p for p in PACKAGE.iterdir() if (p / "__init__.py").is_file() and p.name != "api"]:
+        text = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+        dotted = f"trajstore.{folder.name}"
+        missing += [f"{dotted}.{m.stem}" for m in folder.glob("*.py") if not m.name.startswith("__")
+                    and not re.search(rf"{re.escape(dotted)}\.{m.stem}[`.]", text)]
+    assert not missing, f"package docstrings that do not name their modules: {missing}"
 
 
 def test_no_import_cycles() -> None:
@@ -131,7 +200,7 @@ def _strings(tree: ast.AST) -> list[str]:
 
 def test_sql_is_written_only_in_the_sql_module() -> None:
     offenders = []
-    for name, path in modules().items():
+    for path in modules().values():
         rel = str(path.relative_to(ROOT)).replace("trajstore/api/", "api/")
         if rel == "trajstore/query/sql.py" or rel in EXAMPLES:
             continue

@@ -177,7 +177,7 @@ def test_a_remote_writer_stores_the_dtype_encoded(live: Live, store: trajstore.S
     table = store.scan(COLUMNS, env_id=env).read_all()
     check_rows(dtype, {c: to_numpy(table[c]) for c in COLUMNS})
     (f,) = [f for f in store.files() if f.env_id == env]
-    layout = store.table.layouts([f])[0]
+    layout = store.table.schemas([f])[0]
     assert layout.format.encoded and layout.format.stacks == {"obs.img": 2}  # stored as sent: encoded
     assert layout.format.images == {"obs.img": (dtype, (4, 5))}
 
@@ -193,6 +193,6 @@ def test_a_remote_writer_sends_whole_rows_where_the_service_takes_no_encoding_2(
         w.sink.encoded = False  # type: ignore[attr-defined]
         w.add_batch(batch_of("uint8", DTYPES.index("uint8")))
     (f,) = [f for f in store.files() if f.env_id == "Remote-old"]
-    assert not store.table.layouts([f])[0].format.encoded  # stored as sent: every row whole
+    assert not store.table.schemas([f])[0].format.encoded  # stored as sent: every row whole
     table = store.scan(COLUMNS, env_id="Remote-old").read_all()
     check_rows("uint8", {c: to_numpy(table[c]) for c in COLUMNS})

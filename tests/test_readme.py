@@ -96,7 +96,7 @@ def test_the_examples_run_as_printed(session: list[subprocess.Popen[str]]) -> No
     for lang, info, code in blocks():
         if lang == "python":
             try:
-                exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own examples
+                exec(compile(code, "README.md", "exec"), namespace)
             except Exception as exc:
                 raise AssertionError(f"README python block failed: {exc!r}\n{code}") from exc
         elif lang == "sh" and not info:
@@ -139,5 +139,5 @@ def test_the_minari_example_runs_twice(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari-datasets"))
     code = next(code for lang, _, code in blocks() if lang == "python" and "minari.DataCollector" in code)
     for _ in range(2):
-        exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})  # noqa: S102 - the README's example
+        exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
     assert [p.name for p in (tmp_path / "minari-datasets" / "cartpole").iterdir() if p.is_dir()] == ["random-v0"]

@@ -13,10 +13,9 @@ import pytest
 from gymnasium import spaces
 
 import trajstore
+from tests.helpers import make_batch
 from trajstore import schema as sch
 from trajstore.errors import InputError
-
-from tests.helpers import make_batch
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 ARROW = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "float32": pa.float32(),

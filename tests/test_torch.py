@@ -70,10 +70,10 @@ def test_batches_are_tensors_of_the_local_batches(uri: str) -> None:
     data.set_epoch(2)
     got = list(torch.utils.data.DataLoader(data, batch_size=None))
     assert len(got) == len(local)
-    for g, l in zip(got, local):
+    for g, want in zip(got, local):
         assert isinstance(g["obs"], torch.Tensor) and g["obs"].dtype == torch.float32
-        for k in l:
-            np.testing.assert_array_equal(g[k].numpy(), l[k])
+        for k in want:
+            np.testing.assert_array_equal(g[k].numpy(), want[k])
     step = next(iter(ttorch.Transitions(uri, 3, gamma=0.9, batch_size=5)))
     assert step["discount"].shape == (5,)
     torch_batch = next(trajstore.open(uri).transitions(3, gamma=0.9, batch_size=5, format="torch"))

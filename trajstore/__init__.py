@@ -37,17 +37,16 @@ from trajstore.errors import (
 )
 from trajstore.export.lerobot import export_lerobot
 from trajstore.export.minari import export_minari
+from trajstore.operations.check import CheckReport
+from trajstore.operations.compact import CompactReport
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.follow import Commit
 from trajstore.query.returns import discounted_sum
 from trajstore.remote.client import Client
 from trajstore.remote.writer import RemoteStore, RemoteWriter
 from trajstore.settings import Settings
-from trajstore.operations.check import CheckReport, check, remove_orphans
-from trajstore.operations.compact import CompactReport, compact
+from trajstore.store import Store, check, compact, open, remove_orphans  # noqa: A004 - trajstore.open
 from trajstore.write.writer import Writer
-from trajstore.store import Store, open
-
 
 __all__ = [
     "AuthenticationError",

@@ -11,7 +11,8 @@ on a cluster the store must be one every node reaches (an ``s3://`` store), and 
 the ``AWS_*`` environment of the workers) must let them in.
 
 >>> import trajstore.ray                                                        # doctest: +SKIP
->>> trajstore.ray.rollout("s3://bucket/store", "CartPole-v1", num_workers=4, episodes=1000, run_id="r")  # doctest: +SKIP
+>>> trajstore.ray.rollout("s3://bucket/store", "CartPole-v1", num_workers=4,  # doctest: +SKIP
+...                       episodes=1000, run_id="r")
 >>> trajstore.ray.read_steps("s3://bucket/store", columns=["obs", "reward"]).count()  # doctest: +SKIP
 """
 

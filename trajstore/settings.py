@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Mapping
 
+from trajstore.durations import seconds
 from trajstore.errors import InputError
 
 PREFIX = "TRAJSTORE_"
@@ -73,6 +74,8 @@ def _parse(name: str, annotation: object, raw: str) -> object:
         if raw.strip().lower() in ("", "0", "false", "no", "off"):
             return False
         raise InputError(f"{PREFIX}{name.upper()} must be 1/true/yes/on or 0/false/no/off, got {raw!r}")
+    if name.endswith("_s"):  # seconds: a duration of the one grammar (10, "10s", "500ms", "2m")
+        return seconds(raw, f"{PREFIX}{name.upper()}", bare_seconds=True)
     try:
         if kind.startswith("int"):
             return int(raw)

@@ -42,7 +42,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import torch.utils.data
 
-import trajstore
+from trajstore import store as stores
 from trajstore.errors import InputError
 from trajstore.loaders.order import check_count, check_shard, digest
 from trajstore.torch_workers import Helper, ShardSpec, StoreCache, shard_batches
@@ -55,7 +55,7 @@ class StoreDataset(torch.utils.data.IterableDataset):
 
     method = ""
 
-    def __init__(self, store: trajstore.Store | str | os.PathLike[str], *args: Any, rank: int = 0,
+    def __init__(self, store: stores.Store | str | os.PathLike[str], *args: Any, rank: int = 0,
                  world_size: int = 1, epoch: int | None = None,
                  storage_options: Mapping[str, Any] | None = None,
                  resume: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
@@ -81,7 +81,7 @@ class StoreDataset(torch.utils.data.IterableDataset):
         self._pid = os.getpid()
         self._stores = StoreCache()
         self._helper: Helper | None = None
-        self._main_store: trajstore.Store | None = None
+        self._main_store: stores.Store | None = None
 
     # --- epochs, versions and resume state ------------------------------------------------------------------
 
@@ -133,7 +133,7 @@ class StoreDataset(torch.utils.data.IterableDataset):
         if self._pinned is not None:
             return self._pinned
         if getattr(self, "_main_store", None) is None:
-            self._main_store = trajstore.open(self.uri, storage_options=self.storage_options or None)
+            self._main_store = stores.open(self.uri, storage_options=self.storage_options or None)
         return self._main_store.version
 
     # --- iteration ------------------------------------------------------------------------------------------
@@ -186,10 +186,10 @@ class StoreDataset(torch.utils.data.IterableDataset):
         self._local()
 
 
-def _location(store: trajstore.Store | str | os.PathLike[str],
+def _location(store: stores.Store | str | os.PathLike[str],
               storage_options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any], int | None]:
     """The URI, storage options and pinned version (None: the latest) of ``store``."""
-    if isinstance(store, trajstore.Store):
+    if isinstance(store, stores.Store):
         if storage_options:
             raise InputError("storage_options: a Store carries its own; give them only with a URI")
         options = dict(store.location.storage_options) if not store.location.is_local else {}
@@ -205,7 +205,7 @@ class Sequences(StoreDataset):
 
     method = "sequences"
 
-    def __init__(self, store: trajstore.Store | str | os.PathLike[str], length: int, **kwargs: Any) -> None:
+    def __init__(self, store: stores.Store | str | os.PathLike[str], length: int, **kwargs: Any) -> None:
         super().__init__(store, length, **kwargs)
 
 
@@ -214,6 +214,6 @@ class Transitions(StoreDataset):
 
     method = "transitions"
 
-    def __init__(self, store: trajstore.Store | str | os.PathLike[str], n: int, *, gamma: float,
+    def __init__(self, store: stores.Store | str | os.PathLike[str], n: int, *, gamma: float,
                  **kwargs: Any) -> None:
         super().__init__(store, n, gamma=gamma, **kwargs)

@@ -29,7 +29,7 @@ from typing import IO, Any, Iterator, Mapping
 
 import numpy as np
 
-import trajstore
+from trajstore import store as stores
 from trajstore.errors import InputError, TrajstoreError
 
 log = logging.getLogger(__name__)
@@ -68,19 +68,19 @@ class StoreCache:
     """The stores one process opened, by location and version (so a later epoch reuses their loader layouts)."""
 
     def __init__(self) -> None:
-        self._stores: dict[tuple[Any, ...], trajstore.Store] = {}
+        self._stores: dict[tuple[Any, ...], stores.Store] = {}
 
-    def get(self, spec: ShardSpec) -> trajstore.Store:
+    def get(self, spec: ShardSpec) -> stores.Store:
         key = (spec.uri, tuple(sorted((spec.storage_options or {}).items())), spec.version)
         if key not in self._stores:
             self._stores.clear()  # the layouts of another version are of no more use
             version = spec.version if spec.version is not None and spec.version >= 0 else None
-            self._stores[key] = trajstore.open(spec.uri, storage_options=spec.storage_options or None,
+            self._stores[key] = stores.open(spec.uri, storage_options=spec.storage_options or None,
                                                version=version)
         return self._stores[key]
 
 
-def shard_batches(store: trajstore.Store, spec: ShardSpec) -> Any:
+def shard_batches(store: stores.Store, spec: ShardSpec) -> Any:
     """The store loader of ``spec``'s shard (numpy batches), started after the batches already delivered."""
     kwargs = {**spec.kwargs, "epoch": spec.epoch, "format": "numpy"}
     loader = getattr(store, spec.method)

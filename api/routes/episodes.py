@@ -64,7 +64,8 @@ def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: 
     following = None
     if page.num_rows == limit and order_by.lstrip("-") == "episode_id":
         following = encode([page["episode_id"][page.num_rows - 1].as_py()])
-    headers = {TOTAL_HEADER: str(total), VERSION_HEADER: str(version), **({CURSOR_HEADER: following} if following else {})}
+    headers = {TOTAL_HEADER: str(total), VERSION_HEADER: str(version),
+               **({CURSOR_HEADER: following} if following else {})}
     if wants_arrow(request):
         return arrow_response(page, headers)
     body = EpisodePage(items=json_rows(page), total=total, limit=limit, offset=offset, next_cursor=following)
@@ -78,8 +79,7 @@ def episode_steps(request: Request, store: ReadStoreDep, settings: SettingsDep,
     found, _ = store.episode_page(filter=EpisodeFilter(episode_id=[episode_id]), limit=1)
     env = [found["env_id"][0].as_py()] if found.num_rows else None  # its environment's own column types
     most = pages.page_rows(store, columns, settings.max_page_bytes, env)  # 413 past it: streams have no limit
-    rows = store.steps_page(["step", *columns] if columns else [],
-                            filter=EpisodeFilter(episode_id=[episode_id], env_id=env), limit=most + 1)
+    rows = store.episode_steps(episode_id, columns or None, limit=most + 1)
     if rows.num_rows > most:
         raise pages.too_large(episode_id, most, settings.max_page_bytes)
     if rows.num_rows == 0:

@@ -19,8 +19,8 @@ from fastapi.responses import Response
 from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.api.params import INT64
 from trajstore.api.problems import problem_response
-from trajstore.query.pictures import ImageLeaf, leaf_values, png
 from trajstore.query.filters import EpisodeFilter
+from trajstore.query.pictures import ImageLeaf, leaf_values, png
 from trajstore.storage.encoding import fixed_numpy
 from trajstore.store import Store
 

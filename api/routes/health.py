@@ -106,7 +106,7 @@ def check(store: Store, request_state: Any) -> Finding:
         problem = damage(store, request_state, newest=True)
     except StoreAccessError as exc:
         problem = str(exc)
-    except Exception as exc:  # noqa: BLE001 - whatever stops the check stops a reader too
+    except Exception as exc:
         log.warning("the store's health could not be checked", exc_info=True)
         problem = f"it could not be checked: {first_line(exc)}"
     if problem is not None:

@@ -20,7 +20,7 @@ import weakref
 from typing import Annotated, Any, Callable, Generator
 
 import pyarrow as pa
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from trajstore.api.arrow import ARROW_CONTENT

@@ -64,7 +64,7 @@ class Prefetch:
                 for piece in pieces:
                     if not self._put(piece):
                         return
-        except BaseException as exc:  # handed to the reader, which raises it
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
             end = exc
         self._put(end, wait=False)
 
@@ -110,7 +110,8 @@ def steps(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: Fil
           columns: ColumnsDep,
           batch_rows: Annotated[int | None, Query(ge=1, le=1_048_576, description="rows per Arrow batch (at most: "
                                                                                "fewer when rows are wide)")] = None,
-          format: Annotated[Literal["arrow", "json"], Query(description="arrow stream or a JSON page")] = "arrow",
+          format: Annotated[Literal["arrow", "json"],  # noqa: A002 - the query parameter's name
+                            Query(description="arrow stream or a JSON page")] = "arrow",
           limit: Annotated[int, Query(ge=1, description="JSON only: rows per page, capped at max_page_size and "
                                                         "at the rows that fit in max_page_bytes (the page says "
                                                         "which limit applied)")] = 100,

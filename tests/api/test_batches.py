@@ -1,5 +1,6 @@
-"""Training batches (trajstore.query.batches, here beside the service it is compared with): fixed sizes in stream order, a bounded seeded shuffle, conversion to numpy/JAX/Arrow, and
-``Store.iter_batches`` giving exactly the batches ``Client.iter_batches`` gives from a served store."""
+"""Training batches (trajstore.query.batches, here beside the service it is compared with): fixed sizes in stream
+order, a bounded seeded shuffle, conversion to numpy/JAX/Arrow, and ``Store.iter_batches`` giving exactly the batches
+``Client.iter_batches`` gives from a served store."""
 
 from __future__ import annotations
 

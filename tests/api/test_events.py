@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 import trajstore
-from trajstore.api.app import create_app
-
 from tests.api.helpers import Live, serve, settings_for, steps_batch
+from trajstore.api.app import create_app
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 import trajstore
-from trajstore.api.app import create_app
 from tests.api.helpers import API_KEY, Live, serve, settings_for, steps_batch
+from trajstore.api.app import create_app
 from trajstore.remote.client import Client
-from trajstore.remote.writer import RemoteWriter
 from trajstore.remote.wire import ipc_bytes
+from trajstore.remote.writer import RemoteWriter
 
 ARROW = "application/vnd.apache.arrow.stream"
 

@@ -230,7 +230,8 @@ def test_loader_streams_within_the_limit_stay_within_their_memory(server: Server
     # each batch just under the limit: 512 windows x 1024 steps x 55 bytes (columns, mask, indices) = 27.5 MiB,
     # of which 16 MiB are sent
     path = "/sequences?length=1024&batch_size=512&pad=true&stride=2"
-    server.watch(server.idle(workers=False) + CONCURRENT * 4 * LOADER_BATCH_BYTES, workers=False)  # one batch built, one encoded, one queued, one sent
+    # one batch built, one encoded, one queued, one sent
+    server.watch(server.idle(workers=False) + CONCURRENT * 4 * LOADER_BATCH_BYTES, workers=False)
 
     def read() -> httpx.Response:
         with httpx.stream("GET", server.url + path, timeout=120) as response:

@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 import trajstore
-from trajstore.api.app import create_app
 from tests.api.helpers import Live, settings_for
 from tests.helpers import assert_same_stats
+from trajstore.api.app import create_app
 
 ARROW = {"Accept": "application/vnd.apache.arrow.stream"}
 
@@ -200,7 +200,8 @@ def test_unknown_columns_are_one_status_and_one_message_everywhere(client: TestC
     for url, field, view in (("/steps?columns=nope", "columns", "steps"),
                              ("/steps?format=json&columns=step,nope", "columns", "steps"),
                              (f"/episodes/{1}/steps?columns=nope", "columns", "steps"),
-                             ("/stats?by=nope", "by", "episodes"), ("/episodes?order_by=-nope", "order_by", "episodes")):
+                             ("/stats?by=nope", "by", "episodes"),
+                             ("/episodes?order_by=-nope", "order_by", "episodes")):
         response = client.get(url)
         assert response.status_code == 422, url
         assert response.json()["detail"].startswith(f"{field}: unknown column(s) ['nope'] of {view}; expected"), url

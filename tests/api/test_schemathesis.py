@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Iterator
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 

@@ -17,11 +17,11 @@ from trajstore.errors import RemoteError
 
 def same(remote: list[dict[str, Any]], local: list[dict[str, Any]]) -> None:
     assert len(remote) == len(local) > 0
-    for r, l in zip(remote, local):
-        assert list(r) == list(l)
+    for r, want in zip(remote, local):
+        assert list(r) == list(want)
         for k in r:
-            assert r[k].shape == l[k].shape and r[k].dtype == l[k].dtype, k
-            np.testing.assert_array_equal(r[k], l[k], err_msg=k)
+            assert r[k].shape == want[k].shape and r[k].dtype == want[k].dtype, k
+            np.testing.assert_array_equal(r[k], want[k], err_msg=k)
 
 
 @pytest.mark.parametrize("kwargs", [

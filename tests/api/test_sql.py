@@ -21,10 +21,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 import trajstore
-from trajstore.api.app import create_app
 from tests.api.helpers import serve, settings_for
-from tests.query.test_sandbox import SLOW_SQL, busy_worker, quiet_workers
 from tests.helpers import INSIDE_ESCAPES, PATH_REVEALING, fingerprint, write_planted_store
+from tests.query.test_sandbox import SLOW_SQL, busy_worker, quiet_workers
+from trajstore.api.app import create_app
 
 ARROW = {"Accept": "application/vnd.apache.arrow.stream"}
 live_server = contextmanager(serve)
@@ -214,8 +214,8 @@ def test_past_sql_max_concurrent_is_429_with_retry_after_at_once(planted: Path) 
 
         def run_slow() -> None:  # until it is not itself refused (a probe below may hold the slot an instant)
             while not slow or slow[-1].status_code == 429:
-                slow.append(httpx.post(live.url + "/sql", json={"query": "SELECT count(*) FROM range(10000000000000) a"},
-                                       timeout=60))
+                slow.append(httpx.post(live.url + "/sql", timeout=60,
+                                       json={"query": "SELECT count(*) FROM range(10000000000000) a"}))
 
         thread = threading.Thread(target=run_slow)
         thread.start()

@@ -15,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import trajstore.api.routes.steps as steps_route
 import trajstore
-from trajstore.api.app import create_app
+import trajstore.api.routes.steps as steps_route
 from tests.api.helpers import Live, serve, settings_for
+from trajstore.api.app import create_app
 from trajstore.remote.client import Client
 
 COLUMNS = ["episode_id", "step", "obs", "action", "reward"]
@@ -95,7 +95,7 @@ class Forward(http.server.BaseHTTPRequestHandler):
     upstream = ""
     seen: list[str] = []
 
-    def do_GET(self) -> None:  # noqa: N802 (the http.server API)
+    def do_GET(self) -> None:
         cls = type(self)
         cls.seen.append(self.path)
         if cls.failures:

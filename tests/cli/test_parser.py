@@ -24,34 +24,34 @@ PROGRESS_COMMANDS = {"rollout", "import", "compact", "export"}
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
 
 
 def test_every_command_has_a_description_and_every_option_help() -> None:
     top = build_parser()
-    assert top.description and all(a.help for a in top._actions)  # noqa: SLF001
+    assert top.description and all(a.help for a in top._actions)
     found = commands()
     assert set(found) == {"rollout", "import", "stats", "episodes", "sql", "serve", "compact", "check", "delete",
                           "history", "vacuum", "export"}
     for name, p in found.items():
         assert p.description and len(p.description) > 20, name
-        for action in p._actions:  # noqa: SLF001
-            if isinstance(action, argparse._HelpAction):  # noqa: SLF001
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction):
                 continue
             assert action.help and action.help.strip(), (name, action.dest)
 
 
 def test_the_store_option_says_what_a_store_may_be() -> None:
     for name, p in commands().items():
-        store = next((a for a in p._actions if a.dest == "store"), None)  # noqa: SLF001
+        store = next((a for a in p._actions if a.dest == "store"), None)
         if store is not None:
             assert "directory or s3://bucket/prefix" in store.help, name
 
 
 def test_no_progress_wherever_a_bar_may_show() -> None:
     for name, p in commands().items():
-        has = any(a.dest == "no_progress" for a in p._actions)  # noqa: SLF001
+        has = any(a.dest == "no_progress" for a in p._actions)
         assert has == (name in PROGRESS_COMMANDS), name
 
 
@@ -64,7 +64,7 @@ def test_durations_are_one_format(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as done:
             parser.parse_args([command, "--older-than", "60"])  # minutes, as check took them once: refused
         assert done.value.code == 2
-        assert "argument --older-than: expected a duration like 7d, 12h, 30m or 90s, got '60'" in \
+        assert "argument --older-than: expected a duration such as 7d, 12h, 30m, 90s or 500ms, got '60'" in \
             capsys.readouterr().err
     assert parser.parse_args(["check"]).older_than == 3600
     assert parser.parse_args(["vacuum"]).older_than == 7 * 86400

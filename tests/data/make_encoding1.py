@@ -4,9 +4,12 @@ two shapes stored as the old writer widened them (uint8 -> int64), and a Dict st
 Run with that version first on the path (it is not collected by pytest; the committed stores are its output):
 ``git archive <commit before encoding 2> | tar -x -C /tmp/old && PYTHONPATH=/tmp/old python
 tests/data/make_encoding1.py tests/data``."""
-import sys, shutil
+import shutil
+import sys
 from pathlib import Path
+
 import numpy as np
+
 import trajstore
 
 root = Path(sys.argv[1])
@@ -16,7 +19,8 @@ written = {}
 
 
 def batch(obs, nxt):
-    done = np.zeros((T, B), bool); done[5, 0] = True; done[9, 1] = True
+    done = np.zeros((T, B), bool)
+    done[5, 0] = done[9, 1] = True
     return {"obs": obs, "action": rng.integers(0, 3, (T, B)), "reward": rng.normal(size=(T, B)).astype(np.float32),
             "next_obs": nxt, "terminated": done, "truncated": np.zeros((T, B), bool)}
 

@@ -20,6 +20,7 @@ from tests.integrations.steplog import StepLog, assert_same, stored  # noqa: E40
 from trajstore.errors import InputError  # noqa: E402
 from trajstore.integrations.sb3 import StoreCallback  # noqa: E402
 
+
 def small() -> dict[str, Any]:
     """Small networks (a new dict each time: SB3 adds its own keys to the one it is given)."""
     return {"net_arch": [32, 32]}

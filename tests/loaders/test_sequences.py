@@ -296,7 +296,7 @@ def test_torch_format_without_torch_names_format(filled: trajstore.Store, monkey
 
 def test_return_to_go_is_exact_when_computed_in_many_pieces(filled: trajstore.Store,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from trajstore.loaders import maps as layout
+    from trajstore.loaders import layout as layout
 
     monkeypatch.setattr(layout, "CHUNK_STEPS", 7)  # groups of whole episodes of about 7 steps each
     ref = reference_windows(episodes(filled), 3, 1, True, gamma=0.97)

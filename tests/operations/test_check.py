@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import trajstore
-from trajstore.operations.check import CheckReport, check, remove_orphans
+from trajstore.operations.check import CheckReport
+from trajstore.store import check, remove_orphans
 
 T, B = 12, 3
 

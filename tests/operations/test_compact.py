@@ -14,9 +14,8 @@ import pytest
 
 import trajstore
 from tests.helpers import make_batch
-from trajstore.operations.check import check, remove_orphans
-from trajstore.operations.compact import compact
 from trajstore.storage.table import StepsTable
+from trajstore.store import check, compact, remove_orphans
 
 
 def many_files(store: trajstore.Store, seed: int = 0) -> None:

@@ -17,7 +17,7 @@ import pytest
 import trajstore
 from tests.helpers import make_batch
 from trajstore.errors import InputError, ReadOnlyError, RunNotFoundError
-from trajstore.operations.check import check
+from trajstore.store import check
 
 
 def fill(store: trajstore.Store, seed: int = 0) -> None:

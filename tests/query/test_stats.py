@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import trajstore
-from trajstore.errors import InputError
-
 from tests.helpers import RefEpisode, make_batch, reference_episodes, reference_return, slice_batch
+from trajstore.errors import InputError
 
 STAT_KEYS = ["n_traj", "return_min", "return_mean", "return_std", "return_max",
              "len_min", "len_mean", "len_std", "len_max"]

@@ -10,10 +10,9 @@ from typing import Iterator
 import pytest
 
 import trajstore
-from trajstore.api.app import create_app
-
 from tests.api.helpers import Live, serve, settings_for
 from tests.helpers import step_keys, write_commits
+from trajstore.api.app import create_app
 
 
 @pytest.fixture

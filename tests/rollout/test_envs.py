@@ -148,7 +148,7 @@ def test_pendulum_initial_state_distribution() -> None:
 
 
 def test_reset_depends_on_key() -> None:
-    (s1, o1), (s2, o2) = CartPole().reset(jax.random.key(1)), CartPole().reset(jax.random.key(2))
+    (_, o1), (_, o2) = CartPole().reset(jax.random.key(1)), CartPole().reset(jax.random.key(2))
     assert not np.array_equal(np.asarray(o1), np.asarray(o2))
 
 
@@ -285,7 +285,8 @@ class _FakeGymnaxWalk:
     def reset(self, key: jax.Array, params: _WalkParams | None = None) -> tuple[jax.Array, _WalkState]:
         return self.reset_env(key, params or self.default_params)
 
-    def step(self, key: jax.Array, state: _WalkState, action: jax.Array, params: _WalkParams | None = None) -> tuple[Any, ...]:
+    def step(self, key: jax.Array, state: _WalkState, action: jax.Array,
+             params: _WalkParams | None = None) -> tuple[Any, ...]:
         """Autoresetting step, as gymnax does: the adapter must not use it."""
         params = params or self.default_params
         obs, new, reward, done, info = self.step_env(key, state, action, params)

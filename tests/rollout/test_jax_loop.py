@@ -20,8 +20,8 @@ import trajstore
 from tests.helpers import stored_episodes
 from trajstore.cli import main
 from trajstore.errors import InputError
-from trajstore.rollout.envs import CartPole, FunctionalAdapter, Pendulum
 from trajstore.rollout import jax_rollout
+from trajstore.rollout.envs import CartPole, FunctionalAdapter, Pendulum
 from trajstore.rollout.jax_scan import make_scan, random_policy
 
 X_LIMIT, THETA_LIMIT = 2.4, 12 * 2 * np.pi / 360

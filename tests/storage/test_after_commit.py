@@ -44,7 +44,8 @@ warnings = []
 logging.getLogger("trajstore").addHandler(type("H", (logging.Handler,), {"emit": lambda s, r: warnings.append(
     r.getMessage()) if r.levelno >= logging.WARNING else None})())
 before = store.version
-with open(os.path.join(log_dir, "filler"), "wb", buffering=0) as filler:  # everything left, taken, then two pages given back
+# everything left, taken, then two pages given back
+with open(os.path.join(log_dir, "filler"), "wb", buffering=0) as filler:
     try:
         while True:
             filler.write(b"\\0" * 4096)
@@ -87,7 +88,8 @@ out["history"] = store.history()["operation"].to_pylist()[-3:]
 out["checkpoint_before_room"] = store.table.log.last_checkpoint()
 os.remove(os.path.join(log_dir, "filler"))  # room again
 fresh = trajstore.open(root)
-out["counts"] = fresh.sql("SELECT count(*) AS n, count(DISTINCT (run_id, episode_id, step)) AS d FROM steps").to_pylist()
+out["counts"] = fresh.sql("SELECT count(*) AS n, count(DISTINCT (run_id, episode_id, step)) AS d "
+                          "FROM steps").to_pylist()
 out["missing"] = [f.uri for f in fresh.files() if not os.path.exists(f.path)]
 out["check"] = trajstore.check(fresh).ok
 out["checkpointed"] = fresh.table.log.checkpoint_if_due(1)

@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 import trajstore
-from trajstore.operations.check import check, removable_orphans, remove_orphans
+from trajstore.operations.check import removable_orphans
+from trajstore.store import check, remove_orphans
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = 100_000  # reward of every step = process * TAG + the process's own episode counter (exact in float32)
@@ -144,7 +145,7 @@ def test_four_processes_append_at_once_and_every_episode_is_there_once(tmp_path:
     assert report.ok, report.format()
     assert report.episodes == len(expected)
     # the writers merged their small files as they went: the only files left unlisted are those a commit removed
-    assert sorted(report.orphans) == sorted(removable_orphans(store, removed_before_s=0, written_before_s=1e9))
+    assert sorted(report.orphans) == sorted(removable_orphans(store.engine, removed_before_s=0, written_before_s=1e9))
     assert _episodes_in_several_files(store) > 0  # episodes crossed commits and were stitched
 
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.storage.encoding_reference import decode_reference, encode_reference
 from trajstore.errors import InputError
 from trajstore.storage.encoding import (
     EncodingError,
@@ -18,9 +19,7 @@ from trajstore.storage.encoding import (
     Format,
     check_frame_stack,
     check_rows,
-    decode_reference,
     decode_table,
-    encode_reference,
     fixed_numpy,
     from_numpy,
     leaves,

@@ -67,7 +67,8 @@ def test_a_pinned_store_refuses_every_change(store: trajstore.Store) -> None:
     with pytest.raises(PermissionError):
         old.delete(run_id="a")
     with pytest.raises(InputError, match=r"follow: this store is opened at version 1, which never changes; follow "
-                                         r"the store itself from that version: trajstore.open\(uri\).follow\(since=1\)"):
+                                         r"the store itself from that version: "
+                                         r"trajstore.open\(uri\).follow\(since=1\)"):
         next(old.follow(timeout=0.1))
 
 

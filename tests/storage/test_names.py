@@ -43,7 +43,8 @@ def test_racing_writers_of_other_kinds_never_share_a_name(tmp_path: Path) -> Non
         got: dict[str, str] = {}
         barrier = threading.Barrier(2)
 
-        def reserve(key: str, t: pa.DataType) -> None:
+        def reserve(key: str, t: pa.DataType, table: StepsTable = table, got: dict[str, str] = got,
+                    barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
             got[key] = table.reserve({"action": t})["action"]
 
@@ -63,7 +64,7 @@ def test_an_environment_keeps_its_names(store: trajstore.Store) -> None:
     for env, batch in (("Int-v0", make_batch(rng, 5, 2)), ("Box-v0", box), ("Box-v0", box)):
         with store.writer(run_id="r", env_id=env) as w:
             w.add_batch(batch)
-    layouts = store.table.layouts([f for f in store.files() if f.env_id == "Box-v0"])
+    layouts = store.table.schemas([f for f in store.files() if f.env_id == "Box-v0"])
     assert [layout.format.renames for layout in layouts] == [{"action": "action__float32_1d"}] * 2
     assert store.table.log.read().schema.names.count("action__float32_1d") == 1
 
@@ -71,7 +72,7 @@ def test_an_environment_keeps_its_names(store: trajstore.Store) -> None:
 def test_a_file_that_breaks_its_encoding_is_reported_by_check(store: trajstore.Store) -> None:
     import pyarrow.parquet as pq
 
-    from trajstore.operations.check import check
+    from trajstore.store import check
 
     rng = np.random.default_rng(1)
     batch = make_batch(rng, 8, 2, p_terminated=0, p_truncated=0)

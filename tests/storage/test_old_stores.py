@@ -15,8 +15,7 @@ import pytest
 import trajstore
 from tests.helpers import make_batch, slice_batch
 from trajstore.schema import to_numpy
-from trajstore.operations.check import check
-from trajstore.operations.compact import compact
+from trajstore.store import check, compact
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -260,10 +260,12 @@ def test_remote_workers_ingest_into_an_s3_store(s3: seaweed.SeaweedFS) -> None:
 
 
 @pytest.mark.parametrize("options, environ, message", [
-    ({"timeout": "soon"}, {}, "storage_options: timeout must be a duration > 0 such as 5, '5s' or '500ms', got 'soon'"),
-    ({"connect_timeout": 0}, {}, "storage_options: connect_timeout must be a duration > 0"),
+    ({"timeout": "soon"}, {}, "storage_options: timeout: expected a duration such as 7d, 12h, 30m, 90s or 500ms, "
+                              "got 'soon'"),
+    ({"connect_timeout": 0}, {}, "storage_options: connect_timeout: must be a duration > 0s"),
     ({"max_retries": "-1"}, {}, "storage_options: max_retries must be a whole number >= 0, got '-1'"),
-    ({}, {"TRAJSTORE_S3_TIMEOUT_S": "-2"}, "TRAJSTORE_S3_TIMEOUT_S must be a duration > 0"),
+    ({}, {"TRAJSTORE_S3_TIMEOUT_S": "-2"}, "TRAJSTORE_S3_TIMEOUT_S: expected a duration such as 7d"),
+    ({}, {"TRAJSTORE_S3_TIMEOUT_S": "0"}, "TRAJSTORE_S3_TIMEOUT_S: must be a duration > 0s"),
     ({}, {"TRAJSTORE_S3_RETRIES": "2.5"}, "TRAJSTORE_S3_RETRIES must be a number, got '2.5'"),
 ])
 def test_bad_limits_are_refused_naming_the_key(s3: seaweed.SeaweedFS, monkeypatch: pytest.MonkeyPatch,

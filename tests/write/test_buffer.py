@@ -15,9 +15,10 @@ from gymnasium import spaces
 
 import trajstore
 from tests.helpers import make_batch, slice_batch, stacked_stream
+from tests.storage.encoding_reference import encode_reference
 from trajstore.errors import InputError, SchemaMismatchError
+from trajstore.storage.encoding import FileSchema, decode_table
 from trajstore.write import buffer as buffer_module
-from trajstore.storage.encoding import FileLayout, decode_table, encode_reference
 
 
 def write(store: trajstore.Store, stream: dict[str, Any], cuts: list[int], *, flush_at: tuple[int, ...] = (),
@@ -32,15 +33,15 @@ def write(store: trajstore.Store, stream: dict[str, Any], cuts: list[int], *, fl
                 w.flush()
 
 
-def physical_files(store: trajstore.Store) -> list[tuple[pa.Table, FileLayout]]:
+def physical_files(store: trajstore.Store) -> list[tuple[pa.Table, FileSchema]]:
     out = []
     for f in store.files():
         table = pq.ParquetFile(f.path).read()
-        out.append((table, FileLayout.of(table.schema)))
+        out.append((table, FileSchema.of(table.schema)))
     return out
 
 
-def logical(table: pa.Table, layout: FileLayout) -> pa.Table:
+def logical(table: pa.Table, layout: FileSchema) -> pa.Table:
     names = layout.format.logical_names()
     renamed = table.rename_columns([names.get(n, n) for n in table.column_names])
     return renamed.replace_schema_metadata(None)
@@ -97,7 +98,7 @@ def test_frame_stacks_round_trip_and_each_frame_is_stored_once(store: trajstore.
     assert_stored_as_the_reference_says(store)
     assert len(store.files()) == 1 + len(flush_at)
     # one frame per stored step, plus the padding of each episode's first stack in each file
-    for table, layout in physical_files(store):
+    for table, _ in physical_files(store):
         counts = np.diff(table["obs"].combine_chunks().offsets.to_numpy())
         eid, step = table["episode_id"].to_numpy(), table["step"].to_numpy()
         starts = np.r_[True, (eid[1:] != eid[:-1]) | (step[1:] != step[:-1] + 1)]
@@ -298,8 +299,7 @@ def test_a_space_declared_for_a_stacked_leaf_refuses_other_shapes(store: trajsto
 def test_deletes_derived_columns_and_compaction_keep_what_decodes(store: trajstore.Store) -> None:
     """Rewrites keep each file's format and each episode's rows in order: whole episodes go, a column is added,
     files of one format are joined; every remaining step decodes to what was written."""
-    from trajstore.operations.check import check
-    from trajstore.operations.compact import compact
+    from trajstore.store import check, compact
 
     stream = stacked_stream(np.random.default_rng(13), 40, 3)
     write(store, stream, [10, 25], flush_at=(0, 1), frame_stack={"obs": 4})
@@ -316,7 +316,7 @@ def test_deletes_derived_columns_and_compaction_keep_what_decodes(store: trajsto
     np.testing.assert_array_equal(to_numpy(got["obs"]), stream["obs"][t, env])
     np.testing.assert_array_equal(to_numpy(got["next_obs"]), stream["next_obs"][t, env])
     np.testing.assert_allclose(got["doubled"].to_numpy(), got["reward"].to_numpy() * 2)
-    assert store.table.layouts(store.files())[0].format.stacks == {"obs": 4}
+    assert store.table.schemas(store.files())[0].format.stacks == {"obs": 4}
 
 
 def test_a_call_copies_only_the_frames_it_stores(store: trajstore.Store) -> None:

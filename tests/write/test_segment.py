@@ -14,10 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import trajstore
+from tests.helpers import RefEpisode, make_batch, reference_episodes, slice_batch
 from trajstore.errors import InputError
 from trajstore.write.segment import Cursors, segment, segment_reference
-
-from tests.helpers import RefEpisode, make_batch, reference_episodes, slice_batch
 
 
 def counter() -> Any:

@@ -155,7 +155,8 @@ def many_files(server: seaweed.SeaweedFS) -> trajstore.Store:
     return store
 
 
-READS = {"stats": lambda s: s.stats(), "sandboxed sql": lambda s: s.sandboxed_sql("SELECT sum(reward) AS r FROM steps").table,
+READS = {"stats": lambda s: s.stats(),
+         "sandboxed sql": lambda s: s.sandboxed_sql("SELECT sum(reward) AS r FROM steps").table,
          "scan": lambda s: s.scan(["obs", "reward"]).read_all()}
 
 
@@ -195,7 +196,8 @@ def test_the_cli_says_so_on_one_line_in_seconds(server: seaweed.SeaweedFS) -> No
     with server.paused(), within(BOUND_S):
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.startswith(f"trajstore: error: {store.uri}: {SILENT} {server.endpoint} within 3 s (2 attempt(s))")
+    said = f"trajstore: error: {store.uri}: {SILENT} {server.endpoint} within 3 s (2 attempt(s))"
+    assert done.stderr.startswith(said)
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr and "\x1b" not in done.stderr
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "8" in again.stdout

@@ -12,9 +12,8 @@ import pytest
 from gymnasium import spaces
 
 import trajstore
-from trajstore.errors import InputError, SchemaMismatchError, WriterClosedError
-
 from tests.helpers import make_batch, slice_batch
+from trajstore.errors import InputError, SchemaMismatchError, WriterClosedError
 
 ALL_STEPS = "SELECT * EXCLUDE (wall_time) FROM steps ORDER BY episode_id, step"
 
@@ -359,7 +358,8 @@ def _extras_retyped(b: dict[str, Any]) -> None:
 BAD_INPUTS = [
     (_nan_reward, InputError, r"reward must be finite.*nan at env 1, t=2"),
     (_inf_reward, InputError, r"reward must be finite.*-inf at env 0, t=1"),
-    (_float32_overflow, InputError, r"reward must be finite \(as float, the table's reward type\): got 1e\+300 at env 1, t=3"),
+    (_float32_overflow, InputError,
+     r"reward must be finite \(as float, the table's reward type\): got 1e\+300 at env 1, t=3"),
     (_obs_dim, SchemaMismatchError, r"obs: expected shape \(3,\) float32 per step .*got shape \(5,\)"),
     (_obs_dtype, SchemaMismatchError, r"obs: expected shape \(3,\) float32 .*complex64"),
     (_action_dtype, SchemaMismatchError, r"action: expected shape \(\) int64 .*float32"),

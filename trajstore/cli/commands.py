@@ -175,7 +175,7 @@ def _listen(host: str, port: int) -> Any:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from trajstore.operations.compact import compact
+    from trajstore.store import compact
 
     report = compact(_open(args.store), run_id=_split(args.run), env_id=_split(args.env),
                      target_bytes=int(args.target_mb * 2**20), progress=_progress(args))
@@ -184,19 +184,17 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from trajstore.operations.check import check
+    from trajstore.store import check, remove_orphans
 
     store = _open(args.store)
     report = check(store)
     print(report.format())
     if args.remove_orphans:
-        from trajstore.operations.check import remove_orphans
-
-        from trajstore.operations.vacuum import format_duration
+        from trajstore.durations import text
 
         removed = remove_orphans(store, older_than_s=args.older_than)
         kept = len(report.orphans) - len(removed)
-        print(f"removed {len(removed)} orphan file(s) older than {format_duration(args.older_than)}"
+        print(f"removed {len(removed)} orphan file(s) older than {text(args.older_than)}"
               + (f"; kept {kept} newer one(s)" if kept > 0 else ""))
     return 0 if report.ok else EXIT_PROBLEMS
 

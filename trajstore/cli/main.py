@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-    except Exception as exc:  # noqa: BLE001 - the one place that turns errors into a message and an exit code
+    except Exception as exc:
         if Settings.from_env().debug:
             raise
         print(f"trajstore: error: {_message(exc, _flags(args))}", file=sys.stderr)
@@ -60,7 +60,7 @@ def _flags(args: argparse.Namespace) -> Mapping[str, str]:
     return getattr(args, "flags", None) or {}
 
 
-def _message(exc: BaseException, flags: Mapping[str, str] = {}) -> str:  # noqa: B006 - read only
+def _message(exc: BaseException, flags: Mapping[str, str] = {}) -> str:
     """``exc`` as one line: no colour codes, and the command's flags for the argument names it starts with."""
     text = one_line(exc)  # no terminal codes (deltalake's errors carry some), one line
     if isinstance(exc, (TrajstoreError, OSError)):

@@ -204,19 +204,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def duration(text: str) -> float:
-    """Seconds of a duration flag (``7d``, ``12h``, ``30m``, ``90s``): one format in every command."""
+    """Seconds of a duration flag (``7d``, ``12h``, ``30m``, ``90s``; :mod:`trajstore.durations`): one grammar in
+    every command, setting and option."""
+    from trajstore.durations import EXAMPLES, seconds
     from trajstore.errors import InputError
-    from trajstore.operations.vacuum import parse_duration
 
     try:
-        return parse_duration(text)
+        return seconds(text)
     except InputError:
-        raise argparse.ArgumentTypeError(f"expected a duration like 7d, 12h, 30m or 90s, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a duration such as {EXAMPLES}, got {text!r}") from None
 
 
 def _flags(p: argparse.ArgumentParser) -> dict[str, str]:
     """Which flag of ``p`` sets each name: its ``dest``, and the library's argument name for it."""
-    actions = p._actions  # noqa: SLF001
+    actions = p._actions
     found = {a.dest: next(o for o in a.option_strings if o.startswith("--"))
              for a in actions if any(o.startswith("--") for o in a.option_strings)}
     found.update({a.dest: str(a.metavar or a.dest) for a in actions  # positionals by their name in the usage

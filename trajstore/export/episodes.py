@@ -2,7 +2,7 @@
 
 A store's files hold many episodes interleaved (one writer's envs step together) and an episode can span many
 files, so no order of reading the files gives whole episodes. :func:`select` lays the selected steps out once,
-episode-major, on local disk (:mod:`trajstore.loaders.maps`, the training loaders' layout: one streaming pass
+episode-major, on local disk (:mod:`trajstore.loaders.layout`, the training loaders' layout: one streaming pass
 over the committed files, no sort, memory of one record batch), pinned to one version of the store. Then
 :meth:`Selection.groups` reads whole episodes back from it in groups of about ``GROUP_BYTES`` (one episode larger
 than that is a group of its own): an export holds one group at a time, whatever the size of the selection. The
@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from trajstore.errors import InputError, RunNotFoundError, StoreDamagedError
-from trajstore.loaders import maps as lay
+from trajstore.errors import InputError, StoreDamagedError
+from trajstore.loaders import layout as lay
+from trajstore.loaders.source import loader_source
 from trajstore.storage.log import DataFile
 
 if TYPE_CHECKING:
@@ -178,19 +179,15 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
     """The episodes of ``run_id`` (all runs when None) that ``where`` (a condition over the episodes view)
     selects, laid out for export at the store's current version. Close it (or use it in a ``with`` block)."""
     runs = [run_id] if isinstance(run_id, str) else list(run_id or [])
-    known = store.run_ids()
-    missing = [r for r in runs if r not in known]
-    if missing:
-        raise RunNotFoundError(f"run_id: no run {', '.join(map(repr, missing))} in {store.uri}; its runs: "
-                               f"{', '.join(known) or 'none yet'}")
+    store.engine.check_runs(runs)
     if store.version < 0:
         raise InputError(f"run_id/where: nothing to export from {store.uri}: the store is empty")
     pinned = store if store.read_only else store.at(version=store.version)  # every read sees one version
     files, chosen = _files(pinned, runs, where)
     if not files or (chosen is not None and len(chosen) == 0):
         raise InputError(f"run_id/where: nothing to export from {store.uri} (run_id={run_id!r}, where={where!r})")
-    pinned._step_types(files).check(list(COLUMNS), stackable=True, hint=ONE_ENV)  # names the env ids
-    source = pinned._loader_source(run_id=runs or None, where=where, filter=None)
+    pinned.engine.step_types(files).check(list(COLUMNS), stackable=True, hint=ONE_ENV)  # names the env ids
+    source = loader_source(pinned.engine, pinned.layouts, run_id=runs or None, where=where, filter=None)
     kinds = {name: _kind(source.schema, name) for name in COLUMNS}
     layout = lay.build(source.read, source.schema, list(COLUMNS))
     try:

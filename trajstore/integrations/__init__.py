@@ -1,7 +1,7 @@
 """Recording from where users already step their environments: gymnasium wrappers
 (:class:`RecordToStore`, :class:`VectorRecordToStore`, in :mod:`trajstore.integrations.gymnasium`) and a
 Stable-Baselines3 callback (:class:`trajstore.integrations.sb3.StoreCallback`, the ``[sb3]`` extra; import
-that module by name)."""
+that module, :mod:`trajstore.integrations.sb3`, by name)."""
 
 from __future__ import annotations
 

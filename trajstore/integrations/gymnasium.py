@@ -21,7 +21,6 @@ reports around them.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import Any, Mapping, Sequence
 
@@ -233,10 +232,7 @@ def spec_id(env: Any) -> str:
 
 def frame_stack_option(env: Any, space: Any) -> dict[str, Any]:
     """``{"frame_stack": {"obs": k}}`` where the observations of ``env`` are those of gymnasium's
-    ``FrameStackObservation`` of ``k`` frames (wrappers around it leave them as they are) and the writer takes
-    a ``frame_stack`` option; else nothing."""
-    if "frame_stack" not in inspect.signature(Writer.__init__).parameters:
-        return {}
+    ``FrameStackObservation`` of ``k`` frames (wrappers around it leave them as they are); else nothing."""
     while isinstance(env, gym.Wrapper) and not isinstance(env, gym.wrappers.FrameStackObservation):
         if env.observation_space != env.env.observation_space:  # this wrapper changes the observations
             return {}

@@ -1,5 +1,6 @@
-"""Training reads: the selected steps copied once into episode-major memory maps on local disk
-(:mod:`~trajstore.loaders.maps`), kept in the store for every process and machine (:mod:`~trajstore.loaders.map_store`),
-visited in an order computed block by block (:mod:`~trajstore.loaders.order`) by the iterator a loader returns
+"""Training reads: the selected steps laid out once, episode-major, one file per column on local disk, and memory-
+mapped by each iterator (:mod:`~trajstore.loaders.layout`), kept in the store for every process and machine
+(:mod:`~trajstore.loaders.layout_store`), read from one pinned version (:mod:`~trajstore.loaders.source`), visited in
+an order computed block by block (:mod:`~trajstore.loaders.order`) by the iterator a loader returns
 (:mod:`~trajstore.loaders.loader`): windows inside episodes (:mod:`~trajstore.loaders.sequences`) and n-step
 transitions (:mod:`~trajstore.loaders.transitions`)."""

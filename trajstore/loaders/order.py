@@ -176,7 +176,7 @@ class StepWeights(Weights):
     ``IN_MEMORY_WEIGHTS`` items, else in a temporary file mapped read-only (file pages, not process memory)."""
 
     def __init__(self, chunks: Iterable[np.ndarray], n: int) -> None:
-        self._file = None if n <= IN_MEMORY_WEIGHTS else tempfile.TemporaryFile(prefix="trajstore-weights-")  # noqa: SIM115 - kept open with the map
+        self._file = None if n <= IN_MEMORY_WEIGHTS else tempfile.TemporaryFile(prefix="trajstore-weights-")
         self.cumulative = np.zeros(n, np.float64) if self._file is None else \
             np.memmap(self._file, dtype=np.float64, mode="w+", shape=(max(n, 1),))[:n]
         at, carry = 0, 0.0

@@ -4,7 +4,7 @@ A window is ``length`` consecutive steps of one episode, starting at step ``0, s
 crosses into another episode. With ``pad=False`` only the windows that fit wholly inside their episode exist;
 with ``pad=True`` also the partial ones at its end, their missing steps zero and ``mask`` False. Windows are
 numbered episode by episode (ids ascending), starts ascending; :mod:`~trajstore.loaders.order` makes an epoch's
-order of them and :mod:`~trajstore.loaders.maps` holds the steps they are gathered from.
+order of them and :mod:`~trajstore.loaders.layout` holds the steps they are gathered from.
 
 A batch is a dict: each column ``(n, length, …)``, ``mask`` ``(n, length)``, ``episode_id`` ``(n,)`` and
 ``start`` ``(n,)``. ``return_to_go`` (with ``gamma``) is the exact return-to-go of the whole episode at each
@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError, size_text
-from trajstore.loaders import maps as lay
-from trajstore.loaders.map_store import Basis, LayoutKey, LayoutStore
+from trajstore.loaders import layout as lay
+from trajstore.loaders.layout_store import Basis, LayoutKey, LayoutStore
 from trajstore.loaders.loader import Batches, check_format
 from trajstore.loaders.order import (
     GroupWeights,
@@ -64,7 +64,7 @@ class Source:
         """The layout of ``columns`` (plus what ``derived`` names) of these steps, and its release: found, or
         built by ``make(folder)``."""
         if self.layouts is None or self.basis is None:
-            return lay.LayoutCache(0).get(None, lambda: make(None))
+            return lay.OpenLayouts(0).get(None, lambda: make(None))
         types = tuple(str(self.schema.field(c).type) for c in columns)
         key = LayoutKey(self.version_key, self.arguments.get("episodes"), tuple(columns), types,
                         None if derived is None else tuple(derived))

@@ -15,10 +15,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from trajstore.errors import InputError
-from trajstore.loaders import maps as lay
+from trajstore.loaders import layout as lay
 from trajstore.loaders.loader import Batches, check_format
 from trajstore.loaders.order import check_count
-from trajstore.query.returns import check_gamma
 from trajstore.loaders.sequences import (
     Sampling,
     Source,
@@ -31,6 +30,7 @@ from trajstore.loaders.sequences import (
     stored_columns,
     weight_column,
 )
+from trajstore.query.returns import check_gamma
 
 DEFAULT_COLUMNS = ("obs", "action")
 OUTPUTS = ("reward", "next_obs", "terminated", "discount")  # made by the n-step rule, never taken at t
@@ -39,7 +39,7 @@ REWARD_BYTES = 5 * 8  # per transition and each of its n steps: the rewards summ
 
 
 def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] | None = None,
-                sampling: Sampling = Sampling(), format: str = "numpy",  # noqa: A002
+                sampling: Sampling = Sampling(), format: str = "numpy",  # noqa: A002, B008 - a frozen value
                 resume: Mapping[str, Any] | None = None, max_batch_bytes: int | None = None) -> Batches:
     """Batches of the n-step transitions of the steps of ``source`` (see the module's description); with
     ``max_batch_bytes``, an :class:`InputError` when one batch would take more than that to build (known once

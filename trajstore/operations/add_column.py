@@ -22,11 +22,10 @@ import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, QueryError
 from trajstore.query import sql
-from trajstore.query.scan import files_holding
-from trajstore.storage.log import DataFile, WrittenFile
+from trajstore.storage.log import DataFile, WrittenFile, files_holding
 
 if TYPE_CHECKING:
-    from trajstore.store import Store
+    from trajstore.query.engine import Engine
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ROW = "__trajstore_row"
@@ -49,13 +48,13 @@ class AddColumnReport:
     __str__ = format
 
 
-def add_column(store: Store, name: str, expression: str | Callable[[pa.Table], Any], *,
+def add_column(engine: Engine, name: str, expression: str | Callable[[pa.Table], Any], *,
                where: str | None = None) -> AddColumnReport:
     """Write the derived column ``name`` (see the module's description); one commit."""
-    store.table.log.writable("add_column")
-    version = store.table.log.read()
+    engine.table.log.writable("add_column")
+    version = engine.table.log.read()
     files = [] if version is None else version.files
-    _check_name(store, name, files)
+    _check_name(engine, name, files)
     if not (isinstance(expression, str) and expression.strip()) and not callable(expression):
         raise InputError(f"expression: expected DuckDB SQL over steps or a function of a pyarrow Table, got "
                          f"{expression!r}")
@@ -67,35 +66,35 @@ def add_column(store: Store, name: str, expression: str | Callable[[pa.Table], A
     written: list[WrittenFile] = []
     try:
         for part in sorted(partitions):
-            values = _values(store, partitions[part], expression, where)
+            values = _values(engine, partitions[part], expression, where)
             if values.num_rows == 0:
                 continue
             report.type = report.type or values["value"].type
             values = values.set_column(2, "value", _cast(values["value"], report.type, name))
             report.rows += values.num_rows
-            _rewrite(store, partitions[part], values, name, removed, written)
+            _rewrite(engine, partitions[part], values, name, removed, written)
         report.files_rewritten = len(written)
         if written:
-            report.version = store.table.log.swap(version, removed, written, metadata={  # type: ignore[arg-type]
+            report.version = engine.table.log.swap(version, removed, written, metadata={  # type: ignore[arg-type]
                 "operation": "add_column", "column": name, "rows": report.rows})
     except BaseException as exc:
-        store.table.discard([w.path for w in written], exc)
+        engine.table.discard([w.path for w in written], exc)
         raise
     return report
 
 
-def _check_name(store: Store, name: str, files: list[DataFile]) -> None:
+def _check_name(engine: Engine, name: str, files: list[DataFile]) -> None:
     if not isinstance(name, str) or not NAME.match(name):
         raise InputError(f"name: expected a column name of letters, digits and _, got {name!r}")
-    with store._new_snapshot(files) as snap:
+    with engine.snapshot(files) as snap:
         known = snap.step_columns + snap.columns("episodes")
     if name in known:
         raise InputError(f"name: {name!r} is already a column of steps or episodes; choose another name")
 
 
-def _values(store: Store, files: list[DataFile], expression: Any, where: str | None) -> pa.Table:
+def _values(engine: Engine, files: list[DataFile], expression: Any, where: str | None) -> pa.Table:
     """``(episode_id, step, value)`` for one partition's rows that get a value."""
-    with store._new_snapshot(files) as snap:
+    with engine.snapshot(files) as snap:
         try:
             if isinstance(expression, str):
                 out = snap.arrow(sql.derived_values(expression, where))
@@ -124,7 +123,7 @@ def _cast(values: pa.ChunkedArray, to: pa.DataType, name: str) -> pa.ChunkedArra
                          f"which do not convert: {exc}") from None
 
 
-def _rewrite(store: Store, files: list[DataFile], values: pa.Table, name: str, removed: list[DataFile],
+def _rewrite(engine: Engine, files: list[DataFile], values: pa.Table, name: str, removed: list[DataFile],
              written: list[WrittenFile]) -> None:
     """Each file of ``files`` holding a row of ``values``, written again with the column ``name``."""
     ids = np.unique(values["episode_id"].to_numpy())
@@ -135,5 +134,5 @@ def _rewrite(store: Store, files: list[DataFile], values: pa.Table, name: str, r
         if joined["value"].null_count == data.num_rows:
             continue
         removed.append(f)
-        written.append(store.table.write(data.append_column(name, joined["value"]), run_id=f.run_id,
+        written.append(engine.table.write(data.append_column(name, joined["value"]), run_id=f.run_id,
                                          env_id=f.env_id))

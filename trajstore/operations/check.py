@@ -8,8 +8,7 @@ reported as orphans, not problems; :func:`remove_orphans` deletes those old enou
 certainly abandoned.
 
 >>> import trajstore, tempfile
->>> from trajstore.operations.check import check
->>> report = check(trajstore.open(tempfile.mkdtemp(), create=True))
+>>> report = trajstore.check(trajstore.open(tempfile.mkdtemp(), create=True))
 >>> report.ok, report.files, report.episodes
 (True, 0, 0)
 """
@@ -37,7 +36,7 @@ from trajstore.storage.log import LOG_DIR, DataFile, display
 from trajstore.storage.table import StepsTable
 
 if TYPE_CHECKING:
-    from trajstore.store import Store
+    from trajstore.query.engine import Engine
 
 __all__ = ["CheckReport", "PartitionFiles", "check", "remove_orphans", "removable_orphans"]
 
@@ -117,7 +116,7 @@ class CheckReport:
     __str__ = format
 
 
-def partition_files(files: Sequence[DataFile], small_bytes: int) -> list[PartitionFiles]:
+def files_per_partition(files: Sequence[DataFile], small_bytes: int) -> list[PartitionFiles]:
     """File counts, small files and bytes of each partition of ``files``, sorted by partition."""
     parts: dict[tuple[str, str], list[DataFile]] = {}
     for f in files:
@@ -126,8 +125,8 @@ def partition_files(files: Sequence[DataFile], small_bytes: int) -> list[Partiti
             for (run, env), fs in sorted(parts.items())]
 
 
-def check(store: Store, *, deep: bool = False) -> CheckReport:
-    """Check one committed snapshot of ``store``; never raises for a damaged store, reports instead.
+def check(engine: Engine, *, deep: bool = False) -> CheckReport:
+    """Check one committed snapshot of the store ``engine`` reads; never raises for a damaged store, reports instead.
 
     Verifies that every committed file exists and is a readable Parquet file whose row count and
     size match the log and, for an encoded file, whose rows decode (every frame count and the neighbour each
@@ -138,27 +137,27 @@ def check(store: Store, *, deep: bool = False) -> CheckReport:
     run over the readable files only.
     """
     try:
-        files = store.files()
+        files = engine.files()
     except Exception as exc:  # noqa: BLE001 - a log that cannot be read is the finding
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
-        log_dir = store.table.location.uri_of(LOG_DIR)
+        log_dir = engine.table.location.uri_of(LOG_DIR)
         return CheckReport(problems=[f"the commit log {log_dir} cannot be read: {reason}"])
-    report = CheckReport(files=len(files), partitions=partition_files(files, store.settings.compact_small_bytes),
-                         small_bytes=store.settings.compact_small_bytes,
-                         small_files_limit=store.settings.compact_small_files)
+    report = CheckReport(files=len(files), partitions=files_per_partition(files, engine.settings.compact_small_bytes),
+                         small_bytes=engine.settings.compact_small_bytes,
+                         small_files_limit=engine.settings.compact_small_files)
     readable = []
     for f in files:
-        problem = _check_file(store.table, f, deep=deep)
+        problem = _check_file(engine.table, f, deep=deep)
         if problem is None:
             readable.append(f)
         else:
             report.problems.append(problem)
-    _check_episodes(store, readable, report)
-    report.orphans = [display(i.path, store.table.fs) for i in _orphans(store.table.location, files)]
+    _check_episodes(engine, readable, report)
+    report.orphans = [display(i.path, engine.table.fs) for i in _orphans(engine.table.location, files)]
     return report
 
 
-def remove_orphans(store: Store, *, older_than_s: float = 3600.0) -> list[str]:
+def remove_orphans(engine: Engine, *, older_than_s: float = 3600.0) -> list[str]:
     """Delete the orphans (see :func:`check`) last modified more than ``older_than_s`` seconds ago.
 
     The file list is read again just before, so a file is deleted only if the newest version of the
@@ -166,8 +165,8 @@ def remove_orphans(store: Store, *, older_than_s: float = 3600.0) -> list[str]:
     about to commit. Returns the deleted paths.
     """
     removed = []
-    fs = store.table.fs
-    for path in removable_orphans(store, removed_before_s=older_than_s, written_before_s=older_than_s):
+    fs = engine.table.fs
+    for path in removable_orphans(engine, removed_before_s=older_than_s, written_before_s=older_than_s):
         try:
             fs.delete_file(path)
         except FileNotFoundError:  # gone meanwhile (another cleaner, or a rename into place)
@@ -176,7 +175,7 @@ def remove_orphans(store: Store, *, older_than_s: float = 3600.0) -> list[str]:
     return removed
 
 
-def removable_orphans(store: Store, *, removed_before_s: float, written_before_s: float) -> list[str]:
+def removable_orphans(engine: Engine, *, removed_before_s: float, written_before_s: float) -> list[str]:
     """The files under the table that the newest version does not list and that are old enough to go (paths in
     the store's filesystem): those a commit removed (a delete, a compaction) at least ``removed_before_s``
     seconds ago (rounded up to whole hours, as the log's tombstones are read), and those no commit ever
@@ -185,9 +184,9 @@ def removable_orphans(store: Store, *, removed_before_s: float, written_before_s
         if value < 0:
             raise InputError(f"{name}: must be >= 0 seconds, got {value}")
     cutoff = time.time() - written_before_s
-    removed_by_commit, removed_long_ago = _tombstones(store, removed_before_s)
+    removed_by_commit, removed_long_ago = _tombstones(engine, removed_before_s)
     out = []
-    for info in _orphans(store.table.location, store.files()):
+    for info in _orphans(engine.table.location, engine.files()):
         path = info.path
         if path in removed_by_commit:  # e.g. by a compaction: its age is the commit's, not the file's
             if path not in removed_long_ago:
@@ -198,10 +197,10 @@ def removable_orphans(store: Store, *, removed_before_s: float, written_before_s
     return out
 
 
-def _tombstones(store: Store, older_than_s: float) -> tuple[set[str], set[str]]:
+def _tombstones(engine: Engine, older_than_s: float) -> tuple[set[str], set[str]]:
     """Files a commit removed from the table (all, and those removed at least ``older_than_s`` ago, rounded
     up to whole hours as the log's tombstones are read)."""
-    log = store.table.log
+    log = engine.table.log
     if not log.exists():
         return set(), set()
     hours = math.ceil(older_than_s / 3600)
@@ -245,31 +244,23 @@ def _encoding_problem(table: StepsTable, f: DataFile) -> str | None:
     one-frame row lacks the neighbour it stands for), or None. Reads the key and observation columns; decodes
     no frame."""
     try:
-        layout = table.layouts([f])[0]
+        stored = table.schemas([f])[0]
     except StoreDamagedError as exc:
         return f"{f.uri}: {exc}"
-    fmt = layout.format
-    if not fmt.encoded or OBS not in layout.logical.names:
+    fmt = stored.format
+    if not fmt.encoded or OBS not in stored.logical.names:
         return None
-    names = [n for n in ("episode_id", "step", OBS, NEXT) if n in layout.logical.names]
+    names = [n for n in ("episode_id", "step", OBS, NEXT) if n in stored.logical.names]
     try:
         parquet = pq.ParquetFile(f.path, filesystem=f.fs)
         batches = (pa.record_batch(b.columns, names=names) for b in
                    parquet.iter_batches(columns=[fmt.physical(n) for n in names], batch_size=CHECK_ROWS))
-        check_rows(batches, fmt, layout.logical.field(OBS).type, where=f.uri)
+        check_rows(batches, fmt, stored.logical.field(OBS).type, where=f.uri)
     except EncodingError as exc:
         return f"{exc} (its encoding is broken: readers cannot decode it)"
     except Exception as exc:  # noqa: BLE001 - any failure to read is the finding
         return f"{f.uri}: data pages cannot be decoded: {exc}"
     return None
-
-
-def missing_files(location: Location, files: Sequence[DataFile]) -> list[DataFile]:
-    """The ``files`` that are not in the table's folder (one listing of it, not a request per file)."""
-    selector = pafs.FileSelector(location.root, recursive=True, allow_not_found=True)
-    found = {os.path.normpath(i.path) if location.is_local else i.path
-             for i in location.fs.get_file_info(selector) if i.type == pafs.FileType.File}
-    return [f for f in files if (location.normalized(f.path) if location.is_local else f.path) not in found]
 
 
 def _orphans(location: Location, committed: Sequence[DataFile]) -> list[pafs.FileInfo]:
@@ -291,10 +282,10 @@ def _orphans(location: Location, committed: Sequence[DataFile]) -> list[pafs.Fil
 
 # --- episodes ----------------------------------------------------------------------------------------------
 
-def _check_episodes(store: Store, files: list[DataFile], report: CheckReport) -> None:
-    snap = _scan(store, files)
+def _check_episodes(engine: Engine, files: list[DataFile], report: CheckReport) -> None:
+    snap = _scan(engine, files)
     if isinstance(snap, Exception):
-        snap = _scan(store, _decodable(files, report))
+        snap = _scan(engine, _decodable(files, report))
     if isinstance(snap, Exception):
         report.problems.append(f"the episode checks could not read the committed files: {snap}")
         return
@@ -304,11 +295,11 @@ def _check_episodes(store: Store, files: list[DataFile], report: CheckReport) ->
         _shared_ids(snap.con, report)
 
 
-def _scan(store: Store, files: list[DataFile]) -> Snapshot | Exception:
+def _scan(engine: Engine, files: list[DataFile]) -> Snapshot | Exception:
     """A snapshot over ``files`` holding the ``check_episodes`` table, or the error reading them."""
     snap: Snapshot | None = None
     try:
-        snap = store._new_snapshot(files)
+        snap = engine.snapshot(files)
         snap.con.execute(sql.CHECK_EPISODES)
         return snap
     except (duckdb.Error, StoreDamagedError) as exc:

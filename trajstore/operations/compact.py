@@ -32,12 +32,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trajstore.errors import CommitError, InputError, RunNotFoundError
+from trajstore.errors import CommitError, InputError
+from trajstore.query.filters import check_runs
 from trajstore.storage.log import DataFile, Version, WrittenFile
 from trajstore.storage.table import StepsTable
 
 if TYPE_CHECKING:
-    from trajstore.store import Store
+    from trajstore.query.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +62,17 @@ class CompactReport:
     __str__ = format
 
 
-def compact(store: Store, *, run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
+def compact(engine: Engine, *, run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
             target_bytes: int = TARGET_BYTES, progress: bool = True) -> CompactReport:
     """Rewrite the partitions (of ``run_id``/``env_id``, or all) whose files could be fewer."""
-    store.table.log.writable("compact")
+    engine.table.log.writable("compact")
     if target_bytes < 1:
         raise InputError(f"target_bytes: must be a positive number of bytes, got {target_bytes}")
     runs = {run_id} if isinstance(run_id, str) else set(run_id or ())
     envs = {env_id} if isinstance(env_id, str) else set(env_id or ())
     partitions: dict[tuple[str, str], list[DataFile]] = {}
-    files = store.files()
-    held = sorted({f.run_id for f in files})
-    missing = sorted(runs - set(held))
-    if missing:
-        raise RunNotFoundError.naming(missing, store.uri, held)
+    files = engine.files()
+    check_runs([run_id], (f.run_id for f in files), engine.uri)
     for f in files:
         if (not runs or f.run_id in runs) and (not envs or f.env_id in envs):
             partitions.setdefault((f.run_id, f.env_id), []).append(f)
@@ -85,18 +83,18 @@ def compact(store: Store, *, run_id: str | Sequence[str] | None = None, env_id: 
 
     with tqdm(total=len(todo), desc="compact", unit="partition", disable=not progress, dynamic_ncols=True) as bar:
         for run, env in todo:
-            _compact_partition(store, run, env, target_bytes, report)
+            _compact_partition(engine, run, env, target_bytes, report)
             bar.update(1)
     return report
 
 
-def _compact_partition(store: Store, run_id: str, env_id: str, target_bytes: int, report: CompactReport) -> None:
-    version = store.table.log.read()  # the files of one version, which the commit removes
+def _compact_partition(engine: Engine, run_id: str, env_id: str, target_bytes: int, report: CompactReport) -> None:
+    version = engine.table.log.read()  # the files of one version, which the commit removes
     files = [] if version is None else version.partition(run_id, env_id)
     if version is None or len(files) < 2:
         return
     try:
-        done = compact_partition(store.table, version, files, target_bytes=target_bytes)
+        done = compact_partition(engine.table, version, files, target_bytes=target_bytes)
     except CommitError as exc:
         report.skipped.append(f"run_id={run_id}/env_id={env_id}: {exc}")
         return
@@ -155,7 +153,7 @@ def merged(files: Sequence[DataFile]) -> pa.Table:
 
 def _formats(table: StepsTable, files: Sequence[DataFile]) -> dict[str, str]:
     """Each file's format, as a key (files of one format are joined)."""
-    return {f.path: layout.format.key() for f, layout in zip(files, table.layouts(files))}
+    return {f.path: stored.format.key() for f, stored in zip(files, table.schemas(files))}
 
 
 def _groups(files: list[DataFile], target_bytes: int, formats: dict[str, str]) -> Iterator[list[DataFile]]:

@@ -17,20 +17,17 @@ right after its last stored step, in its own run and environment, and only if it
 
 from __future__ import annotations
 
-import os
-import threading
 from dataclasses import dataclass
 from typing import Sequence
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError
 from trajstore.query import sql
-from trajstore.query.scan import files_holding, steps_dataset
-from trajstore.storage.log import DataFile
-
+from trajstore.query.snapshot import cursor
+from trajstore.storage.log import DataFile, files_holding
+from trajstore.storage.table import steps_dataset
 
 KEY_SCHEMA = pa.schema([("run_id", pa.string()), ("env_id", pa.string()), ("episode_id", pa.int64()),
                         ("step", pa.int32()), ("terminated", pa.bool_()), ("truncated", pa.bool_())])
@@ -94,12 +91,12 @@ def stored_ends(files: Sequence[DataFile], episode_ids: np.ndarray) -> list[Stor
     files = files_holding(files, episode_ids)
     if not files or not len(episode_ids):
         return []
-    cursor = _connection().cursor()
+    con = cursor()
     try:  # through a pyarrow dataset over the table's filesystem: the same for a directory and for S3
-        cursor.register("stored_keys", steps_dataset(files, KEY_SCHEMA))
-        found = cursor.execute(sql.stored_episode_ends("stored_keys", episode_ids.tolist())).fetchall()
+        con.register("stored_keys", steps_dataset(files, KEY_SCHEMA))
+        found = con.execute(sql.stored_episode_ends("stored_keys", episode_ids.tolist())).fetchall()
     finally:
-        cursor.close()
+        con.close()
     return [StoredEnd(r, e, int(i), int(last), None if end is None else int(end)) for r, e, i, last, end in found]
 
 
@@ -131,16 +128,3 @@ def _check_after(s: StoredEnd, first: int) -> None:
     if first != s.last_step + 1:
         raise InputError(f"step: episode_id {s.episode_id} continues at step {first}, but the store holds its "
                          f"steps up to {s.last_step}; expected step {s.last_step + 1}")
-
-
-_CONNECTION: tuple[int, duckdb.DuckDBPyConnection] | None = None
-_CONNECTION_LOCK = threading.Lock()
-
-
-def _connection() -> duckdb.DuckDBPyConnection:
-    """One in-memory DuckDB database per process (opening one costs ~40 ms, a cursor next to nothing)."""
-    global _CONNECTION
-    with _CONNECTION_LOCK:
-        if _CONNECTION is None or _CONNECTION[0] != os.getpid():  # never reuse one across a fork
-            _CONNECTION = (os.getpid(), duckdb.connect())
-        return _CONNECTION[1]

@@ -29,14 +29,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trajstore.errors import CommitError, InputError, QueryError, RunNotFoundError
+from trajstore.errors import CommitError, InputError, QueryError
 from trajstore.query import sql
-from trajstore.query.scan import files_holding
+from trajstore.query.filters import check_runs
 from trajstore.retry import tries
-from trajstore.storage.log import DataFile, Version, WrittenFile
+from trajstore.storage.log import DataFile, Version, WrittenFile, files_holding
 
 if TYPE_CHECKING:
-    from trajstore.store import Store
+    from trajstore.query.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -75,25 +75,25 @@ class _Plan:
     partial: dict[str, tuple[DataFile, np.ndarray]]  # path -> (file, the sorted episode ids to drop from it)
 
 
-def delete(store: Store, *, run_id: str | Sequence[str] | None = None, where: str | None = None,
+def delete(engine: Engine, *, run_id: str | Sequence[str] | None = None, where: str | None = None,
            dry_run: bool = False) -> DeleteReport:
     """Delete the episodes of ``run_id`` (one or several) and/or those whose every step ``where`` selects."""
     runs = [run_id] if isinstance(run_id, str) else list(run_id or [])
     if not runs and not where:
         raise InputError("delete: give run_id= (the run to delete) and/or where= (a condition over steps); "
                          "refusing to delete everything by default")
-    store.table.log.writable("delete")
+    engine.table.log.writable("delete")
     last: CommitError | None = None
     for _ in tries(ATTEMPTS):
-        version = store.table.log.read()
+        version = engine.table.log.read()
         files = [] if version is None else version.files
-        _check_runs(store, runs, files)
-        plan = _plan(store, [f for f in files if not runs or f.run_id in runs], where)
+        check_runs([runs], (f.run_id for f in files), engine.uri)
+        plan = _plan(engine, [f for f in files if not runs or f.run_id in runs], where)
         plan.report.dry_run = dry_run
         if dry_run or not plan.report.episodes:
             return plan.report
         try:
-            plan.report.version = _apply(store, version, plan)  # type: ignore[arg-type]
+            plan.report.version = _apply(engine, version, plan)  # type: ignore[arg-type]
             return plan.report
         except CommitError as exc:  # another change removed files we read: plan again on the newer version
             log.info("delete conflicted with another commit, planning again: %s", exc)
@@ -101,18 +101,11 @@ def delete(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
     raise CommitError(f"delete could not commit after {ATTEMPTS} attempts: {last}")
 
 
-def _check_runs(store: Store, runs: list[str], files: list[DataFile]) -> None:
-    held = sorted({f.run_id for f in files})
-    missing = [r for r in runs if r not in held]
-    if missing:
-        raise RunNotFoundError.naming(missing, store.uri, held)
-
-
-def _plan(store: Store, files: list[DataFile], where: str | None) -> _Plan:
+def _plan(engine: Engine, files: list[DataFile], where: str | None) -> _Plan:
     """Which episodes go, checked whole, and what happens to each file holding them."""
     if not files:
         return _Plan(DeleteReport(), [], {})
-    with store._new_snapshot(files) as snap:
+    with engine.snapshot(files) as snap:
         try:
             rows = snap.arrow(sql.delete_matches(where))
         except QueryError as exc:
@@ -155,18 +148,18 @@ def _ids_per_partition(rows: pa.Table) -> dict[tuple[str, str], np.ndarray]:
     return {k: np.unique(np.asarray(v, np.int64)) for k, v in out.items()}
 
 
-def _apply(store: Store, version: Version, plan: _Plan) -> int:
+def _apply(engine: Engine, version: Version, plan: _Plan) -> int:
     """Rewrite the mixed files, then commit every removal and the rewritten files at once; the new version."""
     written: list[WrittenFile] = []
     try:
         for f, ids in plan.partial.values():
             data = pq.ParquetFile(f.path, filesystem=f.fs).read()  # no partition columns from the path
             kept = data.filter(pc.invert(pc.is_in(data["episode_id"], pa.array(ids))))
-            written.append(store.table.write(kept, run_id=f.run_id, env_id=f.env_id))
+            written.append(engine.table.write(kept, run_id=f.run_id, env_id=f.env_id))
         removed = plan.whole + [f for f, _ in plan.partial.values()]
         r = plan.report
-        return store.table.log.swap(version, removed, written, metadata={
+        return engine.table.log.swap(version, removed, written, metadata={
             "operation": "delete", "episodes": r.episodes, "rows_removed": r.steps, "run_ids": r.runs})
     except BaseException as exc:
-        store.table.discard([w.path for w in written], exc)
+        engine.table.discard([w.path for w in written], exc)
         raise

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from trajstore import schema as sch
 from trajstore.errors import CommitError, ConflictError, InputError, SchemaMismatchError
 from trajstore.operations.continuity import Spans, check_continues, request_spans, stored_ends
+from trajstore.retry import tries
 from trajstore.storage.encoding import (
     NEXT,
     OBS,
@@ -43,7 +44,6 @@ from trajstore.storage.encoding import (
     physical_next_type,
     physical_schema,
 )
-from trajstore.retry import tries
 from trajstore.storage.log import Version, WrittenFile
 from trajstore.storage.table import StepsTable
 

@@ -2,7 +2,7 @@
 checkpoint the log, so that a store stays fast after thousands of small commits with no daemon to run.
 
 Every query pays for each committed file (its footer, its scan set-up) and, without a checkpoint, for each log
-version since the last one. An :class:`Upkeep` is told of each commit (:meth:`Upkeep.committed`, which only marks
+version since the last one. An :class:`Upkeep` is told of each commit (:meth:`Upkeep.wrote`, which only marks
 the partition and returns) and works on a thread of its own, never on the caller's ``add_batch``/``flush`` path:
 
 - a partition holding more than ``compact_small_files`` files below ``compact_small_bytes`` has those files merged
@@ -65,7 +65,7 @@ class Policy:
 class Upkeep:
     """One background thread that compacts the partitions it is told were written to and checkpoints the log.
 
-    :meth:`committed` never waits; notices that arrive while the thread works are folded into its next round.
+    :meth:`wrote` never waits; notices that arrive while the thread works are folded into its next round.
     :meth:`close` finishes the round in progress and the partitions still marked (a short-lived writer compacts
     too), then ends the thread. Idempotent — safe to call multiple times.
     """
@@ -79,7 +79,7 @@ class Upkeep:
         self._closing = False
         self._thread: threading.Thread | None = None
 
-    def committed(self, run_id: str, env_id: str) -> None:
+    def wrote(self, run_id: str, env_id: str) -> None:
         """A commit added a file to ``run_id``/``env_id``: look at it (and the log) on the upkeep thread."""
         if not self.policy.active:
             return

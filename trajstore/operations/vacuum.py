@@ -12,24 +12,21 @@ every retained version of which still reads, with some files left for the next v
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
-from trajstore.errors import InputError
-from trajstore.loaders.map_store import Horizon, remove_empty_folders, unneeded
+from trajstore.durations import seconds, text
+from trajstore.loaders.layout_store import Horizon, LayoutStore, remove_empty_folders, unneeded
 from trajstore.operations.check import removable_orphans
 from trajstore.storage.log import display
 
 if TYPE_CHECKING:
-    from trajstore.store import Store
+    from trajstore.query.engine import Engine
 
 UNCOMMITTED_GRACE_S = 3600.0  # a file no commit lists stays at least this long: a writer may be about to commit it
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smhdw])\s*$")
 
 
 @dataclass
@@ -44,47 +41,37 @@ class VacuumReport:
     def format(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
         head = f"{verb} {len(self.files)} file(s), {self.bytes:,} bytes, not needed by any version of the last " \
-               f"{format_duration(self.older_than_s)}"
+               f"{text(self.older_than_s)}"
         return "\n".join([head] + [f"  {f}" for f in self.files] if self.dry_run else [head])
 
     __str__ = format
 
 
 def parse_duration(value: float | str | timedelta) -> float:
-    """Seconds from a number of seconds, a timedelta, or text like ``"7d"``, ``"12h"``, ``"30m"``, ``"90s"``."""
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, str):
-        m = DURATION.match(value)
-        if not m:
-            raise InputError(f"older_than: expected a duration like 7d, 12h, 30m or 90s, got {value!r}")
-        seconds = float(m.group(1)) * UNITS[m.group(2)]
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise InputError(f"older_than: expected seconds, a timedelta or a duration like 7d, got {value!r}")
-    if seconds < 0:
-        raise InputError(f"older_than: must not be negative, got {value!r}")
-    return seconds
+    """Seconds of ``older_than``: a number of seconds, a timedelta, or a duration like ``"7d"``, ``"12h"``,
+    ``"30m"`` (:mod:`trajstore.durations`); not negative."""
+    return seconds(value, "older_than")
 
 
-def vacuum(store: Store, *, older_than: float | str | timedelta = "7d", dry_run: bool = False) -> VacuumReport:
-    """Delete (or list, with ``dry_run``) the files no version committed within ``older_than`` needs."""
-    store.table.log.writable("vacuum")
+def vacuum(engine: Engine, maps: LayoutStore, *, older_than: float | str | timedelta = "7d",
+           dry_run: bool = False) -> VacuumReport:
+    """Delete (or list, with ``dry_run``) the files no version committed within ``older_than`` needs, and the
+    loader maps (kept by ``maps``) no retained version needs."""
+    engine.table.log.writable("vacuum")
     horizon = parse_duration(older_than)
-    paths = removable_orphans(store, removed_before_s=horizon,
+    paths = removable_orphans(engine, removed_before_s=horizon,
                               written_before_s=max(horizon, UNCOMMITTED_GRACE_S))
-    fs = store.table.fs
+    fs = engine.table.fs
     report = VacuumReport(older_than_s=horizon, dry_run=dry_run)
-    for path, info in zip(paths, fs.get_file_info(paths) if paths else []):
+    for info in fs.get_file_info(paths) if paths else []:
         _remove(fs, info, report)
-    layouts = unneeded(store.location, _horizon(store, horizon), grace_s=max(horizon, UNCOMMITTED_GRACE_S))
+    layouts = unneeded(engine.location, _horizon(engine, horizon), grace_s=max(horizon, UNCOMMITTED_GRACE_S))
     for info in layouts:
-        _remove(store.location.fs, info, report)
+        _remove(engine.location.fs, info, report)
     if not dry_run:
-        remove_empty_folders(store.location, layouts)
-        store.layouts.opened.clear()  # layouts this store keeps open may be gone
-        store.layouts.prune_copies()  # this machine's copies of removed s3:// layouts
+        remove_empty_folders(engine.location, layouts)
+        maps.opened.clear()  # maps this store keeps open may be gone
+        maps.prune_copies()  # this machine's copies of removed s3:// maps
     return report
 
 
@@ -99,10 +86,10 @@ def _remove(fs: pafs.FileSystem, info: pafs.FileInfo, report: VacuumReport) -> N
     report.bytes += max(int(info.size or 0), 0)
 
 
-def _horizon(store: Store, older_than_s: float) -> Horizon | None:
+def _horizon(engine: Engine, older_than_s: float) -> Horizon | None:
     """The version that was current ``older_than_s`` ago (the oldest a vacuum keeps) and its files; None when
     the store has no version that old (every version is kept)."""
-    log = store.table.log
+    log = engine.table.log
     number = log.latest_number()
     if number < 0:
         return None
@@ -114,12 +101,4 @@ def _horizon(store: Store, older_than_s: float) -> Horizon | None:
     version = log.read(number)
     if version is None:
         return None
-    return Horizon(number, [(store.table.location.relative(f.path), f.run_id, f.env_id) for f in version.files])
-
-
-def format_duration(seconds: float) -> str:
-    """``seconds`` as :func:`parse_duration` reads it back, in days, hours, minutes or seconds (7d, not 1w)."""
-    for unit in ("d", "h", "m"):
-        if seconds >= UNITS[unit] and seconds % UNITS[unit] == 0:
-            return f"{int(seconds // UNITS[unit])}{unit}"
-    return f"{seconds:g}s"
+    return Horizon(number, [(engine.table.location.relative(f.path), f.run_id, f.env_id) for f in version.files])

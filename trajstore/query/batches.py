@@ -92,7 +92,8 @@ def shuffled(batches: Iterable[pa.RecordBatch], size: int, buffer_rows: int, rng
     """
     buffer: pa.Table | None = None
     for batch in batches:
-        buffer = pa.Table.from_batches([batch]) if buffer is None else pa.concat_tables([buffer, pa.Table.from_batches([batch])])
+        piece = pa.Table.from_batches([batch])
+        buffer = piece if buffer is None else pa.concat_tables([buffer, piece])
         while buffer.num_rows >= buffer_rows + size:
             out, buffer = _draw(buffer, size, rng)
             yield out

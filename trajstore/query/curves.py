@@ -25,6 +25,9 @@ import pyarrow.compute as pc
 
 from trajstore.errors import InputError
 from trajstore.query import sql
+from trajstore.query.engine import Engine
+from trajstore.query.filters import EpisodeFilter, Names
+from trajstore.query.returns import check_gamma
 from trajstore.write.episode_ids import COUNTER_BITS
 
 SPENT_TOKEN = 1 << (COUNTER_BITS - 1)  # counters a token must have reached before it can be a writer's older one
@@ -177,7 +180,7 @@ def y_values(curve: pa.Table, metric: str) -> np.ndarray:
 LATEST_VALUES = (("return", "episode_return"), ("len", "episode_length"), ("discounted_return", "discounted_return"))
 
 
-def latest_stats(curve: pa.Table, last: int) -> pa.Table:
+def latest_of(curve: pa.Table, last: int) -> pa.Table:
     """Per ``(run_id, env_id)`` series of ``curve`` (rows of :meth:`Store.curves <trajstore.store.Store.curves>`:
     each series' complete episodes together, in the order they ended), the statistics of its ``last`` latest
     episodes: ``n_traj`` and ``{return,len}_{mean,std,min,max}`` (std as ``numpy.std``), and
@@ -197,3 +200,58 @@ def latest_stats(curve: pa.Table, last: int) -> pa.Table:
         for name, stat in (("mean", np.mean), ("std", np.std), ("min", np.min), ("max", np.max)):
             out[f"{prefix}_{name}"] = pa.array([float(stat(p)) for p in parts], pa.float64())
     return pa.table(out)
+
+
+# --- the curves of one committed version --------------------------------------------------------------------
+
+CURVE_POINT = "curve_point"  # the column curves() keeps its rows by
+
+
+def curves(engine: Engine, *, run_id: Names = None, env_id: Names = None, where: str | None = None,
+           filter: EpisodeFilter | None = None, gamma: float | None = None) -> pa.Table:  # noqa: A002
+    """The complete episodes of each ``(run_id, env_id)`` in the order they ended, with ``total_env_steps``
+    (:func:`total_env_steps`: counted over every episode of the series, whatever ``where``/``filter`` keep);
+    with ``gamma`` adds ``discounted_return``."""
+    with engine.query_snapshot(episodes="fill" if gamma is None else None) as snap:
+        series = sql.conditions(run_id=run_id, env_id=env_id)
+        chosen = sql.conditions(where=where, filter=filter)
+        params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
+        src = "episodes" if gamma is None else \
+            sql.subquery(sql.episodes_view(snap.step_columns, discounted=True, by_id=snap.by_id))
+        walk = snap.arrow(sql.curve_episodes(series, chosen, source=src, flag=CURVE_POINT), params)
+    walk = walk.append_column("total_env_steps", pa.array(total_env_steps(walk), pa.int64()))
+    return walk.filter(walk[CURVE_POINT]).drop_columns([CURVE_POINT])
+
+
+def kept_curves(engine: Engine, **selection: object) -> pa.Table:
+    """:func:`curves` of ``selection``, kept by the engine for the latest version (:meth:`Engine.memo
+    <trajstore.query.engine.Engine.memo>`): a page draws several plots of one selection."""
+    return engine.memo(f"curves {sorted(selection.items())!r}", lambda: curves(engine, **selection))  # type: ignore[arg-type]
+
+
+def binned_curves(engine: Engine, *, x: str = "env_steps", y: str = "episode_return", bins: int = 800,
+                  gamma: float | None = None, **selection: object) -> pa.Table:
+    """Learning curves in ``bins`` bins along ``x``, one series per ``(run_id, env_id)``: per non-empty bin its
+    edges (shared by all series), ``count``, ``mean`` and ``p10, p50, p90`` of ``y``."""
+    check_binning(x, y, bins, gamma)
+    curve = kept_curves(engine, gamma=gamma, **selection)
+    xs = x_values(curve, x)
+    edges = bin_edges(xs, bins)
+    return bin_stats(engine.cursor(), curve, y_values(curve, y), bin_index(xs, edges), edges)
+
+
+def histogram(engine: Engine, *, y: str = "episode_return", bins: int = 60, gamma: float | None = None,
+              **selection: object) -> pa.Table:
+    """The distribution of ``y`` over the complete episodes of each ``(run_id, env_id)`` in ``bins`` bins shared
+    by all series: ``run_id, env_id, bin, lo, hi, count`` per non-empty bin (numpy.histogram's)."""
+    check_binning("episode_index", y, bins, gamma)
+    curve = kept_curves(engine, gamma=gamma, **selection)
+    ys = y_values(curve, y)
+    edges = bin_edges(ys, bins)
+    return bin_stats(engine.cursor(), curve, ys, bin_index(ys, edges), edges, quantiles=())
+
+
+def latest_stats(engine: Engine, last: int = 100, *, gamma: float | None = None, **selection: object) -> pa.Table:
+    """Statistics of the ``last`` complete episodes of each ``(run_id, env_id)`` to end (:func:`latest_of`),
+    read from the kept learning curves."""
+    return latest_of(kept_curves(engine, gamma=gamma, **selection), last)

@@ -14,14 +14,17 @@ min_return=10, max_return=None, min_length=None, max_length=None, lineage={'mode
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, Union
 
+import numpy as np
 import pyarrow as pa
 
 from trajstore import schema as sch
-from trajstore.errors import InputError, UnknownColumnError
+from trajstore.errors import InputError, RunNotFoundError, UnknownColumnError
 
 LISTS = ("run_id", "env_id", "episode_id")  # one value or several
 FLAGS = ("complete", "terminated", "truncated")
@@ -136,3 +139,90 @@ def _listed(value: Any) -> list[Any]:
     """One value or several as a list (numpy integers as ints)."""
     items = [value] if isinstance(value, (str, bytes, numbers.Integral)) else list(value)
     return [int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v for v in items]
+
+
+# --- a selection of runs, environments and episodes given as keywords -----------------------------------------
+
+Names = Union[str, Sequence[str], None]  # one name, several, or none (no condition)
+Ids = Union[int, Sequence[int], None]
+
+
+def names_of(value: Names) -> list[str]:
+    """One name, several, or a comma-separated list of them (as the CLI and REST accept), as a list."""
+    items = [value] if isinstance(value, str) else list(value or ())
+    return [n.strip() for item in items for n in str(item).split(",") if n.strip()]
+
+
+def selected(value: str, wanted: Names) -> bool:
+    """Whether ``value`` is chosen by ``wanted`` (one name, several, or None for all)."""
+    if wanted is None:
+        return True
+    return value == wanted if isinstance(wanted, str) else value in wanted
+
+
+def both(a: Any, b: Any) -> Any:
+    """The selection of two keywords: one if the other is absent, else their intersection."""
+    if b in (None, []):
+        return a
+    if a is None:
+        return b
+    a_set = {a} if isinstance(a, (str, int, np.integer)) else set(np.atleast_1d(a).tolist())
+    return [v for v in b if v in a_set]
+
+
+def check_runs(selections: Iterable[Names], held: Iterable[str], store: str) -> None:
+    """The one run-existence check (every reader, delete, compact, export and the service's routes): a
+    :class:`~trajstore.errors.RunNotFoundError` naming each run of ``selections`` (each a run id, several, or
+    None) that is not among ``held``, the runs the store at ``store`` holds."""
+    wanted = list(dict.fromkeys(r for sel in selections if sel is not None
+                                for r in ([sel] if isinstance(sel, str) else map(str, sel))))
+    known = sorted(set(held))
+    missing = [r for r in wanted if r not in known]
+    if missing:
+        raise RunNotFoundError.naming(missing, store, known)
+
+
+# --- the filter keywords on a reader method -------------------------------------------------------------------
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def filtered(method: F | None = None, *, expand: bool = False,
+             around: Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] | None = None) -> Any:
+    """The filter keywords of :func:`keywords` (``min_return=``, ``mode=``, …) on a reader method, the one
+    decorator of the Store's readers and the Client's: each keyword the method does not name itself (a name it
+    gives a meaning of its own, ``seed`` for a shuffle, keeps it: that filter goes in ``filter=``) is added to its
+    signature, and what the caller gives of them is folded into one :class:`EpisodeFilter` with ``filter=``.
+
+    The method then gets ``filter=`` (the Store's), or with ``expand`` the filter's own keywords (the Client's,
+    which sends them as the REST service's query parameters of the same names; a keyword it does not know is a
+    :class:`TypeError`). ``around(self, method, args, kwargs)``, when given, makes the call (the Store's checks
+    the runs selected and names a failing ``where``)."""
+    if method is None:
+        return lambda m: filtered(m, expand=expand, around=around)
+    own = inspect.signature(method)
+    types = keywords()
+    added = [name for name in types if name not in own.parameters]
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in added if name in kwargs}
+        flt = from_keywords(kwargs.pop("filter", None), given)
+        if expand:
+            unknown = [k for k in kwargs if k not in own.parameters]
+            if unknown:
+                raise TypeError(f"{method.__name__}() got an unexpected keyword argument {unknown[0]!r}; its filters "
+                                f"are {', '.join(added)} and filter=")
+            kwargs.update(flt.keywords() if flt is not None else {})
+        elif flt is not None or "filter" in kwargs or "filter" in own.parameters:
+            kwargs["filter"] = flt
+        return method(self, *args, **kwargs) if around is None else around(self, method, args, kwargs)
+
+    kept = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=types[name])
+             for name in added]
+    if "filter" not in own.parameters:
+        extra.append(inspect.Parameter("filter", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                       annotation="EpisodeFilter | None"))
+    call.__signature__ = own.replace(parameters=kept + extra)  # type: ignore[attr-defined]
+    return call

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from trajstore import schema as sch
 from trajstore.errors import InputError
-from trajstore.storage.encoding import NEXT, OBS, FileLayout, Format, logical_schema
+from trajstore.storage.encoding import NEXT, OBS, FileSchema, Format, logical_schema
 from trajstore.storage.log import DataFile
 
 
@@ -65,23 +65,23 @@ class FileGroup:
         self.logical = logical_schema(self.physical, self.format)
 
 
-def group_files(files: Sequence[DataFile], layouts: Sequence[FileLayout]) -> list[FileGroup]:
+def group_files(files: Sequence[DataFile], schemas: Sequence[FileSchema]) -> list[FileGroup]:
     """``files`` in groups read in one pass each, in the order of their first file."""
     groups: list[FileGroup] = []
     # a file stored exactly as an earlier one goes where it went (the group's first types never change, and an
     # earlier group that refused it refuses it still): no type comparisons per file, however many files
     placed: dict[tuple[str, pa.Schema], FileGroup] = {}
-    for f, layout in zip(files, layouts):
-        key = (layout.format.key(), layout.physical)
+    for f, stored in zip(files, schemas):
+        key = (stored.format.key(), stored.physical)
         group = placed.get(key)
         if group is not None:
             group.files.append(f)
             continue
-        group = next((g for g in groups if g.takes(layout.format, layout.physical)), None)
+        group = next((g for g in groups if g.takes(stored.format, stored.physical)), None)
         if group is None:
-            group = FileGroup([], layout.format, pa.schema([]))
+            group = FileGroup([], stored.format, pa.schema([]))
             groups.append(group)
-        group.add(f, layout.physical)
+        group.add(f, stored.physical)
         placed[key] = group
     return groups
 

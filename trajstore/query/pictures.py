@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,9 @@ import pyarrow as pa
 from trajstore.errors import InputError
 from trajstore.schema import leaf_of_type
 from trajstore.storage.encoding import OBS, leaves
+
+if TYPE_CHECKING:
+    from trajstore.query.engine import Engine
 
 MIN_SIDE = 8  # a frame's height and width at least this: (4, 3) is a small matrix, not a picture
 CHANNELS = (1, 3, 4)
@@ -38,7 +41,7 @@ class ImageLeaf:
     shape: tuple[int, ...]  # one step's shape, as stored
     dtype: np.dtype
     stack: int | None  # frames along the first axis (newest last), or None
-    layout: str  # "hw", "hwc" or "chw": how one frame's axes are ordered
+    axes: str  # "hw", "hwc" or "chw": how one frame's axes are ordered
 
     @property
     def frame_shape(self) -> tuple[int, ...]:
@@ -47,17 +50,17 @@ class ImageLeaf:
     @property
     def height(self) -> int:
         f = self.frame_shape
-        return f[1] if self.layout == "chw" else f[0]
+        return f[1] if self.axes == "chw" else f[0]
 
     @property
     def width(self) -> int:
         f = self.frame_shape
-        return f[2] if self.layout == "chw" else f[1]
+        return f[2] if self.axes == "chw" else f[1]
 
     @property
     def channels(self) -> int:
         f = self.frame_shape
-        return 1 if self.layout == "hw" else f[0] if self.layout == "chw" else f[2]
+        return 1 if self.axes == "hw" else f[0] if self.axes == "chw" else f[2]
 
     def describe(self) -> dict[str, object]:
         """What a client needs to show it (JSON)."""
@@ -72,7 +75,7 @@ class ImageLeaf:
             raise InputError(f"{self.path}: expected a step of shape {self.shape}, got {x.shape}")
         if self.stack:
             x = x[-1]
-        if self.layout == "chw":
+        if self.axes == "chw":
             x = np.moveaxis(x, 0, -1)
         if x.ndim == 3 and x.shape[-1] == 1:
             x = x[..., 0]
@@ -100,7 +103,10 @@ def image_leaf(path: str, shape: tuple[int, ...], dtype: np.dtype, stack: int | 
     if not (np.issubdtype(dtype, np.number) or dtype == np.bool_) or np.issubdtype(dtype, np.complexfloating):
         return None
     frame = shape[1:] if stack else shape
-    big = lambda h, w: h >= MIN_SIDE and w >= MIN_SIDE
+
+    def big(h: int, w: int) -> bool:
+        return h >= MIN_SIDE and w >= MIN_SIDE
+
     if len(frame) == 2 and big(*frame):
         return ImageLeaf(path, shape, dtype, stack, "hw")
     if len(frame) != 3:
@@ -151,3 +157,16 @@ def png(picture: np.ndarray, size: int | None = None) -> bytes:
     out = io.BytesIO()
     img.save(out, format="PNG", compress_level=1)
     return out.getvalue()
+
+
+def stored_image_leaves(engine: Engine, env_id: str | None = None) -> list[ImageLeaf]:
+    """The observation leaves of a store that are pictures (of one environment's files with ``env_id``), their
+    declared frame stacks taken from the files' formats; empty without images."""
+    schema = engine.file_schema(env_id) or pa.schema([])
+    if OBS not in schema.names:
+        return []
+    stacks: dict[str, int] = {}
+    files = [f for f in engine.files() if env_id is None or f.env_id == env_id]
+    for stored in engine.file_schemas(files):
+        stacks.update(stored.format.stacks)
+    return image_leaves(schema.field(OBS).type, stacks)

@@ -1,17 +1,27 @@
 """Discounted returns and per-step return-to-go, exact in float64 at any episode length and gamma.
 
 ``G_t = r_t + gamma * G_{t+1}`` is evaluated by its own recursion (one compiled pass), never by
-the ``sum(r * gamma**k) / gamma**t`` window trick, which overflows on long episodes.
+the ``sum(r * gamma**k) / gamma**t`` window trick, which overflows on long episodes. :func:`returns` gives them
+for the selected episodes of one committed version: per episode computed in DuckDB
+(``sum(reward * gamma ** step)``, exact), per step by the recursion over the rewards it reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numba
 import numpy as np
+import pyarrow as pa
 
 from trajstore.errors import InputError
+from trajstore.query import sql
+
+if TYPE_CHECKING:
+    from trajstore.query.engine import Engine
+    from trajstore.query.filters import EpisodeFilter, Ids, Names
+    from trajstore.query.snapshot import Snapshot
 
 
 def check_gamma(gamma: float) -> float:
@@ -157,3 +167,58 @@ def _rtg_sorted(reward: np.ndarray, episode_starts: np.ndarray, gamma: float) ->
             g = 0.0
             e -= 1
     return out
+
+
+# --- the returns of one committed version --------------------------------------------------------------------
+
+def returns(engine: Engine, *, gamma: float, per: Literal["episode", "step"] = "episode", run_id: Names = None,
+            env_id: Names = None, episode_id: Ids = None, where: str | None = None,
+            filter: EpisodeFilter | None = None, limit: int | None = None) -> pa.Table:  # noqa: A002
+    """Discounted return per episode, or return-to-go per step, sorted by ``episode_id`` (per step by
+    ``(episode_id, step)``, ``run_id`` and ``env_id`` dictionary-encoded); with ``limit``, the first ``limit``
+    rows (per step, only the episodes they reach are read)."""
+    if limit is not None and limit < 0:
+        raise InputError(f"limit: must be a number of rows >= 0, got {limit}")
+    g = check_gamma(gamma)
+    if per not in ("episode", "step"):
+        raise InputError(f"per: must be 'episode' or 'step', got {per!r}")
+    with engine.query_snapshot() as snap:
+        if per == "episode":
+            conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, episode_id=episode_id, filter=filter)
+            src = sql.subquery(sql.episodes_view(snap.step_columns, discounted=True, by_id=snap.by_id))
+            return snap.arrow(sql.episode_returns(conds, source=src, limit=limit), {"gamma": g})
+        conds = sql.conditions(run_id=run_id, env_id=env_id, episode_id=episode_id) + \
+            sql.step_conditions(filter, where)
+        if limit is not None:
+            conds.append(_first_episodes(snap, conds, limit))
+        rows = snap.arrow(sql.step_rewards(snap.files, conds))
+    out = _with_return_to_go(rows, g)
+    return out if limit is None else out.slice(0, limit)
+
+
+def _first_episodes(snap: Snapshot, conds: list[str], rows: int) -> str:
+    """A condition keeping the selected steps of the lowest episode ids that together hold ``rows`` steps."""
+    counts = snap.arrow(sql.step_counts(conds))
+    reached = np.searchsorted(np.cumsum(counts["n"].to_numpy()), rows)
+    if reached >= counts.num_rows:
+        return "true"
+    return sql.episode_id_at_most(counts["episode_id"][int(reached)].as_py())
+
+
+def _with_return_to_go(rows: pa.Table, gamma: float) -> pa.Table:
+    """``rows`` sorted by ``(episode_id, step)`` with their ``return_to_go``; run_id/env_id stay dictionary-encoded."""
+    s = sorted_return_to_go(rows["episode_id"].to_numpy(), rows["step"].to_numpy(), rows["reward"].to_numpy(),
+                            gamma)
+    return pa.table({"run_id": _reordered(rows["run_id"], s), "env_id": _reordered(rows["env_id"], s),
+                     "episode_id": s.episode_id, "step": s.step, "reward": s.reward, "return_to_go": s.return_to_go})
+
+
+def _reordered(column: pa.ChunkedArray, s: SortedReturns) -> pa.Array:
+    """``column`` sorted like ``s``; for a dictionary column only its indices move (if they differ at all)."""
+    arr = column.combine_chunks()
+    if pa.types.is_dictionary(arr.type) and arr.null_count == 0:
+        idx = arr.indices.to_numpy()
+        if len(idx) == 0 or idx.min() == idx.max():  # one value throughout: sorting changes nothing
+            return arr
+        return pa.DictionaryArray.from_arrays(s.reorder(idx), arr.dictionary)
+    return arr.take(pa.array(s.reorder(np.arange(len(arr)))))

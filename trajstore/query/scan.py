@@ -14,18 +14,27 @@ read-ahead, not by the result.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 
-from trajstore.errors import StoreDamagedError
+from trajstore.errors import InputError, StoreDamagedError
+from trajstore.query import sql
+from trajstore.query.batches import BatchFormat, check_batching, training_batches
+from trajstore.query.filters import EpisodeFilter, Ids, Names, both, selected
+from trajstore.query.groups import FileGroup, StepTypes, group_files
+from trajstore.query.snapshot import check_names
 from trajstore.schema import PARTITION_COLUMNS
-from trajstore.query.groups import FileGroup, group_files
-from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileDecoder, FileLayout
-from trajstore.storage.log import DataFile
+from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileDecoder, FileSchema
+from trajstore.storage.log import DataFile, files_holding
+from trajstore.storage.table import read_file_schema, steps_dataset
+
+if TYPE_CHECKING:
+    from trajstore.query.engine import Engine
 
 FRAGMENT_READAHEAD = 2  # files read ahead of the one being sent
 BATCH_READAHEAD = 4  # record batches decoded ahead, per file
@@ -35,11 +44,11 @@ KEYS = ("episode_id", "step")
 def scan_steps(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[str], *,
                episode_ids: np.ndarray | None = None, batch_size: int = 65_536,
                max_batch_bytes: int | None = None,
-               layouts: Sequence[FileLayout] | None = None) -> pa.RecordBatchReader:
+               schemas: Sequence[FileSchema] | None = None) -> pa.RecordBatchReader:
     """``columns`` of the steps in ``files``, typed as in ``schema`` (what :func:`~trajstore.query.groups.step_types`
     gives), decoded (see :mod:`~trajstore.storage.encoding`), under their logical names.
 
-    Files are read group by group (:func:`~trajstore.query.groups.group_files`; ``layouts`` are the files' own,
+    Files are read group by group (:func:`~trajstore.query.groups.group_files`; ``schemas`` are the files' own,
     read from their footers when not given), each group's files in order. With ``episode_ids``, only the steps
     of those episodes: files whose logged id range holds none of them are skipped, row groups by their
     statistics, and the remaining rows filtered (whole episodes, so decoding within a file still works). With
@@ -49,27 +58,18 @@ def scan_steps(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[s
     out = pa.schema([schema.field(c) for c in columns])
     if episode_ids is not None:
         episode_ids = np.unique(np.asarray(episode_ids, dtype=np.int64))
-        keep = [i for i, f in enumerate(files) if _may_hold(f, episode_ids)]
+        holding = {f.path for f in files_holding(files, episode_ids)}
+        keep = [i for i, f in enumerate(files) if f.path in holding]
         files = [files[i] for i in keep]
-        layouts = None if layouts is None else [layouts[i] for i in keep]
+        schemas = None if schemas is None else [schemas[i] for i in keep]
     if not files:
         return pa.RecordBatchReader.from_batches(out, iter(()))
-    layouts = list(layouts) if layouts is not None else [file_layout(f) for f in files]
+    schemas = list(schemas) if schemas is not None else [read_file_schema(f) for f in files]
     if max_batch_bytes is not None:
-        batch_size = max(1, min(batch_size, int(max_batch_bytes // max(1.0, decoded_row_bytes(files, out, layouts)))))
-    groups = group_files(files, layouts)
+        batch_size = max(1, min(batch_size, int(max_batch_bytes // max(1.0, decoded_row_bytes(files, out, schemas)))))
+    groups = group_files(files, schemas)
     batches = (b for g in groups for b in _group_batches(g, out, episode_ids, batch_size))
     return pa.RecordBatchReader.from_batches(out, batches)
-
-
-def file_layout(f: DataFile) -> FileLayout:
-    """The layout of one committed file, from its footer."""
-    import pyarrow.parquet as pq
-
-    try:
-        return FileLayout.of(pq.read_schema(f.path, filesystem=f.fs), where=f.uri)
-    except EncodingError as exc:
-        raise StoreDamagedError.of_file(f.uri, f"has an unreadable format ({exc})", None) from exc
 
 
 def _group_batches(group: FileGroup, out: pa.Schema, episode_ids: np.ndarray | None,
@@ -126,32 +126,18 @@ def _typed(batch: pa.RecordBatch, out: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=out)
 
 
-def steps_dataset(files: Sequence[DataFile], schema: pa.Schema) -> ds.FileSystemDataset:
-    """A pyarrow dataset over exactly ``files`` (in order; never a listing of their folder), typed as ``schema``
-    (stored names): ``run_id`` and ``env_id`` from each file's partition, every column cast to its type in
-    ``schema``, columns a file lacks as nulls."""
-    partitions = [(ds.field("run_id") == f.run_id) & (ds.field("env_id") == f.env_id) for f in files]
-    filesystem = files[0].fs if files else pafs.LocalFileSystem()  # one table's files share its filesystem
-    full = schema
-    for name in ("env_id", "run_id"):
-        if name not in full.names:
-            full = full.insert(0, pa.field(name, pa.string()))
-    return ds.FileSystemDataset.from_paths([f.path for f in files], schema=full, format=ds.ParquetFileFormat(),
-                                           filesystem=filesystem, partitions=partitions)
-
-
-def decoded_row_bytes(files: Sequence[DataFile], out: pa.Schema, layouts: Sequence[FileLayout]) -> float:
+def decoded_row_bytes(files: Sequence[DataFile], out: pa.Schema, schemas: Sequence[FileSchema]) -> float:
     """The widest decoded row of ``out``'s columns among the environments of ``files``, in bytes: exact for
     fixed-width types, from the Parquet footer of one file per ``env_id`` for the others (text)."""
     fixed = sum(_width(f.type) or 0 for f in out)
     variable = [f.name for f in out if _width(f.type) is None]
-    return float(fixed) + (row_bytes(files, variable, layouts) if variable else 0.0)
+    return float(fixed) + (row_bytes(files, variable, schemas) if variable else 0.0)
 
 
 def row_bytes(files: Sequence[DataFile], columns: Sequence[str],
-              layouts: Sequence[FileLayout] | None = None) -> float:
+              schemas: Sequence[FileSchema] | None = None) -> float:
     """The widest stored row of ``columns`` (logical names) among the environments of ``files``, in bytes, from
-    the Parquet footer of one file per ``env_id`` (uncompressed sizes; ``layouts``, the files' own, say the
+    the Parquet footer of one file per ``env_id`` (uncompressed sizes; ``schemas``, the files' own, say the
     physical names, read from the footers when not given)."""
     import pyarrow.parquet as pq
 
@@ -162,7 +148,7 @@ def row_bytes(files: Sequence[DataFile], columns: Sequence[str],
         meta = pq.read_metadata(f.path, filesystem=f.fs)
         if not meta.num_rows:
             continue
-        fmt = (layouts[i] if layouts is not None else FileLayout.of(meta.schema.to_arrow_schema())).format
+        fmt = (schemas[i] if schemas is not None else FileSchema.of(meta.schema.to_arrow_schema())).format
         names = {fmt.physical(n) for n in columns}
         size = sum(meta.row_group(g).column(c).total_uncompressed_size
                    for g in range(meta.num_row_groups) for c in range(meta.num_columns)
@@ -187,15 +173,91 @@ def _width(t: pa.DataType) -> int | None:
         return None
 
 
-def files_holding(files: Sequence[DataFile], episode_ids: np.ndarray) -> list[DataFile]:
-    """The files of ``files`` that may hold steps of one of the sorted unique ``episode_ids``, judged by the
-    episode_id range the log records for each file (a file without one may hold any)."""
-    return [f for f in files if _may_hold(f, episode_ids)]
+# --- the steps of one committed version ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScanPlan:
+    """The committed files a scan reads (in log order), the types a scan of them returns for every column of the
+    steps view, the columns asked for and the episode ids selected (None: every episode in the files); the types
+    of the selected files (with the columns they store unlike each other) and their schemas."""
+
+    files: list[DataFile]
+    schema: pa.Schema
+    columns: list[str]
+    episode_ids: np.ndarray | None
+    types: StepTypes | None = None
+    schemas: list[FileSchema] | None = None
 
 
-def _may_hold(f: DataFile, ids: np.ndarray) -> bool:
-    """Whether ``f``'s logged episode_id range contains one of the sorted ``ids`` (true when not logged)."""
-    if f.min_episode_id is None or f.max_episode_id is None:
-        return True
-    i = int(np.searchsorted(ids, f.min_episode_id))
-    return i < len(ids) and ids[i] <= f.max_episode_id
+def scan_plan(engine: Engine, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
+              episode_id: Ids = None, where: str | None = None,
+              filter: EpisodeFilter | None = None) -> ScanPlan:  # noqa: A002
+    """What :func:`scan` reads: the committed files, their types, the columns and the episode ids (None: every
+    episode of the files), resolved on one snapshot. Another engine (Ray) can read the plan's files in pieces, with
+    :func:`scan_steps`, and get exactly the rows of :func:`scan`."""
+    if filter is not None:  # ids, runs and envs select files and rows directly; the rest needs episodes
+        run_id, env_id = both(run_id, filter.run_id), both(env_id, filter.env_id)
+        episode_id = both(episode_id, filter.episode_id)
+        filter = filter.per_episode()  # noqa: A001 - the keyword's own value, narrowed
+        filter = None if filter.is_empty() else filter  # noqa: A001
+    ids = None if episode_id is None else np.atleast_1d(np.asarray(episode_id, dtype=np.int64))
+    if where or filter is not None:  # episode-level conditions: the episode ids they select, on one snapshot
+        with engine.query_snapshot(episodes="if-cached") as snap:
+            conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter, episode_id=episode_id)
+            ids = snap.arrow(sql.episode_ids(conds))["episode_id"].to_numpy()
+            committed = snap.files
+    else:  # no SQL at all once the files' schemas are known for this version
+        committed = engine.files()
+    known = engine.step_types(committed).schema
+    names = list(dict.fromkeys(columns)) if columns else known.names
+    check_names(names, known.names, view="steps", field="columns")
+    files = [f for f in committed if selected(f.run_id, run_id) and selected(f.env_id, env_id)]
+    if ids is not None:
+        ids = np.unique(ids)
+        files = files_holding(files, ids)
+    types = engine.step_types(files)
+    own = types.schema
+    schema = pa.schema([own.field(f.name) if f.name in own.names else f for f in known])
+    return ScanPlan(files, schema, names, ids, types, engine.file_schemas(files))
+
+
+def scan(engine: Engine, columns: Sequence[str] | None = None, *, batch_size: int = 65_536,
+         max_batch_bytes: int | None = None, **selection: object) -> pa.RecordBatchReader:
+    """The steps of the selected episodes as a stream of record batches, in storage order, read straight from the
+    committed files: the rows and types of ``SELECT columns FROM steps`` with the same filters (``selection``:
+    :func:`scan_plan`'s), at most ``batch_size`` rows a batch and fewer when rows are so wide that a batch would
+    pass ``max_batch_bytes``."""
+    if batch_size < 1:
+        raise InputError(f"batch_size: must be a positive number of rows, got {batch_size}")
+    if max_batch_bytes is not None and max_batch_bytes < 1:
+        raise InputError(f"max_batch_bytes: must be a positive number of bytes, got {max_batch_bytes}")
+    plan = scan_plan(engine, columns, **selection)  # type: ignore[arg-type]
+    plan.types.check(plan.columns)  # type: ignore[union-attr]
+    engine.verify_sizes(plan.files)
+    try:
+        reader = scan_steps(plan.files, plan.schema, plan.columns, episode_ids=plan.episode_ids,
+                            batch_size=batch_size, max_batch_bytes=max_batch_bytes, schemas=plan.schemas)
+    except (OSError, pa.ArrowException) as exc:
+        raise engine.damage(exc, plan.files) or exc
+    return pa.RecordBatchReader.from_batches(reader.schema, engine.damage_named(reader, plan.files))
+
+
+def loader_plan(engine: Engine, run_id: Names, env_id: Names, committed: list[DataFile]) -> ScanPlan:
+    """:func:`scan_plan` for a selection of runs and envs alone among ``committed`` files, without opening DuckDB
+    (~35 MiB a loader need not pay): the files' own types."""
+    files = [f for f in committed if selected(f.run_id, run_id) and selected(f.env_id, env_id)]
+    types = engine.step_types(files) if files else StepTypes(pa.schema([]))  # no file: no column
+    return ScanPlan(files, types.schema, types.schema.names, None, types, engine.file_schemas(files))
+
+
+def iter_batches(engine: Engine, *, batch_size: int = 4096, columns: Sequence[str] | None = None,
+                 shuffle: bool = False, seed: int | None = None, shuffle_buffer: int = 65_536, drop_last: bool = False,
+                 format: BatchFormat = "numpy", **selection: object) -> Iterator[Any]:  # noqa: A002
+    """Batches of ``batch_size`` steps for a training loop, read straight from the files (:func:`scan`), shuffled
+    in a bounded buffer if asked (:func:`~trajstore.query.batches.training_batches`)."""
+    check_batching(batch_size, shuffle_buffer, format)
+    reader = scan(engine, columns, batch_size=max(batch_size, 8192),
+                  max_batch_bytes=engine.settings.stream_batch_bytes, **selection)
+    with contextlib.closing(reader):
+        yield from training_batches(reader, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                    shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)

@@ -3,7 +3,7 @@
 ``steps`` reads exactly the files listed by one version of the Delta log (never a glob), group by group
 (:func:`~trajstore.query.groups.group_files`: files stored alike), each group from one of two sources: DuckDB's
 native ``read_parquet`` of their paths (the default, and the fastest), or, with ``registered``, a pyarrow dataset
-of them registered with DuckDB (:func:`~trajstore.query.scan.steps_dataset`), so that DuckDB itself opens no
+of them registered with DuckDB (:func:`~trajstore.storage.table.steps_dataset`), so that DuckDB itself opens no
 file: the sandbox's connection has no file access at all, and a store whose files pyarrow reads (another
 filesystem) needs nothing else. Each group's columns get their logical names and encoding-2 observations are
 decoded in SQL (:func:`~trajstore.query.sql.decoded_steps`); the groups are unioned by name, and a column whose
@@ -14,6 +14,8 @@ environments (``Store.sql(…, env_id=…)``) to see it in its own type. ``episo
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any, Callable, Sequence
 
 import duckdb
@@ -30,16 +32,30 @@ from trajstore.errors import (
 from trajstore.query import picture_sql as images_sql
 from trajstore.query import sql
 from trajstore.query.groups import FileGroup, as_duckdb_reads, group_files, step_types
-from trajstore.query.scan import file_layout, steps_dataset
-from trajstore.storage.encoding import NEXT, OBS, FileLayout
+from trajstore.storage.encoding import NEXT, OBS, FileSchema
 from trajstore.storage.location import Location, explain
 from trajstore.storage.log import DataFile
+from trajstore.storage.table import read_file_schema, steps_dataset
 
 DATASET = "committed_files"  # the name of a registered dataset of the committed files
 
+_DATABASE: tuple[int, duckdb.DuckDBPyConnection] | None = None
+_DATABASE_LOCK = threading.Lock()
+
+
+def cursor() -> duckdb.DuckDBPyConnection:
+    """A cursor of this process's in-memory DuckDB database: a connection whose views (temporary: snapshots make
+    no others) are its own, next to nothing to open, where opening a database costs ~20-40 ms. The database is
+    never reused across a fork."""
+    global _DATABASE
+    with _DATABASE_LOCK:
+        if _DATABASE is None or _DATABASE[0] != os.getpid():
+            _DATABASE = (os.getpid(), duckdb.connect())
+        return _DATABASE[1].cursor()
+
 Judge = Callable[[StoreDamagedError], TrajstoreError]
 """What a failed read of a committed file means for the version read: the damage itself, or (the store's
-judgment, see ``Store._judged``) a version whose files a vacuum removed."""
+judgment, see :meth:`Engine.judged <trajstore.query.engine.Engine.judged>`) a version whose files a vacuum removed."""
 
 
 def ids_disjoint(files: Sequence[DataFile]) -> bool:
@@ -95,7 +111,7 @@ def check_names(names: Sequence[str], known: Sequence[str], *, view: str, field:
 class Snapshot:
     """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store.
 
-    ``layouts`` are the files' own (:meth:`~trajstore.storage.table.StepsTable.layouts`; read from their footers
+    ``schemas`` are the files' own (:meth:`~trajstore.storage.table.StepsTable.schemas`; read from their footers
     when not given). With ``registered``, ``steps`` reads the files through registered pyarrow datasets instead
     of ``read_parquet``: the same rows and types. ``judge`` turns the error about a committed file that cannot be
     read into the one to raise.
@@ -103,7 +119,7 @@ class Snapshot:
 
     def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None,
                  con: duckdb.DuckDBPyConnection | None = None, store: str | None = None,
-                 layouts: Sequence[FileLayout] | None = None, registered: bool = False,
+                 schemas: Sequence[FileSchema] | None = None, registered: bool = False,
                  judge: Judge | None = None, location: Location | None = None) -> None:
         self.files = list(files)
         self.store = store  # where the files are from, for messages
@@ -111,7 +127,7 @@ class Snapshot:
         self.location = location  # the store's, to tell a store that fails from a damaged file
         self.con = con if con is not None else duckdb.connect(config=config or {})
         try:  # binding read_parquet reads the files' footers
-            self.con.execute(sql.create_view("committed_steps", self._stored_steps(layouts, registered)))
+            self.con.execute(sql.create_view("committed_steps", self._stored_steps(schemas, registered)))
             stored = self.columns("committed_steps")
         except duckdb.Error as exc:
             raise self.damage(exc) or QueryError(f"the store's files cannot be read: {first_line(exc)}") from exc
@@ -121,14 +137,14 @@ class Snapshot:
         self.con.execute(sql.create_view("episodes", sql.episodes_view(self.step_columns, by_id=self.by_id)))
         self.episodes_materialized = False
 
-    def _stored_steps(self, layouts: Sequence[FileLayout] | None, registered: bool) -> str:
+    def _stored_steps(self, schemas: Sequence[FileSchema] | None, registered: bool) -> str:
         """The SELECT of the stored steps, logical and decoded: the groups of files, each from ``read_parquet``
         of its files or a registered dataset of them, unioned by name."""
         if not self.files:
             return sql.steps_view(self.files)
-        if layouts is None:
-            layouts = [file_layout(f) for f in self.files]
-        groups = group_files(self.files, layouts)
+        if schemas is None:
+            schemas = [read_file_schema(f) for f in self.files]
+        groups = group_files(self.files, schemas)
         variant = list(step_types(groups).conflicts)
         return sql.union_by_name([self._group(i, g, variant, registered) for i, g in enumerate(groups)])
 

@@ -146,6 +146,17 @@ def episodes_selected(conds: Sequence[str]) -> str:
     return f"episode_id IN (SELECT episode_id FROM episodes{where(conds)})"
 
 
+def step_conditions(filter: EpisodeFilter | None, where: str | None) -> list[str]:  # noqa: A002
+    """Conditions on ``steps`` for an episode filter and a ``where`` over ``episodes``: ids, runs and envs
+    directly, the rest through ``episodes``."""
+    if filter is None:
+        return [episodes_selected([user_condition(where)])] if where else []
+    direct = conditions(run_id=filter.run_id or None, env_id=filter.env_id or None,
+                        episode_id=filter.episode_id or None)
+    rest = conditions(filter=filter.per_episode(), where=where)
+    return direct + ([episodes_selected(rest)] if rest else [])
+
+
 # --- the views -----------------------------------------------------------------------------------------------
 
 _DUCKDB = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float32(): "FLOAT",

@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import astuple, dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
 
@@ -44,13 +44,19 @@ from trajstore.errors import (
     QueryMemoryError,
     QueryTimeoutError,
     QueryWorkerDiedError,
+    StoreDamagedError,
     TrajstoreError,
     first_line,
 )
 from trajstore.query import sandbox, sql
+from trajstore.query.filters import Names
+from trajstore.query.snapshot import Snapshot
+from trajstore.storage.encoding import FileSchema
 from trajstore.storage.location import Location
-from trajstore.storage.encoding import FileLayout
 from trajstore.storage.log import DataFile
+
+if TYPE_CHECKING:
+    from trajstore.query.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -62,23 +68,23 @@ ENTRY = "import sys; from trajstore.query.sql_worker import main; main(sys.argv[
 
 @dataclass(frozen=True)
 class Task:
-    """One query for a worker: the store's place, one version's committed files and their layouts."""
+    """One query for a worker: the store's place, one version's committed files and their schemas."""
 
     query: str
     limits: sandbox.Limits
     uri: str
     storage_options: dict[str, str]
     files: list[tuple[Any, ...]]  # DataFile fields but the filesystem (the worker's own, from the location)
-    layouts: list[int]  # per file, its layout in ``schemas``
+    kinds: list[int]  # per file, the index of its schema in ``schemas``
     schemas: list[bytes]  # the files' own Arrow schemas with their formats, serialized, each once
 
     @classmethod
     def of(cls, query: str, limits: sandbox.Limits, location: Location, files: Sequence[DataFile],
-           layouts: Sequence[FileLayout]) -> Task:
+           file_schemas: Sequence[FileSchema]) -> Task:
         schemas: dict[bytes, int] = {}
         index = []
-        for layout in layouts:
-            body = layout.physical.with_metadata(layout.format.metadata()).serialize().to_pybytes()
+        for stored in file_schemas:
+            body = stored.physical.with_metadata(stored.format.metadata()).serialize().to_pybytes()
             index.append(schemas.setdefault(body, len(schemas)))
         return cls(query, limits, location.uri, dict(location.storage_options),
                    [astuple(f)[:-1] for f in files], index, list(schemas))
@@ -359,13 +365,11 @@ def _serve(requests: Connection, answers: Connection, worker_bytes: int) -> None
 
 def _handle(task: Task) -> tuple[dict[str, Any], bytes | None]:
     """Run ``task``: the header of the answer and the rows as an Arrow IPC stream."""
-    from trajstore.query.snapshot import Snapshot
-
     try:
         location = _location(task.uri, task.storage_options)
         files = [DataFile(*fields, fs=location.fs) for fields in task.files]
-        kinds = [FileLayout.of(pa.ipc.read_schema(pa.py_buffer(body))) for body in task.schemas]
-        snapshot = Snapshot(files, store=task.uri, layouts=[kinds[i] for i in task.layouts], registered=True,
+        kinds = [FileSchema.of(pa.ipc.read_schema(pa.py_buffer(body))) for body in task.schemas]
+        snapshot = Snapshot(files, store=task.uri, schemas=[kinds[i] for i in task.kinds], registered=True,
                             location=location)
         result = sandbox.run(snapshot, task.query, task.limits)
         data = _ipc(result.table)
@@ -376,7 +380,7 @@ def _handle(task: Task) -> tuple[dict[str, Any], bytes | None]:
     except MemoryError:  # past the cap outside DuckDB (pyarrow, Python): the same limit
         return {"ok": False, "error": "QueryMemoryError", "message": sandbox.worker_memory_message(task.limits),
                 "retire": True}, None
-    except Exception as exc:  # noqa: BLE001 - said to the caller as a failed query; a fresh worker takes the next
+    except Exception as exc:
         log.exception("SQL worker: the query failed unexpectedly")
         return {"ok": False, "error": "QueryError", "message": f"query: {first_line(exc)}", "retire": True}, None
     finally:
@@ -483,3 +487,25 @@ def main(argv: Sequence[str]) -> None:
     except (BrokenPipeError, KeyboardInterrupt):  # the caller went away
         pass
 
+
+def sandboxed_sql(engine: Engine, query: str, limits: sandbox.Limits | None = None, *,
+                  encode: sandbox.Encoder | None = None, run_id: Names = None, env_id: Names = None) -> sandbox.Result:
+    """Run one untrusted, read-only SELECT over the views of one committed version (of ``run_id``/``env_id``
+    only), bounded by ``limits``, and with ``encode`` write the body of its answer within them too. The views read
+    the committed files through registered pyarrow datasets: the connection the query runs on can read no file at
+    all. With ``limits.worker_bytes`` (the default) the query runs in a worker process that cannot take more memory
+    than that; the body is encoded here."""
+    limits = limits or sandbox.Limits()
+    started = time.monotonic()
+    files = engine.selected_files(run_id, env_id)
+    schemas = engine.file_schemas(files)
+    if limits.worker_bytes is None:
+        snap = Snapshot(files, store=engine.uri, schemas=schemas, registered=True, judge=engine.judged,
+                        location=engine.location)
+        return sandbox.run(snap, query, limits, encode=encode)
+    task = Task.of(query, limits, engine.location, files, schemas)
+    try:
+        result = run(task)  # a service starts sql_max_concurrent workers ahead (warm)
+    except StoreDamagedError as exc:  # judged here, where the log is: a vacuumed version is not damage
+        raise engine.judged(exc) from None
+    return sandbox.encoded(result, limits, encode, started=started)

@@ -12,27 +12,25 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.client
-import inspect
 import io
 import json
 import logging
 import time
 import uuid
-from typing import Any, BinaryIO, Callable, Iterator, Literal, Mapping, TypeVar
+from typing import Any, BinaryIO, Iterator, Literal, Mapping
 
 import httpx
 import pyarrow as pa
 
 from trajstore.__about__ import __version__
 from trajstore.errors import InputError, RemoteError, RunNotFoundError
-from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
-from trajstore.query.batches import BatchFormat, check_batching, training_batches
-from trajstore.query.filters import EpisodeFilter, from_keywords
-from trajstore.query.filters import keywords as filter_keywords
-from trajstore.query.follow import Commit, check_follow
 from trajstore.loaders.loader import check_format
+from trajstore.query.batches import BatchFormat, check_batching, training_batches
+from trajstore.query.filters import filtered
+from trajstore.query.follow import Commit, check_follow
 from trajstore.remote.loader import RemoteBatches
 from trajstore.remote.stream import HttpByteStream
+from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 
 log = logging.getLogger(__name__)
 
@@ -48,34 +46,9 @@ class RunNotFoundRemoteError(RemoteError, RunNotFoundError):
     :class:`~trajstore.errors.RunNotFoundError`."""
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+_filtered = filtered(expand=True)  # the Store's filter keywords, sent as the REST service's query parameters
 
 
-def _filtered(method: F) -> F:
-    """A reader of the Client takes the filter keywords of the Store's readers
-    (:func:`~trajstore.query.filters.keywords`: ``run_id``, ``min_return``, ``mode``, …) and ``filter=`` (an
-    :class:`~trajstore.query.filters.EpisodeFilter`), checked here and sent as the REST service's query
-    parameters of the same names; its signature lists them. A keyword the method has a meaning of its own for
-    (``seed``: the shuffle's) keeps it, as on the Store: that filter goes in ``filter=``."""
-    own = inspect.signature(method)
-    names = {n: t for n, t in filter_keywords().items() if n not in own.parameters}
-    kept = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-
-    @functools.wraps(method)
-    def call(self: Client, *args: Any, filter: EpisodeFilter | None = None, **kwargs: Any) -> Any:  # noqa: A002
-        given = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
-        unknown = [k for k in kwargs if k not in own.parameters]
-        if unknown:
-            raise TypeError(f"{method.__name__}() got an unexpected keyword argument {unknown[0]!r}; its filters "
-                            f"are {', '.join(names)} and filter=")
-        flt = from_keywords(filter, given)
-        return method(self, *args, **kwargs, **(flt.keywords() if flt is not None else {}))
-
-    added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=t) for n, t in names.items()]
-    added.append(inspect.Parameter("filter", inspect.Parameter.KEYWORD_ONLY, default=None,
-                                   annotation="EpisodeFilter | None"))
-    call.__signature__ = own.replace(parameters=kept + added)  # type: ignore[attr-defined]
-    return call  # type: ignore[return-value]
 MAX_RETRY_WAIT_S = 30.0  # the longest wait before one retry, whatever Retry-After asks
 
 
@@ -371,7 +344,8 @@ class Client:
         return self._request("GET", "/ingest").json()
 
     def post_rows(self, run_id: str, env_id: str, rows: pa.Table, *, idempotency_key: str | None = None) -> dict:
-        """Append rows already cut into episodes (see :class:`~trajstore.remote.writer.RemoteWriter`); retried safely."""
+        """Append rows already cut into episodes (see :class:`~trajstore.remote.writer.RemoteWriter`); retried
+        safely."""
         return self.post_body(run_id, env_id, ipc_bytes(rows), idempotency_key=idempotency_key)
 
     def post_body(self, run_id: str, env_id: str, body: bytes, *, idempotency_key: str | None = None) -> dict:

@@ -2,11 +2,11 @@
 evaluation, and the import of recorded datasets (Minari).
 
 The modules, in the order a rollout uses them: :mod:`~trajstore.rollout.target` (what a rollout writes to),
-:mod:`~trajstore.rollout.sampling` (when it stops, what it reports), :mod:`~trajstore.rollout.progress`
-(its progress bar), then :mod:`~trajstore.rollout.gym_loop`, or :mod:`~trajstore.rollout.envs` (pure-JAX
-environments), :mod:`~trajstore.rollout.jax_scan` (the jitted scan), :mod:`~trajstore.rollout.jax_host`
-(the host side) and :mod:`~trajstore.rollout.jax_loop` / :mod:`~trajstore.rollout.evaluate`, and
-:mod:`~trajstore.rollout.minari`.
+:mod:`~trajstore.rollout.sampling` (when it stops, what it reports), :mod:`~trajstore.rollout.progress` (its progress
+bar), :mod:`~trajstore.rollout.background` (the writer on a thread of its own), then
+:mod:`~trajstore.rollout.gym_loop`, or :mod:`~trajstore.rollout.envs` (pure-JAX environments),
+:mod:`~trajstore.rollout.jax_scan` (the jitted scan), :mod:`~trajstore.rollout.jax_host` (the host side) and
+:mod:`~trajstore.rollout.jax_loop` / :mod:`~trajstore.rollout.evaluate`, and :mod:`~trajstore.rollout.minari`.
 """
 
 from __future__ import annotations

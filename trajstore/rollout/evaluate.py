@@ -32,8 +32,8 @@ from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.jax_host import Tally, collect, open_writer
 from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
 from trajstore.rollout.progress import Progress, RolloutProgress
-from trajstore.rollout.target import RolloutTarget, check_run_mode
 from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed, sample_until
+from trajstore.rollout.target import RolloutTarget, check_run_mode
 
 __all__ = ["jax_evaluate"]
 

@@ -25,8 +25,8 @@ from trajstore.errors import InputError
 from trajstore.integrations.gymnasium import copy_obs, first_env, frame_stack_option, replace_rows, with_final_obs
 from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.progress import Progress, RolloutProgress
-from trajstore.rollout.target import RolloutTarget
 from trajstore.rollout.sampling import RolloutResult, sample_until
+from trajstore.rollout.target import RolloutTarget
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import jax
 import numpy as np
 
 from trajstore.rollout.background import BackgroundWriter
-from trajstore.rollout.progress import RolloutProgress
 from trajstore.rollout.jax_scan import Carry, RolloutScan
+from trajstore.rollout.progress import RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, SampleUntil
 from trajstore.rollout.target import RolloutTarget
 from trajstore.write.writer import Writer

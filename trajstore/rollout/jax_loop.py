@@ -27,13 +27,13 @@ import jax
 import jax.numpy as jnp
 
 from trajstore.errors import InputError
-from trajstore.rollout.evaluate import jax_evaluate
 from trajstore.rollout.background import BackgroundWriter
+from trajstore.rollout.evaluate import jax_evaluate
 from trajstore.rollout.jax_host import Tally, collect, open_writer
 from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
 from trajstore.rollout.progress import Progress, RolloutProgress
-from trajstore.rollout.target import Mode, RolloutTarget, check_run_mode
 from trajstore.rollout.sampling import RolloutResult, check_seed, sample_until
+from trajstore.rollout.target import Mode, RolloutTarget, check_run_mode
 
 log = logging.getLogger(__name__)
 

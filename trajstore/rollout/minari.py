@@ -20,8 +20,8 @@ import numpy as np
 
 from trajstore.errors import InputError
 from trajstore.rollout.progress import RolloutProgress
-from trajstore.rollout.target import RolloutTarget
 from trajstore.rollout.sampling import RolloutResult
+from trajstore.rollout.target import RolloutTarget
 
 
 def import_minari(store: RolloutTarget, dataset: Any, *, run_id: str | None = None, env_id: str | None = None,

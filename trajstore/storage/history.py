@@ -17,9 +17,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from trajstore.errors import InputError, StoreDamagedError, StoreNotFoundError, VersionNotFoundError
-from trajstore.operations.check import missing_files
 from trajstore.storage.log import display
-from trajstore.storage.table import StepsTable
+from trajstore.storage.table import StepsTable, missing_files
 
 HISTORY_SCHEMA = pa.schema([
     ("version", pa.int64()), ("timestamp", pa.timestamp("ms", tz="UTC")), ("operation", pa.string()),

@@ -49,6 +49,7 @@ from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
+from trajstore.durations import seconds
 from trajstore.errors import InputError, StoreAccessError, plain
 from trajstore.settings import Settings
 
@@ -57,8 +58,6 @@ S3_KEYS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AW
 LIMIT_KEYS = ("connect_timeout", "timeout", "max_retries", "retry_timeout")
 # deltalake's object store: conditional puts (If-Match) make concurrent commits safe without a lock service
 DELTA_DEFAULTS = {"conditional_put": "etag"}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|sec|m|min)?\s*$")
-_UNIT_S = {None: 1.0, "ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0}
 
 
 @dataclass(frozen=True)
@@ -156,7 +155,8 @@ def locate(uri: str | Path | Location, storage_options: Mapping[str, Any] | None
 def s3_options(given: Mapping[str, Any] | None) -> dict[str, str]:
     """The AWS_* options: those given (any case), and for each one not given its environment variable; and the
     limits and deltalake options given (lower case)."""
-    options = {str(k).upper(): str(v) for k, v in (given or {}).items() if v is not None}
+    options = {str(k).upper(): v if str(k).lower() in LIMIT_KEYS and isinstance(v, (int, float)) else str(v)
+               for k, v in (given or {}).items() if v is not None}  # a limit given as a number: seconds
     known = (*LIMIT_KEYS, *DELTA_DEFAULTS)
     unknown = sorted(k for k in options if k not in S3_KEYS and k.lower() not in known)
     if unknown:
@@ -186,13 +186,9 @@ def limits_of(options: Mapping[str, str], settings: Settings) -> Limits:
 
 
 def _seconds(key: str, value: Any, setting: str | None = None) -> float:
-    """``value`` (seconds, or text such as ``"5s"``, ``"500ms"``, ``"1m"``) in seconds; > 0."""
-    match = _DURATION.match(str(value))
-    seconds = float(match.group(1)) * _UNIT_S[match.group(2)] if match else 0.0
-    if seconds <= 0:
-        where = setting or f"storage_options: {key}"
-        raise InputError(f"{where} must be a duration > 0 such as 5, '5s' or '500ms', got {value!r}")
-    return seconds
+    """``value`` (a duration of :mod:`trajstore.durations`: seconds, ``"5s"``, ``"500ms"``, ``"1m"``) in seconds;
+    > 0."""
+    return seconds(value, setting or f"storage_options: {key}", inclusive=False)
 
 
 def _ms(seconds: float) -> str:

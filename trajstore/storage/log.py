@@ -26,9 +26,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, Field
@@ -87,6 +88,20 @@ class DataFile:
 def display(path: str, fs: pafs.FileSystem) -> str:
     """A path of ``fs`` as a user names it: a local path as it is, an S3 one as ``s3://bucket/key``."""
     return path if isinstance(fs, pafs.LocalFileSystem) else f"s3://{path}"
+
+
+def files_holding(files: Sequence[DataFile], episode_ids: np.ndarray) -> list[DataFile]:
+    """The files of ``files`` that may hold steps of one of the sorted unique ``episode_ids``, judged by the
+    episode_id range the log records for each file (a file without one may hold any)."""
+    return [f for f in files if _may_hold(f, episode_ids)]
+
+
+def _may_hold(f: DataFile, ids: np.ndarray) -> bool:
+    """Whether ``f``'s logged episode_id range contains one of the sorted ``ids`` (true when not logged)."""
+    if f.min_episode_id is None or f.max_episode_id is None:
+        return True
+    i = int(np.searchsorted(ids, f.min_episode_id))
+    return i < len(ids) and ids[i] <= f.max_episode_id
 
 
 @dataclass(frozen=True)
@@ -398,7 +413,7 @@ class Log:
                 last = exc
             except StoreAccessError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the file
+            except Exception as exc:
                 raise explain(exc, self.location) or CommitError(
                     f"commit of {written.relative} to {self.uri} failed: {one_line(exc)}") from exc
         raise CommitError(f"commit of {written.relative} failed after {APPEND_RETRIES} attempts (other commits "
@@ -419,7 +434,7 @@ class Log:
             return False
         except StoreAccessError:
             raise
-        except Exception as exc:  # noqa: BLE001 - surfaced as a StoreAccessError or a CommitError naming the file
+        except Exception as exc:
             raise explain(exc, self.location) or CommitError(
                 f"commit of {written.relative} to {self.uri} failed: {one_line(exc)}") from exc
         return True
@@ -457,7 +472,7 @@ class Log:
         except OSError as exc:
             raise explain(exc, self.location) or CommitError(f"{operation} of {len(removed)} file(s) in {self.uri} "
                                                              f"was not committed: {one_line(exc)}") from exc
-        except Exception as exc:  # noqa: BLE001 - a StoreAccessError, or a CommitError naming the operation
+        except Exception as exc:
             raise explain(exc, self.location) or CommitError(
                 f"{operation} of {len(removed)} file(s) in {self.uri} was not committed (another change removed "
                 f"some of them first?): {first_line(exc)}") from exc

@@ -22,17 +22,18 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import quote
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from trajstore.errors import CommitUnknownError, StoreAccessError, StoreDamagedError, first_line
-from trajstore.storage.encoding import EncodingError, FileLayout
+from trajstore.errors import CommitUnknownError, StoreDamagedError, first_line
+from trajstore.storage.encoding import EncodingError, FileSchema
 from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.log import DataFile, Log, WrittenFile
 
 log = logging.getLogger(__name__)
 
-LAYOUTS_KEPT = 200_000  # file footers kept per table (committed files never change)
+SCHEMAS_KEPT = 200_000  # file schemas kept per table (committed files never change)
 FOOTER_THREADS = 8  # footers read at once from an object store
 LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id", "mode", "policy_version", "seed",
                    "env_steps", "wall_time")  # one value per time index: few in a file of many envs
@@ -48,8 +49,8 @@ class StepsTable:
         self.fs = self.location.fs
         self.row_group_rows = row_group_rows
         self.log = Log(self.location, pinned=pinned)
-        self._layouts: dict[str, FileLayout] = {}
-        self._layouts_lock = threading.Lock()
+        self._schemas: dict[str, FileSchema] = {}
+        self._schemas_lock = threading.Lock()
 
     @property
     def path(self) -> Any:
@@ -96,37 +97,38 @@ class StepsTable:
         if not files:
             return None
         fields: dict[str, pa.Field] = {}
-        ordered = sorted(zip(files, self.layouts(files)), key=lambda p: -p[0].modified_ms)
-        problem = self.size_problem(ordered[0][0])  # the layouts may be known: the newest file must be there
+        ordered = sorted(zip(files, self.schemas(files)), key=lambda p: -p[0].modified_ms)
+        problem = self.size_problem(ordered[0][0])  # the schemas may be known: the newest file must be there
         if problem:
             raise StoreDamagedError.of_file(ordered[0][0].uri, problem.split(": ", 1)[1],
                                             self.location.uri.rsplit("/", 1)[0])
-        for _, layout in ordered:
-            for column in layout.logical:
+        for _, stored in ordered:
+            for column in stored.logical:
                 fields.setdefault(column.name, column)
         return pa.schema(list(fields.values()))
 
-    def layouts(self, files: Sequence[DataFile]) -> list[FileLayout]:
-        """Each committed file's layout (its schema and format, from its footer), read once per file."""
-        with self._layouts_lock:
-            missing = list({f.path: f for f in files if f.path not in self._layouts}.values())
+    def schemas(self, files: Sequence[DataFile]) -> list[FileSchema]:
+        """Each committed file's :class:`~trajstore.storage.encoding.FileSchema` (from its footer), read once per
+        file."""
+        with self._schemas_lock:
+            missing = list({f.path: f for f in files if f.path not in self._schemas}.values())
         if missing:
             if len(missing) > 1 and not missing[0].is_local:
                 from concurrent.futures import ThreadPoolExecutor
 
                 with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-                    read = list(pool.map(self._layout, missing))
+                    read = list(pool.map(self._schema, missing))
             else:
-                read = [self._layout(f) for f in missing]
-            with self._layouts_lock:
-                if len(self._layouts) + len(read) > LAYOUTS_KEPT:
-                    self._layouts.clear()
-                self._layouts.update((f.path, layout) for f, layout in zip(missing, read))
-                known = dict(self._layouts)
+                read = [self._schema(f) for f in missing]
+            with self._schemas_lock:
+                if len(self._schemas) + len(read) > SCHEMAS_KEPT:
+                    self._schemas.clear()
+                self._schemas.update((f.path, stored) for f, stored in zip(missing, read))
+                known = dict(self._schemas)
         else:
-            with self._layouts_lock:
-                known = dict(self._layouts)
-        return [known[f.path] if f.path in known else self._layout(f) for f in files]
+            with self._schemas_lock:
+                known = dict(self._schemas)
+        return [known[f.path] if f.path in known else self._schema(f) for f in files]
 
     def _read_schema(self, f: DataFile) -> pa.Schema:
         try:
@@ -138,10 +140,10 @@ class StepsTable:
             problem = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read ({first_line(exc)})"
             raise StoreDamagedError.of_file(f.uri, problem, self.location.uri.rsplit("/", 1)[0]) from exc
 
-    def _layout(self, f: DataFile) -> FileLayout:
+    def _schema(self, f: DataFile) -> FileSchema:
         schema = self._read_schema(f)
         try:
-            return FileLayout.of(schema, where=f.uri)
+            return FileSchema.of(schema, where=f.uri)
         except EncodingError as exc:
             raise StoreDamagedError.of_file(f.uri, f"has an unreadable format ({exc})",
                                             self.location.uri.rsplit("/", 1)[0]) from exc
@@ -236,6 +238,36 @@ class StepsTable:
         with self.fs.open_output_stream(path) as out:
             out.write(body)
         return body.size
+
+def steps_dataset(files: Sequence[DataFile], schema: pa.Schema) -> ds.FileSystemDataset:
+    """A pyarrow dataset over exactly ``files`` (in order; never a listing of their folder), typed as ``schema``
+    (stored names): ``run_id`` and ``env_id`` from each file's partition, every column cast to its type in
+    ``schema``, columns a file lacks as nulls."""
+    partitions = [(ds.field("run_id") == f.run_id) & (ds.field("env_id") == f.env_id) for f in files]
+    filesystem = files[0].fs if files else pafs.LocalFileSystem()  # one table's files share its filesystem
+    full = schema
+    for name in ("env_id", "run_id"):
+        if name not in full.names:
+            full = full.insert(0, pa.field(name, pa.string()))
+    return ds.FileSystemDataset.from_paths([f.path for f in files], schema=full, format=ds.ParquetFileFormat(),
+                                           filesystem=filesystem, partitions=partitions)
+
+
+def read_file_schema(f: DataFile) -> FileSchema:
+    """The schema of one committed file, from its footer."""
+    try:
+        return FileSchema.of(pq.read_schema(f.path, filesystem=f.fs), where=f.uri)
+    except EncodingError as exc:
+        raise StoreDamagedError.of_file(f.uri, f"has an unreadable format ({exc})", None) from exc
+
+
+def missing_files(location: Location, files: Sequence[DataFile]) -> list[DataFile]:
+    """The ``files`` that are not in the table's folder (one listing of it, not a request per file)."""
+    selector = pafs.FileSelector(location.root, recursive=True, allow_not_found=True)
+    found = {os.path.normpath(i.path) if location.is_local else i.path
+             for i in location.fs.get_file_info(selector) if i.type == pafs.FileType.File}
+    return [f for f in files if (location.normalized(f.path) if location.is_local else f.path) not in found]
+
 
 def _from_store(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or an error it was raised from) came from the store's side: an object store that failed

@@ -1,4 +1,6 @@
-"""The writer, in the order rows move: a :class:`~trajstore.write.writer.Writer` validates time-major batches,
+"""The writer, in the order rows move: a :class:`~trajstore.write.writer.Writer` (:mod:`~trajstore.write.writer`)
+validates time-major batches,
 :mod:`~trajstore.write.segment` cuts them into episodes (ids from :mod:`~trajstore.write.episode_ids`),
 :mod:`~trajstore.write.buffer` gathers and encodes the rows of one file, and a :class:`~trajstore.write.sink.Sink`
-commits them: the store's :class:`~trajstore.storage.table.StepsTable`, or a served store's remote sink."""
+commits them (:mod:`~trajstore.write.sink`): the store's :class:`~trajstore.storage.table.StepsTable`, or a served
+store's remote sink."""

@@ -4,7 +4,8 @@ A sink takes a buffer of rows in two stages, so that the writer can encode one b
 one is being made durable: :meth:`Sink.write` encodes the rows into something not yet visible to any
 reader (a Parquet file no commit lists, an encoded request body), and :meth:`Sink.commit` makes it visible
 in one step (a Delta commit, an ingest request). :class:`~trajstore.storage.table.StepsTable` is the sink
-of a store; :class:`~trajstore.remote.writer.RemoteSink` the sink of a served store.
+of a store; :class:`~trajstore.remote.writer.RemoteSink` the sink of a served store. A writer also tells an
+:class:`Upkeep` of each commit (the store's compaction and checkpoints, which live above the writer).
 """
 
 from __future__ import annotations
@@ -37,4 +38,18 @@ class Sink(Protocol[Pending]):
 
     def commit(self, pending: Pending) -> str:
         """Make ``pending`` visible to readers at once; returns where it went (a path, a URL)."""
+        ...
+
+
+@runtime_checkable
+class Upkeep(Protocol):
+    """What a writer tells of each commit it made, and closes with it (the store's upkeep,
+    :class:`trajstore.operations.upkeep.Upkeep`, which compacts and checkpoints on a thread of its own)."""
+
+    def wrote(self, run_id: str, env_id: str) -> None:
+        """A commit added a file to ``run_id``/``env_id``; returns at once."""
+        ...
+
+    def close(self) -> None:
+        """Finish what was marked; idempotent."""
         ...

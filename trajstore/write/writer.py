@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -36,14 +36,11 @@ from trajstore.errors import (
     StoreAccessError,
     WriterClosedError,
 )
-from trajstore.write.buffer import RowBuffer, Rows, gather
 from trajstore.storage.encoding import NEXT, OBS, Format, check_frame_stack, leaves
+from trajstore.write.buffer import RowBuffer, Rows, gather
 from trajstore.write.episode_ids import EpisodeIds
 from trajstore.write.segment import Autoreset, Cursors, Segments, segment
-from trajstore.write.sink import Sink
-
-if TYPE_CHECKING:
-    from trajstore.operations.upkeep import Upkeep
+from trajstore.write.sink import Sink, Upkeep
 
 log = logging.getLogger(__name__)
 
@@ -341,12 +338,12 @@ class Writer:
             self._encoding = Future()
             self._encoding.set_result(pending)
         previous = self._pieces[-1].commit if self._pieces else None
-        commit = self._committer.submit(_commit_in_order, self.sink, self._encoding, previous, self._committed)
+        commit = self._committer.submit(_commit_in_order, self.sink, self._encoding, previous, self._after_commit)
         self._pieces.append(_Piece(data, self._encoding, commit))
 
-    def _committed(self) -> None:
+    def _after_commit(self) -> None:
         if self.upkeep is not None:
-            self.upkeep.committed(self.run_id, self.env_id)
+            self.upkeep.wrote(self.run_id, self.env_id)
 
     def _stored(self, data: pa.Table) -> pa.Table:
         """The rows of one file under their physical names (reserved in the log first), with its format."""
@@ -407,14 +404,14 @@ def _not_stored(exc: BaseException, steps: int, run_id: str) -> BaseException:
 
 
 def _commit_in_order(sink: Sink[Any], written: Future[Any], previous: Future[str] | None,
-                     committed: Any = None) -> str:
+                     after: Any = None) -> str:
     """Commit a buffer once it is encoded and the one before it is committed (a failure stops the chain), then
-    call ``committed()`` (which tells the writer's upkeep, and returns at once)."""
+    call ``after()`` (which tells the writer's upkeep, and returns at once)."""
     if previous is not None:
         previous.result()
     where = sink.commit(written.result())
-    if committed is not None:
-        committed()
+    if after is not None:
+        after()
     return where
 
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 import trajstore
-from trajstore.api.app import create_app
-from tests.api.helpers import serve
 from tests.api.dashboard.helpers import Dashboard
 from tests.api.dashboard.synthetic import write_learning_runs
+from tests.api.helpers import serve
+from trajstore.api.app import create_app
 from trajstore.rollout import gym_rollout
 from trajstore.settings import Settings
 

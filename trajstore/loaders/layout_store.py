@@ -1,6 +1,6 @@
 """Loader layouts kept in the store: built once, found by every later process and machine, removed by vacuum.
 
-A layout (:mod:`~trajstore.loaders.maps`) depends on nothing but the committed files it was read from, the
+A layout (:mod:`~trajstore.loaders.layout`) depends on nothing but the committed files it was read from, the
 episodes selected among them, its columns and its derived columns (``return_to_go`` with its ``gamma``). Those
 make its key (:class:`LayoutKey`); a later loader over the same files, selection and columns finds it by key,
 whatever process, machine or store version asks (a commit to another run leaves a run's layout valid).
@@ -46,7 +46,7 @@ from typing import IO, Any, Callable, Sequence
 
 import pyarrow.fs as pafs
 
-from trajstore.loaders.maps import BrokenLayoutError, Layout, LayoutCache
+from trajstore.loaders.layout import BrokenLayoutError, Layout, OpenLayouts
 from trajstore.storage.location import Location
 from trajstore.storage.table import fsync_file
 
@@ -132,7 +132,7 @@ class LayoutStore:
     def __init__(self, location: Location, *, cache: str | Path, shared: bool = True, keep: int = 1) -> None:
         self.location = location
         self.shared = shared
-        self.opened = LayoutCache(keep)
+        self.opened = OpenLayouts(keep)
         self.cache = Path(os.path.expanduser(str(cache))) / _store_folder(location.uri)
         self.local = Path(location.path(FOLDER)) if location.is_local else self.cache
         self.built = 0  # layouts this object built (and did not find): for tests and logs
@@ -238,7 +238,7 @@ class LayoutStore:
 
         try:
             (self.local / LOCKS).mkdir(parents=True, exist_ok=True)
-            f = open(self.local / LOCKS / f"{digest}.lock", "a+b")  # noqa: SIM115 - closed by the caller
+            f = open(self.local / LOCKS / f"{digest}.lock", "a+b")
         except OSError as exc:
             if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise

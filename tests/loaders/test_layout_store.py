@@ -25,7 +25,7 @@ ARGS: dict[str, Any] = {"columns": ["obs", "reward", "return_to_go"], "gamma": 0
 CHILD = """
 import hashlib, json, sys
 import trajstore
-from trajstore.loaders import map_store as layout_store
+from trajstore.loaders import layout_store
 mode, uri, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 if mode == "stop-before-manifest":  # a build killed after its files were written, before its manifest
     def stop(*a, **k):

@@ -11,7 +11,7 @@ import pytest
 
 import trajstore
 from tests.helpers import make_batch
-from trajstore.loaders.maps import Layout, LayoutCache, take_windows
+from trajstore.loaders.layout import Layout, OpenLayouts, take_windows
 from trajstore.settings import Settings
 
 
@@ -94,7 +94,7 @@ def test_the_cache_builds_once_per_key_and_closes_on_release() -> None:
         built.append(layout)
         return layout
 
-    cache = LayoutCache(1)
+    cache = OpenLayouts(1)
     a, release_a = cache.get("k", make)
     b, release_b = cache.get("k", make)
     assert a is b and len(built) == 1
@@ -109,7 +109,7 @@ def test_the_cache_builds_once_per_key_and_closes_on_release() -> None:
     assert c.folder is not None  # kept for the next caller
     cache.clear()
     assert c.folder is None
-    uncached, release = LayoutCache(0).get("k", make)
+    uncached, release = OpenLayouts(0).get("k", make)
     release()
     assert uncached.folder is None
 

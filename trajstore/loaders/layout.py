@@ -11,7 +11,7 @@ An iterator gathers its batches (``np.take``) from maps of the files it opens on
 mapping a file costs far more than a batch's gathers, and the pages a batch touches are the page cache's, not
 the process's own memory (they count in its resident size as file pages, never as anonymous memory).
 
-Where the files live and who shares them is :mod:`~trajstore.loaders.map_store`'s business: a layout is
+Where the files live and who shares them is :mod:`~trajstore.loaders.layout_store`'s business: a layout is
 built into a folder it is given (or a temporary one, removed on :meth:`Layout.close`), saved with its index
 (:meth:`Layout.describe`) and opened again by any process (:meth:`Layout.load`).
 """
@@ -30,11 +30,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, StoreDamagedError
-from trajstore.query.scan import file_layout
 from trajstore.schema import numpy_dtype, to_numpy
-from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileLayout, decode_batches
+from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileSchema, decode_batches
 from trajstore.storage.log import DataFile
-from trajstore.storage.table import fsync_file
+from trajstore.storage.table import fsync_file, read_file_schema
 
 Reader = Callable[[Sequence[str]], Iterable[pa.RecordBatch]]
 CHUNK_STEPS = 1 << 20  # steps per piece of a derived column computed over the files
@@ -241,7 +240,7 @@ class Mapped:
         self._maps.clear()  # the last references: numpy unmaps the files
 
 
-class LayoutCache:
+class OpenLayouts:
     """The last ``capacity`` layouts opened, kept between calls (the next epoch over the same selection gathers
     from them again without finding or reading anything): each shared by the iterators using it, and closed
     (the files removed, if they are its own) once it has been evicted and the last of them has finished.
@@ -355,20 +354,20 @@ def column_type(schema: pa.Schema, name: str, *, empty: bool = False) -> tuple[n
 
 def read_files(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[str],
                episode_ids: np.ndarray | None = None,
-               layouts: Sequence[FileLayout] | None = None) -> Iterator[pa.RecordBatch]:
+               schemas: Sequence[FileSchema] | None = None) -> Iterator[pa.RecordBatch]:
     """``columns`` of the steps of ``files``, one file after the other, in small buffered reads: the memory of a
     few batches, not of a row group (the scan for a loader, which must not cost what it saves). Decoded and under
-    their logical names (``layouts``: the files' own, read from their footers when not given), typed as in
+    their logical names (``schemas``: the files' own, read from their footers when not given), typed as in
     ``schema``; columns a file lacks come as nulls; with ``episode_ids`` (sorted), only those episodes' steps."""
     for i, f in enumerate(files):
-        layout = layouts[i] if layouts is not None else file_layout(f)
-        yield from _file_batches(f, layout, schema, list(columns), episode_ids)
+        stored = schemas[i] if schemas is not None else read_file_schema(f)
+        yield from _file_batches(f, stored, schema, list(columns), episode_ids)
 
 
-def _file_batches(f: DataFile, layout: FileLayout, schema: pa.Schema, columns: list[str],
+def _file_batches(f: DataFile, stored: FileSchema, schema: pa.Schema, columns: list[str],
                   episode_ids: np.ndarray | None) -> Iterator[pa.RecordBatch]:
-    fmt = layout.format
-    held = [c for c in columns if c in layout.logical.names]
+    fmt = stored.format
+    held = [c for c in columns if c in stored.logical.names]
     decode = fmt.encoded and bool({OBS, NEXT} & set(held))
     read = list(dict.fromkeys(held + (["episode_id", "step", OBS] if decode else []) +
                               (["episode_id"] if episode_ids is not None or not held else [])))
@@ -379,7 +378,7 @@ def _file_batches(f: DataFile, layout: FileLayout, schema: pa.Schema, columns: l
         batches = (b.filter(pa.array(np.isin(b.column("episode_id").to_numpy(zero_copy_only=False), episode_ids)))
                    for b in batches)
     if decode:
-        batches = _checked_decode(decode_batches(batches, fmt, layout.logical.field(OBS).type, where=f.uri), f)
+        batches = _checked_decode(decode_batches(batches, fmt, stored.logical.field(OBS).type, where=f.uri), f)
     for batch in batches:
         arrays = [_cast(batch.column(c), schema.field(c).type) if c in held
                   else pa.nulls(batch.num_rows, schema.field(c).type) for c in columns]

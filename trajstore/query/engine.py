@@ -1,0 +1,247 @@
+"""The read engine of one store: what every read shares — the table, one DuckDB database, the caches of one committed
+version — and the judgment of a committed file that cannot be read.
+
+A :class:`~trajstore.store.Store` holds one :class:`Engine` and its read methods each make one call into the module
+named after their topic (:mod:`~trajstore.query.episodes`, :mod:`~trajstore.query.stats`,
+:mod:`~trajstore.query.curves`, :mod:`~trajstore.query.scan`, :mod:`~trajstore.query.returns`,
+:mod:`~trajstore.query.follow`, :mod:`~trajstore.query.sandbox`, the loaders), which take the engine; the operations
+that change a store (:mod:`trajstore.operations`) take it too. What it keeps:
+
+- **cursors of the process's one DuckDB database** (:meth:`Engine.cursor`), each a connection with views of its own;
+- **the ``episodes`` rows of the latest version**, materialized once when a page's queries ask for them
+  (:meth:`Engine.query_snapshot`), so that runs, episodes, curves and stats aggregate the steps once;
+- **the types of the steps** of the last few file lists asked about (:meth:`Engine.step_types`), and **the learning
+  curves** of the last few selections (:meth:`Engine.memo`);
+- **the gate** that bounds sandboxed queries and loader streams at once (``sql_gate``), shared with the engines of
+  the same store opened at a version.
+
+One lock (``_cache_lock``) guards the caches.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
+
+import duckdb
+import pyarrow as pa
+
+from trajstore.errors import StoreAccessError, StoreDamagedError, TrajstoreError, first_line
+from trajstore.query import sandbox, sql
+from trajstore.query.filters import Names, check_runs, names_of, selected
+from trajstore.query.groups import StepTypes, group_files, step_types
+from trajstore.query.snapshot import Snapshot, cursor, damaged_file
+from trajstore.settings import Settings
+from trajstore.storage.encoding import FileSchema
+from trajstore.storage.history import vacuumed
+from trajstore.storage.location import Location
+from trajstore.storage.log import DataFile
+from trajstore.storage.table import StepsTable
+
+T = TypeVar("T")
+
+MEMO_KEPT = 8  # selections whose results (learning curves) are kept per version
+TYPES_KEPT = 8  # file selections whose step types are kept
+EPISODE_CACHE_ROWS = 2_000_000  # larger episodes views are aggregated per query instead of kept in memory
+
+
+class Engine:
+    """The read engine over the ``steps`` table ``table`` of the store at ``location``."""
+
+    def __init__(self, table: StepsTable, location: Location, settings: Settings,
+                 sql_gate: sandbox.Gate | None = None) -> None:
+        self.table, self.location, self.settings = table, location, settings
+        self.sql_gate = sql_gate or sandbox.Gate(settings.sql_max_concurrent)
+        self._cache_lock = threading.Lock()
+        self._episodes: tuple[tuple[str, ...], pa.Table] | None = None
+        self._types: dict[tuple[str, ...], StepTypes] = {}
+        self._memo: dict[tuple[tuple[str, ...], str], Any] = {}
+
+    @property
+    def uri(self) -> str:
+        return self.location.uri
+
+    # --- the committed files ---------------------------------------------------------------------------------
+
+    def files(self) -> list[DataFile]:
+        """The committed files of the version this engine reads (the latest, or the pinned one)."""
+        return self.table.files()
+
+    def run_ids(self) -> list[str]:
+        """The runs the store holds (from the committed file list: no file is read)."""
+        return sorted({f.run_id for f in self.files()})
+
+    def check_runs(self, *selections: Names) -> None:
+        """A :class:`~trajstore.errors.RunNotFoundError` naming each run of ``selections`` the store does not
+        hold (:func:`~trajstore.query.filters.check_runs`)."""
+        if any(selections):
+            check_runs(selections, self.run_ids(), self.uri)
+
+    def selected_files(self, run_id: Names, env_id: Names) -> list[DataFile]:
+        """The committed files of ``run_id``/``env_id`` (all when None); a run the store does not hold is a
+        :class:`~trajstore.errors.RunNotFoundError`, as for every reader."""
+        self.check_runs(run_id)
+        runs, envs = names_of(run_id) or None, names_of(env_id) or None
+        return [f for f in self.files() if selected(f.run_id, runs) and selected(f.env_id, envs)]
+
+    def file_schemas(self, files: Sequence[DataFile]) -> list[FileSchema]:
+        """:meth:`StepsTable.schemas <trajstore.storage.table.StepsTable.schemas>`, a file that cannot be read
+        judged by :meth:`judged`."""
+        try:
+            return self.table.schemas(files)
+        except StoreDamagedError as exc:
+            raise self.judged(exc) from exc
+
+    def file_schema(self, env_id: str | None) -> pa.Schema | None:
+        """:meth:`StepsTable.file_schema <trajstore.storage.table.StepsTable.file_schema>`, its file that cannot
+        be read judged by :meth:`judged`."""
+        try:
+            return self.table.file_schema(env_id=env_id)
+        except StoreDamagedError as exc:
+            raise self.judged(exc) from exc
+
+    # --- DuckDB ----------------------------------------------------------------------------------------------
+
+    def snapshot(self, files: list[DataFile], *, con: duckdb.DuckDBPyConnection | None = None,
+                 config: dict[str, Any] | None = None, registered: bool | None = None) -> Snapshot:
+        """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
+        store's through pyarrow datasets over its filesystem (``registered``); both in the files' own types."""
+        registered = not self.location.is_local if registered is None else registered
+        return Snapshot(files, con=con, config=config, store=self.uri, schemas=self.file_schemas(files),
+                        registered=registered, judge=self.judged, location=self.location)
+
+    def query_snapshot(self, *, episodes: Literal["fill", "if-cached"] | None = None, run_id: Names = None,
+                       env_id: Names = None) -> Snapshot:
+        """A snapshot on a cursor of this engine's own DuckDB database, for the queries trajstore builds itself.
+
+        With ``episodes``, its ``episodes`` view reads the view's rows materialized once per committed version
+        (the file list), so that the queries of one page (runs, episodes, curves, stats) aggregate the steps once,
+        not each: ``"fill"`` materializes them when they are not yet, ``"if-cached"`` only uses them when they
+        are. With ``run_id``/``env_id``, the views hold those files only (every column in its own type); the
+        materialized episodes are then not used."""
+        restricted = run_id is not None or env_id is not None
+        files = self.selected_files(run_id, env_id) if restricted else self.files()
+        snap = self.snapshot(files, con=self.cursor())
+        if episodes is not None and not restricted:
+            table = self._materialized_episodes(snap, fill=episodes == "fill")
+            if table is not None:
+                snap.use_episodes(table)
+        return snap
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A cursor of this process's DuckDB database (:func:`~trajstore.query.snapshot.cursor`)."""
+        return cursor()
+
+    def _materialized_episodes(self, snap: Snapshot, *, fill: bool) -> pa.Table | None:
+        key = tuple(f.path for f in snap.files)  # committed files never change: the list names the version
+        with self._cache_lock:  # one materialization per version, even for concurrent requests
+            cached = self._episodes
+            if cached is not None and cached[0] == key:
+                return cached[1]
+            if not fill:
+                return None
+            table = snap.arrow(sql.select_all("episodes"))
+            self._episodes = (key, table) if table.num_rows <= EPISODE_CACHE_ROWS else None
+            return table
+
+    def step_types(self, files: Sequence[DataFile]) -> StepTypes:
+        """What readers return for the steps of ``files`` (see :func:`~trajstore.query.groups.step_types`), kept
+        for the last file lists asked about."""
+        key = tuple(f.path for f in files)
+        with self._cache_lock:
+            cached = self._types.get(key)
+        if cached is not None:
+            return cached
+        if files:
+            types = step_types(group_files(files, self.file_schemas(files)))
+        else:  # an empty store: the typed nulls of the empty view
+            with self.snapshot([], con=self.cursor()) as own:
+                types = StepTypes(own.arrow(sql.select_all("steps", limit=0)).schema, {})
+        with self._cache_lock:
+            self._types = {k: v for k, v in self._types.items() if len(k) <= len(key) * 4 + 64}
+            while len(self._types) >= TYPES_KEPT:
+                self._types.pop(next(iter(self._types)))
+            self._types[key] = types
+        return types
+
+    def memo(self, selection: str, compute: Callable[[], T]) -> T:
+        """``compute()`` for ``selection`` (a key), kept for the latest committed version and the last
+        :data:`MEMO_KEPT` selections (a page draws several plots of one selection, and many viewers look at the
+        same runs)."""
+        key = (tuple(f.path for f in self.files()), selection)
+        with self._cache_lock:
+            if key in self._memo:
+                return self._memo[key]  # type: ignore[no-any-return]
+        value = compute()
+        with self._cache_lock:
+            self._memo = {k: v for k, v in self._memo.items() if k[0] == key[0]}
+            while len(self._memo) >= MEMO_KEPT:
+                self._memo.pop(next(iter(self._memo)))
+            self._memo[key] = value
+        return value
+
+    # --- a committed file that cannot be read ----------------------------------------------------------------
+
+    def verify_sizes(self, files: Sequence[DataFile]) -> None:
+        """Raise a :class:`StoreDamagedError` before a stream starts if a file it needs is missing or resized
+        (a :class:`~trajstore.errors.VersionNotFoundError` if a vacuum removed it: see :meth:`judged`)."""
+        for f in files:
+            problem = self.table.size_problem(f)
+            if problem:
+                raise self.judged(StoreDamagedError.of_file(f.uri, problem.split(": ", 1)[1], self.uri))
+
+    def damage_named(self, reader: pa.RecordBatchReader, files: Sequence[DataFile]) -> Iterator[pa.RecordBatch]:
+        """``reader``'s batches; a read error about a committed file becomes a :class:`StoreDamagedError`
+        (or :class:`~trajstore.errors.VersionNotFoundError`)."""
+        try:
+            yield from reader
+        except (OSError, pa.ArrowException) as exc:
+            raise self.damage(exc, files) or exc
+        finally:
+            reader.close()
+
+    def damage(self, exc: BaseException, files: Sequence[DataFile], *,
+               version: int | None = None) -> TrajstoreError | None:
+        """The error to raise for a read error ``exc`` about one of ``files`` (committed files of ``version``,
+        by default the version this engine reads), judged by :meth:`judged`, or the :class:`StoreAccessError` of a
+        store that failed or did not answer while they were read; None if it is about none of them."""
+        found = damaged_file(exc, files, self.uri, location=self.location)
+        return found if not isinstance(found, StoreDamagedError) else self.judged(found, version=version)
+
+    def judged(self, error: StoreDamagedError, *, version: int | None = None) -> TrajstoreError:
+        """What a committed file that cannot be read means: a :class:`~trajstore.errors.VersionNotFoundError`
+        when a vacuum removed it (it is gone and the latest version no longer lists it: only the older version
+        this read needed it; :func:`~trajstore.storage.history.vacuumed`), else ``error`` itself: the store is
+        damaged. ``version`` is the version whose file it is (default: the one this engine is pinned to, or for
+        the latest, the version the read began at)."""
+        if error.path is None:
+            return error
+        path = error.path if self.location.is_local else error.path.removeprefix("s3://")
+        at = self.table.log.pinned if version is None else version
+        return vacuumed(self.table, path, version=at) or error
+
+    # --- the log's state -------------------------------------------------------------------------------------
+
+    def log_lag(self) -> tuple[int, int]:
+        """The log's latest version and how many versions it is past its last checkpoint (what opening it
+        replays; see :mod:`trajstore.operations.upkeep`)."""
+        version = self.table.log.latest_number()
+        return version, self.table.log.versions_since_checkpoint(version)
+
+    def health(self, *, newest: bool = False) -> list[str]:
+        """Problems that stop this store from being served: an unreadable log, committed files missing or of
+        another size than the log says (cheap checks of every file; ``trajstore check`` reads them all). With
+        ``newest``, only the files the latest commit added are looked at (what a commit that lost its files
+        would break; a liveness probe's cost, whatever the store's size)."""
+        try:
+            version = self.table.log.read()
+            files = [] if version is None else version.files
+            if newest and version is not None:
+                commit = self.table.log.commit(version.number)
+                added = {f.path for f in commit.added} if commit is not None else set()
+                files = [f for f in files if f.path in added]
+        except StoreAccessError:
+            raise  # the store does not answer (or refuses us): not a damage, and says what to do itself
+        except Exception as exc:  # noqa: BLE001 - an unreadable log is the finding
+            return [f"the commit log of {self.uri} cannot be read: {first_line(exc)}"]
+        return [p for p in map(self.table.size_problem, files) if p]

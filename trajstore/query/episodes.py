@@ -1,0 +1,109 @@
+"""Episodes and their steps, as rows: the ``episodes`` view filtered, ordered and paged (:func:`episodes`,
+:func:`episode_page`), one row per ``(run_id, env_id)`` (:func:`runs`), the steps of the selected episodes a page at
+a time (:func:`steps_page`) and every step of one episode (:func:`episode_steps`). Each reads one committed
+version through the store's :class:`~trajstore.query.engine.Engine`; its SQL comes from :mod:`trajstore.query.sql`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from trajstore.errors import InputError
+from trajstore.query import sql
+from trajstore.query.engine import Engine
+from trajstore.query.filters import EpisodeFilter, Names
+from trajstore.query.returns import check_gamma
+from trajstore.query.snapshot import check_names
+from trajstore.storage.log import files_holding
+
+TOTAL = "total_episodes"  # the column a page's query counts every selected episode in
+
+
+def episodes(engine: Engine, *, run_id: Names = None, env_id: Names = None, complete: bool | None = None,
+             where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
+             gamma: float | None = None, order_by: str = "episode_id", limit: int | None = None,
+             offset: int = 0, total: str | None = None) -> pa.Table:
+    """One row per episode (the ``episodes`` view), filtered; with ``gamma`` adds ``discounted_return``; with
+    ``total``, a column of that name counting every selected episode (whatever ``limit``)."""
+    with engine.query_snapshot(episodes="fill" if gamma is None else None) as snap:
+        name, descending = order_by.lstrip("-"), order_by.startswith("-")
+        known = snap.columns("episodes") + (["discounted_return"] if gamma is not None else [])
+        check_names([name], known, view="episodes", field="order_by")
+        conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter)
+        if complete is not None:
+            conds.append("complete" if complete else "NOT complete")
+        params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
+        src = "episodes" if gamma is None else \
+            sql.subquery(sql.episodes_view(snap.step_columns, discounted=True, by_id=snap.by_id))
+        return snap.arrow(sql.episodes(conds, source=src, order_by=name, descending=descending, limit=limit,
+                                       offset=offset, total=total), params)
+
+
+def episode_page(engine: Engine, *, where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
+                 gamma: float | None = None, order_by: str = "episode_id", limit: int, offset: int = 0,
+                 after: int | None = None) -> tuple[pa.Table, int]:
+    """One page of :func:`episodes` and how many episodes the filter selects in all, in one query. With
+    ``after`` (the previous page's last ``episode_id``: a keyset cursor; ``order_by`` must then be ``episode_id``
+    or ``-episode_id``), the page after that episode, whatever its depth."""
+    if after is not None:
+        if order_by.lstrip("-") != "episode_id":
+            raise InputError(f"cursor: pages with a cursor are in episode_id order (order_by=episode_id or "
+                             f"-episode_id), got order_by={order_by!r}")
+        key = sql.after_key(["episode_id"], [int(after)], descending=order_by.startswith("-"))
+        rows = episodes(engine, where=f"({where}) AND {key}" if where else key, filter=filter, gamma=gamma,
+                        order_by=order_by, limit=limit)
+        return rows, _total(engine, where, filter)
+    rows = episodes(engine, where=where, filter=filter, gamma=gamma, order_by=order_by, limit=limit,
+                    offset=offset, total=TOTAL)
+    total = rows[TOTAL][0].as_py() if rows.num_rows else None
+    if total is None:  # an empty page says nothing about the rows before it
+        total = _total(engine, where, filter)
+    return rows.drop_columns([TOTAL]), total
+
+
+def _total(engine: Engine, where: str | None, filter: EpisodeFilter | None) -> int:  # noqa: A002
+    total = episodes(engine, where=where, filter=filter, total=TOTAL, limit=1)[TOTAL]
+    return total[0].as_py() if len(total) else 0
+
+
+def runs(engine: Engine) -> pa.Table:
+    """One row per ``(run_id, env_id)``: its episodes, complete episodes, steps and last write time."""
+    with engine.query_snapshot(episodes="fill") as snap:
+        return snap.arrow(sql.RUNS)
+
+
+def steps_page(engine: Engine, columns: Sequence[str] | None = None, *,
+               filter: EpisodeFilter | None = None,  # noqa: A002
+               where: str | None = None, limit: int = 100, offset: int = 0,
+               after: tuple[int, int] | None = None) -> pa.Table:
+    """One page of the selected steps in ``(episode_id, step)`` order (``columns``, or all); with ``after`` (the
+    ``(episode_id, step)`` of the previous page's last row: a keyset cursor) the page after it, read without
+    counting off the rows before it."""
+    restrict = {} if filter is None else {"run_id": filter.run_id, "env_id": filter.env_id}
+    with engine.query_snapshot(episodes="if-cached", **restrict) as snap:  # the selected envs' own types
+        snap.check_columns(list(columns or ()), view="steps", field="columns")
+        conds = sql.step_conditions(filter, where)
+        if after is not None:
+            conds.append(sql.after_key(["episode_id", "step"], [int(after[0]), int(after[1])]))
+        return snap.arrow(sql.steps(list(columns or ()), conds, limit=limit, offset=offset))
+
+
+def episode_steps(engine: Engine, episode_id: int, columns: Sequence[str] | None = None, *,
+                  limit: int | None = None) -> pa.Table:
+    """Every step of one episode in order (``step`` and ``columns``, or every column; a column only other
+    environments store is null), the first ``limit`` with ``limit``; empty if there is no such episode."""
+    committed = engine.files()
+    names = ["step", *columns] if columns else []
+    known = engine.step_types(committed).schema
+    check_names(names, known.names, view="steps", field="columns")
+    files = files_holding(committed, np.array([int(episode_id)], np.int64))  # its environment's types alone
+    with engine.snapshot(files, con=engine.cursor()) as snap:
+        held = [n for n in names if n in snap.step_columns]
+        rows = snap.arrow(sql.steps(held, sql.conditions(episode_id=int(episode_id)), limit=limit))
+    for name in names:  # a column only other environments store: null here
+        if name not in rows.column_names:
+            rows = rows.append_column(known.field(name), pa.nulls(rows.num_rows, known.field(name).type))
+    return rows.select(names) if names else rows

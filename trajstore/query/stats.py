@@ -1,0 +1,32 @@
+"""Episode statistics with the names of ``imitation.data.rollout.rollout_stats``: ``n_traj``,
+``return_{min,mean,std,max}``, ``len_{min,mean,std,max}`` (std as ``numpy.std``, population) and, for a ``gamma``
+given at query time, ``discounted_return_*``; grouped by any columns of the ``episodes`` view. Computed in DuckDB
+(:func:`trajstore.query.sql.stats`) over one committed version, from the materialized ``episodes`` rows when the
+engine holds them."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from trajstore.query import sql
+from trajstore.query.engine import Engine
+from trajstore.query.filters import EpisodeFilter, Names, names_of
+from trajstore.query.returns import check_gamma
+
+
+def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where: str | None = None,
+          filter: EpisodeFilter | None = None, run_id: Names = None,  # noqa: A002
+          env_id: Names = None, include_incomplete: bool = False) -> pa.Table:
+    """One row per group of ``by`` (one row overall without it); complete episodes only unless
+    ``include_incomplete``. Means and standard deviations are summed in parallel, in no fixed order: two calls
+    can differ in their last bits."""
+    keys = names_of(by)
+    with engine.query_snapshot(episodes="if-cached" if gamma is None else None) as snap:
+        if keys:
+            snap.check_columns(keys)
+        conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter)
+        source = "episodes" if snap.episodes_materialized else sql.subquery(
+            sql.episodes_view(snap.step_columns, discounted=gamma is not None, by_id=snap.by_id))
+        q = sql.stats(keys, discounted=gamma is not None, conds=conds, include_incomplete=include_incomplete,
+                      source=source)
+        return snap.arrow(q, {"gamma": check_gamma(gamma)} if gamma is not None else {})

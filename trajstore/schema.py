@@ -255,8 +255,22 @@ def check_leaf(name: str, shape: tuple[int, ...], dtype: np.dtype, want: Leaf) -
 
 
 def fitting(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``arr`` as ``dtype``, refused naming ``name`` when an integer value does not fit a narrower integer type."""
-    if arr.dtype == dtype or dtype.kind not in "iu" or np.can_cast(arr.dtype, dtype, "safe") or not arr.size:
+    """``arr`` as ``dtype``, refused naming ``name`` when a value does not fit a narrower type: an integer out of the
+    integer type's range, or a finite number that the float type holds only as infinity (1e5 in a float16).
+    Precision lost in the last bits of a float (what every narrowing float does) is not refused."""
+    if arr.dtype == dtype or np.can_cast(arr.dtype, dtype, "safe") or not arr.size:
+        return arr
+    if dtype.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):
+            overflow = np.isfinite(arr) & ~np.isfinite(arr.astype(dtype))
+        if overflow.any():
+            info = np.finfo(dtype)
+            bad = arr[overflow]
+            raise SchemaMismatchError(f"{name}: values {bad.min()}..{bad.max()} do not fit the stored {dtype} (they "
+                                      f"would be stored as infinity); expected finite values in "
+                                      f"{float(info.min):g}..{float(info.max):g}, or a wider dtype for the column")
+        return arr
+    if dtype.kind not in "iu":
         return arr
     info = np.iinfo(dtype)
     lo, hi = arr.min(), arr.max()

@@ -506,3 +506,36 @@ def test_an_action_of_another_kind_is_stored_under_a_typed_column(store: trajsto
     assert store.sql("SELECT DISTINCT typeof(action) AS t FROM steps")["t"].to_pylist() == ["VARIANT"]
     assert store.sql("SELECT DISTINCT typeof(action) AS t FROM steps", env_id="Box-v0")["t"].to_pylist() == \
         ["FLOAT[]"]
+
+
+@pytest.mark.parametrize("space_dtype, given, bad, message", [
+    (np.float16, np.float64, 1e5, r"obs: values 100000.0\.\.100000.0 do not fit the stored float16 \(they would be "
+                                  r"stored as infinity\); expected finite values in -65504\.\.65504"),
+    (np.float32, np.float64, -1e300, r"obs: values -1e\+300\.\.-1e\+300 do not fit the stored float32"),
+    (np.int8, np.int64, 300, r"obs: values .*300 do not fit the stored int8; expected values in -128\.\.127"),
+])
+def test_a_value_that_does_not_fit_the_stored_type_is_refused_naming_the_field(
+        store: trajstore.Store, space_dtype: Any, given: Any, bad: float, message: str) -> None:
+    """Floats narrowed to infinity are refused like integers out of range; nothing of the batch is stored, and the
+    writer goes on with the next good batch. Precision lost in the last bits is no refusal."""
+    import gymnasium as gym
+
+    space = gym.spaces.Box(-np.inf, np.inf, (3,), space_dtype) if np.dtype(space_dtype).kind == "f" else \
+        gym.spaces.Box(-128, 127, (3,), space_dtype)
+    rng = np.random.default_rng(0)
+    with store.writer(run_id="narrow", env_id="E", observation_space=space) as w:
+        batch = make_batch(rng, 4, 2)
+        for key in ("obs", "next_obs"):
+            batch[key] = np.round(batch[key]).astype(given) if np.dtype(space_dtype).kind == "i" else \
+                batch[key].astype(given)
+        batch["obs"][2, 1, 0] = bad
+        with pytest.raises(SchemaMismatchError, match=message):
+            w.add_batch(batch)
+        good = make_batch(rng, 4, 2)
+        good["obs"] = good["obs"] * 1.0000001  # narrowed with its last bits rounded: stored
+        for key in ("obs", "next_obs"):
+            good[key] = np.round(good[key]).astype(given) if np.dtype(space_dtype).kind == "i" else \
+                good[key].astype(given)
+        w.add_batch(good)
+    stored = store.scan(["obs"], run_id="narrow").read_all()
+    assert stored.num_rows == 8 and stored.schema.field("obs").type.value_type == pa.from_numpy_dtype(space_dtype)

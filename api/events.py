@@ -45,7 +45,7 @@ class Announcement:
     def of(cls, commit: LogCommit) -> Announcement:
         rows = sum(f.rows for f in commit.added) if commit.new_rows else 0
         return cls(commit.version, sorted({f.run_id for f in commit.added}), rows, len(commit.added),
-                   commit.removed)
+                   len(commit.removed))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

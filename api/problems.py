@@ -56,6 +56,7 @@ class Problem(BaseModel):
 
 ERROR_STATUSES = (400, 401, 403, 404, 406, 408, 413, 415, 422, 429, 500, 503)
 
+
 def problem_response(code: int, description: str | None = None) -> dict[str, Any]:
     """The OpenAPI description of a problem+json answer with status ``code``."""
     return {"model": Problem, "description": description or HTTPStatus(code).phrase,

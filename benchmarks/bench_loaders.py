@@ -321,7 +321,6 @@ def child(method: str, target: str, options: str) -> None:
     import numpy  # noqa: F401
     import pyarrow  # noqa: F401
 
-    import trajstore
     import trajstore.loaders.sequences  # noqa: F401
 
     imported = time.perf_counter() - started

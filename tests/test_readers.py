@@ -145,6 +145,26 @@ def test_filters_are_checked_by_name(store: trajstore.Store, live: Live) -> None
             client.episodes(min_retrun=3)
         with pytest.raises(InputError, match="min_length: expected a number"):
             client.stats(min_length="long")
+        # a keyword the reader has a meaning of its own for (the shuffle's seed) is never overwritten by the filter
+        with pytest.raises(TypeError, match="multiple values for keyword argument 'seed'"):
+            client.iter_batches(seed=3, shuffle=True, filter=EpisodeFilter(lineage={"seed": [7]}))
+
+
+@pytest.mark.parametrize("reader", ["episodes", "stats", "scan", "iter_batches", "returns", "curves"])
+def test_every_reader_names_a_where_that_fails(store: trajstore.Store, reader: str) -> None:
+    """A failing ``where`` is the caller's: named, without the SQL trajstore built around it, from every reader
+    (``iter_batches`` too, whose batches come later)."""
+    call = {"episodes": lambda: store.episodes(where="nope > 1"), "stats": lambda: store.stats(where="nope > 1"),
+            "scan": lambda: store.scan(where="nope > 1"), "iter_batches": lambda: next(store.iter_batches(
+                where="nope > 1")), "returns": lambda: store.returns(gamma=0.9, where="nope > 1"),
+            "curves": lambda: store.curves(where="nope > 1")}[reader]
+    with pytest.raises(InputError, match=r"^where: .*\"nope\".*\(in 'nope > 1'\)$"):
+        call()
+
+
+def test_an_empty_run_id_is_a_run_the_store_lacks(store: trajstore.Store) -> None:
+    with pytest.raises(RunNotFoundError, match="no run ''"):
+        store.stats(run_id="")
 
 
 @pytest.mark.parametrize(("order_by", "limit", "offset"), [

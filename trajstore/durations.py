@@ -1,7 +1,8 @@
 """Durations, in one grammar for every flag, setting and option that takes one: a number and its unit —
 ``500ms``, ``90s``, ``30m``, ``12h``, ``7d``, ``2w`` (``sec`` and ``min`` too), ``0s`` for none — or a number
 (a Python number, a timedelta) of seconds. Text needs its unit (``--older-than 60`` was minutes once, and a
-deletion must not guess), except where the name says it: a ``TRAJSTORE_*_S`` setting's ``10`` is seconds.
+deletion must not guess), except where the name says it: a ``TRAJSTORE_*_S`` setting's ``10``, and an object store
+``timeout``'s ``"5"``, are seconds.
 ``trajstore vacuum --older-than``, ``check --remove-orphans --older-than``, ``vacuum(older_than=)``, the
 ``TRAJSTORE_*_S`` settings and the object store's ``timeout``/``connect_timeout``/``retry_timeout`` options all read
 it with :func:`seconds`.

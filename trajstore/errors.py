@@ -202,3 +202,10 @@ class RunNotFoundError(InputError, LookupError):
 
 class VersionNotFoundError(InputError, LookupError):
     """A version the store's log does not have (the message names the versions it has)."""
+
+
+def caller_sql_error(exc: QueryError, field: str, context: str) -> InputError:
+    """The :class:`InputError` for a query that failed on the caller's own SQL (a ``where``, an ``expression``):
+    DuckDB's words without the SQL trajstore built around them, naming ``field`` and, in parentheses, ``context``
+    (what the caller gave). The one wording of every reader, ``delete`` and ``add_column``."""
+    return InputError(f"{field}: {str(exc).removeprefix('query failed: ')} ({context})")

@@ -1,5 +1,6 @@
-"""Trying again after losing a race (another writer committed first, changed the schema first, removed a file
-first): the one back-off every retry loop of trajstore uses."""
+"""Trying again after losing a race in the store (another writer committed first, changed the schema first, removed
+a file first): the one back-off of every such loop (the log's commits, ingest, delete). The Client's retries of an
+HTTP request wait as the server asks instead (``Retry-After``)."""
 
 from __future__ import annotations
 

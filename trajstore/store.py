@@ -13,6 +13,7 @@ engine (:class:`~trajstore.query.engine.Engine`: DuckDB, the caches of one versi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,7 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Seq
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from trajstore.errors import InputError, QueryError, StoreAccessError, StoreExistsError, StoreNotFoundError
+from trajstore.errors import (
+    QueryError,
+    StoreAccessError,
+    StoreExistsError,
+    StoreNotFoundError,
+    caller_sql_error,
+)
 from trajstore.loaders.layout_store import LayoutStore
 from trajstore.loaders.loader import Batches, LoaderFormat
 from trajstore.loaders.sequences import Sampling
@@ -39,7 +46,7 @@ from trajstore.operations import vacuum as vacuum_op
 from trajstore.operations.ingest import append_rows
 from trajstore.operations.upkeep import Policy, Upkeep
 from trajstore.query import curves, episodes, follow, returns, sandbox, scan, sql_worker, stats
-from trajstore.query.batches import BatchFormat
+from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.engine import Engine
 from trajstore.query.filters import EpisodeFilter, Ids, Names, filtered
 from trajstore.query.follow import Commit
@@ -122,8 +129,6 @@ def _create(location: Location) -> None:
     tmp.replace(marker)
 
 
-
-
 def _read(self: Store, method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """How a reader of the Store is called (:func:`~trajstore.query.filters.filtered`): a run the store does not
     hold (``run_id=``, or in ``filter``) is a :class:`~trajstore.errors.RunNotFoundError` naming it and the runs
@@ -136,7 +141,7 @@ def _read(self: Store, method: Callable[..., Any], args: tuple[Any, ...], kwargs
     except QueryError as exc:
         if not kwargs.get("where") or type(exc) is not QueryError:
             raise
-        raise InputError(f"where: {str(exc).removeprefix('query failed: ')} (in {kwargs['where']!r})") from None
+        raise caller_sql_error(exc, "where", f"in {kwargs['where']!r}") from None
 
 
 _reader = filtered(around=_read)
@@ -161,9 +166,10 @@ class Store:
         self.table = StepsTable(self.location.child("steps"), row_group_rows=self.settings.row_group_rows,
                                 pinned=pinned)
         self.engine = Engine(self.table, self.location, self.settings, sql_gate)
-        self.layouts = LayoutStore(self.location, cache=self.settings.layout_cache,  # loader maps, kept
+        self.layouts = LayoutStore(self.location, cache=self.settings.layout_cache,  # loader layouts, kept
                                    shared=self.settings.store_layouts, keep=self.settings.loader_layouts)
-        self.ingest_upkeep = Upkeep(self.table, Policy.of(self.settings))  # compacts what ingest commits
+        # compacts what ingest commits (its thread starts with the first); a store read at a version takes none
+        self.ingest_upkeep = None if pinned is not None else Upkeep(self.table, Policy.of(self.settings))
 
     @property
     def uri(self) -> str:
@@ -200,7 +206,7 @@ class Store:
         :mod:`trajstore.operations.ingest`."""
         self.table.log.writable("ingest")
         out = append_rows(self.table, rows, run_id=run_id, env_id=env_id, idempotency_key=idempotency_key)
-        if out[0] is not None and not out[1]:  # remote writers' commits are compacted by the service
+        if out[0] is not None and not out[1] and self.ingest_upkeep is not None:  # compacted by the service
             self.ingest_upkeep.wrote(run_id, env_id)
         return out
 
@@ -240,7 +246,7 @@ class Store:
     def schema(self, env_id: str | None = None) -> pa.Schema:
         """The Arrow types of the stored columns, fixed sizes kept (of one environment's files with ``env_id``);
         an empty schema for an empty store."""
-        return self.engine.file_schema(env_id) or pa.schema([])
+        return self.engine.stored_schema(env_id) or pa.schema([])
 
     def image_leaves(self, env_id: str | None = None) -> list[ImageLeaf]:
         """The observation leaves that are pictures (see :mod:`trajstore.query.pictures`; of one environment's
@@ -465,9 +471,12 @@ class Store:
         With ``shuffle``, rows are drawn at random from a buffer of ``shuffle_buffer`` rows, reproducibly for a
         given ``seed``; memory stays bounded by that buffer.
         """
-        return scan.iter_batches(self.engine, batch_size=batch_size, columns=columns, shuffle=shuffle, seed=seed,
-                                 shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format, run_id=run_id,
-                                 env_id=env_id, episode_id=episode_id, where=where, filter=filter)
+        check_batching(batch_size, shuffle_buffer, format)
+        reader = self.scan(columns, run_id=run_id, env_id=env_id, episode_id=episode_id, where=where, filter=filter,
+                           batch_size=max(batch_size, 8192), max_batch_bytes=self.settings.stream_batch_bytes)
+        with contextlib.closing(reader):
+            yield from training_batches(reader, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                        shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)
 
     @_reader
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
-import multiprocessing.sharedctypes
 import os
 from typing import Any, Iterator, Mapping
 

@@ -13,7 +13,6 @@ from pydantic import BaseModel, Field
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response, wants_arrow
 from trajstore.api.deps import ReadStoreDep, StoreDep, require_api_key
 from trajstore.api.problems import problem_response
-from trajstore.errors import RunNotFoundError
 from trajstore.store import Store
 
 router = APIRouter(tags=["runs"])
@@ -73,10 +72,8 @@ def runs(store: ReadStoreDep,
 @router.get("/runs/{run_id}", summary="One run with its environments, episode and step counts and last write time",
             responses={404: {"description": "no such run in the store"}})
 def run(store: ReadStoreDep, run_id: Annotated[str, Path(min_length=1, max_length=200)]) -> Run:
-    found = [r for r in _runs(store) if r.run_id == run_id]
-    if not found:
-        raise RunNotFoundError.naming([run_id], store.uri, store.run_ids())
-    return found[0]
+    store.engine.check_runs(run_id)  # 404 naming the runs the store holds
+    return next(r for r in _runs(store) if r.run_id == run_id)
 
 
 class Deleted(BaseModel):

@@ -102,4 +102,3 @@ def test_an_object_store_with_a_full_disk_is_said_so(tmp_path: Path) -> None:
         assert trajstore.check(store).ok
     finally:
         server.stop()
-

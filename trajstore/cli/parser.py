@@ -246,4 +246,3 @@ def _progress_option(p: argparse.ArgumentParser) -> None:
 
 def _version_option(p: argparse.ArgumentParser, text: str) -> None:
     p.add_argument("--version", dest="at_version", type=int, metavar="N", help=text)
-

@@ -79,5 +79,5 @@ def _basis(engine: Engine, plan: ScanPlan, run_id: Names, env_id: Names, selecti
 def _listing(engine: Engine) -> tuple[int, list[DataFile]]:
     """The version the log reads and its committed files, from one reading of the log (the two may not come from
     two readings: a commit between them would pair a version with another version's files)."""
-    version = engine.table.log.read()
-    return (-1, []) if version is None else (version.number, version.files)
+    state = engine.table.log.read()
+    return (-1, []) if state is None else (state.number, state.files)

@@ -4,7 +4,7 @@
 partition, so window expressions over whole episodes see every step), from DuckDB SQL over the ``steps`` view
 or from a Python function of the partition's steps; rewrites the files holding the rows that get a value with
 the new column added; and swaps them in with one commit
-(:meth:`~trajstore.storage.table.StepsTable.swap`), just after a commit that gives the log's schema the column
+(:meth:`Log.swap <trajstore.storage.log.Log.swap>`), just after a commit that gives the log's schema the column
 (until the swap, and if it fails, the column reads as null). Afterwards
 the column is a stored column like any extra: ``steps`` in SQL, scans, stats ``by=``, REST. Rows that get no
 value (outside ``where``, or appended while it ran) read as null. Older versions keep reading the old files.
@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trajstore.errors import InputError, QueryError
+from trajstore.errors import InputError, QueryError, caller_sql_error
 from trajstore.query import sql
 from trajstore.storage.log import DataFile, WrittenFile, files_holding
 
@@ -52,8 +52,8 @@ def add_column(engine: Engine, name: str, expression: str | Callable[[pa.Table],
                where: str | None = None) -> AddColumnReport:
     """Write the derived column ``name`` (see the module's description); one commit."""
     engine.table.log.writable("add_column")
-    version = engine.table.log.read()
-    files = [] if version is None else version.files
+    state = engine.table.log.read()
+    files = [] if state is None else state.files
     _check_name(engine, name, files)
     if not (isinstance(expression, str) and expression.strip()) and not callable(expression):
         raise InputError(f"expression: expected DuckDB SQL over steps or a function of a pyarrow Table, got "
@@ -75,7 +75,7 @@ def add_column(engine: Engine, name: str, expression: str | Callable[[pa.Table],
             _rewrite(engine, partitions[part], values, name, removed, written)
         report.files_rewritten = len(written)
         if written:
-            report.version = engine.table.log.swap(version, removed, written, metadata={  # type: ignore[arg-type]
+            report.version = engine.table.log.swap(state, removed, written, metadata={  # type: ignore[arg-type]
                 "operation": "add_column", "column": name, "rows": report.rows})
     except BaseException as exc:
         engine.table.discard([w.path for w in written], exc)
@@ -102,8 +102,8 @@ def _values(engine: Engine, files: list[DataFile], expression: Any, where: str |
             rows = snap.arrow(sql.ordered_steps(where))
         except QueryError as exc:
             field = "expression" if isinstance(expression, str) else "where"
-            raise InputError(f"{field}: {str(exc).removeprefix('query failed: ')} (expression {expression!r}, "
-                             f"where {where!r}; SQL over the steps view)") from None
+            raise caller_sql_error(exc, field, f"expression {expression!r}, where {where!r}; SQL over the steps "
+                                              "view") from None
     value = expression(rows)
     arr = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else pa.array(np.asarray(value)) \
         if not isinstance(value, pa.Array) else value

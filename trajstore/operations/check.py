@@ -32,7 +32,7 @@ from trajstore.query import sql
 from trajstore.query.snapshot import Snapshot
 from trajstore.storage.encoding import NEXT, OBS, EncodingError, check_rows
 from trajstore.storage.location import Location
-from trajstore.storage.log import LOG_DIR, DataFile, display
+from trajstore.storage.log import LOG_DIR, DataFile, display, log_leftover
 from trajstore.storage.table import StepsTable
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 MAX_LISTED = 20
 CHECK_ROWS = 8192  # rows per batch read when an encoded file's structure is checked
 KEY_COLUMNS = ("episode_id", "step", "terminated", "truncated")
+
 
 @dataclass(frozen=True)
 class PartitionFiles:
@@ -273,9 +274,8 @@ def _orphans(location: Location, committed: Sequence[DataFile]) -> list[pafs.Fil
         if info.type != pafs.FileType.File:
             continue
         path = os.path.normpath(info.path) if location.is_local else info.path
-        in_log = location.relative(path).split("/", 1)[0] == LOG_DIR
-        name = info.base_name
-        if ("#" in name or name.endswith(".tmp")) if in_log else path not in listed:
+        leftover = log_leftover(location, path)
+        if leftover if leftover is not None else path not in listed:
             found.append(pafs.FileInfo(path, info.type, mtime=info.mtime, size=info.size))
     return found
 

@@ -7,7 +7,7 @@ thousands of small files, and every query pays for each one (its footer, its sca
 :func:`compact_partition` reads the committed files it is given, of one ``(run_id, env_id)`` partition, in the
 order they were written, and writes them again as files of about ``target_bytes``, with the writer's Parquet
 settings and the stored types (fixed-size observation columns stay fixed-size); then one commit
-(:meth:`~trajstore.storage.table.StepsTable.swap`) removes exactly the files read and adds the new ones.
+(:meth:`Log.swap <trajstore.storage.log.Log.swap>`) removes exactly the files read and adds the new ones.
 Only files of one format (:mod:`~trajstore.storage.encoding`) are joined (:func:`merged`), their rows ordered by
 ``(episode_id, step)``: each episode is contiguous in the new file, and an encoded row still has the neighbour it
 decodes from (a null ``next_obs`` or a one-frame row always follows its episode's previous step in its file, and
@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from trajstore.errors import CommitError, InputError
 from trajstore.query.filters import check_runs
-from trajstore.storage.log import DataFile, Version, WrittenFile
+from trajstore.storage.log import DataFile, TableState, WrittenFile
 from trajstore.storage.table import StepsTable
 
 if TYPE_CHECKING:
@@ -89,12 +89,12 @@ def compact(engine: Engine, *, run_id: str | Sequence[str] | None = None, env_id
 
 
 def _compact_partition(engine: Engine, run_id: str, env_id: str, target_bytes: int, report: CompactReport) -> None:
-    version = engine.table.log.read()  # the files of one version, which the commit removes
-    files = [] if version is None else version.partition(run_id, env_id)
-    if version is None or len(files) < 2:
+    state = engine.table.log.read()  # the files of one version, which the commit removes
+    files = [] if state is None else state.partition(run_id, env_id)
+    if state is None or len(files) < 2:
         return
     try:
-        done = compact_partition(engine.table, version, files, target_bytes=target_bytes)
+        done = compact_partition(engine.table, state, files, target_bytes=target_bytes)
     except CommitError as exc:
         report.skipped.append(f"run_id={run_id}/env_id={env_id}: {exc}")
         return
@@ -115,9 +115,9 @@ class Compaction:
     version: int | None = None
 
 
-def compact_partition(table: StepsTable, version: Version, files: Sequence[DataFile], *, target_bytes: int,
+def compact_partition(table: StepsTable, state: TableState, files: Sequence[DataFile], *, target_bytes: int,
                       auto: bool = False) -> Compaction:
-    """Merge ``files`` (committed files of one partition in ``version``): the consecutive files of each format
+    """Merge ``files`` (committed files of one partition in the table ``state``): the consecutive files of each format
     in groups of about ``target_bytes``, one new file per group of two or more, in one commit removing exactly the
     files read (``auto``: recorded as upkeep's in the commit). Raises :class:`CommitError` when another change
     removed some of them first: nothing was committed."""
@@ -130,12 +130,12 @@ def compact_partition(table: StepsTable, version: Version, files: Sequence[DataF
     try:
         for group in groups:
             written.append(table.write(merged(group), run_id=run_id, env_id=env_id))
-        number = table.log.swap(version, [f for g in groups for f in g], written,
+        number = table.log.swap(state, [f for g in groups for f in g], written,
                                 metadata={"operation": "compact", **({"auto": True} if auto else {})})
     except BaseException as exc:
         table.discard([w.path for w in written], exc)  # only what the log says did not land
         raise
-    log.info("compacted run_id=%s/env_id=%s: %d files into %d (version %d)", run_id, env_id,
+    log.info("compacted run_id=%s/env_id=%s: %d files into %d (version %s)", run_id, env_id,
              sum(map(len, groups)), len(written), number)
     return Compaction(run_id, env_id, sum(map(len, groups)), len(written), number)
 

@@ -2,7 +2,7 @@
 
 Files that hold only deleted episodes are removed; files that mix kept and deleted episodes are rewritten with
 the kept rows (same Parquet settings, same stored types) and swapped in, in the same commit
-(:meth:`~trajstore.storage.table.StepsTable.swap`). Readers see the store before or after, never between.
+(:meth:`Log.swap <trajstore.storage.log.Log.swap>`). Readers see the store before or after, never between.
 The commit removes exactly the files it read: appends committed meanwhile stay (the log rebases the commit
 onto them); if another change removed one of those files first (a compaction, a second delete), the delete is
 planned again on the newer version. The files stay on disk for readers of older versions until
@@ -29,11 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trajstore.errors import CommitError, InputError, QueryError
+from trajstore.errors import CommitError, InputError, QueryError, caller_sql_error
 from trajstore.query import sql
 from trajstore.query.filters import check_runs
 from trajstore.retry import tries
-from trajstore.storage.log import DataFile, Version, WrittenFile, files_holding
+from trajstore.storage.log import DataFile, TableState, WrittenFile, files_holding
 
 if TYPE_CHECKING:
     from trajstore.query.engine import Engine
@@ -85,15 +85,15 @@ def delete(engine: Engine, *, run_id: str | Sequence[str] | None = None, where: 
     engine.table.log.writable("delete")
     last: CommitError | None = None
     for _ in tries(ATTEMPTS):
-        version = engine.table.log.read()
-        files = [] if version is None else version.files
+        state = engine.table.log.read()
+        files = [] if state is None else state.files
         check_runs([runs], (f.run_id for f in files), engine.uri)
         plan = _plan(engine, [f for f in files if not runs or f.run_id in runs], where)
         plan.report.dry_run = dry_run
         if dry_run or not plan.report.episodes:
             return plan.report
         try:
-            plan.report.version = _apply(engine, version, plan)  # type: ignore[arg-type]
+            plan.report.version = _apply(engine, state, plan)  # type: ignore[arg-type]
             return plan.report
         except CommitError as exc:  # another change removed files we read: plan again on the newer version
             log.info("delete conflicted with another commit, planning again: %s", exc)
@@ -109,8 +109,7 @@ def _plan(engine: Engine, files: list[DataFile], where: str | None) -> _Plan:
         try:
             rows = snap.arrow(sql.delete_matches(where))
         except QueryError as exc:
-            raise InputError(f"where: {str(exc).removeprefix('query failed: ')} (in {where!r}; a condition "
-                             "over the steps view)") from None
+            raise caller_sql_error(exc, "where", f"in {where!r}; a condition over the steps view") from None
     _refuse_partial(rows, where)
     report = DeleteReport(episodes=rows.num_rows, steps=int(pc.sum(rows["steps"]).as_py() or 0),
                           runs=sorted(set(rows["run_id"].to_pylist())))
@@ -148,7 +147,7 @@ def _ids_per_partition(rows: pa.Table) -> dict[tuple[str, str], np.ndarray]:
     return {k: np.unique(np.asarray(v, np.int64)) for k, v in out.items()}
 
 
-def _apply(engine: Engine, version: Version, plan: _Plan) -> int:
+def _apply(engine: Engine, state: TableState, plan: _Plan) -> int | None:
     """Rewrite the mixed files, then commit every removal and the rewritten files at once; the new version."""
     written: list[WrittenFile] = []
     try:
@@ -158,7 +157,7 @@ def _apply(engine: Engine, version: Version, plan: _Plan) -> int:
             written.append(engine.table.write(kept, run_id=f.run_id, env_id=f.env_id))
         removed = plan.whole + [f for f, _ in plan.partial.values()]
         r = plan.report
-        return engine.table.log.swap(version, removed, written, metadata={
+        return engine.table.log.swap(state, removed, written, metadata={
             "operation": "delete", "episodes": r.episodes, "rows_removed": r.steps, "run_ids": r.runs})
     except BaseException as exc:
         engine.table.discard([w.path for w in written], exc)

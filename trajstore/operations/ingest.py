@@ -44,7 +44,7 @@ from trajstore.storage.encoding import (
     physical_next_type,
     physical_schema,
 )
-from trajstore.storage.log import Version, WrittenFile
+from trajstore.storage.log import TableState, WrittenFile
 from trajstore.storage.table import StepsTable
 
 KEYS = {"episode_id": pa.int64(), "step": pa.int32()}
@@ -261,21 +261,21 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
                                                                  env_id=env_id)
     if key is not None and _seen(table.log.read(), key):
         return None, True
-    rows, spans = _checked(rows, table.file_schema(env_id=env_id))
-    version = table.log.read()  # rows that do not continue their episodes are refused before any column is reserved
-    if version is not None:
-        check_continues(spans, stored_ends(version.files, spans.episode_id), run_id=run_id, env_id=env_id)
+    rows, spans = _checked(rows, table.stored_schema(env_id=env_id))
+    state = table.log.read()  # rows that do not continue their episodes are refused before any column is reserved
+    if state is not None:
+        check_continues(spans, stored_ends(state.files, spans.episode_id), run_id=run_id, env_id=env_id)
     rows = _physical(table, rows)
     written = table.write(rows, run_id=run_id, env_id=env_id)  # encoded outside the lock: requests overlap here
     try:
         with _lock(table.uri):
-            committed = _commit_checked(table, written, spans, run_id=run_id, env_id=env_id, key=key)
+            landed = _commit_checked(table, written, spans, run_id=run_id, env_id=env_id, key=key)
     except BaseException as exc:
         table.discard([written.path], exc)
         raise
-    if not committed:
+    if not landed:
         table.discard([written.path], None)
-    return (str(written.path), False) if committed else (None, True)
+    return (str(written.path), False) if landed else (None, True)
 
 
 def _physical(table: StepsTable, rows: pa.Table) -> pa.Table:
@@ -288,20 +288,20 @@ def _physical(table: StepsTable, rows: pa.Table) -> pa.Table:
 
 
 def _commit_checked(table: StepsTable, written: WrittenFile, spans: Spans, *, run_id: str, env_id: str,
-            key: IdempotencyKey | None) -> bool:
+                    key: IdempotencyKey | None) -> bool:
     """Check ``spans`` against the latest version V and commit ``written`` as V+1; again on a newer V.
     False when a request with the same key and digest was committed meanwhile. Rows that bring new columns
     are checked once before the table is given them, so that refused rows change nothing."""
     if _new_columns(table, written):
-        version = table.log.read()
-        check_continues(spans, stored_ends(version.files if version is not None else [], spans.episode_id),
+        state = table.log.read()
+        check_continues(spans, stored_ends(state.files if state is not None else [], spans.episode_id),
                         run_id=run_id, env_id=env_id)
     for _ in tries(ATTEMPTS):
-        version = table.log.ensure(written.schema)
-        if key is not None and _seen(version, key):
+        state = table.log.ensure(written.schema)
+        if key is not None and _seen(state, key):
             return False
-        check_continues(spans, stored_ends(version.files, spans.episode_id), run_id=run_id, env_id=env_id)
-        if table.log.commit_after(version, written, app=None if key is None else (key.app_id, key.digest)):
+        check_continues(spans, stored_ends(state.files, spans.episode_id), run_id=run_id, env_id=env_id)
+        if table.log.commit_after(state, written, app=None if key is None else (key.app_id, key.digest)):
             return True
     raise CommitError(f"rows for run_id={run_id!r}, env_id={env_id!r} were not committed: other commits kept "
                       f"coming first ({ATTEMPTS} attempts); nothing was stored, send the request again")
@@ -313,9 +313,9 @@ def _new_columns(table: StepsTable, written: WrittenFile) -> bool:
     return known is not None and bool(set(written.schema.names) - set(known.schema.names))
 
 
-def _seen(version: Version | None, key: IdempotencyKey) -> bool:
-    """Whether ``version`` holds the request of ``key``; :class:`ConflictError` if the key went to another."""
-    digest = None if version is None else version.app_version(key.app_id)
+def _seen(state: TableState | None, key: IdempotencyKey) -> bool:
+    """Whether the table ``state`` holds the request of ``key``; :class:`ConflictError` if the key went to another."""
+    digest = None if state is None else state.app_version(key.app_id)
     if digest is None:
         return False
     if digest in (key.digest, LEGACY_DIGEST):

@@ -8,7 +8,7 @@ the partition and returns) and works on a thread of its own, never on the caller
 - a partition holding more than ``compact_small_files`` files below ``compact_small_bytes`` has those files merged
   (:func:`compact_small`, by the one compaction, :func:`~trajstore.operations.compact.compact_partition`): the rows
   of each format's small files, ordered by ``(episode_id, step)``, written as files of up to
-  ``compact_target_bytes``, and committed by :meth:`~trajstore.storage.table.StepsTable.swap` removing exactly the
+  ``compact_target_bytes``, and committed by :meth:`Log.swap <trajstore.storage.log.Log.swap>` removing exactly the
   files read. Files another writer appends
   meanwhile stay; when two compactions race, the first commit wins and the other finds its files gone and is
   skipped (its new files deleted), as is one that meets a delete, an ``add_column`` or a vacuum that removed them.
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from trajstore.settings import Settings
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -135,12 +134,12 @@ def compact_small(table: StepsTable, run_id: str, env_id: str, policy: Policy) -
     them first (nothing committed then)."""
     if policy.small_files <= 0:
         return None
-    version = table.log.read()
-    small = [] if version is None else small_files(version.partition(run_id, env_id), policy.small_bytes)
-    if version is None or len(small) <= policy.small_files:
+    state = table.log.read()
+    small = [] if state is None else small_files(state.partition(run_id, env_id), policy.small_bytes)
+    if state is None or len(small) <= policy.small_files:
         return None
     try:
-        done = compact_partition(table, version, small, target_bytes=policy.target_bytes, auto=True)
+        done = compact_partition(table, state, small, target_bytes=policy.target_bytes, auto=True)
     except CommitError as exc:
         log.info("compaction of run_id=%s/env_id=%s skipped: %s", run_id, env_id, exc)
         return None

@@ -53,10 +53,10 @@ def parse_duration(value: float | str | timedelta) -> float:
     return seconds(value, "older_than")
 
 
-def vacuum(engine: Engine, maps: LayoutStore, *, older_than: float | str | timedelta = "7d",
+def vacuum(engine: Engine, layouts: LayoutStore, *, older_than: float | str | timedelta = "7d",
            dry_run: bool = False) -> VacuumReport:
     """Delete (or list, with ``dry_run``) the files no version committed within ``older_than`` needs, and the
-    loader maps (kept by ``maps``) no retained version needs."""
+    loader layouts (kept by ``layouts``) no retained version needs."""
     engine.table.log.writable("vacuum")
     horizon = parse_duration(older_than)
     paths = removable_orphans(engine, removed_before_s=horizon,
@@ -65,13 +65,13 @@ def vacuum(engine: Engine, maps: LayoutStore, *, older_than: float | str | timed
     report = VacuumReport(older_than_s=horizon, dry_run=dry_run)
     for info in fs.get_file_info(paths) if paths else []:
         _remove(fs, info, report)
-    layouts = unneeded(engine.location, _horizon(engine, horizon), grace_s=max(horizon, UNCOMMITTED_GRACE_S))
-    for info in layouts:
+    stale = unneeded(engine.location, _horizon(engine, horizon), grace_s=max(horizon, UNCOMMITTED_GRACE_S))
+    for info in stale:
         _remove(engine.location.fs, info, report)
     if not dry_run:
-        remove_empty_folders(engine.location, layouts)
-        maps.opened.clear()  # maps this store keeps open may be gone
-        maps.prune_copies()  # this machine's copies of removed s3:// maps
+        remove_empty_folders(engine.location, stale)
+        layouts.opened.clear()  # layouts this store keeps open may be gone
+        layouts.prune_copies()  # this machine's copies of removed s3:// layouts
     return report
 
 

@@ -4,10 +4,12 @@ version — and the judgment of a committed file that cannot be read.
 A :class:`~trajstore.store.Store` holds one :class:`Engine` and its read methods each make one call into the module
 named after their topic (:mod:`~trajstore.query.episodes`, :mod:`~trajstore.query.stats`,
 :mod:`~trajstore.query.curves`, :mod:`~trajstore.query.scan`, :mod:`~trajstore.query.returns`,
-:mod:`~trajstore.query.follow`, :mod:`~trajstore.query.sandbox`, the loaders), which take the engine; the operations
+:mod:`~trajstore.query.follow`, :func:`~trajstore.query.sql_worker.sandboxed_sql`, the loaders), which take the
+engine; the operations
 that change a store (:mod:`trajstore.operations`) take it too. What it keeps:
 
-- **cursors of the process's one DuckDB database** (:meth:`Engine.cursor`), each a connection with views of its own;
+- **cursors of the process's one DuckDB database** (:meth:`Engine.cursor`), each a connection with views of its own
+  (temporary: every store of the process shares the database, never its views);
 - **the ``episodes`` rows of the latest version**, materialized once when a page's queries ask for them
   (:meth:`Engine.query_snapshot`), so that runs, episodes, curves and stats aggregate the steps once;
 - **the types of the steps** of the last few file lists asked about (:meth:`Engine.step_types`), and **the learning
@@ -51,7 +53,7 @@ class Engine:
     def __init__(self, table: StepsTable, location: Location, settings: Settings,
                  sql_gate: sandbox.Gate | None = None) -> None:
         self.table, self.location, self.settings = table, location, settings
-        self.sql_gate = sql_gate or sandbox.Gate(settings.sql_max_concurrent)
+        self.sql_gate = sandbox.Gate(settings.sql_max_concurrent) if sql_gate is None else sql_gate
         self._cache_lock = threading.Lock()
         self._episodes: tuple[tuple[str, ...], pa.Table] | None = None
         self._types: dict[tuple[str, ...], StepTypes] = {}
@@ -74,7 +76,7 @@ class Engine:
     def check_runs(self, *selections: Names) -> None:
         """A :class:`~trajstore.errors.RunNotFoundError` naming each run of ``selections`` the store does not
         hold (:func:`~trajstore.query.filters.check_runs`)."""
-        if any(selections):
+        if any(s is not None for s in selections):
             check_runs(selections, self.run_ids(), self.uri)
 
     def selected_files(self, run_id: Names, env_id: Names) -> list[DataFile]:
@@ -92,11 +94,11 @@ class Engine:
         except StoreDamagedError as exc:
             raise self.judged(exc) from exc
 
-    def file_schema(self, env_id: str | None) -> pa.Schema | None:
-        """:meth:`StepsTable.file_schema <trajstore.storage.table.StepsTable.file_schema>`, its file that cannot
+    def stored_schema(self, env_id: str | None) -> pa.Schema | None:
+        """:meth:`StepsTable.stored_schema <trajstore.storage.table.StepsTable.stored_schema>`, its file that cannot
         be read judged by :meth:`judged`."""
         try:
-            return self.table.file_schema(env_id=env_id)
+            return self.table.stored_schema(env_id=env_id)
         except StoreDamagedError as exc:
             raise self.judged(exc) from exc
 

@@ -176,6 +176,8 @@ def check_runs(selections: Iterable[Names], held: Iterable[str], store: str) -> 
     None) that is not among ``held``, the runs the store at ``store`` holds."""
     wanted = list(dict.fromkeys(r for sel in selections if sel is not None
                                 for r in ([sel] if isinstance(sel, str) else map(str, sel))))
+    if not wanted:
+        return
     known = sorted(set(held))
     missing = [r for r in wanted if r not in known]
     if missing:
@@ -213,7 +215,11 @@ def filtered(method: F | None = None, *, expand: bool = False,
             if unknown:
                 raise TypeError(f"{method.__name__}() got an unexpected keyword argument {unknown[0]!r}; its filters "
                                 f"are {', '.join(added)} and filter=")
-            kwargs.update(flt.keywords() if flt is not None else {})
+            sent = flt.keywords() if flt is not None else {}
+            clash = sorted(set(sent) & set(kwargs))
+            if clash:  # a keyword the method has a meaning of its own for, given twice (`seed`: the shuffle's)
+                raise TypeError(f"{method.__name__}() got multiple values for keyword argument {clash[0]!r}")
+            kwargs.update(sent)
         elif flt is not None or "filter" in kwargs or "filter" in own.parameters:
             kwargs["filter"] = flt
         return method(self, *args, **kwargs) if around is None else around(self, method, args, kwargs)

@@ -162,7 +162,7 @@ def png(picture: np.ndarray, size: int | None = None) -> bytes:
 def stored_image_leaves(engine: Engine, env_id: str | None = None) -> list[ImageLeaf]:
     """The observation leaves of a store that are pictures (of one environment's files with ``env_id``), their
     declared frame stacks taken from the files' formats; empty without images."""
-    schema = engine.file_schema(env_id) or pa.schema([])
+    schema = engine.stored_schema(env_id) or pa.schema([])
     if OBS not in schema.names:
         return []
     stacks: dict[str, int] = {}

@@ -2,21 +2,21 @@
 of record batches, at the speed of a direct pyarrow read, in the types the files store.
 
 Streaming for training reads every selected step once and in storage order; a SQL engine adds nothing
-there but its own cost. :func:`steps_dataset` is a pyarrow dataset over exactly some files of one
-committed version (never a listing of the folder), with ``run_id`` and ``env_id`` taken from each file's
-partition, every column cast to one type, and columns a file lacks filled with nulls. :func:`scan_steps`
+there but its own cost. :func:`~trajstore.storage.table.steps_dataset` is a pyarrow dataset over exactly some
+files of one committed version (never a listing of the folder), with ``run_id`` and ``env_id`` taken from each
+file's partition, every column cast to one type, and columns a file lacks filled with nulls. :func:`scan_steps`
 reads the files group by group (:mod:`~trajstore.query.groups`: files stored alike), one dataset each, decodes
 each file's batches (:mod:`~trajstore.storage.encoding`) and gives them their logical names; a
 :class:`~trajstore.query.snapshot.Snapshot` registers the same datasets to let DuckDB read them instead of the
 files. Files are read two ahead, their row groups decoded on Arrow's thread pool; memory is bounded by the
-read-ahead, not by the result.
+read-ahead, not by the result. :func:`scan` and :func:`scan_plan` give the steps of one committed version, selected
+by the readers' filters.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +24,6 @@ import pyarrow.dataset as ds
 
 from trajstore.errors import InputError, StoreDamagedError
 from trajstore.query import sql
-from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.filters import EpisodeFilter, Ids, Names, both, selected
 from trajstore.query.groups import FileGroup, StepTypes, group_files
 from trajstore.query.snapshot import check_names
@@ -248,16 +247,3 @@ def loader_plan(engine: Engine, run_id: Names, env_id: Names, committed: list[Da
     files = [f for f in committed if selected(f.run_id, run_id) and selected(f.env_id, env_id)]
     types = engine.step_types(files) if files else StepTypes(pa.schema([]))  # no file: no column
     return ScanPlan(files, types.schema, types.schema.names, None, types, engine.file_schemas(files))
-
-
-def iter_batches(engine: Engine, *, batch_size: int = 4096, columns: Sequence[str] | None = None,
-                 shuffle: bool = False, seed: int | None = None, shuffle_buffer: int = 65_536, drop_last: bool = False,
-                 format: BatchFormat = "numpy", **selection: object) -> Iterator[Any]:  # noqa: A002
-    """Batches of ``batch_size`` steps for a training loop, read straight from the files (:func:`scan`), shuffled
-    in a bounded buffer if asked (:func:`~trajstore.query.batches.training_batches`)."""
-    check_batching(batch_size, shuffle_buffer, format)
-    reader = scan(engine, columns, batch_size=max(batch_size, 8192),
-                  max_batch_bytes=engine.settings.stream_batch_bytes, **selection)
-    with contextlib.closing(reader):
-        yield from training_batches(reader, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                                    shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)

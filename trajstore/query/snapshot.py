@@ -53,6 +53,7 @@ def cursor() -> duckdb.DuckDBPyConnection:
             _DATABASE = (os.getpid(), duckdb.connect())
         return _DATABASE[1].cursor()
 
+
 Judge = Callable[[StoreDamagedError], TrajstoreError]
 """What a failed read of a committed file means for the version read: the damage itself, or (the store's
 judgment, see :meth:`Engine.judged <trajstore.query.engine.Engine.judged>`) a version whose files a vacuum removed."""

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -87,7 +87,7 @@ class Task:
             body = stored.physical.with_metadata(stored.format.metadata()).serialize().to_pybytes()
             index.append(schemas.setdefault(body, len(schemas)))
         return cls(query, limits, location.uri, dict(location.storage_options),
-                   [astuple(f)[:-1] for f in files], index, list(schemas))
+                   [_fields(f) for f in files], index, list(schemas))
 
 
 # --- the caller's side ---------------------------------------------------------------------------------------
@@ -361,6 +361,11 @@ def _serve(requests: Connection, answers: Connection, worker_bytes: int) -> None
         _answer(answers, header, data)
         if header.get("retire"):
             return
+
+
+def _fields(f: DataFile) -> tuple[Any, ...]:
+    """A committed file's fields a worker rebuilds it from (its filesystem is the task's)."""
+    return (f.path, f.run_id, f.env_id, f.rows, f.size, f.modified_ms, f.min_episode_id, f.max_episode_id)
 
 
 def _handle(task: Task) -> tuple[dict[str, Any], bytes | None]:

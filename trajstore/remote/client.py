@@ -391,7 +391,6 @@ class Client:
         return min(MAX_RETRY_WAIT_S, max(self.backoff * 2 ** attempt, asked))
 
 
-
 def _page_rows(limit: int | None, got: int) -> int:
     """Rows to ask for in the next page, ``got`` rows of ``limit`` (None: every match) in."""
     return PAGE_ROWS if limit is None else max(1, min(PAGE_ROWS, limit - got))

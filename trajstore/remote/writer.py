@@ -52,7 +52,7 @@ class RemoteSink:
         self.client = client
         self.encoded = encoded  # False for a service that takes encoding-1 rows only (one older than encoding 2)
 
-    def file_schema(self, env_id: str | None = None) -> pa.Schema | None:
+    def stored_schema(self, env_id: str | None = None) -> pa.Schema | None:
         schema = self.client.schema(env_id=env_id)
         return schema if len(schema) else None
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RolloutResult", "gym_rollout", "import_minari", "jax_evaluate", "jax_rollout", "sample_until"]
+__all__ = ["RolloutResult", "gym_rollout", "import_minari", "jax_evaluate", "jax_rollout",  # noqa: F822 - lazy
+           "sample_until"]
 
 _HOMES = {"gym_rollout": "gym_loop", "jax_rollout": "jax_loop", "jax_evaluate": "evaluate",
           "import_minari": "minari", "RolloutResult": "sampling", "sample_until": "sampling"}

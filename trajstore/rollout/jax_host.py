@@ -21,6 +21,7 @@ from trajstore.write.writer import Writer
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class Tally:
     """Steps and complete episodes stored so far, with the returns and lengths summed inside JAX."""

@@ -9,7 +9,6 @@ that ``trajstore.open`` pins a read-only store to.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from typing import Any
 
@@ -17,7 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from trajstore.errors import InputError, StoreDamagedError, StoreNotFoundError, VersionNotFoundError
-from trajstore.storage.log import display
+from trajstore.storage.log import LogCommit, display
 from trajstore.storage.table import StepsTable, missing_files
 
 HISTORY_SCHEMA = pa.schema([
@@ -38,7 +37,7 @@ def history(table: StepsTable, *, limit: int | None = None) -> pa.Table:
     rows_of: dict[str, int] = {}
     out = []
     for version in versions:
-        out.append(_summary(version, _read_commit(table, version), rows_of))
+        out.append(_summary(_read_commit(table, version), rows_of))
     if limit is not None:
         out = out[len(out) - limit:] if limit else []
     return pa.Table.from_pylist(out, schema=HISTORY_SCHEMA)
@@ -48,44 +47,26 @@ def _versions(table: StepsTable) -> list[int]:
     return table.log.numbers()
 
 
-def _read_commit(table: StepsTable, version: int) -> list[dict[str, Any]]:
-    actions = table.log.entry(version)
-    if actions is None:
+def _read_commit(table: StepsTable, version: int) -> LogCommit:
+    commit = table.log.commit(version)
+    if commit is None:
         raise FileNotFoundError(f"{table.uri}: no log entry for version {version}")
-    return actions
+    return commit
 
 
-def _summary(version: int, actions: list[dict[str, Any]], rows_of: dict[str, int]) -> dict[str, Any]:
-    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-    adds = [a["add"] for a in actions if "add" in a]
-    removes = [a["remove"] for a in actions if "remove" in a]
-    added = 0
-    for a in adds:
-        n = int(json.loads(a.get("stats") or "{}").get("numRecords", 0))
-        rows_of[a["path"]] = n
-        added += n
-    known = [rows_of.pop(r["path"], None) for r in removes]
+def _summary(commit: LogCommit, rows_of: dict[str, int]) -> dict[str, Any]:
+    """One row of :func:`history` (``rows_of``: the rows of each file added earlier, by path, which the removals
+    of later versions count)."""
+    for f in commit.files:
+        rows_of[f.path] = f.rows
+    known = [rows_of.pop(path, None) for path, _ in commit.removed]
     removed = None if None in known else sum(n for n in known if n is not None)
-    runs = {a.get("partitionValues", {}).get("run_id") for a in adds + removes}
-    return {"version": version, "timestamp": datetime.fromtimestamp(info.get("timestamp", 0) / 1000, timezone.utc),
-            "operation": _operation(info, actions), "rows_added": added, "rows_removed": removed,
-            "files_added": len(adds), "files_removed": len(removes), "run_ids": sorted(r for r in runs if r)}
-
-
-def _operation(info: dict[str, Any], actions: list[dict[str, Any]]) -> str:
-    """trajstore's own name for the commit when it wrote one, else the log's operation in trajstore's words."""
-    own = info.get("trajstore") or {}
-    if own.get("operation"):
-        return str(own["operation"])
-    op = str(info.get("operation", "")).upper()
-    mode = str((info.get("operationParameters") or {}).get("mode", "")).lower()
-    if op.split() == ["CREATE", "TABLE"]:  # the log's name for the first commit
-        return "create"
-    if op == "WRITE":
-        return "append" if mode == "append" else "overwrite"
-    if op == "ADD COLUMN":
-        return "add_columns"
-    return op.lower().replace(" ", "_") or ("metadata" if any("metaData" in a for a in actions) else "unknown")
+    runs = {f.run_id for f in commit.files} | {run for _, run in commit.removed}
+    when = commit.timestamp_ms or 0
+    return {"version": commit.version, "timestamp": datetime.fromtimestamp(when / 1000, timezone.utc),
+            "operation": commit.operation, "rows_added": sum(f.rows for f in commit.files), "rows_removed": removed,
+            "files_added": len(commit.files), "files_removed": len(commit.removed),
+            "run_ids": sorted(r for r in runs if r)}
 
 
 def resolve_version(table: StepsTable, *, version: int | None = None, as_of: datetime | None = None) -> int | None:
@@ -111,7 +92,7 @@ def resolve_version(table: StepsTable, *, version: int | None = None, as_of: dat
         raise InputError(f"as_of: expected a datetime, got {type(as_of).__name__}")
     when = as_of if as_of.tzinfo is not None else as_of.replace(tzinfo=timezone.utc)
     versions = _versions(table)
-    first = _summary(versions[0], _read_commit(table, versions[0]), {})["timestamp"]
+    first = _summary(_read_commit(table, versions[0]), {})["timestamp"]
     if when < first:
         raise InputError(f"as_of: {when.isoformat()} is before the store's first readable version "
                          f"({versions[0]}, committed {first.isoformat()})")
@@ -191,7 +172,7 @@ def _removal(table: StepsTable, paths: set[str], *, known: int | None,
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if lists(mid) else (lo, mid)
-        summary = _summary(hi, _read_commit(table, hi), {})
+        summary = _summary(_read_commit(table, hi), {})
     except (VersionNotFoundError, StoreDamagedError, OSError):  # a version whose log entries were cleaned up
         return None
     return hi, summary["timestamp"], summary["operation"]

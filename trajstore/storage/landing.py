@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trajstore.errors import CommitUnknownError, StoreAccessError, first_line
+from trajstore.errors import CommitUnknownError, first_line
 
 if TYPE_CHECKING:
     from trajstore.storage.log import Log
@@ -33,13 +33,19 @@ logger = logging.getLogger(__name__)
 MARKER = "commit"  # the key of a commit's marker in its commit info's "trajstore" object
 
 
-@dataclass(frozen=True)
+@dataclass
 class Attempt:
     """One commit as sent: the latest version when it was planned (``base``, -1 before the first) and its marker.
-    A retry of the same change (an append sent again) keeps both, so one search finds whichever try landed."""
+    A retry of the same change (an append sent again) keeps both, so one search finds whichever try landed.
+    ``checked``: the versions up to which the log is known not to hold it (an entry never changes), so that a
+    search after the next lost race reads only the versions since."""
 
     base: int
     marker: str = field(default_factory=lambda: uuid.uuid4().hex)
+    checked: int = -2  # -2: none yet (the base)
+
+    def __post_init__(self) -> None:
+        self.checked = max(self.checked, self.base)
 
     def metadata(self, own: dict[str, Any]) -> dict[str, Any]:
         """The commit info's custom metadata: ``own`` (what :mod:`~trajstore.storage.history` shows) and the
@@ -48,29 +54,37 @@ class Attempt:
 
 
 def find(log: Log, attempt: Attempt) -> int | None:
-    """The version that carries ``attempt``'s marker, or None when no version after its base does.
+    """The version that carries ``attempt``'s marker, or None when no version after its base does (read: each
+    entry after the versions already checked, one GET each, up to the first that does not exist yet).
 
-    Raises :class:`CommitUnknownError` when the log cannot be read, or when an entry after the base is gone
-    (cleaned up after a checkpoint) while later versions exist: then nothing can tell."""
-    version = attempt.base + 1
+    Raises :class:`CommitUnknownError` when the log cannot be read (whatever the error), or when an entry after the
+    base is gone (cleaned up after a checkpoint) while later versions exist: then nothing can tell."""
+    version = attempt.checked + 1
     while True:
-        try:
-            marker = log.marker(version)
-        except StoreAccessError as exc:
-            raise unknown(log, attempt, exc) from exc
+        marker = _marker(log, attempt, version)
         if marker is None:  # no entry for this version: past the latest, unless it was cleaned up
-            if _later_versions(log, attempt, version):
+            if not _later_versions(log, attempt, version):
+                return None
+            marker = _marker(log, attempt, version)  # written meanwhile, by a writer racing this search?
+            if marker is None:
                 raise unknown(log, attempt, f"the log entry of version {version} is gone")
-            return None
         if marker == attempt.marker:
             return version
+        attempt.checked = version
         version += 1
+
+
+def _marker(log: Log, attempt: Attempt, version: int) -> str | None:
+    try:
+        return log.marker(version)
+    except Exception as exc:  # whatever keeps the log from being read: the commit's fate is unknown
+        raise unknown(log, attempt, exc) from exc
 
 
 def _later_versions(log: Log, attempt: Attempt, version: int) -> bool:
     try:
         return log.latest_number() > version
-    except StoreAccessError as exc:
+    except Exception as exc:  # as for a marker
         raise unknown(log, attempt, exc) from exc
 
 

@@ -186,9 +186,9 @@ def limits_of(options: Mapping[str, str], settings: Settings) -> Limits:
 
 
 def _seconds(key: str, value: Any, setting: str | None = None) -> float:
-    """``value`` (a duration of :mod:`trajstore.durations`: seconds, ``"5s"``, ``"500ms"``, ``"1m"``) in seconds;
-    > 0."""
-    return seconds(value, setting or f"storage_options: {key}", inclusive=False)
+    """``value`` (a duration of :mod:`trajstore.durations`: ``"5s"``, ``"500ms"``, ``"1m"``, or seconds, as a
+    number or as text: a timeout's unit is seconds) in seconds; > 0."""
+    return seconds(value, setting or f"storage_options: {key}", inclusive=False, bare_seconds=True)
 
 
 def _ms(seconds: float) -> str:

@@ -1,15 +1,16 @@
 """The Delta log of the ``steps`` table (``<store>/steps/_delta_log``): the one module that reads and writes it.
 
-Every other module sees the log through a :class:`Log` and the :class:`Version` it reads — a version's number, the
-committed files it lists (:class:`DataFile`), the table's schema as the log records it — and never through a
-deltalake object: only this module imports ``deltalake``. What it holds:
+Every other module sees the log through a :class:`Log` and the :class:`TableState` it reads — the table as one
+version left it: the version's number, the committed files it lists (:class:`DataFile`), the table's schema as the
+log records it — and never through a deltalake object: only this module imports ``deltalake``. What it holds:
 
 - **Reading a version**: :meth:`Log.read` (the latest, or the version a read-only store is pinned to), its files and
-  schema, an idempotency key's app transaction (:meth:`Version.app_version`); the latest version's number alone
+  schema, an idempotency key's app transaction (:meth:`TableState.app_version`); the latest version's number alone
   (:meth:`Log.latest_number`), the version current at a time (:meth:`Log.number_at`).
-- **Reading entries**: each version's one JSON file (:meth:`Log.entry`, :meth:`Log.commit`: the files it added,
-  how many it removed, when; :meth:`Log.marker`: the id trajstore gave it), the versions there are
-  (:meth:`Log.numbers`), the files commits removed (:meth:`Log.removed_paths`).
+- **Reading entries**: each version's one JSON file (:meth:`Log.entry`; :meth:`Log.commit`, a :class:`LogCommit`:
+  the files it added and removed, its commit info, its operation, the id trajstore gave it), the versions there are
+  (:meth:`Log.numbers`), the files commits removed (:meth:`Log.removed_paths`), the staging files a killed commit
+  left (:func:`log_leftover`).
 - **Checkpoints**: the last one and how far the log is past it, one written when due.
 - **Commits**: the table created and given columns (:meth:`Log.ensure`, :meth:`Log.reserve`), a file appended once
   (:meth:`Log.append`, :meth:`Log.commit_after`), files removed and added at once (:meth:`Log.swap`). Every commit
@@ -58,6 +59,7 @@ LOG_DIR = "_delta_log"
 ENTRY = re.compile(r"^(\d{20})\.json$")  # one version's entry in LOG_DIR
 COMMIT_RETRIES = 20  # a schema change's tries while other writers change it first
 APPEND_RETRIES = 100  # an append's tries while other writers keep committing first (each after a back-off)
+UNSURE_KEPT = 10_000  # appends that raised, remembered until they are sent again
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class DataFile:
     min_episode_id: int | None = None  # from the commit's file statistics, when it has them
     max_episode_id: int | None = None
     fs: pafs.FileSystem = field(default_factory=pafs.LocalFileSystem, compare=False, repr=False)
+    data_change: bool = field(default=True, compare=False, repr=False)  # False: an OPTIMIZE's rewrite of rows
 
     @property
     def is_local(self) -> bool:
@@ -83,6 +86,16 @@ class DataFile:
     def uri(self) -> str:
         """The file as a user names it: its local path, or ``s3://bucket/key``."""
         return display(self.path, self.fs)
+
+
+def log_leftover(location: Location, path: str) -> bool | None:
+    """Whether ``path`` (a file under the table folder at ``location``) is a file of the log a killed commit left:
+    a staging file (delta-rs writes ``<name>#<n>`` or ``*.tmp`` and links or renames it into place) — True; a file
+    of the log itself — False; None when it is not in the log at all (a data file)."""
+    if location.relative(path).split("/", 1)[0] != LOG_DIR:
+        return None
+    name = path.rsplit("/", 1)[-1]
+    return "#" in name or name.endswith(".tmp")
 
 
 def display(path: str, fs: pafs.FileSystem) -> str:
@@ -122,21 +135,59 @@ class WrittenFile:
 
 @dataclass(frozen=True)
 class LogCommit:
-    """One version of the log: the data files it added, how many files it removed (a compaction or a delete
-    rewrites rows that were there before: its files hold no new rows) and its commit time (ms), if recorded."""
+    """One version of the log as its entry says: every file it added (``files``; those whose rows changed the
+    table's data are :attr:`added`), the files it removed (their paths and runs: a compaction or a delete rewrites
+    rows that were there before, so its files hold no new rows), its commit info, and whether it changed the
+    table's metadata (a schema change)."""
 
     version: int
-    added: list[DataFile]
-    removed: int = 0
-    timestamp_ms: int | None = None
+    files: list[DataFile]
+    removed: list[tuple[str, str]] = field(default_factory=list)  # (path in the table's filesystem, run_id)
+    info: dict[str, Any] = field(default_factory=dict)
+    metadata: bool = False
+
+    @property
+    def added(self) -> list[DataFile]:
+        """The files it added whose rows change the table's data (not the rewrites of an OPTIMIZE)."""
+        return [f for f in self.files if f.data_change]
 
     @property
     def new_rows(self) -> bool:
         """Whether the rows of :attr:`added` are new to the table (an append), not rewritten ones."""
-        return self.removed == 0
+        return not self.removed
+
+    @property
+    def timestamp_ms(self) -> int | None:
+        """When it was committed (ms since the epoch), if its commit info says."""
+        when = self.info.get("timestamp")
+        return None if when is None else int(when)
+
+    @property
+    def marker(self) -> str:
+        """The id trajstore gave it (:mod:`~trajstore.storage.landing`); ``""`` for a commit without one (another
+        tool's, an older trajstore's)."""
+        own = self.info.get("trajstore")
+        return str(own.get(MARKER) or "") if isinstance(own, dict) else ""
+
+    @property
+    def operation(self) -> str:
+        """trajstore's own name for the commit when it wrote one, else the log's operation in trajstore's words
+        (``create``, ``append``, ``overwrite``, ``add_columns``, …)."""
+        own = self.info.get("trajstore") or {}
+        if isinstance(own, dict) and own.get("operation"):
+            return str(own["operation"])
+        op = str(self.info.get("operation", "")).upper()
+        mode = str((self.info.get("operationParameters") or {}).get("mode", "")).lower()
+        if op.split() == ["CREATE", "TABLE"]:  # the log's name for the first commit
+            return "create"
+        if op == "WRITE":
+            return "append" if mode == "append" else "overwrite"
+        if op == "ADD COLUMN":
+            return "add_columns"
+        return op.lower().replace(" ", "_") or ("metadata" if self.metadata else "unknown")
 
 
-class Version:
+class TableState:
     """The table as one version of the log left it: its ``number``, the files it lists, its schema. A change
     planned on what it read commits over it (:meth:`Log.swap`, :meth:`Log.commit_after`)."""
 
@@ -145,7 +196,7 @@ class Version:
         self.number: int = table.version()
 
     def __repr__(self) -> str:
-        return f"Version({self.number} of {self._log.uri!r})"
+        return f"TableState({self.number} of {self._log.uri!r})"
 
     @cached_property
     def files(self) -> list[DataFile]:
@@ -204,20 +255,24 @@ class Log:
         except OSError as exc:
             raise explain(exc, self.location) or exc
 
-    def read(self, number: int | None = None) -> Version | None:
-        """Version ``number`` (default: the pinned or the latest one); None before the first commit. A version
+    def read(self, number: int | None = None) -> TableState | None:
+        """The table as version ``number`` left it (default: the pinned or the latest version); None before the first
+        commit. A version
         whose entries cannot be read raises :class:`VersionNotFoundError` (one asked for by number: cleaned up)
         or :class:`StoreDamagedError` (the latest)."""
         number = self.pinned if number is None else number
         try:
             table = self._open(number)
         except DeltaError as exc:
-            if number is not None:
-                raise VersionNotFoundError(f"version: version {number} of {self.uri} cannot be read: "
-                                           f"{first_line(exc)}") from exc
+            if number is not None:  # a removed version too: not found (404), not bad input
+                raise VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were "
+                                           f"cleaned up): {first_line(exc)}") from exc
             raise StoreDamagedError(f"the commit log of {self.uri} cannot be read: {first_line(exc)}",
                                     path=self.location.uri_of(LOG_DIR)) from exc
-        return None if table is None else Version(self, table)
+        if table is None and number is not None:
+            raise VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were "
+                                       "cleaned up)")
+        return None if table is None else TableState(self, table)
 
     def latest_number(self) -> int:
         """The number of the version :meth:`read` gives (-1 before the first commit)."""
@@ -235,14 +290,7 @@ class Log:
 
     def check_readable(self, number: int) -> None:
         """Raise :class:`VersionNotFoundError` if version ``number``'s log entries were cleaned up."""
-        try:
-            DeltaTable(self.uri, version=number, storage_options=self.location.storage_options)
-        except (DeltaError, OSError) as exc:  # a removed version too: not found (404), not bad input
-            access = explain(exc, self.location)
-            if access is not None:
-                raise access from exc
-            raise VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were "
-                                       f"cleaned up): {first_line(exc)}") from exc
+        self.read(number)
 
     def numbers(self) -> list[int]:
         """The versions whose entries the log holds, oldest first (up to the pinned one)."""
@@ -273,23 +321,24 @@ class Log:
         actions = self.entry(number)
         if actions is None:
             return None
-        added, removed, when = [], 0, None
+        files, removed, info, metadata = [], [], {}, False
         for action in actions:
-            if "add" in action and action["add"].get("dataChange", True):
-                added.append(self._added_file(action["add"]))
-            removed += "remove" in action
-            when = action.get("commitInfo", {}).get("timestamp", when)
-        return LogCommit(number, added, removed, when)
+            if "add" in action:
+                files.append(self._added_file(action["add"]))
+            elif "remove" in action:
+                gone = action["remove"]
+                removed.append((self.location.path(unquote(gone["path"])),
+                                (gone.get("partitionValues") or {}).get("run_id", "")))
+            elif "commitInfo" in action:
+                info = action["commitInfo"]
+            metadata = metadata or "metaData" in action
+        return LogCommit(number, files, removed, info, metadata)
 
     def marker(self, number: int) -> str | None:
-        """The marker trajstore gave the commit of version ``number`` (:mod:`~trajstore.storage.landing`): its
-        commit id, ``""`` for a commit without one (another tool's, an older trajstore's); None while there is no
-        such version yet."""
-        actions = self.entry(number)
-        if actions is None:
-            return None
-        own = next((a["commitInfo"] for a in actions if "commitInfo" in a), {}).get("trajstore")
-        return str(own.get(MARKER) or "") if isinstance(own, dict) else ""
+        """The marker trajstore gave the commit of version ``number`` (:attr:`LogCommit.marker`); None while there
+        is no such version yet."""
+        commit = self.commit(number)
+        return None if commit is None else commit.marker
 
     def removed_paths(self, hours: int) -> set[str]:
         """The files (paths in the table's filesystem) that commits at least ``hours`` ago removed from the table
@@ -306,7 +355,8 @@ class Log:
         return DataFile(self.location.path(unquote(add["path"])), part.get("run_id", ""), part.get("env_id", ""),
                         int(stats.get("numRecords") or 0), int(add.get("size") or 0),
                         int(add.get("modificationTime") or 0), stats.get("minValues", {}).get("episode_id"),
-                        stats.get("maxValues", {}).get("episode_id"), self.location.fs)
+                        stats.get("maxValues", {}).get("episode_id"), self.location.fs,
+                        bool(add.get("dataChange", True)))
 
     def _open(self, number: int | None) -> DeltaTable | None:
         try:
@@ -345,12 +395,13 @@ class Log:
 
     # --- commits ---------------------------------------------------------------------------------------------
 
-    def ensure(self, file_schema: pa.Schema) -> Version:
-        """The latest version, the table created or given the columns of ``file_schema`` it lacks first (a commit
+    def ensure(self, physical: pa.Schema) -> TableState:
+        """The latest version, the table created or given the columns of ``physical`` (a file's own schema) it lacks
+        first (a commit
         of its own), so that a commit of such a file needs no other change. Safe when several processes (or
         machines) do it at once: the losers of a race read the log again."""
         self.writable("write")
-        return Version(self, self._ensure(_full_schema(file_schema)))
+        return TableState(self, self._ensure(_full_schema(physical)))
 
     def reserve(self, types: Mapping[str, pa.DataType],
                 logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
@@ -399,6 +450,8 @@ class Log:
         full_schema = _full_schema(written.schema)
         table = self._ensure(full_schema)
         attempt = self._unsure.setdefault(written.path, Attempt(table.version()))
+        while len(self._unsure) > UNSURE_KEPT:  # files given up on are never sent again: the oldest go
+            del self._unsure[next(iter(self._unsure))]
         what = f"the append of {written.relative}"
         last: Exception | None = None
         for i in tries(APPEND_RETRIES):
@@ -419,15 +472,15 @@ class Log:
         raise CommitError(f"commit of {written.relative} failed after {APPEND_RETRIES} attempts (other commits "
                           f"kept coming first): {one_line(last)}")
 
-    def commit_after(self, version: Version, written: WrittenFile, *, app: tuple[str, int] | None = None) -> bool:
-        """Commit ``written`` as the version right after ``version``, recording the app transaction ``app`` (its
+    def commit_after(self, state: TableState, written: WrittenFile, *, app: tuple[str, int] | None = None) -> bool:
+        """Commit ``written`` as the version right after ``state``'s, recording the app transaction ``app`` (its
         id and version) if given, or not at all: False when another commit took that version first (read the log
-        again, then retry). Never rebases onto newer commits: what the caller checked against ``version`` still
+        again, then retry). Never rebases onto newer commits: what the caller checked against ``state`` still
         holds when the commit succeeds."""
         self.writable("write")
         transaction = None if app is None else Transaction(*app)
         try:
-            self._send(version._table, Attempt(version.number), [_add_action(written)],
+            self._send(state._table, Attempt(state.number), [_add_action(written)],
                        what=f"the append of {written.relative}", metadata={"operation": "append"},
                        schema=_full_schema(written.schema), retries=0, transaction=transaction)
         except CommitFailedError:
@@ -439,17 +492,18 @@ class Log:
                 f"commit of {written.relative} to {self.uri} failed: {one_line(exc)}") from exc
         return True
 
-    def swap(self, version: Version, removed: list[DataFile], written: list[WrittenFile], *,
-             metadata: dict[str, Any]) -> int:
-        """Commit, in one transaction over ``version``, the removal of exactly ``removed`` and the addition of
-        ``written`` (a compaction, a delete, a rewrite); returns the version committed. Commits appended after
-        ``version`` stay (the log rebases the commit onto them); if one of them removed a file of ``removed``
+    def swap(self, state: TableState, removed: list[DataFile], written: list[WrittenFile], *,
+             metadata: dict[str, Any]) -> int | None:
+        """Commit, in one transaction over the table ``state``, the removal of exactly ``removed`` and the addition of
+        ``written`` (a compaction, a delete, a rewrite); returns the version committed (None, rarely, when the change
+        is known to be committed but its version cannot be read back). Commits appended after
+        ``state`` stay (the log rebases the commit onto them); if one of them removed a file of ``removed``
         (a concurrent delete or compaction), the commit fails with a :class:`CommitError` and changes nothing.
         ``metadata`` goes into the commit's info under ``"trajstore"`` (what
         :func:`trajstore.storage.history.history` shows)."""
         operation = str(metadata.get("operation", "change"))
         self.writable(operation)
-        table = version._table
+        table = state._table
         now = int(time.time() * 1000)
         actions: list[Any] = [RemoveAction(self.location.relative(f.path), True, now, f.size,
                                            {"run_id": f.run_id, "env_id": f.env_id}) for f in removed]
@@ -459,7 +513,7 @@ class Log:
             table_schema = _merged(table_schema, w.schema)
         if len(table_schema) > len(table.schema().to_arrow()):  # a rewrite that adds a column: the log's schema
             table = self._ensure(table_schema)  # gains it first (a commit of its own), then the files swap
-            listed = {f.path for f in Version(self, table).files}
+            listed = {f.path for f in TableState(self, table).files}
             if any(f.path not in listed for f in removed):
                 raise CommitError(f"{operation}: another change removed some of the files it read; nothing was "
                                   "committed")
@@ -476,11 +530,14 @@ class Log:
             raise explain(exc, self.location) or CommitError(
                 f"{operation} of {len(removed)} file(s) in {self.uri} was not committed (another change removed "
                 f"some of them first?): {first_line(exc)}") from exc
-        number = landed if landed is not None else find(self, attempt)
-        if number is None:  # it committed, so the log holds it: only a log cleaned up under us could hide it
-            raise CommitError(f"{self.uri}: a commit succeeded but no version after {attempt.base} carries its id "
-                              f"{attempt.marker}")
-        return number
+        if landed is not None:
+            return landed
+        try:  # it committed: which version it took is for the report alone, and never fails the change
+            return find(self, attempt)
+        except CommitUnknownError as exc:
+            log.warning("%s: the %s was committed, but its version could not be read back: %s", self.uri,
+                        operation, first_line(exc))
+            return None
 
     def _send(self, table: DeltaTable, attempt: Attempt, actions: list[Any], *, what: str, metadata: dict[str, Any],
               schema: pa.Schema, retries: int | None = None, transaction: Transaction | None = None) -> int | None:
@@ -573,16 +630,17 @@ def _add_action(written: WrittenFile) -> AddAction:
                      written.modified_ms, True, json.dumps(written.stats))
 
 
-def _full_schema(file_schema: pa.Schema) -> pa.Schema:
+def _full_schema(physical: pa.Schema) -> pa.Schema:
     """The table's schema (as the Delta log records it) for a file's: the partition columns first."""
-    stored = [f for f in delta_schema(file_schema) if f.name not in PARTITION_COLUMNS]
+    stored = [f for f in delta_schema(physical) if f.name not in PARTITION_COLUMNS]
     return pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + stored)
 
 
-def _merged(table_schema: pa.Schema, file_schema: pa.Schema) -> pa.Schema:
-    """``table_schema`` with the columns of ``file_schema`` it lacks appended (nullable, as the log records them)."""
+def _merged(table_schema: pa.Schema, physical: pa.Schema) -> pa.Schema:
+    """``table_schema`` with the columns of ``physical`` (a file's own schema) it lacks appended (nullable, as the log
+    records them)."""
     known = set(table_schema.names)
-    return pa.schema(list(table_schema) + [f for f in delta_schema(file_schema) if f.name not in known])
+    return pa.schema(list(table_schema) + [f for f in delta_schema(physical) if f.name not in known])
 
 
 def _ms(value: object) -> int:

@@ -86,7 +86,7 @@ class StepsTable:
             return f"{f.uri}: is {size} bytes, the log says {f.size}"
         return None
 
-    def file_schema(self, env_id: str | None = None) -> pa.Schema | None:
+    def stored_schema(self, env_id: str | None = None) -> pa.Schema | None:
         """The columns readers get (logical names, decoded types, fixed sizes kept) merged over the committed
         files, the newest file's first.
 
@@ -130,23 +130,8 @@ class StepsTable:
                 known = dict(self._schemas)
         return [known[f.path] if f.path in known else self._schema(f) for f in files]
 
-    def _read_schema(self, f: DataFile) -> pa.Schema:
-        try:
-            return pq.read_schema(f.path, filesystem=self.fs)
-        except (OSError, pa.ArrowException) as exc:
-            access = explain(exc, self.location)
-            if access is not None:
-                raise access from exc
-            problem = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read ({first_line(exc)})"
-            raise StoreDamagedError.of_file(f.uri, problem, self.location.uri.rsplit("/", 1)[0]) from exc
-
     def _schema(self, f: DataFile) -> FileSchema:
-        schema = self._read_schema(f)
-        try:
-            return FileSchema.of(schema, where=f.uri)
-        except EncodingError as exc:
-            raise StoreDamagedError.of_file(f.uri, f"has an unreadable format ({exc})",
-                                            self.location.uri.rsplit("/", 1)[0]) from exc
+        return read_file_schema(f, self.location)
 
     # --- writing ----------------------------------------------------------------------------------
 
@@ -239,6 +224,7 @@ class StepsTable:
             out.write(body)
         return body.size
 
+
 def steps_dataset(files: Sequence[DataFile], schema: pa.Schema) -> ds.FileSystemDataset:
     """A pyarrow dataset over exactly ``files`` (in order; never a listing of their folder), typed as ``schema``
     (stored names): ``run_id`` and ``env_id`` from each file's partition, every column cast to its type in
@@ -253,12 +239,24 @@ def steps_dataset(files: Sequence[DataFile], schema: pa.Schema) -> ds.FileSystem
                                            filesystem=filesystem, partitions=partitions)
 
 
-def read_file_schema(f: DataFile) -> FileSchema:
-    """The schema of one committed file, from its footer."""
+def read_file_schema(f: DataFile, location: Location | None = None) -> FileSchema:
+    """The :class:`~trajstore.storage.encoding.FileSchema` of one committed file, from its footer. A file that is
+    missing or cannot be read, or whose format is unreadable, is a :class:`StoreDamagedError` naming it; with the
+    store's ``location``, an object store that fails or does not answer is its
+    :class:`~trajstore.errors.StoreAccessError` instead."""
+    store = None if location is None else location.uri.rsplit("/", 1)[0]
     try:
-        return FileSchema.of(pq.read_schema(f.path, filesystem=f.fs), where=f.uri)
+        schema = pq.read_schema(f.path, filesystem=f.fs)
+    except (OSError, pa.ArrowException) as exc:
+        access = None if location is None else explain(exc, location)
+        if access is not None:
+            raise access from exc
+        problem = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read ({first_line(exc)})"
+        raise StoreDamagedError.of_file(f.uri, problem, store) from exc
+    try:
+        return FileSchema.of(schema, where=f.uri)
     except EncodingError as exc:
-        raise StoreDamagedError.of_file(f.uri, f"has an unreadable format ({exc})", None) from exc
+        raise StoreDamagedError.of_file(f.uri, f"has an unreadable format ({exc})", store) from exc
 
 
 def missing_files(location: Location, files: Sequence[DataFile]) -> list[DataFile]:

@@ -4,8 +4,8 @@ A sink takes a buffer of rows in two stages, so that the writer can encode one b
 one is being made durable: :meth:`Sink.write` encodes the rows into something not yet visible to any
 reader (a Parquet file no commit lists, an encoded request body), and :meth:`Sink.commit` makes it visible
 in one step (a Delta commit, an ingest request). :class:`~trajstore.storage.table.StepsTable` is the sink
-of a store; :class:`~trajstore.remote.writer.RemoteSink` the sink of a served store. A writer also tells an
-:class:`Upkeep` of each commit (the store's compaction and checkpoints, which live above the writer).
+of a store; :class:`~trajstore.remote.writer.RemoteSink` the sink of a served store. A writer also tells a
+:class:`CommitHook` of each commit (the store's compaction and checkpoints, which live above the writer).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ Pending = TypeVar("Pending")
 class Sink(Protocol[Pending]):
     """Where a writer's rows go."""
 
-    def file_schema(self, env_id: str | None = None) -> pa.Schema | None:
+    def stored_schema(self, env_id: str | None = None) -> pa.Schema | None:
         """The Arrow types already stored (of ``env_id``'s rows; logical names and decoded types), which new rows
         must match; None if none."""
         ...
@@ -42,7 +42,7 @@ class Sink(Protocol[Pending]):
 
 
 @runtime_checkable
-class Upkeep(Protocol):
+class CommitHook(Protocol):
     """What a writer tells of each commit it made, and closes with it (the store's upkeep,
     :class:`trajstore.operations.upkeep.Upkeep`, which compacts and checkpoints on a thread of its own)."""
 

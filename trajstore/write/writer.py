@@ -40,7 +40,7 @@ from trajstore.storage.encoding import NEXT, OBS, Format, check_frame_stack, lea
 from trajstore.write.buffer import RowBuffer, Rows, gather
 from trajstore.write.episode_ids import EpisodeIds
 from trajstore.write.segment import Autoreset, Cursors, Segments, segment
-from trajstore.write.sink import Sink, Upkeep
+from trajstore.write.sink import CommitHook, Sink
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class Writer:
     def __init__(self, sink: Sink[Any], *, run_id: str, env_id: str, observation_space: Any = None,
                  action_space: Any = None, autoreset: Autoreset = "same-step",
                  flush_bytes: int = 128 * 1024 * 1024, worker_id: str | None = None,
-                 frame_stack: Mapping[str, int] | None = None, upkeep: Upkeep | None = None,
+                 frame_stack: Mapping[str, int] | None = None, upkeep: CommitHook | None = None,
                  **lineage: Any) -> None:
         _check_name("run_id", run_id)
         _check_name("env_id", env_id)
@@ -222,7 +222,7 @@ class Writer:
 
     def _initial_types(self, observation_space: Any, action_space: Any) -> dict[str, pa.DataType]:
         """The types this environment's stored steps have (an environment keeps them), and the declared spaces'."""
-        stored = self.sink.file_schema(env_id=self.env_id)
+        stored = self.sink.stored_schema(env_id=self.env_id)
         types: dict[str, pa.DataType] = {f.name: f.type for f in stored} if stored is not None else {}
         declared: dict[str, pa.DataType] = {}
         if observation_space is not None:

@@ -295,6 +295,21 @@ def lost_meaning(physical: pa.Schema, nulls: Mapping[str, int | None], *, where:
                             "be read back")
 
 
+def _plain(t: pa.DataType) -> pa.DataType:
+    """``t`` without the view and large variants other writers use (string_view, large_list, …)."""
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _plain(f.type)) for f in t])
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_plain(t.value_type), t.list_size)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return pa.list_(_plain(t.value_type))
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+        return pa.binary()
+    return t
+
+
 def _has_bytes(t: pa.DataType) -> bool:
     if pa.types.is_struct(t):
         return any(_has_bytes(f.type) for f in t)
@@ -455,10 +470,12 @@ class FileSchema:
         if (schema.metadata or {}).get(META_KEY.encode()) is not None or table is None:
             fmt = Format.of(schema.metadata, where=where)
         elif any(table.get(f.name) for f in physical):
+            physical = pa.schema([pa.field(f.name, _plain(f.type)) for f in physical])
             nulls = nulls or {}
             empty = {n for n, c in nulls.items() if c is not None and rows is not None and c >= rows > 0}
             fmt, physical = foreign_format(physical, table, empty, where=where)
         else:
+            physical = pa.schema([pa.field(f.name, _plain(f.type)) for f in physical])
             lost_meaning(physical, nulls or {}, where=where)
             fmt = Format(foreign=True)
         try:

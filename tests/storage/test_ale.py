@@ -95,5 +95,6 @@ def test_atari_frame_stacks_round_trip_exactly_with_each_frame_stored_once(tmp_p
     episodes_in_files = sum(len(np.unique(pq.read_table(f.path, columns=["episode_id"])["episode_id"]))
                             for f in store.files())
     assert frames == stored + 3 * episodes_in_files  # every frame once (4x less than the stacks' frames)
-    next_null = sum(pq.read_table(f.path, columns=["next_obs_sparse_new_frames"])["next_obs_sparse_new_frames"].null_count for f in store.files())
+    sparse = "next_obs_sparse_new_frames"
+    next_null = sum(pq.read_table(f.path, columns=[sparse])[sparse].null_count for f in store.files())
     assert next_null >= stored - episodes_in_files  # next_obs stored only where it is not the next step's obs

@@ -65,7 +65,8 @@ def test_an_environment_keeps_its_names(store: trajstore.Store) -> None:
         with store.writer(run_id="r", env_id=env) as w:
             w.add_batch(batch)
     layouts = store.table.schemas([f for f in store.files() if f.env_id == "Box-v0"])
-    assert [layout.format.renames for layout in layouts] == [{"action": "action__float32_1d", "next_obs": "next_obs_sparse"}] * 2
+    renames = {"action": "action__float32_1d", "next_obs": "next_obs_sparse"}
+    assert [layout.format.renames for layout in layouts] == [renames] * 2
     assert store.table.log.read().schema.names.count("action__float32_1d") == 1
 
 

@@ -33,7 +33,6 @@ from trajstore import schema as sch
 from trajstore.errors import CommitError, ConflictError, InputError, SchemaMismatchError
 from trajstore.operations.continuity import Spans, check_continues, request_spans, stored_ends
 from trajstore.retry import tries
-from trajstore.storage.names import stored_rows
 from trajstore.storage.encoding import (
     NEXT,
     OBS,
@@ -46,6 +45,7 @@ from trajstore.storage.encoding import (
     physical_schema,
 )
 from trajstore.storage.log import TableState, WrittenFile
+from trajstore.storage.names import stored_rows
 from trajstore.storage.table import StepsTable
 
 KEYS = {"episode_id": pa.int64(), "step": pa.int32()}

@@ -40,7 +40,8 @@ def candidates(name: str, t: pa.DataType) -> list[str]:
 def resolve(types: Mapping[str, pa.DataType], log: Mapping[str, pa.DataType],
             logical: Mapping[str, pa.DataType] | None = None, *,
             declared: Mapping[str, Mapping[str, Any] | None] | None = None,
-            log_declared: Mapping[str, Mapping[str, Any] | None] | None = None) -> tuple[dict[str, str], list[pa.Field]]:
+            log_declared: Mapping[str, Mapping[str, Any] | None] | None = None,
+            ) -> tuple[dict[str, str], list[pa.Field]]:
     """For each column (name -> stored Arrow type), the physical name it is stored under, given the log's columns
     (name -> type); and the columns the log must gain (their Delta types, each with its declaration in its field
     metadata). Tags are made from the ``logical`` types where given (an image's bytes say nothing of its dtype),

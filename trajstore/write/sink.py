@@ -10,7 +10,7 @@ of a store; :class:`~trajstore.remote.writer.RemoteSink` the sink of a served st
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, TypeVar, runtime_checkable
+from typing import Any, Mapping, Protocol, TypeVar, runtime_checkable
 
 import pyarrow as pa
 

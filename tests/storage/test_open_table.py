@@ -87,15 +87,15 @@ def ours(store: trajstore.Store, env_id: str) -> pa.Table:
     return store.scan(env_id=env_id).read_all().sort_by(KEYS)
 
 
-def values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
-    """Values to compare across engines: lists whatever their fixed sizes, bytes frames as lists of numbers."""
+def values(column: pa.ChunkedArray | pa.Array | list[Any]) -> list[Any]:
+    """Values to compare across engines: lists whatever their fixed sizes, tuples or lists."""
     def plain(v: Any) -> Any:
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             return [plain(x) for x in v]
         return v
-    return [plain(v) for v in column.to_pylist()]
+    return [plain(v) for v in (column if isinstance(column, list) else column.to_pylist())]
 
 
 def same_as_ours(theirs: pa.Table, store: trajstore.Store, envs: list[str], engine: str) -> None:
@@ -272,3 +272,29 @@ def test_another_tools_rewrite_of_an_old_store_is_refused_not_misread(tmp_path: 
     with pytest.raises(trajstore.errors.StoreDamagedError, match="another tool rewrote this file"):
         store.scan(["obs", "next_obs"], env_id="Vec-v0").read_all()
     assert not check(store).ok
+
+
+def test_the_decoding_sql_gives_trajstore_s_steps_in_another_duckdb(written: tuple[trajstore.Store, list[str]],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``trajstore schema --sql`` run unchanged by a DuckDB of the user's own over the committed files: the same
+    steps as ``scan`` (float vectors, frame stacks with their starts and breaks, Dict observations, episode ends)."""
+    from trajstore.cli.main import main
+
+    store, envs = written
+    assert main(["schema", "--store", str(store.root), "--sql"]) == 0
+    text = capsys.readouterr().out
+    con = duckdb.connect()
+    paths = ", ".join(f"'{f.path}'" for f in store.files())
+    con.execute(f"CREATE VIEW stored_steps AS SELECT * FROM read_parquet([{paths}], hive_partitioning = true, "
+                "union_by_name = true)")
+    con.execute(text)
+    for env in envs:
+        mine = ours(store, env)
+        rows = con.sql(f"SELECT episode_id, step, obs, next_obs, reward, terminated, truncated FROM steps "
+                       f"WHERE env_id = '{env}' ORDER BY episode_id, step").fetchall()
+        assert len(rows) == mine.num_rows
+        for i, name in enumerate(["episode_id", "step", "obs", "next_obs", "reward", "terminated", "truncated"]):
+            assert [values([r[i]])[0] for r in rows] == values(mine[name]), (env, name)
+    assert main(["schema", "--store", str(store.root)]) == 0
+    described = capsys.readouterr().out
+    assert "next_obs_sparse" in described and "holds next_obs; null where the next observation is the obs" in described

@@ -160,6 +160,20 @@ RULES = {
 }
 
 
+def described(spec: Mapping[str, Any]) -> list[str]:
+    """A declaration in words: how its column stores its field."""
+    out = [RULES["sparse"]] if spec.get("sparse") else []
+    if spec.get("stored") in RULES:
+        out.append(RULES[spec["stored"]])
+    if spec.get("frame_stack"):
+        out.append("frame stacks: " + ", ".join(f"{p} of {k}" for p, k in spec["frame_stack"].items()))
+    if spec.get("frames"):
+        out.append("frames: " + ", ".join(f"{p} {d}{list(shape)}" for p, (d, shape) in spec["frames"].items()))
+    if spec.get("type"):
+        out.append(f"values of type {spec['type']}")
+    return out
+
+
 def stored_names(fmt: Format) -> dict[str, str]:
     """The names ``obs`` and ``next_obs`` are stored under (before a type tag, see :mod:`.names`), saying what
     they hold: ``obs`` (its values), ``obs_new_frames`` (frame stacks, each frame once), ``obs_bytes`` (images as

@@ -19,8 +19,11 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from fastapi.testclient import TestClient
 
 import trajstore
+from tests.api.helpers import settings_for
+from trajstore.api.app import create_app
 from trajstore.query.foreign import ForeignChangeError
 from trajstore.store import check
 
@@ -210,6 +213,13 @@ def test_every_reader_reads_back_what_other_tools_left(written: tuple[trajstore.
         (loaded,) = store.iter_batches(batch_size=10**6, columns=["episode_id", "step", "obs"], env_id=env)
         assert len(loaded["episode_id"]) == want[env].num_rows
     assert check(store).ok, check(store).problems
+    with TestClient(create_app(settings_for(store.root))) as client:  # REST reads the same engine
+        for env in envs:
+            got = client.get("/stats", params={"env_id": env, "include_incomplete": True}).json()
+            assert got[0]["n_traj"] == len(set(want[env]["episode_id"].to_pylist())), got
+            steps = client.get(f"/episodes/{want[env]['episode_id'][0].as_py()}/steps").json()
+            assert len(steps["steps"]) == pa.compute.sum(pa.compute.equal(want[env]["episode_id"],
+                                                                          want[env]["episode_id"][0])).as_py()
     windows = list(store.sequences(3, columns=["obs", "next_obs"], batch_size=8, env_id=envs[0]))
     assert windows
     assert list(store.transitions(2, gamma=0.9, batch_size=8, env_id=envs[0]))
@@ -240,6 +250,9 @@ def test_changes_trajstore_cannot_read_back_are_refused_naming_the_episode_and_v
             read()
     report = check(store)
     assert not report.ok and any(f"episode {episode}" in p for p in report.problems), report.problems
+    with TestClient(create_app(settings_for(store.root))) as client:
+        answer = client.get("/stats")
+        assert answer.status_code >= 500 and f"episode {episode}" in answer.text, answer.text
 
 
 def test_a_store_written_before_encoding_3_reads_as_it_did(tmp_path: Path) -> None:

@@ -297,6 +297,11 @@ def stack_macro(name: str, frame: str) -> str:
     return f"CREATE OR REPLACE MACRO {ident(name)}(s) AS list_transform(s, lambda f: {ident(frame)}(f));"
 
 
+def partition_of(episode_id: int) -> str:
+    """The ``run_id`` and ``env_id`` of one episode's steps (none when it has no steps)."""
+    return f"SELECT run_id, env_id FROM steps WHERE episode_id = {int(episode_id)} LIMIT 1"
+
+
 def rows_of(source: str, env_ids: Sequence[str], obs: str | None) -> str:
     """The rows of relation ``source`` of ``env_ids`` that store their observation in ``obs`` (a stored name)."""
     where = [f"env_id IN ({', '.join(literal(e) for e in env_ids)})"]

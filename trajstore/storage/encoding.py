@@ -1,26 +1,31 @@
-"""The physical format of a steps file: what its metadata says, how ``obs``/``next_obs`` are stored, and how every
-reader decodes them.
+"""The stored format of the steps: the names and declarations of the stored columns, what a file's footer says,
+how ``obs``/``next_obs`` are stored, and how every reader decodes them.
 
 A file's Parquet key-value metadata ``trajstore`` (JSON) says how it is encoded, e.g.
-``{"encoding": 2, "frame_stack": {"obs": 4}, "columns": {"action": "action__float32_1d"}}``. A file without it is
-encoding 1: every column stored as given, decoding is the identity. ``columns`` maps a logical column name to the
-typed physical name it is stored under (see :mod:`trajstore.storage.names`), in any encoding.
+``{"encoding": 3, "frame_stack": {"obs": 4}, "columns": {"obs": "obs_new_frames", "action": "action__float32_1d"}}``.
+``columns`` maps a logical column name to the physical name it is stored under (see :mod:`trajstore.storage.names`).
+A file without it and without declared columns is encoding 1: every column stored as given, decoding the identity.
 
-Encoding 2 stores each observation once. Each leaf of ``obs`` (the column, or each leaf of a Dict observation by
-its dotted path, ``obs.pixels``) is a stack of *frames*: a leaf declared as a frame stack of ``k``
-(``frame_stack={"obs": k}``; gymnasium's ``FrameStackObservation`` layout ``(k, *F)``, newest frame last) has k
-frames of shape F, any other leaf is one frame (its whole per-step array). A frame of two or more dimensions (an
-image) is stored as its raw bytes, C order, in a ``fixed_size_binary`` (``frames`` in the metadata gives its dtype
-and shape: ``{"obs": ["uint8", [84, 84]]}``); a smaller one as the fixed-size list (or scalar) it is. Then:
+Encodings 2 and 3 store each observation once, alike; encoding 3 gives the columns names that say what they hold
+(:func:`stored_names`: ``next_obs_sparse``, ``obs_new_frames``, ``obs_bytes``) and declares how each is read back
+in the Delta schema's field metadata (:func:`declaration`), which every tool that rewrites files keeps: a file
+another tool wrote (no footer) is read from those declarations (:func:`foreign_format`). Each leaf of ``obs`` (the
+column, or each leaf of a Dict observation by its dotted path, ``obs.pixels``) is a stack of *frames*: a leaf
+declared as a frame stack of ``k`` (``frame_stack={"obs": k}``; gymnasium's ``FrameStackObservation`` layout
+``(k, *F)``, newest frame last) has k frames of shape F, any other leaf is one frame (its whole per-step array). A
+frame of two or more dimensions (an image) is stored as its raw bytes, C order, in a ``fixed_size_binary``
+(``frames`` gives its dtype and shape: ``{"obs": ["uint8", [84, 84]]}``); a smaller one as the fixed-size list (or
+scalar) it is. Then:
 
 - ``obs``: a stacked leaf is a ``list<frame>`` holding either the row's newest frame (1 entry) or its whole stack
-  (k entries: an *anchor*); decoded, ``stack[t]`` is the last k frames of the stored lists of rows ``t-k+1..t``,
-  and a 1-entry row always follows its episode's previous step in the same file. Any other leaf is its frame.
-- ``next_obs`` is nullable; null means "the ``obs`` of the next row", which is then the same episode's next step.
-  The writer nulls it only where it compared the two bit for bit (every leaf of a Dict observation), so a reader
-  gets back exactly the bits written. A leaf stored as frames (a stacked leaf, or an image) is a ``list<frame>``
-  (a null row stores nothing) holding one frame (an image: the whole observation; a stack: its newest frame,
-  after ``obs[t][1:]``) or, for a stack, k (the whole stack); any other leaf is stored as in ``obs``.
+  (k entries: an *anchor*); decoded, ``stack[t]`` is the last k frames of the stored lists of the episode's rows
+  ``t-k+1..t``; in trajstore's own files a 1-entry row always follows its episode's previous step in the same
+  file. Any other leaf is its frame.
+- ``next_obs`` is nullable; null means "the ``obs`` of the same episode's next step". The writer nulls it only where
+  it compared the two bit for bit (every leaf of a Dict observation), so a reader gets back exactly the bits
+  written. A leaf stored as frames (a stacked leaf, or an image) is a ``list<frame>`` (a null row stores nothing)
+  holding one frame (an image: the whole observation; a stack: its newest frame, after ``obs[t][1:]``) or, for a
+  stack, k (the whole stack); any other leaf is stored as in ``obs``.
 
 Parquet stores an 8-bit integer as a 32-bit one with levels per value, so images as nested lists cost ~4x the
 bytes and ~80x the time to write and read that their bytes do (measured: 4.7k vs 370k 84x84 frames/s written).

@@ -160,6 +160,15 @@ def rewrite(store: trajstore.Store, how: str) -> None:
         table.delete(f"episode_id = {first}")
     elif how == "update_reward":
         table.update({"reward": "reward * 2"})
+    elif how == "merge_reward":  # a MERGE that rewrites one episode's rewards
+        rows = table.to_pyarrow_table(columns=["episode_id", "step", "reward"], filters=[("episode_id", "=", first)])
+        rows = rows.set_column(2, "reward", pa.compute.add(rows["reward"], pa.scalar(1, pa.float32())))
+        (table.merge(source=rows, predicate="t.episode_id = s.episode_id AND t.step = s.step", source_alias="s",
+                     target_alias="t").when_matched_update({"reward": "s.reward"}).execute())
+    elif how == "checkpoint_vacuum":  # the log's own upkeep: compaction, a checkpoint, the old files removed
+        table.optimize.compact()
+        table.create_checkpoint()
+        table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     elif how == "append_episode":  # a whole episode again under a new id, in the table's own stored schema
         rows = table.to_pyarrow_table(filters=[("episode_id", "=", first)])
         rows = rows.set_column(rows.column_names.index("episode_id"), "episode_id",
@@ -175,6 +184,10 @@ def expected_after(before: dict[str, pa.Table], how: str, first: int) -> dict[st
         elif how == "update_reward":
             rows = rows.set_column(rows.column_names.index("reward"), "reward",
                                    pa.compute.multiply(rows["reward"], pa.scalar(2, pa.float32())))
+        elif how == "merge_reward":
+            mask = pa.compute.equal(rows["episode_id"], first)
+            rows = rows.set_column(rows.column_names.index("reward"), "reward", pa.compute.if_else(
+                mask, pa.compute.add(rows["reward"], pa.scalar(1, pa.float32())), rows["reward"]))
         elif how == "append_episode":
             again = rows.filter(pa.compute.equal(rows["episode_id"], first))
             again = again.set_column(again.column_names.index("episode_id"), "episode_id",
@@ -188,7 +201,8 @@ def drop_time(t: pa.Table) -> pa.Table:
     return t.drop_columns([c for c in ("wall_time",) if c in t.column_names])
 
 
-@pytest.mark.parametrize("how", ["optimize", "z_order", "delete_episode", "update_reward", "append_episode"])
+@pytest.mark.parametrize("how", ["optimize", "z_order", "delete_episode", "update_reward", "merge_reward",
+                                 "checkpoint_vacuum", "append_episode"])
 def test_every_reader_reads_back_what_other_tools_left(written: tuple[trajstore.Store, list[str]], how: str) -> None:
     store, envs = written
     before = {env: ours(store, env) for env in envs}

@@ -89,13 +89,15 @@ def bench_writer(rollout: Rollout, work: Path, repeats: int) -> tuple[list[Timin
     writer = Timing("trajstore `store.writer().add_batch` × batches + `close()`", n,
                     note="segmentation + validation + Arrow conversion + Parquet + fsync + Delta commit")
     tuned = Timing("bare `pq.write_table` (zstd, dictionary on low-cardinality columns, 1Mi row groups)", n,
-                   note="the same rows already in one Arrow table; one file, no fsync")
+                   note="the same full rows (next_obs whole) already in one Arrow table; one file, no fsync")
     default = Timing("bare `pq.write_table` (zstd, pyarrow's other defaults)", n,
                      note="dictionary on every column")
     # an untimed first run: the store the queries read, the rows for the bare writes, and warm-up
     # (imports, compiled kernels loaded from numba's cache, the page cache)
     store = _write_store(rollout, work / "store")
-    rows = base.read_rows([f.path for f in store.files()])
+    # the baseline writes the full rows a user would write by hand (every next_obs whole), as trajstore's readers
+    # give them back; the store keeps next_obs only where it is not the next step's obs
+    rows = store.scan().read_all().drop_columns(["run_id", "env_id"])
     if rows.num_rows != n:
         raise AssertionError(f"writer stored {rows.num_rows} rows, expected {n}")
 
@@ -238,7 +240,7 @@ def _targets(writer: list[Timing], stats: list[Timing], returns: list[Timing],
 
     per_step = lambda t, f: f(t) / t.steps  # noqa: E731
     return [
-        Target("writer throughput / bare `pq.write_table` (tuned)", required=0.70, higher_is_better=True,
+        Target("writer throughput / bare `pq.write_table` (tuned)", required=0.80, higher_is_better=True,
                fmt="{:.0%}", **each(lambda f: f(writer[1]) / f(writer[0]))),
         Target("`store.stats()` time / hand-written DuckDB time", required=1.5, higher_is_better=False,
                fmt="{:.2f}×", **each(lambda f: f(ours) / f(hand))),
@@ -299,8 +301,10 @@ def to_markdown(res: Results, machine: dict[str, str], command: str) -> str:
     lines += [f"| {k} | {v:.1e} |" for k, v in res.errors.items()]
     notes = [
         "The tuned bare write uses the Parquet settings the store uses (zstd, dictionaries only on "
-        "low-cardinality columns, 1Mi-row groups) on the same rows the writer stored, read back into one "
-        "Arrow table; it writes one file with no fsync and no commit. The writer's time includes everything "
+        "low-cardinality columns, 1Mi-row groups) on the full rows a user would write by hand (every "
+        "next_obs whole, as trajstore's readers give the rows back), in one Arrow table; it writes one file with "
+        "no fsync and no commit. The store writes next_obs only where it is not the next step's obs "
+        "(`next_obs_sparse`). The writer's time includes everything "
         "from the first `add_batch` to the end of `close()` (all files fsynced and committed). The writer keeps "
         "Parquet column statistics for episode_id and step only; the bare writes keep them for every column.",
         "`store.stats()` is timed end to end (Delta log, DuckDB connection, query); the hand-written DuckDB "

@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import trajstore
@@ -193,6 +194,7 @@ def test_a_remote_writer_sends_whole_rows_where_the_service_takes_no_encoding_2(
         w.sink.encoded = False  # type: ignore[attr-defined]
         w.add_batch(batch_of("uint8", DTYPES.index("uint8")))
     (f,) = [f for f in store.files() if f.env_id == "Remote-old"]
-    assert not store.table.schemas([f])[0].format.encoded  # stored as sent: every row whole
+    stored = store.table.schemas([f])[0].format  # stored as sent: every row whole, nothing left sparse
+    assert pq.read_table(f.path, columns=[stored.physical("next_obs")]).column(0).null_count == 0
     table = store.scan(COLUMNS, env_id="Remote-old").read_all()
     check_rows("uint8", {c: to_numpy(table[c]) for c in COLUMNS})

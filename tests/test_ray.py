@@ -112,3 +112,21 @@ def test_bad_arguments(tmp_path: Path, kwargs: dict[str, Any], message: str) -> 
     args = {"num_workers": 2, "episodes": 4, "run_id": "x", **kwargs}
     with pytest.raises(trajstore.InputError, match=message):
         tray.rollout(str(tmp_path / "s"), "CartPole-v1", **args)
+
+
+def test_ray_read_delta_sees_honest_columns(filled: trajstore.Store) -> None:
+    """Ray Data's own Delta reader (not trajstore's): every column it shares with ``scan`` holds trajstore's values;
+    the next observation is stored only where it is not the next step's obs, under a name that says so."""
+    ds = ray.data.read_delta(str(filled.root / "steps"))
+    theirs = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+    want = filled.scan().read_all()
+    assert "next_obs" not in theirs.column_names and "next_obs_sparse" in theirs.column_names
+    shared = [c for c in want.column_names if c in theirs.column_names and c not in ("run_id", "env_id")]
+    assert {"episode_id", "step", "obs", "action", "reward", "terminated", "truncated"} <= set(shared)
+    key = [("episode_id", "ascending"), ("step", "ascending")]
+    sparse = theirs.sort_by(key)["next_obs_sparse"].to_pylist()
+    theirs, want = theirs.select(shared).sort_by(key), want.select([*shared, "next_obs"]).sort_by(key)
+    for name in shared:
+        assert theirs[name].to_pylist() == want[name].to_pylist(), name
+    assert [s for s in sparse if s is not None] == [w for s, w in zip(sparse, want["next_obs"].to_pylist())
+                                                     if s is not None]

@@ -71,8 +71,10 @@ def test_stored_arrow_types_follow_the_step_schema(store: trajstore.Store) -> No
     for c in spec["lineage"]:
         assert stored.field(c["name"]).type == ARROW[c["type"]], c["name"]
     assert stored.field("obs").type == pa.list_(pa.float32(), 3)
-    assert stored.field("next_obs").type == pa.list_(pa.float32(), 3)  # encoding 2: null where it is the next obs
-    assert stored.field("next_obs").nullable and store.schema().field("next_obs").type == pa.list_(pa.float32(), 3)
+    # stored where it is not the next step's obs, under a name that says so; readers give next_obs whole
+    assert stored.field("next_obs_sparse").type == pa.list_(pa.float32(), 3) and "next_obs" not in stored.names
+    assert stored.field("next_obs_sparse").nullable
+    assert store.schema().field("next_obs").type == pa.list_(pa.float32(), 3)
     assert stored.field("action").type == pa.int64()
     # the same types through DuckDB, partition columns included
     described = {r["column_name"]: r["column_type"] for r in store.sql("DESCRIBE steps").to_pylist()}
@@ -128,7 +130,7 @@ def test_unsupported_space_is_refused() -> None:
 def test_space_types_are_what_the_writer_stores(store: trajstore.Store) -> None:
     obs_space = spaces.Box(0, 255, (2, 3), np.uint8)
     stored = _write_images(store, obs_space)
-    assert stored.field("obs").type == pa.binary(6)  # an image frame: its bytes (the file's format says what)
+    assert stored.field("obs_bytes").type == pa.binary(6)  # an image frame: its bytes, named so
     assert store.schema().field("obs").type == sch.type_of_space(obs_space, role="observation")
     assert store.scan(["obs"]).read_all().schema.field("obs").type == sch.type_of_space(obs_space, role="observation")
 

@@ -8,6 +8,7 @@ second copy of those files.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -193,7 +194,7 @@ def delta_type(t: pa.DataType) -> pa.DataType:
 
 def delta_schema(schema: pa.Schema) -> pa.Schema:
     """``schema`` with every column's type as :func:`delta_type` gives it (what deltalake is handed)."""
-    return pa.schema([pa.field(f.name, delta_type(f.type), nullable=True) for f in schema])
+    return pa.schema([pa.field(f.name, delta_type(f.type), nullable=True, metadata=f.metadata) for f in schema])
 
 
 def describe(t: pa.DataType) -> str:
@@ -207,6 +208,30 @@ def describe(t: pa.DataType) -> str:
         t = t.value_type
     base = _base_name(t)
     return f"{base}[{','.join(dims)}]" if dims else base
+
+
+def parse_described(text: str) -> pa.DataType:
+    """The type :func:`describe` names (numbers, bools, strings and frames' ``fixed_size_binary[n]`` in lists of
+    fixed or variable sizes, structs of them); raises ValueError for another text."""
+    text = text.strip()
+    if text.startswith("{") and text.endswith("}"):
+        fields, depth, start, body = [], 0, 0, text[1:-1]
+        for i, c in enumerate(body + ","):
+            depth += c in "{[" and 1 or (-1 if c in "}]" else 0)
+            if c == "," and depth == 0:
+                name, _, kind = body[start:i].partition(":")
+                fields.append(pa.field(name.strip(), parse_described(kind)))
+                start = i + 1
+        return pa.struct(fields)
+    match = re.fullmatch(r"(fixed_size_binary\[(\d+)\]|[a-z][a-z0-9_]*)(?:\[([0-9*,]+)\])?", text)
+    if match is None:
+        raise ValueError(f"not a described type: {text!r}")
+    base, width, dims = match.groups()
+    t = pa.binary(int(width)) if width else pa.bool_() if base == "bool" else pa.string() if base == "string" \
+        else pa.from_numpy_dtype(np.dtype(base))
+    for d in reversed(dims.split(",") if dims else []):
+        t = pa.list_(t) if d == "*" else pa.list_(t, int(d))
+    return t
 
 
 _ARROW_NAMES = {"float": "float32", "double": "float64", "halffloat": "float16", "large_string": "string",

@@ -52,7 +52,8 @@ from trajstore.query.filters import EpisodeFilter, Ids, Names, filtered
 from trajstore.query.follow import Commit
 from trajstore.query.pictures import ImageLeaf, stored_image_leaves
 from trajstore.query.scan import ScanPlan
-from trajstore.query.snapshot import Snapshot
+from trajstore.query.snapshot import Snapshot, decoding_sql
+from trajstore.schema import describe
 from trajstore.settings import Settings
 from trajstore.storage.history import history, resolve_version
 from trajstore.storage.location import Location, explain, locate
@@ -247,6 +248,23 @@ class Store:
         """The Arrow types of the stored columns, fixed sizes kept (of one environment's files with ``env_id``);
         an empty schema for an empty store."""
         return self.engine.stored_schema(env_id) or pa.schema([])
+
+    def decoding_sql(self, *, source: str = "stored_steps") -> str:
+        """DuckDB SQL that decodes this version's stored columns into the steps trajstore's readers give, for
+        another engine to run unchanged over the relation ``source`` (the table's stored rows; see
+        :func:`~trajstore.query.snapshot.decoding_sql`)."""
+        files = self.engine.files()
+        return decoding_sql(files, self.engine.file_schemas(files), source=source)
+
+    def stored_columns(self) -> list[dict[str, Any]]:
+        """The Delta table's columns as stored: ``name``, ``type`` (as the log records it) and, where a column is
+        not simply its field's values under its field's name, ``declared`` (what it holds: its field, how it is
+        stored, its type; see :func:`~trajstore.storage.encoding.declaration`)."""
+        state = self.table.log.read()
+        if state is None:
+            return []
+        return [{"name": f.name, "type": describe(f.type), "declared": state.declarations.get(f.name)}
+                for f in state.schema]
 
     def image_leaves(self, env_id: str | None = None) -> list[ImageLeaf]:
         """The observation leaves that are pictures (see :mod:`trajstore.query.pictures`; of one environment's

@@ -42,7 +42,7 @@ def stacks(frames):
 
 shutil.rmtree(root / "encoding2-store", ignore_errors=True)
 store = trajstore.open(root / "encoding2-store", create=True)
-for call in range(2):  # episodes cross the two commits
+for _ in range(2):  # episodes cross the two commits
     v = rng.normal(size=(T + 1, B, 3)).astype(np.float32)
     with store.writer(run_id="old", env_id="Vec-v0", worker_id="w") as w:
         w.add_batch(batch(v[:-1], v[1:]))

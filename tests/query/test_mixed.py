@@ -102,18 +102,18 @@ def test_the_log_holds_typed_columns_that_external_delta_readers_read(mixed: tup
     store, _ = mixed
     log = {f.name: f.type for f in store.table.log.read().schema}
     assert log["action"] == pa.int64() and log["action__float32_1d"] == pa.list_(pa.float32())
-    assert log["obs"] == pa.list_(pa.float32()) and log["obs__uint8_3d"] == pa.list_(pa.binary())
+    assert log["obs"] == pa.list_(pa.float32()) and log["obs_new_frames"] == pa.list_(pa.binary())  # named so
     assert [n for n in log if n.startswith("obs__struct_")]  # the Dict observation's struct
     path = Path(str(store.root)) / "steps"
     dataset = deltalake.DeltaTable(str(path)).to_pyarrow_dataset()
     total = sum(f.rows for f in store.files())
     assert dataset.count_rows() == total
-    table = dataset.to_table(columns=["env_id", "action", "action__float32_1d", "obs__uint8_3d"])
+    table = dataset.to_table(columns=["env_id", "action", "action__float32_1d", "obs_new_frames"])
     per_env = {env: table.filter(pa.compute.equal(table["env_id"], env)) for env in ("CartPole-v1", "Pendulum-v1")}
     pendulum = per_env["Pendulum-v1"].num_rows
     assert per_env["CartPole-v1"]["action"].null_count == 0 and per_env["Pendulum-v1"]["action"].null_count == pendulum
     assert per_env["Pendulum-v1"]["action__float32_1d"].null_count == 0
-    images = table.filter(pa.compute.equal(table["env_id"], IMAGE))["obs__uint8_3d"]
+    images = table.filter(pa.compute.equal(table["env_id"], IMAGE))["obs_new_frames"]
     assert images.null_count == 0 and {len(b) for f in images.to_pylist() for b in f} == {84 * 84}
     frame = pl.scan_delta(str(path), use_pyarrow=True).select(pl.col("reward").count().alias("n"),
                                                               pl.col("reward").sum().alias("r"))

@@ -118,9 +118,9 @@ def test_each_frame_is_stored_once(store: trajstore.Store, mode: str) -> None:
             for c in range(meta.num_columns):
                 column = meta.row_group(g).column(c)
                 top = column.path_in_schema.split(".")[0]
-                if top == "obs":
+                if top == "obs_new_frames":  # the names say what they hold: new frames, sparse next obs
                     obs_bytes += column.total_uncompressed_size
-                elif top == "next_obs":
+                elif top == "next_obs_sparse_new_frames":
                     next_bytes += column.total_uncompressed_size
     assert rows == STEPS
     anchors = episodes + NUM_ENVS * len(files)  # at most: each episode's start, each env's first row of a file

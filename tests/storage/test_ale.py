@@ -90,10 +90,11 @@ def test_atari_frame_stacks_round_trip_exactly_with_each_frame_stored_once(tmp_p
 
     frames = 0  # frames the files hold: one per step, a whole stack (4) where a stack starts in a file
     for f in store.files():
-        table = pq.read_table(f.path, columns=["obs"])
-        frames += sum(len(stack) for stack in table["obs"].to_pylist())
+        table = pq.read_table(f.path, columns=["obs_new_frames"])
+        frames += sum(len(stack) for stack in table["obs_new_frames"].to_pylist())
     episodes_in_files = sum(len(np.unique(pq.read_table(f.path, columns=["episode_id"])["episode_id"]))
                             for f in store.files())
     assert frames == stored + 3 * episodes_in_files  # every frame once (4x less than the stacks' frames)
-    next_null = sum(pq.read_table(f.path, columns=["next_obs"])["next_obs"].null_count for f in store.files())
+    sparse = "next_obs_sparse_new_frames"
+    next_null = sum(pq.read_table(f.path, columns=[sparse])[sparse].null_count for f in store.files())
     assert next_null >= stored - episodes_in_files  # next_obs stored only where it is not the next step's obs

@@ -207,10 +207,10 @@ def test_the_format_round_trips_through_metadata_and_refuses_what_it_cannot_read
     fmt = Format.create(frame_stack={"obs": 4}, columns={"action": "action__float32_1d", "reward": "reward"})
     assert fmt.renames == {"action": "action__float32_1d"}
     assert Format.of(fmt.metadata()) == fmt and Format.of(None) == Format()
-    assert fmt.metadata() == {b"trajstore": b'{"encoding":2,"frame_stack":{"obs":4},'
+    assert fmt.metadata() == {b"trajstore": b'{"encoding":3,"frame_stack":{"obs":4},'
                                             b'"columns":{"action":"action__float32_1d"}}'}
-    with pytest.raises(EncodingError, match="encoding 3 is newer than this trajstore reads"):
-        Format.of({b"trajstore": b'{"encoding": 3}'}, where="f.parquet")
+    with pytest.raises(EncodingError, match="encoding 4 is newer than this trajstore reads"):
+        Format.of({b"trajstore": b'{"encoding": 4}'}, where="f.parquet")
     with pytest.raises(EncodingError, match="f.parquet: its 'trajstore' metadata is not a trajstore format"):
         Format.of({b"trajstore": b"[1, 2"}, where="f.parquet")
     physical = pa.schema([("obs", pa.list_(pa.list_(pa.uint8(), 2))), ("next_obs", pa.list_(pa.list_(pa.uint8(), 2))),
@@ -219,7 +219,7 @@ def test_the_format_round_trips_through_metadata_and_refuses_what_it_cannot_read
     assert logical.names == ["obs", "next_obs", "action"]
     assert logical.field("obs").type == logical.field("next_obs").type == leaf_type("uint8", (4, 2))
     images = Format.for_obs(leaf_type("uint8", (4, 84, 84)), frame_stack={"obs": 4})
-    assert images.metadata() == {b"trajstore": b'{"encoding":2,"frame_stack":{"obs":4},'
+    assert images.metadata() == {b"trajstore": b'{"encoding":3,"frame_stack":{"obs":4},'
                                                b'"frames":{"obs":["uint8",[84,84]]}}'}
     physical = pa.schema([("obs", pa.list_(pa.binary(7056))), ("next_obs", pa.list_(pa.binary(7056)))])
     assert logical_schema(physical, images).field("obs").type == leaf_type("uint8", (4, 84, 84))

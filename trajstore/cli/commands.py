@@ -221,6 +221,21 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    from trajstore.storage.encoding import described
+
+    store = _open(args.store)
+    if args.sql:
+        print(store.decoding_sql(), end="")
+        return 0
+    for column in store.stored_columns():
+        print(f"{column['name']}  {column['type']}")
+        declared = column["declared"]
+        if declared:
+            print(f"    holds {declared['field']}" + "".join(f"; {line}" for line in described(declared)))
+    return 0
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     _emit(args, _open(args.store).history(limit=args.limit))
     return 0

@@ -167,6 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "terminal)")
     p.set_defaults(func=commands.cmd_delete)
 
+    p = command("schema", "the table's stored columns and what each holds, or the SQL that decodes them",
+                "Each column another engine sees, its Delta type and, where it is not simply its field's values, "
+                "what it holds (declared in the Delta schema's field metadata). With --sql: DuckDB SQL that "
+                "another DuckDB runs unchanged to read the steps as trajstore does, over a relation stored_steps "
+                "you define (e.g. CREATE VIEW stored_steps AS SELECT * FROM delta_scan('STORE/steps')).")
+    p.add_argument("--store", **store_opt)
+    p.add_argument("--sql", action="store_true", help="print the SQL that decodes the stored columns")
+    p.set_defaults(func=commands.cmd_schema)
+
     p = command("history", "the store's versions: each commit, its rows added/removed and runs")
     p.add_argument("--store", **store_opt)
     p.add_argument("--limit", type=int, help="only the last N versions")

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, StoreDamagedError
+from trajstore.query.scan import scan_steps
 from trajstore.schema import numpy_dtype, to_numpy
 from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileSchema, decode_batches
 from trajstore.storage.log import DataFile
@@ -359,9 +360,14 @@ def read_files(files: Sequence[DataFile], schema: pa.Schema, columns: Sequence[s
     few batches, not of a row group (the scan for a loader, which must not cost what it saves). Decoded and under
     their logical names (``schemas``: the files' own, read from their footers when not given), typed as in
     ``schema``; columns a file lacks come as nulls; with ``episode_ids`` (sorted), only those episodes' steps."""
+    known = [schemas[i] if schemas is not None else read_file_schema(f) for i, f in enumerate(files)]
+    foreign = [i for i, s in enumerate(known) if s.format.foreign]
     for i, f in enumerate(files):
-        stored = schemas[i] if schemas is not None else read_file_schema(f)
-        yield from _file_batches(f, stored, schema, list(columns), episode_ids)
+        if not known[i].format.foreign:
+            yield from _file_batches(f, known[i], schema, list(columns), episode_ids)
+    if foreign:  # another tool's files: in the log's types, rows in any order and file; read as scan reads them
+        yield from scan_steps([files[i] for i in foreign], schema, list(columns), episode_ids=episode_ids,
+                              schemas=[known[i] for i in foreign], batch_size=READ_ROWS)
 
 
 def _file_batches(f: DataFile, stored: FileSchema, schema: pa.Schema, columns: list[str],

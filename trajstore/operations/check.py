@@ -27,8 +27,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from trajstore.errors import InputError, StoreDamagedError
-from trajstore.query import sql
+from trajstore.errors import InputError, StoreDamagedError, first_line
+from trajstore.query import foreign, sql
+from trajstore.query.scan import scan_steps
 from trajstore.query.snapshot import Snapshot
 from trajstore.storage.encoding import NEXT, OBS, EncodingError, check_rows
 from trajstore.storage.location import Location
@@ -153,6 +154,7 @@ def check(engine: Engine, *, deep: bool = False) -> CheckReport:
             readable.append(f)
         else:
             report.problems.append(problem)
+    _foreign_problems(engine, readable, report)
     _check_episodes(engine, readable, report)
     report.orphans = [display(i.path, engine.table.fs) for i in _orphans(engine.table.location, files)]
     return report
@@ -249,7 +251,7 @@ def _encoding_problem(table: StepsTable, f: DataFile) -> str | None:
     except StoreDamagedError as exc:
         return f"{f.uri}: {exc}"
     fmt = stored.format
-    if not fmt.encoded or OBS not in stored.logical.names:
+    if not fmt.encoded or OBS not in stored.logical.names or fmt.foreign:  # another tool's: see _foreign_problems
         return None
     names = [n for n in ("episode_id", "step", OBS, NEXT) if n in stored.logical.names]
     try:
@@ -262,6 +264,27 @@ def _encoding_problem(table: StepsTable, f: DataFile) -> str | None:
     except Exception as exc:  # noqa: BLE001 - any failure to read is the finding
         return f"{f.uri}: data pages cannot be decoded: {exc}"
     return None
+
+
+def _foreign_problems(engine: Engine, files: list[DataFile], report: CheckReport) -> None:
+    """Decode every observation of each partition holding a file another tool wrote, as readers would (their
+    rows may be in any order and file, see :mod:`~trajstore.query.foreign`); what fails is a problem."""
+    try:
+        schemas = engine.table.schemas(files)
+    except StoreDamagedError:
+        return  # reported per file
+    parts = {(files[i].run_id, files[i].env_id) for i in foreign.foreign(schemas)}
+    for run_id, env_id in sorted(parts):
+        chosen = [f for f in files if (f.run_id, f.env_id) == (run_id, env_id)]
+        try:
+            types = engine.step_types(chosen)
+            columns = [c for c in ("episode_id", "step", OBS, NEXT) if c in types.schema.names]
+            reader = scan_steps(chosen, types.schema, columns, schemas=engine.file_schemas(chosen))
+            for _ in reader:
+                pass
+        except Exception as exc:  # noqa: BLE001 - any failure to read back is the finding
+            report.problems.append(f"run_id={run_id}/env_id={env_id}: another tool's changes cannot be read back: "
+                                   f"{first_line(exc)}")
 
 
 def _orphans(location: Location, committed: Sequence[DataFile]) -> list[pafs.FileInfo]:

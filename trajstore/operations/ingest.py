@@ -45,6 +45,7 @@ from trajstore.storage.encoding import (
     physical_schema,
 )
 from trajstore.storage.log import TableState, WrittenFile
+from trajstore.storage.names import stored_rows
 from trajstore.storage.table import StepsTable
 
 KEYS = {"episode_id": pa.int64(), "step": pa.int32()}
@@ -279,12 +280,10 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
 
 
 def _physical(table: StepsTable, rows: pa.Table) -> pa.Table:
-    """``rows`` under the physical names the log resolves for their types (reserved there first)."""
+    """``rows`` under the physical names the log resolves and declares for them (reserved there first)."""
     fmt = Format.of(rows.schema.metadata)
     logical = logical_schema(rows.schema.remove_metadata(), fmt)
-    names = table.reserve({f.name: f.type for f in rows.schema}, {f.name: f.type for f in logical})
-    renamed = rows.rename_columns([names[n] for n in rows.column_names])
-    return renamed.replace_schema_metadata(fmt.with_columns(names).metadata())
+    return stored_rows(rows.replace_schema_metadata(None), fmt, {f.name: f.type for f in logical}, table.reserve)
 
 
 def _commit_checked(table: StepsTable, written: WrittenFile, spans: Spans, *, run_id: str, env_id: str,

@@ -29,7 +29,7 @@ import duckdb
 import pyarrow as pa
 
 from trajstore.errors import StoreAccessError, StoreDamagedError, TrajstoreError, first_line
-from trajstore.query import sandbox, sql
+from trajstore.query import foreign, sandbox, sql
 from trajstore.query.filters import Names, check_runs, names_of, selected
 from trajstore.query.groups import StepTypes, group_files, step_types
 from trajstore.query.snapshot import Snapshot, cursor, damaged_file
@@ -88,11 +88,14 @@ class Engine:
 
     def file_schemas(self, files: Sequence[DataFile]) -> list[FileSchema]:
         """:meth:`StepsTable.schemas <trajstore.storage.table.StepsTable.schemas>`, a file that cannot be read
-        judged by :meth:`judged`."""
+        judged by :meth:`judged`; partitions holding files another tool wrote checked first
+        (:func:`~trajstore.query.foreign.check`)."""
         try:
-            return self.table.schemas(files)
+            schemas = self.table.schemas(files)
         except StoreDamagedError as exc:
             raise self.judged(exc) from exc
+        foreign.check(files, schemas, self.table.log.added_in)
+        return schemas
 
     def stored_schema(self, env_id: str | None) -> pa.Schema | None:
         """:meth:`StepsTable.stored_schema <trajstore.storage.table.StepsTable.stored_schema>`, its file that cannot

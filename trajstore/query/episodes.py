@@ -100,6 +100,10 @@ def episode_steps(engine: Engine, episode_id: int, columns: Sequence[str] | None
     known = engine.step_types(committed).schema
     check_names(names, known.names, view="steps", field="columns")
     files = files_holding(committed, np.array([int(episode_id)], np.int64))  # its environment's types alone
+    if len({(f.run_id, f.env_id) for f in files}) > 1:  # id ranges of large files overlap: ask which partition
+        with engine.snapshot(files, con=engine.cursor()) as snap:
+            found = snap.arrow(sql.partition_of(int(episode_id))).to_pylist()
+        files = [f for f in files if found and (f.run_id, f.env_id) == (found[0]["run_id"], found[0]["env_id"])]
     with engine.snapshot(files, con=engine.cursor()) as snap:
         held = [n for n in names if n in snap.step_columns]
         rows = snap.arrow(sql.steps(held, sql.conditions(episode_id=int(episode_id)), limit=limit))

@@ -42,8 +42,9 @@ def register(con: duckdb.DuckDBPyConnection, dtype: str, shape: tuple[int, ...],
         con.create_function(name, function, [blob],
                             sql.values_type(np.dtype(dtype).name, len(shape) + int(stacked)), type="arrow",
                             null_handling="special")
-    except duckdb.CatalogException:  # registered in this database before
-        pass
+    except (duckdb.CatalogException, duckdb.NotImplementedException) as exc:  # registered in this database before
+        if "already" not in str(exc) and isinstance(exc, duckdb.NotImplementedException):
+            raise
     return name
 
 

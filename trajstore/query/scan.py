@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from trajstore.errors import InputError, StoreDamagedError
-from trajstore.query import sql
+from trajstore.query import foreign, sql
 from trajstore.query.filters import EpisodeFilter, Ids, Names, both, selected
 from trajstore.query.groups import FileGroup, StepTypes, group_files
 from trajstore.query.snapshot import check_names
@@ -86,6 +86,9 @@ def _group_batches(group: FileGroup, out: pa.Schema, episode_ids: np.ndarray | N
     scanner = dataset.scanner(columns=physical, filter=condition, batch_size=batch_size, use_threads=True,
                               fragment_readahead=FRAGMENT_READAHEAD, batch_readahead=BATCH_READAHEAD)
     obs_type = group.logical.field(OBS).type if OBS in group.logical.names else pa.null()
+    if decode and fmt.foreign and not foreign.in_order(group.files, fmt):
+        yield from _sorted_batches(group, dataset, physical, read, condition, out, obs_type, batch_size)
+        return
     decoder, path = None, None
     for tagged in scanner.scan_batches():
         batch = pa.record_batch(tagged.record_batch.columns, names=read)
@@ -99,6 +102,19 @@ def _group_batches(group: FileGroup, out: pa.Schema, episode_ids: np.ndarray | N
         yield from (_typed(b, out) for b in _decoded(lambda: decoder.push(batch), path))  # noqa: B023
     if decoder is not None:
         yield from (_typed(b, out) for b in _decoded(decoder.finish, path))
+
+
+def _sorted_batches(group: FileGroup, dataset: ds.Dataset, physical: list[str], read: list[str],
+                    condition: ds.Expression | None, out: pa.Schema, obs_type: pa.DataType,
+                    batch_size: int) -> Iterator[pa.RecordBatch]:
+    """The batches of a group of files another tool wrote out of trajstore's order (a Z-ORDER): every row read,
+    put in episode and step order, decoded as one file."""
+    table = dataset.to_table(columns=physical, filter=condition).rename_columns(read)
+    where = ", ".join(f.uri for f in group.files[:3]) + (" …" if len(group.files) > 3 else "")
+    decoder = FileDecoder(group.format, obs_type, where)
+    for batch in foreign.sorted_rows(table).to_batches(max_chunksize=batch_size):
+        yield from (_typed(b, out) for b in _decoded(lambda: decoder.push(batch), where))  # noqa: B023
+    yield from (_typed(b, out) for b in _decoded(decoder.finish, where))
 
 
 def _decoded(step: object, path: str | None) -> list[pa.RecordBatch]:

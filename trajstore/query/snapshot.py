@@ -101,6 +101,47 @@ def damaged_file(exc: BaseException, files: Sequence[DataFile], store: str | Non
     return None
 
 
+def group_select(group: FileGroup, source: str, variant: Sequence[str],
+                 frames: Callable[[str, tuple[int, ...], bool], str]) -> str:
+    """The SELECT of one group's steps from ``source`` (its stored rows): logical names, observations decoded
+    (:func:`~trajstore.query.sql.decoded_steps`; ``frames(dtype, shape, stacked)`` names the SQL function that
+    makes image bytes values)."""
+    fmt = group.format
+    columns = [("run_id", "run_id"), ("env_id", "env_id")] + \
+        [(p.name, lg.name) for p, lg in zip(group.physical, group.logical)]
+    if not fmt.encoded or OBS not in group.logical.names:
+        return sql.decoded_steps(source, columns, variant=variant)
+    images = {path: frames(dtype, shape, path in fmt.stacks) for path, (dtype, shape) in fmt.images.items()}
+    return sql.decoded_steps(source, columns, obs=fmt.physical(OBS), obs_type=group.logical.field(OBS).type,
+                             next_obs=fmt.physical(NEXT) if NEXT in group.logical.names else None,
+                             stacks=fmt.stacks, images=images, variant=list(variant))
+
+
+def decoding_sql(files: Sequence[DataFile], schemas: Sequence[FileSchema], *, source: str = "stored_steps") -> str:
+    """SQL that another DuckDB runs unchanged to read the store's steps as trajstore's readers give them: macros
+    that make image bytes values, then a ``steps`` view over the relation ``source`` (the table's stored rows, every
+    column under its stored name, ``run_id``/``env_id`` included: a ``delta_scan`` of the table, or
+    ``read_parquet`` of its committed files with ``hive_partitioning``), each kind of stored rows decoded with window
+    functions over each episode's steps (any row order)."""
+    groups = group_files(files, schemas)
+    variant = list(step_types(groups).conflicts)
+    macros: dict[str, str] = {}
+
+    def frames(dtype: str, shape: tuple[int, ...], stacked: bool) -> str:
+        name = images_sql.function_name(dtype, shape, stacked)
+        if not stacked:
+            macros[name] = sql.frame_macro(name, dtype, shape)
+        else:
+            frame = frames(dtype, shape, False)
+            macros[name] = sql.stack_macro(name, frame)
+        return name
+
+    selects = [group_select(g, sql.rows_of(source, g.env_ids, g.format.physical(OBS) if OBS in g.logical.names
+                                           else None), variant, frames) for g in groups]
+    view = sql.create_view("steps", sql.union_by_name(selects) if selects else sql.steps_view([]))
+    return "\n".join([*macros.values(), view]) + "\n"
+
+
 def check_names(names: Sequence[str], known: Sequence[str], *, view: str, field: str) -> None:
     """Raise an :class:`UnknownColumnError` naming ``field`` when a name is not one of ``known`` (columns of
     ``view``). Every unknown column anywhere (Python, CLI, REST) is reported by this one message."""
@@ -156,16 +197,8 @@ class Snapshot:
             source = sql.registered_source(name)
         else:
             source = sql.parquet_source(group.files)
-        fmt = group.format
-        columns = [("run_id", "run_id"), ("env_id", "env_id")] + \
-            [(p.name, lg.name) for p, lg in zip(group.physical, group.logical)]
-        if not fmt.encoded or OBS not in group.logical.names:
-            return sql.decoded_steps(source, columns, variant=variant)
-        images = {path: images_sql.register(self.con, dtype, shape, path in fmt.stacks)
-                  for path, (dtype, shape) in fmt.images.items()}
-        return sql.decoded_steps(source, columns, obs=fmt.physical(OBS), obs_type=group.logical.field(OBS).type,
-                                 next_obs=fmt.physical(NEXT) if NEXT in group.logical.names else None,
-                                 stacks=fmt.stacks, images=images, variant=variant)
+        return group_select(group, source, variant,
+                            lambda dtype, shape, stacked: images_sql.register(self.con, dtype, shape, stacked))
 
     def columns(self, view: str) -> list[str]:
         """The column names of ``view``."""

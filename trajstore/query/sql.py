@@ -274,6 +274,42 @@ def values_type(dtype: str, dims: int) -> str:
     return _DUCKDB_NUMBERS[dtype] + "[]" * dims
 
 
+def frame_macro(name: str, dtype: str, shape: Sequence[int]) -> str:
+    """A DuckDB macro ``name(bytes)``: one image frame's raw bytes (C order) as the nested lists of its values,
+    for uint8/int8 frames (other dtypes stay bytes: SQL cannot reinterpret them)."""
+    if dtype not in ("uint8", "int8"):
+        return f"CREATE OR REPLACE MACRO {ident(name)}(b) AS b;"
+    dims = [int(d) for d in shape]
+    index = " + ".join(f"i{a} * {int(np.prod(dims[a + 1:], dtype=np.int64))}" for a in range(len(dims)))
+    byte = f"('0x' || substr(hex(b), 2 * ({index}) + 1, 2))::INTEGER"
+    if dtype == "int8":
+        byte = f"(({byte} + 128) % 256 - 128)::TINYINT"
+    else:
+        byte = f"{byte}::UTINYINT"
+    expr = byte
+    for a in reversed(range(len(dims))):
+        expr = f"list_transform(range({dims[a]}), lambda i{a}: {expr})"
+    return f"CREATE OR REPLACE MACRO {ident(name)}(b) AS CASE WHEN b IS NULL THEN NULL ELSE {expr} END;"
+
+
+def stack_macro(name: str, frame: str) -> str:
+    """A DuckDB macro ``name(frames)``: a list of frames' bytes as a list of their values (see :func:`frame_macro`)."""
+    return f"CREATE OR REPLACE MACRO {ident(name)}(s) AS list_transform(s, lambda f: {ident(frame)}(f));"
+
+
+def partition_of(episode_id: int) -> str:
+    """The ``run_id`` and ``env_id`` of one episode's steps (none when it has no steps)."""
+    return f"SELECT run_id, env_id FROM steps WHERE episode_id = {int(episode_id)} LIMIT 1"
+
+
+def rows_of(source: str, env_ids: Sequence[str], obs: str | None) -> str:
+    """The rows of relation ``source`` of ``env_ids`` that store their observation in ``obs`` (a stored name)."""
+    where = [f"env_id IN ({', '.join(literal(e) for e in env_ids)})"]
+    if obs is not None:
+        where.append(f"{ident(obs)} IS NOT NULL")
+    return f"SELECT * FROM {ident(source)} WHERE {' AND '.join(where)}"
+
+
 def union_by_name(selects: Sequence[str]) -> str:
     """The rows of every SELECT, columns matched by name (a column some lack is NULL there)."""
     return " UNION ALL BY NAME ".join(f"({s})" for s in selects)

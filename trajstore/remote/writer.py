@@ -56,14 +56,19 @@ class RemoteSink:
         schema = self.client.schema(env_id=env_id)
         return schema if len(schema) else None
 
-    def reserve(self, types: Mapping[str, pa.DataType],
-                logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
-        """Logical names as they are: the service resolves the physical names of the rows it commits."""
+    def reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType] | None = None,
+                declared: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, str]:
+        """Names as they are: the service resolves the physical names of the rows it commits."""
         return {name: name for name in types}
 
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> EncodedRows:
+        fmt = Format.of(data.schema.metadata)
+        data = data.rename_columns([fmt.logical_names().get(n, n) for n in data.column_names])
         if not self.encoded:  # every row whole, as a service older than encoding 2 takes them
-            data = decode_table(data, Format.of(data.schema.metadata)).replace_schema_metadata(None)
+            data = decode_table(data, fmt.with_columns({})).replace_schema_metadata(None)
+        else:  # rows under their logical names, encoded as encoding 2 says (what every service since takes)
+            data = pa.Table.from_arrays(data.columns, names=data.column_names).replace_schema_metadata(
+                Format(2, fmt.frame_stack, (), fmt.frames).metadata())
         return EncodedRows(ipc_bytes(data), run_id, env_id, uuid.uuid4().hex)
 
     def commit(self, encoded: EncodedRows) -> str:

@@ -1,26 +1,31 @@
-"""The physical format of a steps file: what its metadata says, how ``obs``/``next_obs`` are stored, and how every
-reader decodes them.
+"""The stored format of the steps: the names and declarations of the stored columns, what a file's footer says,
+how ``obs``/``next_obs`` are stored, and how every reader decodes them.
 
 A file's Parquet key-value metadata ``trajstore`` (JSON) says how it is encoded, e.g.
-``{"encoding": 2, "frame_stack": {"obs": 4}, "columns": {"action": "action__float32_1d"}}``. A file without it is
-encoding 1: every column stored as given, decoding is the identity. ``columns`` maps a logical column name to the
-typed physical name it is stored under (see :mod:`trajstore.storage.names`), in any encoding.
+``{"encoding": 3, "frame_stack": {"obs": 4}, "columns": {"obs": "obs_new_frames", "action": "action__float32_1d"}}``.
+``columns`` maps a logical column name to the physical name it is stored under (see :mod:`trajstore.storage.names`).
+A file without it and without declared columns is encoding 1: every column stored as given, decoding the identity.
 
-Encoding 2 stores each observation once. Each leaf of ``obs`` (the column, or each leaf of a Dict observation by
-its dotted path, ``obs.pixels``) is a stack of *frames*: a leaf declared as a frame stack of ``k``
-(``frame_stack={"obs": k}``; gymnasium's ``FrameStackObservation`` layout ``(k, *F)``, newest frame last) has k
-frames of shape F, any other leaf is one frame (its whole per-step array). A frame of two or more dimensions (an
-image) is stored as its raw bytes, C order, in a ``fixed_size_binary`` (``frames`` in the metadata gives its dtype
-and shape: ``{"obs": ["uint8", [84, 84]]}``); a smaller one as the fixed-size list (or scalar) it is. Then:
+Encodings 2 and 3 store each observation once, alike; encoding 3 gives the columns names that say what they hold
+(:func:`stored_names`: ``next_obs_sparse``, ``obs_new_frames``, ``obs_bytes``) and declares how each is read back
+in the Delta schema's field metadata (:func:`declaration`), which every tool that rewrites files keeps: a file
+another tool wrote (no footer) is read from those declarations (:func:`foreign_format`). Each leaf of ``obs`` (the
+column, or each leaf of a Dict observation by its dotted path, ``obs.pixels``) is a stack of *frames*: a leaf
+declared as a frame stack of ``k`` (``frame_stack={"obs": k}``; gymnasium's ``FrameStackObservation`` layout
+``(k, *F)``, newest frame last) has k frames of shape F, any other leaf is one frame (its whole per-step array). A
+frame of two or more dimensions (an image) is stored as its raw bytes, C order, in a ``fixed_size_binary``
+(``frames`` gives its dtype and shape: ``{"obs": ["uint8", [84, 84]]}``); a smaller one as the fixed-size list (or
+scalar) it is. Then:
 
 - ``obs``: a stacked leaf is a ``list<frame>`` holding either the row's newest frame (1 entry) or its whole stack
-  (k entries: an *anchor*); decoded, ``stack[t]`` is the last k frames of the stored lists of rows ``t-k+1..t``,
-  and a 1-entry row always follows its episode's previous step in the same file. Any other leaf is its frame.
-- ``next_obs`` is nullable; null means "the ``obs`` of the next row", which is then the same episode's next step.
-  The writer nulls it only where it compared the two bit for bit (every leaf of a Dict observation), so a reader
-  gets back exactly the bits written. A leaf stored as frames (a stacked leaf, or an image) is a ``list<frame>``
-  (a null row stores nothing) holding one frame (an image: the whole observation; a stack: its newest frame,
-  after ``obs[t][1:]``) or, for a stack, k (the whole stack); any other leaf is stored as in ``obs``.
+  (k entries: an *anchor*); decoded, ``stack[t]`` is the last k frames of the stored lists of the episode's rows
+  ``t-k+1..t``; in trajstore's own files a 1-entry row always follows its episode's previous step in the same
+  file. Any other leaf is its frame.
+- ``next_obs`` is nullable; null means "the ``obs`` of the same episode's next step". The writer nulls it only where
+  it compared the two bit for bit (every leaf of a Dict observation), so a reader gets back exactly the bits
+  written. A leaf stored as frames (a stacked leaf, or an image) is a ``list<frame>`` (a null row stores nothing)
+  holding one frame (an image: the whole observation; a stack: its newest frame, after ``obs[t][1:]``) or, for a
+  stack, k (the whole stack); any other leaf is stored as in ``obs``.
 
 Parquet stores an 8-bit integer as a 32-bit one with levels per value, so images as nested lists cost ~4x the
 bytes and ~80x the time to write and read that their bytes do (measured: 4.7k vs 370k 84x84 frames/s written).
@@ -34,15 +39,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError, TrajstoreError
 
-META_KEY = "trajstore"
-CURRENT = 2  # the encoding new files are written in
+META_KEY = "trajstore"  # a file footer's key of its format, and a Delta schema field's key of its declaration
+CURRENT = 3  # the encoding new files are written in
+READS = (1, 2, 3)
 OBS, NEXT = "obs", "next_obs"
 KEYS = ("episode_id", "step")  # what decoding checks rows against
 
@@ -61,20 +67,22 @@ class Format:
     frame_stack: tuple[tuple[str, int], ...] = ()
     columns: tuple[tuple[str, str], ...] = ()
     frames: tuple[tuple[str, str, tuple[int, ...]], ...] = ()  # image leaves: path, dtype, frame shape
+    foreign: bool = False  # written by another tool from the table's declarations: rows in any order, any file
 
     @classmethod
     def create(cls, *, encoding: int = CURRENT, frame_stack: Mapping[str, int] | None = None,
                columns: Mapping[str, str] | None = None,
-               frames: Mapping[str, tuple[str, Sequence[int]]] | None = None) -> Format:
+               frames: Mapping[str, tuple[str, Sequence[int]]] | None = None, foreign: bool = False) -> Format:
         renames = tuple(sorted((k, v) for k, v in (columns or {}).items() if k != v))
         images = tuple(sorted((p, str(np.dtype(d).name), tuple(int(x) for x in shape))
                               for p, (d, shape) in (frames or {}).items()))
-        return cls(encoding, tuple(sorted((frame_stack or {}).items())), renames, images)
+        return cls(encoding, tuple(sorted((frame_stack or {}).items())), renames, images, foreign)
 
     @classmethod
     def for_obs(cls, obs: pa.DataType, *, frame_stack: Mapping[str, int] | None = None,
                 columns: Mapping[str, str] | None = None) -> Format:
-        """The encoding-2 format of files whose observations are of logical type ``obs``."""
+        """The current format of files whose observations are of logical type ``obs`` (``columns``: the
+        physical names, where they differ; the files a writer stores take :func:`stored_names`)."""
         return cls.create(frame_stack=frame_stack, columns=columns, frames=frames_of(obs, frame_stack or {}))
 
     @classmethod
@@ -90,12 +98,13 @@ class Format:
             columns = {str(k): str(v) for k, v in dict(spec.get("columns") or {}).items()}
             frames = {str(k): (str(np.dtype(d).name), [int(x) for x in shape])
                       for k, (d, shape) in dict(spec.get("frames") or {}).items()}
+            foreign = bool(spec.get("foreign", False))
         except (ValueError, TypeError, KeyError) as exc:
             raise EncodingError(f"{where}: its {META_KEY!r} metadata is not a trajstore format: {exc}") from None
-        if encoding not in (1, 2):
-            raise EncodingError(f"{where}: encoding {encoding} is newer than this trajstore reads (1, 2); "
+        if encoding not in READS:
+            raise EncodingError(f"{where}: encoding {encoding} is newer than this trajstore reads {READS}; "
                                 "upgrade trajstore")
-        return cls.create(encoding=encoding, frame_stack=stacks, columns=columns, frames=frames)
+        return cls.create(encoding=encoding, frame_stack=stacks, columns=columns, frames=frames, foreign=foreign)
 
     def metadata(self) -> dict[bytes, bytes]:
         """The schema metadata that records this format."""
@@ -106,6 +115,8 @@ class Format:
             spec["columns"] = dict(self.columns)
         if self.frames:
             spec["frames"] = {p: [d, list(shape)] for p, d, shape in self.frames}
+        if self.foreign:
+            spec["foreign"] = True
         return {META_KEY.encode(): json.dumps(spec, separators=(",", ":")).encode()}
 
     @property
@@ -134,10 +145,196 @@ class Format:
         return {v: k for k, v in self.columns}
 
     def with_columns(self, columns: Mapping[str, str]) -> Format:
-        return Format(self.encoding, self.frame_stack, Format.create(columns=columns).columns, self.frames)
+        return Format(self.encoding, self.frame_stack, Format.create(columns=columns).columns, self.frames,
+                      self.foreign)
 
     def key(self) -> str:
-        return json.dumps([self.encoding, self.frame_stack, self.columns, self.frames])
+        return json.dumps([self.encoding, self.frame_stack, self.columns, self.frames, self.foreign])
+
+
+# --- what the table declares: each stored column's meaning, in the Delta schema's field metadata ---------
+
+RULES = {
+    "new_frames": "each row holds the frames new at its step: per stacked leaf its newest frame, or its whole "
+                  "stack where stacking breaks (an episode's first row in a file, a reset); a step's stack is the "
+                  "last k frames of its episode's rows up to it, in step order; image frames as raw bytes",
+    "bytes": "image leaves as their raw bytes, C order, of the declared dtype and shape (frames)",
+    "sparse": "null where the next observation is the obs of the same episode's next step; elsewhere the next "
+              "observation, stored as the obs column stores one (for a stack: its newest frame, after obs[1:], "
+              "or its whole stack)",
+}
+
+
+def described(spec: Mapping[str, Any]) -> list[str]:
+    """A declaration in words: how its column stores its field."""
+    out = [RULES["sparse"]] if spec.get("sparse") else []
+    if spec.get("stored") in RULES:
+        out.append(RULES[spec["stored"]])
+    if spec.get("frame_stack"):
+        out.append("frame stacks: " + ", ".join(f"{p} of {k}" for p, k in spec["frame_stack"].items()))
+    if spec.get("frames"):
+        out.append("frames: " + ", ".join(f"{p} {d}{list(shape)}" for p, (d, shape) in spec["frames"].items()))
+    if spec.get("type"):
+        out.append(f"values of type {spec['type']}")
+    return out
+
+
+def stored_names(fmt: Format) -> dict[str, str]:
+    """The names ``obs`` and ``next_obs`` are stored under (before a type tag, see :mod:`.names`), saying what
+    they hold: ``obs`` (its values), ``obs_new_frames`` (frame stacks, each frame once), ``obs_bytes`` (images as
+    bytes); ``next_obs_sparse`` (null where it is the next step's obs), ``next_obs_sparse_new_frames``,
+    ``next_obs_sparse_bytes``."""
+    kind = "_new_frames" if fmt.frame_stack else "_bytes" if fmt.frames else ""
+    return {OBS: f"{OBS}{kind}", NEXT: f"{NEXT}_sparse{kind}"}
+
+
+def declaration(fmt: Format, name: str) -> dict[str, Any] | None:
+    """What the table declares about the column holding the logical column ``name`` in files of ``fmt``: None
+    for a column that holds its field's values under the field's own name."""
+    physical = fmt.physical(name)
+    if name not in (OBS, NEXT) or fmt.encoding < 3:
+        return {"field": name} if physical != name else None
+    kind = "new_frames" if fmt.frame_stack else "bytes" if fmt.frames else "values"
+    if name == OBS and kind == "values":
+        return {"field": name} if physical != name else None
+    spec: dict[str, Any] = {"field": name, "stored": kind}
+    if name == NEXT:
+        spec["sparse"] = True
+    if fmt.frame_stack:
+        spec["frame_stack"] = dict(fmt.frame_stack)
+    if fmt.frames:
+        spec["frames"] = {p: [d, list(shape)] for p, d, shape in fmt.frames}
+    return spec
+
+
+def type_declaration(t: pa.DataType) -> dict[str, Any]:
+    """What a column of stored type ``t`` declares of its type where the Delta log records another (a fixed-size
+    list as a list, uint8 as int16, float16 as float32, frames as binary): ``type`` as
+    :func:`~trajstore.schema.describe` names it, so that a file another tool rewrote in the log's types reads
+    back in its own."""
+    from trajstore.schema import delta_type, describe
+
+    return {} if describe(delta_type(t)) == describe(t) else {"type": describe(t)}
+
+
+def declared_type(spec: Mapping[str, Any] | None) -> pa.DataType | None:
+    """The stored type a declaration gives (see :func:`type_declaration`), or None."""
+    from trajstore.schema import parse_described
+
+    try:
+        return parse_described(spec["type"]) if spec and spec.get("type") else None
+    except (ValueError, TypeError):
+        return None
+
+
+def declare(schema: pa.Schema, fmt: Format) -> pa.Schema:
+    """``schema`` (physical names) with each column's declaration in its field metadata."""
+    logical = fmt.logical_names()
+    fields = []
+    for f in schema:
+        name = logical.get(f.name, f.name)
+        spec = {**(declaration(fmt, name) or {}), **type_declaration(f.type)}
+        if spec:
+            spec.setdefault("field", name)
+        fields.append(f.with_metadata({META_KEY: json.dumps(spec, separators=(",", ":"))}) if spec else
+                      f.remove_metadata())
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def declared(f: pa.Field) -> dict[str, Any] | None:
+    """The declaration in a (Delta schema) field's metadata, or None."""
+    raw = (f.metadata or {}).get(META_KEY.encode())
+    if raw is None:
+        return None
+    try:
+        spec = json.loads(raw)
+    except ValueError:
+        return None
+    return spec if isinstance(spec, dict) and isinstance(spec.get("field"), str) else None
+
+
+def declarations(schema: pa.Schema) -> dict[str, dict[str, Any] | None]:
+    """Every column of a table's schema -> its declaration (None where it declares nothing)."""
+    return {f.name: declared(f) for f in schema}
+
+
+def foreign_format(physical: pa.Schema, table: Mapping[str, dict[str, Any] | None], empty: Collection[str], *,
+                   where: str = "file") -> tuple[Format, pa.Schema]:
+    """The format of a file without trajstore's footer (another tool wrote it: OPTIMIZE, DELETE, an append), from
+    the ``table``'s declarations (every column of the table -> its declaration or None), and the file's schema
+    without the columns it holds only as nulls for rows of other kinds (``empty``: its all-null columns; a
+    rewrite gives every file every column of the table). Rows of such a file may be in any order and any file."""
+    by_field: dict[str, list[str]] = {}
+    for f in physical:
+        spec = table.get(f.name)
+        if spec is not None:
+            logical = spec["field"]
+        else:
+            base, sep, _ = f.name.rpartition("__")  # a typed name of a store whose columns declared nothing
+            logical = base if sep and base in table else f.name
+        by_field.setdefault(logical, []).append(f.name)
+    keep = {}
+    for logical, names in by_field.items():
+        full = [n for n in names if n not in empty]
+        if len(full) > 1:
+            raise EncodingError(f"{where}: the columns {full} all hold {logical!r}: another tool mixed rows stored "
+                                "in different ways into one file")
+        keep[logical] = (full or names)[0]
+    obs, nxt = table.get(keep.get(OBS, "")), table.get(keep.get(NEXT, ""))
+    spec = nxt or obs or {}
+    if (obs or {}).get("frame_stack") != (nxt or obs or {}).get("frame_stack") and nxt and obs:
+        raise EncodingError(f"{where}: {keep[OBS]} and {keep[NEXT]} declare different frame stacks")
+    encoding = 3 if (nxt or {}).get("sparse") or (obs or {}).get("stored") else 1
+    try:
+        fmt = Format.create(encoding=encoding, frame_stack={str(k): int(v) for k, v in
+                                                           dict(spec.get("frame_stack") or {}).items()},
+                            columns=keep, frames={str(k): (str(d), [int(x) for x in shape])
+                                                  for k, (d, shape) in dict(spec.get("frames") or {}).items()},
+                            foreign=True)
+    except (ValueError, TypeError) as exc:
+        raise EncodingError(f"{where}: the table declares an unreadable format for {keep.get(OBS)}: {exc}") from None
+    fields = []
+    for n in keep.values():
+        t = declared_type(table.get(n))
+        fields.append(physical.field(n) if t is None else pa.field(n, t))
+    return fmt, pa.schema(fields)
+
+
+def lost_meaning(physical: pa.Schema, nulls: Mapping[str, int | None], *, where: str = "file") -> None:
+    """Raise :class:`EncodingError` when a file that has neither trajstore's footer nor declared columns holds what
+    only an encoding-2 footer gave a meaning to (another tool rewrote a file of a store written before encoding 3,
+    dropping the footer): observations as frames (bytes), or a ``next_obs`` with nulls."""
+    for name in (OBS, NEXT):
+        if name in physical.names and _has_bytes(physical.field(name).type):
+            raise EncodingError(f"{where}: {name} holds frames as bytes, whose shape only an encoding-2 footer said; "
+                                "another tool rewrote this file and dropped it: the observations cannot be read back")
+    if NEXT in physical.names and nulls.get(NEXT):
+        raise EncodingError(f"{where}: next_obs is null in {nulls[NEXT]} rows, which only an encoding-2 footer said "
+                            "are the next step's obs; another tool rewrote this file and dropped it: next_obs cannot "
+                            "be read back")
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """``t`` without the view and large variants other writers use (string_view, large_list, …)."""
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _plain(f.type)) for f in t])
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_plain(t.value_type), t.list_size)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return pa.list_(_plain(t.value_type))
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+        return pa.binary()
+    return t
+
+
+def _has_bytes(t: pa.DataType) -> bool:
+    if pa.types.is_struct(t):
+        return any(_has_bytes(f.type) for f in t)
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or _fixed(t):
+        t = t.value_type
+    return pa.types.is_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_large_binary(t)
 
 
 # --- types: logical (what readers return) <-> physical (what the file holds) ---------------------------
@@ -283,9 +480,23 @@ class FileSchema:
     logical: pa.Schema
 
     @classmethod
-    def of(cls, schema: pa.Schema, *, where: str = "file") -> FileSchema:
-        fmt = Format.of(schema.metadata, where=where)
-        physical = schema.remove_metadata()
+    def of(cls, schema: pa.Schema, *, where: str = "file", table: Mapping[str, dict[str, Any] | None] | None = None,
+           nulls: Mapping[str, int | None] | None = None, rows: int | None = None) -> FileSchema:
+        """A file's schema from its footer's format; a file without one (another tool wrote it) from the
+        ``table``'s declarations (see :func:`foreign_format`), ``nulls`` (its null values per column, None where
+        unknown) and ``rows`` telling the columns it holds only as nulls."""
+        physical = pa.schema([f.remove_metadata() for f in schema])
+        if (schema.metadata or {}).get(META_KEY.encode()) is not None or table is None:
+            fmt = Format.of(schema.metadata, where=where)
+        elif any(table.get(f.name) for f in physical):
+            physical = pa.schema([pa.field(f.name, _plain(f.type)) for f in physical])
+            nulls = nulls or {}
+            empty = {n for n, c in nulls.items() if c is not None and rows is not None and c >= rows > 0}
+            fmt, physical = foreign_format(physical, table, empty, where=where)
+        else:
+            physical = pa.schema([pa.field(f.name, _plain(f.type)) for f in physical])
+            lost_meaning(physical, nulls or {}, where=where)
+            fmt = Format(foreign=True)
         try:
             logical = logical_schema(physical, fmt)
         except (KeyError, AttributeError, ValueError, TypeError) as exc:

@@ -50,6 +50,7 @@ from trajstore.errors import (
 from trajstore.retry import tries
 from trajstore.schema import PARTITION_COLUMNS, delta_schema
 from trajstore.storage import names
+from trajstore.storage.encoding import declarations
 from trajstore.storage.landing import MARKER, Attempt, find, settle
 from trajstore.storage.location import Location, explain
 
@@ -219,6 +220,12 @@ class TableState:
         commit added)."""
         return pa.schema(self._table.schema().to_arrow())
 
+    @cached_property
+    def declarations(self) -> dict[str, dict[str, Any] | None]:
+        """Every column of the schema -> what it declares it stores (its field metadata; see
+        :func:`~trajstore.storage.encoding.declaration`), or None."""
+        return declarations(self.schema)
+
     def partition(self, run_id: str, env_id: str) -> list[DataFile]:
         """The committed files of one ``(run_id, env_id)`` partition."""
         return [f for f in self.files if f.run_id == run_id and f.env_id == env_id]
@@ -334,6 +341,15 @@ class Log:
             metadata = metadata or "metaData" in action
         return LogCommit(number, files, removed, info, metadata)
 
+    def added_in(self, path: str) -> int | None:
+        """The version whose commit added the file at ``path`` (newest first; None when the readable log does not
+        say: a checkpoint replaced its entry)."""
+        for number in reversed(self.numbers()):
+            commit = self.commit(number)
+            if commit is not None and any(f.path == path for f in commit.files):
+                return number
+        return None
+
     def marker(self, number: int) -> str | None:
         """The marker trajstore gave the commit of version ``number`` (:attr:`LogCommit.marker`); None while there
         is no such version yet."""
@@ -403,18 +419,19 @@ class Log:
         self.writable("write")
         return TableState(self, self._ensure(_full_schema(physical)))
 
-    def reserve(self, types: Mapping[str, pa.DataType],
-                logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
-        """The physical name of each column (logical name -> the type its files hold; ``logical``: the types
-        readers return, for the names' tags), resolved against the log and added to the log's schema where new,
-        in a commit of its own, before any file uses it (see :mod:`~trajstore.storage.names`). Safe when several
-        writers race: a lost race resolves again."""
+    def reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType] | None = None,
+                declared: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, str]:
+        """The physical name of each column (name -> the type its files hold; ``logical``: the types readers
+        return, for the names' tags; ``declared``: what each declares it holds, in its field metadata), resolved
+        against the log and added to the log's schema where new, in a commit of its own, before any file uses it
+        (see :mod:`~trajstore.storage.names`). Safe when several writers race: a lost race resolves again."""
         self.writable("write")
         last: Exception | None = None
         for _ in tries(COMMIT_RETRIES):
             table = self._open(None)
-            log_types = {} if table is None else {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
-            mapping, new = names.resolve(types, log_types, logical)
+            schema = pa.schema([]) if table is None else pa.schema(table.schema().to_arrow())
+            mapping, new = names.resolve(types, {f.name: f.type for f in schema}, logical, declared=declared,
+                                         log_declared=declarations(schema))
             if not new:
                 return mapping
             try:

@@ -18,13 +18,16 @@ for one name with different types cannot both get it (the loser's commit fails, 
 
 from __future__ import annotations
 
-from typing import Mapping
+import json
+from typing import Any, Mapping, Protocol
 
 import pyarrow as pa
 
 from trajstore.schema import delta_type, describe, type_tag
+from trajstore.storage.encoding import Format, declaration, declare, stored_names, type_declaration
 
 SEPARATOR = "__"
+META = "trajstore"  # the field-metadata key of a declaration
 MAX_TRIES = 100
 
 
@@ -35,21 +38,32 @@ def candidates(name: str, t: pa.DataType) -> list[str]:
 
 
 def resolve(types: Mapping[str, pa.DataType], log: Mapping[str, pa.DataType],
-            logical: Mapping[str, pa.DataType] | None = None) -> tuple[dict[str, str], list[pa.Field]]:
-    """For each column (logical name -> stored Arrow type), the physical name it is stored under, given the
-    log's columns (name -> type); and the columns the log must gain (their Delta types). Tags are made from the
-    ``logical`` types where given (an image's bytes say nothing of its dtype), else from the stored ones."""
-    taken = {name: describe(delta_type(t)) for name, t in log.items()}
+            logical: Mapping[str, pa.DataType] | None = None, *,
+            declared: Mapping[str, Mapping[str, Any] | None] | None = None,
+            log_declared: Mapping[str, Mapping[str, Any] | None] | None = None,
+            ) -> tuple[dict[str, str], list[pa.Field]]:
+    """For each column (name -> stored Arrow type), the physical name it is stored under, given the log's columns
+    (name -> type); and the columns the log must gain (their Delta types, each with its declaration in its field
+    metadata). Tags are made from the ``logical`` types where given (an image's bytes say nothing of its dtype),
+    else from the stored ones. ``declared``: what a column must declare (its field and how it is stored, see
+    :func:`~trajstore.storage.encoding.declaration`); a name already taken with another type or another way of
+    storing (``log_declared``) is not reused."""
+    declared, log_declared = declared or {}, log_declared or {}
+    taken = {name: _key(delta_type(t), log_declared.get(name)) for name, t in log.items()}
     mapping: dict[str, str] = {}
     new: list[pa.Field] = []
     for name, t in types.items():
         wanted = delta_type(t)
-        key = describe(wanted)
+        spec = dict(declared.get(name) or {})
+        field = spec.pop("field", name)
+        key = _key(wanted, spec)
         for candidate in candidates(name, (logical or {}).get(name, t)):
             have = taken.get(candidate)
             if have is None:
                 taken[candidate] = key
-                new.append(pa.field(candidate, wanted))
+                meaning = {"field": field, **spec} if spec or candidate != field else None
+                metadata = {META: json.dumps(meaning, separators=(",", ":"))} if meaning else None
+                new.append(pa.field(candidate, wanted, metadata=metadata))
             elif have != key:
                 continue
             mapping[name] = candidate
@@ -57,3 +71,34 @@ def resolve(types: Mapping[str, pa.DataType], log: Mapping[str, pa.DataType],
         else:
             raise ValueError(f"{name}: no free column name for type {describe(t)} after {MAX_TRIES} tries")
     return mapping, new
+
+
+def _key(t: pa.DataType, spec: Mapping[str, Any] | None) -> str:
+    """What a physical name stands for: its Delta type and how it stores its field (not which field)."""
+    how = {k: v for k, v in (spec or {}).items() if k != "field"}
+    return describe(t) + (json.dumps(how, sort_keys=True) if how else "")
+
+
+class Reserve(Protocol):
+    def __call__(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType],
+                 declared: Mapping[str, Mapping[str, Any] | None]) -> dict[str, str]: ...
+
+
+def stored_rows(rows: pa.Table, fmt: Format, logical: Mapping[str, pa.DataType], reserve: Reserve) -> pa.Table:
+    """``rows`` (logical names, obs/next_obs encoded as ``fmt`` says; ``logical``: the types readers return) under
+    the names they are stored under in the current encoding (:func:`~trajstore.storage.encoding.stored_names`,
+    then a type tag where the name is taken), each reserved and declared in the log first by ``reserve``; the
+    file's footer records its format, its fields their declarations."""
+    target = Format.create(frame_stack=fmt.stacks, frames=fmt.images)
+    target = target.with_columns(stored_names(target))
+    base = {n: target.physical(n) for n in rows.column_names}
+    types = {base[n]: rows.schema.field(n).type for n in rows.column_names}
+    declared = {base[n]: {**(declaration(target, n) or {}), **type_declaration(types[base[n]])}
+                for n in rows.column_names}
+    names = reserve(types, {base[n]: logical.get(n, types[base[n]]) for n in rows.column_names},
+                    {b: ({"field": n, **d} if d else None) for n, b, d in
+                     ((n, base[n], declared[base[n]]) for n in rows.column_names)})
+    final = {n: names[base[n]] for n in rows.column_names}
+    stored = target.with_columns(final)
+    data = rows.rename_columns([final[n] for n in rows.column_names])
+    return pa.Table.from_arrays(data.columns, schema=declare(data.schema, stored).with_metadata(stored.metadata()))

@@ -108,30 +108,31 @@ class StepsTable:
         return pa.schema(list(fields.values()))
 
     def schemas(self, files: Sequence[DataFile]) -> list[FileSchema]:
-        """Each committed file's :class:`~trajstore.storage.encoding.FileSchema` (from its footer), read once per
-        file."""
+        """Each committed file's :class:`~trajstore.storage.encoding.FileSchema` (from its footer, or for a file
+        another tool wrote from the table's declarations), read once per file."""
         with self._schemas_lock:
-            missing = list({f.path: f for f in files if f.path not in self._schemas}.values())
+            known = {f.path: self._schemas[f.path] for f in files if f.path in self._schemas}
+        missing = list({f.path: f for f in files if f.path not in known}.values())
         if missing:
+            state = self.log.read()
+            declared = {} if state is None else state.declarations
+
+            def schema(f: DataFile) -> FileSchema:
+                return read_file_schema(f, self.location, declared)
+
             if len(missing) > 1 and not missing[0].is_local:
                 from concurrent.futures import ThreadPoolExecutor
 
                 with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-                    read = list(pool.map(self._schema, missing))
+                    read = list(pool.map(schema, missing))
             else:
-                read = [self._schema(f) for f in missing]
+                read = [schema(f) for f in missing]
+            known.update((f.path, stored) for f, stored in zip(missing, read))
             with self._schemas_lock:
                 if len(self._schemas) + len(read) > SCHEMAS_KEPT:
                     self._schemas.clear()
                 self._schemas.update((f.path, stored) for f, stored in zip(missing, read))
-                known = dict(self._schemas)
-        else:
-            with self._schemas_lock:
-                known = dict(self._schemas)
-        return [known[f.path] if f.path in known else self._schema(f) for f in files]
-
-    def _schema(self, f: DataFile) -> FileSchema:
-        return read_file_schema(f, self.location)
+        return [known[f.path] for f in files]
 
     # --- writing ----------------------------------------------------------------------------------
 
@@ -196,11 +197,11 @@ class StepsTable:
             except Exception as exc:  # noqa: BLE001 - the caller raises the error that matters
                 log.warning("%s: could not remove the uncommitted file %s: %s", self.uri, path, first_line(exc))
 
-    def reserve(self, types: Mapping[str, pa.DataType],
-                logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
-        """The physical name of each column, reserved in the log first (:meth:`Log.reserve
+    def reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType] | None = None,
+                declared: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, str]:
+        """The physical name of each column, reserved and declared in the log first (:meth:`Log.reserve
         <trajstore.storage.log.Log.reserve>`)."""
-        return self.log.reserve(types, logical)
+        return self.log.reserve(types, logical, declared)
 
     def commit(self, written: WrittenFile) -> str:
         """Second half of :meth:`append`: commit ``written``, exactly once (:meth:`Log.append
@@ -239,14 +240,22 @@ def steps_dataset(files: Sequence[DataFile], schema: pa.Schema) -> ds.FileSystem
                                            filesystem=filesystem, partitions=partitions)
 
 
-def read_file_schema(f: DataFile, location: Location | None = None) -> FileSchema:
-    """The :class:`~trajstore.storage.encoding.FileSchema` of one committed file, from its footer. A file that is
-    missing or cannot be read, or whose format is unreadable, is a :class:`StoreDamagedError` naming it; with the
-    store's ``location``, an object store that fails or does not answer is its
+def read_file_schema(f: DataFile, location: Location | None = None,
+                     table: Mapping[str, dict[str, Any] | None] | None = None) -> FileSchema:
+    """The :class:`~trajstore.storage.encoding.FileSchema` of one committed file, from its footer (a file another
+    tool wrote: from the ``table``'s declarations, see :func:`~trajstore.storage.encoding.foreign_format`). A file
+    that is missing or cannot be read, or whose format is unreadable, is a :class:`StoreDamagedError` naming it;
+    with the store's ``location``, an object store that fails or does not answer is its
     :class:`~trajstore.errors.StoreAccessError` instead."""
     store = None if location is None else location.uri.rsplit("/", 1)[0]
+    nulls: dict[str, int | None] = {}
+    rows = None
     try:
-        schema = pq.read_schema(f.path, filesystem=f.fs)
+        with f.fs.open_input_file(f.path) as source:
+            meta = pq.ParquetFile(source).metadata
+        schema = meta.schema.to_arrow_schema()
+        if table is not None and (schema.metadata or {}).get(b"trajstore") is None:
+            nulls, rows = null_counts(meta), meta.num_rows
     except (OSError, pa.ArrowException) as exc:
         access = None if location is None else explain(exc, location)
         if access is not None:
@@ -254,9 +263,29 @@ def read_file_schema(f: DataFile, location: Location | None = None) -> FileSchem
         problem = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read ({first_line(exc)})"
         raise StoreDamagedError.of_file(f.uri, problem, store) from exc
     try:
-        return FileSchema.of(schema, where=f.uri)
+        return FileSchema.of(schema, where=f.uri, table=table, nulls=nulls, rows=rows)
     except EncodingError as exc:
         raise StoreDamagedError.of_file(f.uri, f"has an unreadable format ({exc})", store) from exc
+
+
+def null_counts(meta: pq.FileMetaData) -> dict[str, int | None]:
+    """Each top-level column's null values over a file's row groups (the most of its leaves: a null row is a null
+    in every leaf), from the footer's statistics; None where a row group has none."""
+    out: dict[str, int | None] = {}
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        seen: dict[str, int | None] = {}
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            name = chunk.path_in_schema.split(".", 1)[0]
+            stats = chunk.statistics
+            count = stats.null_count if stats is not None and stats.has_null_count else None
+            if name in seen and seen[name] is None:
+                continue
+            seen[name] = None if count is None else max(count, seen.get(name) or 0)
+        for name, count in seen.items():
+            out[name] = None if count is None or (name in out and out[name] is None) else (out.get(name) or 0) + count
+    return out
 
 
 def missing_files(location: Location, files: Sequence[DataFile]) -> list[DataFile]:

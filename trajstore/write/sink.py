@@ -10,7 +10,7 @@ of a store; :class:`~trajstore.remote.writer.RemoteSink` the sink of a served st
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, TypeVar, runtime_checkable
+from typing import Any, Mapping, Protocol, TypeVar, runtime_checkable
 
 import pyarrow as pa
 
@@ -26,10 +26,11 @@ class Sink(Protocol[Pending]):
         must match; None if none."""
         ...
 
-    def reserve(self, types: Mapping[str, pa.DataType],
-                logical: Mapping[str, pa.DataType] | None = None) -> dict[str, str]:
-        """The physical name each column (logical name -> stored type; ``logical``: the types readers return) is
-        stored under, reserved before the first file that uses it (see :mod:`trajstore.storage.names`)."""
+    def reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType] | None = None,
+                declared: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, str]:
+        """The physical name each column (name -> stored type; ``logical``: the types readers return;
+        ``declared``: what each must declare it holds) is stored under, reserved before the first file that uses
+        it (see :mod:`trajstore.storage.names`)."""
         ...
 
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> Pending:

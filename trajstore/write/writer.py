@@ -37,6 +37,7 @@ from trajstore.errors import (
     WriterClosedError,
 )
 from trajstore.storage.encoding import NEXT, OBS, Format, check_frame_stack, leaves
+from trajstore.storage.names import stored_rows
 from trajstore.write.buffer import RowBuffer, Rows, gather
 from trajstore.write.episode_ids import EpisodeIds
 from trajstore.write.segment import Autoreset, Cursors, Segments, segment
@@ -346,16 +347,20 @@ class Writer:
             self.upkeep.wrote(self.run_id, self.env_id)
 
     def _stored(self, data: pa.Table) -> pa.Table:
-        """The rows of one file under their physical names (reserved in the log first), with its format."""
-        wanted = {f.name: f.type for f in data.schema}
-        changed = {n: t for n, t in wanted.items() if self._reserved.get(n, ("", ""))[0] != sch.describe(t)}
+        """The rows of one file under their physical names (reserved and declared in the log first), with its
+        format (see :func:`~trajstore.storage.names.stored_rows`)."""
+        fmt = Format.for_obs(self._types[OBS], frame_stack=self.frame_stack)
+        return stored_rows(data, fmt, self._types, self._reserve)
+
+    def _reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType],
+                 declared: Mapping[str, Mapping[str, Any] | None]) -> dict[str, str]:
+        """The sink's names for ``types``, asked once per column and type."""
+        changed = {n: t for n, t in types.items() if self._reserved.get(n, ("", ""))[0] != sch.describe(t)}
         if changed:
-            logical = {n: self._types.get(n, t) for n, t in changed.items()}
-            for name, physical in self.sink.reserve(changed, logical).items():
+            got = self.sink.reserve(changed, {n: logical[n] for n in changed}, {n: declared.get(n) for n in changed})
+            for name, physical in got.items():
                 self._reserved[name] = (sch.describe(changed[name]), physical)
-        names = {n: self._reserved[n][1] for n in wanted}
-        fmt = Format.for_obs(self._types[OBS], frame_stack=self.frame_stack, columns=names)
-        return data.rename_columns([names[n] for n in data.column_names]).replace_schema_metadata(fmt.metadata())
+        return {n: self._reserved[n][1] for n in types}
 
     def _wait(self) -> None:
         self._collect(keep=0)

@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from fastapi.testclient import TestClient
 
 import trajstore
-from tests.api.helpers import settings_for
+from tests.api.helpers import API_KEY, settings_for
 from trajstore.api.app import create_app
 from trajstore.query.foreign import ForeignChangeError
 from trajstore.store import check
@@ -228,6 +228,12 @@ def test_every_reader_reads_back_what_other_tools_left(written: tuple[trajstore.
         assert len(loaded["episode_id"]) == want[env].num_rows
     assert check(store).ok, check(store).problems
     with TestClient(create_app(settings_for(store.root))) as client:  # REST reads the same engine
+        query = "SELECT obs, next_obs FROM steps ORDER BY episode_id, step"
+        answer = client.post("/sql", json={"query": query, "env_id": [envs[0]]},  # sandboxed, in a worker process
+                             headers={"Authorization": f"Bearer {API_KEY}"})
+        assert answer.status_code == 200, answer.text
+        assert [r["obs"] for r in answer.json()["rows"]] == values(want[envs[0]]["obs"])
+        assert [r["next_obs"] for r in answer.json()["rows"]] == values(want[envs[0]]["next_obs"])
         for env in envs:
             got = client.get("/stats", params={"env_id": env, "include_incomplete": True}).json()
             assert got[0]["n_traj"] == len(set(want[env]["episode_id"].to_pylist())), got

@@ -6,8 +6,9 @@ next step in the same file. Another tool's files (read through the table's decla
 :func:`~trajstore.storage.encoding.foreign_format`) promise neither. So before a reader uses them, the steps of every
 partition holding one are checked (:func:`check`): each ``(episode_id, step)`` once and no step missing between
 an episode's first and last, else one :class:`ForeignChangeError` names the episode and the version whose commit
-added the file; and :func:`in_order` tells whether each file is still in trajstore's order (a DELETE or a
-compaction keeps it, a Z-ORDER does not), else readers sort those files' rows by episode and step before decoding.
+added the file; and :func:`in_order` tells whether the files can be decoded one by one as trajstore's own (each
+in episode-and-step order, no episode split between two: a DELETE or an OPTIMIZE into one file per partition
+keeps that, a Z-ORDER does not), else readers sort their rows by episode and step before decoding.
 Results are kept per set of files (committed files never change).
 """
 
@@ -27,7 +28,7 @@ from trajstore.storage.log import DataFile
 KEPT = 1024  # verdicts kept per process
 _lock = threading.Lock()
 _checked: dict[frozenset[str], bool] = {}
-_ordered: dict[str, bool] = {}
+_grouped: dict[frozenset[str], bool] = {}
 
 
 class ForeignChangeError(StoreDamagedError):
@@ -73,29 +74,34 @@ def check(files: Sequence[DataFile], schemas: Sequence[FileSchema], version_of: 
                 f"{culprit.uri}); trajstore cannot read this episode back exactly: restore an earlier version "
                 "(`trajstore open --version`, or deltalake's restore) or delete the whole episode",
                 path=culprit.uri)
-    for (f, _), (e, s) in zip(chosen, keys):
-        with _lock:
-            _ordered[f.path] = _file_in_order(e, s)
     with _lock:
         if len(_checked) >= KEPT:
             _checked.clear()
-            _ordered.clear()
         _checked[key] = True
 
 
 def in_order(files: Sequence[DataFile], fmt: Format) -> bool:
-    """Whether every one of ``files`` (of format ``fmt``) still holds each episode's rows together and in step
-    order (then a reader decodes it file by file, as one of trajstore's own)."""
-    for f in files:
+    """Whether ``files`` (another tool's, of format ``fmt``) can be decoded file by file, as trajstore's own: each
+    holds each of its episodes' rows together and in step order, and no episode has rows in two of them (an
+    episode a rewrite split may need rows of another file to decode)."""
+    key = frozenset(f.path for f in files)
+    with _lock:
+        known = _grouped.get(key)
+    if known is None:
+        seen: set[int] = set()
+        known = True
+        for f in files:
+            eid, step = _keys(f, fmt)
+            ids = set(np.unique(eid).tolist())
+            if not _file_in_order(eid, step) or ids & seen:
+                known = False
+                break
+            seen |= ids
         with _lock:
-            known = _ordered.get(f.path)
-        if known is None:
-            known = _file_in_order(*_keys(f, fmt))
-            with _lock:
-                _ordered[f.path] = known
-        if not known:
-            return False
-    return True
+            if len(_grouped) >= KEPT:
+                _grouped.clear()
+            _grouped[key] = known
+    return known
 
 
 def _keys(f: DataFile, fmt: Format) -> tuple[np.ndarray, np.ndarray]:

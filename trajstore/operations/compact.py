@@ -8,6 +8,8 @@ thousands of small files, and every query pays for each one (its footer, its sca
 order they were written, and writes them again as files of about ``target_bytes``, with the writer's Parquet
 settings and the stored types (fixed-size observation columns stay fixed-size); then one commit
 (:meth:`Log.swap <trajstore.storage.log.Log.swap>`) removes exactly the files read and adds the new ones.
+Files written in an older encoding are rewritten in the current one, alone too (:func:`upgraded`: the same stored
+values, under the names that say what they hold, declared in the log): ``trajstore compact`` upgrades an old store.
 Only files of one format (:mod:`~trajstore.storage.encoding`) are joined (:func:`merged`), their rows ordered by
 ``(episode_id, step)``: each episode is contiguous in the new file, and an encoded row still has the neighbour it
 decodes from (a null ``next_obs`` or a one-frame row always follows its episode's previous step in its file, and
@@ -34,7 +36,9 @@ import pyarrow.parquet as pq
 
 from trajstore.errors import CommitError, InputError
 from trajstore.query.filters import check_runs
+from trajstore.storage.encoding import CURRENT, Format, logical_schema
 from trajstore.storage.log import DataFile, TableState, WrittenFile
+from trajstore.storage.names import stored_rows
 from trajstore.storage.table import StepsTable
 
 if TYPE_CHECKING:
@@ -64,7 +68,8 @@ class CompactReport:
 
 def compact(engine: Engine, *, run_id: str | Sequence[str] | None = None, env_id: str | Sequence[str] | None = None,
             target_bytes: int = TARGET_BYTES, progress: bool = True) -> CompactReport:
-    """Rewrite the partitions (of ``run_id``/``env_id``, or all) whose files could be fewer."""
+    """Rewrite the partitions (of ``run_id``/``env_id``, or all) whose files could be fewer, or that hold files of
+    an older encoding (rewritten in the current one: names that say what they hold, declared in the log)."""
     engine.table.log.writable("compact")
     if target_bytes < 1:
         raise InputError(f"target_bytes: must be a positive number of bytes, got {target_bytes}")
@@ -76,8 +81,10 @@ def compact(engine: Engine, *, run_id: str | Sequence[str] | None = None, env_id
     for f in files:
         if (not runs or f.run_id in runs) and (not envs or f.env_id in envs):
             partitions.setdefault((f.run_id, f.env_id), []).append(f)
+    older = {f.path for f, stored in zip(files, engine.file_schemas(files)) if _older(stored.format)}
     todo = sorted(key for key, files in partitions.items()
-                  if len(files) > max(1, math.ceil(sum(f.size for f in files) / target_bytes)))
+                  if len(files) > max(1, math.ceil(sum(f.size for f in files) / target_bytes))
+                  or any(f.path in older for f in files))  # files of an older encoding are rewritten in the current
     report = CompactReport()
     from tqdm.auto import tqdm
 
@@ -91,7 +98,7 @@ def compact(engine: Engine, *, run_id: str | Sequence[str] | None = None, env_id
 def _compact_partition(engine: Engine, run_id: str, env_id: str, target_bytes: int, report: CompactReport) -> None:
     state = engine.table.log.read()  # the files of one version, which the commit removes
     files = [] if state is None else state.partition(run_id, env_id)
-    if state is None or len(files) < 2:
+    if state is None or not files:
         return
     try:
         done = compact_partition(engine.table, state, files, target_bytes=target_bytes)
@@ -122,14 +129,19 @@ def compact_partition(table: StepsTable, state: TableState, files: Sequence[Data
     files read (``auto``: recorded as upkeep's in the commit). Raises :class:`CommitError` when another change
     removed some of them first: nothing was committed."""
     run_id, env_id = files[0].run_id, files[0].env_id
+    formats = {f.path: stored.format for f, stored in zip(files, table.schemas(files))}
     groups = [g for g in _groups(sorted(files, key=lambda f: (f.modified_ms, f.path)), target_bytes,
-                                 _formats(table, files)) if len(g) > 1]
+                                 {p: fmt.key() for p, fmt in formats.items()})
+              if len(g) > 1 or _older(formats[g[0].path])]
     if not groups:
         return Compaction(run_id, env_id, 0, 0)
     written: list[WrittenFile] = []
     try:
         for group in groups:
-            written.append(table.write(merged(group), run_id=run_id, env_id=env_id))
+            data = merged(group)
+            if _older(formats[group[0].path]):
+                data = upgraded(table, data, formats[group[0].path])
+            written.append(table.write(data, run_id=run_id, env_id=env_id))
         number = table.log.swap(state, [f for g in groups for f in g], written,
                                 metadata={"operation": "compact", **({"auto": True} if auto else {})})
     except BaseException as exc:
@@ -151,9 +163,19 @@ def merged(files: Sequence[DataFile]) -> pa.Table:
     return data.take(order)
 
 
-def _formats(table: StepsTable, files: Sequence[DataFile]) -> dict[str, str]:
-    """Each file's format, as a key (files of one format are joined)."""
-    return {f.path: stored.format.key() for f, stored in zip(files, table.schemas(files))}
+def _older(fmt: Format) -> bool:
+    """Whether a file of trajstore's own is in an encoding older than the current one (then rewritten, alone too)."""
+    return not fmt.foreign and fmt.encoding < CURRENT
+
+
+def upgraded(table: StepsTable, data: pa.Table, fmt: Format) -> pa.Table:
+    """Rows of a file in an older encoding (``fmt``; physical names, its footer) in the current one: the same
+    stored values under the names that say what they hold, declared in the log (encodings 1 and 2 store them
+    alike; encoding 1 has no sparse rows and no frames)."""
+    names = fmt.logical_names()
+    rows = data.rename_columns([names.get(n, n) for n in data.column_names]).replace_schema_metadata(None)
+    logical = logical_schema(data.schema.remove_metadata(), fmt)
+    return stored_rows(rows, fmt, {f.name: f.type for f in logical}, table.reserve)
 
 
 def _groups(files: list[DataFile], target_bytes: int, formats: dict[str, str]) -> Iterator[list[DataFile]]:

@@ -346,3 +346,17 @@ def test_the_decoding_sql_gives_trajstore_s_steps_in_another_duckdb(written: tup
     assert main(["schema", "--store", str(store.root)]) == 0
     described = capsys.readouterr().out
     assert "next_obs_sparse" in described and "holds next_obs; null where the next observation is the obs" in described
+
+
+def test_another_tools_rewrite_of_an_old_environment_beside_new_ones_is_refused(tmp_path: Path) -> None:
+    """An old store that new writers added environments to (declared columns in its log): a rewrite that gives the
+    old environment's file every column of the table (the new ones' declared) still cannot be read back, and says
+    so."""
+    shutil.copytree(DATA / "encoding2-store", tmp_path / "store")
+    store = trajstore.open(tmp_path / "store")
+    write_kind(store, "float", np.random.default_rng(4))  # a new environment, in the current encoding
+    DeltaTable(str(tmp_path / "store" / "steps")).optimize.compact()
+    store = trajstore.open(tmp_path / "store")
+    with pytest.raises(trajstore.errors.StoreDamagedError, match="another tool rewrote this file"):
+        store.scan(["obs", "next_obs"], env_id="Vec-v0").read_all()
+    assert not check(store).ok

@@ -493,6 +493,9 @@ class FileSchema:
             nulls = nulls or {}
             empty = {n for n, c in nulls.items() if c is not None and rows is not None and c >= rows > 0}
             fmt, physical = foreign_format(physical, table, empty, where=where)
+            undeclared = {fmt.physical(n): n for n in (OBS, NEXT) if not table.get(fmt.physical(n))}
+            lost_meaning(pa.schema([pa.field(undeclared[f.name], f.type) for f in physical if f.name in undeclared]),
+                         {undeclared[n]: c for n, c in nulls.items() if n in undeclared}, where=where)
         else:
             physical = pa.schema([pa.field(f.name, _plain(f.type)) for f in physical])
             lost_meaning(physical, nulls or {}, where=where)

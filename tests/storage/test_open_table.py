@@ -169,14 +169,13 @@ def rewrite(store: trajstore.Store, how: str) -> None:
         table.optimize.compact()
         table.create_checkpoint()
         table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
-    elif how == "split_files":  # every row rewritten in two files, in order, an episode cut between them
-        rows = table.to_pyarrow_table().sort_by([("env_id", "ascending"), *KEYS])
-        eid = rows["episode_id"].to_numpy()
-        half = rows.num_rows // 2
-        while half < rows.num_rows - 1 and eid[half] != eid[half - 1]:
-            half += 1  # inside an episode
+    elif how == "split_files":  # every row rewritten in two appends, an episode cut between them: the first
+        rows = table.to_pyarrow_table().sort_by([("env_id", "descending"), *KEYS])  # holds its first two steps only
+        eid = rows["episode_id"].to_numpy()            # (a file whose next_obs is null in every row)
+        long = next(i for i in range(rows.num_rows - 2) if eid[i] == eid[i + 2])
+        first = pa.array(np.isin(np.arange(rows.num_rows), [long, long + 1]))
         table.delete()
-        for part in (rows.slice(0, half), rows.slice(half)):
+        for part in (rows.filter(first), rows.filter(pa.compute.invert(first))):
             pl.from_arrow(part).write_delta(str(store.root / "steps"), mode="append")
     elif how == "append_episode":  # a whole episode again under a new id, in the table's own stored schema
         rows = table.to_pyarrow_table(filters=[("episode_id", "=", first)])

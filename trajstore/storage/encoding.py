@@ -274,11 +274,15 @@ def foreign_format(physical: pa.Schema, table: Mapping[str, dict[str, Any] | Non
             logical = base if sep and base in table else f.name
         by_field.setdefault(logical, []).append(f.name)
     keep = {}
-    for logical, names in by_field.items():
+    for logical in sorted(by_field, key=lambda n: n == NEXT):  # next_obs after obs: it is stored as obs is
+        names = by_field[logical]
         full = [n for n in names if n not in empty]
         if len(full) > 1:
             raise EncodingError(f"{where}: the columns {full} all hold {logical!r}: another tool mixed rows stored "
                                 "in different ways into one file")
+        if not full and logical == NEXT and OBS in keep:  # null in every row of the file: the one obs's kind
+            obs = table.get(keep[OBS]) or {}
+            full = [n for n in names if _same_kind(table.get(n) or {}, obs)]
         keep[logical] = (full or names)[0]
     obs, nxt = table.get(keep.get(OBS, "")), table.get(keep.get(NEXT, ""))
     spec = nxt or obs or {}
@@ -298,6 +302,12 @@ def foreign_format(physical: pa.Schema, table: Mapping[str, dict[str, Any] | Non
         t = declared_type(table.get(n))
         fields.append(physical.field(n) if t is None else pa.field(n, t))
     return fmt, pa.schema(fields)
+
+
+def _same_kind(nxt: Mapping[str, Any], obs: Mapping[str, Any]) -> bool:
+    """Whether a next-observation column's declaration stores observations as an obs column's does."""
+    return all(nxt.get(k) == obs.get(k) for k in ("type", "frame_stack", "frames")) and \
+        (nxt.get("stored") or "values") == (obs.get("stored") or "values")
 
 
 def lost_meaning(physical: pa.Schema, nulls: Mapping[str, int | None], *, where: str = "file") -> None:

@@ -114,8 +114,11 @@ def _create(location: Location) -> None:
     root = location.fs.get_file_info(location.root)
     if root.type == pafs.FileType.File:
         raise StoreExistsError(f"{location.uri} is a file, not a trajstore store; choose an empty or new folder")
-    others = [i for i in fs.get_file_info(pafs.FileSelector(location.root, allow_not_found=True))
-              if not i.base_name.startswith(f".{MARKER}.") and i.base_name != MARKER]
+    try:
+        listed = fs.get_file_info(pafs.FileSelector(location.root, allow_not_found=True))
+    except FileNotFoundError:  # another creator's folder between its existence check and the listing: nothing else
+        listed = []
+    others = [i for i in listed if not i.base_name.startswith(f".{MARKER}.") and i.base_name != MARKER]
     if others and fs.get_file_info(marker).type != pafs.FileType.File:
         raise StoreExistsError(f"{location.uri} holds other things and is not a trajstore store (no {MARKER}); "
                                "choose an empty or new folder or prefix")

@@ -86,19 +86,24 @@ class Reserve(Protocol):
 
 def stored_rows(rows: pa.Table, fmt: Format, logical: Mapping[str, pa.DataType], reserve: Reserve) -> pa.Table:
     """``rows`` (logical names, obs/next_obs encoded as ``fmt`` says; ``logical``: the types readers return) under
-    the names they are stored under in the current encoding (:func:`~trajstore.storage.encoding.stored_names`,
-    then a type tag where the name is taken), each reserved and declared in the log first by ``reserve``; the
-    file's footer records its format, its fields their declarations."""
+    the names they are stored under in the current encoding (:func:`stored_schema`)."""
+    return pa.Table.from_arrays(rows.columns, schema=stored_schema(rows.schema, fmt, logical, reserve))
+
+
+def stored_schema(schema: pa.Schema, fmt: Format, logical: Mapping[str, pa.DataType], reserve: Reserve) -> pa.Schema:
+    """The schema rows of ``schema`` are stored with: the names of the current encoding
+    (:func:`~trajstore.storage.encoding.stored_names`, then a type tag where the name is taken), each reserved and
+    declared in the log first by ``reserve``; the file's footer records its format, its fields their declarations."""
     target = Format.create(frame_stack=fmt.stacks, frames=fmt.images)
     target = target.with_columns(stored_names(target))
-    base = {n: target.physical(n) for n in rows.column_names}
-    types = {base[n]: rows.schema.field(n).type for n in rows.column_names}
+    base = {n: target.physical(n) for n in schema.names}
+    types = {base[n]: schema.field(n).type for n in schema.names}
     declared = {base[n]: {**(declaration(target, n) or {}), **type_declaration(types[base[n]])}
-                for n in rows.column_names}
-    names = reserve(types, {base[n]: logical.get(n, types[base[n]]) for n in rows.column_names},
+                for n in schema.names}
+    names = reserve(types, {base[n]: logical.get(n, types[base[n]]) for n in schema.names},
                     {b: ({"field": n, **d} if d else None) for n, b, d in
-                     ((n, base[n], declared[base[n]]) for n in rows.column_names)})
-    final = {n: names[base[n]] for n in rows.column_names}
+                     ((n, base[n], declared[base[n]]) for n in schema.names)})
+    final = {n: names[base[n]] for n in schema.names}
     stored = target.with_columns(final)
-    data = rows.rename_columns([final[n] for n in rows.column_names])
-    return pa.Table.from_arrays(data.columns, schema=declare(data.schema, stored).with_metadata(stored.metadata()))
+    renamed = pa.schema([f.with_name(final[f.name]) for f in schema])
+    return declare(renamed, stored).with_metadata(stored.metadata())

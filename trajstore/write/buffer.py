@@ -8,7 +8,8 @@ equal), and each stack against the previous step's shifted by one frame (one fra
 elsewhere). An env's last row of a call waits for the next call (its ``next_obs`` is compared with that call's
 first ``obs`` of the env) or for the flush (then it is stored). At a flush, rows are ordered env by env, calls in
 order, so each episode's rows are contiguous and in step order: by zero-copy slices when rows are wide (images),
-by one ``take`` when they are narrow and envs many. Both give the same rows (a test checks).
+by one ``take`` when they are narrow and envs many. Both give the same rows (a test checks). That ordering is done
+by the thread that encodes the flush, not the one adding rows.
 """
 
 from __future__ import annotations
@@ -285,24 +286,61 @@ class RowBuffer:
 
     # --- the flush ---
 
-    def take(self, *, by: str | None = None) -> pa.Table:
-        """Every buffered row in file order (env by env, calls in order), and an empty buffer; the next call's
-        rows start a new file (its first row of each episode an anchor, nothing waits). ``by`` forces the
-        ordering: ``"slices"`` or ``"take"`` (default: by row width)."""
+    def take(self) -> Flush:
+        """Every buffered row (put in file order by :meth:`Flush.table`, on the thread that encodes it), and an
+        empty buffer; the next call's rows start a new file (its first row of each episode an anchor, nothing
+        waits)."""
         calls, self._calls = self._calls, []
         self._envs = _Envs.empty(self.num_envs)
         self.nbytes = self.rows = 0
         batches = [_final(c) for c in calls]
-        if not batches:
+        counts = np.stack([c.counts for c in calls]) if calls else np.zeros((0, self.num_envs), np.int64)
+        return Flush(batches, counts)
+
+
+@dataclass(frozen=True)
+class Flush:
+    """The rows of one flush as the calls gave them (each call's env-major), and how many each env has per call."""
+
+    batches: list[pa.RecordBatch]
+    counts: np.ndarray  # (calls, envs)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.counts.sum())
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.batches[0].schema
+
+    def split(self, parts: int) -> list[Flush]:
+        """The rows of consecutive ranges of envs, about as many in each of ``parts`` (fewer where there are
+        fewer envs with rows); each env's rows stay in one part, so its episodes and their encoding do."""
+        per_env = self.counts.sum(axis=0)
+        cuts = np.searchsorted(np.cumsum(per_env), np.arange(1, parts) * per_env.sum() / parts)
+        bounds = sorted({0, *(int(c) + 1 for c in cuts), len(per_env)})
+        out = []
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            counts = self.counts[:, lo:hi]
+            if not counts.sum():
+                continue
+            starts = np.cumsum(self.counts, axis=1) - self.counts
+            batches = [b.slice(int(starts[c, lo]), int(counts[c].sum())) for c, b in enumerate(self.batches)]
+            out.append(Flush(batches, counts))
+        return out
+
+    def table(self, *, by: str | None = None) -> pa.Table:
+        """The rows in file order: env by env, calls in order. ``by`` forces the ordering: ``"slices"`` or
+        ``"take"`` (default: by row width)."""
+        if not self.batches:
             return pa.table({})
-        if len(batches) == 1:
-            return pa.Table.from_batches(batches)
-        counts = np.stack([c.counts for c in calls])  # (calls, envs)
-        rows = int(counts.sum())
-        wide = sum(b.nbytes for b in batches) > WIDE_ROW_BYTES * max(rows, 1)
+        if len(self.batches) == 1:
+            return pa.Table.from_batches(self.batches)
+        rows = self.num_rows
+        wide = sum(b.nbytes for b in self.batches) > WIDE_ROW_BYTES * max(rows, 1)
         if (by or ("slices" if wide else "take")) == "slices":
-            return pa.Table.from_batches(_env_slices(batches, counts), schema=batches[0].schema)
-        return pa.Table.from_batches(batches).take(_env_order(counts)).combine_chunks()
+            return pa.Table.from_batches(_env_slices(self.batches, self.counts), schema=self.schema)
+        return pa.Table.from_batches(self.batches).take(_env_order(self.counts)).combine_chunks()
 
 
 def _keep(store: dict[str, np.ndarray], path: str, raw: np.ndarray, at: np.ndarray, envs: np.ndarray,

@@ -37,8 +37,8 @@ from trajstore.errors import (
     WriterClosedError,
 )
 from trajstore.storage.encoding import NEXT, OBS, Format, check_frame_stack, leaves
-from trajstore.storage.names import stored_rows
-from trajstore.write.buffer import RowBuffer, Rows, gather
+from trajstore.storage.names import stored_schema
+from trajstore.write.buffer import Flush, RowBuffer, Rows, gather
 from trajstore.write.episode_ids import EpisodeIds
 from trajstore.write.segment import Autoreset, Cursors, Segments, segment
 from trajstore.write.sink import CommitHook, Sink
@@ -47,25 +47,30 @@ log = logging.getLogger(__name__)
 
 REQUIRED = sch.TRANSITION_COLUMNS
 AUTORESET_MODES = ("same-step", "next-step", "off")
+ENCODING = 2  # buffers ordered and encoded at once, each on a thread of its own
+SPLIT_BYTES = 32 * 1024 * 1024  # a flush that waits sends a buffer this big as ENCODING files, encoded at once
 
 
 @dataclass
 class _Piece:
-    """One buffer on its way to the store: its rows, what the sink made of them (once encoded) and its commit."""
+    """One buffer on its way to the store: its rows and their stored schema, what the sink made of them (once
+    encoded) and its commit."""
 
-    data: pa.Table
+    data: Flush
+    schema: pa.Schema
     encoding: Future[Any]
     commit: Future[str]
 
 
 @dataclass(frozen=True)
 class _Unstored:
-    """A buffer whose write or commit failed, kept for the next flush: its rows, and what the sink had made of
-    them if that much succeeded (committed again as it is: the same file, the same idempotency key)."""
+    """A buffer whose write or commit failed, kept for the next flush: its rows, their stored schema (None: not
+    reserved yet) and what the sink had made of them if that much succeeded (committed again as it is: the same
+    file, the same idempotency key)."""
 
-    data: pa.Table
+    data: Flush
+    schema: pa.Schema | None = None
     pending: Any = None
-    physical: bool = True  # False: rows as given, not yet under their physical names with their format
 
 
 class Writer:
@@ -120,12 +125,12 @@ class Writer:
         self._repeats: dict[str, pa.Array] = {}
         self._time_indices = 0  # time indices of every accepted call so far
         self._last_us = _now_us()  # wall time of the last accepted call (the opening, before any)
-        # Two stages, one thread each: Parquet encoding of one buffer, and fsync + commit of the files in
-        # the order they were written, so syncing one file overlaps encoding the next.
-        self._encoding: Future[Any] | None = None
+        # Two stages: ordering + Parquet encoding of a buffer (up to ENCODING at a time, one thread each), and
+        # fsync + commit of the files in the order they were written (one thread), so syncing one file overlaps
+        # encoding the next and the caller goes on adding rows meanwhile.
         self._pieces: list[_Piece] = []
         self._unstored: list[_Unstored] = []
-        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-encode")
+        self._encoder = ThreadPoolExecutor(max_workers=ENCODING, thread_name_prefix="trajstore-encode")
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajstore-commit")
         self._lock = threading.Lock()
         self._closed = False
@@ -186,8 +191,8 @@ class Writer:
 
     def flush(self) -> None:
         """Commit everything buffered (and what a failed flush kept) and wait until it is visible to readers."""
-        self._submit()
-        self._wait()
+        self._submit(parts=ENCODING)
+        self._collect(keep=0)
 
     def close(self) -> None:
         """Flush and release the writer. Idempotent — safe to call multiple times.
@@ -304,53 +309,61 @@ class Writer:
         if self._buffer.nbytes >= self.flush_bytes:
             self._submit()
 
-    def _submit(self) -> None:
-        """Hand what a failed flush kept, then the buffer, to the encoding thread (in that order)."""
+    def _submit(self, parts: int = 1) -> None:
+        """Hand what a failed flush kept, then the buffer, to the encoding threads (in that order). ``parts``:
+        a buffer of at least ``SPLIT_BYTES`` goes as that many files, encoded at once (a flush that waits for
+        them: nothing else would use the other cores)."""
         unstored, self._unstored = self._unstored, []
         for i, kept in enumerate(unstored):
             try:
-                self._send(kept.data if kept.physical else self._stored(kept.data), kept.pending)
+                self._send(kept.data, kept.schema or self._stored_schema(kept.data), kept.pending)
             except BaseException:
                 self._unstored[len(self._unstored):] = unstored[i:]  # not handed over yet: kept, in order
                 raise
         if not self._buffer:
             return
+        big = self._buffer.nbytes >= SPLIT_BYTES
         raw = self._buffer.take()
         try:
-            data = self._stored(raw)
+            schema = self._stored_schema(raw)
         except BaseException:  # the columns could not be reserved: kept as given, prepared at the next flush
-            self._unstored.append(_Unstored(raw, physical=False))
+            self._unstored.append(_Unstored(raw))
             raise
-        try:
-            self._send(data)
-        except BaseException:
-            self._unstored.append(_Unstored(data))
-            raise
+        pieces = raw.split(parts) if big and parts > 1 else [raw]
+        for i, piece in enumerate(pieces):
+            try:
+                self._send(piece, schema)
+            except BaseException:
+                self._unstored.extend(_Unstored(p, schema) for p in pieces[i:])
+                raise
 
-    def _send(self, data: pa.Table, pending: Any = None) -> None:
-        """Encode ``data`` (unless ``pending`` is what the sink made of it already) and commit it after the
-        files before it; at most one buffer is being encoded at a time."""
-        self._collect(keep=1)  # files in flight: at most the previous one syncing/committing and this one
-        if self._encoding is not None:
-            wait_for([self._encoding])  # a failure surfaces through its commit, in order
+    def _send(self, data: Flush, schema: pa.Schema, pending: Any = None) -> None:
+        """Order and encode ``data`` (unless ``pending`` is what the sink made of it already) on an encoding
+        thread, and commit it after the files before it."""
+        self._collect(keep=ENCODING - 1)  # in flight: this one and at most ENCODING - 1 before it
         if pending is None:
-            self._encoding = self._encoder.submit(self.sink.write, data, run_id=self.run_id, env_id=self.env_id)
+            encoding = self._encoder.submit(self._write, data, schema)
         else:
-            self._encoding = Future()
-            self._encoding.set_result(pending)
+            encoding = Future()
+            encoding.set_result(pending)
         previous = self._pieces[-1].commit if self._pieces else None
-        commit = self._committer.submit(_commit_in_order, self.sink, self._encoding, previous, self._after_commit)
-        self._pieces.append(_Piece(data, self._encoding, commit))
+        commit = self._committer.submit(_commit_in_order, self.sink, encoding, previous, self._after_commit)
+        self._pieces.append(_Piece(data, schema, encoding, commit))
+
+    def _write(self, data: Flush, schema: pa.Schema) -> Any:
+        """On an encoding thread: the rows in file order under their stored names, written by the sink."""
+        return self.sink.write(pa.Table.from_arrays(data.table().columns, schema=schema), run_id=self.run_id,
+                               env_id=self.env_id)
 
     def _after_commit(self) -> None:
         if self.upkeep is not None:
             self.upkeep.wrote(self.run_id, self.env_id)
 
-    def _stored(self, data: pa.Table) -> pa.Table:
-        """The rows of one file under their physical names (reserved and declared in the log first), with its
-        format (see :func:`~trajstore.storage.names.stored_rows`)."""
+    def _stored_schema(self, data: Flush) -> pa.Schema:
+        """The schema of one file's rows under their physical names (reserved and declared in the log first),
+        with its format (see :func:`~trajstore.storage.names.stored_schema`)."""
         fmt = Format.for_obs(self._types[OBS], frame_stack=self.frame_stack)
-        return stored_rows(data, fmt, self._types, self._reserve)
+        return stored_schema(data.schema, fmt, self._types, self._reserve)
 
     def _reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType],
                  declared: Mapping[str, Mapping[str, Any] | None]) -> dict[str, str]:
@@ -361,10 +374,6 @@ class Writer:
             for name, physical in got.items():
                 self._reserved[name] = (sch.describe(changed[name]), physical)
         return {n: self._reserved[n][1] for n in types}
-
-    def _wait(self) -> None:
-        self._collect(keep=0)
-        self._encoding = None
 
     def _collect(self, *, keep: int) -> None:
         """Record finished commits in order, waiting until at most ``keep`` are pending. At the first failure,
@@ -386,8 +395,8 @@ class Writer:
         wait_for([p.commit for p in self._pieces])
         for piece in self._pieces:
             encoded = piece.encoding.done() and not piece.encoding.cancelled() and piece.encoding.exception() is None
-            self._unstored.append(_Unstored(piece.data, piece.encoding.result() if encoded else None))
-        self._pieces, self._encoding = [], None
+            self._unstored.append(_Unstored(piece.data, piece.schema, piece.encoding.result() if encoded else None))
+        self._pieces = []
         return _not_stored(exc, self.steps_unstored, self.run_id)
 
 

@@ -64,9 +64,9 @@ def _rows_equal_words(a: np.ndarray, ai: np.ndarray, b: np.ndarray, bi: np.ndarr
     for r in range(len(out)):
         if not out[r]:
             continue
-        x, y = a[ai[r]], b[bi[r]]
+        i, k = ai[r], bi[r]
         for c in range(width):
-            if x[c] != y[c]:
+            if a[i, c] != b[k, c]:
                 out[r] = False
                 break
 
@@ -80,9 +80,39 @@ def _shifted_equal_words(a: np.ndarray, ai: np.ndarray, b: np.ndarray, bi: np.nd
     for r in range(len(out)):
         if not out[r]:
             continue
-        x, y = a[ai[r]], b[bi[r]]
+        i, k = ai[r], bi[r]
         for c in range(width):
-            if x[c] != y[c + frame]:
+            if a[i, c] != b[k, c + frame]:
+                out[r] = False
+                break
+
+
+@numba.njit(cache=True, nogil=True)
+def _and_next_equal_words(nxt: np.ndarray, obs: np.ndarray, tm: np.ndarray, num_envs: int, out: np.ndarray) -> None:
+    """``out[r] &= nxt[tm[r]] == obs[tm[r + 1]]`` (rows of words of time-major ``(T*B, …)`` arrays), for the rows
+    still true. Where row r + 1 is the same env's next time index (``tm[r] + B``), as it is for all but skipped
+    steps, the answer comes from one pass over the arrays in memory order (``next_obs[t]`` against ``obs[t + 1]``,
+    every env at once): env by env, the rows lie ``B`` apart, and visiting them in that order would wait for
+    memory at almost every row."""
+    cells = len(nxt) - num_envs
+    width = nxt.shape[1]
+    same = np.zeros(max(cells, 0), np.bool_)
+    for i in range(cells):  # indexed by (row, word): ~2x faster than through row views (measured)
+        equal = True
+        for c in range(width):
+            if nxt[i, c] != obs[i + num_envs, c]:
+                equal = False
+                break
+        same[i] = equal
+    for r in range(len(out) - 1):
+        if not out[r]:
+            continue
+        i, k = tm[r], tm[r + 1]
+        if k == i + num_envs:
+            out[r] = same[i]
+            continue
+        for c in range(width):
+            if nxt[i, c] != obs[k, c]:
                 out[r] = False
                 break
 
@@ -221,11 +251,10 @@ class RowBuffer:
         cand = np.zeros(n, bool)
         if n:
             cand[:-1] = ~first[1:] & (rows.episode_id[1:] == rows.episode_id[:-1])
-        j = np.flatnonzero(cand)
-        ok = np.ones(len(j), bool)
         for path in self.paths:
-            _and_rows_equal(_bytes(nxt[path]), rows.tm[j], _bytes(obs[path]), rows.tm[j + 1], ok)
-        cand[j] = ok
+            a, b = _bytes(nxt[path]), _bytes(obs[path])
+            word = _word(a.shape[1])
+            _and_next_equal_words(a.view(word), b.view(word), rows.tm, self.num_envs, cand)
         return cand
 
     def _resolve(self, obs: Mapping[str, np.ndarray], rows: Rows, first: np.ndarray, before: np.ndarray) -> None:

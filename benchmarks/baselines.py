@@ -32,8 +32,8 @@ def write_table_default(rows: pa.Table, path: Path) -> None:
 class HandWrittenEpisodes:
     """The route a user writes by hand from time-major ``(T, B, …)`` batches to Parquet: episode ids and steps
     carried across batches with numpy (an episode ends where ``terminated | truncated``; same-step autoreset), the
-    full rows (every ``next_obs`` whole, and the batch's scalar ``extras``) in time-major order, written with the tuned settings in row groups of
-    about 1Mi rows. No validation, no fsync, no commit."""
+    full rows (every ``next_obs`` whole, and the batch's scalar ``extras``) in time-major order, written with the
+    tuned settings in row groups of about 1Mi rows. No validation, no fsync, no commit."""
 
     def __init__(self, path: Path, num_envs: int, *, row_group_rows: int = 1024 * 1024) -> None:
         self.path, self.row_group_rows = path, row_group_rows

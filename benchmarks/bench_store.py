@@ -321,7 +321,8 @@ def to_markdown(res: Results, machine: dict[str, str], command: str) -> str:
         "The machine has few cores and other work may run at the same time: ratios from one run are more "
         "trustworthy than absolute numbers. CPU s is the process's CPU time (all threads) for one run, the "
         "median over runs: it is less disturbed by other processes than wall time, but counts work that "
-        "overlaps in wall time (the writer encodes Parquet on a background thread) and misses I/O waits.",
+        "overlaps in wall time (the writer orders and encodes each buffer on a thread of its own, two at a time) "
+        "and misses I/O waits.",
     ] + res.notes
     lines += ["", "### Notes", ""] + [f"- {n}" for n in notes]
     lines += ["", "### Machine", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in machine.items()]

@@ -245,15 +245,16 @@ def _memory_probe(steps: int, *, envs: int, rollout_length: int, work: Path) -> 
 
 
 def _flatness(memory: list[dict[str, Any]]) -> list[Check]:
-    """Flat: once the writer's buffers have filled (in the first fifth of the longest run), the peak RSS grows
-    by at most 5% within that run, and the longest run peaks within 5% of a run half as long."""
+    """Flat: once the writer's pipeline is full (a buffer filling, two being ordered and encoded, one committing:
+    within the first 2/5 of the longest run), the peak RSS grows by at most 5% in the rest of that run, and the
+    longest run peaks within 5% of a run half as long."""
     if not memory:
         return []
     by_size = sorted(memory, key=lambda m: m["steps"])
     large = by_size[-1]
     fifths = large["peak_by_fifth"]
-    checks = [Check(f"peak RSS of rollout + store in the last 4/5 of the {large['steps']:,}-step run vs its "
-                    "first 1/5", max(fifths[1:]) / fifths[0] - 1, 0.05, False)]
+    checks = [Check(f"peak RSS of rollout + store in the last 3/5 of the {large['steps']:,}-step run vs its "
+                    "first 2/5", max(fifths[2:]) / max(fifths[:2]) - 1, 0.05, False)]
     if len(by_size) > 1:
         other = by_size[-2]
         checks.append(Check(f"peak RSS of rollout + store, {large['steps']:,} vs {other['steps']:,} steps",
@@ -326,11 +327,13 @@ def to_markdown(res: Results, machine: dict[str, str], command: str) -> str:
         "with a fresh key each (only the envs that ended, up to B/8 per step, else all): random-number "
         "generation still costs more than CartPole's dynamics; a fixed policy without resets runs 2–3× faster.",
         "Memory: the RSS after warm-up is JAX, XLA and the libraries; on top of it come the writer's row buffer "
-        "(`flush_bytes`, 128 MiB by default), the buffer being encoded and committed meanwhile, the batches "
-        "queued for the writer thread and the scan in flight. It is reached once the writer has a full buffer "
-        "while the previous one is being committed (after ~2.3M CartPole steps, so a 2M-step run stops short "
-        "of it) and stays there; the only part that grows with the run is the per-episode return and length "
-        "arrays of the result (16 bytes an episode, ~7 MB for 10M random CartPole steps).",
+        "(`flush_bytes`, 128 MiB by default), the two buffers before it being put in file order and encoded at "
+        "once (each in file order, the one being ordered also as added until each of its columns is ordered), "
+        "the batches queued for the writer thread and the scan in flight. It is reached once the writer's "
+        "pipeline is full (after ~4M CartPole steps, so a 2M-step run stops short of it) and stays there; the "
+        "only part that grows with the run is the per-episode return and length arrays of the result (16 bytes "
+        "an episode, ~7 MB for 10M random CartPole steps). Encoding two buffers at once instead of one made "
+        "the writer ~1.4x faster on these two cores for about 350 MiB more at the peak.",
         "The machine may be shared with other work: ratios from one run are more trustworthy than absolute "
         "numbers.",
     ]

@@ -341,3 +341,42 @@ def test_a_call_copies_only_the_frames_it_stores(store: trajstore.Store) -> None
     assert peak < 1.5 * stored, (peak, stored)
     assert peak < 0.4 * stream["obs"][1:65].nbytes  # a quarter of one copy of obs: no full-size temporaries
     assert_round_trip(store, stream)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_a_big_last_flush_is_two_files_that_read_back_as_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                             stacked: bool) -> None:
+    """A flush that waits sends a big buffer as two files (envs split in two ranges), encoded at once: every row
+    reads back as written, each env's rows in one file, and each file is what the plain encoder makes of it."""
+    from trajstore.write import writer as writer_module
+
+    stream = stacked_stream(np.random.default_rng(3), 40, 6, noise=True) if stacked else \
+        make_batch(np.random.default_rng(3), 40, 6, extras={"t": np.repeat(np.arange(40)[:, None], 6, 1)})
+    if stacked:
+        stream["extras"] = {"t": np.repeat(np.arange(40)[:, None], 6, 1)}
+    options: dict[str, Any] = {"frame_stack": {"obs": 4}} if stacked else {}
+    monkeypatch.setattr(writer_module, "SPLIT_BYTES", 1)
+    split = trajstore.open(tmp_path / "split", create=True)
+    write(split, stream, [9, 25], flush_at=(0,), **options)
+    monkeypatch.setattr(writer_module, "SPLIT_BYTES", 1 << 40)
+    whole = trajstore.open(tmp_path / "whole", create=True)
+    write(whole, stream, [9, 25], flush_at=(0,), **options)
+    assert len(split.files()) == 4 and len(whole.files()) == 2  # each flush: two files, or one
+    columns = ["env_index", "t", "episode_id", "step", "obs", "next_obs", "reward"]
+    order = ["env_index", "t"]
+
+    def rows(store: trajstore.Store) -> pa.Table:
+        return store.scan(columns).read_all().sort_by([(c, "ascending") for c in order])
+
+    a, b = rows(split), rows(whole)
+    assert a.num_rows == 40 * 6
+    for c in ("env_index", "t", "step", "obs", "next_obs", "reward"):
+        assert a[c].combine_chunks().equals(b[c].combine_chunks()), c
+    flushes: dict[bool, list[set[int]]] = {}  # the first flush's files (t < 9), the last one's
+    for table, _ in physical_files(split):
+        flushes.setdefault(min(table["t"].to_pylist()) < 9, []).append(set(table["env_index"].to_pylist()))
+    for envs in flushes.values():  # each env's rows in one of its flush's two files
+        assert len(envs) == 2 and not envs[0] & envs[1] and envs[0] | envs[1] == set(range(6))
+    if stacked:
+        assert_round_trip(split, stream)
+    assert_stored_as_the_reference_says(split)

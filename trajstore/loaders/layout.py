@@ -221,10 +221,8 @@ class Mapped:
         self.episode_id, self.length, self.offset = layout.episode_id, layout.length, layout.offset
         self.columns = layout.columns
         self._maps = {name: c.open() for name, c in layout.columns.items()}
-
-    @property
-    def steps(self) -> int:
-        return self.layout.steps
+        self.steps = layout.steps  # asked for by every batch: found once
+        self.longest = int(layout.length.max(initial=1))
 
     def gather(self, name: str, positions: np.ndarray) -> Any:
         """Column ``name`` at ``positions`` (a dict of its leaves' arrays for a Dict column)."""

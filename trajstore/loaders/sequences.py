@@ -321,20 +321,21 @@ def _zero_outside(values: Any, mask: np.ndarray) -> Any:
 def window_batch(layout: lay.Mapped, names: Sequence[str], episode: np.ndarray, start: np.ndarray,
                  length: int) -> dict[str, np.ndarray]:
     """The windows ``(episode, start)``: each column ``(n, length, …)`` (zero past the episode's end),
-    ``mask``, ``episode_id`` and ``start``. Windows wholly inside their episodes are copied as blocks; a batch
-    with a padded window gathers step by step."""
+    ``mask``, ``episode_id`` and ``start``. Each window is copied as one block of ``length`` steps, a padded one's
+    steps past its episode's end (the next episode's) then zeroed; only a padded window whose block would run
+    past the last step gathers its steps one by one."""
     steps = start[:, None] + np.arange(length, dtype=np.int64)
     ends = layout.length[episode][:, None]
     mask = steps < ends
-    whole = len(start) > 0 and bool(mask[:, -1].all())
     first = layout.offset[episode] + start
-    positions = None if whole else first[:, None] + np.minimum(steps, ends - 1) - start[:, None]
+    past = first + length > layout.steps  # only padded windows of the last episode
     out: dict[str, np.ndarray] = {}
     for name in names:
-        if positions is None:
-            out[name] = layout.windows(name, first, length)
-        else:
-            out[name] = _zero_outside(layout.gather(name, positions), mask)
+        if not past.any():
+            out[name] = _zero_outside(layout.windows(name, first, length), mask)
+            continue
+        positions = first[:, None] + np.minimum(steps, ends - 1) - start[:, None]
+        out[name] = _zero_outside(layout.gather(name, positions), mask)
     out["mask"] = mask
     out["episode_id"] = layout.episode_id[episode]
     out["start"] = start

@@ -93,11 +93,11 @@ def _check_bytes(source: Source, layout: lay.Layout, at_t: Sequence[str], n: int
                       "lower batch_size or n, or select fewer columns")
 
 
-def transition_batch(layout: lay.Layout | lay.Mapped, names: Sequence[str], positions: np.ndarray, n: int, gamma: float,
+def transition_batch(layout: lay.Mapped, names: Sequence[str], positions: np.ndarray, n: int, gamma: float,
                      terminal: np.ndarray) -> dict[str, np.ndarray]:
     """The n-step transitions starting at step ``positions`` of the layout; ``terminal[e]`` says whether
     episode ``e`` ended by termination."""
-    n = min(n, int(layout.length.max(initial=1)))  # no episode is longer: the same sums, bounded arrays
+    n = min(n, layout.longest)  # no episode is longer: the same sums, bounded arrays
     episode = layout.episode_of(positions)
     t = positions - layout.offset[episode]
     left = layout.length[episode] - t

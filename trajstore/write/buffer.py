@@ -327,12 +327,40 @@ class RowBuffer:
         return Flush(batches, counts)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Flush:
-    """The rows of one flush as the calls gave them (each call's env-major), and how many each env has per call."""
+    """The rows of one flush as the calls gave them (each call's env-major), and how many each env has per call;
+    once :meth:`ordered`, in file order instead."""
 
     batches: list[pa.RecordBatch]
     counts: np.ndarray  # (calls, envs)
+    _ordered: pa.Table | None = None
+
+    def ordered(self) -> pa.Table:
+        """The rows in file order (:meth:`table`), kept so in place of the calls' rows: ordered column by column,
+        each column of the calls let go once ordered (unless the order is made of slices of them)."""
+        if self._ordered is None:
+            if len(self.batches) > 1 and not self._wide():
+                order = pa.array(_env_order(self.counts))
+                schema = self.schema
+                columns = [[b.column(i) for b in self.batches] for i in range(len(schema))]
+                self.batches = []
+                out = []
+                for i, field in enumerate(schema):
+                    out.append(pa.chunked_array(columns[i], field.type).take(order).combine_chunks())
+                    columns[i] = []
+                self._ordered = pa.Table.from_arrays(out, schema=schema)
+            else:
+                self._ordered = self.table()
+                self.batches = []
+        return self._ordered
+
+    def release(self) -> None:
+        """Let the rows go (written already); the counts stay."""
+        self._ordered, self.batches = None, []
+
+    def _wide(self) -> bool:
+        return sum(b.nbytes for b in self.batches) > WIDE_ROW_BYTES * max(self.num_rows, 1)
 
     @property
     def num_rows(self) -> int:
@@ -340,7 +368,7 @@ class Flush:
 
     @property
     def schema(self) -> pa.Schema:
-        return self.batches[0].schema
+        return self._ordered.schema if self._ordered is not None else self.batches[0].schema
 
     def split(self, parts: int) -> list[Flush]:
         """The rows of consecutive ranges of envs, about as many in each of ``parts`` (fewer where there are
@@ -361,13 +389,13 @@ class Flush:
     def table(self, *, by: str | None = None) -> pa.Table:
         """The rows in file order: env by env, calls in order. ``by`` forces the ordering: ``"slices"`` or
         ``"take"`` (default: by row width)."""
+        if self._ordered is not None:
+            return self._ordered
         if not self.batches:
             return pa.table({})
         if len(self.batches) == 1:
             return pa.Table.from_batches(self.batches)
-        rows = self.num_rows
-        wide = sum(b.nbytes for b in self.batches) > WIDE_ROW_BYTES * max(rows, 1)
-        if (by or ("slices" if wide else "take")) == "slices":
+        if (by or ("slices" if self._wide() else "take")) == "slices":
             return pa.Table.from_batches(_env_slices(self.batches, self.counts), schema=self.schema)
         return pa.Table.from_batches(self.batches).take(_env_order(self.counts)).combine_chunks()
 

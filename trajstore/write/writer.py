@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 
 REQUIRED = sch.TRANSITION_COLUMNS
 AUTORESET_MODES = ("same-step", "next-step", "off")
-ENCODING = 2  # buffers ordered and encoded at once, each on a thread of its own
-SPLIT_BYTES = 32 * 1024 * 1024  # a flush that waits sends a buffer this big as ENCODING files, encoded at once
+ENCODING = 2  # threads that order and encode: a flush that waits sends a big buffer as this many files at once
+SPLIT_BYTES = 32 * 1024 * 1024  # what a big buffer is
 
 
 @dataclass
@@ -78,7 +78,10 @@ class Writer:
 
     Rows are buffered and committed as one Delta Lake append when the buffer passes
     ``flush_bytes`` and on :meth:`flush` / :meth:`close`. Steps of episodes still running are
-    committed too; the next call continues their ``step`` and ``episode_id``.
+    committed too; the next call continues their ``step`` and ``episode_id``. A full buffer is put in file
+    order and encoded on a thread of its own while the next one fills, two at a time, so the writer holds up to
+    about four times ``flush_bytes`` at its peak; :meth:`flush` and :meth:`close` send a big buffer as two files
+    encoded at once.
 
     Every dtype is stored as given (or as ``observation_space``/``action_space`` declare it). ``next_obs`` is
     stored only where it is not the next step's ``obs`` (compared bit for bit on every step), and with
@@ -332,15 +335,19 @@ class Writer:
         pieces = raw.split(parts) if big and parts > 1 else [raw]
         for i, piece in enumerate(pieces):
             try:
-                self._send(piece, schema)
+                self._send(piece, schema, together=i > 0)
             except BaseException:
                 self._unstored.extend(_Unstored(p, schema) for p in pieces[i:])
                 raise
 
-    def _send(self, data: Flush, schema: pa.Schema, pending: Any = None) -> None:
+    def _send(self, data: Flush, schema: pa.Schema, pending: Any = None, *, together: bool = False) -> None:
         """Order and encode ``data`` (unless ``pending`` is what the sink made of it already) on an encoding
-        thread, and commit it after the files before it."""
-        self._collect(keep=ENCODING - 1)  # in flight: this one and at most ENCODING - 1 before it
+        thread, and commit it after the files before it. One buffer is encoded at a time (each holds its rows
+        twice meanwhile: as added and in file order), the one before it maybe still committing; ``together``:
+        a part of the same buffer as the one before, encoded at the same time."""
+        if not together:
+            self._collect(keep=ENCODING - 1)
+            wait_for([p.encoding for p in self._pieces[:len(self._pieces) - ENCODING + 1]])
         if pending is None:
             encoding = self._encoder.submit(self._write, data, schema)
         else:
@@ -351,9 +358,12 @@ class Writer:
         self._pieces.append(_Piece(data, schema, encoding, commit))
 
     def _write(self, data: Flush, schema: pa.Schema) -> Any:
-        """On an encoding thread: the rows in file order under their stored names, written by the sink."""
-        return self.sink.write(pa.Table.from_arrays(data.table().columns, schema=schema), run_id=self.run_id,
-                               env_id=self.env_id)
+        """On an encoding thread: the rows in file order under their stored names, written by the sink. Once
+        written, the rows are let go (a failed commit is retried with the file the sink made)."""
+        written = self.sink.write(pa.Table.from_arrays(data.ordered().columns, schema=schema), run_id=self.run_id,
+                                  env_id=self.env_id)
+        data.release()
+        return written
 
     def _after_commit(self) -> None:
         if self.upkeep is not None:
@@ -392,7 +402,7 @@ class Writer:
     def _keep_unstored(self, exc: BaseException) -> BaseException:
         """Move every buffer on its way (the failed one first; the commits after it fail with it) back to the
         writer, and the error to raise: ``exc``'s, saying how many steps are not stored."""
-        wait_for([p.commit for p in self._pieces])
+        wait_for([f for p in self._pieces for f in (p.commit, p.encoding)])  # a file written meanwhile is kept
         for piece in self._pieces:
             encoded = piece.encoding.done() and not piece.encoding.cancelled() and piece.encoding.exception() is None
             self._unstored.append(_Unstored(piece.data, piece.schema, piece.encoding.result() if encoded else None))

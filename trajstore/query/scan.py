@@ -216,17 +216,21 @@ def scan_plan(engine: Engine, columns: Sequence[str] | None = None, *, run_id: N
         filter = filter.per_episode()  # noqa: A001 - the keyword's own value, narrowed
         filter = None if filter.is_empty() else filter  # noqa: A001
     ids = None if episode_id is None else np.atleast_1d(np.asarray(episode_id, dtype=np.int64))
+    partitions = None
     if where or filter is not None:  # episode-level conditions: the episode ids they select, on one snapshot
         with engine.query_snapshot(episodes="if-cached") as snap:
             conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter, episode_id=episode_id)
             ids = snap.arrow(sql.episode_ids(conds))["episode_id"].to_numpy()
+            held = snap.arrow(sql.episode_partitions(conds))  # files of other partitions hold none of them
+            partitions = set(zip(held["run_id"].to_pylist(), held["env_id"].to_pylist()))
             committed = snap.files
     else:  # no SQL at all once the files' schemas are known for this version
         committed = engine.files()
     known = engine.step_types(committed).schema
     names = list(dict.fromkeys(columns)) if columns else known.names
     check_names(names, known.names, view="steps", field="columns")
-    files = [f for f in committed if selected(f.run_id, run_id) and selected(f.env_id, env_id)]
+    files = [f for f in committed if selected(f.run_id, run_id) and selected(f.env_id, env_id)
+             and (partitions is None or (f.run_id, f.env_id) in partitions)]
     if ids is not None:
         ids = np.unique(ids)
         files = files_holding(files, ids)

@@ -441,6 +441,11 @@ def episode_ids(conds: Sequence[str]) -> str:
     return f"SELECT episode_id FROM episodes{where(conds)}"
 
 
+def episode_partitions(conds: Sequence[str]) -> str:
+    """The ``(run_id, env_id)`` partitions holding the episodes ``conds`` select."""
+    return f"SELECT DISTINCT run_id, env_id FROM episodes{where(conds)}"
+
+
 def episode_returns(conds: Sequence[str], *, source: str, limit: int | None) -> str:
     return (f"SELECT run_id, env_id, episode_id, episode_length, episode_return, discounted_return, complete "
             f"FROM {source}{where(conds)} ORDER BY episode_id{page(limit)}")

@@ -78,11 +78,12 @@ $(LEROBOT_VENV)/.installed:
 lerobot-venv: $(LEROBOT_VENV)/.installed
 
 # From Debian's packages: chromium for the dashboard's browser tests (Playwright drives it; its own browser
-# download is not used), and docker-compose to validate docker-compose.yml (no Docker engine is needed).
+# download is not used), docker-compose to validate docker-compose.yml (no Docker engine is needed), and a Java
+# runtime for the Spark SQL test (pyspark starts a local Spark in it).
 system-tools:
-	@{ command -v chromium >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1; } || \
-	  { apt-get update -qq && apt-get install -y -qq chromium docker-compose >/dev/null; } \
-	  || echo "could not install chromium/docker-compose (needs root and Debian's apt): their tests will be skipped"
+	@{ command -v chromium >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1 && command -v java >/dev/null 2>&1; } || \
+	  { apt-get update -qq && apt-get install -y -qq chromium docker-compose default-jre-headless >/dev/null; } \
+	  || echo "could not install chromium/docker-compose/java (needs root and Debian's apt): their tests will be skipped"
 
 # The dashboard's Plotly.js: npm's plotly.js-basic-dist-min (scatter and bar traces), vendored in api/dashboard/vendor/.
 # Run it (npm needed) to move to another version; the service serves the file as it is, gzipped.

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from trajstore.errors import (
+    InputError,
     QueryError,
     StoreAccessError,
     StoreExistsError,
@@ -45,7 +46,7 @@ from trajstore.operations import delete as delete_op
 from trajstore.operations import vacuum as vacuum_op
 from trajstore.operations.ingest import append_rows
 from trajstore.operations.upkeep import Policy, Upkeep
-from trajstore.query import curves, episodes, follow, returns, sandbox, scan, sql_worker, stats
+from trajstore.query import curves, episodes, follow, returns, sandbox, scan, spark_sql, sql_worker, stats
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.engine import Engine
 from trajstore.query.filters import EpisodeFilter, Ids, Names, filtered
@@ -252,11 +253,16 @@ class Store:
         an empty schema for an empty store."""
         return self.engine.stored_schema(env_id) or pa.schema([])
 
-    def decoding_sql(self, *, source: str = "stored_steps") -> str:
-        """DuckDB SQL that decodes this version's stored columns into the steps trajstore's readers give, for
-        another engine to run unchanged over the relation ``source`` (the table's stored rows; see
-        :func:`~trajstore.query.snapshot.decoding_sql`)."""
+    def decoding_sql(self, *, source: str = "stored_steps", dialect: str = "duckdb") -> str:
+        """SQL that decodes this version's stored columns into the steps trajstore's readers give, for another
+        engine to run unchanged over the relation ``source`` (the table's stored rows): DuckDB's (see
+        :func:`~trajstore.query.snapshot.decoding_sql`) or, with ``dialect="spark"``, Spark SQL's (see
+        :mod:`~trajstore.query.spark_sql`)."""
+        if dialect not in ("duckdb", "spark"):
+            raise InputError(f"dialect: expected 'duckdb' or 'spark', got {dialect!r}")
         files = self.engine.files()
+        if dialect == "spark":
+            return spark_sql.decoding_sql(files, self.engine.file_schemas(files), source=source)
         return decoding_sql(files, self.engine.file_schemas(files), source=source)
 
     def stored_columns(self) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import duckdb
 import numpy as np
@@ -371,3 +371,44 @@ def test_another_tools_rewrite_of_an_old_environment_beside_new_ones_is_refused(
     with pytest.raises(trajstore.errors.StoreDamagedError, match="another tool rewrote this file"):
         store.scan(["obs", "next_obs"], env_id="Vec-v0").read_all()
     assert not check(store).ok
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """A local Spark (one core, no UI), started once for the module."""
+    pytest.importorskip("pyspark", reason="the [spark] extra is not installed")
+    if shutil.which("java") is None:
+        pytest.skip("no Java runtime (make test installs Debian's default-jre-headless)")
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[1]").appName("trajstore-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def test_the_spark_decoding_sql_gives_trajstore_s_steps_in_spark(
+        written: tuple[trajstore.Store, list[str]], spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``trajstore schema --sql --dialect spark`` run unchanged by Spark SQL over the committed files read with their
+    partition folders: the same steps as ``scan`` (float vectors, frame stacks with their starts and breaks, Dict
+    observations, episode ends, two kinds of environment in one store)."""
+    from trajstore.cli.main import main
+
+    store, envs = written
+    assert main(["schema", "--store", str(store.root), "--sql", "--dialect", "spark"]) == 0
+    text = capsys.readouterr().out
+    stored = (spark.read.option("basePath", str(store.root / "steps")).option("mergeSchema", "true")
+              .parquet(*[f.path for f in store.files()]))
+    stored.createOrReplaceTempView("stored_steps")
+    spark.sql(text)
+    names = ["episode_id", "step", "obs", "next_obs", "reward", "terminated", "truncated"]
+    for env in envs:
+        mine = ours(store, env)
+        rows = spark.sql(f"SELECT {', '.join(names)} FROM steps WHERE env_id = '{env}' "
+                         "ORDER BY episode_id, step").collect()
+        assert len(rows) == mine.num_rows
+        for i, name in enumerate(names):
+            got = [r[i].asDict(recursive=True) if hasattr(r[i], "asDict") else r[i] for r in rows]
+            assert [values([g])[0] for g in got] == values(mine[name]), (env, name)

@@ -226,7 +226,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     store = _open(args.store)
     if args.sql:
-        print(store.decoding_sql(), end="")
+        print(store.decoding_sql(dialect=args.dialect), end="")
         return 0
     for column in store.stored_columns():
         print(f"{column['name']}  {column['type']}")

@@ -169,11 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("schema", "the table's stored columns and what each holds, or the SQL that decodes them",
                 "Each column another engine sees, its Delta type and, where it is not simply its field's values, "
-                "what it holds (declared in the Delta schema's field metadata). With --sql: DuckDB SQL that "
-                "another DuckDB runs unchanged to read the steps as trajstore does, over a relation stored_steps "
-                "you define (e.g. CREATE VIEW stored_steps AS SELECT * FROM delta_scan('STORE/steps')).")
+                "what it holds (declared in the Delta schema's field metadata). With --sql: SQL that another "
+                "DuckDB (or, with --dialect spark, Spark SQL) runs unchanged to read the steps as trajstore does, "
+                "over a relation stored_steps you define (e.g. CREATE VIEW stored_steps AS SELECT * FROM "
+                "delta_scan('STORE/steps'); in Spark, the Delta table or its committed files read with "
+                "basePath STORE/steps, as a temporary view).")
     p.add_argument("--store", **store_opt)
     p.add_argument("--sql", action="store_true", help="print the SQL that decodes the stored columns")
+    p.add_argument("--dialect", choices=["duckdb", "spark"], default="duckdb",
+                   help="the SQL dialect of --sql (default: duckdb)")
     p.set_defaults(func=commands.cmd_schema)
 
     p = command("history", "the store's versions: each commit, its rows added/removed and runs")

@@ -2,7 +2,8 @@
 caches of one version), :mod:`~trajstore.query.sql` (every SQL string), :mod:`~trajstore.query.filters` (typed
 episode filters, the filter keywords, the run check), :mod:`~trajstore.query.groups` (files grouped by how they are
 stored), :mod:`~trajstore.query.foreign` (files another tool wrote: checked, put in order),
-:mod:`~trajstore.query.snapshot` (DuckDB views over one committed version), :mod:`~trajstore.query.picture_sql`
+:mod:`~trajstore.query.snapshot` (DuckDB views over one committed version), :mod:`~trajstore.query.spark_sql` (the
+decoding as a Spark SQL view), :mod:`~trajstore.query.picture_sql`
 (image bytes as values in SQL), :mod:`~trajstore.query.pictures` (which observation leaves are pictures, as PNG),
 :mod:`~trajstore.query.episodes` (episodes and their steps, as rows), :mod:`~trajstore.query.stats` (episode
 statistics), :mod:`~trajstore.query.scan` (steps straight from the files), :mod:`~trajstore.query.returns` (exact

@@ -3,8 +3,11 @@ and 50M steps (200 envs, episodes of 50–1000 steps, obs float32[17], `benchmar
 
 - trajstore: ``store.sequences(64, columns=[obs, action, reward], batch_size=256, shuffle=True)`` (the layout
   built once, then read by every later process), and the same with ``stride=1`` (every start of every episode);
-- numpy in RAM: the columns read into memory sorted by (episode, step), windows cut by fancy indexing in a
-  permuted order (what a skilled user writes by hand; the baseline every ratio is against);
+- numpy in RAM, the routes a user writes by hand over the columns read into memory sorted by (episode, step):
+  windows by fancy indexing (``v[idx]``), ``np.take`` or a block copy from a strided view, with and without
+  ``pad``, and n-step transitions per batch or precomputed once; each trajstore row is judged against the fastest
+  of its kind;
+- trajstore ``store.sequences(..., pad=True)`` and ``store.transitions(3, gamma=0.99)`` likewise;
 - TorchRL: ``ReplayBuffer`` + ``LazyMemmapStorage`` + ``SliceSampler(slice_len=64, traj_key="episode",
   strict_length=True)``, default and ``cache_values=True`` (the storage written once from the same store,
   episode-major, then reopened by each process with ``ReplayBuffer.loads``);

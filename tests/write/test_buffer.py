@@ -192,7 +192,7 @@ def test_slices_and_take_order_a_flush_alike(noise: bool) -> None:
         for a, b in [(0, 9), (9, 10), (10, 33), (33, 50)]:
             w.add_batch(slice_batch(stream, a, b))
         twin = copy.copy(w._buffer)  # the same calls, taken twice
-        tables = {"slices": w._buffer.take().table(by="slices"), "take": twin.take().table(by="take")}  # type: ignore[union-attr]
+        tables = {"slices": w._buffer.take().ordered(by="slices"), "take": twin.take().ordered(by="take")}  # type: ignore[union-attr]
     assert tables["slices"].num_rows == 200 and tables["slices"].equals(tables["take"])
     sinks = {}
     for by, table in tables.items():

@@ -11,7 +11,7 @@ JSON text (``to_json``), or its text for a scalar; select one environment to see
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -129,16 +129,23 @@ def _field(ref: str, name: str) -> str:
     return f"{ref}.{ident(name)}"
 
 
-def _obs_expr(ref: str, t: pa.DataType, stacks: dict[str, int], path: str = OBS) -> str:
-    if pa.types.is_struct(t):
-        parts = [f"{literal(f.name)}, {_obs_expr(_field(ref, f.name), f.type, stacks, f'{path}.{f.name}')}"
-                 for f in t]
-        return f"named_struct({', '.join(parts)})"
-    if path not in stacks:
-        return ref
-    k = int(stacks[path])
-    frames = f"collect_list({ref}) OVER ({WINDOW} ROWS BETWEEN {k - 1} PRECEDING AND CURRENT ROW)"
-    return f"slice(flatten({frames}), {-k}, {k})"
+def _each_leaf(ref: str, t: pa.DataType, path: str, leaf: Callable[[str, pa.DataType, str], str]) -> str:
+    """``leaf(ref, type, path)`` of each leaf of ``ref`` (a struct: its fields, recursively, as one struct)."""
+    if not pa.types.is_struct(t):
+        return leaf(ref, t, path)
+    parts = [f"{literal(f.name)}, {_each_leaf(_field(ref, f.name), f.type, f'{path}.{f.name}', leaf)}" for f in t]
+    return f"named_struct({', '.join(parts)})"
+
+
+def _obs_expr(ref: str, t: pa.DataType, stacks: dict[str, int]) -> str:
+    def leaf(r: str, _: pa.DataType, path: str) -> str:
+        if path not in stacks:
+            return r
+        k = int(stacks[path])
+        frames = f"collect_list({r}) OVER ({WINDOW} ROWS BETWEEN {k - 1} PRECEDING AND CURRENT ROW)"
+        return f"slice(flatten({frames}), {-k}, {k})"
+
+    return _each_leaf(ref, t, OBS, leaf)
 
 
 def _next_expr(ref: str, obs: str, t: pa.DataType, stacks: dict[str, int], images: set[str], path: str = OBS) -> str:
@@ -153,23 +160,19 @@ def _next_expr(ref: str, obs: str, t: pa.DataType, stacks: dict[str, int], image
     return f"CASE WHEN size({ref}) = {k} THEN {ref} ELSE concat(slice({obs}, 2, {k - 1}), {ref}) END"
 
 
-def _values_expr(ref: str, t: pa.DataType, images: dict[str, tuple[str, tuple[int, ...]]], stacks: dict[str, int],
-                 path: str = OBS) -> str:
+def _values_expr(ref: str, t: pa.DataType, images: dict[str, tuple[str, tuple[int, ...]]],
+                 stacks: dict[str, int]) -> str:
     """``ref`` with each image leaf's bytes (a stacked leaf: a list of frames' bytes) made the nested arrays of their
     values (uint8/int8 frames; other dtypes stay bytes: SQL cannot reinterpret them)."""
-    if pa.types.is_struct(t):
-        parts = [f"{literal(f.name)}, {_values_expr(_field(ref, f.name), f.type, images, stacks, f'{path}.{f.name}')}"
-                 for f in t]
-        return f"named_struct({', '.join(parts)})"
-    if path not in images:
-        return ref
-    dtype, shape = images[path]
-    if str(dtype) not in ("uint8", "int8"):
-        return ref
-    dims = tuple(int(d) for d in shape)
-    if path in stacks:
-        return f"transform({ref}, f -> {_frame_values('f', str(dtype), dims)})"
-    return _frame_values(ref, str(dtype), dims)
+    def leaf(r: str, _: pa.DataType, path: str) -> str:
+        if path not in images or str(images[path][0]) not in ("uint8", "int8"):
+            return r
+        dtype, dims = str(images[path][0]), tuple(int(d) for d in images[path][1])
+        if path in stacks:
+            return f"transform({r}, f -> {_frame_values('f', dtype, dims)})"
+        return _frame_values(r, dtype, dims)
+
+    return _each_leaf(ref, t, OBS, leaf)
 
 
 def _frame_values(b: str, dtype: str, dims: tuple[int, ...]) -> str:

@@ -330,29 +330,33 @@ class RowBuffer:
 @dataclass
 class Flush:
     """The rows of one flush as the calls gave them (each call's env-major), and how many each env has per call;
-    once :meth:`ordered`, in file order instead."""
+    once :meth:`ordered` (on the thread that encodes them), in file order instead."""
 
     batches: list[pa.RecordBatch]
     counts: np.ndarray  # (calls, envs)
     _ordered: pa.Table | None = None
 
-    def ordered(self) -> pa.Table:
-        """The rows in file order (:meth:`table`), kept so in place of the calls' rows: ordered column by column,
-        each column of the calls let go once ordered (unless the order is made of slices of them)."""
-        if self._ordered is None:
-            if len(self.batches) > 1 and not self._wide():
-                order = pa.array(_env_order(self.counts))
-                schema = self.schema
-                columns = [[b.column(i) for b in self.batches] for i in range(len(schema))]
-                self.batches = []
-                out = []
-                for i, field in enumerate(schema):
-                    out.append(pa.chunked_array(columns[i], field.type).take(order).combine_chunks())
-                    columns[i] = []
-                self._ordered = pa.Table.from_arrays(out, schema=schema)
-            else:
-                self._ordered = self.table()
-                self.batches = []
+    def ordered(self, *, by: str | None = None) -> pa.Table:
+        """The rows in file order (env by env, calls in order), kept so in place of the calls' rows: by zero-copy
+        slices when rows are wide, else by one ``take`` per column, each column of the calls let go once ordered.
+        ``by`` forces the ordering: ``"slices"`` or ``"take"`` (default: by row width)."""
+        if self._ordered is not None:
+            return self._ordered
+        if len(self.batches) <= 1:
+            self._ordered = pa.Table.from_batches(self.batches) if self.batches else pa.table({})
+        elif (by or ("slices" if self._wide() else "take")) == "slices":
+            self._ordered = pa.Table.from_batches(_env_slices(self.batches, self.counts), schema=self.schema)
+        else:
+            order = pa.array(_env_order(self.counts))
+            schema = self.schema
+            columns = [[b.column(i) for b in self.batches] for i in range(len(schema))]
+            self.batches = []
+            out = []
+            for i, f in enumerate(schema):
+                out.append(pa.chunked_array(columns[i], f.type).take(order).combine_chunks())
+                columns[i] = []
+            self._ordered = pa.Table.from_arrays(out, schema=schema)
+        self.batches = []
         return self._ordered
 
     def release(self) -> None:
@@ -376,28 +380,14 @@ class Flush:
         per_env = self.counts.sum(axis=0)
         cuts = np.searchsorted(np.cumsum(per_env), np.arange(1, parts) * per_env.sum() / parts)
         bounds = sorted({0, *(int(c) + 1 for c in cuts), len(per_env)})
+        starts = np.cumsum(self.counts, axis=1) - self.counts  # each env's first row in each call's batch
         out = []
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             counts = self.counts[:, lo:hi]
-            if not counts.sum():
-                continue
-            starts = np.cumsum(self.counts, axis=1) - self.counts
-            batches = [b.slice(int(starts[c, lo]), int(counts[c].sum())) for c, b in enumerate(self.batches)]
-            out.append(Flush(batches, counts))
+            if counts.sum():
+                out.append(Flush([b.slice(int(starts[c, lo]), int(counts[c].sum())) for c, b in
+                                  enumerate(self.batches)], counts))
         return out
-
-    def table(self, *, by: str | None = None) -> pa.Table:
-        """The rows in file order: env by env, calls in order. ``by`` forces the ordering: ``"slices"`` or
-        ``"take"`` (default: by row width)."""
-        if self._ordered is not None:
-            return self._ordered
-        if not self.batches:
-            return pa.table({})
-        if len(self.batches) == 1:
-            return pa.Table.from_batches(self.batches)
-        if (by or ("slices" if self._wide() else "take")) == "slices":
-            return pa.Table.from_batches(_env_slices(self.batches, self.counts), schema=self.schema)
-        return pa.Table.from_batches(self.batches).take(_env_order(self.counts)).combine_chunks()
 
 
 def _keep(store: dict[str, np.ndarray], path: str, raw: np.ndarray, at: np.ndarray, envs: np.ndarray,

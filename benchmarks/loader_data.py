@@ -19,7 +19,7 @@ ENVS = 200
 MIN_EPISODE, MAX_EPISODE = 50, 1000
 OBS_DIM, ACTION_DIM = 17, 6
 HORIZON = 1000  # time steps per batch (x 200 envs)
-FORMAT = 1  # bump to regenerate cached stores when what is written changes
+FORMAT = 2  # bump to regenerate cached stores when what is written changes
 
 
 def batches(steps: int, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:

@@ -95,7 +95,9 @@ def test_set_epoch_reaches_persistent_workers(uri: str, context: str | None) -> 
 
 
 @pytest.mark.parametrize("context", [None, "spawn"])
-def test_workers_share_one_layout_kept_in_the_store(uri: str, context: str | None) -> None:
+def test_workers_share_one_layout_kept_in_the_store(uri: str, context: str | None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAJSTORE_LOADER_ARRAYS", "0")  # the store read without its array copies: layouts are built
     data = ttorch.Sequences(uri, **WINDOWS)
     loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, persistent_workers=True,
                                          multiprocessing_context=context)
@@ -107,6 +109,13 @@ def test_workers_share_one_layout_kept_in_the_store(uri: str, context: str | Non
     fresh = trajstore.open(uri)
     assert sorted(windows(fresh.sequences(**WINDOWS))) == sorted(windows(loader))
     assert fresh.layouts.built == 0  # a later process finds what the workers built
+
+
+def test_workers_gather_from_the_array_copies_and_build_nothing(uri: str) -> None:
+    data = ttorch.Sequences(uri, **WINDOWS)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    assert windows(loader) == delivered(trajstore.open(uri), 0, 2)
+    assert not list((Path(uri) / "layouts").glob("*.json"))  # nothing built: every worker mapped the copies
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork is DataLoader's default start method on Linux only")

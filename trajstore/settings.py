@@ -46,6 +46,9 @@ class Settings:
     loader_layouts: int = 1  # loader layouts kept open in a Store for the next epoch; 0: none
     store_layouts: bool = True  # loader layouts saved in the store (layouts/) for every process; off: temporary
     layout_cache: str = "~/.cache/trajstore/layouts"  # this machine's copies of s3:// stores' loader layouts
+    # each file written into a local store also written as plain arrays (arrays/, storage/arrays.py) that loaders
+    # gather from at once; off: loaders lay the files out at their first read
+    loader_arrays: bool = True
     # upkeep by writers after their commits (operations/upkeep): a partition holding more than compact_small_files
     # files below compact_small_bytes has them merged into files of up to compact_target_bytes (0: never)
     compact_small_files: int = 8

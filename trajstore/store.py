@@ -56,6 +56,8 @@ from trajstore.query.scan import ScanPlan
 from trajstore.query.snapshot import Snapshot, decoding_sql
 from trajstore.schema import describe
 from trajstore.settings import Settings
+from trajstore.storage.arrays import FOLDER as ARRAYS
+from trajstore.storage.arrays import StepArrays
 from trajstore.storage.history import history, resolve_version
 from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.log import DataFile
@@ -168,8 +170,10 @@ class Store:
                  pinned: int | None = None, sql_gate: sandbox.Gate | None = None) -> None:
         self.settings = settings or Settings.from_env()
         self.location = locate(location, settings=self.settings)
+        arrays = StepArrays(self.location.path(ARRAYS)) if self.settings.loader_arrays and self.location.is_local \
+            else None
         self.table = StepsTable(self.location.child("steps"), row_group_rows=self.settings.row_group_rows,
-                                pinned=pinned)
+                                pinned=pinned, arrays=arrays)
         self.engine = Engine(self.table, self.location, self.settings, sql_gate)
         self.layouts = LayoutStore(self.location, cache=self.settings.layout_cache,  # loader layouts, kept
                                    shared=self.settings.store_layouts, keep=self.settings.loader_layouts)

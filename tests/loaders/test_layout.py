@@ -14,6 +14,8 @@ from tests.helpers import make_batch
 from trajstore.loaders.layout import Layout, OpenLayouts, take_windows
 from trajstore.settings import Settings
 
+pytestmark = pytest.mark.usefixtures("built_layouts")
+
 
 def write(store: trajstore.Store, run: str, seed: int, T: int = 30, B: int = 4) -> None:
     with store.writer(run_id=run, env_id="E") as w:

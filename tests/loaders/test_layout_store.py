@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 import trajstore
 from tests.helpers import make_batch
@@ -40,6 +41,8 @@ for batch in store.sequences(4, **args):
         digest.update(batch[k].tobytes())
 print(json.dumps({"built": store.layouts.built, "digest": digest.hexdigest()}), flush=True)
 """
+
+pytestmark = pytest.mark.usefixtures("built_layouts")
 
 
 def fill(store: trajstore.Store, run: str = "a", seed: int = 0) -> None:

@@ -12,6 +12,8 @@ import trajstore
 from tests.helpers import make_batch, reference_return
 from trajstore.errors import InputError
 
+pytestmark = pytest.mark.usefixtures("both_layouts")
+
 
 @pytest.fixture
 def filled(store: trajstore.Store) -> trajstore.Store:
@@ -222,6 +224,7 @@ def test_jax_batches_are_on_the_device_and_the_next_one_is_made_while_this_one_t
     ({"length": 4, "where": "no_such_column > 1"}, "where:"),
 ])
 def test_bad_input_names_the_argument(filled: trajstore.Store, kwargs: dict[str, Any], match: str) -> None:
+    kwargs = dict(kwargs)  # the parameter is shared by each layout's run of the test
     length = kwargs.pop("length")
     with pytest.raises(InputError, match=match):
         filled.sequences(length, **kwargs)

@@ -12,6 +12,8 @@ import trajstore
 from tests.helpers import make_batch
 from trajstore.errors import InputError
 
+pytestmark = pytest.mark.usefixtures("both_layouts")
+
 
 @pytest.fixture
 def filled(store: trajstore.Store) -> trajstore.Store:
@@ -109,6 +111,7 @@ def test_columns_at_t_and_weighted_draws(filled: trajstore.Store) -> None:
     ({"n": 2, "gamma": 0.9, "columns": ["return_to_go"]}, "columns: 'return_to_go' is a column of"),
 ])
 def test_bad_input_names_the_argument(filled: trajstore.Store, kwargs: dict[str, Any], match: str) -> None:
+    kwargs = dict(kwargs)  # the parameter is shared by each layout's run of the test
     n = kwargs.pop("n")
     with pytest.raises(InputError, match=match):
         filled.transitions(n, **kwargs)

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from trajstore.errors import InputError, StoreDamagedError
 from trajstore.query.scan import scan_steps
 from trajstore.schema import numpy_dtype, to_numpy
+from trajstore.storage.arrays import leaf_arrays
 from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileSchema, decode_batches
 from trajstore.storage.log import DataFile
 from trajstore.storage.table import fsync_file, read_file_schema
@@ -228,8 +229,9 @@ class Mapped:
         """Column ``name`` at ``positions`` (a dict of its leaves' arrays for a Dict column)."""
         return leaves(name, self.columns, lambda leaf: take(self._maps[leaf], positions, self.columns[leaf].shape))
 
-    def windows(self, name: str, first: np.ndarray, length: int) -> Any:
-        """The ``length`` steps from each of ``first`` (windows wholly inside the layout)."""
+    def windows(self, name: str, first: np.ndarray, length: int, needed: np.ndarray | None = None) -> Any:
+        """The ``length`` steps from each of ``first`` (windows wholly inside the layout; ``needed``: how many
+        of each the caller keeps, all of them here)."""
         return leaves(name, self.columns, lambda leaf: take_windows(self._maps[leaf], first, length))
 
     def episode_of(self, positions: np.ndarray) -> np.ndarray:
@@ -455,17 +457,10 @@ def _scatter(layout: Layout, batch: pa.RecordBatch, files: dict[str, Column]) ->
         if values.null_count:
             raise InputError(f"columns: {name!r} is missing (null) in some selected steps; select episodes "
                              "that all hold it (where=…)")
-        for leaf, array in _leaf_arrays(name, to_numpy(values)).items():
+        for leaf, array in leaf_arrays(name, to_numpy(values)).items():
             target = files[leaf].open("r+")
             target[pos] = array
             del target  # unmapped after each batch: written pages go to the page cache, not this process
-
-
-def _leaf_arrays(name: str, value: Any) -> dict[str, np.ndarray]:
-    """A column's values as arrays by leaf name (a Dict column's leaves as ``obs.pixels``)."""
-    if isinstance(value, dict):
-        return {leaf: a for k, v in value.items() for leaf, a in _leaf_arrays(f"{name}.{k}", v).items()}
-    return {name: value}
 
 
 def derive(layout: Layout, name: str, dtype: np.dtype, source: str,

@@ -35,6 +35,7 @@ from trajstore.loaders.order import (
     epoch_order,
     resume_position,
 )
+from trajstore.loaders.stitched import Stitched
 from trajstore.query.returns import check_gamma, episodes_return_to_go
 
 RETURN_TO_GO = "return_to_go"
@@ -58,17 +59,32 @@ class Source:
     layouts: LayoutStore | None = None  # where layouts are found and kept (None: built for each call)
     basis: Basis | None = None  # what the store's vacuum judges a layout of these steps by
     check: Callable[[Sequence[str]], None] | None = None  # InputError for columns no array can stack (env ids)
+    # the layout of column leaves (dtype and shape each) stitched from the files' array copies, or None
+    stitch: Callable[[dict[str, Any]], Stitched | None] | None = None
 
     def laid_out(self, columns: Sequence[str], derived: Any,
-                 make: Callable[[Path | None], lay.Layout]) -> tuple[lay.Layout, Callable[[], None]]:
-        """The layout of ``columns`` (plus what ``derived`` names) of these steps, and its release: found, or
-        built by ``make(folder)``."""
+                 make: Callable[[Path | None], lay.Layout]) -> tuple[lay.Layout | Stitched, Callable[[], None]]:
+        """The layout of ``columns`` (plus what ``derived`` names) of these steps, and its release: stitched from
+        the files' array copies where they hold them all (no derived column), else found, or built by
+        ``make(folder)``."""
+        stitched = self._stitched(columns) if derived is None else None
+        if stitched is not None:
+            return stitched, stitched.close
         if self.layouts is None or self.basis is None:
             return lay.OpenLayouts(0).get(None, lambda: make(None))
         types = tuple(str(self.schema.field(c).type) for c in columns)
         key = LayoutKey(self.version_key, self.arguments.get("episodes"), tuple(columns), types,
                         None if derived is None else tuple(derived))
         return self.layouts.get(key, make, self.basis)
+
+    def _stitched(self, columns: Sequence[str]) -> Stitched | None:
+        if self.stitch is None:
+            return None
+        try:
+            kinds = {leaf: kind for c in columns for leaf, kind in lay.column_leaves(self.schema, c).items()}
+        except InputError:
+            return None  # the build says so, or lays out an empty selection
+        return self.stitch(kinds)
 
 
 @dataclass(frozen=True)
@@ -329,10 +345,11 @@ def window_batch(layout: lay.Mapped, names: Sequence[str], episode: np.ndarray, 
     mask = steps < ends
     first = layout.offset[episode] + start
     past = first + length > layout.steps  # only padded windows of the last episode
+    needed = np.minimum(ends[:, 0] - start, length)  # the steps of each window that are not zeroed
     out: dict[str, np.ndarray] = {}
     for name in names:
         if not past.any():
-            out[name] = _zero_outside(layout.windows(name, first, length), mask)
+            out[name] = _zero_outside(layout.windows(name, first, length, needed), mask)
             continue
         positions = first[:, None] + np.minimum(steps, ends - 1) - start[:, None]
         out[name] = _zero_outside(layout.gather(name, positions), mask)

@@ -8,16 +8,18 @@ episodes chosen, and the basis vacuum judges them by.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from trajstore.loaders import stitched
 from trajstore.loaders.layout import read_files
 from trajstore.loaders.layout_store import Basis, LayoutStore
 from trajstore.loaders.layout_store import files_digest as layout_files_digest
 from trajstore.loaders.order import digest
 from trajstore.loaders.sequences import Source
+from trajstore.loaders.stitched import Stitched
 from trajstore.query import sql
 from trajstore.query.engine import Engine
 from trajstore.query.filters import EpisodeFilter, Names, both
@@ -58,9 +60,17 @@ def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where:
     chosen = None if plan.episode_ids is None else digest(plan.episode_ids.tolist())
     selection = digest({"run_id": run_id, "env_id": env_id, "where": where, "filter": filter})
     types = plan.types
+    arrays = engine.table.arrays
+
+    def stitch(kinds: dict[str, Any]) -> Stitched | None:
+        if arrays is None:
+            return None
+        return stitched.stitch([arrays.read(location.relative(f.path)) for f in plan.files], kinds, plan.episode_ids)
+
     return Source(plan.schema, read, episode_values, key, {"episodes": chosen}, layouts,
                   _basis(engine, plan, run_id, env_id, selection, version, files),
-                  check=lambda names: types.check(names, stackable=True))  # type: ignore[union-attr]
+                  check=lambda names: types.check(names, stackable=True),  # type: ignore[union-attr]
+                  stitch=stitch)
 
 
 def _basis(engine: Engine, plan: ScanPlan, run_id: Names, env_id: Names, selection: str, version: int,

@@ -1,5 +1,6 @@
 """The stored format and the log: where a store lives (:mod:`~trajstore.storage.location`), how a step is stored in a
 file (:mod:`~trajstore.storage.encoding`, typed physical column names in :mod:`~trajstore.storage.names`), the files
-of the ``steps`` table (:mod:`~trajstore.storage.table`), its Delta log, the one module that reads and writes it
+of the ``steps`` table (:mod:`~trajstore.storage.table`) and their loader copies as plain arrays
+(:mod:`~trajstore.storage.arrays`), its Delta log, the one module that reads and writes it
 (:mod:`~trajstore.storage.log`), whether a commit landed (:mod:`~trajstore.storage.landing`) and the versions a
 reader can ask for (:mod:`~trajstore.storage.history`)."""

@@ -41,11 +41,13 @@ LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id"
 
 class StepsTable:
     """The Delta table at ``<store>/steps`` (``location``: a directory or an ``s3://`` prefix): its files, and its
-    log (``log``; ``pinned``: the version a read-only store reads)."""
+    log (``log``; ``pinned``: the version a read-only store reads). With ``arrays`` (a
+    :class:`~trajstore.storage.arrays.StepArrays`), each file written into a local table also gets its loader copy."""
 
     def __init__(self, location: Location | str | Path, *, row_group_rows: int = 1024 * 1024,
-                 pinned: int | None = None) -> None:
+                 pinned: int | None = None, arrays: Any = None) -> None:
         self.location = locate(location)
+        self.arrays = arrays if self.location.is_local else None
         self.fs = self.location.fs
         self.row_group_rows = row_group_rows
         self.log = Log(self.location, pinned=pinned)
@@ -150,6 +152,8 @@ class StepsTable:
             size = self._write_file(data, full)
             if self.location.is_local:
                 fsync_file(Path(full))
+            if self.arrays is not None:
+                self.arrays.write(rel, data)
         except BaseException as exc:
             self.discard([full], exc)
             if isinstance(exc, OSError):
@@ -194,6 +198,8 @@ class StepsTable:
         for path in paths:
             try:
                 self.delete(path)
+                if self.arrays is not None:
+                    self.arrays.remove(self.location.relative(path))
             except Exception as exc:  # noqa: BLE001 - the caller raises the error that matters
                 log.warning("%s: could not remove the uncommitted file %s: %s", self.uri, path, first_line(exc))
 

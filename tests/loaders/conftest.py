@@ -1,0 +1,19 @@
+"""Where loaders gather from: the data files' array copies (written with the files) or layouts built from Parquet."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(params=["copies", "built"])
+def both_layouts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test twice: stores whose writers write array copies (loaders stitch them), and stores without (loaders
+    build their layouts from Parquet). Use before the store fixture (``pytest.mark.usefixtures``)."""
+    monkeypatch.setenv("TRAJSTORE_LOADER_ARRAYS", "1" if request.param == "copies" else "0")
+    return str(request.param)
+
+
+@pytest.fixture
+def built_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stores without array copies: every loader builds its layout from Parquet (what these tests are about)."""
+    monkeypatch.setenv("TRAJSTORE_LOADER_ARRAYS", "0")

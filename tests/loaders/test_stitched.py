@@ -1,0 +1,197 @@
+"""Loaders over the data files' array copies: a store written by trajstore's writers gives its first batch without
+reading Parquet or building anything, and every batch is the one a layout built from Parquet gives; files without a
+copy (another tool's rewrite, images, a copy cut short) are laid out from Parquet as before; copies go with their
+files."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+import trajstore
+from tests.helpers import make_batch
+from trajstore.settings import Settings
+from trajstore.storage.arrays import FOLDER, MANIFEST, StepArrays, fragments_of
+
+
+def chained(rng: np.random.Generator, T: int, B: int, **kw: Any) -> dict[str, Any]:
+    """A batch whose ``next_obs`` is the next step's ``obs`` wherever the episode goes on (stored compactly, so the
+    copies hold it decoded), and a Dict observation."""
+    batch = make_batch(rng, T, B, **kw)
+    states = rng.standard_normal((T + 1, B, 3)).astype(np.float32)
+    ended = batch["terminated"] | batch["truncated"]
+    batch["obs"] = {"pos": states[:-1], "flag": (states[:-1, :, :1] > 0)}
+    nxt = states[1:].copy()
+    nxt[ended] = rng.standard_normal((int(ended.sum()), 3)).astype(np.float32)  # a final observation of its own
+    batch["next_obs"] = {"pos": nxt, "flag": nxt[:, :, :1] > 0}
+    return batch
+
+
+def fill(store: trajstore.Store, seed: int = 0, *, flushes: int = 6) -> None:
+    rng = np.random.default_rng(seed)
+    with store.writer(run_id="a", env_id="E") as w:
+        for _ in range(flushes):  # every flush a file: episodes cut across files
+            w.add_batch(chained(rng, 25, 6, p_terminated=0.04, p_truncated=0.02))
+            w.flush()
+    with store.writer(run_id="b", env_id="E") as w:
+        w.add_batch(chained(rng, 20, 3))
+
+
+def from_parquet(store: trajstore.Store) -> trajstore.Store:
+    """The same store read with no array copies: every layout built from Parquet (the reference)."""
+    return trajstore.Store(store.location, settings=Settings(loader_arrays=False, store_layouts=False))
+
+
+def laid_out_from(store: trajstore.Store) -> str:
+    """Where a fresh store's first loader gathers from: the copies, or a layout built (or found built) from Parquet."""
+    next(iter(store.sequences(4, batch_size=8, columns=["obs", "reward"])))
+    kept = list((store.root / "layouts").glob("*.json"))
+    return "copies" if store.layouts.built == 0 and not kept else "parquet"
+
+
+def same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    assert len(got) == len(want) > 0
+    for a, b in zip(got, want):
+        assert list(a) == list(b)
+        for k in b:
+            if isinstance(b[k], dict):
+                same([a[k]], [b[k]])
+            else:
+                np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+READS = [
+    ("sequences", dict(length=7, shuffle=True, seed=3)),
+    ("sequences", dict(length=7, pad=True, shuffle=True)),
+    ("sequences", dict(length=5, stride=1, pad=True, columns=["obs", "next_obs", "action", "reward", "terminated"])),
+    ("sequences", dict(length=3, stride=2, run_id="a", where="episode_return > 0")),
+    ("transitions", dict(n=3, gamma=0.9, shuffle=True, columns=["obs", "action", "reward", "next_obs"])),
+    ("transitions", dict(n=1, gamma=1.0, run_id="b")),
+]
+
+
+@pytest.fixture
+def copied(store: trajstore.Store) -> trajstore.Store:
+    fill(store)
+    return store
+
+
+@pytest.mark.parametrize(("kind", "kwargs"), READS)
+def test_batches_from_the_copies_are_those_of_a_layout_built_from_parquet(copied: trajstore.Store, kind: str,
+                                                                          kwargs: dict[str, Any]) -> None:
+    assert len(copied.table.files()) == 7
+    assert len(list((copied.root / FOLDER).iterdir())) == 7  # one copy per file
+    got = list(getattr(copied, kind)(batch_size=16, **kwargs))
+    want = list(getattr(from_parquet(copied), kind)(batch_size=16, **kwargs))
+    same(got, want)
+    assert copied.layouts.built == 0 and not (copied.root / "layouts").exists()  # nothing read or built
+
+
+def test_a_fresh_process_gives_its_first_batch_from_the_copies_alone(copied: trajstore.Store) -> None:
+    assert laid_out_from(trajstore.open(copied.root)) == "copies"
+    store = trajstore.open(copied.root)
+    first = next(iter(store.sequences(4, batch_size=8, columns=["obs", "reward"])))
+    assert first["obs"]["pos"].shape == (8, 4, 3) and first["obs"]["flag"].dtype == bool
+    assert store.layouts.built == 0
+
+
+def test_windows_cut_across_many_files_are_whole(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(5)
+    with store.writer(run_id="a", env_id="E") as w:
+        for _ in range(12):  # 2 steps a file: every window of 6 crosses files
+            w.add_batch(chained(rng, 2, 2, p_terminated=0.0, p_truncated=0.0))
+            w.flush()
+    got = list(store.sequences(6, stride=1, batch_size=4, columns=["obs", "reward"]))
+    same(got, list(from_parquet(store).sequences(6, stride=1, batch_size=4, columns=["obs", "reward"])))
+    rows = store.sql("SELECT episode_id, step, reward FROM steps ORDER BY episode_id, step").to_pydict()
+    first = got[0]
+    ep = first["episode_id"][0]
+    want = [r for e, r in zip(rows["episode_id"], rows["reward"]) if e == ep][:6]
+    np.testing.assert_array_equal(first["reward"][0], np.asarray(want, np.float32))
+
+
+def test_files_without_a_copy_are_laid_out_from_parquet(copied: trajstore.Store) -> None:
+    from deltalake import DeltaTable
+
+    want = list(from_parquet(copied).sequences(5, batch_size=16, columns=["obs", "reward"]))
+    DeltaTable(str(copied.root / "steps")).optimize.compact()  # another tool's rewrite: files without copies
+    store = trajstore.open(copied.root)
+    assert laid_out_from(store) == "parquet"
+    same(list(store.sequences(5, batch_size=16, columns=["obs", "reward"])), want)
+    assert store.layouts.built == 1
+
+
+def test_trajstore_s_own_compaction_writes_copies_of_its_files(copied: trajstore.Store) -> None:
+    want = list(from_parquet(copied).sequences(5, batch_size=16, columns=["obs", "reward"]))
+    trajstore.compact(copied, progress=False)
+    store = trajstore.open(copied.root)
+    assert len(store.table.files()) < 7 and laid_out_from(store) == "copies"
+    same(list(store.sequences(5, batch_size=16, columns=["obs", "reward"])), want)
+
+
+def test_a_copy_cut_short_or_of_another_file_is_never_read(copied: trajstore.Store) -> None:
+    want = list(from_parquet(copied).sequences(5, batch_size=16, columns=["obs", "reward"]))
+    folder = sorted(p for p in (copied.root / FOLDER).iterdir())[0]
+    manifest = json.loads((folder / MANIFEST).read_text())
+    column = folder / manifest["columns"]["reward"]["file"]
+    os.truncate(column, column.stat().st_size - 4)
+    store = trajstore.open(copied.root)
+    assert laid_out_from(store) == "parquet"
+    same(list(store.sequences(5, batch_size=16, columns=["obs", "reward"])), want)
+
+
+def test_wide_steps_get_no_copy_and_are_laid_out_from_parquet(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(2)
+    frames = rng.integers(0, 255, (9, 2, 32, 32), dtype=np.uint8)  # 1 KiB a frame, 2 KiB with next_obs
+    batch = {"obs": frames[:-1], "next_obs": frames[1:], "action": rng.integers(0, 3, (8, 2)),
+             "reward": rng.random((8, 2)).astype(np.float32), "terminated": np.zeros((8, 2), bool),
+             "truncated": np.zeros((8, 2), bool)}
+    narrow = trajstore.Store(store.location, settings=Settings(loader_arrays=True))
+    narrow.table.arrays = StepArrays(store.root / FOLDER, max_step_bytes=1024)
+    with narrow.writer(run_id="a", env_id="E") as w:
+        w.add_batch(batch)
+    assert not (store.root / FOLDER).exists() or not any((store.root / FOLDER).iterdir())
+    got = list(narrow.sequences(4, batch_size=4, columns=["obs"]))
+    np.testing.assert_array_equal(got[0]["obs"][0], frames[:4, 0])
+    assert narrow.layouts.built == 1
+
+
+def test_copies_go_with_their_files(copied: trajstore.Store) -> None:
+    folder = copied.root / FOLDER
+    (folder / ".tmp-killed").mkdir()  # a writer killed while writing a copy
+    os.utime(folder / ".tmp-killed", (0, 0))
+    trajstore.compact(copied, progress=False)
+    assert len(list(folder.iterdir())) == 7 + 1 + 1  # the compacted file's copy beside the old ones (time travel)
+    copied.vacuum(older_than=0)
+    left = sorted(p.name for p in folder.iterdir())
+    assert len(left) == len(copied.table.files())
+    rels = {json.loads((folder / name / MANIFEST).read_text())["file"] for name in left}
+    assert rels == {copied.table.location.relative(f.path) for f in copied.table.files()}
+
+
+def test_a_failed_write_leaves_no_copy(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajstore.storage.log import Log
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("no commit")
+
+    monkeypatch.setattr(Log, "append", refuse)
+    w = store.writer(run_id="a", env_id="E")
+    w.add_batch(chained(np.random.default_rng(0), 5, 2))
+    with pytest.raises(RuntimeError):
+        w.flush()
+    monkeypatch.undo()
+    w.close()  # stored now, with one copy for the one file
+    assert len(store.table.files()) == 1 and len(list((store.root / FOLDER).iterdir())) == 1
+
+
+def test_fragments_are_the_runs_of_one_episode_s_steps() -> None:
+    eid = np.array([5, 5, 5, 9, 9, 5, 5, 7])
+    step = np.array([0, 1, 2, 4, 5, 3, 4, 0])
+    got = fragments_of(eid, step)
+    np.testing.assert_array_equal(got, [[5, 0, 0, 3], [9, 4, 3, 2], [5, 3, 5, 2], [7, 0, 7, 1]])
+    assert fragments_of(np.zeros(0, np.int64), np.zeros(0, np.int64)).shape == (0, 4)

@@ -1,0 +1,256 @@
+"""A loader layout stitched from the data files' array copies (:mod:`~trajstore.storage.arrays`): nothing is read
+or written before the first batch but the copies' small fragment lists.
+
+The selected episodes are numbered as in a built layout (:class:`~trajstore.loaders.layout.Layout`: sorted by id,
+step ``t`` of episode ``e`` at position ``offset[e] + t``), but their steps stay where the copies hold them. Each
+column's copies are mapped side by side into one span of memory (:class:`Region`: one reservation, each file mapped
+at a page-aligned place in it that is also a whole number of steps from its start), so that one array holds every
+step of every file. The fragments (runs of one episode's consecutive steps in one file), sorted by episode and first
+step, tile the positions: a position is found in that array by its fragment, and a window inside one fragment is
+copied as one block out of it, as from a built layout (only windows crossing from one file into the next, where a
+writer's flush cut their episode, are gathered step by step).
+
+:func:`stitch` gives None where the copies cannot give the selection (a file without a copy, a column or type a
+copy lacks, episodes whose fragments do not tile their steps): the loader then builds its layout from Parquet.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from trajstore.loaders.layout import leaves, take, take_windows
+from trajstore.storage.arrays import FileArrays
+
+PAGE = mmap.PAGESIZE
+# each file is mapped at a multiple of this (and of its row width): there the kernel maps a large folio of the page
+# cache whole (one TLB entry for 2 MiB, not 512); at 4 KiB alignment batches take ~2.5x as long
+HUGE = 2 << 20
+SLACK = 64 << 20  # readable zeros after the last file: blocks from its last steps fit
+MAX_UNIT = 1 << 30  # a coarser alignment than this (rows of a width with a large odd factor) falls back to pages
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+MAP_FIXED = 0x10  # Linux and macOS alike
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+FAILED = ctypes.c_void_p(-1).value
+
+
+class Region:
+    """Files of ``width``-byte rows mapped (read-only, shared with the page cache) side by side into one reserved
+    span of memory, each at a 2 MiB boundary (``HUGE``) a whole number of rows from the span's start: :attr:`array`
+    holds them all, file ``k``'s first row at row :attr:`first_row` ``[k]`` (the rows between and after the files
+    read as zeros). :meth:`close` unmaps the span; nothing may use :attr:`array` after it."""
+
+    def __init__(self, files: Sequence[tuple[Path, int]], width: int, dtype: np.dtype,
+                 shape: tuple[int, ...]) -> None:
+        unit = math.lcm(max(width, 1), HUGE)
+        unit = unit if unit <= MAX_UNIT else math.lcm(max(width, 1), PAGE)
+        places, total = [], 0
+        for _, nbytes in files:
+            places.append(total)
+            total += -(-nbytes // unit) * unit
+        self.size = max(total, unit) + HUGE + SLACK
+        # readable zeros between and after the files: a block read past a file's end (steps a padded window does
+        # not need) reads zeros or the next file, never faults; no memory (the kernel's one zero page)
+        reserved = _libc.mmap(None, self.size, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE,
+                              -1, 0)
+        if reserved in (None, FAILED):
+            raise OSError(ctypes.get_errno(), f"cannot reserve {self.size} bytes of address space for a layout")
+        self.reserved: int | None = reserved
+        base = -(-reserved // HUGE) * HUGE
+        try:
+            for (path, nbytes), place in zip(files, places):
+                if nbytes:
+                    self._map(path, nbytes, base + place)
+        except BaseException:
+            self.close()
+            raise
+        self.first_row = np.array([place // max(width, 1) for place in places], np.int64)
+        usable = self.size - HUGE
+        flat = np.frombuffer((ctypes.c_uint8 * (usable - usable % max(width, 1))).from_address(base), np.uint8)
+        flat.flags.writeable = False
+        # steps of no bytes (a shape with a 0): as many as any position asks for, in no memory
+        self.array = flat.view(dtype).reshape(-1, *shape) if width else np.zeros((1 << 40, *shape), dtype)
+
+    @staticmethod
+    def _map(path: Path, nbytes: int, address: int) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = _libc.mmap(address, nbytes, mmap.PROT_READ, mmap.MAP_SHARED | MAP_FIXED, fd, 0)
+        finally:
+            os.close(fd)
+        if got != address:
+            raise OSError(ctypes.get_errno(), f"cannot map {path} for a layout")
+
+    def close(self) -> None:
+        if self.reserved is not None:
+            _libc.munmap(self.reserved, self.size)
+            self.reserved = None
+
+
+@dataclass
+class Stitched:
+    """The selected episodes (``episode_id`` sorted, ``length``, ``offset``), each column leaf's dtype and shape
+    (``columns``) and its :class:`Region`; the fragments tiling the positions: the first position of each
+    (``start``, with the total steps after the last) and the row of the region holding it, per leaf (``rows``:
+    the files' places in the regions differ by row width)."""
+
+    episode_id: np.ndarray
+    length: np.ndarray
+    offset: np.ndarray
+    columns: dict[str, tuple[np.dtype, tuple[int, ...]]]
+    start: np.ndarray
+    regions: dict[str, Region] = field(default_factory=dict)
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return int(self.start[-1]) if len(self.start) else 0
+
+    def mapped(self) -> StitchedView:
+        return StitchedView(self)
+
+    def episode_of(self, positions: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offset, positions, side="right") - 1
+
+    def gather(self, name: str, positions: np.ndarray) -> Any:
+        return self.mapped().gather(name, positions)
+
+    def close(self) -> None:
+        for region in self.regions.values():
+            region.close()
+        self.regions = {}
+
+
+class StitchedView:
+    """A stitched layout as one iterator reads it (the interface of :class:`~trajstore.loaders.layout.Mapped`)."""
+
+    def __init__(self, layout: Stitched) -> None:
+        self.layout = layout
+        self.episode_id, self.length, self.offset = layout.episode_id, layout.length, layout.offset
+        self.columns = layout.columns
+        self.steps = layout.steps
+        self.longest = int(layout.length.max(initial=1))
+        self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._plan: tuple[np.ndarray, int, Any] | None = None
+
+    def gather(self, name: str, positions: np.ndarray) -> Any:
+        """Column ``name`` at ``positions`` (a dict of its leaves' arrays for a Dict column)."""
+        fragment, within = self._found(positions)
+        return leaves(name, self.columns, lambda leaf: take(self.layout.regions[leaf].array,
+                                                            self.layout.rows[leaf][fragment] + within,
+                                                            self.columns[leaf][1]))
+
+    def windows(self, name: str, first: np.ndarray, length: int, needed: np.ndarray | None = None) -> Any:
+        """The ``length`` steps from each of ``first`` (windows wholly inside the positions): all copied as blocks
+        (as from a built layout), then those crossing from one fragment into the next gathered again step by
+        step over their block (few: where a writer's flush cut an episode). With ``needed``, only each window's
+        first ``needed`` steps are (the caller zeroes the others: a padded window past its episode's end), and
+        a window is gathered only where those cross."""
+        plan = self._planned(first, length, needed)
+        if plan is None:
+            return self.gather(name, first[:, None] + np.arange(length, dtype=np.int64))
+        fragment, within, crossing, step_fragment, step_within = plan
+
+        def read(leaf: str) -> np.ndarray:
+            values, rows = self.layout.regions[leaf].array, self.layout.rows[leaf]
+            at = rows[fragment] + within
+            beyond = np.flatnonzero(at > len(values) - length)  # a block past the span's end: gathered as well
+            if len(beyond):
+                steps = first[beyond, None] + np.arange(length, dtype=np.int64)
+                found = self._found(steps)
+            at[crossing] = 0  # blocks read from the span's start, then replaced
+            at[beyond] = 0
+            out = take_windows(values, at, length)
+            if len(crossing):
+                out[crossing] = take(values, rows[step_fragment] + step_within, self.columns[leaf][1])
+            if len(beyond):
+                out[beyond] = take(values, rows[found[0]] + found[1], self.columns[leaf][1])
+            return out
+
+        return leaves(name, self.columns, read)
+
+    def _planned(self, first: np.ndarray, length: int, needed: np.ndarray | None) -> tuple[np.ndarray, ...] | None:
+        """How windows of ``length`` from ``first`` are read: each one's fragment and first step's place in it,
+        the windows crossing into another fragment, one that does not, and the fragment and place of each step of
+        the crossing ones; None when every window crosses. Kept for the next call with the same array (a batch
+        reads each column)."""
+        if self._plan is not None and self._plan[0] is first and self._plan[1] == length:
+            return self._plan[2]
+        fragment, within = self._found(first)
+        room = self.layout.start[fragment + 1] - self.layout.start[fragment] - within
+        crossing = np.flatnonzero(room < (length if needed is None else needed))
+        plan = None
+        if len(crossing) < len(first) and self.steps >= length:
+            steps = first[crossing, None] + np.arange(length, dtype=np.int64)
+            step_fragment = np.searchsorted(self.layout.start, steps, side="right") - 1
+            plan = (fragment, within, crossing, step_fragment,
+                    steps - self.layout.start[step_fragment])
+        self._plan = (first, length, plan)
+        return plan
+
+    def _found(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The fragment holding each of ``positions`` and the step's place in it; kept for the next call with the
+        same array (a batch asks it of each column)."""
+        if self._last is not None and self._last[0] is positions:
+            return self._last[1], self._last[2]
+        fragment = np.searchsorted(self.layout.start, positions, side="right") - 1
+        within = positions - self.layout.start[fragment]
+        self._last = (positions, fragment, within)
+        return fragment, within
+
+    def episode_of(self, positions: np.ndarray) -> np.ndarray:
+        return self.layout.episode_of(positions)
+
+    def close(self) -> None:
+        pass  # the regions are the layout's, unmapped when it is released
+
+
+def stitch(copies: Sequence[FileArrays | None], columns: dict[str, tuple[np.dtype, tuple[int, ...]]],
+           episode_ids: np.ndarray | None) -> Stitched | None:
+    """The layout of the column leaves ``columns`` (dtype and shape each) of ``episode_ids`` (sorted; None for
+    all) of the files whose copies are ``copies``, or None where the copies cannot give it."""
+    if any(c is None for c in copies):
+        return None
+    held: list[FileArrays] = [c for c in copies if c is not None]
+    for leaf, (dtype, shape) in columns.items():
+        for c in held:
+            kind = c.columns.get(leaf)
+            if kind is None or kind[0] != dtype or tuple(kind[1]) != tuple(shape):
+                return None
+    parts = [np.concatenate([c.fragments, np.full((len(c.fragments), 1), i, np.int64)], axis=1)
+             for i, c in enumerate(held)]
+    frags = np.concatenate(parts) if parts else np.zeros((0, 5), np.int64)
+    if episode_ids is not None:
+        frags = frags[np.isin(frags[:, 0], episode_ids)]
+    frags = frags[np.lexsort((frags[:, 1], frags[:, 0]))]
+    eid, first_step, rows = frags[:, 0], frags[:, 1], frags[:, 3]
+    start = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    new = np.concatenate([[True], eid[1:] != eid[:-1]]) if len(eid) else np.zeros(0, bool)
+    heads = np.flatnonzero(new)
+    begins = np.repeat(start[heads], np.diff(np.concatenate([heads, [len(eid)]])))
+    if not np.array_equal(first_step, start[:-1] - begins):
+        return None  # steps missing or repeated: the build from Parquet says which
+    episode_id = eid[heads]
+    offset = start[heads]
+    length = np.diff(np.concatenate([offset, [start[-1]]])).astype(np.int64)
+    layout = Stitched(episode_id, length, offset.astype(np.int64), dict(columns), start)
+    try:
+        for leaf, (dtype, shape) in columns.items():
+            width = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            region = Region([c.file(leaf) for c in held], width, dtype, shape)
+            layout.regions[leaf] = region
+            layout.rows[leaf] = region.first_row[frags[:, 4]] + frags[:, 2]
+    except BaseException:
+        layout.close()
+        raise
+    return layout

@@ -1,0 +1,259 @@
+"""A data file's steps as plain arrays, written beside the table as the file is written: what training loaders
+gather from, there before the first training read instead of built by it.
+
+For each Parquet file trajstore writes into a local store (the writer's, an ingest's, a compaction's), the decoded
+value of every numeric column of fixed shape (each leaf of a Dict column as ``obs.pixels``; ``next_obs`` whole, as
+readers get it) in the file's row order, and its *fragments*: the runs of rows holding consecutive steps of one
+episode, ``(episode_id, first step, first row, rows)``. Loaders stitch the files of a selection together by their
+fragments (:mod:`~trajstore.loaders.stitched`), so a first batch costs opening the copies, not reading the store.
+
+In the store, beside ``steps/``::
+
+    arrays/<digest of the file's path in the table>/
+        arrays.json        what the copy holds: the file's path, rows, each column's file, dtype and shape
+        fragments.i64      (k, 4) int64: episode_id, first step, first row, rows
+        0.bin, 1.bin, …    one column each, ``rows`` values
+
+A copy is written into a temporary folder, flushed to disk and renamed into place: it is there whole or not at all,
+and a killed writer leaves a temporary folder nothing reads (removed by :meth:`StepArrays.prune`). A copy belongs to
+its data file: it is removed with the file (a write that failed, a vacuum), and a file without one (another tool's,
+a file of a store written before copies existed) is laid out by loaders from the Parquet itself, as before. Copies
+are a cache of data the table holds: one that cannot be written is logged and skipped, never an error of the write.
+Steps wider than ``MAX_STEP_BYTES`` (images, frame stacks: stored once per frame in the table, but whole per step
+here) get no copy; loaders lay them out at their first read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from trajstore.schema import numpy_dtype, to_numpy
+from trajstore.storage.encoding import NEXT, OBS, FileSchema, decode_batches
+from trajstore.storage.table import fsync_file
+
+log = logging.getLogger(__name__)
+
+FOLDER = "arrays"
+FORMAT = 1
+MANIFEST = "arrays.json"
+FRAGMENTS = "fragments.i64"
+MAX_STEP_BYTES = 4096  # a step's bytes over every column, above which a file gets no copy
+SKIPPED = ("episode_id", "step", "run_id", "env_id")  # the fragments' keys and the partition
+TEMPORARY_GRACE_S = 3600.0
+BLOCK = 2 << 20  # a temporary folder this old is a killed writer's
+
+
+def fixed_type(t: pa.DataType) -> tuple[np.dtype, tuple[int, ...]] | None:
+    """The numpy dtype and per-step shape of values of Arrow type ``t`` (numbers or booleans, in fixed-size lists),
+    or None for any other type."""
+    shape: list[int] = []
+    while pa.types.is_fixed_size_list(t):
+        shape.append(t.list_size)
+        t = t.value_type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return numpy_dtype(t), tuple(shape)
+    return None
+
+
+def leaf_arrays(name: str, value: Any) -> dict[str, np.ndarray]:
+    """A column's values (:func:`~trajstore.schema.to_numpy`) as arrays by leaf name (``obs.pixels``)."""
+    if isinstance(value, dict):
+        return {leaf: a for k, v in value.items() for leaf, a in leaf_arrays(f"{name}.{k}", v).items()}
+    return {name: value}
+
+
+def leaf_types(name: str, t: pa.DataType) -> dict[str, tuple[np.dtype, tuple[int, ...]] | None]:
+    """The leaves of a column of type ``t`` (itself, or each leaf of a struct) with :func:`fixed_type` each."""
+    if not pa.types.is_struct(t):
+        return {name: fixed_type(t)}
+    return {leaf: kind for f in t for leaf, kind in leaf_types(f"{name}.{f.name}", f.type).items()}
+
+
+def fragments_of(episode_id: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """The runs of consecutive steps of one episode in rows ordered as given: ``(k, 4)`` int64 rows
+    ``episode_id, first step, first row, rows``."""
+    n = len(episode_id)
+    if not n:
+        return np.zeros((0, 4), np.int64)
+    breaks = np.flatnonzero((episode_id[1:] != episode_id[:-1]) | (step[1:] != step[:-1] + 1)) + 1
+    starts = np.concatenate([[0], breaks]).astype(np.int64)
+    rows = np.diff(np.concatenate([starts, [n]]))
+    return np.stack([episode_id[starts].astype(np.int64), step[starts].astype(np.int64), starts, rows], axis=1)
+
+
+@dataclass(frozen=True)
+class FileArrays:
+    """The copy of one data file: its folder, rows, columns (leaf -> dtype, shape, file) and fragments."""
+
+    folder: Path
+    rows: int
+    columns: dict[str, tuple[np.dtype, tuple[int, ...], str]]
+    fragments: np.ndarray
+
+    def file(self, leaf: str) -> tuple[Path, int]:
+        """Column ``leaf``'s file and its size in bytes (``rows`` values of the leaf's dtype and shape)."""
+        dtype, shape, file = self.columns[leaf]
+        return self.folder / file, self.rows * dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+
+
+class StepArrays:
+    """The copies of a local store's data files, under ``folder`` (the store's ``arrays/``)."""
+
+    def __init__(self, folder: str | Path, *, max_step_bytes: int = MAX_STEP_BYTES) -> None:
+        self.folder = Path(folder)
+        self.max_step_bytes = max_step_bytes
+
+    def path_of(self, rel: str) -> Path:
+        return self.folder / hashlib.sha256(rel.encode()).hexdigest()[:32]
+
+    def write(self, rel: str, data: pa.Table) -> bool:
+        """Write the copy of the file ``rel`` (its path in the table) holding ``data`` (the rows as stored: physical
+        names, encoded); whether one was written. A failure is logged, never raised: the file is stored."""
+        try:
+            return self._write(rel, data)
+        except Exception as exc:  # noqa: BLE001 - a cache: loaders lay the file out from Parquet instead
+            log.warning("no loader copy of %s (%s); loaders will read it from Parquet", rel, exc)
+            return False
+
+    def _write(self, rel: str, data: pa.Table) -> bool:
+        stored = FileSchema.of(data.schema, where=rel)
+        if stored.format.foreign or not {"episode_id", "step"} <= set(stored.logical.names):
+            return False
+        kinds = {leaf: kind for f in stored.logical if f.name not in SKIPPED
+                 for leaf, kind in leaf_types(f.name, f.type).items() if kind is not None}
+        if sum(d.itemsize * int(np.prod(s, dtype=np.int64)) for d, s in kinds.values()) > self.max_step_bytes:
+            return False
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.folder / f".tmp-{uuid.uuid4().hex}"
+        partial.mkdir()
+        try:
+            files = {leaf: _BlockWriter(partial / f"{i}.bin") for i, leaf in enumerate(kinds)}
+            nulls: set[str] = set()
+            ids, steps = [], []
+            try:
+                for batch in _decoded(data, stored, rel):
+                    ids.append(batch.column("episode_id").to_numpy(zero_copy_only=False))
+                    steps.append(batch.column("step").to_numpy(zero_copy_only=False))
+                    for name in batch.schema.names:
+                        if name in SKIPPED:
+                            continue
+                        column = batch.column(name)
+                        if column.null_count:
+                            nulls.update(leaf for leaf in kinds if leaf == name or leaf.startswith(name + "."))
+                            continue
+                        for leaf, values in leaf_arrays(name, to_numpy(column)).items():
+                            if leaf in files and leaf not in nulls:
+                                files[leaf].write(np.ascontiguousarray(values, dtype=kinds[leaf][0]))
+            finally:
+                for f in files.values():
+                    f.close()
+            episode_id = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+            fragments = fragments_of(episode_id, np.concatenate(steps) if steps else np.zeros(0, np.int64))
+            fragments.tofile(partial / FRAGMENTS)
+            columns = {leaf: {"file": f"{i}.bin", "dtype": kinds[leaf][0].str, "shape": list(kinds[leaf][1])}
+                       for i, leaf in enumerate(kinds) if leaf not in nulls}
+            (partial / MANIFEST).write_text(json.dumps({"format": FORMAT, "file": rel, "rows": len(episode_id),
+                                                        "fragments": len(fragments), "columns": columns}))
+            for path in partial.iterdir():
+                fsync_file(path)
+            target = self.path_of(rel)
+            shutil.rmtree(target, ignore_errors=True)  # a copy of an earlier file of that path (never, by uuid)
+            partial.rename(target)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        return True
+
+    def read(self, rel: str) -> FileArrays | None:
+        """The copy of the file ``rel``, or None where there is none or it is not whole (files of other sizes
+        than its manifest says)."""
+        folder = self.path_of(rel)
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+            if manifest.get("format") != FORMAT or manifest.get("file") != rel:
+                return None
+            rows, k = int(manifest["rows"]), int(manifest["fragments"])
+            columns = {leaf: (np.dtype(c["dtype"]), tuple(c["shape"]), c["file"])
+                       for leaf, c in manifest["columns"].items()}
+            for dtype, shape, file in columns.values():
+                if (folder / file).stat().st_size != rows * dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+                    return None
+            if (folder / FRAGMENTS).stat().st_size != 32 * k:
+                return None
+            fragments = np.fromfile(folder / FRAGMENTS, dtype=np.int64).reshape(k, 4)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return FileArrays(folder, rows, columns, fragments)
+
+    def remove(self, rel: str) -> None:
+        """Remove the copy of the file ``rel`` (gone already is fine)."""
+        shutil.rmtree(self.path_of(rel), ignore_errors=True)
+
+    def prune(self, exists: Any, *, grace_s: float = TEMPORARY_GRACE_S) -> list[str]:
+        """Remove the copies whose data file ``exists(rel)`` says is gone, and temporary folders older than
+        ``grace_s`` (a writer killed while writing one); the files the copies were of."""
+        removed = []
+        for folder in self._folders():
+            if folder.name.startswith(".tmp-"):
+                if folder.stat().st_mtime < time.time() - grace_s:
+                    shutil.rmtree(folder, ignore_errors=True)
+                continue
+            try:
+                rel = json.loads((folder / MANIFEST).read_text())["file"]
+            except (OSError, ValueError, KeyError, TypeError):
+                if folder.stat().st_mtime < time.time() - grace_s:  # unreadable: not ours, or damaged
+                    shutil.rmtree(folder, ignore_errors=True)
+                continue
+            if not exists(rel):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(rel)
+        return removed
+
+    def _folders(self) -> Iterator[Path]:
+        if self.folder.is_dir():
+            yield from (p for p in self.folder.iterdir() if p.is_dir())
+
+
+class _BlockWriter:
+    """A file written in whole blocks of ``BLOCK`` bytes at multiples of ``BLOCK`` (the rest at the end): the page
+    cache then holds it in 2 MiB folios, which a loader's map reads with one TLB entry each (written as the bytes
+    come, at other offsets, about half of it is in small pages, and batches take ~1.5x as long)."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "wb")
+        self.pending = bytearray()
+
+    def write(self, values: np.ndarray) -> None:
+        self.pending += memoryview(values).cast("B")
+        whole = len(self.pending) - len(self.pending) % BLOCK
+        if whole:
+            self.file.write(memoryview(self.pending)[:whole])
+            del self.pending[:whole]
+
+    def close(self) -> None:
+        try:
+            self.file.write(self.pending)
+        finally:
+            self.file.close()
+
+
+def _decoded(data: pa.Table, stored: FileSchema, where: str) -> Iterator[pa.RecordBatch]:
+    """The rows of ``data`` under their logical names, ``obs``/``next_obs`` decoded as readers get them."""
+    fmt = stored.format
+    names = [n for n in stored.logical.names if fmt.physical(n) in data.column_names]
+    batches = (pa.record_batch([b.column(fmt.physical(n)) for n in names], names=names)
+               for b in data.to_batches(max_chunksize=65_536))
+    if fmt.encoded and {OBS, NEXT} & set(names):
+        batches = decode_batches(batches, fmt, stored.logical.field(OBS).type, where=where)
+    yield from batches

@@ -14,8 +14,11 @@ In the store, beside ``steps/``::
         fragments.i64      (k, 4) int64: episode_id, first step, first row, rows
         0.bin, 1.bin, …    one column each, ``rows`` values
 
-A copy is written into a temporary folder, flushed to disk and renamed into place: it is there whole or not at all,
-and a killed writer leaves a temporary folder nothing reads (removed by :meth:`StepArrays.prune`). A copy belongs to
+A copy is written into a temporary folder and renamed into place: it is there whole or not at all, and a killed
+writer leaves a temporary folder nothing reads (removed by :meth:`StepArrays.prune`). It is not flushed to disk (a
+third of its cost to the writer): a copy that a power loss cut short has files of other sizes than its manifest
+says (ext4 and XFS never give a file a size whose blocks were not written), and a copy of other sizes is never
+read. A copy belongs to
 its data file: it is removed with the file (a write that failed, a vacuum), and a file without one (another tool's,
 a file of a store written before copies existed) is laid out by loaders from the Parquet itself, as before. Copies
 are a cache of data the table holds: one that cannot be written is logged and skipped, never an error of the write.
@@ -40,7 +43,6 @@ import pyarrow as pa
 
 from trajstore.schema import numpy_dtype, to_numpy
 from trajstore.storage.encoding import NEXT, OBS, FileSchema, decode_batches
-from trajstore.storage.table import fsync_file
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,8 @@ FORMAT = 1
 MANIFEST = "arrays.json"
 FRAGMENTS = "fragments.i64"
 MAX_STEP_BYTES = 4096  # a step's bytes over every column, above which a file gets no copy
-SKIPPED = ("episode_id", "step", "run_id", "env_id")  # the fragments' keys and the partition
+# the fragments' keys, the partition, and lineage no loader batches (when a step was written, the env's step count)
+SKIPPED = ("episode_id", "step", "run_id", "env_id", "wall_time", "env_steps")
 TEMPORARY_GRACE_S = 3600.0
 BLOCK = 2 << 20  # a temporary folder this old is a killed writer's
 
@@ -165,8 +168,6 @@ class StepArrays:
                        for i, leaf in enumerate(kinds) if leaf not in nulls}
             (partial / MANIFEST).write_text(json.dumps({"format": FORMAT, "file": rel, "rows": len(episode_id),
                                                         "fragments": len(fragments), "columns": columns}))
-            for path in partial.iterdir():
-                fsync_file(path)
             target = self.path_of(rel)
             shutil.rmtree(target, ignore_errors=True)  # a copy of an earlier file of that path (never, by uuid)
             partial.rename(target)
@@ -228,18 +229,27 @@ class StepArrays:
 class _BlockWriter:
     """A file written in whole blocks of ``BLOCK`` bytes at multiples of ``BLOCK`` (the rest at the end): the page
     cache then holds it in 2 MiB folios, which a loader's map reads with one TLB entry each (written as the bytes
-    come, at other offsets, about half of it is in small pages, and batches take ~1.5x as long)."""
+    come, at other offsets, about half of it is in small pages, and batches take ~1.5x as long). Whole blocks are
+    written straight from the values; only the bytes around a block boundary are copied."""
 
     def __init__(self, path: Path) -> None:
         self.file = open(path, "wb")
         self.pending = bytearray()
 
     def write(self, values: np.ndarray) -> None:
-        self.pending += memoryview(values).cast("B")
-        whole = len(self.pending) - len(self.pending) % BLOCK
+        data = memoryview(values).cast("B")
+        if self.pending:  # complete the block begun before
+            head = min(BLOCK - len(self.pending), len(data))
+            self.pending += data[:head]
+            data = data[head:]
+            if len(self.pending) < BLOCK:
+                return
+            self.file.write(self.pending)
+            self.pending = bytearray()
+        whole = len(data) - len(data) % BLOCK
         if whole:
-            self.file.write(memoryview(self.pending)[:whole])
-            del self.pending[:whole]
+            self.file.write(data[:whole])
+        self.pending += data[whole:]
 
     def close(self) -> None:
         try:

@@ -340,19 +340,19 @@ def window_batch(layout: lay.Mapped, names: Sequence[str], episode: np.ndarray, 
     ``mask``, ``episode_id`` and ``start``. Each window is copied as one block of ``length`` steps, a padded one's
     steps past its episode's end (the next episode's) then zeroed; only a padded window whose block would run
     past the last step gathers its steps one by one."""
-    steps = start[:, None] + np.arange(length, dtype=np.int64)
-    ends = layout.length[episode][:, None]
-    mask = steps < ends
+    needed = np.minimum(layout.length[episode] - start, length)  # the steps of each window that are not zeroed
+    mask = np.arange(length) < needed[:, None]
+    padded = bool((needed < length).any())
     first = layout.offset[episode] + start
-    past = first + length > layout.steps  # only padded windows of the last episode
-    needed = np.minimum(ends[:, 0] - start, length)  # the steps of each window that are not zeroed
+    past = bool((first + length > layout.steps).any())  # only padded windows of the last episode
     out: dict[str, np.ndarray] = {}
     for name in names:
-        if not past.any():
-            out[name] = _zero_outside(layout.windows(name, first, length, needed), mask)
-            continue
-        positions = first[:, None] + np.minimum(steps, ends - 1) - start[:, None]
-        out[name] = _zero_outside(layout.gather(name, positions), mask)
+        if not past:
+            values = layout.windows(name, first, length, needed)
+        else:
+            positions = first[:, None] + np.minimum(np.arange(length), needed[:, None] - 1)
+            values = layout.gather(name, positions)
+        out[name] = _zero_outside(values, mask) if padded else values
     out["mask"] = mask
     out["episode_id"] = layout.episode_id[episode]
     out["start"] = start

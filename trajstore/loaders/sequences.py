@@ -67,9 +67,13 @@ class Source:
         """The layout of ``columns`` (plus what ``derived`` names) of these steps, and its release: stitched from
         the files' array copies where they hold them all (no derived column), else found, or built by
         ``make(folder)``."""
-        stitched = self._stitched(columns) if derived is None else None
-        if stitched is not None:
-            return stitched, stitched.close
+        if derived is None and self.stitch is not None:
+            key = ("arrays", self.version_key, self.arguments.get("episodes"), tuple(columns))
+            kept = lay.OpenLayouts(0) if self.layouts is None else self.layouts.opened
+            try:  # kept open for the next epoch, like a built layout (its pages stay mapped)
+                return kept.get(key, lambda: self._stitched(columns) or _no_copies())
+            except _NoCopies:
+                pass
         if self.layouts is None or self.basis is None:
             return lay.OpenLayouts(0).get(None, lambda: make(None))
         types = tuple(str(self.schema.field(c).type) for c in columns)
@@ -85,6 +89,14 @@ class Source:
         except InputError:
             return None  # the build says so, or lays out an empty selection
         return self.stitch(kinds)
+
+
+class _NoCopies(Exception):
+    """The files of a selection have no array copies holding its columns: its layout is built."""
+
+
+def _no_copies() -> Stitched:
+    raise _NoCopies
 
 
 @dataclass(frozen=True)

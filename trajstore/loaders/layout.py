@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from trajstore.errors import InputError, StoreDamagedError
 from trajstore.query.scan import scan_steps
 from trajstore.schema import numpy_dtype, to_numpy
-from trajstore.storage.arrays import leaf_arrays
+from trajstore.storage.arrays import leaf_arrays, value_bytes
 from trajstore.storage.encoding import NEXT, OBS, EncodingError, FileSchema, decode_batches
 from trajstore.storage.log import DataFile
 from trajstore.storage.table import fsync_file, read_file_schema
@@ -61,7 +61,7 @@ class Column:
 
     @property
     def nbytes(self) -> int:
-        return self.rows * self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64))
+        return self.rows * value_bytes(self.dtype, self.shape)
 
     def open(self, mode: str = "r") -> np.ndarray:
         if self.nbytes == 0:

@@ -37,6 +37,7 @@ from trajstore.loaders.order import (
 )
 from trajstore.loaders.stitched import Stitched
 from trajstore.query.returns import check_gamma, episodes_return_to_go
+from trajstore.storage.arrays import value_bytes
 
 RETURN_TO_GO = "return_to_go"
 # bytes per step of a batch beyond its columns: the mask, and the int64 step and position indices gathered by
@@ -223,7 +224,7 @@ def step_bytes(schema: pa.Schema, names: Sequence[str]) -> int:
     total = 0
     for name in names:
         for dtype, shape in lay.column_leaves(schema, name, empty=True).values():  # a Dict column: its leaves
-            total += dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            total += value_bytes(dtype, shape)
     return total
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from trajstore.loaders.layout import leaves, take, take_windows, window_view
-from trajstore.storage.arrays import FileArrays
+from trajstore.storage.arrays import FileArrays, value_bytes
 
 PAGE = mmap.PAGESIZE
 # each file is mapped at a multiple of this (and of its row width): there the kernel maps a large folio of the page
@@ -305,7 +305,7 @@ def stitch(copies: Sequence[FileArrays | None], columns: dict[str, tuple[np.dtyp
     layout = Stitched(episode_id, length, offset.astype(np.int64), dict(columns), start, cold=set(columns))
     try:
         for leaf, (dtype, shape) in columns.items():
-            width = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            width = value_bytes(dtype, shape)
             region = Region([c.file(leaf) for c in held], width, dtype, shape)
             layout.regions[leaf] = region
             layout.rows[leaf] = region.first_row[frags[:, 4]] + frags[:, 2]

@@ -69,6 +69,11 @@ def fixed_type(t: pa.DataType) -> tuple[np.dtype, tuple[int, ...]] | None:
     return None
 
 
+def value_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
+    """The bytes of one step's value of ``dtype`` shaped ``shape``."""
+    return dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+
+
 def leaf_arrays(name: str, value: Any) -> dict[str, np.ndarray]:
     """A column's values (:func:`~trajstore.schema.to_numpy`) as arrays by leaf name (``obs.pixels``)."""
     if isinstance(value, dict):
@@ -107,7 +112,7 @@ class FileArrays:
     def file(self, leaf: str) -> tuple[Path, int]:
         """Column ``leaf``'s file and its size in bytes (``rows`` values of the leaf's dtype and shape)."""
         dtype, shape, file = self.columns[leaf]
-        return self.folder / file, self.rows * dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        return self.folder / file, self.rows * value_bytes(dtype, shape)
 
 
 class StepArrays:
@@ -135,7 +140,7 @@ class StepArrays:
             return False
         kinds = {leaf: kind for f in stored.logical if f.name not in SKIPPED
                  for leaf, kind in leaf_types(f.name, f.type).items() if kind is not None}
-        if sum(d.itemsize * int(np.prod(s, dtype=np.int64)) for d, s in kinds.values()) > self.max_step_bytes:
+        if sum(value_bytes(d, s) for d, s in kinds.values()) > self.max_step_bytes:
             return False
         self.folder.mkdir(parents=True, exist_ok=True)
         partial = self.folder / f".tmp-{uuid.uuid4().hex}"
@@ -188,7 +193,7 @@ class StepArrays:
             columns = {leaf: (np.dtype(c["dtype"]), tuple(c["shape"]), c["file"])
                        for leaf, c in manifest["columns"].items()}
             for dtype, shape, file in columns.values():
-                if (folder / file).stat().st_size != rows * dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+                if (folder / file).stat().st_size != rows * value_bytes(dtype, shape):
                     return None
             if (folder / FRAGMENTS).stat().st_size != 32 * k:
                 return None

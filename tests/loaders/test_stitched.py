@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import trajstore
-from tests.helpers import make_batch
+from tests.helpers import make_batch, stacked_stream
 from trajstore.settings import Settings
 from trajstore.storage.arrays import FOLDER, MANIFEST, StepArrays, fragments_of
 
@@ -158,6 +158,25 @@ def test_wide_steps_get_no_copy_and_are_laid_out_from_parquet(store: trajstore.S
     got = list(narrow.sequences(4, batch_size=4, columns=["obs"]))
     np.testing.assert_array_equal(got[0]["obs"][0], frames[:4, 0])
     assert narrow.layouts.built == 1
+
+
+def test_copies_of_frame_stacks_and_pictures_hold_next_obs_as_readers_decode_it(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(5)
+    with store.writer(run_id="a", env_id="Stacks", frame_stack={"obs": 4}) as w:  # 4 x 6 x 8 bytes a stack
+        for _ in range(3):
+            w.add_batch(stacked_stream(rng, 30, 2, shape=(6, 8), noise=True, p_end=0.1))
+            w.flush()
+    batch = make_batch(rng, 40, 2, p_terminated=0.05, p_truncated=0.05)
+    pictures = rng.integers(0, 256, (41, 2, 5, 6, 3), dtype=np.uint8)
+    batch["obs"] = {"pixels": pictures[:-1], "v": pictures[:-1, :, 0, 0].astype(np.float32)}
+    batch["next_obs"] = {"pixels": pictures[1:], "v": pictures[1:, :, 0, 0].astype(np.float32)}
+    with store.writer(run_id="b", env_id="Rgb") as w:
+        w.add_batch(batch)
+    assert len(list((store.root / FOLDER).iterdir())) == 4
+    for run in ("a", "b"):
+        kwargs = dict(run_id=run, batch_size=8, columns=["obs", "next_obs", "reward"], shuffle=True, seed=1)
+        same(list(store.sequences(5, **kwargs)), list(from_parquet(store).sequences(5, **kwargs)))
+    assert store.layouts.built == 0
 
 
 def test_copies_go_with_their_files(copied: trajstore.Store) -> None:

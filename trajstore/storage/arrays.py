@@ -42,7 +42,16 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore.schema import numpy_dtype, to_numpy
-from trajstore.storage.encoding import NEXT, OBS, FileSchema, decode_batches
+from trajstore.storage.encoding import (
+    NEXT,
+    OBS,
+    EncodingError,
+    FileSchema,
+    Format,
+    decode_batches,
+    fixed_numpy,
+    leaf_column,
+)
 
 log = logging.getLogger(__name__)
 
@@ -148,26 +157,20 @@ class StepArrays:
         try:
             files = {leaf: _BlockWriter(partial / f"{i}.bin") for i, leaf in enumerate(kinds)}
             nulls: set[str] = set()
-            ids, steps = [], []
             try:
-                for batch in _decoded(data, stored, rel):
-                    ids.append(batch.column("episode_id").to_numpy(zero_copy_only=False))
-                    steps.append(batch.column("step").to_numpy(zero_copy_only=False))
-                    for name in batch.schema.names:
-                        if name in SKIPPED:
-                            continue
-                        column = batch.column(name)
-                        if column.null_count:
-                            nulls.update(leaf for leaf in kinds if leaf == name or leaf.startswith(name + "."))
-                            continue
-                        for leaf, values in leaf_arrays(name, to_numpy(column)).items():
-                            if leaf in files and leaf not in nulls:
-                                files[leaf].write(np.ascontiguousarray(values, dtype=kinds[leaf][0]))
+                for name, values in _values(data, stored, set(kinds), rel):
+                    if values is None:
+                        nulls.update(leaf for leaf in kinds if leaf == name or leaf.startswith(name + "."))
+                        continue
+                    for leaf, leaf_values in leaf_arrays(name, values).items():
+                        if leaf in files and leaf not in nulls:
+                            files[leaf].write(np.ascontiguousarray(leaf_values, dtype=kinds[leaf][0]))
             finally:
                 for f in files.values():
                     f.close()
-            episode_id = np.concatenate(ids) if ids else np.zeros(0, np.int64)
-            fragments = fragments_of(episode_id, np.concatenate(steps) if steps else np.zeros(0, np.int64))
+            fmt = stored.format
+            episode_id = data.column(fmt.physical("episode_id")).to_numpy()
+            fragments = fragments_of(episode_id, data.column(fmt.physical("step")).to_numpy())
             fragments.tofile(partial / FRAGMENTS)
             columns = {leaf: {"file": f"{i}.bin", "dtype": kinds[leaf][0].str, "shape": list(kinds[leaf][1])}
                        for i, leaf in enumerate(kinds) if leaf not in nulls}
@@ -261,6 +264,64 @@ class _BlockWriter:
             self.file.write(self.pending)
         finally:
             self.file.close()
+
+
+def _values(data: pa.Table, stored: FileSchema, leaves: set[str], where: str) -> Iterator[tuple[str, Any]]:
+    """Each column holding any of ``leaves``: its values as readers get them (:func:`~trajstore.schema.to_numpy`),
+    piece by piece in row order, under its logical name; None for a piece with nulls. Where no observation leaf is
+    stored as frames (stacks, images), ``next_obs`` is made from ``obs`` shifted by a row and the rows that store
+    it (whole-array copies); otherwise the file is decoded as readers decode it."""
+    fmt = stored.format
+    names = [n for n in stored.logical.names if fmt.physical(n) in data.column_names
+             and any(leaf == n or leaf.startswith(n + ".") for leaf in leaves)]
+    if fmt.encoded and (fmt.stacks or fmt.images) and {OBS, NEXT} & set(names):
+        for batch in _decoded(data, stored, where):
+            for name in names:
+                column = batch.column(name)
+                yield name, None if column.null_count else to_numpy(column)
+        return
+    for name in names:
+        column = data.column(fmt.physical(name))
+        if fmt.encoded and name == NEXT:
+            yield name, _next_values(data, fmt, leaves, where)
+            continue
+        for chunk in column.chunks:
+            yield name, None if chunk.null_count else to_numpy(chunk)
+
+
+def _next_values(data: pa.Table, fmt: Format, leaves: set[str], where: str) -> Any:
+    """``next_obs`` of an encoded file whose observation leaves are stored plain, as
+    :func:`~trajstore.schema.to_numpy` gives a column (its leaves among ``leaves`` only): each row's next row's
+    ``obs`` where ``next_obs`` is null (the file says that row is its episode's next step), the stored value
+    elsewhere; None when ``obs`` has nulls."""
+    obs = data.column(fmt.physical(OBS)).combine_chunks()
+    if obs.null_count:
+        return None
+    stored = data.column(fmt.physical(NEXT)).combine_chunks()
+    valid = stored.is_valid().to_numpy(zero_copy_only=False)
+    eid = data.column(fmt.physical("episode_id")).to_numpy()
+    step = data.column(fmt.physical("step")).to_numpy()
+    follows = np.r_[(eid[1:] == eid[:-1]) & (step[1:] == step[:-1] + 1), False]
+    bad = np.flatnonzero(~valid & ~follows)
+    if len(bad):
+        raise EncodingError(f"{where}: row {bad[0]}: next_obs is null, but the next row is not the same episode's "
+                            "next step")
+    rows = np.flatnonzero(valid)
+    out: dict[str, Any] = {}
+    for leaf in sorted(leaf for leaf in leaves if leaf == NEXT or leaf.startswith(NEXT + ".")):
+        path = OBS + leaf[len(NEXT):]
+        shifted = fixed_numpy(leaf_column(obs, path))
+        values = np.empty_like(shifted)
+        values[:-1] = shifted[1:]
+        values[rows] = fixed_numpy(leaf_column(stored, path))[rows]
+        if leaf == NEXT:
+            return values
+        *parents, name = leaf.split(".")[1:]
+        inner = out
+        for parent in parents:
+            inner = inner.setdefault(parent, {})
+        inner[name] = values
+    return out
 
 
 def _decoded(data: pa.Table, stored: FileSchema, where: str) -> Iterator[pa.RecordBatch]:

@@ -574,7 +574,7 @@ def with_validity(arr: pa.Array, valid: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(t, len(arr), [bitmap, *arr.buffers()[1:1 + own]], children=children)
 
 
-def _leaf(arr: pa.Array, path: str) -> pa.Array:
+def leaf_column(arr: pa.Array, path: str) -> pa.Array:
     """The leaf at ``path`` (``obs.a.b``) of a (struct) column, aligned with its rows."""
     for name in path.split(".")[1:]:
         arr = arr.field(name)
@@ -662,7 +662,7 @@ class FileDecoder:
         column = batch.column(OBS)
         out = {}
         for path, _ in leaves(self.obs_type):
-            arr = _leaf(column, path)
+            arr = leaf_column(column, path)
             k = self.fmt.stacks.get(path)
             image = self.fmt.images.get(path)
             out[path] = frames_numpy(arr, image) if k is None else self._frames(arr, k, path, follows, eid, step)
@@ -720,7 +720,7 @@ class FileDecoder:
             obs = held.obs[path]
             values = np.empty_like(obs)
             if len(stored):
-                values[stored] = self._stored_next(_leaf(column, path), path, stored, obs, held, first_row)
+                values[stored] = self._stored_next(leaf_column(column, path), path, stored, obs, held, first_row)
             if len(nulls):
                 inside = nulls[nulls < n - 1]
                 values[inside] = obs[inside + 1]
@@ -786,7 +786,7 @@ def check_rows(batches: Iterator[pa.RecordBatch], fmt: Format, obs_type: pa.Data
         for path, _ in leaves(obs_type):
             k = fmt.stacks.get(path)
             if k is not None and OBS in batch.schema.names:
-                counts = np.diff(_leaf(batch.column(OBS), path).offsets.to_numpy())
+                counts = np.diff(leaf_column(batch.column(OBS), path).offsets.to_numpy())
                 _refuse(where, row, eid, step, (counts != 1) & (counts != k),
                         f"{path} holds other than 1 or {k} frames")
                 _refuse(where, row, eid, step, (counts == 1) & ~follows,
@@ -803,7 +803,7 @@ def check_rows(batches: Iterator[pa.RecordBatch], fmt: Format, obs_type: pa.Data
             for path, _ in leaves(obs_type):
                 if not in_frames(fmt, path):
                     continue
-                counts = np.diff(_leaf(column, path).offsets.to_numpy())
+                counts = np.diff(leaf_column(column, path).offsets.to_numpy())
                 k = fmt.stacks.get(path)
                 ok = (counts == 1) | (counts == k) if k is not None else counts == 1
                 _refuse(where, row, eid, step, valid & ~ok,

@@ -49,13 +49,14 @@ from trajstore.operations.upkeep import Policy, Upkeep
 from trajstore.query import curves, episodes, follow, returns, sandbox, scan, spark_sql, sql_worker, stats
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.engine import Engine
-from trajstore.query.filters import EpisodeFilter, Ids, Names, filtered
+from trajstore.query.filters import EpisodeFilter, Ids, Names, check_runs, filtered
 from trajstore.query.follow import Commit
 from trajstore.query.pictures import ImageLeaf, stored_image_leaves
 from trajstore.query.scan import ScanPlan
 from trajstore.query.snapshot import Snapshot, decoding_sql
 from trajstore.schema import describe
 from trajstore.settings import Settings
+from trajstore.storage import run_config
 from trajstore.storage.arrays import FOLDER as ARRAYS
 from trajstore.storage.arrays import StepArrays
 from trajstore.storage.history import history, resolve_version
@@ -200,12 +201,40 @@ class Store:
 
     # --- writing ------------------------------------------------------------------------------------
 
-    def writer(self, *, run_id: str, env_id: str, **options: Any) -> Writer:
-        """A :class:`Writer` appending to ``run_id``/``env_id``; extra keywords are writer options or lineage."""
+    def writer(self, *, run_id: str, env_id: str, config: Mapping[str, Any] | None = None,
+               tags: Sequence[str] | None = None, notes: str | None = None, **options: Any) -> Writer:
+        """A :class:`Writer` appending to ``run_id``/``env_id``; extra keywords are writer options or lineage.
+        ``config``, ``tags``, ``notes`` describe the run (:mod:`~trajstore.operations.run_config`; committed before
+        the writer is made): the first writer of a run records them, a later one adds its tags and must give the
+        same config (change it with :meth:`set_run`)."""
         self.table.log.writable("writer")
         options.setdefault("flush_bytes", self.settings.flush_bytes)
         options.setdefault("upkeep", Upkeep(self.table, Policy.of(self.settings)))
-        return Writer(self.table, run_id=run_id, env_id=env_id, **options)
+        writer = Writer(self.table, run_id=run_id, env_id=env_id, **options)  # checks the names first
+        try:
+            run_config.describe(self.table.log, run_id, config=config, tags=tags, notes=notes, replace=False,
+                                what="writer")
+        except BaseException:
+            writer.close()  # nothing written: nothing committed
+            raise
+        return writer
+
+    def set_run(self, run_id: str, *, config: Mapping[str, Any] | None = None, tags: Sequence[str] | None = None,
+                notes: str | None = None) -> None:
+        """Change what describes ``run_id`` (a run with steps, or one described before): each of ``config``,
+        ``tags``, ``notes`` given replaces the stored one, None leaves it. One commit: the store's earlier
+        versions keep the earlier description."""
+        self.run_info(run_id)  # a run the store holds, or has described
+        run_config.describe(self.table.log, run_id, config=config, tags=tags, notes=notes, replace=True,
+                            what="set_run")
+
+    def run_info(self, run_id: str) -> dict[str, Any]:
+        """What describes ``run_id`` at the version this store reads: ``config`` (a dict), ``tags``, ``notes``,
+        ``created`` (when first described; None for a run never described), ``trajstore_version``,
+        ``git_commit`` and ``host`` of the program that first described it."""
+        properties = self.table.properties()
+        check_runs([run_id], {*self.engine.run_ids(), *run_config.infos(properties)}, self.uri)
+        return run_config.run_info(properties, run_id)
 
     def ingest(self, rows: pa.Table, *, run_id: str, env_id: str,
                idempotency_key: str | None = None) -> tuple[str | None, bool]:
@@ -321,10 +350,10 @@ class Store:
 
     def snapshot(self, *, config: dict[str, Any] | None = None, run_id: Names = None,
                  env_id: Names = None) -> Snapshot:
-        """A DuckDB connection with ``steps`` and ``episodes`` views over the latest committed version (of the
-        files of ``run_id``/``env_id`` only, where every column has its own type: over environments whose
+        """A DuckDB connection with ``steps``, ``episodes`` and ``runs`` views over the latest committed version
+        (of the files of ``run_id``/``env_id`` only, where every column has its own type: over environments whose
         columns differ in type, such a column is a VARIANT)."""
-        return self.engine.snapshot(self.engine.selected_files(run_id, env_id), config=config)
+        return self.engine.snapshot(self.engine.selected_files(run_id, env_id), config=config, runs=True)
 
     def sql(self, query: str, params: dict[str, Any] | None = None, *, run_id: Names = None,
             env_id: Names = None) -> pa.Table:

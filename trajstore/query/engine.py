@@ -34,6 +34,7 @@ from trajstore.query.filters import Names, check_runs, names_of, selected
 from trajstore.query.groups import StepTypes, group_files, step_types
 from trajstore.query.snapshot import Snapshot, cursor, damaged_file
 from trajstore.settings import Settings
+from trajstore.storage import run_config
 from trajstore.storage.encoding import FileSchema
 from trajstore.storage.history import vacuumed
 from trajstore.storage.location import Location
@@ -108,12 +109,20 @@ class Engine:
     # --- DuckDB ----------------------------------------------------------------------------------------------
 
     def snapshot(self, files: list[DataFile], *, con: duckdb.DuckDBPyConnection | None = None,
-                 config: dict[str, Any] | None = None, registered: bool | None = None) -> Snapshot:
+                 config: dict[str, Any] | None = None, registered: bool | None = None,
+                 runs: bool = False) -> Snapshot:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
-        store's through pyarrow datasets over its filesystem (``registered``); both in the files' own types."""
+        store's through pyarrow datasets over its filesystem (``registered``); both in the files' own types. With
+        ``runs``, also the ``runs`` view of the runs of ``files`` (one more read of the log)."""
         registered = not self.location.is_local if registered is None else registered
         return Snapshot(files, con=con, config=config, store=self.uri, schemas=self.file_schemas(files),
-                        registered=registered, judge=self.judged, location=self.location)
+                        registered=registered, judge=self.judged, location=self.location,
+                        runs=self.runs_table(files) if runs else None)
+
+    def runs_table(self, files: Sequence[DataFile]) -> pa.Table:
+        """The rows of the ``runs`` view of the runs of ``files``
+        (:func:`~trajstore.operations.run_config.table`)."""
+        return run_config.table(self.table.properties(), {f.run_id for f in files})
 
     def query_snapshot(self, *, episodes: Literal["fill", "if-cached"] | None = None, run_id: Names = None,
                        env_id: Names = None) -> Snapshot:

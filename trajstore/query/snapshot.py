@@ -151,7 +151,8 @@ def check_names(names: Sequence[str], known: Sequence[str], *, view: str, field:
 
 
 class Snapshot:
-    """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store.
+    """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store (and, given
+``runs``, the rows of :func:`~trajstore.storage.run_config.table`, its ``runs`` view).
 
     ``schemas`` are the files' own (:meth:`~trajstore.storage.table.StepsTable.schemas`; read from their footers
     when not given). With ``registered``, ``steps`` reads the files through registered pyarrow datasets instead
@@ -162,7 +163,7 @@ class Snapshot:
     def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None,
                  con: duckdb.DuckDBPyConnection | None = None, store: str | None = None,
                  schemas: Sequence[FileSchema] | None = None, registered: bool = False,
-                 judge: Judge | None = None, location: Location | None = None) -> None:
+                 judge: Judge | None = None, location: Location | None = None, runs: pa.Table | None = None) -> None:
         self.files = list(files)
         self.store = store  # where the files are from, for messages
         self.judge = judge
@@ -178,6 +179,8 @@ class Snapshot:
         self.by_id = ids_disjoint(self.files)
         self.con.execute(sql.create_view("episodes", sql.episodes_view(self.step_columns, by_id=self.by_id)))
         self.episodes_materialized = False
+        if runs is not None:
+            self.use_runs(runs)
 
     def _stored_steps(self, schemas: Sequence[FileSchema] | None, registered: bool) -> str:
         """The SELECT of the stored steps, logical and decoded: the groups of files, each from ``read_parquet``
@@ -203,6 +206,12 @@ class Snapshot:
     def columns(self, view: str) -> list[str]:
         """The column names of ``view``."""
         return [r[0] for r in self.con.execute(sql.describe(view)).fetchall()]
+
+    def use_runs(self, table: pa.Table) -> None:
+        """Give this snapshot the ``runs`` view of ``table``, the rows of
+        :func:`~trajstore.storage.run_config.table`."""
+        self.con.register("run_info", table)
+        self.con.execute(sql.create_view("runs", sql.runs_view("run_info")))
 
     def use_episodes(self, table: pa.Table) -> None:
         """Make the ``episodes`` view read ``table``: the rows of this very view, materialized earlier."""

@@ -16,7 +16,7 @@ quoted.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -428,6 +428,21 @@ def stats(by: Sequence[str], *, discounted: bool, conds: Sequence[str], include_
     select = (keys + ", " if keys else "") + ", ".join(aggs)
     tail = f" GROUP BY {keys} ORDER BY {keys}" if keys else ""
     return f"SELECT {select} FROM {source}{where(conds)}{tail}"
+
+
+def runs_view(source: str) -> str:
+    """The ``runs`` view over the rows of :func:`~trajstore.storage.run_config.table` in ``source``:
+    ``config`` as JSON."""
+    return (f"SELECT run_id, tags, notes, config::JSON AS config, created, trajstore_version, git_commit, host "
+            f"FROM {ident(source)}")
+
+
+def with_config(source: str, paths: Mapping[str, str]) -> str:
+    """``source`` (rows with a ``run_id``) with a column per ``paths`` item (name -> JSON path): that value of
+    its run's config in the ``runs`` view, as text (null where the run has none)."""
+    values = ", ".join(f"json_extract_string(r.config, {literal(path)}) AS {ident(name)}"
+                       for name, path in paths.items())
+    return f"(SELECT e.*, {values} FROM {source} AS e LEFT JOIN runs AS r ON e.run_id = r.run_id)"
 
 
 RUNS = """

@@ -77,17 +77,18 @@ class Task:
     files: list[tuple[Any, ...]]  # DataFile fields but the filesystem (the worker's own, from the location)
     kinds: list[int]  # per file, the index of its schema in ``schemas``
     schemas: list[bytes]  # the files' own Arrow schemas with their formats, serialized, each once
+    runs: bytes  # the rows of the ``runs`` view, an Arrow IPC stream
 
     @classmethod
     def of(cls, query: str, limits: sandbox.Limits, location: Location, files: Sequence[DataFile],
-           file_schemas: Sequence[FileSchema]) -> Task:
+           file_schemas: Sequence[FileSchema], runs: pa.Table) -> Task:
         schemas: dict[bytes, int] = {}
         index = []
         for stored in file_schemas:
             body = stored.physical.with_metadata(stored.format.metadata()).serialize().to_pybytes()
             index.append(schemas.setdefault(body, len(schemas)))
         return cls(query, limits, location.uri, dict(location.storage_options),
-                   [_fields(f) for f in files], index, list(schemas))
+                   [_fields(f) for f in files], index, list(schemas), _ipc(runs))
 
 
 # --- the caller's side ---------------------------------------------------------------------------------------
@@ -375,7 +376,7 @@ def _handle(task: Task) -> tuple[dict[str, Any], bytes | None]:
         files = [DataFile(*fields, fs=location.fs) for fields in task.files]
         kinds = [FileSchema.of(pa.ipc.read_schema(pa.py_buffer(body))) for body in task.schemas]
         snapshot = Snapshot(files, store=task.uri, schemas=[kinds[i] for i in task.kinds], registered=True,
-                            location=location)
+                            location=location, runs=pa.ipc.open_stream(task.runs).read_all())
         result = sandbox.run(snapshot, task.query, task.limits)
         data = _ipc(result.table)
     except TrajstoreError as exc:
@@ -504,11 +505,12 @@ def sandboxed_sql(engine: Engine, query: str, limits: sandbox.Limits | None = No
     started = time.monotonic()
     files = engine.selected_files(run_id, env_id)
     schemas = engine.file_schemas(files)
+    runs = engine.runs_table(files)
     if limits.worker_bytes is None:
         snap = Snapshot(files, store=engine.uri, schemas=schemas, registered=True, judge=engine.judged,
-                        location=engine.location)
+                        location=engine.location, runs=runs)
         return sandbox.run(snap, query, limits, encode=encode)
-    task = Task.of(query, limits, engine.location, files, schemas)
+    task = Task.of(query, limits, engine.location, files, schemas, runs)
     try:
         result = run(task)  # a service starts sql_max_concurrent workers ahead (warm)
     except StoreDamagedError as exc:  # judged here, where the log is: a vacuumed version is not damage

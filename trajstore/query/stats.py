@@ -12,21 +12,27 @@ from trajstore.query import sql
 from trajstore.query.engine import Engine
 from trajstore.query.filters import EpisodeFilter, Names, names_of
 from trajstore.query.returns import check_gamma
+from trajstore.storage import run_config
 
 
 def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where: str | None = None,
           filter: EpisodeFilter | None = None, run_id: Names = None,  # noqa: A002
           env_id: Names = None, include_incomplete: bool = False) -> pa.Table:
-    """One row per group of ``by`` (one row overall without it); complete episodes only unless
+    """One row per group of ``by`` (one row overall without it; ``config.<path>`` names a value of each run's
+    config, :mod:`~trajstore.storage.run_config`); complete episodes only unless
     ``include_incomplete``. Means and standard deviations are summed in parallel, in no fixed order: two calls
     can differ in their last bits."""
     keys = names_of(by)
+    paths = {k: path for k in keys if (path := run_config.config_key(k)) is not None}  # by="config.algo"
     with engine.query_snapshot(episodes="if-cached" if gamma is None else None) as snap:
         if keys:
-            snap.check_columns(keys)
+            snap.check_columns([k for k in keys if k not in paths])
         conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter)
         source = "episodes" if snap.episodes_materialized else sql.subquery(
             sql.episodes_view(snap.step_columns, discounted=gamma is not None, by_id=snap.by_id))
+        if paths:
+            snap.use_runs(engine.runs_table(snap.files))
+            source = sql.with_config(source, paths)
         q = sql.stats(keys, discounted=gamma is not None, conds=conds, include_incomplete=include_incomplete,
                       source=source)
         return snap.arrow(q, {"gamma": check_gamma(gamma)} if gamma is not None else {})

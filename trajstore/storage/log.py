@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import unquote
 
 import numpy as np
@@ -225,6 +225,11 @@ class TableState:
         """Every column of the schema -> what it declares it stores (its field metadata; see
         :func:`~trajstore.storage.encoding.declaration`), or None."""
         return declarations(self.schema)
+
+    @cached_property
+    def properties(self) -> dict[str, str]:
+        """The table's properties (its Delta ``configuration``) at this version."""
+        return dict(self._table.metadata().configuration)
 
     def partition(self, run_id: str, env_id: str) -> list[DataFile]:
         """The committed files of one ``(run_id, env_id)`` partition."""
@@ -449,6 +454,32 @@ class Log:
                     raise
                 last = exc
         raise CommitError(f"the columns {sorted(types)} could not be reserved in {self.uri}: {one_line(last)}")
+
+    def set_properties(self, change: Callable[[Mapping[str, str]], Mapping[str, str]], *, what: str) -> None:
+        """Set the table's properties ``change(current)`` gives (none: nothing to commit), in a commit of their own
+        planned on the latest version (the table created first if there is none). A try that lost the race to
+        another commit, or whose answer was lost, is planned again on what the log then holds: ``change`` gives
+        nothing once its properties are there. ``what`` names the change in errors."""
+        self.writable(what)
+        last: Exception | None = None
+        for _ in tries(COMMIT_RETRIES):
+            table = self._open(None) or self._ensure(_full_schema(pa.schema([])))
+            wanted = dict(change(table.metadata().configuration))
+            if not wanted:
+                return
+            try:
+                table.alter.set_table_properties(wanted, raise_if_not_exists=False)
+                return
+            except StoreAccessError:
+                raise
+            except (OSError, DeltaError) as exc:  # another commit came first, unless the store failed
+                access = explain(exc, self.location)
+                if access is not None:
+                    raise access from exc
+                if not isinstance(exc, DeltaError):
+                    raise
+                last = exc
+        raise CommitError(f"{what}: the properties could not be committed to {self.uri}: {one_line(last)}")
 
     def append(self, written: WrittenFile) -> None:
         """Commit ``written``, exactly once: each try is planned on the latest version and never rebased by

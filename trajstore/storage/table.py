@@ -68,6 +68,11 @@ class StepsTable:
         version = self.log.read()
         return [] if version is None else version.files
 
+    def properties(self) -> dict[str, str]:
+        """The table's properties at the version the log reads (none before the first commit)."""
+        version = self.log.read()
+        return {} if version is None else version.properties
+
     def size_problem(self, f: DataFile) -> str | None:
         """Why the committed file ``f`` is not what the log says, judged from its size alone (a missing file,
         one of another size), or None. Cheap: no file is opened."""

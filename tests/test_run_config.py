@@ -205,3 +205,60 @@ def test_every_rollout_and_recorder_describes_its_run(store: trajstore.Store, re
     info = store.run_info("run")
     assert (info["config"], info["tags"], info["notes"]) == ({"algo": "random", "seed": 0}, ["smoke"], "by hand")
     assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() > 0
+
+
+def test_the_cli_records_lists_and_changes_a_run_s_description(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from trajstore.cli import main
+
+    path = str(tmp_path / "store")
+    (tmp_path / "ppo.yaml").write_text("algo: ppo\nnet:\n  width: 64\n  depth: 2\nlr: 0.0003\n")
+    assert main(["rollout", "--env", "CartPole-v1", "--num-envs", "2", "--steps", "64", "--store", path, "--run",
+                 "a", "--config-file", str(tmp_path / "ppo.yaml"), "--config", "lr=1e-3", "--config",
+                 "net.width=128", "--config", "name=first try", "--tag", "baseline", "--tag", "cpu", "--notes",
+                 "from the shell", "--no-progress"]) == 0
+    info = trajstore.open(path).run_info("a")
+    assert info["config"] == {"algo": "ppo", "net": {"width": 128, "depth": 2}, "lr": 1e-3, "name": "first try"}
+    assert info["tags"] == ["baseline", "cpu"] and info["notes"] == "from the shell"
+    capsys.readouterr()
+    assert main(["runs", "--store", path, "--format", "json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["run_id"] == "a" and row["tags"] == "baseline,cpu" and json.loads(row["config"]) == info["config"]
+    assert main(["describe", "a", "--store", path, "--config", "algo=sac", "--notes", "renamed"]) == 0
+    assert "config {\"algo\": \"sac\"}" in capsys.readouterr().out
+    changed = trajstore.open(path).run_info("a")
+    assert changed["config"] == {"algo": "sac"} and changed["tags"] == ["baseline", "cpu"]
+    assert main(["stats", "--store", path, "--by", "config.algo", "--format", "json",
+                 "--include-incomplete"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["config.algo"] == "sac"
+    for argv, message in [(["--config", "lr"], "--config: expected KEY=VALUE, got 'lr'"),
+                          (["--config-file", str(tmp_path / "nope.yaml")], "--config-file: cannot read"),
+                          (["--config", "lr=1", "--config", "lr.x=2"], "--config: lr.x nests under lr")]:
+        assert main(["describe", "a", "--store", path, *argv]) != 0
+        assert message in capsys.readouterr().err
+
+
+def test_the_service_shows_and_changes_descriptions_and_remote_writers_describe_runs(tmp_path: Path) -> None:
+    from tests.api.helpers import API_KEY, serve, settings_for
+    from trajstore.api.app import create_app
+    from trajstore.remote.client import Client
+    from trajstore.remote.writer import RemoteStore
+
+    path = tmp_path / "store"
+    write(trajstore.open(path, create=True), "local", 0, config={"algo": "ppo"}, tags=["a"])
+    for live in serve(create_app(settings_for(path))):
+        with Client(live.url, api_key=API_KEY) as client:
+            (run,) = client.runs()
+            assert run["config"] == {"algo": "ppo"} and run["tags"] == ["a"] and run["host"]
+            remote = RemoteStore(live.url, api_key=API_KEY)
+            with remote.writer(run_id="remote", env_id="E", config={"algo": "dqn"}, tags=["r"]) as w:
+                w.add_batch(make_batch(np.random.default_rng(1), 20, 2))
+            assert client.run_info("remote")["config"] == {"algo": "dqn"}
+            with pytest.raises(Exception, match="another config"):
+                remote.writer(run_id="remote", env_id="E", config={"algo": "sac"})
+            assert client.set_run("remote", tags=["r", "s"])["tags"] == ["r", "s"]
+            assert trajstore.open(path).run_info("remote")["tags"] == ["r", "s"]
+            unauthorized = Client(live.url)
+            with pytest.raises(Exception, match="401|403"):
+                unauthorized.set_run("remote", notes="x")
+            remote.close()

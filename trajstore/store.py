@@ -212,12 +212,19 @@ class Store:
         options.setdefault("upkeep", Upkeep(self.table, Policy.of(self.settings)))
         writer = Writer(self.table, run_id=run_id, env_id=env_id, **options)  # checks the names first
         try:
-            run_config.describe(self.table.log, run_id, config=config, tags=tags, notes=notes, replace=False,
-                                what="writer")
+            self.describe_run(run_id, config=config, tags=tags, notes=notes)
         except BaseException:
             writer.close()  # nothing written: nothing committed
             raise
         return writer
+
+    def describe_run(self, run_id: str, *, config: Mapping[str, Any] | None = None,
+                     tags: Sequence[str] | None = None, notes: str | None = None) -> None:
+        """What a writer of ``run_id`` does with its ``config``, ``tags``, ``notes``: the first describes the run
+        (with the program's version, git commit and host), a later one adds its tags, keeps stored notes, and must
+        give the same config (:class:`InputError` naming what differs); nothing given, nothing committed."""
+        run_config.describe(self.table.log, run_id, config=config, tags=tags, notes=notes, replace=False,
+                            what="writer")
 
     def set_run(self, run_id: str, *, config: Mapping[str, Any] | None = None, tags: Sequence[str] | None = None,
                 notes: str | None = None) -> None:
@@ -235,6 +242,11 @@ class Store:
         properties = self.table.properties()
         check_runs([run_id], {*self.engine.run_ids(), *run_config.infos(properties)}, self.uri)
         return run_config.run_info(properties, run_id)
+
+    def run_infos(self) -> dict[str, dict[str, Any]]:
+        """:meth:`run_info` of every run the store holds, by run id (the log read once)."""
+        properties = self.table.properties()
+        return {r: run_config.run_info(properties, r) for r in self.engine.run_ids()}
 
     def ingest(self, rows: pa.Table, *, run_id: str, env_id: str,
                idempotency_key: str | None = None) -> tuple[str | None, bool]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
@@ -53,6 +53,14 @@ class Run(BaseModel):
     steps: int
     last_write: datetime | None
     envs: list[RunEnv]
+    config: dict[str, Any] = Field(default_factory=dict, description="the run's config (hyperparameters, "
+                                                                     "algorithm…), as its writer or set_run gave it")
+    tags: list[str] = Field(default_factory=list)
+    notes: str | None = None
+    created: datetime | None = Field(None, description="when the run was first described (null: never)")
+    trajstore_version: str | None = Field(None, description="of the program that first described the run")
+    git_commit: str | None = Field(None, description="of that program's git repository (+dirty: with changes)")
+    host: str | None = None
 
 
 @router.get("/runs", summary="Every run with its environments, episode and step counts and last write time (and "
@@ -76,6 +84,31 @@ def run(store: ReadStoreDep, run_id: Annotated[str, Path(min_length=1, max_lengt
     return next(r for r in _runs(store) if r.run_id == run_id)
 
 
+class RunDescription(BaseModel):
+    """What describes a run; a field left out (or null) is left as stored."""
+
+    config: dict[str, Any] | None = Field(None, description="hyperparameters, algorithm… (JSON values)")
+    tags: list[str] | None = None
+    notes: str | None = None
+    replace: bool = Field(True, description="true: each field given replaces the stored one (store.set_run); "
+                                            "false: as a writer opening the run (tags added, stored notes kept, "
+                                            "a config other than the stored one refused: 400)")
+
+
+@router.patch("/runs/{run_id}", dependencies=[Depends(require_api_key)],
+              summary="Describe a run: its config, tags and notes (one commit; earlier versions keep the old ones)",
+              responses={404: problem_response(404, "no such run in the store (with replace=true)")})
+def describe_run(store: StoreDep, run_id: Annotated[str, Path(min_length=1, max_length=200)],
+                 body: RunDescription) -> Run | RunDescription:
+    given = {"config": body.config, "tags": body.tags, "notes": body.notes}
+    if body.replace:
+        store.set_run(run_id, **given)
+    else:
+        store.describe_run(run_id, **given)
+    info = store.run_info(run_id)
+    return RunDescription(config=info["config"], tags=info["tags"], notes=info["notes"], replace=body.replace)
+
+
 class Deleted(BaseModel):
     run_id: str
     episodes: int
@@ -96,10 +129,11 @@ def delete_run(store: StoreDep, run_id: Annotated[str, Path(min_length=1, max_le
 
 def _runs(store: Store) -> list[Run]:
     out: dict[str, Run] = {}
+    described = store.run_infos()
     for row in store.runs().to_pylist():
         env = RunEnv(**{k: v for k, v in row.items() if k != "run_id"})
         run = out.setdefault(row["run_id"], Run(run_id=row["run_id"], episodes=0, complete_episodes=0, steps=0,
-                                                 last_write=None, envs=[]))
+                                                 last_write=None, envs=[], **described.get(row["run_id"], {})))
         run.envs.append(env)
         run.episodes += env.episodes
         run.complete_episodes += env.complete_episodes

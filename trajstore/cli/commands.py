@@ -5,6 +5,7 @@ prints its result (see :mod:`trajstore.cli.parser` for their options). Errors ar
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -48,6 +49,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if args.frame_stack is not None and (args.backend != "gym" or args.frame_stack < 2):
         raise InputError("rollout: --frame-stack K stacks the last K >= 2 observations of a --backend gym env, "
                          f"got K={args.frame_stack} with --backend {args.backend}")
+    lineage.update(_run_description(args))
     if args.backend == "jax":
         from trajstore.rollout import jax_rollout
 
@@ -62,6 +64,82 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                              progress=_progress(args), wrappers=_frame_stacker(args.frame_stack), **lineage)
     print(f"stored {result.steps} steps, {result.episodes} complete episodes of {result.env_id} "
           f"as run {result.run_id!r} in {store.root} ({result.steps_per_second:,.0f} steps/s)")
+    return 0
+
+
+def _run_description(args: argparse.Namespace) -> dict[str, Any]:
+    """``config``, ``tags``, ``notes`` from ``--config-file``, ``--config KEY=VALUE``, ``--tag``, ``--notes``
+    (those given)."""
+    from pathlib import Path
+
+    out: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    if args.config_file:
+        path = Path(args.config_file)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise InputError(f"--config-file: cannot read {path}: {exc.strerror or exc}") from None
+        import yaml
+
+        try:
+            loaded = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise InputError(f"--config-file: {path} is not JSON or YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(loaded, dict):
+            raise InputError(f"--config-file: {path} holds a {type(loaded).__name__}; expected a mapping of "
+                             "names to values")
+        config.update(loaded)
+    for item in args.config or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--config: expected KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        *parents, last = key.strip().split(".")
+        target = config
+        for part in parents:
+            inner = target.setdefault(part, {})
+            if not isinstance(inner, dict):
+                raise InputError(f"--config: {key.strip()} nests under {part}, which holds a value")
+            target = inner
+        target[last] = value
+    if args.config_file or args.config:
+        out["config"] = config
+    if args.tag:
+        out["tags"] = args.tag
+    if args.notes is not None:
+        out["notes"] = args.notes
+    return out
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+
+    store = _open(args.store, version=args.at_version)
+    table = store.runs()
+    infos = store.run_infos()
+    ids = table["run_id"].to_pylist()
+    described = [infos.get(r, {}) for r in ids]
+    table = table.append_column("tags", pa.array([",".join(d.get("tags") or []) for d in described], pa.string()))
+    table = table.append_column("notes", pa.array([d.get("notes") for d in described], pa.string()))
+    table = table.append_column("config", pa.array([json.dumps(d.get("config") or {}, sort_keys=True)
+                                                    for d in described], pa.string()))
+    _emit(args, table)
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    given = _run_description(args)
+    if not given:
+        raise InputError("describe: give --config KEY=VALUE, --config-file, --tag or --notes")
+    store = _open(args.store)
+    store.set_run(args.run, **given)
+    info = store.run_info(args.run)
+    print(f"run {args.run!r}: config {json.dumps(info['config'], sort_keys=True)}, tags "
+          f"{', '.join(info['tags']) or '(none)'}, notes {info['notes'] if info['notes'] is not None else '(none)'}")
     return 0
 
 

@@ -63,8 +63,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gym: stack each env's last K observations (gymnasium's FrameStackObservation); each "
                         "frame is stored once")
     p.add_argument("--policy-version", type=int, help="stored in the policy_version column")
+    _run_description_options(p)
     _progress_option(p)
     p.set_defaults(func=commands.cmd_rollout)
+
+    p = command("runs", "every run with its episode and step counts, config, tags and notes",
+                "One row per run and environment; config as JSON. Change a run's description with "
+                "trajstore describe.")
+    p.add_argument("--store", **store_opt)
+    _version_option(p, "read the store as it was at version N (see trajstore history)")
+    _output_options(p)
+    p.set_defaults(func=commands.cmd_runs)
+
+    p = command("describe", "change what describes a run: its config, tags, notes",
+                "Each option given replaces the stored one (--config values are merged into --config-file's); "
+                "one commit, earlier versions keep the old description.")
+    p.add_argument("run", help="the run_id")
+    p.add_argument("--store", **store_opt)
+    _run_description_options(p)
+    p.set_defaults(func=commands.cmd_describe)
 
     p = command("import", "store every episode of an existing dataset (Minari)",
                 "The dataset is read from Minari's local datasets ($MINARI_DATASETS_PATH, default "
@@ -243,6 +260,15 @@ def _filter_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", action="append", help="only this run_id (repeatable, or comma-separated)")
     p.add_argument("--env", action="append", help="only this env_id (repeatable, or comma-separated)")
     p.add_argument("--where", help="an SQL condition over the episodes view, e.g. \"episode_return > 100\"")
+
+
+def _run_description_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", action="append", metavar="KEY=VALUE",
+                   help="a config value of the run (repeatable; VALUE read as JSON where it is, else as text; "
+                        "KEY a.b nests), e.g. --config algo=ppo --config lr=3e-4")
+    p.add_argument("--config-file", metavar="PATH", help="the run's config from a JSON or YAML file")
+    p.add_argument("--tag", action="append", help="a tag of the run (repeatable)")
+    p.add_argument("--notes", help="notes on the run")
 
 
 def _output_options(p: argparse.ArgumentParser) -> None:

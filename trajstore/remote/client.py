@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, BinaryIO, Iterator, Literal, Mapping
+from typing import Any, BinaryIO, Iterator, Literal, Mapping, Sequence
 
 import httpx
 import pyarrow as pa
@@ -106,6 +106,20 @@ class Client:
         statistics of its ``last`` latest complete episodes too (``latest``; see :meth:`Store.latest_stats
         <trajstore.store.Store.latest_stats>`)."""
         return self._request("GET", "/runs", params={"last": last, "gamma": gamma, "version": version}).json()
+
+    def run_info(self, run_id: str, *, version: int | None = None) -> dict[str, Any]:
+        """One run as ``GET /runs/{run_id}`` gives it: its envs and counts, ``config``, ``tags``, ``notes``,
+        ``created`` and the program that first described it (see :meth:`Store.run_info
+        <trajstore.store.Store.run_info>`)."""
+        return self._request("GET", f"/runs/{run_id}", params={"version": version}).json()
+
+    def set_run(self, run_id: str, *, config: Mapping[str, Any] | None = None, tags: Sequence[str] | None = None,
+                notes: str | None = None, replace: bool = True) -> dict[str, Any]:
+        """Describe ``run_id`` (``PATCH /runs/{run_id}``, with the API key): as :meth:`Store.set_run
+        <trajstore.store.Store.set_run>`, or with ``replace=False`` as a writer opening the run; returns what
+        describes it now."""
+        body = {"config": config, "tags": None if tags is None else list(tags), "notes": notes, "replace": replace}
+        return self._request("PATCH", f"/runs/{run_id}", json=body, retry=True).json()
 
     @_filtered
     def episodes(self, *, order_by: str = "episode_id", limit: int | None = None, offset: int = 0,

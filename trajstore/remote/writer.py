@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -113,8 +113,18 @@ class RemoteStore:
     def __repr__(self) -> str:
         return f"RemoteStore({self.root!r})"
 
-    def writer(self, *, run_id: str, env_id: str, **options: Any) -> RemoteWriter:
-        return RemoteWriter(self.client, run_id=run_id, env_id=env_id, **options)
+    def writer(self, *, run_id: str, env_id: str, config: Mapping[str, Any] | None = None,
+               tags: Sequence[str] | None = None, notes: str | None = None, **options: Any) -> RemoteWriter:
+        """A :class:`RemoteWriter`; ``config``, ``tags``, ``notes`` describe the run first, as
+        :meth:`Store.writer <trajstore.store.Store.writer>` does."""
+        writer = RemoteWriter(self.client, run_id=run_id, env_id=env_id, **options)
+        if config is not None or tags is not None or notes is not None:
+            try:
+                self.client.set_run(run_id, config=config, tags=tags, notes=notes, replace=False)
+            except BaseException:
+                writer.close()  # nothing written: nothing sent
+                raise
+        return writer
 
     def sql(self, query: str) -> pa.Table:
         table = self.client.sql(query, as_="arrow")

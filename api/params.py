@@ -17,6 +17,8 @@ INT64 = {"ge": -(2**63), "le": 2**63 - 1}
 
 NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 NAMES = r"^[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*$"
+_GROUP = r"(config(\.[A-Za-z0-9_-]+)+|[A-Za-z_][A-Za-z0-9_]*)"
+GROUPS = rf"^{_GROUP}(,{_GROUP})*$"  # columns, or values of the runs' configs (config.algo, config.net.width)
 # Column names are checked by the Store against the store's own columns (extras included), so every
 # unknown column gets one status (422) and one message, on every endpoint.
 EPISODE_COLUMNS = ", ".join(sch.episode_column_names())
@@ -62,9 +64,10 @@ ColumnsDep = Annotated[list[str], Depends(step_columns)]
 
 
 def group_columns(
-    by: Annotated[list[Annotated[str, Query(pattern=NAMES)]],
-                  Query(description=f"group by these columns of episodes ({EPISODE_COLUMNS}); repeat the parameter "
-                                    "or comma-separate names")] = [],  # noqa: B006
+    by: Annotated[list[Annotated[str, Query(pattern=GROUPS)]],
+                  Query(description=f"group by these columns of episodes ({EPISODE_COLUMNS}), or by a value of each "
+                                    "run's config (config.algo, config.net.width); repeat the parameter or "
+                                    "comma-separate names")] = [],  # noqa: B006
 ) -> list[str]:
     return [name for item in by for name in item.split(",")]
 

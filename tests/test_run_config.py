@@ -8,6 +8,7 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pyarrow.compute as pc
 import pytest
@@ -256,6 +257,8 @@ def test_the_service_shows_and_changes_descriptions_and_remote_writers_describe_
             assert client.run_info("remote")["config"] == {"algo": "dqn"}
             with pytest.raises(Exception, match="another config"):
                 remote.writer(run_id="remote", env_id="E", config={"algo": "sac"})
+            grouped = httpx.get(live.url + "/stats", params={"by": "config.algo", "include_incomplete": "true"})
+            assert [row["config.algo"] for row in grouped.json()] == ["dqn", "ppo"]
             assert client.set_run("remote", tags=["r", "s"])["tags"] == ["r", "s"]
             assert trajstore.open(path).run_info("remote")["tags"] == ["r", "s"]
             unauthorized = Client(live.url)

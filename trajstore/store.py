@@ -46,6 +46,7 @@ from trajstore.operations import delete as delete_op
 from trajstore.operations import vacuum as vacuum_op
 from trajstore.operations.ingest import append_rows
 from trajstore.operations.upkeep import Policy, Upkeep
+from trajstore.query import compare as compare_op
 from trajstore.query import curves, episodes, follow, returns, sandbox, scan, spark_sql, sql_worker, stats
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.engine import Engine
@@ -475,6 +476,45 @@ class Store:
         """
         return stats.stats(self.engine, by=by, gamma=gamma, where=where, filter=filter, run_id=run_id,
                            env_id=env_id, include_incomplete=include_incomplete)
+
+    def compare(self, by: Names, *, metric: str = "episode_return", task: str = "env_id", last: int = 100,
+                mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None,
+                statistics: Sequence[str] = compare_op.STATISTICS, ci: float = 0.95, reps: int = 2000,
+                seed: int = 0, run_id: Names = None, where: str | None = None) -> pa.Table:
+        """Which group of runs is better, and how sure: rliable's ``iqm``, ``median``, ``mean`` and
+        ``optimality_gap`` (with ``normalize``) of each group's runs × tasks scores, with stratified bootstrap
+        intervals (see :mod:`~trajstore.query.compare`). ``by``: what the groups differ in (``"config.algo"``,
+        columns of ``episodes``); a run's score on a task is the mean ``metric`` (an ``episodes`` column, or
+        ``agg(column)`` of a step column: ``"last(is_success)"``) of its ``last`` complete episodes there
+        (``mode="eval"``: evaluation episodes only). One row per (group, statistic): the ``by`` values,
+        ``statistic``, ``value``, ``ci_low``, ``ci_high``, ``n_runs``, ``n_tasks``."""
+        found = compare_op.scores(self.engine, by, metric=metric, task=task, last=last, mode=mode,
+                                  normalize=normalize, run_id=run_id, where=where)
+        return compare_op.compare(found, statistics=statistics, ci=ci, reps=reps, seed=seed)
+
+    def probability_of_improvement(self, x: Any, y: Any, *, by: Names, metric: str = "episode_return",
+                                   task: str = "env_id", last: int = 100, mode: str | None = None,
+                                   normalize: Mapping[str, Sequence[float]] | None = None, ci: float = 0.95,
+                                   reps: int = 2000, seed: int = 0, run_id: Names = None,
+                                   where: str | None = None) -> dict[str, Any]:
+        """P(a run of group ``x`` beats one of group ``y`` on the same task), averaged over tasks, as rliable
+        computes it, with its interval: ``{"x", "y", "value", "ci_low", "ci_high", "n_tasks"}`` (scores as in
+        :meth:`compare`)."""
+        found = compare_op.scores(self.engine, by, metric=metric, task=task, last=last, mode=mode,
+                                  normalize=normalize, run_id=run_id, where=where)
+        return compare_op.probability_of_improvement(found, x, y, ci=ci, reps=reps, seed=seed)
+
+    def performance_profile(self, by: Names, *, thresholds: Sequence[float], metric: str = "episode_return",
+                            task: str = "env_id", last: int = 100, mode: str | None = None,
+                            normalize: Mapping[str, Sequence[float]] | None = None, ci: float = 0.95,
+                            reps: int = 2000, seed: int = 0, run_id: Names = None,
+                            where: str | None = None) -> pa.Table:
+        """Each group's performance profile: the fraction of its runs scoring above each of ``thresholds``,
+        averaged over tasks, with intervals; one row per (group, threshold): the ``by`` values, ``threshold``,
+        ``value``, ``ci_low``, ``ci_high`` (scores as in :meth:`compare`)."""
+        found = compare_op.scores(self.engine, by, metric=metric, task=task, last=last, mode=mode,
+                                  normalize=normalize, run_id=run_id, where=where)
+        return compare_op.performance_profile(found, thresholds, ci=ci, reps=reps, seed=seed)
 
     def runs(self) -> pa.Table:
         """One row per ``(run_id, env_id)``: its episodes, complete episodes, steps and last write time."""

@@ -122,9 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(p)
     p.set_defaults(func=commands.cmd_episodes)
 
-    p = command("sql", "run one read-only SELECT over the steps and episodes views (sandboxed)",
+    p = command("sql", "run one read-only SELECT over the steps, episodes and runs views (sandboxed)",
                 "It runs in the same sandbox as the service's POST /sql: a single SELECT, no file access (only "
-                "the two views), nothing written, in a worker process of at most TRAJSTORE_SQL_WORKER_BYTES of "
+                "the three views), nothing written, in a worker process of at most TRAJSTORE_SQL_WORKER_BYTES of "
                 "memory. Every row is printed unless --limit is given. --unsafe lifts "
                 "the sandbox for your own queries: any statement (COPY ... TO, CREATE), any file this user may "
                 "read or write.")

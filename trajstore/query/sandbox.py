@@ -223,7 +223,7 @@ def _failure(exc: BaseException, snapshot: Snapshot, limits: Limits, deadline: D
     if deadline.passed():
         return deadline.error()
     if isinstance(exc, duckdb.PermissionException):
-        return QueryRefusedError("query: reaches outside the store: only the steps and episodes views can be "
+        return QueryRefusedError("query: reaches outside the store: only the steps, episodes and runs views can be "
                                  "read, no file")
     if isinstance(exc, MemoryError) or "bad allocation" in str(exc) or "std::bad_alloc" in str(exc):
         return QueryMemoryError(worker_memory_message(limits))  # an allocation the process could not make

@@ -445,6 +445,35 @@ def with_config(source: str, paths: Mapping[str, str]) -> str:
     return f"(SELECT e.*, {values} FROM {source} AS e LEFT JOIN runs AS r ON e.run_id = r.run_id)"
 
 
+STEP_AGGREGATES = {"last": "arg_max({col}, step)", "first": "arg_min({col}, step)", "sum": "sum({col})",
+                   "mean": "avg({col})", "min": "min({col})", "max": "max({col})"}
+
+
+def with_metric(source: str, name: str, column: str, agg: str | None) -> str:
+    """``source`` (rows of the ``episodes`` view) with a ``metric`` column: its column ``column`` (``agg`` None),
+    or ``agg`` (a key of :data:`STEP_AGGREGATES`) of the step column ``column`` over each episode's steps."""
+    if agg is None:
+        return f"(SELECT e.*, e.{ident(column)}::DOUBLE AS {ident(name)} FROM {source} AS e)"
+    value = STEP_AGGREGATES[agg].format(col=f"{ident(column)}::DOUBLE")
+    per_episode = (f"SELECT run_id, env_id, episode_id, {value} AS {ident(name)} FROM steps "
+                   "GROUP BY run_id, env_id, episode_id")
+    return (f"(SELECT e.*, m.{ident(name)} FROM {source} AS e LEFT JOIN ({per_episode}) AS m "
+            "ON e.run_id = m.run_id AND e.env_id = m.env_id AND e.episode_id = m.episode_id)")
+
+
+def run_scores(by: Sequence[str], task: str, metric: str, *, last: int, conds: Sequence[str], source: str) -> str:
+    """Each run's score on each task (``task``, a column): the mean ``metric`` of its ``last`` complete
+    episodes there that the conditions select, latest by ``env_steps``, then by end; with ``by``, ``episodes``
+    (how many were averaged)."""
+    keys = list(dict.fromkeys([*by, "run_id"]))
+    group = ", ".join(ident(k) for k in keys)
+    ranked = (f"SELECT {group}, {ident(task)} AS task, {ident(metric)} AS value, row_number() OVER (PARTITION BY "
+              f"run_id, {ident(task)} ORDER BY env_steps DESC NULLS LAST, ended_at DESC NULLS LAST, "
+              f"episode_id DESC) AS latest FROM {source}{where(['complete', *conds])}")
+    return (f"SELECT {group}, task, avg(value) AS score, count(value)::BIGINT AS episodes FROM ({ranked}) "
+            f"WHERE latest <= {int(last)} GROUP BY {group}, task ORDER BY {group}, task")
+
+
 RUNS = """
 SELECT run_id, env_id, count(*) AS episodes, count(*) FILTER (WHERE complete) AS complete_episodes,
        sum(episode_length)::BIGINT AS steps, max(ended_at) AS last_write

@@ -1,0 +1,279 @@
+"""Which configuration is better, and how sure we are: rliable's aggregate statistics (Agarwal et al., NeurIPS 2021)
+over the runs × tasks scores of each group of runs, with stratified bootstrap confidence intervals.
+
+The score of one run on one task is the mean ``metric`` (:mod:`~trajstore.query.metrics`) of its last ``last``
+complete episodes in that task (``task``: a column of the ``episodes`` view, ``env_id`` by default), latest by
+``env_steps`` then by episode end; ``mode="eval"`` keeps evaluation episodes only; ``normalize={task: (low, high)}``
+maps each score to ``(x - low) / (high - low)``. A group (runs sharing their ``by`` values, e.g.
+``by="config.algo"``) holds one score per run and task: its score matrix.
+
+Statistics, as rliable defines them over a group's matrix: ``mean`` and ``median`` of the per-task mean scores,
+``iqm`` the 25% trimmed mean of every score pooled (``scipy.stats.trim_mean``), ``optimality_gap`` the mean shortfall
+of the scores below 1.0 (``1 - mean(min(x, 1))``; only with ``normalize``, else null). Intervals: percentile
+intervals of ``reps`` stratified bootstrap replications (each task's runs resampled with replacement, tasks kept), as
+rliable's ``get_interval_estimates``; the probability of improvement resamples the two groups independently
+(rliable's ``StratifiedIndependentBootstrap``). Tasks may hold different numbers of runs (rliable asks for a full
+matrix; equal counts give its numbers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from trajstore.errors import InputError
+from trajstore.query import sql
+from trajstore.query.engine import Engine
+from trajstore.query.filters import Names, names_of
+from trajstore.query.metrics import Metric
+from trajstore.storage import run_config
+
+STATISTICS = ("iqm", "median", "mean", "optimality_gap")
+MODES = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class Scores:
+    """The scores of each group: group values -> per-task arrays of run scores (tasks sorted), and its runs."""
+
+    by: list[str]
+    tasks: list[str]
+    groups: dict[tuple[Any, ...], list[np.ndarray]]
+    runs: dict[tuple[Any, ...], int]
+    normalized: bool
+
+
+def scores(engine: Engine, by: Names, *, metric: str = "episode_return", task: str = "env_id", last: int = 100,
+           mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None, run_id: Names = None,
+           where: str | None = None) -> Scores:
+    """Every group's score matrix (see the module's docstring); a group without a score on a task another group
+    has is an :class:`InputError` naming both."""
+    keys = names_of(by)
+    if not keys:
+        raise InputError("by: name what the groups differ in, e.g. by=\"config.algo\"")
+    if not isinstance(last, int) or isinstance(last, bool) or last < 1:
+        raise InputError(f"last: expected a positive number of episodes, got {last!r}")
+    if mode is not None and mode not in MODES:
+        raise InputError(f"mode: expected one of {MODES} or None, got {mode!r}")
+    paths = {k: path for k in keys if (path := run_config.config_key(k)) is not None}
+    with engine.query_snapshot(episodes="if-cached", run_id=run_id) as snap:
+        snap.check_columns([k for k in keys if k not in paths])
+        snap.check_columns([task], field="task")
+        chosen = Metric.parse(metric, snap.columns("episodes"), snap.step_columns)
+        source = "episodes"
+        if paths:
+            snap.use_runs(engine.runs_table(snap.files))
+            source = sql.with_config(source, paths)
+        source = sql.with_metric(source, chosen.name, chosen.column, chosen.agg)
+        conds = sql.conditions(where=where)
+        if mode is not None:
+            if "mode" not in snap.step_columns:
+                raise InputError(f"mode: no episode of these runs records a mode; mode={mode!r} selects nothing")
+            conds.append(f"mode = {sql.literal(mode)}")
+        table = snap.arrow(sql.run_scores(keys, task, chosen.name, last=last, conds=conds, source=source))
+    return _matrices(table, keys, normalize)
+
+
+def _matrices(table: pa.Table, keys: list[str], normalize: Mapping[str, Sequence[float]] | None) -> Scores:
+    rows = table.to_pydict()
+    if not rows["task"]:
+        raise InputError("compare: no complete episode has a score here (check run_id, where, mode and metric)")
+    tasks = sorted({str(t) for t in rows["task"]})
+    bounds = _bounds(normalize, tasks)
+    cells: dict[tuple[Any, ...], dict[str, list[float]]] = {}
+    runs: dict[tuple[Any, ...], set[str]] = {}
+    for i, task in enumerate(rows["task"]):
+        group = tuple(rows[k][i] for k in keys)
+        score = rows["score"][i]
+        if score is None:  # the metric is null in every episode kept
+            continue
+        if bounds is not None:
+            low, high = bounds[str(task)]
+            score = (score - low) / (high - low)
+        cells.setdefault(group, {}).setdefault(str(task), []).append(float(score))
+        runs.setdefault(group, set()).add(rows["run_id"][i])
+    missing = [f"{_named(keys, g)} on {', '.join(repr(t) for t in tasks if t not in c)}"
+               for g, c in sorted(cells.items(), key=lambda kv: _order(kv[0])) if set(c) != set(tasks)]
+    if missing:
+        raise InputError(f"compare: some groups have no score on a task others have: {'; '.join(missing)} "
+                         "(no complete episode there); select the tasks every group ran with where= or run_id=")
+    groups = {g: [np.asarray(c[t], np.float64) for t in tasks] for g, c in sorted(cells.items(),
+                                                                                  key=lambda kv: _order(kv[0]))}
+    return Scores(keys, tasks, groups, {g: len(r) for g, r in runs.items()}, bounds is not None)
+
+
+def _bounds(normalize: Mapping[str, Sequence[float]] | None, tasks: list[str]) -> dict[str, tuple[float, float]] | None:
+    if normalize is None:
+        return None
+    if not isinstance(normalize, Mapping):
+        raise InputError(f"normalize: expected {{task: (low, high)}}, got {type(normalize).__name__}")
+    lacking = [t for t in tasks if t not in normalize]
+    if lacking:
+        raise InputError(f"normalize: no (low, high) for task(s) {', '.join(map(repr, lacking))}")
+    out = {}
+    for t in tasks:
+        try:
+            low, high = (float(v) for v in normalize[t])
+        except (TypeError, ValueError):
+            raise InputError(f"normalize: {t!r}: expected (low, high), got {normalize[t]!r}") from None
+        if not np.isfinite([low, high]).all() or high == low:
+            raise InputError(f"normalize: {t!r}: expected finite low != high, got ({low}, {high})")
+        out[t] = (low, high)
+    return out
+
+
+def _named(keys: list[str], group: tuple[Any, ...]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in zip(keys, group))
+
+
+def _order(group: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple((v is None, str(v)) for v in group)
+
+
+# --- statistics over a group's matrix: each takes per-task arrays shaped (..., runs) -------------------------------
+
+def _task_means(matrix: Sequence[np.ndarray]) -> np.ndarray:
+    return np.stack([m.mean(axis=-1) for m in matrix], axis=-1)
+
+
+def _pooled(matrix: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate(list(matrix), axis=-1)
+
+
+def iqm(matrix: Sequence[np.ndarray]) -> np.ndarray:
+    """The interquartile mean of every score pooled (``scipy.stats.trim_mean(x, 0.25)``)."""
+    pooled = np.sort(_pooled(matrix), axis=-1)
+    n = pooled.shape[-1]
+    cut = int(0.25 * n)
+    return pooled[..., cut:n - cut].mean(axis=-1)
+
+
+def median(matrix: Sequence[np.ndarray]) -> np.ndarray:
+    return np.median(_task_means(matrix), axis=-1)
+
+
+def mean(matrix: Sequence[np.ndarray]) -> np.ndarray:
+    return _task_means(matrix).mean(axis=-1)
+
+
+def optimality_gap(matrix: Sequence[np.ndarray], gamma: float = 1.0) -> np.ndarray:
+    return gamma - np.minimum(_pooled(matrix), gamma).mean(axis=-1)
+
+
+FUNCTIONS: dict[str, Callable[[Sequence[np.ndarray]], np.ndarray]] = {
+    "iqm": iqm, "median": median, "mean": mean, "optimality_gap": optimality_gap}
+
+
+def resampled(matrix: Sequence[np.ndarray], reps: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """``reps`` stratified bootstrap replications of a matrix: each task's runs drawn with replacement,
+    ``(reps, runs)`` per task."""
+    return [m[rng.integers(0, len(m), size=(reps, len(m)))] for m in matrix]
+
+
+def interval(values: np.ndarray, ci: float) -> tuple[float, float]:
+    """The percentile interval holding ``ci`` of bootstrap ``values``."""
+    low, high = np.percentile(values, [50 * (1 - ci), 50 * (1 + ci)])
+    return float(low), float(high)
+
+
+def check_bootstrap(ci: float, reps: int) -> None:
+    if not isinstance(ci, (int, float)) or isinstance(ci, bool) or not 0 < ci < 1:
+        raise InputError(f"ci: expected a confidence level between 0 and 1 (0.95), got {ci!r}")
+    if not isinstance(reps, int) or isinstance(reps, bool) or not 1 <= reps <= 1_000_000:
+        raise InputError(f"reps: expected a number of bootstrap replications from 1 to 1,000,000, got {reps!r}")
+
+
+def compare(found: Scores, *, statistics: Sequence[str] = STATISTICS, ci: float = 0.95, reps: int = 2000,
+            seed: int = 0) -> pa.Table:
+    """One row per group and statistic: the group's ``by`` values, ``statistic``, ``value``, ``ci_low``,
+    ``ci_high``, ``n_runs``, ``n_tasks``."""
+    check_bootstrap(ci, reps)
+    names = [statistics] if isinstance(statistics, str) else list(statistics)
+    unknown = [s for s in names if s not in FUNCTIONS]
+    if unknown or not names:
+        raise InputError(f"statistics: unknown {unknown or names}; expected some of {list(STATISTICS)}")
+    rows: dict[str, list[Any]] = {k: [] for k in [*found.by, "statistic", "value", "ci_low", "ci_high", "n_runs",
+                                                  "n_tasks"]}
+    rng = np.random.default_rng(seed)
+    for group, matrix in found.groups.items():
+        boot = resampled(matrix, reps, rng)
+        for name in names:
+            if name == "optimality_gap" and not found.normalized:
+                value, low, high = None, None, None  # a gap to 1.0 means something for normalized scores only
+            else:
+                value = float(FUNCTIONS[name](matrix))
+                low, high = interval(FUNCTIONS[name](boot), ci)
+            for k, v in zip(found.by, group):
+                rows[k].append(v)
+            rows["statistic"].append(name)
+            rows["value"].append(value)
+            rows["ci_low"].append(low)
+            rows["ci_high"].append(high)
+            rows["n_runs"].append(found.runs[group])
+            rows["n_tasks"].append(len(found.tasks))
+    return pa.table({k: pa.array(v, type=pa.float64() if k in ("value", "ci_low", "ci_high") else None)
+                     for k, v in rows.items()})
+
+
+def group_of(found: Scores, value: Any, what: str) -> tuple[Any, ...]:
+    """The group ``value`` names (its ``by`` value, or a tuple of them for several keys)."""
+    wanted = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    for group in found.groups:
+        if len(group) == len(wanted) and all(g == w or str(g) == str(w) for g, w in zip(group, wanted)):
+            return group
+    raise InputError(f"{what}: no group {value!r} of {', '.join(found.by)}; the groups: "
+                     f"{', '.join(repr(g[0] if len(g) == 1 else g) for g in found.groups)}")
+
+
+def improvement(x: Sequence[np.ndarray], y: Sequence[np.ndarray]) -> np.ndarray:
+    """P(X > Y) averaged over tasks (ties count half; the Mann-Whitney U over ``nx * ny``), per replication."""
+    out = []
+    for a, b in zip(x, y):
+        diff = a[..., :, None] - b[..., None, :]
+        out.append(((diff > 0).sum(axis=(-2, -1)) + 0.5 * (diff == 0).sum(axis=(-2, -1))) / (a.shape[-1] * b.shape[-1]))
+    return np.mean(out, axis=0)
+
+
+def probability_of_improvement(found: Scores, x: Any, y: Any, *, ci: float = 0.95, reps: int = 2000,
+                               seed: int = 0) -> dict[str, Any]:
+    """P(a run of group ``x`` scores higher than one of group ``y`` on the same task), averaged over tasks, with
+    its interval (the two groups resampled independently, each within its tasks)."""
+    check_bootstrap(ci, reps)
+    gx, gy = group_of(found, x, "x"), group_of(found, y, "y")
+    rng = np.random.default_rng(seed)
+    value = float(improvement(found.groups[gx], found.groups[gy]))
+    boot = improvement(resampled(found.groups[gx], reps, rng), resampled(found.groups[gy], reps, rng))
+    low, high = interval(boot, ci)
+    return {"x": x, "y": y, "value": value, "ci_low": low, "ci_high": high, "n_tasks": len(found.tasks)}
+
+
+def profile(matrix: Sequence[np.ndarray], thresholds: np.ndarray) -> np.ndarray:
+    """The fraction of runs scoring above each threshold, averaged over tasks: ``(..., thresholds)``."""
+    return np.mean([(m[..., None] > thresholds).mean(axis=-2) for m in matrix], axis=0)
+
+
+def performance_profile(found: Scores, thresholds: Sequence[float], *, ci: float = 0.95, reps: int = 2000,
+                        seed: int = 0) -> pa.Table:
+    """One row per group and threshold: the group's ``by`` values, ``threshold``, ``value`` (the fraction of runs
+    scoring above it, averaged over tasks), ``ci_low``, ``ci_high``."""
+    check_bootstrap(ci, reps)
+    taus = np.asarray(thresholds, np.float64).reshape(-1)
+    if not len(taus) or not np.isfinite(taus).all():
+        raise InputError(f"thresholds: expected finite scores, got {thresholds!r}")
+    rows: dict[str, list[Any]] = {k: [] for k in [*found.by, "threshold", "value", "ci_low", "ci_high"]}
+    rng = np.random.default_rng(seed)
+    for group, matrix in found.groups.items():
+        value = profile(matrix, taus)
+        boot = profile(resampled(matrix, reps, rng), taus)
+        for j, tau in enumerate(taus):
+            low, high = interval(boot[:, j], ci)
+            for k, v in zip(found.by, group):
+                rows[k].append(v)
+            rows["threshold"].append(float(tau))
+            rows["value"].append(float(value[j]))
+            rows["ci_low"].append(low)
+            rows["ci_high"].append(high)
+    return pa.table(rows)

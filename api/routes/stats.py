@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -9,6 +10,7 @@ from fastapi import APIRouter, Query, Request
 from trajstore.api.arrow import ARROW_CONTENT, table_response
 from trajstore.api.deps import ReadStoreDep
 from trajstore.api.params import ByDep, FilterDep
+from trajstore.errors import InputError
 
 router = APIRouter(tags=["stats"])
 MAX_RETURN_ROWS = 100_000
@@ -33,4 +35,76 @@ def returns(request: Request, store: ReadStoreDep, flt: FilterDep,
             limit: Annotated[int, Query(ge=1, le=MAX_RETURN_ROWS)] = 10_000,
             ) -> list[dict[str, Any]] | Any:
     table = store.returns(gamma=gamma, per=per, filter=flt, limit=limit)
+    return table_response(request, table)
+
+
+# --- comparisons (trajstore.query.compare) ---
+
+Metric = Annotated[str, Query(max_length=200, description=(
+    "what each episode is measured by: a column of episodes (episode_return, episode_length, …) or agg(column) of a "
+    "step column with agg one of last, first, sum, mean, min, max (last(is_success))"))]
+Task = Annotated[str, Query(max_length=200, description="the column of episodes that names a task (env_id)")]
+Last = Annotated[int, Query(ge=1, le=1_000_000, description="a run's score on a task: the mean metric of its last "
+                                                            "N complete episodes there")]
+Mode = Annotated[Literal["train", "eval"] | None, Query(description="eval: evaluation episodes only")]
+Normalize = Annotated[str | None, Query(max_length=100_000, description=(
+    "a JSON object {task: [low, high]}: scores mapped to (x - low) / (high - low)"))]
+Ci = Annotated[float, Query(gt=0, lt=1, description="the confidence of the intervals")]
+Reps = Annotated[int, Query(ge=1, le=100_000, description="stratified bootstrap replications")]
+Where = Annotated[str | None, Query(max_length=10_000, description="an SQL condition over the episodes view")]
+RunIds = Annotated[list[str] | None, Query(description="only these runs (repeat the parameter)")]
+
+
+def _normalize(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"normalize: expected a JSON object {{task: [low, high]}}: {exc}") from None
+    if not isinstance(value, dict):
+        raise InputError(f"normalize: expected a JSON object {{task: [low, high]}}, got {type(value).__name__}")
+    return value
+
+
+@router.get("/compare", summary="rliable's IQM, median, mean and optimality gap of each group of runs, with "
+                                "stratified bootstrap confidence intervals",
+            responses={200: {"content": ARROW_CONTENT}})
+def compare(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "episode_return", task: Task = "env_id",
+            last: Last = 100, mode: Mode = None, normalize: Normalize = None,
+            statistic: Annotated[list[Literal["iqm", "median", "mean", "optimality_gap"]] | None,
+                                 Query(description="the statistics (repeat; default: all four)")] = None,
+            ci: Ci = 0.95, reps: Reps = 2000, seed: Annotated[int, Query(ge=0)] = 0, run_id: RunIds = None,
+            where: Where = None) -> list[dict[str, Any]] | Any:
+    table = store.compare(by, metric=metric, task=task, last=last, mode=mode, normalize=_normalize(normalize),
+                          statistics=statistic or ("iqm", "median", "mean", "optimality_gap"), ci=ci, reps=reps,
+                          seed=seed, run_id=run_id, where=where)
+    return table_response(request, table)
+
+
+@router.get("/compare/improvement", summary="The probability that a run of group x beats one of group y on a task, "
+                                            "with its confidence interval")
+def probability_of_improvement(store: ReadStoreDep, by: ByDep, x: Annotated[str, Query(max_length=1000)],
+                               y: Annotated[str, Query(max_length=1000)], metric: Metric = "episode_return",
+                               task: Task = "env_id", last: Last = 100, mode: Mode = None,
+                               normalize: Normalize = None, ci: Ci = 0.95, reps: Reps = 2000,
+                               seed: Annotated[int, Query(ge=0)] = 0, run_id: RunIds = None,
+                               where: Where = None) -> dict[str, Any]:
+    return store.probability_of_improvement(x, y, by=by, metric=metric, task=task, last=last, mode=mode,
+                                            normalize=_normalize(normalize), ci=ci, reps=reps, seed=seed,
+                                            run_id=run_id, where=where)
+
+
+@router.get("/compare/profile", summary="Each group's performance profile: the fraction of runs above each "
+                                        "threshold, with confidence intervals",
+            responses={200: {"content": ARROW_CONTENT}})
+def performance_profile(request: Request, store: ReadStoreDep, by: ByDep,
+                        threshold: Annotated[list[float], Query(description="the scores (repeat)")],
+                        metric: Metric = "episode_return", task: Task = "env_id", last: Last = 100,
+                        mode: Mode = None, normalize: Normalize = None, ci: Ci = 0.95, reps: Reps = 2000,
+                        seed: Annotated[int, Query(ge=0)] = 0, run_id: RunIds = None,
+                        where: Where = None) -> list[dict[str, Any]] | Any:
+    table = store.performance_profile(by, thresholds=threshold, metric=metric, task=task, last=last, mode=mode,
+                                      normalize=_normalize(normalize), ci=ci, reps=reps, seed=seed, run_id=run_id,
+                                      where=where)
     return table_response(request, table)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import trajstore
-from trajstore.errors import InputError
+from trajstore.errors import InputError, RemoteError
 
 rliable = pytest.importorskip("rliable")
 from rliable import library as rly  # noqa: E402
@@ -163,3 +163,39 @@ def test_bad_requests_name_what_is_wrong(study: tuple[trajstore.Store, dict[str,
         store.compare(reps=10, **kwargs)
     with pytest.raises(InputError, match=r"no group 'sac'"):
         store.probability_of_improvement("sac", "ppo", by="config.algo", reps=10)
+
+
+def test_the_service_the_client_and_the_cli_give_the_same_comparison(
+        study: tuple[trajstore.Store, dict[str, np.ndarray]], capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.api.helpers import serve, settings_for
+    from trajstore.api.app import create_app
+    from trajstore.cli import main
+    from trajstore.remote.client import Client
+
+    store, _ = study
+    want = store.compare("config.algo", last=3, reps=500, seed=4)
+    bounds = {task: (0.0, 30.0) for task in TASKS}
+    for live in serve(create_app(settings_for(store.root))):
+        with Client(live.url) as client:
+            assert client.compare("config.algo", last=3, reps=500, seed=4).equals(want)
+            normalized = client.compare("config.algo", last=3, reps=500, normalize=bounds, statistics=["mean"])
+            assert normalized.equals(store.compare("config.algo", last=3, reps=500, normalize=bounds,
+                                                   statistics=["mean"]))
+            assert client.probability_of_improvement("dqn", "ppo", by="config.algo", last=3, reps=300) == \
+                store.probability_of_improvement("dqn", "ppo", by="config.algo", last=3, reps=300)
+            assert client.performance_profile("config.algo", thresholds=[5, 10], last=3, reps=300).equals(
+                store.performance_profile("config.algo", thresholds=[5, 10], last=3, reps=300))
+            with pytest.raises(RemoteError, match="422 .*metric: unknown aggregate"):
+                client.compare("config.algo", metric="median(reward)")
+    assert main(["compare", "--store", str(store.root), "--by", "config.algo", "--last", "3", "--reps", "500",
+                 "--seed", "4", "--format", "csv"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0] == "config.algo,statistic,value,ci_low,ci_high,n_runs,n_tasks"
+    assert float(rows[1].split(",")[2]) == pytest.approx(want["value"][0].as_py())
+    assert main(["compare", "--store", str(store.root), "--by", "config.algo", "--last", "3",
+                 "--normalize", "Walk-v0=0:30", "--normalize", "Run-v0=0:30", "--normalize", "Jump-v0=0:30"]) == 0
+    table = capsys.readouterr().out
+    iqm = store.compare("config.algo", last=3, normalize=bounds, statistics=["iqm"])
+    assert f"{iqm['value'][0].as_py():.4g} [{iqm['ci_low'][0].as_py():.4g}, " in table
+    assert main(["compare", "--store", str(store.root), "--by", "config.algo", "--normalize", "Walk-v0"]) != 0
+    assert "--normalize: expected TASK=LOW:HIGH, got 'Walk-v0'" in capsys.readouterr().err

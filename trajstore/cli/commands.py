@@ -179,6 +179,47 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    store = _open(args.store, version=args.at_version)
+    normalize = {}
+    for item in args.normalize or []:
+        task, sep, bounds = item.rpartition("=")
+        low, colon, high = bounds.partition(":")
+        try:
+            if not sep or not colon:
+                raise ValueError
+            normalize[task] = (float(low), float(high))
+        except ValueError:
+            raise InputError(f"--normalize: expected TASK=LOW:HIGH, got {item!r}") from None
+    table = store.compare(_split(args.by), metric=args.metric, task=args.task, last=args.last, mode=args.mode,
+                          normalize=normalize or None, statistics=args.statistic or compare_statistics(),
+                          ci=args.ci, reps=args.reps, seed=args.seed, run_id=_split(args.run), where=args.where)
+    if args.format == "table":  # at a glance: 12.3 [10.1, 14.0]
+        table = _rounded(table)
+    _emit(args, table)
+    return 0
+
+
+def compare_statistics() -> tuple[str, ...]:
+    from trajstore.query.compare import STATISTICS
+
+    return STATISTICS
+
+
+def _rounded(table: Any) -> Any:
+    """A comparison's ``value``, ``ci_low``, ``ci_high`` as one column ``value [95% CI]`` of 4 significant
+    digits, for people."""
+    import pyarrow as pa
+
+    def show(v: float | None) -> str:
+        return "" if v is None else f"{v:.4g}"
+
+    cells = [f"{show(v)} [{show(lo)}, {show(hi)}]" if v is not None else "(needs --normalize)"
+             for v, lo, hi in zip(*(table[c].to_pylist() for c in ("value", "ci_low", "ci_high")))]
+    at = table.column_names.index("value")
+    return table.drop_columns(["value", "ci_low", "ci_high"]).add_column(at, "value [CI]", pa.array(cells))
+
+
 def cmd_episodes(args: argparse.Namespace) -> int:
     store = _open(args.store, version=args.at_version)
     table = store.episodes(run_id=_split(args.run), env_id=_split(args.env), complete=args.complete,

@@ -105,6 +105,35 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(p)
     p.set_defaults(func=commands.cmd_stats)
 
+    p = command("compare", "which group of runs is better, and how sure: IQM, median, mean with 95% intervals",
+                "rliable's statistics (Agarwal et al., 2021) over each group's runs x tasks scores, a run's score on "
+                "a task being the mean --metric of its --last complete episodes there; stratified bootstrap "
+                "confidence intervals. Groups by --by (a column of episodes, or config.<key> of each run's "
+                "config).")
+    p.add_argument("--store", **store_opt)
+    p.add_argument("--by", action="append", required=True,
+                   help="what the groups differ in: config.algo, a column (repeat or comma-separate)")
+    p.add_argument("--metric", default="episode_return",
+                   help="a column of episodes, or agg(step column) with agg in last, first, sum, mean, min, max, "
+                        "e.g. last(is_success) (default: %(default)s)")
+    p.add_argument("--task", default="env_id", help="the column that names a task (default: %(default)s)")
+    p.add_argument("--last", type=int, default=100,
+                   help="a run's score: the mean metric of its last N complete episodes per task (default: 100)")
+    p.add_argument("--mode", choices=["train", "eval"], help="only episodes of this mode")
+    p.add_argument("--normalize", action="append", metavar="TASK=LOW:HIGH",
+                   help="map TASK's scores to (x - LOW) / (HIGH - LOW) (repeat for every task); adds the "
+                        "optimality gap")
+    p.add_argument("--statistic", action="append", choices=["iqm", "median", "mean", "optimality_gap"],
+                   help="the statistics to show (repeat; default: all)")
+    p.add_argument("--ci", type=float, default=0.95, help="the intervals' confidence (default: %(default)s)")
+    p.add_argument("--reps", type=int, default=2000, help="bootstrap replications (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default: 0)")
+    p.add_argument("--run", action="append", help="only this run_id (repeatable, or comma-separated)")
+    p.add_argument("--where", help="an SQL condition over the episodes view")
+    _version_option(p, "read the store as it was at version N (see trajstore history)")
+    _output_options(p)
+    p.set_defaults(func=commands.cmd_compare)
+
     p = command("episodes", "one row per episode, filtered, sorted and paged")
     p.add_argument("--store", **store_opt)
     _filter_options(p)

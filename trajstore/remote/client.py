@@ -172,6 +172,48 @@ class Client:
                   "include_incomplete": include_incomplete, "version": version, **filters}
         return self._table("GET", "/stats", params=params)
 
+    def compare(self, by: str | Sequence[str], *, metric: str = "episode_return", task: str = "env_id",
+                last: int = 100, mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None,
+                statistics: Sequence[str] | None = None, ci: float = 0.95, reps: int = 2000, seed: int = 0,
+                run_id: str | Sequence[str] | None = None, where: str | None = None,
+                version: int | None = None) -> pa.Table:
+        """:meth:`Store.compare <trajstore.store.Store.compare>` computed by the service (``GET /compare``)."""
+        return self._table("GET", "/compare", params={
+            **self._comparing(by, metric, task, last, mode, normalize, ci, reps, seed, run_id, where, version),
+            "statistic": None if statistics is None else list(statistics)})
+
+    def probability_of_improvement(self, x: str, y: str, *, by: str | Sequence[str], metric: str = "episode_return",
+                                   task: str = "env_id", last: int = 100, mode: str | None = None,
+                                   normalize: Mapping[str, Sequence[float]] | None = None, ci: float = 0.95,
+                                   reps: int = 2000, seed: int = 0, run_id: str | Sequence[str] | None = None,
+                                   where: str | None = None, version: int | None = None) -> dict[str, Any]:
+        """:meth:`Store.probability_of_improvement <trajstore.store.Store.probability_of_improvement>` computed by
+        the service."""
+        params = {**self._comparing(by, metric, task, last, mode, normalize, ci, reps, seed, run_id, where, version),
+                  "x": x, "y": y}
+        return self._request("GET", "/compare/improvement", params=params).json()
+
+    def performance_profile(self, by: str | Sequence[str], *, thresholds: Sequence[float],
+                            metric: str = "episode_return", task: str = "env_id", last: int = 100,
+                            mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None,
+                            ci: float = 0.95, reps: int = 2000, seed: int = 0,
+                            run_id: str | Sequence[str] | None = None, where: str | None = None,
+                            version: int | None = None) -> pa.Table:
+        """:meth:`Store.performance_profile <trajstore.store.Store.performance_profile>` computed by the
+        service."""
+        params = {**self._comparing(by, metric, task, last, mode, normalize, ci, reps, seed, run_id, where, version),
+                  "threshold": [float(t) for t in thresholds]}
+        return self._table("GET", "/compare/profile", params=params)
+
+    @staticmethod
+    def _comparing(by: Any, metric: str, task: str, last: int, mode: str | None, normalize: Any, ci: float,
+                   reps: int, seed: int, run_id: Any, where: str | None, version: int | None) -> dict[str, Any]:
+        return {"by": [by] if isinstance(by, str) else list(by), "metric": metric, "task": task, "last": last,
+                "mode": mode, "normalize": None if normalize is None else json.dumps(
+                    {k: list(v) for k, v in normalize.items()}),
+                "ci": ci, "reps": reps, "seed": seed, "run_id": [run_id] if isinstance(run_id, str) else run_id,
+                "where": where, "version": version}
+
     @_filtered
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", limit: int = 10_000,
                 version: int | None = None, **filters: Any) -> pa.Table:

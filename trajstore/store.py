@@ -516,6 +516,16 @@ class Store:
                                   normalize=normalize, run_id=run_id, where=where)
         return compare_op.performance_profile(found, thresholds, ci=ci, reps=reps, seed=seed)
 
+    def group_curves(self, by: Names, *, metric: str = "episode_return", task: str = "env_id", bins: int = 50,
+                     aggregate: str = "iqm", ci: float = 0.95, reps: int = 1000, seed: int = 0,
+                     mode: str | None = None, run_id: Names = None, where: str | None = None) -> pa.Table:
+        """Learning curves across seeds: each group's runs (``by``, as in :meth:`compare`) on each task, binned by
+        ``env_steps``, their ``aggregate`` (``iqm`` or ``mean``) per bin with a bootstrap band over the runs. One
+        row per (group, task, non-empty bin): the ``by`` values, ``task``, ``bin``, ``lo``, ``hi``, ``value``,
+        ``ci_low``, ``ci_high``, ``n_runs`` (see :func:`~trajstore.query.compare.group_curves`)."""
+        return compare_op.group_curves(self.engine, by, metric=metric, task=task, bins=bins, aggregate=aggregate,
+                                       ci=ci, reps=reps, seed=seed, mode=mode, run_id=run_id, where=where)
+
     def runs(self) -> pa.Table:
         """One row per ``(run_id, env_id)``: its episodes, complete episodes, steps and last write time."""
         return episodes.runs(self.engine)

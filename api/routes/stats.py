@@ -108,3 +108,16 @@ def performance_profile(request: Request, store: ReadStoreDep, by: ByDep,
                                       normalize=_normalize(normalize), ci=ci, reps=reps, seed=seed, run_id=run_id,
                                       where=where)
     return table_response(request, table)
+
+
+@router.get("/curves/groups", summary="Learning curves across seeds: each group of runs on each task per env_steps "
+                                      "bin, its IQM or mean with a bootstrap band",
+            responses={200: {"content": ARROW_CONTENT}})
+def group_curves(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "episode_return",
+                 task: Task = "env_id", bins: Annotated[int, Query(ge=1, le=10_000)] = 50,
+                 aggregate: Annotated[Literal["iqm", "mean"], Query()] = "iqm", ci: Ci = 0.95, reps: Reps = 1000,
+                 seed: Annotated[int, Query(ge=0)] = 0, mode: Mode = None, run_id: RunIds = None,
+                 where: Where = None) -> list[dict[str, Any]] | Any:
+    table = store.group_curves(by, metric=metric, task=task, bins=bins, aggregate=aggregate, ci=ci, reps=reps,
+                               seed=seed, mode=mode, run_id=run_id, where=where)
+    return table_response(request, table)

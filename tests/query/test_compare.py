@@ -185,6 +185,8 @@ def test_the_service_the_client_and_the_cli_give_the_same_comparison(
                 store.probability_of_improvement("dqn", "ppo", by="config.algo", last=3, reps=300)
             assert client.performance_profile("config.algo", thresholds=[5, 10], last=3, reps=300).equals(
                 store.performance_profile("config.algo", thresholds=[5, 10], last=3, reps=300))
+            assert client.group_curves("config.algo", bins=4, reps=200, aggregate="mean").equals(
+                store.group_curves("config.algo", bins=4, reps=200, aggregate="mean"))
             with pytest.raises(RemoteError, match="422 .*metric: unknown aggregate"):
                 client.compare("config.algo", metric="median(reward)")
     assert main(["compare", "--store", str(store.root), "--by", "config.algo", "--last", "3", "--reps", "500",

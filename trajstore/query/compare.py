@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from trajstore.errors import InputError
 from trajstore.query import sql
+from trajstore.query.curves import bin_edges, bin_index
 from trajstore.query.engine import Engine
 from trajstore.query.filters import Names, names_of
 from trajstore.query.metrics import Metric
@@ -51,11 +52,25 @@ def scores(engine: Engine, by: Names, *, metric: str = "episode_return", task: s
            where: str | None = None) -> Scores:
     """Every group's score matrix (see the module's docstring); a group without a score on a task another group
     has is an :class:`InputError` naming both."""
+    keys = _keys(by)
+    if not isinstance(last, int) or isinstance(last, bool) or last < 1:
+        raise InputError(f"last: expected a positive number of episodes, got {last!r}")
+    table = _query(engine, keys, metric, task, mode, run_id, where,
+                   lambda name, conds, source: sql.run_scores(keys, task, name, last=last, conds=conds, source=source))
+    return _matrices(table, keys, normalize)
+
+
+def _keys(by: Names) -> list[str]:
     keys = names_of(by)
     if not keys:
         raise InputError("by: name what the groups differ in, e.g. by=\"config.algo\"")
-    if not isinstance(last, int) or isinstance(last, bool) or last < 1:
-        raise InputError(f"last: expected a positive number of episodes, got {last!r}")
+    return keys
+
+
+def _query(engine: Engine, keys: list[str], metric: str, task: str, mode: str | None, run_id: Names,
+           where: str | None, select: Callable[[str, list[str], str], str]) -> pa.Table:
+    """``select(metric column, conditions, source)`` over the ``episodes`` view of the runs ``run_id`` with the
+    group's config values and the metric as columns."""
     if mode is not None and mode not in MODES:
         raise InputError(f"mode: expected one of {MODES} or None, got {mode!r}")
     paths = {k: path for k in keys if (path := run_config.config_key(k)) is not None}
@@ -73,8 +88,7 @@ def scores(engine: Engine, by: Names, *, metric: str = "episode_return", task: s
             if "mode" not in snap.step_columns:
                 raise InputError(f"mode: no episode of these runs records a mode; mode={mode!r} selects nothing")
             conds.append(f"mode = {sql.literal(mode)}")
-        table = snap.arrow(sql.run_scores(keys, task, chosen.name, last=last, conds=conds, source=source))
-    return _matrices(table, keys, normalize)
+        return snap.arrow(select(chosen.name, conds, source))
 
 
 def _matrices(table: pa.Table, keys: list[str], normalize: Mapping[str, Sequence[float]] | None) -> Scores:
@@ -276,4 +290,55 @@ def performance_profile(found: Scores, thresholds: Sequence[float], *, ci: float
             rows["value"].append(float(value[j]))
             rows["ci_low"].append(low)
             rows["ci_high"].append(high)
+    return pa.table(rows)
+
+
+# --- learning curves across runs ------------------------------------------------------------------------------
+
+AGGREGATES = ("mean", "iqm")
+
+
+def group_curves(engine: Engine, by: Names, *, metric: str = "episode_return", task: str = "env_id",
+                 bins: int = 50, aggregate: str = "iqm", ci: float = 0.95, reps: int = 1000, seed: int = 0,
+                 mode: str | None = None, run_id: Names = None, where: str | None = None) -> pa.Table:
+    """Learning curves of each group of runs on each task: the complete episodes binned by ``env_steps`` (``bins``
+    bins shared by all, as ``numpy.histogram``); in each bin a run's value is the mean ``metric`` of its episodes
+    there, and the group's the ``aggregate`` (``mean`` or ``iqm``) of its runs' values, with a percentile
+    bootstrap band over its runs. One row per (group, task, non-empty bin): the ``by`` values, ``task``, ``bin``,
+    ``lo``, ``hi``, ``value``, ``ci_low``, ``ci_high``, ``n_runs`` (the runs with an episode in the bin)."""
+    keys = _keys(by)
+    check_bootstrap(ci, reps)
+    if aggregate not in AGGREGATES:
+        raise InputError(f"aggregate: expected one of {AGGREGATES}, got {aggregate!r}")
+    if not isinstance(bins, int) or isinstance(bins, bool) or not 1 <= bins <= 10_000:
+        raise InputError(f"bins: expected a number of bins from 1 to 10,000, got {bins!r}")
+    points = _query(engine, keys, metric, task, mode, run_id, where,
+                    lambda name, conds, source: sql.episode_points(keys, task, name, conds=conds, source=source))
+    x = points["x"].to_numpy(zero_copy_only=False).astype(np.float64)
+    y = points["y"].to_numpy(zero_copy_only=False).astype(np.float64)
+    edges = bin_edges(x, bins)
+    index = bin_index(x, edges)
+    columns = {k: points[k].to_pylist() for k in [*keys, "run_id", "task"]}
+    rows: dict[str, list[Any]] = {k: [] for k in [*keys, "task", "bin", "lo", "hi", "value", "ci_low", "ci_high",
+                                                  "n_runs"]}
+    per_run: dict[tuple[Any, ...], dict[int, dict[str, list[float]]]] = {}
+    for i in np.flatnonzero((index >= 0) & np.isfinite(y)):
+        group = tuple(columns[k][i] for k in keys) + (columns["task"][i],)
+        per_run.setdefault(group, {}).setdefault(int(index[i]), {}).setdefault(columns["run_id"][i], []).append(y[i])
+    reduce = iqm if aggregate == "iqm" else mean
+    rng = np.random.default_rng(seed)
+    for group in sorted(per_run, key=_order):
+        for b, runs in sorted(per_run[group].items()):
+            values = np.array([np.mean(v) for v in runs.values()])
+            boot = reduce([values[rng.integers(0, len(values), size=(reps, len(values)))]])
+            low, high = interval(boot, ci)
+            for k, v in zip([*keys, "task"], group):
+                rows[k].append(v)
+            rows["bin"].append(b)
+            rows["lo"].append(float(edges[b]))
+            rows["hi"].append(float(edges[b + 1]))
+            rows["value"].append(float(reduce([values])))
+            rows["ci_low"].append(low)
+            rows["ci_high"].append(high)
+            rows["n_runs"].append(len(values))
     return pa.table(rows)

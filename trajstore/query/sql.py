@@ -474,6 +474,14 @@ def run_scores(by: Sequence[str], task: str, metric: str, *, last: int, conds: S
             f"WHERE latest <= {int(last)} GROUP BY {group}, task ORDER BY {group}, task")
 
 
+def episode_points(by: Sequence[str], task: str, metric: str, *, conds: Sequence[str], source: str) -> str:
+    """Every complete episode the conditions select: its ``by`` values, run, task, ``x`` (``env_steps``, where
+    it ended in its writer's stream) and ``y`` (``metric``)."""
+    keys = list(dict.fromkeys([*by, "run_id"]))
+    return (f"SELECT {', '.join(ident(k) for k in keys)}, {ident(task)} AS task, env_steps::DOUBLE AS x, "
+            f"{ident(metric)} AS y FROM {source}{where(['complete', *conds])}")
+
+
 RUNS = """
 SELECT run_id, env_id, count(*) AS episodes, count(*) FILTER (WHERE complete) AS complete_episodes,
        sum(episode_length)::BIGINT AS steps, max(ended_at) AS last_write

@@ -205,6 +205,16 @@ class Client:
                   "threshold": [float(t) for t in thresholds]}
         return self._table("GET", "/compare/profile", params=params)
 
+    def group_curves(self, by: str | Sequence[str], *, metric: str = "episode_return", task: str = "env_id",
+                     bins: int = 50, aggregate: str = "iqm", ci: float = 0.95, reps: int = 1000, seed: int = 0,
+                     mode: str | None = None, run_id: str | Sequence[str] | None = None, where: str | None = None,
+                     version: int | None = None) -> pa.Table:
+        """:meth:`Store.group_curves <trajstore.store.Store.group_curves>` computed by the service."""
+        params = {**self._comparing(by, metric, task, 1, mode, None, ci, reps, seed, run_id, where, version),
+                  "bins": bins, "aggregate": aggregate}
+        params.pop("last")
+        return self._table("GET", "/curves/groups", params=params)
+
     @staticmethod
     def _comparing(by: Any, metric: str, task: str, last: int, mode: str | None, normalize: Any, ci: float,
                    reps: int, seed: int, run_id: Any, where: str | None, version: int | None) -> dict[str, Any]:

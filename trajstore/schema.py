@@ -101,6 +101,11 @@ def episode_lineage() -> list[str]:
     return [c["name"] for c in load(STEP_SCHEMA_FILE)["lineage"] if c.get("in_episodes")]
 
 
+def episode_names() -> list[str]:
+    """Columns of the ``episodes`` view that every store has: those of ``episode.v1.json``."""
+    return [c["name"] for c in episode_columns()]
+
+
 def episode_column_names() -> list[str]:
     """Columns of the ``episodes`` view: those of ``episode.v1.json``, then its lineage columns."""
     return [c["name"] for c in episode_columns()] + episode_lineage()

@@ -77,7 +77,7 @@ def _query(engine: Engine, keys: list[str], metric: str, task: str, mode: str | 
     with engine.query_snapshot(episodes="if-cached", run_id=run_id) as snap:
         snap.check_columns([k for k in keys if k not in paths])
         snap.check_columns([task], field="task")
-        chosen = Metric.parse(metric, snap.columns("episodes"), snap.step_columns)
+        chosen = Metric.parse(metric, snap.episode_columns, snap.step_columns)
         source = "episodes"
         if paths:
             snap.use_runs(engine.runs_table(snap.files))

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import duckdb
 import pyarrow as pa
 
+from trajstore import schema as sch
 from trajstore.errors import (
     QueryError,
     StoreAccessError,
@@ -240,9 +241,17 @@ class Snapshot:
             return self.judge(found)
         return found
 
+    @property
+    def episode_columns(self) -> list[str]:
+        """The columns of the ``episodes`` view, known from the steps' (no query binds the files again)."""
+        if self.episodes_materialized:
+            return self.columns("episodes")
+        return sch.episode_names() + [n for n in sch.episode_lineage() if n in self.step_columns]
+
     def check_columns(self, names: Sequence[str], *, view: str = "episodes", field: str = "by") -> None:
         """Raise an :class:`UnknownColumnError` naming ``field`` when a name is not a column of ``view``."""
-        known = self.step_columns if view == "steps" else self.columns(view)
+        known = self.step_columns if view == "steps" else self.episode_columns if view == "episodes" else \
+            self.columns(view)
         check_names(names, known, view=view, field=field)
 
     def close(self) -> None:

@@ -131,6 +131,9 @@ def report(res: dict[str, Any], machine: dict[str, str], repeats: int) -> str:
     keys = ("end", "stats", "rliable")
     for (name, value), key in zip(rows, keys):
         lines.append(f"| {name} | {value:.4f} | {', '.join(f'{x:.4f}' for x in res['runs'][key])} |")
+    lines += ["", f"End to end, `store.compare` opens the {len(ALGOS) * SEEDS * TASKS:,} committed files (one per run "
+              "and task: each a partition of its own), binds the views over them and aggregates their 1M steps into "
+              "episodes before it ranks each run's last episodes; the statistics are the small rest (second row)."]
     lines += ["", "### Machine", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in machine.items()]
     lines.append(f"| load average at end | {load_average()} |")

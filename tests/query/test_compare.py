@@ -165,11 +165,10 @@ def test_bad_requests_name_what_is_wrong(study: tuple[trajstore.Store, dict[str,
         store.probability_of_improvement("sac", "ppo", by="config.algo", reps=10)
 
 
-def test_the_service_the_client_and_the_cli_give_the_same_comparison(
-        study: tuple[trajstore.Store, dict[str, np.ndarray]], capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_service_and_the_client_give_the_same_comparison(
+        study: tuple[trajstore.Store, dict[str, np.ndarray]]) -> None:
     from tests.api.helpers import serve, settings_for
     from trajstore.api.app import create_app
-    from trajstore.cli import main
     from trajstore.remote.client import Client
 
     store, _ = study
@@ -189,6 +188,15 @@ def test_the_service_the_client_and_the_cli_give_the_same_comparison(
                 store.group_curves("config.algo", bins=4, reps=200, aggregate="mean"))
             with pytest.raises(RemoteError, match="422 .*metric: unknown aggregate"):
                 client.compare("config.algo", metric="median(reward)")
+
+
+def test_trajstore_compare_prints_the_comparison(study: tuple[trajstore.Store, dict[str, np.ndarray]],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from trajstore.cli import main
+
+    store, _ = study
+    want = store.compare("config.algo", last=3, reps=500, seed=4)
+    bounds = {task: (0.0, 30.0) for task in TASKS}
     assert main(["compare", "--store", str(store.root), "--by", "config.algo", "--last", "3", "--reps", "500",
                  "--seed", "4", "--format", "csv"]) == 0
     rows = capsys.readouterr().out.splitlines()

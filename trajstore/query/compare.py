@@ -329,7 +329,7 @@ def group_curves(engine: Engine, by: Names, *, metric: str = "episode_return", t
     rng = np.random.default_rng(seed)
     for group in sorted(per_run, key=_order):
         for b, runs in sorted(per_run[group].items()):
-            values = np.array([np.mean(v) for v in runs.values()])
+            values = np.array([np.mean(np.sort(runs[r])) for r in sorted(runs)])  # an order of its own: repeatable
             boot = reduce([values[rng.integers(0, len(values), size=(reps, len(values)))]])
             low, high = interval(boot, ci)
             for k, v in zip([*keys, "task"], group):

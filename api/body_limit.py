@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 ROUTES = {  # every route that takes a body, and the setting that bounds it
     "/sql": "sql_max_body_bytes",
     "/runs/{run_id}/batches": "max_body_bytes",
+    "/runs/{run_id}": "run_max_body_bytes",
 }
+METHODS = {"/runs/{run_id}": {"PATCH"}}  # routes whose other methods take no body
 OTHER_BYTES = 64 * 1024  # the most any other route is sent (it reads none of it)
 
 
@@ -64,12 +66,13 @@ class Limits:
     """Each route's :class:`Limit`, from ``settings``, found by the request's path."""
 
     def __init__(self, settings: Settings) -> None:
-        self._routes = [(compile_path(path)[0], Limit(int(getattr(settings, name)), name))
+        self._routes = [(compile_path(path)[0], METHODS.get(path), Limit(int(getattr(settings, name)), name))
                         for path, name in ROUTES.items()]
         self._other = Limit(OTHER_BYTES, None)
 
-    def of(self, path: str) -> Limit:
-        return next((limit for pattern, limit in self._routes if pattern.match(path)), self._other)
+    def of(self, path: str, method: str = "POST") -> Limit:
+        return next((limit for pattern, methods, limit in self._routes
+                     if pattern.match(path) and (methods is None or method in methods)), self._other)
 
 
 class BodyLimit:
@@ -83,7 +86,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limits.of(scope["path"])
+        limit = self.limits.of(scope["path"], scope["method"])
         declared = _content_length(scope)
         if declared is not None and declared > limit.bytes:
             await _refuse(scope, receive, send, limit.refusal(scope, declared))

@@ -37,6 +37,7 @@ class Settings:
     # the largest POST /sql body (413 beyond, unread): its query of at most 100,000 characters fits even with every
     # character escaped in JSON (6 bytes each)
     sql_max_body_bytes: int = 1024 * 1024
+    run_max_body_bytes: int = 1024 * 1024  # the largest PATCH /runs/{run_id} body, a run's description (413 beyond)
     stream_batch_rows: int = 65_536
     stream_batch_bytes: int = 16 * 1024 * 1024  # fewer rows per streamed batch when rows are wide
     loader_batch_bytes: int = 256 * 1024 * 1024  # the largest batch /sequences and /transitions build (422 beyond)

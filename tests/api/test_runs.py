@@ -52,7 +52,7 @@ def test_a_method_the_path_lacks_names_every_method_it_has(tmp_path: Path) -> No
     small_store(tmp_path / "s")
     with TestClient(create_app(settings_for(tmp_path / "s"))) as c:
         r = c.put("/runs/a")
-        assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET"
+        assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET, PATCH"
         assert c.post("/runs").headers["allow"] == "GET"
 
 

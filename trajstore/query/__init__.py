@@ -7,9 +7,9 @@ decoding as a Spark SQL view), :mod:`~trajstore.query.picture_sql`
 (image bytes as values in SQL), :mod:`~trajstore.query.pictures` (which observation leaves are pictures, as PNG),
 :mod:`~trajstore.query.episodes` (episodes and their steps, as rows), :mod:`~trajstore.query.stats` (episode
 statistics), :mod:`~trajstore.query.scan` (steps straight from the files), :mod:`~trajstore.query.returns` (exact
-discounted returns), :mod:`~trajstore.query.curves` (learning curves, binned), :mod:`~trajstore.query.metrics` (what ``metric=``
-measures of an episode), :mod:`~trajstore.query.compare` (groups of runs compared as rliable does, with bootstrap
-intervals), :mod:`~trajstore.query.follow` (each
+discounted returns), :mod:`~trajstore.query.curves` (learning curves, binned), :mod:`~trajstore.query.metrics`
+(what ``metric=`` measures of an episode), :mod:`~trajstore.query.compare` (groups of runs compared as rliable
+does, with bootstrap intervals), :mod:`~trajstore.query.follow` (each
 new commit, as it lands), :mod:`~trajstore.query.batches` (fixed-size training batches from a stream),
 :mod:`~trajstore.query.sandbox` (untrusted SQL, bounded) and :mod:`~trajstore.query.sql_worker` (the processes it
 runs in)."""

@@ -16,11 +16,11 @@ from trajstore.storage.encoding import (
     OBS,
     EncodingError,
     Format,
-    _leaf,
     _stored_frame,
     fixed_numpy,
     frames_array,
     in_frames,
+    leaf_column,
     leaves,
     physical_schema,
     with_validity,
@@ -129,8 +129,9 @@ def encode_reference(table: pa.Table, fmt: Format) -> pa.Table:
     obs_t = table.schema.field(OBS).type
     physical = physical_schema(table.schema, fmt)
     paths = [p for p, _ in leaves(obs_t)]
-    o = {p: fixed_numpy(_leaf(table[OBS].combine_chunks(), p)) for p in paths}
-    x = {p: fixed_numpy(_leaf(table[NEXT].combine_chunks(), p)) for p in paths} if NEXT in table.column_names else {}
+    o = {p: fixed_numpy(leaf_column(table[OBS].combine_chunks(), p)) for p in paths}
+    x = {p: fixed_numpy(leaf_column(table[NEXT].combine_chunks(), p)) for p in paths} \
+        if NEXT in table.column_names else {}
 
     def follows(i: int) -> bool:
         return 0 < i < n and eid[i - 1] == eid[i] and step[i - 1] + 1 == step[i]

@@ -446,13 +446,8 @@ class Log:
                     self._add_columns(table, new)
             except StoreAccessError:
                 raise
-            except (OSError, DeltaError) as exc:  # another writer changed the schema first, unless the store failed
-                access = explain(exc, self.location)
-                if access is not None:
-                    raise access from exc
-                if not isinstance(exc, DeltaError):
-                    raise
-                last = exc
+            except (OSError, DeltaError) as exc:  # another commit came first: read the log again
+                last = self._lost_race(exc)
         raise CommitError(f"the columns {sorted(types)} could not be reserved in {self.uri}: {one_line(last)}")
 
     def set_properties(self, change: Callable[[Mapping[str, str]], Mapping[str, str]], *, what: str) -> None:
@@ -472,14 +467,20 @@ class Log:
                 return
             except StoreAccessError:
                 raise
-            except (OSError, DeltaError) as exc:  # another commit came first, unless the store failed
-                access = explain(exc, self.location)
-                if access is not None:
-                    raise access from exc
-                if not isinstance(exc, DeltaError):
-                    raise
-                last = exc
+            except (OSError, DeltaError) as exc:  # another commit came first: read the log again
+                last = self._lost_race(exc)
         raise CommitError(f"{what}: the properties could not be committed to {self.uri}: {one_line(last)}")
+
+    def _lost_race(self, exc: OSError | DeltaError) -> DeltaError:
+        """``exc``, raised by a commit of a schema or properties change, if it says another commit came first (the
+        caller tries again on the latest version); the store's own failure (:func:`explain`) or any other error is
+        raised."""
+        access = explain(exc, self.location)
+        if access is not None:
+            raise access from exc
+        if not isinstance(exc, DeltaError):
+            raise exc
+        return exc
 
     def append(self, written: WrittenFile) -> None:
         """Commit ``written``, exactly once: each try is planned on the latest version and never rebased by
@@ -622,13 +623,8 @@ class Log:
                 return self._with_columns(schema)
             except StoreAccessError:
                 raise
-            except (OSError, DeltaError) as exc:  # "metadata changed": another writer won the race; read again
-                access = explain(exc, self.location)  # unless the store failed or did not answer
-                if access is not None:
-                    raise access from exc
-                if not isinstance(exc, DeltaError):
-                    raise
-                last = exc
+            except (OSError, DeltaError) as exc:  # another commit came first: read the log again
+                last = self._lost_race(exc)
         raise CommitError(f"the table {self.uri} could not be created or given new columns: {one_line(last)}")
 
     def _with_columns(self, schema: pa.Schema) -> DeltaTable:

@@ -312,7 +312,7 @@ def fitting(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def to_arrow(name: str, value: Any, t: pa.DataType, n: int) -> pa.Array:
     """``value`` of shape ``(n, *step_shape)`` (already flattened over time/env) as an Arrow array of type ``t``
-    (no copy when it already has the stored dtype and is contiguous).
+    (no copy when it already has the stored dtype and is contiguous); a masked array's masked values are null.
 
     Raises :class:`SchemaMismatchError` naming ``name`` when shape or dtype do not fit ``t``.
     """
@@ -328,7 +328,12 @@ def to_arrow(name: str, value: Any, t: pa.DataType, n: int) -> pa.Array:
     arr = np.asarray(value)
     leaf = leaf_of_type(t)
     check_leaf(name, arr.shape[1:], arr.dtype, leaf)
-    flat = pa.array(np.ascontiguousarray(fitting(name, arr, leaf.dtype), dtype=leaf.dtype).reshape(-1))
+    data = np.ascontiguousarray(fitting(name, arr, leaf.dtype), dtype=leaf.dtype).reshape(-1)
+    if np.ma.is_masked(value):  # missing values (an info key some steps lack): null, scalars only
+        if arr.ndim != 1:
+            raise SchemaMismatchError(f"{name}: only a column of scalars can have missing values")
+        return pa.array(data, mask=np.ma.getmaskarray(value).reshape(-1))
+    flat = pa.array(data)
     levels = []
     while _is_list(t):
         levels.append(t)

@@ -424,33 +424,42 @@ class Store:
 
     @_reader
     def curves(self, *, run_id: Names = None, env_id: Names = None, where: str | None = None,
-               filter: EpisodeFilter | None = None, gamma: float | None = None) -> pa.Table:  # noqa: A002
+               filter: EpisodeFilter | None = None, gamma: float | None = None,  # noqa: A002
+               metric: str | None = None) -> pa.Table:
         """Learning curves: the complete episodes of each ``(run_id, env_id)`` in the order they ended, with
         ``total_env_steps``, the env steps of all the series' writers when each ended (counted over every
         episode of the series, whatever ``where``/``filter`` keep; see :mod:`trajstore.query.curves`).
-        With ``gamma`` adds ``discounted_return``."""
-        return curves.curves(self.engine, run_id=run_id, env_id=env_id, where=where, filter=filter, gamma=gamma)
+        With ``gamma`` adds ``discounted_return``; with ``metric`` (an ``episodes`` column or ``agg(column)``
+        of a step column, :mod:`~trajstore.query.metrics`) a ``metric`` column of its values."""
+        return curves.curves(self.engine, run_id=run_id, env_id=env_id, where=where, filter=filter, gamma=gamma,
+                             metric=metric)
 
     @_reader
     def binned_curves(self, *, x: str = "env_steps", y: str = "episode_return", bins: int = 800,
                       gamma: float | None = None, run_id: Names = None, env_id: Names = None,
-                      where: str | None = None, filter: EpisodeFilter | None = None) -> pa.Table:  # noqa: A002
+                      where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
+                      metric: str | None = None) -> pa.Table:
         """Learning curves in ``bins`` bins along ``x`` (``env_steps``, ``wall_time``, ``policy_version`` or
         ``episode_index``), one series per ``(run_id, env_id)``: per non-empty bin ``lo, hi`` (its edges, shared
         by all series, as ``numpy.histogram_bin_edges``), ``count``, ``mean`` and ``p10, p50, p90`` of ``y``
-        (``episode_return``, ``episode_length``, or ``discounted_return`` with ``gamma``). The size of the answer
-        depends on ``bins`` and the number of series, not on the number of episodes."""
+        (``episode_return``, ``episode_length``, or ``discounted_return`` with ``gamma``), or of ``metric`` (any
+        metric, ``"last(is_success)"``: episodes without a value left out). The size of the answer depends on
+        ``bins`` and the number of series, not on the number of episodes."""
         return curves.binned_curves(self.engine, x=x, y=y, bins=bins, gamma=gamma, run_id=run_id, env_id=env_id,
-                                    where=where, filter=filter)
+                                    where=where, filter=filter, metric=metric)
 
     @_reader
     def histogram(self, *, y: str = "episode_return", bins: int = 60, gamma: float | None = None,
                   run_id: Names = None, env_id: Names = None, where: str | None = None,
-                  filter: EpisodeFilter | None = None) -> pa.Table:  # noqa: A002
-        """The distribution of ``y`` over the complete episodes of each ``(run_id, env_id)`` in ``bins`` bins
-        shared by all series: ``run_id, env_id, bin, lo, hi, count`` per non-empty bin (numpy.histogram's)."""
+                  filter: EpisodeFilter | None = None, metric: str | None = None,  # noqa: A002
+                  density: bool = False) -> pa.Table:
+        """The distribution of ``y`` (or of any ``metric``) over the complete episodes of each ``(run_id,
+        env_id)`` in at most ``bins`` bins shared by all series: ``run_id, env_id, bin, lo, hi, count`` per
+        non-empty bin, with ``density`` also each bin's density (``numpy.histogram(density=True)``'s, per series:
+        runs of different sizes compare). Whole-number values (returns of +1 rewards, lengths) are binned on
+        whole numbers; others on ``numpy.histogram_bin_edges``."""
         return curves.histogram(self.engine, y=y, bins=bins, gamma=gamma, run_id=run_id, env_id=env_id,
-                                where=where, filter=filter)
+                                where=where, filter=filter, metric=metric, density=density)
 
     @_reader
     def latest_stats(self, last: int = 100, *, gamma: float | None = None, run_id: Names = None,
@@ -467,15 +476,18 @@ class Store:
     @_reader
     def stats(self, *, by: Names = None, gamma: float | None = None, where: str | None = None,
               filter: EpisodeFilter | None = None, run_id: Names = None,  # noqa: A002
-              env_id: Names = None, include_incomplete: bool = False) -> pa.Table:
+              env_id: Names = None, include_incomplete: bool = False, metric: str | None = None) -> pa.Table:
         """Episode statistics (``n_traj, return_*, len_*`` and ``discounted_return_*`` with ``gamma``).
 
         One row per group of ``by`` (one row overall without it). Complete episodes only unless
-        ``include_incomplete``. Means and standard deviations are summed in parallel, in no fixed order: two
-        calls can differ in their last bits (compare them with a tolerance, not ``==``).
+        ``include_incomplete``. With ``metric`` (an ``episodes`` column, or ``agg(column)`` of a step column:
+        ``"last(is_success)"``, see :mod:`~trajstore.query.metrics`), also ``metric_n`` (episodes with a value)
+        and ``metric_{min,mean,std,max}``: ``metric_mean`` of ``last(is_success)`` is a success rate. Means and
+        standard deviations are summed in parallel, in no fixed order: two calls can differ in their last bits
+        (compare them with a tolerance, not ``==``).
         """
         return stats.stats(self.engine, by=by, gamma=gamma, where=where, filter=filter, run_id=run_id,
-                           env_id=env_id, include_incomplete=include_incomplete)
+                           env_id=env_id, include_incomplete=include_incomplete, metric=metric)
 
     def compare(self, by: Names, *, metric: str = "episode_return", task: str = "env_id", last: int = 100,
                 mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None,

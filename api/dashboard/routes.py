@@ -170,6 +170,8 @@ class BinnedSeries(BaseModel):
     p10: list[float] | None = None
     p50: list[float] | None = None
     p90: list[float] | None = None
+    density: list[float] | None = Field(None, description="histograms with density=true: count / (the series' "
+                                                         "episodes × bin width)")
 
 
 class Binned(BaseModel):
@@ -178,7 +180,8 @@ class Binned(BaseModel):
     bins: int
     gamma: float | None
     version: int = Field(description="the store version the bins were computed at")
-    metric: str = Field(description="what was summarised: episode_return, episode_length or discounted_return")
+    metric: str = Field(description="what was summarised: episode_return, episode_length, discounted_return or "
+                                    "the metric asked for")
     series: list[BinnedSeries]
 
 
@@ -201,6 +204,11 @@ GammaQuery = Annotated[float | None, Query(ge=0, le=1, description="with y=episo
                                                                     "for this discount instead")]
 
 
+MetricQuery = Annotated[str | None, Query(max_length=200, description=(
+    "instead of y: any metric, a column of episodes or agg(column) of a step column with agg one of last, first, "
+    "sum, mean, min, max (last(is_success)); episodes without a value are left out"))]
+
+
 def _metric(y: str, gamma: float | None) -> str:
     """The episodes column ``y`` names: the return is the discounted one when ``gamma`` is given."""
     return "discounted_return" if y == "episode_return" and gamma is not None else y
@@ -213,11 +221,11 @@ def curves_binned(store: ReadStoreDep, run_id: RunsQuery = [], env_id: EnvsQuery
                   y: Annotated[Metric, Query(description="the value summarised in each bin")] = "episode_return",
                   bins: Annotated[int, Query(ge=1, le=10_000, description="number of bins (about the plot's "
                                                                           "width in pixels)")] = 800,
-                  gamma: GammaQuery = None) -> Binned:
+                  gamma: GammaQuery = None, metric: MetricQuery = None) -> Binned:
     version = store.version
     table = store.binned_curves(x=x, y=_metric(y, gamma), bins=bins, gamma=gamma, run_id=run_id or None,
-                                env_id=env_id or None)
-    return binned_payload(table, x=x, y=y, bins=bins, gamma=gamma, version=version)
+                                env_id=env_id or None, metric=metric)
+    return binned_payload(table, x=x, y=metric or y, bins=bins, gamma=gamma, version=version)
 
 
 @router.get("/curves/histogram", tags=["dashboard"], summary="Distribution of y per (run, env) in bins shared by "
@@ -225,8 +233,10 @@ def curves_binned(store: ReadStoreDep, run_id: RunsQuery = [], env_id: EnvsQuery
 def curves_histogram(store: ReadStoreDep, run_id: RunsQuery = [], env_id: EnvsQuery = [],  # noqa: B006
                      y: Annotated[Metric, Query(description="the value counted")] = "episode_return",
                      bins: Annotated[int, Query(ge=1, le=10_000, description="number of bins")] = 60,
-                     gamma: GammaQuery = None) -> Binned:
+                     gamma: GammaQuery = None, metric: MetricQuery = None,
+                     density: Annotated[bool, Query(description="also each bin's density (count over the series' "
+                                                                "episodes and the bin's width)")] = False) -> Binned:
     version = store.version
     table = store.histogram(y=_metric(y, gamma), bins=bins, gamma=gamma, run_id=run_id or None,
-                            env_id=env_id or None)
-    return binned_payload(table, x=y, y=y, bins=bins, gamma=gamma, version=version)
+                            env_id=env_id or None, metric=metric, density=density)
+    return binned_payload(table, x=metric or y, y=metric or y, bins=bins, gamma=gamma, version=version)

@@ -16,14 +16,18 @@ router = APIRouter(tags=["stats"])
 MAX_RETURN_ROWS = 100_000
 
 
-@router.get("/stats", summary="n_traj, return_{min,mean,std,max}, len_* (and discounted_return_* with gamma)",
+@router.get("/stats", summary="n_traj, return_{min,mean,std,max}, len_* (and discounted_return_* with gamma, "
+                              "metric_* with metric)",
             responses={200: {"content": ARROW_CONTENT}})
 def stats(request: Request, store: ReadStoreDep, flt: FilterDep,
           by: ByDep,
           gamma: Annotated[float | None, Query(ge=0, le=1)] = None,
           include_incomplete: Annotated[bool, Query(description="also count unfinished episodes")] = False,
+          metric: Annotated[str | None, Query(max_length=200, description=(
+              "also metric_n and metric_{min,mean,std,max} of this: a column of episodes or agg(column) of a step "
+              "column with agg one of last, first, sum, mean, min, max (last(is_success))"))] = None,
           ) -> list[dict[str, Any]] | Any:
-    table = store.stats(by=by, gamma=gamma, filter=flt, include_incomplete=include_incomplete)
+    table = store.stats(by=by, gamma=gamma, filter=flt, include_incomplete=include_incomplete, metric=metric)
     return table_response(request, table)
 
 

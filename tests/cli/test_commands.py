@@ -96,6 +96,22 @@ def test_check_passes_on_a_healthy_store(demo: Path, capsys: pytest.CaptureFixtu
     assert code == 0, out
 
 
+def test_rollout_stores_info_keys_and_stats_take_a_metric(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(tmp_path / "store")
+    # one env: a gymnasium vector env types each info key by the first env's value of the step, so one env's
+    # reset (prob 1, an int) would turn another's 1/3 into 0 in what the vector env reports
+    assert main(["rollout", "--env", "FrozenLake-v1", "--num-envs", "1", "--steps", "300", "--store", path,
+                 "--run", "lake", "--info-key", "prob", "--no-progress"]) == 0
+    capsys.readouterr()
+    probs = trajstore.open(path).sql("SELECT min(prob) AS lo, max(prob) AS hi, count(prob) AS n FROM steps")
+    assert probs.to_pylist() == [{"lo": pytest.approx(1 / 3), "hi": pytest.approx(1 / 3), "n": 300}]  # every
+    # move of the slippery lake (the reset's prob 1 is no step's)
+    code, out, _ = run(capsys, "stats", "--store", path, "--metric", "mean(prob)", "--format", "json")
+    assert code == 0 and json.loads(out)["metric_mean"] == pytest.approx(1 / 3)
+    code, out, err = run(capsys, "stats", "--store", path, "--metric", "median(prob)")
+    assert code != 0 and "metric: unknown aggregate 'median'" in out + err
+
+
 def test_check_fails_on_a_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "store"
     assert main(["rollout", "--env", "CartPole-v1", "--episodes", "5", "--store", str(path), "--run", "r",

@@ -144,9 +144,9 @@ class DictEnv(gym.Env):
         return {"pos": self.pos.copy(), "vel": np.full(1, self.t / 10, np.float32)}
 
 
-def test_dict_observations_and_extras_from_info(store: trajstore.Store) -> None:
+def test_dict_observations_and_info_keys(store: trajstore.Store) -> None:
     venv = SyncVectorEnv([DictEnv for _ in range(2)], autoreset_mode=AutoresetMode.SAME_STEP)
-    with VectorRecordToStore(venv, store, run_id="dict", env_id="Dict-v0", extras=["t"], chunk=5) as env:
+    with VectorRecordToStore(venv, store, run_id="dict", env_id="Dict-v0", info_keys=["t"], chunk=5) as env:
         env.reset(seed=1)
         for _ in range(40):
             env.step(env.action_space.sample())
@@ -183,12 +183,13 @@ def test_frame_stacks_are_stored_as_stepped(store: trajstore.Store) -> None:
 
 
 def test_mistakes_are_named(store: trajstore.Store) -> None:
-    env = RecordToStore(gym.make("CartPole-v1"), store, run_id="bad", extras=["missing"])
+    env = RecordToStore(gym.make("CartPole-v1"), store, run_id="bad")
     with pytest.raises(InputError, match="step: call reset"):
         env.step(0)
-    env.reset(seed=0)
-    with pytest.raises(InputError, match="extras: the info of this step has no 'missing'"):
-        env.step(0)
+    with pytest.raises(InputError, match="info_keys: 'reward' is a step column of its own"):
+        RecordToStore(gym.make("CartPole-v1"), store, run_id="bad", info_keys=["reward"])
+    with pytest.raises(InputError, match="info_keys: expected a list of info keys"):
+        RecordToStore(gym.make("CartPole-v1"), store, run_id="bad", info_keys="is_success")
     with pytest.raises(InputError, match="env_id: this env has no spec id"):
         RecordToStore(DictEnv(), store, run_id="bad")
     with pytest.raises(InputError, match="chunk"):

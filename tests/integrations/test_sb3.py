@@ -105,7 +105,7 @@ def test_a_training_env_without_a_spec_id_needs_env_id(store: trajstore.Store) -
     model = sb3.PPO("MultiInputPolicy", venv, n_steps=16, batch_size=16, n_epochs=1, policy_kwargs=small())
     with pytest.raises(InputError, match="env_id: the training env has no spec id"):
         model.learn(16, callback=StoreCallback(store, run_id="dict"))
-    with StoreCallback(store, run_id="dict", env_id="Dict-v0", extras=["t"]) as callback:
+    with StoreCallback(store, run_id="dict", env_id="Dict-v0", info_keys=["t"]) as callback:
         model.learn(48, callback=callback)
     rows = store.sql("SELECT step, t, next_obs FROM steps ORDER BY episode_id, step").to_pylist()
     assert len(rows) == 48 and all(r["t"] == r["step"] + 1 for r in rows)
@@ -125,3 +125,16 @@ def test_frame_stacked_envs_store_each_frame_once_and_read_back_exactly(store: t
     assert [Format.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks for f in store.files()] \
         == [{"obs": 4}] * len(store.files())
     assert assert_matches_monitor_and_log(store, "stacked", venv) > 0
+
+
+def test_info_keys_are_stored_null_where_an_envs_info_lacks_them(store: trajstore.Store) -> None:
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from tests.integrations.test_info_keys import SuccessEnv, assert_stored_as_reported
+
+    venv = DummyVecEnv([lambda: Monitor(SuccessEnv()) for _ in range(2)])
+    model = sb3.PPO("MlpPolicy", venv, n_steps=32, batch_size=32, n_epochs=1, seed=0, policy_kwargs=small())
+    with StoreCallback(store, run_id="info", env_id="Success-v0", info_keys=["cost", "is_success"]) as callback:
+        model.learn(64, callback=callback)
+    assert assert_stored_as_reported(store, "info") == 64
+    assert store.sql("SELECT count(is_success) AS n FROM steps")["n"][0].as_py() >= 5

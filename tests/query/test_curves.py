@@ -261,19 +261,60 @@ def test_binned_curves_select_runs_and_keep_their_size(learning_store: trajstore
         learning_store.binned_curves(run_id="absent")
 
 
-def test_histogram_matches_numpy(learning_store: trajstore.Store) -> None:
+def dense_counts(got: pa.Table, run: str, bins: int) -> np.ndarray:
+    rows = got.filter(pa.compute.equal(got["run_id"], run)).to_pydict()
+    dense = np.zeros(bins, int)
+    dense[rows["bin"]] = rows["count"]
+    return dense
+
+
+def test_histogram_of_real_values_matches_numpy(learning_store: trajstore.Store) -> None:
+    curve = learning_store.curves(gamma=0.9).to_pydict()
+    ys = np.array(curve["discounted_return"], float)
+    assert not np.all(ys == np.round(ys))
+    edges = np.histogram_bin_edges(ys, 25)
+    got = learning_store.histogram(y="discounted_return", gamma=0.9, bins=25)
+    for run in sorted(set(curve["run_id"])):
+        mine = np.array(curve["run_id"]) == run
+        np.testing.assert_array_equal(dense_counts(got, run, 25), np.histogram(ys[mine], edges)[0])
+    np.testing.assert_allclose(got["lo"].to_numpy(), edges[:-1][got["bin"].to_numpy()])
+
+
+@pytest.mark.parametrize("bins", [25, 1000])
+def test_whole_numbers_are_binned_on_whole_numbers(learning_store: trajstore.Store, bins: int) -> None:
     curve = learning_store.curves().to_pydict()
     ys = np.array(curve["episode_length"], float)
-    edges = np.histogram_bin_edges(ys, 25)
-    got = learning_store.histogram(y="episode_length", bins=25)
+    got = learning_store.histogram(y="episode_length", bins=bins)
+    lo, hi = got["lo"].to_numpy(), got["hi"].to_numpy()
+    width = hi[0] - lo[0]
+    assert np.all(hi - lo == width) and width == int(width) >= 1  # every bin as many whole numbers wide
+    assert np.all(lo - np.floor(lo) == 0.5)  # edges halfway between whole numbers
+    edges = lo.min() + width * np.arange(int(got["bin"].to_numpy().max()) + 2)
+    assert len(edges) - 1 <= bins and edges[0] < ys.min() and edges[-1] > ys.max()
+    assert width == (1 if bins == 1000 else np.ceil((ys.max() - ys.min() + 1) / bins))
     for run in sorted(set(curve["run_id"])):
         mine = np.array(curve["run_id"]) == run
         want = np.histogram(ys[mine], edges)[0]
-        rows = got.filter(pa.compute.equal(got["run_id"], run)).to_pydict()
-        dense = np.zeros(25, int)
-        dense[rows["bin"]] = rows["count"]
-        np.testing.assert_array_equal(dense, want)
-        assert rows["lo"] == edges[:-1][rows["bin"]].tolist()
+        np.testing.assert_array_equal(dense_counts(got, run, len(edges) - 1), want)
+
+
+def test_histogram_densities_compare_runs_of_different_sizes(learning_store: trajstore.Store) -> None:
+    small = "run_id <> 'ppo-seed0' OR episode_id % 10 = 0"  # one run with a tenth of the others' episodes
+    curve = learning_store.curves(where=small).to_pydict()
+    got = learning_store.histogram(y="episode_length", bins=30, density=True, where=small)
+    lo, hi = got["lo"].to_numpy(), got["hi"].to_numpy()
+    edges = lo.min() + (hi[0] - lo[0]) * np.arange(int(got["bin"].to_numpy().max()) + 2)
+    ys = np.array(curve["episode_length"], float)
+    sizes = [int(np.sum(np.array(curve["run_id"]) == run)) for run in sorted(set(curve["run_id"]))]
+    assert min(sizes) * 5 < max(sizes)
+    for run in sorted(set(curve["run_id"])):
+        mine = np.array(curve["run_id"]) == run
+        want, _ = np.histogram(ys[mine], edges, density=True)
+        rows = got.filter(pa.compute.equal(got["run_id"], run))
+        at = np.searchsorted(edges, rows["lo"].to_numpy())
+        np.testing.assert_allclose(rows["density"].to_numpy(), want[at])
+        assert np.sum(rows["density"].to_numpy() * (rows["hi"].to_numpy() - rows["lo"].to_numpy())) == \
+            pytest.approx(1.0)
 
 
 def test_binned_curves_of_an_empty_store(store: trajstore.Store) -> None:

@@ -50,6 +50,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise InputError("rollout: --frame-stack K stacks the last K >= 2 observations of a --backend gym env, "
                          f"got K={args.frame_stack} with --backend {args.backend}")
     lineage.update(_run_description(args))
+    lineage.update({"info_keys": _split(args.info_key)} if args.info_key else {})
     if args.backend == "jax":
         from trajstore.rollout import jax_rollout
 
@@ -174,7 +175,7 @@ def _split(values: list[str] | None) -> list[str] | None:
 def cmd_stats(args: argparse.Namespace) -> int:
     store = _open(args.store, version=args.at_version)
     table = store.stats(by=_split(args.by), gamma=args.gamma, where=args.where, run_id=_split(args.run),
-                        env_id=_split(args.env), include_incomplete=args.include_incomplete)
+                        env_id=_split(args.env), include_incomplete=args.include_incomplete, metric=args.metric)
     _emit(args, table)
     return 0
 

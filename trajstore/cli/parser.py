@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gym: stack each env's last K observations (gymnasium's FrameStackObservation); each "
                         "frame is stored once")
     p.add_argument("--policy-version", type=int, help="stored in the policy_version column")
+    p.add_argument("--info-key", action="append", metavar="KEY",
+                   help="store this key of each step's info as a step column, null where a step lacks it "
+                        "(repeatable or comma-separated), e.g. --info-key is_success")
     _run_description_options(p)
     _progress_option(p)
     p.set_defaults(func=commands.cmd_rollout)
@@ -99,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", **store_opt)
     p.add_argument("--by", action="append", default=[], help="group by this column (repeat or comma-separate)")
     p.add_argument("--gamma", type=float, help="also discounted_return_* for this discount factor")
+    p.add_argument("--metric", help="also metric_n, metric_{min,mean,std,max} of this: a column of episodes or "
+                                    "agg(column) of a step column, agg one of last, first, sum, mean, min, max "
+                                    "(--metric 'last(is_success)': metric_mean is the success rate)")
     _filter_options(p)
     p.add_argument("--include-incomplete", action="store_true", help="also count unfinished episodes")
     _version_option(p, "read the store as it was at version N (see trajstore history)")

@@ -28,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from trajstore.errors import InputError
+from trajstore.integrations.info import InfoColumns, Values, check_info_keys, check_writer, env_info, vector_info
 from trajstore.write.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -39,34 +40,28 @@ FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 class StepBuffer:
     """Steps of one (vector) env as they come, handed to ``writer`` as one time-major batch every ``chunk``
     steps (one ``add_batch`` call, not one per step). Each step is ``(B, …)`` for a vector env (``vector``), one
-    env's values otherwise; ``extras`` names info keys stored as extra columns."""
+    env's values otherwise; ``info_keys`` names info keys stored as step columns (see
+    :mod:`~trajstore.integrations.info`), their values given to :meth:`add` as read from the step's info."""
 
-    def __init__(self, writer: Writer, *, chunk: int, extras: Sequence[str], vector: bool) -> None:
+    def __init__(self, writer: Writer, *, chunk: int, info_keys: Sequence[str], num_envs: int,
+                 vector: bool) -> None:
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise InputError(f"chunk: must be a positive number of steps, got {chunk!r}")
-        if isinstance(extras, str) or not all(isinstance(k, str) for k in extras):
-            raise InputError(f"extras: expected a list of info keys, got {extras!r}")
-        self.writer, self.chunk, self.extras, self.vector = writer, chunk, tuple(extras), vector
+        self.writer, self.chunk, self.vector = writer, chunk, vector
+        self.info = InfoColumns(info_keys, num_envs)
+        check_writer(self.info.keys, writer)
         self._steps: list[tuple[Any, ...]] = []
-        self._infos: list[dict[str, Any]] = []
-        self._last_extra: dict[str, np.ndarray] = {}
 
-    def add(self, step: tuple[Any, ...], info: Mapping[str, Any]) -> None:
+    @property
+    def info_keys(self) -> tuple[str, ...]:
+        return self.info.keys
+
+    def add(self, step: tuple[Any, ...], info: Values) -> None:
         self._steps.append(step)
-        if self.extras:
-            self._infos.append({k: self._extra(k, info) for k in self.extras})
+        if self.info.keys:
+            self.info.add(info)
         if len(self._steps) >= self.chunk:
             self.push()
-
-    def _extra(self, key: str, info: Mapping[str, Any]) -> np.ndarray:
-        if key in info:
-            value = np.array(info[key], copy=True)
-            self._last_extra[key] = value
-            return value
-        if self.vector and key in self._last_extra:  # no env gave it this step: zeros, as gymnasium fills them
-            return np.zeros_like(self._last_extra[key])
-        raise InputError(f"extras: the info of this step has no {key!r}; every step's info must carry the keys "
-                         f"named in extras (this one has {sorted(info)})")
 
     def push(self) -> None:
         """Hand the collected steps to the writer as one ``(T, B, …)`` batch."""
@@ -74,9 +69,10 @@ class StepBuffer:
             return
         single = not self.vector
         batch = {name: _stack([s[i] for s in self._steps], env_axis=single) for i, name in enumerate(FIELDS)}
-        if self.extras:
-            batch["extras"] = {k: _stack([info[k] for info in self._infos], env_axis=single) for k in self.extras}
-        self._steps, self._infos = [], []
+        columns = self.info.take()
+        if columns:
+            batch["extras"] = columns
+        self._steps = []
         self.writer.add_batch(batch)  # refused whole (the writer's error) if a step is invalid, e.g. a NaN reward
 
 
@@ -113,22 +109,24 @@ class RecordToStore(Recording, gym.Wrapper):
     """Stores every step of ``env`` in ``store`` under ``run_id`` (``env_id`` defaults to the env's spec id).
 
     A ``reset()`` before the episode ended leaves that episode stored as unfinished; the next step starts a
-    new one. ``extras`` names keys of each step's ``info`` to store as columns; other keywords are writer
-    options (``flush_bytes=``, ``worker_id=``) or lineage values (``policy_version=``, ``seed=``, ``mode=``).
+    new one. ``info_keys`` names keys of each step's ``info`` to store as step columns (null at steps whose info
+    lacks one, see :mod:`~trajstore.integrations.info`); other keywords are writer options (``flush_bytes=``,
+    ``worker_id=``) or lineage values (``policy_version=``, ``seed=``, ``mode=``).
     Where ``env`` ends in gymnasium's ``FrameStackObservation``, the stack is declared to the writer
     (``frame_stack={"obs": k}``) if the writer takes that option. :meth:`flush` makes the steps so far visible
     to readers; ``close()`` does too and closes ``env``.
     """
 
     def __init__(self, env: gym.Env, store: Any, *, run_id: str, env_id: str | None = None, chunk: int = 256,
-                 extras: Sequence[str] = (), **options: Any) -> None:
+                 info_keys: Sequence[str] = (), **options: Any) -> None:
         super().__init__(env)
         self.writer_closed = False
+        info_keys = check_info_keys(info_keys)
         options = {**frame_stack_option(env, env.observation_space), **options}
         self.writer = store.writer(run_id=run_id, env_id=env_id or spec_id(env), autoreset="same-step",
                                    observation_space=env.observation_space, action_space=env.action_space,
                                    **options)
-        self._buffer = StepBuffer(self.writer, chunk=chunk, extras=extras, vector=False)
+        self._buffer = StepBuffer(self.writer, chunk=chunk, info_keys=info_keys, num_envs=1, vector=False)
         self._obs: Any = None
         self._open = False  # an episode was stepped and has not ended
 
@@ -146,7 +144,8 @@ class RecordToStore(Recording, gym.Wrapper):
                              "the first action is taken on)")
         next_obs, reward, terminated, truncated, info = self.env.step(action)
         kept = copy_obs(next_obs)
-        self._buffer.add((self._obs, np.array(action, copy=True), reward, kept, terminated, truncated), info)
+        self._buffer.add((self._obs, np.array(action, copy=True), reward, kept, terminated, truncated),
+                         env_info(info, self._buffer.info_keys))
         self._obs, self._open = kept, not (terminated or truncated)
         return next_obs, reward, terminated, truncated, info
 
@@ -162,15 +161,16 @@ class VectorRecordToStore(Recording, gym.vector.VectorWrapper):
     """
 
     def __init__(self, env: gym.vector.VectorEnv, store: Any, *, run_id: str, env_id: str | None = None,
-                 chunk: int = 256, extras: Sequence[str] = (), **options: Any) -> None:
+                 chunk: int = 256, info_keys: Sequence[str] = (), **options: Any) -> None:
         super().__init__(env)
+        info_keys = check_info_keys(info_keys)
         self.mode = autoreset_mode(env)
         options = {**frame_stack_option(first_env(env), env.single_observation_space), **options}
         self.writer = store.writer(run_id=run_id, env_id=env_id or spec_id(env),
                                    autoreset=NEXT_STEP if self.mode == NEXT_STEP else SAME_STEP,
                                    observation_space=env.single_observation_space,
                                    action_space=env.single_action_space, **options)
-        self._buffer = StepBuffer(self.writer, chunk=chunk, extras=extras, vector=True)
+        self._buffer = StepBuffer(self.writer, chunk=chunk, info_keys=info_keys, num_envs=env.num_envs, vector=True)
         self._obs: Any = None
         self._ended = np.zeros(env.num_envs, bool)  # whose episode ended at the last step
         self.writer_closed = False
@@ -205,9 +205,9 @@ class VectorRecordToStore(Recording, gym.vector.VectorWrapper):
         kept = copy_obs(next_obs)
         final = with_final_obs(kept, info) if self.mode == SAME_STEP else kept
         term, trunc = np.array(terminated, bool), np.array(truncated, bool)
-        extras = with_final_info(info, self._buffer.extras) if self.mode == SAME_STEP else info
+        values = vector_info(info, self._buffer.info_keys, self.num_envs, same_step=self.mode == SAME_STEP)
         self._buffer.add((self._obs, np.array(actions, copy=True), np.array(reward, copy=True), final, term, trunc),
-                         extras)
+                         values)
         self._obs, self._ended = kept, term | trunc
         return next_obs, reward, terminated, truncated, info
 
@@ -256,21 +256,6 @@ def with_final_obs(next_obs: Any, info: Mapping[str, Any]) -> Any:
         return next_obs
     envs = np.flatnonzero(mask)
     return replace_rows(next_obs, envs, [info["final_obs"][i] for i in envs])
-
-
-def with_final_info(info: Mapping[str, Any], keys: Sequence[str]) -> Mapping[str, Any]:
-    """Same-step autoreset: the ``keys`` of ``info`` with the ended envs' values from their last step's info
-    (``info["final_info"]``; ``info`` itself holds their reset's)."""
-    mask, final = info.get("_final_info"), info.get("final_info")
-    if not keys or mask is None or not np.any(mask):
-        return info
-    out = dict(info)
-    for key in keys:
-        if key in final:
-            values = np.array(info[key], copy=True) if key in info else np.zeros_like(final[key])
-            values[mask] = final[key][mask]
-            out[key] = values
-    return out
 
 
 def replace_rows(batch: Any, envs: np.ndarray, rows: list[Any]) -> Any:

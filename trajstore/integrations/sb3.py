@@ -24,6 +24,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from trajstore.errors import InputError
 from trajstore.integrations.gymnasium import StepBuffer, copy_obs, frame_stack_option
+from trajstore.integrations.info import check_info_keys, list_info
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +40,18 @@ class StoreCallback(BaseCallback):
 
     Under a ``VecNormalize`` (the outermost VecEnv wrapper), the env's own observations and rewards are stored,
     not the normalized ones the policy sees (a final observation is un-normalized from SB3's normalized copy).
-    The action stored is the one the env received (clipped or rescaled into its space). ``extras`` names keys of
-    each env's ``info`` to store as columns; other keywords are writer options or lineage values. Where the envs
-    of a ``DummyVecEnv`` end in gymnasium's ``FrameStackObservation``, the stack is declared to the writer
-    (``frame_stack={"obs": k}``: each frame stored once) unless ``frame_stack=`` is given.
+    The action stored is the one the env received (clipped or rescaled into its space). ``info_keys`` names keys
+    of each env's ``info`` to store as step columns (null where an info lacks one); other keywords are writer
+    options or lineage values. Where the envs of a ``DummyVecEnv`` end in gymnasium's ``FrameStackObservation``,
+    the stack is declared to the writer (``frame_stack={"obs": k}``: each frame stored once) unless
+    ``frame_stack=`` is given.
     """
 
     def __init__(self, store: Any, *, run_id: str, env_id: str | None = None, chunk: int = 256,
-                 extras: Sequence[str] = (), verbose: int = 0, **options: Any) -> None:
+                 info_keys: Sequence[str] = (), verbose: int = 0, **options: Any) -> None:
         super().__init__(verbose)
         self.store, self.run_id, self.env_id = store, run_id, env_id
-        self.chunk, self.extras, self.options = chunk, tuple(extras), options
+        self.chunk, self.info_keys, self.options = chunk, check_info_keys(info_keys), options
         self.writer: Any = None
         self._buffer: StepBuffer | None = None
         self._obs: Any = None  # the env's observation the next action is taken on
@@ -77,7 +79,7 @@ class StoreCallback(BaseCallback):
         truncated = np.array([bool(d and info.get("TimeLimit.truncated", False)) for d, info in zip(dones, infos)])
         step = (self._obs, np.array(action, copy=True), reward, self._final_obs(obs, dones, infos),
                 dones & ~truncated, truncated)
-        self._buffer.add(step, _per_env_info(infos, self.extras))
+        self._buffer.add(step, list_info(infos, self.info_keys))
         self._obs, self._seen = obs, new_obs
         return True
 
@@ -110,7 +112,8 @@ class StoreCallback(BaseCallback):
         self.writer = self.store.writer(run_id=self.run_id, env_id=self.env_id or _spec_id(env),
                                         autoreset="same-step", observation_space=env.observation_space,
                                         action_space=env.action_space, **options)
-        return StepBuffer(self.writer, chunk=self.chunk, extras=self.extras, vector=True)
+        return StepBuffer(self.writer, chunk=self.chunk, info_keys=self.info_keys, num_envs=env.num_envs,
+                          vector=True)
 
     # --- the env's own values under a VecNormalize ------------------------------------------------------------
 
@@ -142,18 +145,6 @@ class StoreCallback(BaseCallback):
             else:
                 out[i] = final
         return out
-
-
-def _per_env_info(infos: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
-    """The ``keys`` of every env's info as one ``(B, …)`` array each (as a gymnasium vector env gives them)."""
-    out = {}
-    for key in keys:
-        missing = [i for i, info in enumerate(infos) if key not in info]
-        if missing:
-            raise InputError(f"extras: the info of env {missing[0]} has no {key!r}; every step's info must carry "
-                             f"the keys named in extras (it has {sorted(infos[missing[0]])})")
-        out[key] = np.stack([np.asarray(info[key]) for info in infos])
-    return out
 
 
 def _frame_stack_option(venv: Any) -> dict[str, Any]:

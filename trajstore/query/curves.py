@@ -27,6 +27,7 @@ from trajstore.errors import InputError
 from trajstore.query import sql
 from trajstore.query.engine import Engine
 from trajstore.query.filters import EpisodeFilter, Names
+from trajstore.query.metrics import Metric
 from trajstore.query.returns import check_gamma
 from trajstore.write.episode_ids import COUNTER_BITS
 
@@ -97,6 +98,7 @@ AXES = ("env_steps", "wall_time", "policy_version", "episode_index")
 METRICS = ("episode_return", "episode_length", "discounted_return")
 QUANTILES = (0.1, 0.5, 0.9)  # per bin, with DuckDB's quantile_cont: numpy's "linear" percentile
 MAX_BINS = 100_000
+METRIC = "metric"  # the column of the curves that holds a metric= asked for
 POINTS = "curve_points"  # the name the episodes' (series, bin, y) are registered under for DuckDB
 
 
@@ -171,8 +173,8 @@ def bin_stats(con: duckdb.DuckDBPyConnection, curve: pa.Table, y: np.ndarray, in
 
 
 def y_values(curve: pa.Table, metric: str) -> np.ndarray:
-    """The values of ``metric`` for each episode of ``curve`` as float64."""
-    return curve[metric].to_numpy().astype(np.float64)
+    """The values of ``metric`` for each episode of ``curve`` as float64 (NaN where null)."""
+    return pc.fill_null(curve[metric].cast(pa.float64()), np.nan).to_numpy()
 
 
 # --- the latest episodes of each series ---------------------------------------------------------------------------
@@ -208,16 +210,20 @@ CURVE_POINT = "curve_point"  # the column curves() keeps its rows by
 
 
 def curves(engine: Engine, *, run_id: Names = None, env_id: Names = None, where: str | None = None,
-           filter: EpisodeFilter | None = None, gamma: float | None = None) -> pa.Table:  # noqa: A002
+           filter: EpisodeFilter | None = None, gamma: float | None = None,  # noqa: A002
+           metric: str | None = None) -> pa.Table:
     """The complete episodes of each ``(run_id, env_id)`` in the order they ended, with ``total_env_steps``
     (:func:`total_env_steps`: counted over every episode of the series, whatever ``where``/``filter`` keep);
-    with ``gamma`` adds ``discounted_return``."""
+    with ``gamma`` adds ``discounted_return``, with ``metric`` (:mod:`~trajstore.query.metrics`) a column
+    ``metric`` of its values (float64, null where an episode has none)."""
     with engine.query_snapshot(episodes="fill" if gamma is None else None) as snap:
         series = sql.conditions(run_id=run_id, env_id=env_id)
         chosen = sql.conditions(where=where, filter=filter)
         params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
         src = "episodes" if gamma is None else \
             sql.subquery(sql.episodes_view(snap.step_columns, discounted=True, by_id=snap.by_id))
+        if metric is not None:
+            src = Metric.parse(metric, snap.episode_columns, snap.step_columns, name=METRIC).source(src)
         walk = snap.arrow(sql.curve_episodes(series, chosen, source=src, flag=CURVE_POINT), params)
     walk = walk.append_column("total_env_steps", pa.array(total_env_steps(walk), pa.int64()))
     return walk.filter(walk[CURVE_POINT]).drop_columns([CURVE_POINT])
@@ -226,29 +232,79 @@ def curves(engine: Engine, *, run_id: Names = None, env_id: Names = None, where:
 def kept_curves(engine: Engine, **selection: object) -> pa.Table:
     """:func:`curves` of ``selection``, kept by the engine for the latest version (:meth:`Engine.memo
     <trajstore.query.engine.Engine.memo>`): a page draws several plots of one selection."""
+    selection = {k: v for k, v in selection.items() if not (k == "metric" and v is None)}  # one key for both
     return engine.memo(f"curves {sorted(selection.items())!r}", lambda: curves(engine, **selection))  # type: ignore[arg-type]
 
 
 def binned_curves(engine: Engine, *, x: str = "env_steps", y: str = "episode_return", bins: int = 800,
-                  gamma: float | None = None, **selection: object) -> pa.Table:
+                  gamma: float | None = None, metric: str | None = None, **selection: object) -> pa.Table:
     """Learning curves in ``bins`` bins along ``x``, one series per ``(run_id, env_id)``: per non-empty bin its
-    edges (shared by all series), ``count``, ``mean`` and ``p10, p50, p90`` of ``y``."""
+    edges (shared by all series), ``count``, ``mean`` and ``p10, p50, p90`` of ``y`` (or of ``metric``, any
+    metric of :mod:`~trajstore.query.metrics`; episodes without a value are left out)."""
     check_binning(x, y, bins, gamma)
-    curve = kept_curves(engine, gamma=gamma, **selection)
+    column, measured = _measured(y, metric)
+    curve = kept_curves(engine, gamma=gamma, metric=measured, **selection)
     xs = x_values(curve, x)
     edges = bin_edges(xs, bins)
-    return bin_stats(engine.cursor(), curve, y_values(curve, y), bin_index(xs, edges), edges)
+    ys = y_values(curve, column)
+    index = bin_index(xs, edges)
+    index[~np.isfinite(ys)] = -1
+    return bin_stats(engine.cursor(), curve, ys, index, edges)
 
 
 def histogram(engine: Engine, *, y: str = "episode_return", bins: int = 60, gamma: float | None = None,
-              **selection: object) -> pa.Table:
-    """The distribution of ``y`` over the complete episodes of each ``(run_id, env_id)`` in ``bins`` bins shared
-    by all series: ``run_id, env_id, bin, lo, hi, count`` per non-empty bin (numpy.histogram's)."""
+              metric: str | None = None, density: bool = False, **selection: object) -> pa.Table:
+    """The distribution of ``y`` (or of ``metric``) over the complete episodes of each ``(run_id, env_id)`` in
+    at most ``bins`` bins shared by all series: ``run_id, env_id, bin, lo, hi, count`` per non-empty bin, and
+    with ``density`` the ``density`` of each bin (its count over the series' episodes and the bin's width, as
+    ``numpy.histogram(density=True)``: series of different sizes compare). Whole-number values are binned on
+    whole numbers (:func:`whole_edges`); others as ``numpy.histogram_bin_edges``."""
     check_binning("episode_index", y, bins, gamma)
-    curve = kept_curves(engine, gamma=gamma, **selection)
-    ys = y_values(curve, y)
-    edges = bin_edges(ys, bins)
-    return bin_stats(engine.cursor(), curve, ys, bin_index(ys, edges), edges, quantiles=())
+    column, measured = _measured(y, metric)
+    curve = kept_curves(engine, gamma=gamma, metric=measured, **selection)
+    ys = y_values(curve, column)
+    edges = whole_edges(ys, bins)
+    edges = bin_edges(ys, bins) if edges is None else edges
+    out = bin_stats(engine.cursor(), curve, ys, bin_index(ys, edges), edges, quantiles=())
+    return with_density(out) if density else out
+
+
+def _measured(y: str, metric: str | None) -> tuple[str, str | None]:
+    """The column of the curves that holds what is binned, and the metric the curves must compute for it
+    (None: a column they always have)."""
+    if metric is None or metric == y:
+        return y, None
+    if y != "episode_return":
+        raise InputError(f"metric: give y or metric, not both (y={y!r}, metric={metric!r})")
+    if metric in ("episode_return", "episode_length"):
+        return metric, None
+    return METRIC, metric
+
+
+def whole_edges(values: np.ndarray, bins: int) -> np.ndarray | None:
+    """Where every finite value is a whole number: edges halfway between whole numbers, each bin as many whole
+    numbers wide (the fewest that keep to ``bins`` bins), so no bin holds more whole numbers than another (a
+    bin of width 1.85 over returns 0..110 holds one or two of them: dips that are not in the data). None for
+    other values."""
+    finite = values[np.isfinite(values)]
+    if not len(finite) or not np.all(finite == np.round(finite)):
+        return None
+    low, high = float(finite.min()), float(finite.max())
+    span = high - low + 1
+    width = max(1.0, float(np.ceil(span / bins)))
+    return low - 0.5 + width * np.arange(int(np.ceil(span / width)) + 1)
+
+
+def with_density(table: pa.Table) -> pa.Table:
+    """``table`` (rows of :func:`histogram`) with ``density``: each bin's count over its series' total count and
+    the bin's width."""
+    if table.num_rows == 0:
+        return table.append_column("density", pa.array([], pa.float64()))
+    series = np.cumsum(series_starts(table)) - 1
+    counts = table["count"].to_numpy().astype(np.float64)
+    totals = np.bincount(series, weights=counts)[series]
+    widths = (table["hi"].to_numpy() - table["lo"].to_numpy())
+    return table.append_column("density", pa.array(counts / (totals * widths), pa.float64()))
 
 
 def latest_stats(engine: Engine, last: int = 100, *, gamma: float | None = None, **selection: object) -> pa.Table:

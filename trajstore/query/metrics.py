@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from trajstore.errors import InputError
+from trajstore.query import sql
 from trajstore.query.sql import STEP_AGGREGATES
 
 FORM = re.compile(r"^\s*(\w+)\s*\(\s*([^()]+?)\s*\)\s*$")
@@ -26,13 +27,14 @@ class Metric:
     name: str = COLUMN
 
     @classmethod
-    def parse(cls, text: str, episode_columns: Sequence[str], step_columns: Sequence[str]) -> Metric:
-        """The metric ``text`` names, checked against the views' columns; an :class:`InputError` naming
-        ``metric`` and what it may be otherwise."""
+    def parse(cls, text: str, episode_columns: Sequence[str], step_columns: Sequence[str], *,
+              name: str = COLUMN) -> Metric:
+        """The metric ``text`` names (computed into the column ``name``), checked against the views' columns; an
+        :class:`InputError` naming ``metric`` and what it may be otherwise."""
         if not isinstance(text, str):
             raise InputError(f"metric: expected a column name or agg(column), got {type(text).__name__}")
         if text in episode_columns:
-            return cls(text, text, None)
+            return cls(text, text, None, name)
         found = FORM.match(text)
         aggs = ", ".join(STEP_AGGREGATES)
         if found is None:
@@ -44,4 +46,8 @@ class Metric:
         if column not in step_columns:
             raise InputError(f"metric: {column!r} in {text!r} is not a column of steps; expected one of "
                              f"{', '.join(step_columns)}")
-        return cls(text, column, agg)
+        return cls(text, column, agg, name)
+
+    def source(self, source: str) -> str:
+        """``source`` (rows of the ``episodes`` view) with this metric as the column :attr:`name`."""
+        return sql.with_metric(source, self.name, self.column, self.agg)

@@ -413,13 +413,16 @@ def subquery(select: str) -> str:
 
 
 def stats(by: Sequence[str], *, discounted: bool, conds: Sequence[str], include_incomplete: bool,
-          source: str) -> str:
+          source: str, metric: str | None = None) -> str:
     """Episode statistics with the keys of ``imitation.data.rollout.rollout_stats`` (std as ``numpy.std``),
-    over ``source`` (a relation with the ``episodes`` view's columns)."""
+    over ``source`` (a relation with the ``episodes`` view's columns); with ``metric`` (a column of ``source``),
+    ``metric_n`` and ``metric_*`` of it too."""
     metrics = [("return", "episode_return"), ("len", "episode_length")]
     if discounted:
         metrics.append(("discounted_return", "discounted_return"))
-    aggs = ["count(*) AS n_traj"]
+    if metric is not None:
+        metrics.append(("metric", metric))
+    aggs = ["count(*) AS n_traj"] + ([f"count({ident(metric)}) AS metric_n"] if metric is not None else [])
     for key, col in metrics:
         aggs += [f"min({col})::DOUBLE AS {key}_min", f"avg({col})::DOUBLE AS {key}_mean",
                  f"coalesce(stddev_pop({col}), 0)::DOUBLE AS {key}_std", f"max({col})::DOUBLE AS {key}_max"]

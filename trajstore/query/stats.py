@@ -11,17 +11,19 @@ import pyarrow as pa
 from trajstore.query import sql
 from trajstore.query.engine import Engine
 from trajstore.query.filters import EpisodeFilter, Names, names_of
+from trajstore.query.metrics import Metric
 from trajstore.query.returns import check_gamma
 from trajstore.storage import run_config
 
 
 def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where: str | None = None,
           filter: EpisodeFilter | None = None, run_id: Names = None,  # noqa: A002
-          env_id: Names = None, include_incomplete: bool = False) -> pa.Table:
+          env_id: Names = None, include_incomplete: bool = False, metric: str | None = None) -> pa.Table:
     """One row per group of ``by`` (one row overall without it; ``config.<path>`` names a value of each run's
     config, :mod:`~trajstore.storage.run_config`); complete episodes only unless
-    ``include_incomplete``. Means and standard deviations are summed in parallel, in no fixed order: two calls
-    can differ in their last bits."""
+    ``include_incomplete``. With ``metric`` (:mod:`~trajstore.query.metrics`: ``"last(is_success)"``), also
+    ``metric_n`` (the episodes it has a value for) and ``metric_{min,mean,std,max}`` over them. Means and
+    standard deviations are summed in parallel, in no fixed order: two calls can differ in their last bits."""
     keys = names_of(by)
     paths = {k: path for k in keys if (path := run_config.config_key(k)) is not None}  # by="config.algo"
     with engine.query_snapshot(episodes="if-cached" if gamma is None else None) as snap:
@@ -33,6 +35,10 @@ def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where
         if paths:
             snap.use_runs(engine.runs_table(snap.files))
             source = sql.with_config(source, paths)
+        measured = None
+        if metric is not None:
+            measured = Metric.parse(metric, snap.episode_columns, snap.step_columns)
+            source = measured.source(source)
         q = sql.stats(keys, discounted=gamma is not None, conds=conds, include_incomplete=include_incomplete,
-                      source=source)
+                      source=source, metric=None if measured is None else measured.name)
         return snap.arrow(q, {"gamma": check_gamma(gamma)} if gamma is not None else {})

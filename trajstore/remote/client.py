@@ -166,10 +166,12 @@ class Client:
 
     @_filtered
     def stats(self, *, by: str | list[str] | None = None, gamma: float | None = None,
-              include_incomplete: bool = False, version: int | None = None, **filters: Any) -> pa.Table:
-        """Episode statistics with the keys of ``imitation``'s ``rollout_stats``, one row per group of ``by``."""
+              include_incomplete: bool = False, metric: str | None = None, version: int | None = None,
+              **filters: Any) -> pa.Table:
+        """Episode statistics with the keys of ``imitation``'s ``rollout_stats``, one row per group of ``by``;
+        with ``metric`` also ``metric_n`` and ``metric_*`` (:meth:`Store.stats <trajstore.store.Store.stats>`)."""
         params = {"by": [by] if isinstance(by, str) else by, "gamma": gamma,
-                  "include_incomplete": include_incomplete, "version": version, **filters}
+                  "include_incomplete": include_incomplete, "metric": metric, "version": version, **filters}
         return self._table("GET", "/stats", params=params)
 
     def compare(self, by: str | Sequence[str], *, metric: str = "episode_return", task: str = "env_id",

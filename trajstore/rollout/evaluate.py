@@ -22,12 +22,13 @@ under their own ``run_id``: a run holding training steps is refused.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from trajstore.errors import InputError
+from trajstore.integrations.info import check_writer
 from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.jax_host import Tally, collect, open_writer
 from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
@@ -42,13 +43,15 @@ def jax_evaluate(store: RolloutTarget, env: Any, *, run_id: str, episodes: int, 
                  params: Any = None, num_envs: int = 1024, rollout_length: int = 128, seed: int = 0,
                  policy_version: int | None = None, worker_id: str | None = None, env_id: str | None = None,
                  max_episode_steps: int | None = None, queue_size: int = 2, progress: Progress = True,
-                 frame_stack: Mapping[str, int] | None = None, **lineage: Any) -> RolloutResult:
+                 frame_stack: Mapping[str, int] | None = None, info_keys: Sequence[str] = (),
+                 **lineage: Any) -> RolloutResult:
     """Store exactly ``episodes`` complete evaluation episodes of ``policy`` in ``env`` under ``run_id``.
 
     ``num_envs`` envs run in parallel (at most ``episodes``), scanned ``rollout_length`` steps at a
     time until every episode of the round has ended. ``max_episode_steps`` truncates episodes (it
     defaults to the env's own time limit). ``result.episode_returns``/``episode_lengths`` are the
-    sums computed inside JAX. ``frame_stack`` as for :func:`~trajstore.rollout.jax_loop.jax_rollout`.
+    sums computed inside JAX. ``frame_stack`` and ``info_keys`` as for
+    :func:`~trajstore.rollout.jax_loop.jax_rollout`.
     """
     check_positive("episodes", episodes)
     check_positive("num_envs", num_envs)
@@ -60,7 +63,7 @@ def jax_evaluate(store: RolloutTarget, env: Any, *, run_id: str, episodes: int, 
     check_positive("max_episode_steps", limit)
     B = min(num_envs, episodes)
     scan = make_scan(env, policy, num_envs=B, rollout_length=min(rollout_length, limit), autoreset=False,
-                     time_limit=max_episode_steps)
+                     time_limit=max_episode_steps, info_keys=info_keys)
     check_run_mode(store, run_id, "eval")
     lineage.update(seed=check_seed(seed), mode="eval")
     if policy_version is not None:
@@ -74,6 +77,7 @@ def jax_evaluate(store: RolloutTarget, env: Any, *, run_id: str, episodes: int, 
     with RolloutProgress(episodes=episodes, steps=None, enabled=progress) as bar, \
             open_writer(store, env, run_id=run_id, env_id=env_id, **opts, **lineage) as writer, \
             BackgroundWriter(writer, queue_size) as sink:
+        check_writer(info_keys, writer)
         for round_ in range(-(-episodes // B)):
             n = min(B, episodes - tally.episodes)
             carry = scan.init(jax.random.fold_in(key, round_), jnp.arange(B) < n)

@@ -23,6 +23,7 @@ import numpy as np
 
 from trajstore.errors import InputError
 from trajstore.integrations.gymnasium import copy_obs, first_env, frame_stack_option, replace_rows, with_final_obs
+from trajstore.integrations.info import InfoColumns, check_info_keys, check_writer, vector_info
 from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, sample_until
@@ -42,7 +43,7 @@ def gym_rollout(store: RolloutTarget, env: Any, *, run_id: str, num_envs: int = 
                 env_id: str | None = None, autoreset: str = NEXT_STEP, chunk: int = 256,
                 progress: Progress = True, env_kwargs: Mapping[str, Any] | None = None,
                 wrappers: Sequence[Callable[[Any], Any]] = (), frame_stack: Mapping[str, int] | None = None,
-                queue_size: int = 2, **lineage: Any) -> RolloutResult:
+                queue_size: int = 2, info_keys: Sequence[str] = (), **lineage: Any) -> RolloutResult:
     """Roll out ``env`` (a gymnasium id or a vector env) into ``store`` until ``episodes``/``steps`` are reached.
 
     With no ``policy``, actions are sampled from the action space (seeded with ``seed``).
@@ -50,6 +51,8 @@ def gym_rollout(store: RolloutTarget, env: Any, *, run_id: str, num_envs: int = 
     Episodes still running at the stop are stored too, as incomplete. Extra keywords
     (``policy_version=``, ``mode=``, …) are stored as lineage columns. ``wrappers`` wrap each env made from an
     id (gymnasium's ``make_vec(wrappers=…)``, e.g. ``AtariPreprocessing``, ``FrameStackObservation``).
+    ``info_keys=["is_success", …]`` stores those keys of each step's info as step columns (null at steps whose
+    info lacks one; see :mod:`~trajstore.integrations.info`).
 
     ``frame_stack={"obs": k}`` says the observations are stacks of their last k frames (gymnasium's
     ``FrameStackObservation`` layout), so that each frame is stored once (see :meth:`Store.writer`). Left out,
@@ -61,6 +64,7 @@ def gym_rollout(store: RolloutTarget, env: Any, *, run_id: str, num_envs: int = 
     overlaps stepping.
     """
     until = sample_until(min_timesteps=steps, min_episodes=episodes)
+    info_keys = check_info_keys(info_keys)
     if chunk < 1:
         raise InputError(f"chunk must be a positive number of steps, got {chunk}")
     venv, owned = _vector_env(env, num_envs, autoreset, env_kwargs or {}, wrappers)
@@ -70,7 +74,7 @@ def gym_rollout(store: RolloutTarget, env: Any, *, run_id: str, num_envs: int = 
         options = _frame_stack(venv, frame_stack)
         return _run(store, venv, mode, until, policy, seed, run_id=run_id, env_id=env_id, chunk=chunk,
                     bar=RolloutProgress(episodes=episodes, steps=steps, enabled=progress), lineage=lineage,
-                    options={**options, "queue_size": queue_size})
+                    options={**options, "queue_size": queue_size}, info_keys=info_keys)
     finally:
         if owned:
             venv.close()
@@ -88,7 +92,7 @@ def _frame_stack(venv: Any, frame_stack: Mapping[str, int] | None) -> dict[str, 
 
 def _run(store: RolloutTarget, venv: Any, mode: str, until: Callable[..., bool], policy: Policy | None,
          seed: int | None, *, run_id: str, env_id: str, chunk: int, bar: RolloutProgress,
-         lineage: dict[str, Any], options: dict[str, Any]) -> RolloutResult:
+         lineage: dict[str, Any], options: dict[str, Any], info_keys: tuple[str, ...] = ()) -> RolloutResult:
     B = venv.num_envs
     if seed is not None:
         lineage.setdefault("seed", seed + np.arange(B, dtype=np.int64))
@@ -99,13 +103,15 @@ def _run(store: RolloutTarget, venv: Any, mode: str, until: Callable[..., bool],
     obs = obs if fresh else copy_obs(obs)
     chunk = _steps_per_call(chunk, obs)
     tracker = EpisodeTracker(B, drops_reset_steps=mode == NEXT_STEP)
+    info_columns = InfoColumns(info_keys, B)
     result = RolloutResult(run_id=run_id, env_id=env_id)
     started = time.perf_counter()
     with bar, store.writer(run_id=run_id, env_id=env_id, observation_space=venv.single_observation_space,
                            action_space=venv.single_action_space,
                            autoreset="next-step" if mode == NEXT_STEP else "same-step",
                            **options, **lineage) as writer:
-        with BackgroundWriter(writer, queue_size, prepare=time_major) as background:
+        check_writer(info_keys, writer)
+        with BackgroundWriter(writer, queue_size, prepare=_with_info) as background:
             steps: list[tuple[Any, ...]] = []
             stop = False
             while not stop:
@@ -114,13 +120,15 @@ def _run(store: RolloutTarget, venv: Any, mode: str, until: Callable[..., bool],
                 next_obs = next_obs if fresh else copy_obs(next_obs)
                 final_obs = with_final_obs(next_obs, info) if mode == SAME_STEP else next_obs
                 steps.append((obs, action, reward, final_obs, terminated, truncated))
+                if info_keys:
+                    info_columns.add(vector_info(info, info_keys, B, same_step=mode == SAME_STEP))
                 returns, lengths = tracker.update(reward, terminated, truncated)
                 result.episode_returns += returns
                 result.episode_lengths += lengths
                 obs = _reset_done(venv, next_obs, terminated | truncated) if mode == DISABLED else next_obs
                 stop = until(episodes=tracker.episodes, timesteps=tracker.steps)
                 if len(steps) == chunk or stop:
-                    background.put(steps)  # stacked in the writer's thread
+                    background.put((steps, info_columns.take()))  # stacked in the writer's thread
                     steps = []
                 bar.update(steps=tracker.steps, episodes=tracker.episodes, returns=returns)
         bar.finish(steps=tracker.steps, episodes=tracker.episodes)
@@ -254,6 +262,15 @@ def time_major(steps: list[tuple[Any, ...]]) -> dict[str, Any]:
         views = {"obs": _slice(both, slice(None, -1)), "next_obs": _slice(both, slice(1, None))}
         return {name: views[name] if name in views else _stack([s[i] for s in steps]) for i, name in enumerate(names)}
     return {name: _stack([s[i] for s in steps]) for i, name in enumerate(names)}
+
+
+def _with_info(item: tuple[list[tuple[Any, ...]], dict[str, Any]]) -> dict[str, Any]:
+    """Steps and their info columns as one ``(T, B, …)`` batch."""
+    steps, columns = item
+    batch = time_major(steps)
+    if columns:
+        batch["extras"] = columns
+    return batch
 
 
 def _slice(value: Any, index: slice) -> Any:

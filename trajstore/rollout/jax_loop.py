@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from trajstore.errors import InputError
+from trajstore.integrations.info import check_writer
 from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.evaluate import jax_evaluate
 from trajstore.rollout.jax_host import Tally, collect, open_writer
@@ -45,7 +46,8 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
                 episodes: int | None = None, seed: int = 0, mode: Mode = "train",
                 policy_version: int | None = None, worker_id: str | None = None, env_id: str | None = None,
                 max_episode_steps: int | None = None, queue_size: int = 2, progress: Progress = True,
-                frame_stack: Mapping[str, int] | None = None, **lineage: Any) -> RolloutResult:
+                frame_stack: Mapping[str, int] | None = None, info_keys: Sequence[str] = (),
+                **lineage: Any) -> RolloutResult:
     """Roll out the JAX env ``env`` (a :class:`~trajstore.rollout.envs.JaxEnv` or a name for
     :func:`trajstore.rollout.envs.make`) into ``store`` until ``episodes``/``steps`` are reached.
 
@@ -59,7 +61,8 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
     ``seed``, ``mode``, ``policy_version`` (when given), ``worker_id`` and ``env_index`` are stored
     as lineage columns, as are extra keywords. ``frame_stack={"obs": k}`` says the env's observations are
     stacks of their last k frames (newest last, gymnasium's ``FrameStackObservation`` layout), so that each
-    frame is stored once (see :meth:`trajstore.Store.writer`).
+    frame is stored once (see :meth:`trajstore.Store.writer`). ``info_keys=["is_success", …]`` stores those keys
+    of the env's step ``info`` as step columns.
     """
     if mode == "eval":
         if steps is not None:
@@ -70,7 +73,7 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
                             num_envs=num_envs, rollout_length=rollout_length, seed=seed,
                             policy_version=policy_version, worker_id=worker_id, env_id=env_id,
                             max_episode_steps=max_episode_steps, queue_size=queue_size, progress=progress,
-                            frame_stack=frame_stack, **lineage)
+                            frame_stack=frame_stack, info_keys=info_keys, **lineage)
     if mode != "train":
         raise InputError(f"mode must be 'train' or 'eval', got {mode!r}")
     if max_episode_steps is not None:
@@ -78,7 +81,7 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
                          "(e.g. trajstore.rollout.envs.make('cartpole', max_episode_steps=200))")
     until = sample_until(min_timesteps=steps, min_episodes=episodes)
     env = resolve_env(env)
-    scan = make_scan(env, policy, num_envs=num_envs, rollout_length=rollout_length)
+    scan = make_scan(env, policy, num_envs=num_envs, rollout_length=rollout_length, info_keys=info_keys)
     check_run_mode(store, run_id, "train")
     max_scans = -(-steps // (num_envs * rollout_length)) if episodes is None and steps is not None else None
     lineage.update(seed=check_seed(seed), mode="train", **_optional(policy_version=policy_version))
@@ -90,6 +93,7 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
     started = time.perf_counter()
     with RolloutProgress(episodes=episodes, steps=steps, enabled=progress) as bar, \
             open_writer(store, env, run_id=run_id, env_id=env_id, **opts, **lineage) as writer:
+        check_writer(info_keys, writer)
         with BackgroundWriter(writer, queue_size) as sink:
             collect(scan, params, carry, sink=sink, until=until, tally=tally, bar=bar, max_scans=max_scans)
         bar.finish(steps=tally.steps, episodes=tally.episodes)

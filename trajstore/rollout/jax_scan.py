@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,7 @@ import numpy as np
 from gymnasium import spaces
 
 from trajstore.errors import InputError
+from trajstore.integrations.info import check_info_keys
 from trajstore.rollout import envs
 from trajstore.rollout.sampling import check_positive
 
@@ -73,30 +74,33 @@ def resolve_env(env: Any) -> Any:
 
 
 def make_scan(env: Any, policy: Policy | None, *, num_envs: int, rollout_length: int, autoreset: bool = True,
-              time_limit: int | None = None, reset_budget: int | None = None) -> RolloutScan:
+              time_limit: int | None = None, reset_budget: int | None = None,
+              info_keys: Sequence[str] = ()) -> RolloutScan:
     """The jitted rollout for ``env``/``policy`` (cached, so repeated rollouts do not compile again).
 
     With ``autoreset``, an env whose episode ended is reset in the same step. Only up to
     ``reset_budget`` envs (default ``B // 8``) are reset in a step unless more ended, in which case
     all are: every env still gets its own fresh reset key, at a fraction of the cost. Without
     ``autoreset``, an env stays frozen after its episode ends and its steps are marked invalid;
-    ``time_limit`` then truncates episodes at that many steps.
+    ``time_limit`` then truncates episodes at that many steps. ``info_keys`` are keys of the env's step ``info``
+    returned with the batch (as extras: step columns), one value per env.
     """
     check_positive("num_envs", num_envs)
     check_positive("rollout_length", rollout_length)
     budget = max(1, num_envs // 8) if reset_budget is None else check_positive("reset_budget", reset_budget)
+    keys = check_info_keys(info_keys)
     try:
-        return _make_scan(env, policy, num_envs, rollout_length, autoreset, time_limit, min(budget, num_envs))
+        return _make_scan(env, policy, num_envs, rollout_length, autoreset, time_limit, min(budget, num_envs), keys)
     except TypeError as exc:  # an unhashable env or policy: build without the cache
         if "unhashable" not in str(exc):
             raise
         return _make_scan.__wrapped__(env, policy, num_envs, rollout_length, autoreset, time_limit,
-                                      min(budget, num_envs))
+                                      min(budget, num_envs), keys)
 
 
 @functools.lru_cache(maxsize=32)
 def _make_scan(env: Any, policy: Policy | None, B: int, T: int, autoreset: bool, time_limit: int | None,
-               budget: int) -> RolloutScan:
+               budget: int, info_keys: tuple[str, ...] = ()) -> RolloutScan:
     act = policy if policy is not None else random_policy(env.action_space)
 
     def init(key: jax.Array, alive: jax.Array) -> Carry:
@@ -110,7 +114,7 @@ def _make_scan(env: Any, policy: Policy | None, B: int, T: int, autoreset: bool,
         key, k_act, k_env, k_reset = jax.random.split(carry.key, 4)
         action, extras = split_policy_output(act(params, carry.obs, k_act), B)
         stepped = jax.vmap(env.step)(carry.env_state, action, jax.random.split(k_env, B))
-        state, next_obs, reward, terminated, truncated, _info = stepped
+        state, next_obs, reward, terminated, truncated, info = stepped
         state, next_obs = _like((state, next_obs), (carry.env_state, carry.obs))
         reward = jnp.asarray(reward, jnp.float32).reshape(B)
         terminated = jnp.asarray(terminated, bool).reshape(B)
@@ -123,6 +127,7 @@ def _make_scan(env: Any, policy: Policy | None, B: int, T: int, autoreset: bool,
         done = (terminated | truncated) & valid
         batch: dict[str, Any] = {"obs": carry.obs, "action": action, "reward": reward, "next_obs": next_obs,
                                  "terminated": terminated, "truncated": truncated}
+        extras = {**extras, **_info_values(info, info_keys, B, extras)}
         if extras:
             batch["extras"] = extras
         ends = {"return": jnp.where(done, ep_return, 0.0), "length": jnp.where(done, ep_length, 0)}
@@ -142,6 +147,22 @@ def _make_scan(env: Any, policy: Policy | None, B: int, T: int, autoreset: bool,
         return carry, batch, ends
 
     return RolloutScan(B, T, jax.jit(init), run)
+
+
+def _info_values(info: Any, keys: tuple[str, ...], B: int, extras: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """The ``keys`` of the env's step ``info`` (one value per env each)."""
+    out = {}
+    for key in keys:
+        if not isinstance(info, Mapping) or key not in info:
+            have = sorted(info) if isinstance(info, Mapping) else type(info).__name__
+            raise InputError(f"info_keys: the env's step info has no {key!r} (it has {have})")
+        if key in extras:
+            raise InputError(f"info_keys: {key!r} is also an extra of the policy's output; give one another name")
+        value = jnp.asarray(info[key])
+        if value.ndim < 1 or value.shape[0] != B:
+            raise InputError(f"info_keys: {key!r} must have one value per env (B={B}), got shape {value.shape}")
+        out[key] = value
+    return out
 
 
 def _autoreset(env: Any, done: jax.Array, state: Any, obs: Any, key: jax.Array, budget: int) -> tuple[Any, Any]:

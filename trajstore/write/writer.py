@@ -147,7 +147,8 @@ class Writer:
         """Add a time-major ``(T, B, …)`` batch; returns the number of stored steps.
 
         ``batch`` holds ``obs, action, reward, next_obs, terminated, truncated``, optionally
-        ``valid`` (``(T, B)`` bool, False for steps to skip) and ``extras`` (name → ``(T, B, …)``).
+        ``valid`` (``(T, B)`` bool, False for steps to skip) and ``extras`` (name → ``(T, B, …)``; a
+        ``numpy.ma.MaskedArray`` of scalars is stored null where masked).
         Nothing of the call is kept if any part of it is invalid.
         """
         if self._closed:
@@ -284,6 +285,9 @@ class Writer:
                 cols[name] = self._lineage(name, value, rows.env, B, n)
             for name, value in (arrays.get("extras") or {}).items():
                 _check_extra(name, value, T, B)
+                if name in self.lineage:
+                    raise InputError(f"extras: {name!r} is also given as a lineage value of this writer; "
+                                     "give one of them another name")
                 cols[name] = sch.to_arrow(name, gather(value, rows.tm), self._type_for(name, value, 2), n)
         except Exception:
             self._types = base_types  # a refused call must not fix column types for the next one
@@ -462,7 +466,7 @@ def _host(batch: Mapping[str, Any]) -> dict[str, Any]:
 def _to_host(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _to_host(v) for k, v in value.items()}
-    return np.asarray(value)
+    return value if isinstance(value, np.ma.MaskedArray) else np.asarray(value)  # masked: null where masked
 
 
 def _lead_shape(arrays: dict[str, Any]) -> tuple[int, int]:

@@ -52,3 +52,25 @@ def test_polars_scan_delta_gives_the_same_episode_returns(mixed: trajstore.Store
     expected = episode_returns(mixed)
     assert got.keys() == expected.keys()
     assert [got[k] for k in sorted(got)] == pytest.approx([expected[k] for k in sorted(expected)], rel=1e-9)
+
+
+def test_info_key_columns_with_nulls_mean_the_same_to_other_engines_and_survive_their_compaction(
+        store: trajstore.Store) -> None:
+    from tests.integrations.test_info_keys import SuccessEnv
+    from trajstore.integrations import RecordToStore
+
+    for i in range(3):
+        with RecordToStore(SuccessEnv(), store, run_id=f"r{i}", env_id="Success-v0", chunk=8,
+                           info_keys=["cost", "is_success"]) as env:
+            env.reset(seed=i)
+            for _ in range(50):
+                if any(env.step(0)[2:4]):
+                    env.reset()
+    query = "SELECT episode_id, step, cost, is_success FROM steps ORDER BY episode_id, step"
+    want = store.sql(query).to_pylist()
+    assert 0 < sum(r["is_success"] is not None for r in want) < len(want)  # null where a step's info lacked it
+    path = str(store.root / "steps")
+    frame = pl.scan_delta(path, use_pyarrow=True).select(["episode_id", "step", "cost", "is_success"])
+    assert frame.sort(["episode_id", "step"]).collect().to_dicts() == want
+    DeltaTable(path).optimize.compact()
+    assert trajstore.open(store.root).sql(query).to_pylist() == want

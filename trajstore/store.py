@@ -504,6 +504,15 @@ class Store:
                                   normalize=normalize, run_id=run_id, where=where)
         return compare_op.compare(found, statistics=statistics, ci=ci, reps=reps, seed=seed)
 
+    def scores(self, by: Names, *, metric: str = "episode_return", task: str = "env_id", last: int = 100,
+               mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None,
+               run_id: Names = None, where: str | None = None) -> pa.Table:
+        """What :meth:`compare` compares: each run's score on each task (the mean ``metric`` of its ``last``
+        complete episodes there, normalized with ``normalize``), one row per group, task and run: the ``by``
+        values, ``task``, ``run_id``, ``score``."""
+        return compare_op.scores(self.engine, by, metric=metric, task=task, last=last, mode=mode,
+                                 normalize=normalize, run_id=run_id, where=where).table()
+
     def probability_of_improvement(self, x: Any, y: Any, *, by: Names, metric: str = "episode_return",
                                    task: str = "env_id", last: int = 100, mode: str | None = None,
                                    normalize: Mapping[str, Sequence[float]] | None = None, ci: float = 0.95,

@@ -86,6 +86,16 @@ def compare(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "
     return table_response(request, table)
 
 
+@router.get("/compare/scores", summary="What /compare compares: each run's score on each task, per group",
+            responses={200: {"content": ARROW_CONTENT}})
+def scores(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "episode_return", task: Task = "env_id",
+           last: Last = 100, mode: Mode = None, normalize: Normalize = None, run_id: RunIds = None,
+           where: Where = None) -> list[dict[str, Any]] | Any:
+    table = store.scores(by, metric=metric, task=task, last=last, mode=mode, normalize=_normalize(normalize),
+                         run_id=run_id, where=where)
+    return table_response(request, table)
+
+
 @router.get("/compare/improvement", summary="The probability that a run of group x beats one of group y on a task, "
                                             "with its confidence interval")
 def probability_of_improvement(store: ReadStoreDep, by: ByDep, x: Annotated[str, Query(max_length=1000)],

@@ -186,6 +186,7 @@ def test_the_service_and_the_client_give_the_same_comparison(
                 store.performance_profile("config.algo", thresholds=[5, 10], last=3, reps=300))
             assert client.group_curves("config.algo", bins=4, reps=200, aggregate="mean").equals(
                 store.group_curves("config.algo", bins=4, reps=200, aggregate="mean"))
+            assert client.scores("config.algo", last=3).equals(store.scores("config.algo", last=3))
             with pytest.raises(RemoteError, match="422 .*metric: unknown aggregate"):
                 client.compare("config.algo", metric="median(reward)")
 
@@ -209,3 +210,16 @@ def test_trajstore_compare_prints_the_comparison(study: tuple[trajstore.Store, d
     assert f"{iqm['value'][0].as_py():.4g} [{iqm['ci_low'][0].as_py():.4g}, " in table
     assert main(["compare", "--store", str(store.root), "--by", "config.algo", "--normalize", "Walk-v0"]) != 0
     assert "--normalize: expected TASK=LOW:HIGH, got 'Walk-v0'" in capsys.readouterr().err
+
+
+def test_scores_are_each_runs_mean_of_its_last_episodes(study: tuple[trajstore.Store, dict[str, np.ndarray]]) -> None:
+    store, truth = study
+    got = store.scores("config.algo", last=3).to_pylist()
+    assert len(got) == len(ALGOS) * RUNS * len(TASKS)
+    for row in got:
+        algo, seed, t = row["run_id"].split("-")
+        assert row["config.algo"] == algo and row["task"] == TASKS[int(t)]
+        assert row["score"] == pytest.approx(truth[algo][int(seed), int(t)])
+    bounds = {task: (0.0, 30.0) for task in TASKS}
+    normalized = store.scores("config.algo", last=3, normalize=bounds)["score"].to_numpy()
+    np.testing.assert_allclose(normalized, np.array([r["score"] for r in got]) / 30.0)

@@ -45,6 +45,23 @@ class Scores:
     groups: dict[tuple[Any, ...], list[np.ndarray]]
     runs: dict[tuple[Any, ...], int]
     normalized: bool
+    run_ids: dict[tuple[Any, ...], list[list[str]]]  # per group and task, the run of each score
+
+    def table(self) -> pa.Table:
+        """One row per group, task and run: the ``by`` values, ``task``, ``run_id`` and ``score`` (normalized
+        where the scores are)."""
+        rows: dict[str, list[Any]] = {k: [] for k in [*self.by, "task", "run_id", "score"]}
+        for group, matrix in self.groups.items():
+            for task, values, runs in zip(self.tasks, matrix, self.run_ids[group]):
+                for value, run in zip(values.tolist(), runs):
+                    for k, v in zip(self.by, group):
+                        rows[k].append(v)
+                    rows["task"].append(task)
+                    rows["run_id"].append(run)
+                    rows["score"].append(value)
+        return pa.table({**{k: rows[k] for k in self.by}, "task": pa.array(rows["task"], pa.string()),
+                         "run_id": pa.array(rows["run_id"], pa.string()),
+                         "score": pa.array(rows["score"], pa.float64())})
 
 
 def scores(engine: Engine, by: Names, *, metric: str = "episode_return", task: str = "env_id", last: int = 100,
@@ -98,6 +115,7 @@ def _matrices(table: pa.Table, keys: list[str], normalize: Mapping[str, Sequence
     tasks = sorted({str(t) for t in rows["task"]})
     bounds = _bounds(normalize, tasks)
     cells: dict[tuple[Any, ...], dict[str, list[float]]] = {}
+    labels: dict[tuple[Any, ...], dict[str, list[str]]] = {}
     runs: dict[tuple[Any, ...], set[str]] = {}
     for i, task in enumerate(rows["task"]):
         group = tuple(rows[k][i] for k in keys)
@@ -108,6 +126,7 @@ def _matrices(table: pa.Table, keys: list[str], normalize: Mapping[str, Sequence
             low, high = bounds[str(task)]
             score = (score - low) / (high - low)
         cells.setdefault(group, {}).setdefault(str(task), []).append(float(score))
+        labels.setdefault(group, {}).setdefault(str(task), []).append(str(rows["run_id"][i]))
         runs.setdefault(group, set()).add(rows["run_id"][i])
     missing = [f"{_named(keys, g)} on {', '.join(repr(t) for t in tasks if t not in c)}"
                for g, c in sorted(cells.items(), key=lambda kv: _order(kv[0])) if set(c) != set(tasks)]
@@ -116,7 +135,8 @@ def _matrices(table: pa.Table, keys: list[str], normalize: Mapping[str, Sequence
                          "(no complete episode there); select the tasks every group ran with where= or run_id=")
     groups = {g: [np.asarray(c[t], np.float64) for t in tasks] for g, c in sorted(cells.items(),
                                                                                   key=lambda kv: _order(kv[0]))}
-    return Scores(keys, tasks, groups, {g: len(r) for g, r in runs.items()}, bounds is not None)
+    return Scores(keys, tasks, groups, {g: len(r) for g, r in runs.items()}, bounds is not None,
+                  {g: [labels[g][t] for t in tasks] for g in groups})
 
 
 def _bounds(normalize: Mapping[str, Sequence[float]] | None, tasks: list[str]) -> dict[str, tuple[float, float]] | None:

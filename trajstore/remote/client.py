@@ -207,6 +207,16 @@ class Client:
                   "threshold": [float(t) for t in thresholds]}
         return self._table("GET", "/compare/profile", params=params)
 
+    def scores(self, by: str | Sequence[str], *, metric: str = "episode_return", task: str = "env_id",
+               last: int = 100, mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None,
+               run_id: str | Sequence[str] | None = None, where: str | None = None,
+               version: int | None = None) -> pa.Table:
+        """:meth:`Store.scores <trajstore.store.Store.scores>` computed by the service."""
+        params = self._comparing(by, metric, task, last, mode, normalize, 0.95, 1, 0, run_id, where, version)
+        for unused in ("ci", "reps", "seed"):
+            params.pop(unused)
+        return self._table("GET", "/compare/scores", params=params)
+
     def group_curves(self, by: str | Sequence[str], *, metric: str = "episode_return", task: str = "env_id",
                      bins: int = 50, aggregate: str = "iqm", ci: float = 0.95, reps: int = 1000, seed: int = 0,
                      mode: str | None = None, run_id: str | Sequence[str] | None = None, where: str | None = None,

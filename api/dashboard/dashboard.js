@@ -6,9 +6,6 @@
 // when an episode is opened; nothing about frames for environments without pictures.
 "use strict";
 
-const $ = (id) => document.getElementById(id);
-const COLORS = ["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#dd4477", "#66aa00",
-  "#b82e2e", "#316395"];
 const POLL_MS = 2000;
 const LAST_N = 100;               // the runs table summarises each series' latest episodes (/runs?last=)
 const POINTS_LIMIT = 5000;        // one marker per episode (SVG) up to this many complete episodes; bins only beyond
@@ -17,7 +14,6 @@ const HIST_BINS = 60;
 const MAX_OBS_DIMS = 32;
 const FRAME_BOX_PX = 320;         // the frame player's width on screen (CSS pixels)
 const FRAME_MAX_PX = 640;         // the largest picture asked for (the service caps it at its max_frame_size)
-const PLOT_CONFIG = { responsive: true, displaylogo: false };
 // Columns of a step that are not numeric extras (everything else that holds numbers is plotted).
 const NOT_EXTRAS = new Set(["run_id", "env_id", "episode_id", "step", "obs", "next_obs", "reward", "terminated",
   "truncated", "wall_time", "env_steps", "policy_version", "seed", "env_index", "worker_id", "mode"]);
@@ -30,20 +26,6 @@ const state = {
   timings: {}, loads: 0, points: 0, ready: false, errors: [],
 };
 window.trajstoreDashboard = state;  // for the browser tests, and for poking around in the console
-
-// Plotly.js (its basic bundle: scatter and bar traces) is served by the service, compressed. The page preloads
-// it but runs it only once the tables are on screen: compiling its 1.2 MB blocks the page for a moment.
-let plotly = null;
-function plotlyReady() {
-  plotly ??= new Promise((resolve, reject) => {
-    const script = document.createElement("script");
-    script.src = document.body.dataset.plotly;
-    script.onload = () => resolve(window.Plotly);
-    script.onerror = () => reject(new Error(`could not load ${script.src}`));
-    document.head.appendChild(script);
-  });
-  return plotly;
-}
 
 const nextPaint = () => new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve, 0)));
 
@@ -70,40 +52,13 @@ function parseJson(text, exact) {
   return JSON.parse(text.replace(/("episode_id"\s*:\s*)(-?\d+)/g, '$1"$2"'));  // browsers without source access
 }
 
-function apiUrl(path, params = {}) {
-  const url = new URL(path, window.location.origin);
-  for (const [key, value] of Object.entries(params)) {
-    for (const item of [].concat(value)) {
-      if (item !== undefined && item !== null && item !== "") url.searchParams.append(key, item);
-    }
-  }
-  return url;
-}
-
 // GET a JSON route; `exact` keeps 63-bit integers exact (as strings), at some parsing cost.
 async function api(path, params = {}, { exact = true } = {}) {
-  const url = apiUrl(path, params);
-  const res = await fetch(url, { headers: { Accept: "application/json" } });
-  const text = await res.text();
-  if (!res.ok) {
-    let detail = text;
-    try { detail = JSON.parse(text).detail ?? text; } catch { /* not JSON */ }
-    const why = typeof detail === "string" ? detail : JSON.stringify(detail);
-    throw new Error(`GET ${url.pathname}${url.search}: ${res.status} ${why}`);
-  }
-  return parseJson(text, exact);
+  return parseJson(await apiText(path, params), exact);
 }
 
 function fail(err) {
-  const message = String((err && err.message) || err);
-  state.errors.push(message);
-  console.error(`trajstore dashboard: ${message}`);
-  setStatus(message, true);
-}
-
-function setStatus(text, error = false) {
-  $("status").textContent = text;
-  $("status").classList.toggle("error", error);
+  reportError(state, "dashboard", err);
 }
 
 // --- controls -----------------------------------------------------------------------------------------
@@ -286,13 +241,17 @@ async function renderPlots() {
     });
     state.curvesClickable = true;
   }
+  // Counts, or densities (each series' bars integrate to 1: a 500-episode run is as visible as a 22k one).
+  const density = $("density").checked;
   const hist = (id, h, title) => {
     const shown = (h ? h.series : []).filter(shownKey);
     return Plotly.react(id, shown.map((b) => ({
-      type: "bar", x: b.bin.map((_, i) => (b.lo[i] + b.hi[i]) / 2), y: b.count, width: b.bin.map((_, i) => b.hi[i] - b.lo[i]),
+      type: "bar", x: b.bin.map((_, i) => (b.lo[i] + b.hi[i]) / 2), y: density ? b.density : b.count,
+      width: b.bin.map((_, i) => b.hi[i] - b.lo[i]),
       opacity: 0.55, name: seriesKey(b), marker: { color: seriesColor(seriesKey(b)) },
     })), { barmode: "overlay", bargap: 0, margin: { t: 10, r: 10, b: 45, l: 55 }, xaxis: { title: { text: title } },
-    yaxis: { title: { text: "episodes" } }, showlegend: shown.length > 1, legend: { orientation: "h", y: -0.25 },
+    yaxis: { title: { text: density ? "density" : "episodes" } }, showlegend: shown.length > 1,
+    legend: { orientation: "h", y: -0.25 },
     annotations: shown.length ? [] : note("no complete episodes") }, PLOT_CONFIG);
   };
   await Promise.all([hist("hist-return", state.hists.ret, returnLabel()),
@@ -328,8 +287,8 @@ async function loadBinned() {
   const y = metric === "episode_length" ? "episode_length" : "episode_return";  // discounted with γ
   const [binned, ret_, len, stats] = await Promise.all([
     api("/curves/binned", { x: $("xaxis").value, y, gamma: g, bins: binCount() }, { exact: false }),
-    api("/curves/histogram", { y: "episode_return", gamma: g, bins: HIST_BINS }, { exact: false }),
-    api("/curves/histogram", { y: "episode_length", bins: HIST_BINS }, { exact: false }),
+    api("/curves/histogram", { y: "episode_return", gamma: g, bins: HIST_BINS, density: true }, { exact: false }),
+    api("/curves/histogram", { y: "episode_length", bins: HIST_BINS, density: true }, { exact: false }),
     api("/stats", { by: "run_id,env_id", gamma: g }, { exact: false }),
   ]);
   state.binned = binned;
@@ -341,7 +300,7 @@ async function loadBinned() {
 
 function saveUrl() {
   const url = new URL(window.location.href), p = url.searchParams;
-  for (const k of ["run", "x", "y", "gamma", "band"]) p.delete(k);
+  for (const k of ["run", "x", "y", "gamma", "band", "density"]) p.delete(k);
   const runs = [...new Set(state.runs.flatMap((r) => r.envs.map((e) => ({ run: r.run_id, key: `${r.run_id} · ${e.env_id}` })))
     .filter((s) => !state.hidden.has(s.key)).map((s) => s.run))];
   if (state.hidden.size) for (const r of runs) p.append("run", r);
@@ -349,6 +308,7 @@ function saveUrl() {
   if ($("metric").value !== "episode_return") p.set("y", $("metric").value);
   if ($("gamma").value.trim() !== "") p.set("gamma", $("gamma").value.trim());
   if ($("band").value !== "p10") p.set("band", $("band").value);
+  if ($("density").checked) p.set("density", "1");
   window.history.replaceState(null, "", url);
 }
 
@@ -361,6 +321,7 @@ function restoreUrl() {
   set("metric", p.get("y"));
   set("band", p.get("band"));
   if (p.get("gamma") !== null) $("gamma").value = p.get("gamma");
+  $("density").checked = p.get("density") === "1";
   state.urlRuns = p.getAll("run");
 }
 
@@ -660,6 +621,7 @@ async function poll() {
 
 function wire() {
   $("band").addEventListener("change", () => { saveUrl(); renderPlots().catch(fail); });
+  $("density").addEventListener("change", () => { saveUrl(); renderPlots().catch(fail); });
   for (const id of ["metric", "xaxis"]) {
     $(id).addEventListener("change", () => { saveUrl(); loadBinned().then(renderPlots).catch(fail); });
   }

@@ -1,11 +1,13 @@
-"""Routes of the dashboard: the page, its assets, ``/curves`` (every complete episode, as columns) and
-``/curves/binned`` / ``/curves/histogram`` (the same binned on the server: a payload of the number of bins).
-The curves read the latest version, or with ``?version=N`` the store as it was at version N.
+"""Routes of the dashboard: its pages (``/dashboard``, and ``/dashboard/experiment``: groups of runs compared
+with rliable's statistics over the ``/compare`` routes), their assets, ``/curves`` (every complete episode, as
+columns) and ``/curves/binned`` / ``/curves/histogram`` (the same binned on the server: a payload of the number of
+bins). The curves read the latest version, or with ``?version=N`` the store as it was at version N.
 
-The assets (``dashboard.js``, ``dashboard.css`` and Plotly.js: the ``plotly.js-basic-dist-min`` bundle of npm,
-vendored in ``vendor/`` by ``make vendor-plotly``: scatter and bar traces, a quarter of the full bundle) are
-gzipped once and named by their content's hash in the page (``?v=<hash>``), so a browser fetches each one
-compressed and once, then keeps it (``immutable``); the page itself is revalidated with its ETag.
+The assets (``common.js``, what both pages share, ``dashboard.js``, ``experiment.js``, ``dashboard.css`` and
+Plotly.js: the ``plotly.js-basic-dist-min`` bundle of npm, vendored in ``vendor/`` by ``make vendor-plotly``:
+scatter and bar traces, a quarter of the full bundle) are gzipped once and named by their content's hash in the pages
+(``?v=<hash>``), so a browser fetches each one compressed and once, then keeps it (``immutable``); the pages
+themselves are revalidated with their ETag.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from trajstore.store import Store
 router = APIRouter()
 HERE = Path(__file__).resolve().parent
 ASSETS = {"dashboard.js": ("dashboard.js", "text/javascript"), "dashboard.css": ("dashboard.css", "text/css"),
+          "experiment.js": ("experiment.js", "text/javascript"), "common.js": ("common.js", "text/javascript"),
           "plotly.min.js": ("vendor/plotly-basic.min.js", "text/javascript")}
+PAGES = ("page.html", "experiment.html")
 FOREVER = "public, max-age=31536000, immutable"  # an asset named by its content's hash never changes
 REVALIDATE = "no-cache"  # kept, but asked again each time (answered 304 while its ETag holds)
 
@@ -62,12 +66,14 @@ def asset(name: str) -> Asset:
     return _asset((HERE / path).read_bytes(), media_type)
 
 
-@lru_cache(maxsize=1)
-def page() -> Asset:
-    """The page, each asset's URL carrying its hash."""
-    text = (HERE / "page.html").read_text()
-    for name in ASSETS:
-        text = text.replace(f"{{{{{name}}}}}", f"/dashboard/assets/{name}?v={asset(name).digest}")
+@lru_cache(maxsize=None)
+def page(name: str = "page.html") -> Asset:
+    """The page ``name`` (one of :data:`PAGES`), each asset's URL carrying its hash."""
+    if name not in PAGES:
+        raise ValueError(f"no dashboard page {name!r}")
+    text = (HERE / name).read_text()
+    for item in ASSETS:
+        text = text.replace(f"{{{{{item}}}}}", f"/dashboard/assets/{item}?v={asset(item).digest}")
     return _asset(text.encode(), "text/html; charset=utf-8")
 
 
@@ -91,7 +97,15 @@ def root() -> RedirectResponse:
             responses={200: {"content": {"text/html": {}}}},
             summary="The dashboard: runs, learning curves, distributions, episodes and one episode's steps, live")
 def dashboard(request: Request) -> Response:
-    return _send(request, page(), REVALIDATE)
+    return _send(request, page("page.html"), REVALIDATE)
+
+
+@router.get("/dashboard/experiment", response_class=Response, tags=["dashboard"],
+            responses={200: {"content": {"text/html": {}}}},
+            summary="The experiment view: groups of runs (by a config key) compared per task with rliable's IQM and "
+                    "intervals, learning curves across seeds, performance profiles, probability of improvement")
+def experiment(request: Request) -> Response:
+    return _send(request, page("experiment.html"), REVALIDATE)
 
 
 @router.get("/dashboard/assets/{name}", include_in_schema=False)

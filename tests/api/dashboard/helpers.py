@@ -42,13 +42,15 @@ class Dashboard:
         self.page.goto(self.url + path)
         self.wait_ready()
 
+    STATE = "trajstoreDashboard"  # the page's state object, a global of its script
+
     def wait_ready(self) -> None:
-        self.page.wait_for_function("() => window.trajstoreDashboard && (trajstoreDashboard.ready"
-                                    " || trajstoreDashboard.errors.length > 0)")
+        g = self.STATE
+        self.page.wait_for_function(f"() => window.{g} && ({g}.ready || {g}.errors.length > 0)")
         assert self.state("errors") == [], self.problems
 
     def state(self, name: str) -> Any:
-        return self.page.evaluate(f"() => window.trajstoreDashboard.{name}")
+        return self.page.evaluate(f"() => window.{self.STATE}.{name}")
 
     def traces(self, plot: str) -> list[dict[str, Any]]:
         """The traces of one Plotly div: type, name, meta and the x and y arrays."""

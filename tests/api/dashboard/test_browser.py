@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute
 import pytest
 
 import trajstore
@@ -152,6 +154,35 @@ def test_hiding_a_series_removes_it_from_the_plots(dashboard: Dashboard) -> None
     assert key not in {t["name"] for t in dashboard.traces("hist-return")}
     dashboard.screenshot("learning-runs", full_page=False)
     assert dashboard.problems == []
+
+
+def test_histograms_show_densities_and_bin_lengths_on_whole_numbers(dashboard: Dashboard,
+                                                                     demo_store: trajstore.Store) -> None:
+    dashboard.open()
+
+    def widths(hist: str, name: str) -> list[float]:
+        return dashboard.page.evaluate(f"(i) => Array.from(document.getElementById('{hist}').data"
+                                       f".find((t) => t.name === i).width)", name)
+
+    for trace in dashboard.traces("hist-length"):  # whole-number lengths: bins from k - 0.5, whole numbers wide
+        for x, w in zip(trace["x"], widths("hist-length", trace["name"])):
+            assert w == int(w) >= 1 and (x - w / 2) % 1 == 0.5
+    dashboard.page.locator("#density").check()
+    dashboard.page.wait_for_function("() => document.getElementById('hist-length').layout.yaxis.title.text"
+                                     " === 'density'")
+    assert "density=1" in dashboard.page.url
+    want = demo_store.histogram(y="episode_length", bins=60, density=True)
+    for hist in ("hist-return", "hist-length"):
+        for trace in dashboard.traces(hist):  # each run's bars integrate to 1
+            assert sum(y * w for y, w in zip(trace["y"], widths(hist, trace["name"]))) == pytest.approx(1.0)
+    acrobot = [t for t in dashboard.traces("hist-length") if t["name"] == "acrobot-random · Acrobot-v1"][0]
+    rows = want.filter(pa.compute.equal(want["run_id"], "acrobot-random")).to_pydict()
+    assert acrobot["y"] == pytest.approx(rows["density"])
+    assert dashboard.problems == []
+    dashboard.page.reload()  # ends the page's event stream (a request the browser aborts)
+    dashboard.wait_ready()
+    assert dashboard.page.locator("#density").is_checked()
+    assert [p for p in dashboard.problems if not p.endswith("/events net::ERR_ABORTED")] == []
 
 
 def test_exact_ids_in_page_helpers(dashboard: Dashboard) -> None:

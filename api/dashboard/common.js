@@ -1,0 +1,60 @@
+// What both pages of the dashboard (page.html: runs and episodes; experiment.html: groups of runs compared) share:
+// element lookup, series colours, loading Plotly.js, GET requests to the public REST API, and the status line.
+// Loaded before each page's own script (classic scripts: these names are global to both).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const COLORS = ["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#dd4477", "#66aa00",
+  "#b82e2e", "#316395"];
+const PLOT_CONFIG = { responsive: true, displaylogo: false };
+
+// Plotly.js (its basic bundle: scatter and bar traces) is served by the service, compressed. The pages preload
+// it but run it only once their tables are on screen: compiling its 1.2 MB blocks the page for a moment.
+let plotly = null;
+function plotlyReady() {
+  plotly ??= new Promise((resolve, reject) => {
+    const script = document.createElement("script");
+    script.src = document.body.dataset.plotly;
+    script.onload = () => resolve(window.Plotly);
+    script.onerror = () => reject(new Error(`could not load ${script.src}`));
+    document.head.appendChild(script);
+  });
+  return plotly;
+}
+
+function apiUrl(path, params = {}) {
+  const url = new URL(path, window.location.origin);
+  for (const [key, value] of Object.entries(params)) {
+    for (const item of [].concat(value)) {
+      if (item !== undefined && item !== null && item !== "") url.searchParams.append(key, item);
+    }
+  }
+  return url;
+}
+
+// GET a JSON route's text; a refusal throws an Error holding the route and what the service said.
+async function apiText(path, params = {}) {
+  const url = apiUrl(path, params);
+  const res = await fetch(url, { headers: { Accept: "application/json" } });
+  const text = await res.text();
+  if (!res.ok) {
+    let detail = text;
+    try { detail = JSON.parse(text).detail ?? text; } catch { /* not JSON */ }
+    const why = typeof detail === "string" ? detail : JSON.stringify(detail);
+    throw new Error(`GET ${url.pathname}${url.search}: ${res.status} ${why}`);
+  }
+  return text;
+}
+
+function setStatus(text, error = false) {
+  $("status").textContent = text;
+  $("status").classList.toggle("error", error);
+}
+
+// An error of a page: kept in its state's `errors` (the browser tests read them), logged, and shown.
+function reportError(state, page, err) {
+  const message = String((err && err.message) || err);
+  state.errors.push(message);
+  console.error(`trajstore ${page}: ${message}`);
+  setStatus(message, true);
+}

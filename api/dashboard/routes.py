@@ -129,6 +129,8 @@ class CurveSeries(BaseModel):
     terminated: list[bool]
     policy_version: list[int | None] = Field(description="lineage at the episode's first step (null if not stored)")
     discounted_return: list[float] | None = Field(None, description="only when gamma is given")
+    metric: list[float | None] | None = Field(None, description="only when metric is given: its value per episode "
+                                                                "(null where the episode has none)")
 
 
 class Curves(BaseModel):
@@ -137,9 +139,9 @@ class Curves(BaseModel):
 
 
 def curves_payload(store: Store, *, run_id: list[str] | None = None, env_id: list[str] | None = None,
-                   gamma: float | None = None) -> Curves:
+                   gamma: float | None = None, metric: str | None = None) -> Curves:
     """Complete episodes of each (run, env), sorted by run and env, then in the order they ended."""
-    eps = store.curves(run_id=run_id, env_id=env_id, gamma=gamma)
+    eps = store.curves(run_id=run_id, env_id=env_id, gamma=gamma, metric=metric)
     keys = pc.binary_join_element_wise(eps["run_id"], eps["env_id"], "\x00").to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.array([], int)
     bounds = zip(starts.tolist(), [*starts[1:].tolist(), len(keys)])
@@ -158,7 +160,13 @@ def _series(t: pa.Table) -> CurveSeries:
         terminated=t["terminated"].to_pylist(),
         policy_version=t["policy_version"].to_pylist() if "policy_version" in t.column_names else [None] * len(t),
         discounted_return=t["discounted_return"].to_pylist() if "discounted_return" in t.column_names else None,
+        metric=t["metric"].to_pylist() if "metric" in t.column_names else None,
     )
+
+
+MetricQuery = Annotated[str | None, Query(max_length=200, description=(
+    "instead of y: any metric, a column of episodes or agg(column) of a step column with agg one of last, first, "
+    "sum, mean, min, max (last(is_success)); episodes without a value are left out"))]
 
 
 @router.get("/curves", tags=["dashboard"], summary="Learning curves: the complete episodes of each (run, env) in "
@@ -167,8 +175,8 @@ def curves(store: ReadStoreDep,
            run_id: Annotated[list[str], Query(description="runs to include (all by default)")] = [],  # noqa: B006
            env_id: Annotated[list[str], Query(description="envs to include (all by default)")] = [],  # noqa: B006
            gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return")] = None,
-           ) -> Curves:
-    return curves_payload(store, run_id=run_id or None, env_id=env_id or None, gamma=gamma)
+           metric: MetricQuery = None) -> Curves:
+    return curves_payload(store, run_id=run_id or None, env_id=env_id or None, gamma=gamma, metric=metric)
 
 
 class BinnedSeries(BaseModel):
@@ -216,11 +224,6 @@ RunsQuery = Annotated[list[str], Query(description="runs to include (all by defa
 EnvsQuery = Annotated[list[str], Query(description="envs to include (all by default)")]
 GammaQuery = Annotated[float | None, Query(ge=0, le=1, description="with y=episode_return: the discounted return "
                                                                     "for this discount instead")]
-
-
-MetricQuery = Annotated[str | None, Query(max_length=200, description=(
-    "instead of y: any metric, a column of episodes or agg(column) of a step column with agg one of last, first, "
-    "sum, mean, min, max (last(is_success)); episodes without a value are left out"))]
 
 
 def _metric(y: str, gamma: float | None) -> str:

@@ -123,5 +123,10 @@ def test_the_service_and_the_client_take_a_metric(
             assert np.sum(np.multiply(series["density"], widths)) == pytest.approx(1.0)
         binned = httpx.get(f"{live.url}/curves/binned", params={"metric": "last(is_success)", "bins": 5}).json()
         assert {s["run_id"] for s in binned["series"]} == set(RUNS)
+        curves = httpx.get(f"{live.url}/curves", params={"metric": "sum(cost)"}).json()
+        want_curves = store.curves(metric="sum(cost)")
+        for series in curves["series"]:
+            mine = want_curves.filter(pa.compute.equal(want_curves["run_id"], series["run_id"]))
+            assert series["metric"] == pytest.approx(mine["metric"].to_pylist())
         bad = httpx.get(f"{live.url}/stats", params={"metric": "median(cost)"})
         assert bad.status_code == 422 and "metric: unknown aggregate" in bad.text

@@ -82,8 +82,10 @@ def outcome(store: trajstore.Store, run: str) -> list[tuple[Any, ...]]:
 def test_gym_rollout_workers_split_the_episodes_and_repeat_with_the_seed(tmp_path: Path) -> None:
     path = str(tmp_path / "store")
     first = tray.rollout(path, "CartPole-v1", num_workers=3, episodes=20, run_id="a", seed=5, num_envs=2,
-                         progress=False, policy_version=1)
+                         progress=False, policy_version=1, config={"algo": "random", "lr": 3e-4}, tags=["ray"])
     store = trajstore.open(path)
+    info = store.run_info("a")  # three workers described the run at once: one description
+    assert (info["config"], info["tags"]) == ({"algo": "random", "lr": 3e-4}, ["ray"])
     per_worker = store.stats(by="worker_id", run_id="a").to_pylist()
     assert [w["worker_id"] for w in per_worker] == ["ray-0", "ray-1", "ray-2"]
     assert [w["n_traj"] >= share for w, share in zip(per_worker, (7, 7, 6))] == [True] * 3

@@ -134,7 +134,10 @@ def test_info_keys_are_stored_null_where_an_envs_info_lacks_them(store: trajstor
 
     venv = DummyVecEnv([lambda: Monitor(SuccessEnv()) for _ in range(2)])
     model = sb3.PPO("MlpPolicy", venv, n_steps=32, batch_size=32, n_epochs=1, seed=0, policy_kwargs=small())
-    with StoreCallback(store, run_id="info", env_id="Success-v0", info_keys=["cost", "is_success"]) as callback:
+    with StoreCallback(store, run_id="info", env_id="Success-v0", info_keys=["cost", "is_success"],
+                       config={"algo": "ppo", "n_steps": 32}, tags=["sb3"], notes="info keys") as callback:
         model.learn(64, callback=callback)
     assert assert_stored_as_reported(store, "info") == 64
+    info = store.run_info("info")
+    assert (info["config"], info["tags"], info["notes"]) == ({"algo": "ppo", "n_steps": 32}, ["sb3"], "info keys")
     assert store.sql("SELECT count(is_success) AS n FROM steps")["n"][0].as_py() >= 5

@@ -41,7 +41,7 @@ from tests.api.dashboard.synthetic import write_learning_runs  # noqa: E402
 from trajstore.api.app import create_app  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import cpu_model, out_path, output_options, publish  # noqa: E402
+from report import cpu_model, git_commit, out_path, output_options, publish  # noqa: E402
 
 from trajstore.settings import Settings  # noqa: E402
 
@@ -196,12 +196,12 @@ def to_markdown(res: Result, command: str) -> str:
     api = lambda times: ", ".join(f"`{p}` {_bm(v)}" for p, v in sorted(times.items()))  # noqa: E731
     return f"""## Dashboard: {res.episodes:,} episodes
 
-`{command}` ({datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}; {cpu_model()}, {os.cpu_count()} logical cores; load
-average {load} at the end: other jobs shared the machine, so each time is given as best / median of
-{len(res.cold)} repeats). Store: {res.episodes:,} complete episodes, {res.steps:,} steps (4 synthetic runs x 8
-policy versions, value and log_prob extras{built}). Headless Debian Chromium (software WebGL) driven by
-Playwright; the service under uvicorn in the benchmark's process. Times run from navigation start and are read
-from the page's own Paint Timing entries and `performance.mark`s.
+`{command}` ({datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}; trajstore commit {git_commit(REPO)}; {cpu_model()},
+{os.cpu_count()} logical cores; load average {load} at the end, the browser and the service sharing the cores; each
+time is given as best / median of {len(res.cold)} repeats). Store: {res.episodes:,} complete episodes,
+{res.steps:,} steps (4 synthetic runs x 8 policy versions, value and log_prob extras{built}). Headless Debian
+Chromium (software WebGL) driven by Playwright; the service under uvicorn in the benchmark's process. Times run
+from navigation start and are read from the page's own Paint Timing entries and `performance.mark`s.
 
 | page load | first contentful paint | runs and episodes tables with data | learning curves and histograms drawn \
 | last API response |

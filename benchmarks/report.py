@@ -40,7 +40,7 @@ def _memory_gib() -> float | None:
     return None
 
 
-def _git_commit(repo: Path) -> str:
+def git_commit(repo: Path) -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
                               text=True, check=True).stdout.strip()
@@ -74,7 +74,7 @@ def machine_info(repo: Path) -> dict[str, str]:
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "packages": ", ".join(versions),
-        "trajstore commit": _git_commit(repo),
+        "trajstore commit": git_commit(repo),
         "load average at start": load_average(),
     }
 

@@ -27,13 +27,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from trajstore import schema as sch
 from trajstore.errors import InputError
+from trajstore.write.writer import RESERVED_EXTRAS
 
 Values = dict[str, tuple[np.ndarray, np.ndarray]]
 """Per key: ``(values, present)``, each with a leading env axis (``present`` a bool mask)."""
-
-WRITER_COLUMNS = frozenset(c["name"] for c in sch.step_columns()) | {"env_index"}
 
 
 def check_info_keys(keys: Iterable[str] | None) -> tuple[str, ...]:
@@ -43,7 +41,7 @@ def check_info_keys(keys: Iterable[str] | None) -> tuple[str, ...]:
     if isinstance(keys, str) or not all(isinstance(k, str) and k for k in keys):
         raise InputError(f"info_keys: expected a list of info keys (strings), got {keys!r}")
     keys = tuple(keys)
-    clash = [k for k in keys if k in WRITER_COLUMNS]
+    clash = [k for k in keys if k in RESERVED_EXTRAS]
     if clash:
         raise InputError(f"info_keys: {clash[0]!r} is a step column of its own; an info key cannot be stored "
                          "under that name")

@@ -99,7 +99,7 @@ def _query(engine: Engine, keys: list[str], metric: str, task: str, mode: str | 
         if paths:
             snap.use_runs(engine.runs_table(snap.files))
             source = sql.with_config(source, paths)
-        source = sql.with_metric(source, chosen.name, chosen.column, chosen.agg)
+        source = chosen.source(source)
         conds = sql.conditions(where=where)
         if mode is not None:
             if "mode" not in snap.step_columns:

@@ -513,6 +513,7 @@ def _check_rewards(reward: np.ndarray, valid: np.ndarray, stored: pa.DataType) -
 
 
 WRITER_COLUMNS = frozenset(c["name"] for c in sch.step_columns())  # filled by the writer, never by its caller
+RESERVED_EXTRAS = WRITER_COLUMNS | {"env_index"}  # names no extra (an info key, a policy output) may take
 
 
 def _check_lineage_names(lineage: Mapping[str, Any]) -> None:
@@ -523,7 +524,7 @@ def _check_lineage_names(lineage: Mapping[str, Any]) -> None:
 
 
 def _check_extra(name: str, value: Any, T: int, B: int) -> None:
-    if name in WRITER_COLUMNS or name == "env_index":
+    if name in RESERVED_EXTRAS:
         raise InputError(f"extras: {name!r} is a reserved column name")
     for leaf_name, leaf in _leaves(f"extras.{name}", value):
         if leaf.shape[:2] != (T, B):

@@ -127,6 +127,19 @@ def on_small_disk(command: list[str], folder: Path, disk_mb: int) -> list[str]:
             str(folder), *command]
 
 
+def volume_flags(disk_mb: int | None) -> list[str]:
+    """How many volumes the server may make and how full its disk may get.
+
+    On a disk of ``disk_mb`` MB the count follows the free space (``-volume.max=0``), so the disk really fills. On the
+    machine's own disk the count is fixed: SeaweedFS makes several volumes per bucket and every test makes buckets, so
+    a count derived from the free space ran out on a machine with a few GB free ("No writable volumes and no free
+    volumes left"). Volumes are not preallocated, so a slot costs nothing until written; the floor of free space is
+    absolute, not 1 % of a large disk."""
+    if disk_mb is not None:
+        return ["-volume.max=0", f"-master.volumeSizeLimitMB={max(1, disk_mb // 8)}"]
+    return ["-volume.max=2000", "-volume.minFreeSpace=64MiB", "-master.volumeSizeLimitMB=64"]
+
+
 def start(folder: Path, *, timeout_s: float = 60, disk_mb: int | None = None) -> SeaweedFS:
     """Start SeaweedFS with its data in ``folder`` and wait until its S3 gateway answers; with ``disk_mb``, its
     data lives on a disk of that size (see :func:`on_small_disk`)."""
@@ -143,7 +156,7 @@ def start(folder: Path, *, timeout_s: float = 60, disk_mb: int | None = None) ->
     command = [weed, "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-master.port={master}", f"-volume.port={volume}", "-filer", f"-filer.port={filer}", "-s3",
                f"-s3.port={s3}", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-               "-volume.max=0", f"-master.volumeSizeLimitMB={64 if disk_mb is None else max(1, disk_mb // 8)}"]
+               *(volume_flags(disk_mb))]
     if disk_mb is not None:
         command = on_small_disk(command, folder / "data", disk_mb)
     with log.open("wb") as out:

@@ -632,10 +632,11 @@ class Store:
                                    after=after)
 
     def episode_steps(self, episode_id: int, columns: Sequence[str] | None = None, *,
-                      limit: int | None = None) -> pa.Table:
+                      limit: int | None = None, agent_id: Names = None) -> pa.Table:
         """Every step of one episode in order (``step`` and ``columns``, or every column), the first ``limit`` with
-        ``limit``; empty if there is no such episode."""
-        return episodes.episode_steps(self.engine, episode_id, columns, limit=limit)
+        ``limit``; empty if there is no such episode. A multi-agent episode has a row per agent and step (with
+        ``agent_id``); ``agent_id`` (one or several) keeps those agents' rows."""
+        return episodes.episode_steps(self.engine, episode_id, columns, limit=limit, agent_id=agent_id)
 
     @_reader
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", run_id: Names = None,

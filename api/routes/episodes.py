@@ -75,11 +75,13 @@ def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: 
 @router.get("/episodes/{episode_id}/steps", summary="Every step of one episode, in order (413 past max_page_bytes)",
             responses={200: {"content": ARROW_CONTENT}})
 def episode_steps(request: Request, store: ReadStoreDep, settings: SettingsDep,
-                  episode_id: Annotated[int, Path(**INT64)], columns: ColumnsDep) -> Any:
+                  episode_id: Annotated[int, Path(**INT64)], columns: ColumnsDep,
+                  agent_id: Annotated[list[str] | None, Query(description="a multi-agent episode's rows of these "
+                                                              "agents only (repeat for several)")] = None) -> Any:
     found, _ = store.episode_page(filter=EpisodeFilter(episode_id=[episode_id]), limit=1)
     env = [found["env_id"][0].as_py()] if found.num_rows else None  # its environment's own column types
     most = pages.page_rows(store, columns, settings.max_page_bytes, env)  # 413 past it: streams have no limit
-    rows = store.episode_steps(episode_id, columns or None, limit=most + 1)
+    rows = store.episode_steps(episode_id, columns or None, limit=most + 1, agent_id=agent_id or None)
     if rows.num_rows > most:
         raise pages.too_large(episode_id, most, settings.max_page_bytes)
     if rows.num_rows == 0:

@@ -186,6 +186,7 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
     files, chosen = _files(pinned, runs, where)
     if not files or (chosen is not None and len(chosen) == 0):
         raise InputError(f"run_id/where: nothing to export from {store.uri} (run_id={run_id!r}, where={where!r})")
+    _refuse_agents(pinned, files)
     pinned.engine.step_types(files).check(list(COLUMNS), stackable=True, hint=ONE_ENV)  # names the env ids
     source = loader_source(pinned.engine, pinned.layouts, run_id=runs or None, where=where, filter=None)
     kinds = {name: _kind(source.schema, name) for name in COLUMNS}
@@ -196,6 +197,15 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
         layout.close()
         raise
     return Selection(pinned, layout, run_idx, env_idx, names, kinds)
+
+
+def _refuse_agents(store: Store, files: list[DataFile]) -> None:
+    """An :class:`InputError` naming the runs whose selected files hold rows of multi-agent episodes: an export
+    format holds one agent per step."""
+    runs = sorted({f.run_id for f, s in zip(files, store.table.schemas(files)) if "agent_id" in s.logical.names})
+    if runs:
+        raise InputError(f"run_id: {', '.join(map(repr, runs))} holds multi-agent episodes (rows with an agent_id), "
+                         "and an exported dataset holds one agent per step: export single-agent runs (run_id=…)")
 
 
 def _files(store: Store, runs: list[str], where: str | None) -> tuple[list[DataFile], np.ndarray | None]:

@@ -2,7 +2,8 @@
 (:class:`RecordToStore`, :class:`VectorRecordToStore`, in :mod:`trajstore.integrations.gymnasium`) and a
 Stable-Baselines3 callback (:class:`trajstore.integrations.sb3.StoreCallback`, the ``[sb3]`` extra; import
 that module, :mod:`trajstore.integrations.sb3`, by name). Both, and the rollout workers, read ``info_keys`` out of
-each step's info the same way (:mod:`trajstore.integrations.info`)."""
+each step's info the same way (:mod:`trajstore.integrations.info`). Multi-agent PettingZoo envs are recorded by
+:mod:`trajstore.integrations.pettingzoo` (the ``[pettingzoo]`` extra; import it by name)."""
 
 from __future__ import annotations
 

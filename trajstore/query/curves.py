@@ -221,7 +221,7 @@ def curves(engine: Engine, *, run_id: Names = None, env_id: Names = None, where:
         chosen = sql.conditions(where=where, filter=filter)
         params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
         src = "episodes" if gamma is None else \
-            sql.subquery(sql.episodes_view(snap.step_columns, discounted=True, by_id=snap.by_id))
+            sql.subquery(snap.episodes_select(discounted=True))
         if metric is not None:
             src = Metric.parse(metric, snap.episode_columns, snap.step_columns, name=METRIC).source(src)
         walk = snap.arrow(sql.curve_episodes(series, chosen, source=src, flag=CURVE_POINT), params)

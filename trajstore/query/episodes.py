@@ -14,7 +14,7 @@ import pyarrow as pa
 from trajstore.errors import InputError
 from trajstore.query import sql
 from trajstore.query.engine import Engine
-from trajstore.query.filters import EpisodeFilter, Names
+from trajstore.query.filters import EpisodeFilter, Names, names_of
 from trajstore.query.returns import check_gamma
 from trajstore.query.snapshot import check_names
 from trajstore.storage.log import files_holding
@@ -37,7 +37,7 @@ def episodes(engine: Engine, *, run_id: Names = None, env_id: Names = None, comp
             conds.append("complete" if complete else "NOT complete")
         params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
         src = "episodes" if gamma is None else \
-            sql.subquery(sql.episodes_view(snap.step_columns, discounted=True, by_id=snap.by_id))
+            sql.subquery(snap.episodes_select(discounted=True))
         return snap.arrow(sql.episodes(conds, source=src, order_by=name, descending=descending, limit=limit,
                                        offset=offset, total=total), params)
 
@@ -92,9 +92,11 @@ def steps_page(engine: Engine, columns: Sequence[str] | None = None, *,
 
 
 def episode_steps(engine: Engine, episode_id: int, columns: Sequence[str] | None = None, *,
-                  limit: int | None = None) -> pa.Table:
+                  limit: int | None = None, agent_id: Names = None) -> pa.Table:
     """Every step of one episode in order (``step`` and ``columns``, or every column; a column only other
-    environments store is null), the first ``limit`` with ``limit``; empty if there is no such episode."""
+    environments store is null), the first ``limit`` with ``limit``; empty if there is no such episode. The
+    rows of a multi-agent episode come one per agent and step (by ``agent_id`` within a step, which ``columns``
+    then always holds); ``agent_id`` keeps those agents' rows."""
     committed = engine.files()
     names = ["step", *columns] if columns else []
     known = engine.step_types(committed).schema
@@ -105,8 +107,13 @@ def episode_steps(engine: Engine, episode_id: int, columns: Sequence[str] | None
             found = snap.arrow(sql.partition_of(int(episode_id))).to_pylist()
         files = [f for f in files if found and (f.run_id, f.env_id) == (found[0]["run_id"], found[0]["env_id"])]
     with engine.snapshot(files, con=engine.cursor()) as snap:
+        if snap.agents and names and "agent_id" not in names:
+            names.insert(1, "agent_id")
         held = [n for n in names if n in snap.step_columns]
-        rows = snap.arrow(sql.steps(held, sql.conditions(episode_id=int(episode_id)), limit=limit))
+        conds = sql.conditions(episode_id=int(episode_id))
+        if agent_id is not None:
+            conds.append(sql.in_list("agent_id", names_of(agent_id)))
+        rows = snap.arrow(sql.steps(held, conds, limit=limit))
     for name in names:  # a column only other environments store: null here
         if name not in rows.column_names:
             rows = rows.append_column(known.field(name), pa.nulls(rows.num_rows, known.field(name).type))

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.parquet as pq
 
 from trajstore.errors import StoreDamagedError
@@ -52,15 +53,17 @@ def check(files: Sequence[DataFile], schemas: Sequence[FileSchema], version_of: 
     with _lock:
         if key in _checked:
             return
-    keys = [_keys(f, s.format) for f, s in chosen]
+    keys = [_keys(f, s.format, agents=True) for f, s in chosen]
     eid = np.concatenate([k[0] for k in keys]) if keys else np.empty(0, np.int64)
     step = np.concatenate([k[1] for k in keys]) if keys else np.empty(0, np.int64)
+    agent, agent_names = _agent_codes([k[2] for k in keys])
     source = np.repeat(np.arange(len(chosen)), [len(k[0]) for k in keys])
-    order = np.lexsort((step, eid))
-    eid, step, source = eid[order], step[order], source[order]
-    same = eid[1:] == eid[:-1]
+    order = np.lexsort((step, agent, eid))
+    eid, step, agent, source = eid[order], step[order], agent[order], source[order]
+    same = (eid[1:] == eid[:-1]) & (agent[1:] == agent[:-1])
+    single = agent[1:] < 0  # an agent's own steps may skip (turns, agents that join late): not checked
     for bad, what in ((same & (step[1:] == step[:-1]), "is stored twice"),
-                      (same & (step[1:] > step[:-1] + 1), "is missing")):
+                      (same & single & (step[1:] > step[:-1] + 1), "is missing")):
         hit = np.flatnonzero(bad)
         if len(hit):
             i = int(hit[0])
@@ -68,8 +71,10 @@ def check(files: Sequence[DataFile], schemas: Sequence[FileSchema], version_of: 
             culprit = next((f for f, s in both if s.format.foreign), both[1][0])
             missing = int(step[i]) + 1 if what == "is missing" else int(step[i + 1])
             version = version_of(culprit.path)
+            whose = "" if agent[i] < 0 else f" of agent {agent_names[int(agent[i])]!r}"
             raise ForeignChangeError(
-                f"episode {int(eid[i])} (run {culprit.run_id!r}, env {culprit.env_id!r}): step {missing} {what} "
+                f"episode {int(eid[i])} (run {culprit.run_id!r}, env {culprit.env_id!r}): step {missing}{whose} "
+                f"{what} "
                 f"after another tool changed the table (version {version if version is not None else '?'} added "
                 f"{culprit.uri}); trajstore cannot read this episode back exactly: restore an earlier version "
                 "(`trajstore open --version`, or deltalake's restore) or delete the whole episode",
@@ -91,7 +96,7 @@ def in_order(files: Sequence[DataFile], fmt: Format) -> bool:
         seen: set[int] = set()
         known = True
         for f in files:
-            eid, step = _keys(f, fmt)
+            eid, step, _ = _keys(f, fmt)
             ids = set(np.unique(eid).tolist())
             if not _file_in_order(eid, step) or ids & seen:
                 known = False
@@ -104,11 +109,26 @@ def in_order(files: Sequence[DataFile], fmt: Format) -> bool:
     return known
 
 
-def _keys(f: DataFile, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+def _keys(f: DataFile, fmt: Format, *, agents: bool = False) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """A file's ``episode_id`` and ``step``, and with ``agents`` its ``agent_id`` (all null where it has none)."""
     names = [fmt.physical(c) for c in ("episode_id", "step")]
-    table = pq.read_table(f.path, columns=names, filesystem=f.fs)
+    held = pq.read_schema(f.path, filesystem=f.fs).names if agents else []
+    agent = fmt.physical("agent_id")
+    table = pq.read_table(f.path, columns=names + ([agent] if agent in held else []), filesystem=f.fs)
+    ids = table.column(2).combine_chunks() if agent in held else pa.nulls(table.num_rows, pa.string())
     return (table.column(0).to_numpy().astype(np.int64, copy=False),
-            table.column(1).to_numpy().astype(np.int64, copy=False))
+            table.column(1).to_numpy().astype(np.int64, copy=False), ids)
+
+
+def _agent_codes(ids: Sequence[pa.Array]) -> tuple[np.ndarray, list[str]]:
+    """Each row's agent as a number (its index in the sorted agent names, also returned; -1 for a single-agent
+    row)."""
+    if not ids:
+        return np.empty(0, np.int64), []
+    values = pa.chunked_array(ids, pa.string()).combine_chunks()
+    names = sorted(set(values.drop_null().to_pylist()))
+    codes = pa.compute.index_in(values, pa.array(names, pa.string())).fill_null(-1)
+    return codes.to_numpy().astype(np.int64), names
 
 
 def _file_in_order(eid: np.ndarray, step: np.ndarray) -> bool:

@@ -185,7 +185,7 @@ def returns(engine: Engine, *, gamma: float, per: Literal["episode", "step"] = "
     with engine.query_snapshot() as snap:
         if per == "episode":
             conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, episode_id=episode_id, filter=filter)
-            src = sql.subquery(sql.episodes_view(snap.step_columns, discounted=True, by_id=snap.by_id))
+            src = sql.subquery(snap.episodes_select(discounted=True))
             return snap.arrow(sql.episode_returns(conds, source=src, limit=limit), {"gamma": g})
         conds = sql.conditions(run_id=run_id, env_id=env_id, episode_id=episode_id) + \
             sql.step_conditions(filter, where)

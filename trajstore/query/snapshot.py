@@ -178,7 +178,9 @@ class Snapshot:
         self.con.execute(sql.create_view("steps", sql.with_lineage(stored, "committed_steps")))
         self.step_columns = self.columns("steps")
         self.by_id = ids_disjoint(self.files)
-        self.con.execute(sql.create_view("episodes", sql.episodes_view(self.step_columns, by_id=self.by_id)))
+        self.agents = "agent_id" in stored  # some rows belong to agents of multi-agent episodes
+        self.con.execute(sql.create_view("episodes", self.episodes_select()))
+        self.con.execute(sql.create_view("agent_episodes", sql.agent_episodes_view(self.agents)))
         self.episodes_materialized = False
         if runs is not None:
             self.use_runs(runs)
@@ -203,6 +205,10 @@ class Snapshot:
             source = sql.parquet_source(group.files)
         return group_select(group, source, variant,
                             lambda dtype, shape, stacked: images_sql.register(self.con, dtype, shape, stacked))
+
+    def episodes_select(self, *, discounted: bool = False) -> str:
+        """The SELECT behind the ``episodes`` view of these files (with ``discounted_return`` for ``$gamma``)."""
+        return sql.episodes_view(self.step_columns, discounted=discounted, by_id=self.by_id, agents=self.agents)
 
     def columns(self, view: str) -> list[str]:
         """The column names of ``view``."""

@@ -337,21 +337,53 @@ def with_lineage(stored: Sequence[str], source: str) -> str:
 
 
 def episodes_view(step_columns: Sequence[str], *, discounted: bool = False, source: str = "steps",
-                  by_id: bool = False) -> str:
+                  by_id: bool = False, agents: bool = False) -> str:
     """The SELECT behind the ``episodes`` view; with ``discounted`` it adds ``discounted_return`` for ``$gamma``.
 
     With ``by_id`` (only when episode ids are known to be disjoint between partitions) it groups by
     ``episode_id`` alone, the same episodes for less work: the other group keys are then constant within
-    each episode.
+    each episode. With ``agents`` (some stored rows have an ``agent_id``) the columns that differ for a
+    multi-agent episode take their ``agents_sql`` (the same values for single-agent episodes).
     """
     spec = sch.load(sch.EPISODE_SCHEMA_FILE)
     keys = ["episode_id"] if by_id else spec["group_by"]
-    cols = [f"{_in_group(c['sql'], keys, spec['group_by'])} AS {ident(c['name'])}" for c in spec["columns"]]
+    cols = [f"{_in_group(c.get('agents_sql', c['sql']) if agents else c['sql'], keys, spec['group_by'])} "
+            f"AS {ident(c['name'])}" for c in spec["columns"]]
     cols += [spec["lineage"]["sql"].format(name=ident(n)) + f" AS {ident(n)}"
              for n in sch.episode_lineage() if n in step_columns]
     if discounted:
         cols.append(f"{discounted_sum('reward', 'step')} AS discounted_return")
     return f"SELECT {', '.join(cols)} FROM {source} GROUP BY {', '.join(keys)}"
+
+
+AGENT_EPISODE_KEYS = ("run_id", "env_id", "episode_id", "agent_id")
+
+
+def agent_episodes_view(stored: bool, *, source: str = "steps") -> str:
+    """The SELECT behind the ``agent_episodes`` view: one row per (episode, agent) of the multi-agent rows
+    (none when no stored row has an ``agent_id``)."""
+    keys = ", ".join(AGENT_EPISODE_KEYS)
+    return (f"SELECT {keys}, sum(reward::DOUBLE) AS agent_return, count(*)::BIGINT AS agent_length, "
+            "bool_or(terminated) AS terminated, bool_or(truncated) AS truncated, "
+            "bool_or(terminated OR truncated) AS complete, min(step) AS first_step, max(step) AS last_step, "
+            f"max(env_steps) AS env_steps FROM {source} WHERE {'agent_id IS NOT NULL' if stored else 'false'} "
+            f"GROUP BY {keys}")
+
+
+AGENT_KEYS = ("agent_id", "agent_group")  # by= keys that make statistics per agent
+# an agent's group: the part of its id before the last "_" (adversary_0 -> adversary)
+AGENT_GROUP = "regexp_replace(agent_id, '_[^_]*$', '')"
+
+
+def per_agent(episodes: str) -> str:
+    """``episodes`` (a relation with the ``episodes`` view's columns) made one row per (episode, agent) of the
+    multi-agent episodes: each agent's return, length and ends in place of the episode's, with ``agent_id``
+    and ``agent_group``."""
+    return (f"(SELECT e.* REPLACE (a.agent_return AS episode_return, a.agent_length AS episode_length, "
+            "a.terminated AS terminated, a.truncated AS truncated, a.complete AS complete), a.agent_id, "
+            f"{AGENT_GROUP.replace('agent_id', 'a.agent_id')} AS agent_group "
+            f"FROM agent_episodes AS a JOIN {episodes} AS e "
+            "ON a.run_id = e.run_id AND a.env_id = e.env_id AND a.episode_id = e.episode_id)")
 
 
 def discounted_sum(reward: str, step: str) -> str:
@@ -526,8 +558,9 @@ def step_rewards(files: Sequence[DataFile], conds: Sequence[str]) -> str:
 
 
 def steps(columns: Sequence[str], conds: Sequence[str], *, limit: int | None = None, offset: int = 0) -> str:
-    """Selected steps in ``(episode_id, step)`` order."""
-    return f"SELECT {select_list(columns)} FROM steps{where(conds)} ORDER BY episode_id, step{page(limit, offset)}"
+    """Selected steps in ``(episode_id, step)`` order (the agents of one step by ``agent_id``)."""
+    return (f"SELECT {select_list(columns)} FROM steps{where(conds)} ORDER BY episode_id, step, agent_id"
+            f"{page(limit, offset)}")
 
 
 def episode_values(column: str) -> str:

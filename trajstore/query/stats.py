@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from trajstore.errors import InputError
 from trajstore.query import sql
 from trajstore.query.engine import Engine
 from trajstore.query.filters import EpisodeFilter, Names, names_of
@@ -23,15 +24,23 @@ def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where
     config, :mod:`~trajstore.storage.run_config`); complete episodes only unless
     ``include_incomplete``. With ``metric`` (:mod:`~trajstore.query.metrics`: ``"last(is_success)"``), also
     ``metric_n`` (the episodes it has a value for) and ``metric_{min,mean,std,max}`` over them. Means and
-    standard deviations are summed in parallel, in no fixed order: two calls can differ in their last bits."""
+    standard deviations are summed in parallel, in no fixed order: two calls can differ in their last bits.
+    ``by`` with ``agent_id`` or ``agent_group`` (the id's part before its last ``_``) gives statistics per agent of
+    the multi-agent episodes: each agent's return and length (``agent_episodes``) in place of the episode's."""
     keys = names_of(by)
     paths = {k: path for k in keys if (path := run_config.config_key(k)) is not None}  # by="config.algo"
     with engine.query_snapshot(episodes="if-cached" if gamma is None else None) as snap:
+        agents = [k for k in keys if k in sql.AGENT_KEYS]
         if keys:
-            snap.check_columns([k for k in keys if k not in paths])
+            snap.check_columns([k for k in keys if k not in paths and k not in agents])
+        if agents and gamma is not None:
+            raise InputError(f"gamma: discounted returns per agent are not computed; leave out gamma or group "
+                             f"by other columns than {agents}")
         conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter)
         source = "episodes" if snap.episodes_materialized else sql.subquery(
-            sql.episodes_view(snap.step_columns, discounted=gamma is not None, by_id=snap.by_id))
+            snap.episodes_select(discounted=gamma is not None))
+        if agents:
+            source = sql.per_agent(source)
         if paths:
             snap.use_runs(engine.runs_table(snap.files))
             source = sql.with_config(source, paths)

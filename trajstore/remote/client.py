@@ -160,9 +160,13 @@ class Client:
         return pa.ipc.open_stream(response.content).read_all(), response.headers
 
     def episode_steps(self, episode_id: int, columns: list[str] | None = None, *,
-                      version: int | None = None) -> pa.Table:
+                      version: int | None = None, agent_id: str | list[str] | None = None) -> pa.Table:
+        """Every step of one episode in order; of a multi-agent episode, one row per agent and step (``agent_id``:
+        those agents' rows only)."""
+        agents = [agent_id] if isinstance(agent_id, str) else agent_id
         return self._table("GET", f"/episodes/{int(episode_id)}/steps", params={"columns": columns,
-                                                                                 "version": version})
+                                                                                 "version": version,
+                                                                                 "agent_id": agents})
 
     @_filtered
     def stats(self, *, by: str | list[str] | None = None, gamma: float | None = None,

@@ -6,7 +6,8 @@ The modules, in the order a rollout uses them: :mod:`~trajstore.rollout.target` 
 bar), :mod:`~trajstore.rollout.background` (the writer on a thread of its own), then
 :mod:`~trajstore.rollout.gym_loop`, or :mod:`~trajstore.rollout.envs` (pure-JAX environments),
 :mod:`~trajstore.rollout.jax_scan` (the jitted scan), :mod:`~trajstore.rollout.jax_host` (the host side) and
-:mod:`~trajstore.rollout.jax_loop` / :mod:`~trajstore.rollout.evaluate`, and :mod:`~trajstore.rollout.minari`.
+:mod:`~trajstore.rollout.jax_loop` / :mod:`~trajstore.rollout.evaluate`, and :mod:`~trajstore.rollout.minari`;
+multi-agent PettingZoo envs: :mod:`trajstore.rollout.parallel`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["RolloutResult", "gym_rollout", "import_minari", "jax_evaluate", "jax_rollout",  # noqa: F822 - lazy
-           "sample_until"]
+           "parallel_rollout", "sample_until"]
 
 _HOMES = {"gym_rollout": "gym_loop", "jax_rollout": "jax_loop", "jax_evaluate": "evaluate",
-          "import_minari": "minari", "RolloutResult": "sampling", "sample_until": "sampling"}
+          "import_minari": "minari", "parallel_rollout": "parallel", "RolloutResult": "sampling",
+          "sample_until": "sampling"}
 
 
 def __getattr__(name: str) -> Any:

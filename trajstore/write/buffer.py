@@ -167,8 +167,9 @@ class Rows:
 class RowBuffer:
     """The rows of one writer since its last flush (see the module's description)."""
 
-    def __init__(self, num_envs: int, obs_type: pa.DataType, fmt: Format) -> None:
+    def __init__(self, num_envs: int, obs_type: pa.DataType, fmt: Format, *, compact: bool = True) -> None:
         self.num_envs = num_envs
+        self.compact = compact  # null next_obs where it is the next row's obs (not for agents: see agent_id)
         self.obs_type = obs_type
         self.stacks = fmt.stacks
         self.paths = [p for p, _ in leaves(obs_type)]
@@ -249,6 +250,8 @@ class RowBuffer:
         """Rows whose ``next_obs`` is the next row's ``obs`` bit for bit (that row in this call)."""
         n = len(rows.tm)
         cand = np.zeros(n, bool)
+        if not self.compact:
+            return cand
         if n:
             cand[:-1] = ~first[1:] & (rows.episode_id[1:] == rows.episode_id[:-1])
         for path in self.paths:
@@ -307,7 +310,7 @@ class RowBuffer:
         envs = self._envs
         envs.episode_id[b], envs.step[b] = rows.episode_id[last], rows.step[last]
         envs.call[b], envs.row[b] = len(self._calls) - 1, last
-        envs.pending[b] = ~rows.ends[last] & stored[last]
+        envs.pending[b] = ~rows.ends[last] & stored[last] & self.compact
         for path in self.paths:
             if path in self.stacks:
                 _keep(envs.stacks, path, _bytes(obs[path]), rows.tm[last], b, self.num_envs)

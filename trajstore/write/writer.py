@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -103,7 +103,7 @@ class Writer:
                  action_space: Any = None, autoreset: Autoreset = "same-step",
                  flush_bytes: int = 128 * 1024 * 1024, worker_id: str | None = None,
                  frame_stack: Mapping[str, int] | None = None, upkeep: CommitHook | None = None,
-                 **lineage: Any) -> None:
+                 agents: Sequence[str] | None = None, **lineage: Any) -> None:
         _check_name("run_id", run_id)
         _check_name("env_id", env_id)
         if autoreset not in AUTORESET_MODES:
@@ -116,6 +116,7 @@ class Writer:
         if frame_stack is not None and not isinstance(frame_stack, Mapping):
             check_frame_stack(pa.null(), frame_stack)  # raises naming frame_stack
         self.frame_stack = dict(frame_stack or {})
+        self.agents = _check_agents(agents, self.frame_stack)
         self.upkeep = upkeep  # told of each commit, on the commit thread; compacts on a thread of its own
         self._types = self._initial_types(observation_space, action_space)
         if OBS in self._types:
@@ -151,10 +152,20 @@ class Writer:
         ``numpy.ma.MaskedArray`` of scalars is stored null where masked).
         Nothing of the call is kept if any part of it is invalid.
         """
+        if self.agents is not None:
+            raise InputError("this writer stores the agents of multi-agent episodes: "
+                             "use trajstore.write.agents.AgentWriter, which gives each row its episode and step")
+        return self._add(batch)
+
+    def _add(self, batch: Mapping[str, Any], keys: Mapping[str, np.ndarray] | None = None) -> int:
+        """:meth:`add_batch`; ``keys`` (``(T, B)`` arrays), for the rows of agents, give each row's
+        ``episode_id``, ``step``, ``env_steps`` and ``env_index`` instead of the lane's own."""
         if self._closed:
             raise WriterClosedError(f"writer for run {self.run_id!r} is closed")
         arrays = _host(batch)
         T, B = _lead_shape(arrays)
+        if self.agents is not None and B != len(self.agents):
+            raise InputError(f"batch has B={B} lanes but this writer stores {len(self.agents)} agents")
         valid, done = _masks(arrays, T, B)
         _check_rewards(arrays["reward"], valid, self._types.get("reward") or sch.fixed_types()["reward"])
         cursors = self._cursors if self._cursors is not None else Cursors.empty(B)
@@ -164,7 +175,10 @@ class Writer:
         seg = segment(valid, done, cursors, self._ids, autoreset=self.autoreset)
         now = max(_now_us(), self._last_us)  # a clock set back must not make wall_time go backwards
         rows = _kept_rows(seg, done, T, B)
-        columns, obs, nxt = self._gathered(arrays, seg, rows, T, B, now)
+        if keys is not None:
+            rows.episode_id = seg.episode_id = np.asarray(keys["episode_id"], np.int64).reshape(-1)[rows.tm]
+            rows.step = seg.step = np.asarray(keys["step"], np.int64).reshape(-1)[rows.tm]
+        columns, obs, nxt = self._gathered(arrays, seg, rows, T, B, now, keys)
         self._cursors = seg.cursors
         self._time_indices += T
         self._last_us = now
@@ -234,6 +248,8 @@ class Writer:
         """The types this environment's stored steps have (an environment keeps them), and the declared spaces'."""
         stored = self.sink.stored_schema(env_id=self.env_id)
         types: dict[str, pa.DataType] = {f.name: f.type for f in stored} if stored is not None else {}
+        if self.agents is not None:  # the agents of one env may have spaces of their own: each writer declares its
+            types = {n: t for n, t in types.items() if n not in (OBS, NEXT, "action")}
         declared: dict[str, pa.DataType] = {}
         if observation_space is not None:
             declared[OBS] = declared[NEXT] = sch.type_of_space(observation_space, role="observation")
@@ -255,8 +271,9 @@ class Writer:
                 check_frame_stack(self._types[OBS], self.frame_stack)
         return self._types[name]
 
-    def _gathered(self, arrays: dict[str, Any], seg: Segments, rows: Rows, T: int, B: int,
-                  now: int) -> tuple[dict[str, pa.Array | None], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def _gathered(self, arrays: dict[str, Any], seg: Segments, rows: Rows, T: int, B: int, now: int,
+                  keys: Mapping[str, np.ndarray] | None = None
+                  ) -> tuple[dict[str, pa.Array | None], dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The call's kept rows of every column (each gathered once), and obs/next_obs by leaf as contiguous
         ``(T*B, …)`` arrays of the stored dtype; nothing of the call is kept if a field is refused."""
         n = len(rows.tm)
@@ -279,8 +296,14 @@ class Writer:
                 cols[name] = sch.to_arrow(name, gather(arrays[name], rows.tm), t, n)
             cols["wall_time"] = pa.array(_interpolated_us(self._last_us, now, T)[rows.tick],
                                          pa.timestamp("us", tz="UTC"))
-            cols["env_steps"] = pa.array((self._time_indices + 1 + rows.tick) * B, pa.int64())
-            cols["env_index"] = pa.array(rows.env.astype(np.int32))
+            if keys is None:
+                cols["env_steps"] = pa.array((self._time_indices + 1 + rows.tick) * B, pa.int64())
+                cols["env_index"] = pa.array(rows.env.astype(np.int32))
+            else:
+                cols["env_steps"] = pa.array(np.asarray(keys["env_steps"], np.int64).reshape(-1)[rows.tm])
+                cols["env_index"] = pa.array(np.asarray(keys["env_index"], np.int32).reshape(-1)[rows.tm])
+            if self.agents is not None:
+                cols["agent_id"] = pa.array(np.asarray(self.agents, object)[rows.env], pa.string())
             for name, value in self.lineage.items():
                 cols[name] = self._lineage(name, value, rows.env, B, n)
             for name, value in (arrays.get("extras") or {}).items():
@@ -310,7 +333,8 @@ class Writer:
             self._submit()  # other columns: the rows so far go to a file of their own
         if self._buffer is None:
             self._buffer = RowBuffer(B, self._types[OBS], Format.for_obs(self._types[OBS],
-                                                                         frame_stack=self.frame_stack))
+                                                                         frame_stack=self.frame_stack),
+                                     compact=self.agents is None)
         self._buffer_key = key
         self._buffer.add(columns, obs, nxt, rows)
         if self._buffer.nbytes >= self.flush_bytes:
@@ -514,6 +538,19 @@ def _check_rewards(reward: np.ndarray, valid: np.ndarray, stored: pa.DataType) -
 
 WRITER_COLUMNS = frozenset(c["name"] for c in sch.step_columns())  # filled by the writer, never by its caller
 RESERVED_EXTRAS = WRITER_COLUMNS | {"env_index"}  # names no extra (an info key, a policy output) may take
+
+
+def _check_agents(agents: Sequence[str] | None, frame_stack: Mapping[str, int]) -> list[str] | None:
+    """The agents a writer's lanes are (one lane each), checked; None for a single-agent writer."""
+    if agents is None:
+        return None
+    names = list(agents)
+    if not names or any(not isinstance(a, str) or not a for a in names) or len(set(names)) != len(names):
+        raise InputError(f"agents: expected distinct non-empty agent names, got {names!r}")
+    if frame_stack:
+        raise InputError("frame_stack: not for the agents of multi-agent episodes (each agent's next_obs is "
+                         "stored whole); stack the frames in the observation instead")
+    return names
 
 
 def _check_lineage_names(lineage: Mapping[str, Any]) -> None:

@@ -1,0 +1,215 @@
+"""Writing multi-agent episodes: one row per agent per env step at which it acted, the agents of an episode
+sharing its ``episode_id``.
+
+An :class:`AgentWriter` takes the rows of one environment as they happen (:meth:`AgentWriter.add`: the env step
+and, per agent that acted, its observation, action, reward, next observation and flags) and hands them, a few
+hundred env steps at a time, to one :class:`~trajstore.write.writer.Writer` per kind of agent (agents whose
+spaces are alike share one; ``simple_tag``'s adversaries and its agent do not), whose lanes are its agents. The
+writer fills ``agent_id`` and takes each row's ``episode_id``, ``step`` (the env step) and ``env_steps`` from here.
+An agent's ``next_obs`` is stored whole: its next row is not the episode's next row (see the ``agent_id`` column of
+``schemas/step.v1.json``).
+
+>>> import numpy as np, trajstore, tempfile
+>>> store = trajstore.open(tempfile.mkdtemp(), create=True)
+>>> with AgentWriter(store, run_id="duo", env_id="Pair-v0", agents=["a_0", "a_1"]) as w:
+...     for t in range(3):
+...         done = t == 2
+...         w.add(t, {a: (np.zeros(2, np.float32), 0, 1.0, np.zeros(2, np.float32), done, False)
+...                   for a in ("a_0", "a_1")})
+...     w.end_episode()
+>>> store.sql("SELECT episode_length, episode_return, n_agents FROM episodes").to_pylist()
+[{'episode_length': 3, 'episode_return': 6.0, 'n_agents': 2}]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from trajstore import schema as sch
+from trajstore.errors import InputError
+from trajstore.write.episode_ids import EpisodeIds
+from trajstore.write.writer import Writer
+
+FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+ROWS_PER_CALL = 512  # buffered rows of one kind of agent handed to its writer in one call
+
+
+class _Kind:
+    """The agents of one kind (alike spaces): their writer and their rows since its last call, lane by lane."""
+
+    def __init__(self, writer: Writer, agents: list[str]) -> None:
+        self.writer, self.agents = writer, agents
+        self.lane = {a: i for i, a in enumerate(agents)}
+        self.rows: list[list[tuple[Any, ...]]] = [[] for _ in agents]  # per lane: (fields..., keys...)
+        self.count = 0
+
+    def add(self, agent: str, row: tuple[Any, ...]) -> None:
+        self.rows[self.lane[agent]].append(row)
+        self.count += 1
+
+    def send(self) -> None:
+        """The buffered rows as one ``(T, B)`` batch: lane b's rows at t = 0, 1, … (in their order), the rest not
+        valid."""
+        if not self.count:
+            return
+        T, B = max(len(r) for r in self.rows), len(self.agents)
+        first = next(r[0] for r in self.rows if r)
+        valid = np.zeros((T, B), bool)
+        cells: list[list[tuple[Any, ...]]] = [[first] * B for _ in range(T)]
+        for b, lane in enumerate(self.rows):
+            for t, row in enumerate(lane):
+                cells[t][b] = row
+                valid[t, b] = True
+        batch = {name: _stacked([[cell[i] for cell in row] for row in cells], name)
+                 for i, name in enumerate(FIELDS)}
+        batch["valid"] = valid
+        batch["terminated"] = batch["terminated"].astype(bool) & valid
+        batch["truncated"] = batch["truncated"].astype(bool) & valid
+        keys = {name: np.array([[cell[len(FIELDS) + i] for cell in row] for row in cells], np.int64)
+                for i, name in enumerate(("episode_id", "step", "env_steps", "env_index"))}
+        self.writer._add(batch, keys)
+        self.rows = [[] for _ in self.agents]
+        self.count = 0
+
+
+def _stacked(values: list[list[Any]], name: str) -> Any:
+    """``(T, B)`` nested values (each an array, a number or a dict of them) as one array per leaf."""
+    sample = values[0][0]
+    if isinstance(sample, Mapping):
+        return {k: _stacked([[_key(v, k, name) for v in row] for row in values], f"{name}.{k}") for k in sample}
+    try:
+        return np.asarray(values) if not isinstance(sample, np.ndarray) else np.stack([np.stack(r) for r in values])
+    except ValueError as exc:
+        raise InputError(f"{name}: the agents of one kind give values of different shapes ({exc}); give each "
+                         "kind its spaces (observation_spaces=, action_spaces=)") from None
+
+
+def _key(value: Any, key: str, name: str) -> Any:
+    if not isinstance(value, Mapping) or key not in value:
+        raise InputError(f"{name}: expected a dict with key {key!r} like the first row, got {type(value).__name__}")
+    return value[key]
+
+
+class AgentWriter:
+    """Appends the multi-agent episodes of one ``(run_id, env_id)`` to a store; use as a context manager.
+
+    ``agents``: every agent that may act (PettingZoo's ``possible_agents``). ``observation_spaces`` and
+    ``action_spaces`` (agent -> gymnasium space) put agents of other spaces in writers of their own; without them,
+    all agents share one writer and must give alike values. Other keywords are writer options or lineage
+    (``config``, ``tags``, ``notes``, ``seed``, ``mode``, …), as for :meth:`trajstore.Store.writer`.
+    """
+
+    def __init__(self, store: Any, *, run_id: str, env_id: str, agents: Sequence[str],
+                 observation_spaces: Mapping[str, Any] | None = None, action_spaces: Mapping[str, Any] | None = None,
+                 env_index: int = 0, **options: Any) -> None:
+        names = list(agents)
+        if not names or len(set(names)) != len(names) or not all(isinstance(a, str) and a for a in names):
+            raise InputError(f"agents: expected distinct non-empty agent names, got {names!r}")
+        self.agents, self.env_index, self.run_id, self.env_id = names, int(env_index), run_id, env_id
+        self._kinds: list[_Kind] = []
+        self._kind_of: dict[str, _Kind] = {}
+        try:
+            for members, obs_space, act_space in _kinds(names, observation_spaces, action_spaces):
+                writer = store.writer(run_id=run_id, env_id=env_id, agents=members, observation_space=obs_space,
+                                      action_space=act_space, **options)
+                kind = _Kind(writer, members)
+                self._kinds.append(kind)
+                self._kind_of.update(dict.fromkeys(members, kind))
+        except BaseException:
+            for kind in self._kinds:
+                kind.writer.close()
+            raise
+        self._ids = EpisodeIds()
+        self._episode: int | None = None
+        self._length = 0  # env steps of the open episode seen so far
+        self._base = 0  # env steps of the episodes before it
+        self._ended: set[str] = set()
+        self.steps_written = 0
+        self.episodes_completed = 0
+
+    @property
+    def episode_id(self) -> int | None:
+        """The open episode's id (None between episodes)."""
+        return self._episode
+
+    def add(self, step: int, rows: Mapping[str, Sequence[Any]]) -> None:
+        """The rows of the agents that acted at env ``step`` of the open episode (one is opened if none is):
+        agent -> ``(obs, action, reward, next_obs, terminated, truncated)``. An agent whose row ended it acts no
+        more in this episode."""
+        if self._episode is None:
+            self._episode = int(self._ids(1)[0])
+        step = int(step)
+        if step < 0:
+            raise InputError(f"step: expected the env step (>= 0), got {step}")
+        for agent, row in rows.items():
+            kind = self._kind_of.get(agent)
+            if kind is None:
+                raise InputError(f"agent_id: {agent!r} is not one of this writer's agents {self.agents}")
+            if agent in self._ended:
+                raise InputError(f"agent_id: {agent!r} already ended episode {self._episode}; it cannot act at "
+                                 f"step {step}")
+            if len(row) != len(FIELDS):
+                raise InputError(f"{agent}: expected a row {FIELDS}, got {len(row)} values")
+            if row[4] or row[5]:
+                self._ended.add(agent)
+            kind.add(agent, (*row, self._episode, step, self._base + step + 1, self.env_index))
+            if kind.count >= ROWS_PER_CALL:
+                kind.send()
+        self._length = max(self._length, step + 1)
+        self.steps_written += len(rows)
+
+    def end_episode(self) -> None:
+        """Close the open episode (its agents that did not end stay unfinished); the next :meth:`add` opens
+        another."""
+        if self._episode is None:
+            return
+        if self._ended:
+            self.episodes_completed += 1
+        self._base += self._length
+        self._episode, self._length, self._ended = None, 0, set()
+
+    def flush(self) -> None:
+        """Commit every row given so far."""
+        for kind in self._kinds:
+            kind.send()
+            kind.writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the writers (idempotent)."""
+        try:
+            for kind in self._kinds:
+                kind.send()
+        finally:
+            for kind in self._kinds:
+                kind.writer.close()
+
+    def __enter__(self) -> AgentWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _kinds(agents: list[str], observation_spaces: Mapping[str, Any] | None,
+           action_spaces: Mapping[str, Any] | None) -> list[tuple[list[str], Any, Any]]:
+    """The agents grouped by their spaces' stored types (one group without spaces), in ``agents`` order."""
+    if observation_spaces is None and action_spaces is None:
+        return [(agents, None, None)]
+    groups: dict[tuple[str, str], tuple[list[str], Any, Any]] = {}
+    for a in agents:
+        obs = (observation_spaces or {}).get(a)
+        act = (action_spaces or {}).get(a)
+        key = (_described(obs, "observation", a), _described(act, "action", a))
+        groups.setdefault(key, ([], obs, act))[0].append(a)
+    return list(groups.values())
+
+
+def _described(space: Any, role: str, agent: str) -> str:
+    if space is None:
+        return ""
+    try:
+        return sch.describe(sch.type_of_space(space, role=role))
+    except InputError as exc:
+        raise InputError(f"{agent}: {exc}") from None

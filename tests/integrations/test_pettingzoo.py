@@ -322,3 +322,31 @@ def test_deltalake_optimize_keeps_agent_rows(tmp_path: Path) -> None:
     assert after.sql(query).equals(before)
     assert after.sql("SELECT * EXCLUDE (started_at, ended_at) FROM episodes ORDER BY episode_id").equals(episodes)
     assert after.sql("SELECT count(*) FROM episodes WHERE n_agents = 3 AND complete")[0][0].as_py() == 6
+
+
+def test_training_loaders_refuse_interleaved_agents(tag_store: Path) -> None:
+    """A loader follows an episode's rows; those of a multi-agent episode interleave its agents: refused, naming the
+    run, while the single-agent run of the same store still loads."""
+    store = trajstore.open(tag_store)
+    for read in (lambda **kw: store.sequences(4, **kw), lambda **kw: store.transitions(1, gamma=0.99, **kw)):
+        with pytest.raises(InputError, match=r"^run_id: 'tag' holds multi-agent episodes"):
+            next(iter(read()))
+        batch = next(iter(read(run_id="solo")))
+        assert len(batch["reward"]) > 0
+
+
+def test_the_cli_asks_per_agent_questions(tag_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from trajstore.cli import main
+
+    assert main(["stats", "--store", str(tag_store), "--by", "agent_group", "--run", "tag", "--format", "json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["agent_group"], r["n_traj"]) for r in rows] == [("adversary", 9), ("agent", 3)]
+    assert main(["sql", "--store", str(tag_store), "--format", "json",
+                 "SELECT agent_id, count(*) AS n FROM agent_episodes GROUP BY ALL ORDER BY agent_id"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["agent_id"] for r in rows] == ["adversary_0", "adversary_1", "adversary_2", "agent_0"]
+    assert main(["stats", "--store", str(tag_store), "--by", "agent_id", "--gamma", "0.9"]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("trajstore: error: --gamma: discounted returns per agent") and err.count("\n") == 1

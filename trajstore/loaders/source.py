@@ -13,6 +13,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from trajstore.errors import InputError
 from trajstore.loaders import stitched
 from trajstore.loaders.layout import read_files
 from trajstore.loaders.layout_store import Basis, LayoutStore
@@ -41,6 +42,7 @@ def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where:
         plan = scan_plan(engine, None, run_id=run_id, env_id=env_id, where=where, filter=filter)
         version, files = _listing(engine)  # after the plan's: if anything, later (a layout kept longer)
     engine.verify_sizes(plan.files)
+    _refuse_agents(engine, plan)
 
     def read(columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
         try:
@@ -71,6 +73,17 @@ def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where:
                   _basis(engine, plan, run_id, env_id, selection, version, files),
                   check=lambda names: types.check(names, stackable=True),  # type: ignore[union-attr]
                   stitch=stitch)
+
+
+def _refuse_agents(engine: Engine, plan: ScanPlan) -> None:
+    """An :class:`InputError` naming the runs of the selection that hold multi-agent episodes: a loader's windows
+    and transitions follow an episode's rows, which there interleave its agents."""
+    schemas = plan.schemas if plan.schemas is not None else engine.table.schemas(plan.files)
+    runs = sorted({f.run_id for f, s in zip(plan.files, schemas) if "agent_id" in s.logical.names})
+    if runs:
+        raise InputError(f"run_id: {', '.join(map(repr, runs))} holds multi-agent episodes (rows with an agent_id); "
+                         "training windows and transitions are built from single-agent episodes: select other runs "
+                         "(run_id=…), or read an agent's rows with SQL (SELECT … FROM steps WHERE agent_id = …)")
 
 
 def _basis(engine: Engine, plan: ScanPlan, run_id: Names, env_id: Names, selection: str, version: int,

@@ -332,7 +332,7 @@ def with_lineage(stored: Sequence[str], source: str) -> str:
     and in the same order whatever the order of the files (which compaction changes).
     """
     select = [ident(name) if null is None else f"NULL::{_DUCKDB[null]} AS {ident(name)}"
-              for name, null in sch.view_columns(stored)]
+              for name, null in sch.view_columns(stored, sql=True)]
     return f"SELECT {', '.join(select)} FROM {source}"
 
 

@@ -33,7 +33,7 @@ from trajstore.write.episode_ids import EpisodeIds
 from trajstore.write.writer import Writer
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-ROWS_PER_CALL = 512  # buffered rows of one kind of agent handed to its writer in one call
+ROWS_PER_CALL = 2048  # buffered rows of one kind of agent handed to its writer in one call
 
 
 class _Kind:
@@ -51,39 +51,43 @@ class _Kind:
 
     def send(self) -> None:
         """The buffered rows as one ``(T, B)`` batch: lane b's rows at t = 0, 1, … (in their order), the rest not
-        valid."""
+        valid (filled with the first row's values)."""
         if not self.count:
             return
         T, B = max(len(r) for r in self.rows), len(self.agents)
-        first = next(r[0] for r in self.rows if r)
-        valid = np.zeros((T, B), bool)
-        cells: list[list[tuple[Any, ...]]] = [[first] * B for _ in range(T)]
-        for b, lane in enumerate(self.rows):
-            for t, row in enumerate(lane):
-                cells[t][b] = row
-                valid[t, b] = True
-        batch = {name: _stacked([[cell[i] for cell in row] for row in cells], name)
+        counts = [len(r) for r in self.rows]
+        valid = np.arange(T)[:, None] < np.asarray(counts)[None, :]
+        batch = {name: _column([[row[i] for row in lane] for lane in self.rows], T, name)
                  for i, name in enumerate(FIELDS)}
         batch["valid"] = valid
         batch["terminated"] = batch["terminated"].astype(bool) & valid
         batch["truncated"] = batch["truncated"].astype(bool) & valid
-        keys = {name: np.array([[cell[len(FIELDS) + i] for cell in row] for row in cells], np.int64)
+        keys = {name: _column([[row[len(FIELDS) + i] for row in lane] for lane in self.rows], T, name)
                 for i, name in enumerate(("episode_id", "step", "env_steps", "env_index"))}
         self.writer._add(batch, keys)
         self.rows = [[] for _ in self.agents]
         self.count = 0
 
 
-def _stacked(values: list[list[Any]], name: str) -> Any:
-    """``(T, B)`` nested values (each an array, a number or a dict of them) as one array per leaf."""
-    sample = values[0][0]
+def _column(lanes: list[list[Any]], T: int, name: str) -> Any:
+    """Each lane's values (arrays, numbers or dicts of them) as one ``(T, B, …)`` array per leaf, lane b's at
+    ``[:len(lanes[b]), b]`` and its first value in the cells after them (not valid)."""
+    sample = next(v[0] for v in lanes if v)
     if isinstance(sample, Mapping):
-        return {k: _stacked([[_key(v, k, name) for v in row] for row in values], f"{name}.{k}") for k in sample}
+        return {k: _column([[_key(v, k, name) for v in lane] for lane in lanes], T, f"{name}.{k}") for k in sample}
     try:
-        return np.asarray(values) if not isinstance(sample, np.ndarray) else np.stack([np.stack(r) for r in values])
+        arrays = [(b, np.asarray(v) if np.ndim(sample) == 0 else np.stack(v)) for b, v in enumerate(lanes) if v]
+        if len({a.shape[1:] for _, a in arrays}) > 1:
+            raise ValueError(f"shapes {sorted({a.shape[1:] for _, a in arrays})}")
     except ValueError as exc:
         raise InputError(f"{name}: the agents of one kind give values of different shapes ({exc}); give each "
                          "kind its spaces (observation_spaces=, action_spaces=)") from None
+    first = arrays[0][1]
+    out = np.empty((T, len(lanes), *first.shape[1:]), np.result_type(*(a for _, a in arrays)))
+    out[:] = first[0]
+    for b, values in arrays:
+        out[:len(values), b] = values
+    return out
 
 
 def _key(value: Any, key: str, name: str) -> Any:

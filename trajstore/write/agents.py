@@ -54,8 +54,8 @@ class _Kind:
         valid (filled with the first row's values)."""
         if not self.count:
             return
-        T, B = max(len(r) for r in self.rows), len(self.agents)
         counts = [len(r) for r in self.rows]
+        T = max(counts)
         valid = np.arange(T)[:, None] < np.asarray(counts)[None, :]
         batch = {name: _column([[row[i] for row in lane] for lane in self.rows], T, name)
                  for i, name in enumerate(FIELDS)}

@@ -201,3 +201,28 @@ def test_resume_mistakes_are_named(uri: str) -> None:
     too_far = ttorch.Sequences(uri, **WINDOWS, resume={**state, "batches": 10_000})
     with pytest.raises(InputError, match="resume: 10000 batches taken, but epoch 0 of rank 0 has only"):
         list(too_far)
+
+
+def test_iter_batches_gives_tensors_like_sequences_and_transitions(tmp_path: Path) -> None:
+    """``iter_batches(format="torch")``, from the store and over REST, holds the numpy batches' values as CPU tensors
+    (text columns stay numpy), as ``sequences`` and ``transitions`` do."""
+    from tests.api.helpers import API_KEY, serve, settings_for
+    from trajstore.api.app import create_app
+
+    store = trajstore.open(tmp_path / "s", create=True)
+    fill(store)
+    columns = ["run_id", "episode_id", "step", "obs", "reward", "terminated"]
+    plain = list(store.iter_batches(batch_size=64, columns=columns))
+    for live in serve(create_app(settings_for(tmp_path / "s"))):
+        with trajstore.Client(live.url, api_key=API_KEY) as client:
+            sources = [store.iter_batches(batch_size=64, columns=columns, format="torch"),
+                       client.iter_batches(batch_size=64, columns=columns, format="torch")]
+            for tensors in sources:
+                got = list(tensors)
+                assert len(got) == len(plain)
+                for a, b in zip(got, plain):
+                    assert isinstance(a["obs"], torch.Tensor) and a["obs"].dtype == torch.float32
+                    assert isinstance(a["terminated"], torch.Tensor) and a["terminated"].dtype == torch.bool
+                    assert list(a["run_id"]) == list(b["run_id"])
+                    for name in ("episode_id", "step", "obs", "reward", "terminated"):
+                        np.testing.assert_array_equal(a[name].numpy(), b[name])

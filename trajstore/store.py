@@ -610,7 +610,8 @@ class Store:
         """Batches of ``batch_size`` steps for a training loop, read straight from the files: the same
         arguments and batches as :meth:`Client.iter_batches <trajstore.remote.client.Client.iter_batches>`.
 
-        ``format`` is ``"numpy"`` (a dict of ``(n, …)`` arrays), ``"jax"`` or ``"arrow"`` (record batches).
+        ``format`` is ``"numpy"`` (a dict of ``(n, …)`` arrays), ``"jax"``, ``"torch"`` (CPU tensors sharing the
+        arrays' memory; text columns stay numpy) or ``"arrow"`` (record batches).
         With ``shuffle``, rows are drawn at random from a buffer of ``shuffle_buffer`` rows, reproducibly for a
         given ``seed``; memory stays bounded by that buffer.
         """

@@ -135,6 +135,17 @@ def test_check_fails_on_a_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFix
     (["stats", "--store", "{demo}", "--where", "nope > 1"], r"error: --where: Binder Error: .*\"nope\" not found"),
     (["serve", "--store", "{missing}"], r"no trajstore store at .*nothing: check --store, or add --create to serve"),
     (["delete", "--store", "{demo}"], r"error: give --run RUN and/or --where CONDITION"),
+    (["serve", "--store", "{demo}", "--port", "99999"], r"error: --port: must be a whole number from 1 to 65535, "
+                                                         "got 99999$"),
+    (["rollout", "--env", "CartPole-v1", "--store", "{demo}", "--run", "x", "--episodes", "0"],
+     r"error: --episodes: must be a whole number >= 1, got 0$"),
+    (["rollout", "--env", "CartPole-v1", "--store", "{demo}", "--run", "x", "--num-envs", "two"],
+     r"error: --num-envs: must be a whole number >= 1, got two$"),
+    (["stats", "--store", "{demo}", "--bogus"], r"^trajstore: error: unrecognized arguments: --bogus$"),
+    (["stats", "--store", "{demo}", "--version", "-1"], r"error: --version: must be a whole number >= 0, got -1$"),
+    (["history", "--store", "{demo}", "--limit", "0"], r"error: --limit: must be a whole number >= 1, got 0$"),
+    (["compare", "--store", "{demo}", "--by", "run_id", "--reps", "0"],
+     r"error: --reps: must be a whole number >= 1, got 0$"),
 ])
 def test_errors_are_one_line(demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                              argv: list[str], message: str) -> None:

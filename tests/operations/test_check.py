@@ -277,3 +277,25 @@ def test_check_runs_in_bounded_memory_whatever_the_step_values(healthy: trajstor
     assert done.returncode == 0, done.stderr[-2000:]
     line = next(p for p in done.stdout.splitlines() if "episode 333 " in p)
     assert f"missing steps 2..4, 6..{top - 1}" in line and f"duplicate step rows (steps {top})" in line
+
+
+def test_a_file_is_small_only_where_compaction_would_merge_it(tmp_path: Path) -> None:
+    """Three small files in one partition are small; after compaction, the partition's one file is not (however
+    few its bytes), and a partition written in one file never was."""
+    from trajstore.settings import Settings
+    from trajstore.store import compact
+
+    store = trajstore.open(tmp_path / "s", create=True, settings=Settings(compact_small_files=0))
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        with store.writer(run_id="many", env_id="E") as w:
+            w.add_batch(_batch(rng))
+    with store.writer(run_id="one", env_id="E") as w:
+        w.add_batch(_batch(rng))
+    report = check(store)
+    assert {(p.run_id, p.files, p.small_files) for p in report.partitions} == {("many", 3, 3), ("one", 1, 0)}
+    assert "3 small" in str(report)
+    compact(store, progress=False)
+    report = check(trajstore.open(tmp_path / "s"))
+    assert {(p.run_id, p.files, p.small_files) for p in report.partitions} == {("many", 1, 0), ("one", 1, 0)}
+    assert "0 small" in str(report)

@@ -25,7 +25,12 @@ EXIT_ERROR = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(_attach_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    try:
+        args = parser.parse_args(_attach_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    except SystemExit as exc:  # a usage error, said in one line (--help and --version exit 0: they stay exits)
+        if exc.code == EXIT_ERROR:
+            return EXIT_ERROR
+        raise
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)

@@ -8,7 +8,8 @@ each Python argument (``flags``), so that an error naming ``run_id`` names ``--r
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import re
+from typing import Any, Callable, NoReturn
 
 from trajstore.__about__ import __version__
 from trajstore.cli import commands
@@ -18,11 +19,34 @@ ALIASES = {"run_id": "run", "env_id": "env", "version": "at_version", "older_tha
            "target_bytes": "target_mb", "dataset_id": "name", "folder": "name"}
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose every error is one line naming the flag (``trajstore: error: --port: …``), no
+    usage dump (``--help`` has it); its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        message = re.sub(r"^argument ([^:]+?)(/-\S+)?: ", r"\1: ", message)
+        self.exit(2, f"trajstore: error: {message}\n")
+
+
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` (to ``high``)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            wanted = f">= {low}" if high is None else f"from {low} to {high}"
+            raise argparse.ArgumentTypeError(f"must be a whole number {wanted}, got {text}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     from trajstore.settings import Settings
 
     settings = Settings.from_env()
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="trajstore", description="Store RL trajectories and query them: rollouts into a store, statistics, "
                                       "SQL, a REST service and dashboard, and the store's lifecycle.",
         epilog="Exit status: 0 done, 1 `check` found problems, 2 an error (said in one line on stderr), "
@@ -45,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["gym", "jax"], default="gym",
                    help="gym: a gymnasium vector env; jax: a pure-JAX env under lax.scan + vmap (default: gym)")
     p.add_argument("--env", required=True, help="environment id, e.g. CartPole-v1 (gym) or cartpole (jax)")
-    p.add_argument("--num-envs", type=int, default=8, help="environments stepped together (default: %(default)s)")
-    p.add_argument("--episodes", type=int, help="stop after at least this many complete episodes")
-    p.add_argument("--steps", type=int, help="stop after at least this many stored steps")
+    p.add_argument("--num-envs", type=whole(1), default=8, help="environments stepped together (default: %(default)s)")
+    p.add_argument("--episodes", type=whole(1), help="stop after at least this many complete episodes")
+    p.add_argument("--steps", type=whole(1), help="stop after at least this many stored steps")
     p.add_argument("--store", **store_opt)
     p.add_argument("--url", help="send the episodes to the trajstore service at this URL instead of a store "
                                  "(a remote worker)")
@@ -57,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the environments and the policy (default: 0)")
     p.add_argument("--autoreset", choices=["next-step", "same-step", "disabled"], default="next-step",
                    help="gymnasium vector-env autoreset mode (default: next-step, gymnasium's default)")
-    p.add_argument("--rollout-length", type=int, default=128,
+    p.add_argument("--rollout-length", type=whole(1), default=128,
                    help="jax: steps per lax.scan, each scan one (T, B) batch (default: 128)")
-    p.add_argument("--frame-stack", type=int, metavar="K",
+    p.add_argument("--frame-stack", type=whole(1), metavar="K",
                    help="gym: stack each env's last K observations (gymnasium's FrameStackObservation); each "
                         "frame is stored once")
     p.add_argument("--policy-version", type=int, help="stored in the policy_version column")
@@ -123,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a column of episodes, or agg(step column) with agg in last, first, sum, mean, min, max, "
                         "e.g. last(is_success) (default: %(default)s)")
     p.add_argument("--task", default="env_id", help="the column that names a task (default: %(default)s)")
-    p.add_argument("--last", type=int, default=100,
+    p.add_argument("--last", type=whole(1), default=100,
                    help="a run's score: the mean metric of its last N complete episodes per task (default: 100)")
     p.add_argument("--mode", choices=["train", "eval"], help="only episodes of this mode")
     p.add_argument("--normalize", action="append", metavar="TASK=LOW:HIGH",
@@ -132,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--statistic", action="append", choices=["iqm", "median", "mean", "optimality_gap"],
                    help="the statistics to show (repeat; default: all)")
     p.add_argument("--ci", type=float, default=0.95, help="the intervals' confidence (default: %(default)s)")
-    p.add_argument("--reps", type=int, default=2000, help="bootstrap replications (default: %(default)s)")
+    p.add_argument("--reps", type=whole(1), default=2000, help="bootstrap replications (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default: 0)")
     p.add_argument("--run", action="append", help="only this run_id (repeatable, or comma-separated)")
     p.add_argument("--where", help="an SQL condition over the episodes view")
@@ -151,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gamma", type=float, help="add discounted_return for this discount factor")
     p.add_argument("--order-by", default="episode_id", help="column to sort by, prefixed with - for descending "
                                                             "(default: %(default)s)")
-    p.add_argument("--limit", type=int, default=100, help="at most this many rows (default: %(default)s)")
-    p.add_argument("--offset", type=int, default=0, help="skip this many rows first (default: 0)")
+    p.add_argument("--limit", type=whole(0), default=100, help="at most this many rows (default: %(default)s)")
+    p.add_argument("--offset", type=whole(0), default=0, help="skip this many rows first (default: 0)")
     _version_option(p, "read the store as it was at version N (see trajstore history)")
     _output_options(p)
     p.set_defaults(func=commands.cmd_episodes)
@@ -165,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "read or write.")
     p.add_argument("query", help='e.g. "SELECT run_id, count(*) FROM steps GROUP BY run_id"')
     p.add_argument("--store", **store_opt)
-    p.add_argument("--limit", type=int, help="print at most this many rows (default: all); says so on stderr "
+    p.add_argument("--limit", type=whole(0), help="print at most this many rows (default: all); says so on stderr "
                                              "when the query returned more")
     p.add_argument("--unsafe", action="store_true",
                    help="no sandbox: run any SQL with this user's file access (read_csv of any file, COPY ... TO, "
@@ -182,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "OpenAPI at /openapi.json, the dashboard at /dashboard. Ctrl-C stops it.")
     p.add_argument("--store", **store_opt)
     p.add_argument("--host", help="address to listen on (default: $TRAJSTORE_HOST or 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default: $TRAJSTORE_PORT or 8321)")
+    p.add_argument("--port", type=whole(1, 65535), help="port (default: $TRAJSTORE_PORT or 8321)")
     p.add_argument("--api-key", help="enable authenticated ingest with this key (default: $TRAJSTORE_API_KEY)")
     p.add_argument("--create", action="store_true", help="make an empty store at --store if there is none")
     p.set_defaults(func=commands.cmd_serve)
@@ -234,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("history", "the store's versions: each commit, its rows added/removed and runs")
     p.add_argument("--store", **store_opt)
-    p.add_argument("--limit", type=int, help="only the last N versions")
+    p.add_argument("--limit", type=whole(1), help="only the last N versions")
     _output_options(p)
     p.set_defaults(func=commands.cmd_history)
 
@@ -258,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", action="append", default=[], help="only this run (repeatable, or comma-separated)")
     p.add_argument("--where", help="only the episodes this condition over the episodes view selects")
     _version_option(p, "export the store as of version N")
-    p.add_argument("--fps", type=int, default=30, help="lerobot: frames per second of the steps (timestamps are "
+    p.add_argument("--fps", type=whole(1), default=30, help="lerobot: frames per second of the steps (timestamps are "
                                                        "frame_index / fps; default: %(default)s)")
     _progress_option(p)
     p.set_defaults(func=commands.cmd_export)
@@ -319,4 +343,4 @@ def _progress_option(p: argparse.ArgumentParser) -> None:
 
 
 def _version_option(p: argparse.ArgumentParser, text: str) -> None:
-    p.add_argument("--version", dest="at_version", type=int, metavar="N", help=text)
+    p.add_argument("--version", dest="at_version", type=whole(0), metavar="N", help=text)

@@ -51,9 +51,9 @@ KEY_COLUMNS = ("episode_id", "step", "terminated", "truncated")
 @dataclass(frozen=True)
 class PartitionFiles:
     """The committed files of one ``(run_id, env_id)`` partition: how many, how many are small (below the
-    store's ``compact_small_bytes``), and their bytes. Each file costs every query a little (its footer, its
-    scan set-up): writers merge a partition's small files past ``compact_small_files``, ``trajstore compact``
-    merges any."""
+    store's ``compact_small_bytes``, and more than one of them: what compaction would merge), and their bytes.
+    Each file costs every query a little (its footer, its scan set-up): writers merge a partition's small files
+    past ``compact_small_files``, ``trajstore compact`` merges any."""
 
     run_id: str
     env_id: str
@@ -119,12 +119,17 @@ class CheckReport:
 
 
 def files_per_partition(files: Sequence[DataFile], small_bytes: int) -> list[PartitionFiles]:
-    """File counts, small files and bytes of each partition of ``files``, sorted by partition."""
+    """File counts, small files and bytes of each partition of ``files``, sorted by partition. A file is small when
+    it is below ``small_bytes`` and compaction would merge it: with another such file of its partition (a
+    partition's one file, as compaction leaves it, is not small however few its bytes)."""
     parts: dict[tuple[str, str], list[DataFile]] = {}
     for f in files:
         parts.setdefault((f.run_id, f.env_id), []).append(f)
-    return [PartitionFiles(run, env, len(fs), sum(f.size < small_bytes for f in fs), sum(f.size for f in fs))
-            for (run, env), fs in sorted(parts.items())]
+    out = []
+    for (run, env), fs in sorted(parts.items()):
+        small = sum(f.size < small_bytes for f in fs)
+        out.append(PartitionFiles(run, env, len(fs), small if small > 1 else 0, sum(f.size for f in fs)))
+    return out
 
 
 def check(engine: Engine, *, deep: bool = False) -> CheckReport:

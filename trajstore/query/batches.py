@@ -20,8 +20,8 @@ import pyarrow as pa
 from trajstore.errors import InputError
 from trajstore.schema import to_numpy
 
-BatchFormat = Literal["numpy", "jax", "arrow"]
-FORMATS = ("numpy", "jax", "arrow")
+BatchFormat = Literal["numpy", "jax", "arrow", "torch"]
+FORMATS = ("numpy", "jax", "arrow", "torch")
 
 
 def training_batches(batches: Iterable[pa.RecordBatch], *, batch_size: int, shuffle: bool, seed: int | None,
@@ -42,10 +42,17 @@ def check_batching(batch_size: int, shuffle_buffer: int, format: str) -> None:  
         raise InputError(f"shuffle_buffer: must be a number of rows >= 0, got {shuffle_buffer!r}")
     if format not in FORMATS:
         raise InputError(f"format: must be one of {list(FORMATS)}, got {format!r}")
+    if format == "torch":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise InputError("format: 'torch' needs PyTorch; install the extra: pip install 'trajstore[torch]'") \
+                from None
 
 
 def convert(batch: pa.RecordBatch, format: BatchFormat) -> Any:  # noqa: A002
-    """A record batch as itself (``arrow``), or a dict of ``(n, …)`` numpy arrays (``numpy``) or JAX arrays."""
+    """A record batch as itself (``arrow``), or a dict of ``(n, …)`` numpy arrays (``numpy``), JAX arrays or CPU
+    torch tensors sharing the arrays' memory (``torch``); text columns (``run_id``, ``agent_id``) stay numpy."""
     if format == "arrow":
         return batch
     arrays = {name: to_numpy(batch.column(i)) for i, name in enumerate(batch.schema.names)}
@@ -54,6 +61,14 @@ def convert(batch: pa.RecordBatch, format: BatchFormat) -> Any:  # noqa: A002
         import jax.tree_util
 
         return jax.tree_util.tree_map(lambda a: jnp.asarray(a) if a.dtype.kind in "biuf" else a, arrays)
+    if format == "torch":
+        import torch
+
+        def tensors(value: Any) -> Any:
+            if isinstance(value, dict):
+                return {k: tensors(v) for k, v in value.items()}
+            return torch.from_numpy(np.ascontiguousarray(value)) if value.dtype.kind in "biuf" else value
+        return tensors(arrays)
     return arrays
 
 

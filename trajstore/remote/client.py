@@ -331,9 +331,10 @@ class Client:
                      **filters: Any) -> Iterator[Any]:
         """Yield batches of ``batch_size`` steps while the stream is still arriving.
 
-        ``format`` is ``"numpy"`` (dict of arrays, ``(n, …)``), ``"jax"`` (dict of JAX arrays) or
-        ``"arrow"`` (record batches). With ``shuffle``, rows are drawn at random from a buffer of
-        ``shuffle_buffer`` rows, reproducibly for a given ``seed``; memory stays bounded by that buffer.
+        ``format`` is ``"numpy"`` (dict of arrays, ``(n, …)``), ``"jax"`` (dict of JAX arrays), ``"torch"``
+        (dict of CPU tensors; text columns stay numpy) or ``"arrow"`` (record batches). With ``shuffle``, rows
+        are drawn at random from a buffer of ``shuffle_buffer`` rows, reproducibly for a given ``seed``; memory
+        stays bounded by that buffer.
         """
         check_batching(batch_size, shuffle_buffer, format)
         params = {"columns": columns, "batch_rows": max(batch_size, 8192), "version": version, **filters}

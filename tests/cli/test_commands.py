@@ -141,6 +141,9 @@ def test_check_fails_on_a_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFix
      r"error: --episodes: must be a whole number >= 1, got 0$"),
     (["rollout", "--env", "CartPole-v1", "--store", "{demo}", "--run", "x", "--num-envs", "two"],
      r"error: --num-envs: must be a whole number >= 1, got two$"),
+    (["stats", "--store", "{demo}", "--env", "nope"], r"error: --env: no environment 'nope' in .*; its environments: "
+                                                       "CartPole-v1"),
+    (["sql", "--store", "{demo}", "--env", "nope", "SELECT 1"], r"error: --env: no environment 'nope'"),
     (["stats", "--store", "{demo}", "--bogus"], r"^trajstore: error: unrecognized arguments: --bogus$"),
     (["stats", "--store", "{demo}", "--version", "-1"], r"error: --version: must be a whole number >= 0, got -1$"),
     (["history", "--store", "{demo}", "--limit", "0"], r"error: --limit: must be a whole number >= 1, got 0$"),

@@ -125,6 +125,7 @@ def test_unknown_by_column_is_refused(written: tuple[trajstore.Store, dict[str, 
 def test_stats_of_an_empty_store(store: trajstore.Store) -> None:
     row = store.stats(gamma=0.9).to_pylist()[0]
     assert row["n_traj"] == 0
+    assert all(row[k] is None for k in STAT_KEYS + DISCOUNTED_KEYS if k != "n_traj"), row  # no 0.0 beside nulls
     assert store.stats(by="run_id").num_rows == 0
 
 

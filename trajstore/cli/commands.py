@@ -172,10 +172,24 @@ def _split(values: list[str] | None) -> list[str] | None:
     return found or None
 
 
+def _envs(store: Any, values: list[str] | None) -> list[str] | None:
+    """``--env`` values (:func:`_split`), each one an environment the store holds, or an error naming it and
+    listing them (as ``--run`` does runs)."""
+    wanted = _split(values)
+    if wanted:
+        held = sorted({f.env_id for f in store.files()})
+        missing = [e for e in wanted if e not in held]
+        if missing:
+            raise InputError(f"--env: no environment {', '.join(map(repr, missing))} in {store.uri}; its "
+                             f"environments: {', '.join(held) or 'none yet'}")
+    return wanted
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     store = _open(args.store, version=args.at_version)
     table = store.stats(by=_split(args.by), gamma=args.gamma, where=args.where, run_id=_split(args.run),
-                        env_id=_split(args.env), include_incomplete=args.include_incomplete, metric=args.metric)
+                        env_id=_envs(store, args.env), include_incomplete=args.include_incomplete,
+                        metric=args.metric)
     _emit(args, table)
     return 0
 
@@ -223,7 +237,7 @@ def _rounded(table: Any) -> Any:
 
 def cmd_episodes(args: argparse.Namespace) -> int:
     store = _open(args.store, version=args.at_version)
-    table = store.episodes(run_id=_split(args.run), env_id=_split(args.env), complete=args.complete,
+    table = store.episodes(run_id=_split(args.run), env_id=_envs(store, args.env), complete=args.complete,
                            where=args.where, gamma=args.gamma, order_by=args.order_by, limit=args.limit,
                            offset=args.offset)
     _emit(args, table)
@@ -236,7 +250,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         raise InputError(f"--limit: must be a number of rows >= 0, got {args.limit}")
     store = _open(args.store, version=args.at_version)
-    selection = {"run_id": args.run or None, "env_id": args.env or None}
+    selection = {"run_id": args.run or None, "env_id": _envs(store, args.env)}
     if args.unsafe:
         table = store.sql(args.query, **selection)
         truncated = args.limit is not None and table.num_rows > args.limit

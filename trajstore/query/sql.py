@@ -457,7 +457,7 @@ def stats(by: Sequence[str], *, discounted: bool, conds: Sequence[str], include_
     aggs = ["count(*) AS n_traj"] + ([f"count({ident(metric)}) AS metric_n"] if metric is not None else [])
     for key, col in metrics:
         aggs += [f"min({col})::DOUBLE AS {key}_min", f"avg({col})::DOUBLE AS {key}_mean",
-                 f"coalesce(stddev_pop({col}), 0)::DOUBLE AS {key}_std", f"max({col})::DOUBLE AS {key}_max"]
+                 f"stddev_pop({col})::DOUBLE AS {key}_std", f"max({col})::DOUBLE AS {key}_max"]
     conds = ([] if include_incomplete else ["complete"]) + list(conds)
     keys = ", ".join(ident(b) for b in by)
     select = (keys + ", " if keys else "") + ", ".join(aggs)

@@ -152,7 +152,8 @@ class RemoteError(TrajstoreError):
         self.status = status
         self.title = title
         self.detail = detail
-        super().__init__(f"{status} {title}" + (f": {detail}" if detail else ""))
+        head = title if status == 0 else f"{status} {title}"  # 0: no server answered
+        super().__init__(head + (f": {detail}" if detail else ""))
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colour and cursor codes (deltalake's error chains)

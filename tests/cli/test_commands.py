@@ -144,6 +144,13 @@ def test_check_fails_on_a_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFix
     (["stats", "--store", "{demo}", "--env", "nope"], r"error: --env: no environment 'nope' in .*; its environments: "
                                                        "CartPole-v1"),
     (["sql", "--store", "{demo}", "--env", "nope", "SELECT 1"], r"error: --env: no environment 'nope'"),
+    (["stats", "--store", "{demo}", "--output", "{missing}/x.csv", "--format", "csv"],
+     r"error: --output: cannot write .*nothing/x.csv: no such file or directory$"),
+    (["stats", "--store", "{demo}", "--output", "{missing}/x.parquet", "--format", "parquet"],
+     r"error: --output: cannot write .*nothing/x.parquet: "),
+    (["rollout", "--env", "CartPole-v1", "--run", "x", "--steps", "10", "--url", "http://127.0.0.1:9"],
+     r"error: Connection failed: cannot reach http://127.0.0.1:9/.*; check the service's URL \(--url\) and that "
+     "`trajstore serve` is running there$"),
     (["stats", "--store", "{demo}", "--bogus"], r"^trajstore: error: unrecognized arguments: --bogus$"),
     (["stats", "--store", "{demo}", "--version", "-1"], r"error: --version: must be a whole number >= 0, got -1$"),
     (["history", "--store", "{demo}", "--limit", "0"], r"error: --limit: must be a whole number >= 1, got 0$"),
@@ -329,3 +336,16 @@ def test_rollout_frame_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     code, _, err = run(capsys, "rollout", "--backend", "jax", "--env", "cartpole", "--frame-stack", "4",
                        "--steps", "10", "--store", str(path), "--run", "x")
     assert code == 2 and "--frame-stack" in err and "--backend gym" in err
+
+
+def test_a_hint_names_flags_as_typed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A library message's ``run_id=…`` and ``where="…"`` become the flags a shell user types, apart from their
+    values."""
+    from trajstore.rollout import gym_rollout
+
+    store = trajstore.open(tmp_path / "mixed", create=True)
+    gym_rollout(store, "CartPole-v1", run_id="a", num_envs=1, steps=50, progress=False)
+    gym_rollout(store, "Pendulum-v1", run_id="b", num_envs=1, steps=50, progress=False)
+    code, _, err = run(capsys, "export", "lerobot", str(tmp_path / "out"), "--store", str(tmp_path / "mixed"))
+    assert code == 2 and err.count("\n") == 1
+    assert "export one environment at a time (--run … or --where \"env_id = '…'\")" in err, err

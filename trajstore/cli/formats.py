@@ -26,13 +26,25 @@ def write(table: pa.Table, fmt: str, out: IO[str], *, output: str | None = None)
     if fmt == "parquet":
         if not output:
             raise InputError("format parquet writes a file: give --output PATH")
-        pq.write_table(table, output, compression="zstd")
+        try:
+            pq.write_table(table, output, compression="zstd")
+        except OSError as exc:
+            raise _unwritable(output, exc) from None
         return
     text = {"table": render_table, "csv": render_csv, "json": render_json}[fmt](table)
     if output:
-        Path(output).write_text(text)
+        try:
+            Path(output).write_text(text)
+        except OSError as exc:
+            raise _unwritable(output, exc) from None
     else:
         out.write(text)
+
+
+def _unwritable(output: str, exc: OSError) -> InputError:
+    """The error for an ``--output`` that cannot be written: the flag, the path and why, in words."""
+    reason = exc.strerror or str(exc).split("] ", 1)[-1]
+    return InputError(f"--output: cannot write {output}: {reason.lower() if exc.strerror else reason}")
 
 
 def _cell(value: Any) -> str:

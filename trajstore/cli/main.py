@@ -65,9 +65,18 @@ def _flags(args: argparse.Namespace) -> Mapping[str, str]:
     return getattr(args, "flags", None) or {}
 
 
+def _flag(m: re.Match[str], flags: Mapping[str, str]) -> str:
+    """The flag for a library argument name ``m`` found in a message (``where=`` becomes ``--where ``: the value
+    that follows stays apart), or the name as it was."""
+    name = m.group(1) or m.group(2)
+    if name not in flags:
+        return m.group(0)
+    return flags[name] + (" " if m.group(2) else "")
+
+
 def _message(exc: BaseException, flags: Mapping[str, str] = {}) -> str:
     """``exc`` as one line: no colour codes, and the command's flags for the argument names it starts with."""
     text = one_line(exc)  # no terminal codes (deltalake's errors carry some), one line
     if isinstance(exc, (TrajstoreError, OSError)):
-        return ARGUMENT.sub(lambda m: flags.get(m.group(1) or m.group(2), m.group(0)), text)
+        return ARGUMENT.sub(lambda m: _flag(m, flags), text)
     return f"{type(exc).__name__}: {text} (set TRAJSTORE_DEBUG=1 for a traceback)"

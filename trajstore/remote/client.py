@@ -295,7 +295,7 @@ class Client:
                 return
             except httpx.TransportError as exc:
                 if failures == self.retries:
-                    raise RemoteError(0, "Connection failed", f"GET {self.url}/events: {exc}") from exc
+                    raise unreachable("GET", f"{self.url}/events", exc) from exc
             else:
                 if failures == self.retries:
                     raise RemoteError(0, "Stream ended", f"GET {self.url}/events: the server ended the stream "
@@ -402,7 +402,7 @@ class Client:
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 if attempt == self.retries:
-                    raise RemoteError(0, "Connection failed", f"GET {url}: {exc}") from exc
+                    raise unreachable("GET", url, exc) from exc
             else:
                 if response.status not in RETRY_STATUSES or attempt == self.retries:
                     break
@@ -454,7 +454,7 @@ class Client:
                 response = self._http.request(method, path, params=_params(params or {}), **kwargs)
             except httpx.TransportError as exc:
                 if attempt + 1 == attempts:
-                    raise RemoteError(0, "Connection failed", f"{method} {self.url}{path}: {exc}") from exc
+                    raise unreachable(method, f"{self.url}{path}", exc) from exc
             else:
                 if response.status_code not in RETRY_STATUSES or attempt + 1 == attempts:
                     _raise_for_problem(response)
@@ -533,3 +533,10 @@ def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
             yield name, json.loads(line[len("data:"):])
         elif not line:
             name = "message"
+
+
+def unreachable(method: str, url: str, exc: httpx.TransportError) -> RemoteError:
+    """The error for a request that reached no server: the URL, what went wrong, and what to do."""
+    reason = str(exc) or type(exc).__name__
+    return RemoteError(0, "Connection failed", f"cannot reach {url} ({method}): {reason}; check the service's URL "
+                                               "(--url) and that `trajstore serve` is running there")

@@ -32,8 +32,9 @@ CHECK = Path(__file__).with_name("lerobot_check.py")
 
 
 def steps(store: trajstore.Store, **selection: Any) -> dict[str, np.ndarray]:
-    """The selected steps in export order (episode_id, step): the plain reference the exports are checked on."""
-    ids = store.episodes(**selection)["episode_id"].to_pylist()
+    """The selected steps in export order (episode_id, step), of complete episodes (what an export holds unless
+    asked for more): the plain reference the exports are checked on."""
+    ids = store.episodes(**selection, complete=True)["episode_id"].to_pylist()
     rows = store.sql("SELECT episode_id, env_id, obs, action, next_obs, reward, terminated, truncated FROM steps "
                      f"WHERE episode_id IN ({', '.join(map(str, ids))}) ORDER BY episode_id, step")
     out = {name: to_numpy(rows[name]) for name in rows.column_names if name != "env_id"}
@@ -115,7 +116,7 @@ def test_a_condition_selects_the_episodes(store: trajstore.Store, tmp_path: Path
     cartpole_like(store)
     where = "episode_length > 3 AND env_id = 'EnvB-v0' OR episode_id % 3 = 0"
     result = export_lerobot(store, tmp_path / "out", where=where)
-    chosen = store.episodes(where=where)
+    chosen = store.episodes(where=where, complete=True)
     episodes = pq.read_table(tmp_path / "out/meta/episodes/chunk-000/file-000.parquet")
     assert episodes["trajstore/episode_id"].to_pylist() == chosen["episode_id"].to_pylist()
     assert episodes["trajstore/run_id"].to_pylist() == chosen["run_id"].to_pylist()
@@ -284,5 +285,23 @@ def test_a_failed_or_interrupted_export_leaves_nothing(store: trajstore.Store, t
     assert list((tmp_path / "empty").iterdir()) == []
     monkeypatch.setattr(lr.RollingFiles, "add", real)
     result = export_lerobot(store, tmp_path / "empty")  # an empty folder is fine
-    assert result.steps == store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
+    assert result.steps == store.sql("SELECT sum(episode_length) AS n FROM episodes WHERE complete")["n"][0].as_py()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "store"]
+
+
+def test_an_export_holds_complete_episodes_unless_asked(store: trajstore.Store, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A rollout stopped mid-episode leaves fragments; an export holds the complete episodes, and the fragments
+    too with --include-unfinished."""
+    from trajstore.rollout import gym_rollout
+
+    gym_rollout(store, "CartPole-v1", run_id="r", num_envs=4, episodes=10, seed=0, progress=False)
+    every = store.episodes(run_id="r")
+    complete = store.episodes(run_id="r", complete=True)
+    assert 0 < complete.num_rows < every.num_rows
+    for flags, want in (([], complete), (["--include-unfinished"], every)):
+        out = tmp_path / f"out{len(flags)}"
+        assert cli.main(["export", "lerobot", str(out), "--store", str(store.root), *flags]) == 0
+        exported = pq.read_table(out / "meta/episodes/chunk-000/file-000.parquet")
+        assert sorted(exported["trajstore/episode_id"].to_pylist()) == sorted(want["episode_id"].to_pylist())
+        assert f"exported {want.num_rows} episode(s)" in capsys.readouterr().out

@@ -31,7 +31,7 @@ def small_groups(monkeypatch: pytest.MonkeyPatch) -> None:
 def same_episodes(dataset_id: str, store: trajstore.Store, run_id: str) -> None:
     """Every episode minari loads equals the store's, in episode_id order."""
     loaded = list(minari.load_dataset(dataset_id).iterate_episodes())
-    stored = store.episodes(run_id=run_id)
+    stored = store.episodes(run_id=run_id, complete=True)
     assert [len(e.rewards) for e in loaded] == stored["episode_length"].to_pylist()
     for e, episode_id in zip(loaded, stored["episode_id"].to_pylist()):
         steps = store.sql(f"SELECT obs, next_obs, action, reward, terminated, truncated FROM steps "
@@ -51,13 +51,13 @@ def test_the_exported_dataset_holds_the_same_episodes(datasets: Path, store: tra
     gym_rollout(store, "CartPole-v1", run_id="other", num_envs=1, episodes=2, seed=1, progress=False)
     assert cli.main(["export", "minari", "--store", str(store.root), "--run", "r", "cartpole/ts-v0"]) == 0
     shown = capsys.readouterr()
-    n = store.episodes(run_id="r").num_rows
+    n = store.episodes(run_id="r", complete=True).num_rows
     assert "Minari dataset cartpole/ts-v0" in shown.out
     assert f"{n}/{n} [" not in shown.err  # its progress bar only on a terminal (tests/cli/test_parser.py)
     same_episodes("cartpole/ts-v0", store, "r")
     dataset = minari.load_dataset("cartpole/ts-v0")
-    assert (dataset.total_episodes, dataset.total_steps) == (n, store.episodes(run_id="r")["episode_length"]
-                                                                 .to_numpy().sum())
+    lengths = store.episodes(run_id="r", complete=True)["episode_length"].to_numpy()
+    assert (dataset.total_episodes, dataset.total_steps) == (n, lengths.sum())
     assert dataset.spec.env_spec.id == "CartPole-v1" and \
         dataset.storage.metadata["dataset_size"] == dataset.storage.get_size()
     assert list(minari.list_local_datasets()) == ["cartpole/ts-v0"]
@@ -137,7 +137,7 @@ def test_picture_observations_are_uint8_boxes_of_their_shape(datasets: Path, sto
         space = dataset.observation_space
         assert (space.shape, space.dtype, space.low.min(), space.high.max()) == (shape, np.uint8, 0, 255)
         loaded = list(dataset.iterate_episodes())
-        stored = store.episodes(run_id=run)["episode_id"].to_pylist()
+        stored = store.episodes(run_id=run, complete=True)["episode_id"].to_pylist()
         assert len(loaded) == len(stored)
         for e, episode_id in zip(loaded, stored):
             steps = store.scan(["step", "obs", "next_obs"], episode_id=episode_id).read_all().sort_by("step")

@@ -387,10 +387,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "minari":
         from trajstore.export.minari import export_minari
 
-        result = export_minari(store, args.name, run_id=runs, where=args.where, progress=progress)
+        result = export_minari(store, args.name, run_id=runs, where=args.where, progress=progress,
+                               include_unfinished=args.include_unfinished)
     else:
         from trajstore.export.lerobot import export_lerobot
 
-        result = export_lerobot(store, args.name, run_id=runs, where=args.where, fps=args.fps, progress=progress)
+        result = export_lerobot(store, args.name, run_id=runs, where=args.where, fps=args.fps, progress=progress,
+                                include_unfinished=args.include_unfinished)
     print(result.format())
     return 0

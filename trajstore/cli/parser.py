@@ -281,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", **store_opt)
     p.add_argument("--run", action="append", default=[], help="only this run (repeatable, or comma-separated)")
     p.add_argument("--where", help="only the episodes this condition over the episodes view selects")
+    p.add_argument("--include-unfinished", action="store_true",
+                   help="export unfinished episodes too (a worker stopped mid-episode); by default only complete ones")
     _version_option(p, "export the store as of version N")
     p.add_argument("--fps", type=whole(1), default=30, help="lerobot: frames per second of the steps (timestamps are "
                                                        "frame_index / fps; default: %(default)s)")

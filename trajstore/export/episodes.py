@@ -175,10 +175,14 @@ def _read(column: lay.Column, lo: int, hi: int) -> np.ndarray:
         del values
 
 
-def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: str | None = None) -> Selection:
-    """The episodes of ``run_id`` (all runs when None) that ``where`` (a condition over the episodes view)
-    selects, laid out for export at the store's current version. Close it (or use it in a ``with`` block)."""
+def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: str | None = None,
+           include_unfinished: bool = False) -> Selection:
+    """The complete episodes (with ``include_unfinished``, the unfinished ones too) of ``run_id`` (all runs when
+    None) that ``where`` (a condition over the episodes view) selects, laid out for export at the store's current
+    version. Close it (or use it in a ``with`` block)."""
     runs = [run_id] if isinstance(run_id, str) else list(run_id or [])
+    if not include_unfinished:
+        where = "complete" if where is None else f"complete AND ({where})"
     store.engine.check_runs(runs)
     if store.version < 0:
         raise InputError(f"run_id/where: nothing to export from {store.uri}: the store is empty")

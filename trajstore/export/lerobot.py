@@ -198,8 +198,10 @@ def features(kinds: dict[str, tuple[np.dtype, tuple[int, ...]]],
 
 def export_lerobot(store: Store, folder: str | Path, *, run_id: str | Sequence[str] | None = None,
                    where: str | None = None, fps: int = 30, chunk_size: int = CHUNK_SIZE,
-                   file_size_mb: float = FILE_SIZE_MB, progress: bool = False) -> ExportResult:
-    """Write the episodes of ``run_id`` (selected by ``where``, a condition over the episodes view) as a
+                   file_size_mb: float = FILE_SIZE_MB, progress: bool = False,
+                   include_unfinished: bool = False) -> ExportResult:
+    """Write the complete episodes of ``run_id`` (selected by ``where``, a condition over the episodes view;
+    ``include_unfinished``: the unfinished ones too) as a
     LeRobot v3.0 dataset in ``folder`` (new, or an empty folder): one frame per step, ``fps`` frames per
     second. ``chunk_size`` files per chunk folder and files of ``file_size_mb`` at most, as LeRobot's
     ``chunks_size`` and ``data_files_size_in_mb``. ``progress``: a bar over the episodes."""
@@ -209,7 +211,7 @@ def export_lerobot(store: Store, folder: str | Path, *, run_id: str | Sequence[s
         raise InputError(f"chunk_size/file_size_mb: must be positive, got {chunk_size}/{file_size_mb}")
     root = Path(folder)
     check_new(root, field="folder")
-    with select(store, run_id=run_id, where=where) as selection:
+    with select(store, run_id=run_id, where=where, include_unfinished=include_unfinished) as selection:
         with staged(root, field="folder") as stage:
             _write(selection, stage, fps=fps, chunk_size=chunk_size, file_mb=file_size_mb, progress=progress)
         return ExportResult(str(root), selection.episodes, selection.steps, selection.runs, "LeRobot dataset")

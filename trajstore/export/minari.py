@@ -45,8 +45,10 @@ FILE_THREADS = 8  # episodes' files made at once
 
 
 def export_minari(store: Store, dataset_id: str, *, run_id: str | Sequence[str] | None = None,
-                  where: str | None = None, data_format: str = "arrow", progress: bool = False) -> ExportResult:
-    """Write the episodes of ``run_id`` (selected by ``where``, a condition over the episodes view) as the
+                  where: str | None = None, data_format: str = "arrow", progress: bool = False,
+                  include_unfinished: bool = False) -> ExportResult:
+    """Write the complete episodes of ``run_id`` (selected by ``where``, a condition over the episodes view;
+    ``include_unfinished``: the unfinished ones too) as the
     Minari dataset ``dataset_id`` (``(namespace/)name-vN``); refused if it exists already. ``data_format``:
     one of minari's storage formats (``arrow``, ``parquet``, ``hdf5``). ``progress``: a bar over the
     episodes."""
@@ -66,7 +68,7 @@ def export_minari(store: Store, dataset_id: str, *, run_id: str | Sequence[str] 
     if final.exists():
         raise InputError(f"dataset_id: a local Minari dataset {dataset_id!r} exists already ({final}); choose "
                          f"another id or delete it (minari delete {dataset_id})")
-    with select(store, run_id=run_id, where=where) as selection:
+    with select(store, run_id=run_id, where=where, include_unfinished=include_unfinished) as selection:
         with staged(final, field="dataset_id", stage_in=root,
                     before_move=lambda: _namespace(namespace, get_dataset_path)) as stage:
             _write(selection, stage / "data", dataset_id, data_format, progress, minari.__version__)

@@ -231,6 +231,8 @@ def test_wrong_rows_are_refused_by_name(tmp_path: Path) -> None:
         row = (np.zeros(2, np.float32), 0, 1.0, np.zeros(2, np.float32), True, False)
         with pytest.raises(InputError, match="agent_id: 'c'"):
             w.add(0, {"c": row})
+        with pytest.raises(InputError, match=r"reward: must be finite, got nan for agent 'b' at step 0"):
+            w.add(0, {"b": (row[0], 0, float("nan"), row[3], False, False)})
         w.add(0, {"a": row})
         with pytest.raises(InputError, match="already ended"):
             w.add(1, {"a": row})

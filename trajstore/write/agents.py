@@ -23,6 +23,7 @@ An agent's ``next_obs`` is stored whole: its next row is not the episode's next 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -141,21 +142,24 @@ class AgentWriter:
     def add(self, step: int, rows: Mapping[str, Sequence[Any]]) -> None:
         """The rows of the agents that acted at env ``step`` of the open episode (one is opened if none is):
         agent -> ``(obs, action, reward, next_obs, terminated, truncated)``. An agent whose row ended it acts no
-        more in this episode."""
-        if self._episode is None:
-            self._episode = int(self._ids(1)[0])
+        more in this episode. Nothing of the call is kept if one of its rows is refused."""
         step = int(step)
         if step < 0:
             raise InputError(f"step: expected the env step (>= 0), got {step}")
         for agent, row in rows.items():
-            kind = self._kind_of.get(agent)
-            if kind is None:
+            if agent not in self._kind_of:
                 raise InputError(f"agent_id: {agent!r} is not one of this writer's agents {self.agents}")
             if agent in self._ended:
                 raise InputError(f"agent_id: {agent!r} already ended episode {self._episode}; it cannot act at "
                                  f"step {step}")
             if len(row) != len(FIELDS):
                 raise InputError(f"{agent}: expected a row {FIELDS}, got {len(row)} values")
+            if not _finite(row[2]):  # said now, naming the agent and step, not when the rows are handed over
+                raise InputError(f"reward: must be finite, got {row[2]!r} for agent {agent!r} at step {step}")
+        if self._episode is None:
+            self._episode = int(self._ids(1)[0])
+        for agent, row in rows.items():
+            kind = self._kind_of[agent]
             if row[4] or row[5]:
                 self._ended.add(agent)
             kind.add(agent, (*row, self._episode, step, self._base + step + 1, self.env_index))
@@ -194,6 +198,13 @@ class AgentWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _finite(reward: Any) -> bool:
+    try:
+        return math.isfinite(float(reward))
+    except (TypeError, ValueError):
+        return False
 
 
 def _kinds(agents: list[str], observation_spaces: Mapping[str, Any] | None,

@@ -75,17 +75,17 @@ def fixed_types() -> dict[str, pa.DataType]:
     return {c["name"]: arrow_type(c["type"]) for c in load(STEP_SCHEMA_FILE)["columns"] if c["type"] != "space"}
 
 
-def view_columns(stored: Sequence[str], *, sql: bool = False) -> list[tuple[str, pa.DataType | None]]:
+def view_columns(stored: Sequence[str]) -> list[tuple[str, pa.DataType | None]]:
     """The columns of the ``steps`` view over stored columns named ``stored``, in its order: the schema's own
-    (lineage ones always, as a typed null where not stored; with ``sql``, the SQL view's, ``agent_id`` too), then
-    every lineage column, then other extras by name. Each with None when stored, else the type of the null that
-    stands for it."""
+    (lineage ones always, as a typed null where not stored; ``agent_id`` only where stored), then every lineage
+    column, then other extras by name. Each with None when stored, else the type of the null that stands for
+    it."""
     spec = load(STEP_SCHEMA_FILE)
     out: list[tuple[str, pa.DataType | None]] = []
     for c in spec["columns"]:
         if c["name"] in stored:
             out.append((c["name"], None))
-        elif c.get("role") == "lineage" or (sql and c.get("role") == "agent"):
+        elif c.get("role") == "lineage":
             out.append((c["name"], arrow_type(c["type"])))
     for c in spec["lineage"]:
         out.append((c["name"], None if c["name"] in stored else arrow_type(c["type"])))

@@ -345,7 +345,7 @@ def test_a_hint_names_flags_as_typed(tmp_path: Path, capsys: pytest.CaptureFixtu
 
     store = trajstore.open(tmp_path / "mixed", create=True)
     gym_rollout(store, "CartPole-v1", run_id="a", num_envs=1, steps=50, progress=False)
-    gym_rollout(store, "Pendulum-v1", run_id="b", num_envs=1, steps=50, progress=False)
+    gym_rollout(store, "Pendulum-v1", run_id="b", num_envs=1, steps=220, progress=False)  # one whole episode
     code, _, err = run(capsys, "export", "lerobot", str(tmp_path / "out"), "--store", str(tmp_path / "mixed"))
     assert code == 2 and err.count("\n") == 1
     assert "export one environment at a time (--run … or --where \"env_id = '…'\")" in err, err

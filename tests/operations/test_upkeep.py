@@ -238,7 +238,7 @@ def test_check_and_history_show_the_upkeep_from_the_shell(tmp_path: Path,
         write(trajstore.open(store.root), 1, run="a", seed=1)  # the next writer there merges them
         assert cli.main(["check", "--store", str(store.root)]) == 0
         out = capsys.readouterr().out
-        assert "run_id=a/env_id=E: 1 files, 1 small" in out and "more than 4" not in out
+        assert "run_id=a/env_id=E: 1 files, 0 small" in out and "more than 4" not in out  # nothing to merge
         assert cli.main(["history", "--store", str(store.root), "--format", "csv"]) == 0
         last = capsys.readouterr().out.strip().splitlines()[-1]
         assert ",compact," in last and ",1,7," in last  # files added, files removed

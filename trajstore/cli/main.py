@@ -71,7 +71,8 @@ def _flag(m: re.Match[str], flags: Mapping[str, str]) -> str:
     name = m.group(1) or m.group(2)
     if name not in flags:
         return m.group(0)
-    return flags[name] + (" " if m.group(2) else "")
+    value_follows = m.group(2) is not None and m.string[m.end():m.end() + 1] not in ("", " ", ";", ",", ")", ".")
+    return flags[name] + (" " if value_follows else "")
 
 
 def _message(exc: BaseException, flags: Mapping[str, str] = {}) -> str:

@@ -88,7 +88,7 @@ def steps_page(engine: Engine, columns: Sequence[str] | None = None, *,
         conds = sql.step_conditions(filter, where)
         if after is not None:
             conds.append(sql.after_key(["episode_id", "step"], [int(after[0]), int(after[1])]))
-        return snap.arrow(sql.steps(list(columns or ()), conds, limit=limit, offset=offset))
+        return snap.arrow(sql.steps(list(columns or ()), conds, limit=limit, offset=offset, agents=snap.agents))
 
 
 def episode_steps(engine: Engine, episode_id: int, columns: Sequence[str] | None = None, *,
@@ -111,9 +111,9 @@ def episode_steps(engine: Engine, episode_id: int, columns: Sequence[str] | None
             names.insert(1, "agent_id")
         held = [n for n in names if n in snap.step_columns]
         conds = sql.conditions(episode_id=int(episode_id))
-        if agent_id is not None:
-            conds.append(sql.in_list("agent_id", names_of(agent_id)))
-        rows = snap.arrow(sql.steps(held, conds, limit=limit))
+        if agent_id is not None:  # no agent's rows where none has an agent_id
+            conds.append(sql.in_list("agent_id", names_of(agent_id)) if snap.agents else "false")
+        rows = snap.arrow(sql.steps(held, conds, limit=limit, agents=snap.agents))
     for name in names:  # a column only other environments store: null here
         if name not in rows.column_names:
             rows = rows.append_column(known.field(name), pa.nulls(rows.num_rows, known.field(name).type))

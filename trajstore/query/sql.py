@@ -332,7 +332,7 @@ def with_lineage(stored: Sequence[str], source: str) -> str:
     and in the same order whatever the order of the files (which compaction changes).
     """
     select = [ident(name) if null is None else f"NULL::{_DUCKDB[null]} AS {ident(name)}"
-              for name, null in sch.view_columns(stored, sql=True)]
+              for name, null in sch.view_columns(stored)]
     return f"SELECT {', '.join(select)} FROM {source}"
 
 
@@ -363,11 +363,14 @@ def agent_episodes_view(stored: bool, *, source: str = "steps") -> str:
     """The SELECT behind the ``agent_episodes`` view: one row per (episode, agent) of the multi-agent rows
     (none when no stored row has an ``agent_id``)."""
     keys = ", ".join(AGENT_EPISODE_KEYS)
+    if not stored:  # no column agent_id: the view's columns, no rows
+        return ("SELECT run_id, env_id, episode_id, NULL::VARCHAR AS agent_id, 0::DOUBLE AS agent_return, "
+                "0::BIGINT AS agent_length, terminated, truncated, true AS complete, step AS first_step, "
+                f"step AS last_step, env_steps FROM {source} WHERE false")
     return (f"SELECT {keys}, sum(reward::DOUBLE) AS agent_return, count(*)::BIGINT AS agent_length, "
             "bool_or(terminated) AS terminated, bool_or(truncated) AS truncated, "
             "bool_or(terminated OR truncated) AS complete, min(step) AS first_step, max(step) AS last_step, "
-            f"max(env_steps) AS env_steps FROM {source} WHERE {'agent_id IS NOT NULL' if stored else 'false'} "
-            f"GROUP BY {keys}")
+            f"max(env_steps) AS env_steps FROM {source} WHERE agent_id IS NOT NULL GROUP BY {keys}")
 
 
 AGENT_KEYS = ("agent_id", "agent_group")  # by= keys that make statistics per agent
@@ -557,10 +560,12 @@ def step_rewards(files: Sequence[DataFile], conds: Sequence[str]) -> str:
     return f"SELECT {', '.join(cols)}, episode_id, step, reward FROM steps{where(conds)}"
 
 
-def steps(columns: Sequence[str], conds: Sequence[str], *, limit: int | None = None, offset: int = 0) -> str:
-    """Selected steps in ``(episode_id, step)`` order (the agents of one step by ``agent_id``)."""
-    return (f"SELECT {select_list(columns)} FROM steps{where(conds)} ORDER BY episode_id, step, agent_id"
-            f"{page(limit, offset)}")
+def steps(columns: Sequence[str], conds: Sequence[str], *, limit: int | None = None, offset: int = 0,
+          agents: bool = False) -> str:
+    """Selected steps in ``(episode_id, step)`` order (with ``agents``, stored ``agent_id``s: the agents of one
+    step by ``agent_id``)."""
+    keys = "episode_id, step, agent_id" if agents else "episode_id, step"
+    return f"SELECT {select_list(columns)} FROM steps{where(conds)} ORDER BY {keys}{page(limit, offset)}"
 
 
 def episode_values(column: str) -> str:

@@ -144,7 +144,7 @@ def test_exports_read_frame_stacks_whole_in_their_dtype(tmp_path: Path, dtype: s
     batch["obs"], batch["next_obs"] = batch["obs"]["img"], batch["next_obs"]["img"]
     with store.writer(run_id="r", env_id="E", frame_stack={"obs": 2}) as w:
         w.add_batch(batch)
-    with select(store) as selection:
+    with select(store, include_unfinished=True) as selection:  # every step written, the unfinished ones too
         assert selection.kinds["obs"] == (np.dtype(dtype), (2, 4, 5)) == selection.kinds["next_obs"]
         episodes = list(selection.groups(max_bytes=200))  # small groups: whole episodes read back a few at a time
         assert sum(len(g) for g in episodes) == selection.episodes and len(episodes) > 1

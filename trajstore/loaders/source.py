@@ -83,7 +83,7 @@ def _refuse_agents(engine: Engine, plan: ScanPlan) -> None:
     if runs:
         raise InputError(f"run_id: {', '.join(map(repr, runs))} holds multi-agent episodes (rows with an agent_id); "
                          "training windows and transitions are built from single-agent episodes: select other runs "
-                         "(run_id=…), or read an agent's rows with SQL (SELECT … FROM steps WHERE agent_id = …)")
+                         "(run_id=…), or read an agent's rows with store.sql (their agent_id)")
 
 
 def _basis(engine: Engine, plan: ScanPlan, run_id: Names, env_id: Names, selection: str, version: int,

@@ -66,6 +66,8 @@ def test_stored_arrow_types_follow_the_step_schema(store: trajstore.Store) -> No
     for c in spec["columns"]:
         if c.get("role") == "partition":
             assert c["name"] not in stored.names  # kept in the folder names
+        elif c.get("role") == "agent":
+            assert c["name"] not in stored.names  # only a writer of multi-agent episodes stores agent_id
         elif c["type"] != "space":
             assert stored.field(c["name"]).type == ARROW[c["type"]], c["name"]
     for c in spec["lineage"]:
@@ -142,3 +144,16 @@ def _write_images(store: trajstore.Store, space: Any) -> pa.Schema:
     with store.writer(run_id="r", env_id="e", observation_space=space) as w:
         w.add_batch(batch)
     return pq.read_schema(store.files()[0].path)
+
+
+def test_agent_ids_are_stored_as_the_step_schema_says(tmp_path: Path) -> None:
+    from trajstore.write.agents import AgentWriter
+
+    store = trajstore.open(tmp_path / "s", create=True)
+    with AgentWriter(store, run_id="r", env_id="E", agents=["a_0", "b_0"]) as w:
+        w.add(0, {a: (np.zeros(2, np.float32), 0, 1.0, np.ones(2, np.float32), True, False) for a in ("a_0", "b_0")})
+    spec = {c["name"]: c for c in load("step.v1.json")["columns"]}
+    stored = pq.read_schema(store.files()[0].path)
+    assert stored.field("agent_id").type == ARROW[spec["agent_id"]["type"]]
+    described = {r["column_name"]: r["column_type"] for r in store.sql("DESCRIBE steps").to_pylist()}
+    assert described["agent_id"] == "VARCHAR"

@@ -44,7 +44,32 @@ def agent_writer(env: Any, store: Any, *, run_id: str, env_id: str | None, **opt
                        action_spaces={a: env.action_space(a) for a in agents}, **options)
 
 
-class RecordParallelToStore:
+class _Recorder:
+    """What both recorders share: the env they wrap (its attributes are theirs), the writer, flush and close."""
+
+    env: Any
+    writer: AgentWriter
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+        finally:
+            self.env.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RecordParallelToStore(_Recorder):
     """A PettingZoo ``ParallelEnv`` that stores the steps it takes in ``store`` under ``run_id``. Every attribute
     not defined here is the env's. ``env_id`` defaults to the env's name; other keywords go to the writer
     (``config``, ``tags``, ``seed``, ``mode``, …)."""
@@ -72,26 +97,8 @@ class RecordParallelToStore:
             self.writer.end_episode()
         return obs, rewards, terminations, truncations, infos
 
-    def flush(self) -> None:
-        self.writer.flush()
 
-    def close(self) -> None:
-        try:
-            self.writer.close()
-        finally:
-            self.env.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.env, name)
-
-    def __enter__(self) -> RecordParallelToStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class RecordAECToStore:
+class RecordAECToStore(_Recorder):
     """A PettingZoo ``AECEnv`` (turn-based) that stores the turns taken in ``store`` under ``run_id``: an
     agent's row is its turn's observation and action, with the reward, observation and flags its next ``last()``
     reports. Every attribute not defined here is the env's (``agent_iter``, ``last``, ``agent_selection``, …)."""
@@ -134,21 +141,3 @@ class RecordAECToStore:
                                            bool(base.truncations.get(agent, False)))})
         self._turn = {}
         self.writer.end_episode()
-
-    def flush(self) -> None:
-        self.writer.flush()
-
-    def close(self) -> None:
-        try:
-            self.writer.close()
-        finally:
-            self.env.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.env, name)
-
-    def __enter__(self) -> RecordAECToStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
-from report import cpu_model, load_average, out_path, publish  # noqa: E402
+from report import cpu_model, git_commit, load_average, out_path, publish  # noqa: E402
 
 import trajstore  # noqa: E402
 from tests.api.helpers import serve  # noqa: E402
@@ -191,7 +191,8 @@ def run_size(episodes: int, work: Path, repeats: int) -> dict[str, Any]:
 
 def to_markdown(results: list[dict[str, Any]], command: str) -> str:
     lines = ["## A million episodes, live (issue 15)", "",
-             f"`{command}` on {cpu_model()} (load average {load_average()}; 2 cores shared with other sessions: "
+             f"`{command}` at trajstore commit {git_commit(REPO)} on {cpu_model()} (load average at the end "
+             f"{load_average()}; 2 cores shared with other sessions: "
              "expect noise). Stores written directly with the library writer (4 runs x 4 policy versions, 2,000 "
              "envs, episodes of 1–8 steps). First plot = the page's fetches before its first plot with data, timed "
              "over HTTP on a warm server (concurrent requests counted by the slowest), bytes = their bodies; page "

@@ -127,6 +127,31 @@ def test_agents_that_die_leave_their_episode(tmp_path: Path) -> None:
     assert all(e["complete"] and e["n_agents"] == 4 for e in eps)
 
 
+def test_the_writer_counts_an_episode_complete_when_every_agent_ended(tmp_path: Path) -> None:
+    """knights_archers_zombies, stopped as soon as one agent is killed while others play on: those episodes are
+    unfinished in the ``episodes`` view, and the writer's count agrees with it."""
+    pytest.importorskip("pygame")
+    from pettingzoo.butterfly import knights_archers_zombies_v11
+
+    store = trajstore.open(tmp_path / "s", create=True)
+    env = knights_archers_zombies_v11.parallel_env(max_cycles=300, spawn_delay=5, max_zombies=20)
+    rng = np.random.default_rng(0)
+    stopped = 0
+    with RecordParallelToStore(env, store, run_id="kaz") as rec:
+        for e in range(3):
+            rec.reset(seed=e)
+            while env.agents:
+                _, _, term, trunc, _ = rec.step({a: int(rng.integers(env.action_space(a).n)) for a in env.agents})
+                if env.agents and any(term[a] or trunc[a] for a in term):
+                    stopped += 1
+                    break
+        rec.reset(seed=9)  # closes the last episode, as a user starting the next one does
+        counted = rec.writer.episodes_completed
+    complete = store.sql("SELECT count(*) FILTER (WHERE complete) AS done, count(*) AS n FROM episodes").to_pylist()
+    assert stopped >= 1 and complete[0]["n"] == 3
+    assert counted == complete[0]["done"] == 3 - stopped
+
+
 def test_an_episode_stopped_midway_is_unfinished(tmp_path: Path) -> None:
     store = trajstore.open(tmp_path / "s", create=True)
     env = simple_spread_v3.parallel_env(max_cycles=30)

@@ -625,10 +625,11 @@ class Store:
     @_reader
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002
                    where: str | None = None, limit: int = 100, offset: int = 0,
-                   after: tuple[int, int] | None = None) -> pa.Table:
+                   after: Sequence[Any] | None = None) -> pa.Table:
         """One page of the selected steps in ``(episode_id, step)`` order (``columns``, or all); with ``after``
-        (the ``(episode_id, step)`` of the previous page's last row: a keyset cursor) the page after it, read
-        without counting off the rows before it."""
+        (the ``(episode_id, step)`` of the previous page's last row, ``(episode_id, step, agent_id)`` where it was
+        an agent's: a keyset cursor) the page after it, read without counting off the rows before it. The agents of
+        a multi-agent step come one row each, by ``agent_id`` (then always among the columns)."""
         return episodes.steps_page(self.engine, columns, filter=filter, where=where, limit=limit, offset=offset,
                                    after=after)
 

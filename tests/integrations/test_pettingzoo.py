@@ -377,3 +377,57 @@ def test_the_cli_asks_per_agent_questions(tag_store: Path, capsys: pytest.Captur
     assert main(["stats", "--store", str(tag_store), "--by", "agent_id", "--gamma", "0.9"]) != 0
     err = capsys.readouterr().err
     assert err.startswith("trajstore: error: --gamma: discounted returns per agent") and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def spread_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """simple_spread (3 agents of 18 floats) beside a CartPole run."""
+    path = tmp_path_factory.mktemp("spread") / "store"
+    store = trajstore.open(path, create=True)
+    parallel_rollout(store, lambda: simple_spread_v3.parallel_env(max_cycles=10), run_id="spread", episodes=3,
+                     seed=4, progress=False)
+    trajstore.rollout.gym_rollout(store, "CartPole-v1", run_id="solo", num_envs=2, episodes=2, progress=False)
+    return path
+
+
+@pytest.mark.parametrize("limit", [1, 4, 7])
+def test_step_pages_by_cursor_walk_every_agent_row_once(spread_store: Path, limit: int) -> None:
+    """A page that ends inside an env step (4 rows: a step's 3 agents and the next step's first) goes on with that
+    step's other agents: every row once, in (episode, step, agent) order, over REST and as the Client reads each
+    episode."""
+    from tests.api.helpers import API_KEY, serve, settings_for
+    from trajstore.api.app import create_app
+
+    store = trajstore.open(spread_store)
+    full = store.sql("SELECT episode_id, step, agent_id, reward FROM steps "
+                     "ORDER BY episode_id, step, agent_id NULLS FIRST").to_pylist()
+    for live in serve(create_app(settings_for(spread_store))):
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        got: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params = {"format": "json", "limit": limit, "columns": "episode_id,step,reward",
+                      **({"cursor": cursor} if cursor else {})}
+            body = httpx.get(f"{live.url}/steps", params=params, headers=headers).json()
+            got += body["items"]
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+            assert len(got) <= len(full)
+        assert [(r["episode_id"], r["step"]) for r in got] == [(r["episode_id"], r["step"]) for r in full]
+        assert [r["reward"] for r in got] == pytest.approx([r["reward"] for r in full])
+        with trajstore.Client(live.url, api_key=API_KEY) as client:
+            spread = store.sql("SELECT episode_id FROM episodes WHERE run_id = 'spread' ORDER BY 1").column(0)
+            for eid in spread.to_pylist():
+                mine = client.episode_steps(eid, ["reward"]).to_pylist()
+                paged = [r for r in full if r["episode_id"] == eid]
+                assert [(r["step"], r["agent_id"], r["reward"]) for r in mine] == \
+                    [(r["step"], r["agent_id"], pytest.approx(r["reward"])) for r in paged]
+    # the store's own pages: an agent's row is keyed (episode_id, step, agent_id)
+    spread = trajstore.EpisodeFilter(run_id=["spread"])
+    page = store.steps_page(["episode_id", "step"], filter=spread, limit=4).to_pylist()
+    assert [r["agent_id"] for r in page] == ["agent_0", "agent_1", "agent_2", "agent_0"]
+    last = page[-1]
+    after = store.steps_page(["step"], filter=spread, limit=2,
+                             after=(last["episode_id"], last["step"], last["agent_id"])).to_pylist()
+    assert after == [{"step": 1, "agent_id": "agent_1"}, {"step": 1, "agent_id": "agent_2"}]

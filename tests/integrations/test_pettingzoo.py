@@ -303,7 +303,9 @@ def test_exports_refuse_multi_agent_runs_in_one_line(tag_store: Path, tmp_path: 
     from trajstore.export.lerobot import export_lerobot
 
     store = trajstore.open(tag_store)
-    with pytest.raises(InputError, match=r"^run_id: 'tag' holds multi-agent episodes") as caught:
+    with pytest.raises(InputError, match=r"^run_id: 'tag' holds multi-agent episodes .* export one agent with "
+                                         r"--agent \(agent=…\), one of adversary_0, adversary_1, adversary_2, "
+                                         r"agent_0;") as caught:
         export_lerobot(store, tmp_path / "out")
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "out").exists()
@@ -352,11 +354,12 @@ def test_deltalake_optimize_keeps_agent_rows(tmp_path: Path) -> None:
 
 
 def test_training_loaders_refuse_interleaved_agents(tag_store: Path) -> None:
-    """A loader follows an episode's rows; those of a multi-agent episode interleave its agents: refused, naming the
-    run, while the single-agent run of the same store still loads."""
+    """A loader follows an episode's rows; those of a multi-agent episode interleave its agents: refused without
+    agent_id=, naming the run, while the single-agent run of the same store still loads (tests/loaders/test_agents.py
+    loads agents)."""
     store = trajstore.open(tag_store)
     for read in (lambda **kw: store.sequences(4, **kw), lambda **kw: store.transitions(1, gamma=0.99, **kw)):
-        with pytest.raises(InputError, match=r"^run_id: 'tag' holds multi-agent episodes"):
+        with pytest.raises(InputError, match=r"^run_id: 'tag' holds multi-agent episodes .*pass agent_id="):
             next(iter(read()))
         batch = next(iter(read(run_id="solo")))
         assert len(batch["reward"]) > 0

@@ -303,9 +303,9 @@ def test_exports_refuse_multi_agent_runs_in_one_line(tag_store: Path, tmp_path: 
     from trajstore.export.lerobot import export_lerobot
 
     store = trajstore.open(tag_store)
-    with pytest.raises(InputError, match=r"^run_id: 'tag' holds multi-agent episodes .* export one agent with "
-                                         r"--agent \(agent=…\), one of adversary_0, adversary_1, adversary_2, "
-                                         r"agent_0;") as caught:
+    with pytest.raises(InputError, match=r"^run_id: 'tag' holds multi-agent episodes .* export one agent "
+                                         r"\(agent=…\), one of adversary_0, adversary_1, adversary_2, agent_0;") \
+            as caught:
         export_lerobot(store, tmp_path / "out")
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "out").exists()

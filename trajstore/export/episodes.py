@@ -194,8 +194,8 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
     version; with ``agent``, that agent's own trajectory in each of them (complete: ended by its last row). Close
     it (or use it in a ``with`` block)."""
     runs = [run_id] if isinstance(run_id, str) else list(run_id or [])
-    if agent is not None and (not isinstance(agent, str) or not agent):
-        raise InputError(f"agent: expected one agent id, got {agent!r}")
+    if agent is not None and (not isinstance(agent, str) or not agent.strip() or "," in agent):
+        raise InputError(f"agent: expected one agent id (a dataset holds one agent per step), got {agent!r}")
     if not include_unfinished and agent is None:  # an agent's trajectory is complete by its own end (below)
         where = "complete" if where is None else f"complete AND ({where})"
     store.engine.check_runs(runs)
@@ -209,7 +209,7 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
         _refuse_agents(pinned, files)
         pinned.engine.step_types(files).check(list(COLUMNS), stackable=True, hint=ONE_ENV)  # names the env ids
     source = loader_source(pinned.engine, pinned.layouts, run_id=runs or None, where=where, filter=None,
-                           agent_id=agent, complete_only=not include_unfinished)
+                           agent_id=agent, complete_only=not include_unfinished, agent_field="agent")
     if source.check is not None and agent is not None:
         source.check(list(COLUMNS))  # the agent's files alone: their environments' types
     ids = None if source.trajectories is None else source.trajectories.episode_id
@@ -238,8 +238,8 @@ def _refuse_agents(store: Store, files: list[DataFile]) -> None:
                                   or [pa.array([], pa.string())])
         names = sorted(a for a in set(agents.to_pylist()) if a)
         raise InputError(f"run_id: {', '.join(map(repr, runs))} holds multi-agent episodes (rows with an agent_id), "
-                         f"and an exported dataset holds one agent per step: export one agent with --agent "
-                         f"(agent=…), one of {', '.join(names)}; or export single-agent runs (run_id=…)")
+                         f"and an exported dataset holds one agent per step: export one agent (agent=…), one of "
+                         f"{', '.join(names)}; or export single-agent runs (run_id=…)")
 
 
 def _files(store: Store, runs: list[str], where: str | None) -> tuple[list[DataFile], np.ndarray | None]:

@@ -146,14 +146,16 @@ def _codes(column: pa.Array, value_set: pa.Array) -> np.ndarray:
 
 def trajectories(files: Sequence[DataFile], schemas: Sequence[FileSchema], schema: pa.Schema,
                  episode_ids: np.ndarray | None, agents: Sequence[str], *, where: str,
-                 complete_only: bool = False) -> tuple[list[DataFile], list[FileSchema], Trajectories]:
+                 complete_only: bool = False,
+                 field: str = AGENT) -> tuple[list[DataFile], list[FileSchema], Trajectories]:
     """The files holding rows of ``agents`` among ``files`` (their schemas, ``schema`` the selection's types;
     ``episode_ids``: the episodes chosen, None for all) and the agents' trajectories in them; with
     ``complete_only``, those whose last row has ``terminated`` or ``truncated`` (the agent's own end) alone.
-    An :class:`InputError` naming ``agent_id`` (``where`` says what was selected) when an agent has no row."""
+    An :class:`InputError` naming ``field`` (the caller's name of the agents asked for; ``where`` says what was
+    selected) when an agent has no row."""
     chosen = sorted(dict.fromkeys(agents))
     if not chosen:
-        raise InputError("agent_id: expected one agent id or several, got none")
+        raise InputError(f"{field}: expected one agent id or several, got none")
     value_set = pa.array(chosen, pa.string())
     flags = ["terminated", "truncated"] if complete_only else []
     kept_files, kept_schemas, types = [], [], {}
@@ -183,7 +185,7 @@ def trajectories(files: Sequence[DataFile], schemas: Sequence[FileSchema], schem
     missing = [a for a in chosen if a not in present]
     if missing:
         there = sorted(present)
-        raise InputError(f"agent_id: no rows of {', '.join(map(repr, missing))} in {where}; "
+        raise InputError(f"{field}: no rows of {', '.join(map(repr, missing))} in {where}; "
                          + (f"its agents are {', '.join(map(repr, there))}" if there else
                             "it holds no multi-agent episodes (rows with an agent_id)"))
     return kept_files, kept_schemas, _numbered(chosen, parts, types, complete_only)

@@ -32,10 +32,11 @@ from trajstore.storage.log import DataFile
 
 def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where: str | None,
                   filter: EpisodeFilter | None, agent_id: Names = None,  # noqa: A002
-                  complete_only: bool = False) -> Source:
+                  complete_only: bool = False, agent_field: str = "agent_id") -> Source:
     """The selected steps of the latest version, pinned: every read of a loader reads these files (``layouts``: where
     they are found and kept). With ``agent_id`` (one agent or several), the trajectories of those agents
-    (:mod:`~trajstore.loaders.agents`; ``complete_only``: those whose last row ended them alone)."""
+    (:mod:`~trajstore.loaders.agents`; ``complete_only``: those whose last row ended them alone; ``agent_field``: the
+    caller's name of ``agent_id``, in errors)."""
     asked = {"run_id": run_id, "where": where, "filter": filter}
     env_id = None
     if filter is not None and filter.per_episode().is_empty() and not filter.episode_id:
@@ -51,7 +52,7 @@ def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where:
     if agent_id is None:
         _refuse_agents(engine, plan)
     else:
-        plan, agents = _agent_plan(engine, plan, names_of(agent_id), complete_only, asked)
+        plan, agents = _agent_plan(engine, plan, names_of(agent_id), complete_only, asked, agent_field)
     base = plan
 
     def read(columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
@@ -104,8 +105,8 @@ def _refuse_agents(engine: Engine, plan: ScanPlan) -> None:
                          "transitions inside each agent's own trajectory, or select single-agent runs (run_id=…)")
 
 
-def _agent_plan(engine: Engine, plan: ScanPlan, agents: list[str], complete_only: bool,
-                asked: dict[str, Any]) -> tuple[ScanPlan, Trajectories]:
+def _agent_plan(engine: Engine, plan: ScanPlan, agents: list[str], complete_only: bool, asked: dict[str, Any],
+                field: str) -> tuple[ScanPlan, Trajectories]:
     """``plan`` narrowed to the files holding rows of ``agents`` (their own types), and those agents'
     trajectories."""
     schemas = plan.schemas if plan.schemas is not None else engine.file_schemas(plan.files)
@@ -113,7 +114,7 @@ def _agent_plan(engine: Engine, plan: ScanPlan, agents: list[str], complete_only
         if any(v is not None for v in asked.values()) else "the store"
     try:
         files, held, found = trajectories(plan.files, schemas, plan.schema, plan.episode_ids, agents, where=where,
-                                          complete_only=complete_only)
+                                          complete_only=complete_only, field=field)
     except (OSError, pa.ArrowException) as exc:
         raise engine.damage(exc, plan.files) or exc
     types = engine.step_types(files)

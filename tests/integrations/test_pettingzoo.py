@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import trajstore
@@ -297,6 +298,36 @@ def test_rest_and_client_give_agent_rows_and_stats(tag_store: Path) -> None:
             body = httpx.get(f"{live.url}/stats", params={"by": "agent_group", "run_id": "tag"},
                              headers={"Authorization": f"Bearer {API_KEY}"}).json()
             assert [(r["agent_group"], r["n_traj"]) for r in body] == [("adversary", 9), ("agent", 3)]
+
+
+def test_stats_per_agent_read_agent_episodes_alone_as_joined(tag_store: Path) -> None:
+    """Grouped and filtered by agent_episodes' own columns, statistics per agent read that view alone (one
+    aggregation over the steps); the same numbers as joined with the episodes (a where= or a lineage column needs
+    that) and as numpy over each agent's rows."""
+    store = trajstore.open(tag_store)
+    rows = store.sql("SELECT episode_id, agent_id, reward FROM steps WHERE agent_id IS NOT NULL").to_pylist()
+    returns: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    lengths: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        returns[r["agent_id"]][r["episode_id"]] += r["reward"]
+        lengths[r["agent_id"]][r["episode_id"]] += 1
+    for by, kw in (("agent_id", {}), (["run_id", "agent_group"], {"include_incomplete": True}),
+                   ("agent_id", {"min_return": -5.0, "run_id": "tag"})):
+        alone = store.stats(by=by, **kw)
+        joined = store.stats(by=by, where="true", **kw)
+        assert alone.column_names == joined.column_names and alone.num_rows == joined.num_rows > 0
+        for name in alone.column_names:
+            if pa.types.is_floating(alone.schema.field(name).type):
+                np.testing.assert_allclose(alone[name].to_numpy(), joined[name].to_numpy(), rtol=1e-9)
+            else:
+                assert alone[name].to_pylist() == joined[name].to_pylist(), (by, name)
+    mine = store.stats(by="agent_id").to_pylist()
+    assert [r["agent_id"] for r in mine] == sorted(returns)
+    for r in mine:
+        ret, n = np.array(list(returns[r["agent_id"]].values())), np.array(list(lengths[r["agent_id"]].values()))
+        assert (r["n_traj"], r["len_mean"]) == (len(ret), n.mean())
+        assert r["return_mean"] == pytest.approx(ret.mean(), rel=1e-5)
+        assert r["return_std"] == pytest.approx(ret.std(), rel=1e-4)
 
 
 def test_exports_refuse_multi_agent_runs_in_one_line(tag_store: Path, tmp_path: Path) -> None:

@@ -48,21 +48,20 @@ def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where:
         plan = scan_plan(engine, None, run_id=run_id, env_id=env_id, where=where, filter=filter)
         version, files = _listing(engine)  # after the plan's: if anything, later (a layout kept longer)
     engine.verify_sizes(plan.files)
-    agents = None
+    agents, selected = None, plan  # vacuum judges a layout by the selection's files (not the agents' alone)
     if agent_id is None:
         _refuse_agents(engine, plan)
     else:
         plan, agents = _agent_plan(engine, plan, names_of(agent_id), complete_only, asked, agent_field)
-    base = plan
 
     def read(columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
         try:
-            yield from read_files(base.files, base.schema, list(columns), base.episode_ids, base.schemas)
+            yield from read_files(plan.files, plan.schema, list(columns), plan.episode_ids, plan.schemas)
         except (OSError, pa.ArrowException) as exc:
-            raise engine.damage(exc, base.files) or exc
+            raise engine.damage(exc, plan.files) or exc
 
     def episode_values(name: str) -> tuple[np.ndarray, np.ndarray]:
-        with engine.snapshot(base.files, con=engine.cursor()) as snap:
+        with engine.snapshot(plan.files, con=engine.cursor()) as snap:
             snap.check_columns([name], view="episodes", field="weight_by")
             rows = snap.arrow(sql.episode_values(name))
         ids, values = rows["episode_id"].to_numpy(), rows["value"].to_numpy(zero_copy_only=False).astype(np.float64)
@@ -90,7 +89,7 @@ def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where:
         types.check(names, stackable=True)  # type: ignore[union-attr]
 
     return Source(plan.schema, read if agents is None else agents.reader(read), episode_values, key,
-                  {"episodes": chosen}, layouts, _basis(engine, plan, run_id, env_id, selection, version, files),
+                  {"episodes": chosen}, layouts, _basis(engine, selected, run_id, env_id, selection, version, files),
                   check=check, stitch=stitch if agents is None else None, trajectories=agents)
 
 

@@ -1,7 +1,11 @@
 """Keyset cursors of the JSON pages: the last row's key, opaque to clients (base64url of a small JSON list).
+A step's key is ``[episode_id, step]``, and ``[episode_id, step, agent_id]`` for an agent's row (the agents of one
+env step are rows of their own, in ``agent_id`` order).
 
 >>> decode(encode([7, 3]), 2)
 [7, 3]
+>>> decode(encode([7, 3, "agent_0"]), 2, agent=True)
+[7, 3, 'agent_0']
 """
 
 from __future__ import annotations
@@ -9,31 +13,34 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Query
 
 from trajstore.errors import InputError
 
-CursorQuery = Annotated[str | None, Query(max_length=200, description="JSON pages: the next_cursor of the page "
+CursorQuery = Annotated[str | None, Query(max_length=1000, description="JSON pages: the next_cursor of the page "
                                                                       "before (keyset paging: constant time at any "
                                                                       "depth; offset is then ignored)")]
 
 
-def encode(key: list[int]) -> str:
+def encode(key: list[int | str]) -> str:
     return base64.urlsafe_b64encode(json.dumps(key, separators=(",", ":")).encode()).decode().rstrip("=")
 
 
 INT64 = range(-(2**63), 2**63)  # every key is an episode_id or a step
 
 
-def decode(cursor: str, size: int) -> list[int]:
-    """The key in ``cursor``: ``size`` 64-bit integers; an :class:`InputError` naming ``cursor`` for anything
-    else (text that is not base64 or JSON, JSON nested past the decoder's recursion limit, other values)."""
+def decode(cursor: str, size: int, *, agent: bool = False) -> list[Any]:
+    """The key in ``cursor``: ``size`` 64-bit integers, then (with ``agent``, where the row was an agent's) a
+    non-empty ``agent_id``; an :class:`InputError` naming ``cursor`` for anything else (text that is not base64 or
+    JSON, JSON nested past the decoder's recursion limit, other values)."""
     try:
         key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (binascii.Error, ValueError, RecursionError):
         key = None
-    if not (isinstance(key, list) and len(key) == size and all(type(k) is int and k in INT64 for k in key)):
+    tail = key[size:] if isinstance(key, list) else None
+    if not (isinstance(key, list) and all(type(k) is int and k in INT64 for k in key[:size]) and len(key) >= size
+            and (tail == [] or (agent and len(tail) == 1 and isinstance(tail[0], str) and tail[0]))):
         raise InputError(f"cursor: not a cursor of this page ({cursor!r}); pass the next_cursor of the page before")
     return key

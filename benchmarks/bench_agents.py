@@ -1,12 +1,19 @@
-"""Recording a PettingZoo ParallelEnv against stepping it alone (issue 32): mpe2's simple_spread, 3 agents, random
-actions.
+"""Multi-agent episodes (issue 32): recording a PettingZoo ParallelEnv against stepping it alone, and statistics
+per agent against statistics per run.
 
-    python benchmarks/bench_agents.py                   # writes the agents section of docs/benchmarks.md
+    python benchmarks/bench_agents.py                   # writes the agents and agents-stats sections of
+                                                        # docs/benchmarks.md (1,000,000 agent-episodes)
     python benchmarks/bench_agents.py --out /dev/stdout
+    python benchmarks/bench_agents.py --only stats --agent-episodes 20000   # a small check: prints its section
 
-Both routes step the same env through the same episodes with the same actions (drawn beforehand, one array per
-episode); the recorded route wraps it in ``RecordParallelToStore`` over a fresh local store and includes closing
-it (every row committed). Medians of ``--repeats``, the two routes interleaved.
+Recording: mpe2's simple_spread, 3 agents, random actions. Both routes step the same env through the same episodes
+with the same actions (drawn beforehand, one array per episode); the recorded route wraps it in
+``RecordParallelToStore`` over a fresh local store and includes closing it (every row committed). Medians of
+``--repeats``, the two routes interleaved.
+
+Statistics: a store of ``--agent-episodes`` agent-episodes (8 agents an episode, 1 to 3 env steps each, in 4 runs)
+written by ``AgentWriter``; ``store.stats(by="agent_id")`` (each agent's return and length, one row per agent) timed
+against ``store.stats(by="run_id")`` (one row per run) on the same store, interleaved, medians of ``--repeats``.
 """
 
 from __future__ import annotations
@@ -27,11 +34,13 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
-from report import load_average, machine_info, output_options, publish  # noqa: E402
+from report import load_average, machine_info, out_path, output_options, publish  # noqa: E402
 
 import trajstore  # noqa: E402
 
 EPISODES, CYCLES, TARGET = 200, 25, 1.10
+AGENT_EPISODES, AGENTS, RUNS = 1_000_000, 8, 4
+STATS_TARGET = 1.25  # "as fast as by run": within the spread of two group-bys over the same steps
 
 
 def actions(n_agents: int) -> np.ndarray:
@@ -96,6 +105,84 @@ def run(repeats: int) -> dict[str, Any]:
     return {"rows": rows, **{k: statistics.median(v) for k, v in times.items()}, "runs": times}
 
 
+def agent_store(folder: Path, agent_episodes: int) -> trajstore.Store:
+    """A store of about ``agent_episodes`` agent-episodes: ``AGENTS`` agents an episode acting 1 to 3 env steps
+    (2 floats of observation, a discrete action, a random reward; every agent ends at the episode's last step), the
+    episodes spread over ``RUNS`` runs."""
+    from trajstore.write.agents import AgentWriter
+
+    store = trajstore.open(folder, create=True)
+    agents = [f"agent_{i}" for i in range(AGENTS)]
+    rng = np.random.default_rng(0)
+    episodes = -(-agent_episodes // AGENTS)
+    obs = np.zeros(2, np.float32)
+    for r in range(RUNS):
+        lengths = rng.integers(1, 4, episodes // RUNS + (r < episodes % RUNS))
+        rewards = rng.normal(size=(len(lengths), 3, AGENTS)).astype(np.float32)
+        with AgentWriter(store, run_id=f"run-{r}", env_id="Team-v0", agents=agents) as w:
+            for e, length in enumerate(lengths.tolist()):
+                for t in range(length):
+                    done = t == length - 1
+                    w.add(t, {a: (obs, i % 5, float(rewards[e, t, i]), obs, done, False)
+                              for i, a in enumerate(agents)})
+                w.end_episode()
+    return store
+
+
+def run_stats(repeats: int, agent_episodes: int) -> dict[str, Any]:
+    """Build the store, then time stats by agent and by run on it, interleaved."""
+    folder = Path(tempfile.mkdtemp(prefix="bench-agent-stats-"))
+    try:
+        started = time.perf_counter()
+        agent_store(folder / "store", agent_episodes)
+        built = time.perf_counter() - started
+        store = trajstore.open(folder / "store")
+        counts = store.sql("SELECT count(*) AS rows, count(DISTINCT episode_id) AS episodes FROM steps").to_pylist()[0]
+        groups = {"agent_id": AGENTS, "run_id": RUNS}
+        for by in groups:  # warm-up: the file list, footers, DuckDB's first plans
+            assert store.stats(by=by).num_rows == groups[by]
+        times: dict[str, list[float]] = {by: [] for by in groups}
+        for _ in range(repeats):
+            for by in groups:
+                started = time.perf_counter()
+                table = store.stats(by=by)
+                times[by].append(time.perf_counter() - started)
+                assert sum(table["n_traj"].to_pylist()) == (counts["episodes"] * (AGENTS if by == "agent_id" else 1))
+        return {"built": built, **counts, "agent_episodes": counts["episodes"] * AGENTS,
+                **{by: statistics.median(v) for by, v in times.items()}, "runs": times}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def stats_report(res: dict[str, Any], machine: dict[str, str], repeats: int, size: int) -> str:
+    ratio = res["agent_id"] / res["run_id"]
+    lines = [
+        f"Generated by `python benchmarks/bench_agents.py --only stats --agent-episodes {size} --repeats {repeats}` "
+        f"on {machine['date']}. Every number below was measured in that one run; medians of the runs listed, the "
+        "two groupings interleaved.",
+        "",
+        f"{res['agent_episodes']:,} agent-episodes ({res['episodes']:,} episodes of {AGENTS} agents acting 1 to 3 "
+        f"env steps, {res['rows']:,} agent rows, {RUNS} runs) written by `AgentWriter` in {res['built']:.1f} s. "
+        "`store.stats(by=\"agent_id\")` (one row per agent: its own returns and lengths) against "
+        "`store.stats(by=\"run_id\")` (one row per run) on the same store.",
+        "",
+        "| target | measured | required | result |",
+        "|---|---:|---:|---|",
+        f"| stats by agent vs by run | {ratio:.3f}× | ≤ {STATS_TARGET:.2f}× | "
+        f"{'PASS' if ratio <= STATS_TARGET else '**FAIL**'} |",
+        "",
+        "| grouping | median s | agent-episodes/s | runs (s) |",
+        "|---|---:|---:|---|",
+    ]
+    for by in ("agent_id", "run_id"):
+        lines.append(f"| `by=\"{by}\"` | {res[by]:.3f} | {res['agent_episodes'] / res[by]:,.0f} | "
+                     f"{', '.join(f'{x:.3f}' for x in res['runs'][by])} |")
+    lines += ["", "### Machine", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in machine.items()]
+    lines.append(f"| load average at end | {load_average()} |")
+    return "\n".join(lines)
+
+
 def report(res: dict[str, Any], machine: dict[str, str], repeats: int) -> str:
     ratio = res["recorded"] / res["alone"]
     lines = [
@@ -126,11 +213,19 @@ def report(res: dict[str, Any], machine: dict[str, str], repeats: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
-    output_options(parser, "every run", check=False)
+    parser.add_argument("--only", choices=["recording", "stats"], help="run one of the two measurements")
+    parser.add_argument("--agent-episodes", type=int, default=AGENT_EPISODES,
+                        help="agent-episodes of the statistics' store (default: %(default)s)")
+    output_options(parser, f"every recording run, and statistics over {AGENT_EPISODES:,} agent-episodes", check=False)
     args = parser.parse_args(argv)
     machine = machine_info(REPO)
-    res = run(args.repeats)
-    publish(args.out or REPO / "docs" / "benchmarks.md", "agents", report(res, machine, args.repeats))
+    if args.only != "stats":
+        res = run(args.repeats)
+        publish(args.out or REPO / "docs" / "benchmarks.md", "agents", report(res, machine, args.repeats))
+    if args.only != "recording":
+        res = run_stats(args.repeats, args.agent_episodes)
+        publish(out_path(args.out, args.agent_episodes >= AGENT_EPISODES, REPO), "agents-stats",
+                stats_report(res, machine, args.repeats, args.agent_episodes))
     return 0
 
 

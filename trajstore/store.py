@@ -625,10 +625,11 @@ class Store:
     @_reader
     def steps_page(self, columns: Sequence[str] | None = None, *, filter: EpisodeFilter | None = None,  # noqa: A002
                    where: str | None = None, limit: int = 100, offset: int = 0,
-                   after: tuple[int, int] | None = None) -> pa.Table:
+                   after: Sequence[Any] | None = None) -> pa.Table:
         """One page of the selected steps in ``(episode_id, step)`` order (``columns``, or all); with ``after``
-        (the ``(episode_id, step)`` of the previous page's last row: a keyset cursor) the page after it, read
-        without counting off the rows before it."""
+        (the ``(episode_id, step)`` of the previous page's last row, ``(episode_id, step, agent_id)`` where it was
+        an agent's: a keyset cursor) the page after it, read without counting off the rows before it. The agents of
+        a multi-agent step come one row each, by ``agent_id`` (then always among the columns)."""
         return episodes.steps_page(self.engine, columns, filter=filter, where=where, limit=limit, offset=offset,
                                    after=after)
 
@@ -663,7 +664,7 @@ class Store:
                   resume: Mapping[str, Any] | None = None,
                   weight_by: str | None = None, num_samples: int | None = None,
                   filter: EpisodeFilter | None = None,  # noqa: A002
-                  max_batch_bytes: int | None = None) -> Batches:
+                  max_batch_bytes: int | None = None, agent_id: Names = None) -> Batches:
         """Batches of fixed-length windows inside episodes: each column ``(n, length, …)``, ``mask``,
         ``episode_id``, ``start``; see :mod:`trajstore.loaders.sequences`.
 
@@ -675,8 +676,14 @@ class Store:
         as many as there are) with replacement in proportion to it. The iterator's ``state_dict()``, passed back as
         ``resume``, continues right after the last batch it gave. Reads one committed version. With
         ``max_batch_bytes``, an :class:`InputError` before anything is read when one batch would take more.
+
+        Multi-agent episodes need ``agent_id`` (one agent or several): each agent's rows of an episode, in ``step``
+        order, are then a trajectory of their own (a window never leaves it; ``start`` counts the agent's rows),
+        the trajectories of every agent named are the items (shuffled together; their spaces must match), and
+        batches carry ``agent_id`` (``str``); see :mod:`trajstore.loaders.agents`.
         """
-        source = loader_source(self.engine, self.layouts, run_id=run_id, where=where, filter=filter)
+        source = loader_source(self.engine, self.layouts, run_id=run_id, where=where, filter=filter,
+                               agent_id=agent_id)
         sampling = Sampling(batch_size, shuffle, seed, epoch, rank, world_size, weight_by, num_samples)
         return load_sequences(source, length, columns=columns, stride=stride, pad=pad, gamma=gamma,
                               sampling=sampling, format=format, resume=resume, max_batch_bytes=max_batch_bytes)
@@ -687,12 +694,13 @@ class Store:
                     run_id: Names = None, where: str | None = None, format: LoaderFormat = "numpy",  # noqa: A002
                     resume: Mapping[str, Any] | None = None, weight_by: str | None = None,
                     num_samples: int | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
-                    max_batch_bytes: int | None = None) -> Batches:
+                    max_batch_bytes: int | None = None, agent_id: Names = None) -> Batches:
         """Batches of n-step transitions, one per step: ``columns`` at t (default ``obs``, ``action``), the
         n-step ``reward``, ``next_obs``, ``terminated``, ``discount``, ``episode_id``, ``step``; see
-        :mod:`trajstore.loaders.transitions`. Order, shards, sampling, resume and ``max_batch_bytes`` as for
-        :meth:`sequences`."""
-        source = loader_source(self.engine, self.layouts, run_id=run_id, where=where, filter=filter)
+        :mod:`trajstore.loaders.transitions`. Order, shards, sampling, resume, ``max_batch_bytes`` and ``agent_id``
+        (transitions inside each agent's own trajectory, with ``agent_id``) as for :meth:`sequences`."""
+        source = loader_source(self.engine, self.layouts, run_id=run_id, where=where, filter=filter,
+                               agent_id=agent_id)
         sampling = Sampling(batch_size, shuffle, seed, epoch, rank, world_size, weight_by, num_samples)
         return load_transitions(source, n, gamma=gamma, columns=columns, sampling=sampling, format=format,
                                 resume=resume, max_batch_bytes=max_batch_bytes)

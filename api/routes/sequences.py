@@ -75,6 +75,8 @@ WeightBy = Annotated[str | None, Query(pattern=NAME, description="a step or epis
                                                                  "with replacement")]
 OrderSeed = Annotated[int, Query(ge=0, le=2**63 - 1, description="the loader's seed (seed= is the lineage "
                                                                 "filter of episodes)")]
+AgentIds = Annotated[list[str] | None, Query(description="multi-agent episodes: these agents' own trajectories "
+                                                        "(repeat for several; their spaces must match)")]
 Resume = Annotated[str | None, Query(max_length=RESUME_CHARS, description="the JSON of a state_dict() to continue "
                                                                          "from (made with the same version=)")]
 
@@ -85,13 +87,14 @@ def sequences(store: ReadStoreDep, settings: SettingsDep, flt: FilterDep, column
               stride: Positive | None = None, pad: bool = False, gamma: Gamma | None = None,
               batch_size: Annotated[int, Query(ge=1, le=1_048_576)] = 256, shuffle: bool = False,
               order_seed: OrderSeed = 0, epoch: Int = 0, rank: Int = 0, world_size: Positive = 1,
-              weight_by: WeightBy = None, num_samples: Samples | None = None, resume: Resume = None) -> Any:
+              weight_by: WeightBy = None, num_samples: Samples | None = None, resume: Resume = None,
+              agent_id: AgentIds = None) -> Any:
     state = _resume(resume)
     return _response(store, "sequences", lambda: store.sequences(
         length, columns=columns or None, stride=stride, pad=pad, gamma=gamma, batch_size=batch_size,
         shuffle=shuffle, seed=order_seed, epoch=epoch, rank=rank, world_size=world_size, format="arrow",
         resume=state, weight_by=weight_by, num_samples=num_samples, filter=flt,
-        max_batch_bytes=settings.loader_batch_bytes))
+        max_batch_bytes=settings.loader_batch_bytes, agent_id=agent_id or None))
 
 
 @router.get("/transitions", summary="n-step transitions as an Arrow IPC stream of training batches",
@@ -99,9 +102,10 @@ def sequences(store: ReadStoreDep, settings: SettingsDep, flt: FilterDep, column
 def transitions(store: ReadStoreDep, settings: SettingsDep, flt: FilterDep, columns: ColumnsDep, n: Positive,
                 gamma: Gamma, batch_size: Annotated[int, Query(ge=1, le=1_048_576)] = 256, shuffle: bool = False,
                 order_seed: OrderSeed = 0, epoch: Int = 0, rank: Int = 0, world_size: Positive = 1,
-                weight_by: WeightBy = None, num_samples: Samples | None = None, resume: Resume = None) -> Any:
+                weight_by: WeightBy = None, num_samples: Samples | None = None, resume: Resume = None,
+                agent_id: AgentIds = None) -> Any:
     state = _resume(resume)
     return _response(store, "transitions", lambda: store.transitions(
         n, gamma=gamma, columns=columns or None, batch_size=batch_size, shuffle=shuffle, seed=order_seed,
         epoch=epoch, rank=rank, world_size=world_size, format="arrow", resume=state, weight_by=weight_by,
-        num_samples=num_samples, filter=flt, max_batch_bytes=settings.loader_batch_bytes))
+        num_samples=num_samples, filter=flt, max_batch_bytes=settings.loader_batch_bytes, agent_id=agent_id or None))

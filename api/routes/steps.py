@@ -125,20 +125,22 @@ def steps(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: Fil
     return StreamingResponse(_until_disconnect(chunks), media_type=ARROW_STREAM)
 
 
-KEY = ["episode_id", "step"]
+KEY = ["episode_id", "step"]  # and agent_id, where the rows are agents'
 
 
 def _json_page(store: Store, flt: EpisodeFilter, columns: list[str], limit: int, offset: int,
                cursor: str | None) -> JSONResponse:
-    """One JSON page in ``(episode_id, step)`` order, by offset or after a cursor, with the cursor of the next."""
-    after = decode(cursor, 2) if cursor else None
+    """One JSON page in ``(episode_id, step, agent_id)`` order, by offset or after a cursor, with the cursor of
+    the next (the last row's key; an agent's row's names its agent, so that a step's other agents follow)."""
+    after = decode(cursor, 2, agent=True) if cursor else None
     asked = list(dict.fromkeys(columns))
     names = asked + [k for k in KEY if k not in asked] if asked else []
     rows = store.steps_page(names, filter=flt, limit=limit, offset=0 if after else offset, after=after)
     following = None
     if rows.num_rows == limit:
-        last = rows.slice(rows.num_rows - 1).select(KEY).to_pylist()[0]
-        following = encode([last["episode_id"], last["step"]])
+        last = rows.slice(rows.num_rows - 1).to_pylist()[0]
+        agent = [last["agent_id"]] if last.get("agent_id") is not None else []
+        following = encode([last["episode_id"], last["step"], *agent])
     if asked:
         rows = rows.select(asked)
     return JSONResponse(jsonable_encoder({"items": json_rows(rows), "limit": limit, "offset": offset,

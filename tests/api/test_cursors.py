@@ -88,6 +88,10 @@ def cursor(key: list) -> str:
     ("/episodes", {"cursor": cursor([2**63])}, "cursor: not a cursor of this page"),  # no episode_id is that large
     ("/steps", {"format": "json", "cursor": cursor([-(2**63) - 1, 0])}, "cursor: not a cursor of this page"),
     ("/steps", {"format": "json", "cursor": cursor([[[[[[1]]]]], 0])}, "cursor: not a cursor of this page"),
+    ("/steps", {"format": "json", "cursor": cursor([1, 0, 2])}, "cursor: not a cursor of this page"),  # agent: text
+    ("/steps", {"format": "json", "cursor": cursor([1, 0, ""])}, "cursor: not a cursor of this page"),
+    ("/steps", {"format": "json", "cursor": cursor([1, 0, "a", "b"])}, "cursor: not a cursor of this page"),
+    ("/episodes", {"cursor": cursor([1, "a"])}, "cursor: not a cursor of this page"),
     ("/steps", {"format": "json", "cursor": base64.urlsafe_b64encode(b"[" * 140).decode()},
      "cursor: not a cursor of this page"),
     ("/episodes", {"cursor": "WzFd", "order_by": "-episode_return"}, "pages with a cursor are in episode_id order")])

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import trajstore
@@ -125,6 +126,31 @@ def test_agents_that_die_leave_their_episode(tmp_path: Path) -> None:
     eps = store.sql("SELECT episode_length, n_agents, complete FROM episodes ORDER BY env_steps").to_pylist()
     assert [e["episode_length"] for e in eps] == [max(len(r) for r in rows.values()) for rows in log]
     assert all(e["complete"] and e["n_agents"] == 4 for e in eps)
+
+
+def test_the_writer_counts_an_episode_complete_when_every_agent_ended(tmp_path: Path) -> None:
+    """knights_archers_zombies, stopped as soon as one agent is killed while others play on: those episodes are
+    unfinished in the ``episodes`` view, and the writer's count agrees with it."""
+    pytest.importorskip("pygame")
+    from pettingzoo.butterfly import knights_archers_zombies_v11
+
+    store = trajstore.open(tmp_path / "s", create=True)
+    env = knights_archers_zombies_v11.parallel_env(max_cycles=300, spawn_delay=5, max_zombies=20)
+    rng = np.random.default_rng(0)
+    stopped = 0
+    with RecordParallelToStore(env, store, run_id="kaz") as rec:
+        for e in range(3):
+            rec.reset(seed=e)
+            while env.agents:
+                _, _, term, trunc, _ = rec.step({a: int(rng.integers(env.action_space(a).n)) for a in env.agents})
+                if env.agents and any(term[a] or trunc[a] for a in term):
+                    stopped += 1
+                    break
+        rec.reset(seed=9)  # closes the last episode, as a user starting the next one does
+        counted = rec.writer.episodes_completed
+    complete = store.sql("SELECT count(*) FILTER (WHERE complete) AS done, count(*) AS n FROM episodes").to_pylist()
+    assert stopped >= 1 and complete[0]["n"] == 3
+    assert counted == complete[0]["done"] == 3 - stopped
 
 
 def test_an_episode_stopped_midway_is_unfinished(tmp_path: Path) -> None:
@@ -274,11 +300,43 @@ def test_rest_and_client_give_agent_rows_and_stats(tag_store: Path) -> None:
             assert [(r["agent_group"], r["n_traj"]) for r in body] == [("adversary", 9), ("agent", 3)]
 
 
+def test_stats_per_agent_read_agent_episodes_alone_as_joined(tag_store: Path) -> None:
+    """Grouped and filtered by agent_episodes' own columns, statistics per agent read that view alone (one
+    aggregation over the steps); the same numbers as joined with the episodes (a where= or a lineage column needs
+    that) and as numpy over each agent's rows."""
+    store = trajstore.open(tag_store)
+    rows = store.sql("SELECT episode_id, agent_id, reward FROM steps WHERE agent_id IS NOT NULL").to_pylist()
+    returns: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    lengths: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        returns[r["agent_id"]][r["episode_id"]] += r["reward"]
+        lengths[r["agent_id"]][r["episode_id"]] += 1
+    for by, kw in (("agent_id", {}), (["run_id", "agent_group"], {"include_incomplete": True}),
+                   ("agent_id", {"min_return": -5.0, "run_id": "tag"})):
+        alone = store.stats(by=by, **kw)
+        joined = store.stats(by=by, where="true", **kw)
+        assert alone.column_names == joined.column_names and alone.num_rows == joined.num_rows > 0
+        for name in alone.column_names:
+            if pa.types.is_floating(alone.schema.field(name).type):
+                np.testing.assert_allclose(alone[name].to_numpy(), joined[name].to_numpy(), rtol=1e-9)
+            else:
+                assert alone[name].to_pylist() == joined[name].to_pylist(), (by, name)
+    mine = store.stats(by="agent_id").to_pylist()
+    assert [r["agent_id"] for r in mine] == sorted(returns)
+    for r in mine:
+        ret, n = np.array(list(returns[r["agent_id"]].values())), np.array(list(lengths[r["agent_id"]].values()))
+        assert (r["n_traj"], r["len_mean"]) == (len(ret), n.mean())
+        assert r["return_mean"] == pytest.approx(ret.mean(), rel=1e-5)
+        assert r["return_std"] == pytest.approx(ret.std(), rel=1e-4)
+
+
 def test_exports_refuse_multi_agent_runs_in_one_line(tag_store: Path, tmp_path: Path) -> None:
     from trajstore.export.lerobot import export_lerobot
 
     store = trajstore.open(tag_store)
-    with pytest.raises(InputError, match=r"^run_id: 'tag' holds multi-agent episodes") as caught:
+    with pytest.raises(InputError, match=r"^run_id: 'tag' holds multi-agent episodes .* export one agent "
+                                         r"\(agent=…\), one of adversary_0, adversary_1, adversary_2, agent_0;") \
+            as caught:
         export_lerobot(store, tmp_path / "out")
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "out").exists()
@@ -327,11 +385,12 @@ def test_deltalake_optimize_keeps_agent_rows(tmp_path: Path) -> None:
 
 
 def test_training_loaders_refuse_interleaved_agents(tag_store: Path) -> None:
-    """A loader follows an episode's rows; those of a multi-agent episode interleave its agents: refused, naming the
-    run, while the single-agent run of the same store still loads."""
+    """A loader follows an episode's rows; those of a multi-agent episode interleave its agents: refused without
+    agent_id=, naming the run, while the single-agent run of the same store still loads (tests/loaders/test_agents.py
+    loads agents)."""
     store = trajstore.open(tag_store)
     for read in (lambda **kw: store.sequences(4, **kw), lambda **kw: store.transitions(1, gamma=0.99, **kw)):
-        with pytest.raises(InputError, match=r"^run_id: 'tag' holds multi-agent episodes"):
+        with pytest.raises(InputError, match=r"^run_id: 'tag' holds multi-agent episodes .*pass agent_id="):
             next(iter(read()))
         batch = next(iter(read(run_id="solo")))
         assert len(batch["reward"]) > 0
@@ -352,3 +411,57 @@ def test_the_cli_asks_per_agent_questions(tag_store: Path, capsys: pytest.Captur
     assert main(["stats", "--store", str(tag_store), "--by", "agent_id", "--gamma", "0.9"]) != 0
     err = capsys.readouterr().err
     assert err.startswith("trajstore: error: --gamma: discounted returns per agent") and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def spread_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """simple_spread (3 agents of 18 floats) beside a CartPole run."""
+    path = tmp_path_factory.mktemp("spread") / "store"
+    store = trajstore.open(path, create=True)
+    parallel_rollout(store, lambda: simple_spread_v3.parallel_env(max_cycles=10), run_id="spread", episodes=3,
+                     seed=4, progress=False)
+    trajstore.rollout.gym_rollout(store, "CartPole-v1", run_id="solo", num_envs=2, episodes=2, progress=False)
+    return path
+
+
+@pytest.mark.parametrize("limit", [1, 4, 7])
+def test_step_pages_by_cursor_walk_every_agent_row_once(spread_store: Path, limit: int) -> None:
+    """A page that ends inside an env step (4 rows: a step's 3 agents and the next step's first) goes on with that
+    step's other agents: every row once, in (episode, step, agent) order, over REST and as the Client reads each
+    episode."""
+    from tests.api.helpers import API_KEY, serve, settings_for
+    from trajstore.api.app import create_app
+
+    store = trajstore.open(spread_store)
+    full = store.sql("SELECT episode_id, step, agent_id, reward FROM steps "
+                     "ORDER BY episode_id, step, agent_id NULLS FIRST").to_pylist()
+    for live in serve(create_app(settings_for(spread_store))):
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        got: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params = {"format": "json", "limit": limit, "columns": "episode_id,step,reward",
+                      **({"cursor": cursor} if cursor else {})}
+            body = httpx.get(f"{live.url}/steps", params=params, headers=headers).json()
+            got += body["items"]
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+            assert len(got) <= len(full)
+        assert [(r["episode_id"], r["step"]) for r in got] == [(r["episode_id"], r["step"]) for r in full]
+        assert [r["reward"] for r in got] == pytest.approx([r["reward"] for r in full])
+        with trajstore.Client(live.url, api_key=API_KEY) as client:
+            spread = store.sql("SELECT episode_id FROM episodes WHERE run_id = 'spread' ORDER BY 1").column(0)
+            for eid in spread.to_pylist():
+                mine = client.episode_steps(eid, ["reward"]).to_pylist()
+                paged = [r for r in full if r["episode_id"] == eid]
+                assert [(r["step"], r["agent_id"], r["reward"]) for r in mine] == \
+                    [(r["step"], r["agent_id"], pytest.approx(r["reward"])) for r in paged]
+    # the store's own pages: an agent's row is keyed (episode_id, step, agent_id)
+    spread = trajstore.EpisodeFilter(run_id=["spread"])
+    page = store.steps_page(["episode_id", "step"], filter=spread, limit=4).to_pylist()
+    assert [r["agent_id"] for r in page] == ["agent_0", "agent_1", "agent_2", "agent_0"]
+    last = page[-1]
+    after = store.steps_page(["step"], filter=spread, limit=2,
+                             after=(last["episode_id"], last["step"], last["agent_id"])).to_pylist()
+    assert after == [{"step": 1, "agent_id": "agent_1"}, {"step": 1, "agent_id": "agent_2"}]

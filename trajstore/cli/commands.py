@@ -388,11 +388,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         from trajstore.export.minari import export_minari
 
         result = export_minari(store, args.name, run_id=runs, where=args.where, progress=progress,
-                               include_unfinished=args.include_unfinished)
+                               include_unfinished=args.include_unfinished, agent=args.agent)
     else:
         from trajstore.export.lerobot import export_lerobot
 
         result = export_lerobot(store, args.name, run_id=runs, where=args.where, fps=args.fps, progress=progress,
-                                include_unfinished=args.include_unfinished)
+                                include_unfinished=args.include_unfinished, agent=args.agent)
     print(result.format())
     return 0

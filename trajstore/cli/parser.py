@@ -283,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--where", help="only the episodes this condition over the episodes view selects")
     p.add_argument("--include-unfinished", action="store_true",
                    help="export unfinished episodes too (a worker stopped mid-episode); by default only complete ones")
+    p.add_argument("--agent", metavar="AGENT_ID", help="multi-agent runs: export this agent's own trajectory of each "
+                                                       "episode (complete when its last row ended it)")
     _version_option(p, "export the store as of version N")
     p.add_argument("--fps", type=whole(1), default=30, help="lerobot: frames per second of the steps (timestamps are "
                                                        "frame_index / fps; default: %(default)s)")

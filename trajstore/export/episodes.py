@@ -7,6 +7,10 @@ over the committed files, no sort, memory of one record batch), pinned to one ve
 :meth:`Selection.groups` reads whole episodes back from it in groups of about ``GROUP_BYTES`` (one episode larger
 than that is a group of its own): an export holds one group at a time, whatever the size of the selection. The
 temporary files (the selected columns, uncompressed) live until the selection is closed.
+
+A run of multi-agent episodes is exported one agent at a time (``agent=``): that agent's own trajectory in each
+episode (its rows in ``step`` order, :mod:`trajstore.loaders.agents`) is an episode of the dataset, complete when
+its last row has ``terminated`` or ``truncated``. Without ``agent`` such a run is refused, naming its agents.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from trajstore.errors import InputError, StoreDamagedError
 from trajstore.loaders import layout as lay
@@ -59,6 +64,7 @@ class EpisodeGroup:
     env_id: list[str]
     length: np.ndarray
     columns: dict[str, np.ndarray]
+    agent: str | None = None  # the agent whose trajectories these episodes are (None: whole episodes)
     start: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
@@ -91,9 +97,11 @@ class ExportResult:
     steps: int = 0
     runs: list[str] = field(default_factory=list)
     kind: str = ""
+    agent: str | None = None  # the agent whose trajectories were exported
 
     def format(self) -> str:
-        return (f"exported {self.episodes} episode(s), {self.steps} step(s) of run(s) {', '.join(self.runs)} "
+        whose = "" if self.agent is None else f" of agent {self.agent!r}"
+        return (f"exported {self.episodes} episode(s){whose}, {self.steps} step(s) of run(s) {', '.join(self.runs)} "
                 f"as {self.kind} {self.target}")
 
     __str__ = format
@@ -104,9 +112,12 @@ class Selection:
     a context manager that removes the layout's files on exit."""
 
     def __init__(self, store: Store, layout: lay.Layout, runs: np.ndarray, envs: np.ndarray,
-                 names: tuple[list[str], list[str]], kinds: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> None:
+                 names: tuple[list[str], list[str]], kinds: dict[str, tuple[np.dtype, tuple[int, ...]]],
+                 episode_ids: np.ndarray | None = None, agent: str | None = None) -> None:
         self.store = store
         self.layout = layout
+        self.agent = agent  # the agent whose trajectories these are (None: whole single-agent episodes)
+        self.episode_ids = layout.episode_id if episode_ids is None else episode_ids  # per episode, its stored id
         self._run, self._env = runs, envs  # per episode: index into names
         self._names = names
         self.kinds = kinds  # column -> (numpy dtype, shape of one step)
@@ -149,8 +160,9 @@ class Selection:
             last = max(first + 1, int(np.searchsorted(ends, lay_.offset[first] + budget, side="right")))
             lo, hi = int(lay_.offset[first]), int(ends[last - 1])
             columns = {name: _read(lay_.columns[name], lo, hi) for name in COLUMNS}
-            yield EpisodeGroup(first, lay_.episode_id[first:last], [self._names[0][i] for i in self._run[first:last]],
-                               [self._names[1][i] for i in self._env[first:last]], lay_.length[first:last], columns)
+            yield EpisodeGroup(first, self.episode_ids[first:last], [self._names[0][i] for i in self._run[first:last]],
+                               [self._names[1][i] for i in self._env[first:last]], lay_.length[first:last], columns,
+                               self.agent)
             first = last
 
     def __iter__(self) -> Iterator[Episode]:
@@ -176,12 +188,15 @@ def _read(column: lay.Column, lo: int, hi: int) -> np.ndarray:
 
 
 def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: str | None = None,
-           include_unfinished: bool = False) -> Selection:
+           include_unfinished: bool = False, agent: str | None = None) -> Selection:
     """The complete episodes (with ``include_unfinished``, the unfinished ones too) of ``run_id`` (all runs when
     None) that ``where`` (a condition over the episodes view) selects, laid out for export at the store's current
-    version. Close it (or use it in a ``with`` block)."""
+    version; with ``agent``, that agent's own trajectory in each of them (complete: ended by its last row). Close
+    it (or use it in a ``with`` block)."""
     runs = [run_id] if isinstance(run_id, str) else list(run_id or [])
-    if not include_unfinished:
+    if agent is not None and (not isinstance(agent, str) or not agent.strip() or "," in agent):
+        raise InputError(f"agent: expected one agent id (a dataset holds one agent per step), got {agent!r}")
+    if not include_unfinished and agent is None:  # an agent's trajectory is complete by its own end (below)
         where = "complete" if where is None else f"complete AND ({where})"
     store.engine.check_runs(runs)
     if store.version < 0:
@@ -190,26 +205,41 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
     files, chosen = _files(pinned, runs, where)
     if not files or (chosen is not None and len(chosen) == 0):
         raise InputError(f"run_id/where: nothing to export from {store.uri} (run_id={run_id!r}, where={where!r})")
-    _refuse_agents(pinned, files)
-    pinned.engine.step_types(files).check(list(COLUMNS), stackable=True, hint=ONE_ENV)  # names the env ids
-    source = loader_source(pinned.engine, pinned.layouts, run_id=runs or None, where=where, filter=None)
+    if agent is None:
+        _refuse_agents(pinned, files)
+        pinned.engine.step_types(files).check(list(COLUMNS), stackable=True, hint=ONE_ENV)  # names the env ids
+    source = loader_source(pinned.engine, pinned.layouts, run_id=runs or None, where=where, filter=None,
+                           agent_id=agent, complete_only=not include_unfinished, agent_field="agent")
+    if source.check is not None and agent is not None:
+        source.check(list(COLUMNS))  # the agent's files alone: their environments' types
+    ids = None if source.trajectories is None else source.trajectories.episode_id
+    if ids is not None and not len(ids):
+        raise InputError(f"run_id/where: nothing to export from {store.uri}: agent {agent!r} ended none of the "
+                         f"selected episodes (run_id={run_id!r}, where={where!r}); include_unfinished exports them")
     kinds = {name: _kind(source.schema, name) for name in COLUMNS}
     layout = lay.build(source.read, source.schema, list(COLUMNS))
     try:
-        run_idx, env_idx, names = _owners(files, chosen, layout.episode_id, store.uri)
+        run_idx, env_idx, names = _owners(files, chosen, layout.episode_id if ids is None else ids, store.uri)
     except BaseException:
         layout.close()
         raise
-    return Selection(pinned, layout, run_idx, env_idx, names, kinds)
+    return Selection(pinned, layout, run_idx, env_idx, names, kinds, ids, agent)
 
 
 def _refuse_agents(store: Store, files: list[DataFile]) -> None:
-    """An :class:`InputError` naming the runs whose selected files hold rows of multi-agent episodes: an export
-    format holds one agent per step."""
-    runs = sorted({f.run_id for f, s in zip(files, store.table.schemas(files)) if "agent_id" in s.logical.names})
-    if runs:
+    """An :class:`InputError` naming the runs whose selected files hold rows of multi-agent episodes, and their
+    agents: an export format holds one agent per step, so such a run is exported one agent at a time."""
+    schemas = store.table.schemas(files)
+    held = [f for f, s in zip(files, schemas) if "agent_id" in s.logical.names]
+    if held:
+        runs = sorted({f.run_id for f in held})
+        agents = pa.concat_arrays([pc.unique(b.column(0).cast(pa.string())) for b in
+                                   lay.read_files(held, pa.schema([pa.field("agent_id", pa.string())]), ["agent_id"])]
+                                  or [pa.array([], pa.string())])
+        names = sorted(a for a in set(agents.to_pylist()) if a)
         raise InputError(f"run_id: {', '.join(map(repr, runs))} holds multi-agent episodes (rows with an agent_id), "
-                         "and an exported dataset holds one agent per step: export single-agent runs (run_id=…)")
+                         f"and an exported dataset holds one agent per step: export one agent (agent=…), one of "
+                         f"{', '.join(names)}; or export single-agent runs (run_id=…)")
 
 
 def _files(store: Store, runs: list[str], where: str | None) -> tuple[list[DataFile], np.ndarray | None]:
@@ -245,9 +275,10 @@ def _owners(files: list[DataFile], chosen: np.ndarray | None, ids: np.ndarray,
     for f in files:
         pieces = [np.unique(b.column(0).to_numpy()) for b in lay.read_files([f], schema, ["episode_id"], chosen)]
         held = np.unique(np.concatenate(pieces)) if pieces else np.zeros(0, np.int64)
-        at = np.searchsorted(ids, held)
-        run_idx[at[at < len(ids)]] = runs.index(f.run_id)
-        env_idx[at[at < len(ids)]] = envs.index(f.env_id)
+        at = np.minimum(np.searchsorted(ids, held), max(len(ids) - 1, 0))
+        at = at[ids[at] == held] if len(ids) else at[:0]  # the selection's episodes among those held
+        run_idx[at] = runs.index(f.run_id)
+        env_idx[at] = envs.index(f.env_id)
     if (run_idx < 0).any():
         raise StoreDamagedError(f"episode {ids[np.argmax(run_idx < 0)]} of {uri} is in no committed file of the "
                                 "selection; run `trajstore check`")

@@ -199,22 +199,25 @@ def features(kinds: dict[str, tuple[np.dtype, tuple[int, ...]]],
 def export_lerobot(store: Store, folder: str | Path, *, run_id: str | Sequence[str] | None = None,
                    where: str | None = None, fps: int = 30, chunk_size: int = CHUNK_SIZE,
                    file_size_mb: float = FILE_SIZE_MB, progress: bool = False,
-                   include_unfinished: bool = False) -> ExportResult:
+                   include_unfinished: bool = False, agent: str | None = None) -> ExportResult:
     """Write the complete episodes of ``run_id`` (selected by ``where``, a condition over the episodes view;
     ``include_unfinished``: the unfinished ones too) as a
     LeRobot v3.0 dataset in ``folder`` (new, or an empty folder): one frame per step, ``fps`` frames per
     second. ``chunk_size`` files per chunk folder and files of ``file_size_mb`` at most, as LeRobot's
-    ``chunks_size`` and ``data_files_size_in_mb``. ``progress``: a bar over the episodes."""
+    ``chunks_size`` and ``data_files_size_in_mb``. ``progress``: a bar over the episodes. Multi-agent episodes
+    are exported one ``agent`` at a time: its own trajectory in each episode (its rows in step order, complete
+    when its last row ended it) is an episode of the dataset, ``trajstore/agent_id`` in ``meta/episodes``."""
     if not isinstance(fps, int) or fps < 1:
         raise InputError(f"fps: must be a positive whole number of frames per second, got {fps!r}")
     if chunk_size < 1 or not file_size_mb > 0:
         raise InputError(f"chunk_size/file_size_mb: must be positive, got {chunk_size}/{file_size_mb}")
     root = Path(folder)
     check_new(root, field="folder")
-    with select(store, run_id=run_id, where=where, include_unfinished=include_unfinished) as selection:
+    with select(store, run_id=run_id, where=where, include_unfinished=include_unfinished, agent=agent) as selection:
         with staged(root, field="folder") as stage:
             _write(selection, stage, fps=fps, chunk_size=chunk_size, file_mb=file_size_mb, progress=progress)
-        return ExportResult(str(root), selection.episodes, selection.steps, selection.runs, "LeRobot dataset")
+        return ExportResult(str(root), selection.episodes, selection.steps, selection.runs, "LeRobot dataset",
+                            selection.agent)
 
 
 def image_columns(sel: Selection) -> dict[str, ImageLeaf]:
@@ -367,6 +370,8 @@ def _episode_rows(group: EpisodeGroup, places: list[tuple[int, int]], ep_stats: 
     cols["trajstore/run_id"] = pa.array(group.run_id, pa.string())
     cols["trajstore/env_id"] = pa.array(group.env_id, pa.string())
     cols["trajstore/episode_id"] = pa.array(group.episode_id.astype(np.int64))
+    if group.agent is not None:  # one agent's trajectories of multi-agent episodes
+        cols["trajstore/agent_id"] = pa.array([group.agent] * n, pa.string())
     return pa.table(cols)
 
 

@@ -46,12 +46,13 @@ FILE_THREADS = 8  # episodes' files made at once
 
 def export_minari(store: Store, dataset_id: str, *, run_id: str | Sequence[str] | None = None,
                   where: str | None = None, data_format: str = "arrow", progress: bool = False,
-                  include_unfinished: bool = False) -> ExportResult:
+                  include_unfinished: bool = False, agent: str | None = None) -> ExportResult:
     """Write the complete episodes of ``run_id`` (selected by ``where``, a condition over the episodes view;
     ``include_unfinished``: the unfinished ones too) as the
     Minari dataset ``dataset_id`` (``(namespace/)name-vN``); refused if it exists already. ``data_format``:
     one of minari's storage formats (``arrow``, ``parquet``, ``hdf5``). ``progress``: a bar over the
-    episodes."""
+    episodes. Multi-agent episodes are exported one ``agent`` at a time: its own trajectory in each episode (its
+    rows in step order, complete when its last row ended it) is a Minari episode."""
     minari = _minari()
     from minari.dataset._storages import get_storage_keys
     from minari.storage.datasets_root_dir import get_dataset_path
@@ -68,11 +69,12 @@ def export_minari(store: Store, dataset_id: str, *, run_id: str | Sequence[str] 
     if final.exists():
         raise InputError(f"dataset_id: a local Minari dataset {dataset_id!r} exists already ({final}); choose "
                          f"another id or delete it (minari delete {dataset_id})")
-    with select(store, run_id=run_id, where=where, include_unfinished=include_unfinished) as selection:
+    with select(store, run_id=run_id, where=where, include_unfinished=include_unfinished, agent=agent) as selection:
         with staged(final, field="dataset_id", stage_in=root,
                     before_move=lambda: _namespace(namespace, get_dataset_path)) as stage:
             _write(selection, stage / "data", dataset_id, data_format, progress, minari.__version__)
-        return ExportResult(dataset_id, selection.episodes, selection.steps, selection.runs, "Minari dataset")
+        return ExportResult(dataset_id, selection.episodes, selection.steps, selection.runs, "Minari dataset",
+                            selection.agent)
 
 
 def _minari() -> Any:
@@ -132,7 +134,9 @@ def _write(sel: Selection, data_path: Path, dataset_id: str, data_format: str, p
                                 data_format=data_format)
     storage.update_metadata({"dataset_id": dataset_id, "algorithm_name": "trajstore export",
                              "description": f"exported by trajstore from {sel.store.uri} at version "
-                                            f"{sel.store.version}", "minari_version": version})
+                                            f"{sel.store.version}" + ("" if sel.agent is None else
+                                                                       f", the trajectories of agent {sel.agent!r}"),
+                             "minari_version": version})
     encode = _encoder() if data_format in ("arrow", "parquet") else None
     with tqdm(total=sel.episodes, desc="export", unit="episode", disable=not progress) as bar:
         for group in sel.groups():

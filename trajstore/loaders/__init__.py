@@ -2,6 +2,7 @@
 (:mod:`~trajstore.loaders.stitched`), or, where files have none, laid out once, episode-major, one file per column on
 local disk, and memory-mapped by each iterator (:mod:`~trajstore.loaders.layout`), kept in the store for every
 process and machine (:mod:`~trajstore.loaders.layout_store`), read from one pinned version
-(:mod:`~trajstore.loaders.source`), visited in an order computed block by block (:mod:`~trajstore.loaders.order`)
+(:mod:`~trajstore.loaders.source`; a selection of agents laid out by each agent's own trajectory,
+:mod:`~trajstore.loaders.agents`), visited in an order computed block by block (:mod:`~trajstore.loaders.order`)
 by the iterator a loader returns (:mod:`~trajstore.loaders.loader`): windows inside episodes
 (:mod:`~trajstore.loaders.sequences`) and n-step transitions (:mod:`~trajstore.loaders.transitions`)."""

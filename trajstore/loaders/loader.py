@@ -97,10 +97,13 @@ class Batches(Iterator[Any]):
 
 
 def convert(arrays: dict[str, np.ndarray], format: str) -> Any:  # noqa: A002
+    """A batch in ``format``; arrays of text (``agent_id``) stay numpy arrays of ``str`` in torch and JAX batches,
+    which have no tensors of text."""
     if format == "numpy":
         return arrays
     if format == "arrow":
         return to_arrow(arrays)
+    text = {k: v for k, v in arrays.items() if isinstance(v, np.ndarray) and v.dtype.kind in "UO"}
     if format == "torch":
         import torch
 
@@ -108,10 +111,11 @@ def convert(arrays: dict[str, np.ndarray], format: str) -> Any:  # noqa: A002
             if isinstance(value, dict):
                 return {k: tensors(v) for k, v in value.items()}
             return torch.from_numpy(np.ascontiguousarray(value))
-        return tensors(arrays)
+        return {k: text[k] if k in text else tensors(v) for k, v in arrays.items()}
     import jax
 
-    return jax.device_put(arrays)
+    put = jax.device_put({k: v for k, v in arrays.items() if k not in text})
+    return {k: text[k] if k in text else put[k] for k in arrays}
 
 
 def to_arrow(arrays: dict[str, Any]) -> pa.RecordBatch:
@@ -136,6 +140,8 @@ def from_arrow(batch: pa.RecordBatch) -> dict[str, Any]:
 
 
 def _arrays(column: pa.Array) -> Any:
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return np.asarray(column.to_pylist(), dtype=str).reshape(len(column))  # agent_id: str, as assembled
     if pa.types.is_struct(column.type):
         return {f.name: _arrays(column.field(i)) for i, f in enumerate(column.type)}
     shape, t = [], column.type

@@ -7,7 +7,9 @@ numbered episode by episode (ids ascending), starts ascending; :mod:`~trajstore.
 order of them and :mod:`~trajstore.loaders.layout` holds the steps they are gathered from.
 
 A batch is a dict: each column ``(n, length, …)``, ``mask`` ``(n, length)``, ``episode_id`` ``(n,)`` and
-``start`` ``(n,)``. ``return_to_go`` (with ``gamma``) is the exact return-to-go of the whole episode at each
+``start`` ``(n,)``. Over agents' own trajectories (``agent_id=``, :mod:`~trajstore.loaders.agents`) a window stays
+inside one agent's rows of one episode, ``start`` counts that agent's rows, and ``agent_id`` ``(n,)`` (``str``) names
+the agent. ``return_to_go`` (with ``gamma``) is the exact return-to-go of the whole episode at each
 step, ``G_t = r_t + gamma G_{t+1}``, in float64.
 """
 
@@ -22,6 +24,7 @@ import pyarrow as pa
 
 from trajstore.errors import InputError, size_text
 from trajstore.loaders import layout as lay
+from trajstore.loaders.agents import Trajectories
 from trajstore.loaders.layout_store import Basis, LayoutKey, LayoutStore
 from trajstore.loaders.loader import Batches, check_format
 from trajstore.loaders.order import (
@@ -62,6 +65,12 @@ class Source:
     check: Callable[[Sequence[str]], None] | None = None  # InputError for columns no array can stack (env ids)
     # the layout of column leaves (dtype and shape each) stitched from the files' array copies, or None
     stitch: Callable[[dict[str, Any]], Stitched | None] | None = None
+    # agents' own trajectories (loaders.agents), laid out in place of episodes; batches name them (named)
+    trajectories: Trajectories | None = None
+
+    def named(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """A batch of items of the layout, with ``episode_id`` and ``agent_id`` of agents' trajectories."""
+        return batch if self.trajectories is None else self.trajectories.named(batch)
 
     def laid_out(self, columns: Sequence[str], derived: Any,
                  make: Callable[[Path | None], lay.Layout]) -> tuple[lay.Layout | Stitched, Callable[[], None]]:
@@ -281,14 +290,14 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
             names.append(RETURN_TO_GO)
         windows = Windows.of(layout.length, length, stride, bool(pad))
         if not len(windows):
-            check_fits(layout, length)
+            check_fits(layout, length, source.trajectories)
         weights = item_weights(source, view, sampling.weight_by, windows.first, windows.count,
                                lambda items: _first_steps(view, windows, items))
         arguments = {"length": length, "columns": names, "stride": stride, "pad": bool(pad), "gamma": g}
 
         def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
             episode, start = windows.locate(items)
-            return window_batch(view, names, episode, start, length)
+            return source.named(window_batch(view, names, episode, start, length))
 
         return loader_batches("sequences", arguments, source, release_view(view, release), sampling, len(windows),
                               weights, assemble, format, resume)
@@ -298,15 +307,17 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
         raise
 
 
-def check_fits(layout: lay.Layout, length: int) -> None:
+def check_fits(layout: lay.Layout | Stitched, length: int, trajectories: Trajectories | None = None) -> None:
     """An :class:`InputError` when windows of ``length`` steps fit in none of the selected episodes (with
-    ``pad=False`` they would give nothing), naming the longest episode."""
+    ``pad=False`` they would give nothing), naming the longest episode (or agent's trajectory)."""
     if not len(layout.length):
         return
     longest = int(np.argmax(layout.length))
-    raise InputError(f"length: {length} steps is longer than every selected episode; the longest, episode_id "
-                     f"{int(layout.episode_id[longest])}, has {int(layout.length[longest])} steps: ask for at most "
-                     f"that, or pass pad=True for windows padded (and masked) past episode ends")
+    what, named = ("episode", f"episode_id {int(layout.episode_id[longest])}") if trajectories is None else \
+        ("agent's trajectory", trajectories.describe(int(layout.episode_id[longest])))
+    raise InputError(f"length: {length} steps is longer than every selected {what}; the longest, {named}, has "
+                     f"{int(layout.length[longest])} steps: ask for at most that, or pass pad=True for windows "
+                     f"padded (and masked) past episode ends")
 
 
 def _first_steps(view: lay.Mapped, windows: Windows, items: np.ndarray) -> np.ndarray:

@@ -4,8 +4,11 @@ With ``m = min(n, steps left in the episode from t)``: ``obs``/``action`` (and a
 ``t``; ``reward`` = ``sum_{k<m} gamma**k r_{t+k}`` (computed in float64, given in the stored reward's dtype);
 ``next_obs`` = the ``next_obs`` stored at step ``t+m-1``; ``terminated`` = whether the episode terminated within
 those steps; ``discount`` = ``gamma**m``, or 0 when terminated (a truncated or unfinished end bootstraps).
-Rows also carry ``episode_id`` and ``step`` (= t). Items are numbered by step position: episodes by id,
-steps ascending; the order, shards and resume are those of every loader (:mod:`~trajstore.loaders.order`).
+Rows also carry ``episode_id`` and ``step`` (= t). Over agents' own trajectories (``agent_id=``,
+:mod:`~trajstore.loaders.agents`) the steps are one agent's rows of an episode (``step`` counts them, not env steps;
+``terminated`` is the agent's own end) and rows carry ``agent_id`` (``str``) too. Items are numbered by step
+position: episodes by id, steps ascending; the order, shards and resume are those of every loader
+(:mod:`~trajstore.loaders.order`).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
         arguments = {"n": n, "gamma": g, "columns": at_t}
 
         def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
-            return transition_batch(view, at_t, items, n, g, terminal)
+            return source.named(transition_batch(view, at_t, items, n, g, terminal))
 
         return loader_batches("transitions", arguments, source, release_view(view, release), sampling, layout.steps,
                               weights, assemble, format, resume)

@@ -6,7 +6,7 @@ version through the store's :class:`~trajstore.query.engine.Engine`; its SQL com
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -78,17 +78,32 @@ def runs(engine: Engine) -> pa.Table:
 def steps_page(engine: Engine, columns: Sequence[str] | None = None, *,
                filter: EpisodeFilter | None = None,  # noqa: A002
                where: str | None = None, limit: int = 100, offset: int = 0,
-               after: tuple[int, int] | None = None) -> pa.Table:
+               after: Sequence[Any] | None = None) -> pa.Table:
     """One page of the selected steps in ``(episode_id, step)`` order (``columns``, or all); with ``after`` (the
-    ``(episode_id, step)`` of the previous page's last row: a keyset cursor) the page after it, read without
-    counting off the rows before it."""
+    ``(episode_id, step)`` of the previous page's last row, or ``(episode_id, step, agent_id)`` of an agent's row:
+    a keyset cursor) the page after it, read without counting off the rows before it. Where the selection holds
+    agents' rows, the agents of one step come in ``agent_id`` order and ``columns`` always holds ``agent_id``."""
     restrict = {} if filter is None else {"run_id": filter.run_id, "env_id": filter.env_id}
+    names = list(columns or ())
     with engine.query_snapshot(episodes="if-cached", **restrict) as snap:  # the selected envs' own types
-        snap.check_columns(list(columns or ()), view="steps", field="columns")
+        snap.check_columns(names, view="steps", field="columns")
+        if snap.agents and names and "agent_id" not in names:
+            names.append("agent_id")
         conds = sql.step_conditions(filter, where)
         if after is not None:
-            conds.append(sql.after_key(["episode_id", "step"], [int(after[0]), int(after[1])]))
-        return snap.arrow(sql.steps(list(columns or ()), conds, limit=limit, offset=offset, agents=snap.agents))
+            conds.append(_after_step(after, agents=snap.agents))
+        return snap.arrow(sql.steps(names, conds, limit=limit, offset=offset, agents=snap.agents))
+
+
+def _after_step(after: Sequence[Any], *, agents: bool) -> str:
+    """The rows after a step's key: ``(episode_id, step)``, or with an agent ``(episode_id, step, agent_id)``
+    (a single-agent step is one row; a multi-agent step, one row per agent, by ``agent_id``)."""
+    if len(after) not in (2, 3):
+        raise InputError(f"after: expected (episode_id, step) or (episode_id, step, agent_id), got {after!r}")
+    key: list[Any] = [int(after[0]), int(after[1])]
+    if len(after) == 3 and after[2] is not None and agents:
+        return sql.after_key(["episode_id", "step", "agent_id"], [*key, str(after[2])])
+    return sql.after_key(["episode_id", "step"], key)
 
 
 def episode_steps(engine: Engine, episode_id: int, columns: Sequence[str] | None = None, *,

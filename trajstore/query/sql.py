@@ -389,6 +389,20 @@ def per_agent(episodes: str) -> str:
             "ON a.run_id = e.run_id AND a.env_id = e.env_id AND a.episode_id = e.episode_id)")
 
 
+# what agent_rows() holds: statistics per agent grouped and filtered by these alone need no episodes column
+AGENT_ROW_COLUMNS = ("run_id", "env_id", "episode_id", "agent_id", "agent_group", "episode_return", "episode_length",
+                     "terminated", "truncated", "complete")
+
+
+def agent_rows() -> str:
+    """The ``agent_episodes`` view alone as :func:`per_agent` gives its rows (each agent's return, length and ends
+    under the episode's names, with ``agent_group``), no join with ``episodes``: for statistics per agent grouped and
+    filtered by :data:`AGENT_ROW_COLUMNS` alone."""
+    return (f"(SELECT run_id, env_id, episode_id, agent_id, {AGENT_GROUP} AS agent_group, "
+            "agent_return AS episode_return, agent_length AS episode_length, terminated, truncated, complete "
+            "FROM agent_episodes)")
+
+
 def discounted_sum(reward: str, step: str) -> str:
     """``sum_t gamma**t r_t`` of a group, in float64 from the stored rewards, for the parameter ``$gamma``."""
     return f"sum({reward}::DOUBLE * pow($gamma::DOUBLE, {step}))"

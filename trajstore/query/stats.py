@@ -39,7 +39,9 @@ def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where
         conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter)
         source = "episodes" if snap.episodes_materialized else sql.subquery(
             snap.episodes_select(discounted=gamma is not None))
-        if agents:
+        if agents and _agents_alone(keys, where, filter, paths, metric):
+            source = sql.agent_rows()  # one group-by over the steps, not two and a join
+        elif agents:
             source = sql.per_agent(source)
         if paths:
             snap.use_runs(engine.runs_table(snap.files))
@@ -51,3 +53,12 @@ def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where
         q = sql.stats(keys, discounted=gamma is not None, conds=conds, include_incomplete=include_incomplete,
                       source=source, metric=None if measured is None else measured.name)
         return snap.arrow(q, {"gamma": check_gamma(gamma)} if gamma is not None else {})
+
+
+def _agents_alone(keys: list[str], where: str | None, filter: EpisodeFilter | None,  # noqa: A002
+                  paths: dict[str, str], metric: str | None) -> bool:
+    """Whether statistics per agent need no column of ``episodes``: grouped and filtered by the columns of
+    ``agent_episodes`` (:data:`~trajstore.query.sql.AGENT_ROW_COLUMNS`) alone, no ``where`` (any column), lineage
+    filter, config value or metric."""
+    return (where is None and not paths and metric is None and (filter is None or not any(filter.lineage.values()))
+            and all(k in sql.AGENT_ROW_COLUMNS for k in keys))

@@ -348,7 +348,7 @@ class Client:
                        seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
                        format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
                        weight_by: str | None = None, num_samples: int | None = None, version: int | None = None,
-                       **filters: Any) -> RemoteBatches:
+                       agent_id: str | list[str] | None = None, **filters: Any) -> RemoteBatches:
         """The batches of :meth:`Store.sequences <trajstore.store.Store.sequences>` with these arguments, from
         the service's ``/sequences`` stream (filters as in the REST API: ``run_id``, ``complete``, …); the
         iterator's ``state_dict()`` passed back as ``resume`` continues after its last batch."""
@@ -356,7 +356,8 @@ class Client:
         params = {"length": length, "columns": columns, "stride": stride, "pad": pad, "gamma": gamma,
                   "batch_size": batch_size, "shuffle": shuffle, "order_seed": seed, "epoch": epoch, "rank": rank,
                   "world_size": world_size, "weight_by": weight_by, "num_samples": num_samples,
-                  "resume": None if resume is None else json.dumps(dict(resume)), "version": version, **filters}
+                  "resume": None if resume is None else json.dumps(dict(resume)), "version": version,
+                  "agent_id": [agent_id] if isinstance(agent_id, str) else agent_id, **filters}
         return RemoteBatches(self._stream("/sequences", params), format)
 
     @_filtered
@@ -364,13 +365,13 @@ class Client:
                     shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
                     format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
                     weight_by: str | None = None, num_samples: int | None = None, version: int | None = None,
-                    **filters: Any) -> RemoteBatches:
+                    agent_id: str | list[str] | None = None, **filters: Any) -> RemoteBatches:
         """The batches of :meth:`Store.transitions <trajstore.store.Store.transitions>` from ``/transitions``."""
         check_format(format)
         params = {"n": n, "gamma": gamma, "columns": columns, "batch_size": batch_size, "shuffle": shuffle,
                   "order_seed": seed, "epoch": epoch, "rank": rank, "world_size": world_size, "weight_by": weight_by,
                   "num_samples": num_samples, "resume": None if resume is None else json.dumps(dict(resume)),
-                  "version": version, **filters}
+                  "version": version, "agent_id": [agent_id] if isinstance(agent_id, str) else agent_id, **filters}
         return RemoteBatches(self._stream("/transitions", params), format)
 
     @contextlib.contextmanager

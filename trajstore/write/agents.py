@@ -130,9 +130,10 @@ class AgentWriter:
         self._episode: int | None = None
         self._length = 0  # env steps of the open episode seen so far
         self._base = 0  # env steps of the episodes before it
-        self._ended: set[str] = set()
+        self._acted: set[str] = set()  # agents that acted in the open episode
+        self._ended: set[str] = set()  # those of them whose row ended it
         self.steps_written = 0
-        self.episodes_completed = 0
+        self.episodes_completed = 0  # closed episodes every agent that acted in ended (the episodes view's rule)
 
     @property
     def episode_id(self) -> int | None:
@@ -160,6 +161,7 @@ class AgentWriter:
             self._episode = int(self._ids(1)[0])
         for agent, row in rows.items():
             kind = self._kind_of[agent]
+            self._acted.add(agent)
             if row[4] or row[5]:
                 self._ended.add(agent)
             kind.add(agent, (*row, self._episode, step, self._base + step + 1, self.env_index))
@@ -169,14 +171,15 @@ class AgentWriter:
         self.steps_written += len(rows)
 
     def end_episode(self) -> None:
-        """Close the open episode (its agents that did not end stay unfinished); the next :meth:`add` opens
+        """Close the open episode (its agents that did not end stay unfinished, and so does the episode: it counts
+        in :attr:`episodes_completed` only when every agent that acted in it ended); the next :meth:`add` opens
         another."""
         if self._episode is None:
             return
-        if self._ended:
+        if self._acted and self._ended == self._acted:
             self.episodes_completed += 1
         self._base += self._length
-        self._episode, self._length, self._ended = None, 0, set()
+        self._episode, self._length, self._acted, self._ended = None, 0, set(), set()
 
     def flush(self) -> None:
         """Commit every row given so far."""

@@ -7,10 +7,10 @@ the checks of its run), :mod:`~trajstore.rollout.policies` (policies named by a 
 progress bar), :mod:`~trajstore.rollout.background` (the writer on a thread of its own), then
 :mod:`~trajstore.rollout.atari` (Atari games by name, DQN's preprocessing),
 :mod:`~trajstore.rollout.gym_steps` (the vector-env loop) and :mod:`~trajstore.rollout.gym_loop` /
-:mod:`~trajstore.rollout.gym_evaluation`, or :mod:`~trajstore.rollout.envs` (pure-JAX environments), :mod:`~trajstore.rollout.jax_scan` (the jitted scan),
-:mod:`~trajstore.rollout.jax_host` (the host side) and :mod:`~trajstore.rollout.jax_loop` /
-:mod:`~trajstore.rollout.evaluate`, and :mod:`~trajstore.rollout.minari`; multi-agent PettingZoo envs:
-:mod:`trajstore.rollout.parallel`.
+:mod:`~trajstore.rollout.gym_evaluation`, or :mod:`~trajstore.rollout.envs` (pure-JAX environments),
+:mod:`~trajstore.rollout.jax_scan` (the jitted scan), :mod:`~trajstore.rollout.jax_host` (the host side) and
+:mod:`~trajstore.rollout.jax_loop` / :mod:`~trajstore.rollout.evaluate`, and :mod:`~trajstore.rollout.minari`;
+multi-agent PettingZoo envs: :mod:`trajstore.rollout.parallel`.
 
 Every rollout stores ``mode`` (``'train'``, or ``'eval'`` for the evaluations) and ``seed`` (the seed it was
 given, one value for the run; ``env_index`` and ``worker_id`` tell its envs apart) in every row, and refuses a

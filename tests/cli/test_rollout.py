@@ -139,8 +139,9 @@ def test_a_held_run_needs_append(tmp_path: Path, capsys: pytest.CaptureFixture[s
 ])
 def test_mistakes_are_one_line_naming_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                                                message: str) -> None:
-    err = fails(capsys, "rollout", "--env", "CartPole-v1", "--store", str(tmp_path), "--run", "x", *argv)
+    err = fails(capsys, "rollout", "--env", "CartPole-v1", "--store", str(tmp_path / "store"), "--run", "x", *argv)
     assert re.search(message, err), err
+    assert not (tmp_path / "store").exists()  # said before any store is made
 
 
 def test_atari_by_name_as_dqn_sees_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,6 +38,7 @@ def _emit(args: argparse.Namespace, table: Any) -> None:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     _check_rollout(args)
+    policy = _policy(args)  # a bad --policy is said before any store is made
     if args.url:
         from trajstore.remote.writer import RemoteStore
 
@@ -51,7 +52,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     options.update(_run_description(args))
     options.update({"info_keys": _split(args.info_key)} if args.info_key else {})
     options.update(run_id=args.run, num_envs=args.num_envs, episodes=args.episodes, steps=args.steps,
-                   seed=args.seed, mode=args.mode, append=True, policy=_policy(args), progress=_progress(args))
+                   seed=args.seed, mode=args.mode, append=True, policy=policy, progress=_progress(args))
     if args.backend == "jax":
         from trajstore.rollout import jax_rollout
 

@@ -88,7 +88,7 @@ def step_alone(venv: Any, vector_steps: int, seed: int, keep: list[dict[str, np.
             steps.append((obs, action, reward, next_obs, terminated, truncated))
         obs = next_obs
     if keep is not None:
-        from trajstore.rollout.gym_loop import time_major
+        from trajstore.rollout.gym_steps import time_major
 
         keep += [{k: np.ascontiguousarray(v) for k, v in time_major(steps[i:i + CHUNK]).items()}
                  for i in range(0, len(steps), CHUNK)]

@@ -94,6 +94,18 @@ def test_gym_rollout_workers_split_the_episodes_and_repeat_with_the_seed(tmp_pat
     assert set(store.episodes(run_id="a")["policy_version"].to_pylist()) == {1}
     tray.rollout(path, "CartPole-v1", num_workers=3, episodes=20, run_id="b", seed=5, num_envs=2, progress=False)
     assert outcome(store, "a") == outcome(store, "b")  # the same seed, the same episodes
+    # every row: the run's seed as given and its mode (worker_id and env_index tell the envs apart)
+    assert store.sql("SELECT DISTINCT mode, seed FROM steps").to_pylist() == [{"mode": "train", "seed": 5}]
+    with pytest.raises(trajstore.InputError, match=r"^run_id: run 'a' already holds steps in .*append=True"):
+        tray.rollout(path, "CartPole-v1", num_workers=2, episodes=4, run_id="a", seed=9, progress=False)
+    tray.rollout(path, "CartPole-v1", num_workers=2, episodes=4, run_id="a", seed=9, num_envs=2, progress=False,
+                 append=True)
+    assert store.stats(run_id="a")["n_traj"][0].as_py() >= first.episodes + 4
+    evaluated = tray.rollout(path, "CartPole-v1", num_workers=2, episodes=5, run_id="ev", seed=3, num_envs=2,
+                             progress=False, mode="eval")
+    eps = store.episodes(run_id="ev")
+    assert evaluated.episodes == eps.num_rows == 5 and all(eps["complete"].to_pylist())
+    assert set(eps["mode"].to_pylist()) == {"eval"} and set(eps["seed"].to_pylist()) == {3}
     assert trajstore.check(store).ok
 
 

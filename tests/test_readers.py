@@ -189,7 +189,8 @@ def test_client_episodes_reads_every_page_at_one_version(tmp_path: Path) -> None
         if request.url.path == "/episodes":
             pages.append(request.url.params.get("version", ""))
             if len(pages) == 2:  # a commit lands while the client walks the pages
-                gym_rollout(store, "CartPole-v1", run_id="a", num_envs=2, episodes=20, seed=1, progress=False)
+                gym_rollout(store, "CartPole-v1", run_id="a", num_envs=2, episodes=20, seed=1, progress=False,
+                            append=True)
 
     before = store.version
     app = create_app(settings_for(store.root, max_page_size=50))

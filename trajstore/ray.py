@@ -4,7 +4,7 @@
 and types as :meth:`Store.scan <trajstore.store.Store.scan>` (partition columns typed as strings, not
 guessed from folder names), each read task a slice of the committed file list read with trajstore's own
 scan. :func:`rollout` runs rollout workers as Ray tasks, each writing straight into the store with its own
-``worker_id`` and seed, with one progress bar over all of them.
+``worker_id`` and envs seeded apart, with one progress bar over all of them.
 
 Ray starts a local instance on first use unless you connected to a cluster with ``ray.init(address=…)``;
 on a cluster the store must be one every node reaches (an ``s3://`` store), and its ``storage_options`` (or
@@ -28,7 +28,9 @@ import pyarrow as pa
 from trajstore.errors import InputError
 from trajstore.query.scan import scan_steps
 from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed
+from trajstore.rollout.target import Mode, check_mode, check_run
 from trajstore.storage.log import DataFile
+from trajstore.store import Store
 from trajstore.store import open as open_store
 
 try:
@@ -105,16 +107,19 @@ def _reader(files: list[DataFile], schema: pa.Schema, columns: list[str],
 
 def rollout(uri: str, env: Any, *, num_workers: int, backend: Backend = "gym", episodes: int | None = None,
             steps: int | None = None, run_id: str, seed: int = 0, num_envs: int = 8, policy: Any = None,
-            params: Any = None, storage_options: Mapping[str, Any] | None = None, progress: bool = True,
-            **lineage: Any) -> RolloutResult:
+            params: Any = None, mode: Mode = "train", append: bool = False,
+            storage_options: Mapping[str, Any] | None = None, progress: bool = True, **lineage: Any) -> RolloutResult:
     """Roll out ``env`` with ``num_workers`` Ray tasks, each writing its episodes straight into the store at
     ``uri`` (created if absent) as ``worker_id="ray-<i>"``; returns when every worker has committed.
 
     ``episodes`` and ``steps`` are totals, split as evenly as possible across the workers (each one's share
-    follows :func:`~trajstore.rollout.sample_until`'s rule). Worker ``i`` runs with seed ``seed + i *
-    num_envs`` (gym: one seed per env; JAX: ``seed + i``), so the same ``seed`` stores the same episodes on
-    every run. ``backend="gym"`` runs a gymnasium vector env (``policy(obs) -> actions``), ``"jax"`` a pure-JAX
-    env under ``lax.scan`` (``policy(params, obs, key)``). Extra keywords are lineage columns.
+    follows :func:`~trajstore.rollout.sample_until`'s rule; with ``mode="eval"``, each worker evaluates exactly
+    its share of ``episodes``). Worker ``i``'s envs start from seed ``seed + i * num_envs`` (gym: env ``j`` from
+    that ``+ j``; JAX: the key of ``seed + i``), so the same ``seed`` stores the same episodes on every run; every
+    row stores ``seed`` as given (``worker_id`` and ``env_index`` tell the envs apart) and ``mode``.
+    ``backend="gym"`` runs a gymnasium vector env (``policy(obs) -> actions``), ``"jax"`` a pure-JAX env under
+    ``lax.scan`` (``policy(params, obs, key)``). A ``run_id`` the store already holds is refused (checked once,
+    here) unless ``append=True``. Extra keywords are lineage columns.
     """
     check_positive("num_workers", num_workers)
     check_positive("num_envs", num_envs)
@@ -123,13 +128,16 @@ def rollout(uri: str, env: Any, *, num_workers: int, backend: Backend = "gym", e
         raise InputError(f"backend: must be 'gym' or 'jax', got {backend!r}")
     if episodes is None and steps is None:
         raise InputError("rollout: give episodes=N or steps=N (totals over all workers), or both")
-    open_store(uri, create=True, storage_options=storage_options)  # one clear error here, not one per worker
+    if mode == "eval" and (episodes is None or steps is not None):
+        raise InputError("mode='eval' runs exactly `episodes` complete episodes: give episodes=N and no steps=")
+    store = open_store(uri, create=True, storage_options=storage_options)  # one clear error here, not one a worker
+    check_run(store, run_id, mode=check_mode(mode), append=append)  # once: then the workers add to the run
+    lineage["mode"] = mode
     shares = [(_share(episodes, num_workers, i), _share(steps, num_workers, i)) for i in range(num_workers)]
     counter = _Progress.remote(num_workers)  # type: ignore[attr-defined]
     started = time.perf_counter()
-    futures = [_worker.remote(uri, dict(storage_options or {}), env, backend, i, e, s, run_id,
-                              seed + (i if backend == "jax" else i * num_envs), num_envs, policy, params, lineage,
-                              counter)
+    futures = [_worker.remote(uri, dict(storage_options or {}), env, backend, i, e, s, run_id, seed, num_envs,
+                              policy, params, lineage, counter)
                for i, (e, s) in enumerate(shares) if (e is None or e > 0) and (s is None or s > 0)]
     results = _wait(futures, counter, total=episodes if episodes is not None else steps,
                     by_episodes=episodes is not None, show=progress)
@@ -158,13 +166,14 @@ class _Progress:
 def _worker(uri: str, storage_options: dict[str, Any], env: Any, backend: Backend, index: int,
             episodes: int | None, steps: int | None, run_id: str, seed: int, num_envs: int, policy: Any,
             params: Any, lineage: dict[str, Any], counter: Any) -> RolloutResult:
-    store = open_store(uri, create=True, storage_options=storage_options or None)
+    store = _RunSeed(open_store(uri, create=True, storage_options=storage_options or None), seed)
 
     def report(s: int, e: int) -> None:
         counter.report.remote(index, s, e)
 
-    options = dict(run_id=run_id, num_envs=num_envs, episodes=episodes, steps=steps, seed=seed, policy=policy,
-                   progress=report, worker_id=f"ray-{index}", **lineage)
+    worker_seed = seed + (index if backend == "jax" else index * num_envs)
+    options = dict(run_id=run_id, num_envs=num_envs, episodes=episodes, steps=steps, seed=worker_seed,
+                   policy=policy, append=True, progress=report, worker_id=f"ray-{index}", **lineage)
     if backend == "jax":
         from trajstore.rollout.jax_loop import jax_rollout
 
@@ -172,6 +181,23 @@ def _worker(uri: str, storage_options: dict[str, Any], env: Any, backend: Backen
     from trajstore.rollout.gym_loop import gym_rollout
 
     return gym_rollout(store, env, **options)
+
+
+class _RunSeed:
+    """A worker's store, whose writers record the run's ``seed`` (the worker's envs start from one derived from
+    it), so that every row of a run has the seed it was given."""
+
+    def __init__(self, store: Store, seed: int) -> None:
+        self.store, self.seed, self.root = store, seed, store.root
+
+    def writer(self, **options: Any) -> Any:
+        return self.store.writer(**{**options, "seed": self.seed})
+
+    def run_ids(self) -> list[str]:
+        return self.store.run_ids()
+
+    def sql(self, query: str) -> pa.Table:
+        return self.store.sql(query)
 
 
 def _wait(futures: list[Any], counter: Any, *, total: int | None, by_episodes: bool,

@@ -24,7 +24,7 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 policy_version=1)
     gym_rollout(store, "CartPole-v1", run_id="beta", num_envs=4, episodes=30, seed=1, progress=False,
                 policy_version=2, mode="eval")
-    gym_rollout(store, "Acrobot-v1", run_id="alpha", num_envs=2, steps=1100, seed=2, progress=False)
+    gym_rollout(store, "Acrobot-v1", run_id="alpha", num_envs=2, steps=1100, seed=2, progress=False, append=True)
     return path
 
 

@@ -307,6 +307,16 @@ def test_cli_rollouts_to_a_service(live_empty: Live, empty: Path, capsys: pytest
     with RemoteStore(live_empty.url, api_key=API_KEY) as remote, \
             pytest.raises(trajstore.InputError, match="'remote-jax' already holds training"):
         jax_rollout(remote, "cartpole", run_id="remote-jax", mode="eval", episodes=2, progress=False)
+    # a run the service holds is refused without --append (asked of the service), added to with it
+    again = ["rollout", "--env", "CartPole-v1", "--run", "remote-gym", "--episodes", "2", "--no-progress", *common]
+    capsys.readouterr()
+    assert cli.main(again) == 2
+    assert capsys.readouterr().err == (f"trajstore: error: --run: run 'remote-gym' already holds steps in "
+                                       f"{live_empty.url}; add to it with --append, or store these episodes under "
+                                       "a new run id\n")
+    before = trajstore.open(empty).stats(run_id="remote-gym")["n_traj"][0].as_py()
+    assert cli.main([*again, "--append"]) == 0
+    assert trajstore.open(empty).stats(run_id="remote-gym")["n_traj"][0].as_py() >= before + 2
     assert cli.main(["rollout", "--env", "CartPole-v1", "--run", "r", "--episodes", "1", "--url", live_empty.url,
                      "--api-key", "wrong", "--no-progress"]) != 0
     err = capsys.readouterr().err

@@ -370,7 +370,7 @@ def test_deltalake_optimize_keeps_agent_rows(tmp_path: Path) -> None:
     store = trajstore.open(tmp_path / "s", create=True)
     for seed in range(3):
         parallel_rollout(store, simple_spread_v3.parallel_env, run_id="spread", episodes=2, seed=seed,
-                         progress=False)
+                         progress=False, append=True)
     trajstore.rollout.gym_rollout(store, "CartPole-v1", run_id="solo", num_envs=2, episodes=3, progress=False)
     query = "SELECT * EXCLUDE (wall_time) FROM steps ORDER BY run_id, episode_id, step, agent_id"
     before = store.sql(query)

@@ -25,7 +25,7 @@ IMAGE = "Breakout-like-v0"
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[trajstore.Store, dict[str, Any]]:
     store = trajstore.open(tmp_path_factory.mktemp("mixed") / "store", create=True)
     gym_rollout(store, "CartPole-v1", run_id="gym", num_envs=2, steps=300, seed=0, progress=False)
-    gym_rollout(store, "Pendulum-v1", run_id="gym", num_envs=2, steps=300, seed=0, progress=False)
+    gym_rollout(store, "Pendulum-v1", run_id="gym", num_envs=2, steps=300, seed=0, progress=False, append=True)
     frames = stacked_stream(np.random.default_rng(1), 30, 2, shape=(84, 84), p_end=0.1)
     with store.writer(run_id="pixels", env_id=IMAGE, frame_stack={"obs": 4}) as w:
         w.add_batch(frames)

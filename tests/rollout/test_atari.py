@@ -179,3 +179,28 @@ def stored_steps(store: trajstore.Store, run_id: str) -> dict[int, list[Episode]
     for a, b in zip(starts[:-1], starts[1:]):
         out.setdefault(int(env[a]), []).append(Episode(*(columns[name][a:b] for name in names)))
     return out
+
+
+def test_an_ale_id_by_name_with_dqn_preprocessing(store: trajstore.Store) -> None:
+    from trajstore.rollout.atari import dqn_preprocessing
+
+    wrappers, env_kwargs = dqn_preprocessing(frame_stack=K)
+    gym_rollout(store, "ALE/Breakout-v5", run_id="dqn", num_envs=2, steps=40, wrappers=wrappers,
+                env_kwargs=env_kwargs, progress=False)
+    gym_rollout(store, "ale_py:ALE/Breakout-v5", run_id="prefixed", num_envs=1, steps=8, wrappers=wrappers,
+                env_kwargs=env_kwargs, progress=False)
+    assert {(f.run_id, f.env_id) for f in store.files()} == {("dqn", "ALE/Breakout-v5"),
+                                                             ("prefixed", "ALE/Breakout-v5")}
+    assert all(Format.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks == {"obs": K} for f in store.files())
+    obs = as_numpy(store.sql("SELECT obs FROM steps WHERE run_id = 'dqn'")["obs"])
+    assert obs.shape == (40, K, SIDE, SIDE) and obs.dtype == np.uint8
+
+
+def test_an_ale_id_without_ale_py_names_the_extra(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ale_py", None)  # as if the extra were not installed
+    with pytest.raises(trajstore.InputError, match=r"^env: ALE/Breakout-v5 is an Atari game, which needs ale-py: "
+                                                   r"pip install 'trajstore\[atari\]'$"):
+        gym_rollout(store, "ALE/Breakout-v5", run_id="x", steps=8, progress=False)
+    assert store.files() == []

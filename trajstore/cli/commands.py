@@ -37,35 +37,77 @@ def _emit(args: argparse.Namespace, table: Any) -> None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    if args.episodes is None and args.steps is None:
-        raise InputError("rollout: give --episodes N or --steps N (or both)")
+    _check_rollout(args)
+    policy = _policy(args)  # a bad --policy is said before any store is made
     if args.url:
         from trajstore.remote.writer import RemoteStore
 
         store: Any = RemoteStore(args.url, api_key=args.api_key)
     else:
         store = _open(args.store, create=True)
-    lineage = {"policy_version": args.policy_version} if args.policy_version is not None else {}
-    if args.frame_stack is not None and (args.backend != "gym" or args.frame_stack < 2):
-        raise InputError("rollout: --frame-stack K stacks the last K >= 2 observations of a --backend gym env, "
-                         f"got K={args.frame_stack} with --backend {args.backend}")
-    lineage.update(_run_description(args))
-    lineage.update({"info_keys": _split(args.info_key)} if args.info_key else {})
+    from trajstore.rollout.target import check_run
+
+    check_run(store, args.run, mode=args.mode, append=args.append, hint="--append")
+    options: dict[str, Any] = {"policy_version": args.policy_version} if args.policy_version is not None else {}
+    options.update(_run_description(args))
+    options.update({"info_keys": _split(args.info_key)} if args.info_key else {})
+    options.update(run_id=args.run, num_envs=args.num_envs, episodes=args.episodes, steps=args.steps,
+                   seed=args.seed, mode=args.mode, append=True, policy=policy, progress=_progress(args))
     if args.backend == "jax":
         from trajstore.rollout import jax_rollout
 
-        result = jax_rollout(store, args.env, run_id=args.run, num_envs=args.num_envs,
-                             rollout_length=args.rollout_length, episodes=args.episodes, steps=args.steps,
-                             seed=args.seed, progress=_progress(args), **lineage)
+        result = jax_rollout(store, args.env, rollout_length=args.rollout_length, **options)
     else:
         from trajstore.rollout import gym_rollout
 
-        result = gym_rollout(store, args.env, run_id=args.run, num_envs=args.num_envs, episodes=args.episodes,
-                             steps=args.steps, seed=args.seed, autoreset=args.autoreset,
-                             progress=_progress(args), wrappers=_frame_stacker(args.frame_stack), **lineage)
+        wrappers, env_kwargs = _gym_wrappers(args)
+        result = gym_rollout(store, args.env, autoreset=args.autoreset, wrappers=wrappers, env_kwargs=env_kwargs,
+                             **options)
     print(f"stored {result.steps} steps, {result.episodes} complete episodes of {result.env_id} "
-          f"as run {result.run_id!r} in {store.root} ({result.steps_per_second:,.0f} steps/s)")
+          f"as run {result.run_id!r} ({args.mode}) in {store.root} ({result.steps_per_second:,.0f} steps/s)")
     return 0
+
+
+def _check_rollout(args: argparse.Namespace) -> None:
+    """The rollout's flags that do not go together, each said before anything runs."""
+    if args.mode == "eval" and (args.episodes is None or args.steps is not None):
+        raise InputError("--mode eval runs exactly --episodes N complete episodes: give --episodes N "
+                         "(and no --steps)")
+    if args.episodes is None and args.steps is None:
+        raise InputError("rollout: give --episodes N or --steps N (or both)")
+    if args.frame_stack is not None and (args.backend != "gym" or args.frame_stack < 2):
+        raise InputError("rollout: --frame-stack K stacks the last K >= 2 observations of a --backend gym env, "
+                         f"got K={args.frame_stack} with --backend {args.backend}")
+    if args.atari:
+        from trajstore.rollout.atari import is_atari
+
+        if args.backend != "gym" or not is_atari(args.env):
+            raise InputError(f"--atari: preprocesses an Atari game of --backend gym, ALE/... (e.g. "
+                             f"ALE/Breakout-v5), got --env {args.env} with --backend {args.backend}")
+
+
+def _policy(args: argparse.Namespace) -> Any:
+    """``--policy``: the policy it names (deterministic in evaluation), or None for random actions. A
+    ``module:function`` is found in the current directory too, as ``python -m`` would find it."""
+    if args.policy is None:
+        return None
+    import os
+
+    from trajstore.rollout.policies import load_policy
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return load_policy(args.policy, backend=args.backend, deterministic=args.mode == "eval")
+
+
+def _gym_wrappers(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
+    """``(wrappers, env_kwargs)`` of each gym env: DQN's preprocessing with ``--atari``, a frame stack with
+    ``--frame-stack K``."""
+    if args.atari:
+        from trajstore.rollout.atari import dqn_preprocessing
+
+        return dqn_preprocessing(args.frame_stack or 4)
+    return _frame_stacker(args.frame_stack), {}
 
 
 def _run_description(args: argparse.Namespace) -> dict[str, Any]:

@@ -65,12 +65,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("rollout", "run a policy in an environment and store every transition",
                 "A gymnasium vector env (--backend gym) or a pure-JAX env under lax.scan + vmap (--backend jax); "
-                "a random policy. With --url, the episodes go to a trajstore service instead (a remote worker).")
+                "random actions, or --policy. Every row stores mode (train, or eval with --mode eval) and the "
+                "--seed given (env i of a gym vector env starts from seed + i; env_index tells the envs apart). "
+                "A --run the store already holds is refused unless --append. With --url, the episodes go to a "
+                "trajstore service instead (a remote worker).")
     p.add_argument("--backend", choices=["gym", "jax"], default="gym",
                    help="gym: a gymnasium vector env; jax: a pure-JAX env under lax.scan + vmap (default: gym)")
-    p.add_argument("--env", required=True, help="environment id, e.g. CartPole-v1 (gym) or cartpole (jax)")
+    p.add_argument("--env", required=True, help="environment id, e.g. CartPole-v1 or ALE/Breakout-v5 (gym; Atari "
+                                                "needs the atari extra) or cartpole (jax)")
+    p.add_argument("--policy", metavar="SPEC",
+                   help="module:function, called with the (num-envs, ...) observations of the vector env and "
+                        "returning their actions (--backend jax: jax_rollout's policy(params, obs, key), params "
+                        "None), imported from the current directory too; or sb3:ALGO:path.zip, a "
+                        "Stable-Baselines3 checkpoint (ALGO one of A2C, DDPG, DQN, PPO, SAC, TD3; extra sb3; "
+                        "deterministic with --mode eval). Default: random actions")
+    p.add_argument("--mode", choices=["train", "eval"], default="train",
+                   help="eval: exactly --episodes complete episodes, unbiased (each env plays a share fixed up "
+                        "front, so short episodes are not over-represented), stored with mode eval (default: train)")
+    p.add_argument("--append", action="store_true",
+                   help="add to a --run the store already holds (without it, such a run is refused)")
     p.add_argument("--num-envs", type=whole(1), default=8, help="environments stepped together (default: %(default)s)")
-    p.add_argument("--episodes", type=whole(1), help="stop after at least this many complete episodes")
+    p.add_argument("--episodes", type=whole(1), help="stop after at least this many complete episodes (--mode "
+                                                     "eval: exactly this many)")
     p.add_argument("--steps", type=whole(1), help="stop after at least this many stored steps")
     p.add_argument("--store", **store_opt)
     p.add_argument("--url", help="send the episodes to the trajstore service at this URL instead of a store "
@@ -86,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frame-stack", type=whole(1), metavar="K",
                    help="gym: stack each env's last K observations (gymnasium's FrameStackObservation); each "
                         "frame is stored once")
+    p.add_argument("--atari", action="store_true",
+                   help="gym, an ALE/... game as DQN sees it: made with frameskip=1, then AtariPreprocessing "
+                        "(frame skip 4, 84x84 gray) and a stack of the last 4 frames (or --frame-stack K), each "
+                        "frame stored once: obs (4, 84, 84) uint8")
     p.add_argument("--policy-version", type=int, help="stored in the policy_version column")
     p.add_argument("--info-key", action="append", metavar="KEY",
                    help="store this key of each step's info as a step column, null where a step lacks it "

@@ -8,7 +8,7 @@
 >>> with RemoteWriter("http://127.0.0.1:8321", api_key="…", run_id="r", env_id="CartPole-v1") as w:  # doctest: +SKIP
 ...     w.add_batch(batch)
 
-:class:`RemoteStore` is what the rollout workers need of a store (``writer`` and ``sql``) over the same
+:class:`RemoteStore` is what the rollout workers need of a store (``writer``, ``run_ids``, ``sql``) over the same
 service, so ``gym_rollout(RemoteStore(url, api_key=…), …)`` and ``trajstore rollout --url …`` run anywhere.
 """
 
@@ -103,8 +103,8 @@ def _check_access(client: Client) -> list[int]:
 
 
 class RemoteStore:
-    """The side of a served store that rollout workers use: :meth:`writer` (a :class:`RemoteWriter`) and
-    :meth:`sql` (read-only, through ``POST /sql``). ``root`` is the service's URL."""
+    """The side of a served store that rollout workers use: :meth:`writer` (a :class:`RemoteWriter`),
+    :meth:`run_ids` and :meth:`sql` (read-only, through ``POST /sql``). ``root`` is the service's URL."""
 
     def __init__(self, url: str, *, api_key: str | None = None) -> None:
         self.client = Client(url, api_key=api_key)
@@ -125,6 +125,10 @@ class RemoteStore:
                 writer.close()  # nothing written: nothing sent
                 raise
         return writer
+
+    def run_ids(self) -> list[str]:
+        """The runs the served store holds (``GET /runs``: one request, which counts each run's episodes)."""
+        return sorted({run["run_id"] for run in self.client.runs()})
 
     def sql(self, query: str) -> pa.Table:
         table = self.client.sql(query, as_="arrow")

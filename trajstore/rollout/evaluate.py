@@ -9,8 +9,9 @@ without a time limit needs ``max_episode_steps``, after which its episode is tru
 
 Pass the deterministic policy (argmax, mean action) as ``policy``, EvoRL's separate
 ``evaluate_actions``; for a policy with a flag, ``functools.partial(policy, deterministic=True)``.
-The same ``seed`` and ``params`` give the same episodes. Steps are stored with ``mode='eval'``
-under their own ``run_id``: a run holding training steps is refused.
+The same ``seed`` and ``params`` give the same episodes. Steps are stored with ``mode='eval'`` and the
+``seed`` given, under their own ``run_id``: a run holding training steps is refused, and a run the store already
+holds unless ``append=True``.
 
 >>> import trajstore, tempfile
 >>> store = trajstore.open(tempfile.mkdtemp(), create=True)
@@ -34,17 +35,17 @@ from trajstore.rollout.jax_host import Tally, collect, open_writer
 from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
 from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed, sample_until
-from trajstore.rollout.target import RolloutTarget, check_run_mode
+from trajstore.rollout.target import RolloutTarget, check_run
 
 __all__ = ["jax_evaluate"]
 
 
 def jax_evaluate(store: RolloutTarget, env: Any, *, run_id: str, episodes: int, policy: Policy | None = None,
                  params: Any = None, num_envs: int = 1024, rollout_length: int = 128, seed: int = 0,
-                 policy_version: int | None = None, worker_id: str | None = None, env_id: str | None = None,
-                 max_episode_steps: int | None = None, queue_size: int = 2, progress: Progress = True,
-                 frame_stack: Mapping[str, int] | None = None, info_keys: Sequence[str] = (),
-                 **lineage: Any) -> RolloutResult:
+                 append: bool = False, policy_version: int | None = None, worker_id: str | None = None,
+                 env_id: str | None = None, max_episode_steps: int | None = None, queue_size: int = 2,
+                 progress: Progress = True, frame_stack: Mapping[str, int] | None = None,
+                 info_keys: Sequence[str] = (), **lineage: Any) -> RolloutResult:
     """Store exactly ``episodes`` complete evaluation episodes of ``policy`` in ``env`` under ``run_id``.
 
     ``num_envs`` envs run in parallel (at most ``episodes``), scanned ``rollout_length`` steps at a
@@ -64,7 +65,7 @@ def jax_evaluate(store: RolloutTarget, env: Any, *, run_id: str, episodes: int, 
     B = min(num_envs, episodes)
     scan = make_scan(env, policy, num_envs=B, rollout_length=min(rollout_length, limit), autoreset=False,
                      time_limit=max_episode_steps, info_keys=info_keys)
-    check_run_mode(store, run_id, "eval")
+    check_run(store, run_id, mode="eval", append=append)
     lineage.update(seed=check_seed(seed), mode="eval")
     if policy_version is not None:
         lineage["policy_version"] = policy_version

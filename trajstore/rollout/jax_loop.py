@@ -34,7 +34,7 @@ from trajstore.rollout.jax_host import Tally, collect, open_writer
 from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
 from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, check_seed, sample_until
-from trajstore.rollout.target import Mode, RolloutTarget, check_run_mode
+from trajstore.rollout.target import Mode, RolloutTarget, check_mode, check_run
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ __all__ = ["jax_rollout"]
 
 def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy | None = None, params: Any = None,
                 num_envs: int = 1024, rollout_length: int = 128, steps: int | None = None,
-                episodes: int | None = None, seed: int = 0, mode: Mode = "train",
+                episodes: int | None = None, seed: int = 0, mode: Mode = "train", append: bool = False,
                 policy_version: int | None = None, worker_id: str | None = None, env_id: str | None = None,
                 max_episode_steps: int | None = None, queue_size: int = 2, progress: Progress = True,
                 frame_stack: Mapping[str, int] | None = None, info_keys: Sequence[str] = (),
@@ -58,11 +58,12 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
 
     ``mode="eval"`` runs :func:`trajstore.rollout.evaluate.jax_evaluate` instead: no autoreset and
     exactly ``episodes`` complete episodes (pass the deterministic policy as ``policy``).
-    ``seed``, ``mode``, ``policy_version`` (when given), ``worker_id`` and ``env_index`` are stored
-    as lineage columns, as are extra keywords. ``frame_stack={"obs": k}`` says the env's observations are
-    stacks of their last k frames (newest last, gymnasium's ``FrameStackObservation`` layout), so that each
-    frame is stored once (see :meth:`trajstore.Store.writer`). ``info_keys=["is_success", …]`` stores those keys
-    of the env's step ``info`` as step columns.
+    ``seed`` (as given: one key, ``jax.random.PRNGKey(seed)``, split over the envs), ``mode``, ``policy_version``
+    (when given), ``worker_id`` and ``env_index`` are stored as lineage columns, as are extra keywords. A
+    ``run_id`` the store already holds is refused unless ``append=True``. ``frame_stack={"obs": k}`` says the
+    env's observations are stacks of their last k frames (newest last, gymnasium's ``FrameStackObservation``
+    layout), so that each frame is stored once (see :meth:`trajstore.Store.writer`). ``info_keys=["is_success",
+    …]`` stores those keys of the env's step ``info`` as step columns.
     """
     if mode == "eval":
         if steps is not None:
@@ -70,19 +71,18 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
         if episodes is None:
             raise InputError("mode='eval': give episodes=N, the number of complete episodes to evaluate")
         return jax_evaluate(store, env, run_id=run_id, policy=policy, params=params, episodes=episodes,
-                            num_envs=num_envs, rollout_length=rollout_length, seed=seed,
+                            num_envs=num_envs, rollout_length=rollout_length, seed=seed, append=append,
                             policy_version=policy_version, worker_id=worker_id, env_id=env_id,
                             max_episode_steps=max_episode_steps, queue_size=queue_size, progress=progress,
                             frame_stack=frame_stack, info_keys=info_keys, **lineage)
-    if mode != "train":
-        raise InputError(f"mode must be 'train' or 'eval', got {mode!r}")
+    check_mode(mode)
     if max_episode_steps is not None:
         raise InputError("max_episode_steps applies to mode='eval'; for training, build the env with its limit "
                          "(e.g. trajstore.rollout.envs.make('cartpole', max_episode_steps=200))")
     until = sample_until(min_timesteps=steps, min_episodes=episodes)
     env = resolve_env(env)
     scan = make_scan(env, policy, num_envs=num_envs, rollout_length=rollout_length, info_keys=info_keys)
-    check_run_mode(store, run_id, "train")
+    check_run(store, run_id, mode="train", append=append)
     max_scans = -(-steps // (num_envs * rollout_length)) if episodes is None and steps is not None else None
     lineage.update(seed=check_seed(seed), mode="train", **_optional(policy_version=policy_version))
     opts = {"worker_id": worker_id} if worker_id is not None else {}

@@ -22,6 +22,7 @@ from trajstore.errors import InputError
 from trajstore.integrations.pettingzoo import RecordParallelToStore
 from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, sample_until
+from trajstore.rollout.target import Mode, check_mode, check_run
 
 AgentPolicy = Callable[[str, Any], Any]
 """``policy(agent_id, obs) -> action`` for one agent."""
@@ -29,19 +30,26 @@ AgentPolicy = Callable[[str, Any], Any]
 
 def parallel_rollout(store: Any, env: Any, *, run_id: str, env_id: str | None = None,
                      policy: AgentPolicy | None = None, episodes: int | None = None, steps: int | None = None,
-                     seed: int | None = None, progress: Progress = True, **options: Any) -> RolloutResult:
+                     seed: int | None = 0, mode: Mode = "train", append: bool = False, progress: Progress = True,
+                     **options: Any) -> RolloutResult:
     """Roll out a PettingZoo ``ParallelEnv`` (or a zero-argument factory of one) into ``store`` until
     ``episodes`` complete episodes and ``steps`` stored agent rows are reached (both, when both are given).
 
     ``policy(agent_id, obs) -> action`` acts for each agent; without one, actions are sampled from each agent's
-    action space (seeded with ``seed``, which also seeds the first reset). An episode running at the stop is
-    stored too, unfinished. Other keywords go to the writer (``config``, ``tags``, ``mode``, lineage values).
-    The result counts agent rows as ``steps``; its returns are the episodes' (summed over agents) and lengths
-    their env steps."""
+    action space (seeded with ``seed``, which also seeds the first reset; ``None`` seeds nothing). An episode
+    running at the stop is stored too, unfinished. Every row stores ``mode`` and ``seed`` (as given), as every
+    rollout does; one env plays, so ``mode="eval"`` with ``episodes=N`` stores exactly its first N episodes. A
+    ``run_id`` the store already holds is refused unless ``append=True``. Other keywords go to the writer
+    (``config``, ``tags``, lineage values). The result counts agent rows as ``steps``; its returns are the
+    episodes' (summed over agents) and lengths their env steps."""
+    if check_mode(mode) == "eval" and (episodes is None or steps is not None):
+        raise InputError("mode='eval' runs exactly `episodes` complete episodes: give episodes=N and no steps=")
     until = sample_until(min_timesteps=steps, min_episodes=episodes)
     made = env() if callable(env) and not hasattr(env, "possible_agents") else env
     if not hasattr(made, "possible_agents") or not hasattr(made, "step"):
         raise InputError(f"env: expected a PettingZoo ParallelEnv or a factory of one, got {type(made).__name__}")
+    check_run(store, run_id, mode=mode, append=append)
+    options["mode"] = mode
     if seed is not None:
         options["seed"] = seed  # recorded with every row, as gym_rollout and jax_rollout do
     recorder = RecordParallelToStore(made, store, run_id=run_id, env_id=env_id, **options)

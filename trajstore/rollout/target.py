@@ -1,5 +1,6 @@
-"""What a rollout writes to: a :class:`RolloutTarget` (a store, or a served store), and the check that keeps
-training and evaluation episodes in runs of their own."""
+"""What a rollout writes to: a :class:`RolloutTarget` (a store, or a served store), and the checks a rollout makes
+of the run it writes to before it writes: a new run unless asked to append, and training and evaluation episodes
+in runs of their own."""
 
 from __future__ import annotations
 
@@ -9,17 +10,40 @@ from trajstore.errors import InputError
 from trajstore.query import sql
 
 Mode = Literal["train", "eval"]
+MODES = ("train", "eval")
 
 
 class RolloutTarget(Protocol):
-    """What a rollout needs of a store: a writer, and SQL to check the run it writes to
+    """What a rollout needs of a store: a writer, the runs it holds, and SQL to check the run it writes to
     (a :class:`~trajstore.store.Store` or a :class:`~trajstore.remote.writer.RemoteStore`)."""
 
     root: Any
 
     def writer(self, *, run_id: str, env_id: str, **options: Any) -> Any: ...
 
+    def run_ids(self) -> list[str]: ...
+
     def sql(self, query: str) -> Any: ...
+
+
+def check_mode(mode: Any) -> Mode:
+    if mode not in MODES:
+        raise InputError(f"mode must be 'train' or 'eval', got {mode!r}")
+    return mode  # type: ignore[no-any-return]
+
+
+def check_run(store: RolloutTarget, run_id: str, *, mode: Mode, append: bool, hint: str = "append=True") -> None:
+    """Refuse to write into a run the store already holds unless ``append`` (``hint`` says how to ask for it:
+    ``append=True``, or ``--append`` on the CLI), and to mix training and evaluation episodes in one run.
+
+    Only rollouts check: :meth:`Store.writer <trajstore.store.Store.writer>` never refuses, as many writers
+    (a rollout's workers, recorders) share one run by design."""
+    if run_id not in store.run_ids():
+        return
+    check_run_mode(store, run_id, mode)
+    if not append:
+        raise InputError(f"run_id: run {run_id!r} already holds steps in {store.root}; add to it with {hint}, or "
+                         "store these episodes under a new run id")
 
 
 def check_run_mode(store: RolloutTarget, run_id: str, mode: Mode) -> None:

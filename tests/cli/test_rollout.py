@@ -1,0 +1,173 @@
+"""``trajstore rollout`` as a researcher uses it: a policy of their own (a module's function, an SB3 checkpoint),
+an evaluation of exactly N episodes, Atari by name with DQN's preprocessing, and a run that is never added to by
+accident; every mistake one line naming its flag."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import trajstore
+from trajstore.cli import main
+from trajstore.storage.encoding import Format
+
+GYM_POLICY = '''
+import numpy as np
+
+def lean(obs):
+    return (obs[:, 2] > 0).astype(np.int64)
+'''
+JAX_POLICY = '''
+import jax.numpy as jnp
+
+def right(params, obs, key):
+    return jnp.ones(obs.shape[0], jnp.int32)
+'''
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The one error line of a command that must fail (exit 2, nothing on stdout)."""
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and err.startswith("trajstore: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``tmp_path`` as the working directory, holding the policy modules; ``sys.path`` restored afterwards."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
+    (tmp_path / "cli_gym_policy.py").write_text(GYM_POLICY)
+    (tmp_path / "cli_jax_policy.py").write_text(JAX_POLICY)
+    for name in ("cli_gym_policy", "cli_jax_policy"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return tmp_path
+
+
+def test_the_help_lists_the_new_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["rollout", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--policy SPEC", "--mode {train,eval}", "--append", "--atari", "sb3:ALGO:path.zip"):
+        assert flag in out
+
+
+def test_a_policy_of_the_current_directory(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "rollout", "--env", "CartPole-v1", "--num-envs", "2", "--episodes", "4", "--store",
+                       "store", "--run", "lean", "--policy", "cli_gym_policy:lean", "--no-progress")
+    assert code == 0 and "as run 'lean' (train)" in out
+    rows = trajstore.open(in_tmp / "store").sql("SELECT obs, action FROM steps").to_pydict()
+    np.testing.assert_array_equal(rows["action"], (np.array(rows["obs"])[:, 2] > 0).astype(int))
+    code, _, _ = run(capsys, "rollout", "--backend", "jax", "--env", "cartpole", "--num-envs", "4", "--steps", "64",
+                     "--rollout-length", "16", "--store", "store", "--run", "jax", "--policy", "cli_jax_policy:right",
+                     "--no-progress")
+    assert code == 0
+    actions = trajstore.open(in_tmp / "store").sql("SELECT DISTINCT action FROM steps WHERE run_id = 'jax'")
+    assert actions.column(0).to_pylist() == [1]
+
+
+def test_an_sb3_checkpoint_evaluated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("stable_baselines3", reason="the [sb3] extra is not installed")
+    from stable_baselines3 import PPO
+
+    from tests.rollout.test_policies import sb3_checkpoint
+
+    path = sb3_checkpoint(tmp_path)
+    store = tmp_path / "store"
+    code, out, _ = run(capsys, "rollout", "--env", "CartPole-v1", "--mode", "eval", "--episodes", "5", "--num-envs",
+                       "2", "--policy", f"sb3:PPO:{path}", "--store", str(store), "--run", "ppo-eval", "--no-progress")
+    assert code == 0 and "5 complete episodes" in out and "(eval)" in out
+    rows = trajstore.open(store).sql("SELECT obs, action FROM steps ORDER BY episode_id, step").to_pydict()
+    predicted, _ = PPO.load(path, device="cpu").predict(np.array(rows["obs"], np.float32), deterministic=True)
+    np.testing.assert_array_equal(rows["action"], predicted)
+    err = fails(capsys, "rollout", "--backend", "jax", "--env", "cartpole", "--steps", "10", "--policy",
+                f"sb3:PPO:{path}", "--store", str(store), "--run", "x")
+    assert "--policy: sb3:PPO:" in err and "use it with --backend gym" in err
+
+
+@pytest.mark.parametrize("backend, env", [("gym", "CartPole-v1"), ("jax", "cartpole")])
+def test_mode_eval_stores_exactly_n_complete_episodes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      backend: str, env: str) -> None:
+    code, out, _ = run(capsys, "rollout", "--backend", backend, "--env", env, "--mode", "eval", "--episodes", "7",
+                       "--num-envs", "3", "--seed", "4", "--store", str(tmp_path), "--run", "ev", "--no-progress")
+    assert code == 0 and "7 complete episodes" in out
+    episodes = trajstore.open(tmp_path).episodes()
+    assert episodes.num_rows == 7 and all(episodes["complete"].to_pylist())
+    assert set(episodes["mode"].to_pylist()) == {"eval"} and set(episodes["seed"].to_pylist()) == {4}
+
+
+def test_a_held_run_needs_append(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["rollout", "--env", "CartPole-v1", "--num-envs", "2", "--episodes", "3", "--store", str(tmp_path),
+            "--run", "r", "--no-progress"]
+    assert run(capsys, *args)[0] == 0
+    store = trajstore.open(tmp_path)
+    version, steps = store.version, store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
+    err = fails(capsys, *args, "--seed", "1")
+    assert re.search(rf"^trajstore: error: --run: run 'r' already holds steps in {re.escape(str(tmp_path))}; add to "
+                     r"it with --append, or store these episodes under a new run id$", err)
+    assert store.version == version
+    code, out, _ = run(capsys, *args, "--seed", "1", "--append")
+    assert code == 0 and trajstore.open(tmp_path).sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() > steps
+    err = fails(capsys, *args, "--mode", "eval", "--append")
+    assert "run 'r' already holds training (or untagged) steps" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "eval", "--steps", "10"], r"--mode eval runs exactly --episodes N complete episodes: give "
+                                          r"--episodes N \(and no --steps\)$"),
+    (["--mode", "eval", "--episodes", "3", "--steps", "10"], r"--mode eval runs exactly --episodes N"),
+    (["--episodes", "3", "--policy", "nocolon"], r"error: --policy: expected module:function or sb3:ALGO:path.zip, "
+                                                 r"got 'nocolon'$"),
+    (["--episodes", "3", "--policy", "no_such_module_q:act"], r"error: --policy: cannot import module "
+                                                             r"'no_such_module_q'"),
+    (["--episodes", "3", "--policy", "sb3:XYZ:m.zip"], r"error: --policy: expected sb3:ALGO:path.zip"),
+    (["--episodes", "3", "--atari"], r"error: --atari: preprocesses an Atari game of --backend gym, ALE/\.\.\. "
+                                     r"\(e\.g\. ALE/Breakout-v5\), got --env CartPole-v1 with --backend gym$"),
+    (["--episodes", "3", "--mode", "test"], r"error: --mode: invalid choice: 'test'"),
+])
+def test_mistakes_are_one_line_naming_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                               message: str) -> None:
+    err = fails(capsys, "rollout", "--env", "CartPole-v1", "--store", str(tmp_path / "store"), "--run", "x", *argv)
+    assert re.search(message, err), err
+    assert not (tmp_path / "store").exists()  # said before any store is made
+
+
+def test_atari_by_name_as_dqn_sees_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    as_numpy = pytest.importorskip("tests.rollout.test_atari", reason="the [atari] extra is not installed").as_numpy
+    code, out, _ = run(capsys, "rollout", "--env", "ALE/Breakout-v5", "--atari", "--num-envs", "2", "--steps", "300",
+                       "--store", str(tmp_path / "four"), "--run", "breakout", "--no-progress")
+    assert code == 0 and "of ALE/Breakout-v5 as run 'breakout'" in out
+    store = trajstore.open(tmp_path / "four")
+    assert {f.env_id for f in store.files()} == {"ALE/Breakout-v5"}
+    assert all(Format.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks == {"obs": 4} for f in store.files())
+    obs = as_numpy(store.scan(["obs"]).read_all()["obs"])
+    assert obs.dtype == np.uint8 and obs.shape[1:] == (4, 84, 84)
+    assert 300 <= len(obs) <= 301  # 301: a reset step of one env, not stored, left the other one's
+    code, out, _ = run(capsys, "rollout", "--env", "ALE/Breakout-v5", "--atari", "--frame-stack", "2", "--num-envs",
+                       "1", "--steps", "8", "--store", str(tmp_path / "two"), "--run", "two", "--no-progress")
+    two = trajstore.open(tmp_path / "two").scan(["obs"]).read_all()["obs"]  # another store: an env keeps its types
+    assert code == 0 and as_numpy(two).shape == (8, 2, 84, 84)
+
+
+def test_an_ale_id_without_preprocessing_is_the_raw_screen(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ale_py", reason="the [atari] extra (ale-py) is not installed")
+    code, _, _ = run(capsys, "rollout", "--env", "ALE/Pong-v5", "--num-envs", "1", "--steps", "4", "--store",
+                     str(tmp_path), "--run", "raw", "--no-progress")
+    store = trajstore.open(tmp_path)
+    got = store.sql("SELECT env_id, obs FROM steps LIMIT 1").to_pylist()[0]
+    assert code == 0 and got["env_id"] == "ALE/Pong-v5" and np.array(got["obs"]).shape == (210, 160, 3)
+    err = fails(capsys, "rollout", "--backend", "jax", "--env", "ALE/Pong-v5", "--atari", "--steps", "4", "--store",
+                str(tmp_path), "--run", "x")
+    assert "--atari: preprocesses an Atari game of --backend gym" in err

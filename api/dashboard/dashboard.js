@@ -31,30 +31,11 @@ const nextPaint = () => new Promise((resolve) => requestAnimationFrame(() => set
 
 // --- talking to the API -------------------------------------------------------------------------------
 
-// Episode ids are 63-bit integers, beyond what a JavaScript number holds exactly: read them (and any other
-// integer too large for a double) from the JSON source text, as strings.
-const SOURCE_ACCESS = (() => {
-  let ok = false;
-  JSON.parse("[1]", (key, value, ctx) => { if (key === "0") ok = Boolean(ctx && ctx.source === "1"); return value; });
-  return ok;
-})();
-
-function exactIntegers(key, value, ctx) {
-  if (typeof value !== "number") return value;
-  if (key === "episode_id") return ctx.source;
-  if (Number.isInteger(value) && !Number.isSafeInteger(value) && /^-?\d+$/.test(ctx.source)) return ctx.source;
-  return value;
-}
-
-function parseJson(text, exact) {
-  if (!exact) return JSON.parse(text);
-  if (SOURCE_ACCESS) return JSON.parse(text, exactIntegers);
-  return JSON.parse(text.replace(/("episode_id"\s*:\s*)(-?\d+)/g, '$1"$2"'));  // browsers without source access
-}
-
-// GET a JSON route; `exact` keeps 63-bit integers exact (as strings), at some parsing cost.
-async function api(path, params = {}, { exact = true } = {}) {
-  return parseJson(await apiText(path, params), exact);
+// Every JSON answer of the service is exact as it stands: episode ids (63-bit, past what a JavaScript number
+// holds) come as decimal strings, as does any other integer beyond Number.MAX_SAFE_INTEGER. The page keeps ids
+// as those strings and puts them in URLs unchanged.
+async function api(path, params = {}) {
+  return JSON.parse(await apiText(path, params));
 }
 
 function fail(err) {
@@ -286,10 +267,10 @@ async function loadBinned() {
   const g = state.gamma, metric = $("metric").value;
   const y = metric === "episode_length" ? "episode_length" : "episode_return";  // discounted with γ
   const [binned, ret_, len, stats] = await Promise.all([
-    api("/curves/binned", { x: $("xaxis").value, y, gamma: g, bins: binCount() }, { exact: false }),
-    api("/curves/histogram", { y: "episode_return", gamma: g, bins: HIST_BINS, density: true }, { exact: false }),
-    api("/curves/histogram", { y: "episode_length", bins: HIST_BINS, density: true }, { exact: false }),
-    api("/stats", { by: "run_id,env_id", gamma: g }, { exact: false }),
+    api("/curves/binned", { x: $("xaxis").value, y, gamma: g, bins: binCount() }),
+    api("/curves/histogram", { y: "episode_return", gamma: g, bins: HIST_BINS, density: true }),
+    api("/curves/histogram", { y: "episode_length", bins: HIST_BINS, density: true }),
+    api("/stats", { by: "run_id,env_id", gamma: g }),
   ]);
   state.binned = binned;
   state.hists = { ret: ret_, len };
@@ -450,7 +431,7 @@ function observationPlot(Plotly, steps) {
 // The columns and picture leaves of one environment (/schema?env_id=, JSON), asked once per environment.
 function envSchema(env) {
   if (!state.schemas.has(env)) {
-    const asked = api("/schema", { env_id: env }, { exact: false });
+    const asked = api("/schema", { env_id: env });
     asked.catch(() => state.schemas.delete(env));
     state.schemas.set(env, asked);
   }
@@ -554,7 +535,7 @@ function closeEpisode() {
 
 async function load() {
   const t0 = performance.now(), g = gamma(), first = state.loads === 0;
-  const ready = await api("/ready", {}, { exact: false });  // the version first: data read later is never older
+  const ready = await api("/ready", {});  // the version first: data read later is never older
   state.gamma = g;
   const binned = loadBinned();
   // On the first load the tables go on screen as soon as they can; the per-episode markers follow, small stores only.
@@ -562,7 +543,7 @@ async function load() {
   let complete = 0;
   const curves = runs.then((r) => {
     complete = r.reduce((acc, run) => acc + run.envs.reduce((m, e) => m + e.complete_episodes, 0), 0);
-    return complete <= POINTS_LIMIT ? api("/curves", { gamma: g }, { exact: false }).then((c) => c.series) : [];
+    return complete <= POINTS_LIMIT ? api("/curves", { gamma: g }).then((c) => c.series) : [];
   });
   const table = loadEpisodes();
   const tables = Promise.all([runs, table]).then(async () => {
@@ -612,7 +593,7 @@ function listen() {
 async function poll() {
   try {
     if ($("live").checked && !document.hidden && !state.refreshing) {
-      const ready = await api("/ready", {}, { exact: false });
+      const ready = await api("/ready", {});
       if (ready.version !== state.version) await refresh();
     }
   } catch (err) { fail(err); }

@@ -27,6 +27,7 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, Field
 
 from trajstore.api.deps import ReadStoreDep
+from trajstore.api.ints import SafeInt
 from trajstore.store import Store
 
 router = APIRouter()
@@ -127,7 +128,8 @@ class CurveSeries(BaseModel):
     episode_return: list[float]
     episode_length: list[int]
     terminated: list[bool]
-    policy_version: list[int | None] = Field(description="lineage at the episode's first step (null if not stored)")
+    policy_version: list[SafeInt | None] = Field(description="lineage at the episode's first step (null if not "
+                                                             "stored); a decimal string beyond ±(2**53 - 1)")
     discounted_return: list[float] | None = Field(None, description="only when gamma is given")
     metric: list[float | None] | None = Field(None, description="only when metric is given: its value per episode "
                                                                 "(null where the episode has none)")

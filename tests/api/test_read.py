@@ -63,7 +63,7 @@ def test_episodes_filter_sort_paginate(client: TestClient, populated: Path) -> N
                               order_by="-episode_return")
     assert first["total"] == expected.num_rows and first["limit"] == 7
     ids = [e["episode_id"] for e in first["items"] + second["items"]]
-    assert ids == expected.column("episode_id").to_pylist()[:14]
+    assert ids == [str(e) for e in expected.column("episode_id").to_pylist()[:14]]
     returns = [e["episode_return"] for e in first["items"]]
     assert returns == sorted(returns, reverse=True) and min(returns) >= 15
     beyond = client.get("/episodes", params={**params, "offset": expected.num_rows}).json()

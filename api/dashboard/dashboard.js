@@ -23,6 +23,7 @@ const state = {
   urlRuns: null, events: 0,
   table: { page: 0, size: 25, sort: "-ended_at", total: 0, loads: 0, token: 0 },
   episode: null, episodeToken: 0, refreshing: null, again: false, schemas: new Map(), frame: null,
+  source: null, polling: null,
   timings: {}, loads: 0, points: 0, ready: false, errors: [],
 };
 window.trajstoreDashboard = state;  // for the browser tests, and for poking around in the console
@@ -281,7 +282,7 @@ async function loadBinned() {
 
 function saveUrl() {
   const url = new URL(window.location.href), p = url.searchParams;
-  for (const k of ["run", "x", "y", "gamma", "band", "density"]) p.delete(k);
+  for (const k of ["run", "x", "y", "gamma", "band", "density", "live"]) p.delete(k);
   const runs = [...new Set(state.runs.flatMap((r) => r.envs.map((e) => ({ run: r.run_id, key: `${r.run_id} · ${e.env_id}` })))
     .filter((s) => !state.hidden.has(s.key)).map((s) => s.run))];
   if (state.hidden.size) for (const r of runs) p.append("run", r);
@@ -290,6 +291,7 @@ function saveUrl() {
   if ($("gamma").value.trim() !== "") p.set("gamma", $("gamma").value.trim());
   if ($("band").value !== "p10") p.set("band", $("band").value);
   if ($("density").checked) p.set("density", "1");
+  if (!$("live").checked) p.set("live", "0");
   window.history.replaceState(null, "", url);
 }
 
@@ -303,6 +305,7 @@ function restoreUrl() {
   set("band", p.get("band"));
   if (p.get("gamma") !== null) $("gamma").value = p.get("gamma");
   $("density").checked = p.get("density") === "1";
+  $("live").checked = p.get("live") !== "0";  // ?live=0: no event stream, no polling
   state.urlRuns = p.getAll("run");
 }
 
@@ -325,9 +328,11 @@ function episodeFilters() {
   };
 }
 
+// Complete episodes first (an unfinished one, cut by a rollout's end or still running, is a fragment), then the
+// column chosen: the latest to end by default.
 async function loadEpisodes() {
   const t = state.table, g = state.gamma, token = ++t.token;
-  const payload = await api("/episodes", { ...episodeFilters(), order_by: t.sort, limit: t.size,
+  const payload = await api("/episodes", { ...episodeFilters(), order_by: `-complete,${t.sort}`, limit: t.size,
     offset: t.page * t.size, gamma: g });
   if (token !== t.token) return;  // a later request (another page, sort or filter) won
   t.total = payload.total;
@@ -343,8 +348,18 @@ async function loadEpisodes() {
     tr.classList.toggle("selected", state.episode !== null && state.episode.id === ep.episode_id);
     for (const c of [ep.episode_id, ep.run_id, ep.env_id, fmt(ep.episode_return, 3)]) cell(tr, c);
     if (g !== null) cell(tr, fmt(ep.discounted_return, 3));
-    for (const c of [fmt(ep.episode_length, 0), ep.terminated ? "✓" : "", ep.truncated ? "✓" : "",
-      fmt(ep.policy_version, 0), when(ep.ended_at)]) cell(tr, c);
+    cell(tr, fmt(ep.episode_length, 0));
+    if (ep.complete) {
+      for (const c of [ep.terminated ? "✓" : "", ep.truncated ? "✓" : ""]) cell(tr, c);
+    } else {  // neither flag: its last stored step did not end it
+      const badge = document.createElement("span");
+      badge.className = "badge";
+      badge.textContent = "unfinished";
+      cell(tr, badge).colSpan = 2;
+      tr.classList.add("unfinished");
+      tr.title = "unfinished: its last stored step is neither terminated nor truncated (statistics leave it out)";
+    }
+    for (const c of [fmt(ep.policy_version, 0), when(ep.ended_at)]) cell(tr, c);
     tr.addEventListener("click", () => showEpisode(ep.episode_id, ep.env_id).catch(fail));
     body.appendChild(tr);
   }
@@ -577,30 +592,45 @@ function refresh() {
   return state.refreshing;
 }
 
-// Commits are pushed (/events, Server-Sent Events): each one that lands redraws the page (folded into one
-// reload while one runs). Without EventSource, the page polls /ready instead.
+// Live updates, while "live" is checked: commits are pushed (/events, Server-Sent Events), each one that lands
+// redraws the page (folded into one reload while one runs); without EventSource, the page polls /ready instead.
+// Unchecked (or ?live=0 in the URL), nothing stays open and nothing is polled: the page is still, so a headless
+// screenshot with a virtual-time budget finishes.
 function listen() {
-  if (typeof EventSource === "undefined") { setTimeout(poll, POLL_MS); return; }
+  if (!$("live").checked || state.source || state.polling) return;
+  if (typeof EventSource === "undefined") { state.polling = setTimeout(poll, POLL_MS); return; }
   const source = new EventSource("/events");
   source.addEventListener("commit", () => {
     state.events += 1;
-    if ($("live").checked) refresh().catch(fail);
+    refresh().catch(fail);
   });
   state.source = source;
-  window.addEventListener("pagehide", () => source.close());  // leaving: the server drops the subscriber at once
+}
+
+function stopListening() {
+  if (state.source) { state.source.close(); state.source = null; }  // the server drops the subscriber at once
+  if (state.polling) { clearTimeout(state.polling); state.polling = null; }
 }
 
 async function poll() {
+  state.polling = null;
   try {
-    if ($("live").checked && !document.hidden && !state.refreshing) {
+    if (!document.hidden && !state.refreshing) {
       const ready = await api("/ready", {});
       if (ready.version !== state.version) await refresh();
     }
   } catch (err) { fail(err); }
-  setTimeout(poll, Math.max(POLL_MS, 2 * (state.timings.load_ms || 0)));
+  if ($("live").checked && !state.polling) {
+    state.polling = setTimeout(poll, Math.max(POLL_MS, 2 * (state.timings.load_ms || 0)));
+  }
 }
 
 function wire() {
+  $("live").addEventListener("change", () => {
+    saveUrl();
+    if ($("live").checked) { listen(); refresh().catch(fail); } else stopListening();  // catch up on commits missed
+  });
+  window.addEventListener("pagehide", stopListening);
   $("band").addEventListener("change", () => { saveUrl(); renderPlots().catch(fail); });
   $("density").addEventListener("change", () => { saveUrl(); renderPlots().catch(fail); });
   for (const id of ["metric", "xaxis"]) {

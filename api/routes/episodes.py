@@ -18,6 +18,8 @@ from trajstore.api.params import EPISODE_COLUMNS, NAME, ColumnsDep, FilterDep
 from trajstore.query.filters import EpisodeFilter
 
 router = APIRouter(tags=["episodes"])
+_KEY = NAME.strip("^$").join(["-?", ""])
+ORDER = f"^{_KEY}(,{_KEY})*$"  # columns, each - prefixed for descending, comma-separated
 
 
 Rows = Annotated[list[dict[str, Any]], WithJsonSchema({"type": "array", "items": ROW_SCHEMA})]
@@ -51,9 +53,10 @@ TOTAL_HEADER, CURSOR_HEADER, VERSION_HEADER = "X-Total-Count", "X-Next-Cursor", 
                                                 "read the next pages at that version)",
                                  "schema": {"type": "integer"}}}}})
 def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: FilterDep,
-             order_by: Annotated[str, Query(pattern=NAME.replace("^", "^-?"), description=(
+             order_by: Annotated[str, Query(pattern=ORDER, description=(
                  f"a column of episodes ({EPISODE_COLUMNS}, discounted_return with gamma); prefix - for "
-                 "descending"))] = "episode_id",
+                 "descending; several comma-separated (-complete,-ended_at: complete episodes first, then the "
+                 "latest to end; ties by episode_id)"))] = "episode_id",
              limit: Annotated[int, Query(ge=1, description="page size, capped at the server's max_page_size (the "
                                                           "response says which limit applied)")] = 100,
              offset: Annotated[int, Query(ge=0, le=2**62)] = 0,

@@ -70,6 +70,17 @@ def test_episodes_filter_sort_paginate(client: TestClient, populated: Path) -> N
     assert beyond["items"] == [] and beyond["total"] == expected.num_rows  # a page past the end still counts
 
 
+def test_episodes_by_several_keys(client: TestClient, populated: Path) -> None:
+    page = client.get("/episodes", params={"order_by": "-complete,-ended_at", "limit": 1000}).json()
+    want = trajstore.open(populated).episodes(order_by="-complete,-ended_at")["episode_id"].to_pylist()
+    assert [e["episode_id"] for e in page["items"]] == [str(e) for e in want][:page["limit"]]
+    complete = [e["complete"] for e in page["items"]]
+    assert complete == sorted(complete, reverse=True) and False in complete
+    for bad in ("-complete,", "complete,,ended_at", "-complete;ended_at"):
+        response = client.get("/episodes", params={"order_by": bad})
+        assert response.status_code == 422 and "order_by" in response.text, bad
+
+
 def test_episodes_lineage_filter(client: TestClient) -> None:
     page = client.get("/episodes", params={"mode": "eval", "limit": 1000}).json()
     assert page["total"] > 0 and {e["run_id"] for e in page["items"]} == {"beta"}

@@ -74,10 +74,10 @@ def user_condition(text: str) -> str:
     return f"({text})"
 
 
-def order(column: str, *, descending: bool = False, tie: str | None = "episode_id") -> str:
-    """`` ORDER BY "column" ASC|DESC[, tie]``."""
-    out = f" ORDER BY {ident(column)} {'DESC' if descending else 'ASC'}"
-    return out + (f", {ident(tie)}" if tie and tie != column else "")
+def order(keys: Sequence[tuple[str, bool]], *, tie: str | None = "episode_id") -> str:
+    """`` ORDER BY "a" ASC|DESC, "b" ASC|DESC[, tie]`` for the ``(column, descending)`` keys."""
+    out = " ORDER BY " + ", ".join(f"{ident(column)} {'DESC' if descending else 'ASC'}" for column, descending in keys)
+    return out + (f", {ident(tie)}" if tie and tie not in [column for column, _ in keys] else "")
 
 
 def page(limit: int | None, offset: int = 0) -> str:
@@ -413,12 +413,12 @@ def select_all(source: str, *, limit: int | None = None) -> str:
 # --- queries of the Store ------------------------------------------------------------------------------------
 
 
-def episodes(conds: Sequence[str], *, source: str, order_by: str, descending: bool, limit: int | None,
+def episodes(conds: Sequence[str], *, source: str, order_by: Sequence[tuple[str, bool]], limit: int | None,
              offset: int = 0, total: str | None = None) -> str:
-    """One page of episodes from ``source`` (the view, or the view with ``discounted_return``)."""
+    """One page of episodes from ``source`` (the view, or the view with ``discounted_return``), in the order of the
+    ``(column, descending)`` keys ``order_by``, ties by ``episode_id``."""
     count = f", count(*) OVER () AS {ident(total)}" if total else ""
-    return (f"SELECT *{count} FROM {source}{where(conds)}{order(order_by, descending=descending)}"
-            f"{page(limit, offset)}")
+    return f"SELECT *{count} FROM {source}{where(conds)}{order(order_by)}{page(limit, offset)}"
 
 
 WALK = ("run_id", "env_id", "ended_at", "env_steps", "episode_id")  # a series' episodes in wall-time order

@@ -15,8 +15,8 @@ const MAX_OBS_DIMS = 32;
 const FRAME_BOX_PX = 320;         // the frame player's width on screen (CSS pixels)
 const FRAME_MAX_PX = 640;         // the largest picture asked for (the service caps it at its max_frame_size)
 // Columns of a step that are not numeric extras (everything else that holds numbers is plotted).
-const NOT_EXTRAS = new Set(["run_id", "env_id", "episode_id", "step", "obs", "next_obs", "reward", "terminated",
-  "truncated", "wall_time", "env_steps", "policy_version", "seed", "env_index", "worker_id", "mode"]);
+const NOT_EXTRAS = new Set(["run_id", "env_id", "episode_id", "agent_id", "step", "obs", "next_obs", "reward",
+  "terminated", "truncated", "wall_time", "env_steps", "policy_version", "seed", "env_index", "worker_id", "mode"]);
 
 const state = {
   version: null, runs: [], curves: [], binned: null, hists: {}, stats: [], gamma: null, hidden: new Set(),
@@ -239,6 +239,38 @@ async function renderPlots() {
   await Promise.all([hist("hist-return", state.hists.ret, returnLabel()),
     hist("hist-length", state.hists.len, "episode length")]);
   renderCompare();
+  await renderAgentCurves(Plotly, axis, band);
+}
+
+// Learning curves per agent (or group of agents) of the multi-agent runs: each agent's own return (undiscounted)
+// or length per bin, one colour per agent; the section shows only where a run holds multi-agent episodes.
+function renderAgentCurves(Plotly, axis, band) {
+  const all = state.agentCurves ? state.agentCurves.series : [];
+  $("agents-section").hidden = all.length === 0;
+  if (!all.length) return Promise.resolve();
+  const agents = [...new Set(all.map((s) => s.agent))].sort();
+  const shown = all.filter(shownKey), length = $("metric").value === "episode_length";
+  const traces = shown.flatMap((s) => {
+    const key = `${seriesKey(s)} · ${s.agent}`, color = COLORS[agents.indexOf(s.agent) % COLORS.length];
+    const x = s.bin.map((_, i) => xMid(s, i, axis)), common = { type: "scatter", legendgroup: key, x };
+    const mean = { ...common, y: s.mean, mode: s.bin.length < 30 ? "lines+markers" : "lines", name: key,
+      line: { color, width: 2.5 }, meta: { kind: "agent", key, agent: s.agent }, customdata: s.count,
+      hovertemplate: `${key}<br>mean %{y:.4~g} of %{customdata} episodes<extra></extra>` };
+    return band ? [
+      { ...common, y: s.p90, mode: "lines", line: { width: 0, color }, showlegend: false, hoverinfo: "skip",
+        name: `${key} p90` },
+      { ...common, y: s.p10, mode: "lines", line: { width: 0, color }, fill: "tonexty", fillcolor: rgba(color, 0.15),
+        showlegend: false, hoverinfo: "skip", name: `${key} p10–p90` },
+      mean] : [mean];
+  });
+  const by = $("agent-by").value === "agent_group" ? "agent group" : "agent";
+  const yTitle = length ? `${by} length` : `${by} return${state.gamma === null ? "" : " (undiscounted)"}`;
+  return Plotly.react("agent-curves", traces, {
+    margin: { t: 30, r: 20, b: 50, l: 60 }, uirevision: `agents/${axis}`,
+    annotations: traces.length ? [] : note("no multi-agent runs shown"),
+    xaxis: { title: { text: $("xaxis").selectedOptions[0].text } }, yaxis: { title: { text: yTitle } },
+    legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" }, hovermode: "closest", showlegend: true,
+  }, PLOT_CONFIG);
 }
 
 // Per-run statistics side by side (/stats by run and env), for the series shown.
@@ -267,13 +299,16 @@ function renderCompare() {
 async function loadBinned() {
   const g = state.gamma, metric = $("metric").value;
   const y = metric === "episode_length" ? "episode_length" : "episode_return";  // discounted with γ
-  const [binned, ret_, len, stats] = await Promise.all([
+  const [binned, ret_, len, stats, agents] = await Promise.all([
     api("/curves/binned", { x: $("xaxis").value, y, gamma: g, bins: binCount() }),
     api("/curves/histogram", { y: "episode_return", gamma: g, bins: HIST_BINS, density: true }),
     api("/curves/histogram", { y: "episode_length", bins: HIST_BINS, density: true }),
     api("/stats", { by: "run_id,env_id", gamma: g }),
+    // per agent (multi-agent runs only: single-agent episodes have no agent series, and the section stays hidden)
+    api("/curves/binned", { x: $("xaxis").value, y, bins: binCount(), by: $("agent-by").value }),
   ]);
   state.binned = binned;
+  state.agentCurves = agents;
   state.hists = { ret: ret_, len };
   state.stats = stats;
 }
@@ -282,7 +317,7 @@ async function loadBinned() {
 
 function saveUrl() {
   const url = new URL(window.location.href), p = url.searchParams;
-  for (const k of ["run", "x", "y", "gamma", "band", "density", "live"]) p.delete(k);
+  for (const k of ["run", "x", "y", "gamma", "band", "density", "live", "agents"]) p.delete(k);
   const runs = [...new Set(state.runs.flatMap((r) => r.envs.map((e) => ({ run: r.run_id, key: `${r.run_id} · ${e.env_id}` })))
     .filter((s) => !state.hidden.has(s.key)).map((s) => s.run))];
   if (state.hidden.size) for (const r of runs) p.append("run", r);
@@ -292,6 +327,7 @@ function saveUrl() {
   if ($("band").value !== "p10") p.set("band", $("band").value);
   if ($("density").checked) p.set("density", "1");
   if (!$("live").checked) p.set("live", "0");
+  if ($("agent-by").value !== "agent_id") p.set("agents", "group");
   window.history.replaceState(null, "", url);
 }
 
@@ -306,6 +342,7 @@ function restoreUrl() {
   if (p.get("gamma") !== null) $("gamma").value = p.get("gamma");
   $("density").checked = p.get("density") === "1";
   $("live").checked = p.get("live") !== "0";  // ?live=0: no event stream, no polling
+  if (p.get("agents") === "group") $("agent-by").value = "agent_group";
   state.urlRuns = p.getAll("run");
 }
 
@@ -462,7 +499,9 @@ async function episodeEnv(id) {
 // Open one episode: its steps and return-to-go (for the chosen γ, 0.99 when none) from the API, then its plots;
 // an environment whose observations are pictures gets the frame player instead of the observation plot, and
 // its steps are asked for without obs/next_obs (the pictures come one at a time, as PNGs drawn by the service).
-async function showEpisode(id, env) {
+// A multi-agent episode (rows with an agent_id) shows one agent at a time: `agent`, else the one shown before in
+// this episode, else its first; the agent selector lists them all.
+async function showEpisode(id, env, agent) {
   const t0 = performance.now(), token = ++state.episodeToken;
   const g = state.gamma === null ? 0.99 : state.gamma;
   env = env || await episodeEnv(id);
@@ -475,23 +514,41 @@ async function showEpisode(id, env) {
     api("/returns", { per: "step", episode_id: id, gamma: g, limit: 100000 }),
   ]);
   if (token !== state.episodeToken) return;  // a later click won
-  const Plotly = await plotlyReady(), steps = stepsPage.steps, last = steps[steps.length - 1];
+  const agents = [...new Set(stepsPage.steps.map((r) => r.agent_id).filter((a) => a !== null && a !== undefined))]
+    .sort();
+  const before = state.episode && state.episode.id === id ? state.episode.agent : null;
+  const chosen = agents.length ? [agent, before].find((a) => agents.includes(a)) ?? agents[0] : null;
+  const mine = (rows) => (chosen === null ? rows : rows.filter((r) => r.agent_id === chosen));
+  showAgents(agents, chosen);
+  const Plotly = await plotlyReady(), steps = mine(stepsPage.steps), last = steps[steps.length - 1];
+  const rtg = mine(rtgRows);
   const end = last.terminated ? "terminated" : last.truncated ? "truncated" : "unfinished";
   const total = steps.reduce((acc, r) => acc + r.reward, 0);
-  state.episode = { id, env, steps: steps.length, gamma: g, complete: end !== "unfinished", images: images.length };
+  state.episode = { id, env, steps: steps.length, gamma: g, complete: end !== "unfinished", images: images.length,
+    agent: chosen, agents };
   $("episode").hidden = false;
-  $("episode-title").textContent = `Episode ${id} · ${last.run_id ?? ""} · ${env} · `
+  const who = chosen === null ? "" : `agent ${chosen} (of ${agents.length}) · `;
+  $("episode-title").textContent = `Episode ${id} · ${last.run_id ?? ""} · ${env} · ${who}`
     + `${fmt(steps.length, 0)} steps · return ${fmt(total, 3)} · ${end}`;
   for (const tr of $("episodes").querySelectorAll("tbody tr")) {
     tr.classList.toggle("selected", tr.dataset.episodeId === id);
   }
   $("ep-obs").hidden = images.length > 0;
-  await Promise.all([rewardPlot(Plotly, steps, rtgRows, g), extrasPlot(Plotly, steps),
+  await Promise.all([rewardPlot(Plotly, steps, rtg, g), extrasPlot(Plotly, steps),
     images.length ? Promise.resolve() : observationPlot(Plotly, steps)]);
   showFrames(id, steps.length, images);
   await nextPaint();
   state.timings.episode_ms = performance.now() - t0;
   $("episode").scrollIntoView({ block: "start" });
+}
+
+// The agent selector of a multi-agent episode (hidden for single-agent ones).
+function showAgents(agents, chosen) {
+  const select = $("ep-agent");
+  $("ep-agent-label").hidden = agents.length === 0;
+  select.length = 0;
+  for (const a of agents) select.add(new Option(a, a));
+  if (chosen !== null) select.value = chosen;
 }
 
 // --- the frame player: one step's picture at a time, beside the reward curve ---------------------------------
@@ -573,7 +630,9 @@ async function load() {
   state.points = complete;
   await nextPaint();
   if (!state.loads) performance.mark("trajstore-plots");
-  if (state.episode && !state.episode.complete) await showEpisode(state.episode.id, state.episode.env);  // it may have grown
+  if (state.episode && !state.episode.complete) {  // it may have grown
+    await showEpisode(state.episode.id, state.episode.env, state.episode.agent);
+  }
   state.loads += 1;
   state.timings.load_ms = performance.now() - t0;
   const series = state.binned.series.length;
@@ -633,12 +692,17 @@ function wire() {
   window.addEventListener("pagehide", stopListening);
   $("band").addEventListener("change", () => { saveUrl(); renderPlots().catch(fail); });
   $("density").addEventListener("change", () => { saveUrl(); renderPlots().catch(fail); });
+  $("agent-by").addEventListener("change", () => { saveUrl(); loadBinned().then(renderPlots).catch(fail); });
+  $("ep-agent").addEventListener("change", () => {
+    if (state.episode) showEpisode(state.episode.id, state.episode.env, $("ep-agent").value).catch(fail);
+  });
   for (const id of ["metric", "xaxis"]) {
     $(id).addEventListener("change", () => { saveUrl(); loadBinned().then(renderPlots).catch(fail); });
   }
   $("gamma").addEventListener("change", () => {
     saveUrl();
-    refresh().then(() => state.episode && showEpisode(state.episode.id, state.episode.env)).catch(fail);
+    refresh().then(() => state.episode && showEpisode(state.episode.id, state.episode.env, state.episode.agent))
+      .catch(fail);
   });
   $("filters").addEventListener("submit", (ev) => {
     ev.preventDefault();

@@ -113,7 +113,7 @@ def episode_steps(engine: Engine, episode_id: int, columns: Sequence[str] | None
     rows of a multi-agent episode come one per agent and step (by ``agent_id`` within a step, which ``columns``
     then always holds); ``agent_id`` keeps those agents' rows."""
     committed = engine.files()
-    names = ["step", *columns] if columns else []
+    names = list(dict.fromkeys(["step", *columns])) if columns else []  # step once, even when asked for
     known = engine.step_types(committed).schema
     check_names(names, known.names, view="steps", field="columns")
     files = files_holding(committed, np.array([int(episode_id)], np.int64))  # its environment's types alone

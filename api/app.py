@@ -44,7 +44,11 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     ``create``: a mistyped path is an error, not a new empty store)."""
     settings = settings or Settings.from_env()
     app = FastAPI(title="trajstore", version=__version__,
-                  description="Episode statistics, returns, SQL and Arrow streams over stored RL trajectories.",
+                  description="Episode statistics, returns, SQL and Arrow streams over stored RL trajectories.\n\n"
+                              "Integers in JSON: `episode_id` is always a decimal string, and so is any other "
+                              "integer beyond ±(2**53 - 1) (what a double holds exactly); every other integer is a "
+                              "number. Paths and query parameters take 64-bit integers as decimal strings or "
+                              "numbers. Arrow answers keep int64.",
                   responses=problems.ERROR_RESPONSES,
                   dependencies=[Depends(params.single_valued), Depends(params.version_refused)])
     app.state.settings = settings

@@ -1,4 +1,5 @@
-"""Arrow IPC and JSON responses (the encodings themselves are in :mod:`trajstore.remote.wire`)."""
+"""Arrow IPC and JSON responses (the encodings themselves are in :mod:`trajstore.remote.wire`; JSON rows are exact
+as :mod:`trajstore.api.ints` says)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import pyarrow as pa
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
+from trajstore.api.ints import ROWS_SCHEMA
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes, json_rows
 
 ARROW_CONTENT: dict[str, Any] = {ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}}}
+# A table's rows: an Arrow IPC stream, or (the default) a JSON array of row objects.
+ROWS_CONTENT: dict[str, Any] = {**ARROW_CONTENT, "application/json": {"schema": ROWS_SCHEMA}}
 
 
 def arrow_response(table: pa.Table, headers: dict[str, str] | None = None) -> Response:
@@ -29,4 +33,5 @@ def table_response(request: Request, table: pa.Table, headers: dict[str, str] | 
     return JSONResponse(json_rows(table), headers=headers) if headers else json_rows(table)
 
 
-__all__ = ["ARROW_CONTENT", "ARROW_STREAM", "arrow_response", "json_rows", "table_response", "wants_arrow"]
+__all__ = ["ARROW_CONTENT", "ARROW_STREAM", "ROWS_CONTENT", "arrow_response", "json_rows", "table_response",
+           "wants_arrow"]

@@ -9,10 +9,10 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, HTTPException, Query, Request
 
 from trajstore import schema as sch
+from trajstore.api.ints import INT64, Int64
 from trajstore.query.filters import EpisodeFilter
 
 INT32 = {"ge": -(2**31), "le": 2**31 - 1}
-INT64 = {"ge": -(2**63), "le": 2**63 - 1}
 
 
 NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -27,7 +27,7 @@ EPISODE_COLUMNS = ", ".join(sch.episode_column_names())
 def episode_filter(
     run_id: Annotated[list[str], Query(description="only these runs")] = [],  # noqa: B006 - FastAPI copies it
     env_id: Annotated[list[str], Query(description="only these environments")] = [],  # noqa: B006
-    episode_id: Annotated[list[Annotated[int, Query(**INT64)]], Query(description="only these episodes")] = [],  # noqa: B006
+    episode_id: Annotated[list[Annotated[Int64, Query(**INT64)]], Query(description="only these episodes")] = [],  # noqa: B006
     complete: Annotated[bool | None, Query(description="complete (true) or unfinished (false) episodes")] = None,
     terminated: Annotated[bool | None, Query()] = None,
     truncated: Annotated[bool | None, Query()] = None,
@@ -35,10 +35,10 @@ def episode_filter(
     max_return: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     min_length: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     max_length: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-    policy_version: Annotated[list[Annotated[int, Query(**INT64)]], Query(description="lineage: policy versions")] = [],  # noqa: B006
+    policy_version: Annotated[list[Annotated[Int64, Query(**INT64)]], Query(description="lineage: policy versions")] = [],  # noqa: B006,E501
     mode: Annotated[list[Literal["train", "eval"]], Query(description="lineage: train or eval")] = [],  # noqa: B006
     worker_id: Annotated[list[str], Query(description="lineage: writer processes")] = [],  # noqa: B006
-    seed: Annotated[list[Annotated[int, Query(**INT64)]], Query(description="lineage: seeds")] = [],  # noqa: B006
+    seed: Annotated[list[Annotated[Int64, Query(**INT64)]], Query(description="lineage: seeds")] = [],  # noqa: B006
     env_index: Annotated[list[Annotated[int, Query(**INT32)]], Query(description="lineage: index in the vector env")] = [],  # noqa: B006,E501
 ) -> EpisodeFilter:
     lineage = {"policy_version": policy_version, "mode": mode, "worker_id": worker_id, "seed": seed,

@@ -438,15 +438,17 @@ class Store:
     def binned_curves(self, *, x: str = "env_steps", y: str = "episode_return", bins: int = 800,
                       gamma: float | None = None, run_id: Names = None, env_id: Names = None,
                       where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
-                      metric: str | None = None) -> pa.Table:
+                      metric: str | None = None, by: str | None = None) -> pa.Table:
         """Learning curves in ``bins`` bins along ``x`` (``env_steps``, ``wall_time``, ``policy_version`` or
         ``episode_index``), one series per ``(run_id, env_id)``: per non-empty bin ``lo, hi`` (its edges, shared
         by all series, as ``numpy.histogram_bin_edges``), ``count``, ``mean`` and ``p10, p50, p90`` of ``y``
         (``episode_return``, ``episode_length``, or ``discounted_return`` with ``gamma``), or of ``metric`` (any
         metric, ``"last(is_success)"``: episodes without a value left out). The size of the answer depends on
-        ``bins`` and the number of series, not on the number of episodes."""
+        ``bins`` and the number of series, not on the number of episodes. With ``by="agent_id"`` (or
+        ``"agent_group"``), one series per ``(run_id, env_id, agent)`` of the multi-agent episodes, of each agent's
+        own return or length, in a column named ``by``."""
         return curves.binned_curves(self.engine, x=x, y=y, bins=bins, gamma=gamma, run_id=run_id, env_id=env_id,
-                                    where=where, filter=filter, metric=metric)
+                                    where=where, filter=filter, metric=metric, by=by)
 
     @_reader
     def histogram(self, *, y: str = "episode_return", bins: int = 60, gamma: float | None = None,

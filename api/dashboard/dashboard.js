@@ -15,14 +15,15 @@ const MAX_OBS_DIMS = 32;
 const FRAME_BOX_PX = 320;         // the frame player's width on screen (CSS pixels)
 const FRAME_MAX_PX = 640;         // the largest picture asked for (the service caps it at its max_frame_size)
 // Columns of a step that are not numeric extras (everything else that holds numbers is plotted).
-const NOT_EXTRAS = new Set(["run_id", "env_id", "episode_id", "step", "obs", "next_obs", "reward", "terminated",
-  "truncated", "wall_time", "env_steps", "policy_version", "seed", "env_index", "worker_id", "mode"]);
+const NOT_EXTRAS = new Set(["run_id", "env_id", "episode_id", "agent_id", "step", "obs", "next_obs", "reward",
+  "terminated", "truncated", "wall_time", "env_steps", "policy_version", "seed", "env_index", "worker_id", "mode"]);
 
 const state = {
   version: null, runs: [], curves: [], binned: null, hists: {}, stats: [], gamma: null, hidden: new Set(),
   urlRuns: null, events: 0,
   table: { page: 0, size: 25, sort: "-ended_at", total: 0, loads: 0, token: 0 },
   episode: null, episodeToken: 0, refreshing: null, again: false, schemas: new Map(), frame: null,
+  source: null, polling: null,
   timings: {}, loads: 0, points: 0, ready: false, errors: [],
 };
 window.trajstoreDashboard = state;  // for the browser tests, and for poking around in the console
@@ -31,30 +32,11 @@ const nextPaint = () => new Promise((resolve) => requestAnimationFrame(() => set
 
 // --- talking to the API -------------------------------------------------------------------------------
 
-// Episode ids are 63-bit integers, beyond what a JavaScript number holds exactly: read them (and any other
-// integer too large for a double) from the JSON source text, as strings.
-const SOURCE_ACCESS = (() => {
-  let ok = false;
-  JSON.parse("[1]", (key, value, ctx) => { if (key === "0") ok = Boolean(ctx && ctx.source === "1"); return value; });
-  return ok;
-})();
-
-function exactIntegers(key, value, ctx) {
-  if (typeof value !== "number") return value;
-  if (key === "episode_id") return ctx.source;
-  if (Number.isInteger(value) && !Number.isSafeInteger(value) && /^-?\d+$/.test(ctx.source)) return ctx.source;
-  return value;
-}
-
-function parseJson(text, exact) {
-  if (!exact) return JSON.parse(text);
-  if (SOURCE_ACCESS) return JSON.parse(text, exactIntegers);
-  return JSON.parse(text.replace(/("episode_id"\s*:\s*)(-?\d+)/g, '$1"$2"'));  // browsers without source access
-}
-
-// GET a JSON route; `exact` keeps 63-bit integers exact (as strings), at some parsing cost.
-async function api(path, params = {}, { exact = true } = {}) {
-  return parseJson(await apiText(path, params), exact);
+// Every JSON answer of the service is exact as it stands: episode ids (63-bit, past what a JavaScript number
+// holds) come as decimal strings, as does any other integer beyond Number.MAX_SAFE_INTEGER. The page keeps ids
+// as those strings and puts them in URLs unchanged.
+async function api(path, params = {}) {
+  return JSON.parse(await apiText(path, params));
 }
 
 function fail(err) {
@@ -257,6 +239,38 @@ async function renderPlots() {
   await Promise.all([hist("hist-return", state.hists.ret, returnLabel()),
     hist("hist-length", state.hists.len, "episode length")]);
   renderCompare();
+  await renderAgentCurves(Plotly, axis, band);
+}
+
+// Learning curves per agent (or group of agents) of the multi-agent runs: each agent's own return (undiscounted)
+// or length per bin, one colour per agent; the section shows only where a run holds multi-agent episodes.
+function renderAgentCurves(Plotly, axis, band) {
+  const all = state.agentCurves ? state.agentCurves.series : [];
+  $("agents-section").hidden = all.length === 0;
+  if (!all.length) return Promise.resolve();
+  const agents = [...new Set(all.map((s) => s.agent))].sort();
+  const shown = all.filter(shownKey), length = $("metric").value === "episode_length";
+  const traces = shown.flatMap((s) => {
+    const key = `${seriesKey(s)} · ${s.agent}`, color = COLORS[agents.indexOf(s.agent) % COLORS.length];
+    const x = s.bin.map((_, i) => xMid(s, i, axis)), common = { type: "scatter", legendgroup: key, x };
+    const mean = { ...common, y: s.mean, mode: s.bin.length < 30 ? "lines+markers" : "lines", name: key,
+      line: { color, width: 2.5 }, meta: { kind: "agent", key, agent: s.agent }, customdata: s.count,
+      hovertemplate: `${key}<br>mean %{y:.4~g} of %{customdata} episodes<extra></extra>` };
+    return band ? [
+      { ...common, y: s.p90, mode: "lines", line: { width: 0, color }, showlegend: false, hoverinfo: "skip",
+        name: `${key} p90` },
+      { ...common, y: s.p10, mode: "lines", line: { width: 0, color }, fill: "tonexty", fillcolor: rgba(color, 0.15),
+        showlegend: false, hoverinfo: "skip", name: `${key} p10–p90` },
+      mean] : [mean];
+  });
+  const by = $("agent-by").value === "agent_group" ? "agent group" : "agent";
+  const yTitle = length ? `${by} length` : `${by} return${state.gamma === null ? "" : " (undiscounted)"}`;
+  return Plotly.react("agent-curves", traces, {
+    margin: { t: 30, r: 20, b: 50, l: 60 }, uirevision: `agents/${axis}`,
+    annotations: traces.length ? [] : note("no multi-agent runs shown"),
+    xaxis: { title: { text: $("xaxis").selectedOptions[0].text } }, yaxis: { title: { text: yTitle } },
+    legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" }, hovermode: "closest", showlegend: true,
+  }, PLOT_CONFIG);
 }
 
 // Per-run statistics side by side (/stats by run and env), for the series shown.
@@ -285,13 +299,16 @@ function renderCompare() {
 async function loadBinned() {
   const g = state.gamma, metric = $("metric").value;
   const y = metric === "episode_length" ? "episode_length" : "episode_return";  // discounted with γ
-  const [binned, ret_, len, stats] = await Promise.all([
-    api("/curves/binned", { x: $("xaxis").value, y, gamma: g, bins: binCount() }, { exact: false }),
-    api("/curves/histogram", { y: "episode_return", gamma: g, bins: HIST_BINS, density: true }, { exact: false }),
-    api("/curves/histogram", { y: "episode_length", bins: HIST_BINS, density: true }, { exact: false }),
-    api("/stats", { by: "run_id,env_id", gamma: g }, { exact: false }),
+  const [binned, ret_, len, stats, agents] = await Promise.all([
+    api("/curves/binned", { x: $("xaxis").value, y, gamma: g, bins: binCount() }),
+    api("/curves/histogram", { y: "episode_return", gamma: g, bins: HIST_BINS, density: true }),
+    api("/curves/histogram", { y: "episode_length", bins: HIST_BINS, density: true }),
+    api("/stats", { by: "run_id,env_id", gamma: g }),
+    // per agent (multi-agent runs only: single-agent episodes have no agent series, and the section stays hidden)
+    api("/curves/binned", { x: $("xaxis").value, y, bins: binCount(), by: $("agent-by").value }),
   ]);
   state.binned = binned;
+  state.agentCurves = agents;
   state.hists = { ret: ret_, len };
   state.stats = stats;
 }
@@ -300,7 +317,7 @@ async function loadBinned() {
 
 function saveUrl() {
   const url = new URL(window.location.href), p = url.searchParams;
-  for (const k of ["run", "x", "y", "gamma", "band", "density"]) p.delete(k);
+  for (const k of ["run", "x", "y", "gamma", "band", "density", "live", "agents"]) p.delete(k);
   const runs = [...new Set(state.runs.flatMap((r) => r.envs.map((e) => ({ run: r.run_id, key: `${r.run_id} · ${e.env_id}` })))
     .filter((s) => !state.hidden.has(s.key)).map((s) => s.run))];
   if (state.hidden.size) for (const r of runs) p.append("run", r);
@@ -309,6 +326,8 @@ function saveUrl() {
   if ($("gamma").value.trim() !== "") p.set("gamma", $("gamma").value.trim());
   if ($("band").value !== "p10") p.set("band", $("band").value);
   if ($("density").checked) p.set("density", "1");
+  if (!$("live").checked) p.set("live", "0");
+  if ($("agent-by").value !== "agent_id") p.set("agents", "group");
   window.history.replaceState(null, "", url);
 }
 
@@ -322,6 +341,8 @@ function restoreUrl() {
   set("band", p.get("band"));
   if (p.get("gamma") !== null) $("gamma").value = p.get("gamma");
   $("density").checked = p.get("density") === "1";
+  $("live").checked = p.get("live") !== "0";  // ?live=0: no event stream, no polling
+  if (p.get("agents") === "group") $("agent-by").value = "agent_group";
   state.urlRuns = p.getAll("run");
 }
 
@@ -344,9 +365,11 @@ function episodeFilters() {
   };
 }
 
+// Complete episodes first (an unfinished one, cut by a rollout's end or still running, is a fragment), then the
+// column chosen: the latest to end by default.
 async function loadEpisodes() {
   const t = state.table, g = state.gamma, token = ++t.token;
-  const payload = await api("/episodes", { ...episodeFilters(), order_by: t.sort, limit: t.size,
+  const payload = await api("/episodes", { ...episodeFilters(), order_by: `-complete,${t.sort}`, limit: t.size,
     offset: t.page * t.size, gamma: g });
   if (token !== t.token) return;  // a later request (another page, sort or filter) won
   t.total = payload.total;
@@ -362,8 +385,18 @@ async function loadEpisodes() {
     tr.classList.toggle("selected", state.episode !== null && state.episode.id === ep.episode_id);
     for (const c of [ep.episode_id, ep.run_id, ep.env_id, fmt(ep.episode_return, 3)]) cell(tr, c);
     if (g !== null) cell(tr, fmt(ep.discounted_return, 3));
-    for (const c of [fmt(ep.episode_length, 0), ep.terminated ? "✓" : "", ep.truncated ? "✓" : "",
-      fmt(ep.policy_version, 0), when(ep.ended_at)]) cell(tr, c);
+    cell(tr, fmt(ep.episode_length, 0));
+    if (ep.complete) {
+      for (const c of [ep.terminated ? "✓" : "", ep.truncated ? "✓" : ""]) cell(tr, c);
+    } else {  // neither flag: its last stored step did not end it
+      const badge = document.createElement("span");
+      badge.className = "badge";
+      badge.textContent = "unfinished";
+      cell(tr, badge).colSpan = 2;
+      tr.classList.add("unfinished");
+      tr.title = "unfinished: its last stored step is neither terminated nor truncated (statistics leave it out)";
+    }
+    for (const c of [fmt(ep.policy_version, 0), when(ep.ended_at)]) cell(tr, c);
     tr.addEventListener("click", () => showEpisode(ep.episode_id, ep.env_id).catch(fail));
     body.appendChild(tr);
   }
@@ -450,7 +483,7 @@ function observationPlot(Plotly, steps) {
 // The columns and picture leaves of one environment (/schema?env_id=, JSON), asked once per environment.
 function envSchema(env) {
   if (!state.schemas.has(env)) {
-    const asked = api("/schema", { env_id: env }, { exact: false });
+    const asked = api("/schema", { env_id: env });
     asked.catch(() => state.schemas.delete(env));
     state.schemas.set(env, asked);
   }
@@ -466,7 +499,9 @@ async function episodeEnv(id) {
 // Open one episode: its steps and return-to-go (for the chosen γ, 0.99 when none) from the API, then its plots;
 // an environment whose observations are pictures gets the frame player instead of the observation plot, and
 // its steps are asked for without obs/next_obs (the pictures come one at a time, as PNGs drawn by the service).
-async function showEpisode(id, env) {
+// A multi-agent episode (rows with an agent_id) shows one agent at a time: `agent`, else the one shown before in
+// this episode, else its first; the agent selector lists them all.
+async function showEpisode(id, env, agent) {
   const t0 = performance.now(), token = ++state.episodeToken;
   const g = state.gamma === null ? 0.99 : state.gamma;
   env = env || await episodeEnv(id);
@@ -479,23 +514,41 @@ async function showEpisode(id, env) {
     api("/returns", { per: "step", episode_id: id, gamma: g, limit: 100000 }),
   ]);
   if (token !== state.episodeToken) return;  // a later click won
-  const Plotly = await plotlyReady(), steps = stepsPage.steps, last = steps[steps.length - 1];
+  const agents = [...new Set(stepsPage.steps.map((r) => r.agent_id).filter((a) => a !== null && a !== undefined))]
+    .sort();
+  const before = state.episode && state.episode.id === id ? state.episode.agent : null;
+  const chosen = agents.length ? [agent, before].find((a) => agents.includes(a)) ?? agents[0] : null;
+  const mine = (rows) => (chosen === null ? rows : rows.filter((r) => r.agent_id === chosen));
+  showAgents(agents, chosen);
+  const Plotly = await plotlyReady(), steps = mine(stepsPage.steps), last = steps[steps.length - 1];
+  const rtg = mine(rtgRows);
   const end = last.terminated ? "terminated" : last.truncated ? "truncated" : "unfinished";
   const total = steps.reduce((acc, r) => acc + r.reward, 0);
-  state.episode = { id, env, steps: steps.length, gamma: g, complete: end !== "unfinished", images: images.length };
+  state.episode = { id, env, steps: steps.length, gamma: g, complete: end !== "unfinished", images: images.length,
+    agent: chosen, agents };
   $("episode").hidden = false;
-  $("episode-title").textContent = `Episode ${id} · ${last.run_id ?? ""} · ${env} · `
+  const who = chosen === null ? "" : `agent ${chosen} (of ${agents.length}) · `;
+  $("episode-title").textContent = `Episode ${id} · ${last.run_id ?? ""} · ${env} · ${who}`
     + `${fmt(steps.length, 0)} steps · return ${fmt(total, 3)} · ${end}`;
   for (const tr of $("episodes").querySelectorAll("tbody tr")) {
     tr.classList.toggle("selected", tr.dataset.episodeId === id);
   }
   $("ep-obs").hidden = images.length > 0;
-  await Promise.all([rewardPlot(Plotly, steps, rtgRows, g), extrasPlot(Plotly, steps),
+  await Promise.all([rewardPlot(Plotly, steps, rtg, g), extrasPlot(Plotly, steps),
     images.length ? Promise.resolve() : observationPlot(Plotly, steps)]);
   showFrames(id, steps.length, images);
   await nextPaint();
   state.timings.episode_ms = performance.now() - t0;
   $("episode").scrollIntoView({ block: "start" });
+}
+
+// The agent selector of a multi-agent episode (hidden for single-agent ones).
+function showAgents(agents, chosen) {
+  const select = $("ep-agent");
+  $("ep-agent-label").hidden = agents.length === 0;
+  select.length = 0;
+  for (const a of agents) select.add(new Option(a, a));
+  if (chosen !== null) select.value = chosen;
 }
 
 // --- the frame player: one step's picture at a time, beside the reward curve ---------------------------------
@@ -554,7 +607,7 @@ function closeEpisode() {
 
 async function load() {
   const t0 = performance.now(), g = gamma(), first = state.loads === 0;
-  const ready = await api("/ready", {}, { exact: false });  // the version first: data read later is never older
+  const ready = await api("/ready", {});  // the version first: data read later is never older
   state.gamma = g;
   const binned = loadBinned();
   // On the first load the tables go on screen as soon as they can; the per-episode markers follow, small stores only.
@@ -562,7 +615,7 @@ async function load() {
   let complete = 0;
   const curves = runs.then((r) => {
     complete = r.reduce((acc, run) => acc + run.envs.reduce((m, e) => m + e.complete_episodes, 0), 0);
-    return complete <= POINTS_LIMIT ? api("/curves", { gamma: g }, { exact: false }).then((c) => c.series) : [];
+    return complete <= POINTS_LIMIT ? api("/curves", { gamma: g }).then((c) => c.series) : [];
   });
   const table = loadEpisodes();
   const tables = Promise.all([runs, table]).then(async () => {
@@ -577,7 +630,9 @@ async function load() {
   state.points = complete;
   await nextPaint();
   if (!state.loads) performance.mark("trajstore-plots");
-  if (state.episode && !state.episode.complete) await showEpisode(state.episode.id, state.episode.env);  // it may have grown
+  if (state.episode && !state.episode.complete) {  // it may have grown
+    await showEpisode(state.episode.id, state.episode.env, state.episode.agent);
+  }
   state.loads += 1;
   state.timings.load_ms = performance.now() - t0;
   const series = state.binned.series.length;
@@ -596,38 +651,58 @@ function refresh() {
   return state.refreshing;
 }
 
-// Commits are pushed (/events, Server-Sent Events): each one that lands redraws the page (folded into one
-// reload while one runs). Without EventSource, the page polls /ready instead.
+// Live updates, while "live" is checked: commits are pushed (/events, Server-Sent Events), each one that lands
+// redraws the page (folded into one reload while one runs); without EventSource, the page polls /ready instead.
+// Unchecked (or ?live=0 in the URL), nothing stays open and nothing is polled: the page is still, so a headless
+// screenshot with a virtual-time budget finishes.
 function listen() {
-  if (typeof EventSource === "undefined") { setTimeout(poll, POLL_MS); return; }
+  if (!$("live").checked || state.source || state.polling) return;
+  if (typeof EventSource === "undefined") { state.polling = setTimeout(poll, POLL_MS); return; }
   const source = new EventSource("/events");
   source.addEventListener("commit", () => {
     state.events += 1;
-    if ($("live").checked) refresh().catch(fail);
+    refresh().catch(fail);
   });
   state.source = source;
-  window.addEventListener("pagehide", () => source.close());  // leaving: the server drops the subscriber at once
+}
+
+function stopListening() {
+  if (state.source) { state.source.close(); state.source = null; }  // the server drops the subscriber at once
+  if (state.polling) { clearTimeout(state.polling); state.polling = null; }
 }
 
 async function poll() {
+  state.polling = null;
   try {
-    if ($("live").checked && !document.hidden && !state.refreshing) {
-      const ready = await api("/ready", {}, { exact: false });
+    if (!document.hidden && !state.refreshing) {
+      const ready = await api("/ready", {});
       if (ready.version !== state.version) await refresh();
     }
   } catch (err) { fail(err); }
-  setTimeout(poll, Math.max(POLL_MS, 2 * (state.timings.load_ms || 0)));
+  if ($("live").checked && !state.polling) {
+    state.polling = setTimeout(poll, Math.max(POLL_MS, 2 * (state.timings.load_ms || 0)));
+  }
 }
 
 function wire() {
+  $("live").addEventListener("change", () => {
+    saveUrl();
+    if ($("live").checked) { listen(); refresh().catch(fail); } else stopListening();  // catch up on commits missed
+  });
+  window.addEventListener("pagehide", stopListening);
   $("band").addEventListener("change", () => { saveUrl(); renderPlots().catch(fail); });
   $("density").addEventListener("change", () => { saveUrl(); renderPlots().catch(fail); });
+  $("agent-by").addEventListener("change", () => { saveUrl(); loadBinned().then(renderPlots).catch(fail); });
+  $("ep-agent").addEventListener("change", () => {
+    if (state.episode) showEpisode(state.episode.id, state.episode.env, $("ep-agent").value).catch(fail);
+  });
   for (const id of ["metric", "xaxis"]) {
     $(id).addEventListener("change", () => { saveUrl(); loadBinned().then(renderPlots).catch(fail); });
   }
   $("gamma").addEventListener("change", () => {
     saveUrl();
-    refresh().then(() => state.episode && showEpisode(state.episode.id, state.episode.env)).catch(fail);
+    refresh().then(() => state.episode && showEpisode(state.episode.id, state.episode.env, state.episode.agent))
+      .catch(fail);
   });
   $("filters").addEventListener("submit", (ev) => {
     ev.preventDefault();

@@ -27,6 +27,7 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, Field
 
 from trajstore.api.deps import ReadStoreDep
+from trajstore.api.ints import SafeInt
 from trajstore.store import Store
 
 router = APIRouter()
@@ -127,7 +128,8 @@ class CurveSeries(BaseModel):
     episode_return: list[float]
     episode_length: list[int]
     terminated: list[bool]
-    policy_version: list[int | None] = Field(description="lineage at the episode's first step (null if not stored)")
+    policy_version: list[SafeInt | None] = Field(description="lineage at the episode's first step (null if not "
+                                                             "stored); a decimal string beyond ±(2**53 - 1)")
     discounted_return: list[float] | None = Field(None, description="only when gamma is given")
     metric: list[float | None] | None = Field(None, description="only when metric is given: its value per episode "
                                                                 "(null where the episode has none)")
@@ -180,10 +182,11 @@ def curves(store: ReadStoreDep,
 
 
 class BinnedSeries(BaseModel):
-    """One (run, env)'s non-empty bins, one list per column."""
+    """One (run, env)'s non-empty bins (with by=: one agent's, or one group of agents'), one list per column."""
 
     run_id: str
     env_id: str
+    agent: str | None = Field(None, description="with by=: the series' agent_id, or agent_group")
     bin: list[int]
     lo: list[float] = Field(description="left edge of each bin (x)")
     hi: list[float] = Field(description="right edge of each bin (x; the last bin includes it)")
@@ -203,19 +206,24 @@ class Binned(BaseModel):
     gamma: float | None
     version: int = Field(description="the store version the bins were computed at")
     metric: str = Field(description="what was summarised: episode_return, episode_length, discounted_return or "
-                                    "the metric asked for")
+                                    "the metric asked for (with by=: each agent's own return or length)")
+    by: str | None = Field(None, description="agent_id or agent_group: one series per agent (or group) of the "
+                                             "multi-agent episodes")
     series: list[BinnedSeries]
 
 
-def binned_payload(table: pa.Table, *, x: str, y: str, bins: int, gamma: float | None, version: int) -> Binned:
-    keys = list(zip(table["run_id"].to_pylist(), table["env_id"].to_pylist()))
+def binned_payload(table: pa.Table, *, x: str, y: str, bins: int, gamma: float | None, version: int,
+                   by: str | None = None) -> Binned:
+    names = ["run_id", "env_id", *([by] if by else [])]
+    keys = list(zip(*(table[n].to_pylist() for n in names))) if table.num_rows else []
     starts = [i for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]
     series = []
     for a, b in zip(starts, [*starts[1:], len(keys)]):
         part = table.slice(a, b - a).to_pydict()
-        series.append(BinnedSeries(**{k: v for k, v in part.items() if k not in ("run_id", "env_id")},
-                                   run_id=keys[a][0], env_id=keys[a][1]))
-    return Binned(x=x, y=y, bins=bins, gamma=gamma, version=version, metric=_metric(y, gamma), series=series)
+        series.append(BinnedSeries(**{k: v for k, v in part.items() if k not in names}, run_id=keys[a][0],
+                                   env_id=keys[a][1], agent=keys[a][2] if by else None))
+    return Binned(x=x, y=y, bins=bins, gamma=gamma, version=version, metric=_metric(y, gamma), by=by,
+                  series=series)
 
 
 Axis = Literal["env_steps", "wall_time", "policy_version", "episode_index"]
@@ -232,17 +240,22 @@ def _metric(y: str, gamma: float | None) -> str:
 
 
 @router.get("/curves/binned", tags=["dashboard"], summary="Learning curves in bins along x: per (run, env) and bin, "
-                                                          "the count, mean and 10/50/90 percentiles of y")
+                                                          "the count, mean and 10/50/90 percentiles of y (with "
+                                                          "by=agent_id or agent_group: per agent)")
 def curves_binned(store: ReadStoreDep, run_id: RunsQuery = [], env_id: EnvsQuery = [],  # noqa: B006
                   x: Annotated[Axis, Query(description="the x axis")] = "env_steps",
                   y: Annotated[Metric, Query(description="the value summarised in each bin")] = "episode_return",
                   bins: Annotated[int, Query(ge=1, le=10_000, description="number of bins (about the plot's "
                                                                           "width in pixels)")] = 800,
-                  gamma: GammaQuery = None, metric: MetricQuery = None) -> Binned:
+                  gamma: GammaQuery = None, metric: MetricQuery = None,
+                  by: Annotated[Literal["agent_id", "agent_group"] | None, Query(description=(
+                      "one series per agent (or group of agents: the id before its last _) of the multi-agent "
+                      "episodes, of each agent's own return or length (no gamma, no metric); single-agent "
+                      "episodes have none"))] = None) -> Binned:
     version = store.version
     table = store.binned_curves(x=x, y=_metric(y, gamma), bins=bins, gamma=gamma, run_id=run_id or None,
-                                env_id=env_id or None, metric=metric)
-    return binned_payload(table, x=x, y=metric or y, bins=bins, gamma=gamma, version=version)
+                                env_id=env_id or None, metric=metric, by=by)
+    return binned_payload(table, x=x, y=metric or y, bins=bins, gamma=gamma, version=version, by=by)
 
 
 @router.get("/curves/histogram", tags=["dashboard"], summary="Distribution of y per (run, env) in bins shared by "

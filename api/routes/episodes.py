@@ -7,20 +7,26 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, WithJsonSchema
 
 from trajstore.api import pages
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response, json_rows, wants_arrow
 from trajstore.api.cursor import CursorQuery, decode, encode
 from trajstore.api.deps import ReadStoreDep, SettingsDep
-from trajstore.api.params import EPISODE_COLUMNS, INT64, NAME, ColumnsDep, FilterDep
+from trajstore.api.ints import INT64, ROW_SCHEMA, EpisodeIdText, Int64
+from trajstore.api.params import EPISODE_COLUMNS, NAME, ColumnsDep, FilterDep
 from trajstore.query.filters import EpisodeFilter
 
 router = APIRouter(tags=["episodes"])
+_KEY = NAME.strip("^$").join(["-?", ""])
+ORDER = f"^{_KEY}(,{_KEY})*$"  # columns, each - prefixed for descending, comma-separated
+
+
+Rows = Annotated[list[dict[str, Any]], WithJsonSchema({"type": "array", "items": ROW_SCHEMA})]
 
 
 class EpisodePage(BaseModel):
-    items: list[dict[str, Any]]
+    items: Rows = Field(description="one object per episode (episode_id a decimal string)")
     total: int
     limit: int
     offset: int
@@ -28,8 +34,8 @@ class EpisodePage(BaseModel):
 
 
 class StepRows(BaseModel):
-    episode_id: int
-    steps: list[dict[str, Any]]
+    episode_id: EpisodeIdText
+    steps: Rows = Field(description="one object per step, in order")
 
 
 # Arrow pages carry in headers what the JSON page carries in its body: the total, the next cursor, and the
@@ -37,7 +43,7 @@ class StepRows(BaseModel):
 TOTAL_HEADER, CURSOR_HEADER, VERSION_HEADER = "X-Total-Count", "X-Next-Cursor", "X-Trajstore-Version"
 
 
-@router.get("/episodes", summary="Episodes, filtered, sorted and paginated",
+@router.get("/episodes", summary="Episodes, filtered, sorted and paginated", response_model=EpisodePage,
             responses={200: {"content": ARROW_CONTENT, "headers": {
                 TOTAL_HEADER: {"description": "Arrow pages: the episodes the filter selects in all",
                                "schema": {"type": "integer"}},
@@ -47,9 +53,10 @@ TOTAL_HEADER, CURSOR_HEADER, VERSION_HEADER = "X-Total-Count", "X-Next-Cursor", 
                                                 "read the next pages at that version)",
                                  "schema": {"type": "integer"}}}}})
 def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: FilterDep,
-             order_by: Annotated[str, Query(pattern=NAME.replace("^", "^-?"), description=(
+             order_by: Annotated[str, Query(pattern=ORDER, description=(
                  f"a column of episodes ({EPISODE_COLUMNS}, discounted_return with gamma); prefix - for "
-                 "descending"))] = "episode_id",
+                 "descending; several comma-separated (-complete,-ended_at: complete episodes first, then the "
+                 "latest to end; ties by episode_id)"))] = "episode_id",
              limit: Annotated[int, Query(ge=1, description="page size, capped at the server's max_page_size (the "
                                                           "response says which limit applied)")] = 100,
              offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
@@ -73,9 +80,10 @@ def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: 
 
 
 @router.get("/episodes/{episode_id}/steps", summary="Every step of one episode, in order (413 past max_page_bytes)",
+            response_model=StepRows,
             responses={200: {"content": ARROW_CONTENT}})
 def episode_steps(request: Request, store: ReadStoreDep, settings: SettingsDep,
-                  episode_id: Annotated[int, Path(**INT64)], columns: ColumnsDep,
+                  episode_id: Annotated[Int64, Path(**INT64)], columns: ColumnsDep,
                   agent_id: Annotated[list[str] | None, Query(description="a multi-agent episode's rows of these "
                                                               "agents only (repeat for several)")] = None) -> Any:
     found, _ = store.episode_page(filter=EpisodeFilter(episode_id=[episode_id]), limit=1)

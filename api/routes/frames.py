@@ -17,7 +17,7 @@ from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import Response
 
 from trajstore.api.deps import ReadStoreDep, SettingsDep
-from trajstore.api.params import INT64
+from trajstore.api.ints import INT64, Int64
 from trajstore.api.problems import problem_response
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.pictures import ImageLeaf, leaf_values, png
@@ -34,7 +34,7 @@ CACHE = "private, max-age=3600"  # a committed step's frame does not change
                        404: problem_response(404, "no such episode, step or image leaf (named), or the episode's "
                                                   "observations hold no image"),
                        422: problem_response(422, "a step or size that is no whole number in range (named)")})
-def frame(store: ReadStoreDep, settings: SettingsDep, episode_id: Annotated[int, Path(**INT64)],
+def frame(store: ReadStoreDep, settings: SettingsDep, episode_id: Annotated[Int64, Path(**INT64)],
           step: Annotated[int, Query(ge=0, le=2**62, description="the step (0 is the episode's first)")],
           size: Annotated[int | None, Query(ge=1, description="the picture's longer side in pixels, capped at the "
                                                               "server's max_frame_size; default: as stored")] = None,

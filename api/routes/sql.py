@@ -14,16 +14,17 @@ sent, so the bodies waiting for slow clients are counted too.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterator
+from typing import Annotated, Any, Iterator
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from trajstore.api import json_body
 from trajstore.api.arrow import ARROW_CONTENT, ARROW_STREAM, wants_arrow
 from trajstore.api.deps import ReadStoreDep, SettingsDep
+from trajstore.api.ints import ROWS_SCHEMA
 from trajstore.api.problems import problem_response
 from trajstore.query import sandbox
 from trajstore.remote.wire import ipc_pieces
@@ -43,7 +44,9 @@ class SqlRequest(BaseModel):
 
 class SqlResult(BaseModel):
     columns: list[str]
-    rows: list[dict[str, Any]]
+    rows: Annotated[list[dict[str, Any]], WithJsonSchema(ROWS_SCHEMA)] = Field(
+        description="one object per row; an integer column's values are numbers, but episode_id's and those beyond "
+                    "±(2**53 - 1) are decimal strings (Arrow keeps int64)")
     truncated: bool = Field(description="more rows existed than were returned")
 
 

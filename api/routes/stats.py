@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 
-from trajstore.api.arrow import ARROW_CONTENT, table_response
+from trajstore.api.arrow import ROWS_CONTENT, table_response
 from trajstore.api.deps import ReadStoreDep
 from trajstore.api.params import ByDep, FilterDep
 from trajstore.errors import InputError
@@ -18,7 +18,7 @@ MAX_RETURN_ROWS = 100_000
 
 @router.get("/stats", summary="n_traj, return_{min,mean,std,max}, len_* (and discounted_return_* with gamma, "
                               "metric_* with metric)",
-            responses={200: {"content": ARROW_CONTENT}})
+            responses={200: {"content": ROWS_CONTENT}})
 def stats(request: Request, store: ReadStoreDep, flt: FilterDep,
           by: ByDep,
           gamma: Annotated[float | None, Query(ge=0, le=1)] = None,
@@ -26,18 +26,18 @@ def stats(request: Request, store: ReadStoreDep, flt: FilterDep,
           metric: Annotated[str | None, Query(max_length=200, description=(
               "also metric_n and metric_{min,mean,std,max} of this: a column of episodes or agg(column) of a step "
               "column with agg one of last, first, sum, mean, min, max (last(is_success))"))] = None,
-          ) -> list[dict[str, Any]] | Any:
+          ) -> Any:
     table = store.stats(by=by, gamma=gamma, filter=flt, include_incomplete=include_incomplete, metric=metric)
     return table_response(request, table)
 
 
 @router.get("/returns", summary="Discounted return per episode, or return-to-go per step",
-            responses={200: {"content": ARROW_CONTENT}})
+            responses={200: {"content": ROWS_CONTENT}})
 def returns(request: Request, store: ReadStoreDep, flt: FilterDep,
             gamma: Annotated[float, Query(ge=0, le=1)],
             per: Annotated[Literal["episode", "step"], Query()] = "episode",
             limit: Annotated[int, Query(ge=1, le=MAX_RETURN_ROWS)] = 10_000,
-            ) -> list[dict[str, Any]] | Any:
+            ) -> Any:
     table = store.returns(gamma=gamma, per=per, filter=flt, limit=limit)
     return table_response(request, table)
 
@@ -73,13 +73,13 @@ def _normalize(text: str | None) -> dict[str, Any] | None:
 
 @router.get("/compare", summary="rliable's IQM, median, mean and optimality gap of each group of runs, with "
                                 "stratified bootstrap confidence intervals",
-            responses={200: {"content": ARROW_CONTENT}})
+            responses={200: {"content": ROWS_CONTENT}})
 def compare(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "episode_return", task: Task = "env_id",
             last: Last = 100, mode: Mode = None, normalize: Normalize = None,
             statistic: Annotated[list[Literal["iqm", "median", "mean", "optimality_gap"]] | None,
                                  Query(description="the statistics (repeat; default: all four)")] = None,
             ci: Ci = 0.95, reps: Reps = 2000, seed: Annotated[int, Query(ge=0)] = 0, run_id: RunIds = None,
-            where: Where = None) -> list[dict[str, Any]] | Any:
+            where: Where = None) -> Any:
     table = store.compare(by, metric=metric, task=task, last=last, mode=mode, normalize=_normalize(normalize),
                           statistics=statistic or ("iqm", "median", "mean", "optimality_gap"), ci=ci, reps=reps,
                           seed=seed, run_id=run_id, where=where)
@@ -87,10 +87,10 @@ def compare(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "
 
 
 @router.get("/compare/scores", summary="What /compare compares: each run's score on each task, per group",
-            responses={200: {"content": ARROW_CONTENT}})
+            responses={200: {"content": ROWS_CONTENT}})
 def scores(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "episode_return", task: Task = "env_id",
            last: Last = 100, mode: Mode = None, normalize: Normalize = None, run_id: RunIds = None,
-           where: Where = None) -> list[dict[str, Any]] | Any:
+           where: Where = None) -> Any:
     table = store.scores(by, metric=metric, task=task, last=last, mode=mode, normalize=_normalize(normalize),
                          run_id=run_id, where=where)
     return table_response(request, table)
@@ -111,13 +111,13 @@ def probability_of_improvement(store: ReadStoreDep, by: ByDep, x: Annotated[str,
 
 @router.get("/compare/profile", summary="Each group's performance profile: the fraction of runs above each "
                                         "threshold, with confidence intervals",
-            responses={200: {"content": ARROW_CONTENT}})
+            responses={200: {"content": ROWS_CONTENT}})
 def performance_profile(request: Request, store: ReadStoreDep, by: ByDep,
                         threshold: Annotated[list[float], Query(description="the scores (repeat)")],
                         metric: Metric = "episode_return", task: Task = "env_id", last: Last = 100,
                         mode: Mode = None, normalize: Normalize = None, ci: Ci = 0.95, reps: Reps = 2000,
                         seed: Annotated[int, Query(ge=0)] = 0, run_id: RunIds = None,
-                        where: Where = None) -> list[dict[str, Any]] | Any:
+                        where: Where = None) -> Any:
     table = store.performance_profile(by, thresholds=threshold, metric=metric, task=task, last=last, mode=mode,
                                       normalize=_normalize(normalize), ci=ci, reps=reps, seed=seed, run_id=run_id,
                                       where=where)
@@ -126,12 +126,12 @@ def performance_profile(request: Request, store: ReadStoreDep, by: ByDep,
 
 @router.get("/curves/groups", summary="Learning curves across seeds: each group of runs on each task per env_steps "
                                       "bin, its IQM or mean with a bootstrap band",
-            responses={200: {"content": ARROW_CONTENT}})
+            responses={200: {"content": ROWS_CONTENT}})
 def group_curves(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "episode_return",
                  task: Task = "env_id", bins: Annotated[int, Query(ge=1, le=10_000)] = 50,
                  aggregate: Annotated[Literal["iqm", "mean"], Query()] = "iqm", ci: Ci = 0.95, reps: Reps = 1000,
                  seed: Annotated[int, Query(ge=0)] = 0, mode: Mode = None, run_id: RunIds = None,
-                 where: Where = None) -> list[dict[str, Any]] | Any:
+                 where: Where = None) -> Any:
     table = store.group_curves(by, metric=metric, task=task, bins=bins, aggregate=aggregate, ci=ci, reps=reps,
                                seed=seed, mode=mode, run_id=run_id, where=where)
     return table_response(request, table)

@@ -16,12 +16,18 @@ from trajstore.api import pages
 from trajstore.api.arrow import ARROW_CONTENT, json_rows
 from trajstore.api.cursor import CursorQuery, decode, encode
 from trajstore.api.deps import ReadStoreDep, SettingsDep
+from trajstore.api.ints import ROWS_SCHEMA
 from trajstore.api.params import ColumnsDep, FilterDep
 from trajstore.query.filters import EpisodeFilter
 from trajstore.remote.wire import ARROW_STREAM, ipc_pieces
 from trajstore.store import Store
 
 router = APIRouter(tags=["steps"])
+JSON_PAGE = {"type": "object", "required": ["items", "limit", "offset", "next_cursor"], "properties": {
+    "items": {**ROWS_SCHEMA, "description": "one object per step, in (episode_id, step) order"},
+    "limit": {"type": "integer"}, "offset": {"type": "integer"},
+    "next_cursor": {"anyOf": [{"type": "string"}, {"type": "null"}],
+                    "description": "pass as cursor= for the next page; null after the last"}}}
 PREFETCH_PIECES = 1  # pieces of a stream made ahead of the network
 
 
@@ -105,7 +111,7 @@ async def _until_disconnect(chunks: Generator[bytes, None, None]) -> AsyncIterat
 
 
 @router.get("/steps", summary="Selected steps as an Arrow IPC stream (or a JSON page with format=json)",
-            responses={200: {"content": {**ARROW_CONTENT, "application/json": {"schema": {"type": "object"}}}}})
+            responses={200: {"content": {**ARROW_CONTENT, "application/json": {"schema": JSON_PAGE}}}})
 def steps(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: FilterDep,
           columns: ColumnsDep,
           batch_rows: Annotated[int | None, Query(ge=1, le=1_048_576, description="rows per Arrow batch (at most: "

@@ -11,9 +11,11 @@ from typing import Any, Iterator
 
 import httpx
 import numpy as np
+import pyarrow as pa
 import uvicorn
 from fastapi import FastAPI
 
+import trajstore
 from trajstore.settings import Settings
 
 API_KEY = "test-key-0123456789"
@@ -64,3 +66,33 @@ def steps_batch(rng: np.random.Generator, T: int, B: int, *, p_done: float = 0.1
             "reward": rng.uniform(0, 1, (T, B)).astype(np.float32),
             "next_obs": rng.normal(size=(T, B, 4)).astype(np.float32),
             "terminated": rng.random((T, B)) < p_done, "truncated": np.zeros((T, B), bool)}
+
+
+# Two episode ids one apart above 2**62: one double (float(ID_A) == float(ID_B)), so a reader of JSON numbers as doubles
+# (JavaScript's JSON.parse, jq) would read both as one.
+ID_A, ID_B = 2**62 + 1, 2**62 + 2  # one double: float(ID_A) == float(ID_B)
+LENGTHS = {ID_A: 3, ID_B: 5}
+SEED = 2**60 + 3  # a lineage value past 2**53
+VERSIONS = {ID_A: 7, ID_B: 2**60 + 5}  # policy_version: a number for ID_A, past 2**53 for ID_B
+
+
+def episode_rows(episode_id: int, length: int) -> pa.Table:
+    steps = np.arange(length)
+    return pa.table({
+        "episode_id": pa.array([episode_id] * length, pa.int64()), "step": pa.array(steps, pa.int32()),
+        "obs": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(length * 2, dtype=np.float32)), 2),
+        "action": pa.array(np.zeros(length, np.int64)),
+        "reward": pa.array(np.full(length, 1.0 if episode_id == ID_A else 2.0, np.float32)),
+        "next_obs": pa.FixedSizeListArray.from_arrays(pa.array(np.ones(length * 2, np.float32)), 2),
+        "terminated": pa.array(steps == length - 1), "truncated": pa.array(np.zeros(length, bool)),
+        "seed": pa.array([SEED] * length, pa.int64()),
+        "policy_version": pa.array([VERSIONS[episode_id]] * length, pa.int64()),
+    })
+
+
+def write_adjacent_ids(path: Path) -> trajstore.Store:
+    """A store with the episodes ``ID_A`` and ``ID_B`` (complete, 3 and 5 steps), ingested with their own ids."""
+    store = trajstore.open(path, create=True)
+    store.ingest(pa.concat_tables([episode_rows(ID_A, LENGTHS[ID_A]), episode_rows(ID_B, LENGTHS[ID_B])]),
+                 run_id="big-ids", env_id="Toy-v0")
+    return store

@@ -25,6 +25,11 @@ QUERIES = [
     "SELECT i, i::VARCHAR AS s, CASE WHEN i % 1000 = 0 THEN repeat('w', 100000) END AS sometimes "
     "FROM range(50000) t(i)",
     "SELECT * FROM range(0) t(i)",
+    # integers a double does not hold (trajstore/api/ints.py): in columns, structs, maps, and one large list
+    "SELECT i AS episode_id, i + 9007199254740990 AS near, -i - 9007199254740990 AS low, "
+    "i::UBIGINT + 18446744073709551000::UBIGINT AS u, {'x': i + 4611686018427387904} AS st, "
+    "MAP {i + 4611686018427387904: 1} AS m FROM range(5) t(i)",
+    "SELECT list(i + 4611686018427387904) AS big FROM range(300000) t(i)",
 ]
 
 
@@ -46,3 +51,16 @@ def test_a_value_json_cannot_hold_is_a_query_error() -> None:
     table = duckdb.connect().sql("SELECT '\\xff'::BLOB AS b").to_arrow_table()
     with pytest.raises(QueryError, match="cannot be written as JSON.*ask for Arrow"):
         list(json_body.rows(table))
+
+
+def test_ids_and_integers_past_two_to_the_53_are_decimal_strings() -> None:
+    table = duckdb.connect().sql(QUERIES[-2]).to_arrow_table()
+    rows = json.loads(b"[" + b"".join(json_body.rows(table)) + b"]")
+    assert [r["episode_id"] for r in rows] == ["0", "1", "2", "3", "4"]  # always, whatever the value
+    assert [r["near"] for r in rows] == [2**53 - 2, 2**53 - 1, "9007199254740992", "9007199254740993",
+                                         "9007199254740994"]  # a number while a double holds it exactly
+    assert [r["low"] for r in rows][1:3] == [-(2**53 - 1), str(-(2**53))]
+    assert rows[0]["u"] == str(18446744073709551000) and rows[0]["st"] == {"x": str(2**62)}
+    assert rows[1]["m"] == [[str(2**62 + 1), 1]]
+    big = json.loads(b"[" + b"".join(json_body.rows(duckdb.connect().sql(QUERIES[-1]).to_arrow_table())) + b"]")
+    assert big[0]["big"][:2] == [str(2**62), str(2**62 + 1)] and len(big[0]["big"]) == 300_000

@@ -63,11 +63,22 @@ def test_episodes_filter_sort_paginate(client: TestClient, populated: Path) -> N
                               order_by="-episode_return")
     assert first["total"] == expected.num_rows and first["limit"] == 7
     ids = [e["episode_id"] for e in first["items"] + second["items"]]
-    assert ids == expected.column("episode_id").to_pylist()[:14]
+    assert ids == [str(e) for e in expected.column("episode_id").to_pylist()[:14]]
     returns = [e["episode_return"] for e in first["items"]]
     assert returns == sorted(returns, reverse=True) and min(returns) >= 15
     beyond = client.get("/episodes", params={**params, "offset": expected.num_rows}).json()
     assert beyond["items"] == [] and beyond["total"] == expected.num_rows  # a page past the end still counts
+
+
+def test_episodes_by_several_keys(client: TestClient, populated: Path) -> None:
+    page = client.get("/episodes", params={"order_by": "-complete,-ended_at", "limit": 1000}).json()
+    want = trajstore.open(populated).episodes(order_by="-complete,-ended_at")["episode_id"].to_pylist()
+    assert [e["episode_id"] for e in page["items"]] == [str(e) for e in want][:page["limit"]]
+    complete = [e["complete"] for e in page["items"]]
+    assert complete == sorted(complete, reverse=True) and False in complete
+    for bad in ("-complete,", "complete,,ended_at", "-complete;ended_at"):
+        response = client.get("/episodes", params={"order_by": bad})
+        assert response.status_code == 422 and "order_by" in response.text, bad
 
 
 def test_episodes_lineage_filter(client: TestClient) -> None:

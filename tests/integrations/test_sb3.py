@@ -18,7 +18,7 @@ from stable_baselines3.common.vec_env import VecNormalize  # noqa: E402
 import trajstore  # noqa: E402
 from tests.integrations.steplog import StepLog, assert_same, stored  # noqa: E402
 from trajstore.errors import InputError  # noqa: E402
-from trajstore.integrations.sb3 import StoreCallback  # noqa: E402
+from trajstore.integrations.sb3 import RawFinals, StoreCallback  # noqa: E402
 
 
 def small() -> dict[str, Any]:
@@ -68,13 +68,30 @@ def test_ppo_across_learn_calls(store: trajstore.Store) -> None:
     assert store.sql("SELECT DISTINCT policy_version FROM steps").to_pylist() == [{"policy_version": 1}]
 
 
-def test_ppo_under_vec_normalize_stores_the_envs_own_values(store: trajstore.Store) -> None:
-    venv = VecNormalize(logged_vec_env("CartPole-v1", 2, 30), norm_obs=True, norm_reward=True)
+@pytest.mark.parametrize("clip_obs", [2.0, 10.0])  # 10.0: VecNormalize's default
+def test_ppo_under_vec_normalize_stores_the_envs_own_values_bit_for_bit(store: trajstore.Store,
+                                                                         clip_obs: float) -> None:
+    venv = VecNormalize(logged_vec_env("CartPole-v1", 2, 30), norm_obs=True, norm_reward=True, clip_obs=clip_obs)
+    inner = venv.venv
     model = sb3.PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, policy_kwargs=small())
     with StoreCallback(store, run_id="norm") as callback:
         model.learn(384, callback=callback)
-    # final observations come back from SB3's normalized copy: equal up to float rounding
-    assert assert_matches_monitor_and_log(store, "norm", venv, atol=1e-5) >= 10
+        assert isinstance(venv.venv, RawFinals) and venv.venv.venv is inner  # the envs' own final observations
+        model.learn(128, callback=callback, reset_num_timesteps=False)
+    assert venv.venv is inner  # closed: the VecNormalize as it was
+    # every step exactly as the env gave it, final observations included (atol=0), whatever the clipping
+    assert assert_matches_monitor_and_log(store, "norm", venv) >= 10
+    if clip_obs == 2.0:  # the clipping mattered: a final observation beyond what the normalized copy keeps
+        finals = [e.next_obs[-1] for log in logs(venv) for e in log.episodes() if e.complete]
+        assert max(float(np.abs(venv.normalize_obs(f)).max()) for f in finals) >= clip_obs
+
+
+def test_sac_under_vec_normalize_stores_the_envs_own_values_bit_for_bit(store: trajstore.Store) -> None:
+    venv = VecNormalize(logged_vec_env("Pendulum-v1", 2, 25), norm_obs=True, norm_reward=True, clip_obs=1.0)
+    model = sb3.SAC("MlpPolicy", venv, learning_starts=50, batch_size=32, seed=0, policy_kwargs=small())
+    with StoreCallback(store, run_id="sac-norm") as callback:
+        model.learn(150, callback=callback)
+    assert assert_matches_monitor_and_log(store, "sac-norm", venv) == 6  # time-limit ends, final obs exact
 
 
 def test_dqn(store: trajstore.Store) -> None:

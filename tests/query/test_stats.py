@@ -171,6 +171,22 @@ def test_episodes_unknown_order_by_is_refused(written: tuple[trajstore.Store, di
     store, _ = written
     with pytest.raises(InputError, match=r"order_by: unknown column\(s\) \['nope'\]"):
         store.episodes(order_by="-nope")
+    with pytest.raises(InputError, match=r"order_by: unknown column\(s\) \['nope'\]"):
+        store.episodes(order_by="-complete,nope")
+    with pytest.raises(InputError, match="order_by: an empty column name"):
+        store.episodes(order_by="-complete,")
+
+
+def test_episodes_by_several_keys(written: tuple[trajstore.Store, dict[str, list[RefEpisode]]]) -> None:
+    """Complete episodes first, then the latest to end, ties by episode_id: as Python sorts the same rows."""
+    store, _ = written
+    rows = store.episodes().to_pylist()
+    assert {r["complete"] for r in rows} == {True, False}
+    want = sorted(rows, key=lambda r: (not r["complete"], -r["episode_length"], r["episode_id"]))
+    got = store.episodes(order_by="-complete, -episode_length")
+    assert got["episode_id"].to_pylist() == [r["episode_id"] for r in want]
+    page, total = store.episode_page(order_by="-complete,-episode_length", limit=5, offset=3)
+    assert page["episode_id"].to_pylist() == [r["episode_id"] for r in want[3:8]] and total == len(rows)
 
 
 def test_episode_queries_follow_every_commit_and_agree_with_the_view(store: trajstore.Store) -> None:

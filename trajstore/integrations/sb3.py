@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.vec_env import VecEnvWrapper
 
 from trajstore.errors import InputError
 from trajstore.integrations.gymnasium import StepBuffer, copy_obs, frame_stack_option
@@ -39,7 +40,10 @@ class StoreCallback(BaseCallback):
     at the start of a ``learn()`` is stored as unfinished. :meth:`close` (or a ``with`` block) releases it.
 
     Under a ``VecNormalize`` (the outermost VecEnv wrapper), the env's own observations and rewards are stored,
-    not the normalized ones the policy sees (a final observation is un-normalized from SB3's normalized copy).
+    not the normalized ones the policy sees. VecNormalize replaces each final observation in the infos by its
+    normalized, clipped copy, which cannot be undone exactly (``clip_obs``); so while training, the callback keeps
+    a small wrapper (:class:`RawFinals`) right under the VecNormalize that holds the envs' own final observations,
+    and :meth:`close` takes it away again.
     The action stored is the one the env received (clipped or rescaled into its space). ``info_keys`` names keys
     of each env's ``info`` to store as step columns (null where an info lacks one); other keywords are writer
     options or lineage values. Where the envs of a ``DummyVecEnv`` end in gymnasium's ``FrameStackObservation``,
@@ -55,11 +59,13 @@ class StoreCallback(BaseCallback):
         self.writer: Any = None
         self._buffer: StepBuffer | None = None
         self._obs: Any = None  # the env's observation the next action is taken on
+        self._raw: RawFinals | None = None  # under the model's VecNormalize, if it has one
         self._seen: Any = None  # the model's _last_obs after the last step (to tell a reset env at learn())
 
     # --- SB3's hooks ----------------------------------------------------------------------------------------
 
     def _on_training_start(self) -> None:
+        self._raw = self._keep_raw_finals()
         if self._buffer is None:
             self._buffer = self._open()
         elif self.model._last_obs is not self._seen:  # learn() reset the env: open episodes end unfinished
@@ -95,7 +101,11 @@ class StoreCallback(BaseCallback):
             self.writer.flush()
 
     def close(self) -> None:
-        """Commit every step and close the writer. Idempotent — safe to call multiple times."""
+        """Commit every step, close the writer and leave the model's VecNormalize as it was. Idempotent — safe to
+        call multiple times."""
+        if self._raw is not None:
+            self._raw.remove()
+            self._raw = None
         if self.writer is not None and self._buffer is not None:
             self._buffer.push()
             self.writer.close()
@@ -125,6 +135,18 @@ class StoreCallback(BaseCallback):
         normalizer = self._normalizer()
         return copy_obs(obs) if normalizer is None else normalizer.get_original_obs()
 
+    def _keep_raw_finals(self) -> RawFinals | None:
+        """The :class:`RawFinals` right under the model's VecNormalize (put there now if it is not), or None
+        without one."""
+        normalizer = self._normalizer()
+        if normalizer is None:
+            return None
+        if not isinstance(normalizer.venv, RawFinals):
+            if self._raw is not None:  # the model's env was replaced (set_env): the old one is left as it was
+                self._raw.remove()
+            normalizer.venv = RawFinals(normalizer.venv, above=normalizer)
+        return normalizer.venv
+
     def _original_reward(self, reward: Any) -> np.ndarray:
         normalizer = self._normalizer()
         return np.array(reward, copy=True) if normalizer is None else normalizer.get_original_reward()
@@ -134,17 +156,42 @@ class StoreCallback(BaseCallback):
         ended = [i for i in np.flatnonzero(dones) if infos[i].get("terminal_observation") is not None]
         if not ended:
             return obs
-        normalizer = self._normalizer()
+        raw = self._raw.finals if self._raw is not None and self._normalizer() is not None else None
         out = copy_obs(obs)
         for i in ended:
-            final = infos[i]["terminal_observation"]
-            final = final if normalizer is None else normalizer.unnormalize_obs(final)
+            final = infos[i]["terminal_observation"] if raw is None else raw[i]
             if isinstance(out, dict):
                 for key in out:
                     out[key][i] = final[key]
             else:
                 out[i] = final
         return out
+
+
+class RawFinals(VecEnvWrapper):
+    """A VecEnv wrapper put right under a ``VecNormalize``: it keeps the final observations of each step
+    (``finals``: env index → ``infos[i]["terminal_observation"]``) as the envs gave them, before the VecNormalize
+    replaces them in the infos by normalized, clipped copies. Everything else passes through unchanged."""
+
+    def __init__(self, venv: Any, *, above: Any) -> None:
+        super().__init__(venv)
+        self.above = above  # the VecNormalize whose venv this is
+        self.finals: dict[int, Any] = {}
+
+    def reset(self) -> Any:
+        self.finals = {}
+        return self.venv.reset()
+
+    def step_wait(self) -> Any:
+        obs, rewards, dones, infos = self.venv.step_wait()
+        self.finals = {int(i): copy_obs(infos[i]["terminal_observation"]) for i in np.flatnonzero(dones)
+                       if infos[i].get("terminal_observation") is not None}
+        return obs, rewards, dones, infos
+
+    def remove(self) -> None:
+        """Take this wrapper out from under its VecNormalize (if it is still there)."""
+        if self.above.venv is self:
+            self.above.venv = self.venv
 
 
 def _frame_stack_option(venv: Any) -> dict[str, Any]:

@@ -157,19 +157,21 @@ def bin_index(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
 
 
 def bin_stats(con: duckdb.DuckDBPyConnection, curve: pa.Table, y: np.ndarray, index: np.ndarray,
-              edges: np.ndarray, *, quantiles: Sequence[float] = QUANTILES) -> pa.Table:
-    """Per series and non-empty bin of ``index``: ``run_id, env_id, bin, lo, hi, count`` and, with
-    ``quantiles``, ``mean`` and ``p10, p50, p90`` of ``y`` (aggregated by DuckDB on ``con``)."""
-    points = pa.table({"run_id": curve["run_id"], "env_id": curve["env_id"], "bin": pa.array(index, pa.int64()),
+              edges: np.ndarray, *, quantiles: Sequence[float] = QUANTILES,
+              series: Sequence[str] = ("run_id", "env_id")) -> pa.Table:
+    """Per series (the columns ``series`` of ``curve``) and non-empty bin of ``index``: the ``series`` columns,
+    ``bin, lo, hi, count`` and, with ``quantiles``, ``mean`` and ``p10, p50, p90`` of ``y`` (aggregated by DuckDB
+    on ``con``)."""
+    points = pa.table({**{k: curve[k] for k in series}, "bin": pa.array(index, pa.int64()),
                        "y": pa.array(y, pa.float64())})
     con.register(POINTS, points)
     try:
-        out = con.sql(sql.bin_stats(POINTS, quantiles)).to_arrow_table()
+        out = con.sql(sql.bin_stats(POINTS, quantiles, series)).to_arrow_table()
     finally:
         con.unregister(POINTS)
     at = out["bin"].to_numpy()
-    out = out.add_column(3, "lo", pa.array(edges[:-1][at], pa.float64()))
-    return out.add_column(4, "hi", pa.array(edges[1:][at], pa.float64()))
+    out = out.add_column(len(series) + 1, "lo", pa.array(edges[:-1][at], pa.float64()))
+    return out.add_column(len(series) + 2, "hi", pa.array(edges[1:][at], pa.float64()))
 
 
 def y_values(curve: pa.Table, metric: str) -> np.ndarray:
@@ -237,10 +239,19 @@ def kept_curves(engine: Engine, **selection: object) -> pa.Table:
 
 
 def binned_curves(engine: Engine, *, x: str = "env_steps", y: str = "episode_return", bins: int = 800,
-                  gamma: float | None = None, metric: str | None = None, **selection: object) -> pa.Table:
+                  gamma: float | None = None, metric: str | None = None, by: str | None = None,
+                  **selection: object) -> pa.Table:
     """Learning curves in ``bins`` bins along ``x``, one series per ``(run_id, env_id)``: per non-empty bin its
     edges (shared by all series), ``count``, ``mean`` and ``p10, p50, p90`` of ``y`` (or of ``metric``, any
-    metric of :mod:`~trajstore.query.metrics`; episodes without a value are left out)."""
+    metric of :mod:`~trajstore.query.metrics`; episodes without a value are left out). With ``by`` (``agent_id``
+    or ``agent_group``), one series per ``(run_id, env_id, agent)`` of the multi-agent episodes instead
+    (:func:`binned_agent_curves`)."""
+    if by is not None:
+        if gamma is not None or metric is not None or y == "discounted_return":
+            raise InputError(f"by: curves per agent bin each agent's own return or length (agent_return, "
+                             f"agent_length), not discounted returns or metrics; give by={by!r} without gamma "
+                             "and metric")
+        return binned_agent_curves(engine, by=by, x=x, y=y, bins=bins, **selection)
     check_binning(x, y, bins, gamma)
     column, measured = _measured(y, metric)
     curve = kept_curves(engine, gamma=gamma, metric=measured, **selection)
@@ -250,6 +261,45 @@ def binned_curves(engine: Engine, *, x: str = "env_steps", y: str = "episode_ret
     index = bin_index(xs, edges)
     index[~np.isfinite(ys)] = -1
     return bin_stats(engine.cursor(), curve, ys, index, edges)
+
+
+AGENT_VALUES = {"episode_return": "agent_return", "episode_length": "agent_length"}  # y: an agent's own
+
+
+def agent_curves(engine: Engine, *, by: str = "agent_id", **selection: object) -> pa.Table:
+    """Per-agent learning curves: each complete episode of the (kept) learning curves once per agent that acted
+    in it, with the agent (``by``: ``agent_id``, or ``agent_group`` pooling the agents of a group), its
+    ``agent_return`` and ``agent_length``, and ``curve_row``, the episode's row of the curves (where it lies along
+    every axis); the series ``(run_id, env_id, agent)`` together, each in the order its episodes ended.
+    Single-agent episodes have no rows here."""
+    curve = kept_curves(engine, **selection)
+    names = {k: selection.get(k) for k in ("run_id", "env_id")}
+    with engine.query_snapshot() as snap:
+        agents = snap.arrow(sql.agent_curve_rows(by, sql.conditions(**names)))  # type: ignore[arg-type]
+    rows = pa.table({"run_id": curve["run_id"], "env_id": curve["env_id"], "episode_id": curve["episode_id"],
+                     "curve_row": pa.array(np.arange(curve.num_rows), pa.int64())})
+    joined = agents.join(rows, keys=["run_id", "env_id", "episode_id"], join_type="inner")
+    return joined.sort_by([("run_id", "ascending"), ("env_id", "ascending"), (by, "ascending"),
+                           ("curve_row", "ascending")])
+
+
+def binned_agent_curves(engine: Engine, *, by: str = "agent_id", x: str = "env_steps", y: str = "episode_return",
+                        bins: int = 800, **selection: object) -> pa.Table:
+    """:func:`binned_curves` per agent: per ``(run_id, env_id, agent)`` series (the agent under the name ``by``)
+    and non-empty bin along ``x`` (where each agent's episode lies in its run, as for the episode curves), the
+    ``count``, ``mean`` and ``p10, p50, p90`` of the agent's own return (``y="episode_return"``) or length
+    (``"episode_length"``)."""
+    check_binning(x, y, bins, None)
+    if y not in AGENT_VALUES:
+        raise InputError(f"y: curves per agent show episode_return or episode_length (each agent's own), got {y!r}")
+    curve = kept_curves(engine, **selection)
+    agents = agent_curves(engine, by=by, **selection)
+    xs = x_values(curve, x)[agents["curve_row"].to_numpy()]
+    edges = bin_edges(xs, bins)
+    ys = y_values(agents, AGENT_VALUES[y])
+    index = bin_index(xs, edges)
+    index[~np.isfinite(ys)] = -1
+    return bin_stats(engine.cursor(), agents, ys, index, edges, series=("run_id", "env_id", by))
 
 
 def histogram(engine: Engine, *, y: str = "episode_return", bins: int = 60, gamma: float | None = None,

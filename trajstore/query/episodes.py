@@ -26,20 +26,35 @@ def episodes(engine: Engine, *, run_id: Names = None, env_id: Names = None, comp
              where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
              gamma: float | None = None, order_by: str = "episode_id", limit: int | None = None,
              offset: int = 0, total: str | None = None) -> pa.Table:
-    """One row per episode (the ``episodes`` view), filtered; with ``gamma`` adds ``discounted_return``; with
-    ``total``, a column of that name counting every selected episode (whatever ``limit``)."""
+    """One row per episode (the ``episodes`` view), filtered, in ``order_by`` order (a column, ``-`` prefixed for
+    descending, or several comma-separated: ``-complete,-ended_at``; ties by ``episode_id``); with ``gamma`` adds
+    ``discounted_return``; with ``total``, a column of that name counting every selected episode (whatever
+    ``limit``)."""
     with engine.query_snapshot(episodes="fill" if gamma is None else None) as snap:
-        name, descending = order_by.lstrip("-"), order_by.startswith("-")
+        keys = order_keys(order_by)
         known = snap.columns("episodes") + (["discounted_return"] if gamma is not None else [])
-        check_names([name], known, view="episodes", field="order_by")
+        check_names([name for name, _ in keys], known, view="episodes", field="order_by")
         conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter)
         if complete is not None:
             conds.append("complete" if complete else "NOT complete")
         params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
         src = "episodes" if gamma is None else \
             sql.subquery(snap.episodes_select(discounted=True))
-        return snap.arrow(sql.episodes(conds, source=src, order_by=name, descending=descending, limit=limit,
-                                       offset=offset, total=total), params)
+        return snap.arrow(sql.episodes(conds, source=src, order_by=keys, limit=limit, offset=offset, total=total),
+                          params)
+
+
+def order_keys(order_by: str) -> list[tuple[str, bool]]:
+    """The ``(column, descending)`` keys of ``order_by``: comma-separated columns, each ``-`` prefixed for
+    descending; an :class:`InputError` naming ``order_by`` for an empty one."""
+    if not isinstance(order_by, str):
+        raise InputError(f"order_by: expected a column name (- prefixed for descending; several comma-separated), "
+                         f"got {order_by!r}")
+    parts = [part.strip() for part in order_by.split(",")]
+    if not all(part.lstrip("-") for part in parts):
+        raise InputError(f"order_by: an empty column name in {order_by!r}; expected columns, each - prefixed for "
+                         "descending, comma-separated (-complete,-ended_at)")
+    return [(part.lstrip("-"), part.startswith("-")) for part in parts]
 
 
 def episode_page(engine: Engine, *, where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
@@ -113,7 +128,7 @@ def episode_steps(engine: Engine, episode_id: int, columns: Sequence[str] | None
     rows of a multi-agent episode come one per agent and step (by ``agent_id`` within a step, which ``columns``
     then always holds); ``agent_id`` keeps those agents' rows."""
     committed = engine.files()
-    names = ["step", *columns] if columns else []
+    names = list(dict.fromkeys(["step", *columns])) if columns else []  # step once, even when asked for
     known = engine.step_types(committed).schema
     check_names(names, known.names, view="steps", field="columns")
     files = files_holding(committed, np.array([int(episode_id)], np.int64))  # its environment's types alone

@@ -140,6 +140,6 @@ def _completed_episodes(engine: Engine, files: list[DataFile], columns: Sequence
     with engine.snapshot(files_holding(engine.files(), ids), con=engine.cursor()) as snap:
         if columns:
             snap.check_columns(list(columns), view="episodes", field="columns")
-        rows = snap.arrow(sql.episodes(sql.conditions(episode_id=ids), source="episodes", order_by="episode_id",
-                                       descending=False, limit=None))
+        rows = snap.arrow(sql.episodes(sql.conditions(episode_id=ids), source="episodes",
+                                       order_by=[("episode_id", False)], limit=None))
     return rows.select(list(columns)) if columns else rows

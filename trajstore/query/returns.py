@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 import numba
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from trajstore.errors import InputError
 from trajstore.query import sql
@@ -176,7 +177,9 @@ def returns(engine: Engine, *, gamma: float, per: Literal["episode", "step"] = "
             filter: EpisodeFilter | None = None, limit: int | None = None) -> pa.Table:  # noqa: A002
     """Discounted return per episode, or return-to-go per step, sorted by ``episode_id`` (per step by
     ``(episode_id, step)``, ``run_id`` and ``env_id`` dictionary-encoded); with ``limit``, the first ``limit``
-    rows (per step, only the episodes they reach are read)."""
+    rows (per step, only the episodes they reach are read). Per step in a store with multi-agent episodes, each
+    row has its ``agent_id`` and each agent's return-to-go is over its own rewards (rows of one step in
+    ``agent_id`` order); per episode, an episode's return is its agents' rewards together."""
     if limit is not None and limit < 0:
         raise InputError(f"limit: must be a number of rows >= 0, got {limit}")
     g = check_gamma(gamma)
@@ -191,8 +194,8 @@ def returns(engine: Engine, *, gamma: float, per: Literal["episode", "step"] = "
             sql.step_conditions(filter, where)
         if limit is not None:
             conds.append(_first_episodes(snap, conds, limit))
-        rows = snap.arrow(sql.step_rewards(snap.files, conds))
-    out = _with_return_to_go(rows, g)
+        rows = snap.arrow(sql.step_rewards(snap.files, conds, agents=snap.agents))
+    out = _per_agent_return_to_go(rows, g) if snap.agents else _with_return_to_go(rows, g)
     return out if limit is None else out.slice(0, limit)
 
 
@@ -211,6 +214,22 @@ def _with_return_to_go(rows: pa.Table, gamma: float) -> pa.Table:
                             gamma)
     return pa.table({"run_id": _reordered(rows["run_id"], s), "env_id": _reordered(rows["env_id"], s),
                      "episode_id": s.episode_id, "step": s.step, "reward": s.reward, "return_to_go": s.return_to_go})
+
+
+def _per_agent_return_to_go(rows: pa.Table, gamma: float) -> pa.Table:
+    """:func:`_with_return_to_go` of each agent's rows apart (single-agent rows, ``agent_id`` null, as one
+    more), with ``agent_id``; sorted by ``(episode_id, step, agent_id)``."""
+    agent = rows["agent_id"]
+    parts = []
+    for name in pc.unique(agent).to_pylist():
+        mine = pc.is_null(agent) if name is None else pc.fill_null(pc.equal(agent, name), False)
+        part = _with_return_to_go(rows.filter(mine).drop_columns(["agent_id"]), gamma)
+        parts.append(part.append_column("agent_id", pa.array([name] * part.num_rows, agent.type)))
+    if not parts:
+        return _with_return_to_go(rows.drop_columns(["agent_id"]), gamma).append_column(
+            "agent_id", pa.array([], agent.type))
+    out = pa.concat_tables(parts, promote_options="permissive")
+    return out.sort_by([("episode_id", "ascending"), ("step", "ascending"), ("agent_id", "ascending")])
 
 
 def _reordered(column: pa.ChunkedArray, s: SortedReturns) -> pa.Array:

@@ -74,10 +74,10 @@ def user_condition(text: str) -> str:
     return f"({text})"
 
 
-def order(column: str, *, descending: bool = False, tie: str | None = "episode_id") -> str:
-    """`` ORDER BY "column" ASC|DESC[, tie]``."""
-    out = f" ORDER BY {ident(column)} {'DESC' if descending else 'ASC'}"
-    return out + (f", {ident(tie)}" if tie and tie != column else "")
+def order(keys: Sequence[tuple[str, bool]], *, tie: str | None = "episode_id") -> str:
+    """`` ORDER BY "a" ASC|DESC, "b" ASC|DESC[, tie]`` for the ``(column, descending)`` keys."""
+    out = " ORDER BY " + ", ".join(f"{ident(column)} {'DESC' if descending else 'ASC'}" for column, descending in keys)
+    return out + (f", {ident(tie)}" if tie and tie not in [column for column, _ in keys] else "")
 
 
 def page(limit: int | None, offset: int = 0) -> str:
@@ -427,12 +427,12 @@ def select_all(source: str, *, limit: int | None = None) -> str:
 # --- queries of the Store ------------------------------------------------------------------------------------
 
 
-def episodes(conds: Sequence[str], *, source: str, order_by: str, descending: bool, limit: int | None,
+def episodes(conds: Sequence[str], *, source: str, order_by: Sequence[tuple[str, bool]], limit: int | None,
              offset: int = 0, total: str | None = None) -> str:
-    """One page of episodes from ``source`` (the view, or the view with ``discounted_return``)."""
+    """One page of episodes from ``source`` (the view, or the view with ``discounted_return``), in the order of the
+    ``(column, descending)`` keys ``order_by``, ties by ``episode_id``."""
     count = f", count(*) OVER () AS {ident(total)}" if total else ""
-    return (f"SELECT *{count} FROM {source}{where(conds)}{order(order_by, descending=descending)}"
-            f"{page(limit, offset)}")
+    return f"SELECT *{count} FROM {source}{where(conds)}{order(order_by)}{page(limit, offset)}"
 
 
 WALK = ("run_id", "env_id", "ended_at", "env_steps", "episode_id")  # a series' episodes in wall-time order
@@ -446,15 +446,25 @@ def curve_episodes(series: Sequence[str], chosen: Sequence[str], *, source: str,
             f"ORDER BY {keys}")
 
 
-def bin_stats(source: str, quantiles: Sequence[float]) -> str:
-    """Per ``(run_id, env_id, bin)`` of ``source`` (columns ``run_id, env_id, bin, y``; bin -1 left out): the
-    count, and with ``quantiles`` the mean and each quantile of ``y`` (``quantile_cont``: numpy's "linear")."""
+def bin_stats(source: str, quantiles: Sequence[float], series: Sequence[str] = ("run_id", "env_id")) -> str:
+    """Per ``(*series, bin)`` of ``source`` (columns ``series``, ``bin``, ``y``; bin -1 left out): the count, and
+    with ``quantiles`` the mean and each quantile of ``y`` (``quantile_cont``: numpy's "linear")."""
     aggs = ["count(*) AS count"]
     if quantiles:
         aggs.append("avg(y) AS mean")
         aggs += [f"quantile_cont(y, {literal(float(q))}) AS {ident(f'p{round(q * 100)}')}" for q in quantiles]
-    keys = "run_id, env_id, bin"
+    keys = ", ".join(ident(k) for k in (*series, "bin"))
     return f"SELECT {keys}, {', '.join(aggs)} FROM {ident(source)} WHERE bin >= 0 GROUP BY {keys} ORDER BY {keys}"
+
+
+def agent_curve_rows(by: str, conds: Sequence[str]) -> str:
+    """``run_id, env_id, episode_id``, the agent (``by``: its ``agent_id`` or ``agent_group``, under that name),
+    ``agent_return`` and ``agent_length`` of each (episode, agent) of ``agent_episodes`` that ``conds`` select."""
+    if by not in AGENT_KEYS:
+        raise InputError(f"by: per-agent rows are by one of {', '.join(AGENT_KEYS)}, got {by!r}")
+    agent = "agent_id" if by == "agent_id" else AGENT_GROUP
+    return (f"SELECT run_id, env_id, episode_id, {agent} AS {ident(by)}, agent_return, agent_length "
+            f"FROM agent_episodes{where(conds)}")
 
 
 def subquery(select: str) -> str:
@@ -564,14 +574,16 @@ def episode_id_at_most(episode_id: int) -> str:
     return f"episode_id <= {literal(int(episode_id))}"
 
 
-def step_rewards(files: Sequence[DataFile], conds: Sequence[str]) -> str:
-    """``run_id, env_id, episode_id, step, reward`` of the selected steps, the partition columns cast to
-    DuckDB ENUMs of the committed values, so that Arrow receives them dictionary-encoded (a byte per row)."""
+def step_rewards(files: Sequence[DataFile], conds: Sequence[str], *, agents: bool = False) -> str:
+    """``run_id, env_id, episode_id, step, reward`` (and with ``agents`` ``agent_id``) of the selected steps, the
+    partition columns cast to DuckDB ENUMs of the committed values, so that Arrow receives them
+    dictionary-encoded (a byte per row)."""
     cols = []
     for name in ("run_id", "env_id"):
         values = sorted({getattr(f, name) for f in files})
         cols.append(f"{name}::ENUM({', '.join(map(literal, values))}) AS {name}" if values else name)
-    return f"SELECT {', '.join(cols)}, episode_id, step, reward FROM steps{where(conds)}"
+    agent = ", agent_id" if agents else ""
+    return f"SELECT {', '.join(cols)}, episode_id, step, reward{agent} FROM steps{where(conds)}"
 
 
 def steps(columns: Sequence[str], conds: Sequence[str], *, limit: int | None = None, offset: int = 0,

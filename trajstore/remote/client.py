@@ -125,7 +125,7 @@ class Client:
     def episodes(self, *, order_by: str = "episode_id", limit: int | None = None, offset: int = 0,
                  gamma: float | None = None, version: int | None = None, **filters: Any) -> pa.Table:
         """Every episode the filters select (with ``limit``, the first ``limit`` of them after ``offset``), in
-        ``order_by`` order (a column, ``-`` prefixed for descending), as :meth:`Store.episodes
+        ``order_by`` order (a column, ``-`` prefixed for descending; several comma-separated), as :meth:`Store.episodes
         <trajstore.store.Store.episodes>` gives them.
 
         The service answers in pages (``max_page_size`` rows at most); this walks them, with the keyset cursor in

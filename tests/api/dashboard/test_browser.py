@@ -15,7 +15,7 @@ import pytest
 import trajstore
 from tests.api.dashboard.helpers import Dashboard
 from tests.api.dashboard.synthetic import write_learning_runs
-from tests.api.helpers import serve
+from tests.api.helpers import ID_A, ID_B, LENGTHS, serve, write_adjacent_ids
 from trajstore.api.app import create_app
 from trajstore.rollout import gym_rollout
 from trajstore.settings import Settings
@@ -185,13 +185,30 @@ def test_histograms_show_densities_and_bin_lengths_on_whole_numbers(dashboard: D
     assert [p for p in dashboard.problems if not p.endswith("/events net::ERR_ABORTED")] == []
 
 
-def test_exact_ids_in_page_helpers(dashboard: Dashboard) -> None:
-    """63-bit episode ids read exactly from JSON by the page's own helper."""
-    dashboard.open()
-    big = 2**62 + 1  # not representable as a double
-    assert dashboard.page.evaluate(f"() => parseJson('{{\"episode_id\": {big}, \"seed\": {big}, \"x\": 1.5}}', true)") \
-        == {"episode_id": str(big), "seed": str(big), "x": 1.5}
-    assert dashboard.page.evaluate("() => SOURCE_ACCESS") is True
+def test_episodes_one_apart_above_two_to_the_53_open_as_themselves(context: Any, tmp_path: Path) -> None:
+    """Two episode ids one apart above 2**62 are one JavaScript number; the page keeps the service's decimal
+    strings, so each row opens its own episode (its own steps and rewards), never its neighbour's."""
+    write_adjacent_ids(tmp_path / "store")
+    assert float(ID_A) == float(ID_B)
+    with contextlib.contextmanager(serve)(create_app(Settings(store=str(tmp_path / "store")))) as live:
+        dash = Dashboard(context.new_page(), live.url)
+        dash.open()
+        rows = dash.page.locator("#episodes tbody tr")
+        assert sorted(rows.evaluate_all("(trs) => trs.map((tr) => tr.dataset.episodeId)")) == [str(ID_A), str(ID_B)]
+        assert sorted(dash.page.locator("#episodes tbody tr td:first-child").all_inner_texts()) == \
+            [str(ID_A), str(ID_B)]
+        for episode_id in (ID_A, ID_B):
+            dash.page.locator(f'#episodes tbody tr[data-episode-id="{episode_id}"]').click()
+            dash.page.wait_for_function("(id) => trajstoreDashboard.episode && trajstoreDashboard.episode.id === id",
+                                        arg=str(episode_id))
+            reward = dash.traces("ep-reward")[0]
+            assert reward["x"] == list(range(LENGTHS[episode_id]))
+            assert set(reward["y"]) == {1.0 if episode_id == ID_A else 2.0}
+            assert str(episode_id) in dash.page.locator("#episode-title").inner_text()
+            selected = dash.page.locator("#episodes tbody tr.selected")
+            assert selected.count() == 1 and selected.get_attribute("data-episode-id") == str(episode_id)
+        assert dash.problems == []
+        dash.page.close()
 
 
 def test_a_rollout_written_during_the_test_appears_without_reload(context: Any, tmp_path: Path) -> None:

@@ -139,6 +139,32 @@ def test_binned_curves_route_gives_the_store_bins_per_series(client: TestClient,
     assert sum(sum(s["count"]) for s in hist["series"]) == demo_store.curves().num_rows
 
 
+def test_binned_curves_per_agent_over_rest(tmp_path: Path, client: TestClient) -> None:
+    """by=agent_id / agent_group: one series per agent of a real simple_spread run, as the Store bins them; none
+    for single-agent runs; gamma and metric refused with by, naming it."""
+    simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
+    from trajstore.rollout import parallel_rollout
+
+    store = trajstore.open(tmp_path / "store", create=True)
+    parallel_rollout(store, lambda: simple_spread_v3.parallel_env(max_cycles=10), run_id="team", episodes=6,
+                     seed=0, progress=False)
+    with TestClient(create_app(Settings(store=str(store.root)))) as c:
+        for by in ("agent_id", "agent_group"):
+            body = c.get("/curves/binned", params={"by": by, "bins": 4}).json()
+            want = store.binned_curves(by=by, bins=4).to_pylist()
+            got = [{"run_id": s["run_id"], "env_id": s["env_id"], by: s["agent"],
+                    **{k: s[k][i] for k in ("bin", "lo", "hi", "count", "mean", "p10", "p50", "p90")}}
+                   for s in body["series"] for i in range(len(s["bin"]))]
+            assert got == want and body["by"] == by
+        assert [s["agent"] for s in c.get("/curves/binned", params={"by": "agent_id"}).json()["series"]] == \
+            ["agent_0", "agent_1", "agent_2"]
+        for params in ({"by": "agent_id", "gamma": 0.9}, {"by": "agent_id", "metric": "episode_length"}):
+            r = c.get("/curves/binned", params=params)
+            assert r.status_code == 422 and "by: curves per agent" in r.text
+        assert c.get("/curves/binned", params={"by": "nope"}).status_code == 422
+    assert client.get("/curves/binned", params={"by": "agent_id"}).json()["series"] == []  # single-agent runs
+
+
 @pytest.mark.parametrize(("params", "field"), [({"x": "steps"}, "x"), ({"bins": 0}, "bins"),
                                                ({"y": "reward"}, "y"), ({"gamma": 2}, "gamma")])
 def test_binned_curves_route_refuses_bad_parameters(client: TestClient, params: dict, field: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -123,7 +124,8 @@ def test_check_fails_on_a_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 1 and os.path.basename(victim) in out
 
 
-@pytest.mark.parametrize("argv, message", [
+# one wrong input (or more) of every command, each answered in one line that names what to change
+MISTAKES = [
     (["stats", "--store", "{missing}"], "no trajstore store at"),
     (["sql", "--store", "{demo}", "SELECT * FROM nope"], "Table with name nope does not exist"),
     (["stats", "--store", "{demo}", "--gamma", "1.5"], r"error: --gamma must be in \[0, 1\], got 1.5"),
@@ -156,10 +158,38 @@ def test_check_fails_on_a_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFix
     (["history", "--store", "{demo}", "--limit", "0"], r"error: --limit: must be a whole number >= 1, got 0$"),
     (["compare", "--store", "{demo}", "--by", "run_id", "--reps", "0"],
      r"error: --reps: must be a whole number >= 1, got 0$"),
-])
+    (["compare", "--store", "{demo}", "--by", "run_id", "--normalize", "CartPole-v1"],
+     r"error: --normalize: expected TASK=LOW:HIGH, got 'CartPole-v1'$"),
+    (["runs", "--store", "{missing}"], "no trajstore store at"),
+    (["describe", "nosuchrun", "--store", "{demo}", "--tag", "x"], r"error: run: no run 'nosuchrun' in .*; its runs: "),
+    (["describe", "demo", "--store", "{demo}", "--config", "lr"], r"error: --config: expected KEY=VALUE, got 'lr'$"),
+    (["import", "minari", "nosuch/data-v0", "--store", "{demo}"], r"error: dataset: no local Minari dataset "
+                                                                   "'nosuch/data-v0'"),
+    (["import", "hdf5", "x", "--store", "{demo}"], r"error: source: invalid choice: 'hdf5' \(choose from 'minari'\)$"),
+    (["compact", "--store", "{demo}", "--target-mb", "-1"], r"error: --target-mb: must be a number above 0, got -1$"),
+    (["check", "--store", "{demo}", "--remove-orphans", "--older-than", "soon"],
+     r"error: --older-than: expected a duration such as 7d, .*got 'soon'$"),
+    (["schema", "--store", "{demo}", "--dialect", "oracle"], r"error: --dialect: invalid choice: 'oracle'"),
+    (["vacuum", "--store", "{demo}", "--older-than", "5parsecs"], r"error: --older-than: expected a duration"),
+    (["export", "minari", "bad_name", "--store", "{demo}"], r"error: name: 'bad_name' is not a Minari dataset id"),
+    (["export", "lerobot", "{tmp}/out", "--store", "{demo}", "--fps", "0"],
+     r"error: --fps: must be a whole number >= 1, got 0$"),
+    (["serve", "--store", "{demo}", "--host", "999.1.1.1", "--port", "8999"],
+     r"error: cannot listen on 999.1.1.1:8999: .*\(check --host: an address or a name of this machine\)$"),
+]
+
+
+def test_every_command_has_its_mistakes_walked() -> None:
+    from trajstore.cli.parser import build_parser
+
+    (commands,) = [a.choices for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(commands) == {argv[0] for argv, _ in MISTAKES}
+
+
+@pytest.mark.parametrize("argv, message", MISTAKES)
 def test_errors_are_one_line(demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                              argv: list[str], message: str) -> None:
-    argv = [a.format(demo=demo, missing=tmp_path / "nothing") for a in argv]
+    argv = [a.format(demo=demo, missing=tmp_path / "nothing", tmp=tmp_path) for a in argv]
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == ""
     assert err.startswith("trajstore: error: ") and err.count("\n") == 1

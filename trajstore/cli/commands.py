@@ -343,6 +343,9 @@ def _listen(host: str, port: int) -> Any:
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (check --host: an address or a "
+                      "name of this machine)") from None
     except OSError as exc:
         raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server running "
                       "there? choose another with --port)") from None

@@ -42,6 +42,17 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def positive(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from trajstore.settings import Settings
 
@@ -237,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", **store_opt)
     p.add_argument("--run", action="append", default=[], help="only this run (repeatable, or comma-separated)")
     p.add_argument("--env", action="append", default=[], help="only this env (repeatable, or comma-separated)")
-    p.add_argument("--target-mb", type=float, default=128.0, help="size of the new files in MiB "
+    p.add_argument("--target-mb", type=positive, default=128.0, help="size of the new files in MiB "
                                                                   "(default: %(default)s)")
     _progress_option(p)
     p.set_defaults(func=commands.cmd_compact)

@@ -4,4 +4,5 @@ local disk, and memory-mapped by each iterator (:mod:`~trajstore.loaders.layout`
 process and machine (:mod:`~trajstore.loaders.layout_store`), read from one pinned version
 (:mod:`~trajstore.loaders.source`), visited in an order computed block by block (:mod:`~trajstore.loaders.order`)
 by the iterator a loader returns (:mod:`~trajstore.loaders.loader`): windows inside episodes
-(:mod:`~trajstore.loaders.sequences`) and n-step transitions (:mod:`~trajstore.loaders.transitions`)."""
+(:mod:`~trajstore.loaders.sequences`) and n-step transitions (:mod:`~trajstore.loaders.transitions`), each batch
+assembled in one compiled pass (:mod:`~trajstore.loaders.assemble`)."""

@@ -49,7 +49,7 @@ def scattered(rng: np.random.Generator, lengths: list[int], values: dict[str, np
         for f in range(len(sizes)):
             span[at[f]:at[f] + sizes[f]] = v[start[f]:start[f + 1]]
         arrays[leaf], rows[leaf] = span, at
-    return assemble.Spans.of(offset, np.array(lengths, np.int64), start, arrays, rows)
+    return assemble.Spans(offset, np.array(lengths, np.int64), start, arrays, rows)
 
 
 def reference_windows(values: dict[str, np.ndarray], lengths: list[int], names: list[str], items: np.ndarray,
@@ -96,14 +96,15 @@ def test_windows_are_the_slices_they_stand_for(length: int, stride: int, pad: bo
     end, count = numbering(LENGTHS, length, stride, pad)
     names = list(SHAPES)
     items = rng.permutation(int(end[-1]))
-    got = assemble.windows(spans, names, items, end, count, stride, length)
+    kernel = assemble.WindowKernel(spans, names, end, count, stride, length)
+    got = kernel(items)
     want = reference_windows(values, LENGTHS, names, items, length, stride, pad)
     for k in names:
         assert got.arrays[k].dtype == values[k].dtype and got.arrays[k].shape == want[k].shape
         np.testing.assert_array_equal(got.arrays[k], want[k], err_msg=k)
     for k in ("mask", "episode", "start"):
         np.testing.assert_array_equal(getattr(got, k), want[k], err_msg=k)
-    empty = assemble.windows(spans, names, items[:0], end, count, stride, length)
+    empty = kernel(items[:0])
     assert empty.arrays["pic"].shape == (0, length, 2, 5, 5) and empty.mask.shape == (0, length)
 
 
@@ -112,10 +113,10 @@ def test_windows_from_a_column_file_are_the_slices_they_stand_for(tmp_path: Any)
     values = rng.random((500, 4)).astype(np.float32)
     values.tofile(tmp_path / "c.bin")
     mapped = np.memmap(tmp_path / "c.bin", dtype=np.float32, mode="r", shape=(500, 4))
-    spans = assemble.Spans.of(np.array([0]), np.array([500]), np.array([0, 500]), {"c": mapped}, {"c": np.zeros(1)})
+    spans = assemble.Spans(np.array([0]), np.array([500]), np.array([0, 500]), {"c": mapped}, {"c": np.zeros(1)})
     end, count = numbering([500], 7, 1, True)
     items = np.array([0, 493, 499, 3, 3, 250])
-    got = assemble.windows(spans, ["c"], items, end, count, 1, 7)
+    got = assemble.WindowKernel(spans, ["c"], end, count, 1, 7)(items)
     want = np.stack([np.concatenate([values[i:i + 7], np.zeros((max(i + 7 - 500, 0), 4), np.float32)]) for i in items])
     np.testing.assert_array_equal(got.arrays["c"], want)
 
@@ -155,7 +156,7 @@ def test_transitions_follow_the_n_step_rule_exactly(n: int, gamma: float, cut: i
     names = ["x", "flag", "pic", "none", "big"]
     n = min(n, max(lengths))
     positions = rng.permutation(sum(lengths))
-    got = assemble.transitions(spans, names, ["next_obs"], positions, n, gamma, terminal)
+    got = assemble.TransitionKernel(spans, names, ["next_obs"], n, gamma, terminal)(positions)
     want = reference_transitions(values, lengths, terminal, names, positions, n, gamma)
     for k in [*names, "next_obs"]:
         np.testing.assert_array_equal(got.arrays[k], want[k], err_msg=k)
@@ -171,5 +172,5 @@ def test_rewards_are_summed_as_numpy_sums_a_row() -> None:
     for n in [*range(1, 40), 127, 128, 129, 136, 257, 300, 1000, 1031]:
         rows = rng.standard_normal((20, n)) * rng.choice([1.0, 1e-8, 1e8], (20, n))
         want = rows.sum(axis=1)
-        got = np.array([assemble._pairwise(r) for r in rows])
+        got = np.array([assemble._pairwise(r, np.empty(8)) for r in rows])
         np.testing.assert_array_equal(got, want, err_msg=str(n))

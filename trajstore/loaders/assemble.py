@@ -1,25 +1,26 @@
-"""A batch assembled in one compiled pass: the items found in the layout, every column leaf's steps copied out of
+"""A batch assembled in one compiled call: the items found in the layout, every column leaf's steps copied out of
 its memory span, windows padded and masked, n-step rewards summed.
 
 Both kinds of layout hold each leaf's steps in one span of memory (a built layout's column file mapped, or the
 files' array copies stitched side by side, :mod:`~trajstore.loaders.stitched`), cut into **fragments**: runs of
 consecutive positions stored one after the other (a built layout is one fragment; stitched copies have one per
-run of an episode's steps in a file). :class:`Spans` says where each fragment's first step lies in each leaf's
-span; the kernels find an item's episode (a binary search over the episodes), walk from the episode's first
-fragment to the item's, and copy each window's run of steps inside one fragment as one block of bytes
-(``memcpy``), a window crossing into the next fragment in two. Reads of a whole batch are issued before its
-copies (one byte of each block first), so the cache and TLB misses of its 256 blocks overlap instead of
-following one another.
+run of an episode's steps in a file). :class:`Spans` says where each fragment's steps lie in each leaf's span; a
+kernel (:class:`WindowKernel`, :class:`TransitionKernel`: one per iterator, its tables made once) finds each
+item's episode (a binary search), walks from the episode's first fragment to the item's, and copies each
+window's run of steps inside one fragment as one block of bytes (``memcpy``), a window crossing into the next
+fragment in two. Windows read one byte of every block before copying any, so that the cache and TLB misses of
+a batch's blocks overlap instead of following one another.
 
-The kernels read through raw addresses: every offset they compute is inside a fragment of the span it reads
-(checked against plain numpy in ``tests/loaders/test_assemble.py``).
+The kernels read and write through raw addresses: every address they compute is inside a fragment of the span
+they read or inside the fresh arrays they fill (checked against plain numpy in ``tests/loaders/test_assemble.py``).
+A kernel's arrays of addresses are its own, reused by each call: one batch at a time per kernel.
 """
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numba
 import numpy as np
@@ -68,51 +69,58 @@ def address_of(values: np.ndarray) -> int:
 
 @dataclass
 class Spans:
-    """Where a layout's steps lie, for the kernels: its episodes (``offset`` and ``length``, in positions), the
-    fragments' first positions (``start``, the positions' end last) and each episode's first fragment
-    (``first``); per column leaf its span (``arrays``: one row per step, read through its address), the bytes of a
-    row (``width``) and the row holding each fragment's first step (``rows``). The spans must stay mapped while a
-    kernel reads them."""
+    """Where a layout's steps lie: its episodes (``offset`` and ``length`` in positions), the fragments' first
+    positions (``start``, the positions' end last) and, per column leaf, its span (``arrays``: one row per step,
+    C-contiguous) and the row of it holding each fragment's first step (``rows``). The spans must stay mapped
+    while a kernel reads them."""
 
     offset: np.ndarray
     length: np.ndarray
     start: np.ndarray
-    first: np.ndarray
     arrays: dict[str, np.ndarray]
-    address: dict[str, int]
-    width: dict[str, int]
     rows: dict[str, np.ndarray]
-    _packed: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    episodes: np.ndarray = field(init=False)  # (offset, length, first fragment) of each episode
 
-    @classmethod
-    def of(cls, offset: np.ndarray, length: np.ndarray, start: np.ndarray, arrays: Mapping[str, np.ndarray],
-           rows: Mapping[str, np.ndarray]) -> Spans:
-        """The spans of leaves ``arrays`` (C-contiguous) whose fragments start at positions ``start``, fragment
-        ``f`` at row ``rows[leaf][f]``, of the episodes at positions ``offset`` of ``length`` steps each."""
-        start = np.ascontiguousarray(start, np.int64)
-        offset = np.ascontiguousarray(offset, np.int64)
-        typed = {k: np.asarray(v) for k, v in arrays.items()}
-        return cls(offset, np.ascontiguousarray(length, np.int64), start,
-                   (np.searchsorted(start, offset, side="right") - 1).astype(np.int64), typed,
-                   {k: int(v.ctypes.data) for k, v in typed.items()},  # read-only maps too
-                   {k: v.dtype.itemsize * int(np.prod(v.shape[1:], dtype=np.int64)) for k, v in typed.items()},
-                   {k: np.ascontiguousarray(r, np.int64) for k, r in rows.items()})
+    def __post_init__(self) -> None:
+        self.offset = np.ascontiguousarray(self.offset, np.int64)
+        self.length = np.ascontiguousarray(self.length, np.int64)
+        self.start = np.ascontiguousarray(self.start, np.int64)
+        self.arrays = {k: np.asarray(v) for k, v in self.arrays.items()}
+        self.rows = {k: np.asarray(r, np.int64) for k, r in self.rows.items()}
+        first = np.searchsorted(self.start, self.offset, side="right") - 1
+        self.episodes = np.ascontiguousarray(np.stack([self.offset, self.length, first], axis=1), np.int64)
 
-    def packed(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """What the kernels read of leaves ``names``: their spans' addresses, their widths, and their rows (a row
-        of fragments per leaf)."""
-        key = tuple(names)
-        got = self._packed.get(key)
-        if got is None:
-            rows = np.stack([self.rows[k] for k in key]) if key else np.zeros((0, len(self.start) - 1), np.int64)
-            got = self._packed[key] = (np.array([self.address[k] for k in key], np.int64),
-                                       np.array([self.width[k] for k in key], np.int64), rows)
-        return got
+    def width(self, leaf: str) -> int:
+        """The bytes of one of ``leaf``'s rows."""
+        values = self.arrays[leaf]
+        return values.dtype.itemsize * int(np.prod(values.shape[1:], dtype=np.int64))
 
-    def outputs(self, names: Sequence[str], shape: tuple[int, ...]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """A fresh array of ``shape`` + a row's shape for each leaf of ``names``, and their addresses."""
-        out = {k: np.empty((*shape, *self.arrays[k].shape[1:]), self.arrays[k].dtype) for k in names}
-        return out, np.array([address_of(v) for v in out.values()], np.int64)
+    def table(self, names: Sequence[str]) -> np.ndarray:
+        """One row per fragment (and one after the last): its first position ``s``, then for each leaf of
+        ``names`` the address position ``p`` of the fragment is at, minus ``p`` times the leaf's width."""
+        fragments = len(self.start) - 1
+        out = np.zeros((fragments + 1, 1 + len(names)), np.int64)
+        out[:, 0] = self.start
+        for c, leaf in enumerate(names):
+            base = self.arrays[leaf].ctypes.data if self.arrays[leaf].nbytes else 0  # read-only maps too
+            out[:fragments, 1 + c] = base + (self.rows[leaf] - self.start[:-1]) * self.width(leaf)
+        return out
+
+
+class _Outputs:
+    """Fresh arrays for each batch of leaves ``names`` (a row of each shaped as in ``spans``), and their
+    addresses in one array that each batch reuses."""
+
+    def __init__(self, spans: Spans, names: Sequence[str]) -> None:
+        self.kinds = [(k, spans.arrays[k].dtype, spans.arrays[k].shape[1:]) for k in names]
+        self.addresses = np.zeros(len(names), np.int64)
+
+    def make(self, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+        out = {}
+        for c, (name, dtype, row) in enumerate(self.kinds):
+            out[name] = values = np.empty((*shape, *row), dtype)
+            self.addresses[c] = address_of(values)
+        return out
 
 
 @dataclass
@@ -124,6 +132,29 @@ class WindowBatch:
     mask: np.ndarray
     episode: np.ndarray
     start: np.ndarray
+
+
+class WindowKernel:
+    """Windows of ``length`` steps of leaves ``names`` of ``spans``, numbered as
+    :class:`~trajstore.loaders.sequences.Windows` ``end``, ``count`` and ``stride`` number them: each call makes
+    the windows of its items, zero past their episode's end."""
+
+    def __init__(self, spans: Spans, names: Sequence[str], end: np.ndarray, count: np.ndarray, stride: int,
+                 length: int) -> None:
+        self.spans, self.names, self.length, self.stride = spans, list(names), int(length), int(stride)
+        self.end, self.count = np.ascontiguousarray(end, np.int64), np.ascontiguousarray(count, np.int64)
+        self.table = spans.table(names)
+        self.width = np.array([spans.width(k) for k in names], np.int64)
+        self.outputs = _Outputs(spans, names)
+
+    def __call__(self, items: np.ndarray) -> WindowBatch:
+        n = len(items)
+        batch = WindowBatch(self.outputs.make((n, self.length)), np.empty((n, self.length), np.bool_),
+                            np.empty(n, np.int64), np.empty(n, np.int64))
+        _windows(np.ascontiguousarray(items, np.int64), self.end, self.count, self.stride, self.length,
+                 self.spans.episodes, self.table, self.width, self.outputs.addresses, batch.mask, batch.episode,
+                 batch.start)
+        return batch
 
 
 @dataclass
@@ -139,80 +170,64 @@ class TransitionBatch:
     step: np.ndarray
 
 
-def windows(spans: Spans, names: Sequence[str], items: np.ndarray, end: np.ndarray, count: np.ndarray, stride: int,
-            length: int) -> WindowBatch:
-    """Windows ``items`` (numbered as :class:`~trajstore.loaders.sequences.Windows` ``end``, ``count`` and
-    ``stride`` number them) of ``length`` steps of leaves ``names``, zero past their episode's end."""
-    n = len(items)
-    out, targets = spans.outputs(names, (n, length))
-    batch = WindowBatch(out, np.empty((n, length), np.bool_), np.empty(n, np.int64), np.empty(n, np.int64))
-    address, width, rows = spans.packed(names)
-    _windows(np.ascontiguousarray(items, np.int64), end, count, stride, length, spans.offset, spans.length,
-             spans.start, spans.first, address, width, rows, targets, batch.mask, batch.episode, batch.start)
-    return batch
+class TransitionKernel:
+    """The n-step transitions of ``spans`` (``n`` no longer than its longest episode): each call makes those
+    from its positions: leaves ``names`` at step ``t``, leaves ``later`` at ``t + m - 1`` (``m``: the steps summed,
+    ``n`` or the episode's last ones); ``reward`` (a float64 sum, cast to the reward's dtype) exactly as numpy sums
+    ``rewards * gamma ** k`` over ``k < n`` per row (pairwise; the terms past ``m`` zero), ``terminated``
+    (``terminal[episode]`` and its last step within), ``discount`` (``gamma ** m``, 0 when terminated)."""
 
+    def __init__(self, spans: Spans, names: Sequence[str], later: Sequence[str], n: int, gamma: float,
+                 terminal: np.ndarray) -> None:
+        self.spans, self.n, self.now = spans, int(n), len(names)
+        self.names = [*names, *later, "reward"]  # the leaves each call reads
+        self.table = spans.table(self.names)
+        self.width = np.array([spans.width(k) for k in self.names], np.int64)
+        self.terminal = np.ascontiguousarray(terminal, np.bool_)
+        self.dtype = spans.arrays["reward"].dtype
+        self.weights = gamma ** np.arange(self.n, dtype=np.int64)  # as numpy's n-step rule computes them
+        self.powers = np.power(gamma, np.arange(self.n + 1), dtype=np.float64)
+        self.outputs = _Outputs(spans, [*names, *later])
 
-def transitions(spans: Spans, names: Sequence[str], later: Sequence[str], positions: np.ndarray, n: int,
-                gamma: float, terminal: np.ndarray) -> TransitionBatch:
-    """The n-step transitions from ``positions``: leaves ``names`` at step ``t``, leaves ``later`` at
-    ``t + m - 1`` (``m``: the steps summed, ``n`` or the episode's last ones); ``reward`` (a float64 sum, cast to
-    the reward's dtype) exactly as numpy sums ``rewards * gamma ** k`` over ``k < n`` per row (pairwise; the
-    terms past ``m`` zero), ``terminated`` (``terminal[episode]`` and its last step within), ``discount``
-    (``gamma ** m``, 0 when terminated)."""
-    size = len(positions)
-    out, targets = spans.outputs([*names, *later], (size,))
-    dtype = spans.arrays["reward"].dtype
-    batch = TransitionBatch(out, np.empty(size, dtype), np.empty(size, dtype), np.empty(size, np.bool_),
-                            np.empty(size, np.int64), np.empty(size, np.int64))
-    address, width, rows = spans.packed([*names, *later, "reward"])
-    weights = gamma ** np.arange(n, dtype=np.int64)  # as numpy's n-step rule computes them
-    powers = np.power(gamma, np.arange(n + 1), dtype=np.float64)
-    _transitions(np.ascontiguousarray(positions, np.int64), n, len(names), spans.offset, spans.length, terminal,
-                 spans.start, spans.first, address, width, rows, targets, dtype.itemsize == 8, weights, powers,
-                 batch.reward, batch.discount, batch.terminated, batch.episode, batch.step)
-    return batch
+    def __call__(self, positions: np.ndarray) -> TransitionBatch:
+        size = len(positions)
+        batch = TransitionBatch(self.outputs.make((size,)), np.empty(size, self.dtype), np.empty(size, self.dtype),
+                                np.empty(size, np.bool_), np.empty(size, np.int64), np.empty(size, np.int64))
+        _transitions(np.ascontiguousarray(positions, np.int64), self.n, self.now, self.spans.offset,
+                     self.spans.episodes, self.terminal, self.table, self.width, self.outputs.addresses,
+                     self.dtype.itemsize == 8, self.weights, self.powers, batch.reward, batch.discount,
+                     batch.terminated, batch.episode, batch.step)
+        return batch
 
 
 @numba.njit(cache=True, nogil=True)
-def _fragment(start: np.ndarray, f: int, position: int) -> int:
+def _fragment(table: np.ndarray, f: int, position: int) -> int:
     """The fragment holding ``position``, walking on from fragment ``f`` (one at or before it)."""
-    while start[f + 1] <= position:
+    while table[f + 1, 0] <= position:
         f += 1
     return f
 
 
 @numba.njit(cache=True, nogil=True)
-def _touch(address: np.ndarray, width: np.ndarray, at: np.ndarray, leaves: int) -> int:
-    """Read one byte of each block (leaf ``c``'s at byte ``at[c, i]`` of its span) before any is copied: their
-    cache and TLB misses overlap."""
-    total = 0
-    for c in range(leaves):
-        if width[c] > 0:
-            for i in range(at.shape[1]):
-                total += _byte_at(address[c] + at[c, i])
-    return total
-
-
-@numba.njit(cache=True, nogil=True)
-def _windows(items: np.ndarray, end: np.ndarray, count: np.ndarray, stride: int, length: int, offset: np.ndarray,
-             episode_length: np.ndarray, start: np.ndarray, first: np.ndarray, address: np.ndarray,
-             width: np.ndarray, rows: np.ndarray, target: np.ndarray, mask: np.ndarray, episode: np.ndarray,
+def _windows(items: np.ndarray, end: np.ndarray, count: np.ndarray, stride: int, length: int, episodes: np.ndarray,
+             table: np.ndarray, width: np.ndarray, target: np.ndarray, mask: np.ndarray, episode: np.ndarray,
              begin: np.ndarray) -> int:
     n, leaves = len(items), len(width)
     position, needed, fragment = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-    at = np.empty((leaves, n), np.int64)
     for i in range(n):
         e = np.searchsorted(end, items[i], side="right")
         s = (items[i] - (end[e] - count[e])) * stride
-        keep = min(episode_length[e] - s, length)  # steps of the window inside its episode
-        p = offset[e] + s
-        f = _fragment(start, first[e], p)
-        position[i], needed[i], fragment[i], episode[i], begin[i] = p, keep, f, e, s
+        keep = min(episodes[e, 1] - s, length)  # the window's steps inside its episode
+        p = episodes[e, 0] + s
+        position[i], needed[i], fragment[i] = p, keep, _fragment(table, episodes[e, 2], p)
+        episode[i], begin[i] = e, s
         for j in range(length):
             mask[i, j] = j < keep
-        for c in range(leaves):
-            at[c, i] = (rows[c, f] + p - start[f]) * width[c]
-    touched = _touch(address, width, at, leaves)
+    touched = 0
+    for c in range(leaves):  # the first byte of every block, before any copy
+        if width[c] > 0:
+            for i in range(n):
+                touched += _byte_at(table[fragment[i], 1 + c] + position[i] * width[c])
     for c in range(leaves):
         w = width[c]
         if w == 0:
@@ -222,8 +237,8 @@ def _windows(items: np.ndarray, end: np.ndarray, count: np.ndarray, stride: int,
             row = target[c] + i * length * w
             done = 0
             while done < keep:  # the window's run in each fragment it crosses as one block
-                take = min(keep - done, start[f + 1] - p - done)
-                _copy(row + done * w, address[c] + (rows[c, f] + p + done - start[f]) * w, take * w)
+                take = min(keep - done, table[f + 1, 0] - p - done)
+                _copy(row + done * w, table[f, 1 + c] + (p + done) * w, take * w)
                 done += take
                 f += 1
             if keep < length:
@@ -232,15 +247,61 @@ def _windows(items: np.ndarray, end: np.ndarray, count: np.ndarray, stride: int,
 
 
 @numba.njit(cache=True, nogil=True)
-def _block_sum(a: np.ndarray, lo: int, n: int) -> float:
+def _transitions(positions: np.ndarray, n: int, now: int, offset: np.ndarray, episodes: np.ndarray,
+                 terminal: np.ndarray, table: np.ndarray, width: np.ndarray, target: np.ndarray, wide: bool,
+                 weights: np.ndarray, powers: np.ndarray, reward: np.ndarray, discount: np.ndarray,
+                 terminated: np.ndarray, episode: np.ndarray, step: np.ndarray) -> None:
+    size, leaves = len(positions), len(width) - 1  # the last leaf: reward
+    source = np.empty((leaves, size), np.int64)
+    summed = np.empty(size, np.int64)
+    reward_at = np.empty((size, n), np.int64)
+    w = width[leaves]
+    for i in range(size):
+        p = positions[i]
+        e = np.searchsorted(offset, p, side="right") - 1
+        t = p - episodes[e, 0]
+        left = episodes[e, 1] - t
+        m = min(n, left)
+        f = _fragment(table, episodes[e, 2], p)
+        last = p + m - 1
+        g = _fragment(table, f, last)
+        for c in range(leaves):
+            source[c, i] = table[f, 1 + c] + p * width[c] if c < now else table[g, 1 + c] + last * width[c]
+        h = f
+        for k in range(n):  # as numpy's rule: the terms past m read the last step (and weigh 0)
+            x = p + min(k, m - 1)
+            h = _fragment(table, h, x)
+            reward_at[i, k] = table[h, 1 + leaves] + x * w
+        ended = terminal[e] and m == left
+        summed[i], terminated[i], episode[i], step[i] = m, ended, e, t
+        discount[i] = 0.0 if ended else powers[m]
+    terms, sums = np.empty(n, np.float64), np.empty(8, np.float64)
+    for i in range(size):
+        for k in range(n):
+            r = _float64_at(reward_at[i, k]) if wide else np.float64(_float32_at(reward_at[i, k]))
+            terms[k] = r * (weights[k] if k < summed[i] else 0.0)
+        if n < 8:  # numpy's pairwise sum of so few: in order, from 0.0
+            total = 0.0
+            for k in range(n):
+                total += terms[k]
+            reward[i] = total
+        else:
+            reward[i] = _pairwise(terms, sums)
+    for c in range(leaves):
+        if width[c] > 0:
+            for i in range(size):
+                _copy(target[c] + i * width[c], source[c, i], width[c])
+
+
+@numba.njit(cache=True, nogil=True)
+def _block_sum(a: np.ndarray, lo: int, n: int, r: np.ndarray) -> float:
     """``a[lo:lo + n]`` (``n <= 128``) summed as numpy sums a contiguous row of that many: in order below 8
-    values, else in 8 running sums."""
+    values, else in 8 running sums (``r``: room for them)."""
     if n < 8:
         res = 0.0
         for i in range(lo, lo + n):
             res += a[i]
         return res
-    r = np.empty(8, np.float64)
     for j in range(8):
         r[j] = a[lo + j]
     i = 8
@@ -256,19 +317,19 @@ def _block_sum(a: np.ndarray, lo: int, n: int) -> float:
 
 
 @numba.njit(cache=True, nogil=True)
-def _pairwise(a: np.ndarray) -> float:
+def _pairwise(a: np.ndarray, r: np.ndarray) -> float:
     """``a`` summed as numpy's ``add.reduce`` sums a contiguous row: blocks of up to 128 values (
     :func:`_block_sum`), halves (cut at a multiple of 8) added as the recursion of numpy's ``pairwise_sum``
     adds them, evaluated here with a stack."""
     if len(a) <= 128:
-        return _block_sum(a, 0, len(a))
+        return _block_sum(a, 0, len(a), r)
     todo = [(0, len(a), False)]  # (first value, values, halves summed)
     sums = [0.0]
     sums.pop()
     while todo:
         lo, n, halves = todo.pop()
         if n <= 128:
-            sums.append(_block_sum(a, lo, n))
+            sums.append(_block_sum(a, lo, n, r))
         elif halves:
             right = sums.pop()
             sums.append(sums.pop() + right)
@@ -278,49 +339,3 @@ def _pairwise(a: np.ndarray) -> float:
             todo.append((lo + half, n - half, False))
             todo.append((lo, half, False))
     return sums[0]
-
-
-@numba.njit(cache=True, nogil=True)
-def _transitions(positions: np.ndarray, n: int, now: int, offset: np.ndarray, episode_length: np.ndarray,
-                 terminal: np.ndarray, start: np.ndarray, first: np.ndarray, address: np.ndarray,
-                 width: np.ndarray, rows: np.ndarray, target: np.ndarray, wide: bool, weights: np.ndarray,
-                 powers: np.ndarray, reward: np.ndarray, discount: np.ndarray, terminated: np.ndarray,
-                 episode: np.ndarray, step: np.ndarray) -> int:
-    size, leaves = len(positions), len(width) - 1  # the last leaf: reward
-    at = np.empty((leaves, size), np.int64)
-    summed = np.empty(size, np.int64)
-    reward_at = np.empty((size, n), np.int64)
-    for i in range(size):
-        p = positions[i]
-        e = np.searchsorted(offset, p, side="right") - 1
-        t = p - offset[e]
-        left = episode_length[e] - t
-        m = min(n, left)
-        f = _fragment(start, first[e], p)
-        last = p + m - 1
-        g = _fragment(start, f, last)
-        for c in range(leaves):
-            at[c, i] = (rows[c, f] + p - start[f]) * width[c] if c < now else \
-                (rows[c, g] + last - start[g]) * width[c]
-        h = f
-        for k in range(n):  # as numpy's rule: the terms past m read the last step (and weigh 0)
-            x = p + min(k, m - 1)
-            h = _fragment(start, h, x)
-            reward_at[i, k] = address[leaves] + (rows[leaves, h] + x - start[h]) * width[leaves]
-        ended = terminal[e] and m == left
-        summed[i], terminated[i], episode[i], step[i] = m, ended, e, t
-        discount[i] = 0.0 if ended else powers[m]
-    touched = _touch(address, width, at, leaves)
-    terms = np.empty(n, np.float64)
-    for i in range(size):
-        for k in range(n):
-            r = _float64_at(reward_at[i, k]) if wide else np.float64(_float32_at(reward_at[i, k]))
-            terms[k] = r * (weights[k] if k < summed[i] else 0.0)
-        reward[i] = _pairwise(terms)
-    for c in range(leaves):
-        w = width[c]
-        if w == 0:
-            continue
-        for i in range(size):
-            _copy(target[c] + i * w, address[c] + at[c, i], w)
-    return touched

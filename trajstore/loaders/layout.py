@@ -231,8 +231,8 @@ class Mapped:
         """Where the kernels of :mod:`~trajstore.loaders.assemble` find the steps: one fragment, every column
         file's rows in position order."""
         if self._spans is None:
-            self._spans = Spans.of(self.offset, self.length, np.array([0, self.steps], np.int64), self._maps,
-                                   {leaf: np.zeros(1, np.int64) for leaf in self._maps})
+            self._spans = Spans(self.offset, self.length, np.array([0, self.steps]), self._maps,
+                                {leaf: np.zeros(1, np.int64) for leaf in self._maps})
         return self._spans
 
     def copying(self, positions: Callable[[], np.ndarray], length: int, names: Sequence[str],

@@ -287,8 +287,11 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
                                lambda items: _first_steps(view, windows, items))
         arguments = {"length": length, "columns": names, "stride": stride, "pad": bool(pad), "gamma": g}
 
+        kernel = assemble.WindowKernel(view.spans, lay.leaf_names(view.columns, names), windows.end, windows.count,
+                                       windows.stride, length)
+
         def batch(items: np.ndarray) -> dict[str, np.ndarray]:
-            return window_batch(view, names, windows, items, length)
+            return window_batch(view, names, kernel, windows, items)
 
         return loader_batches("sequences", arguments, source, release_view(view, release), sampling, len(windows),
                               weights, batch, format, resume)
@@ -338,15 +341,13 @@ def loader_batches(kind: str, arguments: dict[str, Any], source: Source, release
                    position=position, on_close=release)
 
 
-def window_batch(layout: lay.Mapped | StitchedView, names: Sequence[str], windows: Windows, items: np.ndarray,
-                 length: int) -> dict[str, np.ndarray]:
-    """The windows ``items``: each column ``(n, length, …)`` (zero past the episode's end), ``mask``,
-    ``episode_id`` and ``start``, copied out of the layout in one kernel call (:func:`assemble.windows`: a window
-    inside one fragment as one block)."""
-    leaves = lay.leaf_names(layout.columns, names)
-    batch = layout.copying(lambda: _first_steps(layout, windows, items), length, leaves,
-                           lambda: assemble.windows(layout.spans, leaves, items, windows.end, windows.count,
-                                                    windows.stride, length))
+def window_batch(layout: lay.Mapped | StitchedView, names: Sequence[str], kernel: assemble.WindowKernel,
+                 windows: Windows, items: np.ndarray) -> dict[str, np.ndarray]:
+    """The windows ``items`` (``windows`` number them): each column ``(n, length, …)`` (zero past the episode's
+    end), ``mask``, ``episode_id`` and ``start``, made by one call of ``kernel`` (a window inside one fragment
+    copied as one block)."""
+    batch = layout.copying(lambda: _first_steps(layout, windows, items), kernel.length, kernel.names,
+                           lambda: kernel(items))
     out: dict[str, np.ndarray] = {name: lay.leaves(name, layout.columns, batch.arrays.__getitem__) for name in names}
     out["mask"] = batch.mask
     out["episode_id"] = layout.episode_id[batch.episode]

@@ -197,9 +197,9 @@ class StitchedView:
         """Where the kernels of :mod:`~trajstore.loaders.assemble` find the steps: each leaf's region, and the
         row of it holding each fragment's first step."""
         if self._spans is None:
-            self._spans = Spans.of(self.offset, self.length, self.layout.start,
-                                   {leaf: region.array for leaf, region in self.layout.regions.items()},
-                                   self.layout.rows)
+            self._spans = Spans(self.offset, self.length, self.layout.start,
+                                {leaf: region.array for leaf, region in self.layout.regions.items()},
+                                self.layout.rows)
         return self._spans
 
     def copying(self, positions: Callable[[], np.ndarray], length: int, names: Sequence[str],

@@ -72,11 +72,15 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
         terminal = view.gather("terminated", ends).astype(bool) if len(ends) else np.zeros(0, bool)
         arguments = {"n": n, "gamma": g, "columns": at_t}
 
-        def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
-            return transition_batch(view, at_t, items, n, g, terminal)
+        kernel = assemble.TransitionKernel(view.spans, lay.leaf_names(view.columns, at_t),
+                                           lay.leaf_names(view.columns, ["next_obs"]), min(n, view.longest), g,
+                                           terminal)  # no episode is longer: the same sums, bounded arrays
+
+        def batch(items: np.ndarray) -> dict[str, np.ndarray]:
+            return transition_batch(view, at_t, kernel, items)
 
         return loader_batches("transitions", arguments, source, release_view(view, release), sampling, layout.steps,
-                              weights, assemble, format, resume)
+                              weights, batch, format, resume)
     except BaseException:
         view.close()
         release()
@@ -95,14 +99,10 @@ def _check_bytes(source: Source, layout: lay.Layout, at_t: Sequence[str], n: int
                       "lower batch_size or n, or select fewer columns")
 
 
-def transition_batch(layout: lay.Mapped | StitchedView, names: Sequence[str], positions: np.ndarray, n: int,
-                     gamma: float, terminal: np.ndarray) -> dict[str, np.ndarray]:
-    """The n-step transitions starting at step ``positions`` of the layout, made in one kernel call
-    (:func:`assemble.transitions`); ``terminal[e]`` says whether episode ``e`` ended by termination."""
-    n = min(n, layout.longest)  # no episode is longer: the same sums, bounded arrays
-    now, later = lay.leaf_names(layout.columns, names), lay.leaf_names(layout.columns, ["next_obs"])
-    batch = layout.copying(lambda: positions, n, [*now, *later, "reward"],
-                           lambda: assemble.transitions(layout.spans, now, later, positions, n, gamma, terminal))
+def transition_batch(layout: lay.Mapped | StitchedView, names: Sequence[str], kernel: assemble.TransitionKernel,
+                     positions: np.ndarray) -> dict[str, np.ndarray]:
+    """The n-step transitions starting at step ``positions`` of the layout, made by one call of ``kernel``."""
+    batch = layout.copying(lambda: positions, kernel.n, kernel.names, lambda: kernel(positions))
     out = {name: lay.leaves(name, layout.columns, batch.arrays.__getitem__) for name in names}
     out["reward"] = batch.reward
     out["next_obs"] = lay.leaves("next_obs", layout.columns, batch.arrays.__getitem__)

@@ -212,17 +212,21 @@ def _fragment(table: np.ndarray, f: int, position: int) -> int:
 def _windows(items: np.ndarray, end: np.ndarray, count: np.ndarray, stride: int, length: int, episodes: np.ndarray,
              table: np.ndarray, width: np.ndarray, target: np.ndarray, mask: np.ndarray, episode: np.ndarray,
              begin: np.ndarray) -> int:
+    """Each pass over the items a loop of independent reads (their misses overlap): the episodes, their rows, the
+    fragments, one byte of every block; then the copies."""
     n, leaves = len(items), len(width)
     position, needed, fragment = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     for i in range(n):
-        e = np.searchsorted(end, items[i], side="right")
+        episode[i] = np.searchsorted(end, items[i], side="right")
+    for i in range(n):
+        e = episode[i]
         s = (items[i] - (end[e] - count[e])) * stride
-        keep = min(episodes[e, 1] - s, length)  # the window's steps inside its episode
-        p = episodes[e, 0] + s
-        position[i], needed[i], fragment[i] = p, keep, _fragment(table, episodes[e, 2], p)
-        episode[i], begin[i] = e, s
+        begin[i], needed[i] = s, min(episodes[e, 1] - s, length)  # the window's steps inside its episode
+        position[i], fragment[i] = episodes[e, 0] + s, episodes[e, 2]
+    for i in range(n):
+        fragment[i] = _fragment(table, fragment[i], position[i])
         for j in range(length):
-            mask[i, j] = j < keep
+            mask[i, j] = j < needed[i]
     touched = 0
     for c in range(leaves):  # the first byte of every block, before any copy
         if width[c] > 0:
@@ -251,30 +255,35 @@ def _transitions(positions: np.ndarray, n: int, now: int, offset: np.ndarray, ep
                  terminal: np.ndarray, table: np.ndarray, width: np.ndarray, target: np.ndarray, wide: bool,
                  weights: np.ndarray, powers: np.ndarray, reward: np.ndarray, discount: np.ndarray,
                  terminated: np.ndarray, episode: np.ndarray, step: np.ndarray) -> None:
+    """Passes as :func:`_windows`' (episodes, their rows, fragments, addresses), then the rewards summed, then
+    the copies."""
     size, leaves = len(positions), len(width) - 1  # the last leaf: reward
+    summed, fragment, last = np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size, np.int64)
     source = np.empty((leaves, size), np.int64)
-    summed = np.empty(size, np.int64)
     reward_at = np.empty((size, n), np.int64)
-    w = width[leaves]
     for i in range(size):
-        p = positions[i]
-        e = np.searchsorted(offset, p, side="right") - 1
-        t = p - episodes[e, 0]
+        episode[i] = np.searchsorted(offset, positions[i], side="right") - 1
+    for i in range(size):
+        e = episode[i]
+        t = positions[i] - episodes[e, 0]
         left = episodes[e, 1] - t
         m = min(n, left)
-        f = _fragment(table, episodes[e, 2], p)
-        last = p + m - 1
-        g = _fragment(table, f, last)
+        ended = terminal[e] and m == left
+        step[i], summed[i], fragment[i], terminated[i] = t, m, episodes[e, 2], ended
+        discount[i] = 0.0 if ended else powers[m]
+    for i in range(size):
+        fragment[i] = _fragment(table, fragment[i], positions[i])
+        last[i] = _fragment(table, fragment[i], positions[i] + summed[i] - 1)
+    w = width[leaves]
+    for i in range(size):
+        p, f, g, m = positions[i], fragment[i], last[i], summed[i]
         for c in range(leaves):
-            source[c, i] = table[f, 1 + c] + p * width[c] if c < now else table[g, 1 + c] + last * width[c]
+            source[c, i] = table[f, 1 + c] + p * width[c] if c < now else table[g, 1 + c] + (p + m - 1) * width[c]
         h = f
         for k in range(n):  # as numpy's rule: the terms past m read the last step (and weigh 0)
             x = p + min(k, m - 1)
             h = _fragment(table, h, x)
             reward_at[i, k] = table[h, 1 + leaves] + x * w
-        ended = terminal[e] and m == left
-        summed[i], terminated[i], episode[i], step[i] = m, ended, e, t
-        discount[i] = 0.0 if ended else powers[m]
     terms, sums = np.empty(n, np.float64), np.empty(8, np.float64)
     for i in range(size):
         for k in range(n):

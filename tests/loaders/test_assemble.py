@@ -5,12 +5,15 @@ them, exactly as the rows they stand for."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
 import pytest
 
 from trajstore.loaders import assemble
+
+PATHS = ["compiled", "plain"]  # each kernel's two ways: numba's, and plain numpy (a process's first batch)
 
 SHAPES = {"x": ((3,), np.float32), "flag": ((), np.bool_), "pic": ((2, 5, 5), np.uint8), "none": ((0,), np.float32),
           "big": ((), np.int64)}
@@ -87,9 +90,10 @@ def numbering(lengths: list[int], length: int, stride: int, pad: bool) -> tuple[
 LENGTHS = [1, 5, 12, 40, 3, 64, 17, 9, 33]
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("length,stride,pad,cut", [(4, 4, False, 7), (4, 1, True, 7), (12, 3, True, 5),
                                                    (5, 5, True, 1), (16, 2, False, 100), (40, 40, True, 3)])
-def test_windows_are_the_slices_they_stand_for(length: int, stride: int, pad: bool, cut: int) -> None:
+def test_windows_are_the_slices_they_stand_for(length: int, stride: int, pad: bool, cut: int, path: str) -> None:
     rng = np.random.default_rng(length * 100 + cut)
     values = episode_major(rng, LENGTHS)
     spans = scattered(rng, LENGTHS, values, cut)
@@ -97,18 +101,20 @@ def test_windows_are_the_slices_they_stand_for(length: int, stride: int, pad: bo
     names = list(SHAPES)
     items = rng.permutation(int(end[-1]))
     kernel = assemble.WindowKernel(spans, names, end, count, stride, length)
-    got = kernel(items)
+    got = getattr(kernel, path)(items)
     want = reference_windows(values, LENGTHS, names, items, length, stride, pad)
     for k in names:
         assert got.arrays[k].dtype == values[k].dtype and got.arrays[k].shape == want[k].shape
         np.testing.assert_array_equal(got.arrays[k], want[k], err_msg=k)
     for k in ("mask", "episode", "start"):
+        assert getattr(got, k).dtype == want[k].dtype, k
         np.testing.assert_array_equal(getattr(got, k), want[k], err_msg=k)
-    empty = kernel(items[:0])
+    empty = getattr(kernel, path)(items[:0])
     assert empty.arrays["pic"].shape == (0, length, 2, 5, 5) and empty.mask.shape == (0, length)
 
 
-def test_windows_from_a_column_file_are_the_slices_they_stand_for(tmp_path: Any) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_windows_from_a_column_file_are_the_slices_they_stand_for(tmp_path: Any, path: str) -> None:
     rng = np.random.default_rng(3)
     values = rng.random((500, 4)).astype(np.float32)
     values.tofile(tmp_path / "c.bin")
@@ -116,7 +122,7 @@ def test_windows_from_a_column_file_are_the_slices_they_stand_for(tmp_path: Any)
     spans = assemble.Spans(np.array([0]), np.array([500]), np.array([0, 500]), {"c": mapped}, {"c": np.zeros(1)})
     end, count = numbering([500], 7, 1, True)
     items = np.array([0, 493, 499, 3, 3, 250])
-    got = assemble.WindowKernel(spans, ["c"], end, count, 1, 7)(items)
+    got = getattr(assemble.WindowKernel(spans, ["c"], end, count, 1, 7), path)(items)
     want = np.stack([np.concatenate([values[i:i + 7], np.zeros((max(i + 7 - 500, 0), 4), np.float32)]) for i in items])
     np.testing.assert_array_equal(got.arrays["c"], want)
 
@@ -143,11 +149,12 @@ def reference_transitions(values: dict[str, np.ndarray], lengths: list[int], ter
     return out
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n,gamma,cut,reward", [(1, 0.99, 7, np.float32), (3, 0.99, 7, np.float32),
                                                 (3, 0.0, 2, np.float64), (5, 1.0, 1, np.float32),
                                                 (9, 0.9, 4, np.float64), (64, 0.97, 10, np.float32),
                                                 (130, 0.999, 30, np.float64)])
-def test_transitions_follow_the_n_step_rule_exactly(n: int, gamma: float, cut: int, reward: type) -> None:
+def test_transitions_follow_the_n_step_rule_exactly(n: int, gamma: float, cut: int, reward: type, path: str) -> None:
     rng = np.random.default_rng(n + cut)
     lengths = [*LENGTHS, 200]
     values = episode_major(rng, lengths, reward)
@@ -156,7 +163,7 @@ def test_transitions_follow_the_n_step_rule_exactly(n: int, gamma: float, cut: i
     names = ["x", "flag", "pic", "none", "big"]
     n = min(n, max(lengths))
     positions = rng.permutation(sum(lengths))
-    got = assemble.TransitionKernel(spans, names, ["next_obs"], n, gamma, terminal)(positions)
+    got = getattr(assemble.TransitionKernel(spans, names, ["next_obs"], n, gamma, terminal), path)(positions)
     want = reference_transitions(values, lengths, terminal, names, positions, n, gamma)
     for k in [*names, "next_obs"]:
         np.testing.assert_array_equal(got.arrays[k], want[k], err_msg=k)
@@ -174,3 +181,25 @@ def test_rewards_are_summed_as_numpy_sums_a_row() -> None:
         want = rows.sum(axis=1)
         got = np.array([assemble._pairwise(r, np.empty(8)) for r in rows])
         np.testing.assert_array_equal(got, want, err_msg=str(n))
+
+
+def test_a_process_s_first_batch_is_plain_while_the_kernels_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = threading.Event()
+    monkeypatch.setattr(assemble, "_call_kernels", loaded.wait)
+    loading = assemble._Loading()
+    assert not loading.compiled(0)  # the schema's empty batch: plain, the kernels start loading
+    assert not loading.compiled(256)  # the first batch: plain while they load
+    loaded.set()
+    assert loading.compiled(256) and loading.compiled(0) is False and loading.compiled(3)
+
+
+def test_without_kernels_every_batch_is_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> None:
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(assemble, "_call_kernels", broken)
+    loading = assemble._Loading()
+    loading.compiled(0)
+    loading.wait()
+    assert not loading.compiled(256) and not loading.compiled(256)
+    assert isinstance(loading.failed, RuntimeError)

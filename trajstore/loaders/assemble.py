@@ -19,6 +19,9 @@ A kernel's arrays of addresses are its own, reused by each call: one batch at a 
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -27,6 +30,8 @@ import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+
+log = logging.getLogger(__name__)
 
 
 @intrinsic
@@ -62,6 +67,63 @@ def _load(kind: Any) -> Any:
 _byte_at, _float32_at, _float64_at = _load(types.uint8), _load(types.float32), _load(types.float64)
 
 
+class _Loading:
+    """The kernels of this process, loaded (or compiled) by numba on a thread of their own, once: numba's first
+    call in a process sets up its compiler, a few tenths of a second (more with a cold page cache). Meanwhile the
+    process's first batch is made by plain numpy (the same values); every later batch waits for the kernels. If
+    they cannot be loaded, every batch is made by numpy. A fork waits for the thread (numba's compiler lock must
+    not be held by a thread the child lacks)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._first_served = False
+        self.failed: BaseException | None = None
+
+    def compiled(self, items: int) -> bool:
+        """Whether a batch of ``items`` items is made by the kernels (starting to load them if not yet)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._load, name="trajstore-kernels", daemon=True)
+                self._thread.start()
+            thread = self._thread
+            if items and not self._first_served and thread.is_alive():
+                self._first_served = True
+                return False
+            if items:
+                self._first_served = True
+        if not items:
+            return False
+        self.wait()
+        return self.failed is None
+
+    def wait(self) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _load(self) -> None:
+        try:
+            _call_kernels()
+        except BaseException as exc:  # noqa: BLE001 - any failure: numpy makes the batches
+            self.failed = exc
+            log.warning("loader batch kernels unavailable (%r): batches are made by numpy", exc)
+
+
+LOADING = _Loading()
+os.register_at_fork(before=LOADING.wait)
+
+
+def _call_kernels() -> None:
+    """Each kernel called once (on no items): numba loads it from its cache, or compiles it."""
+    spans = Spans(np.zeros(1), np.ones(1), np.array([0, 1]), {"reward": np.zeros(1, np.float32)},
+                  {"reward": np.zeros(1)})
+    WindowKernel(spans, ["reward"], np.ones(1), np.ones(1), 1, 1).compiled(np.zeros(0, np.int64))
+    for dtype in (np.float32, np.float64):  # a reward of either type
+        spans.arrays["reward"] = np.zeros(1, dtype)
+        TransitionKernel(spans, [], [], 1, 1.0, np.zeros(1, np.bool_)).compiled(np.zeros(0, np.int64))
+
+
 def address_of(values: np.ndarray) -> int:
     """The address of a writable C-contiguous array's first byte (0 for an array of no bytes)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(values)) if values.nbytes else 0
@@ -94,6 +156,13 @@ class Spans:
         """The bytes of one of ``leaf``'s rows."""
         values = self.arrays[leaf]
         return values.dtype.itemsize * int(np.prod(values.shape[1:], dtype=np.int64))
+
+    def gather(self, leaf: str, positions: np.ndarray) -> np.ndarray:
+        """``leaf`` at ``positions`` (any shape), by plain numpy: each position's fragment, row and value."""
+        fragment = np.searchsorted(self.start, positions, side="right") - 1
+        rows = self.rows[leaf][fragment] + positions - self.start[fragment]
+        values = self.arrays[leaf]
+        return np.take(values, rows.reshape(-1), axis=0).reshape(*positions.shape, *values.shape[1:])
 
     def table(self, names: Sequence[str]) -> np.ndarray:
         """One row per fragment (and one after the last): its first position ``s``, then for each leaf of
@@ -148,6 +217,10 @@ class WindowKernel:
         self.outputs = _Outputs(spans, names)
 
     def __call__(self, items: np.ndarray) -> WindowBatch:
+        return self.compiled(items) if LOADING.compiled(len(items)) else self.plain(items)
+
+    def compiled(self, items: np.ndarray) -> WindowBatch:
+        """The windows ``items``, by the kernel."""
         n = len(items)
         batch = WindowBatch(self.outputs.make((n, self.length)), np.empty((n, self.length), np.bool_),
                             np.empty(n, np.int64), np.empty(n, np.int64))
@@ -155,6 +228,21 @@ class WindowKernel:
                  self.spans.episodes, self.table, self.width, self.outputs.addresses, batch.mask, batch.episode,
                  batch.start)
         return batch
+
+    def plain(self, items: np.ndarray) -> WindowBatch:
+        """The windows ``items``, by plain numpy: every step gathered (those past the episode's end zeroed)."""
+        items = np.asarray(items, np.int64)
+        episode = np.searchsorted(self.end, items, side="right")
+        start = (items - (self.end[episode] - self.count[episode])) * self.stride
+        keep = np.minimum(self.spans.length[episode] - start, self.length)
+        steps = np.arange(self.length, dtype=np.int64)
+        mask = steps < keep[:, None]
+        positions = (self.spans.offset[episode] + start)[:, None] + np.minimum(steps, keep[:, None] - 1)
+        arrays = {}
+        for leaf in self.names:
+            arrays[leaf] = values = self.spans.gather(leaf, positions)
+            values[~mask] = 0
+        return WindowBatch(arrays, mask, episode.astype(np.int64), start)
 
 
 @dataclass
@@ -190,6 +278,26 @@ class TransitionKernel:
         self.outputs = _Outputs(spans, [*names, *later])
 
     def __call__(self, positions: np.ndarray) -> TransitionBatch:
+        return self.compiled(positions) if LOADING.compiled(len(positions)) else self.plain(positions)
+
+    def plain(self, positions: np.ndarray) -> TransitionBatch:
+        """The transitions from ``positions``, by plain numpy (the rewards of each as one row, summed)."""
+        positions = np.asarray(positions, np.int64)
+        episode = np.searchsorted(self.spans.offset, positions, side="right") - 1
+        t = positions - self.spans.offset[episode]
+        left = self.spans.length[episode] - t
+        m = np.minimum(self.n, left)
+        k = np.arange(self.n, dtype=np.int64)
+        rewards = self.spans.gather("reward", positions[:, None] + np.minimum(k[None, :], m[:, None] - 1))
+        reward = (rewards.astype(np.float64) * np.where(k[None, :] < m[:, None], self.weights[None, :], 0.0)).sum(1)
+        terminated = self.terminal[episode] & (m == left)
+        at = {leaf: positions if c < self.now else positions + m - 1 for c, leaf in enumerate(self.names[:-1])}
+        return TransitionBatch({leaf: self.spans.gather(leaf, p) for leaf, p in at.items()}, reward.astype(self.dtype),
+                               np.where(terminated, 0.0, self.powers[m]).astype(self.dtype), terminated,
+                               episode.astype(np.int64), t)
+
+    def compiled(self, positions: np.ndarray) -> TransitionBatch:
+        """The transitions from ``positions``, by the kernel."""
         size = len(positions)
         batch = TransitionBatch(self.outputs.make((size,)), np.empty(size, self.dtype), np.empty(size, self.dtype),
                                 np.empty(size, np.bool_), np.empty(size, np.int64), np.empty(size, np.int64))

@@ -78,10 +78,13 @@ class _Loading:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._first_served = False
+        self.loaded = False  # and usable
         self.failed: BaseException | None = None
 
     def compiled(self, items: int) -> bool:
         """Whether a batch of ``items`` items is made by the kernels (starting to load them if not yet)."""
+        if self.loaded:
+            return items > 0
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._load, name="trajstore-kernels", daemon=True)
@@ -105,6 +108,7 @@ class _Loading:
     def _load(self) -> None:
         try:
             _call_kernels()
+            self.loaded = True
         except BaseException as exc:  # noqa: BLE001 - any failure: numpy makes the batches
             self.failed = exc
             log.warning("loader batch kernels unavailable (%r): batches are made by numpy", exc)

@@ -207,6 +207,8 @@ class StitchedView:
         """``copy()``, which reads leaves ``names`` at ``length`` steps from each of ``positions()``: while a leaf
         is cold, the pages of those steps asked for first (:meth:`Region.ask`); warm once a copy takes less than
         ``WARM_S``, and its pages mapped in by a thread."""
+        if not self.layout.cold:
+            return copy()
         cold = [leaf for leaf in names if leaf in self.layout.cold]
         first = positions() if cold else None
         if first is None or not len(first):

@@ -109,7 +109,7 @@ class _Loading:
         try:
             _call_kernels()
             self.loaded = True
-        except BaseException as exc:  # noqa: BLE001 - any failure: numpy makes the batches
+        except Exception as exc:  # noqa: BLE001 - any failure: numpy makes the batches
             self.failed = exc
             log.warning("loader batch kernels unavailable (%r): batches are made by numpy", exc)
 
@@ -120,11 +120,10 @@ os.register_at_fork(before=LOADING.wait)
 
 def _call_kernels() -> None:
     """Each kernel called once (on no items): numba loads it from its cache, or compiles it."""
-    spans = Spans(np.zeros(1), np.ones(1), np.array([0, 1]), {"reward": np.zeros(1, np.float32)},
-                  {"reward": np.zeros(1)})
-    WindowKernel(spans, ["reward"], np.ones(1), np.ones(1), 1, 1).compiled(np.zeros(0, np.int64))
     for dtype in (np.float32, np.float64):  # a reward of either type
-        spans.arrays["reward"] = np.zeros(1, dtype)
+        spans = Spans(np.zeros(1), np.ones(1), np.array([0, 1]), {"reward": np.zeros(1, dtype)},
+                      {"reward": np.zeros(1)})
+        WindowKernel(spans, ["reward"], np.ones(1), np.ones(1), 1, 1).compiled(np.zeros(0, np.int64))
         TransitionKernel(spans, [], [], 1, 1.0, np.zeros(1, np.bool_)).compiled(np.zeros(0, np.int64))
 
 

@@ -748,12 +748,14 @@ def to_markdown(res: dict[str, Any], machine: dict[str, str], command: str) -> s
               "- trajstore's writers write each data file's steps also as plain arrays (`arrays/`: " + copies +
               "), one file per column in the file's row order with the runs of each episode's steps; a loader "
               "maps every file of a column side by side into one span of memory and finds each step by its run, "
-              "so nothing is read or built before the first batch. Each window inside one run is copied as one "
-              "block; the few crossing from one file into the next (where a flush cut their episode) are gathered "
-              "step by step. Windows are found from episode lengths (no per-window arrays) and the shuffled order "
-              "is computed 16,384 entries at a time.",
+              "so nothing is read or built before the first batch. A batch is one call of a compiled kernel "
+              "(`loaders/assemble.py`, numba): it finds each item's episode and run, reads one byte of every block "
+              "before copying any (their misses overlap), copies each window's run in each file as one block, zeroes "
+              "and masks padding, sums n-step rewards. Windows are found from episode lengths (no per-window "
+              "arrays) and the shuffled order is computed 16,384 entries at a time.",
               f"- The first-batch times start after the imports (`import trajstore` took {imports:.1f} s here, "
-              "median of the trajstore processes).",
+              "median of the trajstore processes); they include numba's one-time setup in a process (loading the "
+              "kernels from its cache: a few tenths of a second).",
               "- Per-batch cost still grows a little with the store: a batch copies 768 blocks (256 windows × 3 "
               "columns) from random places of the maps; a small layout's pages stay in the CPU's caches and TLB, "
               "a 4.8 GB one's do not, so most blocks cost a page-table walk and cache misses. Page faults are not "

@@ -5,4 +5,5 @@ process and machine (:mod:`~trajstore.loaders.layout_store`), read from one pinn
 (:mod:`~trajstore.loaders.source`; a selection of agents laid out by each agent's own trajectory,
 :mod:`~trajstore.loaders.agents`), visited in an order computed block by block (:mod:`~trajstore.loaders.order`)
 by the iterator a loader returns (:mod:`~trajstore.loaders.loader`): windows inside episodes
-(:mod:`~trajstore.loaders.sequences`) and n-step transitions (:mod:`~trajstore.loaders.transitions`)."""
+(:mod:`~trajstore.loaders.sequences`) and n-step transitions (:mod:`~trajstore.loaders.transitions`), each batch
+assembled in one compiled pass (:mod:`~trajstore.loaders.assemble`)."""

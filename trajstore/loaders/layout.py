@@ -7,9 +7,10 @@ memory maps of the column files opened for that batch alone, so building holds t
 the columns. The files are made by writing zeros, not by a sparse truncate: the page cache then holds them in
 large folios, and gathers from them run ~4x faster.
 
-An iterator gathers its batches (``np.take``) from maps of the files it opens once (:meth:`Layout.mapped`):
-mapping a file costs far more than a batch's gathers, and the pages a batch touches are the page cache's, not
-the process's own memory (they count in its resident size as file pages, never as anonymous memory).
+An iterator copies its batches (:mod:`~trajstore.loaders.assemble`) out of maps of the files it opens once
+(:meth:`Layout.mapped`): mapping a file costs far more than a batch's copies, and the pages a batch touches are the
+page cache's, not the process's own memory (they count in its resident size as file pages, never as anonymous
+memory).
 
 Where the files live and who shares them is :mod:`~trajstore.loaders.layout_store`'s business: a layout is
 built into a folder it is given (or a temporary one, removed on :meth:`Layout.close`), saved with its index
@@ -23,13 +24,14 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, StoreDamagedError
+from trajstore.loaders.assemble import Spans
 from trajstore.query.scan import scan_steps
 from trajstore.schema import numpy_dtype, to_numpy
 from trajstore.storage.arrays import leaf_arrays, value_bytes
@@ -43,6 +45,7 @@ READ_ROWS = 16_384  # rows per batch read from a file
 ZERO_BLOCK = 4 << 20  # bytes written at a time when a column file is made
 READ_BUFFER = 256 * 1024  # bytes of a file read at a time (a whole column chunk otherwise: ~3x the peak memory)
 INDEX = {"episode_id": "episode_id.i64", "length": "length.i64"}  # the index's files (int64 each)
+T = TypeVar("T")
 
 
 class BrokenLayoutError(StoreDamagedError):
@@ -95,30 +98,18 @@ def leaves(name: str, columns: Mapping[str, Any], read: Callable[[str], np.ndarr
     return out
 
 
+def leaf_names(columns: Mapping[str, Any], names: Sequence[str]) -> list[str]:
+    """The leaves of columns ``names``, in the order :func:`leaves` reads them (a Dict column's ``name.a.b``)."""
+    out: list[str] = []
+    for name in names:
+        leaves(name, columns, out.append)  # type: ignore[arg-type]
+    return out
+
+
 def take(values: np.ndarray, positions: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``values[positions]`` as a new array shaped ``(*positions.shape, *shape)``."""
     flat = np.take(values, positions.reshape(-1), axis=0)  # faster than values[positions] on a map
     return np.asarray(flat).reshape(*positions.shape, *shape)
-
-
-def take_windows(values: np.ndarray, first: np.ndarray, length: int, view: np.ndarray | None = None) -> np.ndarray:
-    """``values[first[i]:first[i] + length]`` for each ``i``, as a new ``(n, length, *shape)`` array: each window
-    copied as one block from a read-only view of every window (~1.5x faster than gathering step by step; ``view``:
-    :func:`window_view` of ``values`` made before, for a caller that reads them again). Every window must lie
-    within ``values``."""
-    if len(first) and len(values) >= length and values.size:
-        # the first value of every window read in one gather before the copy: the reads that find each window's
-        # page (a TLB miss, a cache miss) go out together instead of one window after another as the copy meets
-        # them; from a layout much larger than the CPU's caches a batch takes ~25% less, from a small one the same
-        _ = values[(first,) + (0,) * (values.ndim - 1)]
-    return (window_view(values, length) if view is None else view)[first]
-
-
-def window_view(values: np.ndarray, length: int) -> np.ndarray:
-    """A read-only ``(rows, length, *shape)`` view of every window of ``length`` steps of ``values``."""
-    rows = max(len(values) - length + 1, 0)  # none: no window fits (then no window is asked for)
-    return np.lib.stride_tricks.as_strided(values, shape=(rows, length, *values.shape[1:]),
-                                           strides=(values.strides[0], *values.strides), writeable=False)
 
 
 @dataclass
@@ -229,20 +220,32 @@ class Mapped:
         self._maps = {name: c.open() for name, c in layout.columns.items()}
         self.steps = layout.steps  # asked for by every batch: found once
         self.longest = int(layout.length.max(initial=1))
+        self._spans: Spans | None = None
 
     def gather(self, name: str, positions: np.ndarray) -> Any:
         """Column ``name`` at ``positions`` (a dict of its leaves' arrays for a Dict column)."""
         return leaves(name, self.columns, lambda leaf: take(self._maps[leaf], positions, self.columns[leaf].shape))
 
-    def windows(self, name: str, first: np.ndarray, length: int, needed: np.ndarray | None = None) -> Any:
-        """The ``length`` steps from each of ``first`` (windows wholly inside the layout; ``needed``: how many
-        of each the caller keeps, all of them here)."""
-        return leaves(name, self.columns, lambda leaf: take_windows(self._maps[leaf], first, length))
+    @property
+    def spans(self) -> Spans:
+        """Where the kernels of :mod:`~trajstore.loaders.assemble` find the steps: one fragment, every column
+        file's rows in position order."""
+        if self._spans is None:
+            self._spans = Spans(self.offset, self.length, np.array([0, self.steps]), self._maps,
+                                {leaf: np.zeros(1, np.int64) for leaf in self._maps})
+        return self._spans
+
+    def copying(self, positions: Callable[[], np.ndarray], length: int, names: Sequence[str],
+                copy: Callable[[], T]) -> T:
+        """``copy()`` (which reads leaves ``names`` at ``length`` steps from each of ``positions()``): the pages
+        of a built layout's files are cached once built or found."""
+        return copy()
 
     def episode_of(self, positions: np.ndarray) -> np.ndarray:
         return self.layout.episode_of(positions)
 
     def close(self) -> None:
+        self._spans = None
         self._maps.clear()  # the last references: numpy unmaps the files
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError, size_text
+from trajstore.loaders import assemble
 from trajstore.loaders import layout as lay
 from trajstore.loaders.agents import Trajectories
 from trajstore.loaders.layout_store import Basis, LayoutKey, LayoutStore
@@ -38,7 +39,7 @@ from trajstore.loaders.order import (
     epoch_order,
     resume_position,
 )
-from trajstore.loaders.stitched import Stitched
+from trajstore.loaders.stitched import Stitched, StitchedView
 from trajstore.query.returns import check_gamma, episodes_return_to_go
 from trajstore.storage.arrays import value_bytes
 
@@ -295,12 +296,14 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
                                lambda items: _first_steps(view, windows, items))
         arguments = {"length": length, "columns": names, "stride": stride, "pad": bool(pad), "gamma": g}
 
-        def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
-            episode, start = windows.locate(items)
-            return source.named(window_batch(view, names, episode, start, length))
+        kernel = assemble.WindowKernel(view.spans, lay.leaf_names(view.columns, names), windows.end, windows.count,
+                                       windows.stride, length)
+
+        def batch(items: np.ndarray) -> dict[str, np.ndarray]:
+            return source.named(window_batch(view, names, kernel, windows, items))
 
         return loader_batches("sequences", arguments, source, release_view(view, release), sampling, len(windows),
-                              weights, assemble, format, resume)
+                              weights, batch, format, resume)
     except BaseException:
         view.close()
         release()
@@ -320,7 +323,7 @@ def check_fits(layout: lay.Layout | Stitched, length: int, trajectories: Traject
                      f"padded (and masked) past episode ends")
 
 
-def _first_steps(view: lay.Mapped, windows: Windows, items: np.ndarray) -> np.ndarray:
+def _first_steps(view: lay.Mapped | StitchedView, windows: Windows, items: np.ndarray) -> np.ndarray:
     episode, start = windows.locate(items)
     return view.offset[episode] + start
 
@@ -349,35 +352,15 @@ def loader_batches(kind: str, arguments: dict[str, Any], source: Source, release
                    position=position, on_close=release)
 
 
-def _zero_outside(values: Any, mask: np.ndarray) -> Any:
-    """``values`` (an array, or a dict of them for a Dict column) with the steps outside ``mask`` zero."""
-    if isinstance(values, dict):
-        return {k: _zero_outside(v, mask) for k, v in values.items()}
-    if not mask.all():
-        values[~mask] = 0
-    return values
-
-
-def window_batch(layout: lay.Mapped, names: Sequence[str], episode: np.ndarray, start: np.ndarray,
-                 length: int) -> dict[str, np.ndarray]:
-    """The windows ``(episode, start)``: each column ``(n, length, …)`` (zero past the episode's end),
-    ``mask``, ``episode_id`` and ``start``. Each window is copied as one block of ``length`` steps, a padded one's
-    steps past its episode's end (the next episode's) then zeroed; only a padded window whose block would run
-    past the last step gathers its steps one by one."""
-    needed = np.minimum(layout.length[episode] - start, length)  # the steps of each window that are not zeroed
-    mask = np.arange(length) < needed[:, None]
-    padded = bool((needed < length).any())
-    first = layout.offset[episode] + start
-    past = bool((first + length > layout.steps).any())  # only padded windows of the last episode
-    out: dict[str, np.ndarray] = {}
-    for name in names:
-        if not past:
-            values = layout.windows(name, first, length, needed)
-        else:
-            positions = first[:, None] + np.minimum(np.arange(length), needed[:, None] - 1)
-            values = layout.gather(name, positions)
-        out[name] = _zero_outside(values, mask) if padded else values
-    out["mask"] = mask
-    out["episode_id"] = layout.episode_id[episode]
-    out["start"] = start
+def window_batch(layout: lay.Mapped | StitchedView, names: Sequence[str], kernel: assemble.WindowKernel,
+                 windows: Windows, items: np.ndarray) -> dict[str, np.ndarray]:
+    """The windows ``items`` (``windows`` number them): each column ``(n, length, …)`` (zero past the episode's
+    end), ``mask``, ``episode_id`` and ``start``, made by one call of ``kernel`` (a window inside one fragment
+    copied as one block)."""
+    batch = layout.copying(lambda: _first_steps(layout, windows, items), kernel.length, kernel.names,
+                           lambda: kernel(items))
+    out: dict[str, np.ndarray] = {name: lay.leaves(name, layout.columns, batch.arrays.__getitem__) for name in names}
+    out["mask"] = batch.mask
+    out["episode_id"] = layout.episode_id[batch.episode]
+    out["start"] = batch.start
     return out

@@ -7,8 +7,8 @@ column's copies are mapped side by side into one span of memory (:class:`Region`
 at a page-aligned place in it that is also a whole number of steps from its start), so that one array holds every
 step of every file. The fragments (runs of one episode's consecutive steps in one file), sorted by episode and first
 step, tile the positions: a position is found in that array by its fragment, and a window inside one fragment is
-copied as one block out of it, as from a built layout (only windows crossing from one file into the next, where a
-writer's flush cut their episode, are gathered step by step).
+copied as one block out of it (:mod:`~trajstore.loaders.assemble`; a window crossing from one file into the next,
+where a writer's flush cut its episode, as one block per file).
 
 :func:`stitch` gives None where the copies cannot give the selection (a file without a copy, a column or type a
 copy lacks, episodes whose fragments do not tile their steps): the loader then builds its layout from Parquet.
@@ -24,11 +24,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from trajstore.loaders.layout import leaves, take, take_windows, window_view
+from trajstore.loaders.assemble import Spans
+from trajstore.loaders.layout import leaves, take
 from trajstore.storage.arrays import FileArrays, value_bytes
 
 PAGE = mmap.PAGESIZE
@@ -50,6 +51,7 @@ WARM_S = 0.005
 MAP_FIXED = 0x10  # Linux and macOS alike
 MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 FAILED = ctypes.c_void_p(-1).value
+T = TypeVar("T")
 
 
 class Region:
@@ -177,8 +179,7 @@ class StitchedView:
         self.steps = layout.steps
         self.longest = int(layout.length.max(initial=1))
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._plan: tuple[np.ndarray, int, Any] | None = None
-        self._views: dict[tuple[str, int], np.ndarray] = {}  # (leaf, length) -> every window of the region
+        self._spans: Spans | None = None
 
     def gather(self, name: str, positions: np.ndarray) -> Any:
         """Column ``name`` at ``positions`` (a dict of its leaves' arrays for a Dict column)."""
@@ -191,57 +192,42 @@ class StitchedView:
 
         return leaves(name, self.columns, read)
 
-    def windows(self, name: str, first: np.ndarray, length: int, needed: np.ndarray | None = None) -> Any:
-        """The ``length`` steps from each of ``first`` (windows wholly inside the positions): all copied as blocks
-        (as from a built layout), then those crossing from one fragment into the next gathered again step by
-        step over their block (few: where a writer's flush cut an episode). With ``needed``, only each window's
-        first ``needed`` steps are (the caller zeroes the others: a padded window past its episode's end), and
-        a window is gathered only where those cross."""
-        plan = self._planned(first, length, needed)
-        if plan is None:
-            return self.gather(name, first[:, None] + np.arange(length, dtype=np.int64))
-        fragment, within, crossing, step_fragment, step_within = plan
+    @property
+    def spans(self) -> Spans:
+        """Where the kernels of :mod:`~trajstore.loaders.assemble` find the steps: each leaf's region, and the
+        row of it holding each fragment's first step."""
+        if self._spans is None:
+            self._spans = Spans(self.offset, self.length, self.layout.start,
+                                {leaf: region.array for leaf, region in self.layout.regions.items()},
+                                self.layout.rows)
+        return self._spans
 
-        def read(leaf: str) -> np.ndarray:
-            values, rows = self.layout.regions[leaf].array, self.layout.rows[leaf]
-            at = rows[fragment] + within
-            beyond = np.flatnonzero(at > len(values) - length)  # a block past the span's end: gathered as well
-            if len(crossing):
-                at[crossing] = 0  # blocks read from the span's start, then replaced
-            if len(beyond):
-                steps = first[beyond, None] + np.arange(length, dtype=np.int64)
-                found = self._found(steps)
-                at[beyond] = 0
-            view = self._views.get((leaf, length))
-            if view is None:
-                view = self._views[(leaf, length)] = window_view(values, length)
-            out = self._timed(leaf, at, length, lambda: take_windows(values, at, length, view))
-            if len(crossing):
-                out[crossing] = take(values, rows[step_fragment] + step_within, self.columns[leaf][1])
-            if len(beyond):
-                out[beyond] = take(values, rows[found[0]] + found[1], self.columns[leaf][1])
-            return out
-
-        return leaves(name, self.columns, read)
-
-    def _planned(self, first: np.ndarray, length: int, needed: np.ndarray | None) -> tuple[np.ndarray, ...] | None:
-        """How windows of ``length`` from ``first`` are read: each one's fragment and first step's place in it,
-        the windows crossing into another fragment, one that does not, and the fragment and place of each step of
-        the crossing ones; None when every window crosses. Kept for the next call with the same array (a batch
-        reads each column)."""
-        if self._plan is not None and self._plan[0] is first and self._plan[1] == length:
-            return self._plan[2]
+    def copying(self, positions: Callable[[], np.ndarray], length: int, names: Sequence[str],
+                copy: Callable[[], T]) -> T:
+        """``copy()``, which reads leaves ``names`` at ``length`` steps from each of ``positions()``: while a leaf
+        is cold, the pages of those steps asked for first (:meth:`Region.ask`); warm once a copy takes less than
+        ``WARM_S``, and its pages mapped in by a thread."""
+        if not self.layout.cold:
+            return copy()
+        cold = [leaf for leaf in names if leaf in self.layout.cold]
+        first = positions() if cold else None
+        if first is None or not len(first):
+            return copy()
         fragment, within = self._found(first)
-        room = self.layout.start[fragment + 1] - self.layout.start[fragment] - within
-        crossing = np.flatnonzero(room < (length if needed is None else needed))
-        plan = None
-        if len(crossing) < len(first) and self.steps >= length:
-            steps = first[crossing, None] + np.arange(length, dtype=np.int64)
-            step_fragment = np.searchsorted(self.layout.start, steps, side="right") - 1
-            plan = (fragment, within, crossing, step_fragment,
-                    steps - self.layout.start[step_fragment])
-        self._plan = (first, length, plan)
-        return plan
+        for leaf in cold:
+            self.layout.regions[leaf].ask(self.layout.rows[leaf][fragment] + within, length)
+        started = time.perf_counter()
+        out = copy()
+        if time.perf_counter() - started < WARM_S:
+            for leaf in cold:
+                self._warm(leaf)
+        return out
+
+    def _warm(self, leaf: str) -> None:
+        """``leaf``'s pages are cached: no more asking ahead; its region mapped in ahead of the batches."""
+        self.layout.cold.discard(leaf)
+        region = self.layout.regions[leaf]
+        threading.Thread(target=region.populate, name="trajstore-populate", daemon=True).start()
 
     def _timed(self, leaf: str, rows: np.ndarray, length: int, copy: Callable[[], np.ndarray]) -> np.ndarray:
         """``copy()``, which reads rows ``rows[i] .. + length - 1`` of ``leaf``: while ``leaf`` is cold, their pages
@@ -252,9 +238,7 @@ class StitchedView:
         started = time.perf_counter()
         out = copy()
         if time.perf_counter() - started < WARM_S:
-            self.layout.cold.discard(leaf)
-            region = self.layout.regions[leaf]  # cached: its pages mapped in ahead of the batches
-            threading.Thread(target=region.populate, name="trajstore-populate", daemon=True).start()
+            self._warm(leaf)
         return out
 
     def _found(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -271,7 +255,7 @@ class StitchedView:
         return self.layout.episode_of(positions)
 
     def close(self) -> None:
-        pass  # the regions are the layout's, unmapped when it is released
+        self._spans = None  # the regions are the layout's, unmapped when it is released
 
 
 def stitch(copies: Sequence[FileArrays | None], columns: dict[str, tuple[np.dtype, tuple[int, ...]]],

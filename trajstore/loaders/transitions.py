@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from trajstore.errors import InputError
+from trajstore.loaders import assemble
 from trajstore.loaders import layout as lay
 from trajstore.loaders.loader import Batches, check_format
 from trajstore.loaders.order import check_count
@@ -33,6 +34,7 @@ from trajstore.loaders.sequences import (
     stored_columns,
     weight_column,
 )
+from trajstore.loaders.stitched import StitchedView
 from trajstore.query.returns import check_gamma
 
 DEFAULT_COLUMNS = ("obs", "action")
@@ -73,11 +75,15 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
         terminal = view.gather("terminated", ends).astype(bool) if len(ends) else np.zeros(0, bool)
         arguments = {"n": n, "gamma": g, "columns": at_t}
 
-        def assemble(items: np.ndarray) -> dict[str, np.ndarray]:
-            return source.named(transition_batch(view, at_t, items, n, g, terminal))
+        kernel = assemble.TransitionKernel(view.spans, lay.leaf_names(view.columns, at_t),
+                                           lay.leaf_names(view.columns, ["next_obs"]), min(n, view.longest), g,
+                                           terminal)  # no episode is longer: the same sums, bounded arrays
+
+        def batch(items: np.ndarray) -> dict[str, np.ndarray]:
+            return source.named(transition_batch(view, at_t, kernel, items))
 
         return loader_batches("transitions", arguments, source, release_view(view, release), sampling, layout.steps,
-                              weights, assemble, format, resume)
+                              weights, batch, format, resume)
     except BaseException:
         view.close()
         release()
@@ -96,26 +102,15 @@ def _check_bytes(source: Source, layout: lay.Layout, at_t: Sequence[str], n: int
                       "lower batch_size or n, or select fewer columns")
 
 
-def transition_batch(layout: lay.Mapped, names: Sequence[str], positions: np.ndarray, n: int, gamma: float,
-                     terminal: np.ndarray) -> dict[str, np.ndarray]:
-    """The n-step transitions starting at step ``positions`` of the layout; ``terminal[e]`` says whether
-    episode ``e`` ended by termination."""
-    n = min(n, layout.longest)  # no episode is longer: the same sums, bounded arrays
-    episode = layout.episode_of(positions)
-    t = positions - layout.offset[episode]
-    left = layout.length[episode] - t
-    m = np.minimum(n, left)
-    k = np.arange(n, dtype=np.int64)
-    within = k[None, :] < m[:, None]
-    rewards = layout.gather("reward", positions[:, None] + np.minimum(k[None, :], m[:, None] - 1))
-    dtype = rewards.dtype if rewards.dtype.kind == "f" else np.dtype(np.float64)
-    reward = (rewards.astype(np.float64) * np.where(within, gamma ** k[None, :], 0.0)).sum(axis=1)
-    terminated = terminal[episode] & (m == left)
-    out = {name: layout.gather(name, positions) for name in names}
-    out["reward"] = reward.astype(dtype)
-    out["next_obs"] = layout.gather("next_obs", positions + m - 1)
-    out["terminated"] = terminated
-    out["discount"] = np.where(terminated, 0.0, np.power(gamma, m, dtype=np.float64)).astype(dtype)
-    out["episode_id"] = layout.episode_id[episode]
-    out["step"] = t
+def transition_batch(layout: lay.Mapped | StitchedView, names: Sequence[str], kernel: assemble.TransitionKernel,
+                     positions: np.ndarray) -> dict[str, np.ndarray]:
+    """The n-step transitions starting at step ``positions`` of the layout, made by one call of ``kernel``."""
+    batch = layout.copying(lambda: positions, kernel.n, kernel.names, lambda: kernel(positions))
+    out = {name: lay.leaves(name, layout.columns, batch.arrays.__getitem__) for name in names}
+    out["reward"] = batch.reward
+    out["next_obs"] = lay.leaves("next_obs", layout.columns, batch.arrays.__getitem__)
+    out["terminated"] = batch.terminated
+    out["discount"] = batch.discount
+    out["episode_id"] = layout.episode_id[batch.episode]
+    out["step"] = batch.step
     return out

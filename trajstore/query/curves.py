@@ -242,6 +242,12 @@ def binned_curves(engine: Engine, *, x: str = "env_steps", y: str = "episode_ret
     edges (shared by all series), ``count``, ``mean`` and ``p10, p50, p90`` of ``y`` (or of ``metric``, any
     metric of :mod:`~trajstore.query.metrics`; episodes without a value are left out)."""
     check_binning(x, y, bins, gamma)
+    key = f"binned {x!r} {y!r} {bins} {gamma!r} {metric!r} {sorted(selection.items())!r}"
+    return engine.memo(key, lambda: _binned(engine, x, y, bins, gamma, metric, selection))
+
+
+def _binned(engine: Engine, x: str, y: str, bins: int, gamma: float | None, metric: str | None,
+            selection: dict[str, object]) -> pa.Table:
     column, measured = _measured(y, metric)
     curve = kept_curves(engine, gamma=gamma, metric=measured, **selection)
     xs = x_values(curve, x)
@@ -260,6 +266,12 @@ def histogram(engine: Engine, *, y: str = "episode_return", bins: int = 60, gamm
     ``numpy.histogram(density=True)``: series of different sizes compare). Whole-number values are binned on
     whole numbers (:func:`whole_edges`); others as ``numpy.histogram_bin_edges``."""
     check_binning("episode_index", y, bins, gamma)
+    key = f"histogram {y!r} {bins} {gamma!r} {metric!r} {density} {sorted(selection.items())!r}"
+    return engine.memo(key, lambda: _histogram(engine, y, bins, gamma, metric, density, selection))
+
+
+def _histogram(engine: Engine, y: str, bins: int, gamma: float | None, metric: str | None, density: bool,
+               selection: dict[str, object]) -> pa.Table:
     column, measured = _measured(y, metric)
     curve = kept_curves(engine, gamma=gamma, metric=measured, **selection)
     ys = y_values(curve, column)

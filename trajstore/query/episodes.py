@@ -38,6 +38,11 @@ def episodes(engine: Engine, *, run_id: Names = None, env_id: Names = None, comp
         params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
         src = "episodes" if gamma is None else \
             sql.subquery(snap.episodes_select(discounted=True))
+        if total is not None and snap.episodes_materialized:  # a count and a top-N, not every row ranked and counted
+            rows = snap.arrow(sql.episodes(conds, source=src, order_by=name, descending=descending, limit=limit,
+                                           offset=offset), params)
+            count = snap.arrow(sql.count_rows(conds, source=src), params)["n"][0].as_py()
+            return rows.append_column(total, pa.array([count] * rows.num_rows, pa.int64()))
         return snap.arrow(sql.episodes(conds, source=src, order_by=name, descending=descending, limit=limit,
                                        offset=offset, total=total), params)
 

@@ -321,5 +321,6 @@ def with_density(table: pa.Table) -> pa.Table:
 
 def latest_stats(engine: Engine, last: int = 100, *, gamma: float | None = None, **selection: object) -> pa.Table:
     """Statistics of the ``last`` complete episodes of each ``(run_id, env_id)`` to end (:func:`latest_of`),
-    read from the kept learning curves."""
-    return latest_of(kept_curves(engine, gamma=gamma, **selection), last)
+    read from the kept learning curves (and kept)."""
+    return engine.memo(f"latest {last} {gamma!r} {sorted(selection.items())!r}",
+                       lambda: latest_of(kept_curves(engine, gamma=gamma, **selection), last))

@@ -76,8 +76,11 @@ def _total(engine: Engine, where: str | None, filter: EpisodeFilter | None) -> i
 
 def runs(engine: Engine) -> pa.Table:
     """One row per ``(run_id, env_id)``: its episodes, complete episodes, steps and last write time."""
-    with engine.query_snapshot(episodes="fill") as snap:
-        return snap.arrow(sql.RUNS)
+    def compute() -> pa.Table:
+        with engine.query_snapshot(episodes="fill") as snap:
+            return snap.arrow(sql.RUNS)
+
+    return engine.memo("runs", compute)  # every page asks, every version once
 
 
 def steps_page(engine: Engine, columns: Sequence[str] | None = None, *,

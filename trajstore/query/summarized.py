@@ -34,7 +34,7 @@ from trajstore.query.snapshot import Snapshot
 from trajstore.storage.encoding import FileSchema
 from trajstore.storage.log import DataFile
 from trajstore.storage.summaries import Summary
-from trajstore.storage.table import StepsTable, read_footer
+from trajstore.storage.table import StepsTable
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def summarize(snap: Snapshot, table: StepsTable, files: Sequence[DataFile],
         out.update(_by_file(rows, group.files))
     if table.summaries is not None:
         for f in files:
-            footer = read_footer(f, table.location)
+            footer = table.footer(f)
             table.summaries.write(table.location.relative(f.path), f.size, os.stat(f.path).st_mtime_ns,
                                   Summary(footer, out[f.path]))
     return out

@@ -35,6 +35,7 @@ from trajstore.storage.summaries import Footer, Summaries
 log = logging.getLogger(__name__)
 
 SCHEMAS_KEPT = 200_000  # file schemas kept per table (committed files never change)
+FOOTERS_KEPT = 10_000  # footers kept until the files' summaries are written
 FOOTER_THREADS = 8  # footers read at once from an object store
 LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id", "mode", "policy_version", "seed",
                    "env_steps", "wall_time")  # one value per time index: few in a file of many envs
@@ -56,6 +57,7 @@ class StepsTable:
         self.row_group_rows = row_group_rows
         self.log = Log(self.location, pinned=pinned)
         self._schemas: dict[str, FileSchema] = {}
+        self._footers: dict[str, Footer] = {}  # footers read, until a summary keeps them (local, with summaries)
         self._schemas_lock = threading.Lock()
 
     @property
@@ -129,7 +131,13 @@ class StepsTable:
             declared = {} if state is None else state.declarations
 
             def schema(f: DataFile) -> FileSchema:
-                return read_file_schema(f, self.location, declared)
+                footer = read_footer(f, self.location)
+                if self.summaries is not None:  # what a summary of the file keeps, not read again to write it
+                    with self._schemas_lock:
+                        if len(self._footers) >= FOOTERS_KEPT:
+                            self._footers.clear()
+                        self._footers[f.path] = footer
+                return file_schema(f, footer, self.location, declared)
 
             if len(missing) > 1 and not missing[0].is_local:
                 from concurrent.futures import ThreadPoolExecutor
@@ -167,7 +175,15 @@ class StepsTable:
         with self._schemas_lock:
             if len(self._schemas) + len(read) > SCHEMAS_KEPT:
                 self._schemas.clear()
+                self._footers.clear()
             self._schemas.update((f.path, stored) for f, stored in zip(files, read))
+
+    def footer(self, f: DataFile) -> Footer:
+        """What the committed file ``f``'s footer says (:func:`read_footer`), as :meth:`schemas` read it last, or
+        read now."""
+        with self._schemas_lock:
+            found = self._footers.pop(f.path, None)
+        return found if found is not None else read_footer(f, self.location)
 
     def known_schemas(self) -> set[str]:
         """The paths of the files whose schemas :meth:`schemas` holds (reads no footer)."""

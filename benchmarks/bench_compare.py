@@ -144,7 +144,7 @@ def report(res: dict[str, Any], machine: dict[str, str], repeats: int) -> str:
               "`episodes` rows, binds the views over the files (one footer read: the files share one schema), then "
               "ranks each run's last episodes; the statistics are the small rest (third row). The second row is the "
               "first read of the files, which summarizes their 1M steps once (one DuckDB query) and keeps the "
-              "summaries: what every read did before summaries."]
+              "summaries; before summaries, every read aggregated the steps into episodes in the same way."]
     lines += ["", "### Machine", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in machine.items()]
     lines.append(f"| load average at end | {load_average()} |")

@@ -49,6 +49,7 @@ from trajstore.storage.table import StepsTable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_NONE = object()  # no value kept
 
 MEMO_KEPT = 16  # selections whose results (learning curves, their bins) are kept per version
 TYPES_KEPT = 8  # file selections whose step types are kept
@@ -167,6 +168,7 @@ class Engine:
         key = tuple(f.path for f in files)
         cached = self._kept_episodes(key)
         if cached is not None:
+            self.still_there(files)
             return self.snapshot(files, con=self.cursor(), episodes=cached)
         with self._episodes_lock if keep else contextlib.nullcontext():
             cached = self._kept_episodes(key)  # combined by the request this one waited for
@@ -239,7 +241,13 @@ class Engine:
         """``compute()`` for ``selection`` (a key), kept for the latest committed version and the last
         :data:`MEMO_KEPT` selections (a page draws several plots of one selection, and many viewers look at the
         same runs). Computed once: a request asking while another computes it waits for that value."""
-        key = (tuple(f.path for f in self.files()), selection)
+        files = self.files()
+        key = (tuple(f.path for f in files), selection)
+        with self._cache_lock:
+            kept = self._memo.get(key, _NONE)
+        if kept is not _NONE:
+            self.still_there(files)
+            return kept  # type: ignore[no-any-return]
         with self._cache_lock:
             if key in self._memo:
                 return self._memo[key]  # type: ignore[no-any-return]
@@ -274,6 +282,13 @@ class Engine:
             problem = self.table.size_problem(f)
             if problem:
                 raise self.judged(StoreDamagedError.of_file(f.uri, problem.split(": ", 1)[1], self.uri))
+
+    def still_there(self, files: Sequence[DataFile]) -> None:
+        """Before answering from what was kept of ``files`` (a local store's): each is there, of its committed
+        size, else the error of a read of it (:meth:`verify_sizes`: a version a vacuum removed is gone, whatever was
+        kept of it). A few microseconds a file; an object store's files are not asked."""
+        if self.location.is_local:
+            self.verify_sizes(files)
 
     def damage_named(self, reader: pa.RecordBatchReader, files: Sequence[DataFile]) -> Iterator[pa.RecordBatch]:
         """``reader``'s batches; a read error about a committed file becomes a :class:`StoreDamagedError`

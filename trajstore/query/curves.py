@@ -243,7 +243,7 @@ def binned_curves(engine: Engine, *, x: str = "env_steps", y: str = "episode_ret
     metric of :mod:`~trajstore.query.metrics`; episodes without a value are left out)."""
     check_binning(x, y, bins, gamma)
     key = f"binned {x!r} {y!r} {bins} {gamma!r} {metric!r} {sorted(selection.items())!r}"
-    return engine.memo(key, lambda: _binned(engine, x, y, bins, gamma, metric, selection))
+    return engine.memo(key, lambda: _binned(engine, x, y, bins, gamma, metric, selection), local=True)
 
 
 def _binned(engine: Engine, x: str, y: str, bins: int, gamma: float | None, metric: str | None,
@@ -267,7 +267,7 @@ def histogram(engine: Engine, *, y: str = "episode_return", bins: int = 60, gamm
     whole numbers (:func:`whole_edges`); others as ``numpy.histogram_bin_edges``."""
     check_binning("episode_index", y, bins, gamma)
     key = f"histogram {y!r} {bins} {gamma!r} {metric!r} {density} {sorted(selection.items())!r}"
-    return engine.memo(key, lambda: _histogram(engine, y, bins, gamma, metric, density, selection))
+    return engine.memo(key, lambda: _histogram(engine, y, bins, gamma, metric, density, selection), local=True)
 
 
 def _histogram(engine: Engine, y: str, bins: int, gamma: float | None, metric: str | None, density: bool,
@@ -323,4 +323,4 @@ def latest_stats(engine: Engine, last: int = 100, *, gamma: float | None = None,
     """Statistics of the ``last`` complete episodes of each ``(run_id, env_id)`` to end (:func:`latest_of`),
     read from the kept learning curves (and kept)."""
     return engine.memo(f"latest {last} {gamma!r} {sorted(selection.items())!r}",
-                       lambda: latest_of(kept_curves(engine, gamma=gamma, **selection), last))
+                       lambda: latest_of(kept_curves(engine, gamma=gamma, **selection), last), local=True)

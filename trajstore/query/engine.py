@@ -237,10 +237,14 @@ class Engine:
             self._types[key] = types
         return types
 
-    def memo(self, selection: str, compute: Callable[[], T]) -> T:
+    def memo(self, selection: str, compute: Callable[[], T], *, local: bool = False) -> T:
         """``compute()`` for ``selection`` (a key), kept for the latest committed version and the last
         :data:`MEMO_KEPT` selections (a page draws several plots of one selection, and many viewers look at the
-        same runs). Computed once: a request asking while another computes it waits for that value."""
+        same runs). Computed once: a request asking while another computes it waits for that value. A kept value
+        is answered while the version's files are there (:meth:`still_there`); with ``local``, values are kept
+        only where that costs no request (a local store), else computed each time."""
+        if local and not self.location.is_local:
+            return compute()
         files = self.files()
         key = (tuple(f.path for f in files), selection)
         with self._cache_lock:

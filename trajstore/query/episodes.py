@@ -80,7 +80,7 @@ def runs(engine: Engine) -> pa.Table:
         with engine.query_snapshot(episodes="fill") as snap:
             return snap.arrow(sql.RUNS)
 
-    return engine.memo("runs", compute)  # every page asks, every version once
+    return engine.memo("runs", compute, local=True)  # every page asks, every version once
 
 
 def steps_page(engine: Engine, columns: Sequence[str] | None = None, *,

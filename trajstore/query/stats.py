@@ -30,7 +30,8 @@ def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where
     arguments = (by, gamma, where, filter, run_id, env_id, include_incomplete, metric)
     if any(run_config.config_key(k) is not None for k in names_of(by)):  # run configs change without the files
         return _stats(engine, *arguments)
-    return engine.memo(f"stats {arguments!r}", lambda: _stats(engine, *arguments))  # a page's, once per version
+    # a page's statistics, once per version
+    return engine.memo(f"stats {arguments!r}", lambda: _stats(engine, *arguments), local=True)
 
 
 def _stats(engine: Engine, by: Names, gamma: float | None, where: str | None, filter: EpisodeFilter | None,  # noqa: A002

@@ -10,7 +10,8 @@ over a store written with the library writer (synthetic learning runs: 4 runs x 
 log_prob extras). Times come from the page itself: the Paint Timing API (first contentful paint) and the
 ``performance.mark`` calls of ``dashboard.js`` (tables with data on screen, plots drawn), all measured from
 navigation start; the drill-down time runs from the click to the three step plots drawn. Each repeat uses a
-fresh browser context (cold cache: Plotly.js compiled from scratch), then reloads it (warm cache). The bytes
+fresh browser context (cold cache: Plotly.js compiled from scratch), then reloads it (warm cache); before them, each
+repeat's first visit is made to a service just started (nothing of the store read yet). The bytes
 fetched are the Resource Timing API's ``transferSize`` of the page and everything it fetched (headers included,
 bodies as sent: compressed where the service compresses them).
 """
@@ -49,6 +50,8 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 FULL_EPISODES = 1_000_000
 TARGET_S = 2.0
+PLOT_TARGET_S = 1.0  # issue 31: the learning curves drawn
+PLOT_PATHS = ("/curves/binned", "/curves/histogram", "/runs")  # what the plots are drawn from
 TARGET_BYTES = 2_000_000  # the first load at FULL_EPISODES episodes, everything included
 SECTION = "dashboard"
 PAGE_TIMES = """() => {
@@ -78,6 +81,7 @@ class Result:
     episodes: int
     steps: int
     build_s: float | None
+    fresh: list[dict[str, Any]] = field(default_factory=list)  # the first load of a freshly started service
     cold: list[dict[str, Any]] = field(default_factory=list)
     warm: list[dict[str, Any]] = field(default_factory=list)
     drill: list[float] = field(default_factory=list)
@@ -117,6 +121,18 @@ def _drill(page: Any, row: int) -> float:
     return page.evaluate("() => trajstoreDashboard.timings.episode_ms")
 
 
+def measure_fresh(url: str, res: Result) -> None:
+    """One first visit (cold browser cache) to the service just started: nothing read of the store yet."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        res.fresh.append(_open(ctx.new_page(), url))
+        ctx.close()
+        browser.close()
+
+
 def measure(url: str, res: Result, repeats: int) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -145,6 +161,9 @@ def run(episodes: int, *, repeats: int, store_path: Path | None, work: Path) -> 
     store = trajstore.open(path)
     row = store.sql("SELECT count(*) AS n, sum(episode_length)::BIGINT AS steps FROM episodes").to_pylist()[0]
     res = Result(episodes=row["n"], steps=row["steps"], build_s=build_s)
+    for _ in range(repeats):  # a service started for each first visit
+        with contextlib.contextmanager(serve)(create_app(Settings(store=str(path)))) as live:
+            measure_fresh(live.url, res)
     with contextlib.contextmanager(serve)(create_app(Settings(store=str(path)))) as live:
         res.api_alone = time_api(live.url, repeats)
         measure(live.url, res, repeats)
@@ -177,19 +196,30 @@ def _last_response(r: dict[str, Any]) -> float:
     return max(a["end"] for a in r["api"].values())
 
 
+def _plot_response(r: dict[str, Any]) -> float:
+    """When the last of the requests the plots are drawn from answered."""
+    return max(a["end"] for p, a in r["api"].items() if p in PLOT_PATHS)
+
+
 def to_markdown(res: Result, command: str) -> str:
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     rows = [f"| {label} | {_bm([r['fcp'] for r in runs])} | {_bm([r['tables'] for r in runs])} | "
             f"{_bm([r['plots'] for r in runs])} | {_bm([_last_response(r) for r in runs])} |"
-            for label, runs in (("cold cache (first visit)", res.cold), ("warm cache (reload)", res.warm))]
+            for label, runs in (("service just started, cold cache (first visit)", res.fresh),
+                                ("cold cache (first visit)", res.cold), ("warm cache (reload)", res.warm))]
     together = {p: [r["api"][p]["ms"] for r in res.warm if p in r["api"]] for p in res.warm[0]["api"]}
     fetched_kb = sum(a.get("bytes", 0) for a in res.cold[0]["api"].values()) / 1e3
     first = res.cold[0]["fetched"]
     total = first["page and assets"] + first["API answers"]
     within = "met" if total <= TARGET_BYTES else "**not met**"
-    drawing = [r["plots"] - _last_response(r) for r in res.warm]
+    drawing = [r["plots"] - _plot_response(r) for r in res.warm]
+    plots = {"first visit": min(r["plots"] for r in res.cold),
+             "service just started": min(r["plots"] for r in res.fresh)}
+    plot_verdicts = "; ".join(f"{k} {v / 1000:.2f} s, {'met' if v < PLOT_TARGET_S * 1000 else '**not met**'}"
+                              for k, v in plots.items())
     best = {"first paint": min(r["fcp"] for r in res.cold), "learning curves drawn (warm cache)":
-            min(r["plots"] for r in res.warm), "episode drill-down": min(res.drill)}
+            min(r["plots"] for r in res.warm), "learning curves drawn (service just started)":
+            min(r["plots"] for r in res.fresh), "episode drill-down": min(res.drill)}
     verdicts = "; ".join(f"{k} {v / 1000:.2f} s, {'met' if v < TARGET_S * 1000 else '**not met**'}"
                          for k, v in best.items())
     built = f", written in {res.build_s:.1f} s" if res.build_s else ""
@@ -215,19 +245,23 @@ from navigation start and are read from the page's own Paint Timing entries and 
 
 Where the time goes: the API requests of one load made alone, one after the other: {api(res.api_alone)};
 made together by the page (warm load): {api(together)}. The first of them to
-arrive materializes the `episodes` view of the committed version (all {res.steps:,} steps aggregated once); the
-others wait for it, then read those rows, as do later requests until the next commit (so the requests made
-alone, after the page loads, find it ready).
+arrive makes the `episodes` rows of the committed version, added up from its files' summaries (their episodes'
+fragments, kept beside the table; see docs/architecture.md), and the learning curves the plots and the runs table
+bin and summarise; the others wait for those, then read them, as do later requests until the next commit (so the
+requests made alone, after the page loads, find them ready). The first row is the first visit to a service just
+started (a new service for each repeat): nothing of the store read yet but the summaries on disk. The plots are
+drawn as soon as their requests (binned curves, histograms, runs) have answered, not after the episodes table.
 The first visit fetches {total / 1e3:,.0f} kB in all, headers included (goal: at most {TARGET_BYTES / 1e6:g} MB,
 {within}): the page and its assets {first["page and assets"] / 1e3:,.0f} kB, of it Plotly.js \
 {first.get("plotly", 0) / 1e3:,.0f} kB (its basic bundle, gzipped; the assets are named by their content hash and \
 kept by the browser, so a reload fetches none of them), and the API's JSON answers \
 {first["API answers"] / 1e3:,.0f} kB ({fetched_kb:,.0f} kB of
 bodies): the curves and histograms come binned (`/curves/binned`, `/curves/histogram`) and the runs table's
-statistics summarised (`/runs?last=100`), so this does not grow with the number of episodes. After the last
-response the page takes {_bm(drawing)} to draw the binned curves and both histograms.
+statistics summarised (`/runs?last=100`), so this does not grow with the number of episodes. After the last of
+the plots' responses the page takes {_bm(drawing)} to draw the binned curves and both histograms.
 
-Against the 2 s goal (best runs): {verdicts}.
+Against the 2 s goal (best runs): {verdicts}. Against the {PLOT_TARGET_S:g} s goal for the learning curves drawn
+(issue 31; best runs): {plot_verdicts}.
 """
 
 

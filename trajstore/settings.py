@@ -50,6 +50,10 @@ class Settings:
     # each file written into a local store also written as plain arrays (arrays/, storage/arrays.py) that loaders
     # gather from at once; off: loaders lay the files out at their first read
     loader_arrays: bool = True
+    # each committed file's footer and its episodes' fragments kept beside a local store (summaries/,
+    # storage/summaries.py), so that the episodes of a version add up its files' fragments; off: readers aggregate
+    # every step of a version once per process
+    episode_summaries: bool = True
     # upkeep by writers after their commits (operations/upkeep): a partition holding more than compact_small_files
     # files below compact_small_bytes has them merged into files of up to compact_target_bytes (0: never)
     compact_small_files: int = 8

@@ -63,6 +63,8 @@ from trajstore.storage.arrays import StepArrays
 from trajstore.storage.history import history, resolve_version
 from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.log import DataFile
+from trajstore.storage.summaries import FOLDER as SUMMARIES
+from trajstore.storage.summaries import Summaries
 from trajstore.storage.table import StepsTable
 from trajstore.write.writer import Writer
 
@@ -174,8 +176,10 @@ class Store:
         self.location = locate(location, settings=self.settings)
         arrays = StepArrays(self.location.path(ARRAYS)) if self.settings.loader_arrays and self.location.is_local \
             else None
+        summaries = Summaries(self.location.path(SUMMARIES)) if self.settings.episode_summaries and \
+            self.location.is_local else None
         self.table = StepsTable(self.location.child("steps"), row_group_rows=self.settings.row_group_rows,
-                                pinned=pinned, arrays=arrays)
+                                pinned=pinned, arrays=arrays, summaries=summaries)
         self.engine = Engine(self.table, self.location, self.settings, sql_gate)
         self.layouts = LayoutStore(self.location, cache=self.settings.layout_cache,  # loader layouts, kept
                                    shared=self.settings.store_layouts, keep=self.settings.loader_layouts)

@@ -622,14 +622,15 @@ async function load() {
     if (first) { await nextPaint(); performance.mark("trajstore-tables"); }
   });
   if (first) tables.then(plotlyReady).catch(() => {});  // runs while the curves may still be on their way
-  const [c] = await Promise.all([curves, binned, runs, table, tables]);
-  state.version = ready.version;
+  const [c] = await Promise.all([curves, binned, runs]);  // the plots do not wait for the episodes table
   state.curves = c;
   renderRuns();
   await renderPlots();
   state.points = complete;
   await nextPaint();
   if (!state.loads) performance.mark("trajstore-plots");
+  await Promise.all([table, tables]);
+  state.version = ready.version;
   if (state.episode && !state.episode.complete) {  // it may have grown
     await showEpisode(state.episode.id, state.episode.env, state.episode.agent);
   }

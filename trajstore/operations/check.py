@@ -179,8 +179,9 @@ def remove_orphans(engine: Engine, *, older_than_s: float = 3600.0) -> list[str]
             fs.delete_file(path)
         except FileNotFoundError:  # gone meanwhile (another cleaner, or a rename into place)
             continue
-        if engine.table.arrays is not None:
-            engine.table.arrays.remove(engine.table.location.relative(path))
+        for kept in (engine.table.arrays, engine.table.summaries):
+            if kept is not None:
+                kept.remove(engine.table.location.relative(path))
         removed.append(display(path, fs))
     return removed
 

@@ -57,8 +57,8 @@ def parse_duration(value: float | str | timedelta) -> float:
 def vacuum(engine: Engine, layouts: LayoutStore, *, older_than: float | str | timedelta = "7d",
            dry_run: bool = False) -> VacuumReport:
     """Delete (or list, with ``dry_run``) the files no version committed within ``older_than`` needs, and the
-    loader layouts (kept by ``layouts``) no retained version needs; then the array copies of data files no longer
-    there (:mod:`~trajstore.storage.arrays`)."""
+    loader layouts (kept by ``layouts``) no retained version needs; then the array copies and summaries of data
+    files no longer there (:mod:`~trajstore.storage.arrays`, :mod:`~trajstore.storage.summaries`)."""
     engine.table.log.writable("vacuum")
     horizon = parse_duration(older_than)
     paths = removable_orphans(engine, removed_before_s=horizon,
@@ -74,9 +74,10 @@ def vacuum(engine: Engine, layouts: LayoutStore, *, older_than: float | str | ti
         remove_empty_folders(engine.location, stale)
         layouts.opened.clear()  # layouts this store keeps open may be gone
         layouts.prune_copies()  # this machine's copies of removed s3:// layouts
-        arrays = engine.table.arrays
-        if arrays is not None:  # the array copies of the files removed (now, or by anything before)
-            arrays.prune(lambda rel: os.path.exists(engine.table.location.path(rel)))
+        exists = lambda rel: os.path.exists(engine.table.location.path(rel))  # noqa: E731
+        for kept in (engine.table.arrays, engine.table.summaries):
+            if kept is not None:  # the array copies and summaries of the files removed (now, or before)
+                kept.prune(exists)
     return report
 
 

@@ -5,6 +5,7 @@ stored), :mod:`~trajstore.query.foreign` (files another tool wrote: checked, put
 :mod:`~trajstore.query.snapshot` (DuckDB views over one committed version), :mod:`~trajstore.query.spark_sql` (the
 decoding as a Spark SQL view), :mod:`~trajstore.query.picture_sql`
 (image bytes as values in SQL), :mod:`~trajstore.query.pictures` (which observation leaves are pictures, as PNG),
+:mod:`~trajstore.query.summarized` (a version's episodes from its files' summaries),
 :mod:`~trajstore.query.episodes` (episodes and their steps, as rows), :mod:`~trajstore.query.stats` (episode
 statistics), :mod:`~trajstore.query.scan` (steps straight from the files), :mod:`~trajstore.query.returns` (exact
 discounted returns), :mod:`~trajstore.query.curves` (learning curves, binned), :mod:`~trajstore.query.metrics`

@@ -253,6 +253,12 @@ def binned_curves(engine: Engine, *, x: str = "env_steps", y: str = "episode_ret
                              "and metric")
         return binned_agent_curves(engine, by=by, x=x, y=y, bins=bins, **selection)
     check_binning(x, y, bins, gamma)
+    key = f"binned {x!r} {y!r} {bins} {gamma!r} {metric!r} {sorted(selection.items())!r}"
+    return engine.memo(key, lambda: _binned(engine, x, y, bins, gamma, metric, selection), local=True)
+
+
+def _binned(engine: Engine, x: str, y: str, bins: int, gamma: float | None, metric: str | None,
+            selection: dict[str, object]) -> pa.Table:
     column, measured = _measured(y, metric)
     curve = kept_curves(engine, gamma=gamma, metric=measured, **selection)
     xs = x_values(curve, x)
@@ -310,6 +316,12 @@ def histogram(engine: Engine, *, y: str = "episode_return", bins: int = 60, gamm
     ``numpy.histogram(density=True)``: series of different sizes compare). Whole-number values are binned on
     whole numbers (:func:`whole_edges`); others as ``numpy.histogram_bin_edges``."""
     check_binning("episode_index", y, bins, gamma)
+    key = f"histogram {y!r} {bins} {gamma!r} {metric!r} {density} {sorted(selection.items())!r}"
+    return engine.memo(key, lambda: _histogram(engine, y, bins, gamma, metric, density, selection), local=True)
+
+
+def _histogram(engine: Engine, y: str, bins: int, gamma: float | None, metric: str | None, density: bool,
+               selection: dict[str, object]) -> pa.Table:
     column, measured = _measured(y, metric)
     curve = kept_curves(engine, gamma=gamma, metric=measured, **selection)
     ys = y_values(curve, column)
@@ -359,5 +371,6 @@ def with_density(table: pa.Table) -> pa.Table:
 
 def latest_stats(engine: Engine, last: int = 100, *, gamma: float | None = None, **selection: object) -> pa.Table:
     """Statistics of the ``last`` complete episodes of each ``(run_id, env_id)`` to end (:func:`latest_of`),
-    read from the kept learning curves."""
-    return latest_of(kept_curves(engine, gamma=gamma, **selection), last)
+    read from the kept learning curves (and kept)."""
+    return engine.memo(f"latest {last} {gamma!r} {sorted(selection.items())!r}",
+                       lambda: latest_of(kept_curves(engine, gamma=gamma, **selection), last), local=True)

@@ -11,25 +11,30 @@ that change a store (:mod:`trajstore.operations`) take it too. What it keeps:
 - **cursors of the process's one DuckDB database** (:meth:`Engine.cursor`), each a connection with views of its own
   (temporary: every store of the process shares the database, never its views);
 - **the ``episodes`` rows of the latest version**, materialized once when a page's queries ask for them
-  (:meth:`Engine.query_snapshot`), so that runs, episodes, curves and stats aggregate the steps once;
+  (:meth:`Engine.query_snapshot`), so that runs, episodes, curves and stats aggregate the steps once — in a local
+  store combined from its files' summaries (:mod:`~trajstore.query.summarized`), not from the steps;
 - **the types of the steps** of the last few file lists asked about (:meth:`Engine.step_types`), and **the learning
   curves** of the last few selections (:meth:`Engine.memo`);
 - **the gate** that bounds sandboxed queries and loader streams at once (``sql_gate``), shared with the engines of
   the same store opened at a version.
 
-One lock (``_cache_lock``) guards the caches.
+One lock (``_cache_lock``) guards the caches; a version's episodes are combined once (``_episodes_lock``) and a
+memo computed once (concurrent requests wait for it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
+from concurrent.futures import Future
 from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
 
 import duckdb
 import pyarrow as pa
 
-from trajstore.errors import StoreAccessError, StoreDamagedError, TrajstoreError, first_line
-from trajstore.query import foreign, sandbox, sql
+from trajstore.errors import StoreAccessError, StoreDamagedError, TrajstoreError, VersionNotFoundError, first_line
+from trajstore.query import foreign, sandbox, sql, summarized
 from trajstore.query.filters import Names, check_runs, names_of, selected
 from trajstore.query.groups import StepTypes, group_files, step_types
 from trajstore.query.snapshot import Snapshot, cursor, damaged_file
@@ -39,11 +44,14 @@ from trajstore.storage.encoding import FileSchema
 from trajstore.storage.history import vacuumed
 from trajstore.storage.location import Location
 from trajstore.storage.log import DataFile
+from trajstore.storage.summaries import Summary
 from trajstore.storage.table import StepsTable
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
+_NONE = object()  # no value kept
 
-MEMO_KEPT = 8  # selections whose results (learning curves) are kept per version
+MEMO_KEPT = 16  # selections whose results (learning curves, their bins) are kept per version
 TYPES_KEPT = 8  # file selections whose step types are kept
 EPISODE_CACHE_ROWS = 2_000_000  # larger episodes views are aggregated per query instead of kept in memory
 
@@ -56,9 +64,11 @@ class Engine:
         self.table, self.location, self.settings = table, location, settings
         self.sql_gate = sandbox.Gate(settings.sql_max_concurrent) if sql_gate is None else sql_gate
         self._cache_lock = threading.Lock()
+        self._episodes_lock = threading.Lock()  # one combination of a version's episodes at a time
         self._episodes: tuple[tuple[str, ...], pa.Table] | None = None
         self._types: dict[tuple[str, ...], StepTypes] = {}
         self._memo: dict[tuple[tuple[str, ...], str], Any] = {}
+        self._flights: dict[tuple[tuple[str, ...], str], Future[Any]] = {}  # memos being computed
 
     @property
     def uri(self) -> str:
@@ -110,14 +120,15 @@ class Engine:
 
     def snapshot(self, files: list[DataFile], *, con: duckdb.DuckDBPyConnection | None = None,
                  config: dict[str, Any] | None = None, registered: bool | None = None,
-                 runs: bool = False) -> Snapshot:
+                 runs: bool = False, episodes: pa.Table | None = None) -> Snapshot:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
         store's through pyarrow datasets over its filesystem (``registered``); both in the files' own types. With
-        ``runs``, also the ``runs`` view of the runs of ``files`` (one more read of the log)."""
+        ``runs``, also the ``runs`` view of the runs of ``files`` (one more read of the log); with ``episodes``, its
+        ``episodes`` view reads those rows (the view's own, materialized earlier)."""
         registered = not self.location.is_local if registered is None else registered
         return Snapshot(files, con=con, config=config, store=self.uri, schemas=self.file_schemas(files),
                         registered=registered, judge=self.judged, location=self.location,
-                        runs=self.runs_table(files) if runs else None)
+                        runs=self.runs_table(files) if runs else None, episodes=episodes)
 
     def runs_table(self, files: Sequence[DataFile]) -> pa.Table:
         """The rows of the ``runs`` view of the runs of ``files``
@@ -132,9 +143,13 @@ class Engine:
         (the file list), so that the queries of one page (runs, episodes, curves, stats) aggregate the steps once,
         not each: ``"fill"`` materializes them when they are not yet, ``"if-cached"`` only uses them when they
         are. With ``run_id``/``env_id``, the views hold those files only (every column in its own type); the
-        materialized episodes are then not used."""
+        materialized episodes are then not used. A local store with summaries (:mod:`~trajstore.query.summarized`)
+        combines the rows of any selection from its files' summaries either way, which costs a fraction of
+        aggregating the steps."""
         restricted = run_id is not None or env_id is not None
         files = self.selected_files(run_id, env_id) if restricted else self.files()
+        if episodes is not None and files and self.table.summaries is not None:
+            return self._summarized(files, keep=not restricted)
         snap = self.snapshot(files, con=self.cursor())
         if episodes is not None and not restricted:
             table = self._materialized_episodes(snap, fill=episodes == "fill")
@@ -145,6 +160,50 @@ class Engine:
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor of this process's DuckDB database (:func:`~trajstore.query.snapshot.cursor`)."""
         return cursor()
+
+    def _summarized(self, files: list[DataFile], *, keep: bool) -> Snapshot:
+        """A snapshot of ``files`` whose ``episodes`` view reads its rows combined from the files' summaries
+        (:mod:`~trajstore.query.summarized`), kept for the latest version with ``keep`` (one combination at a time,
+        for concurrent requests)."""
+        key = tuple(f.path for f in files)
+        cached = self._kept_episodes(key)
+        if cached is not None:
+            self.still_there(files)
+            return self.snapshot(files, con=self.cursor(), episodes=cached)
+        with self._episodes_lock if keep else contextlib.nullcontext():
+            cached = self._kept_episodes(key)  # combined by the request this one waited for
+            if cached is not None:
+                return self.snapshot(files, con=self.cursor(), episodes=cached)
+            found = summarized.read(self.table, files)
+            snap = self.snapshot(files, con=self.cursor())
+            try:
+                rows = self._summarized_rows(snap, found)
+            except BaseException:
+                snap.close()
+                raise
+            if keep:
+                with self._cache_lock:
+                    self._episodes = (key, rows) if rows.num_rows <= EPISODE_CACHE_ROWS else None
+        snap.use_episodes(rows)
+        return snap
+
+    def _kept_episodes(self, key: tuple[str, ...]) -> pa.Table | None:
+        with self._cache_lock:
+            return self._episodes[1] if self._episodes is not None and self._episodes[0] == key else None
+
+    def _summarized_rows(self, snap: Snapshot, found: dict[str, Summary]) -> pa.Table:
+        """The rows of ``snap``'s ``episodes`` view from its files' summaries; aggregated from the steps (with a
+        warning) where they cannot be combined. Every file is checked to be there, of its committed size, first: a
+        summary describes a file that is."""
+        self.verify_sizes(snap.files)
+        try:
+            return summarized.episode_rows(snap, self.table, found, self.table.schemas(snap.files))
+        except (StoreDamagedError, StoreAccessError, VersionNotFoundError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a cache: the view aggregates the steps instead
+            log.warning("%s: the episodes cannot be combined from the files' summaries (%s); aggregating the steps",
+                        self.uri, first_line(exc))
+            return snap.arrow(sql.select_all("episodes"))
 
     def _materialized_episodes(self, snap: Snapshot, *, fill: bool) -> pa.Table | None:
         key = tuple(f.path for f in snap.files)  # committed files never change: the list names the version
@@ -178,20 +237,44 @@ class Engine:
             self._types[key] = types
         return types
 
-    def memo(self, selection: str, compute: Callable[[], T]) -> T:
+    def memo(self, selection: str, compute: Callable[[], T], *, local: bool = False) -> T:
         """``compute()`` for ``selection`` (a key), kept for the latest committed version and the last
         :data:`MEMO_KEPT` selections (a page draws several plots of one selection, and many viewers look at the
-        same runs)."""
-        key = (tuple(f.path for f in self.files()), selection)
+        same runs). Computed once: a request asking while another computes it waits for that value. A kept value
+        is answered while the version's files are there (:meth:`still_there`); with ``local``, values are kept
+        only where that costs no request (a local store), else computed each time."""
+        if local and not self.location.is_local:
+            return compute()
+        files = self.files()
+        key = (tuple(f.path for f in files), selection)
+        with self._cache_lock:
+            kept = self._memo.get(key, _NONE)
+        if kept is not _NONE:
+            self.still_there(files)
+            return kept  # type: ignore[no-any-return]
         with self._cache_lock:
             if key in self._memo:
                 return self._memo[key]  # type: ignore[no-any-return]
-        value = compute()
+            flight = self._flights.get(key)
+            computing = flight is None
+            if flight is None:
+                flight = self._flights[key] = Future()
+        if not computing:  # another request computes it: its value (or its error), once
+            return flight.result()  # type: ignore[no-any-return]
+        try:
+            value = compute()
+        except BaseException as exc:
+            flight.set_exception(exc)
+            raise
+        finally:
+            with self._cache_lock:
+                self._flights.pop(key, None)
         with self._cache_lock:
             self._memo = {k: v for k, v in self._memo.items() if k[0] == key[0]}
             while len(self._memo) >= MEMO_KEPT:
                 self._memo.pop(next(iter(self._memo)))
             self._memo[key] = value
+        flight.set_result(value)
         return value
 
     # --- a committed file that cannot be read ----------------------------------------------------------------
@@ -203,6 +286,13 @@ class Engine:
             problem = self.table.size_problem(f)
             if problem:
                 raise self.judged(StoreDamagedError.of_file(f.uri, problem.split(": ", 1)[1], self.uri))
+
+    def still_there(self, files: Sequence[DataFile]) -> None:
+        """Before answering from what was kept of ``files`` (a local store's): each is there, of its committed
+        size, else the error of a read of it (:meth:`verify_sizes`: a version a vacuum removed is gone, whatever was
+        kept of it). A few microseconds a file; an object store's files are not asked."""
+        if self.location.is_local:
+            self.verify_sizes(files)
 
     def damage_named(self, reader: pa.RecordBatchReader, files: Sequence[DataFile]) -> Iterator[pa.RecordBatch]:
         """``reader``'s batches; a read error about a committed file becomes a :class:`StoreDamagedError`

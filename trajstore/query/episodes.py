@@ -40,6 +40,10 @@ def episodes(engine: Engine, *, run_id: Names = None, env_id: Names = None, comp
         params = {"gamma": check_gamma(gamma)} if gamma is not None else {}
         src = "episodes" if gamma is None else \
             sql.subquery(snap.episodes_select(discounted=True))
+        if total is not None and snap.episodes_materialized:  # a count and a top-N, not every row ranked and counted
+            rows = snap.arrow(sql.episodes(conds, source=src, order_by=keys, limit=limit, offset=offset), params)
+            count = snap.arrow(sql.count_rows(conds, source=src), params)["n"][0].as_py()
+            return rows.append_column(total, pa.array([count] * rows.num_rows, pa.int64()))
         return snap.arrow(sql.episodes(conds, source=src, order_by=keys, limit=limit, offset=offset, total=total),
                           params)
 
@@ -86,8 +90,11 @@ def _total(engine: Engine, where: str | None, filter: EpisodeFilter | None) -> i
 
 def runs(engine: Engine) -> pa.Table:
     """One row per ``(run_id, env_id)``: its episodes, complete episodes, steps and last write time."""
-    with engine.query_snapshot(episodes="fill") as snap:
-        return snap.arrow(sql.RUNS)
+    def compute() -> pa.Table:
+        with engine.query_snapshot(episodes="fill") as snap:
+            return snap.arrow(sql.RUNS)
+
+    return engine.memo("runs", compute, local=True)  # every page asks, every version once
 
 
 def steps_page(engine: Engine, columns: Sequence[str] | None = None, *,

@@ -33,6 +33,7 @@ class FileGroup:
     physical: pa.Schema
     logical: pa.Schema = field(init=False)
     _types: dict[str, list[pa.DataType]] = field(default_factory=dict, repr=False)
+    _schemas: int = field(default=0, repr=False)  # the distinct physical schemas of its files
 
     def __post_init__(self) -> None:
         self.logical = logical_schema(self.physical, self.format)
@@ -55,7 +56,15 @@ class FileGroup:
                     return False
         return True
 
+    @property
+    def uniform(self) -> bool:
+        """Whether every file of the group has the same columns of the same types (then one footer tells them)."""
+        return self._schemas == 1
+
     def add(self, f: DataFile, physical: pa.Schema) -> None:
+        """Take ``f``, the first file of the group stored as ``physical`` (the next ones are appended to
+        :attr:`files`)."""
+        self._schemas += 1
         self.files.append(f)
         for column in physical:
             types = self._types.setdefault(column.name, [])

@@ -164,24 +164,30 @@ class Snapshot:
     def __init__(self, files: Sequence[DataFile], *, config: dict[str, Any] | None = None,
                  con: duckdb.DuckDBPyConnection | None = None, store: str | None = None,
                  schemas: Sequence[FileSchema] | None = None, registered: bool = False,
-                 judge: Judge | None = None, location: Location | None = None, runs: pa.Table | None = None) -> None:
+                 judge: Judge | None = None, location: Location | None = None, runs: pa.Table | None = None,
+                 episodes: pa.Table | None = None) -> None:
         self.files = list(files)
         self.store = store  # where the files are from, for messages
         self.judge = judge
         self.location = location  # the store's, to tell a store that fails from a damaged file
         self.con = con if con is not None else duckdb.connect(config=config or {})
-        try:  # binding read_parquet reads the files' footers
+        self._names: list[str] | None = None  # the stored columns, where known without asking DuckDB
+        try:  # binding read_parquet reads the files' footers (of one file per group where all agree)
             self.con.execute(sql.create_view("committed_steps", self._stored_steps(schemas, registered)))
-            stored = self.columns("committed_steps")
+            stored = self._names if self._names is not None else self.columns("committed_steps")
         except duckdb.Error as exc:
             raise self.damage(exc) or QueryError(f"the store's files cannot be read: {first_line(exc)}") from exc
         self.con.execute(sql.create_view("steps", sql.with_lineage(stored, "committed_steps")))
-        self.step_columns = self.columns("steps")
+        self.step_columns = [n for n, _ in sch.view_columns(stored)] if self._names is not None else \
+            self.columns("steps")
         self.by_id = ids_disjoint(self.files)
         self.agents = "agent_id" in stored  # some rows belong to agents of multi-agent episodes
-        self.con.execute(sql.create_view("episodes", self.episodes_select()))
-        self.con.execute(sql.create_view("agent_episodes", sql.agent_episodes_view(self.agents)))
         self.episodes_materialized = False
+        if episodes is None:
+            self.con.execute(sql.create_view("episodes", self.episodes_select()))
+        else:
+            self.use_episodes(episodes)
+        self.con.execute(sql.create_view("agent_episodes", sql.agent_episodes_view(self.agents)))
         if runs is not None:
             self.use_runs(runs)
 
@@ -194,6 +200,9 @@ class Snapshot:
             schemas = [read_file_schema(f) for f in self.files]
         groups = group_files(self.files, schemas)
         variant = list(step_types(groups).conflicts)
+        names = ["run_id", "env_id", *groups[0].logical.names]
+        if len(groups) == 1 and len(set(names)) == len(names):  # one SELECT: its columns in its order
+            self._names = names
         return sql.union_by_name([self._group(i, g, variant, registered) for i, g in enumerate(groups)])
 
     def _group(self, i: int, group: FileGroup, variant: list[str], registered: bool) -> str:
@@ -202,7 +211,7 @@ class Snapshot:
             self.con.register(name, steps_dataset(group.files, as_duckdb_reads(group.physical)))
             source = sql.registered_source(name)
         else:
-            source = sql.parquet_source(group.files)
+            source = sql.parquet_source(group.files, uniform=group.uniform)
         return group_select(group, source, variant,
                             lambda dtype, shape, stacked: images_sql.register(self.con, dtype, shape, stacked))
 

@@ -174,13 +174,16 @@ def _typed_null(column: dict[str, Any]) -> str:
     return f"NULL::{kind} AS {ident(column['name'])}"
 
 
-def steps_view(files: Sequence[DataFile]) -> str:
-    """The SELECT behind the stored steps of a committed file list (never a glob), as stored."""
+def steps_view(files: Sequence[DataFile], *, uniform: bool = False, file_index: bool = False) -> str:
+    """The SELECT behind the stored steps of a committed file list (never a glob), as stored. With ``uniform``
+    (every file has the same columns and types), DuckDB binds the first file's schema for all instead of reading
+    every footer; with ``file_index``, a column ``file_index`` holds each row's file (its index in ``files``)."""
     if not files:
         return f"SELECT {', '.join(_typed_null(c) for c in sch.step_columns())} WHERE false"
     paths = ", ".join(literal(f.path) for f in files)
-    return ("SELECT run_id, env_id, * EXCLUDE (run_id, env_id) FROM read_parquet("
-            f"[{paths}], hive_partitioning = true, union_by_name = true, "
+    index = ", file_index" if file_index else ""
+    return (f"SELECT run_id, env_id{index}, * EXCLUDE (run_id, env_id) FROM read_parquet("
+            f"[{paths}], hive_partitioning = true, union_by_name = {'false' if uniform else 'true'}, "
             "hive_types = {'run_id': VARCHAR, 'env_id': VARCHAR})")
 
 
@@ -315,9 +318,9 @@ def union_by_name(selects: Sequence[str]) -> str:
     return " UNION ALL BY NAME ".join(f"({s})" for s in selects)
 
 
-def parquet_source(files: Sequence[DataFile]) -> str:
-    """The SELECT of ``files`` as stored, read by DuckDB itself."""
-    return steps_view(files)
+def parquet_source(files: Sequence[DataFile], *, uniform: bool = False) -> str:
+    """The SELECT of ``files`` as stored, read by DuckDB itself (``uniform``: see :func:`steps_view`)."""
+    return steps_view(files, uniform=uniform)
 
 
 def registered_source(name: str) -> str:
@@ -354,6 +357,73 @@ def episodes_view(step_columns: Sequence[str], *, discounted: bool = False, sour
     if discounted:
         cols.append(f"{discounted_sum('reward', 'step')} AS discounted_return")
     return f"SELECT {', '.join(cols)} FROM {source} GROUP BY {', '.join(keys)}"
+
+
+# --- the episodes view from its files' fragments (query/summarized.py) ----------------------------------------
+
+FILE = "trajstore_file"  # the column holding each row's file in a fragments query
+FRAGMENT_KEYS = ("run_id", "env_id", "episode_id", "agent_id")
+FRAGMENT_COLUMNS = ("episode_id", "step", "reward", "terminated", "truncated", "wall_time", "env_steps", "agent_id")
+
+
+def lineage_step(name: str) -> str:
+    """The fragment column holding the step a lineage column's value was taken at."""
+    return f"{name}__step"
+
+
+def fragment_source(files: Sequence[DataFile], columns: Sequence[tuple[str, str]], nulls: Mapping[str, str], *,
+                    uniform: bool) -> str:
+    """The rows of one group of ``files`` a fragments query reads: each row's file (:data:`FILE`: its index in
+    ``files``), its partition,
+    each ``(physical, logical)`` of ``columns`` under its logical name and each of ``nulls`` (name -> DuckDB type)
+    as a typed NULL."""
+    cols = [f"file_index AS {ident(FILE)}", "run_id", "env_id"] + \
+        [f"{ident(p)} AS {ident(lg)}" for p, lg in columns] + \
+        [f"NULL::{kind} AS {ident(name)}" for name, kind in nulls.items()]
+    return f"SELECT {', '.join(cols)} FROM ({steps_view(files, uniform=uniform, file_index=True)})"
+
+
+def episode_fragments(source: str, lineage: Sequence[str]) -> str:
+    """Per file, episode and agent (``agent_id``, NULL for single-agent rows) of ``source`` (rows of
+    :func:`fragment_source`): what the ``episodes`` view aggregates, as partial aggregates that add up over the
+    files holding an episode (:func:`combined_episodes`); each lineage column taken at its first step with a value,
+    that step kept beside it (:func:`lineage_step`)."""
+    keys = ", ".join(ident(k) for k in (FILE, *FRAGMENT_KEYS))
+    cols = ["count(*)::BIGINT AS rows", "sum(reward::DOUBLE) AS reward",
+            "count(*) FILTER (WHERE terminated OR truncated)::BIGINT AS ends",
+            "bool_or(terminated) AS terminated", "bool_or(truncated) AS truncated",
+            "bool_or(terminated OR truncated) AS ended", "min(step) AS first_step", "max(step) AS last_step",
+            "min(wall_time) AS started_at", "max(wall_time) AS ended_at", "max(env_steps) AS env_steps"]
+    for name in lineage:
+        cols += [f"arg_min({ident(name)}, step) AS {ident(name)}",
+                 f"min(CASE WHEN {ident(name)} IS NOT NULL THEN step END) AS {ident(lineage_step(name))}"]
+    return (f"SELECT {keys}, {', '.join(cols)} FROM ({source}) GROUP BY {keys} "
+            f"ORDER BY {ident(FILE)}, episode_id, agent_id")
+
+
+def combined_episodes(source: str, lineage: Sequence[str], columns: Sequence[tuple[str, str]]) -> str:
+    """The ``episodes`` view's rows of the episodes in ``source`` (fragments of :func:`episode_fragments` of files
+    of one version, in any order): each episode's fragments added up by the view's own definitions
+    (``schemas/episode.v1.json``), single-agent and multi-agent alike, every column cast to the view's type
+    (``columns``: name -> DuckDB type, in the view's order)."""
+    agent_rows = "coalesce(sum(rows) FILTER (WHERE agent_id IS NOT NULL), 0)"
+    single, agents = f"{agent_rows} = 0", "count(DISTINCT agent_id)"
+    exprs = {"episode_length": f"CASE WHEN {single} THEN sum(rows) ELSE max(last_step) - min(first_step) + 1 END",
+             "episode_return": "sum(reward)",
+             "terminated": f"CASE WHEN {single} THEN bool_or(terminated) "
+                           f"ELSE sum(ends) = {agents} AND NOT bool_or(truncated) END",
+             "truncated": f"CASE WHEN {single} THEN bool_or(truncated) "
+                          f"ELSE sum(ends) = {agents} AND bool_or(truncated) END",
+             "complete": f"CASE WHEN {single} THEN bool_or(ended) ELSE sum(ends) = {agents} END",
+             "first_step": "min(first_step)", "last_step": "max(last_step)", "started_at": "min(started_at)",
+             "ended_at": "max(ended_at)", "n_agents": f"CASE WHEN {single} THEN 1 ELSE {agents} END",
+             "env_steps": "max(env_steps)", "run_id": "run_id", "env_id": "env_id", "episode_id": "episode_id"}
+    exprs.update({name: f"arg_min({ident(name)}, {ident(lineage_step(name))})" for name in lineage})
+    missing = [name for name, _ in columns if name not in exprs]
+    if missing:
+        raise InputError(f"the episodes view has columns fragments do not hold: {missing}")
+    cols = ", ".join(f"({exprs[name]})::{kind} AS {ident(name)}" for name, kind in columns)
+    return f"SELECT {cols} FROM {ident(source)} GROUP BY run_id, env_id, episode_id"
 
 
 AGENT_EPISODE_KEYS = ("run_id", "env_id", "episode_id", "agent_id")
@@ -433,6 +503,11 @@ def episodes(conds: Sequence[str], *, source: str, order_by: Sequence[tuple[str,
     ``(column, descending)`` keys ``order_by``, ties by ``episode_id``."""
     count = f", count(*) OVER () AS {ident(total)}" if total else ""
     return f"SELECT *{count} FROM {source}{where(conds)}{order(order_by)}{page(limit, offset)}"
+
+
+def count_rows(conds: Sequence[str], *, source: str) -> str:
+    """How many rows of ``source`` the conditions select, as ``n``."""
+    return f"SELECT count(*) AS n FROM {source}{where(conds)}"
 
 
 WALK = ("run_id", "env_id", "ended_at", "env_steps", "episode_id")  # a series' episodes in wall-time order

@@ -27,6 +27,15 @@ def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where
     standard deviations are summed in parallel, in no fixed order: two calls can differ in their last bits.
     ``by`` with ``agent_id`` or ``agent_group`` (the id's part before its last ``_``) gives statistics per agent of
     the multi-agent episodes: each agent's return and length (``agent_episodes``) in place of the episode's."""
+    arguments = (by, gamma, where, filter, run_id, env_id, include_incomplete, metric)
+    if any(run_config.config_key(k) is not None for k in names_of(by)):  # run configs change without the files
+        return _stats(engine, *arguments)
+    # a page's statistics, once per version
+    return engine.memo(f"stats {arguments!r}", lambda: _stats(engine, *arguments), local=True)
+
+
+def _stats(engine: Engine, by: Names, gamma: float | None, where: str | None, filter: EpisodeFilter | None,  # noqa: A002
+           run_id: Names, env_id: Names, include_incomplete: bool, metric: str | None) -> pa.Table:
     keys = names_of(by)
     paths = {k: path for k in keys if (path := run_config.config_key(k)) is not None}  # by="config.algo"
     with engine.query_snapshot(episodes="if-cached" if gamma is None else None) as snap:

@@ -112,6 +112,10 @@ class Location:
 
     def relative(self, path: str) -> str:
         """``path`` (a path in the filesystem) relative to the root."""
+        prefix = self.root.rstrip("/") + "/"
+        rest = path[len(prefix):]
+        if path.startswith(prefix) and rest and "//" not in rest and "/." not in "/" + rest and not rest.endswith("/"):
+            return rest  # a plain path under the root: what relpath says, without its cost per file
         return posixpath.relpath(path, self.root)
 
     def normalized(self, path: str) -> str:

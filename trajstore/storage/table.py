@@ -30,10 +30,12 @@ from trajstore.errors import CommitUnknownError, StoreDamagedError, first_line
 from trajstore.storage.encoding import EncodingError, FileSchema
 from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.log import DataFile, Log, WrittenFile
+from trajstore.storage.summaries import Footer, Summaries
 
 log = logging.getLogger(__name__)
 
 SCHEMAS_KEPT = 200_000  # file schemas kept per table (committed files never change)
+FOOTERS_KEPT = 10_000  # footers kept until the files' summaries are written
 FOOTER_THREADS = 8  # footers read at once from an object store
 LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id", "mode", "policy_version", "seed",
                    "env_steps", "wall_time")  # one value per time index: few in a file of many envs
@@ -42,16 +44,20 @@ LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id"
 class StepsTable:
     """The Delta table at ``<store>/steps`` (``location``: a directory or an ``s3://`` prefix): its files, and its
     log (``log``; ``pinned``: the version a read-only store reads). With ``arrays`` (a
-    :class:`~trajstore.storage.arrays.StepArrays`), each file written into a local table also gets its loader copy."""
+    :class:`~trajstore.storage.arrays.StepArrays`), each file written into a local table also gets its loader copy;
+    with ``summaries`` (:class:`~trajstore.storage.summaries.Summaries`), readers keep each committed file's summary
+    beside a local table."""
 
     def __init__(self, location: Location | str | Path, *, row_group_rows: int = 1024 * 1024,
-                 pinned: int | None = None, arrays: Any = None) -> None:
+                 pinned: int | None = None, arrays: Any = None, summaries: Summaries | None = None) -> None:
         self.location = locate(location)
         self.arrays = arrays if self.location.is_local else None
+        self.summaries = summaries if self.location.is_local else None
         self.fs = self.location.fs
         self.row_group_rows = row_group_rows
         self.log = Log(self.location, pinned=pinned)
         self._schemas: dict[str, FileSchema] = {}
+        self._footers: dict[str, Footer] = {}  # footers read, until a summary keeps them (local, with summaries)
         self._schemas_lock = threading.Lock()
 
     @property
@@ -125,7 +131,13 @@ class StepsTable:
             declared = {} if state is None else state.declarations
 
             def schema(f: DataFile) -> FileSchema:
-                return read_file_schema(f, self.location, declared)
+                footer = read_footer(f, self.location)
+                if self.summaries is not None:  # what a summary of the file keeps, not read again to write it
+                    with self._schemas_lock:
+                        if len(self._footers) >= FOOTERS_KEPT:
+                            self._footers.clear()
+                        self._footers[f.path] = footer
+                return file_schema(f, footer, self.location, declared)
 
             if len(missing) > 1 and not missing[0].is_local:
                 from concurrent.futures import ThreadPoolExecutor
@@ -135,11 +147,48 @@ class StepsTable:
             else:
                 read = [schema(f) for f in missing]
             known.update((f.path, stored) for f, stored in zip(missing, read))
-            with self._schemas_lock:
-                if len(self._schemas) + len(read) > SCHEMAS_KEPT:
-                    self._schemas.clear()
-                self._schemas.update((f.path, stored) for f, stored in zip(missing, read))
+            self._keep(missing, read)
         return [known[f.path] for f in files]
+
+    def remember(self, files: Sequence[DataFile], footers: Sequence[Footer]) -> None:
+        """Take what the footers of committed ``files`` say as read elsewhere (from their summaries), so that
+        :meth:`schemas` reads none of them. A footer of trajstore's format gives one schema however many files
+        share it (read once, not per file)."""
+        declared: dict[str, Any] | None = None
+        shared: dict[str, FileSchema] = {}
+        read = []
+        for f, footer in zip(files, footers):
+            if footer.nulls is not None:  # another tool's file: its format from the table's declarations
+                if declared is None:
+                    state = self.log.read()
+                    declared = {} if state is None else dict(state.declarations)
+                read.append(file_schema(f, footer, self.location, declared))
+            elif footer.key is None:
+                read.append(file_schema(f, footer, self.location))
+            else:
+                if footer.key not in shared:
+                    shared[footer.key] = file_schema(f, footer, self.location)
+                read.append(shared[footer.key])
+        self._keep(files, read)
+
+    def _keep(self, files: Sequence[DataFile], read: Sequence[FileSchema]) -> None:
+        with self._schemas_lock:
+            if len(self._schemas) + len(read) > SCHEMAS_KEPT:
+                self._schemas.clear()
+                self._footers.clear()
+            self._schemas.update((f.path, stored) for f, stored in zip(files, read))
+
+    def footer(self, f: DataFile) -> Footer:
+        """What the committed file ``f``'s footer says (:func:`read_footer`), as :meth:`schemas` read it last, or
+        read now."""
+        with self._schemas_lock:
+            found = self._footers.pop(f.path, None)
+        return found if found is not None else read_footer(f, self.location)
+
+    def known_schemas(self) -> set[str]:
+        """The paths of the files whose schemas :meth:`schemas` holds (reads no footer)."""
+        with self._schemas_lock:
+            return set(self._schemas)
 
     # --- writing ----------------------------------------------------------------------------------
 
@@ -258,25 +307,41 @@ def read_file_schema(f: DataFile, location: Location | None = None,
     that is missing or cannot be read, or whose format is unreadable, is a :class:`StoreDamagedError` naming it;
     with the store's ``location``, an object store that fails or does not answer is its
     :class:`~trajstore.errors.StoreAccessError` instead."""
-    store = None if location is None else location.uri.rsplit("/", 1)[0]
-    nulls: dict[str, int | None] = {}
-    rows = None
+    return file_schema(f, read_footer(f, location, foreign=table is not None), location, table)
+
+
+def read_footer(f: DataFile, location: Location | None = None, *, foreign: bool = True) -> Footer:
+    """What the footer of one committed file says that readers need (:class:`~trajstore.storage.summaries.Footer`:
+    its Arrow schema; with ``foreign``, for a file without trajstore's format, its null counts and rows too); a
+    file that cannot be read is a :class:`StoreDamagedError` (or :class:`~trajstore.errors.StoreAccessError`, see
+    :func:`read_file_schema`)."""
     try:
         with f.fs.open_input_file(f.path) as source:
             meta = pq.ParquetFile(source).metadata
         schema = meta.schema.to_arrow_schema()
-        if table is not None and (schema.metadata or {}).get(b"trajstore") is None:
-            nulls, rows = null_counts(meta), meta.num_rows
+        if foreign and (schema.metadata or {}).get(b"trajstore") is None:
+            return Footer(schema, null_counts(meta), meta.num_rows)
+        return Footer(schema)
     except (OSError, pa.ArrowException) as exc:
         access = None if location is None else explain(exc, location)
         if access is not None:
             raise access from exc
         problem = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read ({first_line(exc)})"
-        raise StoreDamagedError.of_file(f.uri, problem, store) from exc
+        raise StoreDamagedError.of_file(f.uri, problem, _store(location)) from exc
+
+
+def file_schema(f: DataFile, footer: Footer, location: Location | None = None,
+                table: Mapping[str, dict[str, Any] | None] | None = None) -> FileSchema:
+    """The :class:`~trajstore.storage.encoding.FileSchema` of the committed file ``f`` whose footer says
+    ``footer``; an unreadable format is a :class:`StoreDamagedError` naming it."""
     try:
-        return FileSchema.of(schema, where=f.uri, table=table, nulls=nulls, rows=rows)
+        return FileSchema.of(footer.schema, where=f.uri, table=table, nulls=footer.nulls or {}, rows=footer.rows)
     except EncodingError as exc:
-        raise StoreDamagedError.of_file(f.uri, f"has an unreadable format ({exc})", store) from exc
+        raise StoreDamagedError.of_file(f.uri, f"has an unreadable format ({exc})", _store(location)) from exc
+
+
+def _store(location: Location | None) -> str | None:
+    return None if location is None else location.uri.rsplit("/", 1)[0]
 
 
 def null_counts(meta: pq.FileMetaData) -> dict[str, int | None]:

@@ -9,9 +9,10 @@ written with it, from its rows in memory (:func:`~trajstore.storage.summaries.fi
 ``write``), or, for a file without them (another tool's, a store written before), computed once by one DuckDB query
 over every file of a version that has none yet (:func:`summarize`, the reference the written ones are tested
 against); either way kept beside a local table as its summary (:mod:`trajstore.storage.summaries`, with the file's
-footer, so that a new process reads neither); the rows of any version, or of any selection of its files, are then its files' fragments added up by the
-view's own definitions (:func:`~trajstore.query.sql.combined_episodes`), cast to the view's types: a fraction of
-the work of aggregating every step, and one footer-free read per file for a new process.
+footer, so that a new process reads neither); the rows of any version, or of any selection of its files, are then
+its files' fragments added up by the view's own definitions (:func:`~trajstore.query.sql.combined_episodes`), cast
+to the view's types: a fraction of the work of aggregating every step, and one footer-free read per file for a new
+process.
 
 What needs the steps themselves still reads them: discounted returns at a query-time ``gamma``, ``agg(column)``
 metrics, ``steps``. The rows are exactly those of the view (tested against it on stores whose episodes span files,

@@ -11,6 +11,7 @@ environment variables unless given.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
@@ -36,6 +37,9 @@ from trajstore.api.routes import (
 from trajstore.query import sql_worker
 from trajstore.settings import Settings
 from trajstore.store import Store
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -64,3 +68,16 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
         app.include_router(module.router)
     app.include_router(dashboard_router)
     return app
+
+
+# A request's line and headers may hold long filters (``where`` up to 10,000 characters, ``normalize`` more),
+# each non-ASCII character percent-encoded as up to 12 bytes: uvicorn's 16 KiB default answers such a request
+# with a bare 400 in plain text, outside the app's problem documents.
+REQUEST_HEAD_BYTES = 4 * 1024 * 1024
+
+
+def server_config(app: FastAPI, **options: object) -> uvicorn.Config:
+    """The uvicorn configuration ``trajstore serve`` (and the tests' live servers) run ``app`` with."""
+    import uvicorn
+
+    return uvicorn.Config(app, log_level="warning", h11_max_incomplete_event_size=REQUEST_HEAD_BYTES, **options)

@@ -261,6 +261,10 @@ def test_the_service_shows_and_changes_descriptions_and_remote_writers_describe_
             assert [row["config.algo"] for row in grouped.json()] == ["dqn", "ppo"]
             assert client.set_run("remote", tags=["r", "s"])["tags"] == ["r", "s"]
             assert trajstore.open(path).run_info("remote")["tags"] == ["r", "s"]
+            sloppy = httpx.patch(live.url + "/runs/remote", json={"tags": ["t"], "replace": 0},
+                                 headers={"Authorization": f"Bearer {API_KEY}"})  # 0 is no JSON boolean
+            assert sloppy.status_code == 422 and "replace" in sloppy.text
+            assert trajstore.open(path).run_info("remote")["tags"] == ["r", "s"]
             unauthorized = Client(live.url)
             with pytest.raises(Exception, match="401|403"):
                 unauthorized.set_run("remote", notes="x")

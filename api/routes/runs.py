@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response, wants_arrow
 from trajstore.api.deps import ReadStoreDep, StoreDep, require_api_key
@@ -90,9 +90,10 @@ class RunDescription(BaseModel):
     config: dict[str, Any] | None = Field(None, description="hyperparameters, algorithm… (JSON values)")
     tags: list[str] | None = None
     notes: str | None = None
-    replace: bool = Field(True, description="true: each field given replaces the stored one (store.set_run); "
-                                            "false: as a writer opening the run (tags added, stored notes kept, "
-                                            "a config other than the stored one refused: 400)")
+    replace: StrictBool = Field(True, description="true: each field given replaces the stored one (store.set_run); "
+                                                  "false: as a writer opening the run (tags added, stored notes "
+                                                  "kept, a config other than the stored one refused: 400); a JSON "
+                                                  "boolean, not 0 or 1")
 
 
 @router.patch("/runs/{run_id}", dependencies=[Depends(require_api_key)],

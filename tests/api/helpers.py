@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 import trajstore
+from trajstore.api.app import server_config
 from trajstore.settings import Settings
 
 API_KEY = "test-key-0123456789"
@@ -40,7 +41,7 @@ def free_port() -> int:
 def serve(app: FastAPI) -> Iterator[Live]:
     """``app`` behind a real uvicorn server on 127.0.0.1, stopped afterwards."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(app, host="127.0.0.1", port=port))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

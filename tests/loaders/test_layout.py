@@ -168,3 +168,20 @@ def test_stride_one_windows_hold_memory_per_episode_not_per_window(store: trajst
         assert it.items > 250_000, kind
         assert held < 600_000 and peak < 2_400_000, (kind, held, peak)  # less than one int64 per window
         it.close()
+
+
+def test_a_saved_layout_of_no_episodes_loads_and_maps() -> None:
+    """A selection that keeps no episode is laid out, saved, loaded back (a later process, or the cache) and
+    read: its offsets are as many as its episodes, none (once one more: a 500 over REST)."""
+    empty = np.zeros(0, np.int64)
+    layout = Layout(empty, empty.copy(), empty.copy())
+    layout.new_column("x", np.dtype(np.float32), (2,))
+    layout.save()
+    loaded = Layout.load(layout.folder, layout.describe())
+    assert len(loaded.offset) == len(loaded.length) == 0 and loaded.steps == 0
+    view = loaded.mapped()
+    try:
+        assert view.spans.episodes.shape == (0, 3)
+    finally:
+        view.close()
+        layout.close()

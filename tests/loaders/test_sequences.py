@@ -230,9 +230,14 @@ def test_bad_input_names_the_argument(filled: trajstore.Store, kwargs: dict[str,
         filled.sequences(length, **kwargs)
 
 
-def test_an_empty_selection_gives_no_batches(filled: trajstore.Store) -> None:
-    it = filled.sequences(4, where="episode_length > 10000")
-    assert len(it) == 0 and list(it) == []
+@pytest.mark.parametrize("selection", [{"where": "episode_length > 10000"}, {"where": "run_id = 'nobody'"},
+                                       {"mode": "eval"}, {"min_return": 1e17}])
+def test_an_empty_selection_gives_no_batches(filled: trajstore.Store, selection: dict[str, Any]) -> None:
+    """Filters that keep no episode give no windows and no transitions, padded or not (an empty layout once
+    failed to build its spans: a 500 over REST)."""
+    for it in (filled.sequences(4, **selection), filled.sequences(4, pad=True, **selection),
+               filled.transitions(n=3, gamma=0.9, **selection)):
+        assert len(it) == 0 and list(it) == []
 
 
 def test_a_window_longer_than_every_episode_is_refused_naming_the_longest(filled: trajstore.Store) -> None:

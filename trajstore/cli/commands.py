@@ -315,7 +315,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from trajstore.api.app import create_app
+    from trajstore.api.app import create_app, server_config
     from trajstore.settings import Settings
 
     settings = Settings.from_env()
@@ -329,7 +329,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sock = _listen(settings.host, settings.port)  # before the banner: a busy port is an error, not a banner
     print(f"trajstore: serving {app.state.store.root} on http://{settings.host}:{settings.port} "
           f"(dashboard at /dashboard, OpenAPI at /openapi.json)", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(server_config(app))
     server.run(sockets=[sock])
     return 0
 

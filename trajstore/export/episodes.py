@@ -68,7 +68,7 @@ class EpisodeGroup:
     start: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        self.start = np.concatenate([[0], np.cumsum(self.length)[:-1]]).astype(np.int64)
+        self.start = (np.cumsum(self.length) - self.length).astype(np.int64)
 
     def __len__(self) -> int:
         return len(self.episode_id)

@@ -30,7 +30,7 @@ def episode_stats(values: np.ndarray, lengths: np.ndarray, *, ordered: bool = Fa
     per_step = rows.shape[1]  # rows of d values in one step
     x = rows.reshape(-1, d).astype(np.float64)
     size = lengths.astype(np.int64) * per_step
-    starts = np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
+    starts = (np.cumsum(size) - size).astype(np.int64)
     mean = np.add.reduceat(x, starts, axis=0) / size[:, None]
     spread = np.add.reduceat((x - np.repeat(mean, size, axis=0)) ** 2, starts, axis=0) / size[:, None]
     out = {"min": np.minimum.reduceat(x, starts, axis=0), "max": np.maximum.reduceat(x, starts, axis=0),

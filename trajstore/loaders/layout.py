@@ -188,7 +188,7 @@ class Layout:
             size = c.path.stat().st_size if c.path.exists() else -1
             if size != c.nbytes and c.nbytes:
                 raise BrokenLayoutError(f"{c.path}: {size} bytes, expected {c.nbytes}")
-        offset = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+        offset = (np.cumsum(length) - length).astype(np.int64)
         return cls(episode_id, length, offset, columns, folder)
 
     def close(self) -> None:
@@ -452,7 +452,7 @@ def _index(batches: Iterable[pa.RecordBatch]) -> Layout:
     if len(bad):
         raise StoreDamagedError(f"episode {u[bad[0]]} has {length[bad[0]]} stored steps but its last step is "
                                 f"{top[bad[0]]}: steps are missing or repeated; run `trajstore check`")
-    offset = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+    offset = (np.cumsum(length) - length).astype(np.int64)
     return Layout(u, length, offset)
 
 

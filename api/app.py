@@ -19,6 +19,7 @@ import trajstore
 from trajstore.__about__ import __version__
 from trajstore.api import body_limit, params, problems
 from trajstore.api.dashboard import router as dashboard_router
+from trajstore.api.dashboard.routes import warm as warm_dashboard
 from trajstore.api.routes import (
     commits,
     episodes,
@@ -59,6 +60,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
     sql_worker.warm(settings.sql_worker_bytes, settings.sql_max_concurrent)  # POST /sql pays no process start
     health.start(app.state)  # the first probe of /health finds the store checked
+    if settings.dashboard_warm:
+        warm_dashboard(app.state.store)  # a first visit finds the latest version's curves ready
     problems.install(app)
     app.add_middleware(body_limit.BodyLimit, settings=settings)  # outermost: a body is refused before anything runs
     for module in (health, runs, episodes, frames, stats, steps, sql, ingest, history, events, commits, sequences):

@@ -54,6 +54,9 @@ class Settings:
     # storage/summaries.py), so that the episodes of a version add up its files' fragments; off: readers aggregate
     # every step of a version once per process
     episode_summaries: bool = True
+    # the service reads, when it starts, what the dashboard's first page asks of the latest version (its episodes,
+    # learning curves, runs) on a background thread, so that a first visit finds it ready (api/dashboard/routes.py)
+    dashboard_warm: bool = True
     # upkeep by writers after their commits (operations/upkeep): a partition holding more than compact_small_files
     # files below compact_small_bytes has them merged into files of up to compact_target_bytes (0: never)
     compact_small_files: int = 8

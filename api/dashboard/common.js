@@ -9,7 +9,8 @@ const COLORS = ["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6"
 const PLOT_CONFIG = { responsive: true, displaylogo: false };
 
 // Plotly.js (its basic bundle: scatter and bar traces) is served by the service, compressed. The pages preload
-// it but run it only once their tables are on screen: compiling its 1.2 MB blocks the page for a moment.
+// it from their head and run it (plotlyReady) once their first requests are sent: compiling and running its
+// 1.2 MB blocks the page for a moment, which then overlaps the service's answer instead of following it.
 let plotly = null;
 function plotlyReady() {
   plotly ??= new Promise((resolve, reject) => {

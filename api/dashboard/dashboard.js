@@ -618,10 +618,11 @@ async function load() {
     return complete <= POINTS_LIMIT ? api("/curves", { gamma: g }).then((c) => c.series) : [];
   });
   const table = loadEpisodes();
+  // Plotly.js compiles and runs while the service answers (its requests are on their way), not after them
+  if (first) plotlyReady().catch(() => {});
   const tables = Promise.all([runs, table]).then(async () => {
     if (first) { await nextPaint(); performance.mark("trajstore-tables"); }
   });
-  if (first) tables.then(plotlyReady).catch(() => {});  // runs while the curves may still be on their way
   const [c] = await Promise.all([curves, binned, runs]);  // the plots do not wait for the episodes table
   state.curves = c;
   renderRuns();

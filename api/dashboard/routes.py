@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import logging
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -30,8 +32,10 @@ from trajstore.api.deps import ReadStoreDep
 from trajstore.api.ints import SafeInt
 from trajstore.store import Store
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 HERE = Path(__file__).resolve().parent
+LAST_N, HIST_BINS = 100, 60  # what the page asks first (dashboard.js): each run's latest episodes, histogram bins
 ASSETS = {"dashboard.js": ("dashboard.js", "text/javascript"), "dashboard.css": ("dashboard.css", "text/css"),
           "experiment.js": ("experiment.js", "text/javascript"), "common.js": ("common.js", "text/javascript"),
           "plotly.min.js": ("vendor/plotly-basic.min.js", "text/javascript")}
@@ -53,6 +57,25 @@ class Asset:
 def _asset(body: bytes, media_type: str) -> Asset:
     return Asset(body, gzip.compress(body, compresslevel=9, mtime=0), media_type,
                  hashlib.sha256(body).hexdigest()[:16])
+
+
+def warm(store: Store) -> threading.Thread:
+    """Read what the dashboard's first page asks of ``store``'s latest version (its episodes rows, learning curves,
+    runs and their latest episodes, histograms), as its requests ask it (the engine keeps each once per version), on
+    a background thread started now: a first visit to a service just started finds them ready, or waits for the
+    computation under way (never does it twice). A store that cannot be read is left to the requests to report."""
+    def read() -> None:
+        try:
+            store.latest_stats(LAST_N, gamma=None)
+            store.runs()
+            for y in ("episode_return", "episode_length"):
+                store.histogram(y=y, bins=HIST_BINS, gamma=None, run_id=None, env_id=None, metric=None, density=True)
+        except Exception as exc:  # noqa: BLE001 - the requests will say what is wrong
+            log.debug("the dashboard's first page was not read ahead: %s", exc)
+
+    thread = threading.Thread(target=read, name="trajstore-dashboard-warm", daemon=True)
+    thread.start()
+    return thread
 
 
 @lru_cache(maxsize=None)

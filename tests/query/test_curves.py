@@ -352,3 +352,18 @@ def test_latest_stats_are_those_of_each_series_last_episodes(learning_store: tra
     assert "discounted_return_mean" not in learning_store.latest_stats(5).column_names
     with pytest.raises(trajstore.InputError, match="last: must be a whole number of episodes >= 1, got 0"):
         learning_store.latest_stats(0)
+
+
+def test_every_episode_sorted_without_sql_is_the_sql_walk(store: trajstore.Store) -> None:
+    """The curves of every episode sort the kept episodes rows by numpy (text in byte order, null env_steps last):
+    the rows and types of the SQL walk (taken when episodes are chosen)."""
+    store.ingest(ingested_rows([4, 7, 2], first_id=1), run_id="old", env_id="e")  # no env_steps
+    rng = np.random.default_rng(7)
+    for run in ("b", "a b", "Z", "é"):
+        write(store, rng, calls=3, run_id=run)
+    write(store, rng, calls=2, run_id="old")
+    with store.engine.query_snapshot(episodes="fill") as snap:
+        assert snap.materialized is not None  # the rows the fast path sorts
+    fast, by_sql = store.curves(), store.curves(where="true")
+    assert fast.num_rows > 20 and fast.schema == by_sql.schema
+    assert fast.to_pylist() == by_sql.to_pylist()

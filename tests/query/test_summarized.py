@@ -1,7 +1,8 @@
 """The ``episodes`` rows combined from the files' summaries against the view itself, which aggregates every step:
 the same rows, the same types, on stores whose episodes span files, with unfinished and multi-agent episodes,
-after deletes, compactions, another tool's rewrites, and at old versions; and summaries that are damaged, left
-by a killed write or of removed files are never read."""
+after deletes, compactions, another tool's rewrites, and at old versions; summaries written with each file (by the
+writer, ingest, compaction, delete and add_column) equal those readers compute from the file; and summaries that
+are damaged, left by a killed write or of removed files are never read."""
 
 from __future__ import annotations
 
@@ -17,9 +18,14 @@ from deltalake import DeltaTable
 
 import trajstore
 from tests.helpers import make_batch, slice_batch
+from tests.storage.helpers import rows as ingest_rows
 from trajstore.errors import StoreDamagedError
+from trajstore.operations.ingest import append_rows
+from trajstore.query import summarized
 from trajstore.settings import Settings
-from trajstore.storage.summaries import FOLDER, Summaries
+from trajstore.storage.encoding import FileSchema
+from trajstore.storage.summaries import FOLDER, Summaries, file_fragments
+from trajstore.storage.table import StepsTable
 from trajstore.write.agents import AgentWriter
 
 KEYS = [("run_id", "ascending"), ("env_id", "ascending"), ("episode_id", "ascending")]
@@ -237,3 +243,128 @@ def test_without_summaries_the_view_aggregates_the_steps(tmp_path: Path) -> None
     write_runs(store)
     assert store.episodes().sort_by(KEYS).to_pylist() == reference(store).to_pylist()
     assert not (store.root / FOLDER).exists()
+
+
+# --- summaries written with the files ------------------------------------------------------------------------------
+
+def written_summaries(store: trajstore.Store) -> dict[str, pa.Table]:
+    """The fragments kept for each committed file, as they are on disk (nothing read or summarized first)."""
+    kept = Summaries(store.root / FOLDER)
+    out = {}
+    for f in store.engine.files():
+        found = kept.read(store.table.location.relative(f.path), f.size, os.stat(f.path).st_mtime_ns)
+        assert found is not None, f"no summary written with {f.path}"
+        out[f.path] = found.fragments
+    return out
+
+
+def assert_written_as_read(store: trajstore.Store) -> None:
+    """Every committed file has a summary written with it, equal to the one a reader computes from the file (the
+    reward sums up to the order they are added in)."""
+    written = written_summaries(store)
+    files = store.engine.files()
+    reader = StepsTable(store.root / "steps")  # keeps nothing: the summaries on disk stay the written ones
+    with store.engine.snapshot(files, con=store.engine.cursor()) as snap:
+        computed = summarized.summarize(snap, reader, files, store.table.schemas(files))
+    for f in files:
+        got, expected = written[f.path], computed[f.path]
+        assert got.schema == expected.schema, f.path
+        for name in expected.column_names:
+            if name == "reward":
+                np.testing.assert_allclose(got[name].to_numpy(), expected[name].to_numpy(), rtol=1e-12)
+            else:
+                assert got[name].to_pylist() == expected[name].to_pylist(), (f.path, name)
+
+
+def sent(n: int, episode_id: int, **change: object) -> pa.Table:
+    """Rows of one episode as a remote writer sends them, shaped as :func:`write_runs`' (obs of 3 floats)."""
+    obs = pa.array([[0.0, 1.0, 2.0]] * n, pa.list_(pa.float32(), 3))
+    return ingest_rows(n, episode_id, obs=obs, next_obs=obs, **change)
+
+
+def test_summaries_written_with_the_writer_s_files_are_the_readers(store: trajstore.Store) -> None:
+    assert_written_as_read(store)
+
+
+def test_summaries_written_with_multi_agent_files_are_the_readers(tmp_path: Path) -> None:
+    store = trajstore.open(tmp_path / "store", create=True)
+    write_agents(store)
+    assert_written_as_read(store)
+
+
+def test_summaries_written_by_ingest_compaction_delete_and_add_column_are_the_readers(
+        store: trajstore.Store, caplog: pytest.LogCaptureFixture) -> None:
+    append_rows(store.table, sent(6, 11), run_id="a", env_id="CartPole-v1")
+    assert_written_as_read(store)
+    first = reference(store)["episode_id"][3].as_py()
+    store.delete(where=f"episode_id = {first}")  # the files holding it rewritten without it
+    assert_written_as_read(store)
+    trajstore.compact(store, progress=False)
+    assert_written_as_read(store)
+    store.add_column("shaped", "reward * 0.5")
+    assert_written_as_read(store)
+    assert_same(store, caplog)
+
+
+def test_the_first_read_of_a_store_trajstore_wrote_summarizes_nothing(store: trajstore.Store,
+                                                                      caplog: pytest.LogCaptureFixture,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    expected = reference(store)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a file was summarized by a reader")
+
+    monkeypatch.setattr(summarized, "summarize", refused)
+    monkeypatch.setattr("trajstore.storage.table.read_footer", refused)  # nor its footer read
+    fresh = trajstore.open(store.root)
+    got = combined(fresh, caplog)
+    assert got.schema == expected.schema and got.num_rows == expected.num_rows
+    assert got["episode_id"].to_pylist() == expected["episode_id"].to_pylist()
+
+
+def test_a_file_whose_commit_failed_leaves_no_summary(store: trajstore.Store) -> None:
+    folder = store.root / FOLDER
+    before = set(folder.glob("*.arrow"))
+    written = store.table.write(sent(3, 99), run_id="a", env_id="CartPole-v1")
+    assert len(set(folder.glob("*.arrow")) - before) == 1  # written with the file
+    store.table.discard([written.path], RuntimeError("the commit did not land"))
+    assert set(folder.glob("*.arrow")) == before
+
+
+def test_a_killed_writer_s_file_and_summary_are_never_read_and_go_with_the_orphan(
+        store: trajstore.Store, caplog: pytest.LogCaptureFixture) -> None:
+    """A file written with its summary, the writer killed before the commit: readers see neither (they read the
+    summaries of committed files only); removing the orphan removes its summary."""
+    expected = assert_same(store, caplog)
+    folder = store.root / FOLDER
+    before = set(folder.glob("*.arrow"))
+    store.table.write(sent(3, 98), run_id="a", env_id="CartPole-v1")  # never committed
+    assert len(set(folder.glob("*.arrow")) - before) == 1
+    assert combined(trajstore.open(store.root), caplog).to_pylist() == expected.to_pylist()
+    assert len(trajstore.remove_orphans(store, older_than_s=0)) == 1
+    assert set(folder.glob("*.arrow")) == before
+
+
+def test_rows_with_null_env_steps_get_the_readers_summary(store: trajstore.Store) -> None:
+    """Ingested rows with a null env-step count (an older client): the greatest of the others, as the view's max."""
+    append_rows(store.table, sent(4, 12, env_steps=pa.array([1, 2, None, None], pa.int64())), run_id="b",
+                env_id="CartPole-v1")
+    append_rows(store.table, sent(3, 13, env_steps=pa.array([None] * 3, pa.int64())), run_id="b",
+                env_id="CartPole-v1")
+    assert_written_as_read(store)
+    trajstore.compact(store, progress=False)  # with the writer's rows in one file
+    assert_written_as_read(store)
+
+
+def test_rows_a_summary_cannot_tell_get_none() -> None:
+    """A step twice in one episode: which row's lineage the view takes is DuckDB's to say, so readers summarize."""
+    rows = ingest_rows(3, 5, step=pa.array([0, 1, 1], pa.int32())).append_column(
+        "policy_version", pa.array([1, 2, 3], pa.int64()))
+    stored = FileSchema.of(rows.schema.with_metadata({"trajstore": '{"encoding": 1}'}))
+    assert file_fragments(rows, stored, run_id="r", env_id="E") is None
+    ordered = rows.set_column(1, "step", pa.array([0, 1, 2], pa.int32()))
+    apart = ordered.take([2, 0, 1])  # rows out of step order: the value at the first step all the same
+    for made in (file_fragments(ordered, stored, run_id="r", env_id="E"),
+                 file_fragments(apart, stored, run_id="r", env_id="E")):
+        assert made is not None and made["policy_version"].to_pylist() == [1]
+        assert made["first_step"].to_pylist() == [0] and made["last_step"].to_pylist() == [2]

@@ -226,9 +226,49 @@ def curves(engine: Engine, *, run_id: Names = None, env_id: Names = None, where:
             sql.subquery(snap.episodes_select(discounted=True))
         if metric is not None:
             src = Metric.parse(metric, snap.episode_columns, snap.step_columns, name=METRIC).source(src)
-        walk = snap.arrow(sql.curve_episodes(series, chosen, source=src, flag=CURVE_POINT), params)
+        if snap.materialized is not None and src == "episodes" and not series and not chosen:
+            walk = walk_of(snap.materialized)  # every episode, the kept rows sorted here: no SQL sort
+        else:
+            walk = snap.arrow(sql.curve_episodes(series, chosen, source=src, flag=CURVE_POINT), params)
     walk = walk.append_column("total_env_steps", pa.array(total_env_steps(walk), pa.int64()))
-    return walk.filter(walk[CURVE_POINT]).drop_columns([CURVE_POINT])
+    return plain_text(walk.filter(walk[CURVE_POINT]).drop_columns([CURVE_POINT]))
+
+
+def walk_of(episodes: pa.Table) -> pa.Table:
+    """What :func:`~trajstore.query.sql.curve_episodes` selects of every episode of ``episodes`` (rows of the view,
+    text maybe dictionary-encoded), without conditions: the rows in :data:`~trajstore.query.sql.WALK` order (text in
+    byte order, nulls last, as DuckDB orders them), flagged where complete; one numpy sort of the keys instead of
+    DuckDB's of every column."""
+    keys = []
+    for name in reversed(sql.WALK):
+        column = episodes[name]
+        if pa.types.is_string(column.type) or pa.types.is_dictionary(column.type):
+            keys.append(_text_rank(column))
+        else:
+            values = pc.cast(column, pa.int64()) if pa.types.is_timestamp(column.type) else column
+            keys.append(pc.fill_null(values, np.iinfo(np.int64).max).to_numpy().astype(np.int64))
+    walk = episodes.take(pa.array(np.lexsort(keys), pa.int64()))
+    return walk.append_column(CURVE_POINT, pc.fill_null(walk["complete"], False))
+
+
+def _text_rank(column: pa.ChunkedArray) -> np.ndarray:
+    """Each value's place among the column's distinct values in (byte) order, as SQL orders text; nulls last."""
+    encoded = column.combine_chunks()
+    if not pa.types.is_dictionary(encoded.type):
+        encoded = pc.dictionary_encode(encoded)
+    names = encoded.dictionary.to_pylist()
+    rank = np.empty(len(names) + 1, np.int64)
+    rank[np.argsort(np.asarray(names, dtype=object), kind="stable") if names else []] = np.arange(len(names))
+    rank[len(names)] = len(names)
+    return rank[pc.fill_null(encoded.indices, len(names)).to_numpy().astype(np.int64)]
+
+
+def plain_text(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary-encoded columns decoded (the types the view's SQL gives)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type):
+            table = table.set_column(i, f.name, table.column(i).cast(f.type.value_type))
+    return table
 
 
 def kept_curves(engine: Engine, **selection: object) -> pa.Table:

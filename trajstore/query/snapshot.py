@@ -183,6 +183,7 @@ class Snapshot:
         self.by_id = ids_disjoint(self.files)
         self.agents = "agent_id" in stored  # some rows belong to agents of multi-agent episodes
         self.episodes_materialized = False
+        self.materialized: pa.Table | None = None  # the rows the episodes view reads, where materialized
         if episodes is None:
             self.con.execute(sql.create_view("episodes", self.episodes_select()))
         else:
@@ -234,6 +235,7 @@ class Snapshot:
         self.con.register("materialized_episodes", table)
         self.con.execute(sql.create_view("episodes", sql.select_all("materialized_episodes")))
         self.episodes_materialized = True
+        self.materialized = table
 
     def arrow(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
         try:

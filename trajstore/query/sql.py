@@ -24,6 +24,7 @@ import pyarrow as pa
 from trajstore import schema as sch
 from trajstore.errors import InputError
 from trajstore.query.filters import EpisodeFilter
+from trajstore.storage import summaries
 from trajstore.storage.log import DataFile
 
 STAT_KEYS = ("n_traj", "return_min", "return_mean", "return_std", "return_max",
@@ -363,12 +364,8 @@ def episodes_view(step_columns: Sequence[str], *, discounted: bool = False, sour
 
 FILE = "trajstore_file"  # the column holding each row's file in a fragments query
 FRAGMENT_KEYS = ("run_id", "env_id", "episode_id", "agent_id")
-FRAGMENT_COLUMNS = ("episode_id", "step", "reward", "terminated", "truncated", "wall_time", "env_steps", "agent_id")
-
-
-def lineage_step(name: str) -> str:
-    """The fragment column holding the step a lineage column's value was taken at."""
-    return f"{name}__step"
+FRAGMENT_COLUMNS = summaries.FRAGMENT_COLUMNS
+lineage_step = summaries.lineage_step
 
 
 def fragment_source(files: Sequence[DataFile], columns: Sequence[tuple[str, str]], nulls: Mapping[str, str], *,

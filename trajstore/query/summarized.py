@@ -4,12 +4,15 @@ An episode's rows are the sum of its *fragments*: one per data file holding some
 cuts an episode; compaction and other tools' rewrites move steps between files), and per agent of a multi-agent
 episode. A fragment holds what the ``episodes`` view aggregates, as partial aggregates that add up
 (:func:`~trajstore.query.sql.episode_fragments`: rows, the reward sum, ends, first and last step and wall time, the
-largest ``env_steps``, each lineage column at its first step with a value and that step). Each committed file's
-fragments are computed once, by one DuckDB query over every file of a version that has none yet, and kept beside a
-local table as its summary (:mod:`trajstore.storage.summaries`, with the file's footer, so that a new process reads
-neither); the rows of any version, or of any selection of its files, are then its files' fragments added up by the
-view's own definitions (:func:`~trajstore.query.sql.combined_episodes`), cast to the view's types: a fraction of
-the work of aggregating every step, and one footer-free read per file for a new process.
+largest ``env_steps``, each lineage column at its first step with a value and that step). Each file's fragments are
+written with it, from its rows in memory (:func:`~trajstore.storage.summaries.file_fragments`, by the table's
+``write``), or, for a file without them (another tool's, a store written before), computed once by one DuckDB query
+over every file of a version that has none yet (:func:`summarize`, the reference the written ones are tested
+against); either way kept beside a local table as its summary (:mod:`trajstore.storage.summaries`, with the file's
+footer, so that a new process reads neither); the rows of any version, or of any selection of its files, are then
+its files' fragments added up by the view's own definitions (:func:`~trajstore.query.sql.combined_episodes`), cast
+to the view's types: a fraction of the work of aggregating every step, and one footer-free read per file for a new
+process.
 
 What needs the steps themselves still reads them: discounted returns at a query-time ``gamma``, ``agg(column)``
 metrics, ``steps``. The rows are exactly those of the view (tested against it on stores whose episodes span files,
@@ -33,7 +36,7 @@ from trajstore.query.groups import group_files
 from trajstore.query.snapshot import Snapshot
 from trajstore.storage.encoding import FileSchema
 from trajstore.storage.log import DataFile
-from trajstore.storage.summaries import Summary
+from trajstore.storage.summaries import Summary, canonical
 from trajstore.storage.table import StepsTable
 
 log = logging.getLogger(__name__)
@@ -153,7 +156,7 @@ def _by_file(rows: pa.Table, files: Sequence[DataFile]) -> dict[str, pa.Table]:
     index = rows[sql.FILE].to_numpy()
     starts = np.flatnonzero(np.r_[True, index[1:] != index[:-1]]) if len(index) else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], len(index)]
-    rows = encoded(rows.drop_columns([sql.FILE]))
+    rows = canonical(rows.drop_columns([sql.FILE]))
     out = {int(index[a]): rows.slice(a, b - a) for a, b in zip(starts, ends)}
     return {f.path: out.get(i, rows.slice(0, 0)) for i, f in enumerate(files)}
 
@@ -163,12 +166,3 @@ def _types() -> dict[str, str]:
     spec = sch.load(sch.STEP_SCHEMA_FILE)
     return {c["name"]: sql.duckdb_type(c["type"]) for c in [*spec["columns"], *spec["lineage"]]
             if c["name"] in sql.FRAGMENT_COLUMNS or c.get("in_episodes")}
-
-
-def encoded(fragments: pa.Table) -> pa.Table:
-    """``fragments`` with every text column dictionary-encoded (a file's partition, agents and lineage text take a
-    few values each)."""
-    for i, f in enumerate(fragments.schema):
-        if pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
-            fragments = fragments.set_column(i, f.name, pc.dictionary_encode(fragments.column(i)))
-    return fragments

@@ -45,8 +45,8 @@ class StepsTable:
     """The Delta table at ``<store>/steps`` (``location``: a directory or an ``s3://`` prefix): its files, and its
     log (``log``; ``pinned``: the version a read-only store reads). With ``arrays`` (a
     :class:`~trajstore.storage.arrays.StepArrays`), each file written into a local table also gets its loader copy;
-    with ``summaries`` (:class:`~trajstore.storage.summaries.Summaries`), readers keep each committed file's summary
-    beside a local table."""
+    with ``summaries`` (:class:`~trajstore.storage.summaries.Summaries`), each file written into a local table gets
+    its summary too, and readers keep one for each committed file that has none."""
 
     def __init__(self, location: Location | str | Path, *, row_group_rows: int = 1024 * 1024,
                  pinned: int | None = None, arrays: Any = None, summaries: Summaries | None = None) -> None:
@@ -203,11 +203,13 @@ class StepsTable:
         rel = f"run_id={quote(run_id, safe='')}/env_id={quote(env_id, safe='')}/part-{uuid.uuid4().hex}.parquet"
         full = self.location.path(rel)
         try:
-            size = self._write_file(data, full)
+            size, modified_ns, footer = self._write_file(data, full)
             if self.location.is_local:
                 fsync_file(Path(full))
             if self.arrays is not None:
                 self.arrays.write(rel, data)
+            if self.summaries is not None:  # from the rows in memory: the first read summarizes nothing
+                self.summaries.write_rows(rel, size, modified_ns, footer, data, run_id=run_id, env_id=env_id)
         except BaseException as exc:
             self.discard([full], exc)
             if isinstance(exc, OSError):
@@ -252,8 +254,9 @@ class StepsTable:
         for path in paths:
             try:
                 self.delete(path)
-                if self.arrays is not None:
-                    self.arrays.remove(self.location.relative(path))
+                for kept in (self.arrays, self.summaries):
+                    if kept is not None:
+                        kept.remove(self.location.relative(path))
             except Exception as exc:  # noqa: BLE001 - the caller raises the error that matters
                 log.warning("%s: could not remove the uncommitted file %s: %s", self.uri, path, first_line(exc))
 
@@ -269,21 +272,24 @@ class StepsTable:
         self.log.append(written)
         return written.path
 
-    def _write_file(self, data: pa.Table, path: str) -> int:
-        """Write ``data`` as one Parquet file at ``path``; returns its size in bytes."""
+    def _write_file(self, data: pa.Table, path: str) -> tuple[int, int, pa.Schema]:
+        """Write ``data`` as one Parquet file at ``path``; its size in bytes, its modification time (``st_mtime_ns``;
+        0 on an object store) and the Arrow schema its footer holds (what a reader of its footer gets)."""
         options: dict[str, Any] = {"compression": "zstd", "row_group_size": self.row_group_rows,
                                    "use_dictionary": [c for c in LOW_CARDINALITY if c in data.column_names],
                                    "write_statistics": ["episode_id", "step"]}
+        footer: list[pq.FileMetaData] = []
         if self.location.is_local:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(data, path, **options)  # a native file: written without the GIL
-            return os.stat(path).st_size
+            pq.write_table(data, path, metadata_collector=footer, **options)  # a native file: written without the GIL
+            written = os.stat(path)
+            return written.st_size, written.st_mtime_ns, footer[0].schema.to_arrow_schema()
         buffer = pa.BufferOutputStream()  # encoded in memory, then one upload: the object appears whole or not
-        pq.write_table(data, buffer, **options)
+        pq.write_table(data, buffer, metadata_collector=footer, **options)
         body = buffer.getvalue()
         with self.fs.open_output_stream(path) as out:
             out.write(body)
-        return body.size
+        return body.size, 0, footer[0].schema.to_arrow_schema()
 
 
 def steps_dataset(files: Sequence[DataFile], schema: pa.Schema) -> ds.FileSystemDataset:

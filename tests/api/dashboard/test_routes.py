@@ -191,3 +191,24 @@ def test_the_experiment_view_is_served_with_hashed_assets(client: TestClient) ->
     for name in ("experiment.html", "experiment.js"):
         text = (HERE / name).read_text()
         assert "http://" not in text and "https://" not in text and "//cdn" not in text, name
+
+
+def test_a_service_reads_the_first_page_ahead_and_answers_it_from_what_it_read(
+        demo_store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``warm``, run as the service starts, reads the latest version's episodes, latest statistics, runs and
+    histograms: afterwards they are answered without reading a file's summary or a step again."""
+    from trajstore.api.dashboard import routes
+    from trajstore.query import summarized
+
+    expected = demo_store.latest_stats(routes.LAST_N), demo_store.runs()
+    fresh = trajstore.open(demo_store.root)  # a service just started: nothing read yet
+    routes.warm(fresh).join(120)
+
+    def no_more(*args: object, **kwargs: object) -> None:
+        raise AssertionError("read again after the warm-up")
+
+    monkeypatch.setattr(summarized, "read", no_more)
+    monkeypatch.setattr(fresh.engine, "snapshot", no_more)
+    assert fresh.latest_stats(routes.LAST_N).equals(expected[0]) and fresh.runs().equals(expected[1])
+    histogram = fresh.histogram(y="episode_return", bins=routes.HIST_BINS, density=True)
+    assert histogram.num_rows > 0

@@ -10,8 +10,9 @@ environment variables unless given.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, AsyncIterator
 
 from fastapi import Depends, FastAPI
 
@@ -55,19 +56,28 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
                               "number. Paths and query parameters take 64-bit integers as decimal strings or "
                               "numbers. Arrow answers keep int64.",
                   responses=problems.ERROR_RESPONSES,
-                  dependencies=[Depends(params.single_valued), Depends(params.version_refused)])
+                  dependencies=[Depends(params.single_valued), Depends(params.version_refused)],
+                  lifespan=_serving)
     app.state.settings = settings
     app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
     sql_worker.warm(settings.sql_worker_bytes, settings.sql_max_concurrent)  # POST /sql pays no process start
     health.start(app.state)  # the first probe of /health finds the store checked
-    if settings.dashboard_warm:
-        warm_dashboard(app.state.store)  # a first visit finds the latest version's curves ready
     problems.install(app)
     app.add_middleware(body_limit.BodyLimit, settings=settings)  # outermost: a body is refused before anything runs
     for module in (health, runs, episodes, frames, stats, steps, sql, ingest, history, events, commits, sequences):
         app.include_router(module.router)
     app.include_router(dashboard_router)
     return app
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: FastAPI) -> AsyncIterator[None]:
+    """What runs once the server serves ``app``, not when it is only made (``trajstore serve`` on a busy port makes
+    the app and exits: a reading thread then crashed the interpreter's shutdown, SIGSEGV): the dashboard's first
+    page read ahead, so a first visit finds it ready."""
+    if app.state.settings.dashboard_warm:
+        warm_dashboard(app.state.store)
+    yield
 
 
 # A request's line and headers may hold long filters (``where`` up to 10,000 characters, ``normalize`` more),

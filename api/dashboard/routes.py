@@ -73,7 +73,9 @@ def warm(store: Store) -> threading.Thread:
         except Exception as exc:  # noqa: BLE001 - the requests will say what is wrong
             log.debug("the dashboard's first page was not read ahead: %s", exc)
 
-    thread = threading.Thread(target=read, name="trajstore-dashboard-warm", daemon=True)
+    # not a daemon: a process that ends while it reads waits for it (a daemon thread inside DuckDB when the
+    # interpreter shuts down can crash the process)
+    thread = threading.Thread(target=read, name="trajstore-dashboard-warm")
     thread.start()
     return thread
 

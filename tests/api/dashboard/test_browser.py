@@ -63,7 +63,10 @@ def test_the_learning_curves_are_sketched_before_plotly_is_loaded(context: Any, 
             if (d[i + 3] === 255) seen[hex] = (seen[hex] || 0) + 1;
           }
           const want = {};
-          for (const s of trajstoreDashboard.binned.series) want[seriesColor(seriesKey(s))] = seen[seriesColor(seriesKey(s))] || 0;
+          for (const s of trajstoreDashboard.binned.series) {
+            const colour = seriesColor(seriesKey(s));
+            want[colour] = seen[colour] || 0;
+          }
           return want;
         }""")
         assert len(colours) == series.num_rows and all(n > 20 for n in colours.values()), colours

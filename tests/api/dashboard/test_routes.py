@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -34,7 +35,7 @@ def test_assets_are_compressed_named_by_their_hash_and_kept(client: TestClient) 
     assert page.headers["content-encoding"] == "gzip" and page.headers["cache-control"] == "no-cache"
     assert client.get("/dashboard", headers={"If-None-Match": page.headers["etag"]}).status_code == 304
     links = re.findall(r'(?:href|src|data-plotly)="(/dashboard/assets/[^"]+)"', page.text)
-    assert {link.split("?")[0].rsplit("/", 1)[1] for link in links} == {"common.js", "dashboard.js",
+    assert {link.split("?")[0].rsplit("/", 1)[1] for link in links} == {"common.js", "sketch.js", "dashboard.js",
                                                                         "dashboard.css", "plotly.min.js"}
     for link in links:
         name = link.split("?")[0].rsplit("/", 1)[1]
@@ -196,7 +197,8 @@ def test_the_experiment_view_is_served_with_hashed_assets(client: TestClient) ->
 def test_a_service_reads_the_first_page_ahead_and_answers_it_from_what_it_read(
         demo_store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """``warm``, run as the service starts, reads the latest version's episodes, latest statistics, runs,
-    histograms, statistics per series and curves per agent: afterwards they are answered without reading a file's summary or a step again."""
+    histograms, statistics per series and curves per agent: afterwards they are answered without reading a file's
+    summary or a step again."""
     from trajstore.api.dashboard import routes
     from trajstore.query import summarized
 
@@ -214,3 +216,18 @@ def test_a_service_reads_the_first_page_ahead_and_answers_it_from_what_it_read(
     assert histogram.num_rows > 0
     assert fresh.stats(by=["run_id", "env_id"]).num_rows > 0
     assert fresh.binned_curves(by="agent_id").num_rows == 0  # single-agent runs: no series per agent
+
+
+def test_the_read_ahead_is_waited_for_at_exit_even_when_started_from_a_daemon_thread(
+        demo_store: trajstore.Store) -> None:
+    """A test client serves from a daemon thread, whose threads are daemons unless told: a read-ahead still inside
+    DuckDB when the interpreter shuts down aborts the process ("FATAL: exception not rethrown")."""
+    from trajstore.api.dashboard import routes
+
+    started: list[threading.Thread] = []
+    starter = threading.Thread(target=lambda: started.append(routes.warm(trajstore.open(demo_store.root))),
+                               daemon=True)
+    starter.start()
+    starter.join()
+    started[0].join(120)
+    assert not started[0].daemon

@@ -155,7 +155,8 @@ def bench_stats(store: trajstore.Store, rollout: Rollout, repeats: int,
                        note=f"on the first {m:,} rows, already in memory as numpy")
     grouped = Timing("numpy sort + split into per-episode arrays, Python loop over episodes", n,
                      note="rows already in memory as numpy")
-    _interleaved(max(repeats, FAST_REPEATS), [(ours, lambda: trajstore.open(store.root).stats()), (hand, lambda: base.duckdb_stats(con, sql)),
+    _interleaved(max(repeats, FAST_REPEATS), [(ours, lambda: trajstore.open(store.root).stats()),
+                                              (hand, lambda: base.duckdb_stats(con, sql)),
                                               (imitation, lambda: base.imitation_style_stats(*sub))])
     _interleaved(max(1, repeats // 2), [(grouped, lambda: base.grouped_loop_stats(eid, rew, done))])
     con.close()
@@ -308,11 +309,11 @@ def to_markdown(res: Results, machine: dict[str, str], command: str) -> str:
         "(`next_obs_sparse`). The writer's time includes everything "
         "from the first `add_batch` to the end of `close()` (all files fsynced and committed). The writer keeps "
         "Parquet column statistics for episode_id and step only; the bare writes keep them for every column.",
-        "`store.stats()` is timed end to end (Delta log, DuckDB connection, query); the hand-written DuckDB "
-        "query gets its file list and connection for free. Results of all statistics methods are checked to "
-        "agree. `store.stats()` groups steps by episode_id alone when the commit log's per-file episode_id "
-        "ranges show that no id occurs in two (run_id, env_id) partitions, as here; otherwise it groups by "
-        "all three, which costs about a quarter more.",
+        "`store.stats()` is timed end to end on a new `Store` each run (Delta log, DuckDB connection, query): "
+        "it reads no step, but each file's summary (its episodes' partial aggregates, which the writer wrote "
+        "beside the table with the file, from the rows in memory) and combines them; the writer's time above "
+        "includes writing them. The hand-written DuckDB query groups the steps of the committed files, its file "
+        "list and connection given for free. Results of all statistics methods are checked to agree.",
         "The Python baselines start from rows already in memory as numpy arrays (their read is not timed), "
         "which favours them.",
         "The float64 reference for return-to-go is scipy's `lfilter` run per episode (the recursion "

@@ -6,7 +6,11 @@ files."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import tempfile
+import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +18,8 @@ import pytest
 
 import trajstore
 from tests.helpers import make_batch, stacked_stream
+from trajstore.loaders import stitched
+from trajstore.loaders.stitched import stitch
 from trajstore.settings import Settings
 from trajstore.storage.arrays import FOLDER, MANIFEST, StepArrays, fragments_of
 
@@ -214,3 +220,128 @@ def test_fragments_are_the_runs_of_one_episode_s_steps() -> None:
     got = fragments_of(eid, step)
     np.testing.assert_array_equal(got, [[5, 0, 0, 3], [9, 4, 3, 2], [5, 3, 5, 2], [7, 0, 7, 1]])
     assert fragments_of(np.zeros(0, np.int64), np.zeros(0, np.int64)).shape == (0, 4)
+
+
+# --- 2 MiB pages ---------------------------------------------------------------------------------------------------
+
+
+def huge_bytes(under: Path) -> int:
+    """Bytes of files under ``under`` this process maps 2 MiB at a time (``FilePmdMapped`` in /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[0] in "0123456789abcdef":
+            inside = str(under) in line
+        elif inside and line.startswith("FilePmdMapped:"):
+            total += int(line.split()[1]) << 10
+    return total
+
+
+def cached_small(path: Path) -> None:
+    """Put ``path`` in the page cache in 4 KiB folios, as a program reading it without readahead does."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        while os.read(fd, 4096):
+            pass
+    finally:
+        os.close(fd)
+
+
+def mapped_huge(path: Path, hint: bool) -> int:
+    """Bytes of ``path`` a fresh mapping of it maps 2 MiB at a time once read (``hint``: with MADV_HUGEPAGE)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        if hint:
+            m.madvise(stitched.MADV_HUGEPAGE)
+        np.frombuffer(m, np.uint8)[::4096].sum()
+        got = huge_bytes(path)
+        del f
+    return got
+
+
+def machine_maps_files_huge(folder: Path) -> bool:
+    """Whether this kernel and the file system of ``folder`` map a file's page cache 2 MiB at a time."""
+    probe = folder / "probe"
+    np.zeros(8 << 20, np.uint8).tofile(probe)
+    cached_small(probe)
+    os.posix_fadvise(os.open(probe, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
+    try:
+        return mapped_huge(probe, hint=True) > 0
+    finally:
+        probe.unlink()
+
+
+def wide(store: trajstore.Store, steps: int = 40_000) -> None:
+    """A store whose copies of obs fill several 2 MiB blocks (one file, obs float32[64]: 10 MiB)."""
+    rng = np.random.default_rng(5)
+    with store.writer(run_id="a", env_id="E") as w:
+        w.add_batch(make_batch(rng, steps // 8, 8, obs_dim=64, p_terminated=0.005, p_truncated=0.0))
+
+
+def copies_of(store: trajstore.Store) -> list[Any]:
+    return [store.table.arrays.read(store.table.location.relative(f.path)) for f in store.table.files()]
+
+
+needs_linux = pytest.mark.skipif(not Path("/proc/self/smaps").exists() or not hasattr(os, "posix_fadvise"),
+                                 reason="2 MiB mappings of files are Linux's")
+
+
+@needs_linux
+def test_files_cached_in_small_pages_are_read_again_in_2_mib_pages(store: trajstore.Store) -> None:
+    if not machine_maps_files_huge(store.root):
+        pytest.skip("this kernel or file system caches files in small folios only")
+    wide(store)
+    copies = [c.file("obs")[0] for c in copies_of(store)]
+    assert copies and sum(p.stat().st_size for p in copies) >= 8 << 20
+    for path in copies:
+        cached_small(path)
+    assert sum(mapped_huge(p, hint=False) for p in copies) == 0  # another program's reads left small folios
+    kw = dict(columns=["obs", "reward"], batch_size=64, shuffle=True, seed=1)
+    got = list(store.sequences(16, **kw))  # the fold runs beside these batches
+    for thread in threading.enumerate():
+        if thread.name == "trajstore-populate":
+            thread.join()
+    same(got, list(from_parquet(store).sequences(16, **kw)))
+    whole = sum(p.stat().st_size // stitched.HUGE * stitched.HUGE for p in copies)
+    assert huge_bytes(store.root / FOLDER) >= whole * stitched.FOLD_BELOW  # this process: 2 MiB entries
+    assert sum(mapped_huge(p, hint=False) for p in copies) >= whole * stitched.FOLD_BELOW  # and the page cache's
+    again = list(store.sequences(16, **kw))  # the layout kept: its batches are still the same
+    same(again, got)
+
+
+@needs_linux
+def test_a_file_system_without_large_folios_is_folded_once(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    with tempfile.TemporaryDirectory(dir=shm) as folder:
+        if machine_maps_files_huge(Path(folder)):
+            pytest.skip("this machine's tmpfs has large folios")
+        store = trajstore.open(Path(folder) / "store", create=True)
+        wide(store)
+        layout = stitch(copies_of(store),
+                        {"obs": (np.dtype(np.float32), (64,))}, None)
+        assert layout is not None
+        region = layout.regions["obs"]
+        try:
+            device = os.stat(folder).st_dev
+            stitched._unfoldable.discard(device)
+            region.populate()
+            assert device in stitched._unfoldable  # tried once, found small: never again in this process
+            assert region.fold() == []
+            path, _ = copies_of(store)[0].file("obs")
+            on_disk = np.fromfile(path, np.float32).reshape(-1, 64)
+            np.testing.assert_array_equal(region.array[region.first_row[0]:][:len(on_disk)], on_disk)
+        finally:
+            layout.close()
+            stitched._unfoldable.discard(device)
+
+
+def test_a_closed_region_is_neither_mapped_in_nor_folded(copied: trajstore.Store) -> None:
+    layout = stitch(copies_of(copied), {"reward": (np.dtype(np.float32), ())}, None)
+    assert layout is not None
+    region = layout.regions["reward"]
+    layout.close()
+    region.populate()  # a thread still running after its loader closed: nothing happens, nothing fails
+    assert region.fold() == []

@@ -51,6 +51,7 @@ N_STEP, GAMMA = 3, 0.99  # the n-step transitions measured
 TRANSITION_COLUMNS = ["obs", "action"]
 MIN_BATCHES = 1000  # per-batch statistics over at least this many batches (several epochs of a small store)
 STRIDE1_BATCHES = 3000  # stride=1 batches timed (an epoch of 50M windows would take minutes)
+SETTLE_BATCHES = 20  # batches before the timed ones, after which the loader's mapping threads are waited for
 TORCHRL_BATCHES = {"torchrl": 40, "torchrl-cached": 300}  # samples timed per run (the default sampler is slow)
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
@@ -116,6 +117,21 @@ def summary(times: list[float]) -> dict[str, Any]:
 # --- the methods (each in a child process) ---------------------------------------------------------------------
 
 
+def settle(it: Any) -> float:
+    """Seconds to take ``SETTLE_BATCHES`` batches and wait for the threads mapping the layout into the process
+    (``trajstore-populate``, which also re-read files cached in small folios): the timed batches after it read a
+    layout wholly in memory, as the hand-written routes' do theirs."""
+    import threading
+
+    t = time.perf_counter()
+    for _, batch in zip(range(SETTLE_BATCHES), it):  # (fewer where the epoch ends first)
+        touch(batch.values())
+    for thread in threading.enumerate():
+        if thread.name == "trajstore-populate":
+            thread.join()
+    return time.perf_counter() - t
+
+
 def run_trajstore(path: str, stride: int | None, limit: int | None, pad: bool = False,
                   transitions: bool = False) -> dict[str, Any]:
     import trajstore
@@ -133,6 +149,7 @@ def run_trajstore(path: str, stride: int | None, limit: int | None, pad: bool = 
     first = next(it)
     touch(first.values())
     first_s = time.perf_counter() - t0
+    settle_s = None if limit is not None and limit <= 2 else settle(it)  # (a first batch alone: not waited for)
     times = timed_batches(it, None if limit is None else limit - 1)
     epoch_s = time.perf_counter() - t0
     it.close()
@@ -145,8 +162,8 @@ def run_trajstore(path: str, stride: int | None, limit: int | None, pad: bool = 
     touch(next(again).values())
     next_epoch_s = time.perf_counter() - t
     again.close()
-    return {"first_batch_s": first_s, "epoch_s": epoch_s if limit is None else None, "next_epoch_s": next_epoch_s,
-            "windows": it.items, "built": store.layouts.built, **summary(times)}
+    return {"first_batch_s": first_s, "settle_s": settle_s, "epoch_s": epoch_s if limit is None else None,
+            "next_epoch_s": next_epoch_s, "windows": it.items, "built": store.layouts.built, **summary(times)}
 
 
 def episode_major(path: str, names: list[str] = COLUMNS, spare: int = 0) -> tuple[Any, dict[str, Any]]:
@@ -495,6 +512,20 @@ def warm(*folders: Path) -> None:
                         pass
 
 
+def warm_mapped(folder: Path) -> None:
+    """Read every file under ``folder`` once through a mapping advised to 2 MiB pages: the page cache as a trajstore
+    loader or writer leaves it (files already cached stay as they are)."""
+    import mmap
+
+    import numpy as np
+
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.stat().st_size:
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+                m.madvise(getattr(mmap, "MADV_HUGEPAGE", 14))
+                np.frombuffer(m, np.uint8)[::4096].sum()
+
+
 def drop_caches() -> bool:
     """Empty the page cache (as root, where the machine lets us); whether it was."""
     try:
@@ -523,11 +554,23 @@ def build_size(path: Path, steps: int, quick: bool) -> dict[str, Any]:
     return res
 
 
+def fold_size(path: Path) -> dict[str, Any]:
+    """The first transitions process over a store whose copies another program read with ``read()`` (into small
+    folios of the page cache, the page cache dropped first where the machine lets us): its loader re-reads them in
+    2 MiB folios (``Region.fold``) while it settles."""
+    dropped = drop_caches()
+    warm(path / "arrays")
+    res = {**run_child("trajstore", str(path), {"transitions": True, "limit": MIN_BATCHES}), "cache_dropped": dropped}
+    _log(f"{path.name} transitions over copies read with read(): {res}")
+    return res
+
+
 def trajstore_runs(paths: list[Path], results: list[dict[str, Any]], repeats: int, quick: bool) -> None:
     """The trajstore processes of every size, the sizes taking turns ``repeats`` times (so that the machine's
     load at one moment falls on all of them alike); each size keeps the run of median per-batch time."""
     for path, res in zip(paths, results):
-        warm(path / "arrays")
+        res["fold"] = fold_size(path)
+        warm_mapped(path / "arrays")
         for folder in ("arrays", "steps"):
             res[f"{folder}_mib"] = sum(f.stat().st_size for f in (path / folder).rglob("*") if f.is_file()) / 2**20
     runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
@@ -650,6 +693,12 @@ def targets(res: dict[str, Any]) -> list[tuple[str, float, str, bool, str]]:
     return [(t, v, req, v <= limits[req], fmt) for t, v, req, _, fmt in rows]
 
 
+def fold_text(sizes: list[dict[str, Any]]) -> str:
+    """Per-batch medians after a fold, against the transitions rows over copies cached in 2 MiB folios."""
+    return "; ".join(f"{s['steps'] / 1e6:g}M: {s['fold']['median_ms']:.3f} ms after it, "
+                     f"{s['transitions']['median_ms']:.3f} ms in the transitions row" for s in sizes if "fold" in s)
+
+
 def to_markdown(res: dict[str, Any], machine: dict[str, str], command: str) -> str:
     sizes = res["sizes"]
     dropped = "page cache dropped" if all(s["cache_dropped"] for s in sizes) else \
@@ -699,11 +748,15 @@ def to_markdown(res: dict[str, Any], machine: dict[str, str], command: str) -> s
               "trajstore epoch / 256, estimated). Next epoch: `epoch=1` on the same object to its first batch. "
               "Memory: `VmHWM` counts mapped file pages (the page cache's, shared by every process mapping the "
               "same files); anonymous is the process's own (peak `RssAnon`); file is `RssFile` at the end.", "",
-              "| steps | method | first batch s | epoch s | next epoch s | VmHWM MiB | peak anon MiB | file MiB |",
-              "|---:|---|---:|---:|---:|---:|---:|---:|"]
+              "Settle: after the first batch, the seconds to take 20 more and wait for the threads mapping the "
+              "layout into the process (and re-reading files cached in small folios); the per-batch times are of "
+              "the batches after it.", "",
+              "| steps | method | first batch s | settle s | epoch s | next epoch s | VmHWM MiB | peak anon MiB | "
+              "file MiB |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     names = {"build": "trajstore, first process over a store just written", "parquet":
              "trajstore, first process over the same store without array copies (builds its layout from Parquet)",
-             "trajstore": NAMES["trajstore"],
+             "trajstore": NAMES["trajstore"], "fold": f"{NAMES['transitions']}, first process over copies another "
+             "program read with read() (re-read in 2 MiB folios while it settles)",
              "pad": NAMES["pad"], "stride1": NAMES["stride1"], "transitions": NAMES["transitions"],
              "numpy": "numpy in RAM (windows, every route)", "numpy-transitions": "numpy in RAM (transitions)",
              "torchrl": NAMES["torchrl"], "torchrl-cached": NAMES["torchrl-cached"]}
@@ -719,7 +772,8 @@ def to_markdown(res: dict[str, Any], machine: dict[str, str], command: str) -> s
             else:
                 epoch_text = "" if epoch is None else f"{epoch:.1f}"
             nxt = r.get("next_epoch_s")
-            lines.append(f"| {s['steps'] / 1e6:g}M | {name} | {r['first_batch_s']:.2f} | {epoch_text} | "
+            settled = "" if r.get("settle_s") is None else f"{r['settle_s']:.2f}"
+            lines.append(f"| {s['steps'] / 1e6:g}M | {name} | {r['first_batch_s']:.2f} | {settled} | {epoch_text} | "
                          f"{'' if nxt is None or key in ('build', 'parquet') else f'{nxt:.3f}'} | {r['hwm_mib']:.0f} | "
                          f"{r['anon_peak_mib']:.0f} | {r['file_mib']:.0f} |")
     q = res["quality"]
@@ -765,7 +819,11 @@ def to_markdown(res: dict[str, Any], machine: dict[str, str], command: str) -> s
               "- p90 and the spread of the epoch times are the machine's load (other sessions' test suites on the "
               "same 2 cores, see the load averages below), not the loaders': compare medians and minima.",
               "- The page cache was warmed before each method's run by reading its files once, except for the "
-              "first process over each store (" + dropped + ").",
+              "first process over each store (" + dropped + "). trajstore's array copies were read through a "
+              "mapping advised to 2 MiB pages, as its loaders and writers leave them in the page cache; the row "
+              "'first process over copies another program read with read()' shows what a loader pays when it finds "
+              "them cached in small folios instead (read by `cp`, a checksum, or an older trajstore): it re-reads "
+              "them in 2 MiB folios while it settles (per batch " + fold_text(sizes) + ").",
               "- The machine is shared (2 cores, other sessions running): expect noise in the seconds; compare "
               "rows of one size, measured minutes apart.", "", "### Machine", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in machine.items()]

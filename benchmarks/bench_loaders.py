@@ -12,6 +12,8 @@ and 50M steps (200 envs, episodes of 50–1000 steps, obs float32[17], `benchmar
 - TorchRL: ``ReplayBuffer`` + ``LazyMemmapStorage`` + ``SliceSampler(slice_len=64, traj_key="episode",
   strict_length=True)``, default and ``cache_values=True`` (the storage written once from the same store,
   episode-major, then reopened by each process with ``ReplayBuffer.loads``);
+- Flashbax: ``make_trajectory_buffer`` (JAX on the CPU) filled with the store's steps as a training loop adds them,
+  sampling 256 sequences of 64 steps (period 1);
 - and, at the smallest size, an ``s3://`` store (SeaweedFS on this machine): what a fresh machine pays for its
   first batch when another machine built the layout.
 
@@ -28,6 +30,7 @@ Generated stores and TorchRL storages are kept under ``--data`` (default ``.cach
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -53,6 +56,7 @@ MIN_BATCHES = 1000  # per-batch statistics over at least this many batches (seve
 STRIDE1_BATCHES = 3000  # stride=1 batches timed (an epoch of 50M windows would take minutes)
 SETTLE_BATCHES = 20  # batches before the timed ones, after which the loader's mapping threads are waited for
 TORCHRL_BATCHES = {"torchrl": 40, "torchrl-cached": 300}  # samples timed per run (the default sampler is slow)
+FLASHBAX_BATCHES = 300
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
@@ -388,6 +392,43 @@ def run_torchrl(path: str, cached: bool, limit: int) -> dict[str, Any]:
     return {"first_batch_s": first_s, **summary(times)}
 
 
+def run_flashbax(path: str, limit: int) -> dict[str, Any]:
+    """Flashbax's trajectory buffer (JAX arrays on the CPU) holding the store's steps as rows of the 200 envs that
+    added them, filled as a training loop fills it (``add`` of 1,000 steps of every env at a time, jitted with the
+    state donated); ``sample`` jitted: 256 sequences of 64 steps, any start (period 1), with replacement, which
+    may cross an episode's end (Flashbax leaves episodes to the user)."""
+    import flashbax as fbx
+    import jax
+    import numpy as np
+    from loader_data import ENVS, HORIZON
+
+    t0 = time.perf_counter()
+    eid, columns = episode_major(path)
+    steps = len(eid) // ENVS
+    del eid
+    rows = {c: v[:steps * ENVS].reshape(ENVS, steps, *v.shape[1:]) for c, v in columns.items()}
+    buffer = fbx.make_trajectory_buffer(add_batch_size=ENVS, sample_batch_size=BATCH, sample_sequence_length=LENGTH,
+                                        period=1, min_length_time_axis=LENGTH, max_length_time_axis=steps)
+    add, sample = jax.jit(buffer.add, donate_argnums=0), jax.jit(buffer.sample)
+    state = buffer.init({c: v[0, 0] for c, v in rows.items()})
+    for t in range(0, steps, HORIZON):
+        state = add(state, {c: v[:, t:t + HORIZON] for c, v in rows.items()})
+    del rows, columns
+    key = jax.random.key(0)
+
+    def samples() -> Any:
+        nonlocal key
+        while True:
+            key, now = jax.random.split(key)
+            batch = sample(state, now).experience
+            yield {c: np.asarray(jax.block_until_ready(v)) for c, v in batch.items()}
+
+    it = samples()
+    touch(next(it).values())
+    first_s = time.perf_counter() - t0
+    return {"first_batch_s": first_s, **summary(timed_batches(it, limit))}
+
+
 def run_s3(path: str, steps: int) -> dict[str, Any]:
     """A store written to SeaweedFS; machine A builds the layout (and puts it in the bucket), machine B (another
     layout cache, fresh processes) copies it for its first batch, then reads its own copy."""
@@ -467,6 +508,9 @@ def child(method: str, target: str, options: str) -> None:
     args = json.loads(options)
     if method.startswith("torchrl"):
         import torchrl  # noqa: F401
+    if method == "flashbax":  # one thread, as every other route (XLA's CPU threads would take both cores)
+        os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        import flashbax  # noqa: F401
     memory = Memory()
     if args.get("parquet"):  # a store read as if its writers had written no array copies
         os.environ["TRAJSTORE_LOADER_ARRAYS"] = "0"
@@ -481,6 +525,8 @@ def child(method: str, target: str, options: str) -> None:
         out = make_torchrl(target)
     elif method in TORCHRL_BATCHES:
         out = run_torchrl(target, method == "torchrl-cached", args["limit"])
+    elif method == "flashbax":
+        out = run_flashbax(target, args["limit"])
     elif method == "s3-first":
         out = run_s3_first(target, args)
     elif method == "quality":
@@ -586,7 +632,7 @@ def trajstore_runs(paths: list[Path], results: list[dict[str, Any]], repeats: in
         results[i][key] = {**ordered[len(ordered) // 2], "run_medians_ms": [r["median_ms"] for r in done]}
 
 
-def other_routes(path: Path, res: dict[str, Any], quick: bool, torchrl: bool) -> None:
+def other_routes(path: Path, res: dict[str, Any], quick: bool, torchrl: bool, flashbax: bool) -> None:
     steps = res["steps"]
     warm(path / "steps")
     res["numpy"] = run_child("numpy", str(path))
@@ -604,24 +650,25 @@ def other_routes(path: Path, res: dict[str, Any], quick: bool, torchrl: bool) ->
         for method, limit in TORCHRL_BATCHES.items():
             res[method] = run_child(method, str(path), {"limit": limit // 4 if quick else limit})
             _log(f"{steps:,} {method}: {res[method]}")
+    if flashbax:
+        warm(path / "steps")
+        res["flashbax"] = run_child("flashbax", str(path), {"limit": FLASHBAX_BATCHES // (4 if quick else 1)})
+        _log(f"{steps:,} flashbax: {res['flashbax']}")
 
 
 def measure(sizes: list[int], data: Path, quick: bool, with_s3: bool, repeats: int) -> dict[str, Any]:
     from loader_data import ensure_store
 
-    try:
-        import tensordict  # noqa: F401
-        import torchrl  # noqa: F401
-        torchrl_ok = True
-    except ImportError:
-        _log("torchrl is not installed (pip install -e '.[bench]'): its rows are left out")
-        torchrl_ok = False
+    peers = {name: importlib.util.find_spec(name) is not None for name in ("torchrl", "tensordict", "flashbax")}
+    for name, found in peers.items():
+        if not found:
+            _log(f"{name} is not installed (pip install -e '.[bench]'): its rows are left out")
     paths = [ensure_store(data, steps, log=_log) for steps in sizes]
     results: dict[str, Any] = {"sizes": [build_size(path, steps, quick) for path, steps in zip(paths, sizes)],
                                "repeats": repeats}
     trajstore_runs(paths, results["sizes"], repeats, quick)
     for path, res in zip(paths, results["sizes"]):
-        other_routes(path, res, quick, torchrl_ok)
+        other_routes(path, res, quick, peers["torchrl"] and peers["tensordict"], peers["flashbax"])
     results["quality"] = run_child("quality", str(paths[-1]))
     _log(f"shuffle quality: {results['quality']}")
     if with_s3:
@@ -652,9 +699,10 @@ NAMES = {"trajstore": "trajstore windows, pad=False", "numpy-fancy": "numpy `v[i
          "numpy-take-pad": "numpy `np.take`, padded", "numpy-block-pad": "numpy strided block copy, padded",
          "stride1": "trajstore windows, stride=1", "torchrl": "TorchRL SliceSampler",
          "torchrl-cached": "TorchRL SliceSampler(cache_values=True)",
+         "flashbax": "Flashbax trajectory buffer (JAX, period 1)",
          "transitions": f"trajstore transitions(n={N_STEP})", "numpy-tr-batch": "numpy n-step per batch",
          "numpy-tr-precomputed": "numpy n-step precomputed once"}
-VERSUS = {"stride1": "trajstore", "torchrl": "trajstore", "torchrl-cached": "trajstore",
+VERSUS = {"stride1": "trajstore", "torchrl": "trajstore", "torchrl-cached": "trajstore", "flashbax": "trajstore",
           **{k: t for t, ks in HAND.items() for k in [t, *ks]}}  # the row each row's ratio is against
 
 
@@ -720,8 +768,10 @@ def to_markdown(res: dict[str, Any], machine: dict[str, str], command: str) -> s
               "past an episode's end zeroed; transitions by the same n-step rule per batch as trajstore, or by "
               "gathering an n-step reward, next position and discount computed once for every step before the "
               "first batch. Ratios are against the fastest hand-written route doing the same work (stride 1 and "
-              "TorchRL: against pad=False windows). Min, median and p90 over the batches of one epoch, or of as many "
-              f"epochs as make {MIN_BATCHES:,} batches (stride 1: the first {STRIDE1_BATCHES:,} batches; TorchRL: "
+              "TorchRL and Flashbax: against pad=False windows; both sample with replacement, Flashbax's sequences "
+              "start anywhere and may cross an episode's end). Min, median and p90 over the batches of one epoch, "
+              f"or of as many epochs as make {MIN_BATCHES:,} batches (stride 1: the first {STRIDE1_BATCHES:,} "
+              f"batches; Flashbax: {FLASHBAX_BATCHES} samples; TorchRL: "
               f"{TORCHRL_BATCHES['torchrl']} and {TORCHRL_BATCHES['torchrl-cached']} samples of {BATCH} slices), "
               "the first batch of a process left out (it is in the next table). trajstore: the run of median "
               f"per-batch time among {res['repeats']} process(es) per size, the sizes taking turns (all medians "
@@ -744,7 +794,8 @@ def to_markdown(res: dict[str, Any], machine: dict[str, str], command: str) -> s
               "cache warm), and a first process over the same store read without its array copies, which builds "
               "the loader layout from the Parquet files (what every first read cost before copies); for numpy "
               "reading the store into RAM, for TorchRL `ReplayBuffer.loads` of its "
-              "storage and the first sample. Epoch: first batch to last (TorchRL: median × the windows of a "
+              "storage and the first sample, for Flashbax reading the store into RAM, adding it to the buffer and "
+              "the first (compiled) sample. Epoch: first batch to last (TorchRL, Flashbax: median × the windows of a "
               "trajstore epoch / 256, estimated). Next epoch: `epoch=1` on the same object to its first batch. "
               "Memory: `VmHWM` counts mapped file pages (the page cache's, shared by every process mapping the "
               "same files); anonymous is the process's own (peak `RssAnon`); file is `RssFile` at the end.", "",
@@ -759,7 +810,7 @@ def to_markdown(res: dict[str, Any], machine: dict[str, str], command: str) -> s
              "program read with read() (re-read in 2 MiB folios while it settles)",
              "pad": NAMES["pad"], "stride1": NAMES["stride1"], "transitions": NAMES["transitions"],
              "numpy": "numpy in RAM (windows, every route)", "numpy-transitions": "numpy in RAM (transitions)",
-             "torchrl": NAMES["torchrl"], "torchrl-cached": NAMES["torchrl-cached"]}
+             "torchrl": NAMES["torchrl"], "torchrl-cached": NAMES["torchrl-cached"], "flashbax": NAMES["flashbax"]}
     for s in sizes:
         windows = s["trajstore"]["windows"]
         for key, name in names.items():
@@ -767,7 +818,7 @@ def to_markdown(res: dict[str, Any], machine: dict[str, str], command: str) -> s
                 continue
             r = s[key]
             epoch = r.get("epoch_s")
-            if key.startswith("torchrl"):
+            if key.startswith("torchrl") or key == "flashbax":
                 epoch_text = f"~{r['median_ms'] * windows / BATCH / 1e3:.1f}"
             else:
                 epoch_text = "" if epoch is None else f"{epoch:.1f}"

@@ -616,6 +616,7 @@ def trajstore_runs(paths: list[Path], results: list[dict[str, Any]], repeats: in
     load at one moment falls on all of them alike); each size keeps the run of median per-batch time."""
     for path, res in zip(paths, results):
         res["fold"] = fold_size(path)
+    for path, res in zip(paths, results):  # after the last fold_size dropped the page cache
         warm_mapped(path / "arrays")
         for folder in ("arrays", "steps"):
             res[f"{folder}_mib"] = sum(f.stat().st_size for f in (path / folder).rglob("*") if f.is_file()) / 2**20

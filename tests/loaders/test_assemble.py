@@ -203,3 +203,18 @@ def test_without_kernels_every_batch_is_plain(monkeypatch: pytest.MonkeyPatch) -
     loading.wait()
     assert not loading.compiled(256) and not loading.compiled(256)
     assert isinstance(loading.failed, RuntimeError)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_bucket_index_finds_what_a_binary_search_finds(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    top = int(rng.integers(1, 5000))
+    keys = np.sort(rng.integers(0, top, int(rng.integers(0, 300))))  # repeated keys: episodes of no windows
+    if seed % 3 == 0 and len(keys):
+        keys[0] = 0  # a key at the first value, as every episode offset table starts
+    first, shift = assemble.bucketed(keys, top)
+    assert len(first) <= 2 * max(len(keys), 1)  # about one bucket per key
+    values = np.arange(top, dtype=np.int64)
+    want = np.searchsorted(keys, values, side="right") - 1
+    got = [assemble._last_at_or_below(keys, first, shift, int(v)) for v in values]
+    np.testing.assert_array_equal(got, want)

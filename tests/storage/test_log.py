@@ -1,10 +1,22 @@
-"""The log's conditional commit (storage/log.py): a commit made against one version lands right after it, or not at
-all, and records its app transaction."""
+"""The log (storage/log.py): a commit made against one version lands right after it, or not at all, and records its
+app transaction; a listing of the log that misses a version while another writer makes it is read again, not taken
+for damage, while a version missing for good is reported as damage."""
 
 from __future__ import annotations
 
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
 import trajstore
+from tests.helpers import make_batch
 from tests.storage.helpers import rows
+from trajstore.store import check
 
 
 def test_a_commit_after_a_version_fails_once_another_commit_took_the_next(store: trajstore.Store) -> None:
@@ -25,3 +37,81 @@ def test_a_commit_after_records_its_app_transaction(store: trajstore.Store) -> N
     assert store.table.log.commit_after(store.table.log.ensure(written.schema), written,
                                         app=("trajstore-ingest:k", 2**62 + 3))
     assert store.table.log.read().app_version("trajstore-ingest:k") == 2**62 + 3
+
+
+# --- a listing that misses a version another writer was making ------------------------------------------------------
+# A directory listing need not show an entry created while it runs, so with many writers deltalake can list versions
+# 4,993 and 4,995 but not 4,994 ("Expected contiguous commit files, but found gap"). The tests make that gap for
+# real: a version's entry is moved out of the log, and put back while trajstore reads again.
+
+
+def _entry(store: trajstore.Store, version: int) -> Path:
+    return store.table.path / "_delta_log" / f"{version:020d}.json"
+
+
+@contextmanager
+def _missing(store: trajstore.Store, version: int, *, back_after: float | None) -> Iterator[None]:
+    """Version ``version``'s log entry out of the log; put back (never over another) after ``back_after`` seconds,
+    or on leaving when None."""
+    entry, aside = _entry(store, version), store.table.path / "aside.json"
+    entry.rename(aside)
+    timer = threading.Timer(back_after or 0.0, os.link, (aside, entry))
+    if back_after is not None:
+        timer.start()
+    try:
+        yield
+    finally:
+        if back_after is None:
+            os.link(aside, entry)
+        else:
+            timer.join()
+        aside.unlink()
+
+
+def _episodes(store: trajstore.Store) -> list[int]:
+    return store.sql("SELECT episode_id FROM steps ORDER BY episode_id, step")["episode_id"].to_pylist()
+
+
+def test_a_reader_and_a_writer_whose_listing_misses_a_version_read_again(store: trajstore.Store) -> None:
+    for e in range(1, 5):
+        store.table.append(rows(episode_id=e), run_id="r", env_id="E")
+    with _missing(store, 2, back_after=0.3):
+        assert _episodes(store) == [e for e in range(1, 5) for _ in range(4)]
+    with _missing(store, 2, back_after=0.3):
+        store.table.append(rows(episode_id=5), run_id="r", env_id="E")
+    assert _episodes(store) == [e for e in range(1, 6) for _ in range(4)]
+    assert check(store).ok
+
+
+def test_a_commit_that_meets_a_gap_after_losing_the_race_is_retried_not_failed(store: trajstore.Store) -> None:
+    """deltalake lists the log inside the commit call once another commit took the version; the gap it meets there
+    is a lost race too (nothing landed), so the caller reads again and commits on the latest version."""
+    log = store.table.log
+    store.table.append(rows(episode_id=1), run_id="r", env_id="E")
+    written = store.table.write(rows(episode_id=9), run_id="r", env_id="E")
+    read = log.ensure(written.schema)
+    for e in range(2, 5):  # versions after the one the commit was planned on
+        store.table.append(rows(episode_id=e), run_id="r", env_id="E")
+    with _missing(store, read.number + 2, back_after=0.3):
+        assert log.commit_after(read, written) is False
+    assert log.commit_after(log.ensure(written.schema), written) is True
+    assert _episodes(store) == [e for e in (1, 2, 3, 4, 9) for _ in range(4)]
+
+
+def test_a_version_that_stays_missing_is_damage_and_a_writer_keeps_its_rows(store: trajstore.Store) -> None:
+    rng = np.random.default_rng(0)
+    with store.writer(run_id="r", env_id="E", upkeep=None) as w:
+        for _ in range(3):
+            w.add_batch(make_batch(rng, 8, 2))
+            w.flush()
+        stored = store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
+        w.add_batch(make_batch(rng, 8, 2))
+        with _missing(store, 1, back_after=None):
+            for read in (store.table.files, w.flush):  # a reader, and the writer's commit (which keeps its rows)
+                with pytest.raises(trajstore.errors.StoreDamagedError, match="lists versions 0 and 2 but not those"):
+                    read()
+        w.flush()  # the entry is back: the rows kept are committed, once
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == stored + 16
+    assert store.sql("SELECT count(*) AS n FROM (SELECT DISTINCT episode_id, step FROM steps)")["n"][0].as_py() \
+        == stored + 16
+    assert check(store).ok

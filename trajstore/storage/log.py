@@ -61,6 +61,8 @@ ENTRY = re.compile(r"^(\d{20})\.json$")  # one version's entry in LOG_DIR
 COMMIT_RETRIES = 20  # a schema change's tries while other writers change it first
 APPEND_RETRIES = 100  # an append's tries while other writers keep committing first (each after a back-off)
 UNSURE_KEPT = 10_000  # appends that raised, remembered until they are sent again
+LISTING_RETRIES = 12  # reads of the log while its listing misses an entry another writer was making (~1 s in all)
+GAP = "Expected contiguous commit files"  # deltalake's error for a log listed with a version missing
 
 
 @dataclass(frozen=True)
@@ -381,11 +383,29 @@ class Log:
 
     def _open(self, number: int | None) -> DeltaTable | None:
         try:
-            return DeltaTable(self.uri, version=number, storage_options=self.location.storage_options)
+            return self._listed(lambda: DeltaTable(self.uri, version=number,
+                                                   storage_options=self.location.storage_options))
         except TableNotFoundError:
             return None
         except (OSError, DeltaError) as exc:  # deltalake says "object store" errors either way
             raise explain(exc, self.location) or exc
+
+    def _listed(self, read: Callable[[], Any]) -> Any:
+        """``read()`` (a read of the log: an open, an update), made again after a back-off while its listing misses
+        a version (:func:`_listing_race`); a version still missing after ~1 s is damage to the log."""
+        last: DeltaError | None = None
+        for _ in tries(LISTING_RETRIES):
+            try:
+                return read()
+            except DeltaError as exc:
+                if not _listing_race(exc):
+                    raise
+                last = exc
+        listed = " and ".join(re.findall(r"\bversion: (\d+)", str(last))[:2])
+        listed = f"versions {listed}" if listed else "two versions"
+        raise StoreDamagedError(f"the commit log of {self.uri} lists {listed} but not those between them (listed "
+                                f"{LISTING_RETRIES} times over ~1 s): a log entry is missing; run `trajstore check`",
+                                path=self.location.uri_of(LOG_DIR)) from last
 
     # --- checkpoints -----------------------------------------------------------------------------------------
 
@@ -516,8 +536,10 @@ class Log:
             except StoreAccessError:
                 raise
             except Exception as exc:
-                raise explain(exc, self.location) or CommitError(
-                    f"commit of {written.relative} to {self.uri} failed: {one_line(exc)}") from exc
+                if not _listing_race(exc):  # it did not land (settle looked): the log is read again, then retried
+                    raise explain(exc, self.location) or CommitError(
+                        f"commit of {written.relative} to {self.uri} failed: {one_line(exc)}") from exc
+                last = exc
         raise CommitError(f"commit of {written.relative} failed after {APPEND_RETRIES} attempts (other commits "
                           f"kept coming first): {one_line(last)}")
 
@@ -537,6 +559,8 @@ class Log:
         except StoreAccessError:
             raise
         except Exception as exc:
+            if _listing_race(exc):  # it did not land: as for a lost race, the caller reads the log again
+                return False
             raise explain(exc, self.location) or CommitError(
                 f"commit of {written.relative} to {self.uri} failed: {one_line(exc)}") from exc
         return True
@@ -611,7 +635,7 @@ class Log:
         """``table`` brought to the latest version by reading the versions since (columns are only ever added:
         a file's columns the log held stay held)."""
         try:
-            table.update_incremental()
+            self._listed(table.update_incremental)
         except (OSError, DeltaError) as exc:
             raise explain(exc, self.location) or exc
 
@@ -691,3 +715,11 @@ def _ms(value: object) -> int:
     if hasattr(value, "timestamp"):
         return int(value.timestamp() * 1000)  # type: ignore[union-attr]
     return int(value or 0)  # type: ignore[call-overload]
+
+
+def _listing_race(exc: BaseException) -> bool:
+    """Whether ``exc`` is deltalake finding a version missing between two it listed in the log. Each version's entry
+    is made whole (put if absent) and none after the last checkpoint is removed, so while other writers commit this
+    is a listing that missed an entry made as it ran (a directory listing need not show those), not damage: reading
+    the log again finds it."""
+    return isinstance(exc, DeltaError) and GAP in str(exc)

@@ -98,6 +98,22 @@ def test_a_commit_that_meets_a_gap_after_losing_the_race_is_retried_not_failed(s
     assert _episodes(store) == [e for e in (1, 2, 3, 4, 9) for _ in range(4)]
 
 
+def test_a_swap_whose_rebase_meets_a_gap_is_sent_again_and_lands_once(store: trajstore.Store) -> None:
+    """A compaction or delete commits over the versions since it read (deltalake rebases it); the gap its rebase
+    meets is sent again, not reported as a failed change."""
+    log = store.table.log
+    store.table.append(rows(episode_id=1), run_id="r", env_id="E")
+    read = log.read()
+    assert read is not None
+    for e in range(2, 5):
+        store.table.append(rows(episode_id=e), run_id="r", env_id="E")
+    written = store.table.write(rows(episode_id=9), run_id="r", env_id="E")
+    with _missing(store, read.number + 2, back_after=0.3):
+        version = log.swap(read, [], [written], metadata={"operation": "rewrite"})
+    assert version == read.number + 4
+    assert _episodes(store) == [e for e in (1, 2, 3, 4, 9) for _ in range(4)]
+
+
 def test_a_version_that_stays_missing_is_damage_and_a_writer_keeps_its_rows(store: trajstore.Store) -> None:
     rng = np.random.default_rng(0)
     with store.writer(run_id="r", env_id="E", upkeep=None) as w:

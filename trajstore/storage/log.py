@@ -591,18 +591,22 @@ class Log:
                 raise CommitError(f"{operation}: another change removed some of the files it read; nothing was "
                                   "committed")
         attempt = Attempt(table.version())
-        try:
-            landed = self._send(table, attempt, actions, what=f"the {operation} of {len(removed)} file(s)",
-                                metadata=metadata, schema=table_schema)
-        except StoreAccessError:
-            raise
-        except OSError as exc:
-            raise explain(exc, self.location) or CommitError(f"{operation} of {len(removed)} file(s) in {self.uri} "
-                                                             f"was not committed: {one_line(exc)}") from exc
-        except Exception as exc:
-            raise explain(exc, self.location) or CommitError(
-                f"{operation} of {len(removed)} file(s) in {self.uri} was not committed (another change removed "
-                f"some of them first?): {first_line(exc)}") from exc
+        for i in tries(LISTING_RETRIES):
+            try:
+                landed = self._send(table, attempt, actions, what=f"the {operation} of {len(removed)} file(s)",
+                                    metadata=metadata, schema=table_schema)
+                break
+            except StoreAccessError:
+                raise
+            except OSError as exc:
+                raise explain(exc, self.location) or CommitError(
+                    f"{operation} of {len(removed)} file(s) in {self.uri} was not committed: {one_line(exc)}") from exc
+            except Exception as exc:
+                if _listing_race(exc) and i < LISTING_RETRIES - 1:  # its rebase listed the log as another commit
+                    continue                                        # was made, and it did not land: sent again
+                raise explain(exc, self.location) or CommitError(
+                    f"{operation} of {len(removed)} file(s) in {self.uri} was not committed (another change "
+                    f"removed some of them first?): {first_line(exc)}") from exc
         if landed is not None:
             return landed
         try:  # it committed: which version it took is for the report alone, and never fails the change

@@ -3,9 +3,7 @@ ask for it (helpers are in ``tests/helpers.py``)."""
 
 from __future__ import annotations
 
-import os
 import warnings
-from contextlib import contextmanager
 from typing import Any, Iterator
 
 import pytest
@@ -14,26 +12,13 @@ import trajstore
 from tests import seaweed
 
 
-@contextmanager
-def _environ(name: str, value: str) -> Iterator[None]:
-    """Environment variable ``name`` set to ``value`` (for this process and those it starts) until the block ends."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
 @pytest.fixture(scope="session", autouse=True)
 def layout_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """This machine's copies of s3:// stores' loader layouts in a folder of the session (not ~/.cache), for
     every test and the processes tests start."""
     folder = tmp_path_factory.mktemp("layout-cache")
-    with _environ("TRAJSTORE_LAYOUT_CACHE", str(folder)):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRAJSTORE_LAYOUT_CACHE", str(folder))
         yield folder
 
 
@@ -41,7 +26,8 @@ def layout_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def sb3_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """stable-baselines3's default logger folder in a folder of the session: a model trained without a logger of its
     own otherwise makes a new ``SB3-<time>`` folder in /tmp each time, left there."""
-    with _environ("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3-logs"))):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3-logs")))
         yield
 
 

@@ -9,8 +9,10 @@ decoding as a Spark SQL view), :mod:`~trajstore.query.picture_sql`
 :mod:`~trajstore.query.episodes` (episodes and their steps, as rows), :mod:`~trajstore.query.stats` (episode
 statistics), :mod:`~trajstore.query.scan` (steps straight from the files), :mod:`~trajstore.query.returns` (exact
 discounted returns), :mod:`~trajstore.query.curves` (learning curves, binned), :mod:`~trajstore.query.metrics`
-(what ``metric=`` measures of an episode), :mod:`~trajstore.query.compare` (groups of runs compared as rliable
-does, with bootstrap intervals), :mod:`~trajstore.query.follow` (each
-new commit, as it lands), :mod:`~trajstore.query.batches` (fixed-size training batches from a stream),
+(what ``metric=`` measures of an episode), :mod:`~trajstore.query.condition` (a condition over episodes given as
+text, parsed and rendered by trajstore), :mod:`~trajstore.query.compare` (groups of runs compared as rliable
+does, with bootstrap intervals), :mod:`~trajstore.query.budget` (what one computation may take),
+:mod:`~trajstore.query.follow` (each new commit, as it lands), :mod:`~trajstore.query.batches` (fixed-size
+training batches from a stream),
 :mod:`~trajstore.query.sandbox` (untrusted SQL, bounded) and :mod:`~trajstore.query.sql_worker` (the processes it
-runs in)."""
+runs in, and the comparisons' bootstraps for the service)."""

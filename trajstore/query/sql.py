@@ -1,11 +1,13 @@
-"""Every SQL string trajstore runs is built here, and only here.
+"""Every SQL string trajstore runs is built here, and only here (:mod:`trajstore.query.condition` renders its trees
+with the quoting functions of this module).
 
 Identifiers are always double-quoted and literals single-quoted (quotes doubled), whatever they hold;
 numbers are formatted from ``int``/``float`` values, never pasted as text. The only SQL text that reaches
-a query from outside is a caller's own ``where`` condition (the Python ``where=`` argument, the CLI's
-``--where``), which is theirs to write and is always wrapped in parentheses; typed filters
-(:class:`~trajstore.query.filters.EpisodeFilter`, the REST parameters) are rendered here with every value
-quoted.
+a query from outside is a caller's own ``where`` condition in their own process (the Python ``where=``
+argument, the CLI's ``--where``), which is theirs to write and is always wrapped in parentheses. Nothing a
+request to the service sends is ever pasted: its ``where=`` is parsed into a tree
+(:mod:`trajstore.query.condition`) and typed filters (:class:`~trajstore.query.filters.EpisodeFilter`, the REST
+parameters) are rendered here with every name and value quoted.
 
 >>> ident('x") OR (1=1')
 '"x"") OR (1=1"'
@@ -16,7 +18,7 @@ quoted.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -65,14 +67,52 @@ def in_list(column: str, values: Any) -> str:
     return f"{ident(column)} IN ({items})" if items else "false"
 
 
+# --- a condition parsed from text (trajstore.query.condition renders its trees with these) --------------------
+
+
+def operation(op: str, left: str | None, right: str) -> str:
+    """``(left op right)``, or ``(op right)`` for a unary ``NOT`` or minus; ``op`` one the parser knows."""
+    return f"({op} {right})" if left is None else f"({left} {op} {right})"
+
+
+def call(function: str, args: Sequence[str]) -> str:
+    """``function(a, b)``: a function of the parser's list of pure ones, over rendered arguments."""
+    return f"{function}({', '.join(args)})"
+
+
+def predicate(kind: str, operand: str, args: Sequence[str], negated: bool) -> str:
+    """``operand [NOT] IN (…)``, ``[NOT] BETWEEN a AND b``, ``IS [NOT] NULL``, ``[NOT] LIKE|ILIKE p`` over rendered
+    parts."""
+    no = "NOT " if negated else ""
+    if kind == "in":
+        return f"({operand} {no}IN ({', '.join(args)}))"
+    if kind == "between":
+        return f"({operand} {no}BETWEEN {args[0]} AND {args[1]})"
+    if kind == "null":
+        return f"({operand} IS {no}NULL)"
+    return f"({operand} {no}{kind.upper()} {args[0]})"
+
+
 def where(conds: Sequence[str]) -> str:
     """`` WHERE a AND b`` (empty for no conditions)."""
     return f" WHERE {' AND '.join(conds)}" if conds else ""
 
 
-def user_condition(text: str) -> str:
-    """A caller's own SQL condition, parenthesised so that it cannot change the conditions around it."""
-    return f"({text})"
+class Rendered(Protocol):
+    """A condition trajstore parsed and renders itself (:class:`~trajstore.query.condition.Condition`: the REST
+    service's ``where=``)."""
+
+    @property
+    def sql(self) -> str: ...
+
+
+Where = Union[str, Rendered]  # a condition over episodes: a caller's own SQL text, or one trajstore rendered
+
+
+def user_condition(where: Where) -> str:
+    """A caller's own SQL condition, parenthesised so that it cannot change the conditions around it; a parsed
+    condition as trajstore renders it (every name and value quoted)."""
+    return f"({where})" if isinstance(where, str) else where.sql
 
 
 def order(keys: Sequence[tuple[str, bool]], *, tie: str | None = "episode_id") -> str:

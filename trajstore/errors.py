@@ -182,7 +182,7 @@ def size_text(n: int) -> str:
     """``n`` bytes as a message says them: ``1.5 GiB``, ``32 MiB``, ``100 bytes``."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
-            return f"{n / size:g} {unit}"
+            return f"{n / size:.4g} {unit}"
     return f"{n} bytes"
 
 

@@ -50,11 +50,12 @@ from trajstore.query import compare as compare_op
 from trajstore.query import curves, episodes, follow, returns, sandbox, scan, spark_sql, sql_worker, stats
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.engine import Engine
-from trajstore.query.filters import EpisodeFilter, Ids, Names, check_runs, filtered
+from trajstore.query.filters import EpisodeFilter, Ids, Names, check_runs, filtered, names_of
 from trajstore.query.follow import Commit
 from trajstore.query.pictures import ImageLeaf, stored_image_leaves
 from trajstore.query.scan import ScanPlan
 from trajstore.query.snapshot import Snapshot, decoding_sql
+from trajstore.query.sql import Where
 from trajstore.schema import describe
 from trajstore.settings import Settings
 from trajstore.storage import run_config
@@ -498,7 +499,7 @@ class Store:
     def compare(self, by: Names, *, metric: str = "episode_return", task: str = "env_id", last: int = 100,
                 mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None,
                 statistics: Sequence[str] = compare_op.STATISTICS, ci: float = 0.95, reps: int = 2000,
-                seed: int = 0, run_id: Names = None, where: str | None = None) -> pa.Table:
+                seed: int = 0, run_id: Names = None, where: Where | None = None) -> pa.Table:
         """Which group of runs is better, and how sure: rliable's ``iqm``, ``median``, ``mean`` and
         ``optimality_gap`` (with ``normalize``) of each group's runs × tasks scores, with stratified bootstrap
         intervals (see :mod:`~trajstore.query.compare`). ``by``: what the groups differ in (``"config.algo"``,
@@ -508,11 +509,11 @@ class Store:
         ``statistic``, ``value``, ``ci_low``, ``ci_high``, ``n_runs``, ``n_tasks``."""
         found = compare_op.scores(self.engine, by, metric=metric, task=task, last=last, mode=mode,
                                   normalize=normalize, run_id=run_id, where=where)
-        return compare_op.compare(found, statistics=statistics, ci=ci, reps=reps, seed=seed)
+        return compare_op.computed("compare", found, statistics=statistics, ci=ci, reps=reps, seed=seed)
 
     def scores(self, by: Names, *, metric: str = "episode_return", task: str = "env_id", last: int = 100,
                mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None,
-               run_id: Names = None, where: str | None = None) -> pa.Table:
+               run_id: Names = None, where: Where | None = None) -> pa.Table:
         """What :meth:`compare` compares: each run's score on each task (the mean ``metric`` of its ``last``
         complete episodes there, normalized with ``normalize``), one row per group, task and run: the ``by``
         values, ``task``, ``run_id``, ``score``."""
@@ -523,7 +524,7 @@ class Store:
                                    task: str = "env_id", last: int = 100, mode: str | None = None,
                                    normalize: Mapping[str, Sequence[float]] | None = None, ci: float = 0.95,
                                    reps: int = 2000, seed: int = 0, run_id: Names = None,
-                                   where: str | None = None) -> dict[str, Any]:
+                                   where: Where | None = None) -> dict[str, Any]:
         """P(a run of group ``x`` beats one of group ``y`` on the same task), averaged over tasks, as rliable
         computes it, with its interval: ``{"x", "y", "value", "ci_low", "ci_high", "n_tasks"}`` (scores as in
         :meth:`compare`)."""
@@ -535,17 +536,17 @@ class Store:
                             task: str = "env_id", last: int = 100, mode: str | None = None,
                             normalize: Mapping[str, Sequence[float]] | None = None, ci: float = 0.95,
                             reps: int = 2000, seed: int = 0, run_id: Names = None,
-                            where: str | None = None) -> pa.Table:
+                            where: Where | None = None) -> pa.Table:
         """Each group's performance profile: the fraction of its runs scoring above each of ``thresholds``,
         averaged over tasks, with intervals; one row per (group, threshold): the ``by`` values, ``threshold``,
         ``value``, ``ci_low``, ``ci_high`` (scores as in :meth:`compare`)."""
         found = compare_op.scores(self.engine, by, metric=metric, task=task, last=last, mode=mode,
                                   normalize=normalize, run_id=run_id, where=where)
-        return compare_op.performance_profile(found, thresholds, ci=ci, reps=reps, seed=seed)
+        return compare_op.computed("profile", found, thresholds, ci=ci, reps=reps, seed=seed)
 
     def group_curves(self, by: Names, *, metric: str = "episode_return", task: str = "env_id", bins: int = 50,
                      aggregate: str = "iqm", ci: float = 0.95, reps: int = 1000, seed: int = 0,
-                     mode: str | None = None, run_id: Names = None, where: str | None = None) -> pa.Table:
+                     mode: str | None = None, run_id: Names = None, where: Where | None = None) -> pa.Table:
         """Learning curves across seeds: each group's runs (``by``, as in :meth:`compare`) on each task, binned by
         ``env_steps``, their ``aggregate`` (``iqm`` or ``mean``) per bin with a bootstrap band over the runs. One
         row per (group, task, non-empty bin): the ``by`` values, ``task``, ``bin``, ``lo``, ``hi``, ``value``,

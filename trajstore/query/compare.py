@@ -25,11 +25,12 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError
-from trajstore.query import sql
+from trajstore.query import budget, sql, sql_worker
 from trajstore.query.curves import bin_edges, bin_index
 from trajstore.query.engine import Engine
 from trajstore.query.filters import Names, names_of
 from trajstore.query.metrics import Metric
+from trajstore.query.snapshot import check_names
 from trajstore.storage import run_config
 
 STATISTICS = ("iqm", "median", "mean", "optimality_gap")
@@ -66,7 +67,7 @@ class Scores:
 
 def scores(engine: Engine, by: Names, *, metric: str = "episode_return", task: str = "env_id", last: int = 100,
            mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None, run_id: Names = None,
-           where: str | None = None) -> Scores:
+           where: sql.Where | None = None) -> Scores:
     """Every group's score matrix (see the module's docstring); a group without a score on a task another group
     has is an :class:`InputError` naming both."""
     keys = _keys(by)
@@ -85,7 +86,7 @@ def _keys(by: Names) -> list[str]:
 
 
 def _query(engine: Engine, keys: list[str], metric: str, task: str, mode: str | None, run_id: Names,
-           where: str | None, select: Callable[[str, list[str], str], str]) -> pa.Table:
+           where: sql.Where | None, select: Callable[[str, list[str], str], str]) -> pa.Table:
     """``select(metric column, conditions, source)`` over the ``episodes`` view of the runs ``run_id`` with the
     group's config values and the metric as columns."""
     if mode is not None and mode not in MODES:
@@ -97,9 +98,11 @@ def _query(engine: Engine, keys: list[str], metric: str, task: str, mode: str | 
         chosen = Metric.parse(metric, snap.episode_columns, snap.step_columns)
         source = "episodes"
         if paths:
-            snap.use_runs(engine.runs_table(snap.files))
+            snap.use_runs(engine.runs_table(snap.files, paths))
             source = sql.with_config(source, paths)
         source = chosen.source(source)
+        if where is not None and not isinstance(where, str):  # parsed (REST): its columns named before it runs
+            check_names(where.columns, [*snap.episode_columns, *paths], view="episodes", field="where")
         conds = sql.conditions(where=where)
         if mode is not None:
             if "mode" not in snap.step_columns:
@@ -207,6 +210,40 @@ def resampled(matrix: Sequence[np.ndarray], reps: int, rng: np.random.Generator)
     return [m[rng.integers(0, len(m), size=(reps, len(m)))] for m in matrix]
 
 
+def computed(function: str, *args: Any, **kwargs: Any) -> pa.Table:
+    """``function`` (a name of :data:`~trajstore.query.sql_worker.COMPUTATIONS`: a bootstrap over scores already
+    read) of ``args``: here, or in a worker process when the current budget asks for one (the service's requests:
+    their memory capped, their time enforced, the service's interpreter left to cheap requests)."""
+    limits = budget.current()
+    if limits.worker_bytes is not None:
+        return sql_worker.compute(function, args, kwargs, limits)
+    _, name = sql_worker.COMPUTATIONS[function].split(":")  # a function of this module
+    return globals()[name](*args, **kwargs)
+
+
+REP_BLOCK = 256  # replications drawn and reduced at a time: what one request holds at once, whatever its reps
+DRAWN_BYTES = 4 * 8  # per resampled score: its index, its value, and the copies a statistic makes (a sort)
+
+
+def bootstrap(matrices: Sequence[Sequence[np.ndarray]], reps: int, rng: np.random.Generator,
+              statistic: Callable[..., np.ndarray], *, extra_bytes: int = 0) -> np.ndarray:
+    """``statistic(*replicated)`` over ``reps`` stratified replications of each matrix (:func:`resampled`), drawn
+    and reduced :data:`REP_BLOCK` replications at a time, so that memory does not grow with ``reps`` (the draws do
+    not depend on it either): the values stacked, ``(reps, …)``. Within the current budget
+    (:mod:`~trajstore.query.budget`): a block that needs more memory than it allows (``extra_bytes`` per
+    replication beyond the resampled scores) is refused before it is drawn, and the time is checked between
+    blocks."""
+    limits = budget.current()
+    scores = sum(len(m) for matrix in matrices for m in matrix)
+    limits.afford(min(reps, REP_BLOCK) * (scores * DRAWN_BYTES + extra_bytes),
+                  hint="compare fewer runs or tasks at once (run_id=, where=), or ask for fewer thresholds")
+    values = []
+    for start in range(0, reps, REP_BLOCK):
+        limits.check()
+        values.append(statistic(*[resampled(m, min(REP_BLOCK, reps - start), rng) for m in matrices]))
+    return np.concatenate(values)
+
+
 def interval(values: np.ndarray, ci: float) -> tuple[float, float]:
     """The percentile interval holding ``ci`` of bootstrap ``values``."""
     low, high = np.percentile(values, [50 * (1 - ci), 50 * (1 + ci)])
@@ -233,13 +270,13 @@ def compare(found: Scores, *, statistics: Sequence[str] = STATISTICS, ci: float 
                                                   "n_tasks"]}
     rng = np.random.default_rng(seed)
     for group, matrix in found.groups.items():
-        boot = resampled(matrix, reps, rng)
-        for name in names:
+        boot = bootstrap([matrix], reps, rng, lambda m: np.stack([FUNCTIONS[n](m) for n in names], axis=-1))
+        for j, name in enumerate(names):
             if name == "optimality_gap" and not found.normalized:
                 value, low, high = None, None, None  # a gap to 1.0 means something for normalized scores only
             else:
                 value = float(FUNCTIONS[name](matrix))
-                low, high = interval(FUNCTIONS[name](boot), ci)
+                low, high = interval(boot[:, j], ci)
             for k, v in zip(found.by, group):
                 rows[k].append(v)
             rows["statistic"].append(name)
@@ -275,13 +312,21 @@ def probability_of_improvement(found: Scores, x: Any, y: Any, *, ci: float = 0.9
                                seed: int = 0) -> dict[str, Any]:
     """P(a run of group ``x`` scores higher than one of group ``y`` on the same task), averaged over tasks, with
     its interval (the two groups resampled independently, each within its tasks)."""
+    row = computed("improvement", found, x, y, ci=ci, reps=reps, seed=seed).to_pylist()[0]
+    return {"x": x, "y": y, **row}
+
+
+def improvement_table(found: Scores, x: Any, y: Any, *, ci: float = 0.95, reps: int = 2000,
+                      seed: int = 0) -> pa.Table:
+    """:func:`probability_of_improvement` as one row: ``value``, ``ci_low``, ``ci_high``, ``n_tasks``."""
     check_bootstrap(ci, reps)
     gx, gy = group_of(found, x, "x"), group_of(found, y, "y")
     rng = np.random.default_rng(seed)
     value = float(improvement(found.groups[gx], found.groups[gy]))
-    boot = improvement(resampled(found.groups[gx], reps, rng), resampled(found.groups[gy], reps, rng))
+    pairs = max(len(a) * len(b) for a, b in zip(found.groups[gx], found.groups[gy]))
+    boot = bootstrap([found.groups[gx], found.groups[gy]], reps, rng, improvement, extra_bytes=pairs * 10)
     low, high = interval(boot, ci)
-    return {"x": x, "y": y, "value": value, "ci_low": low, "ci_high": high, "n_tasks": len(found.tasks)}
+    return pa.table({"value": [value], "ci_low": [low], "ci_high": [high], "n_tasks": [len(found.tasks)]})
 
 
 def profile(matrix: Sequence[np.ndarray], thresholds: np.ndarray) -> np.ndarray:
@@ -301,7 +346,9 @@ def performance_profile(found: Scores, thresholds: Sequence[float], *, ci: float
     rng = np.random.default_rng(seed)
     for group, matrix in found.groups.items():
         value = profile(matrix, taus)
-        boot = profile(resampled(matrix, reps, rng), taus)
+        # each score of a task against each threshold (a bool), then each task's fraction above each (a double)
+        compared = max(len(m) for m in matrix) * len(taus) + len(matrix) * len(taus) * 8
+        boot = bootstrap([matrix], reps, rng, lambda m: profile(m, taus), extra_bytes=compared)
         for j, tau in enumerate(taus):
             low, high = interval(boot[:, j], ci)
             for k, v in zip(found.by, group):
@@ -320,7 +367,7 @@ AGGREGATES = ("mean", "iqm")
 
 def group_curves(engine: Engine, by: Names, *, metric: str = "episode_return", task: str = "env_id",
                  bins: int = 50, aggregate: str = "iqm", ci: float = 0.95, reps: int = 1000, seed: int = 0,
-                 mode: str | None = None, run_id: Names = None, where: str | None = None) -> pa.Table:
+                 mode: str | None = None, run_id: Names = None, where: sql.Where | None = None) -> pa.Table:
     """Learning curves of each group of runs on each task: the complete episodes binned by ``env_steps`` (``bins``
     bins shared by all, as ``numpy.histogram``); in each bin a run's value is the mean ``metric`` of its episodes
     there, and the group's the ``aggregate`` (``mean`` or ``iqm``) of its runs' values, with a percentile
@@ -334,6 +381,13 @@ def group_curves(engine: Engine, by: Names, *, metric: str = "episode_return", t
         raise InputError(f"bins: expected a number of bins from 1 to 10,000, got {bins!r}")
     points = _query(engine, keys, metric, task, mode, run_id, where,
                     lambda name, conds, source: sql.episode_points(keys, task, name, conds=conds, source=source))
+    return computed("group_curves", points, keys, bins=bins, aggregate=aggregate, ci=ci, reps=reps, seed=seed)
+
+
+def curves_of_points(points: pa.Table, keys: list[str], *, bins: int, aggregate: str, ci: float, reps: int,
+                     seed: int) -> pa.Table:
+    """The rows of :func:`group_curves` from each complete episode's point (``x``: its ``env_steps``, ``y``: its
+    metric, its run, task and ``keys`` values)."""
     x = points["x"].to_numpy(zero_copy_only=False).astype(np.float64)
     y = points["y"].to_numpy(zero_copy_only=False).astype(np.float64)
     edges = bin_edges(x, bins)
@@ -350,7 +404,7 @@ def group_curves(engine: Engine, by: Names, *, metric: str = "episode_return", t
     for group in sorted(per_run, key=_order):
         for b, runs in sorted(per_run[group].items()):
             values = np.array([np.mean(np.sort(runs[r])) for r in sorted(runs)])  # an order of its own: repeatable
-            boot = reduce([values[rng.integers(0, len(values), size=(reps, len(values)))]])
+            boot = bootstrap([[values]], reps, rng, lambda m: reduce(m))
             low, high = interval(boot, ci)
             for k, v in zip([*keys, "task"], group):
                 rows[k].append(v)

@@ -114,18 +114,20 @@ class Gate:
     one more at once with a :class:`~trajstore.errors.QueryBusyError` (a service answers 429 with
     ``Retry-After``), never queues it."""
 
-    def __init__(self, size: int, *, retry_after_s: int = 1) -> None:
+    def __init__(self, size: int, *, retry_after_s: int = 1, holds: str = "SQL queries or loader streams",
+                 setting: str = "sql_max_concurrent") -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise InputError(f"sql_max_concurrent: must be a whole number >= 1, got {size!r}")
+            raise InputError(f"{setting}: must be a whole number >= 1, got {size!r}")
         self.size = size
         self.retry_after_s = retry_after_s
+        self.holds, self.setting = holds, setting
         self._free = threading.BoundedSemaphore(size)
 
     def take(self, what: str = "query") -> Slot:
         """A slot, or a :class:`~trajstore.errors.QueryBusyError` whose message starts with ``what``."""
         if not self._free.acquire(blocking=False):
-            raise QueryBusyError(f"{what}: {self.size} SQL queries or loader streams are running, the most "
-                                 f"allowed at once (sql_max_concurrent); retry in {self.retry_after_s} s",
+            raise QueryBusyError(f"{what}: {self.size} {self.holds} are running, the most allowed at once "
+                                 f"({self.setting}); retry in {self.retry_after_s} s",
                                  retry_after_s=self.retry_after_s)
         return Slot(self._free.release)
 

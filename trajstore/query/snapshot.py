@@ -30,8 +30,8 @@ from trajstore.errors import (
     UnknownColumnError,
     first_line,
 )
+from trajstore.query import budget, sql
 from trajstore.query import picture_sql as images_sql
-from trajstore.query import sql
 from trajstore.query.groups import FileGroup, as_duckdb_reads, group_files, step_types
 from trajstore.storage.encoding import NEXT, OBS, FileSchema
 from trajstore.storage.location import Location, explain
@@ -238,10 +238,14 @@ class Snapshot:
         self.materialized = table
 
     def arrow(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
-        try:
-            return self.con.sql(query, params=params or None).to_arrow_table()
-        except duckdb.Error as exc:
-            raise self.damage(exc) or QueryError(f"query failed: {first_line(exc)}") from exc
+        """The rows of ``query``, read within the current budget's time (:mod:`~trajstore.query.budget`)."""
+        with budget.interrupting(self.con) as limits:
+            try:
+                return self.con.sql(query, params=params or None).to_arrow_table()
+            except (duckdb.Error, OSError) as exc:
+                if limits.passed():
+                    raise limits.timeout() from None
+                raise self.damage(exc) or QueryError(f"query failed: {first_line(exc)}") from exc
 
     def reader(self, query: str, params: dict[str, Any] | None = None,
                batch_size: int = 65_536) -> pa.RecordBatchReader:

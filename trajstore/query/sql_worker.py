@@ -23,6 +23,7 @@ started them goes away.
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import logging
 import os
@@ -48,7 +49,7 @@ from trajstore.errors import (
     TrajstoreError,
     first_line,
 )
-from trajstore.query import sandbox, sql
+from trajstore.query import budget, sandbox, sql
 from trajstore.query.filters import Names
 from trajstore.query.snapshot import Snapshot
 from trajstore.storage.encoding import FileSchema
@@ -89,6 +90,36 @@ class Task:
             index.append(schemas.setdefault(body, len(schemas)))
         return cls(query, limits, location.uri, dict(location.storage_options),
                    [_fields(f) for f in files], index, list(schemas), _ipc(runs))
+
+    @property
+    def what(self) -> str:
+        return "query"
+
+
+# What a worker computes besides SQL: the CPU-bound part of a request (a comparison's bootstrap) whose memory and
+# time the service bounds like a query's. Each name is a function of the worker's own trajstore, taking the
+# arguments pickled by the caller (trusted, as a query is) and returning an Arrow table.
+COMPUTATIONS = {
+    "compare": "trajstore.query.compare:compare",
+    "improvement": "trajstore.query.compare:improvement_table",
+    "profile": "trajstore.query.compare:performance_profile",
+    "group_curves": "trajstore.query.compare:curves_of_points",
+}
+
+
+@dataclass(frozen=True)
+class Computation:
+    """One computation for a worker: a function of :data:`COMPUTATIONS`, its arguments and its budget."""
+
+    function: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    budget: budget.Budget
+    limits: sandbox.Limits
+
+    @property
+    def what(self) -> str:
+        return self.budget.what
 
 
 # --- the caller's side ---------------------------------------------------------------------------------------
@@ -299,7 +330,7 @@ def _close_pools() -> None:
         p.close()
 
 
-def run(task: Task, *, keep: int = 1) -> sandbox.Result:
+def run(task: Task | Computation, *, keep: int = 1) -> sandbox.Result:
     """``task``'s rows (at most its limits allow) from a worker of the pool for ``task.limits.worker_bytes``,
     which keeps at least ``keep`` workers warm."""
     limits = task.limits
@@ -313,12 +344,15 @@ def run(task: Task, *, keep: int = 1) -> sandbox.Result:
     try:
         header, data = workers.run(task, wait_s)
     except TimeoutError:
+        if isinstance(task, Computation):
+            raise task.budget.timeout() from None
         raise QueryTimeoutError(f"query: stopped at the time limit of {limits.timeout_s:g} s") from None
     except WorkerStopped as stopped:
-        log.warning("the SQL worker running a query died before it answered (%s); a fresh one replaces it", stopped)
-        raise QueryWorkerDiedError(f"query: the SQL worker process running it died before it answered ({stopped}): "
+        log.warning("the worker running a %s died before it answered (%s); a fresh one replaces it", task.what,
+                    stopped)
+        raise QueryWorkerDiedError(f"{task.what}: the worker process running it died before it answered ({stopped}): "
                                    "it was killed (by someone, or by the kernel when the machine ran out of memory) "
-                                   "or it crashed. A fresh worker takes the next query: run it again, and see the "
+                                   "or it crashed. A fresh worker takes the next one: ask again, and see the "
                                    "log if it happens again") from None
     if not header.get("ok"):
         raise _error(header)
@@ -369,8 +403,10 @@ def _fields(f: DataFile) -> tuple[Any, ...]:
     return (f.path, f.run_id, f.env_id, f.rows, f.size, f.modified_ms, f.min_episode_id, f.max_episode_id)
 
 
-def _handle(task: Task) -> tuple[dict[str, Any], bytes | None]:
+def _handle(task: Task | Computation) -> tuple[dict[str, Any], bytes | None]:
     """Run ``task``: the header of the answer and the rows as an Arrow IPC stream."""
+    if isinstance(task, Computation):
+        return _compute(task)
     try:
         location = _location(task.uri, task.storage_options)
         files = [DataFile(*fields, fs=location.fs) for fields in task.files]
@@ -392,6 +428,36 @@ def _handle(task: Task) -> tuple[dict[str, Any], bytes | None]:
     finally:
         pa.default_memory_pool().release_unused()
     return {"ok": True, "truncated": result.truncated, "data": True, "retire": _grown()}, data
+
+
+def _compute(task: Computation) -> tuple[dict[str, Any], bytes | None]:
+    """Run a computation within its budget: the header of the answer and its table as an Arrow IPC stream."""
+    module, name = COMPUTATIONS[task.function].split(":")
+    try:
+        with budget.bounded(task.budget):
+            table = getattr(importlib.import_module(module), name)(*task.args, **task.kwargs)
+        data = _ipc(table)
+    except TrajstoreError as exc:
+        return {"ok": False, "error": type(exc).__name__, "message": str(exc),
+                "retire": isinstance(exc, QueryMemoryError)}, None
+    except MemoryError:  # past the worker's cap
+        message = sandbox.worker_memory_message(task.limits).replace("query:", f"{task.what}:", 1)
+        return {"ok": False, "error": "QueryMemoryError", "message": message, "retire": True}, None
+    except Exception as exc:
+        log.exception("worker: the %s failed unexpectedly", task.what)
+        return {"ok": False, "error": "QueryError", "message": f"{task.what}: {first_line(exc)}", "retire": True}, None
+    return {"ok": True, "truncated": False, "data": True, "retire": _grown()}, data
+
+
+def compute(function: str, args: tuple[Any, ...], kwargs: dict[str, Any], limits: budget.Budget) -> pa.Table:
+    """``function`` (a name of :data:`COMPUTATIONS`) of ``args`` in a worker process capped at
+    ``limits.worker_bytes``, within ``limits``' time (the worker killed if it outlasts it) and memory bound."""
+    if limits.worker_bytes is None:
+        raise InputError("worker_bytes: a computation runs in a worker only with a memory limit")
+    limits.check()
+    task = Computation(function, args, kwargs, limits,
+                       sandbox.Limits(timeout_s=limits.remaining(), worker_bytes=limits.worker_bytes))
+    return run(task).table
 
 
 def _ipc(table: pa.Table) -> bytes:

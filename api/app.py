@@ -18,7 +18,7 @@ from fastapi import Depends, FastAPI
 
 import trajstore
 from trajstore.__about__ import __version__
-from trajstore.api import body_limit, params, problems
+from trajstore.api import body_limit, budgets, params, problems
 from trajstore.api.dashboard import router as dashboard_router
 from trajstore.api.dashboard.routes import warm as warm_dashboard
 from trajstore.api.routes import (
@@ -56,13 +56,17 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
                               "number. Paths and query parameters take 64-bit integers as decimal strings or "
                               "numbers. Arrow answers keep int64.",
                   responses=problems.ERROR_RESPONSES,
-                  dependencies=[Depends(params.single_valued), Depends(params.version_refused)],
+                  dependencies=[Depends(params.single_valued), Depends(params.version_refused),
+                                Depends(budgets.request_budget)],
                   lifespan=_serving)
     app.state.settings = settings
+    app.state.compute_gate = budgets.gate(settings)
     app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
-    sql_worker.warm(settings.sql_worker_bytes, settings.sql_max_concurrent)  # POST /sql pays no process start
+    # POST /sql and the comparisons' bootstraps pay no process start
+    sql_worker.warm(settings.sql_worker_bytes, settings.sql_max_concurrent + settings.compute_max_concurrent)
     health.start(app.state)  # the first probe of /health finds the store checked
     problems.install(app)
+    app.add_middleware(budgets.Places, gate=app.state.compute_gate)  # a place taken before anything is parsed
     app.add_middleware(body_limit.BodyLimit, settings=settings)  # outermost: a body is refused before anything runs
     for module in (health, runs, episodes, frames, stats, steps, sql, ingest, history, events, commits, sequences):
         app.include_router(module.router)

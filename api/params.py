@@ -10,6 +10,7 @@ from fastapi import Depends, HTTPException, Query, Request
 
 from trajstore import schema as sch
 from trajstore.api.ints import INT64, Int64
+from trajstore.query.condition import Condition, parse
 from trajstore.query.filters import EpisodeFilter
 
 INT32 = {"ge": -(2**31), "le": 2**31 - 1}
@@ -50,6 +51,20 @@ def episode_filter(
 
 
 FilterDep = Annotated[EpisodeFilter, Depends(episode_filter)]
+
+
+def episode_condition(
+    where: Annotated[str | None, Query(max_length=10_000, description=(
+        "a condition over the columns of episodes, e.g. episode_return > 100 and env_id = 'CartPole-v1': "
+        "comparisons, and/or/not, [not] in a list of values, between, is [not] null, [i]like, arithmetic and a few "
+        "pure functions (abs, round, lower, starts_with, …); parsed, never run as SQL text"))] = None,
+) -> Condition | None:
+    """``where=`` parsed into a condition trajstore renders itself (:mod:`trajstore.query.condition`): text that is
+    not such a condition is a 422 naming ``where`` and the character where it stops being one."""
+    return None if where is None else parse(where)
+
+
+WhereDep = Annotated[Condition | None, Depends(episode_condition)]
 
 
 def step_columns(

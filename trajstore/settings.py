@@ -38,6 +38,15 @@ class Settings:
     # character escaped in JSON (6 bytes each)
     sql_max_body_bytes: int = 1024 * 1024
     run_max_body_bytes: int = 1024 * 1024  # the largest PATCH /runs/{run_id} body, a run's description (413 beyond)
+    # every read's time limit for what it computes (its queries of the process's DuckDB interrupted past it: 408)
+    request_timeout_s: float = 60.0
+    # comparisons, performance profiles and learning curves across seeds: bootstraps computed per request. At most
+    # compute_max_concurrent at once (429 with Retry-After beyond: one per core, so that a cheap request such as
+    # /stats still finds a core), each stopped at compute_timeout_s (408) and refused past compute_memory_bytes for
+    # any one block of its work (413); a bootstrap holds one block of 256 replications at a time, whatever its reps
+    compute_max_concurrent: int = 2
+    compute_timeout_s: float = 30.0
+    compute_memory_bytes: int = 256 * 1024 * 1024
     stream_batch_rows: int = 65_536
     stream_batch_bytes: int = 16 * 1024 * 1024  # fewer rows per streamed batch when rows are wide
     loader_batch_bytes: int = 256 * 1024 * 1024  # the largest batch /sequences and /transitions build (422 beyond)

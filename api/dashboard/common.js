@@ -41,10 +41,45 @@ function apiUrl(path, params = {}) {
   return url;
 }
 
-// GET a JSON route's text; a refusal throws an Error holding the route and what the service said.
+// How long the page keeps asking a route that answers 429 (every place of its kind taken: comparisons and learning
+// curves across seeds run a few at a time, and a page asks for several at once), a little at a time.
+const BUSY_RETRY_MS = 60000;
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// The routes that compute per request: the service runs a few at a time (compute_max_concurrent, 2 by default),
+// so the page sends at most that many at once and queues the rest.
+const COMPUTED = new Set(["/compare", "/compare/scores", "/compare/improvement", "/compare/profile", "/curves/groups"]);
+const COMPUTED_AT_ONCE = 2;
+const computing = { running: 0, waiting: [] };
+
+async function computePlace() {
+  if (computing.running < COMPUTED_AT_ONCE) { computing.running += 1; return; }
+  await new Promise((resolve) => computing.waiting.push(resolve));  // the place is handed over by the one leaving
+}
+
+function leavePlace() {
+  const next = computing.waiting.shift();
+  if (next) next(); else computing.running -= 1;
+}
+
+// GET a JSON route's text; a refusal throws an Error holding the route and what the service said. A 429 (another
+// page took the places) is asked again after at most 250 ms, until BUSY_RETRY_MS have passed.
 async function apiText(path, params = {}) {
   const url = apiUrl(path, params);
-  const res = await fetch(url, { headers: { Accept: "application/json" } });
+  const computed = COMPUTED.has(path);
+  if (computed) await computePlace();
+  let res;
+  try {
+    const until = Date.now() + BUSY_RETRY_MS;
+    res = await fetch(url, { headers: { Accept: "application/json" } });
+    while (res.status === 429 && Date.now() < until) {
+      const hinted = 1000 * Number(res.headers.get("Retry-After") || 1);
+      await sleep(Math.min(hinted, 250) * (0.5 + Math.random()));
+      res = await fetch(url, { headers: { Accept: "application/json" } });
+    }
+  } finally {
+    if (computed) leavePlace();
+  }
   const text = await res.text();
   if (!res.ok) {
     let detail = text;

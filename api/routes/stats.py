@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 
 from trajstore.api.arrow import ROWS_CONTENT, table_response
+from trajstore.api.budgets import compute_budget
 from trajstore.api.deps import ReadStoreDep
-from trajstore.api.params import ByDep, FilterDep
+from trajstore.api.params import ByDep, FilterDep, WhereDep
 from trajstore.errors import InputError
 
 router = APIRouter(tags=["stats"])
@@ -42,7 +43,10 @@ def returns(request: Request, store: ReadStoreDep, flt: FilterDep,
     return table_response(request, table)
 
 
-# --- comparisons (trajstore.query.compare) ---
+# --- comparisons (trajstore.query.compare): each takes a place, a time limit and a memory bound (api/budgets.py) ---
+
+COMPUTED = [Depends(compute_budget)]
+MAX_THRESHOLDS = 1_000
 
 Metric = Annotated[str, Query(max_length=200, description=(
     "what each episode is measured by: a column of episodes (episode_return, episode_length, …) or agg(column) of a "
@@ -55,7 +59,6 @@ Normalize = Annotated[str | None, Query(max_length=100_000, description=(
     "a JSON object {task: [low, high]}: scores mapped to (x - low) / (high - low)"))]
 Ci = Annotated[float, Query(gt=0, lt=1, description="the confidence of the intervals")]
 Reps = Annotated[int, Query(ge=1, le=100_000, description="stratified bootstrap replications")]
-Where = Annotated[str | None, Query(max_length=10_000, description="an SQL condition over the episodes view")]
 RunIds = Annotated[list[str] | None, Query(description="only these runs (repeat the parameter)")]
 
 
@@ -73,13 +76,12 @@ def _normalize(text: str | None) -> dict[str, Any] | None:
 
 @router.get("/compare", summary="rliable's IQM, median, mean and optimality gap of each group of runs, with "
                                 "stratified bootstrap confidence intervals",
-            responses={200: {"content": ROWS_CONTENT}})
-def compare(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "episode_return", task: Task = "env_id",
-            last: Last = 100, mode: Mode = None, normalize: Normalize = None,
+            responses={200: {"content": ROWS_CONTENT}}, dependencies=COMPUTED)
+def compare(request: Request, store: ReadStoreDep, by: ByDep, where: WhereDep, metric: Metric = "episode_return",
+            task: Task = "env_id", last: Last = 100, mode: Mode = None, normalize: Normalize = None,
             statistic: Annotated[list[Literal["iqm", "median", "mean", "optimality_gap"]] | None,
                                  Query(description="the statistics (repeat; default: all four)")] = None,
-            ci: Ci = 0.95, reps: Reps = 2000, seed: Annotated[int, Query(ge=0)] = 0, run_id: RunIds = None,
-            where: Where = None) -> Any:
+            ci: Ci = 0.95, reps: Reps = 2000, seed: Annotated[int, Query(ge=0)] = 0, run_id: RunIds = None) -> Any:
     table = store.compare(by, metric=metric, task=task, last=last, mode=mode, normalize=_normalize(normalize),
                           statistics=statistic or ("iqm", "median", "mean", "optimality_gap"), ci=ci, reps=reps,
                           seed=seed, run_id=run_id, where=where)
@@ -87,23 +89,24 @@ def compare(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "
 
 
 @router.get("/compare/scores", summary="What /compare compares: each run's score on each task, per group",
-            responses={200: {"content": ROWS_CONTENT}})
-def scores(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "episode_return", task: Task = "env_id",
-           last: Last = 100, mode: Mode = None, normalize: Normalize = None, run_id: RunIds = None,
-           where: Where = None) -> Any:
+            responses={200: {"content": ROWS_CONTENT}}, dependencies=COMPUTED)
+def scores(request: Request, store: ReadStoreDep, by: ByDep, where: WhereDep, metric: Metric = "episode_return",
+           task: Task = "env_id", last: Last = 100, mode: Mode = None, normalize: Normalize = None,
+           run_id: RunIds = None) -> Any:
     table = store.scores(by, metric=metric, task=task, last=last, mode=mode, normalize=_normalize(normalize),
                          run_id=run_id, where=where)
     return table_response(request, table)
 
 
 @router.get("/compare/improvement", summary="The probability that a run of group x beats one of group y on a task, "
-                                            "with its confidence interval")
-def probability_of_improvement(store: ReadStoreDep, by: ByDep, x: Annotated[str, Query(max_length=1000)],
+                                            "with its confidence interval",
+            dependencies=COMPUTED)
+def probability_of_improvement(store: ReadStoreDep, by: ByDep, where: WhereDep,
+                               x: Annotated[str, Query(max_length=1000)],
                                y: Annotated[str, Query(max_length=1000)], metric: Metric = "episode_return",
                                task: Task = "env_id", last: Last = 100, mode: Mode = None,
                                normalize: Normalize = None, ci: Ci = 0.95, reps: Reps = 2000,
-                               seed: Annotated[int, Query(ge=0)] = 0, run_id: RunIds = None,
-                               where: Where = None) -> dict[str, Any]:
+                               seed: Annotated[int, Query(ge=0)] = 0, run_id: RunIds = None) -> dict[str, Any]:
     return store.probability_of_improvement(x, y, by=by, metric=metric, task=task, last=last, mode=mode,
                                             normalize=_normalize(normalize), ci=ci, reps=reps, seed=seed,
                                             run_id=run_id, where=where)
@@ -111,13 +114,13 @@ def probability_of_improvement(store: ReadStoreDep, by: ByDep, x: Annotated[str,
 
 @router.get("/compare/profile", summary="Each group's performance profile: the fraction of runs above each "
                                         "threshold, with confidence intervals",
-            responses={200: {"content": ROWS_CONTENT}})
-def performance_profile(request: Request, store: ReadStoreDep, by: ByDep,
-                        threshold: Annotated[list[float], Query(description="the scores (repeat)")],
+            responses={200: {"content": ROWS_CONTENT}}, dependencies=COMPUTED)
+def performance_profile(request: Request, store: ReadStoreDep, by: ByDep, where: WhereDep,
+                        threshold: Annotated[list[float], Query(max_length=MAX_THRESHOLDS,
+                                                               description="the scores (repeat; at most 1,000)")],
                         metric: Metric = "episode_return", task: Task = "env_id", last: Last = 100,
                         mode: Mode = None, normalize: Normalize = None, ci: Ci = 0.95, reps: Reps = 2000,
-                        seed: Annotated[int, Query(ge=0)] = 0, run_id: RunIds = None,
-                        where: Where = None) -> Any:
+                        seed: Annotated[int, Query(ge=0)] = 0, run_id: RunIds = None) -> Any:
     table = store.performance_profile(by, thresholds=threshold, metric=metric, task=task, last=last, mode=mode,
                                       normalize=_normalize(normalize), ci=ci, reps=reps, seed=seed, run_id=run_id,
                                       where=where)
@@ -126,12 +129,11 @@ def performance_profile(request: Request, store: ReadStoreDep, by: ByDep,
 
 @router.get("/curves/groups", summary="Learning curves across seeds: each group of runs on each task per env_steps "
                                       "bin, its IQM or mean with a bootstrap band",
-            responses={200: {"content": ROWS_CONTENT}})
-def group_curves(request: Request, store: ReadStoreDep, by: ByDep, metric: Metric = "episode_return",
+            responses={200: {"content": ROWS_CONTENT}}, dependencies=COMPUTED)
+def group_curves(request: Request, store: ReadStoreDep, by: ByDep, where: WhereDep, metric: Metric = "episode_return",
                  task: Task = "env_id", bins: Annotated[int, Query(ge=1, le=10_000)] = 50,
                  aggregate: Annotated[Literal["iqm", "mean"], Query()] = "iqm", ci: Ci = 0.95, reps: Reps = 1000,
-                 seed: Annotated[int, Query(ge=0)] = 0, mode: Mode = None, run_id: RunIds = None,
-                 where: Where = None) -> Any:
+                 seed: Annotated[int, Query(ge=0)] = 0, mode: Mode = None, run_id: RunIds = None) -> Any:
     table = store.group_curves(by, metric=metric, task=task, bins=bins, aggregate=aggregate, ci=ci, reps=reps,
                                seed=seed, mode=mode, run_id=run_id, where=where)
     return table_response(request, table)

@@ -34,7 +34,7 @@ from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 
 log = logging.getLogger(__name__)
 
-RETRY_STATUSES = (502, 503, 504)
+RETRY_STATUSES = (429, 502, 503, 504)  # busy (a place of its kind taken), or the store or a worker failing
 PAGE_ROWS = 10_000  # episodes asked for per page when walking every match (the server may cap it lower)
 TOTAL_HEADER, CURSOR_HEADER, VERSION_HEADER = "X-Total-Count", "X-Next-Cursor", "X-Trajstore-Version"
 ERROR_TYPE = "urn:trajstore:error:"  # a problem's type for an error of trajstore.errors (see api/problems.py)
@@ -55,7 +55,7 @@ MAX_RETRY_WAIT_S = 30.0  # the longest wait before one retry, whatever Retry-Aft
 class Client:
     """A connection to a trajstore service at ``url``; ``api_key`` is needed only to write.
 
-    Reads are retried (``retries`` times) on connection errors and 502/503/504, after ``backoff`` seconds
+    Reads are retried (``retries`` times) on connection errors and 429/502/503/504, after ``backoff`` seconds
     doubled at each attempt, or after the server's ``Retry-After`` if it asks for longer (at most
     :data:`MAX_RETRY_WAIT_S`); so are writes that carry an idempotency key. A 503 is what the service answers
     while its object store fails or does not answer. Errors the server reports are raised as
@@ -183,7 +183,13 @@ class Client:
                 statistics: Sequence[str] | None = None, ci: float = 0.95, reps: int = 2000, seed: int = 0,
                 run_id: str | Sequence[str] | None = None, where: str | None = None,
                 version: int | None = None) -> pa.Table:
-        """:meth:`Store.compare <trajstore.store.Store.compare>` computed by the service (``GET /compare``)."""
+        """:meth:`Store.compare <trajstore.store.Store.compare>` computed by the service (``GET /compare``).
+
+        ``where`` is a condition over the columns of ``episodes`` that the service parses (never runs as SQL text):
+        comparisons, ``AND``/``OR``/``NOT``, ``IN (…)``, ``BETWEEN``, ``IS [NOT] NULL``, ``[I]LIKE``, arithmetic and
+        a few pure functions (:mod:`trajstore.query.condition`), e.g. ``"env_id = 'Hopper-v4' AND episode_length >
+        100"``; anything else is an :class:`~trajstore.errors.InputError` naming ``where``. Comparisons run a few
+        at a time on a service (``compute_max_concurrent``): a busy one is asked again after its ``Retry-After``."""
         return self._table("GET", "/compare", params={
             **self._comparing(by, metric, task, last, mode, normalize, ci, reps, seed, run_id, where, version),
             "statistic": None if statistics is None else list(statistics)})

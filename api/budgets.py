@@ -1,0 +1,85 @@
+"""Every request's budget (see :mod:`trajstore.query.budget`).
+
+- Every request gets a time limit for what it computes (``request_timeout_s``): its queries of the process's
+  DuckDB are interrupted past it, 408.
+- The routes that compute per request — comparisons, performance profiles, learning curves across seeds, whose
+  bootstraps grow with ``reps``, thresholds, bins and groups — each take one of ``compute_max_concurrent`` places
+  from the first to the last byte of their work (429 with ``Retry-After`` when none is free: nothing waits, so a
+  burst of them never holds the threads a cheap ``/stats`` or ``/health`` needs), their own time limit
+  (``compute_timeout_s``, 408) and a memory bound for any one block of their work (``compute_memory_bytes``, 413
+  before it is allocated).
+  Their bootstraps run in the SQL worker processes (:mod:`trajstore.query.sql_worker`), capped in memory at
+  ``sql_worker_bytes`` and killed past their time, so they never take the service's memory or its interpreter's
+  time from a cheap request. A request refused for want of a place is refused before any of it is parsed.
+- ``POST /sql`` and the loader streams have the sandbox's own budgets (:mod:`trajstore.api.routes.sql`).
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from trajstore.api.problems import problem
+from trajstore.errors import QueryBusyError
+from trajstore.query import budget
+from trajstore.query.sandbox import Gate
+from trajstore.settings import Settings
+
+
+def gate(settings: Settings) -> Gate:
+    """The places of the routes that compute per request."""
+    return Gate(settings.compute_max_concurrent, holds="comparisons or learning curves across seeds",
+                setting="compute_max_concurrent")
+
+
+async def request_budget(request: Request) -> None:
+    """Every request: a time limit for what it computes."""
+    settings = request.app.state.settings
+    budget.set_current(budget.Budget(timeout_s=settings.request_timeout_s, what=_route(request),
+                                     settings=("request_timeout_s", "compute_memory_bytes")))
+
+
+COMPUTED = frozenset({"/compare", "/compare/scores", "/compare/improvement", "/compare/profile", "/curves/groups"})
+
+
+class Places:
+    """ASGI middleware: a request to a route of :data:`COMPUTED` takes a place of ``gate`` before anything of it is
+    read or parsed (a burst of them costs the service next to nothing to refuse), and gives it back once its
+    answer is sent; with none free it is answered 429 with ``Retry-After`` at once."""
+
+    def __init__(self, app: ASGIApp, gate: Gate) -> None:
+        self.app, self.gate = app, gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in COMPUTED:
+            await self.app(scope, receive, send)
+            return
+        try:
+            slot = self.gate.take(scope["path"])
+        except QueryBusyError as exc:
+            answer = problem(429, str(exc), request=Request(scope), headers={"Retry-After": str(exc.retry_after_s)},
+                             error=QueryBusyError)
+            await answer(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                slot.release()  # before its last bytes go: a client that asks again once answered finds it free
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            slot.release()
+
+
+async def compute_budget(request: Request) -> None:
+    """A route of :data:`COMPUTED` (its place taken by :class:`Places`): its time limit and memory bound, its
+    bootstrap in a worker process capped at ``sql_worker_bytes``."""
+    settings = request.app.state.settings
+    budget.set_current(budget.Budget(timeout_s=settings.compute_timeout_s, memory_bytes=settings.compute_memory_bytes,
+                                     worker_bytes=settings.sql_worker_bytes, what=_route(request)))
+
+
+def _route(request: Request) -> str:
+    return getattr(request.scope.get("route"), "path", request.url.path)

@@ -123,6 +123,7 @@ def test_random_conditions_select_as_python_evaluates_them(case: tuple[str, Any]
     ("run_id IN (run_id)", "expected a column, a number or a 'string'"),
     ("abs(1, 2) > 0", "abs() takes 1 argument(s), got 2"),
     ("episode_return > 1e400", "1e400 is not a finite number"),
+    ("episode_return > " + "9" * 5000, "is not a finite number"),
     ("", "empty; give a condition"),
     ("x" * 10_001, "at most 10,000 characters"),
     ("(" * (MAX_DEPTH + 1) + "1=1" + ")" * (MAX_DEPTH + 1), f"nested more than {MAX_DEPTH} deep"),

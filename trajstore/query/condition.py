@@ -326,8 +326,8 @@ class _Parser:
         token = self.token
         if token.kind == "number":
             self.take()
-            value = float(token.text) if any(c in token.text for c in ".eE") else int(token.text)
-            if not math.isfinite(value):
+            value = float(token.text) if any(c in token.text for c in ".eE") else int(token.text[:40])
+            if not math.isfinite(value) or len(token.text) > 40 and isinstance(value, int):
                 raise _error(self.text, token.at, f"{token.text} is not a finite number")
             return Value(value)
         if token.kind == "string":

@@ -251,7 +251,7 @@ def test_the_time_limit_covers_encoding(filled: trajstore.Store) -> None:
     "SELECT list('{w}'::ENUM('{w}')) AS l FROM range(300)".format(w="z" * 100),  # the same, inside a list
 ])
 def test_the_result_is_cut_at_its_size_while_it_is_fetched(filled: trajstore.Store, query: str) -> None:
-    with pytest.raises(ResultTooLargeError, match="larger than the limit of 9.76562 KiB"):
+    with pytest.raises(ResultTooLargeError, match="larger than the limit of 9.766 KiB"):
         filled.sandboxed_sql(query, sandbox.Limits(max_bytes=10_000))
     assert filled.sandboxed_sql(query, sandbox.Limits(max_bytes=100_000)).table.num_rows >= 1
 

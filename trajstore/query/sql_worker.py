@@ -350,10 +350,12 @@ def run(task: Task | Computation, *, keep: int = 1) -> sandbox.Result:
     except WorkerStopped as stopped:
         log.warning("the worker running a %s died before it answered (%s); a fresh one replaces it", task.what,
                     stopped)
-        raise QueryWorkerDiedError(f"{task.what}: the worker process running it died before it answered ({stopped}): "
+        query = isinstance(task, Task)
+        worker, again = ("SQL worker", "query: run it again") if query else ("worker", "one: ask again")
+        raise QueryWorkerDiedError(f"{task.what}: the {worker} process running it died before it answered ({stopped}): "
                                    "it was killed (by someone, or by the kernel when the machine ran out of memory) "
-                                   "or it crashed. A fresh worker takes the next one: ask again, and see the "
-                                   "log if it happens again") from None
+                                   f"or it crashed. A fresh worker takes the next {again}, and see the log if it "
+                                   "happens again") from None
     if not header.get("ok"):
         raise _error(header)
     table = pa.ipc.open_stream(pa.py_buffer(data or b"")).read_all()

@@ -128,3 +128,30 @@ def test_the_help_of_each_command_prints(capsys: pytest.CaptureFixture[str]) -> 
             main([name, "--help"])
         assert done.value.code == 0
         assert capsys.readouterr().out.startswith(f"usage: trajstore {name}")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_the_root_help_prints(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main([flag])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trajstore [-h]")
+    assert all(f"    {name} " in out for name in commands())  # every command listed with its summary
+    assert "95% intervals" in " ".join(out.split())  # a literal % in a summary is text, not a format
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_the_root_help_prints_from_a_shell(flag: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "trajstore.cli", flag], capture_output=True, text=True,
+                          env={**os.environ, "TRAJSTORE_DEBUG": ""}, timeout=300)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("usage: trajstore") and "Traceback" not in done.stdout
+
+
+def test_every_help_text_formats() -> None:
+    """argparse %-formats every help string when it prints one: each parser's whole help (its options, and the
+    root's list of commands) formats, so no help text anywhere can turn ``--help`` into a traceback."""
+    for name, p in {"": build_parser(), **commands()}.items():
+        assert p.format_help().startswith(f"usage: trajstore {name}".rstrip()), name
+        assert p.format_usage().startswith(f"usage: trajstore {name}".rstrip()), name

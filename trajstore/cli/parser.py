@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         "help": f"the store: a directory or s3://bucket/prefix (default: $TRAJSTORE_STORE or {settings.store})"}
 
     def command(name: str, summary: str, details: str = "") -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + "." +
-                              (f" {details}" if details else ""))
+        # the summary is the root help's line for the command, which argparse %-formats ("95%" must stay text)
+        return sub.add_parser(name, help=summary.replace("%", "%%"), description=summary[0].upper() + summary[1:] +
+                              "." + (f" {details}" if details else ""))
 
     p = command("rollout", "run a policy in an environment and store every transition",
                 "A gymnasium vector env (--backend gym) or a pure-JAX env under lax.scan + vmap (--backend jax); "

@@ -6,16 +6,36 @@
 
 const SKETCH_MARGIN = { t: 30, r: 20, b: 50, l: 60 };  // as the Plotly layout's, so nothing jumps when it takes over
 const SKETCH_TICKS = 5;
+const SKETCH_MAX_TICKS = 50;  // a bound on any axis's ticks, whatever its ends
 const SKETCH_MARKERS = 30;  // series of fewer bins get a marker on each (as binnedTraces' "lines+markers")
 
-// Round tick values covering [lo, hi] (1, 2 or 5 times a power of ten apart).
+// Round tick values covering [lo, hi] (1, 2 or 5 times a power of ten apart), at most SKETCH_MAX_TICKS of them,
+// for any finite ends: the step is never finer than the float grid at the ends' magnitude (so every tick differs
+// from the last; an axis a few float steps wide at 1e17 gets one tick), and the loop counts its ticks.
 function sketchTicks(lo, hi, count = SKETCH_TICKS) {
+  if (!Number.isFinite(lo) || !Number.isFinite(hi)) return [];
   if (!(hi > lo)) return [lo];
-  const raw = (hi - lo) / count, power = 10 ** Math.floor(Math.log10(raw));
-  const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw);
-  const out = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(Math.abs(v) < step * 1e-9 ? 0 : v);
-  return out;
+  const grain = Math.max(Math.abs(lo), Math.abs(hi)) * Number.EPSILON * 2;  // what adding a step always moves
+  const share = Number.isFinite(hi - lo) ? (hi - lo) / count : hi / count - lo / count;  // ±1.7e308: no overflow
+  const raw = Math.max(share, grain, Number.MIN_VALUE);  // never zero (denormals)
+  const power = 10 ** Math.floor(Math.log10(raw));
+  const nice = power > 0 && Number.isFinite(power) ? [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw) : 0;
+  const step = nice || raw;
+  const first = Math.ceil(lo / step) * step, out = [];
+  for (let i = 0; i < SKETCH_MAX_TICKS; i++) {
+    const v = first + i * step;
+    if (!(v <= hi + step * 1e-9)) break;
+    const tick = Math.abs(v) < step * 1e-9 ? 0 : v;
+    if (tick !== out[out.length - 1]) out.push(tick);
+  }
+  return out.length ? out : [lo];
+}
+
+// [lo, hi] widened by at least ``half`` on each side, by more where the float grid at their magnitude is coarser
+// (at 1e17, adding 0.5 changes nothing).
+function sketchWiden(lo, hi, half) {
+  const d = Math.max(half, Math.max(Math.abs(lo), Math.abs(hi)) * Number.EPSILON * 4);
+  return [lo - d, hi + d];
 }
 
 function sketchLabel(v, time) {
@@ -52,9 +72,9 @@ function sketchCurves(div, series, { colorOf, band, time, xTitle, yTitle }) {
   }
   const plotW = width - SKETCH_MARGIN.l - SKETCH_MARGIN.r, plotH = height - SKETCH_MARGIN.t - SKETCH_MARGIN.b;
   if (!(x1 >= x0) || !(y1 >= y0)) return { series: 0, points: 0 };
-  if (x1 === x0) { x0 -= 0.5; x1 += 0.5; }
-  if (y1 === y0) { y0 -= 0.5; y1 += 0.5; }
-  const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
+  if (x1 === x0) [x0, x1] = sketchWiden(x0, x1, 0.5);
+  if (y1 === y0) [y0, y1] = sketchWiden(y0, y1, 0.5);
+  [y0, y1] = sketchWiden(y0, y1, (y1 - y0) * 0.05);
   const px = (x) => SKETCH_MARGIN.l + ((x - x0) / (x1 - x0)) * plotW;
   const py = (y) => SKETCH_MARGIN.t + (1 - (y - y0) / (y1 - y0)) * plotH;
   ctx.font = "12px sans-serif"; ctx.fillStyle = "#444"; ctx.strokeStyle = "#eee"; ctx.lineWidth = 1;

@@ -76,6 +76,23 @@ def test_files_outside_the_store_are_refused(filled: trajstore.Store, worker_byt
         filled.sandboxed_sql("SELECT getenv('HOME')", limits)
 
 
+@pytest.mark.parametrize("worker_bytes", IN_PROCESS)
+def test_no_extension_is_installed_or_loaded_for_a_query(filled: trajstore.Store, worker_bytes: int | None) -> None:
+    """A function of a known extension is refused naming it; DuckDB does not try to install the extension (with
+    autoinstall on it would: "An error occurred while trying to automatically install the required extension")."""
+    limits = sandbox.Limits(worker_bytes=worker_bytes)
+    settings = filled.sandboxed_sql("SELECT name, value FROM duckdb_settings() WHERE name IN ('autoinstall_known_"
+                                    "extensions', 'autoload_known_extensions') ORDER BY name", limits)
+    assert settings.table.to_pylist() == [{"name": "autoinstall_known_extensions", "value": "false"},
+                                          {"name": "autoload_known_extensions", "value": "false"}]
+    for query, function, extension in [("SELECT * FROM sqlite_scan('x.db', 't')", "sqlite_scan", "sqlite_scanner"),
+                                       ("SELECT * FROM read_xlsx('a.xlsx')", "read_xlsx", "excel"),
+                                       ("SELECT * FROM delta_scan('steps')", "delta_scan", "delta")]:
+        with pytest.raises(QueryRefusedError, match=f"query: {function} is a function of DuckDB's {extension} "
+                                                    "extension, which the sandbox neither installs nor loads"):
+            filled.sandboxed_sql(query, limits)
+
+
 @pytest.mark.parametrize("query", [
     "SELECT len(range(2000000000))",  # one list of 16 GB
     "SELECT count(*) FROM (SELECT i, md5(i::VARCHAR) AS h FROM range(20000000) t(i) ORDER BY h)",  # grows to it

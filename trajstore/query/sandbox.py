@@ -21,6 +21,7 @@ streams) run at once, and so their memory; one more is refused at once, never qu
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from trajstore.errors import (
 from trajstore.query import sql
 from trajstore.query.snapshot import Snapshot
 
+# DuckDB's word for a function of an extension not loaded (the sandbox never installs or loads one: sql.hardening)
+EXTENSION_FUNCTION = re.compile(r'with name "([^"]+)" is not in the catalog, but it exists in the (\w+) extension')
 FETCH_ROWS = 8192  # rows per fetched batch: the bytes limit is checked after each
 WORKER_BYTES = 1536 * 1024 * 1024  # the memory a query's worker process may take above its idle size
 
@@ -227,6 +230,11 @@ def _failure(exc: BaseException, snapshot: Snapshot, limits: Limits, deadline: D
     if isinstance(exc, duckdb.PermissionException):
         return QueryRefusedError("query: reaches outside the store: only the steps, episodes and runs views can be "
                                  "read, no file")
+    extension = EXTENSION_FUNCTION.search(str(exc)) if isinstance(exc, duckdb.CatalogException) else None
+    if extension is not None:
+        return QueryRefusedError(f"query: {extension[1]} is a function of DuckDB's {extension[2]} extension, which "
+                                 "the sandbox neither installs nor loads: only built-in functions over the steps, "
+                                 "episodes and runs views")
     if isinstance(exc, MemoryError) or "bad allocation" in str(exc) or "std::bad_alloc" in str(exc):
         return QueryMemoryError(worker_memory_message(limits))  # an allocation the process could not make
     if isinstance(exc, duckdb.OutOfMemoryException) or "Out of Memory Error" in str(exc):

@@ -733,9 +733,11 @@ def hardening(*, memory_limit: str | None, threads: int | None) -> list[str]:
     """DuckDB's "Securing DuckDB" settings for a connection whose views read registered data only: no file
     access at all (not even temporary files: a query past its memory limit fails instead of spilling to
     disk), no setting left that names a path (``duckdb_settings()`` shows none), no Python variables read
-    by name, then the configuration locked. ``None`` keeps DuckDB's default memory limit or threads."""
+    by name, no extension installed or loaded because a query named one of its functions, then the
+    configuration locked. ``None`` keeps DuckDB's default memory limit or threads."""
     out = ["SET temp_directory = ''", "SET secret_directory = ''", "SET extension_directory = ''",
            "SET home_directory = ''", "SET python_enable_replacements = false",
+           "SET autoinstall_known_extensions = false", "SET autoload_known_extensions = false",
            "SET enable_external_access = false"]
     if memory_limit is not None:
         out.append(f"SET memory_limit = {literal(memory_limit)}")

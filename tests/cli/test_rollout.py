@@ -4,7 +4,9 @@ accident; every mistake one line naming its flag."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -171,3 +173,27 @@ def test_an_ale_id_without_preprocessing_is_the_raw_screen(tmp_path: Path, capsy
     err = fails(capsys, "rollout", "--backend", "jax", "--env", "ALE/Pong-v5", "--atari", "--steps", "4", "--store",
                 str(tmp_path), "--run", "x")
     assert "--atari: preprocesses an Atari game of --backend gym" in err
+
+
+def test_an_sb3_checkpoint_is_loaded_with_a_warning_that_it_is_a_pickle(tmp_path: Path) -> None:
+    """A shell's ``trajstore rollout --policy sb3:…`` says on stderr, before loading it, that a checkpoint is a pickle
+    to load only from trusted sources."""
+    pytest.importorskip("stable_baselines3", reason="the [sb3] extra is not installed")
+    from tests.rollout.test_policies import sb3_checkpoint
+
+    path = sb3_checkpoint(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "trajstore.cli", "rollout", "--env", "CartPole-v1", "--episodes",
+                           "2", "--num-envs", "1", "--policy", f"sb3:PPO:{path}", "--store", str(tmp_path / "store"),
+                           "--run", "ppo", "--no-progress"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRAJSTORE_DEBUG": ""})
+    assert done.returncode == 0, done.stderr
+    assert f"policy: {path} is a Stable-Baselines3 checkpoint, which is a pickle: loading it runs any code its " \
+           "author put in it. Load checkpoints only from sources you trust." in " ".join(done.stderr.split())
+
+
+def test_the_help_says_an_sb3_checkpoint_is_a_pickle(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["rollout", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "which is a pickle: loading it runs any code its author put in it, so load only checkpoints from " \
+           "sources you trust" in out

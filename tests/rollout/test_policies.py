@@ -4,6 +4,7 @@ the stored observations; every bad spec is one error naming ``policy``."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -105,3 +106,16 @@ def test_an_sb3_checkpoint_acts_as_its_model_predicts(store: trajstore.Store, tm
                                                    "observations: "):
         gym_rollout(store, "Pendulum-v1", run_id="wrong", steps=10, policy=load_policy(f"sb3:PPO:{path}"),
                     progress=False)
+
+
+def test_loading_an_sb3_checkpoint_warns_that_it_is_a_pickle(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("stable_baselines3", reason="the [sb3] extra is not installed")
+    path = sb3_checkpoint(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="trajstore.rollout.policies"):
+        load_policy(f"sb3:PPO:{path}")
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warned] == [
+        f"policy: {path} is a Stable-Baselines3 checkpoint, which is a pickle: loading it runs any code its author "
+        "put in it. Load checkpoints only from sources you trust."]
+    assert "pickle" in load_policy.__doc__ and "trust" in load_policy.__doc__

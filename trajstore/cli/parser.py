@@ -90,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "returning their actions (--backend jax: jax_rollout's policy(params, obs, key), params "
                         "None), imported from the current directory too; or sb3:ALGO:path.zip, a "
                         "Stable-Baselines3 checkpoint (ALGO one of A2C, DDPG, DQN, PPO, SAC, TD3; extra sb3; "
-                        "deterministic with --mode eval). Default: random actions")
+                        "deterministic with --mode eval), which is a pickle: loading it runs any code its author "
+                        "put in it, so load only checkpoints from sources you trust (a warning says so on stderr). "
+                        "Default: random actions")
     p.add_argument("--mode", choices=["train", "eval"], default="train",
                    help="eval: exactly --episodes complete episodes, unbiased (each env plays a share fixed up "
                         "front, so short episodes are not over-represented), stored with mode eval (default: train)")

@@ -7,7 +7,9 @@
   (a module closes over its own parameters).
 - ``sb3:ALGO:path.zip`` loads a Stable-Baselines3 checkpoint (the ``[sb3]`` extra) with ``ALGO.load(path)``, ALGO
   one of :data:`SB3_ALGORITHMS`; its actions are ``model.predict(obs, deterministic=…)[0]``, deterministic in
-  evaluation. gymnasium backend only (the model runs in PyTorch, not under ``jit``).
+  evaluation. gymnasium backend only (the model runs in PyTorch, not under ``jit``). **A checkpoint is a pickle:**
+  loading one runs any code its author put in it, so load only checkpoints from sources you trust; each load logs
+  a warning that says so (:data:`SB3_PICKLE_WARNING`; the CLI prints it on stderr).
 
 >>> policy = load_policy("numpy:zeros_like")
 >>> policy([[0.5, 1.5]]).tolist()
@@ -17,21 +19,27 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 from trajstore.errors import InputError, first_line, one_line
 
-__all__ = ["SB3_ALGORITHMS", "SB3Policy", "load_policy"]
+__all__ = ["SB3_ALGORITHMS", "SB3_PICKLE_WARNING", "SB3Policy", "load_policy"]
+
+log = logging.getLogger(__name__)
 
 SB3_ALGORITHMS = ("A2C", "DDPG", "DQN", "PPO", "SAC", "TD3")
 FORMS = "module:function or sb3:ALGO:path.zip"
+# logged (the CLI prints it on stderr) before each SB3 checkpoint is loaded, the checkpoint's path after "policy: "
+SB3_PICKLE_WARNING = ("policy: {path} is a Stable-Baselines3 checkpoint, which is a pickle: loading it runs any code "
+                      "its author put in it. Load checkpoints only from sources you trust.")
 
 
 def load_policy(spec: str, *, backend: Literal["gym", "jax"] = "gym",
                 deterministic: bool = False) -> Callable[..., Any]:
     """The policy ``spec`` names (see the module's docstring); an :class:`InputError` naming ``policy`` when it
-    names none."""
+    names none. An ``sb3:`` checkpoint is a pickle, loaded with a warning: load only checkpoints you trust."""
     if not isinstance(spec, str) or ":" not in spec:
         raise InputError(f"policy: expected {FORMS}, got {spec!r}")
     if spec.startswith("sb3:"):
@@ -73,6 +81,7 @@ def _sb3(spec: str, *, deterministic: bool) -> SB3Policy:
         raise InputError(f"policy: {spec} needs Stable-Baselines3: pip install 'trajstore[sb3]'") from None
     if not Path(path).is_file() and not Path(f"{path}.zip").is_file():
         raise InputError(f"policy: no SB3 checkpoint at {path}")
+    log.warning(SB3_PICKLE_WARNING.format(path=path))
     try:
         model = getattr(stable_baselines3, name).load(path)
     except Exception as exc:  # noqa: BLE001 - not a checkpoint of this algorithm: one line, not SB3's traceback

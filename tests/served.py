@@ -104,6 +104,10 @@ class Server:
 
         threading.Thread(target=sample, daemon=True).start()
 
+    def unwatch(self) -> None:
+        """Stop sampling the memory (the last watch's limit no longer kills the server)."""
+        self._stop.set()
+
     def close(self) -> None:
         self._stop.set()
         if self.proc.poll() is None:

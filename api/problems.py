@@ -33,6 +33,7 @@ from trajstore.errors import (
     StoreDamagedError,
     StoreNotFoundError,
     TrajstoreError,
+    UnsupportedTableError,
     VersionNotFoundError,
 )
 
@@ -54,7 +55,7 @@ class Problem(BaseModel):
     errors: list[dict[str, Any]] | None = Field(None, description="per-field errors of an invalid request")
 
 
-ERROR_STATUSES = (400, 401, 403, 404, 406, 408, 413, 415, 422, 429, 500, 503)
+ERROR_STATUSES = (400, 401, 403, 404, 406, 408, 409, 413, 415, 422, 429, 500, 503)
 
 
 def problem_response(code: int, description: str | None = None) -> dict[str, Any]:
@@ -70,6 +71,10 @@ _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (QueryRefusedError, 403),
     (QueryTimeoutError, 408),
     (ConflictError, 409),
+    # a table version trajstore does not read (a Delta reader feature, rows deleted through deletion vectors): the
+    # request conflicts with the table's state, which the user resolves (the files rewritten without the feature, or
+    # version=N from before it); not a 503, which clients retry as passing, nor a 500, which is trajstore's own fault
+    (UnsupportedTableError, 409),
     (RunNotFoundError, 404),
     (VersionNotFoundError, 404),
     (ReadOnlyError, 403),

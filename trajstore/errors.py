@@ -29,6 +29,7 @@ __all__ = [
     "CommitError",
     "CommitUnknownError",
     "StoreDamagedError",
+    "UnsupportedTableError",
     "AuthenticationError",
     "WriterClosedError",
     "RemoteError",
@@ -139,6 +140,20 @@ class StoreDamagedError(TrajstoreError):
         """The error for committed file ``path`` and what is wrong with it."""
         return cls(f"committed file {path} {problem}; the store is damaged: run `trajstore check --store "
                    f"{store or 'STORE'}` to list every damaged file", path=path)
+
+
+class UnsupportedTableError(TrajstoreError):
+    """The store's Delta table, at the version read, needs what trajstore's readers do not implement: a reader feature
+    of the Delta protocol (its ``minReaderVersion`` and ``readerFeatures``: column mapping, type widening, …) or rows
+    another engine deleted through a deletion vector. trajstore reads the committed Parquet files as they are, so it
+    refuses such a version rather than serve other rows than the table holds. Not the caller's error and not damage:
+    the message names the feature and the version, and what to do (rewrite the files without it with the engine that
+    added it, or read an earlier version). ``features``: the features refused; ``version``: the version read."""
+
+    def __init__(self, message: str, *, features: Sequence[str] = (), version: int | None = None) -> None:
+        super().__init__(message)
+        self.features = tuple(features)
+        self.version = version
 
 
 class WriterClosedError(TrajstoreError):

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import trajstore
+from tests import delta_protocol
 from trajstore.operations.check import CheckReport
 from trajstore.store import check, remove_orphans
 
@@ -117,6 +118,23 @@ def test_unreadable_log_is_reported(healthy: trajstore.Store) -> None:
     report = check(healthy)
     assert not report.ok and report.files == 0
     assert f"the commit log {log_dir} cannot be read" in _problem(report, "commit log")
+
+
+def test_rows_deleted_through_a_deletion_vector_are_a_problem_named(healthy: trajstore.Store,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Another engine deleted an episode through a deletion vector (Delta's reader feature ``deletionVectors``, which
+    trajstore does not apply): ``check`` reports that version as one it cannot read, naming the feature and the
+    version (its files' rows are not the table's), and the CLI exits 1."""
+    from trajstore import cli
+
+    done = healthy.episodes().filter(pc.field("complete"))
+    version = delta_protocol.delete_episode(healthy.table.path, done["episode_id"][0].as_py())
+    report = check(healthy)
+    assert len(report.problems) == 1, report.format()
+    assert f"at version {version}: rows of it were deleted through deletion vectors (the Delta reader feature " \
+           "deletionVectors" in report.problems[0]
+    assert cli.main(["check", "--store", str(healthy.root)]) == 1
+    assert capsys.readouterr().out.startswith("1 problem(s)")
 
 
 def test_gap_in_steps_is_reported(healthy: trajstore.Store) -> None:

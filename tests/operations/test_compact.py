@@ -13,7 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import trajstore
+from tests import delta_protocol
 from tests.helpers import make_batch
+from trajstore.errors import UnsupportedTableError
 from trajstore.storage.table import StepsTable
 from trajstore.store import check, compact, remove_orphans
 
@@ -73,6 +75,20 @@ def test_only_the_chosen_partitions_and_target_sizes(store: trajstore.Store) -> 
     assert report.partitions == 1 and report.files_before == 8 and 2 <= report.files_after <= 4
     with pytest.raises(trajstore.InputError, match="target_bytes"):
         compact(store, target_bytes=0)
+
+
+def test_a_table_with_rows_deleted_through_a_deletion_vector_is_never_compacted(store: trajstore.Store) -> None:
+    """Another engine deleted an episode through a deletion vector: compacting would rewrite its rows into a new file
+    without one and bring them back. It is refused, naming the feature, and nothing is committed: the episode stays
+    deleted for every engine that applies deletion vectors."""
+    many_files(store)
+    gone = store.episodes(run_id="b").sort_by("episode_id")["episode_id"][0].as_py()
+    deleted = delta_protocol.delete_episode(store.table.path, gone)
+    kept = delta_protocol.deltalake_episodes(store.table.path)
+    with pytest.raises(UnsupportedTableError, match=f"at version {deleted}: .*reader feature deletionVectors"):
+        compact(store, progress=False)
+    assert store.version == deleted
+    assert delta_protocol.deltalake_episodes(store.table.path) == kept and gone not in kept
 
 
 def test_an_append_during_compaction_is_kept(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 import trajstore
+from tests import delta_protocol
 from tests.helpers import step_keys, write_commits
+from trajstore.errors import UnsupportedTableError
 from trajstore.query.follow import new_commits
 
 
@@ -57,6 +61,26 @@ def test_follow_episodes_yields_each_completed_episode_once(store: trajstore.Sto
     assert sorted(r["episode_id"] for r in got) == sorted(r["episode_id"] for r in want)
     by_id = {r["episode_id"]: r for r in want}
     assert all(r["episode_return"] == pytest.approx(by_id[r["episode_id"]]["episode_return"]) for r in got)
+
+
+def test_a_commit_adding_rows_marked_deleted_is_refused_not_followed(store: trajstore.Store) -> None:
+    """Another engine's commit adds a file with a deletion vector that marks all its rows deleted, and a later one
+    removes it (the latest version reads): following past that commit refuses it, naming the feature and the version,
+    rather than deliver rows no version holds."""
+    write_commits(store, 1)
+    start, table = store.version, store.table.path
+    rel, add = next(iter(delta_protocol.live_adds(table).items()))
+    copy = rel.replace(".parquet", "-copy.parquet")
+    shutil.copyfile(table / rel, table / copy)
+    rows = list(range(pq.read_metadata(table / copy).num_rows))
+    marked = {**add, "path": copy, "deletionVector": delta_protocol.inline_deletion_vector(rows)}
+    added = delta_protocol.commit(table, [{"add": marked}], "WRITE")
+    gone = {"path": copy, "dataChange": True, "deletionTimestamp": 1, "deletionVector": marked["deletionVector"],
+            "partitionValues": add["partitionValues"], "size": add["size"]}
+    delta_protocol.commit(table, [{"remove": gone}], "DELETE")
+    assert len(store.files()) == 1  # the latest version reads
+    with pytest.raises(UnsupportedTableError, match=f"at version {added}: .*reader feature deletionVectors"):
+        list(store.follow(since=start, timeout=0))
 
 
 def test_waiting_backs_off_instead_of_polling_hard(store: trajstore.Store) -> None:

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from trajstore.errors import InputError, StoreDamagedError, first_line
+from trajstore.errors import InputError, StoreDamagedError, UnsupportedTableError, first_line
 from trajstore.query import foreign, sql
 from trajstore.query.scan import scan_steps
 from trajstore.query.snapshot import Snapshot
@@ -145,6 +145,8 @@ def check(engine: Engine, *, deep: bool = False) -> CheckReport:
     """
     try:
         files = engine.files()
+    except UnsupportedTableError as exc:
+        return _unsupported(exc)
     except Exception as exc:  # noqa: BLE001 - a log that cannot be read is the finding
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
         log_dir = engine.table.location.uri_of(LOG_DIR)
@@ -163,6 +165,13 @@ def check(engine: Engine, *, deep: bool = False) -> CheckReport:
     _check_episodes(engine, readable, report)
     report.orphans = [display(i.path, engine.table.fs) for i in _orphans(engine.table.location, files)]
     return report
+
+
+def _unsupported(exc: UnsupportedTableError) -> CheckReport:
+    """The report on a version trajstore does not read (:mod:`~trajstore.storage.protocol`: a reader feature it does
+    not implement, files with deletion vectors): that one problem, naming the feature, the version and what to do.
+    Nothing else is checked: its files' rows are not the rows the table holds."""
+    return CheckReport(problems=[str(exc)])
 
 
 def remove_orphans(engine: Engine, *, older_than_s: float = 3600.0) -> list[str]:

@@ -33,7 +33,14 @@ from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
 import duckdb
 import pyarrow as pa
 
-from trajstore.errors import StoreAccessError, StoreDamagedError, TrajstoreError, VersionNotFoundError, first_line
+from trajstore.errors import (
+    StoreAccessError,
+    StoreDamagedError,
+    TrajstoreError,
+    UnsupportedTableError,
+    VersionNotFoundError,
+    first_line,
+)
 from trajstore.query import foreign, sandbox, sql, summarized
 from trajstore.query.filters import Names, check_runs, names_of, selected
 from trajstore.query.groups import StepTypes, group_files, step_types
@@ -333,7 +340,8 @@ class Engine:
         return version, self.table.log.versions_since_checkpoint(version)
 
     def health(self, *, newest: bool = False) -> list[str]:
-        """Problems that stop this store from being served: an unreadable log, committed files missing or of
+        """Problems that stop this store from being served: an unreadable log, a latest version that needs what
+        trajstore does not read (:mod:`~trajstore.storage.protocol`), committed files missing or of
         another size than the log says (cheap checks of every file; ``trajstore check`` reads them all). With
         ``newest``, only the files the latest commit added are looked at (what a commit that lost its files
         would break; a liveness probe's cost, whatever the store's size)."""
@@ -346,6 +354,8 @@ class Engine:
                 files = [f for f in files if f.path in added]
         except StoreAccessError:
             raise  # the store does not answer (or refuses us): not a damage, and says what to do itself
+        except UnsupportedTableError as exc:  # a version trajstore does not read: what it needs, and what to do
+            return [str(exc)]
         except Exception as exc:  # noqa: BLE001 - an unreadable log is the finding
             return [f"the commit log of {self.uri} cannot be read: {first_line(exc)}"]
         return [p for p in map(self.table.size_problem, files) if p]

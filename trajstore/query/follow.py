@@ -23,6 +23,7 @@ from trajstore.query import sql
 from trajstore.query.filters import Names, selected
 from trajstore.query.scan import scan_steps
 from trajstore.query.snapshot import check_names
+from trajstore.storage import protocol
 from trajstore.storage.log import DataFile, LogCommit, files_holding
 from trajstore.storage.table import StepsTable
 
@@ -115,6 +116,9 @@ def _commit_rows(engine: Engine, commit: LogCommit, columns: Sequence[str] | Non
     files = [f for f in commit.added if selected(f.run_id, run_id) and selected(f.env_id, env_id)]
     if not commit.new_rows or not files:
         return None
+    marked = [f.uri for f in files if f.path in commit.marked]  # rows of them another engine deleted: never sent
+    if marked:
+        raise protocol.deletion_vector_error(engine.table.log.uri, commit.version, marked)
     try:
         rows = _completed_episodes(engine, files, columns) if episodes else _file_rows(engine, files, columns)
     except (OSError, pa.ArrowException) as exc:  # the commit's own files (a snapshot's errors come judged)

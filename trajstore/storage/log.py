@@ -43,13 +43,14 @@ from trajstore.errors import (
     ReadOnlyError,
     StoreAccessError,
     StoreDamagedError,
+    UnsupportedTableError,
     VersionNotFoundError,
     first_line,
     one_line,
 )
 from trajstore.retry import tries
 from trajstore.schema import PARTITION_COLUMNS, delta_schema
-from trajstore.storage import names
+from trajstore.storage import names, protocol
 from trajstore.storage.encoding import declarations
 from trajstore.storage.landing import MARKER, Attempt, find, settle
 from trajstore.storage.location import Location, explain
@@ -63,6 +64,7 @@ APPEND_RETRIES = 100  # an append's tries while other writers keep committing fi
 UNSURE_KEPT = 10_000  # appends that raised, remembered until they are sent again
 LISTING_RETRIES = 12  # reads of the log while its listing misses an entry another writer was making (~1 s in all)
 GAP = "Expected contiguous commit files"  # deltalake's error for a log listed with a version missing
+MARKED_STEP = 100  # versions whose entries are read to carry "no deletion vector" forward (more: deltalake is asked)
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,7 @@ class LogCommit:
     removed: list[tuple[str, str]] = field(default_factory=list)  # (path in the table's filesystem, run_id)
     info: dict[str, Any] = field(default_factory=dict)
     metadata: bool = False
+    marked: frozenset[str] = frozenset()  # the paths of the files it added with a deletion vector (another engine's)
 
     @property
     def added(self) -> list[DataFile]:
@@ -250,6 +253,7 @@ class Log:
         self.location = location
         self.pinned = pinned
         self._unsure: dict[str, Attempt] = {}  # appends that raised, and how they were sent: they may have landed
+        self._unmarked = -1  # the newest version read whose files carry no deletion vector
 
     @property
     def uri(self) -> str:
@@ -271,13 +275,26 @@ class Log:
 
     def read(self, number: int | None = None) -> TableState | None:
         """The table as version ``number`` left it (default: the pinned or the latest version); None before the first
-        commit. A version
-        whose entries cannot be read raises :class:`VersionNotFoundError` (one asked for by number: cleaned up)
-        or :class:`StoreDamagedError` (the latest)."""
+        commit. A version whose entries cannot be read raises :class:`VersionNotFoundError` (one asked for by number:
+        cleaned up) or :class:`StoreDamagedError` (the latest); one that needs a reader feature trajstore does not
+        implement, or whose files carry deletion vectors, :class:`~trajstore.errors.UnsupportedTableError`
+        (:mod:`~trajstore.storage.protocol`): every read checks the version it reads."""
+        table = self._version(number)
+        if table is None:
+            return None
+        self._check_protocol(table)
+        return TableState(self, table)
+
+    def _version(self, number: int | None) -> DeltaTable | None:
+        """The log at version ``number`` (:meth:`read`, unchecked against the protocol); None before the first
+        commit."""
         number = self.pinned if number is None else number
         try:
             table = self._open(number)
         except DeltaError as exc:
+            refusal = self._refused_protocol(number)  # deltalake's own refusal of a protocol it does not read
+            if refusal is not None:
+                raise refusal from exc
             if number is not None:  # a removed version too: not found (404), not bad input
                 raise VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were "
                                            f"cleaned up): {first_line(exc)}") from exc
@@ -286,12 +303,86 @@ class Log:
         if table is None and number is not None:
             raise VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were "
                                        "cleaned up)")
-        return None if table is None else TableState(self, table)
+        return table
 
     def latest_number(self) -> int:
-        """The number of the version :meth:`read` gives (-1 before the first commit)."""
-        version = self.read()
-        return -1 if version is None else version.number
+        """The number of the version :meth:`read` gives (-1 before the first commit), whether trajstore can read that
+        version or not (the number alone: :meth:`read` says)."""
+        try:
+            table = self._version(None)
+        except UnsupportedTableError as exc:  # one deltalake cannot open either: its refusal names it
+            if exc.version is None:
+                raise
+            return exc.version
+        return -1 if table is None else int(table.version())
+
+    def _check_protocol(self, table: DeltaTable) -> None:
+        """Raise :class:`~trajstore.errors.UnsupportedTableError` if the version ``table`` holds needs a reader
+        feature trajstore does not implement or a committed file of it carries a deletion vector
+        (:mod:`~trajstore.storage.protocol`)."""
+        number, found = int(table.version()), table.protocol()
+        features = protocol.refused(found.min_reader_version, found.reader_features, table.metadata().configuration)
+        if features:
+            raise protocol.feature_error(self.uri, number, found.min_reader_version, features)
+        marked = self._marked(table, number)
+        if marked:
+            raise protocol.deletion_vector_error(self.uri, number, marked)
+
+    def _marked(self, table: DeltaTable, number: int) -> list[str]:
+        """The committed files of version ``number`` (``table``) that carry a deletion vector, as a user names
+        them. Each version is looked at once: the newest one known to have none is carried forward by the entries
+        of the versions after it (none adds a file with a deletion vector: none still has one); any other version
+        is asked of deltalake, which lists every live file's deletion vector."""
+        if number == self._unmarked or self._unmarked_since(self._unmarked, number):
+            self._unmarked = max(self._unmarked, number)
+            return []
+        try:
+            paths = pa.table(table.deletion_vectors()).column("filepath").to_pylist()
+        except (OSError, DeltaError) as exc:  # they exist (only files with one are read), and cannot be read
+            raise explain(exc, self.location) or protocol.deletion_vector_error(
+                self.uri, number, [], cause=first_line(exc)) from exc
+        if not paths:
+            self._unmarked = max(self._unmarked, number)
+        return [unquote(p.removeprefix("file://")) for p in paths]
+
+    def _refused_protocol(self, number: int | None) -> UnsupportedTableError | None:
+        """The refusal of version ``number`` (None: the latest) that deltalake could not open, when the newest
+        ``protocol`` action of the log's last entries up to it needs what trajstore does not read (and the newest
+        ``metaData`` says the column mapping mode); None otherwise (the log is damaged, or the actions are in a
+        checkpoint)."""
+        versions = [v for v in self.numbers() if number is None or v <= number]
+        try:
+            found, properties = self._newest_protocol(versions[-MARKED_STEP:])
+            reader = int(found.get("minReaderVersion") or 1) if found is not None else 1
+            features = protocol.refused(reader, found.get("readerFeatures"), properties) if found is not None else {}
+        except (ValueError, TypeError, AttributeError):  # an entry that is no JSON, a malformed action: damage
+            return None
+        return protocol.feature_error(self.uri, versions[-1], reader, features) if features else None
+
+    def _newest_protocol(self, versions: Sequence[int]) -> tuple[dict[str, Any] | None, dict[str, str]]:
+        """The newest ``protocol`` action of the entries of ``versions`` (None: none has one) and the table
+        properties of the newest ``metaData`` action among them."""
+        found: dict[str, Any] | None = None
+        properties: dict[str, str] | None = None
+        for version in reversed(versions):
+            for action in self.entry(version) or []:
+                found = action["protocol"] if found is None and "protocol" in action else found
+                if properties is None and "metaData" in action:
+                    properties = dict(action["metaData"].get("configuration") or {})
+            if found is not None and properties is not None:
+                break
+        return found, properties or {}
+
+    def _unmarked_since(self, unmarked: int, number: int) -> bool:
+        """Whether no version after ``unmarked`` (one whose files carry no deletion vector) up to ``number`` added
+        a file with one, as their entries say (False when one cannot be read, or they are too many to read)."""
+        if unmarked < 0 or not unmarked < number <= unmarked + MARKED_STEP:
+            return False
+        for version in range(unmarked + 1, number + 1):
+            actions = self.entry(version)
+            if actions is None or any((a.get("add") or {}).get("deletionVector") for a in actions):
+                return False
+        return True
 
     def number_at(self, when: datetime) -> int:
         """The latest version committed at or before ``when`` (timezone-aware); deltalake's error for a time before
@@ -335,10 +426,12 @@ class Log:
         actions = self.entry(number)
         if actions is None:
             return None
-        files, removed, info, metadata = [], [], {}, False
+        files, removed, info, metadata, marked = [], [], {}, False, set()
         for action in actions:
             if "add" in action:
                 files.append(self._added_file(action["add"]))
+                if action["add"].get("deletionVector"):
+                    marked.add(files[-1].path)
             elif "remove" in action:
                 gone = action["remove"]
                 removed.append((self.location.path(unquote(gone["path"])),
@@ -346,7 +439,7 @@ class Log:
             elif "commitInfo" in action:
                 info = action["commitInfo"]
             metadata = metadata or "metaData" in action
-        return LogCommit(number, files, removed, info, metadata)
+        return LogCommit(number, files, removed, info, metadata, frozenset(marked))
 
     def added_in(self, path: str) -> int | None:
         """The version whose commit added the file at ``path`` (newest first; None when the readable log does not

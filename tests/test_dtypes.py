@@ -198,3 +198,152 @@ def test_a_remote_writer_sends_whole_rows_where_the_service_takes_no_encoding_2(
     assert pq.read_table(f.path, columns=[stored.physical("next_obs")]).column(0).null_count == 0
     table = store.scan(COLUMNS, env_id="Remote-old").read_all()
     check_rows("uint8", {c: to_numpy(table[c]) for c in COLUMNS})
+
+
+# --- rewards: float32, or float64 kept as written ------------------------------------------------------------
+
+def reward_batch(dtype: str, seed: int) -> dict[str, Any]:
+    """A (T, B) batch whose rewards are of ``dtype``, each one a value float32 cannot hold (float64's last bits);
+    ``t`` says each step's time index and ``k`` the batch's ``seed``."""
+    rng = np.random.default_rng(seed)
+    batch = make_batch(rng, T, B, p_terminated=0.2, extras={"t": np.repeat(np.arange(T)[:, None], B, axis=1),
+                                                            "k": np.full((T, B), seed)})
+    batch["reward"] = (rng.normal(size=(T, B)) + 1e-9).astype(dtype)
+    return batch
+
+
+def written_rewards(dtype: str, rows: pa.Table) -> np.ndarray:
+    """The rewards written at each row's batch ``k``, time ``t`` and ``env_index``, as ``dtype``."""
+    k, t, env = (rows[c].to_numpy() for c in ("k", "t", "env_index"))
+    out = np.empty(rows.num_rows, dtype)
+    for seed in np.unique(k):
+        at = k == seed
+        out[at] = reward_batch(dtype, int(seed))["reward"][t[at], env[at]]
+    return out
+
+
+WHERE = ["k", "t", "env_index", "reward"]
+
+
+@pytest.fixture(scope="module")
+def rewards(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
+    """Run ``r32`` writes float32 rewards in R32; ``r64`` float64 ones in R64 (two files, one partition); ``late``
+    float64 ones in R32, which holds float32 rewards already."""
+    store = trajstore.open(tmp_path_factory.mktemp("rewards") / "store", create=True)
+    with store.writer(run_id="r32", env_id="R32") as w:
+        w.add_batch(reward_batch("float32", 0))
+    with store.writer(run_id="r64", env_id="R64") as w:
+        w.add_batch(reward_batch("float64", 1))
+        w.flush()
+        w.add_batch(reward_batch("float64", 2))
+    with store.writer(run_id="late", env_id="R32") as w:
+        w.add_batch(reward_batch("float64", 3))
+    return store
+
+
+def test_float64_rewards_are_kept_as_written(rewards: trajstore.Store) -> None:
+    rows = rewards.scan(WHERE, run_id="r64").read_all()
+    assert to_numpy(rows["reward"]).dtype == np.float64 and rows.num_rows == 2 * T * B
+    same(to_numpy(rows["reward"]), written_rewards("float64", rows))  # bit for bit: not narrowed
+    r32 = rewards.scan(WHERE, run_id="r32").read_all()
+    same(to_numpy(r32["reward"]), written_rewards("float32", r32))  # float32 stays float32
+    late = rewards.scan(WHERE, run_id="late").read_all()  # an environment keeps the reward type it has
+    same(to_numpy(late["reward"]), written_rewards("float64", late).astype(np.float32))
+
+
+def rewards_by_step(table: Any) -> dict[tuple[int, int], float]:
+    columns = table if isinstance(table, dict) else table.to_pydict()
+    return dict(zip(zip(np.asarray(columns["episode_id"]).tolist(), np.asarray(columns["step"]).tolist()),
+                    np.asarray(columns["reward"]).tolist()))
+
+
+def test_every_reader_gives_float64_rewards_exactly(rewards: trajstore.Store) -> None:
+    want = rewards_by_step(rewards.scan(["episode_id", "step", "reward"], run_id="r64").read_all())
+    assert len(want) == 2 * T * B
+    assert rewards_by_step(rewards.sql("SELECT episode_id, step, reward FROM steps", run_id="r64")) == want
+    assert rewards.sql("SELECT DISTINCT typeof(reward) AS t FROM steps", env_id="R64")["t"].to_pylist() == ["DOUBLE"]
+    assert rewards.sql("SELECT DISTINCT typeof(reward) AS t FROM steps", env_id="R32")["t"].to_pylist() == ["FLOAT"]
+    (batch,) = list(rewards.iter_batches(batch_size=2 * T * B, columns=["episode_id", "step", "reward"],
+                                         run_id="r64"))
+    assert batch["reward"].dtype == np.float64 and rewards_by_step(batch) == want
+    where = "run_id = 'r64'"
+    windows = next(rewards.sequences(1, columns=["reward"], where=where, batch_size=4096))
+    assert windows["reward"].dtype == np.float64
+    assert rewards_by_step({"episode_id": windows["episode_id"], "step": windows["start"],
+                            "reward": windows["reward"][:, 0]}) == want
+    one_step = next(rewards.transitions(1, gamma=0.9, where=where, batch_size=4096))
+    assert one_step["reward"].dtype == np.float64 and rewards_by_step(one_step) == want
+
+
+def test_the_service_and_a_remote_writer_keep_float64_rewards(rewards: trajstore.Store) -> None:
+    from trajstore.api.app import create_app
+
+    want = rewards_by_step(rewards.scan(["episode_id", "step", "reward"], run_id="r64").read_all())
+    for live in serve(create_app(settings_for(Path(str(rewards.root))))):
+        with trajstore.Client(live.url) as client:
+            (batch,) = list(client.iter_batches(batch_size=2 * T * B, columns=["episode_id", "step", "reward"],
+                                                run_id="r64"))
+            assert batch["reward"].dtype == np.float64 and rewards_by_step(batch) == want
+            assert rewards_by_step(client.sql("SELECT episode_id, step, reward FROM steps", run_id="r64")) == want
+        with trajstore.RemoteWriter(live.url, api_key=API_KEY, run_id="remote", env_id="Remote-R64") as w:
+            w.add_batch(reward_batch("float64", 1))
+        sent = rewards.scan(WHERE, run_id="remote").read_all()
+        same(to_numpy(sent["reward"]), written_rewards("float64", sent))
+
+
+def test_float64_rewards_under_other_engines_and_their_compaction(tmp_path: Path) -> None:
+    """The open table: float64 rewards beside float32 ones are under the typed name ``reward__float64`` (the log
+    has one type per name), every row's reward in exactly one of the two; deltalake's compaction rewrites the
+    files (adding the other name, null) and ``reward`` still means each row's reward to every trajstore reader."""
+    import deltalake
+    import polars as pl
+
+    store = trajstore.open(tmp_path / "store", create=True)
+    for run, dtype, seeds in (("r32", "float32", (0, 4)), ("r64", "float64", (1, 2))):
+        with store.writer(run_id=run, env_id=run.upper()) as w:
+            for seed in seeds:  # two files per partition: something to compact
+                w.add_batch(reward_batch(dtype, seed))
+                w.flush()
+    query = "SELECT run_id, episode_id, step, reward FROM steps ORDER BY episode_id, step"
+    before = store.sql(query)
+    folder = str(tmp_path / "store" / "steps")
+    for read in (deltalake.DeltaTable(folder).to_pyarrow_table(), pl.read_delta(folder, use_pyarrow=True).to_arrow()):
+        assert read.schema.field("reward").type == pa.float32()
+        assert read.schema.field("reward__float64").type == pa.float64()
+        for run, name, other in (("r32", "reward", "reward__float64"), ("r64", "reward__float64", "reward")):
+            mine = read.filter(pa.compute.equal(read["run_id"], run))
+            assert mine[other].null_count == mine.num_rows == 2 * T * B
+            ours = before.filter(pa.compute.equal(before["run_id"], run))
+            assert sorted(mine[name].to_pylist()) == sorted(ours["reward"].to_pylist())
+    metrics = deltalake.DeltaTable(folder).optimize.compact()
+    assert metrics["numFilesRemoved"] == 4 and metrics["numFilesAdded"] == 2
+    again = trajstore.open(tmp_path / "store")
+    after = again.sql(query)
+    assert after.equals(before) and after.schema.field("reward").type == pa.float64()
+    for run, dtype in (("r32", "float32"), ("r64", "float64")):
+        rows = again.scan(WHERE, run_id=run).read_all()
+        same(to_numpy(rows["reward"]), written_rewards(dtype, rows))
+    assert trajstore.check(again).ok
+
+
+def test_rewards_gymnasium_and_pettingzoo_hand_over_are_stored_as_float32(tmp_path: Path) -> None:
+    """gymnasium gives every reward as a Python float or in a float64 array, whatever precision the env computed
+    it in, and PettingZoo as Python floats: rollouts and recorders store them as the schema's float32, as before."""
+    import gymnasium as gym
+
+    from trajstore.integrations import RecordToStore
+    from trajstore.rollout import gym_rollout
+    from trajstore.write.agents import AgentWriter
+
+    store = trajstore.open(tmp_path / "store", create=True)
+    gym_rollout(store, "CartPole-v1", run_id="rollout", num_envs=2, episodes=2, progress=False)
+    env = RecordToStore(gym.make("Pendulum-v1"), store, run_id="recorded")
+    env.reset(seed=0)
+    for _ in range(5):
+        env.step(env.action_space.sample())
+    env.close()
+    with AgentWriter(store, run_id="agents", env_id="Pair-v0", agents=["a", "b"]) as w:
+        w.add(0, {a: (np.zeros(2, np.float32), 0, 0.1, np.zeros(2, np.float32), True, False) for a in "ab"})
+        w.end_episode()
+    for run in ("rollout", "recorded", "agents"):
+        assert to_numpy(store.scan(["reward"], run_id=run).read_all()["reward"]).dtype == np.float32, run

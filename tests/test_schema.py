@@ -48,11 +48,11 @@ def test_step_schema_names_the_design_columns() -> None:
     assert {"env_index", "worker_id", "policy_version", "seed"} <= set(lineage)
 
 
-def _write(store: trajstore.Store, **writer_options: Any) -> pa.Schema:
+def _write(store: trajstore.Store, reward: str = "float32", **writer_options: Any) -> pa.Schema:
     rng = np.random.default_rng(0)
     batch = make_batch(rng, 4, 2, obs_dim=3, extras={"log_prob": rng.standard_normal((4, 2)),
                                                       "value": rng.standard_normal((4, 2))})
-    batch["reward"] = batch["reward"].astype(np.float64)  # accepted, stored as the schema's float32
+    batch["reward"] = batch["reward"].astype(reward)  # the schema's float32, or float64 (accepted, kept)
     with store.writer(run_id="r", env_id="e", policy_version=np.int16(3), seed=7, mode="train",
                       **writer_options) as w:
         w.add_batch(batch)
@@ -60,8 +60,9 @@ def _write(store: trajstore.Store, **writer_options: Any) -> pa.Schema:
     return pq.read_schema(f.path)
 
 
-def test_stored_arrow_types_follow_the_step_schema(store: trajstore.Store) -> None:
-    stored = _write(store)
+@pytest.mark.parametrize("reward", ["float32", "float64"])
+def test_stored_arrow_types_follow_the_step_schema(store: trajstore.Store, reward: str) -> None:
+    stored = _write(store, reward)
     spec = load("step.v1.json")
     for c in spec["columns"]:
         if c.get("role") == "partition":
@@ -69,7 +70,7 @@ def test_stored_arrow_types_follow_the_step_schema(store: trajstore.Store) -> No
         elif c.get("role") == "agent":
             assert c["name"] not in stored.names  # only a writer of multi-agent episodes stores agent_id
         elif c["type"] != "space":
-            assert stored.field(c["name"]).type == ARROW[c["type"]], c["name"]
+            assert stored.field(c["name"]).type == ARROW[reward if "accepts" in c else c["type"]], c["name"]
     for c in spec["lineage"]:
         assert stored.field(c["name"]).type == ARROW[c["type"]], c["name"]
     assert stored.field("obs").type == pa.list_(pa.float32(), 3)
@@ -81,7 +82,8 @@ def test_stored_arrow_types_follow_the_step_schema(store: trajstore.Store) -> No
     # the same types through DuckDB, partition columns included
     described = {r["column_name"]: r["column_type"] for r in store.sql("DESCRIBE steps").to_pylist()}
     assert described["run_id"] == described["env_id"] == "VARCHAR"
-    assert (described["episode_id"], described["step"], described["reward"]) == ("BIGINT", "INTEGER", "FLOAT")
+    assert (described["episode_id"], described["step"], described["reward"]) == \
+        ("BIGINT", "INTEGER", {"float32": "FLOAT", "float64": "DOUBLE"}[reward])
     assert described["terminated"] == described["truncated"] == "BOOLEAN"
 
 

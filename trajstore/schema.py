@@ -75,6 +75,17 @@ def fixed_types() -> dict[str, pa.DataType]:
     return {c["name"]: arrow_type(c["type"]) for c in load(STEP_SCHEMA_FILE)["columns"] if c["type"] != "space"}
 
 
+def accepted_type(name: str, value: Any) -> pa.DataType | None:
+    """The type a column the step schema fixes takes for ``value`` (an array) in an environment that has none yet:
+    its own dtype where the schema ``accepts`` it (``reward``: float32, or float64 kept as float64), else None (the
+    column's fixed type). An environment's stored type, once it has one, wins over this."""
+    spec = next((c for c in load(STEP_SCHEMA_FILE)["columns"] if c["name"] == name), None)
+    dtype = getattr(value, "dtype", None)
+    if spec is None or dtype is None or np.dtype(dtype).name not in spec.get("accepts", ()):
+        return None
+    return arrow_type(np.dtype(dtype).name)
+
+
 def view_columns(stored: Sequence[str]) -> list[tuple[str, pa.DataType | None]]:
     """The columns of the ``steps`` view over stored columns named ``stored``, in its order: the schema's own
     (lineage ones always, as a typed null where not stored; ``agent_id`` only where stored), then every lineage

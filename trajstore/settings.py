@@ -34,6 +34,11 @@ class Settings:
     # sql_max_concurrent, what SQL can take at all (4 x 1.5 GiB, plus ~0.25 GiB per idle worker)
     sql_worker_bytes: int = 1536 * 1024 * 1024
     max_body_bytes: int = 256 * 1024 * 1024  # the largest POST /runs/{run_id}/batches body (413 beyond, unread)
+    # the most a POST /runs/{run_id}/batches body may decode to, counted from its metadata before it is decoded
+    # (remote/decoded_size.py: its buffers uncompressed, plus what its arrays and rows take once checked; 413
+    # beyond). Twice max_body_bytes: an uncompressed body under that limit fits when its rows are 32 bytes or
+    # wider, a compressed one may shrink to half; one request takes up to about twice this (1.1-1.7x measured)
+    max_decoded_bytes: int = 512 * 1024 * 1024
     # the largest POST /sql body (413 beyond, unread): its query of at most 100,000 characters fits even with every
     # character escaped in JSON (6 bytes each)
     sql_max_body_bytes: int = 1024 * 1024

@@ -1,25 +1,32 @@
-"""Ingest from remote rollout workers: Arrow IPC rows, authenticated, idempotent, size-limited (a body over
-``max_body_bytes`` is refused unread by :mod:`trajstore.api.body_limit`)."""
+"""Ingest from remote rollout workers: Arrow IPC rows, authenticated, idempotent, size-limited: a body over
+``max_body_bytes`` is refused unread by :mod:`trajstore.api.body_limit`, and one that would decode past
+``max_decoded_bytes`` (counted from its metadata by :mod:`trajstore.remote.decoded_size`) before it is decoded."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
+import pyarrow as pa
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from trajstore.api.deps import SettingsDep, StoreDep, require_api_key
 from trajstore.api.problems import problem_response
+from trajstore.errors import BodyTooLargeError, size_text
+from trajstore.remote.decoded_size import decoded_size
 from trajstore.remote.wire import ARROW_STREAM, read_table
+from trajstore.settings import PREFIX
+from trajstore.storage.names import check_id
 
 router = APIRouter(tags=["ingest"])
-NAME = r"^[^\s/](.*[^\s])?$"
 
 
 class IngestAccess(BaseModel):
     accepted: bool
     max_body_bytes: int
+    max_decoded_bytes: int = Field(description="the most a body may decode to (trajstore.remote.decoded_size "
+                                               "counts it from the body's metadata); 413 beyond")
     encodings: list[int] = Field([1, 2], description="the row encodings the service takes (2: next_obs and frame "
                                                      "stacks stored once, see docs/architecture.md)")
 
@@ -38,18 +45,25 @@ class Ingested(BaseModel):
                                                                                   "format": "binary"}}}}},
              responses={200: {"model": Ingested, "description": "already stored under this Idempotency-Key"},
                         409: problem_response(409, "the Idempotency-Key was already used for another request"),
-                        413: problem_response(413, "a body over TRAJSTORE_MAX_BODY_BYTES (default 256 MiB; GET "
-                                                   "/ingest says it), refused before it is read"),
+                        413: problem_response(413, "a body over TRAJSTORE_MAX_BODY_BYTES (default 256 MiB), refused "
+                                                   "before it is read, or one that would decode past "
+                                                   "TRAJSTORE_MAX_DECODED_BYTES (default 512 MiB), refused before "
+                                                   "it is decoded (GET /ingest says both)"),
                         422: problem_response(422, "rows that do not fit the schema, or do not continue their "
-                                                   "episodes (the detail names the episode and the step)")})
-async def ingest(request: Request, response: Response, store: StoreDep,
-                 run_id: Annotated[str, Path(min_length=1, max_length=200, pattern=NAME)],
-                 env_id: Annotated[str, Query(min_length=1, max_length=200, pattern=NAME)],
+                                                   "episodes (the detail names the episode and the step), or a "
+                                                   "column name or run id no writer takes (the detail names it)")})
+async def ingest(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
+                 run_id: Annotated[str, Path(description="checked by trajstore.storage.names.check_id, as every "
+                                                         "writer's: 422 naming what it may not hold")],
+                 env_id: Annotated[str, Query(description="checked as run_id is")],
                  idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> Ingested:
+    check_id(run_id, field="run_id")  # before the body is read: the one rule of every path that writes a run
+    check_id(env_id, field="env_id")
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith(ARROW_STREAM):
         raise HTTPException(status_code=415, detail=f"content-type: expected {ARROW_STREAM}, got {content_type!r}")
-    rows = read_table(await request.body())  # at most max_body_bytes (api/body_limit.py)
+    body = await request.body()  # at most max_body_bytes (api/body_limit.py)
+    rows = await run_in_threadpool(decoded_rows, body, settings.max_decoded_bytes, request.url.path)
     _, duplicate = await run_in_threadpool(store.ingest, rows, run_id=run_id, env_id=env_id,
                                            idempotency_key=idempotency_key)
     if duplicate:
@@ -61,4 +75,18 @@ async def ingest(request: Request, response: Response, store: StoreDep,
             summary="Whether this API key may append rows (what a remote worker asks before it rolls out)")
 def ingest_access(settings: SettingsDep) -> IngestAccess:
     """200 when the key is accepted; 401 for a missing or wrong key, 403 when the server takes no writes."""
-    return IngestAccess(accepted=True, max_body_bytes=settings.max_body_bytes)
+    return IngestAccess(accepted=True, max_body_bytes=settings.max_body_bytes,
+                        max_decoded_bytes=settings.max_decoded_bytes)
+
+
+def decoded_rows(body: bytes, limit: int, path: str) -> pa.Table:
+    """The rows of an ingest ``body`` (one chunk per column); :class:`BodyTooLargeError` (413) before anything is
+    decoded when its metadata says it would decode past ``limit`` bytes, :class:`InputError` (422) when it is no
+    Arrow IPC stream."""
+    size = decoded_size(body, limit=limit)
+    if size.bytes > limit:
+        raise BodyTooLargeError(f"body: decodes to {size.describe()}, over the limit of {limit} bytes "
+                                f"({size_text(limit)}) of POST {path} ({PREFIX}MAX_DECODED_BYTES); nothing of it "
+                                "was decoded or stored. Send fewer rows per request (a RemoteWriter keeps each "
+                                "request under the limits GET /ingest says) or raise the limit")
+    return read_table(body).combine_chunks()  # the batches let go as they are joined: checked in one piece

@@ -378,3 +378,87 @@ def test_a_remote_writer_still_writes_to_a_server_without_get_ingest(empty: Path
         with RemoteWriter(live.url, api_key=API_KEY, run_id="r", env_id="Toy-v0") as w:
             w.add_batch(steps_batch(np.random.default_rng(1), 10, 2))
     assert count(empty) == 20
+
+
+def zstd_body(table: pa.Table) -> bytes:
+    """``table`` as a client may send it: an IPC stream compressed with zstd."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_body_that_would_decode_past_the_limit_is_413_before_it_is_decoded(empty: Path) -> None:
+    with TestClient(create_app(settings_for(empty, max_decoded_bytes=2**20))) as c:
+        access = c.get("/ingest", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+        assert access["max_decoded_bytes"] == 2**20 and access["max_body_bytes"] == 256 * 2**20
+        big = zstd_body(rows(n_episodes=4000))  # 20,000 rows of 57 bytes: 1.1 MiB of buffers in 30 KB of zstd
+        assert len(big) < 64 * 1024
+        refused = post(c, big)
+        assert refused.status_code == 413 and refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["detail"].startswith("body: decodes to ")
+        assert "over the limit of 1048576 bytes (1 MiB) of POST /runs/r1/batches (TRAJSTORE_MAX_DECODED_BYTES); " \
+               "nothing of it was decoded or stored" in refused.json()["detail"]
+        assert count(empty) == 0
+        assert post(c, zstd_body(rows(n_episodes=1000))).status_code == 201  # the same rows, fewer at a time
+    assert count(empty) == 5000
+
+
+def stored_alike(served: trajstore.Store, local: trajstore.Store, run_id: str) -> None:
+    """The run's episodes and each step's observations the same in both stores."""
+    q = f"SELECT episode_length, episode_return, terminated FROM episodes WHERE run_id = '{run_id}' ORDER BY ALL"
+    assert served.sql(q).to_pylist() == local.sql(q).to_pylist()
+    order = [("env_index", "ascending"), ("t", "ascending")]
+    columns = ["env_index", "t", "obs", "next_obs", "reward"]
+    assert served.scan(columns, run_id=run_id).read_all().sort_by(order).equals(
+        local.scan(columns, run_id=run_id).read_all().sort_by(order))
+
+
+@pytest.mark.parametrize("B, p_end", [(3, 0.05), (1, 0.0)])  # many episodes; one episode, over the limits alone
+def test_a_remote_writer_keeps_each_request_under_the_service_limits(empty: Path, tmp_path: Path, B: int,
+                                                                     p_end: float) -> None:
+    from tests.helpers import stacked_stream
+    from trajstore.remote.decoded_size import decoded_size
+
+    batch = stacked_stream(np.random.default_rng(0), 200, B, noise=True, p_end=p_end, shape=(24, 32))
+    local = trajstore.open(tmp_path / "local", create=True)
+    with local.writer(run_id="r", env_id="Pixels-v0", frame_stack={"obs": 4}) as w:
+        w.add_batch(batch)
+    app, bodies = create_app(settings_for(empty, max_body_bytes=100_000, max_decoded_bytes=200_000)), []
+
+    @app.middleware("http")
+    async def record(request: Any, call_next: Any) -> Any:
+        if request.method == "POST":
+            bodies.append(await request.body())
+        response = await call_next(request)
+        assert request.method != "POST" or response.status_code == 201
+        return response
+
+    for live in serve(app):  # one add_batch of 200 x B steps of 3 KiB: one flush of 600 KiB
+        with RemoteWriter(live.url, api_key=API_KEY, run_id="r", env_id="Pixels-v0", frame_stack={"obs": 4},
+                          flush_bytes=2**30) as w:
+            assert w.flush_bytes == 50_000  # half the smaller limit
+            w.add_batch(batch)
+    assert len(bodies) > 5
+    assert max(len(b) for b in bodies) <= 100_000 and max(decoded_size(b).bytes for b in bodies) <= 200_000
+    stored_alike(trajstore.open(empty), local, "r")
+    assert trajstore.check(trajstore.open(empty)).ok
+
+
+def test_a_row_over_the_service_limit_is_refused_naming_the_setting(empty: Path) -> None:
+    from trajstore.errors import BodyTooLargeError
+
+    batch = steps_batch(np.random.default_rng(0), 4, 1)
+    batch["obs"] = batch["next_obs"] = np.zeros((4, 1, 3000), np.float32)  # 24 KB a row
+    for live in serve(create_app(settings_for(empty, max_decoded_bytes=20_000))):
+        w = RemoteWriter(live.url, api_key=API_KEY, run_id="r", env_id="Wide-v0")
+        w.add_batch(batch)
+        with pytest.raises(BodyTooLargeError, match=r"rows of run 'r': one row is more than the service takes in a "
+                                                    r"request: it decodes to (at least )?\d+ bytes .* over the "
+                                                    r"service's limit of 20000 bytes \(19.5\d* KiB, "
+                                                    r"TRAJSTORE_MAX_DECODED_BYTES\); raise that setting of the "
+                                                    "service"):
+            w.flush()
+        with pytest.raises(BodyTooLargeError):
+            w.close()  # kept, and refused again
+    assert count(empty) == 0

@@ -163,3 +163,22 @@ def test_jax_rollouts_store_info_keys(store: trajstore.Store, mode: str) -> None
     with pytest.raises(InputError, match="info_keys: the env's step info has no 'nope'"):
         jax_rollout(store, walk_env(), run_id="x", num_envs=8, rollout_length=16, episodes=1, info_keys=["nope"],
                     progress=False)
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ([""], r"info_keys: expected a list of info keys \(strings\)"),
+    (["Reward"], r"info_keys: 'Reward' cannot be a column name: it differs only in case from 'reward'"),
+    (["a b"], r"info_keys: 'a b' cannot be a column name: it holds ' '"),
+    (["lives", "Lives"], r"info_keys: 'Lives' and 'lives' \(given beside it\) differ only in case"),
+    (["Mode"], r"info_keys: 'Mode' cannot be a column name: it differs only in case from the step column 'mode'"),
+])
+def test_info_keys_no_engine_holds_are_refused_before_a_step(store: trajstore.Store, keys: list[str],
+                                                            message: str) -> None:
+    """The names every write path refuses (issue 47), by recorders and rollouts alike, before anything is stored."""
+    with pytest.raises(InputError, match=message):
+        RecordToStore(SuccessEnv(), store, run_id="r", env_id="Success-v0", info_keys=keys)
+    with pytest.raises(InputError, match=message):
+        gym_rollout(store, "CartPole-v1", run_id="x", steps=10, info_keys=keys, progress=False)
+    with pytest.raises(InputError, match=r"info_keys: 'ALGO' and 'algo' \(a column already there\)"):
+        gym_rollout(store, "CartPole-v1", run_id="x", steps=10, info_keys=["ALGO"], algo="ppo", progress=False)
+    assert store.files() == []

@@ -317,3 +317,111 @@ def test_a_file_is_small_only_where_compaction_would_merge_it(tmp_path: Path) ->
     report = check(trajstore.open(tmp_path / "s"))
     assert {(p.run_id, p.files, p.small_files) for p in report.partitions} == {("many", 1, 0), ("one", 1, 0)}
     assert "0 small" in str(report)
+
+
+# --- multi-agent episodes: a row's key is (episode_id, step, agent_id); each agent's env steps may skip ----------
+
+SPREAD = "simple_spread_v3"
+
+
+@pytest.fixture
+def spread(tmp_path: Path) -> trajstore.Store:
+    """A clean ``parallel_rollout`` of mpe2's simple_spread (3 agents acting together at every env step, so each
+    step number occurs 3 times in an episode), beside a single-agent run."""
+    pytest.importorskip("mpe2")
+    from mpe2 import simple_spread_v3
+
+    from trajstore.rollout import parallel_rollout
+
+    store = trajstore.open(tmp_path / "spread", create=True)
+    parallel_rollout(store, simple_spread_v3.parallel_env(N=3), run_id="spread", episodes=2, seed=0, progress=False)
+    with store.writer(run_id="solo", env_id="A") as w:
+        w.add_batch(_batch(np.random.default_rng(3)))
+    return store
+
+
+def _agent_rows(store: trajstore.Store, where: pa.compute.Expression) -> tuple[pa.Table, int]:
+    """The rows of the first episode of run ``spread`` that ``where`` selects, as its committed file holds them
+    (its types and format), and that episode's id."""
+    held = pq.read_table(next(f.path for f in store.files() if f.run_id == "spread"))
+    first = pc.min(held["episode_id"]).as_py()
+    return held.filter((pc.field("episode_id") == first) & where), first
+
+
+def test_a_clean_multi_agent_rollout_passes(spread: trajstore.Store, capsys: pytest.CaptureFixture[str]) -> None:
+    from trajstore.cli import main
+
+    report = check(spread)
+    assert report.ok, report.format()
+    assert report.episodes == spread.sql("SELECT count(*) AS n FROM episodes")["n"][0].as_py() == 2 + len(
+        spread.episodes(run_id="solo"))
+    assert report.steps == spread.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 2 * 25 * 3 + T * B
+    assert main(["check", "--store", str(spread.root)]) == 0
+    assert capsys.readouterr().out.startswith("ok: ")
+
+
+def test_an_episode_of_agents_committed_twice_is_named_agent_by_agent(spread: trajstore.Store) -> None:
+    rows, eid = _agent_rows(spread, pc.scalar(True))
+    spread.table.append(rows, run_id="spread", env_id=SPREAD)
+    report = check(spread)
+    assert len(report.problems) == 3, report.format()
+    for agent in ("agent_0", "agent_1", "agent_2"):
+        line = _problem(report, f"episode {eid} (run_id='spread', env_id='{SPREAD}'), agent '{agent}'")
+        assert "25 duplicate step rows of this agent (steps 0..24; its rows were committed twice" in line
+
+
+def test_one_agents_step_committed_twice_is_named(spread: trajstore.Store) -> None:
+    rows, eid = _agent_rows(spread, (pc.field("agent_id") == "agent_1") & (pc.field("step") == 7))
+    spread.table.append(rows, run_id="spread", env_id=SPREAD)
+    report = check(spread)
+    assert report.problems == [f"episode {eid} (run_id='spread', env_id='{SPREAD}'), agent 'agent_1': 1 duplicate "
+                               "step rows of this agent (steps 7; its rows were committed twice, or two episodes "
+                               "share this id)"]
+
+
+def test_an_agents_rows_after_its_end_are_reported(spread: trajstore.Store) -> None:
+    rows, eid = _agent_rows(spread, (pc.field("agent_id") == "agent_2") & (pc.field("step") == 10))
+    spread.table.append(rows.set_column(rows.schema.get_field_index("step"), "step", pa.array([30], pa.int32())),
+                        run_id="spread", env_id=SPREAD)
+    line = _problem(check(spread), f"episode {eid} ", "agent 'agent_2'")
+    assert "its steps up to 30 follow its end (terminated/truncated) at step 24" in line
+
+
+def test_single_agent_rows_in_an_episode_of_agents_are_reported(spread: trajstore.Store) -> None:
+    rows, eid = _agent_rows(spread, (pc.field("agent_id") == "agent_0") & (pc.field("step") == 0))
+    spread.table.append(rows.set_column(rows.schema.get_field_index("agent_id"), "agent_id",
+                                        pa.nulls(1, pa.string())), run_id="spread", env_id=SPREAD)
+    line = _problem(check(spread), f"episode {eid} ", "single-agent rows")
+    assert "holds single-agent rows (agent_id null) beside the rows of agents" in line
+
+
+def test_a_column_no_engine_can_hold_is_named_and_its_runs_can_be_deleted(tmp_path: Path) -> None:
+    """Issue 47's store: a writer before names were checked committed an extra named ``""``, after which stats, SQL,
+    check and even delete failed with DuckDB's "zero-length delimited identifier". Readers leave the column out,
+    check names it, its runs and what to do, and deleting those runs (library or CLI) repairs the store."""
+    from tests.helpers import make_batch
+    from tests.storage.helpers import plant_column
+    from trajstore import cli
+
+    store = trajstore.open(tmp_path / "store", create=True)
+    with store.writer(run_id="ok", env_id="E") as w:
+        w.add_batch(make_batch(np.random.default_rng(0), 6, 2))
+    every = "SELECT * EXCLUDE (wall_time) FROM steps ORDER BY episode_id, step"
+    kept = store.sql(every)
+    planted = plant_column(store, "", run_id="old") + plant_column(store, "", run_id="older", seed=1)
+    store = trajstore.open(store.root)
+    assert "" in store.table.log.read().schema.names  # what the probe left: the table's schema holds it
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == kept.num_rows + planted
+    columns = store.sql("SELECT * FROM steps").column_names
+    assert set(columns) == {*kept.column_names, "wall_time"}  # every column but the one DuckDB cannot hold
+    assert sorted(store.stats(by="run_id")["run_id"].to_pylist()) == ["ok", "old", "older"]
+    assert store.scan(["episode_id", "reward"]).read_all().num_rows == kept.num_rows + planted
+    report = check(store)
+    (line,) = report.problems
+    assert line.startswith("column '' of run(s) old, older has a name no write path takes any more: it is empty; "
+                           "readers leave it out of the steps view, as DuckDB cannot hold an empty name")
+    assert "then delete those runs (`trajstore delete --run old --yes`, or store.delete(run_id='old'))" in line
+    assert store.delete(run_id="old").episodes > 0
+    assert cli.main(["delete", "--store", str(store.root), "--run", "older", "--yes"]) == 0
+    repaired = trajstore.open(store.root)
+    assert check(repaired).ok and repaired.sql(every).equals(kept)

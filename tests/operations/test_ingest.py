@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import trajstore
@@ -196,3 +197,202 @@ def test_racing_processes_append_one_step_once(running: trajstore.Store) -> None
     assert results == [(s, r) for s in steps for r in ("refused", "stored")]
     assert [s for e, s in held(running) if e == 7] == list(range(25))
     assert trajstore.check(running).ok
+
+
+# --- the rows of agents: each agent's env steps strictly increase (they may skip), as AgentWriter writes them ------
+
+
+def agent_rows(*given: tuple[Any, ...], episode_id: int = 7) -> pa.Table:
+    """Rows of agents of one episode in the order given, each ``(agent, step)`` or ``(agent, step, ended)``."""
+    ended = [len(r) > 2 and r[2] for r in given]
+    return rows(len(given), episode_id, step=pa.array([r[1] for r in given], pa.int64()),
+                terminated=pa.array(ended), agent_id=pa.array([r[0] for r in given], pa.string()))
+
+
+def held_by_agent(store: trajstore.Store) -> list[tuple[int, str | None, int]]:
+    """The stored (episode_id, agent_id, step) triples, in order."""
+    return [(r["episode_id"], r["agent_id"], r["step"]) for r in
+            store.sql("SELECT episode_id, agent_id, step FROM steps ORDER BY 1, 2, 3").to_pylist()]
+
+
+@pytest.mark.parametrize("request_rows, message", [
+    (agent_rows(("a", 1), ("b", 0), ("a", 0)),
+     "step: agent 'a' of episode_id 7 goes from step 1 back to step 0; expected strictly increasing env steps for "
+     r"one agent in one episode \(it may skip steps\)"),
+    (agent_rows(("a", 0), ("b", 0), ("a", 0)), "step: agent 'a' of episode_id 7 has step 0 more than once"),
+    (agent_rows(("b", 0), ("b", 2), ("a", 0), ("a", 2), ("b", 2)), "agent 'b' of episode_id 7 has step 2 more than"),
+    (agent_rows(("a", 0, True), ("b", 1), ("a", 1)),
+     "terminated/truncated: agent 'a' of episode_id 7 ends at step 0, but its rows go on to step 1"),
+    (pa.concat_tables([agent_rows(("a", 0)), episode([1]).append_column("agent_id", pa.nulls(1, pa.string()))]),
+     "agent_id: episode_id 7 has rows with and without an agent_id"),
+    (rows(2, agent_id=pa.array([1, 2])), "agent_id: expected strings"),
+    (rows(2, agent_id=pa.array(["a", ""])), "agent_id: expected non-empty agent names"),
+])
+def test_agent_rows_that_go_back_or_repeat_are_refused_naming_the_agent(store: trajstore.Store,
+                                                                         request_rows: pa.Table, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        append_rows(store.table, request_rows, run_id="r", env_id="E")
+    assert store.files() == [] and not list(store.table.path.rglob("*.parquet"))
+
+
+def test_agents_share_env_steps_skip_some_and_join_late(store: trajstore.Store) -> None:
+    """As knights_archers_zombies' agents do (one leaves when killed) or turn-based games (one agent per step)."""
+    append_rows(store.table, pa.concat_tables([
+        agent_rows(("a", 0), ("a", 2), ("a", 3, True), ("b", 0), ("b", 5, True)),
+        agent_rows(("c", 4), ("d", 5), ("c", 6, True), episode_id=9)]), run_id="r", env_id="E")
+    assert held_by_agent(store) == [(7, "a", 0), (7, "a", 2), (7, "a", 3), (7, "b", 0), (7, "b", 5),
+                                    (9, "c", 4), (9, "c", 6), (9, "d", 5)]
+    assert store.sql("SELECT n_agents, complete FROM episodes ORDER BY episode_id").to_pylist() == [
+        {"n_agents": 2, "complete": True}, {"n_agents": 2, "complete": False}]
+    assert trajstore.check(store).ok
+
+
+@pytest.fixture
+def agents_running(store: trajstore.Store) -> trajstore.Store:
+    """A store holding episode 7 of agents ``a`` (steps 0, 1, 2, running) and ``b`` (steps 0, 2; ended), and the
+    single-agent episode 8 (steps 0, 1, running)."""
+    append_rows(store.table, agent_rows(("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 2, True)), run_id="r",
+                env_id="E")
+    append_rows(store.table, episode([0, 1], 8), run_id="r", env_id="E")
+    return store
+
+
+@pytest.mark.parametrize("request_rows, where, message", [
+    (agent_rows(("a", 2), ("a", 3)), {}, "step: agent 'a' of episode_id 7 continues at step 2, but the store holds "
+                                         "its steps up to 2; expected strictly increasing env steps for one agent"),
+    (agent_rows(("c", 3), ("a", 1)), {}, "agent 'a' of episode_id 7 continues at step 1, but the store holds its "
+                                         "steps up to 2"),
+    (agent_rows(("b", 3)), {}, r"step: agent 'b' of episode_id 7 ended at step 2 \(terminated or truncated\); its "
+                               "step 3 cannot follow it"),
+    (episode([3]), {}, "agent_id: the store holds agents' rows of episode_id 7; single-agent rows cannot continue"),
+    (agent_rows(("a", 2), episode_id=8), {}, "agent_id: the store holds single-agent rows of episode_id 8; rows of "
+                                             "agent 'a' cannot continue it"),
+    (agent_rows(("a", 5)), {"env_id": "F"}, "episode_id 7 .* belongs to run_id 'r', env_id 'E', not to run_id 'r', "
+                                            "env_id 'F'"),
+])
+def test_agent_rows_that_do_not_continue_the_stored_agent_are_refused(agents_running: trajstore.Store,
+                                                                      request_rows: pa.Table, where: dict[str, str],
+                                                                      message: str) -> None:
+    before = held_by_agent(agents_running)
+    with pytest.raises(InputError, match=message):
+        append_rows(agents_running.table, request_rows, **{"run_id": "r", "env_id": "E", **where})
+    assert held_by_agent(agents_running) == before and len(agents_running.files()) == 2
+    assert trajstore.check(agents_running).ok
+
+
+def test_each_agent_continues_after_its_own_last_stored_step(agents_running: trajstore.Store) -> None:
+    """An agent goes on after its own last step (skipping is fine); another agent joins the episode at any step;
+    a retry of the same request under its key stores nothing again."""
+    more = agent_rows(("c", 1), ("a", 4), ("a", 6, True))
+    assert append_rows(agents_running.table, more, run_id="r", env_id="E", idempotency_key="k")[1] is False
+    assert append_rows(agents_running.table, more, run_id="r", env_id="E", idempotency_key="k") == (None, True)
+    assert [(a, s) for e, a, s in held_by_agent(agents_running) if e == 7] == [
+        ("a", 0), ("a", 1), ("a", 2), ("a", 4), ("a", 6), ("b", 0), ("b", 2), ("c", 1)]
+    assert trajstore.check(agents_running).ok
+
+
+# --- names (issue 47): the rows' column names and the run's id checked as every writer checks them -------------
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"": pa.array([1.0] * 4)}, r"columns: '' cannot be a column name: it is empty"),
+    ({"Reward": pa.array([1.0] * 4)}, r"columns: 'Reward' cannot be a column name: it differs only in case from "
+                                      r"'reward'"),
+    ({"Run_Id": pa.array(["x"] * 4)}, r"columns: 'Run_Id' cannot be a column name: it differs only in case from "
+                                      r"'run_id'"),
+    ({"a\nb": pa.array([1.0] * 4)}, r"columns: 'a\\nb' cannot be a column name: it holds '\\n'"),
+    ({"next_obs_sparse": pa.array([1.0] * 4)}, r"columns: 'next_obs_sparse' cannot be a column name"),
+    ({"gain": pa.array([1.0] * 4), "GAIN": pa.array([1.0] * 4)}, r"columns: 'GAIN' and 'gain' \(given beside it\)"),
+    ({"info": pa.array([{"a": 1, "A": 2}] * 4)}, r"info: 'A' and 'a' \(given beside it\) differ only in case"),
+    ({"info": pa.array([{"": 1}] * 4)}, r"info\.: '' cannot be a field name: it is empty"),
+])
+def test_names_no_engine_holds_are_refused_and_nothing_is_stored(store: trajstore.Store, change: dict[str, Any],
+                                                                message: str) -> None:
+    append_rows(store.table, rows(episode_id=1), run_id="r", env_id="E")
+    version = store.version
+    with pytest.raises(InputError, match=message):
+        store.ingest(rows(episode_id=2, **change), run_id="r", env_id="E")
+    assert trajstore.open(store.root).version == version  # no column reserved, nothing committed
+    assert trajstore.open(store.root).stats()["n_traj"].to_pylist() == [1]
+
+
+def test_a_name_that_differs_only_in_case_from_a_stored_column_is_refused(store: trajstore.Store) -> None:
+    """The table has one schema: a column another environment stored counts."""
+    store.ingest(rows(episode_id=1, score=pa.array([1.0] * 4)), run_id="r", env_id="Other")
+    with pytest.raises(InputError, match=r"columns: 'Score' and 'score' \(a column already there\) differ only"):
+        store.ingest(rows(episode_id=2, Score=pa.array([1.0] * 4)), run_id="r", env_id="E")
+    store.ingest(rows(episode_id=2, score=pa.array([2.0] * 4)), run_id="r", env_id="E")
+    scores = trajstore.open(store.root).sql("SELECT score FROM steps")["score"].to_pylist()
+    assert sorted(scores) == [1.0] * 4 + [2.0] * 4
+
+
+@pytest.mark.parametrize(("run_id", "env_id", "message"), [
+    (" ", "E", r"run_id must be a non-empty string .*got ' ': whitespace at either end"),
+    ("a\nb", "E", r"run_id must be a non-empty string .*got 'a\\nb': it holds '\\n'"),
+    ("r", "__HIVE_DEFAULT_PARTITION__", r"env_id must .*Hive partitioning reads back as null"),
+])
+def test_run_ids_every_writer_refuses_are_refused(store: trajstore.Store, run_id: str, env_id: str,
+                                                  message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        store.ingest(rows(), run_id=run_id, env_id=env_id)
+    assert store.files() == [] and store.run_ids() == []
+
+
+def test_agent_ids_every_writer_refuses_are_refused(store: trajstore.Store) -> None:
+    """The ids of a multi-agent episode's agents, checked as the multi-agent writer checks them."""
+    agents = pa.array(["a_0", "a_0", "a\n1", "a\n1"])
+    with pytest.raises(InputError, match=r"agent_id must be a non-empty string .*got 'a\\n1': it holds '\\n'"):
+        store.ingest(rows(agent_id=agents, step=pa.array([0, 1, 0, 1], pa.int32())), run_id="r", env_id="E")
+    assert store.files() == []
+
+
+# --- encoded rows: checked by decoding them, a piece at a time -------------------------------------------------
+
+
+def encoded_stacks(T: int, B: int) -> pa.Table:
+    """The rows a RemoteWriter sends for ``T x B`` steps of (4, 84, 84) uint8 frame stacks of random bytes:
+    encoded (each frame once), one request."""
+    from tests.helpers import stacked_stream
+    from trajstore.remote.writer import EncodedRows, RemoteSink
+    from trajstore.write.writer import Writer
+
+    class Kept(RemoteSink):
+        """A RemoteWriter's sink that keeps its requests' rows instead of sending them."""
+
+        def __init__(self) -> None:
+            super().__init__(None)  # type: ignore[arg-type]
+            self.tables: list[pa.Table] = []
+
+        def stored_schema(self, env_id: str | None = None) -> pa.Schema | None:
+            return None
+
+        def commit(self, encoded: EncodedRows) -> str:
+            self.tables += [pa.ipc.open_stream(body).read_all() for body, _ in encoded.bodies]
+            return "kept"
+
+    sink = Kept()
+    with Writer(sink, run_id="r", env_id="Pixels-v0", frame_stack={"obs": 4}, flush_bytes=2**31) as w:
+        w.add_batch(stacked_stream(np.random.default_rng(0), T, B, noise=True, p_end=0.02, shape=(84, 84)))
+    (table,) = sink.tables
+    return table
+
+
+def test_encoded_rows_are_checked_a_piece_of_decoded_frames_at_a_time() -> None:
+    import tracemalloc
+
+    from trajstore.operations.ingest import CHECK_BYTES
+
+    rows = encoded_stacks(1000, 4)  # 30 MB as sent; its obs and next_obs decoded: 4000 x 2 x 28 KB = 226 MB
+    tracemalloc.start()  # numpy's memory, where the decoder builds its frames
+    try:
+        validate_rows(rows, None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * CHECK_BYTES, f"{peak / 2**20:.0f} MiB"  # 220 MiB when decoded whole
+    nxt = rows["next_obs"].combine_chunks()
+    last = np.arange(len(rows)) == len(rows) - 1  # the last row's next_obs null: "the next step's obs", none
+    broken = rows.set_column(rows.schema.get_field_index("next_obs"), "next_obs",
+                             pc.if_else(pa.array(last), pa.scalar(None, nxt.type), nxt))
+    with pytest.raises(InputError, match=r"next_obs/obs: rows: row 3999 \(episode \d+, step \d+\): next_obs is "
+                                         "null, but the next row is not the same episode's next step"):
+        validate_rows(broken.replace_schema_metadata(rows.schema.metadata), None)

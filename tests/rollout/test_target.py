@@ -77,3 +77,14 @@ def test_a_writer_never_refuses_a_run(store: trajstore.Store) -> None:
         with store.writer(run_id="shared", env_id="Toy-v0") as w:
             w.add_batch(make_batch(rng, 10, 2))
     assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 40
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_a_run_id_no_writer_takes_is_refused_before_rolling_out(store: trajstore.Store, backend: str) -> None:
+    """The one run-id check of every write path (issue 47: ingest refused ``" "`` and ``"a\\nb"``, other paths
+    did not), made by every rollout before it steps an env."""
+    _, roll = BACKENDS[backend]
+    for run_id, problem in ((" ", "whitespace at either end"), ("a\nb", r"it holds '\\n'"), ("a/b", "it holds '/'")):
+        with pytest.raises(trajstore.InputError, match=f"^run_id must be a non-empty string .*: {problem}"):
+            roll(store, run_id=run_id, seed=1, progress=False)
+    assert store.files() == []

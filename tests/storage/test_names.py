@@ -1,8 +1,11 @@
 """Typed physical names (trajstore.storage.names): a column whose type the log holds otherwise under its name gets
-``<name>__<tag>``; names are reserved in the log before a file uses them, so racing writers never share one."""
+``<name>__<tag>``; names are reserved in the log before a file uses them, so racing writers never share one. And the
+one rule for the names users give (issue 47): column names every engine of the open table can hold, none two
+differing only in case, run/env/agent ids every path takes alike; every name trajstore writes itself passes."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -12,7 +15,16 @@ import pytest
 
 import trajstore
 from tests.helpers import make_batch
-from trajstore.storage.names import resolve
+from trajstore.errors import InputError
+from trajstore.storage.names import (
+    check_column_name,
+    check_distinct,
+    check_fields,
+    check_id,
+    name_problem,
+    own_names,
+    resolve,
+)
 from trajstore.storage.table import StepsTable
 
 
@@ -92,3 +104,107 @@ def test_a_file_that_breaks_its_encoding_is_reported_by_check(store: trajstore.S
     with pytest.raises(trajstore.errors.StoreDamagedError, match="breaks its encoding"):
         store.scan(["obs", "next_obs"], run_id="spoiled").read_all()
     assert store.scan(["obs", "next_obs"], run_id="r").read_all().num_rows == 16
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("", "it is empty"),
+    (" reward2", "it begins or ends with whitespace"),
+    ("x\t", "it begins or ends with whitespace"),
+    ("a b", "it holds ' '"),
+    ("a\nb", r"it holds '\\n'"),
+    ("a\x00b", r"it holds '\\x00'"),
+    ("f(x)", r"it holds '\('"),
+    ("a=b", "it holds '='"),
+    ("a,b", "it holds ','"),
+    ("x" * 129, "it has 129 characters"),
+    ("\ud800", r"it holds '\\ud800'"),
+    ("Reward", "it differs only in case from 'reward', a column trajstore fills or stores itself"),
+    ("Run_Id", "it differs only in case from 'run_id', a column trajstore fills or stores itself"),
+    ("next_obs_sparse", "'next_obs_sparse' is a column trajstore fills or stores itself"),
+    ("OBS_BYTES", "it differs only in case from 'obs_bytes'"),
+    ("Seed", "it differs only in case from the step column 'seed'"),
+    ("action__float32_1d", "trajstore stores 'action' under names of the form action__<type>"),
+])
+def test_names_no_engine_holds_or_trajstore_takes_are_refused(name: str, problem: str) -> None:
+    with pytest.raises(InputError, match=f"extras: .* cannot be a column name: {problem}"):
+        check_column_name(name, field="extras")
+
+
+def test_the_names_trajstore_writes_itself_pass() -> None:
+    """Every lineage column of ``schemas/step.v1.json`` under its own name, the info keys gymnasium and SB3 report,
+    other scripts' letters, a name of 128 characters; the step columns are trajstore's own (never given)."""
+    lineage = list(trajstore.schema.lineage_columns())
+    assert lineage and all(name_problem(n) is None for n in lineage)
+    for name in ["TimeLimit.truncated", "is_success", "episode", "lives", "terminal_observation", "return_2",
+                 "élan", "x" * 128, "my__thing"]:
+        assert check_column_name(name, field="extras") == name
+    assert {"next_obs_sparse", "obs_new_frames", "obs_bytes", "next_obs_sparse_bytes"} <= own_names()
+    assert {c["name"] for c in trajstore.schema.step_columns()} <= own_names()
+
+
+def test_stores_trajstore_writes_have_no_name_problems(tmp_path: Path) -> None:
+    """A mixed store (lineage of every kind), a pixel store (frame stacks stored under their names), a store of info
+    keys and multi-agent rows: ``check`` finds no column whose name breaks the rule."""
+    from tests.helpers import write_mixed_store, write_pixel_store
+    from trajstore.rollout import gym_rollout
+    from trajstore.store import check
+
+    stores = [write_mixed_store(tmp_path / "mixed", seed=0, commits=2), write_pixel_store(tmp_path / "pixels")]
+    rolled = trajstore.open(tmp_path / "rolled", create=True)
+    gym_rollout(rolled, "CartPole-v1", run_id="r", num_envs=2, episodes=3, seed=0, info_keys=["TimeLimit.truncated"],
+                progress=False)
+    for store in [*stores, rolled]:
+        report = check(store)
+        assert report.ok, report.problems
+
+
+@pytest.mark.parametrize(("field", "value", "problem"), [
+    ("run_id", "", "it is empty"),
+    ("run_id", " ", "whitespace at either end"),
+    ("run_id", "a\nb", r"it holds '\\n'"),
+    ("run_id", "a\tb", r"it holds '\\t'"),
+    ("run_id", "a/b", "it holds '/'; a run id is a segment of the REST API's paths"),
+    ("run_id", "x" * 201, "it has 201 characters"),
+    ("run_id", "€" * 30, r"its folder name run_id=… is 277 bytes percent-encoded; at most 255"),
+    ("env_id", "__HIVE_DEFAULT_PARTITION__", "it is the folder name Hive partitioning reads back as null"),
+    ("env_id", 3, "it is not a string but int"),
+    ("agent_id", "a\rb", r"it holds '\\r'"),
+])
+def test_ids_every_path_refuses(field: str, value: object, problem: str) -> None:
+    with pytest.raises(InputError, match=f"{field} must be a non-empty string .*: {problem}"):
+        check_id(value, field=field)
+
+
+def test_ids_every_path_takes() -> None:
+    for field, value in [("run_id", "ppo-1.seed=3"), ("run_id", "x" * 200), ("env_id", "ALE/Breakout-v5"),
+                         ("env_id", "ä"), ("agent_id", "adversary_0"), ("agent_id", "a/b")]:
+        assert check_id(value, field=field) == value
+
+
+def test_names_that_differ_only_in_case_are_refused() -> None:
+    check_distinct(["a", "b"], ["a", "c"], field="extras")  # the same column again is no clash
+    with pytest.raises(InputError, match=r"extras: 'Foo' and 'foo' \(given beside it\) differ only in case"):
+        check_distinct(["foo", "Foo"], field="extras")
+    with pytest.raises(InputError, match=r"extras: 'Foo' and 'foo' \(a column already there\) differ only in case"):
+        check_distinct(["Foo"], ["foo"], field="extras")
+    with pytest.raises(InputError, match=r"extras: 'x' is given twice"):
+        check_distinct(["x", "x"], field="extras")
+
+
+def test_struct_fields_every_engine_holds() -> None:
+    check_fields(pa.list_(pa.struct([("pos", pa.float32()), ("TimeLimit.truncated", pa.bool_())])), field="info")
+    with pytest.raises(InputError, match=r"info\.: '' cannot be a field name: it is empty"):
+        check_fields(pa.list_(pa.struct([("", pa.float32())]), 2), field="info")
+    with pytest.raises(InputError, match=r"info\.a\.b c: 'b c' cannot be a field name: it holds ' '"):
+        check_fields(pa.struct([("a", pa.struct([("b c", pa.int8())]))]), field="info")
+    with pytest.raises(InputError, match=r"info: 'A' and 'a' \(given beside it\) differ only in case"):
+        check_fields(pa.struct([("a", pa.int8()), ("A", pa.int8())]), field="info")
+
+
+def test_a_name_taken_in_another_case_is_not_reused() -> None:
+    """Delta refuses two columns whose names differ only in case: a name the log holds in another case (one whose
+    name was not checked, or a racing writer's) is passed over for a typed one."""
+    mapping, new = resolve({"Foo": pa.float32(), "bar": pa.int64()}, {"foo": pa.float32(), "BAR": pa.int64()})
+    assert mapping == {"Foo": "Foo__float32", "bar": "bar__int64"}
+    assert [f.name for f in new] == ["Foo__float32", "bar__int64"]
+    assert json.loads(new[0].metadata[b"trajstore"]) == {"field": "Foo"}  # the table says which field it holds

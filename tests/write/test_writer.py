@@ -377,6 +377,32 @@ BAD_INPUTS = [
 ]
 
 
+NARROWER = [  # fields given 7 lanes beside the others' 8: the error names them, the majority's (T, B) is the batch's
+    (("reward",), r"^reward: expected leading dims \(T, B\) = \(64, 8\) like obs, action, next_obs, terminated and "
+                  r"truncated, got shape \(64, 7\)$"),
+    (("obs",), r"^obs: expected leading dims \(T, B\) = \(64, 8\) like reward, action, next_obs, terminated and "
+               r"truncated, got shape \(64, 7, 3\)$"),
+    (("reward", "terminated"), r"^reward and terminated: expected leading dims \(T, B\) = \(64, 8\) like obs, action, "
+                               r"next_obs and truncated, got shapes \(64, 7\), \(64, 7\)$"),
+    (("obs", "action", "reward"), r"^reward, obs and action have leading dims \(64, 7\); next_obs, terminated and "
+                                  r"truncated have leading dims \(64, 8\): the fields disagree on the batch's "
+                                  r"leading dims \(T, B\)"),  # a tie: both groups named
+]
+
+
+@pytest.mark.parametrize(("narrow", "match"), NARROWER, ids=["+".join(n) for n, _ in NARROWER])
+def test_a_shape_error_names_the_fields_that_differ_from_the_others(store: trajstore.Store, narrow: tuple[str, ...],
+                                                                    match: str) -> None:
+    batch = make_batch(np.random.default_rng(3), 64, 8)
+    for name in narrow:
+        batch[name] = batch[name][:, :7]
+    with store.writer(run_id="r", env_id="e") as w:
+        with pytest.raises(InputError, match=match):
+            w.add_batch(batch)
+        assert w.steps_written == 0
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"].to_pylist() == [0]
+
+
 @pytest.mark.parametrize(("spoil", "error", "match"), BAD_INPUTS, ids=[f.__name__[1:] for f, _, _ in BAD_INPUTS])
 def test_bad_input_is_refused_and_nothing_is_written(store: trajstore.Store, spoil: Callable[..., None],
                                                      error: type[Exception], match: str) -> None:
@@ -539,3 +565,94 @@ def test_a_value_that_does_not_fit_the_stored_type_is_refused_naming_the_field(
         w.add_batch(good)
     stored = store.scan(["obs"], run_id="narrow").read_all()
     assert stored.num_rows == 8 and stored.schema.field("obs").type.value_type == pa.from_numpy_dtype(space_dtype)
+
+
+# --- names (issue 47): every name users give checked where it enters, nothing of a refused call stored -----------
+
+BAD_NAMES = [
+    ("", r"extras: '' cannot be a column name: it is empty"),
+    ("Reward", r"extras: 'Reward' cannot be a column name: it differs only in case from 'reward'"),
+    ("Run_Id", r"extras: 'Run_Id' cannot be a column name: it differs only in case from 'run_id'"),
+    ("next_obs_sparse", r"extras: 'next_obs_sparse' cannot be a column name: 'next_obs_sparse' is a column trajstore"),
+    ("a\nb", r"extras: 'a\\nb' cannot be a column name: it holds '\\n'"),
+    ("a b", r"extras: 'a b' cannot be a column name: it holds ' '"),
+    ("Seed", r"extras: 'Seed' cannot be a column name: it differs only in case from the step column 'seed'"),
+]
+
+
+@pytest.mark.parametrize(("name", "match"), BAD_NAMES, ids=[repr(n) for n, _ in BAD_NAMES])
+def test_an_extra_no_engine_can_hold_is_refused_by_name(store: trajstore.Store, name: str, match: str) -> None:
+    """The probe's extras (an empty name bricked every later read; Reward gave deltalake's "Duplicate field name"):
+    refused at add_batch and add_step, nothing stored, the writer goes on; every read works afterwards."""
+    rng = np.random.default_rng(40)
+    with store.writer(run_id="r", env_id="e") as w:
+        w.add_batch(make_batch(rng, 4, 2))
+        w.flush()
+        before, logged = store.sql(ALL_STEPS), store.table.log.read().schema.names
+        with pytest.raises(InputError, match=match):
+            w.add_batch(make_batch(rng, 4, 2, extras={"ok": np.ones((4, 2)), name: np.ones((4, 2))}))
+        step = {k: v[0] for k, v in make_batch(rng, 1, 2).items()}
+        with pytest.raises(InputError, match=match):
+            w.add_step(**step, extras={name: np.ones(2)})
+        w.add_batch(make_batch(rng, 4, 2))
+    assert store.sql(ALL_STEPS).num_rows == before.num_rows + 8
+    assert store.table.log.read().schema.names == logged and "ok" not in store.sql(ALL_STEPS).column_names
+    assert store.stats()["n_traj"][0].as_py() >= 0 and trajstore.check(store).ok
+
+
+def test_names_that_differ_only_in_case_are_refused(store: trajstore.Store) -> None:
+    """Within one call, beside an earlier call's or a lineage value, and beside a column another writer stored
+    (in another environment: the table has one schema)."""
+    rng = np.random.default_rng(41)
+    with store.writer(run_id="a", env_id="other") as w:
+        w.add_batch(make_batch(rng, 3, 2, extras={"score": np.ones((3, 2), np.float32)}))
+    with store.writer(run_id="b", env_id="e", algo="ppo") as w:
+        with pytest.raises(InputError, match=r"extras: 'Gain' and 'gain' \(given beside it\) differ only in case"):
+            w.add_batch(make_batch(rng, 3, 2, extras={"gain": np.ones((3, 2)), "Gain": np.ones((3, 2))}))
+        with pytest.raises(InputError, match=r"extras: 'Score' and 'score' \(a column already there\) differ only"):
+            w.add_batch(make_batch(rng, 3, 2, extras={"Score": np.ones((3, 2))}))
+        with pytest.raises(InputError, match=r"extras: 'ALGO' and 'algo' \(a column already there\)"):
+            w.add_batch(make_batch(rng, 3, 2, extras={"ALGO": np.ones((3, 2))}))
+        w.add_batch(make_batch(rng, 3, 2, extras={"gain": np.ones((3, 2)), "score": np.ones((3, 2), np.float32)}))
+        with pytest.raises(InputError, match=r"extras: 'GAIN' and 'gain' \(a column already there\)"):
+            w.add_batch(make_batch(rng, 3, 2, extras={"GAIN": np.ones((3, 2))}))  # this writer's own, buffered
+    assert store.sql("SELECT count(*) AS n FROM steps WHERE run_id = 'b'")["n"].to_pylist() == [6]
+    assert {"gain", "score", "algo"} <= set(store.sql(ALL_STEPS).column_names)
+    store.delete(run_id="b")
+    store.delete(run_id="a")  # no file holds score any more; the table's schema does (Delta keeps its columns)
+    with store.writer(run_id="c", env_id="e") as w:
+        with pytest.raises(InputError, match=r"extras: 'SCORE' and 'score' \(a column already there\)"):
+            w.add_batch(make_batch(rng, 3, 2, extras={"SCORE": np.ones((3, 2))}))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"run_id": " ", "env_id": "e"}, r"run_id must be a non-empty string .*got ' ': whitespace at either end"),
+    ({"run_id": "a\nb", "env_id": "e"}, r"run_id must be a non-empty string .*got 'a\\nb': it holds '\\n'"),
+    ({"run_id": "a/b", "env_id": "e"}, r"run_id must .*: it holds '/'; a run id is a segment of the REST API"),
+    ({"run_id": "r", "env_id": "__HIVE_DEFAULT_PARTITION__"}, r"env_id must .*Hive partitioning reads back as null"),
+    ({"run_id": "r", "env_id": "e", "Seed": 1}, r"lineage: 'Seed' cannot be a column name: it differs only in case"),
+    ({"run_id": "r", "env_id": "e", "a=b": 1}, r"lineage: 'a=b' cannot be a column name: it holds '='"),
+    ({"run_id": "r", "env_id": "e", "algo": 1, "Algo": 2}, r"lineage: 'Algo' and 'algo' \(given beside it\)"),
+    ({"run_id": "r", "env_id": "e", "agents": ["a", "b\tc"]}, r"agent_id must .*got 'b\\tc': it holds '\\t'"),
+])
+def test_ids_and_lineage_names_are_checked_when_the_writer_opens(store: trajstore.Store, kwargs: dict[str, Any],
+                                                                  match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        store.writer(**kwargs)
+    assert store.files() == [] and store.run_ids() == []
+
+
+def test_dict_keys_are_fields_every_engine_holds(store: trajstore.Store) -> None:
+    """A dict extra's or a Dict observation's keys are struct fields: an empty one (DuckDB read it as
+    ``element1``) and two differing only in case (deltalake's "Duplicate field name") are refused."""
+    rng = np.random.default_rng(42)
+    with store.writer(run_id="r", env_id="e") as w:
+        with pytest.raises(InputError, match=r"info\.: '' cannot be a field name: it is empty"):
+            w.add_batch(make_batch(rng, 3, 2, extras={"info": {"": np.ones((3, 2)), "a": np.ones((3, 2))}}))
+        with pytest.raises(InputError, match=r"info: 'A' and 'a' \(given beside it\) differ only in case"):
+            w.add_batch(make_batch(rng, 3, 2, extras={"info": {"a": np.ones((3, 2)), "A": np.ones((3, 2))}}))
+        w.add_batch(make_batch(rng, 3, 2, extras={"info": {"a": np.ones((3, 2)), "b": np.ones((3, 2))}}))
+    space = spaces.Dict({"pos x": spaces.Box(0, 1, (2,), np.float32)})
+    with pytest.raises(InputError, match=r"obs\.pos x: 'pos x' cannot be a field name: it holds ' '"):
+        store.writer(run_id="r", env_id="d", observation_space=space)
+    assert store.sql("SELECT info.a AS a FROM steps")["a"].to_pylist() == [1.0] * 6

@@ -37,6 +37,14 @@ NEXT_STEP, SAME_STEP, DISABLED = "next-step", "same-step", "disabled"
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 
 
+def gymnasium_rewards(reward: Any) -> np.ndarray:
+    """Rewards as gymnasium hands them over (Python floats, float64 arrays: whatever precision the env computed them
+    in) as the step schema's float32, what rollouts and recorders store; a writer keeps float64 rewards only where
+    its caller gives them as such. One past float32's range becomes infinity, which the writer refuses."""
+    with np.errstate(over="ignore"):
+        return np.asarray(reward).astype(np.float32, copy=False)
+
+
 class StepBuffer:
     """Steps of one (vector) env as they come, handed to ``writer`` as one time-major batch every ``chunk``
     steps (one ``add_batch`` call, not one per step). Each step is ``(B, …)`` for a vector env (``vector``), one
@@ -69,6 +77,7 @@ class StepBuffer:
             return
         single = not self.vector
         batch = {name: _stack([s[i] for s in self._steps], env_axis=single) for i, name in enumerate(FIELDS)}
+        batch["reward"] = gymnasium_rewards(batch["reward"])
         columns = self.info.take()
         if columns:
             batch["extras"] = columns

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from trajstore.errors import InputError
+from trajstore.storage.names import check_column_name, check_distinct
 from trajstore.write.writer import RESERVED_EXTRAS
 
 Values = dict[str, tuple[np.ndarray, np.ndarray]]
@@ -35,7 +36,8 @@ Values = dict[str, tuple[np.ndarray, np.ndarray]]
 
 
 def check_info_keys(keys: Iterable[str] | None) -> tuple[str, ...]:
-    """``keys`` as a tuple, each a name a step column can take (not one the writer fills itself)."""
+    """``keys`` as a tuple, each a name a step column users give can take (not one the writer fills itself, see
+    :func:`~trajstore.storage.names.check_column_name`), no two differing only in case."""
     if keys is None:
         return ()
     if isinstance(keys, str) or not all(isinstance(k, str) and k for k in keys):
@@ -47,15 +49,19 @@ def check_info_keys(keys: Iterable[str] | None) -> tuple[str, ...]:
                          "under that name")
     if len(set(keys)) != len(keys):
         raise InputError(f"info_keys: each key once, got {list(keys)}")
+    for key in keys:
+        check_column_name(key, field="info_keys")
+    check_distinct(keys, field="info_keys")
     return keys
 
 
 def check_writer(keys: Sequence[str], writer: Any) -> None:
-    """Refuse an info key that names one of ``writer``'s lineage columns (``seed``, ``worker_id``, …)."""
+    """Refuse an info key that names one of ``writer``'s lineage columns (``seed``, ``worker_id``, …), in any case."""
     clash = [k for k in keys if k in getattr(writer, "lineage", {})]
     if clash:
         raise InputError(f"info_keys: {clash[0]!r} is also given as a lineage value of this writer; give one of "
                          "them another name")
+    check_distinct(keys, getattr(writer, "lineage", {}), field="info_keys")
 
 
 def env_info(info: Mapping[str, Any], keys: Sequence[str]) -> Values:

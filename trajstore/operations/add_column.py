@@ -12,7 +12,6 @@ value (outside ``where``, or appended while it ran) read as null. Older versions
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -23,11 +22,11 @@ import pyarrow.parquet as pq
 from trajstore.errors import InputError, QueryError, caller_sql_error
 from trajstore.query import sql
 from trajstore.storage.log import DataFile, WrittenFile, files_holding
+from trajstore.storage.names import check_column_name, check_distinct
 
 if TYPE_CHECKING:
     from trajstore.query.engine import Engine
 
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ROW = "__trajstore_row"
 
 
@@ -84,12 +83,15 @@ def add_column(engine: Engine, name: str, expression: str | Callable[[pa.Table],
 
 
 def _check_name(engine: Engine, name: str, files: list[DataFile]) -> None:
-    if not isinstance(name, str) or not NAME.match(name):
-        raise InputError(f"name: expected a column name of letters, digits and _, got {name!r}")
+    """Refuse a ``name`` no column users give can take (:func:`~trajstore.storage.names.check_column_name`), a
+    column of the views already, or one that differs only in case from one of them or from a column of the table's
+    schema (those of files since deleted too)."""
     with engine.snapshot(files) as snap:
         known = snap.step_columns + snap.columns("episodes")
     if name in known:
         raise InputError(f"name: {name!r} is already a column of steps or episodes; choose another name")
+    check_column_name(name, field="name")
+    check_distinct([name], [*known, *engine.table.column_names()], field="name")
 
 
 def _values(engine: Engine, files: list[DataFile], expression: Any, where: str | None) -> pa.Table:

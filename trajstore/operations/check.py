@@ -27,10 +27,12 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from trajstore import schema as sch
 from trajstore.errors import InputError, StoreDamagedError, UnsupportedTableError, first_line
 from trajstore.query import foreign, sql
 from trajstore.query.scan import scan_steps
 from trajstore.query.snapshot import Snapshot
+from trajstore.storage import names
 from trajstore.storage.encoding import NEXT, OBS, EncodingError, check_rows
 from trajstore.storage.location import Location
 from trajstore.storage.log import LOG_DIR, DataFile, display, log_leftover
@@ -140,8 +142,9 @@ def check(engine: Engine, *, deep: bool = False) -> CheckReport:
     null ``next_obs`` or one-frame row stands for; with ``deep``, every column of every file is also
     decoded), that every
     episode's steps are exactly ``0..n-1``, that no episode id appears in two partitions or as two
-    episodes, and that no step follows an episode's terminated/truncated step. The episode checks
-    run over the readable files only.
+    episodes, and that no step follows an episode's terminated/truncated step; in a multi-agent episode
+    (rows with an ``agent_id``, whose key is ``(episode_id, step, agent_id)``) each agent's steps once
+    (they may skip) and none after its own end. The episode checks run over the readable files only.
     """
     try:
         files = engine.files()
@@ -161,6 +164,7 @@ def check(engine: Engine, *, deep: bool = False) -> CheckReport:
             readable.append(f)
         else:
             report.problems.append(problem)
+    _name_problems(engine, readable, report)
     _foreign_problems(engine, readable, report)
     _check_episodes(engine, readable, report)
     report.orphans = [display(i.path, engine.table.fs) for i in _orphans(engine.table.location, files)]
@@ -283,6 +287,41 @@ def _encoding_problem(table: StepsTable, f: DataFile) -> str | None:
     return None
 
 
+def _name_problems(engine: Engine, files: list[DataFile], report: CheckReport) -> None:
+    """Each stored column users gave whose name breaks the rule every write path now checks
+    (:func:`~trajstore.storage.names.name_problem`; written before names were checked, or by another tool), or
+    that differs only in case from another: named once, with the runs holding it and what to do."""
+    try:
+        schemas = engine.table.schemas(files)
+    except StoreDamagedError:
+        return  # reported per file
+    own = {c["name"] for c in sch.step_columns()} | set(sch.lineage_columns())
+    runs: dict[str, set[str]] = {}
+    for f, stored in zip(files, schemas):
+        for name in stored.logical.names:
+            if name not in own:
+                runs.setdefault(name, set()).add(f.run_id)
+    cases: dict[str, list[str]] = {}
+    for name in sorted(runs):
+        cases.setdefault(name.lower(), []).append(name)
+    for name, holders in sorted(runs.items()):
+        others = [n for n in cases[name.lower()] if n != name]
+        problem = names.name_problem(name) or (f"it differs only in case from {others[0]!r}" if others else None)
+        if problem is not None:
+            report.problems.append(_name_finding(name, problem, sorted(holders)))
+
+
+def _name_finding(name: str, problem: str, runs: list[str]) -> str:
+    """A column of a bad name: the runs holding it, what readers do with it, and what to do."""
+    shown = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
+    read = ("readers leave it out of the steps view, as DuckDB cannot hold an empty name (its values stay in the "
+            "runs' files, which pyarrow.parquet reads)") if not names.readable(name) else \
+        "other engines of the table (Spark, Delta) refuse such a name"
+    return (f"column {name!r} of run(s) {shown} has a name no write path takes any more: {problem}; {read}. "
+            f"Copy what you need of it, then delete those runs (`trajstore delete --run {runs[0]} --yes`, or "
+            f"store.delete(run_id={runs[0]!r})) and write them again with a valid name")
+
+
 def _foreign_problems(engine: Engine, files: list[DataFile], report: CheckReport) -> None:
     """Decode every observation of each partition holding a file another tool wrote, as readers would (their
     rows may be in any order and file, see :mod:`~trajstore.query.foreign`); what fails is a problem."""
@@ -331,7 +370,8 @@ def _check_episodes(engine: Engine, files: list[DataFile], report: CheckReport) 
         return
     with snap:
         report.episodes, report.steps = snap.con.execute(sql.CHECK_TOTALS).fetchone()
-        _episode_defects(snap.con, report)
+        _episode_defects(snap.con, report, agents=snap.agents)
+        _mixed_episodes(snap.con, report)
         _shared_ids(snap.con, report)
 
 
@@ -340,7 +380,7 @@ def _scan(engine: Engine, files: list[DataFile]) -> Snapshot | Exception:
     snap: Snapshot | None = None
     try:
         snap = engine.snapshot(files)
-        snap.con.execute(sql.CHECK_EPISODES)
+        snap.con.execute(sql.check_episodes(agents=snap.agents))
         return snap
     except (duckdb.Error, StoreDamagedError) as exc:
         log.info("episode scan over %d files failed, reading them one by one: %s", len(files), exc)
@@ -361,39 +401,85 @@ def _decodable(files: list[DataFile], report: CheckReport) -> list[DataFile]:
     return good
 
 
-def _episode_defects(con: duckdb.DuckDBPyConnection, report: CheckReport) -> None:
+@dataclass(frozen=True)
+class _Steps:
+    """One row of the ``check_episodes`` table: the step counts of an episode (or of one agent of it)."""
+
+    rows: int
+    steps: int  # rows with a step
+    distinct: int
+    first: int | None
+    last: int | None
+    starts: int  # rows at step 0
+    end: int | None  # the first step that ended it
+
+
+def _episode_defects(con: duckdb.DuckDBPyConnection, report: CheckReport, *, agents: bool) -> None:
+    """The episodes whose steps are not whole and unique: each single-agent episode's steps ``0..n-1`` once,
+    each agent's of a multi-agent episode once (``(episode_id, step, agent_id)`` its rows' key; an agent's env
+    steps may skip, as :class:`~trajstore.write.agents.AgentWriter` writes them); none after an end."""
     total = con.execute(sql.CHECK_DEFECT_COUNT).fetchone()[0]
     rows = con.execute(sql.check_defects(MAX_LISTED)).fetchall()
-    for run_id, env_id, episode_id, n_rows, n_steps, n_distinct, first, last, starts, end in rows:
-        where = f"episode {episode_id} (run_id={run_id!r}, env_id={env_id!r})"
-        key = {"run": run_id, "env": env_id, "id": episode_id}
+    for run_id, env_id, episode_id, agent_id, *counts in rows:
+        c = _Steps(*counts)
         if episode_id is None:
-            report.problems.append(f"{n_rows} step rows in run_id={run_id!r}, env_id={env_id!r} have no episode_id")
+            report.problems.append(f"{c.rows} step rows in run_id={run_id!r}, env_id={env_id!r} have no episode_id")
             continue
-        defects = []
-        if n_steps < n_rows:
-            defects.append(f"{n_rows - n_steps} rows have no step")
-        if starts > 1:
-            defects.append(f"step 0 occurs {starts} times (two episodes share this id, or its rows were "
-                           "committed twice)")
-        if n_distinct < n_steps:
-            defects.append(f"{n_steps - n_distinct} duplicate step rows ({_duplicates(con, key)})")
-        if n_distinct and (first != 0 or last != n_distinct - 1):
-            defects.append(f"steps are not contiguous from 0: {n_distinct} distinct steps in {first}..{last}, "
-                           f"missing {_missing(con, key)}")
-        if end is not None and end < last:
-            defects.append(f"steps up to {last} follow its end (terminated/truncated) at step {end}")
-        report.problems.append(f"{where}: " + "; ".join(defects))
+        where = f"episode {episode_id} (run_id={run_id!r}, env_id={env_id!r})"
+        key = {"run": run_id, "env": env_id, "id": episode_id, **({"agent": agent_id} if agents else {})}
+        if agent_id is None:
+            report.problems.append(f"{where}: " + "; ".join(_step_defects(con, key, c, agents=agents)))
+        else:
+            report.problems.append(f"{where}, agent {agent_id!r}: " + "; ".join(_agent_defects(con, key, c)))
     if total > len(rows):
-        report.problems.append(f"... and {total - len(rows)} more episodes with step defects")
+        which = "episodes (or agents of one)" if agents else "episodes"
+        report.problems.append(f"... and {total - len(rows)} more {which} with step defects")
 
 
-def _duplicates(con: duckdb.DuckDBPyConnection, key: dict[str, object]) -> str:
-    return "steps " + _ranges(con, sql.CHECK_DUPLICATE_RANGES, key)
+def _step_defects(con: duckdb.DuckDBPyConnection, key: dict[str, object], c: _Steps, *, agents: bool) -> list[str]:
+    """What is wrong with the steps of one single-agent episode."""
+    defects = []
+    if c.steps < c.rows:
+        defects.append(f"{c.rows - c.steps} rows have no step")
+    if c.starts > 1:
+        defects.append(f"step 0 occurs {c.starts} times (two episodes share this id, or its rows were "
+                       "committed twice)")
+    if c.distinct < c.steps:
+        defects.append(f"{c.steps - c.distinct} duplicate step rows ({_duplicates(con, key, agents)})")
+    if c.distinct and (c.first != 0 or c.last != c.distinct - 1):
+        defects.append(f"steps are not contiguous from 0: {c.distinct} distinct steps in {c.first}..{c.last}, "
+                       f"missing {_missing(con, key, agents)}")
+    if c.end is not None and c.end < c.last:
+        defects.append(f"steps up to {c.last} follow its end (terminated/truncated) at step {c.end}")
+    return defects
 
 
-def _missing(con: duckdb.DuckDBPyConnection, key: dict[str, object]) -> str:
-    return "steps " + _ranges(con, sql.CHECK_MISSING_RANGES, key)
+def _agent_defects(con: duckdb.DuckDBPyConnection, key: dict[str, object], c: _Steps) -> list[str]:
+    """What is wrong with the rows of one agent of a multi-agent episode (its env steps may skip)."""
+    defects = []
+    if c.steps < c.rows:
+        defects.append(f"{c.rows - c.steps} rows have no step")
+    if c.distinct < c.steps:
+        defects.append(f"{c.steps - c.distinct} duplicate step rows of this agent ({_duplicates(con, key, True)}; "
+                       "its rows were committed twice, or two episodes share this id)")
+    if c.end is not None and c.end < c.last:
+        defects.append(f"its steps up to {c.last} follow its end (terminated/truncated) at step {c.end}")
+    return defects
+
+
+def _duplicates(con: duckdb.DuckDBPyConnection, key: dict[str, object], agents: bool) -> str:
+    return "steps " + _ranges(con, sql.check_duplicate_ranges(agents=agents), key)
+
+
+def _missing(con: duckdb.DuckDBPyConnection, key: dict[str, object], agents: bool) -> str:
+    return "steps " + _ranges(con, sql.check_missing_ranges(agents=agents), key)
+
+
+def _mixed_episodes(con: duckdb.DuckDBPyConnection, report: CheckReport) -> None:
+    """Episodes holding single-agent rows (``agent_id`` null) beside the rows of agents: no writer makes them."""
+    for run_id, env_id, episode_id in con.execute(sql.check_mixed(MAX_LISTED)).fetchall():
+        report.problems.append(f"episode {episode_id} (run_id={run_id!r}, env_id={env_id!r}): holds single-agent "
+                               "rows (agent_id null) beside the rows of agents; an episode is one or the other")
 
 
 def _ranges(con: duckdb.DuckDBPyConnection, query: str, key: dict[str, object], limit: int = 5) -> str:

@@ -8,11 +8,21 @@ checks them against the store's committed rows of the same ids (:func:`stored_en
 over the files whose logged id range may hold it): a new episode starts at step 0, a stored one goes on
 right after its last stored step, in its own run and environment, and only if it has not ended.
 
+The rows of a multi-agent episode (an ``agent_id`` each; ``step`` the env step) follow the rules of
+:class:`~trajstore.write.agents.AgentWriter`, agent by agent: each agent's env steps strictly increase in the
+order its rows come (it may skip steps: turns, agents that do not act, join late or leave), only its last row
+ends it, and rows continuing a stored episode come after that agent's last stored step, never after its end.
+An episode's rows are all single-agent (``agent_id`` null) or all agents'.
+
 >>> import numpy as np
 >>> spans = request_spans(np.array([9, 9, 4]), np.array([0, 1, 0]), np.array([False, True, False]))
 >>> spans.episode_id.tolist(), spans.first.tolist(), spans.last.tolist()
 ([4, 9], [0, 0], [0, 1])
 >>> check_continues(spans, [], run_id="r", env_id="E")
+>>> duo = request_spans(np.array([5, 5, 5]), np.array([0, 0, 2]), np.array([False, False, True]),
+...                     pa.array(["a", "b", "a"]))
+>>> duo.episode_id.tolist(), duo.agent_id.tolist(), duo.first.tolist(), duo.last.tolist()
+([5, 5], ['a', 'b'], [0, 0], [2, 0])
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from trajstore.errors import InputError
 from trajstore.query import sql
@@ -30,35 +41,62 @@ from trajstore.storage.log import DataFile, files_holding
 from trajstore.storage.table import steps_dataset
 
 KEY_SCHEMA = pa.schema([("run_id", pa.string()), ("env_id", pa.string()), ("episode_id", pa.int64()),
-                        ("step", pa.int32()), ("terminated", pa.bool_()), ("truncated", pa.bool_())])
+                        ("step", pa.int32()), ("terminated", pa.bool_()), ("truncated", pa.bool_()),
+                        ("agent_id", pa.string())])
 
 
 @dataclass(frozen=True)
 class Spans:
-    """The episodes of one request: ids (sorted, unique), and the first and last step each has in it."""
+    """The trajectories of one request: each episode (each agent of a multi-agent one) with the first and last
+    step it has in it, sorted by episode id, then agent; ``agent_id`` None for a single-agent episode."""
 
     episode_id: np.ndarray
     first: np.ndarray
     last: np.ndarray
+    agent_id: np.ndarray  # object: each span's agent, or None
+
+    @property
+    def episodes(self) -> np.ndarray:
+        """The episode ids of the request, sorted and unique."""
+        return np.unique(self.episode_id)
 
 
 @dataclass(frozen=True)
 class StoredEnd:
-    """What the store holds of one episode id in one partition: its last step and the step that ended it."""
+    """What the store holds of one episode id (of one of its agents) in one partition: its last step and the
+    step that ended it; ``agent_id`` None for a single-agent episode."""
 
     run_id: str
     env_id: str
     episode_id: int
     last_step: int
     end_step: int | None
+    agent_id: str | None = None
 
 
-def request_spans(episode_id: np.ndarray, step: np.ndarray, ended: np.ndarray) -> Spans:
-    """Each episode's first and last step among rows (in any order); raises :class:`InputError` naming the
-    episode and the step when an episode repeats or skips a step, or goes on after its terminated or
-    truncated step. ``ended`` is ``terminated | truncated`` per row."""
+def request_spans(episode_id: np.ndarray, step: np.ndarray, ended: np.ndarray,
+                  agent_id: pa.Array | pa.ChunkedArray | None = None) -> Spans:
+    """Each episode's first and last step among rows (in any order), and each agent's of a multi-agent episode
+    (``agent_id``: each row's, null for single-agent rows); raises :class:`InputError` naming the episode (and
+    the agent) and the step when an episode repeats or skips a step, an agent's steps repeat or go back, or
+    rows go on after their terminated or truncated step. ``ended`` is ``terminated | truncated`` per row."""
+    agent, names = _agent_codes(agent_id, len(episode_id))
+    single = agent < 0
+    if single.all():
+        return _episode_spans(episode_id, step, ended)
+    _refuse_mixed(episode_id, single)
+    multi = ~single
+    parts = [_episode_spans(episode_id[single], step[single], ended[single]),
+             _agent_spans(episode_id[multi], step[multi], ended[multi], agent[multi], names)]
+    order = np.argsort(np.concatenate([p.episode_id for p in parts]), kind="stable")  # agents stay in order
+    return Spans(*(np.concatenate([getattr(p, k) for p in parts])[order]
+                   for k in ("episode_id", "first", "last", "agent_id")))
+
+
+def _episode_spans(episode_id: np.ndarray, step: np.ndarray, ended: np.ndarray) -> Spans:
+    """:func:`request_spans` of single-agent rows."""
     if not len(episode_id):
-        return Spans(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int32))
+        return Spans(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, object))
     order = np.lexsort((step, episode_id))
     ids, steps, ends = episode_id[order], step[order], ended[order]
     same = ids[1:] == ids[:-1]
@@ -71,7 +109,48 @@ def request_spans(episode_id: np.ndarray, step: np.ndarray, ended: np.ndarray) -
         end = int(steps[last[np.searchsorted(first, i, side="right") - 1]])
         raise InputError(f"terminated/truncated: episode_id {ids[i]} ends at step {steps[i]}, but the rows go on "
                          f"to step {end}; only an episode's last step may be terminated or truncated")
-    return Spans(ids[first], steps[first], steps[last])
+    return Spans(ids[first], steps[first], steps[last], np.full(len(first), None, object))
+
+
+def _agent_codes(agent_id: pa.Array | pa.ChunkedArray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's agent as its index in the sorted agent names (also returned), -1 for a single-agent row."""
+    if agent_id is None or agent_id.null_count == len(agent_id):
+        return np.full(n, -1, np.int64), np.empty(0, object)
+    names = np.array(sorted(a for a in pc.unique(agent_id).to_pylist() if a is not None), object)
+    codes = pc.index_in(agent_id, value_set=pa.array(names.tolist(), pa.string())).fill_null(-1)
+    return np.asarray(codes, np.int64), names
+
+
+def _refuse_mixed(episode_id: np.ndarray, single: np.ndarray) -> None:
+    both = np.intersect1d(episode_id[single], episode_id[~single])
+    if len(both):
+        raise InputError(f"agent_id: episode_id {both[0]} has rows with and without an agent_id; an episode's rows "
+                         "are all single-agent (agent_id null) or all its agents' (agent_id set)")
+
+
+def _agent_spans(ids: np.ndarray, steps: np.ndarray, ends: np.ndarray, agent: np.ndarray,
+                 names: np.ndarray) -> Spans:
+    """:func:`request_spans` of the rows of agents: each agent's rows of an episode in the order they came."""
+    order = np.lexsort((np.arange(len(ids)), agent, ids))
+    ids, steps, ends, agent = ids[order], steps[order], ends[order], agent[order]
+    same = (ids[1:] == ids[:-1]) & (agent[1:] == agent[:-1])
+    bad = np.flatnonzero(same & (steps[1:] <= steps[:-1]))
+    if len(bad):
+        i = int(bad[0])
+        what = f"has step {steps[i]} more than once" if steps[i + 1] == steps[i] else \
+            f"goes from step {steps[i]} back to step {steps[i + 1]}"
+        raise InputError(f"step: agent {names[agent[i]]!r} of episode_id {ids[i]} {what}; expected strictly "
+                         "increasing env steps for one agent in one episode (it may skip steps)")
+    first = np.flatnonzero(np.r_[True, ~same])
+    last = np.r_[first[1:] - 1, len(ids) - 1]
+    early = np.flatnonzero(ends[:-1] & same)
+    if len(early):
+        i = int(early[0])
+        end = int(steps[last[np.searchsorted(first, i, side="right") - 1]])
+        raise InputError(f"terminated/truncated: agent {names[agent[i]]!r} of episode_id {ids[i]} ends at step "
+                         f"{steps[i]}, but its rows go on to step {end}; only an agent's last step in an episode "
+                         "may be terminated or truncated")
+    return Spans(ids[first], steps[first], steps[last], names[agent[first]])
 
 
 def _refuse_repeats_and_gaps(ids: np.ndarray, steps: np.ndarray, same: np.ndarray) -> None:
@@ -87,7 +166,8 @@ def _refuse_repeats_and_gaps(ids: np.ndarray, steps: np.ndarray, same: np.ndarra
 
 def stored_ends(files: Sequence[DataFile], episode_ids: np.ndarray) -> list[StoredEnd]:
     """The committed rows of ``episode_ids`` (sorted, unique) in ``files`` (one version's), one aggregate per
-    id and partition; only files whose logged episode_id range may hold one of the ids are read."""
+    id, agent (of a multi-agent episode) and partition; only files whose logged episode_id range may hold one of
+    the ids are read."""
     files = files_holding(files, episode_ids)
     if not files or not len(episode_ids):
         return []
@@ -97,28 +177,52 @@ def stored_ends(files: Sequence[DataFile], episode_ids: np.ndarray) -> list[Stor
         found = con.execute(sql.stored_episode_ends("stored_keys", episode_ids.tolist())).fetchall()
     finally:
         con.close()
-    return [StoredEnd(r, e, int(i), int(last), None if end is None else int(end)) for r, e, i, last, end in found]
+    return [StoredEnd(r, e, int(i), int(last), None if end is None else int(end), agent)
+            for r, e, i, agent, last, end in found]
 
 
 def check_continues(spans: Spans, stored: Sequence[StoredEnd], *, run_id: str, env_id: str) -> None:
-    """Raise :class:`InputError` naming the episode and the step unless each episode of ``spans`` starts at
-    step 0 (an id the store lacks) or continues one of ``run_id``/``env_id`` that has not ended right after
-    its last stored step."""
-    held = {s.episode_id: s for s in stored if (s.run_id, s.env_id) == (run_id, env_id)}
+    """Raise :class:`InputError` naming the episode (and the agent) and the step unless each episode of
+    ``spans`` starts at step 0 (an id the store lacks) or continues one of ``run_id``/``env_id`` that has not
+    ended right after its last stored step; each agent of a multi-agent episode goes on after its own last
+    stored step if it has not ended (an agent the store lacks, or a new multi-agent episode, at any step)."""
+    _refuse_other_partitions(spans, stored, run_id=run_id, env_id=env_id)
+    _refuse_other_kind(spans, stored)
+    held = {(s.episode_id, s.agent_id): s for s in stored}
+    single = np.fromiter((a is None for a in spans.agent_id), bool, len(spans.agent_id))
+    new = single & ~np.isin(spans.episode_id, np.fromiter((e for e, a in held if a is None), np.int64))
+    late = np.flatnonzero(new & (spans.first != 0))
+    if len(late):
+        eid, first = spans.episode_id[late[0]], spans.first[late[0]]
+        raise InputError(f"step: episode_id {eid} starts at step {first}, but the store holds none of its steps; "
+                         "expected step 0")
+    for i in np.flatnonzero(single & ~new).tolist():
+        _check_after(held[(int(spans.episode_id[i]), None)], int(spans.first[i]))
+    for i in np.flatnonzero(~single).tolist():
+        agent_end = held.get((int(spans.episode_id[i]), spans.agent_id[i]))
+        if agent_end is not None:
+            _check_agent_after(agent_end, int(spans.first[i]))
+
+
+def _refuse_other_partitions(spans: Spans, stored: Sequence[StoredEnd], *, run_id: str, env_id: str) -> None:
     for s in stored:
         if (s.run_id, s.env_id) != (run_id, env_id):
             first = int(spans.first[np.searchsorted(spans.episode_id, s.episode_id)])
             raise InputError(f"episode_id: episode_id {s.episode_id} (step {first} here) belongs to run_id "
                              f"{s.run_id!r}, env_id {s.env_id!r}, not to run_id {run_id!r}, env_id {env_id!r}; "
                              "rows may only continue episodes of their own run and environment")
-    new = ~np.isin(spans.episode_id, np.fromiter(held, np.int64, len(held)))
-    late = np.flatnonzero(new & (spans.first != 0))
-    if len(late):
-        eid, first = spans.episode_id[late[0]], spans.first[late[0]]
-        raise InputError(f"step: episode_id {eid} starts at step {first}, but the store holds none of its steps; "
-                         "expected step 0")
-    for i in np.flatnonzero(~new).tolist():
-        _check_after(held[int(spans.episode_id[i])], int(spans.first[i]))
+
+
+def _refuse_other_kind(spans: Spans, stored: Sequence[StoredEnd]) -> None:
+    """Refuse rows of agents continuing a stored single-agent episode, and single-agent rows a multi-agent one."""
+    multi = {s.episode_id: s.agent_id is not None for s in stored}
+    for i in np.flatnonzero(np.isin(spans.episode_id, np.fromiter(multi, np.int64, len(multi)))).tolist():
+        eid, agent = int(spans.episode_id[i]), spans.agent_id[i]
+        if multi[eid] != (agent is not None):
+            held, given = ("agents'", "single-agent rows") if multi[eid] else \
+                ("single-agent", f"rows of agent {agent!r}")
+            raise InputError(f"agent_id: the store holds {held} rows of episode_id {eid}; {given} cannot continue "
+                             "it (an episode's rows are all single-agent or all its agents')")
 
 
 def _check_after(s: StoredEnd, first: int) -> None:
@@ -128,3 +232,14 @@ def _check_after(s: StoredEnd, first: int) -> None:
     if first != s.last_step + 1:
         raise InputError(f"step: episode_id {s.episode_id} continues at step {first}, but the store holds its "
                          f"steps up to {s.last_step}; expected step {s.last_step + 1}")
+
+
+def _check_agent_after(s: StoredEnd, first: int) -> None:
+    where = f"agent {s.agent_id!r} of episode_id {s.episode_id}"
+    if s.end_step is not None:
+        raise InputError(f"step: {where} ended at step {s.end_step} (terminated or truncated); its step {first} "
+                         "cannot follow it")
+    if first <= s.last_step:
+        raise InputError(f"step: {where} continues at step {first}, but the store holds its steps up to "
+                         f"{s.last_step}; expected strictly increasing env steps for one agent in one episode "
+                         f"(a step after {s.last_step}; it may skip steps)")

@@ -24,6 +24,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,18 +40,19 @@ from trajstore.storage.encoding import (
     EncodingError,
     Format,
     check_frame_stack,
-    decode_table,
+    decode_batches,
     logical_schema,
     physical_next_type,
     physical_schema,
 )
 from trajstore.storage.log import TableState, WrittenFile
-from trajstore.storage.names import stored_rows
+from trajstore.storage.names import check_column_name, check_distinct, check_fields, check_id, stored_rows
 from trajstore.storage.table import StepsTable
 
 KEYS = {"episode_id": pa.int64(), "step": pa.int32()}
 ATTEMPTS = 30  # reads of the log per request while other processes keep committing before it
 LEGACY_DIGEST = 1  # what trajstore recorded for every key before it kept the request's digest
+CHECK_BYTES = 16 * 1024 * 1024  # decoded obs and next_obs at a time while the rows' encoding is checked
 
 
 def validate_rows(rows: pa.Table, stored: pa.Schema | None) -> pa.Table:
@@ -67,9 +69,11 @@ def _checked(rows: pa.Table, stored: pa.Schema | None) -> tuple[pa.Table, Spans]
     rows = _stamped(_cast_env_steps(_cast_keys(rows)))
     _check_flags_and_rewards(rows)
     ended = pc.or_(rows["terminated"], rows["truncated"]).to_numpy()
-    spans = request_spans(rows["episode_id"].to_numpy(), rows["step"].to_numpy(), ended)
+    agents = _agent_ids(rows)
+    _check_agent_names(agents)
+    spans = request_spans(rows["episode_id"].to_numpy(), rows["step"].to_numpy(), ended, agents)
     _check_encoding(rows, fmt)
-    rows = rows if stored is None else _fitted(rows, stored, fmt)
+    rows = rows if stored is None else _fitted(rows, _kept_types(stored, agents), fmt)
     return rows.replace_schema_metadata(fmt.metadata()), spans
 
 
@@ -95,10 +99,27 @@ def _check_encoding(rows: pa.Table, fmt: Format) -> None:
     if NEXT in rows.column_names and sch.describe(rows[NEXT].type) != sch.describe(physical_next_type(obs, fmt)):
         raise InputError(f"next_obs: encoded rows store it as {sch.describe(physical_next_type(obs, fmt))} (obs "
                          f"{sch.describe(obs)}), got {sch.describe(rows[NEXT].type)}")
-    try:
-        decode_table(rows, fmt, where="rows")
+    pieces = rows.to_batches(max_chunksize=max(1, CHECK_BYTES // (2 * _value_bytes(obs))))
+    try:  # piece by piece: the decoded observations (k frames a row for a stack of k) are let go at once
+        for _ in decode_batches(iter(pieces), fmt, obs, where="rows"):
+            pass
     except EncodingError as exc:
         raise InputError(f"next_obs/obs: {exc}; rows must be encoded as the writer encodes them") from None
+
+
+def _value_bytes(t: pa.DataType) -> int:
+    """The bytes of one value of ``t`` (an observation: numbers in fixed-size lists and structs); 1 KiB for a
+    value of variable size."""
+    if pa.types.is_fixed_size_list(t):
+        return t.list_size * _value_bytes(t.value_type)
+    if pa.types.is_struct(t):
+        return max(1, sum(_value_bytes(f.type) for f in t))
+    if pa.types.is_fixed_size_binary(t):
+        return t.byte_width
+    try:
+        return max(1, t.bit_width // 8)
+    except ValueError:  # lists, strings: no width
+        return 1024
 
 
 def _check_columns(rows: pa.Table, fmt: Format) -> None:
@@ -106,6 +127,7 @@ def _check_columns(rows: pa.Table, fmt: Format) -> None:
     if repeated:
         raise InputError(f"{repeated[0]}: {rows.column_names.count(repeated[0])} columns of the body have this name;"
                          " each column once")
+    _check_names(rows.schema)
     for field in rows.schema:
         _check_storable(field.name, field.type)
     present = set(rows.column_names)
@@ -122,6 +144,18 @@ def _check_columns(rows: pa.Table, fmt: Format) -> None:
             raise InputError(f"{name}: {rows[name].null_count} null value(s); every row needs one")
 
 
+def _check_names(schema: pa.Schema) -> None:
+    """Refuse, by name, a column other than the schema's own whose name no column users give can take, a struct
+    field no engine can hold, and two columns that differ only in case (the one rule of
+    :mod:`~trajstore.storage.names`, as the local writer checks its extras)."""
+    own = {c["name"] for c in sch.step_columns()} | set(sch.lineage_columns())
+    for field in schema:
+        if field.name not in own:
+            check_column_name(field.name, field="columns")
+        check_fields(field.type, field=field.name)
+    check_distinct(schema.names, field="columns")
+
+
 def _check_storable(name: str, t: pa.DataType) -> None:
     """Refuse a column type the table cannot hold (before anything is written or committed: a type the commit
     log records but cannot give back would break every later read of its schema): numbers, booleans, strings
@@ -129,9 +163,7 @@ def _check_storable(name: str, t: pa.DataType) -> None:
     leaf = t
     while pa.types.is_fixed_size_list(leaf) or pa.types.is_list(leaf) or pa.types.is_large_list(leaf):
         leaf = leaf.value_type
-    if pa.types.is_struct(leaf):
-        if len({f.name for f in leaf}) != leaf.num_fields or not all(f.name for f in leaf):
-            raise InputError(f"{name}: the fields of a struct column need distinct, non-empty names, got {leaf}")
+    if pa.types.is_struct(leaf):  # its fields' names are checked by _check_names
         for f in leaf:
             _check_storable(f"{name}.{f.name}", f.type)
         return
@@ -191,6 +223,35 @@ def _check_range(rows: pa.Table, name: str, t: pa.DataType) -> None:
     raise InputError(f"{name}: {rows[name][i].as_py()} at row {i} ({where}) is beyond {t}; expected at most {top}")
 
 
+def _agent_ids(rows: pa.Table) -> pa.ChunkedArray | None:
+    """Each row's agent (null for a single-agent row), checked: strings, none empty; None without the column."""
+    if "agent_id" not in rows.column_names:
+        return None
+    col = rows["agent_id"]
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        raise InputError(f"agent_id: expected strings (the agent of each row of a multi-agent episode, null for "
+                         f"single-agent rows), got {col.type}")
+    col = col.cast(pa.string())
+    if len(col) and pc.any(pc.equal(col, "")).as_py():
+        raise InputError("agent_id: expected non-empty agent names (null for single-agent rows), got ''")
+    return col
+
+
+def _check_agent_names(agents: pa.ChunkedArray | None) -> None:
+    """Each agent's id checked as the multi-agent writer checks it (:func:`~trajstore.storage.names.check_id`)."""
+    if agents is not None:
+        for agent in pc.unique(agents.drop_null()).to_pylist():
+            check_id(agent, field="agent_id")
+
+
+def _kept_types(stored: pa.Schema, agents: pa.ChunkedArray | None) -> pa.Schema:
+    """The environment's stored types that ``rows`` must fit: for the rows of agents, all but observations and
+    actions (the agents of one env may have spaces of their own, as each kind of an ``AgentWriter`` declares)."""
+    if agents is None or agents.null_count == len(agents):
+        return stored
+    return pa.schema([f for f in stored if f.name not in (OBS, NEXT, "action")])
+
+
 def _cast_env_steps(rows: pa.Table) -> pa.Table:
     """The sender's ``env_steps`` (its writer's position, see ``step.v1.json``) as the schema's int64."""
     if "env_steps" not in rows.column_names:
@@ -238,16 +299,32 @@ class IdempotencyKey:
 def request_digest(rows: pa.Table, *, run_id: str, env_id: str) -> int:
     """A 63-bit digest (sha256) of a request: its run, environment and rows as they came (types included,
     schema metadata left out); a positive int64, the version of the key's app transaction."""
-    sink = pa.BufferOutputStream()
     fmt = (rows.schema.metadata or {}).get(b"trajstore")
     rows = rows.replace_schema_metadata(None).combine_chunks()
-    with pa.ipc.new_stream(sink, rows.schema) as stream:
-        stream.write_table(rows)
     h = hashlib.sha256(json.dumps([run_id, env_id]).encode())
-    h.update(sink.getvalue())
+    with pa.ipc.new_stream(_Digesting(h), rows.schema) as stream:  # hashed as written, never held whole
+        stream.write_table(rows)
     if fmt is not None:  # encoded rows are another request than the same rows unencoded (none before had one)
         h.update(fmt)
     return int.from_bytes(h.digest()[:8], "big") >> 1
+
+
+class _Digesting:
+    """A write-only file that adds what is written to a hash."""
+
+    def __init__(self, digest: Any) -> None:
+        self.digest = digest
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
@@ -258,14 +335,17 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
     used key raises :class:`ConflictError`; rows that do not continue their episodes raise
     :class:`InputError` naming the episode and the step, and store nothing.
     """
+    check_id(run_id, field="run_id")
+    check_id(env_id, field="env_id")
     key = None if idempotency_key is None else IdempotencyKey.of(idempotency_key, rows, run_id=run_id,
                                                                  env_id=env_id)
     if key is not None and _seen(table.log.read(), key):
         return None, True
     rows, spans = _checked(rows, table.stored_schema(env_id=env_id))
+    check_distinct(rows.column_names, table.column_names(), field="columns")  # one schema for every environment
     state = table.log.read()  # rows that do not continue their episodes are refused before any column is reserved
     if state is not None:
-        check_continues(spans, stored_ends(state.files, spans.episode_id), run_id=run_id, env_id=env_id)
+        check_continues(spans, stored_ends(state.files, spans.episodes), run_id=run_id, env_id=env_id)
     rows = _physical(table, rows)
     written = table.write(rows, run_id=run_id, env_id=env_id)  # encoded outside the lock: requests overlap here
     try:
@@ -293,13 +373,13 @@ def _commit_checked(table: StepsTable, written: WrittenFile, spans: Spans, *, ru
     are checked once before the table is given them, so that refused rows change nothing."""
     if _new_columns(table, written):
         state = table.log.read()
-        check_continues(spans, stored_ends(state.files if state is not None else [], spans.episode_id),
+        check_continues(spans, stored_ends(state.files if state is not None else [], spans.episodes),
                         run_id=run_id, env_id=env_id)
     for _ in tries(ATTEMPTS):
         state = table.log.ensure(written.schema)
         if key is not None and _seen(state, key):
             return False
-        check_continues(spans, stored_ends(state.files, spans.episode_id), run_id=run_id, env_id=env_id)
+        check_continues(spans, stored_ends(state.files, spans.episodes), run_id=run_id, env_id=env_id)
         if table.log.commit_after(state, written, app=None if key is None else (key.app_id, key.digest)):
             return True
     raise CommitError(f"rows for run_id={run_id!r}, env_id={env_id!r} were not committed: other commits kept "

@@ -21,12 +21,15 @@ from trajstore import schema as sch
 from trajstore.errors import InputError
 from trajstore.storage.encoding import NEXT, OBS, FileSchema, Format, logical_schema
 from trajstore.storage.log import DataFile
+from trajstore.storage.names import readable
 
 
 @dataclass
 class FileGroup:
     """Files read in one pass: their format, the physical schema they share (variable-size lists where fixed
-    sizes differ) and the logical columns they give."""
+    sizes differ) and the logical columns they give. A column whose name DuckDB cannot hold (an empty one,
+    written before names were checked: see :func:`~trajstore.storage.names.readable`) is left out of both: no
+    reader's view or scan has it, ``check`` names it, its files keep it."""
 
     files: list[DataFile]
     format: Format
@@ -66,7 +69,10 @@ class FileGroup:
         :attr:`files`)."""
         self._schemas += 1
         self.files.append(f)
+        logical = self.format.logical_names()
         for column in physical:
+            if not (readable(column.name) and readable(logical.get(column.name, column.name))):
+                continue
             types = self._types.setdefault(column.name, [])
             if all(sch.describe(t) != sch.describe(column.type) for t in types):
                 types.append(column.type)

@@ -718,12 +718,13 @@ def count_other_mode(run_id: str, mode: str) -> str:
 
 
 def stored_episode_ends(source: str, episode_ids: Sequence[int]) -> str:
-    """Per ``(run_id, env_id, episode_id)`` of ``episode_ids`` in ``source`` (stored steps): its last stored step
-    and the first step that ended it (terminated or truncated; NULL while it runs). What an ingest must continue."""
-    return (f"SELECT run_id, env_id, episode_id, max(step) AS last_step, "
+    """Per ``(run_id, env_id, episode_id, agent_id)`` of ``episode_ids`` in ``source`` (stored steps, with an
+    ``agent_id`` column: NULL for single-agent rows): its last stored step and the first step that ended it
+    (terminated or truncated; NULL while it runs). What an ingest must continue."""
+    return (f"SELECT run_id, env_id, episode_id, agent_id, max(step) AS last_step, "
             f"min(step) FILTER (WHERE terminated OR truncated) AS end_step "
             f"FROM {ident(source)} WHERE {in_list('episode_id', [int(i) for i in episode_ids])} "
-            f"GROUP BY run_id, env_id, episode_id ORDER BY episode_id, run_id, env_id")
+            f"GROUP BY run_id, env_id, episode_id, agent_id ORDER BY episode_id, run_id, env_id, agent_id")
 
 
 # --- the sandbox ---------------------------------------------------------------------------------------------
@@ -748,9 +749,14 @@ def hardening(*, memory_limit: str | None, threads: int | None) -> list[str]:
 
 # --- the consistency check -----------------------------------------------------------------------------------
 
-CHECK_EPISODES = """
+def check_episodes(*, agents: bool) -> str:
+    """The ``check_episodes`` table: per episode (per agent of a multi-agent episode, ``agents`` telling whether
+    ``steps`` has an ``agent_id``; NULL for single-agent rows) its rows, steps, distinct steps, first and last step,
+    rows at step 0 and the first step that ended it."""
+    agent, keys = ("agent_id", ", agent_id") if agents else ("NULL::VARCHAR AS agent_id", "")
+    return f"""
 CREATE TEMP TABLE check_episodes AS
-SELECT run_id, env_id, episode_id,
+SELECT run_id, env_id, episode_id, {agent},
        count(*) AS n_rows,
        count(step) AS n_steps,
        count(DISTINCT step) AS n_distinct,
@@ -758,30 +764,52 @@ SELECT run_id, env_id, episode_id,
        max(step) AS last_step,
        count(*) FILTER (WHERE step = 0) AS starts,
        min(step) FILTER (WHERE terminated OR truncated) AS end_step
-FROM steps GROUP BY run_id, env_id, episode_id
+FROM steps GROUP BY run_id, env_id, episode_id{keys}
 """
-_DEFECTS = ("episode_id IS NULL OR n_steps < n_rows OR n_distinct < n_steps OR first_step <> 0 "
-            "OR last_step <> n_distinct - 1 OR end_step < last_step")
-CHECK_TOTALS = "SELECT count(*), coalesce(sum(n_rows), 0) FROM check_episodes"
+
+
+# an agent's steps are unique and none follows its end; an episode's (single-agent) are also 0..n-1
+_DEFECTS = ("episode_id IS NULL OR n_steps < n_rows OR n_distinct < n_steps OR end_step < last_step "
+            "OR (agent_id IS NULL AND (first_step <> 0 OR last_step <> n_distinct - 1))")
+_EPISODE_KEYS = "SELECT DISTINCT run_id, env_id, episode_id FROM check_episodes"
+CHECK_TOTALS = (f"SELECT (SELECT count(*) FROM ({_EPISODE_KEYS})), coalesce(sum(n_rows), 0) "
+                "FROM check_episodes")
 CHECK_DEFECT_COUNT = f"SELECT count(*) FROM check_episodes WHERE {_DEFECTS}"
 
 
 def check_defects(limit: int) -> str:
-    return (f"SELECT run_id, env_id, episode_id, n_rows, n_steps, n_distinct, first_step, last_step, starts, "
-            f"end_step FROM check_episodes WHERE {_DEFECTS} ORDER BY episode_id, run_id, env_id{page(limit)}")
+    return (f"SELECT run_id, env_id, episode_id, agent_id, n_rows, n_steps, n_distinct, first_step, last_step, "
+            f"starts, end_step FROM check_episodes WHERE {_DEFECTS} ORDER BY episode_id, run_id, env_id, agent_id"
+            f"{page(limit)}")
 
 
-_ONE_EPISODE = "run_id = $run AND env_id = $env AND episode_id = $id AND step IS NOT NULL"
+def check_mixed(limit: int) -> str:
+    """The episodes of ``check_episodes`` holding single-agent rows beside the rows of agents."""
+    return ("SELECT run_id, env_id, episode_id FROM check_episodes WHERE episode_id IS NOT NULL "
+            "GROUP BY run_id, env_id, episode_id HAVING count(*) FILTER (WHERE agent_id IS NULL) > 0 "
+            f"AND count(agent_id) > 0 ORDER BY episode_id, run_id, env_id{page(limit)}")
+
+
+def _one_episode(agents: bool) -> str:
+    """The steps of one episode (of one agent of it: ``$agent``, NULL for single-agent rows)."""
+    agent = " AND agent_id IS NOT DISTINCT FROM $agent" if agents else ""
+    return f"run_id = $run AND env_id = $env AND episode_id = $id{agent} AND step IS NOT NULL"
+
+
 # Ranges of steps as (lo, hi, number of ranges), the first $limit of them: gaps and islands over the episode's
 # distinct steps, so that no query builds one row per possible step value.
-CHECK_DUPLICATE_RANGES = f"""
-WITH dup AS (SELECT step::BIGINT AS step FROM steps WHERE {_ONE_EPISODE} GROUP BY step HAVING count(*) > 1),
+def check_duplicate_ranges(*, agents: bool) -> str:
+    return f"""
+WITH dup AS (SELECT step::BIGINT AS step FROM steps WHERE {_one_episode(agents)} GROUP BY step HAVING count(*) > 1),
 islands AS (SELECT min(step) AS lo, max(step) AS hi FROM (
     SELECT step, step - row_number() OVER (ORDER BY step) AS island FROM dup) GROUP BY island)
 SELECT lo, hi, count(*) OVER () FROM islands ORDER BY lo LIMIT $limit
 """
-CHECK_MISSING_RANGES = f"""
-WITH present AS (SELECT DISTINCT step::BIGINT AS step FROM steps WHERE {_ONE_EPISODE}),
+
+
+def check_missing_ranges(*, agents: bool) -> str:
+    return f"""
+WITH present AS (SELECT DISTINCT step::BIGINT AS step FROM steps WHERE {_one_episode(agents)}),
 gaps AS (
     SELECT step + 1 AS lo, next - 1 AS hi FROM (
         SELECT step, lead(step) OVER (ORDER BY step) AS next FROM present) WHERE next > step + 1
@@ -789,7 +817,9 @@ gaps AS (
     SELECT 0, min(step) - 1 FROM present HAVING min(step) > 0)
 SELECT lo, hi, count(*) OVER () FROM gaps ORDER BY lo LIMIT $limit
 """
-_SHARED = ("SELECT episode_id, list(run_id || '/' || env_id ORDER BY run_id, env_id) FROM check_episodes "
+
+
+_SHARED = (f"SELECT episode_id, list(run_id || '/' || env_id ORDER BY run_id, env_id) FROM ({_EPISODE_KEYS}) "
            "WHERE episode_id IS NOT NULL GROUP BY episode_id HAVING count(*) > 1")
 CHECK_SHARED_COUNT = f"SELECT count(*) FROM ({_SHARED})"
 

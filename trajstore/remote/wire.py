@@ -29,11 +29,17 @@ def ipc_bytes(table: pa.Table) -> bytes:
 
 
 def read_table(body: bytes, *, field: str = "body") -> pa.Table:
-    """An Arrow IPC stream's table; :class:`InputError` naming ``field`` when it is not one."""
+    """An Arrow IPC stream's table, checked whole; :class:`InputError` naming ``field`` when it is not one.
+    (pyarrow's reader does not check that each buffer holds what its array says: an array whose buffer is
+    shorter than its length, or whose offsets point past its values, would be read past its end.)"""
     try:
-        return pa.ipc.open_stream(body).read_all()
+        table = pa.ipc.open_stream(body).read_all()
+        table.validate(full=True)
     except (pa.ArrowException, OSError) as exc:  # ArrowInvalid, and a type or codec this pyarrow does not read
         raise InputError(f"{field}: not an Arrow IPC stream ({exc})") from None
+    except UnicodeDecodeError as exc:  # a column's name
+        raise InputError(f"{field}: not an Arrow IPC stream (a name that is not UTF-8: {exc})") from None
+    return table
 
 
 class _Chunks:

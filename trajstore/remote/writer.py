@@ -8,6 +8,11 @@
 >>> with RemoteWriter("http://127.0.0.1:8321", api_key="…", run_id="r", env_id="CartPole-v1") as w:  # doctest: +SKIP
 ...     w.add_batch(batch)
 
+Each request stays under the limits the service says (``GET /ingest``: its body's bytes, ``max_body_bytes``, and
+what it decodes to, ``max_decoded_bytes``): the writer flushes before half of the smaller, and a flush still over
+one (a single large ``add_batch``) goes as several requests, cut between episodes (inside an episode only when it
+alone is over: its rows then sent whole, without the encoding that stores an observation once).
+
 :class:`RemoteStore` is what the rollout workers need of a store (``writer``, ``run_ids``, ``sql``) over the same
 service, so ``gym_rollout(RemoteStore(url, api_key=…), …)`` and ``trajstore rollout --url …`` run anywhere.
 """
@@ -19,10 +24,17 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 
-from trajstore.errors import QueryError, RemoteError
+from trajstore.errors import (
+    BodyTooLargeError,
+    QueryError,
+    RemoteError,
+    size_text,
+)
 from trajstore.remote.client import Client
+from trajstore.remote.decoded_size import decoded_size
 from trajstore.remote.wire import ipc_bytes
 from trajstore.storage.encoding import Format, decode_table
 from trajstore.write.writer import Writer
@@ -31,13 +43,45 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class EncodedRows:
-    """Rows encoded for one ingest request, with the key that makes its retries harmless."""
+class IngestLimits:
+    """What the service takes in one ingest request (``GET /ingest``): the bytes of its body and the bytes it
+    decodes to (as :func:`~trajstore.remote.decoded_size.decoded_size` counts them); None where it does not say
+    (a service of an older version)."""
 
-    body: bytes
+    body: int | None = None
+    decoded: int | None = None
+
+    @classmethod
+    def of(cls, access: Mapping[str, Any]) -> IngestLimits:
+        return cls(access.get("max_body_bytes"), access.get("max_decoded_bytes"))
+
+    @property
+    def flush_bytes(self) -> int | None:
+        """The most rows a writer buffers before it sends them: half the smaller limit."""
+        known = [n for n in (self.body, self.decoded) if n is not None]
+        return min(known) // 2 if known else None
+
+    def excess(self, body: bytes) -> str | None:
+        """Which limit ``body`` is over, and the service's setting of it; None when the service takes it."""
+        if self.body is not None and len(body) > self.body:
+            return f"its {len(body)} bytes are over the service's limit of {self.body} bytes " \
+                   f"({size_text(self.body)}, TRAJSTORE_MAX_BODY_BYTES)"
+        if self.decoded is not None:
+            size = decoded_size(body, limit=self.decoded)
+            if size.bytes > self.decoded:
+                return f"it decodes to {size.describe()}, over the service's limit of {self.decoded} bytes " \
+                       f"({size_text(self.decoded)}, TRAJSTORE_MAX_DECODED_BYTES)"
+        return None
+
+
+@dataclass(frozen=True)
+class EncodedRows:
+    """Rows encoded for ingest requests (one, or several under the service's limits), each body with the key
+    that makes its retries harmless."""
+
+    bodies: tuple[tuple[bytes, str], ...]
     run_id: str
     env_id: str
-    key: str
 
 
 class RemoteSink:
@@ -48,13 +92,20 @@ class RemoteSink:
     ``commit`` sends (on its commit thread).
     """
 
-    def __init__(self, client: Client, *, encoded: bool = True) -> None:
+    def __init__(self, client: Client, *, encoded: bool = True, limits: IngestLimits = IngestLimits()) -> None:
         self.client = client
         self.encoded = encoded  # False for a service that takes encoding-1 rows only (one older than encoding 2)
+        self.limits = limits
 
     def stored_schema(self, env_id: str | None = None) -> pa.Schema | None:
         schema = self.client.schema(env_id=env_id)
         return schema if len(schema) else None
+
+    def column_names(self) -> list[str]:
+        """The served table's columns (:meth:`stored_schema` of every environment, ``GET /schema``); the service
+        checks the names of the rows it takes against its log again."""
+        schema = self.stored_schema()
+        return [] if schema is None else schema.names
 
     def reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType] | None = None,
                 declared: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, str]:
@@ -69,11 +120,47 @@ class RemoteSink:
         else:  # rows under their logical names, encoded as encoding 2 says (what every service since takes)
             data = pa.Table.from_arrays(data.columns, names=data.column_names).replace_schema_metadata(
                 Format(2, fmt.frame_stack, (), fmt.frames).metadata())
-        return EncodedRows(ipc_bytes(data), run_id, env_id, uuid.uuid4().hex)
+        key = uuid.uuid4().hex
+        bodies = request_bodies(data, self.limits, run_id=run_id)
+        return EncodedRows(tuple((body, f"{key}-{i}" if len(bodies) > 1 else key) for i, body in enumerate(bodies)),
+                           run_id, env_id)
 
     def commit(self, encoded: EncodedRows) -> str:
-        self.client.post_body(encoded.run_id, encoded.env_id, encoded.body, idempotency_key=encoded.key)
-        return f"{self.client.url}/runs/{encoded.run_id}/batches#{encoded.key}"
+        """Send each request in order (a retry after a failure sends again those that landed: answered as
+        duplicates, stored once)."""
+        for body, key in encoded.bodies:
+            self.client.post_body(encoded.run_id, encoded.env_id, body, idempotency_key=key)
+        return f"{self.client.url}/runs/{encoded.run_id}/batches#{','.join(key for _, key in encoded.bodies)}"
+
+
+def request_bodies(rows: pa.Table, limits: IngestLimits, *, run_id: str) -> list[bytes]:
+    """``rows`` as the Arrow IPC bodies of requests the service takes, in order: one, or consecutive pieces cut
+    between episodes; an episode over a limit by itself is decoded (every row whole) and cut between rows.
+    :class:`BodyTooLargeError` for a single row over a limit."""
+    body = ipc_bytes(rows)
+    excess = limits.excess(body)
+    if excess is None:
+        return [body]
+    if rows.num_rows <= 1:
+        raise BodyTooLargeError(f"rows of run {run_id!r}: one row is more than the service takes in a request: "
+                                f"{excess}; raise that setting of the service")
+    cut = _episode_cut(rows)
+    if cut is None:  # one episode: its rows whole, so that any row may begin a request
+        rows = decode_table(rows, Format.of(rows.schema.metadata)).replace_schema_metadata(None)
+        cut = rows.num_rows // 2
+    return request_bodies(rows.slice(0, cut), limits, run_id=run_id) + \
+        request_bodies(rows.slice(cut), limits, run_id=run_id)
+
+
+def _episode_cut(rows: pa.Table) -> int | None:
+    """The row nearest the middle of ``rows`` that begins another episode than the row before it (None: rows of
+    one episode). An encoded row refers only to rows of its own episode in its own request, so requests cut there
+    keep their encoding."""
+    ids = rows["episode_id"].to_numpy()
+    starts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+    if not len(starts):
+        return None
+    return int(starts[np.argmin(np.abs(starts - len(ids) // 2))])
 
 
 class RemoteWriter(Writer):
@@ -86,20 +173,23 @@ class RemoteWriter(Writer):
     def __init__(self, url: str | Client, *, api_key: str | None = None, run_id: str, env_id: str,
                  flush_bytes: int = 16 * 1024 * 1024, **options: Any) -> None:
         self.client = url if isinstance(url, Client) else Client(url, api_key=api_key)
-        encodings = _check_access(self.client)
-        super().__init__(RemoteSink(self.client, encoded=2 in encodings), run_id=run_id, env_id=env_id,
-                         flush_bytes=flush_bytes, **options)
+        access = _check_access(self.client)
+        limits = IngestLimits.of(access)
+        sink = RemoteSink(self.client, encoded=2 in (access.get("encodings") or [1]), limits=limits)
+        super().__init__(sink, run_id=run_id, env_id=env_id,
+                         flush_bytes=min(flush_bytes, limits.flush_bytes or flush_bytes), **options)
 
 
-def _check_access(client: Client) -> list[int]:
-    """The row encodings the service takes (a service that does not say takes encoding 1 only)."""
+def _check_access(client: Client) -> Mapping[str, Any]:
+    """What the service says of ingest (``GET /ingest``): the row encodings it takes (none said: encoding 1 only)
+    and its limits."""
     try:
-        return list(client.check_ingest().get("encodings") or [1])
+        return client.check_ingest()
     except RemoteError as exc:
         if exc.status != 404:  # a server older than GET /ingest: its first commit will tell
             raise
         log.debug("%s has no GET /ingest; its first commit will tell whether the key may write", client.url)
-        return [1]
+        return {}
 
 
 class RemoteStore:

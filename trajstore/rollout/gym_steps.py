@@ -21,7 +21,14 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from trajstore.errors import InputError
-from trajstore.integrations.gymnasium import copy_obs, first_env, frame_stack_option, replace_rows, with_final_obs
+from trajstore.integrations.gymnasium import (
+    copy_obs,
+    first_env,
+    frame_stack_option,
+    gymnasium_rewards,
+    replace_rows,
+    with_final_obs,
+)
 from trajstore.integrations.info import InfoColumns, check_writer, vector_info
 from trajstore.rollout.atari import register_env
 from trajstore.rollout.background import BackgroundWriter
@@ -252,6 +259,7 @@ def _with_info(item: tuple[list[tuple[Any, ...]], dict[str, Any], list[np.ndarra
     batch."""
     steps, columns, valids = item
     batch = time_major(steps)
+    batch["reward"] = gymnasium_rewards(batch["reward"])
     if columns:
         batch["extras"] = columns
     if valids:

@@ -8,6 +8,7 @@ from typing import Any, Literal, Protocol
 
 from trajstore.errors import InputError
 from trajstore.query import sql
+from trajstore.storage.names import check_id
 
 Mode = Literal["train", "eval"]
 MODES = ("train", "eval")
@@ -33,11 +34,13 @@ def check_mode(mode: Any) -> Mode:
 
 
 def check_run(store: RolloutTarget, run_id: str, *, mode: Mode, append: bool, hint: str = "append=True") -> None:
-    """Refuse to write into a run the store already holds unless ``append`` (``hint`` says how to ask for it:
-    ``append=True``, or ``--append`` on the CLI), and to mix training and evaluation episodes in one run.
+    """Refuse a run id no writer takes (:func:`~trajstore.storage.names.check_id`, before any env is made), to write
+    into a run the store already holds unless ``append`` (``hint`` says how to ask for it: ``append=True``, or
+    ``--append`` on the CLI), and to mix training and evaluation episodes in one run.
 
     Only rollouts check: :meth:`Store.writer <trajstore.store.Store.writer>` never refuses, as many writers
     (a rollout's workers, recorders) share one run by design."""
+    check_id(run_id, field="run_id")
     if run_id not in store.run_ids():
         return
     check_run_mode(store, run_id, mode)

@@ -74,6 +74,16 @@ class StepsTable:
         version = self.log.read()
         return [] if version is None else version.files
 
+    def column_names(self) -> list[str]:
+        """Every column name the table's schema holds at the version the log reads (each physical name and the field
+        it declares it holds; columns of files since deleted too): what a new column's name must differ from in
+        more than case (Delta refuses two that do not)."""
+        version = self.log.read()
+        if version is None:
+            return []
+        fields = {d["field"] for d in version.declarations.values() if d and isinstance(d.get("field"), str)}
+        return sorted({*version.schema.names, *fields})
+
     def properties(self) -> dict[str, str]:
         """The table's properties at the version the log reads (none before the first commit)."""
         version = self.log.read()

@@ -61,6 +61,8 @@ class _Kind:
         batch = {name: _column([[row[i] for row in lane] for lane in self.rows], T, name)
                  for i, name in enumerate(FIELDS)}
         batch["valid"] = valid
+        if all(type(row[2]) in (bool, int, float) for lane in self.rows for row in lane):
+            batch["reward"] = _plain_rewards(batch["reward"])
         batch["terminated"] = batch["terminated"].astype(bool) & valid
         batch["truncated"] = batch["truncated"].astype(bool) & valid
         keys = {name: _column([[row[len(FIELDS) + i] for row in lane] for lane in self.rows], T, name)
@@ -89,6 +91,14 @@ def _column(lanes: list[list[Any]], T: int, name: str) -> Any:
     for b, values in arrays:
         out[:len(values), b] = values
     return out
+
+
+def _plain_rewards(reward: np.ndarray) -> np.ndarray:
+    """Rewards given as Python numbers (PettingZoo's), float64 once in an array, as the step schema's float32; a
+    reward given with a dtype of its own keeps it (float64 is kept). One past float32's range becomes infinity, which
+    the writer refuses."""
+    with np.errstate(over="ignore"):
+        return reward.astype(np.float32)
 
 
 def _key(value: Any, key: str, name: str) -> Any:
@@ -131,6 +141,7 @@ class AgentWriter:
         self._length = 0  # env steps of the open episode seen so far
         self._base = 0  # env steps of the episodes before it
         self._acted: set[str] = set()  # agents that acted in the open episode
+        self._last: dict[str, int] = {}  # each of them: the env step it last acted at (kept across flushes)
         self._ended: set[str] = set()  # those of them whose row ended it
         self.steps_written = 0
         self.episodes_completed = 0  # closed episodes every agent that acted in ended (the episodes view's rule)
@@ -142,8 +153,9 @@ class AgentWriter:
 
     def add(self, step: int, rows: Mapping[str, Sequence[Any]]) -> None:
         """The rows of the agents that acted at env ``step`` of the open episode (one is opened if none is):
-        agent -> ``(obs, action, reward, next_obs, terminated, truncated)``. An agent whose row ended it acts no
-        more in this episode. Nothing of the call is kept if one of its rows is refused."""
+        agent -> ``(obs, action, reward, next_obs, terminated, truncated)``. An agent's env steps in one episode
+        strictly increase (it may skip some), also across flushes; an agent whose row ended it acts no more in this
+        episode. Nothing of the call is kept if one of its rows is refused."""
         step = int(step)
         if step < 0:
             raise InputError(f"step: expected the env step (>= 0), got {step}")
@@ -153,6 +165,7 @@ class AgentWriter:
             if agent in self._ended:
                 raise InputError(f"agent_id: {agent!r} already ended episode {self._episode}; it cannot act at "
                                  f"step {step}")
+            self._check_after_last(agent, step)
             if len(row) != len(FIELDS):
                 raise InputError(f"{agent}: expected a row {FIELDS}, got {len(row)} values")
             if not _finite(row[2]):  # said now, naming the agent and step, not when the rows are handed over
@@ -162,6 +175,7 @@ class AgentWriter:
         for agent, row in rows.items():
             kind = self._kind_of[agent]
             self._acted.add(agent)
+            self._last[agent] = step
             if row[4] or row[5]:
                 self._ended.add(agent)
             kind.add(agent, (*row, self._episode, step, self._base + step + 1, self.env_index))
@@ -169,6 +183,16 @@ class AgentWriter:
                 kind.send()
         self._length = max(self._length, step + 1)
         self.steps_written += len(rows)
+
+    def _check_after_last(self, agent: str, step: int) -> None:
+        """Refuse an env ``step`` at which ``agent`` cannot act: its env steps in one episode strictly increase
+        (it may skip some: turns, agents that do not act or leave)."""
+        last = self._last.get(agent)
+        if last is not None and step <= last:
+            what = "the same step again" if step == last else "a step back"
+            raise InputError(f"step: agent {agent!r} of episode {self._episode} acted at env step {last}; got step "
+                             f"{step}, {what}: expected strictly increasing env steps for one agent in one episode "
+                             f"(a step after {last}; it may skip steps)")
 
     def end_episode(self) -> None:
         """Close the open episode (its agents that did not end stay unfinished, and so does the episode: it counts
@@ -179,7 +203,7 @@ class AgentWriter:
         if self._acted and self._ended == self._acted:
             self.episodes_completed += 1
         self._base += self._length
-        self._episode, self._length, self._acted, self._ended = None, 0, set(), set()
+        self._episode, self._length, self._acted, self._ended, self._last = None, 0, set(), set(), {}
 
     def flush(self) -> None:
         """Commit every row given so far."""

@@ -26,6 +26,11 @@ class Sink(Protocol[Pending]):
         must match; None if none."""
         ...
 
+    def column_names(self) -> list[str]:
+        """Every column name the table holds (of every environment): what a new column's name must differ from in
+        more than case."""
+        ...
+
     def reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType] | None = None,
                 declared: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, str]:
         """The physical name each column (name -> stored type; ``logical``: the types readers return;

@@ -37,7 +37,7 @@ from trajstore.errors import (
     WriterClosedError,
 )
 from trajstore.storage.encoding import NEXT, OBS, Format, check_frame_stack, leaves
-from trajstore.storage.names import stored_schema
+from trajstore.storage.names import check_column_name, check_distinct, check_fields, check_id, stored_schema
 from trajstore.write.buffer import Flush, RowBuffer, Rows, gather
 from trajstore.write.episode_ids import EpisodeIds
 from trajstore.write.segment import Autoreset, Cursors, Segments, segment
@@ -104,8 +104,8 @@ class Writer:
                  flush_bytes: int = 128 * 1024 * 1024, worker_id: str | None = None,
                  frame_stack: Mapping[str, int] | None = None, upkeep: CommitHook | None = None,
                  agents: Sequence[str] | None = None, **lineage: Any) -> None:
-        _check_name("run_id", run_id)
-        _check_name("env_id", env_id)
+        check_id(run_id, field="run_id")
+        check_id(env_id, field="env_id")
         if autoreset not in AUTORESET_MODES:
             raise InputError(f"autoreset must be one of {AUTORESET_MODES}, got {autoreset!r}")
         self.sink, self.run_id, self.env_id = sink, run_id, env_id
@@ -126,6 +126,7 @@ class Writer:
         self._buffer: RowBuffer | None = None
         self._buffer_key: tuple[Any, ...] | None = None
         self._reserved: dict[str, tuple[str, str]] = {}  # logical name -> (stored type, physical name)
+        self._named = set(self.lineage)  # the names of this writer's columns users gave, checked
         self._repeats: dict[str, pa.Array] = {}
         self._time_indices = 0  # time indices of every accepted call so far
         self._last_us = _now_us()  # wall time of the last accepted call (the opening, before any)
@@ -149,7 +150,8 @@ class Writer:
 
         ``batch`` holds ``obs, action, reward, next_obs, terminated, truncated``, optionally
         ``valid`` (``(T, B)`` bool, False for steps to skip) and ``extras`` (name → ``(T, B, …)``; a
-        ``numpy.ma.MaskedArray`` of scalars is stored null where masked).
+        ``numpy.ma.MaskedArray`` of scalars is stored null where masked). ``reward`` is stored as float32, or as
+        float64 when given as float64 in an environment with no stored steps (an environment keeps its types).
         Nothing of the call is kept if any part of it is invalid.
         """
         if self.agents is not None:
@@ -164,10 +166,11 @@ class Writer:
             raise WriterClosedError(f"writer for run {self.run_id!r} is closed")
         arrays = _host(batch)
         T, B = _lead_shape(arrays)
+        named = self._check_names(arrays.get("extras") or {})
         if self.agents is not None and B != len(self.agents):
             raise InputError(f"batch has B={B} lanes but this writer stores {len(self.agents)} agents")
         valid, done = _masks(arrays, T, B)
-        _check_rewards(arrays["reward"], valid, self._types.get("reward") or sch.fixed_types()["reward"])
+        _check_rewards(arrays["reward"], valid, self._types.get("reward") or _reward_type(arrays["reward"]))
         cursors = self._cursors if self._cursors is not None else Cursors.empty(B)
         if cursors.num_envs != B:
             raise InputError(f"batch has B={B} envs but this writer was started with B={cursors.num_envs}; "
@@ -184,6 +187,7 @@ class Writer:
         self._last_us = now
         self.steps_written += len(rows.tm)
         self.episodes_completed += seg.completed
+        self._named.update(named)
         self._buffer_rows(columns, obs, nxt, rows, B)
         return len(rows.tm)
 
@@ -256,6 +260,7 @@ class Writer:
         if action_space is not None:
             declared["action"] = sch.type_of_space(action_space, role="action")
         for name, t in declared.items():
+            check_fields(t, field=name)
             if name in types and not sch.compatible(types[name], t):
                 raise SchemaMismatchError(f"{name}: the stored steps of env_id {self.env_id!r} hold "
                                           f"{sch.describe(types[name])}, but the given space needs {sch.describe(t)}; "
@@ -266,7 +271,9 @@ class Writer:
     def _type_for(self, name: str, value: Any, lead: int) -> pa.DataType:
         if name not in self._types:
             known = {**sch.lineage_columns(), **sch.fixed_types()}
-            self._types[name] = known.get(name) or sch.type_of_array(name, value, lead)
+            accepted = sch.accepted_type(name, value)  # a float64 reward kept as float64
+            self._types[name] = accepted or known.get(name) or sch.type_of_array(name, value, lead)
+            check_fields(self._types[name], field=name)  # a dict's keys: struct fields every engine can hold
             if name == OBS:
                 check_frame_stack(self._types[OBS], self.frame_stack)
         return self._types[name]
@@ -308,14 +315,30 @@ class Writer:
                 cols[name] = self._lineage(name, value, rows.env, B, n)
             for name, value in (arrays.get("extras") or {}).items():
                 _check_extra(name, value, T, B)
-                if name in self.lineage:
-                    raise InputError(f"extras: {name!r} is also given as a lineage value of this writer; "
-                                     "give one of them another name")
                 cols[name] = sch.to_arrow(name, gather(value, rows.tm), self._type_for(name, value, 2), n)
         except Exception:
             self._types = base_types  # a refused call must not fix column types for the next one
             raise
         return cols, obs, nxt
+
+    def _check_names(self, extras: Any) -> list[str]:
+        """The names of ``extras`` this writer has not had yet, each refused unless a column users give can take it
+        (:func:`~trajstore.storage.names.check_column_name`) and it differs in more than case from every other
+        column of the call, of this writer and of the table (whose columns are read once per new name)."""
+        if not isinstance(extras, Mapping):
+            raise InputError(f"extras: expected a mapping of column name to array, got {type(extras).__name__}")
+        given = next((name for name in extras if name in self.lineage), None)
+        if given is not None:
+            raise InputError(f"extras: {given!r} is also given as a lineage value of this writer; "
+                             "give one of them another name")
+        new = [name for name in extras if name not in self._named]
+        for name in new:
+            if name in RESERVED_EXTRAS:
+                raise InputError(f"extras: {name!r} is a reserved column name")
+            check_column_name(name, field="extras")
+        if new:
+            check_distinct(list(extras), [*self.sink.column_names(), *self._named], field="extras")
+        return new
 
     def _lineage(self, name: str, value: Any, env: np.ndarray, B: int, n: int) -> pa.Array:
         """A lineage column; a per-writer scalar is converted and repeated once, then sliced by later calls."""
@@ -469,11 +492,6 @@ def _commit_in_order(sink: Sink[Any], written: Future[Any], previous: Future[str
 
 # --- helpers (pure functions over the batch) --------------------------------------------------------------
 
-def _check_name(field: str, value: Any) -> None:
-    if not isinstance(value, str) or not value or value.strip() != value or "\n" in value:
-        raise InputError(f"{field} must be a non-empty string without surrounding spaces, got {value!r}")
-
-
 def _host(batch: Mapping[str, Any]) -> dict[str, Any]:
     """The batch with every (JAX or numpy) array copied to host memory once."""
     if not isinstance(batch, Mapping):
@@ -494,17 +512,42 @@ def _to_host(value: Any) -> Any:
 
 
 def _lead_shape(arrays: dict[str, Any]) -> tuple[int, int]:
+    """The batch's ``(T, B)``: the leading dims every field shares, else an error naming the fields that differ
+    from the others (see :func:`_odd_ones_out`)."""
     reward = arrays["reward"]
     if reward.ndim != 2:
         raise InputError(f"reward: expected a time-major (T, B) array, got shape {reward.shape}")
-    T, B = reward.shape
-    for name in ("obs", "action", "next_obs", "terminated", "truncated", "valid"):
-        if name in arrays:
-            for leaf_name, leaf in _leaves(name, arrays[name]):
-                if leaf.shape[:2] != (T, B):
-                    raise InputError(f"{leaf_name}: expected leading dims (T, B) = ({T}, {B}) like reward, "
-                                     f"got shape {leaf.shape}")
-    return T, B
+    shapes = {leaf_name: leaf.shape for name in ("reward", "obs", "action", "next_obs", "terminated", "truncated",
+                                                  "valid") if name in arrays
+              for leaf_name, leaf in _leaves(name, arrays[name])}
+    if len({shape[:2] for shape in shapes.values()}) > 1:
+        raise InputError(_odd_ones_out(shapes))
+    return reward.shape[0], reward.shape[1]
+
+
+def _odd_ones_out(shapes: dict[str, tuple[int, ...]]) -> str:
+    """What is wrong with fields whose leading dims differ: the leading dims most fields share are the batch's
+    ``(T, B)``, and each other field is named with its shape; with no such majority (a tie), every group is named."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for name, shape in shapes.items():
+        groups.setdefault(shape[:2], []).append(name)
+    ranked = sorted(groups.items(), key=lambda item: -len(item[1]))
+    (lead, most), runner_up = ranked[0], ranked[1][1]
+    if len(most) == len(runner_up):
+        named = "; ".join(f"{_listed(names)} {'has' if len(names) == 1 else 'have'} leading dims {dims}"
+                          for dims, names in ranked)
+        return f"{named}: the fields disagree on the batch's leading dims (T, B); give every field the same (T, B)"
+    odd = {name: shape for name, shape in shapes.items() if shape[:2] != lead}
+    got = ", ".join(str(shape) for shape in odd.values())
+    return (f"{_listed(list(odd))}: expected leading dims (T, B) = {lead} like {_listed(most)}, got shape"
+            f"{'s' if len(odd) > 1 else ''} {got}")
+
+
+def _listed(names: list[str], most: int = 5) -> str:
+    """``names`` for a message: ``a, b and c``, or the first ``most`` and how many more."""
+    if len(names) > most:
+        return f"{', '.join(names[:most])} and {len(names) - most} more"
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _leaves(name: str, value: Any) -> list[tuple[str, np.ndarray]]:
@@ -521,6 +564,12 @@ def _masks(arrays: dict[str, Any], T: int, B: int) -> tuple[np.ndarray, np.ndarr
             raise InputError(f"{name}: expected a bool array, got dtype {arrays[name].dtype}")
     valid = arrays["valid"].astype(bool) if "valid" in arrays else np.ones((T, B), bool)
     return valid, (arrays["terminated"].astype(bool) | arrays["truncated"].astype(bool))
+
+
+def _reward_type(reward: np.ndarray) -> pa.DataType:
+    """The type rewards are stored as in an environment that has no stored steps yet: float64 when they are given
+    as float64, else float32 (the schema's type)."""
+    return sch.accepted_type("reward", reward) or sch.fixed_types()["reward"]
 
 
 def _check_rewards(reward: np.ndarray, valid: np.ndarray, stored: pa.DataType) -> None:
@@ -547,6 +596,8 @@ def _check_agents(agents: Sequence[str] | None, frame_stack: Mapping[str, int]) 
     names = list(agents)
     if not names or any(not isinstance(a, str) or not a for a in names) or len(set(names)) != len(names):
         raise InputError(f"agents: expected distinct non-empty agent names, got {names!r}")
+    for name in names:
+        check_id(name, field="agent_id")
     if frame_stack:
         raise InputError("frame_stack: not for the agents of multi-agent episodes (each agent's next_obs is "
                          "stored whole); stack the frames in the observation instead")
@@ -554,15 +605,18 @@ def _check_agents(agents: Sequence[str] | None, frame_stack: Mapping[str, int]) 
 
 
 def _check_lineage_names(lineage: Mapping[str, Any]) -> None:
+    """Refuse lineage values under a name the writer fills itself, one no column users give can take
+    (:func:`~trajstore.storage.names.check_column_name`), or two names that differ only in case."""
     reserved = sorted(WRITER_COLUMNS & set(lineage))
     if reserved:
         raise InputError(f"{reserved[0]}: a column the writer fills itself, not a lineage value; "
                          "give your own value under another name")
+    for name in lineage:
+        check_column_name(name, field="lineage")
+    check_distinct(["worker_id", *lineage], field="lineage")
 
 
 def _check_extra(name: str, value: Any, T: int, B: int) -> None:
-    if name in RESERVED_EXTRAS:
-        raise InputError(f"extras: {name!r} is a reserved column name")
     for leaf_name, leaf in _leaves(f"extras.{name}", value):
         if leaf.shape[:2] != (T, B):
             raise InputError(f"{leaf_name}: expected leading dims (T, B) = ({T}, {B}), got shape {leaf.shape}")

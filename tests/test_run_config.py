@@ -1,5 +1,6 @@
-"""Run configs (issue 31): what a run was — config, tags, notes, the code that made it — stored in the table's own
-properties, versioned with the steps, in SQL as the ``runs`` view and usable as ``by="config.<path>"``."""
+"""Run configs (issue 31): what a run was — config, tags, notes, the code that made it — stored with the store (its
+``runs`` table since issue 47: tests/storage/test_run_config.py), versioned with the steps, in SQL as the ``runs``
+view and usable as ``by="config.<path>"``."""
 
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ def test_a_run_s_info_is_what_its_writer_gave(described: trajstore.Store) -> Non
     assert info["created"] <= before and info["trajstore_version"] == trajstore.__version__ and info["host"]
     dqn = described.run_info("dqn-1")["config"]
     assert dqn == {"algo": "dqn", "lr": pytest.approx(1e-3), "net": {"width": 128}}  # numpy values made plain
-    plain = described.run_info("plain")
-    assert plain["config"] == {} and plain["tags"] == [] and plain["created"] is None
+    plain = described.run_info("plain")  # written without a description: its program is recorded all the same
+    assert plain["config"] == {} and plain["tags"] == [] and plain["notes"] is None
+    assert info["created"] <= plain["created"] <= before and plain["host"] == info["host"]
+    assert plain["trajstore_version"] == trajstore.__version__ and plain["git_commit"] == info["git_commit"]
     with pytest.raises(RunNotFoundError, match="nope"):
         described.run_info("nope")
 
@@ -85,18 +88,18 @@ def test_stats_by_a_config_value_pool_the_runs_that_share_it(described: trajstor
         described.stats(by="config..x")
 
 
-def test_set_run_changes_the_info_in_a_commit_time_travel_shows_the_old_one(described: trajstore.Store) -> None:
+def test_set_run_changes_the_info_time_travel_shows_the_old_one(described: trajstore.Store) -> None:
     version = described.version
     described.set_run("ppo-0", config={"algo": "ppo", "lr": 1e-4}, tags=["tuned"])
-    assert described.version == version + 1
+    assert described.version == version  # a row of the runs table, not a version of the steps
     now = described.run_info("ppo-0")
     assert now["config"] == {"algo": "ppo", "lr": 1e-4} and now["tags"] == ["tuned"]
     assert now["notes"] == "first try"  # not given: kept
-    then = described.at(version=version).run_info("ppo-0")
+    assert described.at(version=version).run_info("ppo-0")["tags"] == ["tuned"]  # changed while it was the latest
+    then = described.at(version=version - 1).run_info("ppo-0")
     assert then["config"]["lr"] == 3e-4 and then["tags"] == ["baseline"]
-    described.set_run("plain", notes="no config")  # a run described the first time
+    described.set_run("plain", notes="no config")
     assert described.run_info("plain")["notes"] == "no config"
-    assert described.run_info("plain")["created"] is not None
     with pytest.raises(RunNotFoundError):
         described.set_run("nope", tags=["x"])
 
@@ -129,11 +132,13 @@ def test_a_config_that_is_not_json_is_refused_by_name(store: trajstore.Store, co
 
 
 def test_other_engines_see_the_configs_and_their_maintenance_keeps_them(described: trajstore.Store) -> None:
-    table = DeltaTable(str(described.root / "steps"))
-    stored = json.loads(table.metadata().configuration[run_config.PREFIX + "ppo-1"])
-    assert stored["config"]["algo"] == "ppo" and stored["tags"] == ["baseline"]
-    table.optimize.compact()
-    table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    runs = DeltaTable(str(described.root / "runs"))
+    rows = [r for r in runs.to_pyarrow_table().to_pylist() if r["run_id"] == "ppo-1"]
+    (latest,) = [r for r in rows if r["revision"] == max(r["revision"] for r in rows)]
+    assert json.loads(latest["config"])["algo"] == "ppo" and latest["tags"] == ["baseline"] and not latest["deleted"]
+    for table in (DeltaTable(str(described.root / "steps")), runs):
+        table.optimize.compact()
+        table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     reopened = trajstore.open(described.root)
     assert reopened.run_info("ppo-1")["config"]["net"] == {"width": 64}
     assert reopened.stats(by="config.algo")["n_traj"].to_pylist() == described.stats(by="config.algo")[
@@ -265,6 +270,10 @@ def test_the_service_shows_and_changes_descriptions_and_remote_writers_describe_
                                  headers={"Authorization": f"Bearer {API_KEY}"})  # 0 is no JSON boolean
             assert sloppy.status_code == 422 and "replace" in sloppy.text
             assert trajstore.open(path).run_info("remote")["tags"] == ["r", "s"]
+            with remote.writer(run_id="bare", env_id="E") as w:  # a new run, nothing given: described after its
+                w.add_batch(make_batch(np.random.default_rng(2), 20, 2))  # first commit, with the worker's program
+            bare = client.run_info("bare")
+            assert bare["created"] is not None and bare["trajstore_version"] == trajstore.__version__ and bare["host"]
             unauthorized = Client(live.url)
             with pytest.raises(Exception, match="401|403"):
                 unauthorized.set_run("remote", notes="x")

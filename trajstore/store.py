@@ -210,7 +210,7 @@ class Store:
     def writer(self, *, run_id: str, env_id: str, config: Mapping[str, Any] | None = None,
                tags: Sequence[str] | None = None, notes: str | None = None, **options: Any) -> Writer:
         """A :class:`Writer` appending to ``run_id``/``env_id``; extra keywords are writer options or lineage.
-        ``config``, ``tags``, ``notes`` describe the run (:mod:`~trajstore.operations.run_config`; committed before
+        ``config``, ``tags``, ``notes`` describe the run (:mod:`~trajstore.storage.run_config`; committed before
         the writer is made): the first writer of a run records them, a later one adds its tags and must give the
         same config (change it with :meth:`set_run`)."""
         self.table.log.writable("writer")
@@ -225,34 +225,39 @@ class Store:
         return writer
 
     def describe_run(self, run_id: str, *, config: Mapping[str, Any] | None = None,
-                     tags: Sequence[str] | None = None, notes: str | None = None) -> None:
-        """What a writer of ``run_id`` does with its ``config``, ``tags``, ``notes``: the first describes the run
-        (with the program's version, git commit and host), a later one adds its tags, keeps stored notes, and must
-        give the same config (:class:`InputError` naming what differs); nothing given, nothing committed."""
-        run_config.describe(self.table.log, run_id, config=config, tags=tags, notes=notes, replace=False,
-                            what="writer")
+                     tags: Sequence[str] | None = None, notes: str | None = None,
+                     provenance: Mapping[str, str | None] | None = None) -> None:
+        """What a writer of ``run_id`` does with its ``config``, ``tags``, ``notes``: the first describes the run, with
+        ``created`` and the program's version, git commit and host (``provenance``: those a remote program reports
+        of itself), also when nothing is given; a later one adds its tags, keeps stored notes, and must give the same
+        config (:class:`InputError` naming what differs). One row of the store's ``runs`` table
+        (:mod:`~trajstore.storage.run_config`), none when nothing changes."""
+        change = run_config.given(config=config, tags=tags, notes=notes)
+        self.engine.descriptions.change(run_id, change, replace=False, what="writer", provenance=provenance)
 
     def set_run(self, run_id: str, *, config: Mapping[str, Any] | None = None, tags: Sequence[str] | None = None,
                 notes: str | None = None) -> None:
-        """Change what describes ``run_id`` (a run with steps, or one described before): each of ``config``,
-        ``tags``, ``notes`` given replaces the stored one, None leaves it. One commit: the store's earlier
-        versions keep the earlier description."""
+        """Change what describes ``run_id`` (a run with steps, or one described before; else
+        :class:`~trajstore.errors.RunNotFoundError`): each of ``config``, ``tags``, ``notes`` given replaces the
+        stored one, None leaves it. One row of the store's ``runs`` table: the store read at an earlier version
+        keeps the earlier description (see :mod:`~trajstore.storage.run_config`)."""
         self.run_info(run_id)  # a run the store holds, or has described
-        run_config.describe(self.table.log, run_id, config=config, tags=tags, notes=notes, replace=True,
-                            what="set_run")
+        change = run_config.given(config=config, tags=tags, notes=notes)
+        self.engine.descriptions.change(run_id, change, replace=True, what="set_run")
 
     def run_info(self, run_id: str) -> dict[str, Any]:
         """What describes ``run_id`` at the version this store reads: ``config`` (a dict), ``tags``, ``notes``,
         ``created`` (when first described; None for a run never described), ``trajstore_version``,
-        ``git_commit`` and ``host`` of the program that first described it."""
-        properties = self.table.properties()
-        check_runs([run_id], {*self.engine.run_ids(), *run_config.infos(properties)}, self.uri)
-        return run_config.run_info(properties, run_id)
+        ``git_commit`` and ``host`` of the program that first described it, and ``problem``: what of its stored
+        description cannot be used (left out), or None."""
+        infos = self.engine.descriptions.infos()
+        check_runs([run_id], {*self.engine.run_ids(), *infos}, self.uri)
+        return infos.get(run_id) or run_config.undescribed()
 
     def run_infos(self) -> dict[str, dict[str, Any]]:
-        """:meth:`run_info` of every run the store holds, by run id (the log read once)."""
-        properties = self.table.properties()
-        return {r: run_config.run_info(properties, r) for r in self.engine.run_ids()}
+        """:meth:`run_info` of every run the store holds, by run id (each table read once)."""
+        infos = self.engine.descriptions.infos()
+        return {r: infos.get(r) or run_config.undescribed() for r in self.engine.run_ids()}
 
     def ingest(self, rows: pa.Table, *, run_id: str, env_id: str,
                idempotency_key: str | None = None) -> tuple[str | None, bool]:
@@ -347,8 +352,12 @@ class Store:
     def delete(self, *, run_id: Names = None, where: str | None = None, dry_run: bool = False) -> DeleteReport:
         """Delete whole episodes in one commit: every episode of ``run_id`` and/or every episode whose steps
         ``where`` (a condition over ``steps``) all select; refused if it selects part of an episode. Returns
-        what was deleted (see :mod:`trajstore.operations.delete`)."""
-        return delete_op.delete(self.engine, run_id=run_id, where=where, dry_run=dry_run)
+        what was deleted (see :mod:`trajstore.operations.delete`). Deleting a whole run (``run_id`` without
+        ``where``) also ends its description."""
+        report = delete_op.delete(self.engine, run_id=run_id, where=where, dry_run=dry_run)
+        if run_id is not None and where is None and not dry_run:
+            self.engine.descriptions.forget(names_of(run_id))
+        return report
 
     def vacuum(self, *, older_than: float | str | timedelta = "7d", dry_run: bool = False) -> VacuumReport:
         """Delete the files no version committed within ``older_than`` (seconds, a timedelta, or ``"7d"``,

@@ -8,14 +8,20 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, StrictBool
+from pydantic import BaseModel, Field, PlainSerializer, StrictBool, WithJsonSchema
 
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response, wants_arrow
 from trajstore.api.deps import ReadStoreDep, StoreDep, require_api_key
 from trajstore.api.problems import problem_response
+from trajstore.remote.wire import json_exact
 from trajstore.store import Store
 
 router = APIRouter(tags=["runs"])
+
+# A run's config in a response: its JSON values, any integer beyond ±(2**53 - 1) a decimal string (trajstore.api.ints)
+Config = Annotated[dict[str, Any], PlainSerializer(json_exact, when_used="json"), WithJsonSchema({
+    "type": "object", "description": "the run's config (hyperparameters, algorithm…): its JSON values, any integer "
+                                     "beyond ±(2**53 - 1) a decimal string (exact in every JSON reader)"})]
 
 
 class Latest(BaseModel):
@@ -53,14 +59,16 @@ class Run(BaseModel):
     steps: int
     last_write: datetime | None
     envs: list[RunEnv]
-    config: dict[str, Any] = Field(default_factory=dict, description="the run's config (hyperparameters, "
-                                                                     "algorithm…), as its writer or set_run gave it")
+    config: Config = Field(default_factory=dict, description="the run's config (hyperparameters, algorithm…), as "
+                                                             "its writer or set_run gave it")
     tags: list[str] = Field(default_factory=list)
     notes: str | None = None
     created: datetime | None = Field(None, description="when the run was first described (null: never)")
     trajstore_version: str | None = Field(None, description="of the program that first described the run")
     git_commit: str | None = Field(None, description="of that program's git repository (+dirty: with changes)")
     host: str | None = None
+    problem: str | None = Field(None, description="what of the run's stored description cannot be used (left out "
+                                                  "above) and how to repair it; null: nothing")
 
 
 @router.get("/runs", summary="Every run with its environments, episode and step counts and last write time (and "
@@ -84,30 +92,57 @@ def run(store: ReadStoreDep, run_id: Annotated[str, Path(min_length=1, max_lengt
     return next(r for r in _runs(store) if r.run_id == run_id)
 
 
+class Provenance(BaseModel):
+    """The program describing a run, as it reports itself (a remote writer): recorded when the run is first
+    described."""
+
+    trajstore_version: str | None = Field(None, max_length=200)
+    git_commit: str | None = Field(None, max_length=200)
+    host: str | None = Field(None, max_length=200)
+
+
 class RunDescription(BaseModel):
     """What describes a run; a field left out (or null) is left as stored."""
 
-    config: dict[str, Any] | None = Field(None, description="hyperparameters, algorithm… (JSON values)")
-    tags: list[str] | None = None
-    notes: str | None = None
+    config: dict[str, Any] | None = Field(None, description="hyperparameters, algorithm… (JSON values: finite "
+                                                            "numbers, integers within 64 bits, nested at most 32 "
+                                                            "levels, at most 1 MiB as JSON text)")
+    tags: list[str] | None = Field(None, description="at most 100, each of at most 200 characters")
+    notes: str | None = Field(None, description="at most 1 MiB")
     replace: StrictBool = Field(True, description="true: each field given replaces the stored one (store.set_run); "
                                                   "false: as a writer opening the run (tags added, stored notes "
-                                                  "kept, a config other than the stored one refused: 400); a JSON "
+                                                  "kept, a config other than the stored one refused: 422); a JSON "
                                                   "boolean, not 0 or 1")
+    provenance: Provenance | None = Field(None, description="with replace=false: the writing program, recorded if "
+                                                            "the run was never described (else the service's own)")
+
+
+class Described(BaseModel):
+    """What describes a run after a change."""
+
+    config: Config
+    tags: list[str]
+    notes: str | None
+    replace: bool
 
 
 @router.patch("/runs/{run_id}", dependencies=[Depends(require_api_key)],
-              summary="Describe a run: its config, tags and notes (one commit; earlier versions keep the old ones)",
-              responses={404: problem_response(404, "no such run in the store (with replace=true)")})
+              summary="Describe a run: its config, tags and notes (one row of the store's runs table; the store read "
+                      "at an earlier version keeps the old ones)",
+              responses={404: problem_response(404, "no such run in the store (neither steps nor a description)"),
+                         422: problem_response(422, "a value that is not plain JSON or is past its bounds, named by "
+                                                    "its path (config.a.b: …)")})
 def describe_run(store: StoreDep, run_id: Annotated[str, Path(min_length=1, max_length=200)],
-                 body: RunDescription) -> Run | RunDescription:
+                 body: RunDescription) -> Described:
     given = {"config": body.config, "tags": body.tags, "notes": body.notes}
+    store.run_info(run_id)  # a run the store holds (404 before anything is changed)
     if body.replace:
         store.set_run(run_id, **given)
     else:
-        store.describe_run(run_id, **given)
+        provenance = None if body.provenance is None else body.provenance.model_dump()
+        store.describe_run(run_id, **given, provenance=provenance)
     info = store.run_info(run_id)
-    return RunDescription(config=info["config"], tags=info["tags"], notes=info["notes"], replace=body.replace)
+    return Described(config=info["config"], tags=info["tags"], notes=info["notes"], replace=body.replace)
 
 
 class Deleted(BaseModel):

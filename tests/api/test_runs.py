@@ -70,3 +70,44 @@ def test_runs_with_the_statistics_of_their_latest_episodes(tmp_path: Path) -> No
                     {k: v for k, v in row.items() if k not in ("run_id", "env_id")}
             assert all((got[k]["discounted_return_mean"] is None) == (gamma is None) for k in got)
         assert c.get("/runs", params={"last": 0}).status_code == 422
+
+
+def test_config_integers_past_two_to_the_53_come_back_exact(tmp_path: Path) -> None:
+    """A config's integers beyond ±(2**53 - 1) are decimal strings in every JSON answer (api/ints.py), so a reader
+    that parses numbers as doubles gets them exact; the others stay numbers."""
+    small_store(tmp_path / "s")
+    config = {"seed": 2**53 + 1, "neg": -(2**63), "max": 2**64 - 1, "safe": 2**53 - 1, "lr": 0.5, "nested": [2**60]}
+    exact = {"seed": str(2**53 + 1), "neg": str(-(2**63)), "max": str(2**64 - 1), "safe": 2**53 - 1, "lr": 0.5,
+             "nested": [str(2**60)]}
+    with TestClient(create_app(settings_for(tmp_path / "s"))) as c:
+        changed = c.patch("/runs/a", json={"config": config}, headers={"Authorization": f"Bearer {API_KEY}"})
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["config"] == exact
+        assert next(r for r in c.get("/runs").json() if r["run_id"] == "a")["config"] == exact
+        assert c.get("/runs/a").json()["config"] == exact
+    assert trajstore.open(tmp_path / "s").run_info("a")["config"] == config  # stored as given
+
+
+def test_a_store_holding_a_poisoned_description_answers_naming_the_run(tmp_path: Path) -> None:
+    """A description an older trajstore stored unchecked (a lone surrogate) made /runs 500 for good: now every run is
+    answered, the bad one with its problem, and PATCH with a config repairs it."""
+    import json
+    import shutil
+
+    from deltalake import DeltaTable
+
+    small_store(tmp_path / "s")
+    shutil.rmtree(tmp_path / "s" / "runs")  # described as an older trajstore did: a property of the steps table
+    DeltaTable(str(tmp_path / "s" / "steps")).alter.set_table_properties(
+        {"trajstore.run.a": json.dumps({"config": {"t": "\ud800"}})}, raise_if_not_exists=False)
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    with TestClient(create_app(settings_for(tmp_path / "s"))) as c:
+        runs = c.get("/runs")
+        assert runs.status_code == 200, runs.text
+        bad = next(r for r in runs.json() if r["run_id"] == "a")
+        assert bad["config"] == {} and "run 'a'" in bad["problem"] and "lone surrogate" in bad["problem"]
+        assert c.get("/runs/a").status_code == 200
+        assert c.get("/stats", params={"by": "config.t"}).status_code == 200
+        assert c.patch("/runs/a", json={"config": {"t": "fixed"}}, headers=auth).status_code == 200
+        fixed = c.get("/runs/a").json()
+        assert fixed["config"] == {"t": "fixed"} and fixed["problem"] is None

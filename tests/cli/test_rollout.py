@@ -197,3 +197,28 @@ def test_the_help_says_an_sb3_checkpoint_is_a_pickle(capsys: pytest.CaptureFixtu
     out = " ".join(capsys.readouterr().out.split())
     assert "which is a pickle: loading it runs any code its author put in it, so load only checkpoints from " \
            "sources you trust" in out
+
+
+def test_a_rollout_records_the_commit_of_the_user_s_repository(tmp_path: Path) -> None:
+    """Started in the user's own git repository, a rollout's run records that repository's commit, not trajstore's;
+    started anywhere else, none."""
+    repo, elsewhere = tmp_path / "experiments", tmp_path / "elsewhere"
+    repo.mkdir()
+    elsewhere.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    try:
+        subprocess.run([*git, "init", "-q"], check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("git is not installed")
+    (repo / "train.yaml").write_text("algo: ppo\n")
+    subprocess.run([*git, "add", "train.yaml"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    store = tmp_path / "store"
+    for cwd, run in ((repo, "mine"), (elsewhere, "nowhere")):
+        done = subprocess.run([sys.executable, "-m", "trajstore.cli", "rollout", "--env", "CartPole-v1", "--steps",
+                               "32", "--store", str(store), "--run", run, "--no-progress"], cwd=cwd,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+    assert trajstore.open(store).run_info("mine")["git_commit"] == head
+    assert trajstore.open(store).run_info("nowhere")["git_commit"] is None

@@ -84,3 +84,19 @@ def test_bad_column_names_and_run_ids_are_422_and_the_store_stays_readable(
     good = ingest(server, ipc_bytes(rows({"bonus": 1.0})))  # the same request with a good name lands
     assert good.status_code == 201, good.text
     assert held(server)[0].num_rows == before[0].num_rows + 5
+
+
+def test_run_ids_no_writer_takes_are_not_described(fresh_server: Callable[..., Server]) -> None:
+    """``PATCH /runs/{run_id}`` with ``replace=false`` described runs that do not exist under ids ingest refuses:
+    now a 4xx (the run is unknown, or its id is one no writer takes), and nothing is described."""
+    server = fresh_server()
+    runs = httpx.get(f"{server.url}/runs", timeout=60).json()
+    for run_id in BAD_RUN_IDS:
+        for replace in (False, True):
+            answer = httpx.patch(f"{server.url}/runs/{quote(run_id, safe='')}", headers=auth(), timeout=60,
+                                 json={"notes": "probe", "replace": replace})
+            assert answer.status_code in (404, 422), (run_id, answer.text)
+            assert repr(run_id) in answer.json()["detail"]
+    assert httpx.get(f"{server.url}/runs", timeout=60).json() == runs
+    assert trajstore.open(server.store).sql("SELECT count(*) AS n FROM runs WHERE notes = 'probe'")["n"][0] \
+        .as_py() == 0

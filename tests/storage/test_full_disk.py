@@ -37,6 +37,7 @@ out = {}
 with store.writer(run_id="before", env_id="Toy-v0") as w:
     w.add_batch(make_batch(rng, 100, 8))
 out["committed_before"] = store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
+writer = store.writer(run_id="during", env_id="Toy-v0")  # opened while there is room: it describes its run
 with open(disk + "/filler", "wb") as filler:  # everything that is left, taken
     try:
         while True:
@@ -44,7 +45,6 @@ with open(disk + "/filler", "wb") as filler:  # everything that is left, taken
             filler.flush()
     except OSError:
         pass
-writer = store.writer(run_id="during", env_id="Toy-v0")
 writer.add_batch(make_batch(rng, 100, 8))
 try:
     writer.flush()
@@ -75,7 +75,8 @@ def test_a_full_local_disk_is_said_so_and_nothing_is_lost(tmp_path: Path) -> Non
     assert "\n" not in out["flush_error"] and "Errno" not in out["flush_error"]
     assert out["committed_before"] == out["committed_while_full"] == 800
     code, stderr = out["cli"]
-    assert code == 2 and stderr.startswith(f"trajstore: error: {store}/steps: the disk holding it is full")
+    # a rollout describes its run before it rolls out: the first write it makes is the run's description
+    assert code == 2 and stderr.startswith(f"trajstore: error: {store}/runs: the disk holding it is full")
     assert stderr.count("\n") == 1 and "Traceback" not in stderr
     assert out["committed_after"] == 1600 and out["check_ok"]
 

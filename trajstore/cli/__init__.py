@@ -1,6 +1,7 @@
 """The ``trajstore`` command line: :mod:`~trajstore.cli.main` (entry point and error handling),
-:mod:`~trajstore.cli.parser` (subcommands and options), :mod:`~trajstore.cli.commands` (what each does) and
-:mod:`~trajstore.cli.formats` (tables, CSV, JSON lines, Parquet for a shell)."""
+:mod:`~trajstore.cli.parser` (subcommands and options), :mod:`~trajstore.cli.commands` (what each does),
+:mod:`~trajstore.cli.config_file` (a run's config from a JSON or YAML file) and :mod:`~trajstore.cli.formats` (tables,
+CSV, JSON lines, Parquet for a shell)."""
 
 from __future__ import annotations
 

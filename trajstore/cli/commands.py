@@ -38,7 +38,8 @@ def _emit(args: argparse.Namespace, table: Any) -> None:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     _check_rollout(args)
-    policy = _policy(args)  # a bad --policy is said before any store is made
+    description = _run_description(args)  # a bad --config-file is said before any store is made
+    policy = _policy(args)  # so is a bad --policy
     if args.url:
         from trajstore.remote.writer import RemoteStore
 
@@ -49,7 +50,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     check_run(store, args.run, mode=args.mode, append=args.append, hint="--append")
     options: dict[str, Any] = {"policy_version": args.policy_version} if args.policy_version is not None else {}
-    options.update(_run_description(args))
+    options.update(description)
     options.update({"info_keys": _split(args.info_key)} if args.info_key else {})
     options.update(run_id=args.run, num_envs=args.num_envs, episodes=args.episodes, steps=args.steps,
                    seed=args.seed, mode=args.mode, append=True, policy=policy, progress=_progress(args))
@@ -118,21 +119,9 @@ def _run_description(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     config: dict[str, Any] = {}
     if args.config_file:
-        path = Path(args.config_file)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise InputError(f"--config-file: cannot read {path}: {exc.strerror or exc}") from None
-        import yaml
+        from trajstore.cli import config_file
 
-        try:
-            loaded = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise InputError(f"--config-file: {path} is not JSON or YAML: {str(exc).splitlines()[0]}") from None
-        if not isinstance(loaded, dict):
-            raise InputError(f"--config-file: {path} holds a {type(loaded).__name__}; expected a mapping of "
-                             "names to values")
-        config.update(loaded)
+        config.update(config_file.load(Path(args.config_file)))
     for item in args.config or []:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():

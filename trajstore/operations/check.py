@@ -167,8 +167,18 @@ def check(engine: Engine, *, deep: bool = False) -> CheckReport:
     _name_problems(engine, readable, report)
     _foreign_problems(engine, readable, report)
     _check_episodes(engine, readable, report)
+    report.problems += _description_problems(engine)
     report.orphans = [display(i.path, engine.table.fs) for i in _orphans(engine.table.location, files)]
     return report
+
+
+def _description_problems(engine: Engine) -> list[str]:
+    """What is wrong with the runs' stored descriptions (:mod:`~trajstore.storage.run_config`), each naming its run;
+    a ``runs`` table that cannot be read is one problem."""
+    try:
+        return engine.descriptions.problems()
+    except Exception as exc:  # noqa: BLE001 - an unreadable runs table is the finding
+        return [f"the run descriptions of {engine.uri} cannot be read: {first_line(exc)}"]
 
 
 def _unsupported(exc: UnsupportedTableError) -> CheckReport:

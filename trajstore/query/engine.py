@@ -70,6 +70,7 @@ class Engine:
                  sql_gate: sandbox.Gate | None = None) -> None:
         self.table, self.location, self.settings = table, location, settings
         self.sql_gate = sandbox.Gate(settings.sql_max_concurrent) if sql_gate is None else sql_gate
+        self.descriptions = run_config.Descriptions(location, table.log)  # what describes each run, at this version
         self._cache_lock = threading.Lock()
         self._episodes_lock = threading.Lock()  # one combination of a version's episodes at a time
         self._episodes: tuple[tuple[str, ...], pa.Table] | None = None
@@ -137,10 +138,15 @@ class Engine:
                         registered=registered, judge=self.judged, location=self.location,
                         runs=self.runs_table(files) if runs else None, episodes=episodes)
 
-    def runs_table(self, files: Sequence[DataFile]) -> pa.Table:
-        """The rows of the ``runs`` view of the runs of ``files``
-        (:func:`~trajstore.operations.run_config.table`)."""
-        return run_config.table(self.table.properties(), {f.run_id for f in files})
+    def runs_table(self, files: Sequence[DataFile], groups: dict[str, tuple[str, ...]] | None = None) -> pa.Table:
+        """The rows of the ``runs`` view of the runs of ``files`` (:func:`~trajstore.storage.run_config.table`); with
+        ``groups`` (``by`` names -> config paths), each run's value of each as text, to group episodes by (a run
+        whose stored config cannot be used is in the null group, and named in a warning)."""
+        infos, runs = self.descriptions.infos(), {f.run_id for f in files}
+        for run_id in sorted(runs) if groups else ():
+            if run_id in infos and infos[run_id]["problem"]:
+                log.warning("%s: grouped as a run without a config: %s", self.uri, infos[run_id]["problem"])
+        return run_config.table(infos, runs, groups)
 
     def query_snapshot(self, *, episodes: Literal["fill", "if-cached"] | None = None, run_id: Names = None,
                        env_id: Names = None) -> Snapshot:

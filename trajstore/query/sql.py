@@ -607,16 +607,16 @@ def stats(by: Sequence[str], *, discounted: bool, conds: Sequence[str], include_
 def runs_view(source: str) -> str:
     """The ``runs`` view over the rows of :func:`~trajstore.storage.run_config.table` in ``source``:
     ``config`` as JSON."""
-    return (f"SELECT run_id, tags, notes, config::JSON AS config, created, trajstore_version, git_commit, host "
-            f"FROM {ident(source)}")
+    return (f"SELECT run_id, tags, notes, config::JSON AS config, created, trajstore_version, git_commit, host, "
+            f"problem FROM {ident(source)}")
 
 
-def with_config(source: str, paths: Mapping[str, str]) -> str:
-    """``source`` (rows with a ``run_id``) with a column per ``paths`` item (name -> JSON path): that value of
-    its run's config in the ``runs`` view, as text (null where the run has none)."""
-    values = ", ".join(f"json_extract_string(r.config, {literal(path)}) AS {ident(name)}"
-                       for name, path in paths.items())
-    return f"(SELECT e.*, {values} FROM {source} AS e LEFT JOIN runs AS r ON e.run_id = r.run_id)"
+def with_config(source: str, names: Iterable[str], runs: str = "run_info") -> str:
+    """``source`` (rows with a ``run_id``) with the columns ``names`` of its run's row in ``runs`` (the rows of
+    :func:`~trajstore.storage.run_config.table` with a column per config value grouped by: text, null where the
+    run has none)."""
+    values = ", ".join(f"r.{ident(name)}" for name in names)
+    return f"(SELECT e.*, {values} FROM {source} AS e LEFT JOIN {ident(runs)} AS r ON e.run_id = r.run_id)"
 
 
 STEP_AGGREGATES = {"last": "arg_max({col}, step)", "first": "arg_min({col}, step)", "sum": "sum({col})",

@@ -54,7 +54,7 @@ def _stats(engine: Engine, by: Names, gamma: float | None, where: str | None, fi
         elif agents:
             source = sql.per_agent(source)
         if paths:
-            snap.use_runs(engine.runs_table(snap.files))
+            snap.use_runs(engine.runs_table(snap.files, paths))
             source = sql.with_config(source, paths)
         measured = None
         if metric is not None:

@@ -114,11 +114,14 @@ class Client:
         return self._request("GET", f"/runs/{run_id}", params={"version": version}).json()
 
     def set_run(self, run_id: str, *, config: Mapping[str, Any] | None = None, tags: Sequence[str] | None = None,
-                notes: str | None = None, replace: bool = True) -> dict[str, Any]:
-        """Describe ``run_id`` (``PATCH /runs/{run_id}``, with the API key): as :meth:`Store.set_run
-        <trajstore.store.Store.set_run>`, or with ``replace=False`` as a writer opening the run; returns what
-        describes it now."""
-        body = {"config": config, "tags": None if tags is None else list(tags), "notes": notes, "replace": replace}
+                notes: str | None = None, replace: bool = True,
+                provenance: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+        """Describe ``run_id`` (``PATCH /runs/{run_id}``, with the API key), a run the served store holds (else
+        :class:`~trajstore.errors.RunNotFoundError`): as :meth:`Store.set_run <trajstore.store.Store.set_run>`, or
+        with ``replace=False`` as a writer opening the run (``provenance``: the writing program's version, git commit
+        and host, recorded if the run was never described); returns what describes it now."""
+        body = {"config": config, "tags": None if tags is None else list(tags), "notes": notes, "replace": replace,
+                **({} if provenance is None else {"provenance": dict(provenance)})}
         return self._request("PATCH", f"/runs/{run_id}", json=body, retry=True).json()
 
     @_filtered

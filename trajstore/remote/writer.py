@@ -31,12 +31,16 @@ from trajstore.errors import (
     BodyTooLargeError,
     QueryError,
     RemoteError,
+    RunNotFoundError,
+    first_line,
     size_text,
 )
 from trajstore.remote.client import Client
 from trajstore.remote.decoded_size import decoded_size
 from trajstore.remote.wire import ipc_bytes
 from trajstore.storage.encoding import Format, decode_table
+from trajstore.storage.run_config import automatic
+from trajstore.write.sink import CommitHook
 from trajstore.write.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -205,15 +209,21 @@ class RemoteStore:
 
     def writer(self, *, run_id: str, env_id: str, config: Mapping[str, Any] | None = None,
                tags: Sequence[str] | None = None, notes: str | None = None, **options: Any) -> RemoteWriter:
-        """A :class:`RemoteWriter`; ``config``, ``tags``, ``notes`` describe the run first, as
-        :meth:`Store.writer <trajstore.store.Store.writer>` does."""
-        writer = RemoteWriter(self.client, run_id=run_id, env_id=env_id, **options)
-        if config is not None or tags is not None or notes is not None:
-            try:
-                self.client.set_run(run_id, config=config, tags=tags, notes=notes, replace=False)
-            except BaseException:
-                writer.close()  # nothing written: nothing sent
-                raise
+        """A :class:`RemoteWriter`; ``config``, ``tags``, ``notes`` and this program's version, git commit and host
+        describe the run, as :meth:`Store.writer <trajstore.store.Store.writer>` does: first, for a run the service
+        holds (a config other than its own is refused here); a new run right after the writer's first commit made
+        it, as the service describes only runs it holds (:class:`DescribedOnCommit`)."""
+        description = {"config": config, "tags": tags, "notes": notes, "provenance": automatic()}
+        later = DescribedOnCommit(self.client, run_id, description, options.pop("upkeep", None))
+        writer = RemoteWriter(self.client, run_id=run_id, env_id=env_id, upkeep=later, **options)
+        try:
+            self.client.set_run(run_id, replace=False, **description)
+            later.description = None
+        except RunNotFoundError:
+            pass
+        except BaseException:
+            writer.close()  # nothing written: nothing sent
+            raise
         return writer
 
     def run_ids(self) -> list[str]:
@@ -234,3 +244,29 @@ class RemoteStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class DescribedOnCommit:
+    """A writer's :class:`~trajstore.write.sink.CommitHook` that describes its new run (``description``: the keywords
+    of :meth:`Client.set_run <trajstore.remote.client.Client.set_run>` as a writer opening it) after the first commit
+    made the run, then tells ``then`` (the writer's own hook, if any) of each commit. A description refused then is
+    said, not raised: the rows are stored."""
+
+    def __init__(self, client: Client, run_id: str, description: dict[str, Any] | None,
+                 then: CommitHook | None = None) -> None:
+        self.client, self.run_id, self.description, self.then = client, run_id, description, then
+
+    def wrote(self, run_id: str, env_id: str) -> None:
+        description, self.description = self.description, None
+        if description is not None:
+            try:
+                self.client.set_run(self.run_id, replace=False, **description)
+            except Exception as exc:  # noqa: BLE001 - the rows are committed: the writer goes on
+                log.warning("run %r: its rows are stored but its description was not: %s; describe it with "
+                            "Client.set_run", self.run_id, first_line(exc))
+        if self.then is not None:
+            self.then.wrote(run_id, env_id)
+
+    def close(self) -> None:
+        if self.then is not None:
+            self.then.close()

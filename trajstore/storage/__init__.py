@@ -5,4 +5,5 @@ of the ``steps`` table (:mod:`~trajstore.storage.table`), their loader copies as
 module that reads and writes it (:mod:`~trajstore.storage.log`), the Delta protocol it reads and the versions it
 refuses (:mod:`~trajstore.storage.protocol`), whether a commit landed
 (:mod:`~trajstore.storage.landing`), the versions a reader can ask for (:mod:`~trajstore.storage.history`) and what
-describes each run, kept in the table's properties (:mod:`~trajstore.storage.run_config`)."""
+describes each run (:mod:`~trajstore.storage.run_config`), one row per change in the store's ``runs`` table, whose log
+:mod:`~trajstore.storage.runs_log` reads and writes."""

@@ -563,27 +563,6 @@ class Log:
                 last = self._lost_race(exc)
         raise CommitError(f"the columns {sorted(types)} could not be reserved in {self.uri}: {one_line(last)}")
 
-    def set_properties(self, change: Callable[[Mapping[str, str]], Mapping[str, str]], *, what: str) -> None:
-        """Set the table's properties ``change(current)`` gives (none: nothing to commit), in a commit of their own
-        planned on the latest version (the table created first if there is none). A try that lost the race to
-        another commit, or whose answer was lost, is planned again on what the log then holds: ``change`` gives
-        nothing once its properties are there. ``what`` names the change in errors."""
-        self.writable(what)
-        last: Exception | None = None
-        for _ in tries(COMMIT_RETRIES):
-            table = self._open(None) or self._ensure(_full_schema(pa.schema([])))
-            wanted = dict(change(table.metadata().configuration))
-            if not wanted:
-                return
-            try:
-                table.alter.set_table_properties(wanted, raise_if_not_exists=False)
-                return
-            except StoreAccessError:
-                raise
-            except (OSError, DeltaError) as exc:  # another commit came first: read the log again
-                last = self._lost_race(exc)
-        raise CommitError(f"{what}: the properties could not be committed to {self.uri}: {one_line(last)}")
-
     def _lost_race(self, exc: OSError | DeltaError) -> DeltaError:
         """``exc``, raised by a commit of a schema or properties change, if it says another commit came first (the
         caller tries again on the latest version); the store's own failure (:func:`explain`) or any other error is

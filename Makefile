@@ -6,9 +6,10 @@
 #            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
 #            first when a Python >= 3.12 is here; its tests skip without it).
 # make lint: ruff over the whole tree with the rules pyproject.toml chooses (.ci/run runs it before the tests).
-# make min-venv: a virtualenv in .cache/min-venv with every core dependency at the minimum pyproject.toml
-#            declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself (editable);
-#            tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build, once).
+# make min-venv: a virtualenv in .cache/min-venv with every core dependency and the gym extra's at the minimum
+#            pyproject.toml declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself
+#            (editable); tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build,
+#            once).
 # make lerobot-venv: a separate venv, .venv-lerobot, with the real lerobot release (it needs Python >= 3.12 and its
 #            own torch) that tests/export/test_lerobot.py opens the exported datasets with; built once, then kept.
 PYTHON ?= python3
@@ -52,14 +53,14 @@ test: install system-tools min-venv
 lint: install
 	$(VENV)/bin/ruff check .
 
-# Each core dependency pinned to its declared minimum ("name>=x" in [project] dependencies becomes "name==x").
+# Each core dependency and the gym extra's pinned to its declared minimum ("name>=x" becomes "name==x").
 $(MIN_VENV)/.installed: pyproject.toml
 	rm -rf $(MIN_VENV)
 	$(PYTHON) -m venv $(MIN_VENV)
-	$(PYTHON) -c 'import re; text = open("pyproject.toml").read(); \
-	  deps = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1); \
-	  print("\n".join(d.replace(">=", "==") for d in re.findall(r"\"([^\"]+)\"", deps)))' > $(MIN_VENV)/minimums.txt
-	$(MIN_VENV)/bin/python -m pip install -q -c $(MIN_VENV)/minimums.txt -e .
+	$(PYTHON) -c 'import tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	  deps = project["dependencies"] + project["optional-dependencies"]["gym"]; \
+	  print("\n".join(d.replace(">=", "==") for d in deps))' > $(MIN_VENV)/minimums.txt
+	$(MIN_VENV)/bin/python -m pip install -q -c $(MIN_VENV)/minimums.txt -e '.[gym]'
 	touch $@
 
 min-venv: $(MIN_VENV)/.installed

@@ -10,6 +10,9 @@
 #            pyproject.toml declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself
 #            (editable); tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build,
 #            once).
+# make core-venv: a virtualenv in .cache/core-venv with trajstore (editable) and its core dependencies alone, no
+#            extra; tests/test_core_install.py stores, reads and runs the CLI there, and checks that each feature of
+#            an extra names the extra to install (~1 min to build, once; the test builds it when it is missing).
 # make lerobot-venv: a separate venv, .venv-lerobot, with the real lerobot release (it needs Python >= 3.12 and its
 #            own torch) that tests/export/test_lerobot.py opens the exported datasets with; built once, then kept.
 PYTHON ?= python3
@@ -19,6 +22,7 @@ STORE ?= ./demo-store
 PORT ?= 8321
 RUN := $(shell date +%Y%m%d-%H%M%S)
 MIN_VENV ?= .cache/min-venv
+CORE_VENV ?= .cache/core-venv
 
 LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
@@ -26,7 +30,7 @@ LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
 # (pyenv's shims on PATH fail for a version that is not selected, so its versions are tried directly)
 LEROBOT_PYTHONS = $(LEROBOT_PYTHON) python3.12 python3.13 $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python3)
 
-.PHONY: install demo test lint bench system-tools min-venv lerobot-venv vendor-plotly clean
+.PHONY: install demo test lint bench system-tools min-venv core-venv lerobot-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +50,7 @@ demo: install
 	@echo "dashboard: http://127.0.0.1:$(PORT)/dashboard  (serving $(STORE); Ctrl-C stops it)"
 	$(VENV)/bin/trajstore serve --store $(STORE) --port $(PORT)
 
-test: install system-tools min-venv
+test: install system-tools min-venv core-venv
 	@$(MAKE) --no-print-directory lerobot-venv || echo "could not build $(LEROBOT_VENV): the LeRobot tests will be skipped"
 	$(PY) -m pytest
 
@@ -64,6 +68,15 @@ $(MIN_VENV)/.installed: pyproject.toml
 	touch $@
 
 min-venv: $(MIN_VENV)/.installed
+
+# `pip install trajstore` and nothing else (tests/test_core_install.py builds the same when it is missing)
+$(CORE_VENV)/.installed: pyproject.toml
+	rm -rf $(CORE_VENV)
+	$(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/python -m pip install -q -e .
+	touch $@
+
+core-venv: $(CORE_VENV)/.installed
 
 # lerobot pins torch < 2.12 and PyPI has no CPU-only build of it for Linux: pip brings the CUDA one (~4 GB of
 # wheels, unused here). A failed build leaves no half venv behind.
@@ -101,4 +114,4 @@ bench: install
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(LEROBOT_VENV) $(STORE) $(MIN_VENV)
+	rm -rf $(VENV) $(LEROBOT_VENV) $(STORE) $(MIN_VENV) $(CORE_VENV)

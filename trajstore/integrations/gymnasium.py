@@ -31,7 +31,7 @@ from trajstore.extras import needed
 from trajstore.integrations.info import InfoColumns, Values, check_info_keys, check_writer, env_info, vector_info
 from trajstore.write.writer import Writer
 
-with needed("gym", "gymnasium rollouts and recorders (gym_rollout, RecordToStore)"):
+with needed("gym", "a gymnasium rollout or recorder (gym_rollout, RecordToStore)"):
     import gymnasium as gym
 
 log = logging.getLogger(__name__)

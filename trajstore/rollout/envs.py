@@ -35,7 +35,7 @@ import numpy as np
 from trajstore.errors import InputError
 from trajstore.extras import needed
 
-with needed("jax", "JAX rollouts"):
+with needed("jax", "a JAX rollout"):
     import jax
     import jax.numpy as jnp
     from gymnasium import spaces

@@ -35,7 +35,7 @@ from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed, sample_until
 from trajstore.rollout.target import RolloutTarget, check_run
 
-with needed("jax", "JAX rollouts"):
+with needed("jax", "a JAX rollout"):
     import jax
     import jax.numpy as jnp
 

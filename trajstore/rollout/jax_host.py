@@ -19,7 +19,7 @@ from trajstore.rollout.sampling import RolloutResult, SampleUntil
 from trajstore.rollout.target import RolloutTarget
 from trajstore.write.writer import Writer
 
-with needed("jax", "JAX rollouts"):
+with needed("jax", "a JAX rollout"):
     import jax
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, check_seed, sample_until
 from trajstore.rollout.target import Mode, RolloutTarget, check_mode, check_run
 
-with needed("jax", "JAX rollouts"):
+with needed("jax", "a JAX rollout"):
     import jax
     import jax.numpy as jnp
 

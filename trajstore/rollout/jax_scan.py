@@ -25,7 +25,7 @@ from trajstore.integrations.info import check_info_keys
 from trajstore.rollout import envs
 from trajstore.rollout.sampling import check_positive
 
-with needed("jax", "JAX rollouts"):
+with needed("jax", "a JAX rollout"):
     import jax
     import jax.numpy as jnp
     from gymnasium import spaces

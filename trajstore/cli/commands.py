@@ -325,9 +325,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from trajstore.api.app import create_app, server_config
-    from trajstore.settings import Settings
+        from trajstore.api.settings import ServiceSettings
 
-    settings = Settings.from_env()
+    settings = ServiceSettings.from_env()
     overrides = {"store": args.store, "host": args.host, "port": args.port, "api_key": args.api_key}
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     try:

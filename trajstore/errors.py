@@ -35,6 +35,7 @@ __all__ = [
     "RemoteError",
     "ReadOnlyError",
     "RunNotFoundError",
+    "MissingExtraError",
 ]
 
 
@@ -44,6 +45,16 @@ class TrajstoreError(Exception):
 
 class InputError(ValueError, TrajstoreError):
     """A value passed by the caller is invalid; the message names the field and what was expected."""
+
+
+class MissingExtraError(ImportError, InputError):
+    """A feature asked for needs an extra of the package (``extra``) that is not installed; the message names the
+    command that installs it (``pip install 'trajstore[serve]'``). An ``ImportError`` (a package is missing) and
+    an :class:`InputError` (the call asked for what this installation cannot do)."""
+
+    def __init__(self, message: str, *, extra: str, name: str | None = None) -> None:
+        super().__init__(message, name=name)
+        self.extra = extra
 
 
 class SchemaMismatchError(InputError):

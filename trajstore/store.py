@@ -172,7 +172,7 @@ class Store:
     """
 
     def __init__(self, location: Location | str | Path, *, settings: Settings | None = None,
-                 pinned: int | None = None, sql_gate: sandbox.Gate | None = None) -> None:
+                 pinned: int | None = None) -> None:
         self.settings = settings or Settings.from_env()
         self.location = locate(location, settings=self.settings)
         arrays = StepArrays(self.location.path(ARRAYS)) if self.settings.loader_arrays and self.location.is_local \
@@ -181,7 +181,7 @@ class Store:
             self.location.is_local else None
         self.table = StepsTable(self.location.child("steps"), row_group_rows=self.settings.row_group_rows,
                                 pinned=pinned, arrays=arrays, summaries=summaries)
-        self.engine = Engine(self.table, self.location, self.settings, sql_gate)
+        self.engine = Engine(self.table, self.location, self.settings)
         self.layouts = LayoutStore(self.location, cache=self.settings.layout_cache,  # loader layouts, kept
                                    shared=self.settings.store_layouts, keep=self.settings.loader_layouts)
         # compacts what ingest commits (its thread starts with the first); a store read at a version takes none
@@ -196,11 +196,6 @@ class Store:
     def root(self) -> Any:
         """The store's directory as a :class:`~pathlib.Path` for a local store, else its URI."""
         return Path(self.location.root) if self.location.is_local else self.location.uri
-
-    @property
-    def sql_gate(self) -> sandbox.Gate:
-        """The places for sandboxed queries and loader streams at once (shared by the store at every version)."""
-        return self.engine.sql_gate
 
     def __repr__(self) -> str:
         return f"Store({self.uri!r})"
@@ -288,8 +283,7 @@ class Store:
         """This store, read-only, exactly as it was at ``version`` (or the latest version committed at or before
         ``as_of``): every read (stats, episodes, sql, scan, returns, runs) sees that version's files."""
         pinned = resolve_version(StepsTable(self.table.location), version=version, as_of=as_of)
-        # one bound on the queries at once, whatever version they read
-        return Store(self.location, settings=self.settings, pinned=pinned, sql_gate=self.sql_gate)
+        return Store(self.location, settings=self.settings, pinned=pinned)
 
     def history(self, *, limit: int | None = None) -> pa.Table:
         """One row per committed version, oldest first: ``version, timestamp, operation, rows_added,
@@ -404,15 +398,9 @@ class Store:
         The views read the committed files through registered pyarrow datasets: the connection the query runs
         on can read no file at all. With ``limits.worker_bytes`` (the default) the query runs in a worker
         process that cannot take more memory than that (:mod:`~trajstore.query.sql_worker`); the body is
-        encoded here. Concurrent callers share :meth:`sql_slot`'s gate only if they take a slot.
+        encoded here. How many run at once is the caller's to bound (the service: ``sql_max_concurrent``).
         """
         return sql_worker.sandboxed_sql(self.engine, query, limits, encode=encode, run_id=run_id, env_id=env_id)
-
-    def sql_slot(self, what: str = "query") -> sandbox.Slot:
-        """One of the ``sql_max_concurrent`` places for a sandboxed query (or, in the service, a loader
-        stream); a :class:`~trajstore.errors.QueryBusyError` whose message starts with ``what`` at once when
-        every one is taken. Release it when done. A store opened at a version shares its store's places."""
-        return self.sql_gate.take(what)
 
     # --- episodes and statistics --------------------------------------------------------------------
 

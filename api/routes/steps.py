@@ -127,7 +127,7 @@ def steps(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: Fil
     if format == "json":  # wide rows (images): fewer rows, so that the page stays within max_page_bytes
         limit = min(limit, settings.max_page_size, pages.page_rows(store, columns, settings.max_page_bytes))
         return _json_page(store, flt, columns, limit, offset, cursor)
-    chunks = _stream(store, flt, columns, batch_rows or settings.stream_batch_rows, settings.stream_batch_bytes)
+    chunks = _stream(store, flt, columns, batch_rows or settings.stream_batch_rows, store.settings.stream_batch_bytes)
     return StreamingResponse(_until_disconnect(chunks), media_type=ARROW_STREAM)
 
 

@@ -19,11 +19,11 @@ import time
 import uuid
 from typing import Any, BinaryIO, Iterator, Literal, Mapping, Sequence
 
-import httpx
 import pyarrow as pa
 
 from trajstore.__about__ import __version__
 from trajstore.errors import InputError, RemoteError, RunNotFoundError
+from trajstore.extras import needed
 from trajstore.loaders.loader import check_format
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.filters import filtered
@@ -31,6 +31,9 @@ from trajstore.query.follow import Commit, check_follow
 from trajstore.remote.loader import RemoteBatches
 from trajstore.remote.stream import HttpByteStream
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
+
+with needed("client", "trajstore.Client (and a remote writer)"):
+    import httpx
 
 log = logging.getLogger(__name__)
 

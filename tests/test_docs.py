@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.examples import ROOT, blocks, examples_lock, run_page
+from tests.examples import ROOT, Repl, blocks, examples_lock, run_page
 
 GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
 NAV_GUIDES = ["recording", "querying", "training", "service", "many-actors", "multi-agent", "experiments",
@@ -33,3 +33,16 @@ def test_the_guides_examples_run_as_printed(guide: Path, tmp_path: Path, monkeyp
     with examples_lock():
         ran = run_page(guide, tmp_path)
     assert ran >= 2, f"{guide.name} has {ran} examples"
+
+
+def test_the_minari_example_runs_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run again, the recording guide's Minari example keeps the dataset it made instead of failing on its id."""
+    pytest.importorskip("minari")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari-datasets"))
+    recording = ROOT / "docs" / "guides" / "recording.md"
+    code = next(b.code for b in blocks(recording) if b.lang == "python" and "minari.DataCollector" in b.code)
+    namespace: dict[str, Any] = {}
+    Repl(namespace).paste("import gymnasium as gym")
+    for _ in range(2):
+        Repl(namespace).paste(code)
+    assert [p.name for p in (tmp_path / "minari-datasets" / "cartpole").iterdir() if p.is_dir()] == ["random-v0"]

@@ -769,7 +769,7 @@ class Store:
             >>> from trajstore.rollout import gym_rollout
             >>> store = trajstore.open("./trajdata", create=True)
             >>> result = gym_rollout(store, "CartPole-v1", run_id="demo", episodes=10, seed=0, progress=False)
-            >>> reader = store.scan(["episode_id", "step", "reward"], run_id="demo", complete=True)
+            >>> reader = store.scan(["episode_id", "step", "reward"], run_id="demo")
             >>> reader.read_all().num_rows == result.steps
             True
         """

@@ -16,6 +16,7 @@ import pytest
 from tests.examples import ROOT, Repl, blocks, examples_lock, run_page, stop_group
 
 GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
+PAGES = [ROOT / "docs" / "index.md", *GUIDES]  # the site's pages with examples (the reference's are docstrings)
 NAV_GUIDES = ["recording", "querying", "training", "service", "many-actors", "multi-agent", "experiments",
               "lifecycle", "open-table"]
 
@@ -26,13 +27,20 @@ def test_a_guide_per_task() -> None:
     assert all(f"guides/{name}.md" in nav for name in NAV_GUIDES)
 
 
-@pytest.mark.parametrize("guide", GUIDES, ids=lambda p: p.stem)
-def test_the_guides_examples_run_as_printed(guide: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert {b.lang for b in blocks(guide)} <= {"python", "sh", "sql"}
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_the_pages_examples_run_as_printed(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert {b.lang for b in blocks(page)} <= {"python", "sh", "sql"}
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari-datasets"))
     with examples_lock():
-        ran = run_page(guide, tmp_path)
-    assert ran >= 2, f"{guide.name} has {ran} examples"
+        ran = run_page(page, tmp_path)
+    assert ran >= (1 if page.stem == "index" else 2), f"{page.name} has {ran} examples"
+
+
+def test_only_the_pages_run_here_have_examples() -> None:
+    """A page of the site with a Python, shell or SQL block is one the test above runs."""
+    with_examples = {p for p in (ROOT / "docs").rglob("*.md") if any(b.lang in ("python", "sh", "sql")
+                                                                      for b in blocks(p))}
+    assert with_examples <= set(PAGES), sorted(map(str, with_examples - set(PAGES)))
 
 
 def test_the_minari_example_runs_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -299,6 +299,7 @@ class Writer:
 
     @property
     def open_episodes(self) -> int:
+        """Envs whose episode is open: started, not yet terminated or truncated."""
         return 0 if self._cursors is None else int((self._cursors.state == 1).sum())
 
     def __enter__(self) -> Writer:

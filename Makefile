@@ -5,6 +5,7 @@
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and the virtualenv of
 #            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
 #            first when a Python >= 3.12 is here; its tests skip without it).
+# make docs: the documentation site (guides and the API reference) into build/site, warnings as errors.
 # make lint: ruff over the whole tree with the rules pyproject.toml chooses (.ci/run runs it before the tests).
 # make min-venv: a virtualenv in .cache/min-venv with every core dependency and the gym extra's at the minimum
 #            pyproject.toml declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself
@@ -30,7 +31,7 @@ LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
 # (pyenv's shims on PATH fail for a version that is not selected, so its versions are tried directly)
 LEROBOT_PYTHONS = $(LEROBOT_PYTHON) python3.12 python3.13 $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python3)
 
-.PHONY: install demo test lint bench system-tools min-venv core-venv lerobot-venv vendor-plotly clean
+.PHONY: install demo test lint docs bench system-tools min-venv core-venv lerobot-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +57,10 @@ test: install system-tools min-venv core-venv
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+# The documentation site into build/site (MkDocs, mkdocs.yml): warnings are errors, nothing fetched from the network.
+docs: install
+	$(VENV)/bin/mkdocs build --strict
 
 # Each core dependency and the gym extra's pinned to its declared minimum ("name>=x" becomes "name==x").
 $(MIN_VENV)/.installed: pyproject.toml

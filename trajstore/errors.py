@@ -70,7 +70,13 @@ class InputError(ValueError, TrajstoreError):
 class MissingExtraError(ImportError, InputError):
     """A feature asked for needs an extra of the package (``extra``) that is not installed; the message names the
     command that installs it (``pip install 'trajstore[serve]'``). An ``ImportError`` (a package is missing) and
-    an :class:`InputError` (the call asked for what this installation cannot do)."""
+    an :class:`InputError` (the call asked for what this installation cannot do).
+
+    Args:
+        message: What needs the extra and the command that installs it.
+        extra: The extra's name in ``pip install 'trajstore[extra]'``; kept as ``extra``.
+        name: The module that could not be imported, as for ``ImportError``.
+    """
 
     def __init__(self, message: str, *, extra: str, name: str | None = None) -> None:
         super().__init__(message, name=name)

@@ -373,6 +373,11 @@ def _output_options(p: argparse.ArgumentParser) -> None:
                    help="table (aligned columns), csv, json (one object per line) or parquet (needs --output); "
                         "default: table")
     p.add_argument("--output", "-o", help="write to this file instead of standard output")
+    p.add_argument("--columns", action="append", metavar="NAME,...",
+                   help="only these columns, in this order, in any --format (repeatable or comma-separated)")
+    p.add_argument("--wide", action="store_true",
+                   help="table: every column, on lines as long as they need (by default a table fits the "
+                        "terminal, $COLUMNS or else 100 characters wide, its columns wrapped into blocks that fit)")
 
 
 def _progress_option(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from trajstore.errors import InputError, StoreNotFoundError
 
 EXIT_PROBLEMS = 1
+EXIT_INTERRUPTED = 130
 
 
 def _open(path: str, create: bool = False, version: int | None = None) -> Any:
@@ -76,24 +77,38 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from trajstore.rollout.target import check_run
 
     check_run(store, args.run, mode=args.mode, append=args.append, hint="--append")
+    from trajstore.write.writer import process_worker_id
+
     options: dict[str, Any] = {"policy_version": args.policy_version} if args.policy_version is not None else {}
     options.update(description)
     options.update({"info_keys": _split(args.info_key)} if args.info_key else {})
     options.update(run_id=args.run, num_envs=args.num_envs, episodes=args.episodes, steps=args.steps,
-                   seed=args.seed, mode=args.mode, append=True, policy=policy, progress=_progress(args))
-    if args.backend == "jax":
-        from trajstore.rollout import jax_rollout
+                   seed=args.seed, mode=args.mode, append=True, policy=policy, progress=_progress(args),
+                   worker_id=process_worker_id())  # what an interrupted rollout counts its episodes by
+    try:
+        result = _roll_out(args, store, options)
+    except KeyboardInterrupt:  # what the writer committed on its way out: said, with how to go on
+        from trajstore.cli import interrupted
 
-        result = jax_rollout(store, args.env, rollout_length=args.rollout_length, **options)
-    else:
-        from trajstore.rollout import gym_rollout
-
-        wrappers, env_kwargs = _gym_wrappers(args)
-        result = gym_rollout(store, args.env, autoreset=args.autoreset, wrappers=wrappers, env_kwargs=env_kwargs,
-                             **options)
+        found = interrupted.kept(store, args.run, options["worker_id"])
+        print(interrupted.report(args, args.argv, found, store.root, options["worker_id"]), file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(f"stored {result.steps} steps, {result.episodes} complete episodes of {result.env_id} "
           f"as run {result.run_id!r} ({args.mode}) in {store.root} ({result.steps_per_second:,.0f} steps/s)")
     return 0
+
+
+def _roll_out(args: argparse.Namespace, store: Any, options: dict[str, Any]) -> Any:
+    """The rollout ``args`` ask for, with the rollout's ``options``: its :class:`RolloutResult`."""
+    if args.backend == "jax":
+        from trajstore.rollout import jax_rollout
+
+        return jax_rollout(store, args.env, rollout_length=args.rollout_length, **options)
+    from trajstore.rollout import gym_rollout
+
+    wrappers, env_kwargs = _gym_wrappers(args)
+    return gym_rollout(store, args.env, autoreset=args.autoreset, wrappers=wrappers, env_kwargs=env_kwargs,
+                       **options)
 
 
 def _check_rollout(args: argparse.Namespace) -> None:

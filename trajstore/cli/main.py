@@ -25,12 +25,14 @@ EXIT_ERROR = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(_attach_negative_values(list(sys.argv[1:] if argv is None else argv)))
+        args = parser.parse_args(_attach_negative_values(given))
     except SystemExit as exc:  # a usage error, said in one line (--help and --version exit 0: they stay exits)
         if exc.code == EXIT_ERROR:
             return EXIT_ERROR
         raise
+    args.argv = given  # as typed: what a command tells to run again
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)

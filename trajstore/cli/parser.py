@@ -79,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "A gymnasium vector env (--backend gym) or a pure-JAX env under lax.scan + vmap (--backend jax); "
                 "random actions, or --policy. Every row stores mode (train, or eval with --mode eval) and the "
                 "--seed given (env i of a gym vector env starts from seed + i; env_index tells the envs apart). "
-                "A --run the store already holds is refused unless --append. With --url, the episodes go to a "
-                "trajstore service instead (a remote worker).")
+                "A --run the store already holds is refused unless --append. Ctrl-C stops it: what it stepped is "
+                "kept, and it says how much and the commands that go on (--append) or remove it. With --url, the "
+                "episodes go to a trajstore service instead (a remote worker).")
     p.add_argument("--backend", choices=["gym", "jax"], default="gym",
                    help="gym: a gymnasium vector env; jax: a pure-JAX env under lax.scan + vmap (default: gym)")
     p.add_argument("--env", required=True, help="environment id, e.g. CartPole-v1 or ALE/Breakout-v5 (gym; Atari "

@@ -367,7 +367,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"trajstore: serving {app.state.store.root} on http://{settings.host}:{settings.port} "
           f"(dashboard at /dashboard, OpenAPI at /openapi.json)", flush=True)
     server = uvicorn.Server(server_config(app))
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shut down, then raised the Ctrl-C again: how a server stops, so done (0)
+        print("trajstore: stopped serving (Ctrl-C)", file=sys.stderr)
     return 0
 
 

@@ -1,9 +1,9 @@
 """The ``trajstore`` command's entry point: parse, run the command, turn any error into one line.
 
 Exit status: 0 done, 1 ``check`` found problems, 2 any error (bad usage, a run the store does not hold, an
-unreachable store, …), 130 interrupted. Errors are printed as one line (``trajstore: error: …``), without
-terminal colour codes, naming the command's flags where the library's message names its arguments
-(``run_id`` is ``--run``). Set ``TRAJSTORE_DEBUG=1`` to see a traceback.
+unreachable store, …), 130 interrupted (``serve`` exits 0: Ctrl-C is how it stops). Errors are printed as one line
+(``trajstore: error: …``), without terminal colour codes, naming the command's flags where the library's message
+names its arguments (``run_id`` is ``--run``). Set ``TRAJSTORE_DEBUG=1`` to see a traceback.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trajstore", description="Store RL trajectories and query them: rollouts into a store, statistics, "
                                       "SQL, a REST service and dashboard, and the store's lifecycle.",
         epilog="Exit status: 0 done, 1 `check` found problems, 2 an error (said in one line on stderr), "
-               "130 interrupted. TRAJSTORE_DEBUG=1 shows a traceback.")
+               "130 interrupted (but `serve`, which Ctrl-C stops: 0). TRAJSTORE_DEBUG=1 shows a traceback.")
     parser.add_argument("--version", action="version", version=f"trajstore {__version__}",
                         help="print which trajstore this is and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.cmd_sql)
 
     p = command("serve", "serve the REST API and dashboard over a store (uvicorn)",
-                "OpenAPI at /openapi.json, the dashboard at /dashboard. Ctrl-C stops it.")
+                "OpenAPI at /openapi.json, the dashboard at /dashboard. Ctrl-C stops it (exit status 0).")
     p.add_argument("--store", **store_opt)
     p.add_argument("--host", help="address to listen on (default: $TRAJSTORE_HOST or 127.0.0.1)")
     p.add_argument("--port", type=whole(1, 65535), help="port (default: $TRAJSTORE_PORT or 8321)")

@@ -208,7 +208,8 @@ class Store:
         summaries = Summaries(self.location.path(SUMMARIES)) if self.settings.episode_summaries and \
             self.location.is_local else None
         self.table = StepsTable(self.location.child("steps"), row_group_rows=self.settings.row_group_rows,
-                                pinned=pinned, arrays=arrays, summaries=summaries)
+                                pinned=pinned, arrays=arrays, write_arrays=self.settings.writer_arrays,
+                                summaries=summaries)
         self.engine = Engine(self.table, self.location, self.settings)
         self.layouts = LayoutStore(self.location, cache=self.settings.layout_cache,  # loader layouts, kept
                                    shared=self.settings.store_layouts, keep=self.settings.loader_layouts)

@@ -28,7 +28,8 @@ def epoch(store: trajstore.Store, **kwargs: object) -> list[dict[str, np.ndarray
 
 def private(store: trajstore.Store) -> trajstore.Store:
     """The same store, building every layout anew in a temporary folder: the reference a kept layout must match."""
-    return trajstore.Store(store.location, settings=Settings(loader_layouts=0, store_layouts=False))
+    settings = Settings(loader_layouts=0, store_layouts=False, loader_arrays=False)
+    return trajstore.Store(store.location, settings=settings)
 
 
 def same(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> None:
@@ -77,7 +78,8 @@ def test_a_commit_other_columns_or_gamma_make_another_layout(store: trajstore.St
 
 def test_an_evicted_temporary_layout_stays_while_an_iterator_reads_it(store: trajstore.Store) -> None:
     write(store, "a", 0)
-    fresh = trajstore.Store(store.location, settings=Settings(loader_layouts=1, store_layouts=False))
+    fresh = trajstore.Store(store.location, settings=Settings(loader_layouts=1, store_layouts=False,
+                                                              loader_arrays=False))
     running = fresh.sequences(4, columns=["obs"], pad=True, batch_size=2)
     next(running)
     (held,) = [layout.folder for layout in fresh.layouts.opened._entries.values()]

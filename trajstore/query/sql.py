@@ -717,6 +717,17 @@ def count_other_mode(run_id: str, mode: str) -> str:
     return f"SELECT count(*) AS n FROM steps WHERE {in_list('run_id', run_id)} AND {other}"
 
 
+def worker_kept(run_id: str, worker_id: str) -> str:
+    """What one writer (``worker_id``) stored in ``run_id``: its steps, complete and unfinished episodes, and how
+    many episodes of the run other writers stored (``others``)."""
+    mine = f"worker_id = {literal(worker_id)}"
+    return (f"SELECT coalesce(sum(episode_length) FILTER (WHERE {mine}), 0) AS steps, "
+            f"count(*) FILTER (WHERE {mine} AND complete) AS complete, "
+            f"count(*) FILTER (WHERE {mine} AND NOT complete) AS unfinished, "
+            f"count(*) FILTER (WHERE worker_id IS DISTINCT FROM {literal(worker_id)}) AS others "
+            f"FROM episodes WHERE {in_list('run_id', run_id)}")
+
+
 def stored_episode_ends(source: str, episode_ids: Sequence[int]) -> str:
     """Per ``(run_id, env_id, episode_id, agent_id)`` of ``episode_ids`` in ``source`` (stored steps, with an
     ``agent_id`` column: NULL for single-agent rows): its last stored step and the first step that ended it

@@ -149,7 +149,7 @@ class Region:
             with self._lock:
                 if self.reserved is None or _libc.madvise(at, size, MADV_POPULATE_READ) != 0:
                     return False
-                np.frombuffer((ctypes.c_uint8 * size).from_address(at), np.uint8)[::PAGE].max()  # type: ignore[call-overload]  # as above
+                np.frombuffer((ctypes.c_uint8 * size).from_address(at), np.uint8)[::PAGE].max()  # type: ignore[call-overload]  # a Buffer (typeshed: from 3.12)
         return True
 
     def fold(self) -> list[Path]:

@@ -8,7 +8,9 @@
 #            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
 #            first when a Python >= 3.12 is here; its tests skip without it).
 # make docs: the documentation site (guides and the API reference) into build/site, warnings as errors.
-# make lint: ruff over the whole tree with the rules pyproject.toml chooses (.ci/run runs it before the tests).
+# make lint: ruff over the whole tree with the rules pyproject.toml chooses, then make typecheck (.ci/run runs it
+#            before the tests).
+# make typecheck: mypy over trajstore/ and api/ as pyproject.toml's [tool.mypy] configures it (zero errors).
 # make min-venv: a virtualenv in .cache/min-venv with every core dependency and the gym extra's at the minimum
 #            pyproject.toml declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself
 #            (editable); tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build,
@@ -75,6 +77,11 @@ test: install system-tools min-venv core-venv
 
 lint: install
 	$(VENV)/bin/ruff check .
+	@$(MAKE) --no-print-directory typecheck
+
+.PHONY: typecheck
+typecheck: install
+	$(VENV)/bin/mypy
 
 # The documentation site into build/site (MkDocs, mkdocs.yml): warnings are errors, nothing fetched from the network.
 docs: install

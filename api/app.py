@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import Depends, FastAPI
 
@@ -95,7 +95,7 @@ async def _serving(app: FastAPI) -> AsyncIterator[None]:
 REQUEST_HEAD_BYTES = 4 * 1024 * 1024
 
 
-def server_config(app: FastAPI, **options: object) -> uvicorn.Config:
+def server_config(app: FastAPI, **options: Any) -> uvicorn.Config:
     """The uvicorn configuration ``trajstore serve`` (and the tests' live servers) run ``app`` with."""
     import uvicorn
 

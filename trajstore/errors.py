@@ -326,7 +326,7 @@ def plain(text: str) -> str:
     return _ANSI.sub("", text)
 
 
-def one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException | None) -> str:
     """An exception's whole message on one line, without terminal escape codes (deltalake's errors are a chain of
     indented ``↳`` lines whose last one is the cause)."""
     text = " ".join(plain(str(exc)).replace("\u21b3", " ").split())

@@ -136,6 +136,7 @@ class StoreDataset(torch.utils.data.IterableDataset):
             return self._pinned
         if getattr(self, "_main_store", None) is None:
             self._main_store = stores.open(self.uri, storage_options=self.storage_options or None)
+        assert self._main_store is not None
         return self._main_store.version
 
     # --- iteration ------------------------------------------------------------------------------------------

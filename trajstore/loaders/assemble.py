@@ -129,7 +129,7 @@ def _call_kernels() -> None:
 
 def address_of(values: np.ndarray) -> int:
     """The address of a writable C-contiguous array's first byte (0 for an array of no bytes)."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(values)) if values.nbytes else 0
+    return ctypes.addressof(ctypes.c_char.from_buffer(values)) if values.nbytes else 0  # type: ignore[arg-type]  # typeshed: a Buffer from 3.12
 
 
 @dataclass
@@ -374,11 +374,11 @@ def _windows(items: np.ndarray, end: np.ndarray, first: np.ndarray, shift: int, 
             done = 0
             while done < keep:  # the window's run in each fragment it crosses as one block
                 take = min(keep - done, table[f + 1, 0] - p - done)
-                _copy(row + done * w, table[f, 1 + c] + (p + done) * w, take * w)
+                _copy(row + done * w, table[f, 1 + c] + (p + done) * w, take * w)  # type: ignore[call-arg]  # numba passes typingctx
                 done += take
                 f += 1
             if keep < length:
-                _zero(row + keep * w, (length - keep) * w)
+                _zero(row + keep * w, (length - keep) * w)  # type: ignore[call-arg]  # numba passes typingctx
     return touched
 
 
@@ -432,7 +432,7 @@ def _transitions(positions: np.ndarray, n: int, now: int, offset: np.ndarray, fi
     for c in range(leaves):
         if width[c] > 0:
             for i in range(size):
-                _copy(target[c] + i * width[c], source[c, i], width[c])
+                _copy(target[c] + i * width[c], source[c, i], width[c])  # type: ignore[call-arg]  # numba passes typingctx
 
 
 @numba.njit(cache=True, nogil=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -79,10 +79,11 @@ class Source:
         the files' array copies where they hold them all (no derived column), else found, or built by
         ``make(folder)``."""
         if derived is None and self.stitch is not None:
-            key = ("arrays", self.version_key, self.arguments.get("episodes"), tuple(columns))
+            key: Hashable = ("arrays", self.version_key, self.arguments.get("episodes"), tuple(columns))
             kept = lay.OpenLayouts(0) if self.layouts is None else self.layouts.opened
             try:  # kept open for the next epoch, like a built layout (its pages stay mapped)
-                return kept.get(key, lambda: self._stitched(columns) or _no_copies())
+                # a Stitched serves as a Layout (the members used are the same): OpenLayouts' types say Layout
+                return kept.get(key, lambda: self._stitched(columns) or _no_copies())  # type: ignore[arg-type, return-value]
             except _NoCopies:
                 pass
         if self.layouts is None or self.basis is None:
@@ -198,8 +199,9 @@ class Windows:
 WEIGHT_CHUNK = 1 << 20  # items whose step weights are gathered at a time
 
 
-def item_weights(source: Source, layout: lay.Layout | lay.Mapped, weight_by: str | None, first: np.ndarray,
-                 count: np.ndarray, first_step: Callable[[np.ndarray], np.ndarray]) -> Weights | None:
+def item_weights(source: Source, layout: lay.Layout | lay.Mapped | StitchedView, weight_by: str | None,
+                 first: np.ndarray, count: np.ndarray,
+                 first_step: Callable[[np.ndarray], np.ndarray]) -> Weights | None:
     """The items' weights: the step column ``weight_by`` at each item's (first) step, ``first_step(items)``,
     or the ``episodes`` view's column ``weight_by`` of its episode (``count[e]`` items of episode ``e`` from
     item ``first[e]`` on)."""
@@ -276,7 +278,7 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
     def make(folder: Path | None) -> lay.Layout:
         layout = lay.build(source.read, source.schema, [*names, *extra], folder)
         try:
-            if wants_rtg:
+            if wants_rtg and g is not None:
                 lay.derive(layout, RETURN_TO_GO, np.dtype(np.float64), "reward",
                            lambda r, starts: episodes_return_to_go(r, starts, g))
         except BaseException:
@@ -328,7 +330,7 @@ def _first_steps(view: lay.Mapped | StitchedView, windows: Windows, items: np.nd
     return view.offset[episode] + start
 
 
-def release_view(view: lay.Mapped, release: Callable[[], None]) -> Callable[[], None]:
+def release_view(view: lay.Mapped | StitchedView, release: Callable[[], None]) -> Callable[[], None]:
     """What ends an iterator: its maps closed, then its layout released."""
     def close() -> None:
         view.close()

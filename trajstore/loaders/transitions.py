@@ -34,7 +34,7 @@ from trajstore.loaders.sequences import (
     stored_columns,
     weight_column,
 )
-from trajstore.loaders.stitched import StitchedView
+from trajstore.loaders.stitched import Stitched, StitchedView
 from trajstore.query.returns import check_gamma
 
 DEFAULT_COLUMNS = ("obs", "action")
@@ -90,7 +90,7 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
         raise
 
 
-def _check_bytes(source: Source, layout: lay.Layout, at_t: Sequence[str], n: int, batch_size: int,
+def _check_bytes(source: Source, layout: lay.Layout | Stitched, at_t: Sequence[str], n: int, batch_size: int,
                  max_batch_bytes: int) -> None:
     """Refuse batches of ``batch_size`` transitions that would take more than ``max_batch_bytes`` to build."""
     steps = min(n, int(layout.length.max(initial=1)))

@@ -99,7 +99,7 @@ def _group_batches(group: FileGroup, out: pa.Schema, episode_ids: np.ndarray | N
             if decoder is not None:
                 yield from (_typed(b, out) for b in _decoded(decoder.finish, path))
             decoder, path = FileDecoder(fmt, obs_type, _uri(group, tagged.fragment.path)), tagged.fragment.path
-        yield from (_typed(b, out) for b in _decoded(lambda: decoder.push(batch), path))  # noqa: B023
+        yield from (_typed(b, out) for b in _decoded(lambda: decoder.push(batch), path))  # type: ignore[union-attr]  # noqa: B023
     if decoder is not None:
         yield from (_typed(b, out) for b in _decoded(decoder.finish, path))
 

@@ -159,7 +159,7 @@ class Worker:
         if not header.get("limited"):
             log.warning("SQL workers run without a memory limit here: %s", header.get("message"))
 
-    def call(self, task: Task, wait_s: float | None) -> tuple[dict[str, Any], bytes | None]:
+    def call(self, task: Task | Computation, wait_s: float | None) -> tuple[dict[str, Any], bytes | None]:
         """Hand ``task`` over and wait up to ``wait_s`` (forever with None) for its answer."""
         self._send.send_bytes(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
         return self._answer(wait_s)
@@ -237,7 +237,7 @@ class Pool:
             self.size = max(self.size, size)
         self._refill()
 
-    def run(self, task: Task, wait_s: float | None) -> tuple[dict[str, Any], bytes | None]:
+    def run(self, task: Task | Computation, wait_s: float | None) -> tuple[dict[str, Any], bytes | None]:
         """``task``'s answer from an idle worker; a worker that fails to answer in time is killed."""
         worker = self._take()
         try:
@@ -411,7 +411,7 @@ def _handle(task: Task | Computation) -> tuple[dict[str, Any], bytes | None]:
         return _compute(task)
     try:
         location = _location(task.uri, task.storage_options)
-        files = [DataFile(*fields, fs=location.fs) for fields in task.files]
+        files = [DataFile(*fields, fs=location.fs) for fields in task.files]  # type: ignore[misc]  # 8 fields, no fs
         kinds = [FileSchema.of(pa.ipc.read_schema(pa.py_buffer(body))) for body in task.schemas]
         snapshot = Snapshot(files, store=task.uri, schemas=[kinds[i] for i in task.kinds], registered=True,
                             location=location, runs=pa.ipc.open_stream(task.runs).read_all())

@@ -517,6 +517,7 @@ class Client:
         """
         headers = {"Accept": ARROW_STREAM, "Accept-Encoding": "identity"}
         url = httpx.URL(self.url + path, params=_params(params))
+        response: Any  # httpx's, or http.client's (a file of the body)
         if self._transport is not None or _proxied(url):
             response = self._http.send(self._http.build_request("GET", url, headers=headers), stream=True)
             try:
@@ -668,7 +669,7 @@ def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
             name = "message"
 
 
-def unreachable(method: str, url: str, exc: httpx.TransportError) -> RemoteError:
+def unreachable(method: str, url: str | httpx.URL, exc: Exception) -> RemoteError:
     """The error for a request that reached no server: the URL, what went wrong, and what to do."""
     reason = str(exc) or type(exc).__name__
     return RemoteError(0, "Connection failed", f"cannot reach {url} ({method}): {reason}; check the service's URL "

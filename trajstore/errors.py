@@ -32,6 +32,9 @@ __all__ = [
     "UnsupportedTableError",
     "AuthenticationError",
     "WriterClosedError",
+    "ReplayClosedError",
+    "EmptyReplayError",
+    "ReplayNotFoundError",
     "RemoteError",
     "ReadOnlyError",
     "RunNotFoundError",
@@ -160,6 +163,14 @@ class WriterClosedError(TrajstoreError):
     """Data was given to a writer after ``close()``."""
 
 
+class ReplayClosedError(TrajstoreError):
+    """A replay was sampled, updated or committed after ``close()``."""
+
+
+class EmptyReplayError(TrajstoreError, LookupError):
+    """A replay holding no items was sampled (its selection has no steps, or none long enough, yet)."""
+
+
 class RemoteError(TrajstoreError):
     """A trajstore server answered with an error; ``status`` and ``detail`` come from its problem document."""
 
@@ -218,6 +229,10 @@ class RunNotFoundError(InputError, LookupError):
 
 class VersionNotFoundError(InputError, LookupError):
     """A version the store's log does not have (the message names the versions it has)."""
+
+
+class ReplayNotFoundError(InputError, LookupError):
+    """A replay the service does not hold open (never opened, closed, or closed for being idle)."""
 
 
 def caller_sql_error(exc: QueryError, field: str, context: str) -> InputError:

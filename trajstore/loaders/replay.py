@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from trajstore.durations import seconds
-from trajstore.errors import EmptyReplayError, InputError, ReplayClosedError, size_text
+from trajstore.errors import EmptyReplayError, InputError, ReadOnlyError, ReplayClosedError, size_text
 from trajstore.loaders.order import check_count
 from trajstore.loaders.replay_items import Keys, Registry, find
 from trajstore.loaders.replay_priorities import Committer, Committing, Pending, Updates, rows_of, stored
@@ -182,6 +182,7 @@ class Replay:
         self._lock = threading.RLock()  # the trees, the slots, the items and the pending updates
         self._commits = threading.Lock()  # one commit at a time
         self._pending = Pending()
+        self._committing = 0  # updates being committed
         self._committer = Committer(committing, self._pending, self._lock, self.commit)
         self._closed = False
         self._next_poll = 0.0
@@ -342,16 +343,20 @@ class Replay:
         with self._commits:
             with self._lock:
                 parts = self._pending.take()
+                self._committing = sum(len(p) for p in parts)
             if not parts:
                 return self.version
             try:
                 if self._writable is not None:
-                    self._writable("replay commit")  # a store read at a version takes no commits
+                    self._writable("a replay's commit")  # a store read at a version takes no commits
                 version = self._table.append(self.name, rows_of(parts, self._agents))
             except BaseException:
                 with self._lock:
                     self._pending.put_back(parts)
                 raise
+            finally:
+                with self._lock:
+                    self._committing = 0
             self.version = version
             return version
 
@@ -361,8 +366,10 @@ class Replay:
             return
         self._committer.stop()
         try:
-            if not self._closed:
-                self.commit()
+            self.commit()
+        except ReadOnlyError:  # a store read at a version: its updates were for this process alone
+            log.warning("replay %r: %d update(s) not committed: the store is read at a version", self.name,
+                        self.pending)
         finally:
             with self._lock:
                 self._closed = True
@@ -395,9 +402,9 @@ class Replay:
 
     @property
     def pending(self) -> int:
-        """Updates given and not committed yet."""
+        """Updates given and not committed yet (those being committed too)."""
         with self._lock:
-            return self._pending.count
+            return self._pending.count + self._committing
 
     def describe(self) -> dict[str, Any]:
         """What the replay is: its items, prioritization, name, capacity and what it holds."""

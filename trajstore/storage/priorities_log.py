@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -357,18 +358,18 @@ class PrioritiesLog:
                 actions.append(_add(self.location.relative(path), f.replay, size, stats))
         return actions, written, removed
 
-    def vacuum(self, older_than_s: float, *, dry_run: bool = False) -> list[str]:
-        """Delete (or list) the files no version of the last ``older_than_s`` seconds lists (merged or rewritten
-        away, or never committed); returns their paths."""
+    def unneeded(self, older_than_s: float) -> list[str]:
+        """The files no version of the last ``older_than_s`` seconds lists (merged or rewritten away, or never
+        committed) and at least that old: paths in the location's filesystem, for a vacuum to remove."""
         table = self._latest()
         if table is None:
             return []
-        hours = max(0, int(np.ceil(older_than_s / 3600)))
         try:
-            found = table.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False)
+            found = table.vacuum(retention_hours=max(0, math.ceil(older_than_s / 3600)), dry_run=True,
+                                 enforce_retention_duration=False)
         except (OSError, DeltaError) as exc:
             raise explain(exc, self.location) or exc
-        return [self.location.path(unquote(p)) if not p.startswith(("/", "s3://")) else p for p in found]
+        return [self.location.normalized(unquote(p)) for p in found]
 
 
 def dataset(location: Location, paths: Sequence[str]) -> ds.Dataset:

@@ -51,7 +51,7 @@ from trajstore.loaders.replay_items import Keys, Registry, find
 from trajstore.loaders.replay_priorities import Committer, Committing, Pending, Updates, rows_of, stored
 from trajstore.loaders.sequences import Items, Source, window_items
 from trajstore.loaders.source import loader_source
-from trajstore.loaders.sumtree import PriorityTree
+from trajstore.loaders.sumtree import FANOUT, PriorityTree
 from trajstore.loaders.transitions import transition_items
 from trajstore.query.returns import check_gamma
 from trajstore.storage.priorities_log import PrioritiesLog, Rows, check_name
@@ -65,7 +65,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STEP_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")  # a step item's, by default
-TREE_BYTES = 16  # per slot: its weight in the sum tree and in the min tree (the inner nodes add 1/31 of that)
+# per slot: its weight (the trees' leaf, 8 bytes), the inner nodes of the sum and min trees above it, and its key
+SLOT_BYTES = 8 + 16 / (FANOUT - 1) + 16
 
 
 @dataclass(frozen=True)
@@ -208,16 +209,21 @@ class Replay:
                 Rows(-1, [], None)
             self.version = rows.version if rows.version >= 0 else None
             self._highest = rows.highest
-            prior = stored(rows, new, agents)
+            prior = stored(rows, new, agents) if rows.files else None
             self._agents = agents
             self._item_bytes = _item_bytes(self.spec, items)
-            handles, slots = self._registry.add(new)
-            prior = prior[len(prior) - len(handles):]
-            default = self.prioritization.weights(self._default_priority())
-            weights = np.where(np.isnan(prior), default, self.prioritization.weights(np.nan_to_num(prior)))
+            first, count = self._registry.add(new)
+            default = float(self.prioritization.weights(self._default_priority()))
             self._tree = PriorityTree(self._registry.room or 1)
-            self._put(slots, weights)
-            self._live = len(slots)
+            if prior is None:
+                self._put(first, count, default)
+            else:
+                prior = prior[len(prior) - count:]
+                weights = np.full(count, default)
+                has = ~np.isnan(prior)
+                weights[has] = self.prioritization.weights(prior[has])
+                self._put(first, count, weights)
+            self._live = count
         except BaseException:
             items.release()
             raise
@@ -247,12 +253,13 @@ class Replay:
                 emptied = self._registry.slots_of(gone)
                 self._live -= int((self._tree.leaves(emptied) > 0).sum())
                 self._tree.set(emptied, np.zeros(len(emptied)))
-            handles, slots = self._registry.add(new)
+            first, count = self._registry.add(new)
             if self._registry.room > self._tree.room:
                 self._tree = self._tree.grown(self._registry.room)
-            self._live -= int((self._tree.leaves(slots) > 0).sum())  # items whose slots the new ones take
-            self._put(slots, np.full(len(slots), self.prioritization.weights(self._default_priority())))
-            self._live += len(slots)
+            for lo, hi, _ in self._registry.runs(first, count):  # the items whose slots the new ones take
+                self._live -= int(np.count_nonzero(self._tree.sums[lo:hi]))
+            self._put(first, count, float(self.prioritization.weights(self._default_priority())))
+            self._live += count
         except BaseException:
             items.release()
             raise
@@ -260,13 +267,12 @@ class Replay:
         if old is not None:
             old.release()
 
-    def _put(self, slots: np.ndarray, weights: np.ndarray) -> None:
-        """``weights`` into the tree at ``slots`` (consecutive but for one wrap of the ring: loaded in bulk)."""
-        if not len(slots):
-            return
-        cut = np.flatnonzero(np.diff(slots) != 1) + 1
-        for part_slots, part in zip(np.split(slots, cut), np.split(np.asarray(weights, np.float64), cut)):
-            self._tree.fill(int(part_slots[0]), part)
+    def _put(self, first: int, count: int, weights: np.ndarray | float) -> None:
+        """``weights`` (one for all, or one each) into the tree at the slots of handles ``first .. first + count -
+        1``: consecutive runs loaded in bulk."""
+        for lo, hi, at in self._registry.runs(first, count):
+            part = weights if np.ndim(weights) == 0 else weights[at:at + hi - lo]  # type: ignore[index]
+            self._tree.fill(lo, part, hi - lo)
 
     def _default_priority(self) -> float:
         return 1.0 if self._highest is None else self._highest
@@ -417,7 +423,7 @@ class Replay:
 def item_memory(count: int, capacity: int | None) -> int:
     """The bytes a replay of ``count`` items (at most ``capacity``) holds for them: its trees and slots."""
     slots = count if capacity is None else min(count, capacity)
-    return int(slots * (TREE_BYTES * 32 / 31 + 16))
+    return int(slots * SLOT_BYTES)
 
 
 def _seconds(name: str, value: Any) -> float:
@@ -438,10 +444,10 @@ def _trajectories(source: Source, items: Items) -> tuple[Keys, list[str] | None]
     traj = source.trajectories
     if traj is None:
         episodes = np.asarray(items.view.episode_id, np.int64)
-        return Keys(episodes, np.zeros(len(episodes), np.int32), np.zeros(len(episodes), np.int64)), None
+        return Keys(episodes, np.zeros(len(episodes), np.int32), np.zeros(len(episodes), np.int32)), None
     agents = sorted(traj.agents)
     codes = np.searchsorted(np.asarray(agents, dtype=str), traj.agent_id).astype(np.int32)
-    return Keys(np.asarray(traj.episode_id, np.int64), codes, np.zeros(len(codes), np.int64)), agents
+    return Keys(np.asarray(traj.episode_id, np.int64), codes, np.zeros(len(codes), np.int32)), agents
 
 
 def _by_last_write(source: Source, items: Items, trajectories: Keys) -> np.ndarray:

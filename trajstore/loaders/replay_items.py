@@ -24,7 +24,8 @@ from trajstore.loaders.sumtree import grown_room
 
 @dataclass
 class Keys:
-    """Items by key (arrays of one length): ``episode`` ids, ``agent`` codes, ``start`` steps."""
+    """Items by key (arrays of one length): ``episode`` ids (int64), ``agent`` codes (int32), ``start`` steps
+    (int32, as steps are stored)."""
 
     episode: np.ndarray
     agent: np.ndarray
@@ -32,7 +33,7 @@ class Keys:
 
     @classmethod
     def empty(cls) -> Keys:
-        return cls(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64))
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32))
 
     def __len__(self) -> int:
         return len(self.episode)
@@ -91,20 +92,37 @@ class Registry:
     def keys(self, slots: np.ndarray) -> Keys:
         return Keys(self.episode[slots], self.agent[slots], self.start[slots])
 
-    def add(self, keys: Keys) -> tuple[np.ndarray, np.ndarray]:
-        """Register ``keys`` (oldest first) as the newest items: their handles and slots (with a capacity, of the last
-        ``capacity`` of them alone: the others would be taken at once). Grows the slots of a replay without one."""
+    def add(self, keys: Keys) -> tuple[int, int]:
+        """Register ``keys`` (oldest first) as the newest items: the first handle they get and how many (with a
+        capacity, the last ``capacity`` of them alone: the others would be taken at once). Grows the slots of a
+        replay without one (to the size asked for the first time, doubling after)."""
         if self.capacity is not None and len(keys) > self.capacity:
             skipped = len(keys) - self.capacity
             self.total += skipped
             keys = keys.take(np.arange(skipped, len(keys)))
-        handles = np.arange(self.total, self.total + len(keys), dtype=np.int64)
-        if self.capacity is None and self.total + len(keys) > self.room:
-            self._grow(grown_room(self.total + len(keys), self.room))
-        slots = self.slots(handles)
-        self.episode[slots], self.agent[slots], self.start[slots] = keys.episode, keys.agent, keys.start
-        self.total += len(keys)
-        return handles, slots
+        first, count = self.total, len(keys)
+        if self.capacity is None and self.room == 0 and keys.start.dtype == np.int32:  # the first: kept as they are
+            self.episode, self.agent, self.start, self.room = keys.episode, keys.agent, keys.start, count
+            self.total = count
+            return first, count
+        if self.capacity is None and first + count > self.room:
+            self._grow(first + count if self.room == 0 else grown_room(first + count, self.room))
+        for lo, hi, at in self.runs(first, count):
+            self.episode[lo:hi], self.agent[lo:hi], self.start[lo:hi] = \
+                keys.episode[at:at + hi - lo], keys.agent[at:at + hi - lo], keys.start[at:at + hi - lo]
+        self.total += count
+        return first, count
+
+    def runs(self, first: int, count: int) -> list[tuple[int, int, int]]:
+        """The slots of handles ``first .. first + count - 1`` as runs of consecutive slots: ``(lo, hi, offset)``,
+        ``offset`` the place of handle ``lo``'s among them (one run, or two where the ring wraps)."""
+        if not count:
+            return []
+        if self.capacity is None:
+            return [(first, first + count, 0)]
+        lo = first % self.capacity
+        head = min(count, self.capacity - lo)
+        return [(lo, lo + head, 0)] + ([(0, count - head, head)] if head < count else [])
 
     def _grow(self, room: int) -> None:
         for name in ("episode", "agent", "start"):
@@ -128,14 +146,13 @@ class Registry:
         gone = self.seen.take(np.flatnonzero(~found))
         self.seen = Keys(trajectories.episode, trajectories.agent, count)
         new = np.maximum(count - before, 0)
-        if order is not None:
-            new, before = new[order], before[order]
-            trajectories = trajectories.take(order)
+        if order is None:
+            order = np.arange(len(new), dtype=np.int64)
         total = int(new.sum())
-        which = np.repeat(np.arange(len(new)), new)
-        first = np.cumsum(new) - new
-        index = before[which] + (np.arange(total, dtype=np.int64) - first[which])
-        return Keys(trajectories.episode[which], trajectories.agent[which], index * stride), gone
+        out = Keys(np.empty(total, np.int64), np.empty(total, np.int32), np.empty(total, np.int32))
+        _expand(trajectories.episode, trajectories.agent, new, before, np.asarray(order, np.int64), int(stride),
+                out.episode, out.agent, out.start)
+        return out, gone
 
     def slots_of(self, trajectories: Keys) -> np.ndarray:
         """The slots holding items of ``trajectories`` (keys of whole trajectories: ``start`` unused)."""
@@ -145,7 +162,7 @@ class Registry:
         if not len(candidates):
             return candidates
         at = find(trajectories, Keys(self.episode[candidates], self.agent[candidates],
-                                     np.zeros(len(candidates), np.int64)), starts=False)
+                                     np.zeros(len(candidates), np.int32)), starts=False)
         return candidates[at >= 0]
 
 
@@ -194,6 +211,21 @@ def _merge(se: np.ndarray, sa: np.ndarray, sc: np.ndarray, te: np.ndarray, ta: n
         if i < len(se) and se[i] == te[j] and sa[i] == ta[j]:
             before[j] = sc[i]
             found[i] = True
+
+
+@numba.njit(cache=True, nogil=True)
+def _expand(episode: np.ndarray, agent: np.ndarray, new: np.ndarray, before: np.ndarray, order: np.ndarray,
+            stride: int, out_episode: np.ndarray, out_agent: np.ndarray, out_start: np.ndarray) -> None:
+    """The new items of each trajectory, trajectory by trajectory in ``order``: ``new[t]`` items from its index
+    ``before[t]`` on, starting ``stride`` steps apart."""
+    k = 0
+    for j in range(len(order)):
+        t = order[j]
+        for i in range(new[t]):
+            out_episode[k] = episode[t]
+            out_agent[k] = agent[t]
+            out_start[k] = (before[t] + i) * stride
+            k += 1
 
 
 @numba.njit(cache=True, nogil=True)

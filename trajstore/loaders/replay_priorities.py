@@ -34,7 +34,7 @@ def stored(rows: Rows, keys: Keys, agents: Sequence[str] | None) -> np.ndarray:
     ordered = keys if order is None else keys.take(order)
     for table in rows.files:
         query = Keys(table["episode_id"].to_numpy(), agent_codes(table["agent_id"], agents),
-                     table["step"].to_numpy().astype(np.int64))
+                     table["step"].to_numpy().astype(np.int32))
         at = find(ordered, query)
         hit = at >= 0
         prior[at[hit] if order is None else order[at[hit]]] = table["priority"].to_numpy()[hit]

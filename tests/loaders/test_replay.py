@@ -16,6 +16,8 @@ from scipy import stats
 import trajstore
 from tests.helpers import make_batch
 from trajstore.errors import EmptyReplayError, InputError, ReplayClosedError
+from trajstore.loaders import replay_items, sumtree
+from trajstore.loaders.assemble import Loading
 from trajstore.loaders.replay import Replay
 
 DRAWS = 1 << 20  # draws per chi-square test (at least 10^6)
@@ -25,6 +27,21 @@ def write(store: trajstore.Store, seed: int, *, T: int = 40, B: int = 4, run_id:
     rng = np.random.default_rng(seed)
     with store.writer(run_id=run_id, env_id="E") as w:
         w.add_batch(make_batch(rng, T, B, obs_dim=4, p_terminated=0.06, p_truncated=0.03))
+
+
+@pytest.fixture(params=["kernels", "numpy"])
+def ways(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test twice: by the compiled kernels, and by numpy, as a process makes its first items and batches while
+    numba loads them."""
+    if request.param == "numpy":
+        def unavailable() -> None:
+            raise RuntimeError("no kernels in this test")
+
+        for module in (sumtree, replay_items):
+            kernels = Loading(unavailable, "none in this test")
+            kernels.usable()
+            monkeypatch.setattr(module, "KERNELS", kernels)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -110,6 +127,7 @@ def test_transitions_are_the_loaders_transitions(filled: trajstore.Store) -> Non
             np.testing.assert_array_equal(batch[name][i], want[name])
 
 
+@pytest.mark.usefixtures("ways")
 def test_probabilities_and_weights_are_the_definitions(filled: trajstore.Store) -> None:
     alpha, beta, eps = 0.7, 0.5, 1e-3
     with filled.replay(n=2, gamma=0.99, alpha=alpha, beta=beta, eps=eps, priorities=None, seed=3) as replay:
@@ -167,6 +185,7 @@ def test_new_items_take_the_largest_priority_given_so_far(store: trajstore.Store
         np.testing.assert_allclose(batch["probability"], p / total, rtol=1e-9)
 
 
+@pytest.mark.usefixtures("ways")
 def test_new_commits_bring_new_items_and_the_draws_follow(store: trajstore.Store) -> None:
     write(store, 0, T=30, B=3)
     with store.replay(n=3, gamma=0.9, follow=True, poll=0.0, priorities=None, seed=2) as replay:
@@ -207,6 +226,7 @@ def test_a_running_episode_grows_in_place(store: trajstore.Store) -> None:
             assert found["index"][at][0] == 2 and found["reward"][at][0] == 1.75  # 1 + 0.5 + 0.25
 
 
+@pytest.mark.usefixtures("ways")
 def test_capacity_keeps_the_newest_items(store: trajstore.Store) -> None:
     write(store, 0, T=20, B=2)
     first = {(r["episode_id"], r["step"]) for r in store.sql("SELECT episode_id, step FROM steps").to_pylist()}
@@ -262,7 +282,8 @@ def test_bad_updates_are_refused_by_name_and_change_nothing(filled: trajstore.St
                                           ({"eps": 0.0}, "eps"), ({"capacity": 0}, "capacity"),
                                           ({"priorities": "a b"}, "priorities"), ({"seed": -1}, "seed"),
                                           ({"length": 0}, "length"), ({"commit_interval": "0s"}, "commit_interval"),
-                                          ({"commit_updates": 0}, "commit_updates"), ({"columns": ["nope"]}, "columns")])
+                                          ({"commit_updates": 0}, "commit_updates"),
+                                          ({"columns": ["nope"]}, "columns")])
 def test_bad_arguments_are_refused_by_name(filled: trajstore.Store, kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(InputError, match=f"^{field}"):
         filled.replay(**kwargs).close()

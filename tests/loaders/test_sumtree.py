@@ -7,7 +7,24 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from trajstore.loaders import sumtree
+from trajstore.loaders.assemble import Loading
 from trajstore.loaders.sumtree import FANOUT, PriorityTree, grown_room, level_sizes
+
+
+@pytest.fixture(autouse=True, params=["kernels", "numpy"])
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: by the compiled kernels, and by numpy (what a process does while they load)."""
+    if request.param == "numpy":
+        def unavailable() -> None:
+            raise RuntimeError("no kernels in this test")
+
+        kernels = Loading(unavailable, "replay kernels (none in this test)")
+        kernels.usable()
+        monkeypatch.setattr(sumtree, "KERNELS", kernels)
+    else:
+        assert sumtree.KERNELS.usable()
+    return str(request.param)
 
 
 def reference_draw(weights: np.ndarray, masses: np.ndarray) -> np.ndarray:

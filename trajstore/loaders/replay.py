@@ -46,6 +46,7 @@ import numpy as np
 
 from trajstore.durations import seconds
 from trajstore.errors import EmptyReplayError, InputError, ReadOnlyError, ReplayClosedError, size_text
+from trajstore.loaders import replay_items, sumtree
 from trajstore.loaders.order import check_count
 from trajstore.loaders.replay_items import Keys, Registry, find
 from trajstore.loaders.replay_priorities import Committer, Committing, Pending, Updates, rows_of, stored
@@ -188,7 +189,7 @@ class Replay:
         self._closed = False
         self._next_poll = 0.0
         self.version: int | None = None  # the version of the priorities table last read or committed
-        self._registry = Registry(self.capacity)
+        self._registry = Registry(self.capacity, 1)
         self._tree = PriorityTree(self.capacity or 1)
         self._live = 0
         self._highest: float | None = None  # the largest priority given so far
@@ -198,27 +199,29 @@ class Replay:
     # --- made, and made again on new commits ------------------------------------------------------------------
 
     def _build(self, version: int | None) -> None:
+        for kernels in (sumtree.KERNELS, replay_items.KERNELS):  # loading on threads while the store is read
+            kernels.ready()
         source = self._source()
         items = self.spec.items(source)
         try:
             self._steps_version = _version_of(source, self._latest)
             trajectories, agents = _trajectories(source, items)
             order = _by_last_write(source, items, trajectories) if self.capacity is not None else None
-            new, _ = self._registry.new_items(trajectories, items.count, items.stride, order)
+            self._registry = Registry(self.capacity, items.stride)
+            runs, _ = self._registry.new_runs(trajectories, items.count, order)
             rows = self._table.rows(self.name, version) if self._table is not None and self.name is not None else \
                 Rows(-1, [], None)
             self.version = rows.version if rows.version >= 0 else None
             self._highest = rows.highest
-            prior = stored(rows, new, agents) if rows.files else None
             self._agents = agents
             self._item_bytes = _item_bytes(self.spec, items)
-            first, count = self._registry.add(new)
+            first, count = self._registry.add(runs)
             default = float(self.prioritization.weights(self._default_priority()))
             self._tree = PriorityTree(self._registry.room or 1)
-            if prior is None:
+            if not rows.files:
                 self._put(first, count, default)
             else:
-                prior = prior[len(prior) - count:]
+                prior = stored(rows, self._registry, first, count, agents)
                 weights = np.full(count, default)
                 has = ~np.isnan(prior)
                 weights[has] = self.prioritization.weights(prior[has])
@@ -248,15 +251,15 @@ class Replay:
         try:
             version = _version_of(source, self._latest)
             trajectories, _ = _trajectories(source, items)
-            new, gone = self._registry.new_items(trajectories, items.count, items.stride)
+            runs, gone = self._registry.new_runs(trajectories, items.count)
             if len(gone):
                 emptied = self._registry.slots_of(gone)
                 self._live -= int((self._tree.leaves(emptied) > 0).sum())
                 self._tree.set(emptied, np.zeros(len(emptied)))
-            first, count = self._registry.add(new)
+            first, count = self._registry.add(runs)
             if self._registry.room > self._tree.room:
                 self._tree = self._tree.grown(self._registry.room)
-            for lo, hi, _ in self._registry.runs(first, count):  # the items whose slots the new ones take
+            for lo, hi, _ in self._registry.slot_runs(first, count):  # the items whose slots the new ones take
                 self._live -= int(np.count_nonzero(self._tree.sums[lo:hi]))
             self._put(first, count, float(self.prioritization.weights(self._default_priority())))
             self._live += count
@@ -270,7 +273,7 @@ class Replay:
     def _put(self, first: int, count: int, weights: np.ndarray | float) -> None:
         """``weights`` (one for all, or one each) into the tree at the slots of handles ``first .. first + count -
         1``: consecutive runs loaded in bulk."""
-        for lo, hi, at in self._registry.runs(first, count):
+        for lo, hi, at in self._registry.slot_runs(first, count):
             part = weights if np.ndim(weights) == 0 else weights[at:at + hi - lo]  # type: ignore[index]
             self._tree.fill(lo, part, hi - lo)
 
@@ -304,12 +307,13 @@ class Replay:
             total, least = self._tree.total, self._tree.minimum
             slots = self._tree.draw(self._rng.random(n) * total)
             weights = self._tree.leaves(slots)
-            keys = self._registry.keys(slots)
+            handles = self._registry.handles(slots)
+            keys = self._registry.keys(handles)
             assert self._items is not None
             at = find(self._trajectories, keys, starts=False)
             batch = self._items.batch(self._items.first[at] + keys.start // self._items.stride)
             batch = self.spec.finished(batch)
-            batch["index"] = self._registry.handles(slots)
+            batch["index"] = handles
             batch["probability"] = weights / total
             batch["weight"] = np.power(weights / least, -self.prioritization.beta).astype(np.float32)
             return batch
@@ -331,13 +335,13 @@ class Replay:
             kept = self._registry.kept(handles)
             slots = self._registry.slots(handles[kept])
             alive = self._tree.leaves(slots) > 0
-            slots, given_kept = slots[alive], given[kept][alive]
+            slots, given_kept, handles_kept = slots[alive], given[kept][alive], handles[kept][alive]
             if len(given):
                 top = float(given.max())
                 self._highest = top if self._highest is None else max(self._highest, top)
             self._tree.set(slots, self.prioritization.weights(given_kept))
             if self._table is not None:
-                self._pending.add(Updates(self._registry.keys(slots), given_kept, now_us[:len(slots)]))
+                self._pending.add(Updates(self._registry.keys(handles_kept), given_kept, now_us[:len(slots)]))
         if self._table is not None:
             self._committer.notify()
 
@@ -463,15 +467,12 @@ def _by_last_write(source: Source, items: Items, trajectories: Keys) -> np.ndarr
 
 
 def _item_bytes(spec: ItemSpec, items: Items) -> int:
-    """The bytes one item of a batch takes (one item gathered and measured; 0 without items)."""
-    if not items.total:
-        return 0
-    batch = spec.finished(items.batch(np.zeros(1, np.int64)))
-    return max(1, sum(_nbytes(v) for v in batch.values()) + 8 * 4)  # and index, probability, weight, start
-
-
-def _nbytes(value: Any) -> int:
-    return sum(_nbytes(v) for v in value.values()) if isinstance(value, dict) else int(np.asarray(value).nbytes)
+    """About the bytes one item of a batch takes, at most: every column laid out, at each of its steps (a window's
+    ``length``; a transition's step and its ``next_obs``), and its keys, mask and weights."""
+    spans = items.view.spans
+    per_step = sum(spans.width(leaf) for leaf in spans.arrays)
+    steps = spec.length or 1
+    return int(per_step * steps + steps + 64)
 
 
 def _updates(index: Any, priority: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -18,26 +18,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trajstore.errors import InputError, first_line
-from trajstore.loaders.replay_items import Keys, find
+from trajstore.loaders.replay_items import Keys, Registry
 from trajstore.storage.priorities_log import ROWS, Rows
 
 log = logging.getLogger(__name__)
 
 
-def stored(rows: Rows, keys: Keys, agents: Sequence[str] | None) -> np.ndarray:
-    """The stored priority of each of ``keys`` (NaN where none), the rows of each file applied over the earlier
-    files' (``agents``: the names of the agent codes; None for a single-agent replay, whose rows have no agent)."""
-    prior = np.full(len(keys), np.nan)
-    if not len(keys):
-        return prior
-    order = None if keys.sorted() else keys.order()
-    ordered = keys if order is None else keys.take(order)
+def stored(rows: Rows, registry: Registry, first: int, count: int, agents: Sequence[str] | None) -> np.ndarray:
+    """The stored priority of the items of handles ``first .. first + count - 1`` (NaN where none), the rows of each
+    file applied over the earlier files' (``agents``: the names of the agent codes; None for a single-agent replay,
+    whose rows have no agent)."""
+    prior = np.full(count, np.nan)
     for table in rows.files:
-        query = Keys(table["episode_id"].to_numpy(), agent_codes(table["agent_id"], agents),
-                     table["step"].to_numpy().astype(np.int32))
-        at = find(ordered, query)
-        hit = at >= 0
-        prior[at[hit] if order is None else order[at[hit]]] = table["priority"].to_numpy()[hit]
+        keys = Keys(table["episode_id"].to_numpy(), agent_codes(table["agent_id"], agents),
+                    table["step"].to_numpy().astype(np.int32))
+        handles = registry.handles_of(keys)
+        hit = (handles >= first) & (handles < first + count)
+        prior[handles[hit] - first] = table["priority"].to_numpy()[hit]
     return prior
 
 

@@ -22,7 +22,10 @@ import math
 import numba
 import numpy as np
 
+from trajstore.loaders.assemble import Loading
+
 FANOUT = 16
+CHUNK = 1 << 16  # nodes recomputed at a time by numpy (their children gathered in one array)
 
 
 def level_sizes(room: int) -> list[int]:
@@ -71,32 +74,86 @@ class PriorityTree:
         keeps its last weight."""
         slots = np.ascontiguousarray(slots, np.int64)
         weights = np.ascontiguousarray(np.broadcast_to(weights, slots.shape), np.float64)
-        if len(slots):
+        if not len(slots):
+            return
+        if KERNELS.ready():
             _set(self.sums, self.mins, self.offsets, self.sizes, slots, weights)
+            return
+        last = len(slots) - 1 - np.unique(slots[::-1], return_index=True)[1]  # each slot's last weight
+        self.sums[slots[last]] = weights[last]
+        nodes = np.unique(slots[last])
+        for level in range(1, len(self.sizes)):
+            nodes = np.unique(nodes // FANOUT)
+            self._nodes(level, nodes)
 
     def fill(self, start: int, weights: np.ndarray | float, count: int | None = None) -> None:
         """Give the slots ``start, start + 1, …`` their ``weights`` at once (one weight for ``count`` slots: a bulk
         load; every level recomputed over the slots' span)."""
-        values = np.atleast_1d(np.asarray(weights, np.float64))
-        count = len(values) if count is None else int(count)
+        values = np.asarray(weights, np.float64)
+        count = values.size if count is None else int(count)
         if not count:
             return
-        _fill(self.sums, self.mins, int(start), np.ascontiguousarray(values), count)
-        self._rebuild(int(start), int(start) + count)
+        self.sums[start:start + count] = values if values.ndim else float(values)
+        first, stop = start, start + count
+        for level in range(1, len(self.sizes)):
+            first, stop = first // FANOUT, (stop - 1) // FANOUT + 1
+            self._span(level, first, stop)
+
+    def _span(self, level: int, first: int, stop: int) -> None:
+        """Nodes ``first .. stop - 1`` of ``level`` from their children: the blocks of a whole ``FANOUT`` children
+        summed as rows of one array, a last partial block by :meth:`_nodes`."""
+        below, size = int(self.offsets[level - 1]), int(self.sizes[level - 1])
+        whole = min(stop, size // FANOUT)
+        if whole > first:
+            source = self.sums if level == 1 else self.mins
+            here = int(self.offsets[level])
+            self.sums[here + first:here + whole] = \
+                self.sums[below + first * FANOUT:below + whole * FANOUT].reshape(-1, FANOUT).sum(axis=1)
+            children = source[below + first * FANOUT:below + whole * FANOUT].reshape(-1, FANOUT)
+            least = np.where(children > 0, children, np.inf).min(axis=1)
+            self.mins[here + first:here + whole] = np.where(np.isfinite(least), least, 0.0)
+        if stop > max(whole, first):
+            self._nodes(level, np.arange(max(whole, first), stop, dtype=np.int64))
 
     def clear(self, start: int, stop: int) -> None:
         """No items at slots ``start .. stop - 1``."""
-        self.fill(start, np.zeros(max(0, stop - start)))
+        self.fill(start, 0.0, max(0, stop - start))
 
-    def _rebuild(self, start: int, stop: int) -> None:
-        """Every inner node above leaves ``start .. stop - 1`` recomputed from its children."""
-        _rebuild(self.sums, self.mins, self.offsets, self.sizes, start, stop)
+    def _nodes(self, level: int, nodes: np.ndarray) -> None:
+        """Nodes ``nodes`` of ``level`` computed from their children (what :func:`_node` does, in numpy)."""
+        below, size = int(self.offsets[level - 1]), int(self.sizes[level - 1])
+        for lo in range(0, len(nodes), CHUNK):
+            part = nodes[lo:lo + CHUNK]
+            children = (below + part * FANOUT)[:, None] + np.arange(FANOUT)
+            inside = children < below + size
+            at = np.where(inside, children, below)
+            sums = np.where(inside, self.sums[at], 0.0)
+            least = np.where(inside, (self.sums if level == 1 else self.mins)[at], 0.0)
+            least = np.where(least > 0, least, np.inf).min(axis=1)
+            here = int(self.offsets[level]) + part
+            self.sums[here] = sums.sum(axis=1)
+            self.mins[here] = np.where(np.isfinite(least), least, 0.0)
 
     def draw(self, masses: np.ndarray) -> np.ndarray:
         """The slot each mass in ``[0, total)`` falls on, walking down from the root (see the module)."""
         masses = np.ascontiguousarray(masses, np.float64)
         out = np.empty(len(masses), np.int64)
-        _draw(self.sums, self.offsets, self.sizes, masses, out)
+        if KERNELS.ready():
+            _draw(self.sums, self.offsets, self.sizes, masses, out)
+            return out
+        u, node = masses.copy(), np.zeros(len(masses), np.int64)
+        for level in range(len(self.sizes) - 1, 0, -1):
+            below, size = int(self.offsets[level - 1]), int(self.sizes[level - 1])
+            children = (below + node * FANOUT)[:, None] + np.arange(FANOUT)
+            weight = np.where(children < below + size, self.sums[np.minimum(children, below + size - 1)], 0.0)
+            before = np.cumsum(weight, axis=1) - weight  # the running sum before each child
+            passed = (weight > 0) & (u[:, None] < before + weight)
+            last = FANOUT - 1 - np.argmax((weight > 0)[:, ::-1], axis=1)  # past every child by rounding
+            chosen = np.where(passed.any(axis=1), np.argmax(passed, axis=1), last)
+            rows = np.arange(len(u))
+            u = u - before[rows, chosen]
+            node = children[rows, chosen] - below
+        out[:] = np.where(self.total > 0, node, -1)
         return out
 
     def grown(self, room: int) -> PriorityTree:
@@ -144,24 +201,6 @@ def _set(sums: np.ndarray, mins: np.ndarray, offsets: np.ndarray, sizes: np.ndar
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill(sums: np.ndarray, mins: np.ndarray, start: int, values: np.ndarray, count: int) -> None:
-    if len(values) == 1:
-        sums[start:start + count] = values[0]
-    else:
-        sums[start:start + count] = values[:count]
-
-
-@numba.njit(cache=True, nogil=True)
-def _rebuild(sums: np.ndarray, mins: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, start: int,
-             stop: int) -> None:
-    for level in range(1, len(offsets)):
-        first, last = start // FANOUT, (stop - 1) // FANOUT + 1
-        for parent in range(first, last):
-            _node(sums, mins, offsets, sizes, level, parent)
-        start, stop = first, last
-
-
-@numba.njit(cache=True, nogil=True)
 def _draw(sums: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, masses: np.ndarray, out: np.ndarray) -> None:
     top = len(offsets) - 1
     for i in range(len(masses)):
@@ -187,3 +226,14 @@ def _draw(sums: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, masses: np.n
                 break
             node = chosen - offsets[level - 1]
         out[i] = node
+
+
+def _warm() -> None:
+    """Each kernel called once: numba loads it from its cache, or compiles it."""
+    tree = PriorityTree(FANOUT + 1)
+    _set(tree.sums, tree.mins, tree.offsets, tree.sizes, np.zeros(1, np.int64), np.ones(1))
+    _draw(tree.sums, tree.offsets, tree.sizes, np.zeros(1), np.zeros(1, np.int64))
+
+
+# a replay's first draws and changes are made by numpy while numba loads these (and its compiler) on a thread
+KERNELS = Loading(_warm, "replay kernels")

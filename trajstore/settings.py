@@ -55,6 +55,13 @@ class Settings:
     stream_batch_rows: int = 65_536
     stream_batch_bytes: int = 16 * 1024 * 1024  # fewer rows per streamed batch when rows are wide
     loader_batch_bytes: int = 256 * 1024 * 1024  # the largest batch /sequences and /transitions build (422 beyond)
+    # replays held open by the service for remote learners (POST /replays, api/replays.py): at most replay_max_open
+    # at once (429 beyond), replay_memory_bytes of trees and slots together (413 beyond), each closed (its updates
+    # committed) once unused for replay_idle_s; a POST /replays/{id}/update body at most replay_max_body_bytes
+    replay_max_open: int = 8
+    replay_memory_bytes: int = 1024 * 1024 * 1024
+    replay_idle_s: float = 600.0
+    replay_max_body_bytes: int = 16 * 1024 * 1024
     s3_connect_timeout_s: float = 3.0  # object store: the longest wait for a connection
     s3_timeout_s: float = 3.0  # object store: the longest wait for an answer (see storage/location.py)
     s3_retries: int = 1  # object store: retries of a request that failed or got no answer in time

@@ -52,7 +52,7 @@ from trajstore.loaders.replay_items import Keys, Registry, find
 from trajstore.loaders.replay_priorities import Committer, Committing, Pending, Updates, rows_of, stored
 from trajstore.loaders.sequences import Items, Source, window_items
 from trajstore.loaders.source import loader_source
-from trajstore.loaders.sumtree import FANOUT, PriorityTree
+from trajstore.loaders.sumtree import PriorityTree
 from trajstore.loaders.transitions import transition_items
 from trajstore.query.returns import check_gamma
 from trajstore.storage.priorities_log import PrioritiesLog, Rows, check_name
@@ -66,8 +66,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STEP_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")  # a step item's, by default
-# per slot: its weight (the trees' leaf, 8 bytes), the inner nodes of the sum and min trees above it, and its key
-SLOT_BYTES = 8 + 16 / (FANOUT - 1) + 16
 
 
 @dataclass(frozen=True)
@@ -323,7 +321,7 @@ class Replay:
         >= 0; one per handle, or one for all); a handle given twice keeps its last. An item that has left the replay
         is passed over; a handle the replay never gave, a priority that is not finite or below 0, or arrays of two
         lengths are refused before anything changes."""
-        handles, given = _updates(index, priority)
+        handles, given = checked_updates(index, priority)
         now_us = np.full(len(handles), time.time_ns() // 1000, np.int64)
         with self._lock:
             self._open()
@@ -424,12 +422,6 @@ class Replay:
                 "steps_version": self._steps_version, "item_bytes": self._item_bytes}
 
 
-def item_memory(count: int, capacity: int | None) -> int:
-    """The bytes a replay of ``count`` items (at most ``capacity``) holds for them: its trees and slots."""
-    slots = count if capacity is None else min(count, capacity)
-    return int(slots * SLOT_BYTES)
-
-
 def _seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise InputError(f"{name}: must be a number of seconds >= 0, got {value!r}")
@@ -475,7 +467,7 @@ def _item_bytes(spec: ItemSpec, items: Items) -> int:
     return int(per_step * steps + steps + 64)
 
 
-def _updates(index: Any, priority: Any) -> tuple[np.ndarray, np.ndarray]:
+def checked_updates(index: Any, priority: Any) -> tuple[np.ndarray, np.ndarray]:
     """``index`` as int64 handles, ``priority`` as float64 of its length, checked (see :meth:`Replay.update`)."""
     handles = _array(index)
     if handles.ndim != 1 or not (handles.dtype.kind in "iu" or (handles.dtype.kind == "f" and not len(handles))):

@@ -96,3 +96,23 @@ def test_grown_and_cleared_trees_keep_their_weights() -> None:
     empty = PriorityTree(4)
     assert empty.total == 0.0 and empty.minimum == np.inf
     assert (empty.draw(np.zeros(3)) == -1).all()
+
+
+def test_one_weight_for_a_span_is_the_same_tree_as_that_weight_per_slot() -> None:
+    """A bulk load of one weight (a new replay's items, a follow's new ones) sets the nodes wholly inside the span at
+    once: the same sums and least weights as loading the weights one per slot, at any span and room."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        room = int(rng.integers(1, 5000))
+        base = rng.random(room) * (rng.random(room) < 0.7)  # some slots empty
+        start = int(rng.integers(0, room))
+        count = int(rng.integers(1, room - start + 1))
+        weight = float(rng.choice([0.0, 0.37, 2.0]))
+        one, each = PriorityTree(room), PriorityTree(room)
+        for tree in (one, each):
+            tree.fill(0, base)
+        one.fill(start, weight, count)
+        each.fill(start, np.full(count, weight))
+        np.testing.assert_allclose(one.sums, each.sums, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(one.mins, each.mins, rtol=1e-12, atol=1e-12)
+        assert one.total == pytest.approx(base[:start].sum() + weight * count + base[start + count:].sum())

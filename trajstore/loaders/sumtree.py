@@ -94,10 +94,30 @@ class PriorityTree:
         if not count:
             return
         self.sums[start:start + count] = values if values.ndim else float(values)
+        if not values.ndim:
+            self._fill_one(start, start + count, float(values))
+            return
         first, stop = start, start + count
         for level in range(1, len(self.sizes)):
             first, stop = first // FANOUT, (stop - 1) // FANOUT + 1
             self._span(level, first, stop)
+
+    def _fill_one(self, start: int, stop: int, weight: float) -> None:
+        """The levels above leaves ``start .. stop - 1``, all given ``weight``: a node whose leaves all lie there
+        sums ``weight`` once per leaf and has ``weight`` as its least (none: 0), set at once; the nodes at the
+        span's two ends are computed from their children."""
+        first, end = start, stop  # nodes changed at the level below
+        whole, whole_end = start, stop  # nodes of the level below whose leaves all have the weight
+        for level in range(1, len(self.sizes)):
+            first, end = first // FANOUT, (end - 1) // FANOUT + 1
+            whole, whole_end = -(-whole // FANOUT), whole_end // FANOUT
+            whole_end = max(whole, whole_end)
+            here = int(self.offsets[level])
+            self.sums[here + whole:here + whole_end] = weight * FANOUT ** level
+            self.mins[here + whole:here + whole_end] = weight if weight > 0 else 0.0
+            ends = np.concatenate([np.arange(first, min(whole, end)), np.arange(max(whole_end, first), end)])
+            if len(ends):
+                self._nodes(level, np.unique(ends).astype(np.int64))
 
     def _span(self, level: int, first: int, stop: int) -> None:
         """Nodes ``first .. stop - 1`` of ``level`` from their children: the blocks of a whole ``FANOUT`` children

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,8 +33,9 @@ def journal(store: trajstore.Store, folder: Path) -> None:
             for e, s, p in zip(batch["episode_id"], batch["start"], priority):
                 given[(int(e), int(s))] = float(p)
             keys = np.array(list(given), np.int64).reshape(-1, 2)
-            np.savez(folder / f"journal-{k}.npz", episode=keys[:, 0], step=keys[:, 1],
+            np.savez(folder / "partial.npz", episode=keys[:, 0], step=keys[:, 1],
                      priority=np.array(list(given.values())))
+            os.replace(folder / "partial.npz", folder / f"journal-{k}.npz")  # whole, or absent, when killed
             replay.commit()
             print(f"committed {k}", flush=True)
 

@@ -615,6 +615,14 @@ def runs_view(source: str) -> str:
             f"problem FROM {ident(source)}")
 
 
+def priorities_view(source: str) -> str:
+    """The ``priorities`` view over the rows of the ``priorities`` table in ``source``
+    (:mod:`~trajstore.storage.priorities_log`): each item's row of the highest version, one per replay and item."""
+    return (f"SELECT replay, episode_id, step, agent_id, arg_max(priority, version) AS priority, "
+            f"arg_max(\"time\", version) AS \"time\", max(version) AS version FROM {ident(source)} "
+            f"GROUP BY replay, episode_id, step, agent_id")
+
+
 def with_config(source: str, names: Iterable[str], runs: str = "run_info") -> str:
     """``source`` (rows with a ``run_id``) with the columns ``names`` of its run's row in ``runs`` (the rows of
     :func:`~trajstore.storage.run_config.table` with a column per config value grouped by: text, null where the

@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from trajstore.api.settings import ServiceSettings
 from trajstore.errors import QueryBusyError, QueryMemoryError, ReplayNotFoundError, size_text
 from trajstore.loaders.replay import Replay
-from trajstore.settings import PREFIX, Settings
+from trajstore.settings import PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class Held:
 class Replays:
     """The service's open replays (see the module)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: ServiceSettings) -> None:
         self.max_open, self.memory_bytes = settings.replay_max_open, settings.replay_memory_bytes
         self.idle_s = settings.replay_idle_s
         self._held: dict[str, Held] = {}

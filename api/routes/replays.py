@@ -28,17 +28,17 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from trajstore.api.arrow import ARROW_CONTENT
-from trajstore.api.deps import SettingsDep, StoreDep, require_api_key
+from trajstore.api.deps import SettingsDep, SqlGateDep, StoreDep, require_api_key
 from trajstore.api.params import NAME, ColumnsDep, FilterDep, WhereDep
 from trajstore.api.problems import problem_response
 from trajstore.api.replays import Replays
 from trajstore.errors import BodyTooLargeError, InputError, size_text
 from trajstore.loaders.loader import to_arrow
 from trajstore.loaders.replay import Replay
+from trajstore.query.sandbox import Gate
 from trajstore.remote.decoded_size import decoded_size
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes, read_table
 from trajstore.settings import PREFIX
-from trajstore.store import Store
 
 router = APIRouter(tags=["replay"], dependencies=[Depends(require_api_key)])
 T = TypeVar("T")
@@ -56,9 +56,9 @@ def replays(request: Request) -> Replays:
 ReplaysDep = Annotated[Replays, Depends(replays)]
 
 
-def _in_place(store: Store, what: str, work: Callable[[], T]) -> T:
-    """``work`` done holding one of the store's places (429 at once when none is free)."""
-    slot = store.sql_slot(what)
+def _in_place(gate: Gate, what: str, work: Callable[[], T]) -> T:
+    """``work`` done holding one of the ``gate``'s places (429 at once when none is free)."""
+    slot = gate.take(what)
     try:
         return work()
     finally:
@@ -70,8 +70,8 @@ def _described(key: str, replay: Replay) -> dict[str, Any]:
 
 
 @router.post("/replays", status_code=201, summary="Open a prioritized replay over the store (Store.replay)")
-def open_replay(store: StoreDep, settings: SettingsDep, held: ReplaysDep, flt: FilterDep, where: WhereDep,
-                columns: ColumnsDep, length: Positive | None = None,
+def open_replay(store: StoreDep, settings: SettingsDep, gate: SqlGateDep, held: ReplaysDep, flt: FilterDep,
+                where: WhereDep, columns: ColumnsDep, length: Positive | None = None,
                 n: Annotated[int | None, Query(ge=1, le=65_536, description="n-step transitions")] = None,
                 gamma: Annotated[float | None, Query(ge=0, le=1)] = None, stride: Positive | None = None,
                 pad: bool = False, agent_id: AgentIds = None,
@@ -92,7 +92,7 @@ def open_replay(store: StoreDep, settings: SettingsDep, held: ReplaysDep, flt: F
                             alpha=alpha, beta=beta, eps=eps, capacity=capacity, follow=follow, poll=poll,
                             seed=draw_seed, version=priorities_version, max_batch_bytes=settings.loader_batch_bytes)
 
-    key, replay = _in_place(store, "replay", lambda: held.open(make))
+    key, replay = _in_place(gate, "replay", lambda: held.open(make))
     return _described(key, replay)
 
 
@@ -104,10 +104,10 @@ def describe(replay_id: ReplayId, held: ReplaysDep) -> dict[str, Any]:
 
 @router.get("/replays/{replay_id}/sample", summary="A batch drawn in proportion to the priorities (Arrow IPC)",
             responses={200: {"content": ARROW_CONTENT}})
-def sample(replay_id: ReplayId, store: StoreDep, held: ReplaysDep,
+def sample(replay_id: ReplayId, gate: SqlGateDep, held: ReplaysDep,
            batch_size: Annotated[int, Query(ge=1, le=1_048_576)] = 256) -> Response:
     replay = held.get(replay_id)
-    batch = _in_place(store, "replay", lambda: replay.sample(batch_size))
+    batch = _in_place(gate, "replay", lambda: replay.sample(batch_size))
     return Response(ipc_bytes(pa.Table.from_batches([to_arrow(batch)])), media_type=ARROW_STREAM)
 
 
@@ -120,7 +120,7 @@ def sample(replay_id: ReplayId, store: StoreDep, held: ReplaysDep,
                         422: problem_response(422, "a body that is no Arrow IPC stream of index and priority, a "
                                                    "handle the replay never gave, or a priority that is not finite "
                                                    "or below 0 (the detail names the column); nothing is changed")})
-async def update(replay_id: ReplayId, request: Request, store: StoreDep, settings: SettingsDep,
+async def update(replay_id: ReplayId, request: Request, gate: SqlGateDep, settings: SettingsDep,
                  held: ReplaysDep) -> dict[str, Any]:
     replay = held.get(replay_id)
     body = await request.body()
@@ -131,19 +131,19 @@ async def update(replay_id: ReplayId, request: Request, store: StoreDep, setting
                                 f"({size_text(limit)}) of an update ({PREFIX}REPLAY_MAX_BODY_BYTES); nothing of it "
                                 "was decoded or stored. Send fewer updates per request")
     index, priority = updates_of(read_table(body, field="body"))
-    await run_in_threadpool(_in_place, store, "replay", lambda: replay.update(index, priority))
+    await run_in_threadpool(_in_place, gate, "replay", lambda: replay.update(index, priority))
     return {"updated": len(index), "pending": replay.pending}
 
 
 @router.post("/replays/{replay_id}/commit", summary="Commit the updates given so far to the priorities table")
-def commit(replay_id: ReplayId, store: StoreDep, held: ReplaysDep) -> dict[str, Any]:
+def commit(replay_id: ReplayId, gate: SqlGateDep, held: ReplaysDep) -> dict[str, Any]:
     replay = held.get(replay_id)
-    return {"version": _in_place(store, "replay", replay.commit)}
+    return {"version": _in_place(gate, "replay", replay.commit)}
 
 
 @router.delete("/replays/{replay_id}", summary="Commit what is pending and close the replay")
-def close(replay_id: ReplayId, store: StoreDep, held: ReplaysDep) -> dict[str, Any]:
-    replay = _in_place(store, "replay", lambda: held.close(replay_id))
+def close(replay_id: ReplayId, gate: SqlGateDep, held: ReplaysDep) -> dict[str, Any]:
+    replay = _in_place(gate, "replay", lambda: held.close(replay_id))
     return {"replay_id": replay_id, "version": replay.version}
 
 

@@ -30,7 +30,7 @@ from trajstore.query.scan import ScanPlan, loader_plan, scan_plan
 from trajstore.storage.log import DataFile
 
 
-def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where: str | None,
+def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where: sql.Where | None,
                   filter: EpisodeFilter | None, agent_id: Names = None,  # noqa: A002
                   complete_only: bool = False, agent_field: str = "agent_id") -> Source:
     """The selected steps of the latest version, pinned: every read of a loader reads these files (``layouts``: where

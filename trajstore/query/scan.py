@@ -205,7 +205,7 @@ class ScanPlan:
 
 
 def scan_plan(engine: Engine, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
-              episode_id: Ids = None, where: str | None = None,
+              episode_id: Ids = None, where: sql.Where | None = None,
               filter: EpisodeFilter | None = None) -> ScanPlan:  # noqa: A002
     """What :func:`scan` reads: the committed files, their types, the columns and the episode ids (None: every
     episode of the files), resolved on one snapshot. Another engine (Ray) can read the plan's files in pieces, with

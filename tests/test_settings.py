@@ -23,7 +23,8 @@ NAMES = {
     "max_frame_size", "sql_max_rows", "sql_timeout_s", "sql_memory_limit", "sql_max_bytes", "sql_max_concurrent",
     "sql_worker_bytes", "max_body_bytes", "max_decoded_bytes", "sql_max_body_bytes", "run_max_body_bytes",
     "request_timeout_s", "compute_max_concurrent", "compute_timeout_s", "compute_memory_bytes", "stream_batch_rows",
-    "stream_batch_bytes", "loader_batch_bytes", "s3_connect_timeout_s", "s3_timeout_s", "s3_retries",
+    "stream_batch_bytes", "loader_batch_bytes", "writer_arrays", "replay_max_open", "replay_memory_bytes",
+    "replay_idle_s", "replay_max_body_bytes", "s3_connect_timeout_s", "s3_timeout_s", "s3_retries",
     "loader_layouts", "store_layouts", "layout_cache", "loader_arrays", "episode_summaries", "dashboard_warm",
     "compact_small_files", "compact_small_bytes", "compact_target_bytes", "checkpoint_interval", "debug"}
 LIBRARY = {f.name for f in fields(Settings)}

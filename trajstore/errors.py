@@ -297,11 +297,47 @@ class WriterClosedError(TrajstoreError):
 
 
 class ReplayClosedError(TrajstoreError):
-    """A replay was sampled, updated or committed after ``close()``."""
+    """A replay was sampled, updated or committed after ``close()``.
+
+    Examples:
+        >>> import numpy as np
+        >>> store = trajstore.open("./trajdata", create=True)
+        >>> steps = {"obs": np.zeros((3, 1, 2)), "action": np.zeros((3, 1), int), "reward": np.ones((3, 1)),
+        ...          "next_obs": np.zeros((3, 1, 2)), "terminated": np.array([[False], [False], [True]]),
+        ...          "truncated": np.zeros((3, 1), bool)}
+        >>> with store.writer(run_id="a", env_id="Toy-v0") as w:
+        ...     w.add_batch(steps)
+        3
+        >>> replay = store.replay(priorities=None)
+        >>> replay.close()
+        >>> try:
+        ...     replay.sample(2)
+        ... except trajstore.errors.ReplayClosedError:
+        ...     print("closed")
+        closed
+    """
 
 
 class EmptyReplayError(TrajstoreError, LookupError):
-    """A replay holding no items was sampled (its selection has no steps, or none long enough, yet)."""
+    """A replay holding no items was sampled (its selection has no steps, or none long enough, yet).
+
+    Examples:
+        >>> import numpy as np
+        >>> store = trajstore.open("./trajdata", create=True)
+        >>> steps = {"obs": np.zeros((3, 1, 2)), "action": np.zeros((3, 1), int), "reward": np.ones((3, 1)),
+        ...          "next_obs": np.zeros((3, 1, 2)), "terminated": np.array([[False], [False], [True]]),
+        ...          "truncated": np.zeros((3, 1), bool)}
+        >>> with store.writer(run_id="a", env_id="Toy-v0") as w:
+        ...     w.add_batch(steps)
+        3
+        >>> replay = store.replay(where="episode_return > 100", follow=True, priorities=None)  # none yet
+        >>> try:
+        ...     replay.sample(2)
+        ... except trajstore.errors.EmptyReplayError:
+        ...     print("empty")
+        empty
+        >>> replay.close()
+    """
 
 
 class RemoteError(TrajstoreError):

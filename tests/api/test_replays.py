@@ -202,13 +202,13 @@ def test_a_batch_over_the_limit_is_422(path: Path) -> None:
 
 
 def test_every_request_takes_one_of_the_places(live: Live) -> None:
-    store = live.app.state.store
+    gate = live.app.state.sql_gate
     with trajstore.Client(live.url, api_key=API_KEY, retries=0) as client, client.replay(priorities=None) as replay:
         slots = []
         try:
             while True:  # every place taken (as /sql queries and /sequences streams take them)
                 try:
-                    slots.append(store.sql_slot("test"))
+                    slots.append(gate.take("test"))
                 except trajstore.errors.QueryBusyError:
                     break
             for call in (lambda: replay.sample(4), lambda: replay.update([0], 1.0), replay.commit,

@@ -5,6 +5,9 @@
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and the virtualenv of
 #            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
 #            first when a Python >= 3.12 is here; its tests skip without it).
+# make check: the fast tier, for the edit-test loop (under 3 minutes): every test not marked as needing a server,
+#            a browser, S3, Spark, LeRobot, Ray, a long run or the security probe (tests/tiers.py says what each
+#            marker means), on two workers; needs only `make install`.
 # make lint: ruff over the whole tree with the rules pyproject.toml chooses (.ci/run runs it before the tests).
 # make min-venv: a virtualenv in .cache/min-venv with every core dependency at the minimum pyproject.toml
 #            declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself (editable);
@@ -25,7 +28,10 @@ LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
 # (pyenv's shims on PATH fail for a version that is not selected, so its versions are tried directly)
 LEROBOT_PYTHONS = $(LEROBOT_PYTHON) python3.12 python3.13 $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python3)
 
-.PHONY: install demo test lint bench system-tools min-venv lerobot-venv vendor-plotly clean
+# the tiers `make check` leaves out (pyproject.toml declares each marker)
+CHECK_SKIPS := server or browser or s3 or spark or lerobot or ray or slow or security
+
+.PHONY: install demo test check lint bench system-tools min-venv lerobot-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +54,9 @@ demo: install
 test: install system-tools min-venv
 	@$(MAKE) --no-print-directory lerobot-venv || echo "could not build $(LEROBOT_VENV): the LeRobot tests will be skipped"
 	$(PY) -m pytest
+
+check: install
+	$(PY) -m pytest -n 2 -m "not ($(CHECK_SKIPS))"
 
 lint: install
 	$(VENV)/bin/ruff check .

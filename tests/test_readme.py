@@ -85,6 +85,9 @@ def run_sh(code: str, started: list[subprocess.Popen[str]]) -> None:
         f"README shell block failed ({proc.returncode}):\n{code}\n--- output:\n{log.read_text()[-4000:]}"
 
 
+@pytest.mark.ray
+@pytest.mark.server
+@pytest.mark.slow
 def test_the_examples_run_as_printed(session: list[subprocess.Popen[str]]) -> None:
     import socket
 
@@ -107,6 +110,8 @@ def test_the_examples_run_as_printed(session: list[subprocess.Popen[str]]) -> No
     assert ran >= 6
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_make_demo_serves_its_dashboard(tmp_path: Path) -> None:
     setup = next(code for lang, info, code in blocks() if info == "setup")
     assert re.search(r"^make demo\b", setup, re.M) and re.search(r"^make test\b", setup, re.M)

@@ -95,6 +95,8 @@ def test_duckdbs_memory_limit_is_413_naming_it(populated: Path) -> None:
         assert c.post("/sql", json={"query": "SELECT 42 AS x"}).json()["rows"] == [{"x": 42}]
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_a_worker_killed_mid_query_is_503_saying_it_died_and_the_client_runs_it_again(
         populated: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="trajstore.remote.client")
@@ -208,6 +210,7 @@ def test_json_rows_are_as_before(planted_client: TestClient) -> None:
                               "s": {"a": "b"}, "f": float(np.float32(0.1))}]}
 
 
+@pytest.mark.server
 def test_past_sql_max_concurrent_is_429_with_retry_after_at_once(planted: Path) -> None:
     app = create_app(settings_for(planted, sql_max_concurrent=1, sql_timeout_s=3))
     with live_server(app) as live:
@@ -243,6 +246,8 @@ HEAVY = [
 ]
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_health_answers_quickly_under_heavy_sql(planted: Path) -> None:
     app = create_app(settings_for(planted, sql_timeout_s=2, sql_max_concurrent=3))
     statuses: list[int] = []

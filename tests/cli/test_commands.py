@@ -224,6 +224,7 @@ def test_the_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert done.value.code == 0 and capsys.readouterr().out == f"trajstore {trajstore.__version__}\n"
 
 
+@pytest.mark.server
 def test_serve_on_a_busy_port_is_one_error_line_and_no_banner(demo: Path) -> None:
     import socket
 
@@ -238,6 +239,7 @@ def test_serve_on_a_busy_port_is_one_error_line_and_no_banner(demo: Path) -> Non
     assert "in use" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+@pytest.mark.server
 def test_serve_creates_a_store_only_when_asked(tmp_path: Path) -> None:
     import signal
     import time

@@ -107,6 +107,7 @@ def _stderr(argv: list[str], *, terminal: bool) -> str:
         os.close(leader)
 
 
+@pytest.mark.slow
 def test_progress_bars_only_on_a_terminal(tmp_path: Path) -> None:
     def rollout(name: str, *extra: str) -> list[str]:
         return ["rollout", "--env", "CartPole-v1", "--episodes", "30", "--num-envs", "2", "--store",

@@ -169,6 +169,7 @@ def test_sample_until_stops_at_the_first_vector_step_meeting_the_rule(store: tra
     assert not rule(result.episodes - ended_last, result.steps - B)  # one vector step earlier it did not hold
 
 
+@pytest.mark.slow
 def test_evaluation_runs_exactly_n_complete_deterministic_episodes(random_run: tuple[trajstore.Store, Any]
                                                                    ) -> None:
     store, _ = random_run

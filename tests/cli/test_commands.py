@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,13 +32,20 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture
+def own_demo(demo: Path, tmp_path: Path) -> Path:
+    """A copy of ``demo``, for a test that adds a run to it (the module's store stays as made)."""
+    return Path(shutil.copytree(demo, tmp_path / "store"))
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
 
-def test_rollout_stores_what_it_reports(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_rollout_stores_what_it_reports(own_demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    demo = own_demo
     store = trajstore.open(demo)
     n_traj = store.stats().column("n_traj")[0].as_py()
     assert n_traj >= 50

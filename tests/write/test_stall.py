@@ -258,8 +258,15 @@ def ask(url: str, method: str, path: str, params: dict[str, Any]) -> tuple[httpx
 
 @pytest.fixture(scope="module")
 def live(server: seaweed.SeaweedFS) -> Iterator[Live]:
+    """The service over a store of two runs, for the tests that only read it."""
     store = new_store(server, runs=2)
     yield from serve(create_app(settings_for(Path("unused")), store=store))
+
+
+@pytest.fixture
+def own_live(server: seaweed.SeaweedFS) -> Iterator[Live]:
+    """The service over a store of its own, for a test that writes."""
+    yield from serve(create_app(settings_for(Path("unused")), store=new_store(server)))
 
 
 @pytest.mark.server
@@ -319,10 +326,10 @@ class Recording(httpx.HTTPTransport):
 
 
 @pytest.mark.server
-def test_a_remote_writer_keeps_its_rows_until_the_server_can_store_them(live: Live,
+def test_a_remote_writer_keeps_its_rows_until_the_server_can_store_them(own_live: Live,
                                                                           server: seaweed.SeaweedFS) -> None:
-    store: trajstore.Store = live.app.state.store
-    with Client(live.url, api_key=API_KEY, retries=0) as client:
+    store: trajstore.Store = own_live.app.state.store
+    with Client(own_live.url, api_key=API_KEY, retries=0) as client:
         writer = RemoteWriter(client, run_id="remote", env_id="Toy-v0")
         writer.add_batch(episodes(5))
         with server.paused(), within(BOUND_S), pytest.raises(RemoteError) as err:
@@ -333,8 +340,8 @@ def test_a_remote_writer_keeps_its_rows_until_the_server_can_store_them(live: Li
 
 
 @pytest.mark.server
-def test_followers_miss_no_commit_across_a_stall(live: Live, server: seaweed.SeaweedFS) -> None:
-    store: trajstore.Store = live.app.state.store
+def test_followers_miss_no_commit_across_a_stall(own_live: Live, server: seaweed.SeaweedFS) -> None:
+    store: trajstore.Store = own_live.app.state.store
     start = store.version
     got: list[int] = []
 
@@ -344,7 +351,7 @@ def test_followers_miss_no_commit_across_a_stall(live: Live, server: seaweed.Sea
             if commit.version >= start + 2:
                 return
 
-    with Client(live.url, retries=6) as client:
+    with Client(own_live.url, retries=6) as client:
         follower = threading.Thread(target=follow)
         with store.writer(run_id="followed", env_id="Toy-v0") as w:
             w.add_batch(episodes(6))

@@ -26,7 +26,7 @@ import pytest
 import trajstore
 from tests import seaweed
 from tests.api.helpers import API_KEY, Live, serve, settings_for
-from tests.helpers import make_batch
+from tests.helpers import make_batch, wait_for
 from trajstore.api.app import create_app
 from trajstore.errors import RemoteError, StoreAccessError
 from trajstore.remote.client import Client
@@ -340,7 +340,8 @@ def test_a_remote_writer_keeps_its_rows_until_the_server_can_store_them(own_live
 
 
 @pytest.mark.server
-def test_followers_miss_no_commit_across_a_stall(own_live: Live, server: seaweed.SeaweedFS) -> None:
+def test_followers_miss_no_commit_across_a_stall(own_live: Live, server: seaweed.SeaweedFS,
+                                                caplog: pytest.LogCaptureFixture) -> None:
     store: trajstore.Store = own_live.app.state.store
     start = store.version
     got: list[int] = []
@@ -356,9 +357,10 @@ def test_followers_miss_no_commit_across_a_stall(own_live: Live, server: seaweed
         with store.writer(run_id="followed", env_id="Toy-v0") as w:
             w.add_batch(episodes(6))
         follower.start()
-        time.sleep(1)
-        with server.paused():
-            time.sleep(12)  # the service's watcher fails at least once meanwhile
+        wait_for(lambda: got == [start + 1], "the follower's first commit")
+        with server.paused():  # until the service's watcher has failed at least once
+            wait_for(lambda: any(r.name.endswith("api.events") and "reading the commit log again" in r.getMessage()
+                                 for r in caplog.records), "a failed read of the commit log")
         with store.writer(run_id="followed", env_id="Toy-v0") as w:
             w.add_batch(episodes(7))
         follower.join(60)

@@ -81,6 +81,7 @@ def test_batches_are_tensors_of_the_local_batches(uri: str) -> None:
     assert torch.equal(torch_batch["reward"], step["reward"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", [None, "spawn"])
 def test_set_epoch_reaches_persistent_workers(uri: str, context: str | None) -> None:
     store = trajstore.open(uri)
@@ -95,6 +96,7 @@ def test_set_epoch_reaches_persistent_workers(uri: str, context: str | None) -> 
     assert orders[0] != orders[1] != orders[2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", [None, "spawn"])
 def test_workers_share_one_layout_kept_in_the_store(uri: str, context: str | None,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,6 +114,7 @@ def test_workers_share_one_layout_kept_in_the_store(uri: str, context: str | Non
     assert fresh.layouts.built == 0  # a later process finds what the workers built
 
 
+@pytest.mark.slow
 def test_workers_gather_from_the_array_copies_and_build_nothing(uri: str) -> None:
     data = ttorch.Sequences(uri, **WINDOWS)
     loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, multiprocessing_context="spawn")
@@ -133,6 +136,7 @@ def test_the_default_start_method_after_the_parent_opened_and_read_the_store(uri
     assert sum(len(r) for r in rewards) == store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
 
 
+@pytest.mark.slow
 def test_a_store_or_a_path(uri: str, tmp_path: Path) -> None:
     pinned = trajstore.open(uri, version=trajstore.open(uri).version)
     everything = sorted(windows(pinned.sequences(4, pad=True)))

@@ -230,6 +230,7 @@ def pixel_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_json_page_of_wide_rows_holds_what_fits_in_max_page_bytes(pixel_store: Path) -> None:
     store = trajstore.open(pixel_store)
     with TestClient(create_app(settings_for(pixel_store, max_page_bytes=MiB))) as client:

@@ -193,6 +193,7 @@ def test_an_answer_past_sql_max_bytes_is_413_and_nothing_of_it_is_sent(planted: 
         assert c.post("/sql", json={"query": "SELECT 1 AS x"}, headers=accept).status_code == 200
 
 
+@pytest.mark.slow
 def test_an_interrupt_while_fetching_is_408(planted: Path) -> None:
     settings = settings_for(planted, sql_timeout_s=0.5, sql_max_rows=10**12, sql_max_bytes=2**40)
     with TestClient(create_app(settings)) as c:

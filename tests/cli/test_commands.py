@@ -204,6 +204,7 @@ def test_errors_are_one_line(demo: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert re.search(message, err)
 
 
+@pytest.mark.slow
 def test_installed_command_prints_no_traceback(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "trajstore.cli", "stats", "--store", str(tmp_path / "none")],
                           capture_output=True, text=True, env={**os.environ, "TRAJSTORE_DEBUG": ""})

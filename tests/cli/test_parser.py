@@ -142,6 +142,7 @@ def test_the_root_help_prints(flag: str, capsys: pytest.CaptureFixture[str]) -> 
     assert "95% intervals" in " ".join(out.split())  # a literal % in a summary is text, not a format
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_the_root_help_prints_from_a_shell(flag: str) -> None:
     done = subprocess.run([sys.executable, "-m", "trajstore.cli", flag], capture_output=True, text=True,

@@ -66,6 +66,7 @@ def test_the_help_lists_the_new_flags(capsys: pytest.CaptureFixture[str]) -> Non
         assert flag in out
 
 
+@pytest.mark.slow
 def test_a_policy_of_the_current_directory(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "rollout", "--env", "CartPole-v1", "--num-envs", "2", "--episodes", "4", "--store",
                        "store", "--run", "lean", "--policy", "cli_gym_policy:lean", "--no-progress")
@@ -80,6 +81,7 @@ def test_a_policy_of_the_current_directory(in_tmp: Path, capsys: pytest.CaptureF
     assert actions.column(0).to_pylist() == [1]
 
 
+@pytest.mark.slow
 def test_an_sb3_checkpoint_evaluated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("stable_baselines3", reason="the [sb3] extra is not installed")
     from stable_baselines3 import PPO

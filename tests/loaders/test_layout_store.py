@@ -79,6 +79,7 @@ def layout_files(root: Path) -> tuple[list[str], list[str]]:
     return sorted(p.name for p in folder.glob("*.json")), sorted(p.name for p in (folder / "data").glob("*"))
 
 
+@pytest.mark.slow
 def test_a_fresh_process_finds_the_layout_another_built(store: trajstore.Store) -> None:
     fill(store)
     first = result(run_child(store.uri))
@@ -123,6 +124,7 @@ def test_a_killed_build_leaves_nothing_a_reader_uses_and_vacuum_removes_it(store
     assert result(run_child(store.uri))["built"] == 0
 
 
+@pytest.mark.slow
 def test_a_damaged_layout_is_built_again(store: trajstore.Store) -> None:
     fill(store)
     assert result(run_child(store.uri))["built"] == 1

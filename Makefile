@@ -4,8 +4,9 @@
 #            server; `make clean` removes the store).
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and the virtualenv of
 #            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
-#            first when a Python >= 3.12 is here; its tests skip without it).
-# make check: the fast tier, for the edit-test loop (under 3 minutes): every test not marked as needing a server,
+#            first when a Python >= 3.12 is here; its tests skip without it), on two workers (pytest-xdist, each
+#            test module on one worker, so that its module fixtures are made once).
+# make check: the fast tier, for the edit-test loop: every test not marked as needing a server,
 #            a browser, S3, Spark, LeRobot, Ray, a long run or the security probe (tests/tiers.py says what each
 #            marker means), on two workers; needs only `make install`.
 # make lint: ruff over the whole tree with the rules pyproject.toml chooses (.ci/run runs it before the tests).
@@ -53,10 +54,10 @@ demo: install
 
 test: install system-tools min-venv
 	@$(MAKE) --no-print-directory lerobot-venv || echo "could not build $(LEROBOT_VENV): the LeRobot tests will be skipped"
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 check: install
-	$(PY) -m pytest -n 2 -m "not ($(CHECK_SKIPS))"
+	$(PY) -m pytest -n 2 --dist loadfile -m "not ($(CHECK_SKIPS))"
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -62,6 +62,7 @@ def run(command: list[str], env: dict[str, str], **kwargs: Any) -> Any:
 
 
 @pytest.mark.s3
+@pytest.mark.server
 @pytest.mark.slow
 def test_the_services_commands_work_against_a_real_object_store(s3: seaweed.SeaweedFS) -> None:
     services = compose()["services"]

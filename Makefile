@@ -6,7 +6,11 @@
 #            `make clean` removes the store). DEMO_INSTALL= skips the install (an environment that has it all).
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and the virtualenv of
 #            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
-#            first when a Python >= 3.12 is here; its tests skip without it).
+#            first when a Python >= 3.12 is here; its tests skip without it), on two workers (pytest-xdist, each
+#            test module on one worker, so that its module fixtures are made once).
+# make check: the fast tier, for the edit-test loop: every test not marked as needing a server,
+#            a browser, S3, Spark, LeRobot, Ray, a long run or the security probe (tests/tiers.py says what each
+#            marker means), on two workers; needs only `make install`.
 # make docs: the documentation site (guides and the API reference) into build/site, warnings as errors.
 # make lint: ruff over the whole tree with the rules pyproject.toml chooses, then make typecheck (.ci/run runs it
 #            before the tests).
@@ -38,7 +42,10 @@ LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
 # (pyenv's shims on PATH fail for a version that is not selected, so its versions are tried directly)
 LEROBOT_PYTHONS = $(LEROBOT_PYTHON) python3.12 python3.13 $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python3)
 
-.PHONY: install demo demo-install test lint docs bench bench-torchrl-venv system-tools min-venv core-venv lerobot-venv vendor-plotly clean
+# the tiers `make check` leaves out (pyproject.toml declares each marker)
+CHECK_SKIPS := server or browser or s3 or spark or lerobot or ray or slow or security
+
+.PHONY: install demo demo-install test check lint docs typecheck bench bench-torchrl-venv system-tools min-venv core-venv lerobot-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,7 +80,10 @@ demo: $(DEMO_INSTALL)
 
 test: install system-tools min-venv core-venv
 	@$(MAKE) --no-print-directory lerobot-venv || echo "could not build $(LEROBOT_VENV): the LeRobot tests will be skipped"
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
+
+check: install
+	$(PY) -m pytest -n 2 --dist loadfile -m "not ($(CHECK_SKIPS))"
 
 lint: install
 	$(VENV)/bin/ruff check .

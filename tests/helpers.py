@@ -3,8 +3,9 @@ and what a store holds per env."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -256,3 +257,13 @@ def write_pixel_store(path: Any, *, T: int = 60, B: int = 2, seed: int = 0) -> t
     with store.writer(run_id="plain", env_id="Vector-v0") as w:
         w.add_batch(make_batch(rng, T, B, p_terminated=0.05, p_truncated=0.0))
     return store
+
+
+def wait_for(condition: Callable[[], object], what: str, seconds: float = 60.0) -> None:
+    """Until ``condition()`` is true (checked every 20 ms): the event a test awaits instead of a fixed sleep;
+    after ``seconds`` an AssertionError saying ``what`` did not happen."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {seconds:g} s")
+        time.sleep(0.02)

@@ -225,6 +225,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return next(out.glob("trajstore-*.whl"))
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_only_trajstore(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"trajstore", wheel.name.split("-py")[0] + ".dist-info"}

@@ -61,6 +61,9 @@ def run(command: list[str], env: dict[str, str], **kwargs: Any) -> Any:
     return subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=600, **kwargs)
 
 
+@pytest.mark.s3
+@pytest.mark.server
+@pytest.mark.slow
 def test_the_services_commands_work_against_a_real_object_store(s3: seaweed.SeaweedFS) -> None:
     services = compose()["services"]
     bucket = f"compose-{os.getpid()}"

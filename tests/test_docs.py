@@ -27,7 +27,17 @@ def test_a_guide_per_task() -> None:
     assert all(f"guides/{name}.md" in nav for name in NAV_GUIDES)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def needs(page: Path) -> list[pytest.MarkDecorator]:
+    """The tiers a page's examples need (tests/tiers.py): what its blocks start, and ``slow`` for every page."""
+    text = page.read_text()
+    marks = [pytest.mark.slow]
+    marks += [pytest.mark.server] if "trajstore serve" in text else []
+    marks += [pytest.mark.s3] if "s3://" in text or "weed " in text else []
+    marks += [pytest.mark.ray] if "trajstore.ray" in text or "import ray" in text else []
+    return marks
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=needs(p)) for p in PAGES], ids=lambda p: p.stem)
 def test_the_pages_examples_run_as_printed(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert {b.lang for b in blocks(page)} <= {"python", "sh", "sql"}
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari-datasets"))
@@ -118,6 +128,7 @@ def served_demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
             stop_group(proc.pid)
 
 
+@pytest.mark.server
 def test_the_client_examples_run(served_demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import trajstore
 
@@ -142,6 +153,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict_and_offline(site: Path) -> None:
     pages = {p.relative_to(site).as_posix() for p in site.rglob("index.html")}
     assert {"index.html", "guides/recording/index.html", "reference/store/index.html", "changelog/index.html",

@@ -155,6 +155,7 @@ def test_exports_read_frame_stacks_whole_in_their_dtype(tmp_path: Path, dtype: s
         same(episode.next_obs, batch["next_obs"][t["t"].to_numpy(), t["env_index"].to_numpy()])
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "int64", "bool"])
 def test_the_rest_routes_and_the_client_return_the_dtype(store: trajstore.Store, live: Live, dtype: str) -> None:
     env = f"E-{dtype}"
@@ -169,6 +170,7 @@ def test_the_rest_routes_and_the_client_return_the_dtype(store: trajstore.Store,
         np.testing.assert_array_equal(np.array(got["img"].to_pylist(), cast), want["img"].astype(cast))
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("dtype", ["uint8", "float64", "int16"])
 def test_a_remote_writer_stores_the_dtype_encoded(live: Live, store: trajstore.Store, dtype: str) -> None:
     env = f"Remote-{dtype}"
@@ -183,6 +185,7 @@ def test_a_remote_writer_stores_the_dtype_encoded(live: Live, store: trajstore.S
     assert layout.format.images == {"obs.img": (dtype, (4, 5))}
 
 
+@pytest.mark.server
 def test_a_remote_writer_sends_whole_rows_where_the_service_takes_no_encoding_2(live: Live,
                                                                                 store: trajstore.Store) -> None:
     """A service older than encoding 2 says so in GET /ingest (no "encodings", or [1]); the writer then decodes
@@ -275,6 +278,7 @@ def test_every_reader_gives_float64_rewards_exactly(rewards: trajstore.Store) ->
     assert one_step["reward"].dtype == np.float64 and rewards_by_step(one_step) == want
 
 
+@pytest.mark.server
 def test_the_service_and_a_remote_writer_keep_float64_rewards(rewards: trajstore.Store) -> None:
     from trajstore.api.app import create_app
 

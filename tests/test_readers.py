@@ -83,6 +83,7 @@ def test_the_same_error_from_delete_and_a_version(store: trajstore.Store) -> Non
         store.at(version=alpha_only).stats(run_id="beta")  # before beta's first commit, only alpha was there
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(("path", "params"), [
     ("/stats", {}), ("/episodes", {}), ("/returns", {"gamma": 0.9}), ("/steps", {}), ("/steps", {"format": "json"}),
     ("/sequences", {"length": 4}), ("/transitions", {"n": 3, "gamma": 0.9}), ("/curves", {}),
@@ -97,6 +98,7 @@ def test_rest_answers_404_with_the_same_message(store: trajstore.Store, live: Li
     assert problem["type"] == "urn:trajstore:error:RunNotFoundError"
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("call", [
     lambda c: c.stats(run_id="nope"), lambda c: c.episodes(run_id=["alpha", "nope"]),
     lambda c: c.returns(gamma=0.9, run_id="nope"), lambda c: next(c.iter_batches(run_id="nope")),
@@ -117,6 +119,7 @@ def test_client_and_store_readers_take_the_same_filters() -> None:
         assert FILTERS - {"seed"} <= ours, (store_name, FILTERS - ours)
 
 
+@pytest.mark.server
 def test_filter_keywords_select_what_the_filter_does(store: trajstore.Store, live: Live) -> None:
     cases = [({"min_return": 30}, EpisodeFilter(min_return=30)),
              ({"mode": "eval", "max_length": 40}, EpisodeFilter(max_length=40, lineage={"mode": ["eval"]})),
@@ -133,6 +136,7 @@ def test_filter_keywords_select_what_the_filter_does(store: trajstore.Store, liv
             assert client.stats(**kwargs)["n_traj"].to_pylist() == store.stats(**kwargs)["n_traj"].to_pylist()
 
 
+@pytest.mark.server
 def test_filters_are_checked_by_name(store: trajstore.Store, live: Live) -> None:
     with pytest.raises(InputError, match="min_return: given both as a keyword"):
         store.episodes(min_return=3, filter=EpisodeFilter(min_return=5))
@@ -167,6 +171,7 @@ def test_an_empty_run_id_is_a_run_the_store_lacks(store: trajstore.Store) -> Non
         store.stats(run_id="")
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(("order_by", "limit", "offset"), [
     ("episode_id", None, 0), ("-episode_id", None, 13), ("-episode_return", None, 0), ("episode_length", 120, 7),
     ("episode_id", 0, 0), ("episode_id", 30, 255)])
@@ -180,6 +185,7 @@ def test_client_episodes_returns_every_match_across_pages(store: trajstore.Store
     assert got.column_names == want.column_names
 
 
+@pytest.mark.server
 def test_client_episodes_reads_every_page_at_one_version(tmp_path: Path) -> None:
     store = trajstore.open(tmp_path / "s", create=True)
     gym_rollout(store, "CartPole-v1", run_id="a", num_envs=2, episodes=120, seed=0, progress=False)

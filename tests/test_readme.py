@@ -38,6 +38,8 @@ def test_the_readme_is_short() -> None:
     assert len(README.read_text().splitlines()) <= 250
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_the_examples_run_as_printed(tmp_path: Path) -> None:
     with examples_lock():
         with socket.socket() as probe:  # the README serves on trajstore's default port
@@ -64,6 +66,8 @@ def test_the_repl_runs_what_a_pasted_block_can_hold() -> None:
     assert namespace["total"] == 3 and namespace["done"] is True
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_make_demo_serves_its_dashboard(tmp_path: Path) -> None:
     setup = next(b.code for b in blocks(README) if b.info == "setup")
     assert re.search(r"^make demo\b", setup, re.M) and re.search(r"^make test\b", setup, re.M)

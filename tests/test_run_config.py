@@ -244,6 +244,7 @@ def test_the_cli_records_lists_and_changes_a_run_s_description(tmp_path: Path,
         assert message in capsys.readouterr().err
 
 
+@pytest.mark.server
 def test_the_service_shows_and_changes_descriptions_and_remote_writers_describe_runs(tmp_path: Path) -> None:
     from tests.api.helpers import API_KEY, serve, settings_for
     from trajstore.api.app import create_app

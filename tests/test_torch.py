@@ -52,6 +52,7 @@ def delivered(store: trajstore.Store, epoch: int, workers: int, **kwargs: Any) -
     return [w for batch in out for w in batch]
 
 
+@pytest.mark.slow
 def test_workers_and_ranks_cover_every_window_once(uri: str) -> None:
     everything = sorted(windows(trajstore.open(uri).sequences(4, pad=True)))
     seen = []
@@ -80,6 +81,7 @@ def test_batches_are_tensors_of_the_local_batches(uri: str) -> None:
     assert torch.equal(torch_batch["reward"], step["reward"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", [None, "spawn"])
 def test_set_epoch_reaches_persistent_workers(uri: str, context: str | None) -> None:
     store = trajstore.open(uri)
@@ -94,6 +96,7 @@ def test_set_epoch_reaches_persistent_workers(uri: str, context: str | None) -> 
     assert orders[0] != orders[1] != orders[2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", [None, "spawn"])
 def test_workers_share_one_layout_kept_in_the_store(uri: str, context: str | None,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,6 +114,7 @@ def test_workers_share_one_layout_kept_in_the_store(uri: str, context: str | Non
     assert fresh.layouts.built == 0  # a later process finds what the workers built
 
 
+@pytest.mark.slow
 def test_workers_gather_from_the_array_copies_and_build_nothing(uri: str) -> None:
     data = ttorch.Sequences(uri, **WINDOWS)
     loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, multiprocessing_context="spawn")
@@ -118,6 +122,7 @@ def test_workers_gather_from_the_array_copies_and_build_nothing(uri: str) -> Non
     assert not list((Path(uri) / "layouts").glob("*.json"))  # nothing built: every worker mapped the copies
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="fork is DataLoader's default start method on Linux only")
 def test_the_default_start_method_after_the_parent_opened_and_read_the_store(uri: str) -> None:
     assert multiprocessing.get_start_method() == "fork"  # what DataLoader uses when given no context
@@ -131,6 +136,7 @@ def test_the_default_start_method_after_the_parent_opened_and_read_the_store(uri
     assert sum(len(r) for r in rewards) == store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
 
 
+@pytest.mark.slow
 def test_a_store_or_a_path(uri: str, tmp_path: Path) -> None:
     pinned = trajstore.open(uri, version=trajstore.open(uri).version)
     everything = sorted(windows(pinned.sequences(4, pad=True)))
@@ -148,6 +154,7 @@ def test_a_store_or_a_path(uri: str, tmp_path: Path) -> None:
         ttorch.Sequences(tmp_path / "nothing", 4)
 
 
+@pytest.mark.s3
 def test_a_store_on_s3_reaches_the_workers_with_its_options(s3: seaweed.SeaweedFS) -> None:
     store = trajstore.open(f"s3://{s3.bucket()}/torch", create=True, storage_options=s3.storage_options)
     fill(store)
@@ -156,6 +163,7 @@ def test_a_store_on_s3_reaches_the_workers_with_its_options(s3: seaweed.SeaweedF
     assert got == delivered(store, 0, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # more than this machine's cores
 @pytest.mark.parametrize(("workers", "stop"), [(0, 5), (2, 5), (3, -2)])
 def test_resume_after_n_batches_gives_the_rest_of_the_epoch(uri: str, workers: int, stop: int) -> None:
@@ -181,6 +189,7 @@ def test_resume_after_n_batches_gives_the_rest_of_the_epoch(uri: str, workers: i
     assert windows(again) == latest and len(latest) > sum(map(len, whole))
 
 
+@pytest.mark.slow
 def test_resume_mistakes_are_named(uri: str) -> None:
     data = ttorch.Sequences(uri, **WINDOWS)
     state = data.state_dict(batches=3)
@@ -203,6 +212,7 @@ def test_resume_mistakes_are_named(uri: str) -> None:
         list(too_far)
 
 
+@pytest.mark.server
 def test_iter_batches_gives_tensors_like_sequences_and_transitions(tmp_path: Path) -> None:
     """``iter_batches(format="torch")``, from the store and over REST, holds the numpy batches' values as CPU tensors
     (text columns stay numpy), as ``sequences`` and ``transitions`` do."""

@@ -68,6 +68,7 @@ def test_every_read_route_reads_the_version_asked(tmp_path: Path) -> None:
         assert c.get("/commits/2", params={"version": 2}).status_code == 200
 
 
+@pytest.mark.server
 def test_the_client_passes_the_version(tmp_path: Path) -> None:
     store = small_store(tmp_path / "s")
     before = store.version

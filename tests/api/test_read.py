@@ -197,6 +197,7 @@ def test_one_run_or_404(client: TestClient) -> None:
     assert missing.status_code == 404 and "no run 'nosuchrun'" in missing.json()["detail"]
 
 
+@pytest.mark.server
 def test_group_by_as_a_name_a_list_or_comma_separated(live: Live, populated: Path) -> None:
     store = trajstore.open(populated)
     want = store.stats(by=["run_id", "env_id"])

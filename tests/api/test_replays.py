@@ -20,6 +20,8 @@ from trajstore.api.app import create_app
 from trajstore.errors import RemoteError
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 
+pytestmark = pytest.mark.server  # the tiers: tests/tiers.py
+
 
 @pytest.fixture
 def path(tmp_path: Path) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
 import trajstore
@@ -88,6 +89,7 @@ def test_config_integers_past_two_to_the_53_come_back_exact(tmp_path: Path) -> N
     assert trajstore.open(tmp_path / "s").run_info("a")["config"] == config  # stored as given
 
 
+@pytest.mark.slow
 def test_a_store_holding_a_poisoned_description_answers_naming_the_run(tmp_path: Path) -> None:
     """A description an older trajstore stored unchecked (a lone surrogate) made /runs 500 for good: now every run is
     answered, the bad one with its problem, and PATCH with a config repairs it."""

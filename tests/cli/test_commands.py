@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,13 +32,20 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture
+def own_demo(demo: Path, tmp_path: Path) -> Path:
+    """A copy of ``demo``, for a test that adds a run to it (the module's store stays as made)."""
+    return Path(shutil.copytree(demo, tmp_path / "store"))
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
 
-def test_rollout_stores_what_it_reports(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_rollout_stores_what_it_reports(own_demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    demo = own_demo
     store = trajstore.open(demo)
     n_traj = store.stats().column("n_traj")[0].as_py()
     assert n_traj >= 50
@@ -196,6 +204,7 @@ def test_errors_are_one_line(demo: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert re.search(message, err)
 
 
+@pytest.mark.slow
 def test_installed_command_prints_no_traceback(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "trajstore.cli", "stats", "--store", str(tmp_path / "none")],
                           capture_output=True, text=True, env={**os.environ, "TRAJSTORE_DEBUG": ""})
@@ -224,6 +233,7 @@ def test_the_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert done.value.code == 0 and capsys.readouterr().out == f"trajstore {trajstore.__version__}\n"
 
 
+@pytest.mark.server
 def test_serve_on_a_busy_port_is_one_error_line_and_no_banner(demo: Path) -> None:
     import socket
 
@@ -238,6 +248,7 @@ def test_serve_on_a_busy_port_is_one_error_line_and_no_banner(demo: Path) -> Non
     assert "in use" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+@pytest.mark.server
 def test_serve_creates_a_store_only_when_asked(tmp_path: Path) -> None:
     import signal
     import time

@@ -67,6 +67,7 @@ def test_the_help_lists_the_new_flags(capsys: pytest.CaptureFixture[str]) -> Non
         assert flag in out
 
 
+@pytest.mark.slow
 def test_a_policy_of_the_current_directory(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "rollout", "--env", "CartPole-v1", "--num-envs", "2", "--episodes", "4", "--store",
                        "store", "--run", "lean", "--policy", "cli_gym_policy:lean", "--no-progress")
@@ -81,6 +82,7 @@ def test_a_policy_of_the_current_directory(in_tmp: Path, capsys: pytest.CaptureF
     assert actions.column(0).to_pylist() == [1]
 
 
+@pytest.mark.slow
 def test_an_sb3_checkpoint_evaluated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("stable_baselines3", reason="the [sb3] extra is not installed")
     from stable_baselines3 import PPO
@@ -176,6 +178,7 @@ def test_an_ale_id_without_preprocessing_is_the_raw_screen(tmp_path: Path, capsy
     assert "--atari: preprocesses an Atari game of --backend gym" in err
 
 
+@pytest.mark.slow
 def test_an_sb3_checkpoint_is_loaded_with_a_warning_that_it_is_a_pickle(tmp_path: Path) -> None:
     """A shell's ``trajstore rollout --policy sb3:…`` says on stderr, before loading it, that a checkpoint is a pickle
     to load only from trusted sources."""
@@ -200,6 +203,7 @@ def test_the_help_says_an_sb3_checkpoint_is_a_pickle(capsys: pytest.CaptureFixtu
            "sources you trust" in out
 
 
+@pytest.mark.slow
 def test_a_rollout_records_the_commit_of_the_user_s_repository(tmp_path: Path) -> None:
     """Started in the user's own git repository, a rollout's run records that repository's commit, not trajstore's;
     started anywhere else, none."""

@@ -276,6 +276,7 @@ def tag_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.server
 def test_rest_and_client_give_agent_rows_and_stats(tag_store: Path) -> None:
     from tests.api.helpers import API_KEY, serve, settings_for
     from trajstore.api.app import create_app
@@ -424,6 +425,7 @@ def spread_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("limit", [1, 4, 7])
 def test_step_pages_by_cursor_walk_every_agent_row_once(spread_store: Path, limit: int) -> None:
     """A page that ends inside an env step (4 rows: a step's 3 agents and the next step's first) goes on with that

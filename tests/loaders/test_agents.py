@@ -250,6 +250,7 @@ def test_resume_continues_the_agents_order_and_layouts_are_kept(spread: trajstor
     assert spread.layouts.built == built + 1
 
 
+@pytest.mark.server
 def test_rest_and_the_client_give_the_agents_batches(spread: trajstore.Store) -> None:
     from tests.api.helpers import API_KEY, serve, settings_for
     from trajstore.api.app import create_app

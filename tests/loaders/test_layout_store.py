@@ -79,6 +79,7 @@ def layout_files(root: Path) -> tuple[list[str], list[str]]:
     return sorted(p.name for p in folder.glob("*.json")), sorted(p.name for p in (folder / "data").glob("*"))
 
 
+@pytest.mark.slow
 def test_a_fresh_process_finds_the_layout_another_built(store: trajstore.Store) -> None:
     fill(store)
     first = result(run_child(store.uri))
@@ -89,6 +90,7 @@ def test_a_fresh_process_finds_the_layout_another_built(store: trajstore.Store) 
     assert layout_files(store.root) == (manifests, data) and len(manifests) == len(data) == 1
 
 
+@pytest.mark.slow
 def test_concurrent_builders_leave_one_layout_and_the_same_batches(store: trajstore.Store) -> None:
     fill(store)
     procs = [run_child(store.uri) for _ in range(3)]
@@ -99,6 +101,7 @@ def test_concurrent_builders_leave_one_layout_and_the_same_batches(store: trajst
     assert len(manifests) == len(data) == 1
 
 
+@pytest.mark.slow
 def test_a_killed_build_leaves_nothing_a_reader_uses_and_vacuum_removes_it(store: trajstore.Store) -> None:
     fill(store)
     proc = run_child(store.uri, "stop-before-manifest")
@@ -121,6 +124,7 @@ def test_a_killed_build_leaves_nothing_a_reader_uses_and_vacuum_removes_it(store
     assert result(run_child(store.uri))["built"] == 0
 
 
+@pytest.mark.slow
 def test_a_damaged_layout_is_built_again(store: trajstore.Store) -> None:
     fill(store)
     assert result(run_child(store.uri))["built"] == 1
@@ -168,6 +172,7 @@ def test_a_later_version_supersedes_the_layout_of_the_same_selection(store: traj
     assert result(run_child(store.uri))["built"] == 0
 
 
+@pytest.mark.s3
 def test_an_s3_store_keeps_its_layouts_in_the_bucket(s3: Any, tmp_path: Path) -> None:
     uri = f"s3://{s3.bucket()}/layouts-test"
     machine_a = trajstore.open(uri, create=True, storage_options=s3.storage_options,

@@ -22,6 +22,8 @@ from tests.helpers import make_batch
 from trajstore.errors import ReadOnlyError, VersionNotFoundError
 from trajstore.query import sandbox
 
+pytestmark = pytest.mark.slow  # learners in processes of their own, killed
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

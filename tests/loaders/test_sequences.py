@@ -251,6 +251,7 @@ def test_a_window_longer_than_every_episode_is_refused_naming_the_longest(filled
     assert sum(len(b["start"]) for b in padded) == filled.episodes().num_rows  # one padded window per episode
 
 
+@pytest.mark.s3
 def test_an_s3_store_gives_the_windows_of_a_directory(s3: Any, tmp_path: Any) -> None:
     """The same writes on a directory and on SeaweedFS: the same windows and transitions, order included."""
     local = trajstore.open(tmp_path / "local", create=True)

@@ -141,6 +141,7 @@ while True:  # one episode at a time: each delete rewrites the files its episode
 """
 
 
+@pytest.mark.slow
 def test_a_killed_delete_leaves_a_readable_store(store: trajstore.Store, tmp_path: Path) -> None:
     fill(store)
     episodes = check(store).episodes

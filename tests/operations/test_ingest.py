@@ -183,6 +183,7 @@ def _race_in_process(root: str, steps: range, worker: int, barrier: Any, out: An
         out.put((step, "stored" if _try_append(store, step, f"{step}-{worker}") == "stored" else "refused"))
 
 
+@pytest.mark.slow
 def test_racing_processes_append_one_step_once(running: trajstore.Store) -> None:
     """The same race between two processes (no lock in common): the log's version decides."""
     ctx = multiprocessing.get_context("spawn")  # deltalake's runtime does not survive a fork

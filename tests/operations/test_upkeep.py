@@ -172,6 +172,7 @@ def _lines(path: Path) -> int:
     return len(path.read_text().split()) if path.exists() else 0
 
 
+@pytest.mark.slow
 def test_a_killed_compaction_leaves_a_readable_store(tmp_path: Path) -> None:
     store = opened(tmp_path / "store")
     side = tmp_path / "committed"
@@ -248,6 +249,7 @@ def test_check_and_history_show_the_upkeep_from_the_shell(tmp_path: Path,
             os.environ.pop(key)
 
 
+@pytest.mark.s3
 def test_writers_compact_on_s3(s3: seaweed.SeaweedFS) -> None:
     store = opened(f"s3://{s3.bucket()}/upkeep", storage_options=s3.storage_options)
     write(store, 14, seed=4)

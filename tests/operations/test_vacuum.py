@@ -186,6 +186,7 @@ def test_a_missing_file_the_latest_version_lists_is_still_damage(store: trajstor
     assert not check(store).ok
 
 
+@pytest.mark.s3
 def test_a_vacuumed_version_on_s3_is_version_not_found(s3: seaweed.SeaweedFS) -> None:
     store = trajstore.open(f"s3://{s3.bucket()}/vac", create=True, storage_options=s3.storage_options)
     fill(store)

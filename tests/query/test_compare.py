@@ -104,6 +104,7 @@ def test_normalized_scores_and_the_optimality_gap(study: tuple[trajstore.Store, 
     assert raw["value"].to_pylist() == [None, None]  # a gap to 1.0 only means something for normalized scores
 
 
+@pytest.mark.slow
 def test_probability_of_improvement_and_performance_profiles_equal_rliable(
         study: tuple[trajstore.Store, dict[str, np.ndarray]]) -> None:
     store, truth = study
@@ -165,6 +166,7 @@ def test_bad_requests_name_what_is_wrong(study: tuple[trajstore.Store, dict[str,
         store.probability_of_improvement("sac", "ppo", by="config.algo", reps=10)
 
 
+@pytest.mark.server
 def test_the_service_and_the_client_give_the_same_comparison(
         study: tuple[trajstore.Store, dict[str, np.ndarray]]) -> None:
     from tests.api.helpers import serve, settings_for

@@ -100,6 +100,7 @@ def test_a_wrong_metric_is_named(recorded: tuple[trajstore.Store, dict[str, list
             store.stats(**kwargs)
 
 
+@pytest.mark.server
 def test_the_service_and_the_client_take_a_metric(
         recorded: tuple[trajstore.Store, dict[str, list[dict[str, Any]]]]) -> None:
     import httpx

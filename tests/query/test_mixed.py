@@ -170,6 +170,7 @@ def test_exports_take_one_environment_and_name_those_that_cannot_be_mixed(mixed:
         np.testing.assert_array_equal(episode.next_obs, to_numpy(rows["next_obs"]))
 
 
+@pytest.mark.server
 def test_the_service_and_the_client_work_per_environment(mixed: tuple[trajstore.Store, Any]) -> None:
     """Over REST as in the library: statistics across everything, arrays per environment in their own types, and
     a mix that cannot be one array refused with a problem naming the column and the env ids."""

@@ -166,6 +166,7 @@ def busy_worker(timeout_s: float = 30.0) -> int:
 SLOW_SQL = "SELECT count(*) FROM range(1000000000000) a"  # busy until its time limit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV], ids=["killed", "crashed"])
 def test_a_worker_that_dies_mid_query_is_said_to_have_died_not_memory_and_is_replaced(
         filled: trajstore.Store, sig: signal.Signals) -> None:

@@ -17,6 +17,8 @@ from trajstore.api.app import create_app
 from trajstore.remote.writer import RemoteStore
 from trajstore.write.agents import AgentWriter
 
+pytestmark = pytest.mark.server  # the tiers: tests/tiers.py
+
 AGENTS = ["knight_0", "archer_0", "archer_1"]
 ROWS = ("SELECT agent_id, step, obs, action, reward, next_obs, terminated, truncated, env_steps, "
         "min(env_steps) OVER (PARTITION BY episode_id) AS episode_start FROM steps ORDER BY episode_start, agent_id, "

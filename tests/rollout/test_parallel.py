@@ -20,6 +20,8 @@ from trajstore.rollout import parallel_rollout
 pytest.importorskip("mpe2")
 from mpe2 import simple_spread_v3, simple_tag_v3
 
+pytestmark = pytest.mark.server  # the tiers: tests/tiers.py
+
 # every stored column but the episode ids (drawn at random by each writer) and wall times; episodes in the order
 # they were played (their first env step), agents by name
 ROWS = ("SELECT agent_id, step, obs, action, reward, next_obs, terminated, truncated, env_steps, env_index, seed, "

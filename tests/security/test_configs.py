@@ -27,7 +27,7 @@ from tests.helpers import fingerprint, make_batch
 from tests.security.conftest import auth
 from tests.served import Server
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.server, pytest.mark.security]
 
 
 def patch(server: Server, run_id: str, body: str | dict[str, object]) -> httpx.Response:

@@ -24,7 +24,7 @@ from tests.security.conftest import auth
 from tests.served import Server
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.server, pytest.mark.security]
 
 BAD_COLUMNS = ["", "Reward", "Run_Id", "a\nb", "next_obs_sparse", "a b"]
 BAD_RUN_IDS = [" ", "a\nb", "__HIVE_DEFAULT_PARTITION__"]  # "a/b" too, but no route of the API can name it (404)

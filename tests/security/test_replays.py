@@ -19,7 +19,7 @@ from tests.security.conftest import CANARY, SECRET, auth
 from tests.served import Server
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.server, pytest.mark.security]
 
 
 def open_replay(server: Server, **params: Any) -> httpx.Response:

@@ -107,6 +107,7 @@ def written(root: Path) -> None:
             w.add_batch(make_batch(rng, 16, 2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("operation", ["append", "upkeep", "compact", "delete", "add_column", "ingest"])
 def test_a_commit_whose_checkpoint_meets_a_full_disk_is_done(tmp_path: Path, operation: str) -> None:
     root = tmp_path / "store"

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from deltalake import DeltaTable
 
 import trajstore
@@ -109,6 +110,7 @@ def _seed(store: trajstore.Store) -> None:
 
 # --- concurrent writers ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_four_processes_append_at_once_and_every_episode_is_there_once(tmp_path: Path) -> None:
     path = tmp_path / "store"
     store = trajstore.open(path, create=True)
@@ -201,6 +203,7 @@ def _has_footer(path: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_writer_killed_mid_commit_many_times_loses_nothing_committed(tmp_path: Path) -> None:
     path = tmp_path / "store"
     store = trajstore.open(path, create=True)

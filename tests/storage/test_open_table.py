@@ -389,6 +389,7 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.mark.spark
 def test_the_spark_decoding_sql_gives_trajstore_s_steps_in_spark(
         written: tuple[trajstore.Store, list[str]], spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """``trajstore schema --sql --dialect spark`` run unchanged by Spark SQL over the committed files read with their

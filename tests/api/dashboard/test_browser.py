@@ -20,6 +20,8 @@ from trajstore.api.app import create_app
 from trajstore.api.settings import ServiceSettings
 from trajstore.rollout import gym_rollout
 
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
+
 
 def complete_per_series(store: trajstore.Store) -> dict[str, int]:
     rows = store.sql("SELECT run_id || ' · ' || env_id AS key, count(*) AS n FROM episodes WHERE complete "

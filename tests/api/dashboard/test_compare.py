@@ -10,6 +10,8 @@ import pytest
 import trajstore
 from tests.api.dashboard.helpers import Dashboard
 
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
+
 
 def mean_traces(dashboard: Dashboard) -> dict[str, dict[str, Any]]:
     return {t["meta"]["key"]: t for t in dashboard.traces("curves") if t["meta"] and t["meta"]["kind"] == "mean"}

@@ -17,7 +17,8 @@ from tests.api.dashboard.helpers import Dashboard
 from tests.api.helpers import Live, serve, settings_for
 from trajstore.api.app import create_app
 
-pytestmark = pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")
+pytestmark = [pytest.mark.browser, pytest.mark.server,
+              pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")]
 ALGOS, SEEDS, TASKS = ("ppo", "dqn"), (0, 1, 2), ("Walk-v0", "Run-v0")
 EPISODES = 8
 PAGE = "/dashboard/experiment"

@@ -17,6 +17,8 @@ from trajstore.api.app import create_app
 from trajstore.api.settings import ServiceSettings
 from trajstore.rollout import gym_rollout
 
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
+
 # The picture as the page shows it, read back through a canvas: its size and its pixels (RGBA).
 PIXELS = """() => {
   const img = document.getElementById('frame-img'), c = document.createElement('canvas');

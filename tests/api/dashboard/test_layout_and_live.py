@@ -21,6 +21,8 @@ from trajstore.api.app import create_app
 from trajstore.api.settings import ServiceSettings
 from trajstore.rollout import gym_rollout
 
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
+
 LONG_RUN = "ppo-lstm-continuous-control-sweep-lr3e-4-seed-0000000042"
 WIDTH = 1280
 

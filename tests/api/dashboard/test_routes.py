@@ -88,6 +88,7 @@ def test_curves_hold_every_complete_episode_in_end_order(client: TestClient, dem
         assert s["discounted_return"] is None
 
 
+@pytest.mark.slow
 def test_a_random_policy_curve_has_no_batch_periodic_component(tmp_path: Path) -> None:
     """Uniform random CartPole over many (T, B) batches: the mean return of episodes grouped by their place in a
     batch (env steps modulo T·B, in 8 bins) is the overall mean within a few standard errors. Ordered by batch

@@ -20,6 +20,8 @@ from tests.api.helpers import Live, serve
 from trajstore.api.app import create_app
 from trajstore.api.settings import ServiceSettings
 
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
+
 HUGE = float(np.float32(1e17))  # a float32 reward; ~1e17 + 16 is the next double, and 1e17 + 5 == 1e17
 ENDS_WITHIN_MS = 5000
 

@@ -48,6 +48,7 @@ def build(venv: Path) -> str | None:
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]  # builds a virtualenv; runs `trajstore serve` there
 
+
 @pytest.fixture(scope="module")
 def venv() -> Path:
     why = build(CORE_VENV)

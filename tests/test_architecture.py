@@ -1,5 +1,7 @@
 """The shape of the package: layers, each a folder, each importing only from the layers below it (imports for type
-hints counted); no import cycles; nothing outside ``store.py`` touches a private part of the Store; every package's
+hints counted); no import cycles (type-hint imports counted too); the Delta log's names spelled in one module and
+deltalake imported only by the modules of the store's Delta tables; nothing outside ``store.py`` touches a private
+part of the Store; every package's
 docstring names its modules; SQL text is written only in ``trajstore/query/sql.py``; and the wheel installs nothing
 at top level but ``trajstore`` (the service inside it as ``trajstore.api``)."""
 
@@ -150,23 +152,73 @@ def test_every_package_docstring_names_its_modules() -> None:
     assert not missing, f"package docstrings that do not name their modules: {missing}"
 
 
-def test_no_import_cycles() -> None:
-    g = graph()
+def cycle(g: dict[str, set[str]]) -> list[str] | None:
+    """The first import cycle of ``g`` (its modules, the first repeated at the end), or None."""
     state: dict[str, int] = {}
 
-    def visit(node: str, path: list[str]) -> None:
+    def visit(node: str, path: list[str]) -> list[str] | None:
         state[node] = 1
         for dep in sorted(g[node]):
             if state.get(dep) == 1:
-                cycle = path[path.index(dep):] + [dep] if dep in path else [node, dep]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
+                return path[path.index(dep):] + [dep] if dep in path else [node, dep]
             if dep not in state:
-                visit(dep, path + [dep])
+                found = visit(dep, path + [dep])
+                if found:
+                    return found
         state[node] = 2
+        return None
 
     for node in sorted(g):
         if node not in state:
-            visit(node, [node])
+            found = visit(node, [node])
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycles() -> None:
+    """No cycle, imports made for type hints alone (under ``if TYPE_CHECKING:``) counted: such a pair is one
+    concept cut in two, whichever import runs."""
+    found = cycle(graph(type_hints=True))
+    assert found is None, "import cycle: " + " -> ".join(found or [])
+
+
+def test_the_cycle_check_would_see_a_type_hint_cycle(tmp_path: Path) -> None:  # the check above can fail
+    (tmp_path / "a.py").write_text("from trajstore.b import B\n")
+    (tmp_path / "b.py").write_text("from typing import TYPE_CHECKING\n"
+                                   "if TYPE_CHECKING:\n    from trajstore.a import A\n")
+    known = {"trajstore.a", "trajstore.b"}
+    g = {name: imports(tmp_path / f"{name[-1]}.py", name, known, type_hints=True) for name in known}
+    assert cycle(g) == ["trajstore.a", "trajstore.b", "trajstore.a"]
+
+
+# The Delta log's own names: the one module that reads and writes the log spells them (storage/log.py), every other
+# module asks it (the runs table's module too, through its Log); docstrings and comments included.
+LOG_NAMES = ("_delta_log", "_last_checkpoint", ".checkpoint.parquet", "020d}.json")
+LOG_MODULE = "trajstore/storage/log.py"
+# The modules of the store's two Delta tables (steps, runs): the only ones that import deltalake.
+DELTA_MODULES = {"trajstore/storage/log.py", "trajstore/storage/runs_log.py"}
+
+
+def _relative(path: Path) -> str:
+    return str(path.relative_to(ROOT)).replace("trajstore/api/", "api/")
+
+
+def test_the_delta_logs_names_are_spelled_in_one_module() -> None:
+    offenders = [f"{_relative(path)}: {name}" for path in modules().values() if _relative(path) != LOG_MODULE
+                 for name in LOG_NAMES if name in path.read_text()]
+    assert not offenders, f"the Delta log's names outside {LOG_MODULE}:\n" + "\n".join(offenders)
+
+
+def test_only_the_delta_tables_modules_import_deltalake() -> None:
+    offenders = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] == "deltalake" for n in names) and _relative(path) not in DELTA_MODULES:
+                offenders.append(f"{_relative(path)}:{node.lineno}")
+    assert not offenders, f"deltalake imported outside {sorted(DELTA_MODULES)}:\n" + "\n".join(offenders)
 
 
 def test_nothing_imports_a_top_level_api_package() -> None:

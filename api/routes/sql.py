@@ -28,6 +28,7 @@ from trajstore.api.ints import ROWS_SCHEMA
 from trajstore.api.problems import problem_response
 from trajstore.query import sandbox
 from trajstore.remote.wire import ipc_pieces
+from trajstore.store import plumbing
 
 router = APIRouter(tags=["sql"])
 
@@ -94,9 +95,9 @@ async def sql(body: SqlRequest, request: Request, store: ReadStoreDep, settings:
                             max_bytes=settings.sql_max_bytes, timeout_s=settings.sql_timeout_s,
                             memory_limit=settings.sql_memory_limit, worker_bytes=settings.sql_worker_bytes)
     arrow = wants_arrow(request)
-    slot = store.sql_slot()  # QueryBusyError (429) when every slot is taken: nothing waits
+    slot = plumbing(store).sql_slot()  # QueryBusyError (429) when every slot is taken: nothing waits
     try:
-        result = await run_in_threadpool(store.sandboxed_sql, body.query, limits,
+        result = await run_in_threadpool(plumbing(store).sandboxed_sql, body.query, limits,
                                          encode=arrow_pieces if arrow else json_pieces, run_id=body.run_id,
                                          env_id=body.env_id)
     except BaseException:

@@ -20,6 +20,7 @@ from tests.api.helpers import settings_for
 from tests.helpers import make_batch
 from trajstore.api.app import create_app
 from trajstore.api.routes import health
+from trajstore.store import plumbing
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def client_of(written: Path) -> Iterator[TestClient]:
 
 
 def test_a_readable_store_is_ok(client_of: TestClient, written: Path) -> None:
-    version, behind = trajstore.open(written).log_lag()
+    version, behind = plumbing(trajstore.open(written)).log_lag()
     assert health_of(client_of) == {"status": "ok", "version": version,
                                                "versions_since_checkpoint": behind}
     assert client_of.get("/ready").status_code == 200

@@ -139,8 +139,8 @@ def test_frame_stacked_envs_store_each_frame_once_and_read_back_exactly(store: t
     model = sb3.PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, policy_kwargs=small())
     with StoreCallback(store, run_id="stacked") as callback:
         model.learn(256, callback=callback)
-    assert [Format.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks for f in store.files()] \
-        == [{"obs": 4}] * len(store.files())
+    assert [Format.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks for f in store.maintain.files()] \
+        == [{"obs": 4}] * len(store.maintain.files())
     assert assert_matches_monitor_and_log(store, "stacked", venv) > 0
 
 

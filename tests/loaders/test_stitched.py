@@ -11,17 +11,17 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
 
 import trajstore
-from tests.helpers import make_batch, stacked_stream
+from tests.helpers import make_batch, stacked_stream, steps_table
 from trajstore.loaders import stitched
 from trajstore.loaders.stitched import stitch
 from trajstore.settings import Settings
-from trajstore.storage.arrays import FOLDER, MANIFEST, StepArrays, fragments_of
+from trajstore.storage.arrays import FOLDER, MANIFEST, MAX_STEP_BYTES, fragments_of
 
 
 def chained(rng: np.random.Generator, T: int, B: int, **kw: Any) -> dict[str, Any]:
@@ -49,14 +49,16 @@ def fill(store: trajstore.Store, seed: int = 0, *, flushes: int = 6) -> None:
 
 def from_parquet(store: trajstore.Store) -> trajstore.Store:
     """The same store read with no array copies: every layout built from Parquet (the reference)."""
-    return trajstore.Store(store.location, settings=Settings(loader_arrays=False, store_layouts=False))
+    return trajstore.Store(store.uri, settings=Settings(loader_arrays=False, store_layouts=False))
 
 
-def laid_out_from(store: trajstore.Store) -> str:
-    """Where a fresh store's first loader gathers from: the copies, or a layout built (or found built) from Parquet."""
+def laid_out_from(store: trajstore.Store, built: Callable[[], int]) -> str:
+    """Where a fresh store's first loader gathers from: the copies, or a layout built (or found built) from Parquet
+    (``built``: the layouts built so far)."""
+    before = built()
     next(iter(store.sequences(4, batch_size=8, columns=["obs", "reward"])))
     kept = list((store.root / "layouts").glob("*.json"))
-    return "copies" if store.layouts.built == 0 and not kept else "parquet"
+    return "copies" if built() == before and not kept else "parquet"
 
 
 def same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
@@ -88,21 +90,23 @@ def copied(store: trajstore.Store) -> trajstore.Store:
 
 @pytest.mark.parametrize(("kind", "kwargs"), READS)
 def test_batches_from_the_copies_are_those_of_a_layout_built_from_parquet(copied: trajstore.Store, kind: str,
-                                                                          kwargs: dict[str, Any]) -> None:
-    assert len(copied.table.files()) == 7
+                                                                          kwargs: dict[str, Any],
+                                                                          built: Callable[[], int]) -> None:
+    assert len(steps_table(copied).files()) == 7
     assert len(list((copied.root / FOLDER).iterdir())) == 7  # one copy per file
     got = list(getattr(copied, kind)(batch_size=16, **kwargs))
+    assert built() == 0 and not (copied.root / "layouts").exists()  # nothing read or built
     want = list(getattr(from_parquet(copied), kind)(batch_size=16, **kwargs))
     same(got, want)
-    assert copied.layouts.built == 0 and not (copied.root / "layouts").exists()  # nothing read or built
 
 
-def test_a_fresh_process_gives_its_first_batch_from_the_copies_alone(copied: trajstore.Store) -> None:
-    assert laid_out_from(trajstore.open(copied.root)) == "copies"
+def test_a_fresh_process_gives_its_first_batch_from_the_copies_alone(copied: trajstore.Store,
+                                                                     built: Callable[[], int]) -> None:
+    assert laid_out_from(trajstore.open(copied.root), built) == "copies"
     store = trajstore.open(copied.root)
     first = next(iter(store.sequences(4, batch_size=8, columns=["obs", "reward"])))
     assert first["obs"]["pos"].shape == (8, 4, 3) and first["obs"]["flag"].dtype == bool
-    assert store.layouts.built == 0
+    assert built() == 0
 
 
 def test_windows_cut_across_many_files_are_whole(store: trajstore.Store) -> None:
@@ -120,53 +124,57 @@ def test_windows_cut_across_many_files_are_whole(store: trajstore.Store) -> None
     np.testing.assert_array_equal(first["reward"][0], np.asarray(want, np.float32))
 
 
-def test_files_without_a_copy_are_laid_out_from_parquet(copied: trajstore.Store) -> None:
+def test_files_without_a_copy_are_laid_out_from_parquet(copied: trajstore.Store, built: Callable[[], int]) -> None:
     from deltalake import DeltaTable
 
     want = list(from_parquet(copied).sequences(5, batch_size=16, columns=["obs", "reward"]))
     DeltaTable(str(copied.root / "steps")).optimize.compact()  # another tool's rewrite: files without copies
     store = trajstore.open(copied.root)
-    assert laid_out_from(store) == "parquet"
+    before = built()
+    assert laid_out_from(store, built) == "parquet"
     same(list(store.sequences(5, batch_size=16, columns=["obs", "reward"])), want)
-    assert store.layouts.built == 1
+    assert built() == before + 1
 
 
-def test_trajstore_s_own_compaction_writes_copies_of_its_files(copied: trajstore.Store) -> None:
+def test_trajstore_s_own_compaction_writes_copies_of_its_files(copied: trajstore.Store,
+                                                               built: Callable[[], int]) -> None:
     want = list(from_parquet(copied).sequences(5, batch_size=16, columns=["obs", "reward"]))
     trajstore.compact(copied, progress=False)
     store = trajstore.open(copied.root)
-    assert len(store.table.files()) < 7 and laid_out_from(store) == "copies"
+    assert len(steps_table(store).files()) < 7 and laid_out_from(store, built) == "copies"
     same(list(store.sequences(5, batch_size=16, columns=["obs", "reward"])), want)
 
 
-def test_a_copy_cut_short_or_of_another_file_is_never_read(copied: trajstore.Store) -> None:
+def test_a_copy_cut_short_or_of_another_file_is_never_read(copied: trajstore.Store,
+                                                            built: Callable[[], int]) -> None:
     want = list(from_parquet(copied).sequences(5, batch_size=16, columns=["obs", "reward"]))
     folder = sorted(p for p in (copied.root / FOLDER).iterdir())[0]
     manifest = json.loads((folder / MANIFEST).read_text())
     column = folder / manifest["columns"]["reward"]["file"]
     os.truncate(column, column.stat().st_size - 4)
     store = trajstore.open(copied.root)
-    assert laid_out_from(store) == "parquet"
+    assert laid_out_from(store, built) == "parquet"
     same(list(store.sequences(5, batch_size=16, columns=["obs", "reward"])), want)
 
 
-def test_wide_steps_get_no_copy_and_are_laid_out_from_parquet(store: trajstore.Store) -> None:
+def test_wide_steps_get_no_copy_and_are_laid_out_from_parquet(store: trajstore.Store,
+                                                               built: Callable[[], int]) -> None:
     rng = np.random.default_rng(2)
-    frames = rng.integers(0, 255, (9, 2, 32, 32), dtype=np.uint8)  # 1 KiB a frame, 2 KiB with next_obs
+    frames = rng.integers(0, 255, (9, 2, 48, 48), dtype=np.uint8)  # 2.25 KiB a frame, 4.5 KiB with next_obs
     batch = {"obs": frames[:-1], "next_obs": frames[1:], "action": rng.integers(0, 3, (8, 2)),
              "reward": rng.random((8, 2)).astype(np.float32), "terminated": np.zeros((8, 2), bool),
              "truncated": np.zeros((8, 2), bool)}
-    narrow = trajstore.Store(store.location, settings=Settings(loader_arrays=True))
-    narrow.table.arrays = StepArrays(store.root / FOLDER, max_step_bytes=1024)
-    with narrow.writer(run_id="a", env_id="E") as w:
+    assert 2 * frames[0, 0].nbytes > MAX_STEP_BYTES
+    with store.writer(run_id="a", env_id="E") as w:
         w.add_batch(batch)
     assert not (store.root / FOLDER).exists() or not any((store.root / FOLDER).iterdir())
-    got = list(narrow.sequences(4, batch_size=4, columns=["obs"]))
+    got = list(store.sequences(4, batch_size=4, columns=["obs"]))
     np.testing.assert_array_equal(got[0]["obs"][0], frames[:4, 0])
-    assert narrow.layouts.built == 1
+    assert built() == 1
 
 
-def test_copies_of_frame_stacks_and_pictures_hold_next_obs_as_readers_decode_it(store: trajstore.Store) -> None:
+def test_copies_of_frame_stacks_and_pictures_hold_next_obs_as_readers_decode_it(store: trajstore.Store,
+                                                                                built: Callable[[], int]) -> None:
     rng = np.random.default_rng(5)
     with store.writer(run_id="a", env_id="Stacks", frame_stack={"obs": 4}) as w:  # 4 x 6 x 8 bytes a stack
         for _ in range(3):
@@ -181,8 +189,9 @@ def test_copies_of_frame_stacks_and_pictures_hold_next_obs_as_readers_decode_it(
     assert len(list((store.root / FOLDER).iterdir())) == 4
     for run in ("a", "b"):
         kwargs = dict(run_id=run, batch_size=8, columns=["obs", "next_obs", "reward"], shuffle=True, seed=1)
-        same(list(store.sequences(5, **kwargs)), list(from_parquet(store).sequences(5, **kwargs)))
-    assert store.layouts.built == 0
+        got = list(store.sequences(5, **kwargs))
+        assert built() == 0  # from the copies
+        same(got, list(from_parquet(store).sequences(5, **kwargs)))
 
 
 def test_copies_go_with_their_files(copied: trajstore.Store) -> None:
@@ -191,11 +200,11 @@ def test_copies_go_with_their_files(copied: trajstore.Store) -> None:
     os.utime(folder / ".tmp-killed", (0, 0))
     trajstore.compact(copied, progress=False)
     assert len(list(folder.iterdir())) == 7 + 1 + 1  # the compacted file's copy beside the old ones (time travel)
-    copied.vacuum(older_than=0)
+    copied.maintain.vacuum(older_than=0)
     left = sorted(p.name for p in folder.iterdir())
-    assert len(left) == len(copied.table.files())
+    assert len(left) == len(steps_table(copied).files())
     rels = {json.loads((folder / name / MANIFEST).read_text())["file"] for name in left}
-    assert rels == {copied.table.location.relative(f.path) for f in copied.table.files()}
+    assert rels == {steps_table(copied).location.relative(f.path) for f in steps_table(copied).files()}
 
 
 def test_a_failed_write_leaves_no_copy(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,7 +220,7 @@ def test_a_failed_write_leaves_no_copy(store: trajstore.Store, monkeypatch: pyte
         w.flush()
     monkeypatch.undo()
     w.close()  # stored now, with one copy for the one file
-    assert len(store.table.files()) == 1 and len(list((store.root / FOLDER).iterdir())) == 1
+    assert len(steps_table(store).files()) == 1 and len(list((store.root / FOLDER).iterdir())) == 1
 
 
 def test_fragments_are_the_runs_of_one_episode_s_steps() -> None:
@@ -280,7 +289,8 @@ def wide(store: trajstore.Store, steps: int = 40_000) -> None:
 
 
 def copies_of(store: trajstore.Store) -> list[Any]:
-    return [store.table.arrays.read(store.table.location.relative(f.path)) for f in store.table.files()]
+    table = steps_table(store)
+    return [table.arrays.read(table.location.relative(f.path)) for f in table.files()]
 
 
 needs_linux = pytest.mark.skipif(not Path("/proc/self/smaps").exists() or not hasattr(os, "posix_fadvise"),

@@ -25,6 +25,13 @@ def _open(path: str, create: bool = False, version: int | None = None) -> Any:
                                  "serves a new empty one") from None
 
 
+def plumbing(store: Any) -> Any:
+    """What a command needs of a store beyond the researcher's methods (:func:`trajstore.store.plumbing`)."""
+    from trajstore.store import plumbing as of
+
+    return of(store)
+
+
 def _progress(args: argparse.Namespace) -> bool:
     """A progress bar only on a terminal (never redrawn into a log file or a pipe), and not with --no-progress."""
     return not args.no_progress and sys.stderr.isatty()
@@ -152,7 +159,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     store = _open(args.store, version=args.at_version)
     table = store.runs()
-    infos = store.run_infos()
+    infos = plumbing(store).run_infos()
     ids = table["run_id"].to_pylist()
     described = [infos.get(r, {}) for r in ids]
     table = table.append_column("tags", pa.array([",".join(d.get("tags") or []) for d in described], pa.string()))
@@ -208,7 +215,7 @@ def _envs(store: Any, values: list[str] | None) -> list[str] | None:
     listing them (as ``--run`` does runs)."""
     wanted = _split(values)
     if wanted:
-        held = sorted({f.env_id for f in store.files()})
+        held = sorted({f.env_id for f in store.maintain.files()})
         missing = [e for e in wanted if e not in held]
         if missing:
             raise InputError(f"--env: no environment {', '.join(map(repr, missing))} in {store.uri}; its "
@@ -289,8 +296,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
     else:
         from trajstore.query.sandbox import Limits
 
-        limits = Limits.unbounded(max_rows=args.limit, worker_bytes=store.settings.sql_worker_bytes)
-        result = store.sandboxed_sql(args.query, limits, **selection)
+        served = plumbing(store)
+        limits = Limits.unbounded(max_rows=args.limit, worker_bytes=served.settings.sql_worker_bytes)
+        result = served.sandboxed_sql(args.query, limits, **selection)
         table, truncated = result.table, result.truncated
     if truncated:
         print(f"trajstore: showing the first {args.limit} rows; the query returned more (raise --limit)",
@@ -371,12 +379,12 @@ def cmd_delete(args: argparse.Namespace) -> int:
     """With --yes, delete in one commit and say what went; else say what would go, ask on a terminal (refuse off
     one), then delete."""
     runs = _split(args.run)
-    if not runs and not args.where:
-        raise InputError("give --run RUN and/or --where CONDITION (a condition over steps); refusing to delete "
-                         "everything by default")
+    if not runs and not args.where and not args.steps_where:
+        raise InputError("give --run RUN, --where CONDITION (a condition over episodes) and/or --steps-where "
+                         "CONDITION (a condition over steps); refusing to delete everything by default")
     store = _open(args.store)
     if not args.yes:
-        plan = store.delete(run_id=runs, where=args.where, dry_run=True)
+        plan = store.maintain.delete(run_id=runs, where=args.where, steps_where=args.steps_where, dry_run=True)
         print(plan.format())
         if not plan.episodes:
             return 0
@@ -385,7 +393,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
         if input("delete them? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing was deleted")
             return 0
-    print(store.delete(run_id=runs, where=args.where).format())
+    print(store.maintain.delete(run_id=runs, where=args.where, steps_where=args.steps_where).format())
     return 0
 
 
@@ -394,9 +402,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     store = _open(args.store)
     if args.sql:
-        print(store.decoding_sql(dialect=args.dialect), end="")
+        print(store.maintain.decoding_sql(dialect=args.dialect), end="")
         return 0
-    for column in store.stored_columns():
+    for column in store.maintain.stored_columns():
         print(f"{column['name']}  {column['type']}")
         declared = column["declared"]
         if declared:

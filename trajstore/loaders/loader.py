@@ -9,17 +9,16 @@ one is used), ``"arrow"`` (a record batch; arrays of shape ``(n, a, b)`` as nest
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError
 from trajstore.loaders.order import Order, Position
+from trajstore.query.batches import FORMATS as LOADER_FORMATS
 from trajstore.schema import to_numpy
 
-LoaderFormat = Literal["numpy", "jax", "arrow", "torch"]
-LOADER_FORMATS = ("numpy", "jax", "arrow", "torch")
 Assemble = Callable[[np.ndarray], dict[str, np.ndarray]]
 
 
@@ -32,6 +31,23 @@ def check_format(format: str) -> None:  # noqa: A002
         except ImportError:
             raise InputError("format: 'torch' needs PyTorch; install the extra: pip install 'trajstore[torch]'") \
                 from None
+
+
+class BatchStream(Protocol):
+    """What a training loader gives, from a store (:class:`Batches`) or a service
+    (:class:`~trajstore.remote.loader.RemoteBatches`): batches one after the other, ``state_dict()`` to resume
+    right after the last one given (``resume=``), and ``close()`` (or a ``with`` block); ``schema``, the Arrow
+    schema of its batches."""
+
+    schema: pa.Schema
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def __next__(self) -> Any: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
 class Batches(Iterator[Any]):

@@ -8,10 +8,10 @@ onto them); if another change removed one of those files first (a compaction, a 
 planned again on the newer version. The files stay on disk for readers of older versions until
 :func:`~trajstore.operations.vacuum.vacuum` removes them.
 
-``where`` is a condition over the ``steps`` view (``policy_version < 3``, ``worker_id = 'w1'``, or episode
-properties through the ``episodes`` view: ``episode_id IN (SELECT episode_id FROM episodes WHERE
-episode_return < 0)``). Only whole episodes are deleted: a condition that selects some steps of an episode
-but not all of them is refused.
+``where`` is a condition over the ``episodes`` view, as for every reader (``episode_return < 0``, ``mode =
+'eval'``); ``steps_where`` a condition over the ``steps`` view (``policy_version < 3``, ``worker_id = 'w1'``): an
+episode goes when every one of its steps matches. Only whole episodes are deleted: a condition over steps that
+selects some steps of an episode but not all of them is refused.
 
 Close a run's writers before deleting it: a delete does not reach into a writer that is still appending, so
 that writer's next steps of an episode it had open would be stored without the episode's start (``check``
@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from trajstore.errors import CommitError, InputError, QueryError, caller_sql_error
 from trajstore.query import sql
 from trajstore.query.filters import check_runs
+from trajstore.query.sql import Where
 from trajstore.retry import tries
 from trajstore.storage.log import DataFile, TableState, WrittenFile, files_holding
 
@@ -75,20 +76,21 @@ class _Plan:
     partial: dict[str, tuple[DataFile, np.ndarray]]  # path -> (file, the sorted episode ids to drop from it)
 
 
-def delete(engine: Engine, *, run_id: str | Sequence[str] | None = None, where: str | None = None,
-           dry_run: bool = False) -> DeleteReport:
-    """Delete the episodes of ``run_id`` (one or several) and/or those whose every step ``where`` selects."""
+def delete(engine: Engine, *, run_id: str | Sequence[str] | None = None, where: Where | None = None,
+           steps_where: str | None = None, dry_run: bool = False) -> DeleteReport:
+    """Delete the episodes of ``run_id`` (one or several) and/or those ``where`` (over ``episodes``) selects and/or
+    those whose every step ``steps_where`` (over ``steps``) selects."""
     runs = [run_id] if isinstance(run_id, str) else list(run_id or [])
-    if not runs and not where:
-        raise InputError("delete: give run_id= (the run to delete) and/or where= (a condition over steps); "
-                         "refusing to delete everything by default")
+    if not runs and not where and not steps_where:
+        raise InputError("delete: give run_id= (the run to delete), where= (a condition over episodes) and/or "
+                         "steps_where= (a condition over steps); refusing to delete everything by default")
     engine.table.log.writable("delete")
     last: CommitError | None = None
     for _ in tries(ATTEMPTS):
         state = engine.table.log.read()
         files = [] if state is None else state.files
         check_runs([runs], (f.run_id for f in files), engine.uri)
-        plan = _plan(engine, [f for f in files if not runs or f.run_id in runs], where)
+        plan = _plan(engine, [f for f in files if not runs or f.run_id in runs], where, steps_where)
         plan.report.dry_run = dry_run
         if dry_run or not plan.report.episodes:
             return plan.report
@@ -101,19 +103,20 @@ def delete(engine: Engine, *, run_id: str | Sequence[str] | None = None, where: 
     raise CommitError(f"delete could not commit after {ATTEMPTS} attempts: {last}")
 
 
-def _plan(engine: Engine, files: list[DataFile], where: str | None) -> _Plan:
+def _plan(engine: Engine, files: list[DataFile], where: Where | None, steps_where: str | None) -> _Plan:
     """Which episodes go, checked whole, and what happens to each file holding them."""
     if not files:
         return _Plan(DeleteReport(), [], {})
+    condition = sql.chosen_steps(where, steps_where)
     with engine.snapshot(files) as snap:
         try:
-            rows = snap.arrow(sql.delete_matches(where))
+            rows = snap.arrow(sql.delete_matches(condition))
         except QueryError as exc:
-            raise caller_sql_error(exc, "where", f"in {where!r}; a condition over the steps view") from None
-    _refuse_partial(rows, where)
+            raise condition_error(exc, where, steps_where) from None
+    _refuse_partial(rows, steps_where)
     report = DeleteReport(episodes=rows.num_rows, steps=int(pc.sum(rows["steps"]).as_py() or 0),
                           runs=sorted(set(rows["run_id"].to_pylist())))
-    if not where:
+    if not condition:
         report.files_removed = len(files)
         return _Plan(report, files, {})
     whole, partial = [], {}
@@ -130,14 +133,26 @@ def _plan(engine: Engine, files: list[DataFile], where: str | None) -> _Plan:
     return _Plan(report, whole, partial)
 
 
+def condition_error(exc: QueryError, where: Where | None, steps_where: str | None) -> InputError:
+    """The caller's error for a condition that failed: named ``where`` (a condition over ``episodes``, which a
+    condition over steps given there is not) or ``steps_where`` (over ``steps``)."""
+    if where and not steps_where:
+        return caller_sql_error(exc, "where", f"in {where!r}; where= is a condition over the episodes view (for a "
+                                              "condition over steps give steps_where=)")
+    if steps_where and not where:
+        return caller_sql_error(exc, "steps_where", f"in {steps_where!r}; a condition over the steps view")
+    return caller_sql_error(exc, "where/steps_where", f"in where={where!r} (over episodes), steps_where="
+                                                      f"{steps_where!r} (over steps)")
+
+
 def _refuse_partial(rows: pa.Table, where: str | None) -> None:
     cut = rows.filter(pc.less(rows["matched"], rows["steps"])).to_pylist()
     if cut:
         named = "; ".join(f"episode {r['episode_id']} (run_id={r['run_id']!r}): {r['matched']} of its "
                           f"{r['steps']} steps" for r in cut[:MAX_NAMED])
         more = f"; and {len(cut) - MAX_NAMED} more episodes" if len(cut) > MAX_NAMED else ""
-        raise InputError(f"where: {where!r} selects part of {len(cut)} episode(s), and only whole episodes are "
-                         f"deleted: {named}{more}")
+        raise InputError(f"steps_where: {where!r} selects part of {len(cut)} episode(s), and only whole episodes "
+                         f"are deleted: {named}{more}")
 
 
 def _ids_per_partition(rows: pa.Table) -> dict[tuple[str, str], np.ndarray]:

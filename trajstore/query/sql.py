@@ -830,6 +830,18 @@ def check_shared(limit: int) -> str:
 
 # --- lifecycle: delete ------------------------------------------------------------------------------------
 
+def chosen_steps(where: Where | None, steps_where: str | None) -> str | None:
+    """One condition over ``steps`` for what a change of the stored steps (delete, add_column) acts on: the steps of
+    the episodes ``where`` (a condition over ``episodes``) selects, and of those the steps ``steps_where`` (a caller's
+    condition over ``steps``) selects; None when neither is given."""
+    conds = []
+    if where:
+        conds.append(f"episode_id IN (SELECT episode_id FROM episodes WHERE {user_condition(where)})")
+    if steps_where:
+        conds.append(user_condition(steps_where))
+    return " AND ".join(conds) or None
+
+
 def delete_matches(condition: str | None) -> str:
     """Per episode of ``steps``: how many of its steps ``condition`` (a caller's condition over ``steps``; every
     step without one) selects, and its steps; only the episodes with a selected step."""

@@ -198,7 +198,8 @@ def _check_access(client: Client) -> Mapping[str, Any]:
 
 class RemoteStore:
     """The side of a served store that rollout workers use: :meth:`writer` (a :class:`RemoteWriter`),
-    :meth:`run_ids` and :meth:`sql` (read-only, through ``POST /sql``). ``root`` is the service's URL."""
+    :meth:`runs`, :meth:`run_ids` and :meth:`sql` (read-only, through ``POST /sql``). ``root`` is the service's
+    URL."""
 
     def __init__(self, url: str, *, api_key: str | None = None) -> None:
         self.client = Client(url, api_key=api_key)
@@ -226,12 +227,17 @@ class RemoteStore:
             raise
         return writer
 
+    def runs(self) -> pa.Table:
+        """One row per run and environment of the served store (:meth:`Client.runs
+        <trajstore.remote.client.Client.runs>`)."""
+        return self.client.runs()
+
     def run_ids(self) -> list[str]:
         """The runs the served store holds (``GET /runs``: one request, which counts each run's episodes)."""
-        return sorted({run["run_id"] for run in self.client.runs()})
+        return sorted(set(self.runs()["run_id"].to_pylist()))
 
     def sql(self, query: str) -> pa.Table:
-        table = self.client.sql(query, as_="arrow")
+        table = self.client.sql(query)
         if not isinstance(table, pa.Table):
             raise QueryError(f"{self.root}: POST /sql did not answer with an Arrow table")
         return table

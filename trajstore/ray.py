@@ -57,7 +57,7 @@ def read_steps(uri: str, *, columns: Sequence[str] | None = None, run_id: str | 
     plan = plumbing(open_store(uri, storage_options=storage_options)).scan_plan(columns, run_id=run_id,
                                                                             where=where)
     if plan.types is not None:
-        plan.types.check(plan.columns)  # environments whose columns cannot be one: named before any task runs
+        plan.types.check_one_type(plan.columns)  # environments whose columns cannot be one: named before any task runs
     return ray.data.read_datasource(_CommittedSteps(plan.files, plan.schema, plan.columns, plan.episode_ids))
 
 

@@ -91,7 +91,7 @@ class Finding:
     problem: str | None = None
 
 
-def check(store: Store, request_state: Any) -> Finding:
+def check_latest(store: Store, request_state: Any) -> Finding:
     """The store's latest version and checkpoint lag, and what keeps that version from being read; never raises."""
     seen = getattr(request_state, "damaged", None)
     try:
@@ -134,7 +134,7 @@ class Checks:
             self._running = future
 
         def run() -> None:
-            finding = check(store, request_state)
+            finding = check_latest(store, request_state)
             self.last = finding
             future.set_result(finding)
 

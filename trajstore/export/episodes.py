@@ -207,11 +207,11 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
         raise InputError(f"run_id/where: nothing to export from {store.uri} (run_id={run_id!r}, where={where!r})")
     if agent is None:
         _refuse_agents(pinned, files)
-        plumbing(pinned).step_types(files).check(list(COLUMNS), stackable=True, hint=ONE_ENV)  # names the envs
+        plumbing(pinned).step_types(files).check_one_type(list(COLUMNS), stackable=True, hint=ONE_ENV)  # names the envs
     source = plumbing(pinned).loader_source(run_id=runs or None, where=where, agent_id=agent,
                                             complete_only=not include_unfinished, agent_field="agent")
-    if source.check is not None and agent is not None:
-        source.check(list(COLUMNS))  # the agent's files alone: their environments' types
+    if source.check_types is not None and agent is not None:
+        source.check_types(list(COLUMNS))  # the agent's files alone: their environments' types
     ids = None if source.trajectories is None else source.trajectories.episode_id
     if ids is not None and not len(ids):
         raise InputError(f"run_id/where: nothing to export from {store.uri}: agent {agent!r} ended none of the "

@@ -86,14 +86,14 @@ def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where:
             return None
         return stitched.stitch([arrays.read(location.relative(f.path)) for f in plan.files], kinds, plan.episode_ids)
 
-    def check(names: Sequence[str]) -> None:
+    def check_types(names: Sequence[str]) -> None:
         if agents is not None:
-            agents.check(names)  # names the agents, before the types name their environment
-        types.check(names, stackable=True)  # type: ignore[union-attr]
+            agents.check_alike(names)  # names the agents, before the types name their environment
+        types.check_one_type(names, stackable=True)  # type: ignore[union-attr]
 
     return Source(plan.schema, read if agents is None else agents.reader(read), episode_values, key,
                   {"episodes": chosen}, layouts, _basis(engine, selected, run_id, env_id, selection, version, files),
-                  check=check, stitch=stitch if agents is None else None, trajectories=agents)
+                  check_types=check_types, stitch=stitch if agents is None else None, trajectories=agents)
 
 
 def _refuse_agents(engine: Engine, plan: ScanPlan) -> None:

@@ -51,7 +51,7 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
     the steps are laid out: the rewards summed are those of ``min(n, longest episode)`` steps)."""
     n = check_count("n", n)
     g = check_gamma(gamma)
-    sampling.check()
+    sampling.check_arguments()
     check_format(format)
     if isinstance(columns, str):
         columns = [columns]

@@ -42,7 +42,8 @@ def foreign(schemas: Sequence[FileSchema]) -> list[int]:
     return [i for i, s in enumerate(schemas) if s.format.foreign]
 
 
-def check(files: Sequence[DataFile], schemas: Sequence[FileSchema], version_of: Callable[[str], int | None]) -> None:
+def check_partitions(files: Sequence[DataFile], schemas: Sequence[FileSchema],
+                     version_of: Callable[[str], int | None]) -> None:
     """Raise :class:`ForeignChangeError` when a partition holding a file another tool wrote has a step twice or
     misses a step between an episode's first and last (``version_of``: the version that added a file)."""
     parts = {(files[i].run_id, files[i].env_id) for i in foreign(schemas)}

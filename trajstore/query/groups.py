@@ -162,7 +162,7 @@ class StepTypes:
     conflicts: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     ragged: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
-    def check(self, columns: Sequence[str], *, stackable: bool = False, hint: str | None = None) -> None:
+    def check_one_type(self, columns: Sequence[str], *, stackable: bool = False, hint: str | None = None) -> None:
         """Raise :class:`InputError` naming the first of ``columns`` whose environments store it in types that
         cannot be one column (with ``stackable``: one array), their env ids and types; ``hint`` says how to
         select one environment (default: env_id=, or leave the column out)."""

@@ -5,10 +5,15 @@
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and the virtualenv of
 #            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
 #            first when a Python >= 3.12 is here; its tests skip without it).
+# make docs: the documentation site (guides and the API reference) into build/site, warnings as errors.
 # make lint: ruff over the whole tree with the rules pyproject.toml chooses (.ci/run runs it before the tests).
-# make min-venv: a virtualenv in .cache/min-venv with every core dependency at the minimum pyproject.toml
-#            declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself (editable);
-#            tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build, once).
+# make min-venv: a virtualenv in .cache/min-venv with every core dependency and the gym extra's at the minimum
+#            pyproject.toml declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself
+#            (editable); tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build,
+#            once).
+# make core-venv: a virtualenv in .cache/core-venv with trajstore (editable) and its core dependencies alone, no
+#            extra; tests/test_core_install.py stores, reads and runs the CLI there, and checks that each feature of
+#            an extra names the extra to install (~1 min to build, once; the test builds it when it is missing).
 # make lerobot-venv: a separate venv, .venv-lerobot, with the real lerobot release (it needs Python >= 3.12 and its
 #            own torch) that tests/export/test_lerobot.py opens the exported datasets with; built once, then kept.
 PYTHON ?= python3
@@ -18,6 +23,7 @@ STORE ?= ./demo-store
 PORT ?= 8321
 RUN := $(shell date +%Y%m%d-%H%M%S)
 MIN_VENV ?= .cache/min-venv
+CORE_VENV ?= .cache/core-venv
 
 LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
@@ -25,7 +31,7 @@ LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
 # (pyenv's shims on PATH fail for a version that is not selected, so its versions are tried directly)
 LEROBOT_PYTHONS = $(LEROBOT_PYTHON) python3.12 python3.13 $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python3)
 
-.PHONY: install demo test lint bench system-tools min-venv lerobot-venv vendor-plotly clean
+.PHONY: install demo test lint docs bench system-tools min-venv core-venv lerobot-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,24 +51,37 @@ demo: install
 	@echo "dashboard: http://127.0.0.1:$(PORT)/dashboard  (serving $(STORE); Ctrl-C stops it)"
 	$(VENV)/bin/trajstore serve --store $(STORE) --port $(PORT)
 
-test: install system-tools min-venv
+test: install system-tools min-venv core-venv
 	@$(MAKE) --no-print-directory lerobot-venv || echo "could not build $(LEROBOT_VENV): the LeRobot tests will be skipped"
 	$(PY) -m pytest
 
 lint: install
 	$(VENV)/bin/ruff check .
 
-# Each core dependency pinned to its declared minimum ("name>=x" in [project] dependencies becomes "name==x").
+# The documentation site into build/site (MkDocs, mkdocs.yml): warnings are errors, nothing fetched from the network.
+docs: install
+	$(VENV)/bin/mkdocs build --strict
+
+# Each core dependency and the gym extra's pinned to its declared minimum ("name>=x" becomes "name==x").
 $(MIN_VENV)/.installed: pyproject.toml
 	rm -rf $(MIN_VENV)
 	$(PYTHON) -m venv $(MIN_VENV)
-	$(PYTHON) -c 'import re; text = open("pyproject.toml").read(); \
-	  deps = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1); \
-	  print("\n".join(d.replace(">=", "==") for d in re.findall(r"\"([^\"]+)\"", deps)))' > $(MIN_VENV)/minimums.txt
-	$(MIN_VENV)/bin/python -m pip install -q -c $(MIN_VENV)/minimums.txt -e .
+	$(PYTHON) -c 'import tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	  deps = project["dependencies"] + project["optional-dependencies"]["gym"]; \
+	  print("\n".join(d.replace(">=", "==") for d in deps))' > $(MIN_VENV)/minimums.txt
+	$(MIN_VENV)/bin/python -m pip install -q -c $(MIN_VENV)/minimums.txt -e '.[gym]'
 	touch $@
 
 min-venv: $(MIN_VENV)/.installed
+
+# `pip install trajstore` and nothing else (tests/test_core_install.py builds the same when it is missing)
+$(CORE_VENV)/.installed: pyproject.toml
+	rm -rf $(CORE_VENV)
+	$(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/python -m pip install -q -e .
+	touch $@
+
+core-venv: $(CORE_VENV)/.installed
 
 # lerobot pins torch < 2.12 and PyPI has no CPU-only build of it for Linux: pip brings the CUDA one (~4 GB of
 # wheels, unused here). A failed build leaves no half venv behind.
@@ -100,4 +119,4 @@ bench: install
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(LEROBOT_VENV) $(STORE) $(MIN_VENV)
+	rm -rf $(VENV) $(LEROBOT_VENV) $(STORE) $(MIN_VENV) $(CORE_VENV)

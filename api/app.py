@@ -1,11 +1,11 @@
 """The trajstore service: a FastAPI application over one store.
 
 >>> from trajstore.api.app import create_app
->>> from trajstore.settings import Settings
->>> app = create_app(Settings(store="./trajdata"))  # doctest: +SKIP
+>>> from trajstore.api.settings import ServiceSettings
+>>> app = create_app(ServiceSettings(store="./trajdata"))  # doctest: +SKIP
 
-Run it with ``trajstore serve --store PATH`` (uvicorn). Settings come from ``TRAJSTORE_*``
-environment variables unless given.
+Run it with ``trajstore serve --store PATH`` (uvicorn). The service's settings come from ``TRAJSTORE_*``
+environment variables unless given, and so do the options of the store it opens (:class:`trajstore.Settings`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ from trajstore.api.routes import (
     stats,
     steps,
 )
+from trajstore.api.settings import ServiceSettings
 from trajstore.query import sql_worker
-from trajstore.settings import Settings
-from trajstore.store import Store
+from trajstore.query.sandbox import Gate
+from trajstore.store import Store, plumbing
 
 if TYPE_CHECKING:
     import uvicorn
@@ -45,10 +46,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None, *, store: Store | None = None, create: bool = False) -> FastAPI:
+def create_app(settings: ServiceSettings | None = None, *, store: Store | None = None,
+               create: bool = False) -> FastAPI:
     """The application over ``store``, or over the store at ``settings.store`` (made there if absent only with
-    ``create``: a mistyped path is an error, not a new empty store)."""
-    settings = settings or Settings.from_env()
+    ``create``: a mistyped path is an error, not a new empty store; its options from the environment)."""
+    settings = settings or ServiceSettings.from_env()
     app = FastAPI(title="trajstore", version=__version__,
                   description="Episode statistics, returns, SQL and Arrow streams over stored RL trajectories.\n\n"
                               "Integers in JSON: `episode_id` is always a decimal string, and so is any other "
@@ -61,9 +63,12 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
                   lifespan=_serving)
     app.state.settings = settings
     app.state.compute_gate = budgets.gate(settings)
-    app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
+    # sandboxed queries and loader streams at once, of every version the service reads
+    app.state.sql_gate = Gate(settings.sql_max_concurrent)
+    app.state.store = store or trajstore.open(settings.store, create=create)
     # POST /sql and the comparisons' bootstraps pay no process start
-    sql_worker.warm(settings.sql_worker_bytes, settings.sql_max_concurrent + settings.compute_max_concurrent)
+    sql_worker.warm(plumbing(app.state.store).settings.sql_worker_bytes,
+                    settings.sql_max_concurrent + settings.compute_max_concurrent)
     health.start(app.state)  # the first probe of /health finds the store checked
     problems.install(app)
     app.add_middleware(budgets.Places, gate=app.state.compute_gate)  # a place taken before anything is parsed

@@ -23,13 +23,14 @@ from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trajstore.api.problems import problem
+from trajstore.api.settings import ServiceSettings
 from trajstore.errors import QueryBusyError
 from trajstore.query import budget
 from trajstore.query.sandbox import Gate
-from trajstore.settings import Settings
+from trajstore.store import plumbing
 
 
-def gate(settings: Settings) -> Gate:
+def gate(settings: ServiceSettings) -> Gate:
     """The places of the routes that compute per request."""
     return Gate(settings.compute_max_concurrent, holds="comparisons or learning curves across seeds",
                 setting="compute_max_concurrent")
@@ -91,7 +92,8 @@ async def compute_budget(request: Request) -> None:
     bootstrap in a worker process capped at ``sql_worker_bytes``."""
     settings = request.app.state.settings
     budget.set_current(budget.Budget(timeout_s=settings.compute_timeout_s, memory_bytes=settings.compute_memory_bytes,
-                                     worker_bytes=settings.sql_worker_bytes, what=_route(request)))
+                                     worker_bytes=plumbing(request.app.state.store).settings.sql_worker_bytes,
+                                     what=_route(request)))
 
 
 async def grouped_budget(request: Request) -> None:

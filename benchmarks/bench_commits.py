@@ -107,10 +107,10 @@ def measure(path: Path) -> dict[str, float]:
     from fastapi.testclient import TestClient
 
     from trajstore.api.app import create_app
-    from trajstore.settings import Settings
+    from trajstore.api.settings import ServiceSettings
 
     def service(urls: list[str]) -> None:
-        with TestClient(create_app(Settings(store=str(path)))) as client:
+        with TestClient(create_app(ServiceSettings(store=str(path)))) as client:
             for url in urls:
                 assert client.get(url).status_code == 200, url
 

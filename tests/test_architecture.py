@@ -75,7 +75,7 @@ def graph(*, type_hints: bool = False) -> dict[str, set[str]]:
 # The layers, lowest first (docs/architecture.md draws them): a module imports from its own layer and those below.
 LAYERS = [
     ("base", ["trajstore.__about__", "trajstore.errors", "trajstore.settings", "trajstore.schema", "trajstore.retry",
-              "trajstore.durations"]),
+              "trajstore.durations", "trajstore.extras", "trajstore.progress_bar"]),
     ("the stored format and the log", ["trajstore.storage"]),
     ("the writer", ["trajstore.write"]),
     ("reading one committed version", ["trajstore.query"]),

@@ -81,13 +81,6 @@ def test_a_store_member_that_moved_warns_and_answers_as_its_new_place(filled: tr
     same(got, call(getattr(place, name)))
 
 
-def test_the_sql_gate_and_its_slots_moved_to_the_plumbing(filled: trajstore.Store) -> None:
-    with warns("Store.sql_gate", "trajstore.store.plumbing(store).sql_gate"):
-        assert filled.sql_gate is plumbing(filled).sql_gate
-    with warns("Store.sql_slot", "trajstore.store.plumbing(store).sql_slot"):
-        filled.sql_slot("probe").release()
-
-
 def test_the_old_delete_keeps_its_condition_over_steps(filled: trajstore.Store) -> None:
     """``Store.delete(where=)`` was a condition over steps (``step`` is not a column of episodes)."""
     before = filled.episodes()

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from trajstore.api.settings import ServiceSettings
 from trajstore.cli import parser
 from trajstore.durations import seconds, text
 from trajstore.errors import InputError
@@ -24,7 +25,8 @@ def test_the_same_text_is_the_same_time_everywhere(given: str, want: float) -> N
     assert seconds(given) == want
     assert parse_duration(given) == want  # vacuum(older_than=…)
     assert parser.duration(given) == want  # --older-than
-    assert Settings.from_env({"TRAJSTORE_SQL_TIMEOUT_S": given}).sql_timeout_s == want  # TRAJSTORE_*_S
+    assert ServiceSettings.from_env({"TRAJSTORE_SQL_TIMEOUT_S": given}).sql_timeout_s == want  # TRAJSTORE_*_S
+    assert Settings.from_env({"TRAJSTORE_S3_TIMEOUT_S": given}).s3_timeout_s == want
     assert limits_of({"timeout": given}, Settings()).timeout_s == want  # storage_options timeout
 
 

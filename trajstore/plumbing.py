@@ -1,7 +1,7 @@
 """What the service, the CLI, the exports and the integrations need of a store beyond the researcher's façade.
 
 A :class:`~trajstore.store.Store` is what a researcher calls: open, write, read, query, train, compare, maintain.
-Serving it takes more — the places of the SQL sandbox and the sandbox itself, appends of rows a remote writer cut
+Serving it takes more — the SQL sandbox, appends of rows a remote writer cut
 into episodes (and their compaction), keyset pages, the rows of one commit and the commits as they come, cheap
 checks of the latest version's files, the dashboard's binned curves, the sources of the exports' layouts — and
 that lives here, one :class:`Plumbing` per store, reached with :func:`trajstore.store.plumbing` (never through the
@@ -116,17 +116,6 @@ class Plumbing:
 
     # --- SQL from others ------------------------------------------------------------------------------------------
 
-    @property
-    def sql_gate(self) -> sandbox.Gate:
-        """The places for sandboxed queries and loader streams at once (shared by the store at every version)."""
-        return self._engine.sql_gate
-
-    def sql_slot(self, what: str = "query") -> sandbox.Slot:
-        """One of the ``sql_max_concurrent`` places for a sandboxed query (or, in the service, a loader
-        stream); a :class:`~trajstore.errors.QueryBusyError` whose message starts with ``what`` at once when
-        every one is taken. Release it when done. A store opened at a version shares its store's places."""
-        return self.sql_gate.take(what)
-
     def sandboxed_sql(self, query: str, limits: sandbox.Limits | None = None, *,
                       encode: sandbox.Encoder | None = None, run_id: Names = None,
                       env_id: Names = None) -> sandbox.Result:
@@ -137,7 +126,7 @@ class Plumbing:
         The views read the committed files through registered pyarrow datasets: the connection the query runs
         on can read no file at all. With ``limits.worker_bytes`` (the default) the query runs in a worker
         process that cannot take more memory than that (:mod:`~trajstore.query.sql_worker`); the body is
-        encoded here. Concurrent callers share :meth:`sql_slot`'s gate only if they take a slot."""
+        encoded here. How many run at once is the caller's to bound (the service: ``sql_max_concurrent``)."""
         return sql_worker.sandboxed_sql(self._engine, query, limits, encode=encode, run_id=run_id, env_id=env_id)
 
     # --- writes a remote writer sends -----------------------------------------------------------------------------

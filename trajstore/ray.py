@@ -25,7 +25,9 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
+from trajstore import progress_bar
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.query.scan import scan_steps
 from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed
 from trajstore.rollout.target import Mode, check_mode, check_run
@@ -33,13 +35,11 @@ from trajstore.storage.log import DataFile
 from trajstore.store import Store, plumbing
 from trajstore.store import open as open_store
 
-try:
+with needed("ray", "trajstore.ray"):
     import ray
     import ray.data
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
-except ImportError as exc:  # pragma: no cover - the extra is installed in CI
-    raise ImportError("trajstore.ray needs the ray extra: pip install 'trajstore[ray]'") from exc
 
 __all__ = ["read_episodes", "read_steps", "rollout"]
 
@@ -203,11 +203,9 @@ class _RunSeed:
 
 def _wait(futures: list[Any], counter: Any, *, total: int | None, by_episodes: bool,
           show: bool) -> list[RolloutResult]:
-    from tqdm.auto import tqdm
-
     pending, done = list(futures), []
-    with tqdm(total=total, unit="ep" if by_episodes else "step", desc=f"rollout x{len(futures)}",
-              disable=not show, dynamic_ncols=True, unit_scale=not by_episodes) as bar:
+    with progress_bar.bar(total=total, unit="ep" if by_episodes else "step", desc=f"rollout x{len(futures)}",
+                          enabled=show, unit_scale=not by_episodes) as bar:
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
             done += ray.get(ready)

@@ -71,12 +71,40 @@ FORMAT_VERSION = 1
 
 def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str, Any] | None = None,  # noqa: A001
          settings: Settings | None = None, version: int | None = None, as_of: datetime | None = None) -> Store:
-    """Open the store at ``uri``: a local directory or ``s3://bucket/prefix``; with ``create=True`` make it if
-    absent. For S3, ``storage_options`` holds the ``AWS_*`` keys deltalake uses (each one not given is taken from
-    the environment variable of that name).
+    """Open the store at ``uri``, or make one there with ``create=True``.
 
-    With ``version=N`` (see :meth:`Store.history`) or ``as_of=datetime`` (the latest version committed then),
-    the store is read-only and every read sees it exactly as it was at that version."""
+    With ``version=N`` (see :meth:`Store.history`) or ``as_of=datetime`` (the latest version committed then), the
+    store is read-only and every read sees it exactly as it was at that version.
+
+    Args:
+        uri: A local directory, or ``s3://bucket/prefix``.
+        create: Make the store if there is none at ``uri`` (safe when several processes make it at once).
+        storage_options: For S3, the ``AWS_*`` keys deltalake uses (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+            ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, …) and the request bounds ``connect_timeout``, ``timeout``
+            and ``max_retries``; each key not given is taken from the environment variable of that name.
+        settings: The library's options; by default read once from the ``TRAJSTORE_*`` environment variables.
+        version: Open read-only at this version of the log.
+        as_of: Open read-only at the latest version committed at or before this time.
+
+    Returns:
+        The store.
+
+    Raises:
+        StoreNotFoundError: There is no store at ``uri`` and ``create`` is False, or ``version`` asks for a version
+            of a store nothing was committed to.
+        StoreExistsError: ``uri`` is a file, or a folder of other things, not a store.
+        StoreAccessError: The location cannot be reached or refuses us: a missing bucket, wrong keys, an object
+            store that does not answer in time.
+        VersionNotFoundError: ``version`` is not in the log, or a vacuum removed its files.
+
+    Examples:
+        >>> import trajstore
+        >>> store = trajstore.open("./trajdata", create=True)
+        >>> store.version  # nothing committed yet
+        -1
+        >>> trajstore.open("./trajdata").uri == store.uri
+        True
+    """
     location = locate(uri, storage_options, settings=settings)
     try:
         found = _marker_found(location)
@@ -157,11 +185,11 @@ class Store:
     """
 
     def __init__(self, location: Location | str | Path, *, settings: Settings | None = None,
-                 pinned: int | None = None, sql_gate: Any = None) -> None:
+                 pinned: int | None = None) -> None:
         self._settings = settings or Settings.from_env()
         self._location = locate(location, settings=self._settings)
         self._steps = StepsTable.of_store(self._location, self._settings, pinned=pinned)
-        self._engine = Engine(self._steps, self._location, self._settings, sql_gate)
+        self._engine = Engine(self._steps, self._location, self._settings)
         self._layouts = LayoutStore(self._location, cache=self._settings.layout_cache,  # loader layouts, kept
                                     shared=self._settings.store_layouts, keep=self._settings.loader_layouts)
         # compacts what ingest commits (its thread starts with the first); a store read at a version takes none
@@ -205,10 +233,43 @@ class Store:
 
     def writer(self, *, run_id: str, env_id: str, config: Mapping[str, Any] | None = None,
                tags: Sequence[str] | None = None, notes: str | None = None, **options: Any) -> Writer:
-        """A :class:`Writer` appending to ``run_id``/``env_id``; extra keywords are writer options or lineage.
-        ``config``, ``tags``, ``notes`` describe the run (:mod:`~trajstore.storage.run_config`; committed before
-        the writer is made): the first writer of a run records them, a later one adds its tags and must give the
-        same config (change it with :meth:`set_run`)."""
+        """A :class:`Writer` appending episodes to ``run_id``/``env_id``; use it as a context manager.
+
+        The first writer of a run describes it with ``config``, ``tags`` and ``notes`` (committed before the writer
+        is made; see :mod:`~trajstore.storage.run_config`); a later one adds its tags and must give the same config
+        (change it with :meth:`set_run`).
+
+        Args:
+            run_id: The run (an experiment); no ``/`` and no control characters.
+            env_id: The environment; runs of several environments share a store.
+            config: The run's configuration, plain JSON (hyperparameters, algorithm), grouped by as
+                ``by="config.<path>"``.
+            tags: Labels of the run.
+            notes: Free text about the run.
+            **options: The writer's options (``observation_space``, ``action_space``, ``autoreset``, ``frame_stack``,
+                ``flush_bytes``, ``worker_id``; see :class:`Writer`) and lineage: any other keyword
+                (``policy_version=3``) is a column holding that value in every row the writer stores.
+
+        Returns:
+            The writer; its rows become visible when it flushes (when its buffer passes ``flush_bytes``, and on
+            ``flush()`` and ``close()``).
+
+        Raises:
+            InputError: A run or env id, a lineage name or value, or a config that the store cannot hold (the
+                message names it); a config that differs from the run's stored one.
+            ReadOnlyError: The store was opened at a version.
+
+        Examples:
+            >>> import numpy as np
+            >>> store = trajstore.open("./trajdata", create=True)
+            >>> with store.writer(run_id="exp1", env_id="Toy-v0", config={"lr": 3e-4}, policy_version=0) as w:
+            ...     stored = w.add_batch({"obs": np.zeros((3, 2, 4)), "action": np.zeros((3, 2), int),
+            ...                           "reward": np.ones((3, 2)), "next_obs": np.zeros((3, 2, 4)),
+            ...                           "terminated": np.array([[0, 0], [1, 0], [0, 1]], bool),
+            ...                           "truncated": np.zeros((3, 2), bool)})
+            >>> stored, store.stats()["n_traj"][0].as_py()
+            (6, 2)
+        """
         self._steps.log.writable("writer")
         options.setdefault("flush_bytes", self._settings.flush_bytes)
         options.setdefault("upkeep", Upkeep(self._steps, CompactionPolicy.of(self._settings)))
@@ -258,8 +319,7 @@ class Store:
         """This store, read-only, exactly as it was at ``version`` (or the latest version committed at or before
         ``as_of``): every read (stats, episodes, sql, scan, returns, runs) sees that version's files."""
         pinned = resolve_version(StepsTable(self._steps.location), version=version, as_of=as_of)
-        # one bound on the queries at once, whatever version they read
-        return Store(self._location, settings=self._settings, pinned=pinned, sql_gate=self._engine.sql_gate)
+        return Store(self._location, settings=self._settings, pinned=pinned)
 
     def history(self, *, limit: int | None = None) -> pa.Table:
         """One row per committed version, oldest first: ``version, timestamp, operation, rows_added,
@@ -295,13 +355,33 @@ class Store:
 
     def sql(self, query: str, params: dict[str, Any] | None = None, *, run_id: Names = None,
             env_id: Names = None) -> pa.Table:
-        """Run SQL over the ``steps`` and ``episodes`` views; returns an Arrow table.
+        """Run your own SQL over the ``steps``, ``episodes`` and ``runs`` views; the trusted path.
 
-        With ``run_id``/``env_id``, the views hold those runs' or environments' steps only, and every column
-        has its own type. A query that selects one environment's rows (``WHERE run_id = 'cp'``) gets that
-        environment's own values too; a column whose environments store different types holds, where a query mixes
-        them, each value as JSON text (see :mod:`~trajstore.query.groups`).
-        This is the trusted path (your own process, your own files); SQL from others runs in the service's sandbox.
+        This runs in your own process, unsandboxed: any statement, and any file you can read or write. For SQL from
+        others use the service's sandbox (``POST /sql``,
+        :meth:`Client.sql <trajstore.remote.client.Client.sql>`). The views read one committed version.
+
+        Args:
+            query: DuckDB SQL.
+            params: Values for the query's ``$name`` parameters.
+            run_id: Only these runs' steps in the views (one id or several).
+            env_id: Only these environments' steps in the views. Over environments whose columns differ in type,
+                such a column is a ``VARIANT``; over one environment every column has its own type.
+
+        Returns:
+            The result as an Arrow table.
+
+        Raises:
+            QueryError: The query failed (DuckDB's message).
+            RunNotFoundError: A ``run_id`` the store does not hold.
+
+        Examples:
+            >>> from trajstore.rollout import gym_rollout
+            >>> store = trajstore.open("./trajdata", create=True)
+            >>> result = gym_rollout(store, "CartPole-v1", run_id="demo", episodes=10, seed=0, progress=False)
+            >>> store.sql("SELECT count(*) AS n FROM episodes WHERE complete AND run_id = $run",
+            ...           {"run": "demo"})["n"].to_pylist()
+            [10]
         """
         with self.snapshot(run_id=run_id, env_id=env_id) as snap:
             return snap.arrow(query, params)
@@ -324,7 +404,39 @@ class Store:
                  where: Where | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
                  gamma: float | None = None, order_by: str = "episode_id", limit: int | None = None,
                  offset: int = 0) -> pa.Table:
-        """One row per episode (the ``episodes`` view), filtered; with ``gamma`` adds ``discounted_return``."""
+        """One row per episode (the ``episodes`` view), filtered and ordered.
+
+        The columns: ``run_id, env_id, episode_id, episode_length, episode_return, terminated, truncated,
+        complete, first_step, last_step, started_at, ended_at, n_agents, env_steps`` and the lineage columns. Also
+        takes every filter keyword of the Store's readers (``min_return=``, ``mode=``, …; see :class:`Store`).
+
+        Args:
+            run_id: Only these runs (one id or several).
+            env_id: Only these environments.
+            complete: True for complete episodes only, False for unfinished ones only.
+            where: Your own condition over the ``episodes`` view (SQL).
+            filter: The filter keywords as one :class:`~trajstore.query.filters.EpisodeFilter`.
+            gamma: Add ``discounted_return`` for this discount in [0, 1].
+            order_by: A column of ``episodes``, ``-`` prefixed for descending; several comma-separated.
+            limit: At most this many rows.
+            offset: Skip this many rows first.
+
+        Returns:
+            An Arrow table, one row per selected episode.
+
+        Raises:
+            RunNotFoundError: A ``run_id`` the store does not hold.
+            UnknownColumnError: ``order_by`` names no column of ``episodes``.
+            InputError: ``gamma`` outside [0, 1], or a ``where`` that fails (the message names ``where``).
+
+        Examples:
+            >>> from trajstore.rollout import gym_rollout
+            >>> store = trajstore.open("./trajdata", create=True)
+            >>> result = gym_rollout(store, "CartPole-v1", run_id="demo", episodes=10, seed=0, progress=False)
+            >>> top = store.episodes(run_id="demo", complete=True, order_by="-episode_return", limit=3)
+            >>> top.num_rows, top["episode_return"][0].as_py() >= top["episode_return"][2].as_py()
+            (3, True)
+        """
         return episodes.episodes(self._engine, run_id=run_id, env_id=env_id, complete=complete, where=where,
                                  filter=filter, gamma=gamma, order_by=order_by, limit=limit, offset=offset)
 
@@ -339,14 +451,45 @@ class Store:
     def stats(self, *, by: Names = None, gamma: float | None = None, where: Where | None = None,
               filter: EpisodeFilter | None = None, run_id: Names = None,  # noqa: A002
               env_id: Names = None, include_incomplete: bool = False, metric: str | None = None) -> pa.Table:
-        """Episode statistics (``n_traj, return_*, len_*`` and ``discounted_return_*`` with ``gamma``).
+        """Episode statistics, with the names of ``imitation``'s ``rollout_stats``.
 
-        One row per group of ``by`` (one row overall without it). Complete episodes only unless
-        ``include_incomplete``. With ``metric`` (an ``episodes`` column, or ``agg(column)`` of a step column:
-        ``"last(is_success)"``, see :mod:`~trajstore.query.metrics`), also ``metric_n`` (episodes with a value)
-        and ``metric_{min,mean,std,max}``: ``metric_mean`` of ``last(is_success)`` is a success rate. Means and
-        standard deviations are summed in parallel, in no fixed order: two calls can differ in their last bits
-        (compare them with a tolerance, not ``==``).
+        ``n_traj``, ``return_{min,mean,std,max}``, ``len_{min,mean,std,max}`` (std as ``numpy.std``), and
+        ``discounted_return_*`` with ``gamma``; one row per group of ``by`` (one row overall without it). Complete
+        episodes only unless ``include_incomplete``. With ``metric`` (an ``episodes`` column, or ``agg(column)`` of a
+        step column: ``"last(is_success)"``, see :mod:`~trajstore.query.metrics`), also ``metric_n`` (episodes with a
+        value) and ``metric_{min,mean,std,max}``: ``metric_mean`` of ``last(is_success)`` is a success rate. Also
+        takes every filter keyword of the Store's readers (see :class:`Store`).
+
+        Means and standard deviations are summed in parallel, in no fixed order: two calls can differ in their last
+        bits (compare them with a tolerance, not ``==``).
+
+        Args:
+            by: Group by these columns of ``episodes`` (``"run_id"``, ``["run_id", "env_id"]``, ``"agent_group"``),
+                or by a run's config (``"config.lr"``).
+            gamma: Add ``discounted_return_*`` for this discount in [0, 1].
+            where: Your own condition over the ``episodes`` view (SQL).
+            filter: The filter keywords as one :class:`~trajstore.query.filters.EpisodeFilter`.
+            run_id: Only these runs (one id or several).
+            env_id: Only these environments.
+            include_incomplete: Count unfinished episodes too.
+            metric: Also the statistics of this per-episode metric.
+
+        Returns:
+            An Arrow table: the ``by`` columns, then the statistics.
+
+        Raises:
+            RunNotFoundError: A ``run_id`` the store does not hold.
+            InputError: ``gamma`` outside [0, 1], an unknown ``by`` or ``metric``, or a ``where`` that fails.
+
+        Examples:
+            >>> from trajstore.rollout import gym_rollout
+            >>> store = trajstore.open("./trajdata", create=True)
+            >>> result = gym_rollout(store, "CartPole-v1", run_id="demo", episodes=10, seed=0, progress=False)
+            >>> stats = store.stats(by="run_id", gamma=0.99)
+            >>> stats["run_id"].to_pylist(), stats["n_traj"].to_pylist()
+            (['demo'], [10])
+            >>> "discounted_return_mean" in stats.column_names
+            True
         """
         return stats.stats(self._engine, by=by, gamma=gamma, where=where, filter=filter, run_id=run_id,
                            env_id=env_id, include_incomplete=include_incomplete, metric=metric)
@@ -355,12 +498,39 @@ class Store:
     def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", run_id: Names = None,
                 env_id: Names = None, episode_id: Ids = None, where: Where | None = None,
                 filter: EpisodeFilter | None = None, limit: int | None = None) -> pa.Table:  # noqa: A002
-        """Discounted return per episode, or return-to-go ``G_t = r_t + gamma G_{t+1}`` per step, both computed
-        in float64 from the stored rewards.
+        """Discounted return per episode, or return-to-go per step, computed in float64 from the stored rewards.
 
-        Rows come sorted by ``episode_id`` (per step by ``(episode_id, step)``, with ``run_id`` and ``env_id``
-        dictionary-encoded: the same values, a byte per row). With ``limit``, the first ``limit`` rows;
-        per step, only the episodes they reach are read.
+        Per episode, ``sum_t gamma**t * r_t``; per step, ``G_t = r_t + gamma G_{t+1}``: exact at any episode length
+        and any ``gamma`` in [0, 1]. Rows come sorted by ``episode_id`` (per step by ``(episode_id, step)``, with
+        ``run_id`` and ``env_id`` dictionary-encoded: the same values, a byte per row). Also takes every filter
+        keyword of the Store's readers (see :class:`Store`).
+
+        Args:
+            gamma: The discount, in [0, 1].
+            per: ``"episode"`` (``discounted_return`` per episode) or ``"step"`` (``return_to_go`` per step).
+            run_id: Only these runs (one id or several).
+            env_id: Only these environments.
+            episode_id: Only these episodes.
+            where: Your own condition over the ``episodes`` view (SQL).
+            filter: The filter keywords as one :class:`~trajstore.query.filters.EpisodeFilter`.
+            limit: The first ``limit`` rows; per step, only the episodes they reach are read.
+
+        Returns:
+            An Arrow table: ``run_id, env_id, episode_id, episode_length, episode_return, discounted_return,
+            complete`` per episode, or ``run_id, env_id, episode_id, step, reward, return_to_go`` per step.
+
+        Raises:
+            InputError: ``gamma`` outside [0, 1], or ``per`` not one of the two.
+            RunNotFoundError: A ``run_id`` the store does not hold.
+
+        Examples:
+            >>> from trajstore.rollout import gym_rollout
+            >>> store = trajstore.open("./trajdata", create=True)
+            >>> result = gym_rollout(store, "CartPole-v1", run_id="demo", episodes=10, seed=0, progress=False)
+            >>> per_step = store.returns(gamma=1.0, per="step", run_id="demo")
+            >>> first = store.returns(gamma=1.0, run_id="demo", limit=1)
+            >>> per_step["return_to_go"][0].as_py() == first["episode_return"][0].as_py()
+            True
         """
         return returns.returns(self._engine, gamma=gamma, per=per, run_id=run_id, env_id=env_id,
                                episode_id=episode_id, where=where, filter=filter, limit=limit)
@@ -483,12 +653,37 @@ class Store:
     def scan(self, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
              episode_id: Ids = None, where: Where | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
              batch_size: int = 65_536, max_batch_bytes: int | None = None) -> pa.RecordBatchReader:
-        """The steps of the chosen episodes as a stream of record batches, in storage order, read straight
-        from the committed files (see :mod:`trajstore.query.scan`).
+        """The steps of the chosen episodes as a stream of record batches, read straight from the committed files.
 
-        The same rows and types as ``SELECT columns FROM steps`` with these filters (every column without
-        ``columns``); ``where`` is a condition on the ``episodes`` view, as for :meth:`episodes`. Batches have
-        at most ``batch_size`` rows, and fewer when rows are so wide that a batch would pass ``max_batch_bytes``.
+        The same rows and types as ``SELECT columns FROM steps`` with these filters, in storage order, at pyarrow's
+        speed (see :mod:`trajstore.query.scan`). Also takes every filter keyword of the Store's readers (see
+        :class:`Store`).
+
+        Args:
+            columns: The columns to read; all without it.
+            run_id: Only these runs (one id or several).
+            env_id: Only these environments; environments whose columns differ in type cannot be read together.
+            episode_id: Only these episodes.
+            where: Your own condition over the ``episodes`` view (SQL), as for :meth:`episodes`.
+            filter: The filter keywords as one :class:`~trajstore.query.filters.EpisodeFilter`.
+            batch_size: At most this many rows a batch.
+            max_batch_bytes: Fewer rows where rows are so wide that a batch would pass this many bytes.
+
+        Returns:
+            A ``pyarrow.RecordBatchReader``.
+
+        Raises:
+            RunNotFoundError: A ``run_id`` the store does not hold.
+            UnknownColumnError: A column ``steps`` does not have.
+            InputError: Environments whose columns cannot be one (the message names them), or a failing ``where``.
+
+        Examples:
+            >>> from trajstore.rollout import gym_rollout
+            >>> store = trajstore.open("./trajdata", create=True)
+            >>> result = gym_rollout(store, "CartPole-v1", run_id="demo", episodes=10, seed=0, progress=False)
+            >>> reader = store.scan(["episode_id", "step", "reward"], run_id="demo")
+            >>> reader.read_all().num_rows == result.steps
+            True
         """
         return scan.scan(self._engine, columns, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
                          run_id=run_id, env_id=env_id, episode_id=episode_id, where=where, filter=filter)
@@ -499,13 +694,42 @@ class Store:
                      format: BatchFormat = "numpy", run_id: Names = None, env_id: Names = None,  # noqa: A002
                      episode_id: Ids = None, where: Where | None = None,
                      filter: EpisodeFilter | None = None) -> Iterator[Any]:  # noqa: A002
-        """Batches of ``batch_size`` steps for a training loop, read straight from the files: the same
-        arguments and batches as :meth:`Client.iter_batches <trajstore.remote.client.Client.iter_batches>`.
+        """Batches of ``batch_size`` steps for a training loop, read straight from the files.
 
-        ``format`` is ``"numpy"`` (a dict of ``(n, …)`` arrays), ``"jax"``, ``"torch"`` (CPU tensors sharing the
-        arrays' memory; text columns stay numpy) or ``"arrow"`` (record batches).
+        The same arguments and batches as :meth:`Client.iter_batches <trajstore.remote.client.Client.iter_batches>`.
         With ``shuffle``, rows are drawn at random from a buffer of ``shuffle_buffer`` rows, reproducibly for a
-        given ``seed``; memory stays bounded by that buffer.
+        given ``seed``; memory stays bounded by that buffer. Also takes every filter keyword of the Store's readers
+        (see :class:`Store`).
+
+        Args:
+            batch_size: Steps per batch.
+            columns: The columns to read; all without it.
+            shuffle: Draw rows at random from a buffer.
+            seed: The shuffle's seed.
+            shuffle_buffer: Rows in the shuffle's buffer.
+            drop_last: Leave out a last batch shorter than ``batch_size``.
+            format: ``"numpy"`` (a dict of ``(n, …)`` arrays), ``"jax"``, ``"torch"`` (CPU tensors sharing the
+                arrays' memory; text columns stay numpy) or ``"arrow"`` (record batches).
+            run_id: Only these runs (one id or several).
+            env_id: Only these environments.
+            episode_id: Only these episodes.
+            where: Your own condition over the ``episodes`` view (SQL).
+            filter: The filter keywords as one :class:`~trajstore.query.filters.EpisodeFilter`.
+
+        Yields:
+            One batch at a time, in ``format``.
+
+        Raises:
+            InputError: A ``batch_size``, ``shuffle_buffer`` or ``format`` out of range (raised at the first batch).
+            RunNotFoundError: A ``run_id`` the store does not hold.
+
+        Examples:
+            >>> from trajstore.rollout import gym_rollout
+            >>> store = trajstore.open("./trajdata", create=True)
+            >>> result = gym_rollout(store, "CartPole-v1", run_id="demo", episodes=10, seed=0, progress=False)
+            >>> batch = next(store.iter_batches(batch_size=32, columns=["obs", "reward"], shuffle=True, seed=0))
+            >>> batch["obs"].shape, batch["reward"].shape
+            ((32, 4), (32,))
         """
         check_batching(batch_size, shuffle_buffer, format)
         reader = self.scan(columns, run_id=run_id, env_id=env_id, episode_id=episode_id, where=where, filter=filter,
@@ -525,22 +749,60 @@ class Store:
                   weight_by: str | None = None, num_samples: int | None = None,
                   filter: EpisodeFilter | None = None,  # noqa: A002
                   max_batch_bytes: int | None = None, agent_id: Names = None) -> BatchStream:
-        """Batches of fixed-length windows inside episodes: each column ``(n, length, …)``, ``mask``,
-        ``episode_id``, ``start``; see :mod:`trajstore.loaders.sequences`.
+        """Batches of fixed-length windows inside episodes, for recurrent policies, R2D2 or a Decision Transformer.
 
-        Windows start at steps ``0, stride, …`` (``stride`` defaults to ``length``); ``pad`` adds the partial
-        ones at episode ends, zero-padded and masked. ``columns`` defaults to ``obs, action, reward, terminated,
-        truncated`` (and ``return_to_go`` when ``gamma`` is given). ``shuffle`` permutes all windows by
-        ``(seed, epoch)``; ``rank``/``world_size`` take one shard; ``weight_by`` (a step column, read at a window's
-        first step, or an ``episodes`` column such as ``episode_return``) draws ``num_samples`` windows (default:
-        as many as there are) with replacement in proportion to it. The iterator's ``state_dict()``, passed back as
-        ``resume``, continues right after the last batch it gave. Reads one committed version. With
-        ``max_batch_bytes``, an :class:`InputError` before anything is read when one batch would take more.
+        Each column comes as ``(n, length, …)``, with ``mask``, ``episode_id`` and ``start`` (see
+        :mod:`trajstore.loaders.sequences`). Windows start at steps ``0, stride, …`` and never cross an episode's
+        end. Reads one committed version. Also takes every filter keyword of the Store's readers (see
+        :class:`Store`).
 
         Multi-agent episodes need ``agent_id`` (one agent or several): each agent's rows of an episode, in ``step``
         order, are then a trajectory of their own (a window never leaves it; ``start`` counts the agent's rows),
         the trajectories of every agent named are the items (shuffled together; their spaces must match), and
         batches carry ``agent_id`` (``str``); see :mod:`trajstore.loaders.agents`.
+
+        Args:
+            length: Steps per window.
+            columns: Step columns to read; by default ``obs, action, reward, terminated, truncated`` (and
+                ``return_to_go`` when ``gamma`` is given).
+            stride: Steps between window starts; ``length`` by default.
+            pad: Add the partial windows at episode ends, zero-padded and masked.
+            gamma: The discount of the ``return_to_go`` column.
+            batch_size: Windows per batch.
+            shuffle: Permute all windows by ``(seed, epoch)``.
+            seed: The shuffle's seed.
+            epoch: The epoch, for a new order each epoch.
+            rank: This shard, of ``world_size``.
+            world_size: How many shards the windows are split into.
+            run_id: Only these runs (one id or several).
+            where: Your own condition over the ``episodes`` view (SQL).
+            format: ``"numpy"``, ``"jax"``, ``"torch"`` or ``"arrow"``.
+            resume: An iterator's ``state_dict()``: continue right after the last batch it gave.
+            weight_by: Draw windows with replacement in proportion to this column (a step column read at a window's
+                first step, or an ``episodes`` column such as ``episode_return``).
+            num_samples: How many windows ``weight_by`` draws; as many as there are by default.
+            filter: The filter keywords as one :class:`~trajstore.query.filters.EpisodeFilter`.
+            max_batch_bytes: Refuse, before anything is read, a batch that would take more bytes.
+            agent_id: The agents whose trajectories to read, in a multi-agent run.
+
+        Returns:
+            An iterator of batches, with ``state_dict()``.
+
+        Raises:
+            InputError: An argument out of range, a ``resume`` state of other arguments or other data, a batch
+                past ``max_batch_bytes``, a multi-agent run without ``agent_id``, or agents of other spaces.
+            RunNotFoundError: A ``run_id`` the store does not hold.
+
+        Examples:
+            >>> from trajstore.rollout import gym_rollout
+            >>> store = trajstore.open("./trajdata", create=True)
+            >>> result = gym_rollout(store, "CartPole-v1", run_id="demo", episodes=10, seed=0, progress=False)
+            >>> windows = store.sequences(8, pad=True, batch_size=4, shuffle=True, run_id="demo")
+            >>> batch = next(windows)
+            >>> batch["obs"].shape, batch["mask"].shape, batch["start"].shape
+            ((4, 8, 4), (4, 8), (4,))
+            >>> rest = store.sequences(8, pad=True, batch_size=4, shuffle=True, run_id="demo",
+            ...                        resume=windows.state_dict())
         """
         source = loader_source(self._engine, self._layouts, run_id=run_id, where=where, filter=filter,
                                agent_id=agent_id)
@@ -555,10 +817,50 @@ class Store:
                     resume: Mapping[str, Any] | None = None, weight_by: str | None = None,
                     num_samples: int | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
                     max_batch_bytes: int | None = None, agent_id: Names = None) -> BatchStream:
-        """Batches of n-step transitions, one per step: ``columns`` at t (default ``obs``, ``action``), the
-        n-step ``reward``, ``next_obs``, ``terminated``, ``discount``, ``episode_id``, ``step``; see
-        :mod:`trajstore.loaders.transitions`. Order, shards, sampling, resume, ``max_batch_bytes`` and ``agent_id``
-        (transitions inside each agent's own trajectory, with ``agent_id``) as for :meth:`sequences`."""
+        """Batches of n-step transitions, one per step, for DQN-style training.
+
+        Each batch holds ``columns`` at step t (default ``obs``, ``action``), the n-step ``reward``, ``next_obs`` n
+        steps later (or at the episode's end), ``terminated``, the ``discount`` to apply to the value of
+        ``next_obs``, ``episode_id`` and ``step``; see :mod:`trajstore.loaders.transitions`. Also takes every filter
+        keyword of the Store's readers (see :class:`Store`).
+
+        Args:
+            n: Steps per transition.
+            gamma: The discount of the n-step reward.
+            columns: Step columns at t; ``obs`` and ``action`` by default.
+            batch_size: Transitions per batch.
+            shuffle: Permute all transitions by ``(seed, epoch)``.
+            seed: The shuffle's seed.
+            epoch: The epoch, for a new order each epoch.
+            rank: This shard, of ``world_size``.
+            world_size: How many shards the transitions are split into.
+            run_id: Only these runs (one id or several).
+            where: Your own condition over the ``episodes`` view (SQL).
+            format: ``"numpy"``, ``"jax"``, ``"torch"`` or ``"arrow"``.
+            resume: An iterator's ``state_dict()``: continue right after the last batch it gave.
+            weight_by: Draw transitions with replacement in proportion to this column.
+            num_samples: How many transitions ``weight_by`` draws.
+            filter: The filter keywords as one :class:`~trajstore.query.filters.EpisodeFilter`.
+            max_batch_bytes: Refuse, before anything is read, a batch that would take more bytes.
+            agent_id: The agents whose trajectories to read, in a multi-agent run: transitions stay inside each
+                agent's own trajectory.
+
+        Returns:
+            An iterator of batches, with ``state_dict()``.
+
+        Raises:
+            InputError: An argument out of range, ``gamma`` outside [0, 1], or a ``resume`` state of other arguments
+                or other data.
+            RunNotFoundError: A ``run_id`` the store does not hold.
+
+        Examples:
+            >>> from trajstore.rollout import gym_rollout
+            >>> store = trajstore.open("./trajdata", create=True)
+            >>> result = gym_rollout(store, "CartPole-v1", run_id="demo", episodes=10, seed=0, progress=False)
+            >>> batch = next(store.transitions(3, gamma=0.99, batch_size=4, run_id="demo"))
+            >>> sorted(batch)
+            ['action', 'discount', 'episode_id', 'next_obs', 'obs', 'reward', 'step', 'terminated']
+        """
         source = loader_source(self._engine, self._layouts, run_id=run_id, where=where, filter=filter,
                                agent_id=agent_id)
         sampling = Sampling(batch_size, shuffle, seed, epoch, rank, world_size, weight_by, num_samples)
@@ -609,7 +911,7 @@ _MOVED: dict[str, tuple[str, Callable[[Store], Any]]] = {
     "delete": _steps_where("delete"), "add_column": _steps_where("add_column"),
     **{name: _maintained(name) for name in ("vacuum", "files", "stored_columns", "decoding_sql")},
     "group_curves": ("store.curves(by=…)", _group_curves),
-    **{name: _plumbed(name) for name in ("sql_gate", "sql_slot", "sandboxed_sql", "log_lag", "episode_page",
+    **{name: _plumbed(name) for name in ("sandboxed_sql", "log_lag", "episode_page",
                                           "steps_page", "scan_plan", "commit_rows", "ingest", "image_leaves",
                                           "describe_run", "run_infos", "run_ids", "binned_curves", "histogram",
                                           "latest_stats")},

@@ -39,12 +39,15 @@ import os
 from typing import Any, Iterator, Mapping
 
 import numpy as np
-import torch.utils.data
 
 from trajstore import store as stores
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.loaders.order import check_count, check_shard, digest
 from trajstore.torch_workers import Helper, ShardSpec, StoreCache, shard_batches
+
+with needed("torch", "trajstore.torch"):
+    import torch.utils.data
 
 EPOCH, VERSION, WORKERS = 0, 1, 2  # the slots of the shared state
 

@@ -46,7 +46,7 @@ def frame(store: ReadStoreDep, settings: SettingsDep, episode_id: Annotated[Int6
     if step >= length:
         raise HTTPException(status_code=404, detail=f"step: episode_id {episode_id} has {length} step(s), 0 to "
                                                     f"{length - 1}; got {step}")
-    values = _step_obs(store, episode_id, env_id, step, chosen, settings.stream_batch_bytes)
+    values = _step_obs(store, episode_id, env_id, step, chosen, plumbing(store).settings.stream_batch_bytes)
     if size is not None:
         size = min(size, settings.max_frame_size)
     return Response(png(chosen.picture(values), size), media_type="image/png", headers={"Cache-Control": CACHE})

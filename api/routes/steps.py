@@ -129,7 +129,7 @@ def steps(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: Fil
         limit = min(limit, settings.max_page_size, pages.page_rows(store, columns, settings.max_page_bytes))
         return _json_page(store, flt, where, columns, limit, offset, cursor)
     chunks = _stream(store, flt, where, columns, batch_rows or settings.stream_batch_rows,
-                     settings.stream_batch_bytes)
+                     plumbing(store).settings.stream_batch_bytes)
     return StreamingResponse(_until_disconnect(chunks), media_type=ARROW_STREAM)
 
 

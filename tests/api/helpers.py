@@ -17,14 +17,14 @@ from fastapi import FastAPI
 
 import trajstore
 from trajstore.api.app import server_config
-from trajstore.settings import Settings
+from trajstore.api.settings import ServiceSettings
 from trajstore.store import plumbing
 
 API_KEY = "test-key-0123456789"
 
 
-def settings_for(path: Path, **overrides: Any) -> Settings:
-    return Settings(**{"store": str(path), "api_key": API_KEY, **overrides})
+def settings_for(path: Path, **overrides: Any) -> ServiceSettings:
+    return ServiceSettings(**{"store": str(path), "api_key": API_KEY, **overrides})
 
 
 @dataclass

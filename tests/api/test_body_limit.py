@@ -19,6 +19,7 @@ import trajstore
 from tests.api.helpers import API_KEY, Live, serve, settings_for
 from trajstore.api import body_limit
 from trajstore.api.app import create_app
+from trajstore.api.settings import ServiceSettings
 
 KiB, MiB = 1 << 10, 1 << 20
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -48,7 +49,7 @@ def test_every_route_that_takes_a_body_has_its_own_limit(client: TestClient) -> 
     assert with_body == set(body_limit.ROUTES)
     description = paths["/sql"]["post"]["description"]
     assert "TRAJSTORE_SQL_MAX_BODY_BYTES" in description and "1 MiB, 1048576 bytes" in description
-    assert trajstore.Settings().sql_max_body_bytes == MiB
+    assert ServiceSettings().sql_max_body_bytes == MiB
 
 
 def raw_request(url: str, head: str) -> tuple[str, float]:

@@ -80,7 +80,7 @@ def test_the_client_passes_the_version(tmp_path: Path) -> None:
             assert client.sql("SELECT count(*) AS n FROM steps", version=before)["n"][0].as_py() == 40
             assert client.episodes(version=before).num_rows == old.episodes().num_rows
             assert sum(len(b["reward"]) for b in client.iter_batches(batch_size=8, version=before)) == 40
-            assert [b["episode_id"].tolist() for b in client.iter_sequences(2, version=before)] == \
+            assert [b["episode_id"].tolist() for b in client.sequences(2, version=before)] == \
                 [b["episode_id"].tolist() for b in old.sequences(2)]
             assert [b["step"].tolist() for b in client.transitions(1, gamma=0.5, version=before)] == \
                 [b["step"].tolist() for b in old.transitions(1, gamma=0.5)]

@@ -165,14 +165,14 @@ def test_a_custom_transport_carries_the_stream_too(live: Live, populated: Path) 
 
 
 def test_wide_rows_are_streamed_in_smaller_batches(tmp_path: Path) -> None:
-    store = trajstore.open(tmp_path / "wide", create=True)
+    store = trajstore.open(tmp_path / "wide", create=True, settings=trajstore.Settings(stream_batch_bytes=100_000))
     rng = np.random.default_rng(3)
     obs = rng.integers(0, 255, (30, 4, 64, 64, 3), dtype=np.uint8)  # 12 KiB frames
     with store.writer(run_id="pix", env_id="Pixels-v0") as w:
         w.add_batch({"obs": obs, "next_obs": obs, "action": rng.integers(0, 4, (30, 4)),
                      "reward": np.ones((30, 4), np.float32), "terminated": np.zeros((30, 4), bool),
                      "truncated": np.zeros((30, 4), bool)})
-    for live in serve(create_app(settings_for(tmp_path / "wide", stream_batch_bytes=100_000), store=store)):
+    for live in serve(create_app(settings_for(tmp_path / "wide"), store=store)):
         body = httpx.get(live.url + "/steps", params={"columns": ["obs"], "batch_rows": 4096}).content
         sizes = [b.num_rows for b in pa.ipc.open_stream(body)]
         assert sum(sizes) == 120 and max(sizes) <= 100_000 // (64 * 64 * 3)

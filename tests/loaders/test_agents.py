@@ -259,7 +259,7 @@ def test_rest_and_the_client_give_the_agents_batches(spread: trajstore.Store) ->
     steps = list(spread.transitions(2, gamma=0.8, agent_id="agent_2", batch_size=16))
     for live in serve(create_app(settings_for(Path(spread.uri)))):
         with trajstore.Client(live.url, api_key=API_KEY) as client:
-            remote = list(client.iter_sequences(4, agent_id=["agent_0", "agent_1"], batch_size=5, shuffle=True))
+            remote = list(client.sequences(4, agent_id=["agent_0", "agent_1"], batch_size=5, shuffle=True))
             far = list(client.transitions(2, gamma=0.8, agent_id="agent_2", batch_size=16))
     for mine, theirs in ((local, remote), (steps, far)):
         assert len(mine) == len(theirs)

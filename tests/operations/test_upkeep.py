@@ -211,7 +211,8 @@ def test_checkpoints_every_interval_and_health_reports_the_lag(tmp_path: Path) -
     from fastapi.testclient import TestClient
 
     from trajstore.api.app import create_app
-    with TestClient(create_app(Settings(store=str(store.root)))) as client:
+    from trajstore.api.settings import ServiceSettings
+    with TestClient(create_app(ServiceSettings(store=str(store.root)))) as client:
         health = client.get("/health").json()
     assert health == {"status": "ok", "version": store.version, "versions_since_checkpoint": behind}
 

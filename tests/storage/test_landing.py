@@ -26,6 +26,7 @@ from tests.api.helpers import API_KEY, serve
 from tests.helpers import make_batch, steps_table
 from tests.lost_answer import LostAnswerProxy
 from trajstore.api.app import create_app
+from trajstore.api.settings import ServiceSettings
 from trajstore.errors import CommitUnknownError
 from trajstore.operations.upkeep import CompactionPolicy, Upkeep
 from trajstore.remote.writer import RemoteWriter
@@ -247,9 +248,9 @@ def test_a_commit_whose_fate_cannot_be_told_deletes_nothing(
 def test_the_service_stores_an_ingest_whose_answer_is_lost_once(
         s3: seaweed.SeaweedFS, proxy: LostAnswerProxy, stores: tuple[trajstore.Store, trajstore.Store]) -> None:
     via, direct = stores
-    settings = Settings(store=str(direct.root), api_key=API_KEY, compact_small_files=2, checkpoint_interval=0)
-    served = trajstore.open(str(direct.root), storage_options=proxied(s3, proxy), settings=settings)
-    live = serve(create_app(settings, store=served))
+    options = Settings(compact_small_files=2, checkpoint_interval=0)
+    served = trajstore.open(str(direct.root), storage_options=proxied(s3, proxy), settings=options)
+    live = serve(create_app(ServiceSettings(store=str(direct.root), api_key=API_KEY), store=served))
     url = next(live).url
     try:
         rng = np.random.default_rng(8)

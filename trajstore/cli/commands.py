@@ -47,9 +47,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     _check_rollout(args)
     description = _run_description(args)  # a bad --config-file is said before any store is made
     policy = _policy(args)  # so is a bad --policy
+    run = _rollout_of(args.backend)  # and a missing extra
     if args.url:
-        from trajstore.remote.writer import RemoteStore
+        from trajstore.extras import needed
 
+        with needed("client", "trajstore rollout --url"):
+            from trajstore.remote.writer import RemoteStore
         store: Any = RemoteStore(args.url, api_key=args.api_key)
     else:
         store = _open(args.store, create=True)
@@ -62,18 +65,28 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     options.update(run_id=args.run, num_envs=args.num_envs, episodes=args.episodes, steps=args.steps,
                    seed=args.seed, mode=args.mode, append=True, policy=policy, progress=_progress(args))
     if args.backend == "jax":
-        from trajstore.rollout import jax_rollout
-
-        result = jax_rollout(store, args.env, rollout_length=args.rollout_length, **options)
+        result = run(store, args.env, rollout_length=args.rollout_length, **options)
     else:
-        from trajstore.rollout import gym_rollout
-
         wrappers, env_kwargs = _gym_wrappers(args)
-        result = gym_rollout(store, args.env, autoreset=args.autoreset, wrappers=wrappers, env_kwargs=env_kwargs,
-                             **options)
+        result = run(store, args.env, autoreset=args.autoreset, wrappers=wrappers, env_kwargs=env_kwargs, **options)
     print(f"stored {result.steps} steps, {result.episodes} complete episodes of {result.env_id} "
           f"as run {result.run_id!r} ({args.mode}) in {store.root} ({result.steps_per_second:,.0f} steps/s)")
     return 0
+
+
+def _rollout_of(backend: str) -> Any:
+    """``jax_rollout`` or ``gym_rollout``, imported (a :class:`~trajstore.errors.MissingExtraError` naming the
+    ``jax`` or ``gym`` extra where it is not installed)."""
+    from trajstore.extras import needed
+
+    with needed(backend, f"trajstore rollout --backend {backend}"):
+        if backend == "jax":
+            from trajstore.rollout import jax_rollout
+
+            return jax_rollout
+        from trajstore.rollout import gym_rollout
+
+        return gym_rollout
 
 
 def _check_rollout(args: argparse.Namespace) -> None:
@@ -195,7 +208,11 @@ def _frame_stacker(k: int | None) -> list[Any]:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from trajstore.extras import needed
     from trajstore.rollout.minari import import_minari
+
+    with needed("minari", "trajstore import"):
+        import minari  # noqa: F401 - said before any store is made
 
     store = _open(args.store, create=True)
     result = import_minari(store, args.dataset, run_id=args.run, env_id=args.env, progress=_progress(args))
@@ -310,12 +327,15 @@ def cmd_sql(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import dataclasses
 
-    import uvicorn
+    from trajstore.extras import needed
 
-    from trajstore.api.app import create_app, server_config
-    from trajstore.settings import Settings
+    with needed("serve", "trajstore serve"):
+        import uvicorn
 
-    settings = Settings.from_env()
+        from trajstore.api.app import create_app, server_config
+        from trajstore.api.settings import ServiceSettings
+
+    settings = ServiceSettings.from_env()
     overrides = {"store": args.store, "host": args.host, "port": args.port, "api_key": args.api_key}
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     try:
@@ -418,7 +438,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_vacuum(args: argparse.Namespace) -> int:
-    print(_open(args.store).vacuum(older_than=args.older_than, dry_run=args.dry_run).format())
+    print(_open(args.store).maintain.vacuum(older_than=args.older_than, dry_run=args.dry_run).format())
     return 0
 
 

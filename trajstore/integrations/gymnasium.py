@@ -24,12 +24,15 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Sequence
 
-import gymnasium as gym
 import numpy as np
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.integrations.info import InfoColumns, Values, check_info_keys, check_writer, env_info, vector_info
 from trajstore.write.writer import Writer
+
+with needed("gym", "a gymnasium rollout or recorder (gym_rollout, RecordToStore)"):
+    import gymnasium as gym
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,15 @@ import logging
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.vec_env import VecEnvWrapper
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.integrations.gymnasium import StepBuffer, copy_obs, frame_stack_option
 from trajstore.integrations.info import check_info_keys, list_info
+
+with needed("sb3", "trajstore.integrations.sb3"):
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import VecEnvWrapper
 
 log = logging.getLogger(__name__)
 

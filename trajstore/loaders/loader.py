@@ -9,12 +9,14 @@ one is used), ``"arrow"`` (a record batch; arrays of shape ``(n, a, b)`` as nest
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.loaders.order import Order, Position
 from trajstore.query.batches import FORMATS as LOADER_FORMATS
 from trajstore.schema import to_numpy
@@ -25,12 +27,9 @@ Assemble = Callable[[np.ndarray], dict[str, np.ndarray]]
 def check_format(format: str) -> None:  # noqa: A002
     if format not in LOADER_FORMATS:
         raise InputError(f"format: must be one of {list(LOADER_FORMATS)}, got {format!r}")
-    if format == "torch":
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            raise InputError("format: 'torch' needs PyTorch; install the extra: pip install 'trajstore[torch]'") \
-                from None
+    if format in ("torch", "jax"):
+        with needed(format, f"format: {format!r}"):
+            importlib.import_module(format)
 
 
 class BatchStream(Protocol):

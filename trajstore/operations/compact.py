@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from trajstore import progress_bar
 from trajstore.errors import CommitError, InputError
 from trajstore.query.filters import check_runs
 from trajstore.storage.encoding import CURRENT, Format, logical_schema
@@ -86,9 +87,7 @@ def compact(engine: Engine, *, run_id: str | Sequence[str] | None = None, env_id
                   if len(files) > max(1, math.ceil(sum(f.size for f in files) / target_bytes))
                   or any(f.path in older for f in files))  # files of an older encoding are rewritten in the current
     report = CompactReport()
-    from tqdm.auto import tqdm
-
-    with tqdm(total=len(todo), desc="compact", unit="partition", disable=not progress, dynamic_ncols=True) as bar:
+    with progress_bar.bar(total=len(todo), desc="compact", unit="partition", enabled=progress) as bar:
         for run, env in todo:
             _compact_partition(engine, run, env, target_bytes, report)
             bar.update(1)

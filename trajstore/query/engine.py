@@ -14,9 +14,7 @@ that change a store (:mod:`trajstore.operations`) take it too. What it keeps:
   (:meth:`Engine.query_snapshot`), so that runs, episodes, curves and stats aggregate the steps once — in a local
   store combined from its files' summaries (:mod:`~trajstore.query.summarized`), not from the steps;
 - **the types of the steps** of the last few file lists asked about (:meth:`Engine.step_types`), and **the learning
-  curves** of the last few selections (:meth:`Engine.memo`);
-- **the gate** that bounds sandboxed queries and loader streams at once (``sql_gate``), shared with the engines of
-  the same store opened at a version.
+  curves** of the last few selections (:meth:`Engine.memo`).
 
 One lock (``_cache_lock``) guards the caches; a version's episodes are combined once (``_episodes_lock``) and a
 memo computed once (concurrent requests wait for it).
@@ -41,7 +39,7 @@ from trajstore.errors import (
     VersionNotFoundError,
     first_line,
 )
-from trajstore.query import foreign, sandbox, sql, summarized
+from trajstore.query import foreign, sql, summarized
 from trajstore.query.filters import Names, check_runs, names_of, selected
 from trajstore.query.groups import StepTypes, group_files, step_types
 from trajstore.query.snapshot import Snapshot, cursor, damaged_file
@@ -66,10 +64,8 @@ EPISODE_CACHE_ROWS = 2_000_000  # larger episodes views are aggregated per query
 class Engine:
     """The read engine over the ``steps`` table ``table`` of the store at ``location``."""
 
-    def __init__(self, table: StepsTable, location: Location, settings: Settings,
-                 sql_gate: sandbox.Gate | None = None) -> None:
+    def __init__(self, table: StepsTable, location: Location, settings: Settings) -> None:
         self.table, self.location, self.settings = table, location, settings
-        self.sql_gate = sandbox.Gate(settings.sql_max_concurrent) if sql_gate is None else sql_gate
         self.descriptions = run_config.Descriptions(location, table.log)  # what describes each run, at this version
         self._cache_lock = threading.Lock()
         self._episodes_lock = threading.Lock()  # one combination of a version's episodes at a time

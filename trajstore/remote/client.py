@@ -20,11 +20,11 @@ import uuid
 import warnings
 from typing import Any, BinaryIO, Iterator, Literal, Mapping, Sequence
 
-import httpx
 import pyarrow as pa
 
 from trajstore.__about__ import __version__
 from trajstore.errors import InputError, RemoteError, RunNotFoundError, StoreDamagedError
+from trajstore.extras import needed
 from trajstore.loaders.loader import BatchStream, check_format
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
 from trajstore.query.filters import Names, filtered
@@ -32,6 +32,9 @@ from trajstore.query.follow import Commit, check_follow
 from trajstore.remote.loader import RemoteBatches
 from trajstore.remote.stream import HttpByteStream
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
+
+with needed("client", "trajstore.Client (and a remote writer)"):
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -65,22 +68,42 @@ MAX_RETRY_WAIT_S = 30.0  # the longest wait before one retry, whatever Retry-Aft
 
 
 class Client:
-    """A connection to a trajstore service at ``url``; ``api_key`` is needed only to write.
+    """A connection to a trajstore service (``trajstore serve``): the Store's reads, over HTTP.
+
+    The readers have the Store's names, filters (``run_id=``, ``min_return=``, ``mode=``, …, ``filter=``) and
+    return types, so code moves from a local store to a served one by changing how it is opened. Every read takes
+    ``version=N``: the store as it was at version N (``?version=``, see ``GET /history``), as
+    ``trajstore.open(uri, version=N)`` reads it; by default the latest version.
 
     Reads are retried (``retries`` times) on connection errors and 429/502/503/504, after ``backoff`` seconds
     doubled at each attempt, or after the server's ``Retry-After`` if it asks for longer (at most
     :data:`MAX_RETRY_WAIT_S`); so are writes that carry an idempotency key. A 503 is what the service answers
-    while its object store fails or does not answer. Errors the server reports are raised as
-    :class:`~trajstore.errors.RemoteError` with the problem's ``status`` and ``detail``; a run the store does not
-    hold as :class:`RunNotFoundRemoteError`, which is also a :class:`~trajstore.errors.RunNotFoundError`, with
-    the Store's message. The readers are the Store's, under the same names, with the same arguments and return
-    types (``tests/test_readers.py`` compares them), and take the Store's filters (``run_id=``, ``min_return=``,
-    ``mode=``, …, ``filter=``) and ``where`` (a condition over ``episodes``, which the service parses: comparisons,
-    ``AND``/``OR``/``NOT``, ``IN``, ``BETWEEN``, ``IS NULL``, ``LIKE`` and a few pure functions,
-    :mod:`trajstore.query.condition`).
+    while its object store fails or does not answer. ``where`` is a condition over ``episodes``, which the
+    service parses: comparisons, ``AND``/``OR``/``NOT``, ``IN``, ``BETWEEN``, ``IS NULL``, ``LIKE`` and a few
+    pure functions (:mod:`trajstore.query.condition`). ``tests/test_readers.py`` compares the readers'
+    signatures with the Store's.
 
-    Every read takes ``version=N``: the store as it was at version N (``?version=``, see ``GET /history``), as
-    ``trajstore.open(uri, version=N)`` reads it; by default the latest version.
+    Args:
+        url: The service's address, ``http://host:port``.
+        api_key: The key the service was started with (``TRAJSTORE_API_KEY``); needed only to write.
+        timeout: Seconds to wait for a connection or an answer.
+        retries: How many times a failed read is sent again.
+        backoff: Seconds before the first retry, doubled at each one.
+        transport: An httpx transport to send requests through instead of the network (tests).
+
+    Raises:
+        RemoteError: From every call, for an error the server reports (``status`` and ``detail`` from its problem
+            document; ``status`` 0 when no server answered).
+        RunNotFoundError: From every read, for a run the store does not hold (as
+            :class:`RunNotFoundRemoteError`, also a ``RemoteError`` with ``status`` 404), with the Store's message.
+
+    Examples:
+        A service must be running at the address (``trajstore serve --store ./trajdata``), here with a run ``demo``:
+
+        >>> client = trajstore.Client("http://127.0.0.1:8321")
+        >>> client.stats(run_id="demo")["n_traj"].to_pylist()
+        [10]
+        >>> client.close()
     """
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 30.0, retries: int = 3,
@@ -101,6 +124,7 @@ class Client:
         return f"Client({self.url!r})"
 
     def close(self) -> None:
+        """Close the client's connections; a client is also a context manager that closes on exit."""
         if "_http" in self.__dict__:
             self._http.close()
 
@@ -113,9 +137,14 @@ class Client:
     # --- reads -------------------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        """:meth:`Store.health <trajstore.store.Store.health>` of the service's store (``GET /ready``): ``{"status":
-        "ready", "store", "version", "files"}``, or a :class:`StoreDamagedRemoteError` (a
-        :class:`~trajstore.errors.StoreDamagedError`) naming the first problem."""
+        """Whether the service can serve its store (``GET /ready``): :meth:`Store.health
+        <trajstore.store.Store.health>` of the service's store, ``{"status": "ready", "store", "version", "files"}``.
+
+        Raises:
+            StoreDamagedRemoteError: 503 (after the retries) while the store's latest version cannot be read, naming
+                why; also a :class:`~trajstore.errors.StoreDamagedError`, as :meth:`Store.health
+                <trajstore.store.Store.health>` raises.
+        """
         return self._request("GET", "/ready").json()
 
     def runs(self, *, last: int | None = None, gamma: float | None = None,
@@ -147,12 +176,33 @@ class Client:
                  offset: int = 0, gamma: float | None = None, version: int | None = None,
                  **filters: Any) -> pa.Table:
         """Every episode the filters select (with ``limit``, the first ``limit`` of them after ``offset``), in
-        ``order_by`` order (a column, ``-`` prefixed for descending; several comma-separated), as :meth:`Store.episodes
-        <trajstore.store.Store.episodes>` gives them.
+        ``order_by`` order, as :meth:`Store.episodes <trajstore.store.Store.episodes>` gives them.
 
         The service answers in pages (``max_page_size`` rows at most); this walks them, with the keyset cursor in
         ``episode_id`` order and by offset otherwise, every page read at one version: ``version``, or the
-        version of the first page when the answer takes more than one."""
+        version of the first page when the answer takes more than one.
+
+        Args:
+            order_by: A column of ``episodes``, ``-`` prefixed for descending; several comma-separated.
+            limit: At most this many episodes; every match without it.
+            offset: Skip this many first.
+            gamma: Add ``discounted_return`` for this discount.
+            version: Read the store as it was at this version.
+            **filters: The Store's filter keywords (``run_id=``, ``complete=``, ``min_return=``, …, ``filter=``).
+
+        Returns:
+            An Arrow table, one row per episode.
+
+        Raises:
+            InputError: A ``limit`` or ``offset`` that is not a whole number >= 0.
+            RunNotFoundError: A ``run_id`` the store does not hold.
+            RemoteError: Any other error the service reports.
+
+        Examples:
+            >>> client = trajstore.Client("http://127.0.0.1:8321")
+            >>> client.episodes(run_id="demo", complete=True, order_by="-episode_return", limit=3).num_rows
+            3
+        """
         for name, value in (("limit", limit), ("offset", offset)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise InputError(f"{name}: must be a whole number >= 0, got {value!r}")
@@ -194,8 +244,30 @@ class Client:
     def stats(self, *, by: Names = None, gamma: float | None = None, where: str | None = None,
               include_incomplete: bool = False, metric: str | None = None, version: int | None = None,
               **filters: Any) -> pa.Table:
-        """Episode statistics with the keys of ``imitation``'s ``rollout_stats``, one row per group of ``by``;
-        with ``metric`` also ``metric_n`` and ``metric_*`` (:meth:`Store.stats <trajstore.store.Store.stats>`)."""
+        """Episode statistics, one row per group of ``by``: :meth:`Store.stats <trajstore.store.Store.stats>`,
+        computed by the service (``GET /stats``).
+
+        Args:
+            by: Group by these columns of ``episodes``, or by a run's config (``"config.lr"``).
+            gamma: Add ``discounted_return_*`` for this discount in [0, 1].
+            where: A condition over the ``episodes`` view, which the service parses.
+            include_incomplete: Count unfinished episodes too.
+            metric: Also the statistics of this per-episode metric (``metric_n``, ``metric_*``).
+            version: Read the store as it was at this version.
+            **filters: The Store's filter keywords (``run_id=``, ``min_return=``, …, ``filter=``).
+
+        Returns:
+            An Arrow table, as the Store's.
+
+        Raises:
+            RunNotFoundError: A ``run_id`` the store does not hold.
+            RemoteError: Any other error the service reports (422 naming a bad argument).
+
+        Examples:
+            >>> client = trajstore.Client("http://127.0.0.1:8321")
+            >>> client.stats(by="run_id", gamma=0.99)["run_id"].to_pylist()
+            ['demo']
+        """
         params = {"by": [by] if isinstance(by, str) else None if by is None else list(by), "gamma": gamma,
                   "where": where, "include_incomplete": include_incomplete, "metric": metric, "version": version,
                   **filters}
@@ -288,9 +360,33 @@ class Client:
 
     def sql(self, query: str, *, run_id: Names = None, env_id: Names = None, max_rows: int | None = None,
             version: int | None = None, as_: Literal["arrow", "dicts"] | None = None) -> pa.Table:
-        """Run one read-only SELECT on the server (its sandbox: at most ``max_rows`` rows, the server's bound by
-        default); an Arrow table. With ``run_id``/``env_id``, the views hold only those runs' or environments' steps
-        (as for ``Store.sql``). ``as_="dicts"`` (deprecated: ``.to_pylist()`` of the table) gives a list of dicts."""
+        """Run one read-only SELECT in the service's sandbox (``POST /sql``) over the ``steps``, ``episodes`` and
+        ``runs`` views.
+
+        The sandbox reads no file and writes nothing, and bounds the query's time, rows, bytes and memory (see the
+        service's ``TRAJSTORE_SQL_*`` settings).
+
+        Args:
+            query: One DuckDB SELECT.
+            max_rows: At most this many rows (the service caps it too).
+            as_: Deprecated: call ``.to_pylist()`` on the table for a list of dicts.
+            run_id: Only these runs' steps in the views (as for ``Store.sql``).
+            env_id: Only these environments' steps in the views; each column then has its own type.
+            version: Read the store as it was at this version.
+
+        Returns:
+            The result as an Arrow table, as :meth:`Store.sql <trajstore.store.Store.sql>` gives it.
+
+        Raises:
+            RemoteError: The query was refused (403: not one SELECT, or reaching outside the store), failed (400),
+                ran out of time (408), answered too much or took too much memory (413), or found every place taken
+                (429, after the retries).
+
+        Examples:
+            >>> client = trajstore.Client("http://127.0.0.1:8321")
+            >>> client.sql("SELECT count(DISTINCT run_id) AS runs FROM steps").to_pylist()
+            [{'runs': 1}]
+        """
         body: dict[str, Any] = {"query": query, "max_rows": max_rows}
         for name, value in (("run_id", run_id), ("env_id", env_id)):
             if value is not None:
@@ -376,12 +472,37 @@ class Client:
                      seed: int | None = None, shuffle_buffer: int = 65_536, drop_last: bool = False,
                      format: BatchFormat = "numpy", where: str | None = None,  # noqa: A002
                      version: int | None = None, **filters: Any) -> Iterator[Any]:
-        """Yield batches of ``batch_size`` steps while the stream is still arriving.
+        """Batches of ``batch_size`` steps for a training loop, streamed from ``GET /steps`` and yielded while the
+        stream is still arriving: the batches of :meth:`Store.iter_batches <trajstore.store.Store.iter_batches>`.
 
-        ``format`` is ``"numpy"`` (dict of arrays, ``(n, …)``), ``"jax"`` (dict of JAX arrays), ``"torch"``
-        (dict of CPU tensors; text columns stay numpy) or ``"arrow"`` (record batches). With ``shuffle``, rows
-        are drawn at random from a buffer of ``shuffle_buffer`` rows, reproducibly for a given ``seed``; memory
-        stays bounded by that buffer.
+        With ``shuffle``, rows are drawn at random from a buffer of ``shuffle_buffer`` rows, reproducibly for a
+        given ``seed``; memory stays bounded by that buffer.
+
+        Args:
+            batch_size: Steps per batch.
+            columns: The columns to read; all without it.
+            shuffle: Draw rows at random from a buffer.
+            seed: The shuffle's seed.
+            shuffle_buffer: Rows in the shuffle's buffer.
+            drop_last: Leave out a last batch shorter than ``batch_size``.
+            format: ``"numpy"`` (dict of ``(n, …)`` arrays), ``"jax"``, ``"torch"`` (CPU tensors; text columns stay
+                numpy) or ``"arrow"`` (record batches).
+            version: Read the store as it was at this version.
+            **filters: The Store's filter keywords (``run_id=``, ``complete=``, …, ``filter=``).
+
+        Yields:
+            One batch at a time, in ``format``.
+
+        Raises:
+            InputError: A ``batch_size``, ``shuffle_buffer`` or ``format`` out of range.
+            RunNotFoundError: A ``run_id`` the store does not hold.
+            RemoteError: Any other error the service reports, or a service that cannot be reached.
+
+        Examples:
+            >>> client = trajstore.Client("http://127.0.0.1:8321")
+            >>> batch = next(client.iter_batches(batch_size=32, columns=["obs", "reward"], run_id="demo"))
+            >>> batch["obs"].shape
+            (32, 4)
         """
         check_batching(batch_size, shuffle_buffer, format)
         params = {"columns": None if columns is None else list(columns), "batch_rows": max(batch_size, 8192),

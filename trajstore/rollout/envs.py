@@ -30,12 +30,15 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from gymnasium import spaces
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
+
+with needed("jax", "a JAX rollout"):
+    import jax
+    import jax.numpy as jnp
+    from gymnasium import spaces
 
 __all__ = [
     "CartPole",

@@ -23,10 +23,8 @@ import logging
 import time
 from typing import Any, Mapping, Sequence
 
-import jax
-import jax.numpy as jnp
-
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.integrations.info import check_writer
 from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.evaluate import jax_evaluate
@@ -35,6 +33,10 @@ from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
 from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, check_seed, sample_until
 from trajstore.rollout.target import Mode, RolloutTarget, check_mode, check_run
+
+with needed("jax", "a JAX rollout"):
+    import jax
+    import jax.numpy as jnp
 
 log = logging.getLogger(__name__)
 

@@ -17,15 +17,18 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from gymnasium import spaces
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.integrations.info import check_info_keys
 from trajstore.rollout import envs
 from trajstore.rollout.sampling import check_positive
+
+with needed("jax", "a JAX rollout"):
+    import jax
+    import jax.numpy as jnp
+    from gymnasium import spaces
 
 __all__ = ["Carry", "Policy", "RolloutScan", "make_scan", "random_policy", "resolve_env", "split_policy_output"]
 

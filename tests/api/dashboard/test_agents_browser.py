@@ -13,7 +13,7 @@ import trajstore
 from tests.api.dashboard.helpers import Dashboard
 from tests.api.helpers import Live, serve
 from trajstore.api.app import create_app
-from trajstore.settings import Settings
+from trajstore.api.settings import ServiceSettings
 
 mpe2 = pytest.importorskip("mpe2")
 
@@ -37,7 +37,7 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
 
 @pytest.fixture(scope="module")
 def team_live(team: trajstore.Store) -> Iterator[Live]:
-    yield from serve(create_app(Settings(store=str(team.root))))
+    yield from serve(create_app(ServiceSettings(store=str(team.root))))
 
 
 @pytest.fixture

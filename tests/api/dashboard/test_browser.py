@@ -17,8 +17,8 @@ from tests.api.dashboard.helpers import ARTIFACTS, Dashboard
 from tests.api.dashboard.synthetic import write_learning_runs
 from tests.api.helpers import ID_A, ID_B, LENGTHS, serve, write_adjacent_ids
 from trajstore.api.app import create_app
+from trajstore.api.settings import ServiceSettings
 from trajstore.rollout import gym_rollout
-from trajstore.settings import Settings
 from trajstore.store import plumbing
 
 
@@ -228,7 +228,7 @@ def test_episodes_one_apart_above_two_to_the_53_open_as_themselves(context: Any,
     strings, so each row opens its own episode (its own steps and rewards), never its neighbour's."""
     write_adjacent_ids(tmp_path / "store")
     assert float(ID_A) == float(ID_B)
-    with contextlib.contextmanager(serve)(create_app(Settings(store=str(tmp_path / "store")))) as live:
+    with contextlib.contextmanager(serve)(create_app(ServiceSettings(store=str(tmp_path / "store")))) as live:
         dash = Dashboard(context.new_page(), live.url)
         dash.open()
         rows = dash.page.locator("#episodes tbody tr")
@@ -252,7 +252,7 @@ def test_episodes_one_apart_above_two_to_the_53_open_as_themselves(context: Any,
 def test_a_rollout_written_during_the_test_appears_without_reload(context: Any, tmp_path: Path) -> None:
     store = trajstore.open(tmp_path / "store", create=True)
     write_learning_runs(store, episodes=60, runs=1, num_envs=4, versions=2)
-    with contextlib.contextmanager(serve)(create_app(Settings(store=str(store.root)))) as live:
+    with contextlib.contextmanager(serve)(create_app(ServiceSettings(store=str(store.root)))) as live:
         page = context.new_page()
         dash = Dashboard(page, live.url)
         dash.open()
@@ -295,7 +295,7 @@ def test_runs_table_and_first_load_at_a_size_past_the_per_episode_points(context
     store = trajstore.open(tmp_path / "store", create=True)
     write_learning_runs(store, episodes=22_000, runs=2, num_envs=64, versions=4)
     assert store.stats()["n_traj"][0].as_py() > 20_000
-    with contextlib.contextmanager(serve)(create_app(Settings(store=str(store.root)))) as live:
+    with contextlib.contextmanager(serve)(create_app(ServiceSettings(store=str(store.root)))) as live:
         page = context.browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-GB").new_page()
         dash = Dashboard(page, live.url)
         dash.open()

@@ -15,13 +15,13 @@ from fastapi.testclient import TestClient
 import trajstore
 from trajstore.api.app import create_app
 from trajstore.api.dashboard.routes import ASSETS, HERE
-from trajstore.settings import Settings
+from trajstore.api.settings import ServiceSettings
 from trajstore.store import plumbing
 
 
 @pytest.fixture
 def client(demo_store: trajstore.Store) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(store=str(demo_store.root)))) as c:
+    with TestClient(create_app(ServiceSettings(store=str(demo_store.root)))) as c:
         yield c
 
 
@@ -101,7 +101,7 @@ def test_a_random_policy_curve_has_no_batch_periodic_component(tmp_path: Path) -
     store = trajstore.open(tmp_path / "store", create=True)
     jax_rollout(store, "cartpole", run_id="random", num_envs=B, rollout_length=T, steps=B * T * batches, seed=0,
                 progress=False)
-    with TestClient(create_app(Settings(store=str(store.root)))) as c:
+    with TestClient(create_app(ServiceSettings(store=str(store.root)))) as c:
         (series,) = c.get("/curves").json()["series"]
     x, y = np.array(series["env_steps"]), np.array(series["episode_return"])
     assert len(x) > 15_000
@@ -122,7 +122,7 @@ def test_curves_with_gamma_and_filters(client: TestClient, demo_store: trajstore
 
 
 def test_curves_of_an_empty_store(tmp_path: Path) -> None:
-    with TestClient(create_app(Settings(store=str(tmp_path / "empty")), create=True)) as c:
+    with TestClient(create_app(ServiceSettings(store=str(tmp_path / "empty")), create=True)) as c:
         assert c.get("/curves").json() == {"gamma": None, "series": []}
 
 
@@ -150,7 +150,7 @@ def test_binned_curves_per_agent_over_rest(tmp_path: Path, client: TestClient) -
     store = trajstore.open(tmp_path / "store", create=True)
     parallel_rollout(store, lambda: simple_spread_v3.parallel_env(max_cycles=10), run_id="team", episodes=6,
                      seed=0, progress=False)
-    with TestClient(create_app(Settings(store=str(store.root)))) as c:
+    with TestClient(create_app(ServiceSettings(store=str(store.root)))) as c:
         for by in ("agent_id", "agent_group"):
             body = c.get("/curves/binned", params={"by": by, "bins": 4}).json()
             want = plumbing(store).binned_curves(by=by, bins=4).to_pylist()

@@ -18,7 +18,7 @@ import trajstore
 from tests.api.dashboard.helpers import Dashboard
 from tests.api.helpers import Live, serve
 from trajstore.api.app import create_app
-from trajstore.settings import Settings
+from trajstore.api.settings import ServiceSettings
 from trajstore.store import plumbing
 
 HUGE = float(np.float32(1e17))  # a float32 reward; ~1e17 + 16 is the next double, and 1e17 + 5 == 1e17
@@ -67,7 +67,7 @@ def huge_store(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
 
 @pytest.fixture(scope="module")
 def huge_live(huge_store: trajstore.Store) -> Iterator[Live]:
-    yield from serve(create_app(Settings(store=str(huge_store.root))))
+    yield from serve(create_app(ServiceSettings(store=str(huge_store.root))))
 
 
 @pytest.fixture

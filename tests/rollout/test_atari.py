@@ -16,7 +16,7 @@ import trajstore
 from tests.integrations.steplog import Episode, StepLog, assert_same
 from trajstore.integrations import VectorRecordToStore
 from trajstore.rollout import gym_rollout
-from trajstore.storage.encoding import Format
+from trajstore.storage.encoding import FileEncoding
 
 ale_py = pytest.importorskip("ale_py", reason="the [atari] extra (ale-py) is not installed")
 pytest.importorskip("cv2", reason="the [atari] extra (opencv-python-headless) is not installed")
@@ -112,7 +112,7 @@ def test_each_frame_is_stored_once(store: trajstore.Store, mode: str) -> None:
     obs_bytes = next_bytes = rows = 0
     for f in files:
         meta = pq.ParquetFile(f.path, filesystem=f.fs).metadata
-        assert Format.of(meta.schema.to_arrow_schema().metadata).stacks == {"obs": K}
+        assert FileEncoding.of(meta.schema.to_arrow_schema().metadata).stacks == {"obs": K}
         rows += meta.num_rows
         for g in range(meta.num_row_groups):
             for c in range(meta.num_columns):
@@ -136,7 +136,7 @@ def test_gym_rollout_finds_the_frame_stack_or_takes_it(store: trajstore.Store) -
     venv = vector_env("next-step")
     gym_rollout(store, venv, run_id="found", env_id="Breakout", steps=8, progress=False)
     gym_rollout(store, venv, run_id="whole", env_id="Breakout", steps=8, frame_stack={}, progress=False)
-    found, whole = ([Format.of(pq.ParquetFile(f.path, filesystem=f.fs).schema_arrow.metadata).stacks
+    found, whole = ([FileEncoding.of(pq.ParquetFile(f.path, filesystem=f.fs).schema_arrow.metadata).stacks
                      for f in store.maintain.files() if f.run_id == run] for run in ("found", "whole"))
     assert found == [{"obs": K}] and whole == [{}]
     for run in ("found", "whole"):
@@ -192,7 +192,7 @@ def test_an_ale_id_by_name_with_dqn_preprocessing(store: trajstore.Store) -> Non
     assert {(f.run_id, f.env_id) for f in store.maintain.files()} == {("dqn", "ALE/Breakout-v5"),
                                                              ("prefixed", "ALE/Breakout-v5")}
     files = store.maintain.files()
-    assert all(Format.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks == {"obs": K} for f in files)
+    assert all(FileEncoding.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks == {"obs": K} for f in files)
     obs = as_numpy(store.sql("SELECT obs FROM steps WHERE run_id = 'dqn'")["obs"])
     assert obs.shape == (40, K, SIDE, SIDE) and obs.dtype == np.uint8
 

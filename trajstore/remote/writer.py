@@ -38,7 +38,7 @@ from trajstore.errors import (
 from trajstore.remote.client import Client
 from trajstore.remote.decoded_size import decoded_size
 from trajstore.remote.wire import ipc_bytes
-from trajstore.storage.encoding import Format, decode_table
+from trajstore.storage.encoding import FileEncoding, decode_table
 from trajstore.storage.run_config import automatic
 from trajstore.write.sink import CommitHook
 from trajstore.write.writer import Writer
@@ -117,13 +117,13 @@ class RemoteSink:
         return {name: name for name in types}
 
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> EncodedRows:
-        fmt = Format.of(data.schema.metadata)
+        fmt = FileEncoding.of(data.schema.metadata)
         data = data.rename_columns([fmt.logical_names().get(n, n) for n in data.column_names])
         if not self.encoded:  # every row whole, as a service older than encoding 2 takes them
             data = decode_table(data, fmt.with_columns({})).replace_schema_metadata(None)
         else:  # rows under their logical names, encoded as encoding 2 says (what every service since takes)
             data = pa.Table.from_arrays(data.columns, names=data.column_names).replace_schema_metadata(
-                Format(2, fmt.frame_stack, (), fmt.frames).metadata())
+                FileEncoding(2, fmt.frame_stack, (), fmt.frames).metadata())
         key = uuid.uuid4().hex
         bodies = request_bodies(data, self.limits, run_id=run_id)
         return EncodedRows(tuple((body, f"{key}-{i}" if len(bodies) > 1 else key) for i, body in enumerate(bodies)),
@@ -150,7 +150,7 @@ def request_bodies(rows: pa.Table, limits: IngestLimits, *, run_id: str) -> list
                                 f"{excess}; raise that setting of the service")
     cut = _episode_cut(rows)
     if cut is None:  # one episode: its rows whole, so that any row may begin a request
-        rows = decode_table(rows, Format.of(rows.schema.metadata)).replace_schema_metadata(None)
+        rows = decode_table(rows, FileEncoding.of(rows.schema.metadata)).replace_schema_metadata(None)
         cut = rows.num_rows // 2
     return request_bodies(rows.slice(0, cut), limits, run_id=run_id) + \
         request_bodies(rows.slice(cut), limits, run_id=run_id)

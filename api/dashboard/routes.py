@@ -208,7 +208,7 @@ MetricQuery = Annotated[str | None, Query(max_length=200, description=(
     "sum, mean, min, max (last(is_success)); episodes without a value are left out"))]
 
 
-@router.get("/curves", tags=["dashboard"], response_model=Curves,
+@router.get("/curves", tags=["dashboard"], response_model=Curves | list[dict[str, Any]],
             summary="Learning curves: the complete episodes of each (run, env) in the order they ended, as columns "
                     "(as Arrow: Store.curves' table); with by=, each group of runs' curve across seeds per env_steps "
                     "bin, its IQM or mean with a bootstrap band (as Store.curves(by=…) and /curves/groups)",

@@ -238,3 +238,16 @@ def test_schema_as_arrow_or_json(client: TestClient, populated: Path) -> None:
     obs = {c["name"]: c["type"] for c in client.get("/schema", params={"env_id": "CartPole-v1"},
                                                     headers={"Accept": "application/json"}).json()["columns"]}["obs"]
     assert obs.startswith("fixed_size_list<") and obs.endswith("[4]")  # CartPole's four floats
+
+
+def test_curves_take_by_as_python_does(client: TestClient, populated: Path) -> None:
+    """``GET /curves?by=…`` groups runs as ``store.curves(by=…)`` does: learning curves across seeds, not each run's
+    episodes (which it answered before, ignoring ``by``)."""
+    params = {"by": "run_id", "bins": 4, "reps": 50}
+    expected = trajstore.open(populated).curves(by="run_id", bins=4, reps=50)
+    assert expected.num_rows > 0 and set(expected["run_id"].to_pylist()) == {"alpha", "beta"}
+    arrow = pa.ipc.open_stream(client.get("/curves", params=params, headers=ARROW).content).read_all()
+    assert arrow.equals(expected)
+    rows = client.get("/curves", params=params).json()
+    assert [r["run_id"] for r in rows] == expected["run_id"].to_pylist()
+    assert [r["value"] for r in rows] == pytest.approx(expected["value"].to_pylist())

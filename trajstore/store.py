@@ -366,10 +366,12 @@ class Store:
             params: Values for the query's ``$name`` parameters.
             run_id: Only these runs' steps in the views (one id or several).
             env_id: Only these environments' steps in the views. Over environments whose columns differ in type,
-                such a column is a ``VARIANT``; over one environment every column has its own type.
+                such a column is a ``VARIANT`` in SQL; over one environment every column has its own type.
 
         Returns:
-            The result as an Arrow table.
+            The result as an Arrow table. It never holds a ``VARIANT``: such a column of the answer comes in its
+            values' own type where they are of one (a query that selects one environment's rows, ``WHERE run_id =
+            'cp'``: CartPole's int actions), else as each value's JSON text (``1`` beside ``[0.5]``).
 
         Raises:
             QueryError: The query failed (DuckDB's message).

@@ -5,6 +5,7 @@ what cannot be one column; external Delta readers see honest, typed columns."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,32 @@ def test_the_service_and_the_client_work_per_environment(mixed: tuple[trajstore.
                 next(client.iter_batches(batch_size=16, columns=["action"], run_id="gym"))
         answer = httpx.get(f"{live.url}/steps", params={"columns": "action"})
         assert answer.status_code == 422 and "CartPole-v1" in answer.json()["detail"], answer.text
+
+
+def test_a_column_typed_differently_reads_in_each_env_s_own_type(mixed: tuple[trajstore.Store, Any]) -> None:
+    """``action`` is CartPole's int64 and Pendulum's float32[1]: a query that selects one environment's rows gets its
+    own values in its own type (as with ``env_id=``), never VARIANT structs; one that mixes them gets each value's
+    JSON text."""
+    store, _ = mixed
+    order = "ORDER BY env_id, episode_id, step, env_index"
+    for env, arrow_type in (("CartPole-v1", pa.int64()), ("Pendulum-v1", pa.list_(pa.float32()))):
+        got = store.sql(f"SELECT action FROM steps WHERE env_id = '{env}' {order}")
+        own = store.sql(f"SELECT action FROM steps {order}", env_id=env)
+        assert got.schema.field("action").type == own.schema.field("action").type == arrow_type
+        assert got.equals(own) and got.num_rows > 0
+    both = store.sql(f"SELECT env_id, action FROM steps WHERE run_id = 'gym' {order}")
+    assert both.schema.field("action").type == pa.string()
+    own = store.sql(f"SELECT env_id, action FROM steps {order}", env_id=["CartPole-v1"]).to_pylist() + \
+        store.sql(f"SELECT env_id, action FROM steps {order}", env_id=["Pendulum-v1"]).to_pylist()
+    decoded = [json.loads(a) for a in both["action"].to_pylist()]
+    assert decoded[:3] == [r["action"] for r in own[:3]] and all(isinstance(a, int) for a in decoded[:3])
+    assert decoded[-1] == pytest.approx(own[-1]["action"]) and isinstance(decoded[-1], list)
+    assert len(decoded) == len(own)
+
+
+def test_the_sandbox_gives_a_mixed_column_as_json_text(mixed: tuple[trajstore.Store, Any]) -> None:
+    store, _ = mixed
+    query = "SELECT env_id, action FROM steps WHERE run_id = 'gym' ORDER BY env_id, episode_id, step, env_index"
+    sandboxed = plumbing(store).sandboxed_sql(query).table
+    assert sandboxed.schema.field("action").type == pa.string()
+    assert sandboxed.equals(store.sql(query))

@@ -113,6 +113,15 @@ def test_the_compaction_policy_says_so_in_its_name() -> None:
     assert old is upkeep.CompactionPolicy
 
 
+def test_the_batch_formats_are_one_literal() -> None:
+    from trajstore.loaders import loader
+    from trajstore.query.batches import BatchFormat
+
+    with pytest.warns(DeprecationWarning, match="LoaderFormat is deprecated: use trajstore.query.batches.BatchFormat"):
+        old = loader.LoaderFormat
+    assert old is BatchFormat
+
+
 @contextlib.contextmanager
 def served(store: trajstore.Store) -> Iterator[Live]:
     with contextlib.contextmanager(serve)(create_app(settings_for(store.root))) as live:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib
+import warnings
 from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
@@ -19,6 +20,7 @@ from trajstore.errors import InputError
 from trajstore.extras import needed
 from trajstore.loaders.order import Order, Position
 from trajstore.query.batches import FORMATS as LOADER_FORMATS
+from trajstore.query.batches import BatchFormat
 from trajstore.schema import to_numpy
 
 Assemble = Callable[[np.ndarray], dict[str, np.ndarray]]
@@ -30,6 +32,17 @@ def check_format(format: str) -> None:  # noqa: A002
     if format in ("torch", "jax"):
         with needed(format, f"format: {format!r}"):
             importlib.import_module(format)
+
+
+def __getattr__(name: str) -> Any:
+    """``LoaderFormat``, the loaders' Literal of formats until trajstore 0.1: the same type as
+    :data:`~trajstore.query.batches.BatchFormat`, now written once; still importable for one release, with a
+    :class:`DeprecationWarning` naming the new one."""
+    if name == "LoaderFormat":
+        warnings.warn("trajstore.loaders.loader.LoaderFormat is deprecated: use trajstore.query.batches.BatchFormat "
+                      "(the same type); the old name goes in the next release", DeprecationWarning, stacklevel=2)
+        return BatchFormat
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class BatchStream(Protocol):

@@ -70,7 +70,14 @@ class InputError(ValueError, TrajstoreError):
 class MissingExtraError(ImportError, InputError):
     """A feature asked for needs an extra of the package (``extra``) that is not installed; the message names the
     command that installs it (``pip install 'trajstore[serve]'``). An ``ImportError`` (a package is missing) and
-    an :class:`InputError` (the call asked for what this installation cannot do)."""
+    an :class:`InputError` (the call asked for what this installation cannot do).
+
+    Examples:
+        >>> from trajstore.extras import missing
+        >>> error = missing("torch", "format: 'torch'")
+        >>> isinstance(error, ImportError) and isinstance(error, trajstore.InputError), error.extra
+        (True, 'torch')
+    """
 
     def __init__(self, message: str, *, extra: str, name: str | None = None) -> None:
         super().__init__(message, name=name)

@@ -16,7 +16,7 @@ import gzip
 import hashlib
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -227,6 +227,8 @@ def curves(request: Request, store: ReadStoreDep, flt: FilterDep, by: ByDep, whe
            seed: Annotated[int | None, Query(ge=0, description="with by: the bootstrap's seed (0)")] = None,
            mode: Annotated[Literal["train", "eval"] | None, Query(description="with by: eval episodes only")] = None,
            ) -> Any:
+    if by and seed is not None:  # with by=, seed= is the bootstrap's, not the lineage filter the filter read it as
+        flt = replace(flt, lineage={k: v for k, v in flt.lineage.items() if k != "seed"})
     chosen = None if flt.is_empty() else flt
     across = {"task": task, "bins": bins, "aggregate": aggregate, "ci": ci, "reps": reps, "seed": seed, "mode": mode}
     if by or wants_arrow(request) or any(v is not None for v in across.values()):

@@ -65,7 +65,7 @@ def test_a_where_over_episodes_gives_their_steps_a_value(store: trajstore.Store)
     both = store.maintain.add_column("first", "reward", where="run_id = 'a'", steps_where="step = 0")
     firsts = store.sql("SELECT count(*) AS n FROM steps WHERE run_id = 'a' AND step = 0")["n"][0].as_py()
     assert both.rows == firsts == store.sql("SELECT count(first) AS n FROM steps")["n"][0].as_py()
-    with pytest.raises(InputError, match=r"^where: .*\"step\".*over episodes"):
+    with pytest.raises(InputError, match=r"^where: .*\"step\".*a condition over the episodes view"):
         store.maintain.add_column("nope", "reward", where="step = 0")
 
 

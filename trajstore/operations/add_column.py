@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, QueryError, caller_sql_error
+from trajstore.operations.delete import check_episodes_condition
 from trajstore.query import sql
 from trajstore.query.sql import Where
 from trajstore.storage.log import DataFile, WrittenFile, files_holding
@@ -101,6 +102,7 @@ def _values(engine: Engine, files: list[DataFile], expression: Any, where: Where
     """``(episode_id, step, value)`` for one partition's rows that get a value."""
     condition = sql.chosen_steps(where, steps_where)
     with engine.snapshot(files) as snap:
+        check_episodes_condition(snap, where)
         try:
             if isinstance(expression, str):
                 out = snap.arrow(sql.derived_values(expression, condition))

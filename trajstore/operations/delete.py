@@ -38,6 +38,7 @@ from trajstore.storage.log import DataFile, TableState, WrittenFile, files_holdi
 
 if TYPE_CHECKING:
     from trajstore.query.engine import Engine
+    from trajstore.query.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ def _plan(engine: Engine, files: list[DataFile], where: Where | None, steps_wher
         return _Plan(DeleteReport(), [], {})
     condition = sql.chosen_steps(where, steps_where)
     with engine.snapshot(files) as snap:
+        check_episodes_condition(snap, where)
         try:
             rows = snap.arrow(sql.delete_matches(condition))
         except QueryError as exc:
@@ -131,6 +133,16 @@ def _plan(engine: Engine, files: list[DataFile], where: Where | None, steps_wher
                 partial[f.path] = (f, ids)
     report.files_removed, report.files_rewritten = len(whole), len(partial)
     return _Plan(report, whole, partial)
+
+
+def check_episodes_condition(snap: Snapshot, where: Where | None) -> None:
+    """An :class:`InputError` naming ``where`` when it is no condition over ``episodes`` (``step = 0``: a condition
+    over steps, which is ``steps_where``)."""
+    if where:
+        try:
+            snap.arrow(sql.episodes_probe(where))
+        except QueryError as exc:
+            raise condition_error(exc, where, None) from None
 
 
 def condition_error(exc: QueryError, where: Where | None, steps_where: str | None) -> InputError:

@@ -842,6 +842,12 @@ def chosen_steps(where: Where | None, steps_where: str | None) -> str | None:
     return " AND ".join(conds) or None
 
 
+def episodes_probe(where: Where) -> str:
+    """A query that fails, as the caller's, where ``where`` is no condition over ``episodes`` (a column of ``steps``
+    named in it): inside :func:`chosen_steps`'s subquery such a name would silently mean the outer step's column."""
+    return f"SELECT 1 FROM episodes WHERE {user_condition(where)} LIMIT 0"
+
+
 def delete_matches(condition: str | None) -> str:
     """Per episode of ``steps``: how many of its steps ``condition`` (a caller's condition over ``steps``; every
     step without one) selects, and its steps; only the episodes with a selected step."""

@@ -297,8 +297,7 @@ def test_torch_format_without_torch_names_format(filled: trajstore.Store, monkey
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)  # what `import torch` meets where PyTorch is not installed
-    with pytest.raises(InputError, match=r"format: 'torch' needs PyTorch; install the extra: pip install "
-                                         r"'trajstore\[torch\]'"):
+    with pytest.raises(InputError, match=r"format: 'torch' needs PyTorch: pip install 'trajstore\[torch\]'"):
         filled.sequences(4, format="torch")
 
 

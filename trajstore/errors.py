@@ -72,11 +72,10 @@ class MissingExtraError(ImportError, InputError):
     command that installs it (``pip install 'trajstore[serve]'``). An ``ImportError`` (a package is missing) and
     an :class:`InputError` (the call asked for what this installation cannot do).
 
-    Examples:
-        >>> from trajstore.extras import missing
-        >>> error = missing("torch", "format: 'torch'")
-        >>> isinstance(error, ImportError) and isinstance(error, trajstore.InputError), error.extra
-        (True, 'torch')
+    Args:
+        message: What needs the extra and the command that installs it.
+        extra: The extra's name in ``pip install 'trajstore[extra]'``; kept as ``extra``.
+        name: The module that could not be imported, as for ``ImportError``.
     """
 
     def __init__(self, message: str, *, extra: str, name: str | None = None) -> None:
@@ -184,7 +183,7 @@ class QueryRefusedError(QueryError, PermissionError):
     Examples:
         >>> store = trajstore.open("./trajdata", create=True)
         >>> try:
-        ...     trajstore.store.plumbing(store).sandboxed_sql("COPY (SELECT 42) TO 'out.csv'")
+        ...     store.sandboxed_sql("COPY (SELECT 42) TO 'out.csv'")
         ... except trajstore.QueryRefusedError:
         ...     print("refused")
         refused

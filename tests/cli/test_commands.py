@@ -139,8 +139,8 @@ MISTAKES = [
     (["delete", "--store", "{demo}"], r"error: give --run RUN, --where CONDITION \(a condition over episodes\) "
                                       r"and/or --steps-where CONDITION \(a condition over steps\)"),
     (["delete", "--store", "{demo}", "--where", "step = 0", "--yes"],
-     r"error: --where: .*\"step\".* a condition over the episodes view \(for a condition over steps give "
-     r"steps_where=\)"),
+     r"error: --where: .*\"step\".*--where is a condition over the episodes view \(for a condition over steps "
+     r"give --steps-where\)"),
     (["serve", "--store", "{demo}", "--port", "99999"], r"error: --port: must be a whole number from 1 to 65535, "
                                                          "got 99999$"),
     (["rollout", "--env", "CartPole-v1", "--store", "{demo}", "--run", "x", "--episodes", "0"],

@@ -1,7 +1,9 @@
-# make demo: install into .venv, run a gym and a JAX rollout into ./demo-store (a new pair of runs each time,
-#            named by the time), print the statistics of every run, then serve the store: how to put `trajstore`
-#            on PATH (source .venv/bin/activate) and the dashboard's URL are printed last (Ctrl-C stops the
-#            server; `make clean` removes the store).
+# make demo: install what the demo runs into .venv (trajstore with its service, gymnasium and JAX: the extras
+#            DEMO_EXTRAS, not every integration; nothing more where `make install` made .venv), run a gym and a JAX
+#            rollout into ./demo-store (a new pair of runs each time, named by the time), print the statistics of
+#            every run, then serve the store: how to put `trajstore` on PATH (source .venv/bin/activate) and the
+#            dashboard's URL are printed last (Ctrl-C stops the server, and make with it, without an error;
+#            `make clean` removes the store). DEMO_INSTALL= skips the install (an environment that has it all).
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and the virtualenv of
 #            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
 #            first when a Python >= 3.12 is here; its tests skip without it).
@@ -24,6 +26,9 @@ PORT ?= 8321
 RUN := $(shell date +%Y%m%d-%H%M%S)
 MIN_VENV ?= .cache/min-venv
 CORE_VENV ?= .cache/core-venv
+# what the demo runs: the service, gymnasium rollouts, JAX rollouts
+DEMO_EXTRAS ?= serve,gym,jax
+DEMO_INSTALL ?= demo-install
 
 LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
@@ -31,7 +36,7 @@ LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
 # (pyenv's shims on PATH fail for a version that is not selected, so its versions are tried directly)
 LEROBOT_PYTHONS = $(LEROBOT_PYTHON) python3.12 python3.13 $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python3)
 
-.PHONY: install demo test lint docs bench system-tools min-venv core-venv lerobot-venv vendor-plotly clean
+.PHONY: install demo demo-install test lint docs bench system-tools min-venv core-venv lerobot-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +48,20 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-demo: install
+$(VENV)/.installed-demo: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[$(DEMO_EXTRAS)]'
+	touch $@
+
+# nothing to do where this or `make install` (every extra) is up to date
+demo-install:
+	@for done in $(VENV)/.installed-demo $(VENV)/.installed; do \
+	  [ -f $$done ] && [ ! pyproject.toml -nt $$done ] && exit 0; done; \
+	$(MAKE) --no-print-directory $(VENV)/.installed-demo
+
+# its last step serves until Ctrl-C, which `trajstore serve` answers with exit status 0 (make stops quietly)
+demo: $(DEMO_INSTALL)
 	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo-gym-$(RUN) --seed 0
 	$(VENV)/bin/trajstore rollout --backend jax --env cartpole --num-envs 1024 --steps 500000 --store $(STORE) --run demo-jax-$(RUN) --seed 0
 	$(VENV)/bin/trajstore stats --store $(STORE) --by run_id --gamma 0.99

@@ -71,7 +71,7 @@ def test_make_demo_serves_its_dashboard(tmp_path: Path) -> None:
     log = tmp_path / "demo.log"
     with log.open("w") as out:
         proc = subprocess.Popen(["make", "-C", str(ROOT), "demo", f"STORE={tmp_path / 'demo-store'}", f"PORT={port}",
-                                 f"VENV={Path(sys.executable).parents[1]}"],
+                                 f"VENV={Path(sys.executable).parents[1]}", "DEMO_INSTALL="],  # this one has it all
                                 text=True, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
@@ -85,6 +85,11 @@ def test_make_demo_serves_its_dashboard(tmp_path: Path) -> None:
             pytest.fail(f"make demo did not serve its dashboard (exit {proc.poll()}):\n{log.read_text()[-4000:]}")
         runs = httpx.get(f"http://127.0.0.1:{port}/runs").json()
         assert len(runs) == 2 and all(r["complete_episodes"] > 0 for r in runs)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it: to make and the server alike
+        proc.wait(60)
+        said = log.read_text()
+        assert "trajstore: stopped serving (Ctrl-C)" in said and "make: ***" not in said, said[-2000:]
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)

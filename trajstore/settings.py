@@ -39,9 +39,13 @@ class Settings:
     loader_layouts: int = 1  # loader layouts kept open in a Store for the next epoch; 0: none
     store_layouts: bool = True  # loader layouts saved in the store (layouts/) for every process; off: temporary
     layout_cache: str = "~/.cache/trajstore/layouts"  # this machine's copies of s3:// stores' loader layouts
-    # each file written into a local store also written as plain arrays (arrays/, storage/arrays.py) that loaders
-    # gather from at once; off: loaders lay the files out at their first read
+    # loaders of a local store gather from its files' plain-array copies (arrays/, storage/arrays.py), each made by
+    # the first loader that reads the file; off: loaders lay the files out (layouts/) at their first read
     loader_arrays: bool = True
+    # writers (and compaction, ingest) also write each file's copy as they write it, from the rows in memory: the
+    # first batch of a store just written reads no Parquet, at 2-3.5x the Parquet's bytes whether or not anything
+    # trains from it; off (the default): the first loader that reads a file makes its copy
+    writer_arrays: bool = False
     # each committed file's footer and its episodes' fragments kept beside a local store (summaries/,
     # storage/summaries.py), so that the episodes of a version add up its files' fragments; off: readers aggregate
     # every step of a version once per process

@@ -268,6 +268,29 @@ def test_serve_creates_a_store_only_when_asked(tmp_path: Path) -> None:
         proc.wait(30)
 
 
+def test_ctrl_c_stops_the_server_with_exit_status_0(demo: Path) -> None:
+    """Ctrl-C is how a server is stopped: `make demo`, whose last step serves, then ends without `Error 130`."""
+    import signal
+
+    import httpx
+
+    from tests.api.helpers import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "trajstore.cli", "serve", "--store", str(demo), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "serving" in (proc.stdout.readline() if proc.stdout else "")  # bound; listening once uvicorn runs
+        with httpx.Client(transport=httpx.HTTPTransport(retries=8)) as client:  # connects retried with back-off
+            assert client.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0 and err.rstrip().endswith("trajstore: stopped serving (Ctrl-C)"), err
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small store with a Parquet file under ``steps/`` that no commit lists."""

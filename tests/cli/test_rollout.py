@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -223,3 +224,71 @@ def test_a_rollout_records_the_commit_of_the_user_s_repository(tmp_path: Path) -
         assert done.returncode == 0, done.stderr
     assert trajstore.open(store).run_info("mine")["git_commit"] == head
     assert trajstore.open(store).run_info("nowhere")["git_commit"] is None
+
+
+def interrupted_rollout(argv: list[str], store: trajstore.Store) -> str:
+    """``argv`` (a ``trajstore ...`` command) run in a process of its own, sent SIGINT (Ctrl-C) once the store has a
+    new commit of its run; its standard error. Its writer commits every few thousand steps
+    (``TRAJSTORE_FLUSH_BYTES``), as a long rollout commits every 128 MiB."""
+    import signal
+
+    since = store.version
+    env = {**os.environ, "TRAJSTORE_FLUSH_BYTES": "200000", "TRAJSTORE_DEBUG": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "trajstore.cli", *argv[1:]], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = next(iter(store.follow(since=since, run_id="r", timeout=300)), None)
+        assert first is not None and first.rows.num_rows > 0, proc.stderr.read() if proc.poll() is not None else ""
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and out == "", err
+    return err
+
+
+def commands_said(err: str) -> tuple[list[str], list[str]]:
+    """The commands an interrupted rollout says to run: the one that goes on, and the one that removes."""
+    lines = err.splitlines()
+    go_on = lines[lines.index(next(line for line in lines if line.startswith("  to go on"))) + 1]
+    remove = lines[lines.index("  to remove them:") + 1]
+    return shlex.split(go_on), shlex.split(remove)
+
+
+def test_an_interrupted_rollout_says_what_it_kept_and_how_to_go_on_or_remove_it(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    store = trajstore.open(path, create=True)
+    err = interrupted_rollout(["trajstore", "rollout", "--env", "CartPole-v1", "--num-envs", "4", "--steps",
+                               "100000000", "--store", str(path), "--run", "r", "--no-progress"], store)
+    (row,) = trajstore.open(path).runs().to_pylist()
+    unfinished = row["episodes"] - row["complete_episodes"]
+    assert err.splitlines()[0] == (
+        f"trajstore: interrupted; run 'r' keeps what this rollout stored in {path} before it stopped: "
+        f"{row['steps']:,} steps, {row['complete_episodes']:,} complete episodes"
+        + (f" and {unfinished:,} unfinished (stored, marked incomplete)" if unfinished else ""))
+    go_on, remove = commands_said(err)
+    assert go_on == ["trajstore", "rollout", "--env", "CartPole-v1", "--num-envs", "4", "--store", str(path), "--run",
+                     "r", "--no-progress", "--steps", str(100_000_000 - row["steps"]), "--seed", "4", "--append"]
+    assert remove == ["trajstore", "delete", "--store", str(path), "--run", "r"]
+
+    err = interrupted_rollout(go_on, store)  # taken as said: the run grows, from new seeds
+    seeds = trajstore.open(path).sql("SELECT seed, list(obs) AS first FROM steps WHERE step = 0 GROUP BY seed")
+    first = {s: {tuple(o) for o in obs} for s, obs in zip(*seeds.to_pydict().values())}
+    assert set(first) == {0, 4} and not first[0] & first[4]  # no episode started again as one stored had
+    mine = trajstore.open(path).sql("SELECT sum(episode_length) AS steps FROM episodes WHERE seed = 4")
+    assert f"stored in {path} before it stopped: {mine['steps'][0].as_py():,} steps" in err
+    again, remove_mine = commands_said(err)
+    assert again[again.index("--seed") + 1] == "8"
+    worker = remove_mine[remove_mine.index("--where") + 1]
+    assert remove_mine[:6] == ["trajstore", "delete", "--store", str(path), "--run", "r"]
+
+    def run_said(command: list[str]) -> None:
+        subprocess.run([sys.executable, "-m", "trajstore.cli", *command[1:], "--yes"], check=True, timeout=300,
+                       capture_output=True)
+
+    run_said(remove_mine)  # this rollout's episodes alone
+    assert trajstore.open(path).runs()["steps"].to_pylist() == [row["steps"]]
+    assert re.fullmatch(r"worker_id = '[^']+'", worker)
+    run_said(remove)
+    assert trajstore.open(path).run_ids() == []

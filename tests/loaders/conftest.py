@@ -1,4 +1,4 @@
-"""Where loaders gather from: the data files' array copies (written with the files) or layouts built from Parquet."""
+"""Where loaders gather from: the data files' array copies (made by the first loader) or layouts built from Parquet."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.helpers import layouts_built
 
 @pytest.fixture(params=["copies", "built"])
 def both_layouts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The test twice: stores whose writers write array copies (loaders stitch them), and stores without (loaders
+    """The test twice: stores with array copies (made by the first loader, then stitched), and stores without (loaders
     build their layouts from Parquet). Use before the store fixture (``pytest.mark.usefixtures``)."""
     monkeypatch.setenv("TRAJSTORE_LOADER_ARRAYS", "1" if request.param == "copies" else "0")
     return str(request.param)

@@ -31,7 +31,7 @@ def epoch(store: trajstore.Store, **kwargs: object) -> list[dict[str, np.ndarray
 
 def private(store: trajstore.Store) -> trajstore.Store:
     """The same store, building every layout anew in a temporary folder: the reference a kept layout must match."""
-    return trajstore.Store(store.uri, settings=Settings(loader_layouts=0, store_layouts=False))
+    return trajstore.Store(store.uri, settings=Settings(loader_layouts=0, store_layouts=False, loader_arrays=False))
 
 
 def same(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> None:
@@ -88,7 +88,7 @@ def test_an_evicted_temporary_layout_stays_while_an_iterator_reads_it(store: tra
     write(store, "a", 0)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temporary"))  # where this process's layouts go
     (tmp_path / "temporary").mkdir()
-    fresh = trajstore.Store(store.uri, settings=Settings(loader_layouts=1, store_layouts=False))
+    fresh = trajstore.Store(store.uri, settings=Settings(loader_layouts=1, store_layouts=False, loader_arrays=False))
     running = fresh.sequences(4, columns=["obs"], pad=True, batch_size=2)
     next(running)
     (held,) = list((tmp_path / "temporary").iterdir())  # the layout the iterator reads

@@ -12,6 +12,7 @@ from typing import Any
 from trajstore.errors import InputError, StoreNotFoundError
 
 EXIT_PROBLEMS = 1
+EXIT_INTERRUPTED = 130
 
 
 def _open(path: str, create: bool = False, version: int | None = None) -> Any:
@@ -37,10 +38,37 @@ def _progress(args: argparse.Namespace) -> bool:
     return not args.no_progress and sys.stderr.isatty()
 
 
-def _emit(args: argparse.Namespace, table: Any) -> None:
+def _emit(args: argparse.Namespace, table: Any, *, keys: tuple[str, ...] = (), brief: list[str] | None = None,
+          hoist: tuple[str, ...] = ()) -> None:
+    """Print ``table`` as ``--format`` asks: only ``--columns`` where given; a table shows the ``brief`` columns
+    (None: all) unless ``--wide``, those of ``hoist`` that hold one value in every row said once above it, and
+    fits the terminal's width in blocks each repeating ``keys``."""
     from trajstore.cli import formats
 
-    formats.write(table, args.format, sys.stdout, output=args.output)
+    note, caption = "", ""
+    if args.columns:
+        table = _columns(table, _split(args.columns) or [])
+    elif brief is not None and args.format == "table" and not args.wide:
+        shown = [c for c in table.column_names if c in brief]
+        if len(shown) < table.num_columns:
+            note = f"{table.num_columns - len(shown)} more columns: --wide, or --columns NAME,..."
+        same = [c for c in hoist if c in shown and table.num_rows > 1 and table[c].null_count == 0
+                and len(table[c].unique()) == 1]
+        if same:
+            caption = "every row: " + ", ".join(f"{c} {table[c][0].as_py()}" for c in same)
+        table = table.select([c for c in shown if c not in same])
+    width = None if args.wide or args.output else formats.terminal_width(sys.stdout)
+    formats.write(table, args.format, sys.stdout, output=args.output, width=width, keys=keys, note=note,
+                  caption=caption)
+
+
+def _columns(table: Any, names: list[str]) -> Any:
+    """``table``'s columns ``names``, in that order, or an error naming the missing ones and the table's columns."""
+    missing = [n for n in names if n not in table.column_names]
+    if missing:
+        raise InputError(f"--columns: no column {', '.join(map(repr, missing))} in the result; its columns: "
+                         f"{', '.join(table.column_names)}")
+    return table.select(names)
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -59,16 +87,22 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from trajstore.rollout.target import check_run
 
     check_run(store, args.run, mode=args.mode, append=args.append, hint="--append")
+    from trajstore.write.writer import process_worker_id
+
     options: dict[str, Any] = {"policy_version": args.policy_version} if args.policy_version is not None else {}
     options.update(description)
     options.update({"info_keys": _split(args.info_key)} if args.info_key else {})
     options.update(run_id=args.run, num_envs=args.num_envs, episodes=args.episodes, steps=args.steps,
-                   seed=args.seed, mode=args.mode, append=True, policy=policy, progress=_progress(args))
-    if args.backend == "jax":
-        result = run(store, args.env, rollout_length=args.rollout_length, **options)
-    else:
-        wrappers, env_kwargs = _gym_wrappers(args)
-        result = run(store, args.env, autoreset=args.autoreset, wrappers=wrappers, env_kwargs=env_kwargs, **options)
+                   seed=args.seed, mode=args.mode, append=True, policy=policy, progress=_progress(args),
+                   worker_id=process_worker_id())  # what an interrupted rollout counts its episodes by
+    try:
+        result = _roll_out(args, run, store, options)
+    except KeyboardInterrupt:  # what the writer committed on its way out: said, with how to go on
+        from trajstore.cli import interrupted
+
+        found = interrupted.kept(store, args.run, options["worker_id"])
+        print(interrupted.report(args, args.argv, found, store.root, options["worker_id"]), file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(f"stored {result.steps} steps, {result.episodes} complete episodes of {result.env_id} "
           f"as run {result.run_id!r} ({args.mode}) in {store.root} ({result.steps_per_second:,.0f} steps/s)")
     return 0
@@ -87,6 +121,15 @@ def _rollout_of(backend: str) -> Any:
         from trajstore.rollout import gym_rollout
 
         return gym_rollout
+
+
+def _roll_out(args: argparse.Namespace, run: Any, store: Any, options: dict[str, Any]) -> Any:
+    """The rollout ``args`` ask for (``run``: ``jax_rollout`` or ``gym_rollout``) with the rollout's ``options``: its
+    :class:`RolloutResult`."""
+    if args.backend == "jax":
+        return run(store, args.env, rollout_length=args.rollout_length, **options)
+    wrappers, env_kwargs = _gym_wrappers(args)
+    return run(store, args.env, autoreset=args.autoreset, wrappers=wrappers, env_kwargs=env_kwargs, **options)
 
 
 def _check_rollout(args: argparse.Namespace) -> None:
@@ -179,7 +222,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     table = table.append_column("notes", pa.array([d.get("notes") for d in described], pa.string()))
     table = table.append_column("config", pa.array([json.dumps(d.get("config") or {}, sort_keys=True)
                                                     for d in described], pa.string()))
-    _emit(args, table)
+    _emit(args, table, keys=("run_id", "env_id"))
     return 0
 
 
@@ -245,7 +288,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     table = store.stats(by=_split(args.by), gamma=args.gamma, where=args.where, run_id=_split(args.run),
                         env_id=_envs(store, args.env), include_incomplete=args.include_incomplete,
                         metric=args.metric)
-    _emit(args, table)
+    _emit(args, table, keys=tuple(_split(args.by) or ()))
     return 0
 
 
@@ -266,7 +309,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                           ci=args.ci, reps=args.reps, seed=args.seed, run_id=_split(args.run), where=args.where)
     if args.format == "table":  # at a glance: 12.3 [10.1, 14.0]
         table = _rounded(table)
-    _emit(args, table)
+    _emit(args, table, keys=(*(_split(args.by) or ()), "statistic"))
     return 0
 
 
@@ -290,12 +333,18 @@ def _rounded(table: Any) -> Any:
     return table.drop_columns(["value", "ci_low", "ci_high"]).add_column(at, "value [CI]", pa.array(cells))
 
 
+# what an episode's row shows in a table (the rest with --wide or --columns): which it is and how it went
+EPISODE_COLUMNS = ["run_id", "env_id", "episode_id", "episode_length", "episode_return", "terminated", "truncated",
+                   "discounted_return"]
+
+
 def cmd_episodes(args: argparse.Namespace) -> int:
     store = _open(args.store, version=args.at_version)
     table = store.episodes(run_id=_split(args.run), env_id=_envs(store, args.env), complete=args.complete,
                            where=args.where, gamma=args.gamma, order_by=args.order_by, limit=args.limit,
                            offset=args.offset)
-    _emit(args, table)
+    _emit(args, table, keys=("episode_id",), brief=EPISODE_COLUMNS + [args.order_by.lstrip("-")],
+          hoist=("run_id", "env_id"))
     return 0
 
 
@@ -347,7 +396,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"trajstore: serving {app.state.store.root} on http://{settings.host}:{settings.port} "
           f"(dashboard at /dashboard, OpenAPI at /openapi.json)", flush=True)
     server = uvicorn.Server(server_config(app))
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shut down, then raised the Ctrl-C again: how a server stops, so done (0)
+        print("trajstore: stopped serving (Ctrl-C)", file=sys.stderr)
     return 0
 
 
@@ -433,7 +485,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    _emit(args, _open(args.store).history(limit=args.limit))
+    _emit(args, _open(args.store).history(limit=args.limit), keys=("version",))
     return 0
 
 

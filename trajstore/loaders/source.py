@@ -79,12 +79,11 @@ def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where:
                         "filter": filter,
                         **({} if agents is None else {"agent_id": agents.agents, "complete": complete_only})})
     types = plan.types
-    arrays = engine.table.arrays
 
-    def stitch(kinds: dict[str, Any]) -> Stitched | None:
-        if arrays is None:
+    def stitch(kinds: dict[str, Any]) -> Stitched | None:  # the files' copies, made now where missing
+        if engine.table.arrays is None:
             return None
-        return stitched.stitch([arrays.read(location.relative(f.path)) for f in plan.files], kinds, plan.episode_ids)
+        return stitched.stitch(engine.table.array_copies(plan.files), kinds, plan.episode_ids)
 
     def check_types(names: Sequence[str]) -> None:
         if agents is not None:

@@ -277,7 +277,7 @@ def variants_as_json(answer: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation
     if all(str(t) != "VARIANT" for t in answer.types):
         return answer
     names = [(sql.ident(c), str(t) == "VARIANT") for c, t in zip(answer.columns, answer.types)]
-    columns = [f"CAST(CAST({c} AS JSON) AS VARCHAR) AS {c}" if variant else c for c, variant in names]
+    columns = [f"{sql.as_json_text(c)} AS {c}" if variant else c for c, variant in names]
     return answer.project(", ".join(columns))
 
 

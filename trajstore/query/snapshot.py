@@ -313,22 +313,18 @@ def typed_answer(con: duckdb.DuckDBPyConnection, answer: duckdb.DuckDBPyRelation
     table = f"trajstore_answer_{next(_answers)}"
     answer.to_table(table)
     try:
-        columns = [f"{_one_type(con, table, sql.ident(name)) if name in variants else sql.ident(name)} AS "
-                   f"{sql.ident(name)}" for name in answer.columns]
-        return con.sql(f"SELECT {', '.join(columns)} FROM {table}").to_arrow_table()
+        columns = [(sql.ident(name), _one_type(con, table, sql.ident(name)) if name in variants else None)
+                   for name in answer.columns]
+        return con.sql(sql.typed_answer(table, columns)).to_arrow_table()
     finally:
         con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 def _one_type(con: duckdb.DuckDBPyConnection, table: str, column: str) -> str:
     """The expression that reads the VARIANT ``column`` of ``table`` in its values' one type, or as JSON text."""
-    probes = [f"variant_typeof({column}{'[1]' * depth})" for depth in range(VARIANT_DEPTH)]
-    found = con.sql(f"SELECT DISTINCT {', '.join(probes)} FROM {table} WHERE {column} IS NOT NULL AND "
-                    f"variant_typeof({column}) <> 'VARIANT_NULL'").fetchall()
+    found = con.sql(sql.variant_types(table, column, VARIANT_DEPTH)).fetchall()
     types = {_duckdb_type(row) for row in found}
-    if len(types) == 1 and None not in types:
-        return f"CAST({column} AS {types.pop()})"
-    return f"CAST(CAST({column} AS JSON) AS VARCHAR)"
+    return sql.cast(column, types.pop()) if len(types) == 1 and None not in types else sql.as_json_text(column)
 
 
 def _duckdb_type(probed: Sequence[str]) -> str | None:

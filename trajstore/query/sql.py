@@ -717,6 +717,17 @@ def count_other_mode(run_id: str, mode: str) -> str:
     return f"SELECT count(*) AS n FROM steps WHERE {in_list('run_id', run_id)} AND {other}"
 
 
+def worker_kept(run_id: str, worker_id: str) -> str:
+    """What one writer (``worker_id``) stored in ``run_id``: its steps, complete and unfinished episodes, and how
+    many episodes of the run other writers stored (``others``)."""
+    mine = f"worker_id = {literal(worker_id)}"
+    return (f"SELECT coalesce(sum(episode_length) FILTER (WHERE {mine}), 0) AS steps, "
+            f"count(*) FILTER (WHERE {mine} AND complete) AS complete, "
+            f"count(*) FILTER (WHERE {mine} AND NOT complete) AS unfinished, "
+            f"count(*) FILTER (WHERE worker_id IS DISTINCT FROM {literal(worker_id)}) AS others "
+            f"FROM episodes WHERE {in_list('run_id', run_id)}")
+
+
 def stored_episode_ends(source: str, episode_ids: Sequence[int]) -> str:
     """Per ``(run_id, env_id, episode_id, agent_id)`` of ``episode_ids`` in ``source`` (stored steps, with an
     ``agent_id`` column: NULL for single-agent rows): its last stored step and the first step that ended it
@@ -840,6 +851,28 @@ def chosen_steps(where: Where | None, steps_where: str | None) -> str | None:
     if steps_where:
         conds.append(user_condition(steps_where))
     return " AND ".join(conds) or None
+
+
+def variant_types(table: str, column: str, depth: int) -> str:
+    """The distinct ``variant_typeof`` of the VARIANT ``column`` of ``table``'s non-null values, and of their first
+    element, its first element, … to ``depth`` (see :func:`~trajstore.query.snapshot.typed_answer`)."""
+    probes = [f"variant_typeof({column}{'[1]' * d})" for d in range(depth)]
+    return (f"SELECT DISTINCT {', '.join(probes)} FROM {table} WHERE {column} IS NOT NULL AND "
+            f"variant_typeof({column}) <> 'VARIANT_NULL'")
+
+
+def cast(column: str, duckdb_type: str) -> str:
+    return f"CAST({column} AS {duckdb_type})"
+
+
+def as_json_text(column: str) -> str:
+    """``column``'s values as their JSON text (VARCHAR): how an answer holds a VARIANT of several types."""
+    return f"CAST(CAST({column} AS JSON) AS VARCHAR)"
+
+
+def typed_answer(table: str, columns: Sequence[tuple[str, str | None]]) -> str:
+    """Every column of ``table``, as the expression given for it (``(name, expression or None)``, names quoted)."""
+    return f"SELECT {', '.join(c if e is None else f'{e} AS {c}' for c, e in columns)} FROM {table}"
 
 
 def episodes_probe(where: Where) -> str:

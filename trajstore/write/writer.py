@@ -112,7 +112,7 @@ class Writer:
         self.autoreset: Autoreset = autoreset
         self.flush_bytes = flush_bytes
         _check_lineage_names(lineage)
-        self.lineage = {"worker_id": worker_id or f"{socket.gethostname()}:{os.getpid()}", **lineage}
+        self.lineage = {"worker_id": worker_id or process_worker_id(), **lineage}
         if frame_stack is not None and not isinstance(frame_stack, Mapping):
             check_frame_stack(pa.null(), frame_stack)  # raises naming frame_stack
         self.frame_stack = dict(frame_stack or {})
@@ -521,6 +521,11 @@ class Writer:
             self._unstored.append(_Unstored(piece.data, piece.schema, piece.encoding.result() if encoded else None))
         self._pieces = []
         return _not_stored(exc, self.steps_unstored, self.run_id)
+
+
+def process_worker_id() -> str:
+    """The ``worker_id`` a writer stores when given none: this process, as ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _not_stored(exc: BaseException, steps: int, run_id: str) -> BaseException:

@@ -85,12 +85,6 @@ class Plumbing:
         """The version a read-only store is pinned to (None: the latest, read afresh by every read)."""
         return self._engine.table.log.pinned
 
-    @property
-    def layouts_built(self) -> int:
-        """How many loader layouts this store built from Parquet so far (in this process; none where the loaders
-        read the files' array copies or a layout kept in the store): what the benchmarks and tests count."""
-        return self._layouts.built
-
     def run_ids(self) -> list[str]:
         """The runs the store holds (from the committed file list: no file is read)."""
         return self._engine.run_ids()

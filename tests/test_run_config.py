@@ -69,7 +69,7 @@ def test_the_runs_view_joins_configs_with_episodes(described: trajstore.Store) -
                                         counts["plain"]]}
     width = plumbing(described).sandboxed_sql("SELECT run_id, (config->'$.net'->>'$.width')::INT AS width FROM runs "
                                     "WHERE run_id LIKE 'dqn%' ORDER BY run_id")
-    assert steps_table(width)["width"].to_pylist() == [128, 128]
+    assert width.table["width"].to_pylist() == [128, 128]
     only = described.sql("SELECT run_id FROM runs", run_id="ppo-1")  # the selection's runs only
     assert only["run_id"].to_pylist() == ["ppo-1"]
 

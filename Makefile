@@ -8,7 +8,9 @@
 #            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
 #            first when a Python >= 3.12 is here; its tests skip without it).
 # make docs: the documentation site (guides and the API reference) into build/site, warnings as errors.
-# make lint: ruff over the whole tree with the rules pyproject.toml chooses (.ci/run runs it before the tests).
+# make lint: ruff over the whole tree with the rules pyproject.toml chooses, then make typecheck (.ci/run runs it
+#            before the tests).
+# make typecheck: mypy over trajstore/ and api/ as pyproject.toml's [tool.mypy] configures it (zero errors).
 # make min-venv: a virtualenv in .cache/min-venv with every core dependency and the gym extra's at the minimum
 #            pyproject.toml declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself
 #            (editable); tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build,
@@ -36,7 +38,7 @@ LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
 # (pyenv's shims on PATH fail for a version that is not selected, so its versions are tried directly)
 LEROBOT_PYTHONS = $(LEROBOT_PYTHON) python3.12 python3.13 $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python3)
 
-.PHONY: install demo demo-install test lint docs bench system-tools min-venv core-venv lerobot-venv vendor-plotly clean
+.PHONY: install demo demo-install test lint docs bench bench-torchrl-venv system-tools min-venv core-venv lerobot-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +77,11 @@ test: install system-tools min-venv core-venv
 
 lint: install
 	$(VENV)/bin/ruff check .
+	@$(MAKE) --no-print-directory typecheck
+
+.PHONY: typecheck
+typecheck: install
+	$(VENV)/bin/mypy
 
 # The documentation site into build/site (MkDocs, mkdocs.yml): warnings are errors, nothing fetched from the network.
 docs: install
@@ -132,9 +139,18 @@ vendor-plotly:
 	cp .plotly-pack/package/LICENSE api/dashboard/vendor/plotly-LICENSE
 	rm -rf .plotly-pack
 
-bench: install
+bench: install bench-torchrl-venv
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/run.py
+
+# TorchRL 0.14.1's C++ sum tree (its _torchrl extension) loads only beside the torch it was built with (2.14), not
+# the CPU 2.13 of $(VENV): benchmarks/bench_replay.py runs its PrioritizedSampler in this venv of its own
+bench-torchrl-venv: .venv-torchrl/.installed
+.venv-torchrl/.installed:
+	$(PYTHON) -m venv .venv-torchrl
+	.venv-torchrl/bin/python -m pip install -q torch==2.14.1 --index-url https://download.pytorch.org/whl/cpu
+	.venv-torchrl/bin/python -m pip install -q torchrl==0.14.1 tensordict==0.14.3 numpy
+	touch $@
 
 clean:
 	rm -rf $(VENV) $(LEROBOT_VENV) $(STORE) $(MIN_VENV) $(CORE_VENV)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import Depends, FastAPI
 
@@ -21,6 +21,7 @@ from trajstore.__about__ import __version__
 from trajstore.api import body_limit, budgets, params, problems
 from trajstore.api.dashboard import router as dashboard_router
 from trajstore.api.dashboard.routes import warm as warm_dashboard
+from trajstore.api.replays import Replays
 from trajstore.api.routes import (
     commits,
     episodes,
@@ -29,6 +30,7 @@ from trajstore.api.routes import (
     health,
     history,
     ingest,
+    replays,
     runs,
     sequences,
     sql,
@@ -65,6 +67,7 @@ def create_app(settings: ServiceSettings | None = None, *, store: Store | None =
     app.state.compute_gate = budgets.gate(settings)
     # sandboxed queries and loader streams at once, of every version the service reads
     app.state.sql_gate = Gate(settings.sql_max_concurrent)
+    app.state.replays = Replays(settings)  # the replays remote learners opened (POST /replays)
     app.state.store = store or trajstore.open(settings.store, create=create)
     # POST /sql and the comparisons' bootstraps pay no process start
     sql_worker.warm(plumbing(app.state.store).settings.sql_worker_bytes,
@@ -73,7 +76,8 @@ def create_app(settings: ServiceSettings | None = None, *, store: Store | None =
     problems.install(app)
     app.add_middleware(budgets.Places, gate=app.state.compute_gate)  # a place taken before anything is parsed
     app.add_middleware(body_limit.BodyLimit, settings=settings)  # outermost: a body is refused before anything runs
-    for module in (health, runs, episodes, frames, stats, steps, sql, ingest, history, events, commits, sequences):
+    for module in (health, runs, episodes, frames, stats, steps, sql, ingest, history, events, commits, sequences,
+                   replays):
         app.include_router(module.router)
     app.include_router(dashboard_router)
     return app
@@ -86,7 +90,10 @@ async def _serving(app: FastAPI) -> AsyncIterator[None]:
     page read ahead, so a first visit finds it ready."""
     if app.state.settings.dashboard_warm:
         warm_dashboard(app.state.store)
-    yield
+    try:
+        yield
+    finally:
+        app.state.replays.close_all()  # their updates committed
 
 
 # A request's line and headers may hold long filters (``where`` up to 10,000 characters, ``normalize`` more),
@@ -95,7 +102,7 @@ async def _serving(app: FastAPI) -> AsyncIterator[None]:
 REQUEST_HEAD_BYTES = 4 * 1024 * 1024
 
 
-def server_config(app: FastAPI, **options: object) -> uvicorn.Config:
+def server_config(app: FastAPI, **options: Any) -> uvicorn.Config:
     """The uvicorn configuration ``trajstore serve`` (and the tests' live servers) run ``app`` with."""
     import uvicorn
 

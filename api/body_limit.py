@@ -38,6 +38,7 @@ ROUTES = {  # every route that takes a body, and the setting that bounds it
     "/sql": "sql_max_body_bytes",
     "/runs/{run_id}/batches": "max_body_bytes",
     "/runs/{run_id}": "run_max_body_bytes",
+    "/replays/{replay_id}/update": "replay_max_body_bytes",
 }
 METHODS = {"/runs/{run_id}": {"PATCH"}}  # routes whose other methods take no body
 OTHER_BYTES = 64 * 1024  # the most any other route is sent (it reads none of it)

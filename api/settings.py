@@ -49,6 +49,13 @@ class ServiceSettings:
     compute_memory_bytes: int = 256 * 1024 * 1024
     stream_batch_rows: int = 65_536
     loader_batch_bytes: int = 256 * 1024 * 1024  # the largest batch /sequences and /transitions build (422 beyond)
+    # replays held open by the service for remote learners (POST /replays, api/replays.py): at most replay_max_open
+    # at once (429 beyond), replay_memory_bytes of trees and slots together (413 beyond), each closed (its updates
+    # committed) once unused for replay_idle_s; a POST /replays/{id}/update body at most replay_max_body_bytes
+    replay_max_open: int = 8
+    replay_memory_bytes: int = 1024 * 1024 * 1024
+    replay_idle_s: float = 600.0
+    replay_max_body_bytes: int = 16 * 1024 * 1024
     # the service reads, when it starts, what the dashboard's first page asks of the latest version (its episodes,
     # learning curves, runs) on a background thread, so that a first visit finds it ready (api/dashboard/routes.py)
     dashboard_warm: bool = True

@@ -128,7 +128,7 @@ HOLDERS = {"trajstore/store.py": "Store", "trajstore/maintenance.py": "Maintenan
 FACADE = {"uri", "root", "version", "read_only", "at", "history", "schema", "health", "writer", "set_run", "run_info",
           "runs", "episodes", "episode_steps", "stats", "returns", "curves", "scan", "iter_batches", "follow", "sql",
           "snapshot", "sequences", "transitions", "compare", "scores", "probability_of_improvement",
-          "performance_profile", "maintain"}
+          "performance_profile", "maintain", "replay"}
 CLIENT_FACING = ("self", "cls")
 
 
@@ -244,7 +244,7 @@ def test_the_cycle_check_would_see_a_type_hint_cycle(tmp_path: Path) -> None:  #
 LOG_NAMES = ("_delta_log", "_last_checkpoint", ".checkpoint.parquet", "020d}.json")
 LOG_MODULE = "trajstore/storage/log.py"
 # The modules of the store's two Delta tables (steps, runs): the only ones that import deltalake.
-DELTA_MODULES = {"trajstore/storage/log.py", "trajstore/storage/runs_log.py"}
+DELTA_MODULES = {"trajstore/storage/log.py", "trajstore/storage/runs_log.py", "trajstore/storage/priorities_log.py"}
 
 
 def _relative(path: Path) -> str:

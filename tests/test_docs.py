@@ -18,7 +18,7 @@ from tests.examples import ROOT, Repl, blocks, examples_lock, run_page, stop_gro
 GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
 PAGES = [ROOT / "docs" / "index.md", *GUIDES]  # the site's pages with examples (the reference's are docstrings)
 NAV_GUIDES = ["recording", "querying", "training", "service", "many-actors", "multi-agent", "experiments",
-              "lifecycle", "open-table"]
+              "lifecycle", "open-table", "replay"]
 
 
 def test_a_guide_per_task() -> None:

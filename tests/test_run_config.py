@@ -16,7 +16,7 @@ import pytest
 from deltalake import DeltaTable
 
 import trajstore
-from tests.helpers import make_batch, steps_table
+from tests.helpers import make_batch
 from trajstore.errors import InputError, RunNotFoundError
 from trajstore.storage import run_config
 from trajstore.store import plumbing

@@ -228,3 +228,35 @@ def test_iter_batches_gives_tensors_like_sequences_and_transitions(tmp_path: Pat
                     assert list(a["run_id"]) == list(b["run_id"])
                     for name in ("episode_id", "step", "obs", "reward", "terminated"):
                         np.testing.assert_array_equal(a[name].numpy(), b[name])
+
+
+def test_a_replay_dataset_gives_the_replays_batches_as_tensors_drawn_from_its_updates(uri: str) -> None:
+    store = trajstore.open(uri)
+    with store.replay(n=2, gamma=0.9, priorities=None, seed=4) as replay, \
+            store.replay(n=2, gamma=0.9, priorities=None, seed=4) as twin:
+        data = ttorch.ReplayDataset(replay, 32, batches=5)
+        got = list(torch.utils.data.DataLoader(data, batch_size=None))
+        assert len(got) == 5
+        for batch in got:
+            want = twin.sample(32)
+            assert list(batch) == list(want)
+            for name, value in want.items():
+                assert isinstance(batch[name], torch.Tensor) and batch[name].dtype == torch.from_numpy(value).dtype
+                np.testing.assert_array_equal(batch[name].numpy(), value, err_msg=name)
+        # an update given as tensors between batches: the next batch is drawn by it (one item holds all the mass)
+        favourite = int(got[-1]["index"][0])
+        replay.update(torch.arange(len(replay)), torch.zeros(len(replay)))
+        replay.update(torch.tensor([favourite]), torch.tensor([1e9]))
+        batch = next(iter(ttorch.ReplayDataset(replay, 64)))
+        assert (batch["index"] == favourite).float().mean() > 0.99
+
+
+def test_a_replay_dataset_refuses_workers_and_what_is_no_replay(uri: str) -> None:
+    with trajstore.open(uri).replay(priorities=None) as replay:
+        data = ttorch.ReplayDataset(replay, 8)
+        with pytest.raises(InputError, match="num_workers: a ReplayDataset draws in the learner.s process"):
+            next(iter(torch.utils.data.DataLoader(data, batch_size=None, num_workers=1)))
+    with pytest.raises(InputError, match="^replay: expected a replay"):
+        ttorch.ReplayDataset(trajstore.open(uri), 8)
+    with pytest.raises(InputError, match="^batch_size"):
+        ttorch.ReplayDataset(replay, 0)

@@ -32,6 +32,9 @@ __all__ = [
     "UnsupportedTableError",
     "AuthenticationError",
     "WriterClosedError",
+    "ReplayClosedError",
+    "EmptyReplayError",
+    "ReplayNotFoundError",
     "RemoteError",
     "ReadOnlyError",
     "RunNotFoundError",
@@ -183,7 +186,7 @@ class QueryRefusedError(QueryError, PermissionError):
     Examples:
         >>> store = trajstore.open("./trajdata", create=True)
         >>> try:
-        ...     store.sandboxed_sql("COPY (SELECT 42) TO 'out.csv'")
+        ...     trajstore.store.plumbing(store).sandboxed_sql("COPY (SELECT 42) TO 'out.csv'")
         ... except trajstore.QueryRefusedError:
         ...     print("refused")
         refused
@@ -293,6 +296,14 @@ class WriterClosedError(TrajstoreError):
     """
 
 
+class ReplayClosedError(TrajstoreError):
+    """A replay was sampled, updated or committed after ``close()``."""
+
+
+class EmptyReplayError(TrajstoreError, LookupError):
+    """A replay holding no items was sampled (its selection has no steps, or none long enough, yet)."""
+
+
 class RemoteError(TrajstoreError):
     """A trajstore server answered with an error; ``status`` and ``detail`` come from its problem document.
 
@@ -326,7 +337,7 @@ def plain(text: str) -> str:
     return _ANSI.sub("", text)
 
 
-def one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException | None) -> str:
     """An exception's whole message on one line, without terminal escape codes (deltalake's errors are a chain of
     indented ``↳`` lines whose last one is the cause)."""
     text = " ".join(plain(str(exc)).replace("\u21b3", " ").split())
@@ -389,6 +400,10 @@ class RunNotFoundError(InputError, LookupError):
 class VersionNotFoundError(InputError, LookupError):
     """A version the store's log does not have, or whose files a vacuum removed (the message names the versions it
     has). An :class:`InputError` and a ``LookupError``; over REST a 404."""
+
+
+class ReplayNotFoundError(InputError, LookupError):
+    """A replay the service does not hold open (never opened, closed, or closed for being idle)."""
 
 
 def caller_sql_error(exc: QueryError, field: str, context: str) -> InputError:

@@ -137,7 +137,7 @@ def rollout(uri: str, env: Any, *, num_workers: int, backend: Backend = "gym", e
     shares = [(_share(episodes, num_workers, i), _share(steps, num_workers, i)) for i in range(num_workers)]
     counter = _Progress.remote(num_workers)  # type: ignore[attr-defined]
     started = time.perf_counter()
-    futures = [_worker.remote(uri, dict(storage_options or {}), env, backend, i, e, s, run_id, seed, num_envs,
+    futures = [_worker.remote(uri, dict(storage_options or {}), env, backend, i, e, s, run_id, seed, num_envs,  # type: ignore[call-arg]  # see _worker
                               policy, params, lineage, counter)
                for i, (e, s) in enumerate(shares) if (e is None or e > 0) and (s is None or s > 0)]
     results = _wait(futures, counter, total=episodes if episodes is not None else steps,
@@ -163,7 +163,7 @@ class _Progress:
         return sum(c[0] for c in self.counts), sum(c[1] for c in self.counts)
 
 
-@ray.remote
+@ray.remote  # type: ignore[arg-type]  # ray's types know remote functions of at most 9 arguments
 def _worker(uri: str, storage_options: dict[str, Any], env: Any, backend: Backend, index: int,
             episodes: int | None, steps: int | None, run_id: str, seed: int, num_envs: int, policy: Any,
             params: Any, lineage: dict[str, Any], counter: Any) -> RolloutResult:

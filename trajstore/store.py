@@ -36,6 +36,7 @@ from trajstore.errors import (
 )
 from trajstore.loaders.layout_store import LayoutStore
 from trajstore.loaders.loader import BatchStream
+from trajstore.loaders.replay import Replay, open_replay
 from trajstore.loaders.sequences import Sampling
 from trajstore.loaders.sequences import sequences as load_sequences
 from trajstore.loaders.source import loader_source
@@ -868,6 +869,29 @@ class Store:
         sampling = Sampling(batch_size, shuffle, seed, epoch, rank, world_size, weight_by, num_samples)
         return load_transitions(source, n, gamma=gamma, columns=columns, sampling=sampling, format=format,
                                 resume=resume, max_batch_bytes=max_batch_bytes)
+
+    @_reader
+    def replay(self, columns: Sequence[str] | None = None, *, length: int | None = None, n: int | None = None,
+               gamma: float | None = None, where: str | None = None, run_id: Names = None, agent_id: Names = None,
+               priorities: str | None = "default", alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6,
+               capacity: int | None = None, follow: bool = False, seed: int = 0, stride: int | None = None,
+               pad: bool = False, version: int | None = None, commit_interval: float | str | None = "5s",
+               commit_updates: int | None = 100_000, poll: float = 1.0, max_batch_bytes: int | None = None,
+               filter: EpisodeFilter | None = None) -> Replay:  # noqa: A002
+        """A prioritized replay (Schaul et al.) over the selected episodes' steps, windows of ``length`` (``stride``,
+        ``pad`` as for :meth:`sequences`) or ``n``-step transitions (as :meth:`transitions`): ``sample(batch_size)``
+        gives the matching loader's batch plus ``index``, ``episode_id``, ``start``, ``probability`` and ``weight``;
+        ``update(index, priority)`` sets priorities (``P(i) ∝ (priority + eps)^alpha``, weights with ``beta``).
+        ``capacity`` keeps the newest items, ``follow`` adds those of later commits (looked for every ``poll`` s).
+        Priorities are committed to the store's ``priorities`` table under the name ``priorities`` (``commit()``,
+        ``close()``, every ``commit_interval`` or ``commit_updates`` updates; None: in memory only), and a replay of
+        that name resumes from them (from version ``version`` of that table with it). See
+        :mod:`trajstore.loaders.replay`."""
+        return open_replay(self._engine, self._layouts, columns, length=length, n=n, gamma=gamma, stride=stride,
+                           pad=pad, run_id=run_id, where=where, filter=filter, agent_id=agent_id,
+                           priorities=priorities, alpha=alpha, beta=beta, eps=eps, capacity=capacity,
+                           follow=follow, poll=poll, seed=seed, version=version, commit_interval=commit_interval,
+                           commit_updates=commit_updates, max_batch_bytes=max_batch_bytes)
 
 
 def _joined(runs: pa.Table, latest: pa.Table) -> pa.Table:

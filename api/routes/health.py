@@ -169,6 +169,7 @@ async def health(request: Request) -> Health:  # on the event loop: no worker th
         return Health(status="ok")
     checks = checks_of(state)
     running = checks.current(store, state)
+    finding: Finding | None
     try:
         finding, age = await asyncio.wait_for(asyncio.wrap_future(running), LOG_TIMEOUT_S), None
     except TimeoutError:

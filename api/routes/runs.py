@@ -138,7 +138,7 @@ class Described(BaseModel):
                                                     "its path (config.a.b: …)")})
 def describe_run(store: StoreDep, run_id: Annotated[str, Path(min_length=1, max_length=200)],
                  body: RunDescription) -> Described:
-    given = {"config": body.config, "tags": body.tags, "notes": body.notes}
+    given: dict[str, Any] = {"config": body.config, "tags": body.tags, "notes": body.notes}
     store.run_info(run_id)  # a run the store holds (404 before anything is changed)
     if body.replace:
         store.set_run(run_id, **given)

@@ -297,7 +297,8 @@ def test_torch_format_without_torch_names_format(filled: trajstore.Store, monkey
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)  # what `import torch` meets where PyTorch is not installed
-    with pytest.raises(InputError, match=r"format: 'torch' needs PyTorch: pip install 'trajstore\[torch\]'"):
+    with pytest.raises(InputError, match=r"format: 'torch' needs PyTorch: pip install "
+                                         r"'trajstore\[torch\]'"):
         filled.sequences(4, format="torch")
 
 

@@ -22,7 +22,7 @@ reports around them.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -113,8 +113,9 @@ class Recording:
     def __enter__(self) -> Any:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
+        return False  # an error in the block propagates
 
 
 class RecordToStore(Recording, gym.Wrapper):
@@ -193,7 +194,8 @@ class VectorRecordToStore(Recording, gym.vector.VectorWrapper):
             np.array(options["reset_mask"], bool)
         # a copy down: gymnasium's vector envs pop reset_mask from the dict, which wrappers outside this one
         # (RecordEpisodeStatistics) read after
-        obs, info = self.env.reset(seed=seed, options=None if options is None else dict(options))
+        obs, info = self.env.reset(seed=seed,  # type: ignore[arg-type]  # VectorEnv.reset declares int | None only
+                                   options=None if options is None else dict(options))
         if self._obs is not None:
             self._restart(mask)
         self._obs = copy_obs(obs)

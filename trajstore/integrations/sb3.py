@@ -156,7 +156,7 @@ class StoreCallback(BaseCallback):
 
     def _final_obs(self, obs: Any, dones: np.ndarray, infos: Sequence[Mapping[str, Any]]) -> Any:
         """``obs`` with the true final observation of every env whose episode ended in this step."""
-        ended = [i for i in np.flatnonzero(dones) if infos[i].get("terminal_observation") is not None]
+        ended = [i for i in np.flatnonzero(dones).tolist() if infos[i].get("terminal_observation") is not None]
         if not ended:
             return obs
         raw = self._raw.finals if self._raw is not None and self._normalizer() is not None else None

@@ -158,6 +158,7 @@ def trajectories(files: Sequence[DataFile], schemas: Sequence[FileSchema], schem
         raise InputError(f"{field}: expected one agent id or several, got none")
     value_set = pa.array(chosen, pa.string())
     flags = ["terminated", "truncated"] if complete_only else []
+    types: dict[str, dict[str, str]]
     kept_files, kept_schemas, types = [], [], {}
     parts: list[tuple[np.ndarray, ...]] = []
     present: set[str] = set()

@@ -423,6 +423,7 @@ def remove_empty_folders(location: Location, removed: list[pafs.FileInfo]) -> No
 def _classify(root: str, listing: list[pafs.FileInfo]) -> tuple[list[pafs.FileInfo], dict[str, list[pafs.FileInfo]],
                                                                   list[pafs.FileInfo]]:
     """Manifests (``<key>.json``), data files by build folder (``data/<build>``), and the rest."""
+    data: dict[str, list[pafs.FileInfo]]
     manifests, data, other = [], {}, []
     for info in listing:
         parts = posixpath.relpath(info.path, root).split("/")

@@ -6,7 +6,8 @@ the kept rows (same Parquet settings, same stored types) and swapped in, in the 
 The commit removes exactly the files it read: appends committed meanwhile stay (the log rebases the commit
 onto them); if another change removed one of those files first (a compaction, a second delete), the delete is
 planned again on the newer version. The files stay on disk for readers of older versions until
-:func:`~trajstore.operations.vacuum.vacuum` removes them.
+:func:`~trajstore.operations.vacuum.vacuum` removes them. The replays' priorities of the deleted episodes are removed
+from the ``priorities`` table right after (:mod:`~trajstore.storage.priorities_log`).
 
 ``where`` is a condition over the ``episodes`` view, as for every reader (``episode_return < 0``, ``mode =
 'eval'``); ``steps_where`` a condition over the ``steps`` view (``policy_version < 3``, ``worker_id = 'w1'``): an
@@ -75,6 +76,7 @@ class _Plan:
     report: DeleteReport
     whole: list[DataFile]  # files removed whole
     partial: dict[str, tuple[DataFile, np.ndarray]]  # path -> (file, the sorted episode ids to drop from it)
+    episodes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # every episode deleted
 
 
 def delete(engine: Engine, *, run_id: str | Sequence[str] | None = None, where: Where | None = None,
@@ -97,10 +99,12 @@ def delete(engine: Engine, *, run_id: str | Sequence[str] | None = None, where: 
             return plan.report
         try:
             plan.report.version = _apply(engine, state, plan)  # type: ignore[arg-type]
-            return plan.report
         except CommitError as exc:  # another change removed files we read: plan again on the newer version
             log.info("delete conflicted with another commit, planning again: %s", exc)
             last = exc
+            continue
+        _forget_priorities(engine, plan.episodes)
+        return plan.report
     raise CommitError(f"delete could not commit after {ATTEMPTS} attempts: {last}")
 
 
@@ -118,9 +122,10 @@ def _plan(engine: Engine, files: list[DataFile], where: Where | None, steps_wher
     _refuse_partial(rows, steps_where)
     report = DeleteReport(episodes=rows.num_rows, steps=int(pc.sum(rows["steps"]).as_py() or 0),
                           runs=sorted(set(rows["run_id"].to_pylist())))
+    episodes = rows["episode_id"].to_numpy().astype(np.int64)
     if not condition:
         report.files_removed = len(files)
-        return _Plan(report, files, {})
+        return _Plan(report, files, {}, episodes)
     whole, partial = [], {}
     for (run, env), ids in _ids_per_partition(rows).items():
         for f in files_holding([f for f in files if (f.run_id, f.env_id) == (run, env)], ids):
@@ -132,7 +137,18 @@ def _plan(engine: Engine, files: list[DataFile], where: Where | None, steps_wher
             elif n_hit:
                 partial[f.path] = (f, ids)
     report.files_removed, report.files_rewritten = len(whole), len(partial)
-    return _Plan(report, whole, partial)
+    return _Plan(report, whole, partial, episodes)
+
+
+def _forget_priorities(engine: Engine, episodes: np.ndarray) -> None:
+    """Remove the deleted ``episodes``' rows from the ``priorities`` table (one commit of its own, after the steps'):
+    a failure is logged, not raised, since the steps are deleted and no replay gives a priority to an item it does not
+    hold (the rows stay in the table until a later delete of those episodes removes them)."""
+    try:
+        engine.priorities.delete_episodes(episodes)
+    except Exception as exc:  # noqa: BLE001 - see above: the delete itself is done
+        log.warning("%s: the replays' priorities of the %d deleted episode(s) were not removed: %s", engine.uri,
+                    len(episodes), exc)
 
 
 def check_episodes_condition(snap: Snapshot, where: Where | None) -> None:

@@ -44,7 +44,7 @@ from trajstore.query.filters import Names, check_runs, names_of, selected
 from trajstore.query.groups import StepTypes, group_files, step_types
 from trajstore.query.snapshot import Snapshot, cursor, damaged_file
 from trajstore.settings import Settings
-from trajstore.storage import run_config
+from trajstore.storage import priorities_log, run_config
 from trajstore.storage.encoding import FileSchema
 from trajstore.storage.history import vacuumed
 from trajstore.storage.location import Location
@@ -67,6 +67,8 @@ class Engine:
     def __init__(self, table: StepsTable, location: Location, settings: Settings) -> None:
         self.table, self.location, self.settings = table, location, settings
         self.descriptions = run_config.Descriptions(location, table.log)  # what describes each run, at this version
+        # the priorities replays committed (their own table: read at its latest version, whatever steps' is)
+        self.priorities = priorities_log.PrioritiesLog(location.child(priorities_log.FOLDER))
         self._cache_lock = threading.Lock()
         self._episodes_lock = threading.Lock()  # one combination of a version's episodes at a time
         self._episodes: tuple[tuple[str, ...], pa.Table] | None = None
@@ -127,12 +129,18 @@ class Engine:
                  runs: bool = False, episodes: pa.Table | None = None) -> Snapshot:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
         store's through pyarrow datasets over its filesystem (``registered``); both in the files' own types. With
-        ``runs``, also the ``runs`` view of the runs of ``files`` (one more read of the log); with ``episodes``, its
+        ``runs``, also the ``runs`` view of the runs of ``files`` (one more read of the log) and the ``priorities`` view
+        (the replays' priorities, :mod:`~trajstore.storage.priorities_log`); with ``episodes``, its
         ``episodes`` view reads those rows (the view's own, materialized earlier)."""
         registered = not self.location.is_local if registered is None else registered
         return Snapshot(files, con=con, config=config, store=self.uri, schemas=self.file_schemas(files),
                         registered=registered, judge=self.judged, location=self.location,
-                        runs=self.runs_table(files) if runs else None, episodes=episodes)
+                        runs=self.runs_table(files) if runs else None, episodes=episodes,
+                        priorities=self.priority_rows() if runs else None)
+
+    def priority_rows(self) -> Any:
+        """The rows of the ``priorities`` table's latest version as a pyarrow dataset (what its view reads)."""
+        return priorities_log.dataset(self.priorities.location, self.priorities.file_paths())
 
     def runs_table(self, files: Sequence[DataFile], groups: dict[str, tuple[str, ...]] | None = None) -> pa.Table:
         """The rows of the ``runs`` view of the runs of ``files`` (:func:`~trajstore.storage.run_config.table`); with

@@ -228,13 +228,13 @@ def _failure(exc: BaseException, snapshot: Snapshot, limits: Limits, deadline: D
     if deadline.passed():
         return deadline.error()
     if isinstance(exc, duckdb.PermissionException):
-        return QueryRefusedError("query: reaches outside the store: only the steps, episodes and runs views can be "
-                                 "read, no file")
+        return QueryRefusedError("query: reaches outside the store: only the steps, episodes, runs and priorities "
+                                 "views can be read, no file")
     extension = EXTENSION_FUNCTION.search(str(exc)) if isinstance(exc, duckdb.CatalogException) else None
     if extension is not None:
         return QueryRefusedError(f"query: {extension[1]} is a function of DuckDB's {extension[2]} extension, which "
                                  "the sandbox neither installs nor loads: only built-in functions over the steps, "
-                                 "episodes and runs views")
+                                 "episodes, runs and priorities views")
     if isinstance(exc, MemoryError) or "bad allocation" in str(exc) or "std::bad_alloc" in str(exc):
         return QueryMemoryError(worker_memory_message(limits))  # an allocation the process could not make
     if isinstance(exc, duckdb.OutOfMemoryException) or "Out of Memory Error" in str(exc):

@@ -157,7 +157,8 @@ def check_names(names: Sequence[str], known: Sequence[str], *, view: str, field:
 
 class Snapshot:
     """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store (and, given
-``runs``, the rows of :func:`~trajstore.storage.run_config.table`, its ``runs`` view).
+``runs``, the rows of :func:`~trajstore.storage.run_config.table`, its ``runs`` view; given ``priorities``, the
+``priorities`` view of the replays' priorities).
 
     ``schemas`` are the files' own (:meth:`~trajstore.storage.table.StepsTable.schemas`; read from their footers
     when not given). With ``registered``, ``steps`` reads the files through registered pyarrow datasets instead
@@ -169,7 +170,7 @@ class Snapshot:
                  con: duckdb.DuckDBPyConnection | None = None, store: str | None = None,
                  schemas: Sequence[FileSchema] | None = None, registered: bool = False,
                  judge: Judge | None = None, location: Location | None = None, runs: pa.Table | None = None,
-                 episodes: pa.Table | None = None) -> None:
+                 episodes: pa.Table | None = None, priorities: Any = None) -> None:
         self.files = list(files)
         self.store = store  # where the files are from, for messages
         self.judge = judge
@@ -195,6 +196,8 @@ class Snapshot:
         self.con.execute(sql.create_view("agent_episodes", sql.agent_episodes_view(self.agents)))
         if runs is not None:
             self.use_runs(runs)
+        if priorities is not None:
+            self.use_priorities(priorities)
 
     def _stored_steps(self, schemas: Sequence[FileSchema] | None, registered: bool) -> str:
         """The SELECT of the stored steps, logical and decoded: the groups of files, each from ``read_parquet``
@@ -233,6 +236,12 @@ class Snapshot:
         :func:`~trajstore.storage.run_config.table`."""
         self.con.register("run_info", table)
         self.con.execute(sql.create_view("runs", sql.runs_view("run_info")))
+
+    def use_priorities(self, rows: Any) -> None:
+        """Give this snapshot the ``priorities`` view over ``rows`` (a pyarrow dataset of the ``priorities`` table's
+        rows, :func:`~trajstore.storage.priorities_log.dataset`): each item's latest priority."""
+        self.con.register("priority_rows", rows)
+        self.con.execute(sql.create_view("priorities", sql.priorities_view("priority_rows")))
 
     def use_episodes(self, table: pa.Table) -> None:
         """Make the ``episodes`` view read ``table``: the rows of this very view, materialized earlier."""

@@ -105,6 +105,9 @@ class Rendered(Protocol):
     @property
     def sql(self) -> str: ...
 
+    @property
+    def columns(self) -> tuple[str, ...]: ...
+
 
 Where = Union[str, Rendered]  # a condition over episodes: a caller's own SQL text, or one trajstore rendered
 
@@ -139,7 +142,7 @@ def select_list(columns: Sequence[str]) -> str:
 # --- conditions ----------------------------------------------------------------------------------------------
 
 
-def conditions(*, run_id: Any = None, env_id: Any = None, episode_id: Any = None, where: str | None = None,
+def conditions(*, run_id: Any = None, env_id: Any = None, episode_id: Any = None, where: Where | None = None,
                filter: EpisodeFilter | None = None) -> list[str]:  # noqa: A002 - the public keyword
     """The conditions of the common filter keywords (each ``None`` for no condition)."""
     conds = []
@@ -175,6 +178,7 @@ def after_key(columns: Sequence[str], values: Sequence[Any], *, descending: bool
     """Rows after ``values`` in the order of ``columns`` (a keyset cursor): ``a > x OR (a = x AND b > y)`` for
     ``(a, b) > (x, y)``, ``<`` when ``descending``; every value a quoted literal."""
     op = "<" if descending else ">"
+    equal: list[str]
     ors, equal = [], []
     for column, value in zip(columns, values):
         ors.append(" AND ".join([*equal, f"{ident(column)} {op} {literal(value)}"]))
@@ -609,6 +613,14 @@ def runs_view(source: str) -> str:
     ``config`` as JSON."""
     return (f"SELECT run_id, tags, notes, config::JSON AS config, created, trajstore_version, git_commit, host, "
             f"problem FROM {ident(source)}")
+
+
+def priorities_view(source: str) -> str:
+    """The ``priorities`` view over the rows of the ``priorities`` table in ``source``
+    (:mod:`~trajstore.storage.priorities_log`): each item's row of the highest version, one per replay and item."""
+    return (f"SELECT replay, episode_id, step, agent_id, arg_max(priority, version) AS priority, "
+            f"arg_max(\"time\", version) AS \"time\", max(version) AS version FROM {ident(source)} "
+            f"GROUP BY replay, episode_id, step, agent_id")
 
 
 def with_config(source: str, names: Iterable[str], runs: str = "run_info") -> str:

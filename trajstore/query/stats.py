@@ -66,7 +66,7 @@ def _stats(engine: Engine, by: Names, gamma: float | None, where: str | None, fi
 
 
 def _agents_alone(keys: list[str], where: str | None, filter: EpisodeFilter | None,  # noqa: A002
-                  paths: dict[str, str], metric: str | None) -> bool:
+                  paths: dict[str, tuple[str, ...]], metric: str | None) -> bool:
     """Whether statistics per agent need no column of ``episodes``: grouped and filtered by the columns of
     ``agent_episodes`` (:data:`~trajstore.query.sql.AGENT_ROW_COLUMNS`) alone, no ``where`` (any column), lineage
     filter, config value or metric."""

@@ -30,6 +30,7 @@ from trajstore.query.batches import BatchFormat, check_batching, training_batche
 from trajstore.query.filters import Names, filtered
 from trajstore.query.follow import Commit, check_follow
 from trajstore.remote.loader import RemoteBatches
+from trajstore.remote.replay import RemoteReplay
 from trajstore.remote.stream import HttpByteStream
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 
@@ -560,6 +561,29 @@ class Client:
                 "num_samples": num_samples, "resume": None if resume is None else json.dumps(dict(resume)),
                 "version": version, "agent_id": [agent_id] if isinstance(agent_id, str) else agent_id}
 
+    @_filtered
+    def replay(self, columns: list[str] | None = None, *, length: int | None = None, n: int | None = None,
+               gamma: float | None = None, where: str | None = None, agent_id: str | list[str] | None = None,
+               priorities: str | None = "default", alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6,
+               capacity: int | None = None, follow: bool = False, seed: int = 0, stride: int | None = None,
+               pad: bool = False, version: int | None = None, poll: float = 1.0,
+               format: str = "numpy", replay_id: str | None = None, **filters: Any) -> RemoteReplay:  # noqa: A002
+        """:meth:`Store.replay <trajstore.store.Store.replay>` over the service (``POST /replays``; the API key
+        needed): a replay held open by the service, sampled and updated by this learner and any other given its
+        :attr:`~trajstore.remote.replay.RemoteReplay.replay_id` (``replay_id=``: use that open replay; the other
+        arguments are then its own). ``version`` resumes from the priorities table as it was then; ``format`` is
+        the batches' (``numpy``, ``torch``, ``jax``)."""
+        check_format(format)
+        if replay_id is not None:
+            described = self._request("GET", f"/replays/{replay_id}").json()
+            return RemoteReplay(self, described, format)
+        params = {"columns": columns, "length": length, "n": n, "gamma": gamma, "where": where,
+                  "agent_id": [agent_id] if isinstance(agent_id, str) else agent_id,
+                  "priorities": priorities or "default", "commit": priorities is not None, "alpha": alpha,
+                  "beta": beta, "eps": eps, "capacity": capacity, "follow": follow, "draw_seed": seed,
+                  "stride": stride, "pad": pad, "priorities_version": version, "poll": poll, **filters}
+        return RemoteReplay(self, self._request("POST", "/replays", params=params).json(), format)
+
     @contextlib.contextmanager
     def _stream(self, path: str, params: Mapping[str, Any]) -> Iterator[BinaryIO]:
         """The body of ``GET path`` (an Arrow IPC stream) as a file, read as it arrives.
@@ -571,6 +595,7 @@ class Client:
         """
         headers = {"Accept": ARROW_STREAM, "Accept-Encoding": "identity"}
         url = httpx.URL(self.url + path, params=_params(params))
+        response: Any  # httpx's, or http.client's (a file of the body)
         if self._transport is not None or _proxied(url):
             response = self._http.send(self._http.build_request("GET", url, headers=headers), stream=True)
             try:
@@ -723,7 +748,7 @@ def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
             name = "message"
 
 
-def unreachable(method: str, url: str, exc: httpx.TransportError) -> RemoteError:
+def unreachable(method: str, url: str | httpx.URL, exc: Exception) -> RemoteError:
     """The error for a request that reached no server: the URL, what went wrong, and what to do."""
     reason = str(exc) or type(exc).__name__
     return RemoteError(0, "Connection failed", f"cannot reach {url} ({method}): {reason}; check the service's URL "

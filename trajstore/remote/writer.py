@@ -214,7 +214,7 @@ class RemoteStore:
         describe the run, as :meth:`Store.writer <trajstore.store.Store.writer>` does: first, for a run the service
         holds (a config other than its own is refused here); a new run right after the writer's first commit made
         it, as the service describes only runs it holds (:class:`DescribedOnCommit`)."""
-        description = {"config": config, "tags": tags, "notes": notes, "provenance": automatic()}
+        description: dict[str, Any] = {"config": config, "tags": tags, "notes": notes, "provenance": automatic()}
         later = DescribedOnCommit(self.client, run_id, description, options.pop("upkeep", None))
         writer = RemoteWriter(self.client, run_id=run_id, env_id=env_id, upkeep=later, **options)
         try:

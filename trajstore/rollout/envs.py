@@ -68,10 +68,17 @@ class JaxEnv(Protocol):
         action_space: A gymnasium space describing one action.
     """
 
-    name: str
-    max_episode_steps: int | None
-    observation_space: spaces.Space[Any]
-    action_space: spaces.Space[Any]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def max_episode_steps(self) -> int | None: ...
+
+    @property
+    def observation_space(self) -> spaces.Space[Any]: ...
+
+    @property
+    def action_space(self) -> spaces.Space[Any]: ...
 
     def reset(self, key: jax.Array) -> tuple[PyTree, PyTree]:
         """Sample an initial state; return ``(state, obs)``."""

@@ -71,7 +71,7 @@ def jax_evaluate(store: RolloutTarget, env: Any, *, run_id: str, episodes: int, 
     lineage.update(seed=check_seed(seed), mode="eval")
     if policy_version is not None:
         lineage["policy_version"] = policy_version
-    opts = {"worker_id": worker_id} if worker_id is not None else {}
+    opts: dict[str, Any] = {"worker_id": worker_id} if worker_id is not None else {}
     opts.update({"frame_stack": dict(frame_stack)} if frame_stack else {})
     key = jax.random.PRNGKey(seed)
     scan.compile(params, scan.init(key, jnp.ones(B, bool)))

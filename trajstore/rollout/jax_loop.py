@@ -87,7 +87,7 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
     check_run(store, run_id, mode="train", append=append)
     max_scans = -(-steps // (num_envs * rollout_length)) if episodes is None and steps is not None else None
     lineage.update(seed=check_seed(seed), mode="train", **_optional(policy_version=policy_version))
-    opts = {"worker_id": worker_id} if worker_id is not None else {}
+    opts: dict[str, Any] = {"worker_id": worker_id} if worker_id is not None else {}
     opts.update({"frame_stack": dict(frame_stack)} if frame_stack else {})
     carry = scan.init(jax.random.PRNGKey(seed), jnp.ones(num_envs, bool))
     scan.compile(params, carry)

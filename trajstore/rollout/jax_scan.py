@@ -236,7 +236,7 @@ def random_policy(action_space: Any) -> Policy:
     if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating):
         if not space.is_bounded("both"):
             raise InputError(f"the default random policy needs a bounded action space, got {space}; pass policy=")
-        low, high = np.asarray(space.low), np.asarray(space.high)
+        low, high = np.asarray(space.low), np.asarray(space.high)  # type: ignore[assignment]  # an int above
         return lambda params, obs, key: jax.random.uniform(key, (batch_size(obs), *space.shape), space.dtype,
                                                            low, high)
     raise InputError(f"no default random policy for the action space {space}; pass policy=")

@@ -19,7 +19,8 @@ class RolloutTarget(Protocol):
     and SQL to check the run it writes to (a :class:`~trajstore.store.Store` or a
     :class:`~trajstore.remote.writer.RemoteStore`)."""
 
-    root: Any
+    @property
+    def root(self) -> Any: ...
 
     def writer(self, *, run_id: str, env_id: str, **options: Any) -> Any: ...
 

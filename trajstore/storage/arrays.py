@@ -296,7 +296,7 @@ class _BlockWriter:
         self.pending = bytearray()
 
     def write(self, values: np.ndarray) -> None:
-        data = memoryview(values).cast("B")
+        data = memoryview(values).cast("B")  # type: ignore[arg-type]  # typeshed: a Buffer from Python 3.12
         if self.pending:  # complete the block begun before
             head = min(BLOCK - len(self.pending), len(data))
             self.pending += data[:head]
@@ -379,6 +379,7 @@ def _decoded(data: pa.Table, stored: FileSchema, where: str) -> Iterator[pa.Reco
     """The rows of ``data`` under their logical names, ``obs``/``next_obs`` decoded as readers get them."""
     fmt = stored.format
     names = [n for n in stored.logical.names if fmt.physical(n) in data.column_names]
+    batches: Iterator[pa.RecordBatch]
     batches = (pa.record_batch([b.column(fmt.physical(n)) for n in names], names=names)
                for b in data.to_batches(max_chunksize=65_536))
     if fmt.encoded and {OBS, NEXT} & set(names):

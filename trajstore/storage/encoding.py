@@ -273,7 +273,7 @@ def foreign_format(physical: pa.Schema, table: Mapping[str, dict[str, Any] | Non
             base, sep, _ = f.name.rpartition("__")  # a typed name of a store whose columns declared nothing
             logical = base if sep and base in table else f.name
         by_field.setdefault(logical, []).append(f.name)
-    keep = {}
+    keep: dict[str, str] = {}
     for logical in sorted(by_field, key=lambda n: n == NEXT):  # next_obs after obs: it is stored as obs is
         names = by_field[logical]
         full = [n for n in names if n not in empty]
@@ -281,8 +281,8 @@ def foreign_format(physical: pa.Schema, table: Mapping[str, dict[str, Any] | Non
             raise EncodingError(f"{where}: the columns {full} all hold {logical!r}: another tool mixed rows stored "
                                 "in different ways into one file")
         if not full and logical == NEXT and OBS in keep:  # null in every row of the file: the one obs's kind
-            obs = table.get(keep[OBS]) or {}
-            full = [n for n in names if _same_kind(table.get(n) or {}, obs)]
+            obs: dict[str, Any] | None = table.get(keep[OBS]) or {}
+            full = [n for n in names if _same_kind(table.get(n) or {}, obs)]  # type: ignore[arg-type]  # a dict here
         keep[logical] = (full or names)[0]
     obs, nxt = table.get(keep.get(OBS, "")), table.get(keep.get(NEXT, ""))
     spec = nxt or obs or {}

@@ -734,7 +734,7 @@ def _lineage_column(name: str, value: Any, env: np.ndarray, B: int, n: int, t: p
                      f"got shape {arr.shape}")
 
 
-def _add_time_axis(batch: dict[str, Any]) -> dict[str, Any]:
+def _add_time_axis(batch: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in batch.items():
         out[k] = _add_time_axis(v) if isinstance(v, Mapping) else np.asarray(v)[None]

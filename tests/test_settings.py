@@ -26,7 +26,8 @@ NAMES = {
     "request_timeout_s", "compute_max_concurrent", "compute_timeout_s", "compute_memory_bytes", "stream_batch_rows",
     "stream_batch_bytes", "loader_batch_bytes", "s3_connect_timeout_s", "s3_timeout_s", "s3_retries",
     "loader_layouts", "store_layouts", "layout_cache", "loader_arrays", "episode_summaries", "dashboard_warm",
-    "compact_small_files", "compact_small_bytes", "compact_target_bytes", "checkpoint_interval", "debug"}
+    "compact_small_files", "compact_small_bytes", "compact_target_bytes", "checkpoint_interval", "debug",
+    "writer_arrays", "replay_max_open", "replay_idle_s", "replay_memory_bytes", "replay_max_body_bytes"}
 LIBRARY = {f.name for f in fields(Settings)}
 SERVICE = {f.name for f in fields(ServiceSettings)}
 

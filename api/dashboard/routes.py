@@ -28,7 +28,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, Field
 
-from trajstore.api.arrow import ROWS_CONTENT, table_response, wants_arrow
+from trajstore.api.arrow import ARROW_CONTENT, table_response, wants_arrow
 from trajstore.api.budgets import grouped_budget
 from trajstore.api.deps import ReadStoreDep
 from trajstore.api.ints import SafeInt
@@ -212,7 +212,7 @@ MetricQuery = Annotated[str | None, Query(max_length=200, description=(
             summary="Learning curves: the complete episodes of each (run, env) in the order they ended, as columns "
                     "(as Arrow: Store.curves' table); with by=, each group of runs' curve across seeds per env_steps "
                     "bin, its IQM or mean with a bootstrap band (as Store.curves(by=…) and /curves/groups)",
-            responses={200: {"content": ROWS_CONTENT}}, dependencies=[Depends(grouped_budget)])
+            responses={200: {"content": ARROW_CONTENT}}, dependencies=[Depends(grouped_budget)])
 def curves(request: Request, store: ReadStoreDep, flt: FilterDep, by: ByDep, where: WhereDep,
            gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return (not with "
                                                                         "by)")] = None,

@@ -40,7 +40,7 @@ from trajstore.api.routes import (
 from trajstore.api.settings import ServiceSettings
 from trajstore.query import sql_worker
 from trajstore.query.sandbox import Gate
-from trajstore.store import Store
+from trajstore.store import Store, plumbing
 
 if TYPE_CHECKING:
     import uvicorn
@@ -70,7 +70,7 @@ def create_app(settings: ServiceSettings | None = None, *, store: Store | None =
     app.state.replays = Replays(settings)  # the replays remote learners opened (POST /replays)
     app.state.store = store or trajstore.open(settings.store, create=create)
     # POST /sql and the comparisons' bootstraps pay no process start
-    sql_worker.warm(app.state.store.settings.sql_worker_bytes,
+    sql_worker.warm(plumbing(app.state.store).settings.sql_worker_bytes,
                     settings.sql_max_concurrent + settings.compute_max_concurrent)
     health.start(app.state)  # the first probe of /health finds the store checked
     problems.install(app)

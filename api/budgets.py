@@ -2,7 +2,8 @@
 
 - Every request gets a time limit for what it computes (``request_timeout_s``): its queries of the process's
   DuckDB are interrupted past it, 408.
-- The routes that compute per request — comparisons, performance profiles, learning curves across seeds, whose
+- The routes that compute per request — comparisons, performance profiles, learning curves across seeds
+  (``/curves/groups``, and ``/curves`` with ``by=``), whose
   bootstraps grow with ``reps``, thresholds, bins and groups — each take one of ``compute_max_concurrent`` places
   from the first to the last byte of their work (429 with ``Retry-After`` when none is free: nothing waits, so a
   burst of them never holds the threads a cheap ``/stats`` or ``/health`` needs), their own time limit
@@ -16,6 +17,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import parse_qs
+
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,6 +27,7 @@ from trajstore.api.settings import ServiceSettings
 from trajstore.errors import QueryBusyError
 from trajstore.query import budget
 from trajstore.query.sandbox import Gate
+from trajstore.store import plumbing
 
 
 def gate(settings: ServiceSettings) -> Gate:
@@ -40,6 +44,16 @@ async def request_budget(request: Request) -> None:
 
 
 COMPUTED = frozenset({"/compare", "/compare/scores", "/compare/improvement", "/compare/profile", "/curves/groups"})
+GROUPED = "/curves"  # computes per request when asked for groups of runs (by=): learning curves across seeds
+
+
+def computes(scope: Scope) -> bool:
+    """Whether the request of ``scope`` goes to a route that computes per request: one of :data:`COMPUTED`, or
+    :data:`GROUPED` with ``by=``."""
+    if scope["path"] in COMPUTED:
+        return True
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    return scope["path"] == GROUPED and "by" in query
 
 
 class Places:
@@ -51,7 +65,7 @@ class Places:
         self.app, self.gate = app, gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in COMPUTED:
+        if scope["type"] != "http" or not computes(scope):
             await self.app(scope, receive, send)
             return
         try:
@@ -78,8 +92,15 @@ async def compute_budget(request: Request) -> None:
     bootstrap in a worker process capped at ``sql_worker_bytes``."""
     settings = request.app.state.settings
     budget.set_current(budget.Budget(timeout_s=settings.compute_timeout_s, memory_bytes=settings.compute_memory_bytes,
-                                     worker_bytes=request.app.state.store.settings.sql_worker_bytes,
+                                     worker_bytes=plumbing(request.app.state.store).settings.sql_worker_bytes,
                                      what=_route(request)))
+
+
+async def grouped_budget(request: Request) -> None:
+    """:data:`GROUPED`'s budget: that of a route of :data:`COMPUTED` when it groups runs (``by=``), else the
+    request's own."""
+    if "by" in request.query_params:
+        await compute_budget(request)
 
 
 def _route(request: Request) -> str:

@@ -40,8 +40,8 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
         with store.writer(run_id=run, env_id="42", flush_bytes=1) as w:
             for _ in range(3):
                 w.add_batch(make_batch(rng, 30, 4))
-    stray = Path(store.files()[0].path).with_name("part-stray.parquet")  # on disk, in no commit
-    pq.write_table(pq.read_table(store.files()[0].path), stray)
+    stray = Path(store.maintain.files()[0].path).with_name("part-stray.parquet")  # on disk, in no commit
+    pq.write_table(pq.read_table(store.maintain.files()[0].path), stray)
     return store
 
 

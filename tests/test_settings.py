@@ -16,6 +16,7 @@ from trajstore.api.app import create_app
 from trajstore.api.settings import ServiceSettings
 from trajstore.errors import InputError
 from trajstore.settings import Settings
+from trajstore.store import plumbing
 
 # every TRAJSTORE_* variable of the one Settings before the split: the names users set
 NAMES = {
@@ -62,6 +63,7 @@ def test_the_service_reads_its_settings_and_its_store_s_options_from_the_environ
     with TestClient(create_app()) as client:
         app = client.app.state  # type: ignore[attr-defined]
         assert (app.settings.max_page_size, app.sql_gate.size, app.settings.dashboard_warm) == (3, 1, False)
-        assert (app.store.settings.loader_arrays, app.store.settings.sql_worker_bytes) == (False, 1 << 30)
+        library = plumbing(app.store).settings
+        assert (library.loader_arrays, library.sql_worker_bytes) == (False, 1 << 30)
         page = client.get("/episodes", params={"limit": 100})
         assert page.status_code == 200 and len(page.json()["items"]) == 3 < page.json()["total"]  # max_page_size

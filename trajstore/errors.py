@@ -186,7 +186,7 @@ class QueryRefusedError(QueryError, PermissionError):
     Examples:
         >>> store = trajstore.open("./trajdata", create=True)
         >>> try:
-        ...     store.sandboxed_sql("COPY (SELECT 42) TO 'out.csv'")
+        ...     trajstore.store.plumbing(store).sandboxed_sql("COPY (SELECT 42) TO 'out.csv'")
         ... except trajstore.QueryRefusedError:
         ...     print("refused")
         refused

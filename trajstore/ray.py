@@ -32,7 +32,7 @@ from trajstore.query.scan import scan_steps
 from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed
 from trajstore.rollout.target import Mode, check_mode, check_run
 from trajstore.storage.log import DataFile
-from trajstore.store import Store
+from trajstore.store import Store, plumbing
 from trajstore.store import open as open_store
 
 with needed("ray", "trajstore.ray"):
@@ -54,9 +54,10 @@ def read_steps(uri: str, *, columns: Sequence[str] | None = None, run_id: str | 
                where: str | None = None, storage_options: Mapping[str, Any] | None = None) -> ray.data.Dataset:
     """The committed steps of the store at ``uri`` as a Ray Dataset, with ``columns`` (all by default), of
     ``run_id`` (one or several), of the episodes ``where`` (a condition on the ``episodes`` view) selects."""
-    plan = open_store(uri, storage_options=storage_options).scan_plan(columns, run_id=run_id, where=where)
+    plan = plumbing(open_store(uri, storage_options=storage_options)).scan_plan(columns, run_id=run_id,
+                                                                            where=where)
     if plan.types is not None:
-        plan.types.check(plan.columns)  # environments whose columns cannot be one: named before any task runs
+        plan.types.check_one_type(plan.columns)  # environments whose columns cannot be one: named before any task runs
     return ray.data.read_datasource(_CommittedSteps(plan.files, plan.schema, plan.columns, plan.episode_ids))
 
 
@@ -193,8 +194,8 @@ class _RunSeed:
     def writer(self, **options: Any) -> Any:
         return self.store.writer(**{**options, "seed": self.seed})
 
-    def run_ids(self) -> list[str]:
-        return self.store.run_ids()
+    def runs(self) -> pa.Table:
+        return self.store.runs()
 
     def sql(self, query: str) -> pa.Table:
         return self.store.sql(query)

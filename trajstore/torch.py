@@ -197,8 +197,8 @@ def _location(store: stores.Store | str | os.PathLike[str],
     if isinstance(store, stores.Store):
         if storage_options:
             raise InputError("storage_options: a Store carries its own; give them only with a URI")
-        options = dict(store.location.storage_options) if not store.location.is_local else {}
-        return store.uri, options, store.table.log.pinned
+        served = stores.plumbing(store)
+        return store.uri, served.storage_options, served.pinned
     if not isinstance(store, (str, os.PathLike)):
         raise InputError(f"store: expected a trajstore.Store or its URI (a path or s3://…), got "
                          f"{type(store).__name__}")

@@ -18,6 +18,7 @@ from trajstore.remote.decoded_size import decoded_size
 from trajstore.remote.wire import ARROW_STREAM, read_table
 from trajstore.settings import PREFIX
 from trajstore.storage.names import check_id
+from trajstore.store import plumbing
 
 router = APIRouter(tags=["ingest"])
 
@@ -64,7 +65,7 @@ async def ingest(request: Request, response: Response, store: StoreDep, settings
         raise HTTPException(status_code=415, detail=f"content-type: expected {ARROW_STREAM}, got {content_type!r}")
     body = await request.body()  # at most max_body_bytes (api/body_limit.py)
     rows = await run_in_threadpool(decoded_rows, body, settings.max_decoded_bytes, request.url.path)
-    _, duplicate = await run_in_threadpool(store.ingest, rows, run_id=run_id, env_id=env_id,
+    _, duplicate = await run_in_threadpool(plumbing(store).ingest, rows, run_id=run_id, env_id=env_id,
                                            idempotency_key=idempotency_key)
     if duplicate:
         response.status_code = 200  # already stored under this key: nothing new was created

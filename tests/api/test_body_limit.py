@@ -119,7 +119,7 @@ def test_an_ingest_body_over_its_limit_is_refused_declared_or_chunked(small_inge
     for content in (b"\0" * 200_000, chunks(8 * MiB)):
         response = httpx.post(url, params={"env_id": "E"}, content=content, headers=headers, timeout=60)
         refusal(response, 100_000, "TRAJSTORE_MAX_BODY_BYTES")
-    assert trajstore.open(small_ingest.app.state.store.uri).files() == []
+    assert trajstore.open(small_ingest.app.state.store.uri).maintain.files() == []
     access = httpx.get(small_ingest.url + "/ingest", headers=AUTH).json()
     assert access["max_body_bytes"] == 100_000
 

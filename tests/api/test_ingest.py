@@ -221,7 +221,7 @@ def test_remote_writer_matches_a_local_writer(empty: Path, tmp_path: Path) -> No
         with RemoteWriter(live.url, api_key=API_KEY, run_id="r", env_id="Toy-v0", flush_bytes=2_000) as w:
             for b in batches:
                 w.add_batch(b)
-        assert len(trajstore.open(empty).files()) > 1  # committed in several requests
+        assert len(trajstore.open(empty).maintain.files()) > 1  # committed in several requests
     q = ("SELECT episode_length, episode_return, terminated, complete, env_steps FROM episodes "
          "ORDER BY episode_return, episode_length")
     assert trajstore.open(empty).sql(q).to_pylist() == local.sql(q).to_pylist()

@@ -12,6 +12,7 @@ import trajstore
 from tests.api.helpers import API_KEY, settings_for
 from tests.helpers import make_batch
 from trajstore.api.app import create_app
+from trajstore.store import plumbing
 
 
 def small_store(path: Path) -> trajstore.Store:
@@ -62,7 +63,7 @@ def test_runs_with_the_statistics_of_their_latest_episodes(tmp_path: Path) -> No
     with TestClient(create_app(settings_for(tmp_path / "s"))) as c:
         assert all(env["latest"] is None for run in c.get("/runs").json() for env in run["envs"])  # only if asked
         for gamma in (None, 0.5):
-            want = {(r["run_id"], r["env_id"]): r for r in store.latest_stats(3, gamma=gamma).to_pylist()}
+            want = {(r["run_id"], r["env_id"]): r for r in plumbing(store).latest_stats(3, gamma=gamma).to_pylist()}
             body = c.get("/runs", params={"last": 3, **({"gamma": gamma} if gamma is not None else {})}).json()
             got = {(run["run_id"], env["env_id"]): env["latest"] for run in body for env in run["envs"]}
             assert got.keys() == want.keys() and all(v is not None for v in got.values())

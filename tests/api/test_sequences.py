@@ -37,7 +37,7 @@ def test_iter_sequences_are_the_local_batches(live: Live, populated: Path, kwarg
         local_kwargs["filter"] = trajstore.EpisodeFilter(env_id=[kwargs["env_id"]])
     local = list(store.sequences(**local_kwargs))
     with trajstore.Client(live.url) as client:
-        remote = list(client.iter_sequences(**kwargs))
+        remote = list(client.sequences(**kwargs))
     same(remote, local)
 
 
@@ -65,7 +65,7 @@ def test_arrow_format_streams_the_arrow_batches(live: Live, populated: Path) -> 
     store = trajstore.open(populated)
     local = next(store.sequences(8, batch_size=10, run_id="beta", format="arrow"))
     with trajstore.Client(live.url) as client:
-        remote = next(client.iter_sequences(8, batch_size=10, run_id="beta", format="arrow"))
+        remote = next(client.sequences(8, batch_size=10, run_id="beta", format="arrow"))
     assert remote.equals(local)
 
 

@@ -126,7 +126,7 @@ def test_check_fails_on_a_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["rollout", "--env", "CartPole-v1", "--episodes", "5", "--store", str(path), "--run", "r",
                  "--no-progress"]) == 0
     capsys.readouterr()
-    victim = trajstore.open(path).files()[0].path
+    victim = trajstore.open(path).maintain.files()[0].path
     Path(victim).write_bytes(Path(victim).read_bytes()[:100])
     code, out, _ = run(capsys, "check", "--store", str(path))
     assert code == 1 and os.path.basename(victim) in out
@@ -144,7 +144,11 @@ MISTAKES = [
     (["episodes", "--store", "{demo}", "--limit", "-1"], r"error: --limit: must be a whole number >= 0, got -1"),
     (["stats", "--store", "{demo}", "--where", "nope > 1"], r"error: --where: Binder Error: .*\"nope\" not found"),
     (["serve", "--store", "{missing}"], r"no trajstore store at .*nothing: check --store, or add --create to serve"),
-    (["delete", "--store", "{demo}"], r"error: give --run RUN and/or --where CONDITION"),
+    (["delete", "--store", "{demo}"], r"error: give --run RUN, --where CONDITION \(a condition over episodes\) "
+                                      r"and/or --steps-where CONDITION \(a condition over steps\)"),
+    (["delete", "--store", "{demo}", "--where", "step = 0", "--yes"],
+     r"error: --where: .*\"step\".*--where is a condition over the episodes view \(for a condition over steps "
+     r"give --steps-where\)"),
     (["serve", "--store", "{demo}", "--port", "99999"], r"error: --port: must be a whole number from 1 to 65535, "
                                                          "got 99999$"),
     (["rollout", "--env", "CartPole-v1", "--store", "{demo}", "--run", "x", "--episodes", "0"],
@@ -386,7 +390,7 @@ def test_rollout_frame_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str])
                        "--num-envs", "2", "--store", str(path), "--run", "fs", "--no-progress")
     assert code == 0 and "stored 20" in out
     store = trajstore.open(path)
-    files = store.files()
+    files = store.maintain.files()
     assert all(pq.ParquetFile(f.path).schema_arrow.metadata[b"trajstore"].find(b'"frame_stack":{"obs":4}') > 0
                for f in files)
     table = store.sql("SELECT episode_id, step, obs, next_obs FROM steps ORDER BY episode_id, step")

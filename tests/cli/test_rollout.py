@@ -17,7 +17,7 @@ import pytest
 
 import trajstore
 from trajstore.cli import main
-from trajstore.storage.encoding import Format
+from trajstore.storage.encoding import FileEncoding
 
 GYM_POLICY = '''
 import numpy as np
@@ -155,8 +155,9 @@ def test_atari_by_name_as_dqn_sees_it(tmp_path: Path, capsys: pytest.CaptureFixt
                        "--store", str(tmp_path / "four"), "--run", "breakout", "--no-progress")
     assert code == 0 and "of ALE/Breakout-v5 as run 'breakout'" in out
     store = trajstore.open(tmp_path / "four")
-    assert {f.env_id for f in store.files()} == {"ALE/Breakout-v5"}
-    assert all(Format.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks == {"obs": 4} for f in store.files())
+    assert {f.env_id for f in store.maintain.files()} == {"ALE/Breakout-v5"}
+    files = store.maintain.files()
+    assert all(FileEncoding.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks == {"obs": 4} for f in files)
     obs = as_numpy(store.scan(["obs"]).read_all()["obs"])
     assert obs.dtype == np.uint8 and obs.shape[1:] == (4, 84, 84)
     assert 300 <= len(obs) <= 301  # 301: a reset step of one env, not stored, left the other one's

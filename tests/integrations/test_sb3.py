@@ -135,15 +135,15 @@ def test_frame_stacked_envs_store_each_frame_once_and_read_back_exactly(store: t
     import gymnasium as gym
     import pyarrow.parquet as pq
 
-    from trajstore.storage.encoding import Format
+    from trajstore.storage.encoding import FileEncoding
 
     venv = make_vec_env("CartPole-v1", n_envs=2, seed=0, env_kwargs={"max_episode_steps": 30},
                         wrapper_class=lambda env: StepLog(gym.wrappers.FrameStackObservation(env, 4)))
     model = sb3.PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, policy_kwargs=small())
     with StoreCallback(store, run_id="stacked") as callback:
         model.learn(256, callback=callback)
-    assert [Format.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks for f in store.files()] \
-        == [{"obs": 4}] * len(store.files())
+    assert [FileEncoding.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks for f in store.maintain.files()] \
+        == [{"obs": 4}] * len(store.maintain.files())
     assert assert_matches_monitor_and_log(store, "stacked", venv) > 0
 
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Callable
+
 import pytest
+
+from tests.helpers import layouts_built
 
 
 @pytest.fixture(params=["copies", "built"])
@@ -17,3 +22,11 @@ def both_layouts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 def built_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stores without array copies: every loader builds its layout from Parquet (what these tests are about)."""
     monkeypatch.setenv("TRAJSTORE_LOADER_ARRAYS", "0")
+
+
+@pytest.fixture
+def built(caplog: pytest.LogCaptureFixture) -> Callable[[], int]:
+    """How many loader layouts this test has built so far, in this process: each build says so in the log (INFO,
+    ``trajstore.loaders.layout_store``), a layout found kept in the store or in memory says nothing."""
+    caplog.set_level(logging.INFO, logger="trajstore.loaders.layout_store")
+    return lambda: layouts_built(caplog.records)

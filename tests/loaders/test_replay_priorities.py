@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 import trajstore
-from tests.helpers import make_batch
+from tests.helpers import engine_of, make_batch
 from trajstore.errors import ReadOnlyError, VersionNotFoundError
 from trajstore.query import sandbox
+from trajstore.store import plumbing
 
 pytestmark = pytest.mark.slow  # learners in processes of their own, killed
 
@@ -74,7 +75,7 @@ def test_a_new_process_resumes_from_the_committed_priorities(filled: trajstore.S
         replay.update(batch["index"], rng.exponential(1.0, 200))
         version = replay.commit()
         replay.update(batch["index"][:10], np.full(10, 99.0))  # given after the commit, committed on close
-    assert version is not None and filled.engine.priorities.latest_version() > version
+    assert version is not None and engine_of(filled).priorities.latest_version() > version
     given = stored(filled, "learner")
     assert max(given.values()) == 99.0
     out = subprocess.run([sys.executable, "-m", "tests.loaders.replay_learner", "resume", filled.uri, "."],
@@ -133,7 +134,7 @@ def test_two_learners_updating_one_table_both_land(filled: trajstore.Store, tmp_
     versions = [[int(line.split()[1]) for line in out.splitlines()] for out, _ in outs]
     assert all(len(v) == rounds for v in versions)
     assert len(set(versions[0]) | set(versions[1])) == 2 * rounds  # every commit its own version: none lost
-    table = filled.engine.priorities
+    table = engine_of(filled).priorities
     rows = trajstore.open(filled.uri).sql("SELECT episode_id, step, priority, version FROM priorities").to_pylist()
     with filled.replay(priorities=None) as replay:  # the handles' keys: the same replay, the same order
         batch = replay.sample(4000)
@@ -193,7 +194,7 @@ def test_deleting_a_run_removes_its_priorities(store: trajstore.Store) -> None:
     b_episodes = {r["episode_id"] for r in store.sql("SELECT episode_id FROM episodes WHERE run_id = 'b'")
                   .to_pylist()}
     assert {e for e, _ in stored(store, "p")} > b_episodes
-    store.delete(run_id="a")
+    store.maintain.delete(run_id="a")
     assert {e for e, _ in stored(store, "p")} == b_episodes
     with store.replay(priorities="p") as again:
         assert len(again) == sum(1 for e, _ in item_keys(store) if e in b_episodes)
@@ -208,12 +209,12 @@ def test_compaction_and_vacuum_keep_them(store: trajstore.Store) -> None:
             replay.update([0], [float(np.random.default_rng().integers(1, 9))])
             replay.commit()
     before = stored(store, "kept")
-    assert len(store.files()) >= 6
+    assert len(store.maintain.files()) >= 6
     trajstore.compact(store, progress=False)
-    assert len(store.files()) == 1
-    store.vacuum(older_than=0)
+    assert len(store.maintain.files()) == 1
+    store.maintain.vacuum(older_than=0)
     assert stored(store, "kept") == before
-    assert len(store.engine.priorities.file_paths()) < 10
+    assert len(engine_of(store).priorities.file_paths()) < 10
     with store.replay(priorities="kept") as again:
         batch = again.sample(2000)
     want = probabilities(before, item_keys(store))
@@ -228,7 +229,7 @@ def test_the_priorities_view_joins_episodes_in_the_sandbox_too(filled: trajstore
     query = ("SELECT e.episode_id, max(p.priority) AS top FROM priorities p JOIN episodes e USING (episode_id) "
              "WHERE p.replay = 'sql' GROUP BY ALL ORDER BY top DESC")
     limits = sandbox.Limits(worker_bytes=sandbox.WORKER_BYTES if worker else None)
-    got = filled.sandboxed_sql(query, limits).table
+    got = plumbing(filled).sandboxed_sql(query, limits).table
     assert got == filled.sql(query) and got["top"].to_pylist()[0] == 5.0
     steps = filled.sql("SELECT p.priority, s.reward FROM priorities p JOIN steps s USING (episode_id, step) "
                        "WHERE p.replay = 'sql'")

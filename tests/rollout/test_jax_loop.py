@@ -319,7 +319,7 @@ def test_frame_stack_stores_each_frame_once_and_reads_back_the_same(store: trajs
     ends = read["whole"]
     assert pa_any(ends["terminated"]) and pa_any(ends["truncated"])
     sizes = {}
-    for f in store.files():
+    for f in store.maintain.files():
         meta = pq.ParquetFile(f.path, filesystem=f.fs).metadata
         sizes[f.run_id] = sizes.get(f.run_id, 0) + sum(
             meta.row_group(g).column(c).total_uncompressed_size for g in range(meta.num_row_groups)

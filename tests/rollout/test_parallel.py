@@ -36,7 +36,7 @@ def stored_rows(store: Any) -> pa.Table:
 def episodes_in_many_files(store: trajstore.Store) -> int:
     """How many episodes have rows in more than one committed file (sent in more than one ingest request)."""
     files: dict[int, int] = {}
-    for f in store.files():
+    for f in store.maintain.files():
         for eid in set(pq.read_table(f.path, columns=["episode_id"])["episode_id"].to_pylist()):
             files[eid] = files.get(eid, 0) + 1
     return sum(n > 1 for n in files.values())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import trajstore
+from tests.helpers import steps_table
 from trajstore.storage.arrays import FOLDER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ def demo_like(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
 
 def test_the_copies_cost_what_the_readme_says_and_only_once_a_loader_reads(demo_like: trajstore.Store) -> None:
     assert not (demo_like.root / FOLDER).exists()  # rolled out, not trained from: no copies
-    parquet = sum(f.size for f in demo_like.table.files())
+    parquet = sum(f.size for f in steps_table(demo_like).files())
     next(iter(demo_like.sequences(16, batch_size=256, shuffle=True)))
     copies = bytes_under(demo_like.root / FOLDER)
     ratio = copies / parquet

@@ -23,12 +23,12 @@ import pytest
 import trajstore
 from tests import seaweed
 from tests.api.helpers import API_KEY, serve
-from tests.helpers import make_batch
+from tests.helpers import make_batch, steps_table
 from tests.lost_answer import LostAnswerProxy
 from trajstore.api.app import create_app
 from trajstore.api.settings import ServiceSettings
 from trajstore.errors import CommitUnknownError
-from trajstore.operations.upkeep import Policy, Upkeep
+from trajstore.operations.upkeep import CompactionPolicy, Upkeep
 from trajstore.remote.writer import RemoteWriter
 from trajstore.settings import Settings
 
@@ -161,22 +161,22 @@ def test_a_background_compaction_whose_answer_is_lost_keeps_its_files(
     version = direct.version
     # the next writer's append is version+1; its upkeep's compaction (4 small files > 3) is version+2
     proxy.swallow(rf"^PUT \S*/_delta_log/{version + 2:020d}\.json")
-    upkeep = Upkeep(via.table, Policy(small_files=3, checkpoint_interval=0))
+    upkeep = Upkeep(steps_table(via), CompactionPolicy(small_files=3, checkpoint_interval=0))
     steps += write(via, rng, 1, upkeep=upkeep)
     upkeep.close()
     assert proxy.swallowed and not upkeep.errors
     assert [(c.files_removed, c.files_added) for c in upkeep.compactions] == [(4, 1)]
     assert last_operation(direct) == (version + 2, "compact")
-    assert len(direct.files()) == 1
+    assert len(direct.maintain.files()) == 1
     assert_exactly_once(direct, steps)
 
 
 def add_column(store: trajstore.Store) -> Any:
-    return store.add_column("shaped", "reward * 2")
+    return store.maintain.add_column("shaped", "reward * 2")
 
 
 def delete(store: trajstore.Store) -> Any:
-    return store.delete(run_id="gone")
+    return store.maintain.delete(run_id="gone")
 
 
 def compact(store: trajstore.Store) -> Any:
@@ -210,7 +210,7 @@ def test_a_change_whose_answer_is_lost_is_reported_done(
         shaped = direct.sql("SELECT count(*) AS n FROM steps WHERE shaped = reward * 2")["n"][0].as_py()
         assert shaped == steps + gone
     else:
-        assert report.partitions == 1 and len(direct.files()) == 2  # r: 3 files into 1; gone: its one file
+        assert report.partitions == 1 and len(direct.maintain.files()) == 2  # r: 3 files into 1; gone: its one file
         assert str(compact(via)) == "nothing to compact"
 
 

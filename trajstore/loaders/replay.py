@@ -84,7 +84,7 @@ class ItemSpec:
     def kind(self) -> str:
         return "windows" if self.length is not None else "transitions" if self.n is not None else "steps"
 
-    def check(self) -> ItemSpec:
+    def check_arguments(self) -> ItemSpec:
         """This spec with its numbers checked (an :class:`InputError` naming the argument)."""
         if self.length is not None and self.n is not None:
             raise InputError("n: windows (length=) and n-step transitions (n=) are two kinds of items; give one")
@@ -143,7 +143,7 @@ class Prioritization:
     beta: float = 0.4
     eps: float = 1e-6
 
-    def check(self) -> Prioritization:
+    def check_arguments(self) -> Prioritization:
         for name, low in (("alpha", 0.0), ("beta", 0.0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not math.isfinite(value) \
@@ -168,7 +168,7 @@ class Replay:
                  capacity: int | None = None, follow: bool = False, poll: float = 1.0, seed: int = 0,
                  committing: Committing = Committing(), latest: Callable[[], int] | None = None,  # noqa: B008
                  max_batch_bytes: int | None = None, writable: Callable[[str], None] | None = None) -> None:
-        self.spec, self.prioritization = spec.check(), prioritization.check()
+        self.spec, self.prioritization = spec.check_arguments(), prioritization.check_arguments()
         self.name = None if name is None else check_name(name)
         self._table = table if name is not None else None
         self._source, self._latest, self._writable = source, latest, writable
@@ -176,7 +176,7 @@ class Replay:
         self.follow, self.poll = bool(follow), _seconds("poll", poll)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise InputError(f"seed: must be an integer >= 0, got {seed!r}")
-        committing.check()
+        committing.check_arguments()
         self.max_batch_bytes = max_batch_bytes
         self._rng = np.random.default_rng(int(seed))
         self._lock = threading.RLock()  # the trees, the slots, the items and the pending updates

@@ -117,7 +117,7 @@ class Committing:
     interval_s: float | None = 5.0
     updates: int | None = 100_000
 
-    def check(self) -> None:
+    def check_arguments(self) -> None:
         if self.interval_s is not None and not (np.isfinite(self.interval_s) and self.interval_s > 0):
             raise InputError(f"commit_interval: must be a duration > 0 (or None), got {self.interval_s!r}")
         if self.updates is not None and (isinstance(self.updates, bool) or not isinstance(self.updates, int)

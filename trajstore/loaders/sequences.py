@@ -63,7 +63,7 @@ class Source:
     arguments: dict[str, Any] = field(default_factory=dict)  # the selection (run_id, where, filter), digested
     layouts: LayoutStore | None = None  # where layouts are found and kept (None: built for each call)
     basis: Basis | None = None  # what the store's vacuum judges a layout of these steps by
-    check: Callable[[Sequence[str]], None] | None = None  # InputError for columns no array can stack (env ids)
+    check_types: Callable[[Sequence[str]], None] | None = None  # InputError for columns no array can stack
     # the layout of column leaves (dtype and shape each) stitched from the files' array copies, or None
     stitch: Callable[[dict[str, Any]], Stitched | None] | None = None
     # agents' own trajectories (loaders.agents), laid out in place of episodes; batches name them (named)
@@ -124,7 +124,7 @@ class Sampling:
     weight_by: str | None = None
     num_samples: int | None = None
 
-    def check(self) -> None:
+    def check_arguments(self) -> None:
         check_count("batch_size", self.batch_size)
         check_shard(self.rank, self.world_size)
         check_count("epoch", self.epoch, minimum=0)
@@ -159,8 +159,8 @@ def stored_columns(source: Source, columns: Sequence[str] | None, *, default: Se
 
 def checked(source: Source, columns: Sequence[str]) -> list[str]:
     """``columns``, refused (naming the environments) where no array can stack their steps."""
-    if source.check is not None:
-        source.check(columns)
+    if source.check_types is not None:
+        source.check_types(columns)
     return list(columns)
 
 
@@ -277,7 +277,7 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
     an :class:`InputError` (before anything is read) when one batch would take more than that to build."""
     length = check_count("length", length)
     stride = length if stride is None else check_count("stride", stride)
-    sampling.check()
+    sampling.check_arguments()
     check_format(format)
     items = window_items(source, length, columns=columns, stride=stride, pad=pad, gamma=gamma,
                          weight_by=sampling.weight_by, batch_size=int(sampling.batch_size),

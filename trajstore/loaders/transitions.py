@@ -52,7 +52,7 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
     the steps are laid out: the rewards summed are those of ``min(n, longest episode)`` steps)."""
     n = check_count("n", n)
     check_gamma(gamma)
-    sampling.check()
+    sampling.check_arguments()
     check_format(format)
     items = transition_items(source, n, gamma=gamma, columns=columns, weight_by=sampling.weight_by,
                              batch_size=int(sampling.batch_size), max_batch_bytes=max_batch_bytes)

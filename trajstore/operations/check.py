@@ -329,7 +329,7 @@ def _name_finding(name: str, problem: str, runs: list[str]) -> str:
         "other engines of the table (Spark, Delta) refuse such a name"
     return (f"column {name!r} of run(s) {shown} has a name no write path takes any more: {problem}; {read}. "
             f"Copy what you need of it, then delete those runs (`trajstore delete --run {runs[0]} --yes`, or "
-            f"store.delete(run_id={runs[0]!r})) and write them again with a valid name")
+            f"store.maintain.delete(run_id={runs[0]!r})) and write them again with a valid name")
 
 
 def _foreign_problems(engine: Engine, files: list[DataFile], report: CheckReport) -> None:

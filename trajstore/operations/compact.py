@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from trajstore import progress_bar
 from trajstore.errors import CommitError, InputError
 from trajstore.query.filters import check_runs
-from trajstore.storage.encoding import CURRENT, Format, logical_schema
+from trajstore.storage.encoding import CURRENT, FileEncoding, logical_schema
 from trajstore.storage.log import DataFile, TableState, WrittenFile
 from trajstore.storage.names import stored_rows
 from trajstore.storage.table import StepsTable
@@ -162,12 +162,12 @@ def merged(files: Sequence[DataFile]) -> pa.Table:
     return data.take(order)
 
 
-def _older(fmt: Format) -> bool:
+def _older(fmt: FileEncoding) -> bool:
     """Whether a file of trajstore's own is in an encoding older than the current one (then rewritten, alone too)."""
     return not fmt.foreign and fmt.encoding < CURRENT
 
 
-def upgraded(table: StepsTable, data: pa.Table, fmt: Format) -> pa.Table:
+def upgraded(table: StepsTable, data: pa.Table, fmt: FileEncoding) -> pa.Table:
     """Rows of a file in an older encoding (``fmt``; physical names, its footer) in the current one: the same
     stored values under the names that say what they hold, declared in the log (encodings 1 and 2 store them
     alike; encoding 1 has no sparse rows and no frames)."""

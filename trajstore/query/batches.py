@@ -13,7 +13,7 @@ buffer, and conversion to numpy, JAX or Arrow. Used alike by :meth:`Store.iter_b
 from __future__ import annotations
 
 import importlib
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Iterable, Iterator, Literal, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -22,8 +22,8 @@ from trajstore.errors import InputError
 from trajstore.extras import needed
 from trajstore.schema import to_numpy
 
-BatchFormat = Literal["numpy", "jax", "arrow", "torch"]
-FORMATS = ("numpy", "jax", "arrow", "torch")
+BatchFormat = Literal["numpy", "jax", "arrow", "torch"]  # what a training batch is: every loader's and stream's
+FORMATS: tuple[str, ...] = get_args(BatchFormat)
 
 
 def training_batches(batches: Iterable[pa.RecordBatch], *, batch_size: int, shuffle: bool, seed: int | None,

@@ -106,12 +106,12 @@ class Engine:
     def file_schemas(self, files: Sequence[DataFile]) -> list[FileSchema]:
         """:meth:`StepsTable.schemas <trajstore.storage.table.StepsTable.schemas>`, a file that cannot be read
         judged by :meth:`judged`; partitions holding files another tool wrote checked first
-        (:func:`~trajstore.query.foreign.check`)."""
+        (:func:`~trajstore.query.foreign.check_partitions`)."""
         try:
             schemas = self.table.schemas(files)
         except StoreDamagedError as exc:
             raise self.judged(exc) from exc
-        foreign.check(files, schemas, self.table.log.added_in)
+        foreign.check_partitions(files, schemas, self.table.log.added_in)
         return schemas
 
     def stored_schema(self, env_id: str | None) -> pa.Schema | None:

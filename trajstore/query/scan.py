@@ -251,7 +251,7 @@ def scan(engine: Engine, columns: Sequence[str] | None = None, *, batch_size: in
     if max_batch_bytes is not None and max_batch_bytes < 1:
         raise InputError(f"max_batch_bytes: must be a positive number of bytes, got {max_batch_bytes}")
     plan = scan_plan(engine, columns, **selection)  # type: ignore[arg-type]
-    plan.types.check(plan.columns)  # type: ignore[union-attr]
+    plan.types.check_one_type(plan.columns)  # type: ignore[union-attr]
     engine.verify_sizes(plan.files)
     try:
         reader = scan_steps(plan.files, plan.schema, plan.columns, episode_ids=plan.episode_ids,

@@ -191,7 +191,7 @@ def episodes_selected(conds: Sequence[str]) -> str:
     return f"episode_id IN (SELECT episode_id FROM episodes{where(conds)})"
 
 
-def step_conditions(filter: EpisodeFilter | None, where: str | None) -> list[str]:  # noqa: A002
+def step_conditions(filter: EpisodeFilter | None, where: Where | None) -> list[str]:  # noqa: A002
     """Conditions on ``steps`` for an episode filter and a ``where`` over ``episodes``: ids, runs and envs
     directly, the rest through ``episodes``."""
     if filter is None:
@@ -852,6 +852,46 @@ def check_shared(limit: int) -> str:
 
 
 # --- lifecycle: delete ------------------------------------------------------------------------------------
+
+def chosen_steps(where: Where | None, steps_where: str | None) -> str | None:
+    """One condition over ``steps`` for what a change of the stored steps (delete, add_column) acts on: the steps of
+    the episodes ``where`` (a condition over ``episodes``) selects, and of those the steps ``steps_where`` (a caller's
+    condition over ``steps``) selects; None when neither is given."""
+    conds = []
+    if where:
+        conds.append(f"episode_id IN (SELECT episode_id FROM episodes WHERE {user_condition(where)})")
+    if steps_where:
+        conds.append(user_condition(steps_where))
+    return " AND ".join(conds) or None
+
+
+def variant_types(table: str, column: str, depth: int) -> str:
+    """The distinct ``variant_typeof`` of the VARIANT ``column`` of ``table``'s non-null values, and of their first
+    element, its first element, … to ``depth`` (see :func:`~trajstore.query.snapshot.typed_answer`)."""
+    probes = [f"variant_typeof({column}{'[1]' * d})" for d in range(depth)]
+    return (f"SELECT DISTINCT {', '.join(probes)} FROM {table} WHERE {column} IS NOT NULL AND "
+            f"variant_typeof({column}) <> 'VARIANT_NULL'")
+
+
+def cast(column: str, duckdb_type: str) -> str:
+    return f"CAST({column} AS {duckdb_type})"
+
+
+def as_json_text(column: str) -> str:
+    """``column``'s values as their JSON text (VARCHAR): how an answer holds a VARIANT of several types."""
+    return f"CAST(CAST({column} AS JSON) AS VARCHAR)"
+
+
+def typed_answer(table: str, columns: Sequence[tuple[str, str | None]]) -> str:
+    """Every column of ``table``, as the expression given for it (``(name, expression or None)``, names quoted)."""
+    return f"SELECT {', '.join(c if e is None else f'{e} AS {c}' for c, e in columns)} FROM {table}"
+
+
+def episodes_probe(where: Where) -> str:
+    """A query that fails, as the caller's, where ``where`` is no condition over ``episodes`` (a column of ``steps``
+    named in it): inside :func:`chosen_steps`'s subquery such a name would silently mean the outer step's column."""
+    return f"SELECT 1 FROM episodes WHERE {user_condition(where)} LIMIT 0"
+
 
 def delete_matches(condition: str | None) -> str:
     """Per episode of ``steps``: how many of its steps ``condition`` (a caller's condition over ``steps``; every

@@ -460,7 +460,7 @@ def compute(function: str, args: tuple[Any, ...], kwargs: dict[str, Any], limits
     ``limits.worker_bytes``, within ``limits``' time (the worker killed if it outlasts it) and memory bound."""
     if limits.worker_bytes is None:
         raise InputError("worker_bytes: a computation runs in a worker only with a memory limit")
-    limits.check()
+    limits.check_time()
     task = Computation(function, args, kwargs, limits,
                        sandbox.Limits(timeout_s=limits.remaining(), worker_bytes=limits.worker_bytes))
     return run(task).table

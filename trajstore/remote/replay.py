@@ -10,7 +10,7 @@ under it; learners that should share one replay's trees share its id (:attr:`Rem
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -19,14 +19,18 @@ from trajstore.loaders.loader import convert, from_arrow
 from trajstore.loaders.replay import checked_updates
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 
-if TYPE_CHECKING:
-    from trajstore.remote.client import Client
+
+class Requests(Protocol):
+    """What a remote replay sends its requests through (a :class:`~trajstore.remote.client.Client`; named here
+    rather than imported, as the client imports this module)."""
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any: ...
 
 
 class RemoteReplay:
     """A service's replay of id ``replay_id`` (see the module); ``described`` is what the service said of it."""
 
-    def __init__(self, client: Client, described: dict[str, Any], format: str = "numpy") -> None:  # noqa: A002
+    def __init__(self, client: Requests, described: dict[str, Any], format: str = "numpy") -> None:  # noqa: A002
         self._client, self.replay_id, self._format = client, str(described["replay_id"]), format
         self.described = described
         self.name: str | None = described.get("priorities")

@@ -56,8 +56,8 @@ from trajstore.storage.encoding import (
     NEXT,
     OBS,
     EncodingError,
+    FileEncoding,
     FileSchema,
-    Format,
     decode_batches,
     fixed_numpy,
     leaf_column,
@@ -340,7 +340,7 @@ def _values(data: pa.Table, stored: FileSchema, leaves: set[str], where: str) ->
             yield name, None if chunk.null_count else to_numpy(chunk)
 
 
-def _next_values(data: pa.Table, fmt: Format, leaves: set[str], where: str) -> Any:
+def _next_values(data: pa.Table, fmt: FileEncoding, leaves: set[str], where: str) -> Any:
     """``next_obs`` of an encoded file whose observation leaves are stored plain, as
     :func:`~trajstore.schema.to_numpy` gives a column (its leaves among ``leaves`` only): each row's next row's
     ``obs`` where ``next_obs`` is null (the file says that row is its episode's next step), the stored value

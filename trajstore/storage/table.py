@@ -27,10 +27,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from trajstore.errors import CommitUnknownError, StoreDamagedError, first_line
+from trajstore.settings import Settings
+from trajstore.storage.arrays import FOLDER as ARRAYS
 from trajstore.storage.arrays import FileArrays, StepArrays
 from trajstore.storage.encoding import EncodingError, FileSchema
 from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.log import DataFile, Log, WrittenFile
+from trajstore.storage.summaries import FOLDER as SUMMARIES
 from trajstore.storage.summaries import Footer, Summaries
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,16 @@ class StepsTable:
         self._schemas: dict[str, FileSchema] = {}
         self._footers: dict[str, Footer] = {}  # footers read, until a summary keeps them (local, with summaries)
         self._schemas_lock = threading.Lock()
+
+    @classmethod
+    def of_store(cls, store: Location, settings: Settings, *, pinned: int | None = None) -> StepsTable:
+        """The ``steps`` table of the store at ``store`` as ``settings`` ask for it (its row groups; array copies
+        and summaries beside a local table unless turned off): what a :class:`~trajstore.store.Store` reads and
+        writes, and what a test of the layers below it opens."""
+        arrays = StepArrays(store.path(ARRAYS)) if settings.loader_arrays and store.is_local else None
+        summaries = Summaries(store.path(SUMMARIES)) if settings.episode_summaries and store.is_local else None
+        return cls(store.child("steps"), row_group_rows=settings.row_group_rows, pinned=pinned, arrays=arrays,
+                   write_arrays=settings.writer_arrays, summaries=summaries)
 
     @property
     def path(self) -> Any:

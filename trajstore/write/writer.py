@@ -36,7 +36,7 @@ from trajstore.errors import (
     StoreAccessError,
     WriterClosedError,
 )
-from trajstore.storage.encoding import NEXT, OBS, Format, check_frame_stack, leaves
+from trajstore.storage.encoding import NEXT, OBS, FileEncoding, check_frame_stack, leaves
 from trajstore.storage.names import check_column_name, check_distinct, check_fields, check_id, stored_schema
 from trajstore.write.buffer import Flush, RowBuffer, Rows, gather
 from trajstore.write.episode_ids import EpisodeIds
@@ -417,7 +417,7 @@ class Writer:
         if self._buffer is not None and self._buffer and key != self._buffer_key:
             self._submit()  # other columns: the rows so far go to a file of their own
         if self._buffer is None:
-            self._buffer = RowBuffer(B, self._types[OBS], Format.for_obs(self._types[OBS],
+            self._buffer = RowBuffer(B, self._types[OBS], FileEncoding.for_obs(self._types[OBS],
                                                                          frame_stack=self.frame_stack),
                                      compact=self.agents is None)
         self._buffer_key = key
@@ -485,7 +485,7 @@ class Writer:
     def _stored_schema(self, data: Flush) -> pa.Schema:
         """The schema of one file's rows under their physical names (reserved and declared in the log first),
         with its format (see :func:`~trajstore.storage.names.stored_schema`)."""
-        fmt = Format.for_obs(self._types[OBS], frame_stack=self.frame_stack)
+        fmt = FileEncoding.for_obs(self._types[OBS], frame_stack=self.frame_stack)
         return stored_schema(data.schema, fmt, self._types, self._reserve)
 
     def _reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType],

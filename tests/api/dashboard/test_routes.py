@@ -16,6 +16,7 @@ import trajstore
 from trajstore.api.app import create_app
 from trajstore.api.dashboard.routes import ASSETS, HERE
 from trajstore.api.settings import ServiceSettings
+from trajstore.store import plumbing
 
 
 @pytest.fixture
@@ -129,7 +130,7 @@ def test_curves_of_an_empty_store(tmp_path: Path) -> None:
 def test_binned_curves_route_gives_the_store_bins_per_series(client: TestClient, demo_store: trajstore.Store) -> None:
     body = client.get("/curves/binned", params={"bins": 30, "x": "episode_index", "gamma": 0.9}).json()
     assert body["metric"] == "discounted_return"  # the return, discounted with gamma
-    want = demo_store.binned_curves(bins=30, x="episode_index", y="discounted_return", gamma=0.9).to_pylist()
+    want = plumbing(demo_store).binned_curves(bins=30, x="episode_index", y="discounted_return", gamma=0.9).to_pylist()
     got = [{"run_id": s["run_id"], "env_id": s["env_id"], **{k: s[k][i] for k in ("bin", "lo", "hi", "count", "mean",
                                                                                  "p10", "p50", "p90")}}
            for s in body["series"] for i in range(len(s["bin"]))]
@@ -153,7 +154,7 @@ def test_binned_curves_per_agent_over_rest(tmp_path: Path, client: TestClient) -
     with TestClient(create_app(ServiceSettings(store=str(store.root)))) as c:
         for by in ("agent_id", "agent_group"):
             body = c.get("/curves/binned", params={"by": by, "bins": 4}).json()
-            want = store.binned_curves(by=by, bins=4).to_pylist()
+            want = plumbing(store).binned_curves(by=by, bins=4).to_pylist()
             got = [{"run_id": s["run_id"], "env_id": s["env_id"], by: s["agent"],
                     **{k: s[k][i] for k in ("bin", "lo", "hi", "count", "mean", "p10", "p50", "p90")}}
                    for s in body["series"] for i in range(len(s["bin"]))]
@@ -202,8 +203,9 @@ def test_a_service_reads_the_first_page_ahead_and_answers_it_from_what_it_read(
     summary or a step again."""
     from trajstore.api.dashboard import routes
     from trajstore.query import summarized
+    from trajstore.query.engine import Engine
 
-    expected = demo_store.latest_stats(routes.LAST_N), demo_store.runs()
+    expected = plumbing(demo_store).latest_stats(routes.LAST_N), demo_store.runs()
     fresh = trajstore.open(demo_store.root)  # a service just started: nothing read yet
     routes.warm(fresh).join(120)
 
@@ -211,12 +213,12 @@ def test_a_service_reads_the_first_page_ahead_and_answers_it_from_what_it_read(
         raise AssertionError("read again after the warm-up")
 
     monkeypatch.setattr(summarized, "read", no_more)
-    monkeypatch.setattr(fresh.engine, "snapshot", no_more)
-    assert fresh.latest_stats(routes.LAST_N).equals(expected[0]) and fresh.runs().equals(expected[1])
-    histogram = fresh.histogram(y="episode_return", bins=routes.HIST_BINS, density=True)
+    monkeypatch.setattr(Engine, "snapshot", no_more)  # on every engine: the warm-up is over
+    assert plumbing(fresh).latest_stats(routes.LAST_N).equals(expected[0]) and fresh.runs().equals(expected[1])
+    histogram = plumbing(fresh).histogram(y="episode_return", bins=routes.HIST_BINS, density=True)
     assert histogram.num_rows > 0
     assert fresh.stats(by=["run_id", "env_id"]).num_rows > 0
-    assert fresh.binned_curves(by="agent_id").num_rows == 0  # single-agent runs: no series per agent
+    assert plumbing(fresh).binned_curves(by="agent_id").num_rows == 0  # single-agent runs: no series per agent
 
 
 def test_the_read_ahead_is_waited_for_at_exit_even_when_started_from_a_daemon_thread(

@@ -43,6 +43,7 @@ from trajstore.operations import add_column as add_column_op
 from trajstore.operations import check as check_op
 from trajstore.operations import compact as compact_op
 from trajstore.operations import delete as delete_op
+from trajstore.operations import retention as retention_op
 from trajstore.operations import vacuum as vacuum_op
 from trajstore.operations.ingest import append_rows
 from trajstore.operations.upkeep import Policy, Upkeep
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from trajstore.operations.check import CheckReport
     from trajstore.operations.compact import CompactReport
     from trajstore.operations.delete import DeleteReport
+    from trajstore.operations.retention import RetentionReport
     from trajstore.operations.vacuum import VacuumReport
 
 log = logging.getLogger(__name__)
@@ -83,13 +85,16 @@ FORMAT_VERSION = 1
 
 
 def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str, Any] | None = None,  # noqa: A001
-         settings: Settings | None = None, version: int | None = None, as_of: datetime | None = None) -> Store:
+         settings: Settings | None = None, version: int | None = None, as_of: datetime | None = None,
+         log_retention: float | str | timedelta | None = None) -> Store:
     """Open the store at ``uri``: a local directory or ``s3://bucket/prefix``; with ``create=True`` make it if
     absent. For S3, ``storage_options`` holds the ``AWS_*`` keys deltalake uses (each one not given is taken from
     the environment variable of that name).
 
     With ``version=N`` (see :meth:`Store.history`) or ``as_of=datetime`` (the latest version committed then),
-    the store is read-only and every read sees it exactly as it was at that version."""
+    the store is read-only and every read sees it exactly as it was at that version. ``log_retention`` (``"7d"``,
+    ``"1h"``; the default of a new store: 7 days) is how long its log keeps each version: see
+    :meth:`Store.set_log_retention`."""
     location = locate(uri, storage_options, settings=settings)
     try:
         found = _marker_found(location)
@@ -101,9 +106,10 @@ def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str,
             _create(location)
     except OSError as exc:
         raise explain(exc, location) or exc
-    if version is None and as_of is None:
-        return Store(location, settings=settings)
-    return Store(location, settings=settings).at(version=version, as_of=as_of)
+    store = Store(location, settings=settings)
+    if log_retention is not None:
+        store.set_log_retention(log_retention)
+    return store if version is None and as_of is None else store.at(version=version, as_of=as_of)
 
 
 def _marker_found(location: Location) -> bool:
@@ -364,6 +370,18 @@ class Store:
         ``"12h"``, ``"30m"``) needs: files deleted or compacted away before then, and files no commit ever
         listed (see :mod:`trajstore.operations.vacuum`). With ``dry_run``, only list them."""
         return vacuum_op.vacuum(self.engine, self.layouts, older_than=older_than, dry_run=dry_run)
+
+    def set_log_retention(self, log_retention: float | str | timedelta, *,
+                          checkpoint_interval: int | None = None) -> RetentionReport:
+        """Keep each version's log entries ``log_retention`` long (``"7d"``, ``"1h"``, at least a minute), and, if
+        given, checkpoint every ``checkpoint_interval`` versions: the Delta table properties
+        ``delta.logRetentionDuration`` / ``delta.checkpointInterval`` of every table of the store, which other
+        engines honour too. An older version can no longer be read (see :mod:`trajstore.operations.retention`)."""
+        return retention_op.set_log_retention(self.engine, log_retention, checkpoint_interval=checkpoint_interval)
+
+    def log_retention(self) -> RetentionReport:
+        """Each table's log retention and checkpoint interval, and the versions its log still reads."""
+        return retention_op.report(self.engine)
 
     def add_column(self, name: str, expression: str | Callable[[pa.Table], Any], *,
                    where: str | None = None) -> AddColumnReport:

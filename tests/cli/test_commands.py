@@ -171,6 +171,8 @@ MISTAKES = [
      r"error: --older-than: expected a duration such as 7d, .*got 'soon'$"),
     (["schema", "--store", "{demo}", "--dialect", "oracle"], r"error: --dialect: invalid choice: 'oracle'"),
     (["vacuum", "--store", "{demo}", "--older-than", "5parsecs"], r"error: --older-than: expected a duration"),
+    (["retention", "--store", "{demo}", "--log", "10s"], r"error: --log: must be at least 1m"),
+    (["retention", "--store", "{demo}", "--checkpoint-interval", "5"], r"error: --checkpoint-interval: give it with"),
     (["export", "minari", "bad_name", "--store", "{demo}"], r"error: name: 'bad_name' is not a Minari dataset id"),
     (["export", "lerobot", "{tmp}/out", "--store", "{demo}", "--fps", "0"],
      r"error: --fps: must be a whole number >= 1, got 0$"),

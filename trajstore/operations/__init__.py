@@ -3,5 +3,6 @@ appended once (:mod:`~trajstore.operations.ingest`, checked to continue their ep
 :mod:`~trajstore.operations.continuity`), small files merged (:mod:`~trajstore.operations.compact`, the one
 compaction, and :mod:`~trajstore.operations.upkeep`, what writers do after their commits), what is committed
 verified (:mod:`~trajstore.operations.check`), episodes deleted (:mod:`~trajstore.operations.delete`), derived
-columns written (:mod:`~trajstore.operations.add_column`) and files no version needs removed
-(:mod:`~trajstore.operations.vacuum`)."""
+columns written (:mod:`~trajstore.operations.add_column`), files no version needs removed
+(:mod:`~trajstore.operations.vacuum`) and how long the logs keep each version, shown and set
+(:mod:`~trajstore.operations.retention`)."""

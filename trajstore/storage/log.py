@@ -37,6 +37,7 @@ from deltalake import DeltaTable, Field
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
+from trajstore.durations import text
 from trajstore.errors import (
     CommitError,
     CommitUnknownError,
@@ -54,11 +55,14 @@ from trajstore.storage import names, protocol
 from trajstore.storage.encoding import declarations
 from trajstore.storage.landing import MARKER, Attempt, find, settle
 from trajstore.storage.location import Location, explain
+from trajstore.storage.retention import DEFAULT as DEFAULT_RETENTION
+from trajstore.storage.retention import Retention, oldest_readable
 
 log = logging.getLogger(__name__)
 
 LOG_DIR = "_delta_log"
 ENTRY = re.compile(r"^(\d{20})\.json$")  # one version's entry in LOG_DIR
+CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.\d+)?\.parquet$")  # a checkpoint (or one of its parts)
 COMMIT_RETRIES = 20  # a schema change's tries while other writers change it first
 APPEND_RETRIES = 100  # an append's tries while other writers keep committing first (each after a back-off)
 UNSURE_KEPT = 10_000  # appends that raised, remembered until they are sent again
@@ -252,6 +256,7 @@ class Log:
     def __init__(self, location: Location, *, pinned: int | None = None) -> None:
         self.location = location
         self.pinned = pinned
+        self.properties = DEFAULT_RETENTION.properties()  # what a table made by this log is given
         self._unsure: dict[str, Attempt] = {}  # appends that raised, and how they were sent: they may have landed
         self._unmarked = -1  # the newest version read whose files carry no deletion vector
 
@@ -296,14 +301,25 @@ class Log:
             if refusal is not None:
                 raise refusal from exc
             if number is not None:  # a removed version too: not found (404), not bad input
-                raise VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were "
-                                           f"cleaned up): {first_line(exc)}") from exc
+                raise self.expired(number, first_line(exc)) from exc
             raise StoreDamagedError(f"the commit log of {self.uri} cannot be read: {first_line(exc)}",
                                     path=self.location.uri_of(LOG_DIR)) from exc
         if table is None and number is not None:
-            raise VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were "
-                                       "cleaned up)")
+            raise self.expired(number)
         return table
+
+    def expired(self, number: int, cause: str | None = None) -> VersionNotFoundError:
+        """The error for a read of version ``number`` whose log entries are gone: the log's retention and the
+        oldest version it can still read."""
+        try:
+            oldest, kept = self.oldest_readable(), f"{text(self.retention().log_s)} of entries"
+        except Exception:  # noqa: BLE001 - the error says what it can
+            oldest, kept = None, "the entries of its retention"
+        since = "" if oldest is None else f"; the oldest version it can read is {oldest} (`trajstore history` " \
+                                          "lists them)"
+        said = "" if cause is None or oldest is not None else f": {cause}"
+        return VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were cleaned "
+                                    f"up): the log keeps {kept} (`trajstore retention`){since}{said}")
 
     def latest_number(self) -> int:
         """The number of the version :meth:`read` gives (-1 before the first commit), whether trajstore can read that
@@ -406,6 +422,61 @@ class Log:
             raise explain(exc, self.location) or exc
         found = sorted(int(m.group(1)) for i in infos if (m := ENTRY.match(i.base_name)))
         return [v for v in found if self.pinned is None or v <= self.pinned]
+
+    def checkpoints(self) -> list[int]:
+        """The versions of the log's checkpoints, oldest first."""
+        selector = pafs.FileSelector(self.location.path(LOG_DIR), allow_not_found=True)
+        try:
+            infos = self.location.fs.get_file_info(selector)
+        except OSError as exc:
+            raise explain(exc, self.location) or exc
+        return sorted({int(m.group(1)) for i in infos if (m := CHECKPOINT.match(i.base_name))})
+
+    def oldest_readable(self) -> int | None:
+        """The oldest version the log can still be read at (older entries were removed after its retention,
+        behind a checkpoint); None before the first commit."""
+        return oldest_readable(self.numbers(), self.checkpoints())
+
+    def retention(self) -> Retention:
+        """The log's retention rule, as the latest version's table properties say (Delta's defaults where they do
+        not; the rule a new table gets before there is one)."""
+        table = self._open(None)
+        if table is None:
+            return Retention.of(self.properties)
+        return Retention.of(dict(table.metadata().configuration))
+
+    def set_retention(self, rule: Retention, *, make: bool = True) -> None:
+        """Give the table the properties of ``rule`` (with ``make``, made with them when there is none yet; else
+        they are what this log makes it with), in a commit of its own when they change; racing changes: the last one
+        is kept, and a change whose answer was lost is judged by reading the properties again."""
+        self.writable("set_log_retention")
+        wanted = rule.properties()
+        self.properties = {**self.properties, **wanted}
+        last: Exception | None = None
+        for _ in tries(COMMIT_RETRIES):
+            table = self._open(None)
+            if table is None:
+                if not make:
+                    return
+                self._ensure(_full_schema(pa.schema([])))
+                continue
+            if {k: v for k, v in table.metadata().configuration.items() if k in wanted} == wanted:
+                return
+            try:
+                table.alter.set_table_properties(wanted, raise_if_not_exists=False)
+            except StoreAccessError:
+                raise
+            except (OSError, DeltaError) as exc:  # another commit came first, or the answer was lost: read again
+                last = self._lost_race(exc)
+        raise CommitError(f"the retention of {self.uri} could not be set: {one_line(last)}")
+
+    def has_entry(self, number: int) -> bool:
+        """Whether version ``number``'s entry is in the log (one look at one file, none read)."""
+        try:
+            info = self.location.fs.get_file_info(self.location.path(LOG_DIR, f"{number:020d}.json"))
+        except OSError as exc:
+            raise explain(exc, self.location) or exc
+        return info.type == pafs.FileType.File
 
     def entry(self, number: int) -> list[dict[str, Any]] | None:
         """The actions of version ``number``'s entry; None while there is none. An entry that cannot be read (an
@@ -517,15 +588,28 @@ class Log:
         last = self.last_checkpoint()
         return max(0, number - (-1 if last is None else last))
 
-    def checkpoint_if_due(self, interval: int) -> int | None:
-        """Write a checkpoint of the latest version if the log is ``interval`` or more versions past its last one;
-        returns the version checkpointed, or None. Two processes doing it at once write the same file."""
+    def checkpoint_if_due(self, interval: int | None = None) -> int | None:
+        """Write a checkpoint of the latest version if the log is ``interval`` (None: as often as the table's
+        ``delta.checkpointInterval`` says) or more versions past its last one, then remove the entries behind it that
+        are older than the table's log retention; returns the version checkpointed, or None. Two processes doing it
+        at once write the same file."""
         table = self._open(None)
-        if table is None or self.versions_since_checkpoint(table.version()) < interval:
+        if table is None:
+            return None
+        due = Retention.of(dict(table.metadata().configuration)).checkpoint_interval if interval is None else interval
+        if self.versions_since_checkpoint(table.version()) < due:
             return None
         table.create_checkpoint()
         log.info("checkpointed %s at version %d", self.uri, table.version())
+        self.clean_up(table)
         return int(table.version())
+
+    def clean_up(self, table: DeltaTable | None = None) -> None:
+        """Remove the log entries older than the table's retention that a checkpoint stands for (deltalake's
+        ``cleanup_metadata``: what every Delta engine does after a checkpoint)."""
+        table = table or self._open(None)
+        if table is not None:
+            table.cleanup_metadata()
 
     # --- commits ---------------------------------------------------------------------------------------------
 
@@ -732,7 +816,8 @@ class Log:
         if table is None:  # created with the partition columns alone, the same whoever creates it: racing creators
             try:           # (a local log lets each commit its own creation) then leave one schema, columns after
                 DeltaTable.create(self.uri, _full_schema(pa.schema([])), partition_by=list(PARTITION_COLUMNS),
-                                  mode="ignore", name="steps", storage_options=self.location.storage_options)
+                                  mode="ignore", name="steps", configuration=self.properties,
+                                  storage_options=self.location.storage_options)
                 table = self._open(None)
             except (OSError, DeltaError):  # a concurrent writer created it first, or the creation's answer was
                 table = self._open(None)     # lost: the log says whether the table is there

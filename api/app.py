@@ -35,6 +35,7 @@ from trajstore.api.routes import (
     stats,
     steps,
 )
+from trajstore.operations.group_commit import GroupCommitter
 from trajstore.query import sql_worker
 from trajstore.settings import Settings
 from trajstore.store import Store
@@ -62,6 +63,11 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     app.state.settings = settings
     app.state.compute_gate = budgets.gate(settings)
     app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
+    # ingest requests committed in groups, at most one commit per commit_interval; their bytes bounded
+    app.state.committer = GroupCommitter(app.state.store.table, interval_s=settings.commit_interval,
+                                         group_bytes=settings.commit_group_bytes,
+                                         upkeep=app.state.store.ingest_upkeep)
+    app.state.ingest_bytes = budgets.pending_bytes(settings)
     # POST /sql and the comparisons' bootstraps pay no process start
     sql_worker.warm(settings.sql_worker_bytes, settings.sql_max_concurrent + settings.compute_max_concurrent)
     health.start(app.state)  # the first probe of /health finds the store checked
@@ -82,6 +88,7 @@ async def _serving(app: FastAPI) -> AsyncIterator[None]:
     if app.state.settings.dashboard_warm:
         warm_dashboard(app.state.store)
     yield
+    app.state.committer.close()  # what waits is committed and answered before the server stops
 
 
 # A request's line and headers may hold long filters (``where`` up to 10,000 characters, ``normalize`` more),

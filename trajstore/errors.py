@@ -26,6 +26,7 @@ __all__ = [
     "QueryMemoryError",
     "QueryWorkerDiedError",
     "QueryBusyError",
+    "IngestBusyError",
     "CommitError",
     "CommitUnknownError",
     "StoreDamagedError",
@@ -106,6 +107,15 @@ class QueryWorkerDiedError(QueryError):
 
 class QueryBusyError(QueryError):
     """As many sandboxed queries as allowed are already running; try again after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class IngestBusyError(TrajstoreError):
+    """The service holds as many bytes of ingest requests waiting for their commit as it may; send the request again
+    after ``retry_after_s`` seconds."""
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message)

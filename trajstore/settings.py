@@ -10,6 +10,7 @@ from trajstore.durations import seconds
 from trajstore.errors import InputError
 
 PREFIX = "TRAJSTORE_"
+DURATIONS = {"commit_interval"}  # durations whose names do not end in _s (TRAJSTORE_COMMIT_INTERVAL=500ms)
 
 
 @dataclass
@@ -77,6 +78,14 @@ class Settings:
     compact_small_bytes: int = 16 * 1024 * 1024
     compact_target_bytes: int = 128 * 1024 * 1024
     checkpoint_interval: int = 25  # a Delta checkpoint once the log is this many versions past the last (0: never)
+    # the service commits ingest requests in groups, at most one commit of a store per commit_interval (seconds; a
+    # duration: 250ms), sooner once a group holds commit_group_bytes of rows; requests past ingest_pending_bytes
+    # (their bodies and rows, from arrival to answer) wait up to ingest_wait_s for room, then get 429 (see
+    # operations/group_commit.py)
+    commit_interval: float = 0.25
+    commit_group_bytes: int = 64 * 1024 * 1024
+    ingest_pending_bytes: int = 1024 * 1024 * 1024
+    ingest_wait_s: float = 5.0
     debug: bool = False  # the CLI prints tracebacks
 
     @classmethod
@@ -99,7 +108,7 @@ def _parse(name: str, annotation: object, raw: str) -> object:
         if raw.strip().lower() in ("", "0", "false", "no", "off"):
             return False
         raise InputError(f"{PREFIX}{name.upper()} must be 1/true/yes/on or 0/false/no/off, got {raw!r}")
-    if name.endswith("_s"):  # seconds: a duration of the one grammar (10, "10s", "500ms", "2m")
+    if name.endswith("_s") or name in DURATIONS:  # seconds: a duration of the one grammar (10, "10s", "500ms", "2m")
         return seconds(raw, f"{PREFIX}{name.upper()}", bare_seconds=True)
     try:
         if kind.startswith("int"):

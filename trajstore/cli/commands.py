@@ -309,7 +309,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from trajstore.settings import Settings
 
     settings = Settings.from_env()
-    overrides = {"store": args.store, "host": args.host, "port": args.port, "api_key": args.api_key}
+    overrides = {"store": args.store, "host": args.host, "port": args.port, "api_key": args.api_key,
+                 "commit_interval": args.commit_interval}
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     try:
         app = create_app(settings, create=args.create)

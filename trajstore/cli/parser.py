@@ -255,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=whole(1, 65535), help="port (default: $TRAJSTORE_PORT or 8321)")
     p.add_argument("--api-key", help="enable authenticated ingest with this key (default: $TRAJSTORE_API_KEY)")
     p.add_argument("--create", action="store_true", help="make an empty store at --store if there is none")
+    p.add_argument("--commit-interval", type=duration, metavar="DURATION",
+                   help="commit ingest requests in groups, at most one commit per DURATION, e.g. 500ms (default: "
+                        "$TRAJSTORE_COMMIT_INTERVAL or 250ms)")
     p.set_defaults(func=commands.cmd_serve)
 
     p = command("compact", "rewrite partitions of many small files as a few large ones",

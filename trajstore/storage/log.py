@@ -155,6 +155,7 @@ class LogCommit:
     info: dict[str, Any] = field(default_factory=dict)
     metadata: bool = False
     marked: frozenset[str] = frozenset()  # the paths of the files it added with a deletion vector (another engine's)
+    apps: Mapping[str, int] = field(default_factory=dict)  # the app transactions it recorded: id -> version
 
     @property
     def added(self) -> list[DataFile]:
@@ -497,7 +498,7 @@ class Log:
         actions = self.entry(number)
         if actions is None:
             return None
-        files, removed, info, metadata, marked = [], [], {}, False, set()
+        files, removed, info, metadata, marked, apps = [], [], {}, False, set(), {}
         for action in actions:
             if "add" in action:
                 files.append(self._added_file(action["add"]))
@@ -509,8 +510,10 @@ class Log:
                                 (gone.get("partitionValues") or {}).get("run_id", "")))
             elif "commitInfo" in action:
                 info = action["commitInfo"]
+            elif "txn" in action:
+                apps[str(action["txn"].get("appId"))] = int(action["txn"].get("version") or 0)
             metadata = metadata or "metaData" in action
-        return LogCommit(number, files, removed, info, metadata, frozenset(marked))
+        return LogCommit(number, files, removed, info, metadata, frozenset(marked), apps)
 
     def added_in(self, path: str) -> int | None:
         """The version whose commit added the file at ``path`` (newest first; None when the readable log does not
@@ -622,12 +625,20 @@ class Log:
         return TableState(self, self._ensure(_full_schema(physical)))
 
     def reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType] | None = None,
-                declared: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, str]:
+                declared: Mapping[str, Mapping[str, Any] | None] | None = None, *,
+                known: TableState | None = None) -> dict[str, str]:
         """The physical name of each column (name -> the type its files hold; ``logical``: the types readers
         return, for the names' tags; ``declared``: what each declares it holds, in its field metadata), resolved
         against the log and added to the log's schema where new, in a commit of its own, before any file uses it
-        (see :mod:`~trajstore.storage.names`). Safe when several writers race: a lost race resolves again."""
+        (see :mod:`~trajstore.storage.names`). Safe when several writers race: a lost race resolves again.
+        ``known``: a version already read, whose schema answers when it holds every column (columns are only ever
+        added: a later version resolves them alike), without reading the log."""
         self.writable("write")
+        if known is not None:
+            mapping, new = names.resolve(types, {f.name: f.type for f in known.schema}, logical, declared=declared,
+                                         log_declared=known.declarations)
+            if not new:
+                return mapping
         last: Exception | None = None
         for _ in tries(COMMIT_RETRIES):
             table = self._open(None)
@@ -704,12 +715,28 @@ class Log:
         id and version) if given, or not at all: False when another commit took that version first (read the log
         again, then retry). Never rebases onto newer commits: what the caller checked against ``state`` still
         holds when the commit succeeds."""
+        return self.commit_group(state, [written], [] if app is None else [app])
+
+    def commit_group(self, state: TableState, written: Sequence[WrittenFile], apps: Sequence[tuple[str, int]] = (),
+                     *, metadata: dict[str, Any] | None = None) -> bool:
+        """Commit every file of ``written`` and every app transaction of ``apps`` (an id and a version each: the
+        idempotency keys of the requests the files hold, each its own ``txn`` action, stamped with the time so that
+        the table's ``delta.setTransactionRetentionDuration`` applies) as the version right after ``state``'s, in
+        one commit, or not at all: False when another commit took that version first (read the log again, then
+        retry). Never rebases onto newer commits: what the caller checked against ``state`` still holds when the
+        commit succeeds. The table must hold the files' columns already (:meth:`ensure`)."""
         self.writable("write")
-        transaction = None if app is None else Transaction(*app)
+        now = int(time.time() * 1000)
+        transactions = [Transaction(app_id, version, now) for app_id, version in apps]
+        schema = pa.schema(state._table.schema().to_arrow())
+        for w in written:
+            schema = _merged(schema, w.schema)
+        what = f"the append of {written[0].relative}" if len(written) == 1 else \
+            f"the append of {len(written)} files ({written[0].relative}, …)"
         try:
-            self._send(state._table, Attempt(state.number), [_add_action(written)],
-                       what=f"the append of {written.relative}", metadata={"operation": "append"},
-                       schema=_full_schema(written.schema), retries=0, transaction=transaction)
+            self._send(state._table, Attempt(state.number), [_add_action(w) for w in written], what=what,
+                       metadata=metadata or {"operation": "append"}, schema=schema, retries=0,
+                       transactions=transactions)
         except CommitFailedError:
             return False
         except StoreAccessError:
@@ -717,8 +744,7 @@ class Log:
         except Exception as exc:
             if _listing_race(exc):  # it did not land: as for a lost race, the caller reads the log again
                 return False
-            raise explain(exc, self.location) or CommitError(
-                f"commit of {written.relative} to {self.uri} failed: {one_line(exc)}") from exc
+            raise explain(exc, self.location) or CommitError(f"{what} to {self.uri} failed: {one_line(exc)}") from exc
         return True
 
     def swap(self, state: TableState, removed: list[DataFile], written: list[WrittenFile], *,
@@ -773,14 +799,15 @@ class Log:
             return None
 
     def _send(self, table: DeltaTable, attempt: Attempt, actions: list[Any], *, what: str, metadata: dict[str, Any],
-              schema: pa.Schema, retries: int | None = None, transaction: Transaction | None = None) -> int | None:
+              schema: pa.Schema, retries: int | None = None,
+              transactions: Sequence[Transaction] = ()) -> int | None:
         """Send one commit planned on ``table``'s version (``attempt``: its base and marker; ``what``: the change,
         for messages). Returns None when it committed, or the version it landed as when sending raised after it
         landed (:func:`~trajstore.storage.landing.settle`); raises sending's own error when it did not land, and
         :class:`~trajstore.errors.CommitUnknownError` when the log cannot tell. ``retries``: how often deltalake
         may rebase it onto commits that came first (None: its default; 0: never, the caller retries)."""
         properties = CommitProperties(custom_metadata=attempt.metadata(metadata), max_commit_retries=retries,
-                                      app_transactions=[transaction] if transaction else None)
+                                      app_transactions=list(transactions) or None)
         try:
             table.create_write_transaction(actions, mode="append", schema=schema,
                                            partition_by=list(PARTITION_COLUMNS), commit_properties=properties)
@@ -790,6 +817,14 @@ class Log:
                 raise
             return landed
         return None
+
+    def advanced(self, state: TableState) -> TableState:
+        """The latest version, read from ``state`` on (the versions since, incrementally); ``state`` must be the
+        caller's own (its table is brought forward: what it had cached is read again from the new state)."""
+        table = state._table
+        self._refresh(table)
+        self._check_protocol(table)
+        return TableState(self, table)
 
     def _refresh(self, table: DeltaTable) -> None:
         """``table`` brought to the latest version by reading the versions since (columns are only ever added:

@@ -14,6 +14,7 @@ scans, returns, the sandbox) → :class:`Store` (both sides of one store) → :m
 from __future__ import annotations
 
 from trajstore.__about__ import __version__
+from trajstore.committer import Committer
 from trajstore.errors import (
     AuthenticationError,
     CommitError,
@@ -54,6 +55,7 @@ __all__ = [
     "Client",
     "Commit",
     "CommitError",
+    "Committer",
     "CommitUnknownError",
     "CompactReport",
     "ConflictError",

@@ -45,6 +45,7 @@ from trajstore.operations import compact as compact_op
 from trajstore.operations import delete as delete_op
 from trajstore.operations import retention as retention_op
 from trajstore.operations import vacuum as vacuum_op
+from trajstore.operations.handoff import handed_files
 from trajstore.operations.ingest import append_rows
 from trajstore.operations.upkeep import Policy, Upkeep
 from trajstore.query import compare as compare_op
@@ -218,11 +219,14 @@ class Store:
         """A :class:`Writer` appending to ``run_id``/``env_id``; extra keywords are writer options or lineage.
         ``config``, ``tags``, ``notes`` describe the run (:mod:`~trajstore.storage.run_config`; committed before
         the writer is made): the first writer of a run records them, a later one adds its tags and must give the
-        same config (change it with :meth:`set_run`)."""
+        same config (change it with :meth:`set_run`). ``committer=`` (a :class:`trajstore.Committer`, or the
+        ``address`` of one in another process) commits the writer's files with other writers' in groups: the writer
+        writes them itself and hands them over (see :mod:`trajstore.operations.group_commit`)."""
         self.table.log.writable("writer")
         options.setdefault("flush_bytes", self.settings.flush_bytes)
-        options.setdefault("upkeep", Upkeep(self.table, Policy.of(self.settings)))
-        writer = Writer(self.table, run_id=run_id, env_id=env_id, **options)  # checks the names first
+        sink = handed_files(self.table, options.pop("committer", None))  # the committer's upkeep, if handed
+        options.setdefault("upkeep", Upkeep(self.table, Policy.of(self.settings)) if sink is self.table else None)
+        writer = Writer(sink, run_id=run_id, env_id=env_id, **options)  # checks the names first
         try:
             self.describe_run(run_id, config=config, tags=tags, notes=notes)
         except BaseException:

@@ -203,6 +203,29 @@ def test_a_group_that_loses_the_race_to_another_writer_is_committed_after_it(sto
     assert trajstore.check(store).ok
 
 
+def test_handed_files_are_committed_together(store: trajstore.Store) -> None:
+    """Writers that write their files themselves and hand them to one committer: one commit for a round of flushes."""
+    with trajstore.Committer(store, interval="300ms", host=None) as committer:
+        barrier = threading.Barrier(6)
+
+        def write(i: int) -> None:
+            rng = np.random.default_rng(i)
+            with store.writer(run_id="r", env_id="E", committer=committer, worker_id=f"w{i}") as w:
+                for _ in range(3):
+                    w.add_batch(make_batch(rng, 8, 2))
+                    barrier.wait(30)
+                    w.flush()
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert committer.commits <= 6 and sum(committer.groups) == 18  # 18 flushes, about one commit per round
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 6 * 3 * 16
+    assert trajstore.check(store).ok
+
+
 def test_a_group_is_written_as_one_file_per_partition_in_the_order_requests_came(store: trajstore.Store,
                                                                                  committer: GroupCommitter) -> None:
     committer.ingest(rows(1, episode_id=1), run_id="r", env_id="E").result(60)

@@ -1,14 +1,27 @@
-# make demo: install into .venv, run a gym and a JAX rollout into ./demo-store (a new pair of runs each time,
-#            named by the time), print the statistics of every run, then serve the store: how to put `trajstore`
-#            on PATH (source .venv/bin/activate) and the dashboard's URL are printed last (Ctrl-C stops the
-#            server; `make clean` removes the store).
+# make demo: install what the demo runs into .venv (trajstore with its service, gymnasium and JAX: the extras
+#            DEMO_EXTRAS, not every integration; nothing more where `make install` made .venv), run a gym and a JAX
+#            rollout into ./demo-store (a new pair of runs each time, named by the time), print the statistics of
+#            every run, then serve the store: how to put `trajstore` on PATH (source .venv/bin/activate) and the
+#            dashboard's URL are printed last (Ctrl-C stops the server, and make with it, without an error;
+#            `make clean` removes the store). DEMO_INSTALL= skips the install (an environment that has it all).
 # make test: install into .venv (with every integration, [all], and the test tools, [dev]) and the virtualenv of
 #            the declared minimum versions (min-venv), and run the whole test suite (building .venv-lerobot
-#            first when a Python >= 3.12 is here; its tests skip without it).
-# make lint: ruff over the whole tree with the rules pyproject.toml chooses (.ci/run runs it before the tests).
-# make min-venv: a virtualenv in .cache/min-venv with every core dependency at the minimum pyproject.toml
-#            declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself (editable);
-#            tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build, once).
+#            first when a Python >= 3.12 is here; its tests skip without it), on two workers (pytest-xdist, each
+#            test module on one worker, so that its module fixtures are made once).
+# make check: the fast tier, for the edit-test loop: every test not marked as needing a server,
+#            a browser, S3, Spark, LeRobot, Ray, a long run or the security probe (tests/tiers.py says what each
+#            marker means), on two workers; needs only `make install`.
+# make docs: the documentation site (guides and the API reference) into build/site, warnings as errors.
+# make lint: ruff over the whole tree with the rules pyproject.toml chooses, then make typecheck (.ci/run runs it
+#            before the tests).
+# make typecheck: mypy over trajstore/ and api/ as pyproject.toml's [tool.mypy] configures it (zero errors).
+# make min-venv: a virtualenv in .cache/min-venv with every core dependency and the gym extra's at the minimum
+#            pyproject.toml declares (gymnasium 1.0.0, the version d3rlpy pins, among them) and trajstore itself
+#            (editable); tests/integrations/test_min_versions.py rolls out, records and reads there (~30 s to build,
+#            once).
+# make core-venv: a virtualenv in .cache/core-venv with trajstore (editable) and its core dependencies alone, no
+#            extra; tests/test_core_install.py stores, reads and runs the CLI there, and checks that each feature of
+#            an extra names the extra to install (~1 min to build, once; the test builds it when it is missing).
 # make lerobot-venv: a separate venv, .venv-lerobot, with the real lerobot release (it needs Python >= 3.12 and its
 #            own torch) that tests/export/test_lerobot.py opens the exported datasets with; built once, then kept.
 PYTHON ?= python3
@@ -18,6 +31,10 @@ STORE ?= ./demo-store
 PORT ?= 8321
 RUN := $(shell date +%Y%m%d-%H%M%S)
 MIN_VENV ?= .cache/min-venv
+CORE_VENV ?= .cache/core-venv
+# what the demo runs: the service, gymnasium rollouts, JAX rollouts
+DEMO_EXTRAS ?= serve,gym,jax
+DEMO_INSTALL ?= demo-install
 
 LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
@@ -25,7 +42,10 @@ LEROBOT_SPEC ?= lerobot[dataset]==0.6.1
 # (pyenv's shims on PATH fail for a version that is not selected, so its versions are tried directly)
 LEROBOT_PYTHONS = $(LEROBOT_PYTHON) python3.12 python3.13 $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python3)
 
-.PHONY: install demo test lint bench system-tools min-venv lerobot-venv vendor-plotly clean
+# the tiers `make check` leaves out (pyproject.toml declares each marker)
+CHECK_SKIPS := server or browser or s3 or spark or lerobot or ray or slow or security
+
+.PHONY: install demo demo-install test check lint docs typecheck bench bench-torchrl-venv system-tools min-venv core-venv lerobot-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +57,20 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-demo: install
+$(VENV)/.installed-demo: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[$(DEMO_EXTRAS)]'
+	touch $@
+
+# nothing to do where this or `make install` (every extra) is up to date
+demo-install:
+	@for done in $(VENV)/.installed-demo $(VENV)/.installed; do \
+	  [ -f $$done ] && [ ! pyproject.toml -nt $$done ] && exit 0; done; \
+	$(MAKE) --no-print-directory $(VENV)/.installed-demo
+
+# its last step serves until Ctrl-C, which `trajstore serve` answers with exit status 0 (make stops quietly)
+demo: $(DEMO_INSTALL)
 	$(VENV)/bin/trajstore rollout --backend gym --env CartPole-v1 --num-envs 8 --episodes 500 --store $(STORE) --run demo-gym-$(RUN) --seed 0
 	$(VENV)/bin/trajstore rollout --backend jax --env cartpole --num-envs 1024 --steps 500000 --store $(STORE) --run demo-jax-$(RUN) --seed 0
 	$(VENV)/bin/trajstore stats --store $(STORE) --by run_id --gamma 0.99
@@ -45,24 +78,45 @@ demo: install
 	@echo "dashboard: http://127.0.0.1:$(PORT)/dashboard  (serving $(STORE); Ctrl-C stops it)"
 	$(VENV)/bin/trajstore serve --store $(STORE) --port $(PORT)
 
-test: install system-tools min-venv
+test: install system-tools min-venv core-venv
 	@$(MAKE) --no-print-directory lerobot-venv || echo "could not build $(LEROBOT_VENV): the LeRobot tests will be skipped"
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
+
+check: install
+	$(PY) -m pytest -n 2 --dist loadfile -m "not ($(CHECK_SKIPS))"
 
 lint: install
 	$(VENV)/bin/ruff check .
+	@$(MAKE) --no-print-directory typecheck
 
-# Each core dependency pinned to its declared minimum ("name>=x" in [project] dependencies becomes "name==x").
+.PHONY: typecheck
+typecheck: install
+	$(VENV)/bin/mypy
+
+# The documentation site into build/site (MkDocs, mkdocs.yml): warnings are errors, nothing fetched from the network.
+docs: install
+	$(VENV)/bin/mkdocs build --strict
+
+# Each core dependency and the gym extra's pinned to its declared minimum ("name>=x" becomes "name==x").
 $(MIN_VENV)/.installed: pyproject.toml
 	rm -rf $(MIN_VENV)
 	$(PYTHON) -m venv $(MIN_VENV)
-	$(PYTHON) -c 'import re; text = open("pyproject.toml").read(); \
-	  deps = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1); \
-	  print("\n".join(d.replace(">=", "==") for d in re.findall(r"\"([^\"]+)\"", deps)))' > $(MIN_VENV)/minimums.txt
-	$(MIN_VENV)/bin/python -m pip install -q -c $(MIN_VENV)/minimums.txt -e .
+	$(PYTHON) -c 'import tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	  deps = project["dependencies"] + project["optional-dependencies"]["gym"]; \
+	  print("\n".join(d.replace(">=", "==") for d in deps))' > $(MIN_VENV)/minimums.txt
+	$(MIN_VENV)/bin/python -m pip install -q -c $(MIN_VENV)/minimums.txt -e '.[gym]'
 	touch $@
 
 min-venv: $(MIN_VENV)/.installed
+
+# `pip install trajstore` and nothing else (tests/test_core_install.py builds the same when it is missing)
+$(CORE_VENV)/.installed: pyproject.toml
+	rm -rf $(CORE_VENV)
+	$(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/python -m pip install -q -e .
+	touch $@
+
+core-venv: $(CORE_VENV)/.installed
 
 # lerobot pins torch < 2.12 and PyPI has no CPU-only build of it for Linux: pip brings the CUDA one (~4 GB of
 # wheels, unused here). A failed build leaves no half venv behind.
@@ -95,9 +149,18 @@ vendor-plotly:
 	cp .plotly-pack/package/LICENSE api/dashboard/vendor/plotly-LICENSE
 	rm -rf .plotly-pack
 
-bench: install
+bench: install bench-torchrl-venv
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/run.py
 
+# TorchRL 0.14.1's C++ sum tree (its _torchrl extension) loads only beside the torch it was built with (2.14), not
+# the CPU 2.13 of $(VENV): benchmarks/bench_replay.py runs its PrioritizedSampler in this venv of its own
+bench-torchrl-venv: .venv-torchrl/.installed
+.venv-torchrl/.installed:
+	$(PYTHON) -m venv .venv-torchrl
+	.venv-torchrl/bin/python -m pip install -q torch==2.14.1 --index-url https://download.pytorch.org/whl/cpu
+	.venv-torchrl/bin/python -m pip install -q torchrl==0.14.1 tensordict==0.14.3 numpy
+	touch $@
+
 clean:
-	rm -rf $(VENV) $(LEROBOT_VENV) $(STORE) $(MIN_VENV)
+	rm -rf $(VENV) $(LEROBOT_VENV) $(STORE) $(MIN_VENV) $(CORE_VENV)

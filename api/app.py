@@ -1,18 +1,18 @@
 """The trajstore service: a FastAPI application over one store.
 
 >>> from trajstore.api.app import create_app
->>> from trajstore.settings import Settings
->>> app = create_app(Settings(store="./trajdata"))  # doctest: +SKIP
+>>> from trajstore.api.settings import ServiceSettings
+>>> app = create_app(ServiceSettings(store="./trajdata"))  # doctest: +SKIP
 
-Run it with ``trajstore serve --store PATH`` (uvicorn). Settings come from ``TRAJSTORE_*``
-environment variables unless given.
+Run it with ``trajstore serve --store PATH`` (uvicorn). The service's settings come from ``TRAJSTORE_*``
+environment variables unless given, and so do the options of the store it opens (:class:`trajstore.Settings`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import Depends, FastAPI
 
@@ -21,6 +21,7 @@ from trajstore.__about__ import __version__
 from trajstore.api import body_limit, budgets, params, problems
 from trajstore.api.dashboard import router as dashboard_router
 from trajstore.api.dashboard.routes import warm as warm_dashboard
+from trajstore.api.replays import Replays
 from trajstore.api.routes import (
     commits,
     episodes,
@@ -29,16 +30,17 @@ from trajstore.api.routes import (
     health,
     history,
     ingest,
+    replays,
     runs,
     sequences,
     sql,
     stats,
     steps,
 )
-from trajstore.operations.group_commit import GroupCommitter
+from trajstore.api.settings import ServiceSettings
 from trajstore.query import sql_worker
-from trajstore.settings import Settings
-from trajstore.store import Store
+from trajstore.query.sandbox import Gate
+from trajstore.store import Store, plumbing
 
 if TYPE_CHECKING:
     import uvicorn
@@ -46,10 +48,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None, *, store: Store | None = None, create: bool = False) -> FastAPI:
+def create_app(settings: ServiceSettings | None = None, *, store: Store | None = None,
+               create: bool = False) -> FastAPI:
     """The application over ``store``, or over the store at ``settings.store`` (made there if absent only with
-    ``create``: a mistyped path is an error, not a new empty store)."""
-    settings = settings or Settings.from_env()
+    ``create``: a mistyped path is an error, not a new empty store; its options from the environment)."""
+    settings = settings or ServiceSettings.from_env()
     app = FastAPI(title="trajstore", version=__version__,
                   description="Episode statistics, returns, SQL and Arrow streams over stored RL trajectories.\n\n"
                               "Integers in JSON: `episode_id` is always a decimal string, and so is any other "
@@ -62,19 +65,23 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
                   lifespan=_serving)
     app.state.settings = settings
     app.state.compute_gate = budgets.gate(settings)
-    app.state.store = store or trajstore.open(settings.store, create=create, settings=settings)
+    # sandboxed queries and loader streams at once, of every version the service reads
+    app.state.sql_gate = Gate(settings.sql_max_concurrent)
+    app.state.replays = Replays(settings)  # the replays remote learners opened (POST /replays)
+    app.state.store = store or trajstore.open(settings.store, create=create)
     # ingest requests committed in groups, at most one commit per commit_interval; their bytes bounded
-    app.state.committer = GroupCommitter(app.state.store.table, interval_s=settings.commit_interval,
-                                         group_bytes=settings.commit_group_bytes,
-                                         upkeep=app.state.store.ingest_upkeep)
+    app.state.committer = plumbing(app.state.store).group_committer(interval_s=settings.commit_interval,
+                                                                     group_bytes=settings.commit_group_bytes)
     app.state.ingest_bytes = budgets.pending_bytes(settings)
     # POST /sql and the comparisons' bootstraps pay no process start
-    sql_worker.warm(settings.sql_worker_bytes, settings.sql_max_concurrent + settings.compute_max_concurrent)
+    sql_worker.warm(plumbing(app.state.store).settings.sql_worker_bytes,
+                    settings.sql_max_concurrent + settings.compute_max_concurrent)
     health.start(app.state)  # the first probe of /health finds the store checked
     problems.install(app)
     app.add_middleware(budgets.Places, gate=app.state.compute_gate)  # a place taken before anything is parsed
     app.add_middleware(body_limit.BodyLimit, settings=settings)  # outermost: a body is refused before anything runs
-    for module in (health, runs, episodes, frames, stats, steps, sql, ingest, history, events, commits, sequences):
+    for module in (health, runs, episodes, frames, stats, steps, sql, ingest, history, events, commits, sequences,
+                   replays):
         app.include_router(module.router)
     app.include_router(dashboard_router)
     return app
@@ -87,8 +94,11 @@ async def _serving(app: FastAPI) -> AsyncIterator[None]:
     page read ahead, so a first visit finds it ready."""
     if app.state.settings.dashboard_warm:
         warm_dashboard(app.state.store)
-    yield
-    app.state.committer.close()  # what waits is committed and answered before the server stops
+    try:
+        yield
+    finally:
+        app.state.committer.close()  # what waits is committed and answered before the server stops
+        app.state.replays.close_all()  # their updates committed
 
 
 # A request's line and headers may hold long filters (``where`` up to 10,000 characters, ``normalize`` more),
@@ -97,7 +107,7 @@ async def _serving(app: FastAPI) -> AsyncIterator[None]:
 REQUEST_HEAD_BYTES = 4 * 1024 * 1024
 
 
-def server_config(app: FastAPI, **options: object) -> uvicorn.Config:
+def server_config(app: FastAPI, **options: Any) -> uvicorn.Config:
     """The uvicorn configuration ``trajstore serve`` (and the tests' live servers) run ``app`` with."""
     import uvicorn
 

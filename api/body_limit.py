@@ -9,8 +9,8 @@ the setting that sets it, and the connection is closed: the rest of the body is 
 The routes that take a body have their own limits (:data:`ROUTES`); every other route takes none and is sent at
 most :data:`OTHER_BYTES`, so a route added without an entry here is bounded too.
 
->>> from trajstore.settings import Settings
->>> limits = Limits(Settings(sql_max_body_bytes=1000))
+>>> from trajstore.api.settings import ServiceSettings
+>>> limits = Limits(ServiceSettings(sql_max_body_bytes=1000))
 >>> limits.of("/sql").bytes, limits.of("/runs/a/batches").setting, limits.of("/stats").bytes
 (1000, 'max_body_bytes', 65536)
 """
@@ -28,8 +28,9 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trajstore.api.problems import problem
+from trajstore.api.settings import ServiceSettings
 from trajstore.errors import BodyTooLargeError, size_text
-from trajstore.settings import PREFIX, Settings
+from trajstore.settings import PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ ROUTES = {  # every route that takes a body, and the setting that bounds it
     "/sql": "sql_max_body_bytes",
     "/runs/{run_id}/batches": "max_body_bytes",
     "/runs/{run_id}": "run_max_body_bytes",
+    "/replays/{replay_id}/update": "replay_max_body_bytes",
 }
 METHODS = {"/runs/{run_id}": {"PATCH"}}  # routes whose other methods take no body
 OTHER_BYTES = 64 * 1024  # the most any other route is sent (it reads none of it)
@@ -65,7 +67,7 @@ class Limit:
 class Limits:
     """Each route's :class:`Limit`, from ``settings``, found by the request's path."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: ServiceSettings) -> None:
         self._routes = [(compile_path(path)[0], METHODS.get(path), Limit(int(getattr(settings, name)), name))
                         for path, name in ROUTES.items()]
         self._other = Limit(OTHER_BYTES, None)
@@ -78,7 +80,7 @@ class Limits:
 class BodyLimit:
     """ASGI middleware: refuses a request body over its route's limit (see the module) with a 413 problem."""
 
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+    def __init__(self, app: ASGIApp, settings: ServiceSettings) -> None:
         self.app = app
         self.limits = Limits(settings)
 

@@ -2,7 +2,8 @@
 
 - Every request gets a time limit for what it computes (``request_timeout_s``): its queries of the process's
   DuckDB are interrupted past it, 408.
-- The routes that compute per request — comparisons, performance profiles, learning curves across seeds, whose
+- The routes that compute per request — comparisons, performance profiles, learning curves across seeds
+  (``/curves/groups``, and ``/curves`` with ``by=``), whose
   bootstraps grow with ``reps``, thresholds, bins and groups — each take one of ``compute_max_concurrent`` places
   from the first to the last byte of their work (429 with ``Retry-After`` when none is free: nothing waits, so a
   burst of them never holds the threads a cheap ``/stats`` or ``/health`` needs), their own time limit
@@ -27,18 +28,20 @@ import math
 import threading
 import time
 from typing import AsyncIterator
+from urllib.parse import parse_qs
 
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trajstore.api.problems import problem
+from trajstore.api.settings import ServiceSettings
 from trajstore.errors import IngestBusyError, QueryBusyError, size_text
 from trajstore.query import budget
 from trajstore.query.sandbox import Gate
-from trajstore.settings import Settings
+from trajstore.store import plumbing
 
 
-def gate(settings: Settings) -> Gate:
+def gate(settings: ServiceSettings) -> Gate:
     """The places of the routes that compute per request."""
     return Gate(settings.compute_max_concurrent, holds="comparisons or learning curves across seeds",
                 setting="compute_max_concurrent")
@@ -52,6 +55,16 @@ async def request_budget(request: Request) -> None:
 
 
 COMPUTED = frozenset({"/compare", "/compare/scores", "/compare/improvement", "/compare/profile", "/curves/groups"})
+GROUPED = "/curves"  # computes per request when asked for groups of runs (by=): learning curves across seeds
+
+
+def computes(scope: Scope) -> bool:
+    """Whether the request of ``scope`` goes to a route that computes per request: one of :data:`COMPUTED`, or
+    :data:`GROUPED` with ``by=``."""
+    if scope["path"] in COMPUTED:
+        return True
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    return scope["path"] == GROUPED and "by" in query
 
 
 class Places:
@@ -63,7 +76,7 @@ class Places:
         self.app, self.gate = app, gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in COMPUTED:
+        if scope["type"] != "http" or not computes(scope):
             await self.app(scope, receive, send)
             return
         try:
@@ -90,7 +103,15 @@ async def compute_budget(request: Request) -> None:
     bootstrap in a worker process capped at ``sql_worker_bytes``."""
     settings = request.app.state.settings
     budget.set_current(budget.Budget(timeout_s=settings.compute_timeout_s, memory_bytes=settings.compute_memory_bytes,
-                                     worker_bytes=settings.sql_worker_bytes, what=_route(request)))
+                                     worker_bytes=plumbing(request.app.state.store).settings.sql_worker_bytes,
+                                     what=_route(request)))
+
+
+async def grouped_budget(request: Request) -> None:
+    """:data:`GROUPED`'s budget: that of a route of :data:`COMPUTED` when it groups runs (``by=``), else the
+    request's own."""
+    if "by" in request.query_params:
+        await compute_budget(request)
 
 
 def _route(request: Request) -> str:
@@ -157,7 +178,7 @@ class PendingBytes:
             self.bytes += n
 
 
-def pending_bytes(settings: Settings) -> PendingBytes:
+def pending_bytes(settings: ServiceSettings) -> PendingBytes:
     """The ingest requests' byte budget of one service."""
     return PendingBytes(settings.ingest_pending_bytes, settings.ingest_wait_s,
                         retry_after_s=max(1.0, 4 * settings.commit_interval))

@@ -46,7 +46,7 @@ def decode(cursor: str, size: int, *, agent: bool = False) -> list[Any]:
     values = [_integer(k) for k in key[:size]] if isinstance(key, list) and len(key) >= size else [None]
     tail = key[size:] if isinstance(key, list) else None
     if any(v is None or v not in INT64 for v in values) or not (
-            tail == [] or (agent and len(tail) == 1 and isinstance(tail[0], str) and tail[0])):
+            tail == [] or (agent and tail is not None and len(tail) == 1 and isinstance(tail[0], str) and tail[0])):
         raise InputError(f"cursor: not a cursor of this page ({cursor!r}); pass the next_cursor of the page before")
     return values + tail  # type: ignore[operator]
 

@@ -1,5 +1,5 @@
-"""Dependencies shared by the routes: settings, the store (the latest version, or one ``?version=`` names) and
-the API key."""
+"""Dependencies shared by the routes: the service's settings, the store (the latest version, or one ``?version=``
+names), the places of sandboxed queries and loader streams, and the API key."""
 
 from __future__ import annotations
 
@@ -11,14 +11,20 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from trajstore.settings import Settings
+from trajstore.api.settings import ServiceSettings
+from trajstore.query.sandbox import Gate
 from trajstore.store import Store
 
 _bearer = HTTPBearer(auto_error=False, description="the API key set with TRAJSTORE_API_KEY")
 
 
-def get_settings(request: Request) -> Settings:
+def get_settings(request: Request) -> ServiceSettings:
     return request.app.state.settings
+
+
+def get_sql_gate(request: Request) -> Gate:
+    """The ``sql_max_concurrent`` places of sandboxed queries and loader streams, shared by every version read."""
+    return request.app.state.sql_gate
 
 
 def get_store(request: Request) -> Store:
@@ -58,7 +64,7 @@ def get_read_store(store: Annotated[Store, Depends(get_store)], request: Request
     return pinned
 
 
-def require_api_key(settings: Annotated[Settings, Depends(get_settings)],
+def require_api_key(settings: Annotated[ServiceSettings, Depends(get_settings)],
                     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     """Bearer-token check for writes; with no key configured, writes are disabled."""
     challenge = {"WWW-Authenticate": "Bearer"}
@@ -71,6 +77,7 @@ def require_api_key(settings: Annotated[Settings, Depends(get_settings)],
         raise HTTPException(status_code=401, detail="wrong API key", headers=challenge)
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+SettingsDep = Annotated[ServiceSettings, Depends(get_settings)]
+SqlGateDep = Annotated[Gate, Depends(get_sql_gate)]
 StoreDep = Annotated[Store, Depends(get_store)]
 ReadStoreDep = Annotated[Store, Depends(get_read_store)]

@@ -19,9 +19,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trajstore.errors import StoreAccessError
-from trajstore.query.follow import new_commits
 from trajstore.storage.log import LogCommit
-from trajstore.store import Store
+from trajstore.store import Store, plumbing
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +117,7 @@ class CommitHub:
         try:
             while not stop.is_set():
                 try:
-                    for commit in new_commits(self.store.table, since=since, poll=self.poll, sleep=stop.wait):
+                    for commit in plumbing(self.store).new_commits(since=since, poll=self.poll, sleep=stop.wait):
                         if stop.is_set():
                             return
                         loop.call_soon_threadsafe(self._fan_out, Announcement.of(commit))

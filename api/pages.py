@@ -23,7 +23,7 @@ def row_bytes(store: Store, columns: Sequence[str], env_ids: Sequence[str] | Non
     """The most bytes one step of ``columns`` (every stored column if empty) takes decoded, over the store's
     environments (or ``env_ids``): fixed-width types exactly, others (strings, lists of varying length) as
     their files' footers say, and at least :data:`VARYING_BYTES` each. At least 1."""
-    files = store.files()
+    files = store.maintain.files()
     widest = 0
     for env_id in sorted({f.env_id for f in files if env_ids is None or f.env_id in env_ids}):
         schema = store.schema(env_id)

@@ -42,6 +42,7 @@ def episode_filter(
     seed: Annotated[list[Annotated[Int64, Query(**INT64)]], Query(description="lineage: seeds")] = [],  # noqa: B006
     env_index: Annotated[list[Annotated[int, Query(**INT32)]], Query(description="lineage: index in the vector env")] = [],  # noqa: B006,E501
 ) -> EpisodeFilter:
+    lineage: dict[str, list[Any]]
     lineage = {"policy_version": policy_version, "mode": mode, "worker_id": worker_id, "seed": seed,
                "env_index": env_index}
     return EpisodeFilter(run_id=run_id, env_id=env_id, episode_id=episode_id, complete=complete,

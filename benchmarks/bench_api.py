@@ -69,7 +69,7 @@ def cached_store(steps: int, *, envs: int, horizon: int, cache_dir: Path, rebuil
     marker = root / "built.json"
     if marker.exists() and not rebuild:
         info = json.loads(marker.read_text())
-        if sum(f.rows for f in trajstore.open(root / "store").files()) == info["steps"]:
+        if sum(f.rows for f in trajstore.open(root / "store").maintain.files()) == info["steps"]:
             _log(f"reusing the store in {root}")
             return root / "store", info
     shutil.rmtree(root, ignore_errors=True)
@@ -81,7 +81,7 @@ def cached_store(steps: int, *, envs: int, horizon: int, cache_dir: Path, rebuil
         for batch in rollout.batches:
             writer.add_batch(batch)
     seconds = time.perf_counter() - t0
-    files = store.files()
+    files = store.maintain.files()
     info = {"steps": rollout.steps, "envs": envs, "horizon": rollout.horizon, "batches": len(rollout.batches),
             "complete_episodes": rollout.complete_episodes, "files": len(files),
             "stored_mb": sum(f.size for f in files) / MIB, "write_seconds": seconds}
@@ -369,7 +369,7 @@ def run(steps: int, *, envs: int = 1000, horizon: int = 250, batch_size: int = 6
     import trajstore
 
     path, data = cached_store(steps, envs=envs, horizon=horizon, cache_dir=cache_dir, rebuild=rebuild)
-    paths = [f.path for f in trajstore.open(path).files()]
+    paths = [f.path for f in trajstore.open(path).maintain.files()]
     n = data["steps"]
     json_rows = min(json_rows or max(n // 10, 10_000), JSON_ROWS, n)
     timings = [Timing("`Client.iter_batches` over loopback", n,

@@ -103,7 +103,7 @@ def write_store(root: Path, batches: list[dict[str, np.ndarray]]) -> tuple[int, 
     with store.writer(run_id="bench", env_id="Breakout", frame_stack={"obs": STACK}, autoreset="next-step") as w:
         for batch in batches:
             w.add_batch(batch)
-    return _sizes([(f.path, f.fs) for f in store.files()])
+    return _sizes([(f.path, f.fs) for f in store.maintain.files()])
 
 
 def write_bare(path: Path, batches: list[dict[str, np.ndarray]]) -> tuple[int, int]:
@@ -141,7 +141,7 @@ def rollout_store(root: Path, venv: Any, steps: int, seed: int) -> tuple[int, in
 
     store = trajstore.open(root, create=True)
     gym_rollout(store, venv, run_id="bench", env_id="Breakout", steps=steps, seed=seed, progress=False)
-    return _sizes([(f.path, f.fs) for f in store.files()])
+    return _sizes([(f.path, f.fs) for f in store.maintain.files()])
 
 
 def _sizes(files: list[tuple[str, Any]]) -> tuple[int, int]:

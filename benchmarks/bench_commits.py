@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 from report import cpu_model, load_average, machine_info, output_options, publish  # noqa: E402
 
 import trajstore  # noqa: E402
+from trajstore.store import plumbing  # noqa: E402
 
 WRITERS = 8
 T, B = 16, 4
@@ -106,10 +107,10 @@ def measure(path: Path) -> dict[str, float]:
     from fastapi.testclient import TestClient
 
     from trajstore.api.app import create_app
-    from trajstore.settings import Settings
+    from trajstore.api.settings import ServiceSettings
 
     def service(urls: list[str]) -> None:
-        with TestClient(create_app(Settings(store=str(path)))) as client:
+        with TestClient(create_app(ServiceSettings(store=str(path)))) as client:
             for url in urls:
                 assert client.get(url).status_code == 200, url
 
@@ -121,7 +122,7 @@ def measure(path: Path) -> dict[str, float]:
         return (time.perf_counter() - t0) / max(1, store.version - since) if n else float("nan")
 
     return {
-        "open": _median(lambda: trajstore.open(path).files()),
+        "open": _median(lambda: trajstore.open(path).maintain.files()),
         "stats": _median(lambda: trajstore.open(path).stats()),
         "episodes": _median(lambda: trajstore.open(path).episodes()),
         "/stats": _median(lambda: service(["/stats"])),
@@ -134,15 +135,19 @@ def fresh_copy(path: Path, to: Path) -> None:
     """A new store holding the aged store's rows as if written fresh: each partition's rows in one file (ordered by
     episode and step, as compaction writes them), committed once; its log a handful of versions."""
     from trajstore.operations.compact import merged, upgraded
+    from trajstore.settings import Settings
+    from trajstore.storage.location import locate
+    from trajstore.storage.table import StepsTable
 
     aged = trajstore.open(path)
-    fresh = trajstore.open(to, create=True)
+    trajstore.open(to, create=True)
+    table = StepsTable.of_store(locate(str(to)), Settings.from_env())  # the storage layer, as a Store opens it
     partitions: dict[tuple[str, str], list[Any]] = {}
-    for f in aged.files():
+    for f in aged.maintain.files():
         partitions.setdefault((f.run_id, f.env_id), []).append(f)
     for (run_id, env_id), files in partitions.items():
-        fmt = aged.table.schemas(files[:1])[0].format
-        fresh.table.append(upgraded(fresh.table, merged(files), fmt), run_id=run_id, env_id=env_id)
+        fmt = plumbing(aged).file_schemas(files[:1])[0].format
+        table.append(upgraded(table, merged(files), fmt), run_id=run_id, env_id=env_id)
 
 
 def same_rows(path: Path, other: Path) -> None:
@@ -160,7 +165,7 @@ def run(points: list[int], work: Path) -> tuple[list[dict[str, Any]], dict[str, 
         path = work / f"c{n}"
         written = write_store(path, n, upkeep=True)
         store = trajstore.open(path)
-        files, version, lag = len(store.files()), store.version, store.log_lag()[1]
+        files, version, lag = len(store.maintain.files()), store.version, plumbing(store).log_lag()[1]
         fresh_copy(path, work / f"c{n}-fresh")
         same_rows(path, work / f"c{n}-fresh")
         rows.append({"commits": n, "files": files, "version": version, "lag": lag, **written,
@@ -173,7 +178,8 @@ def run(points: list[int], work: Path) -> tuple[list[dict[str, Any]], dict[str, 
     off = None
     if off_n is not None:
         path = work / f"off{off_n}"
-        off = {"commits": off_n, **write_store(path, off_n, upkeep=False), "files": len(trajstore.open(path).files()),
+        off = {"commits": off_n, **write_store(path, off_n, upkeep=False),
+               "files": len(trajstore.open(path).maintain.files()),
                "aged": measure(path)}
         print(json.dumps(off), flush=True)
         shutil.rmtree(path)

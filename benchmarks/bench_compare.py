@@ -32,7 +32,11 @@ from report import load_average, machine_info, output_options, publish  # noqa: 
 
 import trajstore  # noqa: E402
 from trajstore.query import compare as cmp  # noqa: E402
+from trajstore.query.engine import Engine  # noqa: E402
+from trajstore.settings import Settings  # noqa: E402
+from trajstore.storage.location import locate  # noqa: E402
 from trajstore.storage.summaries import FOLDER as SUMMARIES  # noqa: E402
+from trajstore.storage.table import StepsTable  # noqa: E402
 
 ALGOS, SEEDS, TASKS, EPISODES, LENGTH, REPS = ("a", "b"), 50, 10, 100, 10, 2000
 STORE = REPO / ".cache" / "bench-compare" / "store"
@@ -87,7 +91,9 @@ def run(repeats: int) -> dict[str, Any]:
     store = write_store(STORE)
     written_s = time.perf_counter() - t0
     bounds = {f"Task{t}-v0": (0.0, 30.0) for t in range(TASKS)}  # normalized: the optimality gap is computed too
-    found = cmp.scores(store.engine, "config.algo", normalize=bounds)
+    location, settings = locate(store.uri), Settings.from_env()  # the query layer, as a Store opens it
+    engine = Engine(StepsTable.of_store(location, settings), location, settings)
+    found = cmp.scores(engine, "config.algo", normalize=bounds)
     matrices = {g[0]: np.stack(m, axis=1) for g, m in found.groups.items()}  # (runs, tasks) each
     assert all(m.shape == (SEEDS, TASKS) for m in matrices.values()), {k: m.shape for k, m in matrices.items()}
     ours = cmp.compare(found, reps=REPS)

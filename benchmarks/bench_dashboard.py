@@ -44,7 +44,7 @@ from trajstore.api.app import create_app  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import cpu_model, git_commit, out_path, output_options, publish  # noqa: E402
 
-from trajstore.settings import Settings  # noqa: E402
+from trajstore.api.settings import ServiceSettings  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
@@ -163,9 +163,9 @@ def run(episodes: int, *, repeats: int, store_path: Path | None, work: Path) -> 
     row = store.sql("SELECT count(*) AS n, sum(episode_length)::BIGINT AS steps FROM episodes").to_pylist()[0]
     res = Result(episodes=row["n"], steps=row["steps"], build_s=build_s)
     for _ in range(repeats):  # a service started for each first visit
-        with contextlib.contextmanager(serve)(create_app(Settings(store=str(path)))) as live:
+        with contextlib.contextmanager(serve)(create_app(ServiceSettings(store=str(path)))) as live:
             measure_fresh(live.url, res)
-    with contextlib.contextmanager(serve)(create_app(Settings(store=str(path)))) as live:
+    with contextlib.contextmanager(serve)(create_app(ServiceSettings(store=str(path)))) as live:
         res.api_alone = time_api(live.url, repeats)
         measure(live.url, res, repeats)
     return res

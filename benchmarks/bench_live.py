@@ -39,7 +39,7 @@ import trajstore  # noqa: E402
 from tests.api.helpers import serve  # noqa: E402
 from trajstore.api.app import create_app  # noqa: E402
 from trajstore.api.cursor import encode  # noqa: E402
-from trajstore.settings import Settings  # noqa: E402
+from trajstore.api.settings import ServiceSettings  # noqa: E402
 
 SECTION = "live"
 SIZES = (100_000, 1_000_000)
@@ -177,7 +177,7 @@ def run_size(episodes: int, work: Path, repeats: int) -> dict[str, Any]:
     write_s = build_store(path, episodes)
     store = trajstore.open(path)
     res: dict[str, Any] = {"episodes": store.stats()["n_traj"][0].as_py(), "write_s": write_s}
-    with contextlib.contextmanager(serve)(create_app(Settings(store=str(path)))) as live:
+    with contextlib.contextmanager(serve)(create_app(ServiceSettings(store=str(path)))) as live:
         for name, stages in (("before", BEFORE), ("after", AFTER)):
             page_fetches(live.url, stages)  # warm: each request once first
             runs = [page_fetches(live.url, stages) for _ in range(repeats)]

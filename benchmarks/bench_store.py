@@ -129,7 +129,7 @@ def _same_stats(a: dict[str, Any], b: dict[str, Any], what: str, rtol: float = 1
 def bench_stats(store: trajstore.Store, rollout: Rollout, repeats: int,
                 imitation_steps: int) -> tuple[list[Timing], list[str]]:
     n = rollout.steps
-    paths = [f.path for f in sorted(store.files(), key=lambda f: f.modified_ms)]
+    paths = [f.path for f in sorted(store.maintain.files(), key=lambda f: f.modified_ms)]
     con = duckdb.connect()
     sql = base.duckdb_stats_sql(paths)
     expected = base.duckdb_stats(con, sql)  # also warms up both (and the page cache)
@@ -172,7 +172,7 @@ def bench_stats(store: trajstore.Store, rollout: Rollout, repeats: int,
 def bench_returns(store: trajstore.Store, rollout: Rollout,
                   repeats: int) -> tuple[list[Timing], dict[str, float]]:
     n = rollout.steps
-    paths = [f.path for f in sorted(store.files(), key=lambda f: f.modified_ms)]
+    paths = [f.path for f in sorted(store.maintain.files(), key=lambda f: f.modified_ms)]
     cols = base.read_rows(paths, ["episode_id", "step", "reward"])
     eid, step, rew = (cols[c].to_numpy() for c in ("episode_id", "step", "reward"))
 
@@ -222,7 +222,7 @@ def run(steps: int, *, envs: int, horizon: int, repeats: int, imitation_steps: i
     _log("stats done")
     returns, errors = bench_returns(store, rollout, repeats)
     _log("returns done")
-    files = store.files()
+    files = store.maintain.files()
     info = {"steps": rollout.steps, "envs": rollout.envs, "horizon": rollout.horizon,
             "batches": len(rollout.batches), "complete_episodes": rollout.complete_episodes,
             "truncated_episodes": rollout.truncated_episodes, "input_mb": rollout.bytes / 2**20,

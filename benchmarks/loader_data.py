@@ -8,6 +8,7 @@ ignores) and reused by later runs: writing 50M steps takes minutes and ~8 GB. A 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -52,6 +53,7 @@ def batches(steps: int, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
 def ensure_store(folder: Path, steps: int, log: callable = print) -> Path:  # type: ignore[valid-type]
     """The store of ``steps`` steps under ``folder`` (``steps-<N>``), generated unless already there."""
     import trajstore
+    from trajstore.settings import Settings
 
     path = folder / f"steps-{steps}"
     marker = path / "generated.json"
@@ -62,7 +64,10 @@ def ensure_store(folder: Path, steps: int, log: callable = print) -> Path:  # ty
     if path.exists():
         shutil.rmtree(path)
     log(f"generating a store of {steps:,} steps in {path} (kept for later runs)")
-    store = trajstore.open(path, create=True)
+    # its writer writes the loaders' array copies (not the default: there the first loader makes them), so that
+    # the benchmark's first process over it reads no Parquet; bench_loaders.py measures the default apart
+    settings = dataclasses.replace(Settings.from_env(), writer_arrays=True)
+    store = trajstore.open(path, create=True, settings=settings)
     with store.writer(run_id="bench", env_id="Walker2d-v5") as w:
         for batch in batches(steps):
             w.add_batch(batch)

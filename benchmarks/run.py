@@ -3,7 +3,7 @@
     python benchmarks/run.py                    # every benchmark at full size, writes docs/benchmarks.md
     python benchmarks/run.py --only store       # one of: store (issue 2), jax (3), api (4), dashboard (5), s3 (13),
                                                 # loaders (22), live (15), export (20), atari (21),
-                                                # compare (31), agents (32)
+                                                # compare (31), agents (32), replay (50)
     python benchmarks/run.py --steps 200000     # quick smoke run; prints the sections, writes no doc
     python benchmarks/run.py --steps 200000 --out /tmp/bench.md
 """
@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     report.output_options(p, f"runs of {FULL_STEPS:,} steps or more", check=False)
     p.add_argument("--workdir", type=Path, default=None, help="where to put the temporary stores")
     p.add_argument("--check", action="store_true", help="exit with status 1 when a target is not met")
-    p.add_argument("--only", default="store,jax,api,dashboard,s3,loaders,live,export,atari,compare,agents",
+    p.add_argument("--only", default="store,jax,api,dashboard,s3,loaders,live,export,atari,compare,agents,replay",
                    help="comma-separated benchmarks to run (default: %(default)s)")
     return p
 
@@ -85,6 +85,11 @@ def run_others(names: list[str], steps: int, out: Path | None, check: bool) -> i
         import bench_agents
 
         status |= bench_agents.main(["--out", str(out)])
+    if "replay" in names:
+        import bench_replay
+
+        status |= bench_replay.main((["--quick"] if steps < FULL_STEPS else []) +
+                                    (["--out", str(out)] if out is not None else []) + (["--check"] if check else []))
     if "atari" in names:
         atari_steps = ["--steps", str(min(steps, bench_atari.FULL_STEPS))]
         status |= bench_atari.main(atari_steps + (["--out", str(out)] if out is not None else []) +

@@ -11,6 +11,9 @@ import pytest
 import trajstore
 from tests import seaweed
 
+# each test marked with what it starts (tests/tiers.py); no test commits to a store a shared fixture holds
+pytest_plugins = ["tests.tiers", "tests.shared_fixtures"]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def layout_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:

@@ -3,13 +3,20 @@ and what a store holds per env."""
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
 
 import trajstore
+from trajstore.loaders.layout_store import LayoutStore
+from trajstore.query.engine import Engine
+from trajstore.storage.location import Location, locate
+from trajstore.storage.table import StepsTable
+from trajstore.store import plumbing
 
 
 def make_batch(rng: np.random.Generator, T: int, B: int, *, obs_dim: int = 3, p_terminated: float = 0.1,
@@ -256,3 +263,51 @@ def write_pixel_store(path: Any, *, T: int = 60, B: int = 2, seed: int = 0) -> t
     with store.writer(run_id="plain", env_id="Vector-v0") as w:
         w.add_batch(make_batch(rng, T, B, p_terminated=0.05, p_truncated=0.0))
     return store
+
+
+def wait_for(condition: Callable[[], object], what: str, seconds: float = 60.0) -> None:
+    """Until ``condition()`` is true (checked every 20 ms): the event a test awaits instead of a fixed sleep;
+    after ``seconds`` an AssertionError saying ``what`` did not happen."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {seconds:g} s")
+        time.sleep(0.02)
+
+
+# --- the layers below the Store, for the tests of those layers ---------------------------------------------------
+# A Store keeps its table, engine and loader layouts private; a test of the storage layer, the query layer or the
+# loaders opens its own over the same store (as another process would), never the Store's.
+
+def store_location(store: trajstore.Store) -> Location:
+    """Where ``store`` is, with its storage options and settings."""
+    served = plumbing(store)
+    return locate(store.uri, served.storage_options or None, settings=served.settings)
+
+
+def steps_table(store: trajstore.Store, *, pinned: int | None = None) -> StepsTable:
+    """The ``steps`` table of ``store`` (its files and its log) as the storage layer opens it, at ``pinned`` (default:
+    the version a read-only store is pinned to, else the latest)."""
+    served = plumbing(store)
+    return StepsTable.of_store(store_location(store), served.settings,
+                               pinned=served.pinned if pinned is None else pinned)
+
+
+def engine_of(store: trajstore.Store) -> Engine:
+    """A read engine over ``store``'s table, as a Store builds one (its caches its own)."""
+    return Engine(steps_table(store), store_location(store), plumbing(store).settings)
+
+
+def layouts_of(store: trajstore.Store) -> LayoutStore:
+    """Where ``store``'s loader layouts are kept, as a Store opens it."""
+    settings = plumbing(store).settings
+    return LayoutStore(store_location(store), cache=settings.layout_cache, shared=settings.store_layouts,
+                       keep=settings.loader_layouts)
+
+
+BUILT = "built loader layout"  # the log line of every layout built (loaders/layout_store.py), found or kept
+
+
+def layouts_built(records: list[logging.LogRecord]) -> int:
+    """How many loader layouts were built among log ``records`` (what ``caplog.records`` held)."""
+    return sum(1 for r in records if r.name == "trajstore.loaders.layout_store" and r.getMessage().startswith(BUILT))

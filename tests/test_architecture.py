@@ -1,5 +1,7 @@
 """The shape of the package: layers, each a folder, each importing only from the layers below it (imports for type
-hints counted); no import cycles; nothing outside ``store.py`` touches a private part of the Store; every package's
+hints counted); no import cycles (type-hint imports counted too); the Delta log's names spelled in one module and
+deltalake imported only by the modules of the store's Delta tables; nothing outside ``store.py`` touches a private
+part of the Store; every package's
 docstring names its modules; SQL text is written only in ``trajstore/query/sql.py``; and the wheel installs nothing
 at top level but ``trajstore`` (the service inside it as ``trajstore.api``)."""
 
@@ -14,6 +16,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+import trajstore
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "trajstore"
@@ -71,13 +75,13 @@ def graph(*, type_hints: bool = False) -> dict[str, set[str]]:
 # The layers, lowest first (docs/architecture.md draws them): a module imports from its own layer and those below.
 LAYERS = [
     ("base", ["trajstore.__about__", "trajstore.errors", "trajstore.settings", "trajstore.schema", "trajstore.retry",
-              "trajstore.durations"]),
+              "trajstore.durations", "trajstore.extras", "trajstore.progress_bar"]),
     ("the stored format and the log", ["trajstore.storage"]),
     ("the writer", ["trajstore.write"]),
     ("reading one committed version", ["trajstore.query"]),
     ("training loaders", ["trajstore.loaders"]),
     ("operations that change a store", ["trajstore.operations"]),
-    ("the store", ["trajstore.store"]),
+    ("the store", ["trajstore.store", "trajstore.maintenance", "trajstore.plumbing"]),
     ("what uses a store", ["trajstore.rollout", "trajstore.integrations", "trajstore.export", "trajstore.remote",
                            "trajstore.torch", "trajstore.torch_workers", "trajstore.ray", "trajstore.committer"]),
     ("the public API", ["trajstore"]),
@@ -116,28 +120,73 @@ def test_the_library_never_imports_the_service_or_the_cli() -> None:
             assert not {d for d in deps if d.startswith("trajstore.cli")}, name
 
 
-def _store_private_names() -> set[str]:
-    """The private methods and attributes of :class:`trajstore.store.Store`."""
-    tree = ast.parse((PACKAGE / "store.py").read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Store")
-    names = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    names |= {t.attr for n in ast.walk(cls) if isinstance(n, ast.Assign) for t in n.targets
-              if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
-    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+# The Store, and the two handles store.py gives its parts to (the maintenance and the service's plumbing): each keeps
+# the parts (the table, the read engine, the loader layouts, the settings, the ingest upkeep) in private attributes.
+HOLDERS = {"trajstore/store.py": "Store", "trajstore/maintenance.py": "Maintenance",
+           "trajstore/plumbing.py": "Plumbing"}
+# What a researcher calls on a Store (docs/architecture.md, "store.py: the façade"): a new member is a decision.
+FACADE = {"uri", "root", "version", "read_only", "at", "history", "schema", "health", "writer", "set_run", "run_info",
+          "runs", "episodes", "episode_steps", "stats", "returns", "curves", "scan", "iter_batches", "follow", "sql",
+          "snapshot", "sequences", "transitions", "compare", "scores", "probability_of_improvement",
+          "performance_profile", "maintain", "replay"}
+CLIENT_FACING = ("self", "cls")
 
 
-def test_nothing_outside_the_store_touches_its_private_parts() -> None:
-    private = _store_private_names()
+def held(path: Path, cls_name: str) -> set[str]:
+    """The attributes instances of ``cls_name`` (in ``path``) are given: every ``self.<name> = …`` of its methods."""
+    cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    names = set()
+    for node in ast.walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    names.add(t.attr)
+    return names
+
+
+def reaches(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """Where ``tree`` reads one of ``names`` off anything but ``self`` (a class's own attribute of that name)."""
+    return [(node.lineno, f"{ast.unparse(node.value)}.{node.attr}") for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in names
+            and not (isinstance(node.value, ast.Name) and node.value.id in CLIENT_FACING)]
+
+
+def test_the_store_keeps_its_parts_private() -> None:
+    public = [f"{cls}.{name}" for path, cls in HOLDERS.items() for name in sorted(held(ROOT / path, cls))
+              if not name.startswith("_")]
+    assert not public, f"parts of a store held in public attributes: {public}"
+
+
+def test_the_store_is_a_researchers_facade() -> None:
+    """At most ~30 public members, each named in :data:`FACADE`: the service's plumbing lives elsewhere."""
+    members = {n for n in vars(trajstore.Store) if not n.startswith("_")}
+    assert members == FACADE, (f"added: {sorted(members - FACADE)}", f"gone: {sorted(FACADE - members)}")
+    assert len(members) <= 30
+
+
+def _python_files() -> list[Path]:
+    """Every module of the package (the service through its link), the tests and the benchmarks."""
+    return [*modules().values(), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+
+
+def test_nothing_outside_the_store_reaches_its_parts() -> None:
+    """The attributes the Store and its handles hold their parts in are read off a store only in ``store.py``
+    (which hands them to the handles it makes); anywhere else, on any object, only a class's own ``self.<name>``."""
+    names = {n for path, cls in HOLDERS.items() if (ROOT / path).is_file() for n in held(ROOT / path, cls)}
     offenders = []
-    for name, path in modules().items():
-        if name == "trajstore.store":
+    for path in _python_files():
+        if path.resolve() == (PACKAGE / "store.py").resolve():
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
-                holder = ast.unparse(node.value)
-                if node.attr in private or re.search(r"(^|\.|_)(store|pinned|served)$", holder):
-                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {holder}.{node.attr}")
-    assert not offenders, "private parts of the Store used outside store.py:\n" + "\n".join(offenders)
+        offenders += [f"{path.relative_to(ROOT)}:{line}: {text}" for line, text in reaches(ast.parse(path.read_text()),
+                                                                                           names)]
+    assert not offenders, "a store's parts reached outside store.py:\n" + "\n".join(offenders)
+
+
+def test_the_reach_check_would_see_a_reach() -> None:  # the check above can fail
+    tree = ast.parse("store._engine.files()\nplumbing(s)._layouts\nself._engine.files()\n")
+    assert sorted(reaches(tree, {"_engine", "_layouts"})) == [(1, "store._engine"), (2, "plumbing(s)._layouts")]
 
 
 def test_every_package_docstring_names_its_modules() -> None:
@@ -150,23 +199,73 @@ def test_every_package_docstring_names_its_modules() -> None:
     assert not missing, f"package docstrings that do not name their modules: {missing}"
 
 
-def test_no_import_cycles() -> None:
-    g = graph()
+def cycle(g: dict[str, set[str]]) -> list[str] | None:
+    """The first import cycle of ``g`` (its modules, the first repeated at the end), or None."""
     state: dict[str, int] = {}
 
-    def visit(node: str, path: list[str]) -> None:
+    def visit(node: str, path: list[str]) -> list[str] | None:
         state[node] = 1
         for dep in sorted(g[node]):
             if state.get(dep) == 1:
-                cycle = path[path.index(dep):] + [dep] if dep in path else [node, dep]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
+                return path[path.index(dep):] + [dep] if dep in path else [node, dep]
             if dep not in state:
-                visit(dep, path + [dep])
+                found = visit(dep, path + [dep])
+                if found:
+                    return found
         state[node] = 2
+        return None
 
     for node in sorted(g):
         if node not in state:
-            visit(node, [node])
+            found = visit(node, [node])
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycles() -> None:
+    """No cycle, imports made for type hints alone (under ``if TYPE_CHECKING:``) counted: such a pair is one
+    concept cut in two, whichever import runs."""
+    found = cycle(graph(type_hints=True))
+    assert found is None, "import cycle: " + " -> ".join(found or [])
+
+
+def test_the_cycle_check_would_see_a_type_hint_cycle(tmp_path: Path) -> None:  # the check above can fail
+    (tmp_path / "a.py").write_text("from trajstore.b import B\n")
+    (tmp_path / "b.py").write_text("from typing import TYPE_CHECKING\n"
+                                   "if TYPE_CHECKING:\n    from trajstore.a import A\n")
+    known = {"trajstore.a", "trajstore.b"}
+    g = {name: imports(tmp_path / f"{name[-1]}.py", name, known, type_hints=True) for name in known}
+    assert cycle(g) == ["trajstore.a", "trajstore.b", "trajstore.a"]
+
+
+# The Delta log's own names: the one module that reads and writes the log spells them (storage/log.py), every other
+# module asks it (the runs table's module too, through its Log); docstrings and comments included.
+LOG_NAMES = ("_delta_log", "_last_checkpoint", ".checkpoint.parquet", "020d}.json")
+LOG_MODULE = "trajstore/storage/log.py"
+# The modules of the store's two Delta tables (steps, runs): the only ones that import deltalake.
+DELTA_MODULES = {"trajstore/storage/log.py", "trajstore/storage/runs_log.py", "trajstore/storage/priorities_log.py"}
+
+
+def _relative(path: Path) -> str:
+    return str(path.relative_to(ROOT)).replace("trajstore/api/", "api/")
+
+
+def test_the_delta_logs_names_are_spelled_in_one_module() -> None:
+    offenders = [f"{_relative(path)}: {name}" for path in modules().values() if _relative(path) != LOG_MODULE
+                 for name in LOG_NAMES if name in path.read_text()]
+    assert not offenders, f"the Delta log's names outside {LOG_MODULE}:\n" + "\n".join(offenders)
+
+
+def test_only_the_delta_tables_modules_import_deltalake() -> None:
+    offenders = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] == "deltalake" for n in names) and _relative(path) not in DELTA_MODULES:
+                offenders.append(f"{_relative(path)}:{node.lineno}")
+    assert not offenders, f"deltalake imported outside {sorted(DELTA_MODULES)}:\n" + "\n".join(offenders)
 
 
 def test_nothing_imports_a_top_level_api_package() -> None:
@@ -225,6 +324,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return next(out.glob("trajstore-*.whl"))
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_only_trajstore(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"trajstore", wheel.name.split("-py")[0] + ".dist-info"}

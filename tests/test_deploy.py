@@ -61,6 +61,9 @@ def run(command: list[str], env: dict[str, str], **kwargs: Any) -> Any:
     return subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=600, **kwargs)
 
 
+@pytest.mark.s3
+@pytest.mark.server
+@pytest.mark.slow
 def test_the_services_commands_work_against_a_real_object_store(s3: seaweed.SeaweedFS) -> None:
     services = compose()["services"]
     bucket = f"compose-{os.getpid()}"
@@ -82,7 +85,7 @@ def test_the_services_commands_work_against_a_real_object_store(s3: seaweed.Seaw
     try:
         assert proc.stdout is not None and "serving s3://" in proc.stdout.readline()
         with trajstore.Client(f"http://127.0.0.1:{port}", retries=10, backoff=0.3) as client:
-            assert [r["run_id"] for r in client.runs()] == ["compose-worker"]
+            assert client.runs()["run_id"].to_pylist() == ["compose-worker"]
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)

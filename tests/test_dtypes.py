@@ -15,7 +15,7 @@ import pytest
 
 import trajstore
 from tests.api.helpers import API_KEY, Live, serve, settings_for
-from tests.helpers import make_batch
+from tests.helpers import make_batch, steps_table
 from trajstore.schema import to_numpy
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
@@ -155,6 +155,7 @@ def test_exports_read_frame_stacks_whole_in_their_dtype(tmp_path: Path, dtype: s
         same(episode.next_obs, batch["next_obs"][t["t"].to_numpy(), t["env_index"].to_numpy()])
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "int64", "bool"])
 def test_the_rest_routes_and_the_client_return_the_dtype(store: trajstore.Store, live: Live, dtype: str) -> None:
     env = f"E-{dtype}"
@@ -169,6 +170,7 @@ def test_the_rest_routes_and_the_client_return_the_dtype(store: trajstore.Store,
         np.testing.assert_array_equal(np.array(got["img"].to_pylist(), cast), want["img"].astype(cast))
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("dtype", ["uint8", "float64", "int16"])
 def test_a_remote_writer_stores_the_dtype_encoded(live: Live, store: trajstore.Store, dtype: str) -> None:
     env = f"Remote-{dtype}"
@@ -177,12 +179,13 @@ def test_a_remote_writer_stores_the_dtype_encoded(live: Live, store: trajstore.S
         w.add_batch(batch_of(dtype, DTYPES.index(dtype)))
     table = store.scan(COLUMNS, env_id=env).read_all()
     check_rows(dtype, {c: to_numpy(table[c]) for c in COLUMNS})
-    (f,) = [f for f in store.files() if f.env_id == env]
-    layout = store.table.schemas([f])[0]
+    (f,) = [f for f in store.maintain.files() if f.env_id == env]
+    layout = steps_table(store).schemas([f])[0]
     assert layout.format.encoded and layout.format.stacks == {"obs.img": 2}  # stored as sent: encoded
     assert layout.format.images == {"obs.img": (dtype, (4, 5))}
 
 
+@pytest.mark.server
 def test_a_remote_writer_sends_whole_rows_where_the_service_takes_no_encoding_2(live: Live,
                                                                                 store: trajstore.Store) -> None:
     """A service older than encoding 2 says so in GET /ingest (no "encodings", or [1]); the writer then decodes
@@ -193,8 +196,8 @@ def test_a_remote_writer_sends_whole_rows_where_the_service_takes_no_encoding_2(
                                 frame_stack={"obs.img": 2}) as w:
         w.sink.encoded = False  # type: ignore[attr-defined]
         w.add_batch(batch_of("uint8", DTYPES.index("uint8")))
-    (f,) = [f for f in store.files() if f.env_id == "Remote-old"]
-    stored = store.table.schemas([f])[0].format  # stored as sent: every row whole, nothing left sparse
+    (f,) = [f for f in store.maintain.files() if f.env_id == "Remote-old"]
+    stored = steps_table(store).schemas([f])[0].format  # stored as sent: every row whole, nothing left sparse
     assert pq.read_table(f.path, columns=[stored.physical("next_obs")]).column(0).null_count == 0
     table = store.scan(COLUMNS, env_id="Remote-old").read_all()
     check_rows("uint8", {c: to_numpy(table[c]) for c in COLUMNS})
@@ -275,6 +278,7 @@ def test_every_reader_gives_float64_rewards_exactly(rewards: trajstore.Store) ->
     assert one_step["reward"].dtype == np.float64 and rewards_by_step(one_step) == want
 
 
+@pytest.mark.server
 def test_the_service_and_a_remote_writer_keep_float64_rewards(rewards: trajstore.Store) -> None:
     from trajstore.api.app import create_app
 

@@ -36,7 +36,7 @@ def test_deltalake_dataset_reads_every_committed_step(mixed: trajstore.Store) ->
     wide = [n for n in table.column_names if n.startswith("obs__")]
     theirs = table.select(["episode_id", "step", "reward", "obs", *wide]).sort_by([("episode_id", "ascending"),
                                                                                   ("step", "ascending")])
-    assert theirs.num_rows == ours.num_rows == sum(f.rows for f in mixed.files())
+    assert theirs.num_rows == ours.num_rows == sum(f.rows for f in mixed.maintain.files())
     assert theirs["reward"].to_pylist() == ours["reward"].to_pylist()
     obs = pa.compute.coalesce(theirs["obs"], *[theirs[n] for n in wide])
     assert obs.to_pylist() == ours["obs"].to_pylist()

@@ -15,6 +15,8 @@ import trajstore
 from tests import seaweed
 from tests.helpers import make_batch
 
+pytestmark = pytest.mark.ray  # the tiers: tests/tiers.py
+
 ray = pytest.importorskip("ray")
 tray = pytest.importorskip("trajstore.ray")
 
@@ -38,8 +40,8 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
         with store.writer(run_id=run, env_id="42", flush_bytes=1) as w:
             for _ in range(3):
                 w.add_batch(make_batch(rng, 30, 4))
-    stray = Path(store.files()[0].path).with_name("part-stray.parquet")  # on disk, in no commit
-    pq.write_table(pq.read_table(store.files()[0].path), stray)
+    stray = Path(store.maintain.files()[0].path).with_name("part-stray.parquet")  # on disk, in no commit
+    pq.write_table(pq.read_table(store.maintain.files()[0].path), stray)
     return store
 
 
@@ -63,6 +65,7 @@ def test_read_steps_filters_and_read_episodes(filled: trajstore.Store) -> None:
     assert rows(episodes) == rows(filled.episodes(run_id="b"))
 
 
+@pytest.mark.s3
 def test_read_steps_from_s3(s3: seaweed.SeaweedFS) -> None:
     uri = f"s3://{s3.bucket()}/ray"
     store = trajstore.open(uri, create=True, storage_options=s3.storage_options)
@@ -109,6 +112,7 @@ def test_gym_rollout_workers_split_the_episodes_and_repeat_with_the_seed(tmp_pat
     assert trajstore.check(store).ok
 
 
+@pytest.mark.s3
 def test_jax_rollout_workers_write_to_s3(s3: seaweed.SeaweedFS) -> None:
     uri = f"s3://{s3.bucket()}/jax"
     result = tray.rollout(uri, "cartpole", backend="jax", num_workers=2, steps=4000, run_id="j", seed=0,

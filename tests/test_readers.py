@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
+import numpy as np
+import pyarrow as pa
 import pytest
 
 import trajstore
@@ -18,13 +20,27 @@ from trajstore.api.app import create_app
 from trajstore.errors import InputError, RemoteError, RunNotFoundError
 from trajstore.query.filters import EpisodeFilter, keywords
 from trajstore.rollout import gym_rollout
+from trajstore.store import plumbing
 
 FILTERS = set(keywords()) | {"filter"}
-# What one side takes that the other cannot: the Store runs your own SQL condition, the Client reads a version
-# (the Store is opened at one: trajstore.open(uri, version=N)).
-STORE_ONLY, CLIENT_ONLY = {"where", "max_batch_bytes"}, {"version"}  # a batch-size guard the service sets itself
-PAIRS = [("episodes", "episodes"), ("stats", "stats"), ("returns", "returns"), ("iter_batches", "iter_batches"),
-         ("sequences", "iter_sequences"), ("transitions", "transitions")]
+# The reads code moves from a local store to a served one by changing how it is opened: the same names, arguments
+# and return types on the Store and the Client.
+SHARED = ["sequences", "transitions", "iter_batches", "stats", "episodes", "returns", "compare", "runs", "health",
+          "curves", "scores", "probability_of_improvement", "performance_profile", "episode_steps", "run_info",
+          "schema", "sql", "follow", "set_run"]
+READERS_WITH_FILTERS = ["sequences", "transitions", "iter_batches", "stats", "episodes", "returns", "curves"]
+# What one side takes that the other cannot, and why; a new difference fails the parity test until it is named here.
+ONLY = {
+    ("client", "*", "version"),  # the Client reads any version of the served store; a Store is opened at one
+    ("store", "sequences", "max_batch_bytes"),  # the service bounds its loaders' batches itself (loader_batch_bytes)
+    ("store", "transitions", "max_batch_bytes"),
+    ("store", "follow", "poll"),  # the Client is told of each commit by the service's event stream
+    ("store", "sql", "params"),  # bound parameters of your own SQL; the service takes a query's text alone
+    ("client", "sql", "max_rows"),  # the service's sandbox bounds the rows of an answer
+    ("client", "sql", "as_"),  # deprecated: .to_pylist() of the table
+    ("client", "set_run", "replace"),  # a remote writer describes its run as Store.writer does locally
+    ("client", "set_run", "provenance"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +66,16 @@ READERS: dict[str, Callable[[trajstore.Store, dict[str, Any]], Any]] = {
     "stats": lambda s, kw: s.stats(**kw),
     "episodes": lambda s, kw: s.episodes(**kw),
     "scan": lambda s, kw: s.scan(["reward"], **kw),
-    "scan_plan": lambda s, kw: s.scan_plan(["reward"], **kw),
+    "scan_plan": lambda s, kw: plumbing(s).scan_plan(["reward"], **kw),
     "returns": lambda s, kw: s.returns(gamma=0.9, **kw),
     "returns per step": lambda s, kw: s.returns(gamma=0.9, per="step", **kw),
     "sequences": lambda s, kw: s.sequences(4, **kw),
     "transitions": lambda s, kw: s.transitions(3, gamma=0.9, **kw),
     "iter_batches": lambda s, kw: s.iter_batches(**kw),  # raised at the call, before the first batch
     "curves": lambda s, kw: s.curves(**kw),
-    "binned_curves": lambda s, kw: s.binned_curves(**kw),
-    "histogram": lambda s, kw: s.histogram(**kw),
-    "latest_stats": lambda s, kw: s.latest_stats(**kw),
+    "binned_curves": lambda s, kw: plumbing(s).binned_curves(**kw),
+    "histogram": lambda s, kw: plumbing(s).histogram(**kw),
+    "latest_stats": lambda s, kw: plumbing(s).latest_stats(**kw),
 }
 
 
@@ -76,13 +92,14 @@ def test_every_reader_says_which_run_the_store_lacks(store: trajstore.Store, rea
 
 def test_the_same_error_from_delete_and_a_version(store: trajstore.Store) -> None:
     with pytest.raises(RunNotFoundError) as raised:
-        store.delete(run_id="nope", dry_run=True)
+        store.maintain.delete(run_id="nope", dry_run=True)
     assert str(raised.value) == expected_message(store)
-    alpha_only = max(v for v in range(store.version + 1) if store.at(version=v).run_ids() == ["alpha"])
+    alpha_only = max(v for v in range(store.version + 1) if plumbing(store.at(version=v)).run_ids() == ["alpha"])
     with pytest.raises(RunNotFoundError, match=r"no run 'beta' in .*; its runs: alpha$"):
         store.at(version=alpha_only).stats(run_id="beta")  # before beta's first commit, only alpha was there
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(("path", "params"), [
     ("/stats", {}), ("/episodes", {}), ("/returns", {"gamma": 0.9}), ("/steps", {}), ("/steps", {"format": "json"}),
     ("/sequences", {"length": 4}), ("/transitions", {"n": 3, "gamma": 0.9}), ("/curves", {}),
@@ -97,10 +114,11 @@ def test_rest_answers_404_with_the_same_message(store: trajstore.Store, live: Li
     assert problem["type"] == "urn:trajstore:error:RunNotFoundError"
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("call", [
     lambda c: c.stats(run_id="nope"), lambda c: c.episodes(run_id=["alpha", "nope"]),
     lambda c: c.returns(gamma=0.9, run_id="nope"), lambda c: next(c.iter_batches(run_id="nope")),
-    lambda c: c.iter_sequences(4, run_id="nope"), lambda c: c.transitions(3, gamma=0.9, run_id="nope")])
+    lambda c: c.sequences(4, run_id="nope"), lambda c: c.transitions(3, gamma=0.9, run_id="nope")])
 def test_the_client_raises_it_too(store: trajstore.Store, live: Live, call: Callable[[Any], Any]) -> None:
     with trajstore.Client(live.url) as client, pytest.raises(RunNotFoundError) as raised:
         call(client)
@@ -108,15 +126,74 @@ def test_the_client_raises_it_too(store: trajstore.Store, live: Live, call: Call
     assert raised.value.detail == expected_message(store)
 
 
-def test_client_and_store_readers_take_the_same_filters() -> None:
-    for store_name, client_name in PAIRS:
-        ours = set(inspect.signature(getattr(trajstore.Store, store_name)).parameters) - {"self"}
-        theirs = set(inspect.signature(getattr(trajstore.Client, client_name)).parameters) - {"self"}
-        assert ours - STORE_ONLY == theirs - CLIENT_ONLY, (store_name, ours ^ theirs)
-        # every filter, except where the method gives the name a meaning of its own (seed: the shuffle's)
-        assert FILTERS - {"seed"} <= ours, (store_name, FILTERS - ours)
+def drift(store: type, client: type, names: list[str]) -> list[str]:
+    """How the public signatures of ``names`` differ between ``store`` and ``client``: a method one lacks, another
+    return annotation, a parameter one lacks (unless :data:`ONLY` names it), another kind or default."""
+    found = []
+    for name in names:
+        if not hasattr(store, name) or not hasattr(client, name):
+            found.append(f"{name}: on one side only")
+            continue
+        ours, theirs = inspect.signature(getattr(store, name)), inspect.signature(getattr(client, name))
+        if ours.return_annotation != theirs.return_annotation:
+            found.append(f"{name}: returns {ours.return_annotation} here, {theirs.return_annotation} there")
+        mine = {k: (p.kind, p.default) for k, p in ours.parameters.items() if k != "self"}
+        other = {k: (p.kind, p.default) for k, p in theirs.parameters.items() if k != "self"}
+        found += [f"{name}({k}=): the Store's only" for k in mine.keys() - other.keys()
+                  if ("store", name, k) not in ONLY]
+        found += [f"{name}({k}=): the Client's only" for k in other.keys() - mine.keys()
+                  if ("client", name, k) not in ONLY and ("client", "*", k) not in ONLY]
+        found += [f"{name}({k}=): {mine[k]} here, {other[k]} there" for k in mine.keys() & other.keys()
+                  if mine[k] != other[k]]
+    return found
 
 
+def test_the_client_offers_the_store_s_reads_under_the_same_signatures() -> None:
+    assert drift(trajstore.Store, trajstore.Client, SHARED) == []
+    for name in READERS_WITH_FILTERS:  # every filter, except where a method gives the name a meaning of its own
+        assert FILTERS - {"seed"} <= set(inspect.signature(getattr(trajstore.Store, name)).parameters), name
+        assert FILTERS - {"seed"} <= set(inspect.signature(getattr(trajstore.Client, name)).parameters), name
+
+
+def test_the_parity_check_would_see_drift() -> None:  # the check above can fail
+    class Local:
+        def runs(self, *, last: int | None = None) -> pa.Table: ...
+
+        def stats(self, *, by: str | None = None) -> pa.Table: ...
+
+    class Remote:
+        def runs(self, *, last: int | None = None) -> list[dict[str, Any]]: ...
+
+        def stats(self, *, by: str | None = "run_id", version: int | None = None, limit: int = 3) -> pa.Table: ...
+
+    assert drift(Local, Remote, ["runs", "stats", "health"]) == [
+        "runs: returns pa.Table here, list[dict[str, Any]] there", "stats(limit=): the Client's only",
+        "stats(by=): (<_ParameterKind.KEYWORD_ONLY: 3>, None) here, (<_ParameterKind.KEYWORD_ONLY: 3>, 'run_id') there",
+        "health: on one side only"]
+
+
+def test_runs_health_and_where_read_alike_from_a_store_and_a_client(store: trajstore.Store, live: Live) -> None:
+    condition = "episode_return > 20 AND mode = 'train'"
+    with trajstore.Client(live.url) as client:
+        assert client.runs().equals(store.runs())
+        latest = client.runs(last=5).to_pylist()
+        assert [{k: pytest.approx(v) if isinstance(v, float) else v for k, v in row.items()}
+                for row in store.runs(last=5).to_pylist()] == latest
+        assert client.health() == store.health() and store.health()["status"] == "ready"
+        want = store.episodes(where=condition)["episode_id"].to_pylist()
+        assert 0 < len(want) < store.episodes().num_rows
+        assert client.episodes(where=condition)["episode_id"].to_pylist() == want
+        assert client.stats(where=condition)["n_traj"].to_pylist() == [len(want)]
+        assert client.returns(gamma=0.9, where=condition)["episode_id"].to_pylist() == want
+        assert sorted(set(np.concatenate([b["episode_id"] for b in client.iter_batches(
+            where=condition, columns=["episode_id"])]).tolist())) == sorted(want)
+        local, remote = store.sequences(4, where=condition), client.sequences(4, where=condition)
+        for a, b in zip(local, remote, strict=True):
+            assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+        assert client.episode_steps(want[0], limit=3).equals(store.episode_steps(want[0], limit=3))
+
+
+@pytest.mark.server
 def test_filter_keywords_select_what_the_filter_does(store: trajstore.Store, live: Live) -> None:
     cases = [({"min_return": 30}, EpisodeFilter(min_return=30)),
              ({"mode": "eval", "max_length": 40}, EpisodeFilter(max_length=40, lineage={"mode": ["eval"]})),
@@ -133,6 +210,7 @@ def test_filter_keywords_select_what_the_filter_does(store: trajstore.Store, liv
             assert client.stats(**kwargs)["n_traj"].to_pylist() == store.stats(**kwargs)["n_traj"].to_pylist()
 
 
+@pytest.mark.server
 def test_filters_are_checked_by_name(store: trajstore.Store, live: Live) -> None:
     with pytest.raises(InputError, match="min_return: given both as a keyword"):
         store.episodes(min_return=3, filter=EpisodeFilter(min_return=5))
@@ -167,6 +245,7 @@ def test_an_empty_run_id_is_a_run_the_store_lacks(store: trajstore.Store) -> Non
         store.stats(run_id="")
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(("order_by", "limit", "offset"), [
     ("episode_id", None, 0), ("-episode_id", None, 13), ("-episode_return", None, 0), ("episode_length", 120, 7),
     ("episode_id", 0, 0), ("episode_id", 30, 255)])
@@ -180,6 +259,7 @@ def test_client_episodes_returns_every_match_across_pages(store: trajstore.Store
     assert got.column_names == want.column_names
 
 
+@pytest.mark.server
 def test_client_episodes_reads_every_page_at_one_version(tmp_path: Path) -> None:
     store = trajstore.open(tmp_path / "s", create=True)
     gym_rollout(store, "CartPole-v1", run_id="a", num_envs=2, episodes=120, seed=0, progress=False)

@@ -19,6 +19,7 @@ import trajstore
 from tests.helpers import make_batch
 from trajstore.errors import InputError, RunNotFoundError
 from trajstore.storage import run_config
+from trajstore.store import plumbing
 
 
 def write(store: trajstore.Store, run_id: str, seed: int, **describe: object) -> None:
@@ -66,7 +67,7 @@ def test_the_runs_view_joins_configs_with_episodes(described: trajstore.Store) -
     assert joined.to_pydict() == {"algo": ["dqn", "ppo", None],
                                   "n": [counts["dqn-0"] + counts["dqn-1"], counts["ppo-0"] + counts["ppo-1"],
                                         counts["plain"]]}
-    width = described.sandboxed_sql("SELECT run_id, (config->'$.net'->>'$.width')::INT AS width FROM runs "
+    width = plumbing(described).sandboxed_sql("SELECT run_id, (config->'$.net'->>'$.width')::INT AS width FROM runs "
                                     "WHERE run_id LIKE 'dqn%' ORDER BY run_id")
     assert width.table["width"].to_pylist() == [128, 128]
     only = described.sql("SELECT run_id FROM runs", run_id="ppo-1")  # the selection's runs only
@@ -126,7 +127,7 @@ def test_a_later_writer_adds_tags_and_must_give_the_same_config(described: trajs
 def test_a_config_that_is_not_json_is_refused_by_name(store: trajstore.Store, config: object, message: str) -> None:
     with pytest.raises(InputError, match=message):
         write(store, "r", 0, config=config)
-    assert store.version == -1 or store.files() == []
+    assert store.version == -1 or store.maintain.files() == []
     with pytest.raises(InputError, match="tags: expected a list of strings"):
         write(store, "r", 0, tags="baseline")
 
@@ -244,6 +245,7 @@ def test_the_cli_records_lists_and_changes_a_run_s_description(tmp_path: Path,
         assert message in capsys.readouterr().err
 
 
+@pytest.mark.server
 def test_the_service_shows_and_changes_descriptions_and_remote_writers_describe_runs(tmp_path: Path) -> None:
     from tests.api.helpers import API_KEY, serve, settings_for
     from trajstore.api.app import create_app
@@ -254,7 +256,8 @@ def test_the_service_shows_and_changes_descriptions_and_remote_writers_describe_
     write(trajstore.open(path, create=True), "local", 0, config={"algo": "ppo"}, tags=["a"])
     for live in serve(create_app(settings_for(path))):
         with Client(live.url, api_key=API_KEY) as client:
-            (run,) = client.runs()
+            assert client.runs()["run_id"].to_pylist() == ["local"]
+            run = client.run_info("local")
             assert run["config"] == {"algo": "ppo"} and run["tags"] == ["a"] and run["host"]
             remote = RemoteStore(live.url, api_key=API_KEY)
             with remote.writer(run_id="remote", env_id="E", config={"algo": "dqn"}, tags=["r"]) as w:

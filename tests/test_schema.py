@@ -56,7 +56,7 @@ def _write(store: trajstore.Store, reward: str = "float32", **writer_options: An
     with store.writer(run_id="r", env_id="e", policy_version=np.int16(3), seed=7, mode="train",
                       **writer_options) as w:
         w.add_batch(batch)
-    (f,) = store.files()
+    (f,) = store.maintain.files()
     return pq.read_schema(f.path)
 
 
@@ -145,7 +145,7 @@ def _write_images(store: trajstore.Store, space: Any) -> pa.Schema:
     batch["obs"] = batch["next_obs"] = rng.integers(0, 255, (2, 2, 2, 3)).astype(np.uint8)
     with store.writer(run_id="r", env_id="e", observation_space=space) as w:
         w.add_batch(batch)
-    return pq.read_schema(store.files()[0].path)
+    return pq.read_schema(store.maintain.files()[0].path)
 
 
 def test_agent_ids_are_stored_as_the_step_schema_says(tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_agent_ids_are_stored_as_the_step_schema_says(tmp_path: Path) -> None:
     with AgentWriter(store, run_id="r", env_id="E", agents=["a_0", "b_0"]) as w:
         w.add(0, {a: (np.zeros(2, np.float32), 0, 1.0, np.ones(2, np.float32), True, False) for a in ("a_0", "b_0")})
     spec = {c["name"]: c for c in load("step.v1.json")["columns"]}
-    stored = pq.read_schema(store.files()[0].path)
+    stored = pq.read_schema(store.maintain.files()[0].path)
     assert stored.field("agent_id").type == ARROW[spec["agent_id"]["type"]]
     described = {r["column_name"]: r["column_type"] for r in store.sql("DESCRIBE steps").to_pylist()}
     assert described["agent_id"] == "VARCHAR"

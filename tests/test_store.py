@@ -15,6 +15,7 @@ def _open_new(path: str) -> str:
     return "ok"
 
 
+@pytest.mark.slow
 def test_several_processes_create_one_store_at_once(tmp_path: Path) -> None:
     ctx = mp.get_context("spawn")
     with ctx.Pool(4) as pool:

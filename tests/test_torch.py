@@ -6,6 +6,7 @@ Store (local or s3://) or a path; resume after n batches. Skipped cleanly withou
 from __future__ import annotations
 
 import gc
+import logging
 import multiprocessing
 import pickle
 import sys
@@ -20,7 +21,7 @@ torch = pytest.importorskip("torch")
 import trajstore  # noqa: E402
 import trajstore.torch as ttorch  # noqa: E402
 from tests import seaweed  # noqa: E402
-from tests.helpers import make_batch  # noqa: E402
+from tests.helpers import layouts_built, make_batch  # noqa: E402
 from trajstore.errors import InputError  # noqa: E402
 
 WINDOWS = {"length": 4, "pad": True, "shuffle": True, "seed": 1, "batch_size": 8}
@@ -52,6 +53,7 @@ def delivered(store: trajstore.Store, epoch: int, workers: int, **kwargs: Any) -
     return [w for batch in out for w in batch]
 
 
+@pytest.mark.slow
 def test_workers_and_ranks_cover_every_window_once(uri: str) -> None:
     everything = sorted(windows(trajstore.open(uri).sequences(4, pad=True)))
     seen = []
@@ -80,6 +82,7 @@ def test_batches_are_tensors_of_the_local_batches(uri: str) -> None:
     assert torch.equal(torch_batch["reward"], step["reward"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", [None, "spawn"])
 def test_set_epoch_reaches_persistent_workers(uri: str, context: str | None) -> None:
     store = trajstore.open(uri)
@@ -94,9 +97,10 @@ def test_set_epoch_reaches_persistent_workers(uri: str, context: str | None) -> 
     assert orders[0] != orders[1] != orders[2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", [None, "spawn"])
-def test_workers_share_one_layout_kept_in_the_store(uri: str, context: str | None,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_workers_share_one_layout_kept_in_the_store(uri: str, context: str | None, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("TRAJSTORE_LOADER_ARRAYS", "0")  # the store read without its array copies: layouts are built
     data = ttorch.Sequences(uri, **WINDOWS)
     loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, persistent_workers=True,
@@ -107,10 +111,12 @@ def test_workers_share_one_layout_kept_in_the_store(uri: str, context: str | Non
     layouts = Path(uri) / "layouts"
     assert len(list(layouts.glob("*.json"))) == 1 and len(list((layouts / "data").iterdir())) == 1  # built once
     fresh = trajstore.open(uri)
+    caplog.set_level(logging.INFO, logger="trajstore.loaders.layout_store")
     assert sorted(windows(fresh.sequences(**WINDOWS))) == sorted(windows(loader))
-    assert fresh.layouts.built == 0  # a later process finds what the workers built
+    assert layouts_built(caplog.records) == 0  # a later process finds what the workers built
 
 
+@pytest.mark.slow
 def test_workers_gather_from_the_array_copies_and_build_nothing(uri: str) -> None:
     data = ttorch.Sequences(uri, **WINDOWS)
     loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, multiprocessing_context="spawn")
@@ -118,6 +124,7 @@ def test_workers_gather_from_the_array_copies_and_build_nothing(uri: str) -> Non
     assert not list((Path(uri) / "layouts").glob("*.json"))  # nothing built: every worker mapped the copies
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="fork is DataLoader's default start method on Linux only")
 def test_the_default_start_method_after_the_parent_opened_and_read_the_store(uri: str) -> None:
     assert multiprocessing.get_start_method() == "fork"  # what DataLoader uses when given no context
@@ -131,6 +138,7 @@ def test_the_default_start_method_after_the_parent_opened_and_read_the_store(uri
     assert sum(len(r) for r in rewards) == store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
 
 
+@pytest.mark.slow
 def test_a_store_or_a_path(uri: str, tmp_path: Path) -> None:
     pinned = trajstore.open(uri, version=trajstore.open(uri).version)
     everything = sorted(windows(pinned.sequences(4, pad=True)))
@@ -148,6 +156,7 @@ def test_a_store_or_a_path(uri: str, tmp_path: Path) -> None:
         ttorch.Sequences(tmp_path / "nothing", 4)
 
 
+@pytest.mark.s3
 def test_a_store_on_s3_reaches_the_workers_with_its_options(s3: seaweed.SeaweedFS) -> None:
     store = trajstore.open(f"s3://{s3.bucket()}/torch", create=True, storage_options=s3.storage_options)
     fill(store)
@@ -156,6 +165,7 @@ def test_a_store_on_s3_reaches_the_workers_with_its_options(s3: seaweed.SeaweedF
     assert got == delivered(store, 0, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # more than this machine's cores
 @pytest.mark.parametrize(("workers", "stop"), [(0, 5), (2, 5), (3, -2)])
 def test_resume_after_n_batches_gives_the_rest_of_the_epoch(uri: str, workers: int, stop: int) -> None:
@@ -181,6 +191,7 @@ def test_resume_after_n_batches_gives_the_rest_of_the_epoch(uri: str, workers: i
     assert windows(again) == latest and len(latest) > sum(map(len, whole))
 
 
+@pytest.mark.slow
 def test_resume_mistakes_are_named(uri: str) -> None:
     data = ttorch.Sequences(uri, **WINDOWS)
     state = data.state_dict(batches=3)
@@ -203,6 +214,7 @@ def test_resume_mistakes_are_named(uri: str) -> None:
         list(too_far)
 
 
+@pytest.mark.server
 def test_iter_batches_gives_tensors_like_sequences_and_transitions(tmp_path: Path) -> None:
     """``iter_batches(format="torch")``, from the store and over REST, holds the numpy batches' values as CPU tensors
     (text columns stay numpy), as ``sequences`` and ``transitions`` do."""
@@ -226,3 +238,35 @@ def test_iter_batches_gives_tensors_like_sequences_and_transitions(tmp_path: Pat
                     assert list(a["run_id"]) == list(b["run_id"])
                     for name in ("episode_id", "step", "obs", "reward", "terminated"):
                         np.testing.assert_array_equal(a[name].numpy(), b[name])
+
+
+def test_a_replay_dataset_gives_the_replays_batches_as_tensors_drawn_from_its_updates(uri: str) -> None:
+    store = trajstore.open(uri)
+    with store.replay(n=2, gamma=0.9, priorities=None, seed=4) as replay, \
+            store.replay(n=2, gamma=0.9, priorities=None, seed=4) as twin:
+        data = ttorch.ReplayDataset(replay, 32, batches=5)
+        got = list(torch.utils.data.DataLoader(data, batch_size=None))
+        assert len(got) == 5
+        for batch in got:
+            want = twin.sample(32)
+            assert list(batch) == list(want)
+            for name, value in want.items():
+                assert isinstance(batch[name], torch.Tensor) and batch[name].dtype == torch.from_numpy(value).dtype
+                np.testing.assert_array_equal(batch[name].numpy(), value, err_msg=name)
+        # an update given as tensors between batches: the next batch is drawn by it (one item holds all the mass)
+        favourite = int(got[-1]["index"][0])
+        replay.update(torch.arange(len(replay)), torch.zeros(len(replay)))
+        replay.update(torch.tensor([favourite]), torch.tensor([1e9]))
+        batch = next(iter(ttorch.ReplayDataset(replay, 64)))
+        assert (batch["index"] == favourite).float().mean() > 0.99
+
+
+def test_a_replay_dataset_refuses_workers_and_what_is_no_replay(uri: str) -> None:
+    with trajstore.open(uri).replay(priorities=None) as replay:
+        data = ttorch.ReplayDataset(replay, 8)
+        with pytest.raises(InputError, match="num_workers: a ReplayDataset draws in the learner.s process"):
+            next(iter(torch.utils.data.DataLoader(data, batch_size=None, num_workers=1)))
+    with pytest.raises(InputError, match="^replay: expected a replay"):
+        ttorch.ReplayDataset(trajstore.open(uri), 8)
+    with pytest.raises(InputError, match="^batch_size"):
+        ttorch.ReplayDataset(replay, 0)

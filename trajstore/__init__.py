@@ -13,6 +13,8 @@ scans, returns, the sandbox) → :class:`Store` (both sides of one store) → :m
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from trajstore.__about__ import __version__
 from trajstore.committer import Committer
 from trajstore.errors import (
@@ -43,11 +45,13 @@ from trajstore.operations.compact import CompactReport
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.follow import Commit
 from trajstore.query.returns import discounted_sum
-from trajstore.remote.client import Client
-from trajstore.remote.writer import RemoteStore, RemoteWriter
 from trajstore.settings import Settings
 from trajstore.store import Store, check, compact, open, remove_orphans  # noqa: A004 - trajstore.open
 from trajstore.write.writer import Writer
+
+if TYPE_CHECKING:
+    from trajstore.remote.client import Client
+    from trajstore.remote.writer import RemoteStore, RemoteWriter
 
 __all__ = [
     "AuthenticationError",
@@ -89,3 +93,15 @@ __all__ = [
     "open",
     "remove_orphans",
 ]
+
+# the client's names, imported when first used: they need httpx, the [client] extra (MissingExtraError without it)
+_CLIENT = {"Client": "trajstore.remote.client", "RemoteStore": "trajstore.remote.writer",
+           "RemoteWriter": "trajstore.remote.writer"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLIENT:
+        import importlib
+
+        return getattr(importlib.import_module(_CLIENT[name]), name)
+    raise AttributeError(f"module 'trajstore' has no attribute {name!r}")

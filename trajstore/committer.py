@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from trajstore.durations import seconds
-from trajstore.operations.group_commit import GroupCommitter, Outcome
+from trajstore.operations.group_commit import Outcome
 from trajstore.operations.handoff import CommitterServer
-from trajstore.operations.upkeep import Policy, Upkeep
 from trajstore.storage.log import WrittenFile
-from trajstore.store import Store
+from trajstore.store import Store, plumbing
 from trajstore.store import open as open_store
 
 __all__ = ["Committer"]
@@ -48,10 +47,10 @@ class Committer:
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.store = store if isinstance(store, Store) else open_store(store, create=True,
                                                                        storage_options=storage_options)
-        self.store.table.log.writable("committer")
-        self._upkeep = Upkeep(self.store.table, Policy.of(self.store.settings))
-        self._committer = GroupCommitter(self.store.table, interval_s=seconds(interval, "interval"),
-                                         group_bytes=group_bytes, upkeep=self._upkeep)
+        pipes = plumbing(self.store)
+        self._upkeep = pipes.new_upkeep("committer")
+        self._committer = pipes.group_committer(interval_s=seconds(interval, "interval"), group_bytes=group_bytes,
+                                                upkeep=self._upkeep)
         self._server = None if host is None else CommitterServer(self._committer, host=host, port=port)
         self._closed = False
 

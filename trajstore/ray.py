@@ -28,23 +28,23 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
+from trajstore import progress_bar
 from trajstore.committer import Committer
 from trajstore.durations import seconds
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.query.scan import scan_steps
 from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed
 from trajstore.rollout.target import Mode, check_mode, check_run
 from trajstore.storage.log import DataFile, WrittenFile
-from trajstore.store import Store
+from trajstore.store import Store, plumbing
 from trajstore.store import open as open_store
 
-try:
+with needed("ray", "trajstore.ray"):
     import ray
     import ray.data
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
-except ImportError as exc:  # pragma: no cover - the extra is installed in CI
-    raise ImportError("trajstore.ray needs the ray extra: pip install 'trajstore[ray]'") from exc
 
 __all__ = ["read_episodes", "read_steps", "rollout"]
 
@@ -59,9 +59,10 @@ def read_steps(uri: str, *, columns: Sequence[str] | None = None, run_id: str | 
                where: str | None = None, storage_options: Mapping[str, Any] | None = None) -> ray.data.Dataset:
     """The committed steps of the store at ``uri`` as a Ray Dataset, with ``columns`` (all by default), of
     ``run_id`` (one or several), of the episodes ``where`` (a condition on the ``episodes`` view) selects."""
-    plan = open_store(uri, storage_options=storage_options).scan_plan(columns, run_id=run_id, where=where)
+    plan = plumbing(open_store(uri, storage_options=storage_options)).scan_plan(columns, run_id=run_id,
+                                                                            where=where)
     if plan.types is not None:
-        plan.types.check(plan.columns)  # environments whose columns cannot be one: named before any task runs
+        plan.types.check_one_type(plan.columns)  # environments whose columns cannot be one: named before any task runs
     return ray.data.read_datasource(_CommittedSteps(plan.files, plan.schema, plan.columns, plan.episode_ids))
 
 
@@ -147,8 +148,8 @@ def rollout(uri: str, env: Any, *, num_workers: int, backend: Backend = "gym", e
         uri, dict(storage_options or {}), seconds(commit_interval, "commit_interval"))
     started = time.perf_counter()
     try:
-        futures = [_worker.remote(uri, dict(storage_options or {}), env, backend, i, e, s, run_id, seed, num_envs,
-                                  policy, params, lineage, counter, committer)
+        futures = [_worker.remote(uri, dict(storage_options or {}), env, backend, i, e, s,  # type: ignore[call-arg]
+                                  run_id, seed, num_envs, policy, params, lineage, counter, committer)  # see _worker
                    for i, (e, s) in enumerate(shares) if (e is None or e > 0) and (s is None or s > 0)]
         results = _wait(futures, counter, total=episodes if episodes is not None else steps,
                         by_episodes=episodes is not None, show=progress)
@@ -202,7 +203,7 @@ class _HandedToActor:
         ray.get(self.actor.commit.remote(list(files)))
 
 
-@ray.remote
+@ray.remote  # type: ignore[arg-type]  # ray's types know remote functions of at most 9 arguments
 def _worker(uri: str, storage_options: dict[str, Any], env: Any, backend: Backend, index: int,
             episodes: int | None, steps: int | None, run_id: str, seed: int, num_envs: int, policy: Any,
             params: Any, lineage: dict[str, Any], counter: Any, committer: Any) -> RolloutResult:
@@ -234,8 +235,8 @@ class _RunSeed:
     def writer(self, **options: Any) -> Any:
         return self.store.writer(**{**options, "seed": self.seed, "committer": self.committer})
 
-    def run_ids(self) -> list[str]:
-        return self.store.run_ids()
+    def runs(self) -> pa.Table:
+        return self.store.runs()
 
     def sql(self, query: str) -> pa.Table:
         return self.store.sql(query)
@@ -243,11 +244,9 @@ class _RunSeed:
 
 def _wait(futures: list[Any], counter: Any, *, total: int | None, by_episodes: bool,
           show: bool) -> list[RolloutResult]:
-    from tqdm.auto import tqdm
-
     pending, done = list(futures), []
-    with tqdm(total=total, unit="ep" if by_episodes else "step", desc=f"rollout x{len(futures)}",
-              disable=not show, dynamic_ncols=True, unit_scale=not by_episodes) as bar:
+    with progress_bar.bar(total=total, unit="ep" if by_episodes else "step", desc=f"rollout x{len(futures)}",
+                          enabled=show, unit_scale=not by_episodes) as bar:
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
             done += ray.get(ready)

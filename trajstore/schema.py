@@ -306,7 +306,7 @@ def fitting(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
             overflow = np.isfinite(arr) & ~np.isfinite(arr.astype(dtype))
         if overflow.any():
-            info = np.finfo(dtype)
+            info: np.finfo[Any] | np.iinfo[Any] = np.finfo(dtype)
             bad = arr[overflow]
             raise SchemaMismatchError(f"{name}: values {bad.min()}..{bad.max()} do not fit the stored {dtype} (they "
                                       f"would be stored as infinity); expected finite values in "

@@ -1,5 +1,6 @@
 """PyTorch datasets over a store (the ``[torch]`` extra): windows and n-step transitions as an
-``IterableDataset`` of ready-made batches, sharded by ``DataLoader`` worker and by data-parallel rank.
+``IterableDataset`` of ready-made batches, sharded by ``DataLoader`` worker and by data-parallel rank; and
+:class:`ReplayDataset`, the batches of a prioritized replay.
 
 Worker ``w`` of ``W`` on rank ``r`` of ``R`` reads shard ``r·W + w`` of ``R·W`` of the epoch's order, so the
 workers of all ranks together visit every window once per epoch. Batches are made inside the dataset: give
@@ -39,12 +40,16 @@ import os
 from typing import Any, Iterator, Mapping
 
 import numpy as np
-import torch.utils.data
 
 from trajstore import store as stores
 from trajstore.errors import InputError
+from trajstore.extras import needed
+from trajstore.loaders.loader import convert
 from trajstore.loaders.order import check_count, check_shard, digest
 from trajstore.torch_workers import Helper, ShardSpec, StoreCache, shard_batches
+
+with needed("torch", "trajstore.torch"):
+    import torch.utils.data
 
 EPOCH, VERSION, WORKERS = 0, 1, 2  # the slots of the shared state
 
@@ -133,6 +138,7 @@ class StoreDataset(torch.utils.data.IterableDataset):
             return self._pinned
         if getattr(self, "_main_store", None) is None:
             self._main_store = stores.open(self.uri, storage_options=self.storage_options or None)
+        assert self._main_store is not None
         return self._main_store.version
 
     # --- iteration ------------------------------------------------------------------------------------------
@@ -191,8 +197,8 @@ def _location(store: stores.Store | str | os.PathLike[str],
     if isinstance(store, stores.Store):
         if storage_options:
             raise InputError("storage_options: a Store carries its own; give them only with a URI")
-        options = dict(store.location.storage_options) if not store.location.is_local else {}
-        return store.uri, options, store.table.log.pinned
+        served = stores.plumbing(store)
+        return store.uri, served.storage_options, served.pinned
     if not isinstance(store, (str, os.PathLike)):
         raise InputError(f"store: expected a trajstore.Store or its URI (a path or s3://…), got "
                          f"{type(store).__name__}")
@@ -216,3 +222,39 @@ class Transitions(StoreDataset):
     def __init__(self, store: stores.Store | str | os.PathLike[str], n: int, *, gamma: float,
                  **kwargs: Any) -> None:
         super().__init__(store, n, gamma=gamma, **kwargs)
+
+
+class ReplayDataset(torch.utils.data.IterableDataset):
+    """Batches of a prioritized replay (``store.replay(...)`` or ``client.replay(...)``) as a dataset: each item is
+    ``replay.sample(batch_size)`` with torch tensors (text columns such as ``agent_id`` stay numpy arrays), drawn
+    ``batches`` times per iteration (None: without end). Give the ``DataLoader`` ``batch_size=None`` and no
+    workers: each batch must be drawn from the priorities the learner gave so far (``replay.update(batch["index"],
+    td_error.abs())``, tensors accepted), which a worker drawing ahead, in a process of its own, would not have.
+
+    >>> data = trajstore.torch.ReplayDataset(replay, 256)                        # doctest: +SKIP
+    >>> for step, batch in zip(range(10_000), DataLoader(data, batch_size=None)):
+    ...     loss = (batch["weight"] * td_error(batch) ** 2).mean()
+    ...     replay.update(batch["index"], td_error(batch).abs().detach())
+    """
+
+    def __init__(self, replay: Any, batch_size: int, *, batches: int | None = None) -> None:
+        super().__init__()
+        if not callable(getattr(replay, "sample", None)) or not callable(getattr(replay, "update", None)):
+            raise InputError(f"replay: expected a replay (store.replay(...) or client.replay(...)), got "
+                             f"{type(replay).__name__}")
+        self.replay = replay
+        self.batch_size = check_count("batch_size", batch_size)
+        self.batches = None if batches is None else check_count("batches", batches, minimum=0)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if torch.utils.data.get_worker_info() is not None:
+            raise InputError("num_workers: a ReplayDataset draws in the learner's process, from the priorities "
+                             "given so far; use DataLoader(data, batch_size=None) with num_workers=0")
+        drawn = 0
+        while self.batches is None or drawn < self.batches:
+            yield convert(self.replay.sample(self.batch_size), "torch")
+            drawn += 1
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise InputError("num_workers: a ReplayDataset is not sent to DataLoader workers (its replay's priorities "
+                         "live in this process or on the service); use num_workers=0")

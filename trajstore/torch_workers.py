@@ -201,7 +201,8 @@ def serve(stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None) -> No
             stdout.flush()
             pending = _next(batches) if pending[0] == "batch" else ("end", None)
         elif command == "close":
-            batches = _close(batches)
+            _close(batches)
+            batches = None
 
 
 def _next(batches: Any) -> tuple[str, Any]:

@@ -16,21 +16,26 @@ import gzip
 import hashlib
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, Field
 
+from trajstore.api.arrow import ARROW_CONTENT, table_response, wants_arrow
+from trajstore.api.budgets import grouped_budget
 from trajstore.api.deps import ReadStoreDep
 from trajstore.api.ints import SafeInt
-from trajstore.store import Store
+from trajstore.api.params import ByDep, FilterDep, WhereDep
+from trajstore.query.condition import Condition
+from trajstore.query.filters import EpisodeFilter
+from trajstore.store import Store, plumbing
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -69,12 +74,13 @@ def warm(store: Store) -> threading.Thread:
     computation under way (never does it twice). A store that cannot be read is left to the requests to report."""
     def read() -> None:
         try:
-            store.latest_stats(LAST_N, gamma=None)
+            served = plumbing(store)
+            served.latest_stats(LAST_N, gamma=None)
             store.runs()
             for y in ("episode_return", "episode_length"):
-                store.histogram(y=y, bins=HIST_BINS, gamma=None, run_id=None, env_id=None, metric=None, density=True)
+                served.histogram(y=y, bins=HIST_BINS, gamma=None, run_id=None, env_id=None, metric=None, density=True)
             store.stats(by=["run_id", "env_id"])
-            store.binned_curves(by="agent_id")
+            served.binned_curves(by="agent_id")
         except Exception as exc:  # noqa: BLE001 - the requests will say what is wrong
             log.debug("the dashboard's first page was not read ahead: %s", exc)
 
@@ -171,10 +177,10 @@ class Curves(BaseModel):
     series: list[CurveSeries]
 
 
-def curves_payload(store: Store, *, run_id: list[str] | None = None, env_id: list[str] | None = None,
+def curves_payload(store: Store, *, filter: EpisodeFilter | None = None, where: Condition | None = None,  # noqa: A002
                    gamma: float | None = None, metric: str | None = None) -> Curves:
     """Complete episodes of each (run, env), sorted by run and env, then in the order they ended."""
-    eps = store.curves(run_id=run_id, env_id=env_id, gamma=gamma, metric=metric)
+    eps = store.curves(filter=filter, where=where, gamma=gamma, metric=metric)
     keys = pc.binary_join_element_wise(eps["run_id"], eps["env_id"], "\x00").to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.array([], int)
     bounds = zip(starts.tolist(), [*starts[1:].tolist(), len(keys)])
@@ -202,14 +208,33 @@ MetricQuery = Annotated[str | None, Query(max_length=200, description=(
     "sum, mean, min, max (last(is_success)); episodes without a value are left out"))]
 
 
-@router.get("/curves", tags=["dashboard"], summary="Learning curves: the complete episodes of each (run, env) in "
-                                                   "the order they ended, as columns")
-def curves(store: ReadStoreDep,
-           run_id: Annotated[list[str], Query(description="runs to include (all by default)")] = [],  # noqa: B006
-           env_id: Annotated[list[str], Query(description="envs to include (all by default)")] = [],  # noqa: B006
-           gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return")] = None,
-           metric: MetricQuery = None) -> Curves:
-    return curves_payload(store, run_id=run_id or None, env_id=env_id or None, gamma=gamma, metric=metric)
+@router.get("/curves", tags=["dashboard"], response_model=Curves | list[dict[str, Any]],
+            summary="Learning curves: the complete episodes of each (run, env) in the order they ended, as columns "
+                    "(as Arrow: Store.curves' table); with by=, each group of runs' curve across seeds per env_steps "
+                    "bin, its IQM or mean with a bootstrap band (as Store.curves(by=…) and /curves/groups)",
+            responses={200: {"content": ARROW_CONTENT}}, dependencies=[Depends(grouped_budget)])
+def curves(request: Request, store: ReadStoreDep, flt: FilterDep, by: ByDep, where: WhereDep,
+           gamma: Annotated[float | None, Query(ge=0, le=1, description="adds discounted_return (not with "
+                                                                        "by)")] = None,
+           metric: MetricQuery = None,
+           task: Annotated[str | None, Query(max_length=200, description="with by: the column of episodes that names "
+                                                                         "a task (env_id)")] = None,
+           bins: Annotated[int | None, Query(ge=1, le=10_000, description="with by: env_steps bins (50)")] = None,
+           aggregate: Annotated[Literal["iqm", "mean"] | None, Query(description="with by: iqm or mean")] = None,
+           ci: Annotated[float | None, Query(gt=0, lt=1, description="with by: the band's confidence (0.95)")] = None,
+           reps: Annotated[int | None, Query(ge=1, le=100_000, description="with by: bootstrap replications "
+                                                                           "(1000)")] = None,
+           seed: Annotated[int | None, Query(ge=0, description="with by: the bootstrap's seed (0)")] = None,
+           mode: Annotated[Literal["train", "eval"] | None, Query(description="with by: eval episodes only")] = None,
+           ) -> Any:
+    if by and seed is not None:  # with by=, seed= is the bootstrap's, not the lineage filter the filter read it as
+        flt = replace(flt, lineage={k: v for k, v in flt.lineage.items() if k != "seed"})
+    chosen = None if flt.is_empty() else flt
+    across = {"task": task, "bins": bins, "aggregate": aggregate, "ci": ci, "reps": reps, "seed": seed, "mode": mode}
+    if by or wants_arrow(request) or any(v is not None for v in across.values()):
+        table = store.curves(by=by or None, filter=chosen, where=where, gamma=gamma, metric=metric, **across)
+        return table_response(request, table)
+    return curves_payload(store, filter=chosen, where=where, gamma=gamma, metric=metric)
 
 
 class BinnedSeries(BaseModel):
@@ -284,7 +309,7 @@ def curves_binned(store: ReadStoreDep, run_id: RunsQuery = [], env_id: EnvsQuery
                       "episodes, of each agent's own return or length (no gamma, no metric); single-agent "
                       "episodes have none"))] = None) -> Binned:
     version = store.version
-    table = store.binned_curves(x=x, y=_metric(y, gamma), bins=bins, gamma=gamma, run_id=run_id or None,
+    table = plumbing(store).binned_curves(x=x, y=_metric(y, gamma), bins=bins, gamma=gamma, run_id=run_id or None,
                                 env_id=env_id or None, metric=metric, by=by)
     return binned_payload(table, x=x, y=metric or y, bins=bins, gamma=gamma, version=version, by=by)
 
@@ -298,6 +323,6 @@ def curves_histogram(store: ReadStoreDep, run_id: RunsQuery = [], env_id: EnvsQu
                      density: Annotated[bool, Query(description="also each bin's density (count over the series' "
                                                                 "episodes and the bin's width)")] = False) -> Binned:
     version = store.version
-    table = store.histogram(y=_metric(y, gamma), bins=bins, gamma=gamma, run_id=run_id or None,
+    table = plumbing(store).histogram(y=_metric(y, gamma), bins=bins, gamma=gamma, run_id=run_id or None,
                             env_id=env_id or None, metric=metric, density=density)
     return binned_payload(table, x=metric or y, y=metric or y, bins=bins, gamma=gamma, version=version)

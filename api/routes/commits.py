@@ -14,6 +14,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Response
 from trajstore.api.arrow import ARROW_CONTENT, arrow_response
 from trajstore.api.deps import ReadStoreDep
 from trajstore.api.params import ColumnsDep
+from trajstore.store import plumbing
 
 router = APIRouter(tags=["steps"])
 
@@ -27,7 +28,7 @@ def commit_rows(store: ReadStoreDep, columns: ColumnsDep,
                 env_id: Annotated[list[str], Query(description="envs to include (all by default)")] = [],  # noqa: B006
                 episodes: Annotated[bool, Query(description="the episodes the commit completed instead of its "
                                                             "steps")] = False) -> Response:
-    found = store.commit_rows(version, columns or None, run_id=run_id or None, env_id=env_id or None,
+    found = plumbing(store).commit_rows(version, columns or None, run_id=run_id or None, env_id=env_id or None,
                               episodes=episodes)
     if found is None:
         when = f"as of version {store.version}, which ?version= reads" if store.read_only else \

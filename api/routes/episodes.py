@@ -14,8 +14,9 @@ from trajstore.api.arrow import ARROW_CONTENT, arrow_response, json_rows, wants_
 from trajstore.api.cursor import CursorQuery, decode, encode
 from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.api.ints import INT64, ROW_SCHEMA, EpisodeIdText, Int64
-from trajstore.api.params import EPISODE_COLUMNS, NAME, ColumnsDep, FilterDep
+from trajstore.api.params import EPISODE_COLUMNS, NAME, ColumnsDep, FilterDep, WhereDep
 from trajstore.query.filters import EpisodeFilter
+from trajstore.store import plumbing
 
 router = APIRouter(tags=["episodes"])
 _KEY = NAME.strip("^$").join(["-?", ""])
@@ -52,7 +53,7 @@ TOTAL_HEADER, CURSOR_HEADER, VERSION_HEADER = "X-Total-Count", "X-Next-Cursor", 
                 VERSION_HEADER: {"description": "the store version the page was read at (pass as version= to "
                                                 "read the next pages at that version)",
                                  "schema": {"type": "integer"}}}}})
-def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: FilterDep,
+def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: FilterDep, where: WhereDep,
              order_by: Annotated[str, Query(pattern=ORDER, description=(
                  f"a column of episodes ({EPISODE_COLUMNS}, discounted_return with gamma); prefix - for "
                  "descending; several comma-separated (-complete,-ended_at: complete episodes first, then the "
@@ -66,8 +67,8 @@ def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: 
     limit = min(limit, settings.max_page_size)
     version = store.version  # before the read: the rows are of this version or, rarely, a newer one
     after = decode(cursor, 1)[0] if cursor else None
-    page, total = store.episode_page(filter=flt, gamma=gamma, order_by=order_by, limit=limit,
-                                     offset=0 if cursor else offset, after=after)
+    page, total = plumbing(store).episode_page(filter=flt, where=where, gamma=gamma, order_by=order_by,
+                                               limit=limit, offset=0 if cursor else offset, after=after)
     following = None
     if page.num_rows == limit and order_by.lstrip("-") == "episode_id":
         following = encode([page["episode_id"][page.num_rows - 1].as_py()])
@@ -85,11 +86,14 @@ def episodes(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: 
 def episode_steps(request: Request, store: ReadStoreDep, settings: SettingsDep,
                   episode_id: Annotated[Int64, Path(**INT64)], columns: ColumnsDep,
                   agent_id: Annotated[list[str] | None, Query(description="a multi-agent episode's rows of these "
-                                                              "agents only (repeat for several)")] = None) -> Any:
-    found, _ = store.episode_page(filter=EpisodeFilter(episode_id=[episode_id]), limit=1)
+                                                              "agents only (repeat for several)")] = None,
+                  limit: Annotated[int | None, Query(ge=0, le=2**62, description="the first steps only")] = None,
+                  ) -> Any:
+    found, _ = plumbing(store).episode_page(filter=EpisodeFilter(episode_id=[episode_id]), limit=1)
     env = [found["env_id"][0].as_py()] if found.num_rows else None  # its environment's own column types
     most = pages.page_rows(store, columns, settings.max_page_bytes, env)  # 413 past it: streams have no limit
-    rows = store.episode_steps(episode_id, columns or None, limit=most + 1, agent_id=agent_id or None)
+    asked = most + 1 if limit is None else min(limit, most + 1)
+    rows = store.episode_steps(episode_id, columns or None, limit=asked, agent_id=agent_id or None)
     if rows.num_rows > most:
         raise pages.too_large(episode_id, most, settings.max_page_bytes)
     if rows.num_rows == 0:

@@ -22,7 +22,7 @@ from trajstore.api.problems import problem_response
 from trajstore.query.filters import EpisodeFilter
 from trajstore.query.pictures import ImageLeaf, leaf_values, png
 from trajstore.storage.encoding import fixed_numpy
-from trajstore.store import Store
+from trajstore.store import Store, plumbing
 
 router = APIRouter(tags=["episodes"])
 CACHE = "private, max-age=3600"  # a committed step's frame does not change
@@ -42,11 +42,11 @@ def frame(store: ReadStoreDep, settings: SettingsDep, episode_id: Annotated[Int6
                                                         "default: the first (GET /schema lists them)")] = None,
           ) -> Response:
     env_id, length = _episode(store, episode_id)
-    chosen = _leaf(store.image_leaves(env_id), leaf, episode_id, env_id)
+    chosen = _leaf(plumbing(store).image_leaves(env_id), leaf, episode_id, env_id)
     if step >= length:
         raise HTTPException(status_code=404, detail=f"step: episode_id {episode_id} has {length} step(s), 0 to "
                                                     f"{length - 1}; got {step}")
-    values = _step_obs(store, episode_id, env_id, step, chosen, settings.stream_batch_bytes)
+    values = _step_obs(store, episode_id, env_id, step, chosen, plumbing(store).settings.stream_batch_bytes)
     if size is not None:
         size = min(size, settings.max_frame_size)
     return Response(png(chosen.picture(values), size), media_type="image/png", headers={"Cache-Control": CACHE})
@@ -54,7 +54,7 @@ def frame(store: ReadStoreDep, settings: SettingsDep, episode_id: Annotated[Int6
 
 def _episode(store: Store, episode_id: int) -> tuple[str, int]:
     """The episode's env_id and number of steps, or 404."""
-    page, _ = store.episode_page(filter=EpisodeFilter(episode_id=[episode_id]), limit=1)
+    page, _ = plumbing(store).episode_page(filter=EpisodeFilter(episode_id=[episode_id]), limit=1)
     if page.num_rows == 0:
         raise HTTPException(status_code=404, detail=f"episode_id {episode_id}: no such episode in the store")
     row = page.select(["env_id", "episode_length"]).to_pylist()[0]

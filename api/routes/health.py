@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from trajstore.api.deps import StoreDep
 from trajstore.errors import StoreAccessError, StoreDamagedError, first_line
-from trajstore.store import Store
+from trajstore.store import Store, plumbing
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
@@ -69,9 +69,9 @@ def damage(store: Store, request_state: Any, *, newest: bool = False) -> str | N
     files missing or of another size than the log says (``newest``: only those the latest commit added), or a
     committed file a read found unreadable (which the service keeps in ``request_state.damaged``). A store that
     does not answer raises its :class:`~trajstore.errors.StoreAccessError`."""
-    problems = store.health(newest=newest)
+    problems = plumbing(store).problems(newest=newest)
     damaged: StoreDamagedError | None = getattr(request_state, "damaged", None)
-    if damaged is not None and not problems and any(f.uri == damaged.path for f in store.files()):
+    if damaged is not None and not problems and any(f.uri == damaged.path for f in store.maintain.files()):
         problems.append(str(damaged))  # a read found it unreadable, and it is still committed
     if not problems:
         return None
@@ -91,11 +91,11 @@ class Finding:
     problem: str | None = None
 
 
-def check(store: Store, request_state: Any) -> Finding:
+def check_latest(store: Store, request_state: Any) -> Finding:
     """The store's latest version and checkpoint lag, and what keeps that version from being read; never raises."""
     seen = getattr(request_state, "damaged", None)
     try:
-        version, behind = store.log_lag()
+        version, behind = plumbing(store).log_lag()
     except StoreAccessError as exc:
         return Finding(time.monotonic(), seen, problem=f"the latest version cannot be read: {exc}")
     except Exception as exc:  # noqa: BLE001 - an unreadable log is the finding
@@ -134,7 +134,7 @@ class Checks:
             self._running = future
 
         def run() -> None:
-            finding = check(store, request_state)
+            finding = check_latest(store, request_state)
             self.last = finding
             future.set_result(finding)
 
@@ -169,6 +169,7 @@ async def health(request: Request) -> Health:  # on the event loop: no worker th
         return Health(status="ok")
     checks = checks_of(state)
     running = checks.current(store, state)
+    finding: Finding | None
     try:
         finding, age = await asyncio.wait_for(asyncio.wrap_future(running), LOG_TIMEOUT_S), None
     except TimeoutError:
@@ -187,4 +188,4 @@ def ready(request: Request, store: StoreDep) -> Ready:
     if problem is not None:
         raise StoreDamagedError(problem)
     request.app.state.damaged = None
-    return Ready(status="ready", store=str(store.root), version=store.version, files=len(store.files()))
+    return Ready(status="ready", store=str(store.root), version=store.version, files=len(store.maintain.files()))

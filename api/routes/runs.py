@@ -14,7 +14,7 @@ from trajstore.api.arrow import ARROW_CONTENT, arrow_response, wants_arrow
 from trajstore.api.deps import ReadStoreDep, StoreDep, require_api_key
 from trajstore.api.problems import problem_response
 from trajstore.remote.wire import json_exact
-from trajstore.store import Store
+from trajstore.store import Store, plumbing
 
 router = APIRouter(tags=["runs"])
 
@@ -72,13 +72,17 @@ class Run(BaseModel):
 
 
 @router.get("/runs", summary="Every run with its environments, episode and step counts and last write time (and "
-                           "with ?last=N the statistics of each one's latest episodes)")
-def runs(store: ReadStoreDep,
+                           "with ?last=N the statistics of each one's latest episodes); as Arrow (Accept: "
+                           "application/vnd.apache.arrow.stream), Store.runs' table: one row per run and environment",
+            response_model=list[Run], responses={200: {"content": ARROW_CONTENT}})
+def runs(request: Request, store: ReadStoreDep,
          last: Annotated[int | None, Query(ge=1, le=1_000_000, description=(
              "add each environment's statistics of its last N complete episodes to end (return, length; "
              "discounted return with gamma)"))] = None,
          gamma: Annotated[float | None, Query(ge=0, le=1, description="with last: also the discounted return")] = None,
-         ) -> list[Run]:
+         ) -> Any:
+    if wants_arrow(request):
+        return arrow_response(store.runs(last=last, gamma=gamma))
     found = _runs(store)
     if last is not None:
         _add_latest(store, found, last, gamma)
@@ -88,7 +92,7 @@ def runs(store: ReadStoreDep,
 @router.get("/runs/{run_id}", summary="One run with its environments, episode and step counts and last write time",
             responses={404: {"description": "no such run in the store"}})
 def run(store: ReadStoreDep, run_id: Annotated[str, Path(min_length=1, max_length=200)]) -> Run:
-    store.engine.check_runs(run_id)  # 404 naming the runs the store holds
+    plumbing(store).check_runs(run_id)  # 404 naming the runs the store holds
     return next(r for r in _runs(store) if r.run_id == run_id)
 
 
@@ -134,13 +138,13 @@ class Described(BaseModel):
                                                     "its path (config.a.b: …)")})
 def describe_run(store: StoreDep, run_id: Annotated[str, Path(min_length=1, max_length=200)],
                  body: RunDescription) -> Described:
-    given = {"config": body.config, "tags": body.tags, "notes": body.notes}
+    given: dict[str, Any] = {"config": body.config, "tags": body.tags, "notes": body.notes}
     store.run_info(run_id)  # a run the store holds (404 before anything is changed)
     if body.replace:
         store.set_run(run_id, **given)
     else:
         provenance = None if body.provenance is None else body.provenance.model_dump()
-        store.describe_run(run_id, **given, provenance=provenance)
+        plumbing(store).describe_run(run_id, **given, provenance=provenance)
     info = store.run_info(run_id)
     return Described(config=info["config"], tags=info["tags"], notes=info["notes"], replace=body.replace)
 
@@ -158,14 +162,14 @@ class Deleted(BaseModel):
                summary="Delete every episode of a run, in one commit (older versions keep reading it until vacuumed)",
                responses={404: problem_response(404, "no such run in the store")})
 def delete_run(store: StoreDep, run_id: Annotated[str, Path(min_length=1, max_length=200)]) -> Deleted:
-    report = store.delete(run_id=run_id)
+    report = store.maintain.delete(run_id=run_id)
     return Deleted(run_id=run_id, episodes=report.episodes, steps=report.steps, files_removed=report.files_removed,
                    files_rewritten=report.files_rewritten, version=report.version)
 
 
 def _runs(store: Store) -> list[Run]:
     out: dict[str, Run] = {}
-    described = store.run_infos()
+    described = plumbing(store).run_infos()
     for row in store.runs().to_pylist():
         env = RunEnv(**{k: v for k, v in row.items() if k != "run_id"})
         run = out.setdefault(row["run_id"], Run(run_id=row["run_id"], episodes=0, complete_episodes=0, steps=0,
@@ -180,7 +184,7 @@ def _runs(store: Store) -> list[Run]:
 
 
 def _add_latest(store: Store, found: list[Run], last: int, gamma: float | None) -> None:
-    rows = {(r["run_id"], r["env_id"]): r for r in store.latest_stats(last, gamma=gamma).to_pylist()}
+    rows = {(r["run_id"], r["env_id"]): r for r in plumbing(store).latest_stats(last, gamma=gamma).to_pylist()}
     for run in found:
         for env in run.envs:
             row = rows.get((run.run_id, env.env_id))
@@ -221,7 +225,7 @@ def schema(request: Request, store: ReadStoreDep,
     found = store.schema(env_id)
     if _wants_json(request):
         columns = [Column(name=f.name, type=str(f.type), nullable=f.nullable) for f in found]
-        images = [Image(**leaf.describe()) for leaf in store.image_leaves(env_id)]  # type: ignore[arg-type]
+        images = [Image(**leaf.describe()) for leaf in plumbing(store).image_leaves(env_id)]  # type: ignore[arg-type]
         return JSONResponse(jsonable_encoder(Schema(columns=columns, images=images)))
     return arrow_response(found.empty_table())
 

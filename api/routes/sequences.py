@@ -24,14 +24,13 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from trajstore.api.arrow import ARROW_CONTENT
-from trajstore.api.deps import ReadStoreDep, SettingsDep
-from trajstore.api.params import NAME, ColumnsDep, FilterDep
+from trajstore.api.deps import ReadStoreDep, SettingsDep, SqlGateDep
+from trajstore.api.params import NAME, ColumnsDep, FilterDep, WhereDep
 from trajstore.api.routes.steps import _until_disconnect
-from trajstore.loaders.loader import Batches
+from trajstore.loaders.loader import BatchStream
 from trajstore.loaders.order import parse_state
-from trajstore.query.sandbox import Slot
+from trajstore.query.sandbox import Gate, Slot
 from trajstore.remote.wire import ARROW_STREAM, ipc_pieces
-from trajstore.store import Store
 
 router = APIRouter(tags=["training"])
 STATE_KEY = b"trajstore.state"
@@ -41,7 +40,7 @@ def _resume(text: str | None) -> dict[str, Any] | None:
     return None if text is None else parse_state(text)
 
 
-def _stream(batches: Batches, slot: Slot) -> Generator[bytes, None, None]:
+def _stream(batches: BatchStream, slot: Slot) -> Generator[bytes, None, None]:
     schema = batches.schema.with_metadata({STATE_KEY: json.dumps(batches.state_dict()).encode()})
     reader = pa.RecordBatchReader.from_batches(schema, (b.replace_schema_metadata(schema.metadata)
                                                         for b in batches))
@@ -52,9 +51,9 @@ def _stream(batches: Batches, slot: Slot) -> Generator[bytes, None, None]:
         slot.release()  # and the place: the last batch is gone with them
 
 
-def _response(store: Store, kind: str, make: Callable[[], Batches]) -> StreamingResponse:
-    """The stream of the batches ``make`` builds, holding one of the store's places from now to its end."""
-    slot = store.sql_slot(kind)  # QueryBusyError (429) when every place is taken: nothing waits
+def _response(gate: Gate, kind: str, make: Callable[[], BatchStream]) -> StreamingResponse:
+    """The stream of the batches ``make`` builds, holding one of the ``gate`` 's places from now to its end."""
+    slot = gate.take(kind)  # QueryBusyError (429) when every place is taken: nothing waits
     try:
         batches = make()
     except BaseException:
@@ -83,29 +82,34 @@ Resume = Annotated[str | None, Query(max_length=RESUME_CHARS, description="the J
 
 @router.get("/sequences", summary="Windows inside episodes as an Arrow IPC stream of training batches",
             responses={200: {"content": ARROW_CONTENT}})
-def sequences(store: ReadStoreDep, settings: SettingsDep, flt: FilterDep, columns: ColumnsDep, length: Length,
+def sequences(store: ReadStoreDep, settings: SettingsDep, gate: SqlGateDep, flt: FilterDep, where: WhereDep,
+              columns: ColumnsDep,
+              length: Length,
               stride: Positive | None = None, pad: bool = False, gamma: Gamma | None = None,
               batch_size: Annotated[int, Query(ge=1, le=1_048_576)] = 256, shuffle: bool = False,
               order_seed: OrderSeed = 0, epoch: Int = 0, rank: Int = 0, world_size: Positive = 1,
               weight_by: WeightBy = None, num_samples: Samples | None = None, resume: Resume = None,
               agent_id: AgentIds = None) -> Any:
     state = _resume(resume)
-    return _response(store, "sequences", lambda: store.sequences(
+    return _response(gate, "sequences", lambda: store.sequences(
         length, columns=columns or None, stride=stride, pad=pad, gamma=gamma, batch_size=batch_size,
         shuffle=shuffle, seed=order_seed, epoch=epoch, rank=rank, world_size=world_size, format="arrow",
-        resume=state, weight_by=weight_by, num_samples=num_samples, filter=flt,
+        resume=state, weight_by=weight_by, num_samples=num_samples, filter=flt, where=where,
         max_batch_bytes=settings.loader_batch_bytes, agent_id=agent_id or None))
 
 
 @router.get("/transitions", summary="n-step transitions as an Arrow IPC stream of training batches",
             responses={200: {"content": ARROW_CONTENT}})
-def transitions(store: ReadStoreDep, settings: SettingsDep, flt: FilterDep, columns: ColumnsDep, n: Positive,
+def transitions(store: ReadStoreDep, settings: SettingsDep, gate: SqlGateDep, flt: FilterDep, where: WhereDep,
+                columns: ColumnsDep,
+                n: Positive,
                 gamma: Gamma, batch_size: Annotated[int, Query(ge=1, le=1_048_576)] = 256, shuffle: bool = False,
                 order_seed: OrderSeed = 0, epoch: Int = 0, rank: Int = 0, world_size: Positive = 1,
                 weight_by: WeightBy = None, num_samples: Samples | None = None, resume: Resume = None,
                 agent_id: AgentIds = None) -> Any:
     state = _resume(resume)
-    return _response(store, "transitions", lambda: store.transitions(
+    return _response(gate, "transitions", lambda: store.transitions(
         n, gamma=gamma, columns=columns or None, batch_size=batch_size, shuffle=shuffle, seed=order_seed,
         epoch=epoch, rank=rank, world_size=world_size, format="arrow", resume=state, weight_by=weight_by,
-        num_samples=num_samples, filter=flt, max_batch_bytes=settings.loader_batch_bytes, agent_id=agent_id or None))
+        num_samples=num_samples, filter=flt, where=where, max_batch_bytes=settings.loader_batch_bytes,
+        agent_id=agent_id or None))

@@ -23,11 +23,12 @@ from starlette.types import Receive, Scope, Send
 
 from trajstore.api import json_body
 from trajstore.api.arrow import ARROW_CONTENT, ARROW_STREAM, wants_arrow
-from trajstore.api.deps import ReadStoreDep, SettingsDep
+from trajstore.api.deps import ReadStoreDep, SettingsDep, SqlGateDep
 from trajstore.api.ints import ROWS_SCHEMA
 from trajstore.api.problems import problem_response
 from trajstore.query import sandbox
 from trajstore.remote.wire import ipc_pieces
+from trajstore.store import plumbing
 
 router = APIRouter(tags=["sql"])
 
@@ -89,14 +90,16 @@ def arrow_pieces(result: sandbox.Result) -> Iterator[bytes]:
                         503: problem_response(503, "the store cannot be read, or the worker process running the query "
                                                    "died before it answered (killed or crashed): send it again "
                                                    "after Retry-After")})
-async def sql(body: SqlRequest, request: Request, store: ReadStoreDep, settings: SettingsDep) -> Response:
+async def sql(body: SqlRequest, request: Request, store: ReadStoreDep, settings: SettingsDep,
+              gate: SqlGateDep) -> Response:
     limits = sandbox.Limits(max_rows=min(body.max_rows or settings.sql_max_rows, settings.sql_max_rows),
                             max_bytes=settings.sql_max_bytes, timeout_s=settings.sql_timeout_s,
-                            memory_limit=settings.sql_memory_limit, worker_bytes=settings.sql_worker_bytes)
+                            memory_limit=settings.sql_memory_limit,
+                            worker_bytes=plumbing(store).settings.sql_worker_bytes)
     arrow = wants_arrow(request)
-    slot = store.sql_slot()  # QueryBusyError (429) when every slot is taken: nothing waits
+    slot = gate.take()  # QueryBusyError (429) when every slot is taken: nothing waits
     try:
-        result = await run_in_threadpool(store.sandboxed_sql, body.query, limits,
+        result = await run_in_threadpool(plumbing(store).sandboxed_sql, body.query, limits,
                                          encode=arrow_pieces if arrow else json_pieces, run_id=body.run_id,
                                          env_id=body.env_id)
     except BaseException:

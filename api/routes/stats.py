@@ -20,7 +20,7 @@ MAX_RETURN_ROWS = 100_000
 @router.get("/stats", summary="n_traj, return_{min,mean,std,max}, len_* (and discounted_return_* with gamma, "
                               "metric_* with metric)",
             responses={200: {"content": ROWS_CONTENT}})
-def stats(request: Request, store: ReadStoreDep, flt: FilterDep,
+def stats(request: Request, store: ReadStoreDep, flt: FilterDep, where: WhereDep,
           by: ByDep,
           gamma: Annotated[float | None, Query(ge=0, le=1)] = None,
           include_incomplete: Annotated[bool, Query(description="also count unfinished episodes")] = False,
@@ -28,18 +28,19 @@ def stats(request: Request, store: ReadStoreDep, flt: FilterDep,
               "also metric_n and metric_{min,mean,std,max} of this: a column of episodes or agg(column) of a step "
               "column with agg one of last, first, sum, mean, min, max (last(is_success))"))] = None,
           ) -> Any:
-    table = store.stats(by=by, gamma=gamma, filter=flt, include_incomplete=include_incomplete, metric=metric)
+    table = store.stats(by=by, gamma=gamma, filter=flt, where=where, include_incomplete=include_incomplete,
+                        metric=metric)
     return table_response(request, table)
 
 
 @router.get("/returns", summary="Discounted return per episode, or return-to-go per step",
             responses={200: {"content": ROWS_CONTENT}})
-def returns(request: Request, store: ReadStoreDep, flt: FilterDep,
+def returns(request: Request, store: ReadStoreDep, flt: FilterDep, where: WhereDep,
             gamma: Annotated[float, Query(ge=0, le=1)],
             per: Annotated[Literal["episode", "step"], Query()] = "episode",
             limit: Annotated[int, Query(ge=1, le=MAX_RETURN_ROWS)] = 10_000,
             ) -> Any:
-    table = store.returns(gamma=gamma, per=per, filter=flt, limit=limit)
+    table = store.returns(gamma=gamma, per=per, filter=flt, where=where, limit=limit)
     return table_response(request, table)
 
 
@@ -134,6 +135,6 @@ def group_curves(request: Request, store: ReadStoreDep, by: ByDep, where: WhereD
                  task: Task = "env_id", bins: Annotated[int, Query(ge=1, le=10_000)] = 50,
                  aggregate: Annotated[Literal["iqm", "mean"], Query()] = "iqm", ci: Ci = 0.95, reps: Reps = 1000,
                  seed: Annotated[int, Query(ge=0)] = 0, mode: Mode = None, run_id: RunIds = None) -> Any:
-    table = store.group_curves(by, metric=metric, task=task, bins=bins, aggregate=aggregate, ci=ci, reps=reps,
+    table = store.curves(by=by, metric=metric, task=task, bins=bins, aggregate=aggregate, ci=ci, reps=reps,
                                seed=seed, mode=mode, run_id=run_id, where=where)
     return table_response(request, table)

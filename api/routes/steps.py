@@ -17,10 +17,11 @@ from trajstore.api.arrow import ARROW_CONTENT, json_rows
 from trajstore.api.cursor import CursorQuery, decode, encode
 from trajstore.api.deps import ReadStoreDep, SettingsDep
 from trajstore.api.ints import ROWS_SCHEMA
-from trajstore.api.params import ColumnsDep, FilterDep
+from trajstore.api.params import ColumnsDep, FilterDep, WhereDep
+from trajstore.query.condition import Condition
 from trajstore.query.filters import EpisodeFilter
 from trajstore.remote.wire import ARROW_STREAM, ipc_pieces
-from trajstore.store import Store
+from trajstore.store import Store, plumbing
 
 router = APIRouter(tags=["steps"])
 JSON_PAGE = {"type": "object", "required": ["items", "limit", "offset", "next_cursor"], "properties": {
@@ -31,11 +32,11 @@ JSON_PAGE = {"type": "object", "required": ["items", "limit", "offset", "next_cu
 PREFETCH_PIECES = 1  # pieces of a stream made ahead of the network
 
 
-def _stream(store: Store, flt: EpisodeFilter, columns: list[str], batch_rows: int,
+def _stream(store: Store, flt: EpisodeFilter, where: Condition | None, columns: list[str], batch_rows: int,
             batch_bytes: int) -> Generator[bytes, None, None]:
     # Read straight from the committed files (Store.scan), without a SQL engine in the way; the episode-level
     # conditions become a list of episode ids first.
-    reader = store.scan(columns or None, filter=flt, batch_size=batch_rows, max_batch_bytes=batch_bytes)
+    reader = store.scan(columns or None, filter=flt, where=where, batch_size=batch_rows, max_batch_bytes=batch_bytes)
     return _closing(ipc_pieces(reader), reader)
 
 
@@ -112,7 +113,7 @@ async def _until_disconnect(chunks: Generator[bytes, None, None]) -> AsyncIterat
 
 @router.get("/steps", summary="Selected steps as an Arrow IPC stream (or a JSON page with format=json)",
             responses={200: {"content": {**ARROW_CONTENT, "application/json": {"schema": JSON_PAGE}}}})
-def steps(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: FilterDep,
+def steps(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: FilterDep, where: WhereDep,
           columns: ColumnsDep,
           batch_rows: Annotated[int | None, Query(ge=1, le=1_048_576, description="rows per Arrow batch (at most: "
                                                                                "fewer when rows are wide)")] = None,
@@ -126,22 +127,24 @@ def steps(request: Request, store: ReadStoreDep, settings: SettingsDep, flt: Fil
           ) -> Any:
     if format == "json":  # wide rows (images): fewer rows, so that the page stays within max_page_bytes
         limit = min(limit, settings.max_page_size, pages.page_rows(store, columns, settings.max_page_bytes))
-        return _json_page(store, flt, columns, limit, offset, cursor)
-    chunks = _stream(store, flt, columns, batch_rows or settings.stream_batch_rows, settings.stream_batch_bytes)
+        return _json_page(store, flt, where, columns, limit, offset, cursor)
+    chunks = _stream(store, flt, where, columns, batch_rows or settings.stream_batch_rows,
+                     plumbing(store).settings.stream_batch_bytes)
     return StreamingResponse(_until_disconnect(chunks), media_type=ARROW_STREAM)
 
 
 KEY = ["episode_id", "step"]  # and agent_id, where the rows are agents'
 
 
-def _json_page(store: Store, flt: EpisodeFilter, columns: list[str], limit: int, offset: int,
-               cursor: str | None) -> JSONResponse:
+def _json_page(store: Store, flt: EpisodeFilter, where: Condition | None, columns: list[str], limit: int,
+               offset: int, cursor: str | None) -> JSONResponse:
     """One JSON page in ``(episode_id, step, agent_id)`` order, by offset or after a cursor, with the cursor of
     the next (the last row's key; an agent's row's names its agent, so that a step's other agents follow)."""
     after = decode(cursor, 2, agent=True) if cursor else None
     asked = list(dict.fromkeys(columns))
     names = asked + [k for k in KEY if k not in asked] if asked else []
-    rows = store.steps_page(names, filter=flt, limit=limit, offset=0 if after else offset, after=after)
+    rows = plumbing(store).steps_page(names, filter=flt, where=where, limit=limit, offset=0 if after else offset,
+                                      after=after)
     following = None
     if rows.num_rows == limit:
         last = rows.slice(rows.num_rows - 1).to_pylist()[0]

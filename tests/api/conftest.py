@@ -1,5 +1,5 @@
-"""Fixtures for the service: a populated store, the app in-process, and the app behind a real uvicorn server
-(helpers are in ``tests/api/helpers.py``)."""
+"""Fixtures for the service: a populated store, the app in-process, and the app behind a real uvicorn server, each
+made once for the package's tests, which only read them (helpers are in ``tests/api/helpers.py``)."""
 
 from __future__ import annotations
 
@@ -28,12 +28,14 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="package")
 def client(populated: Path) -> Iterator[TestClient]:
+    """The app over ``populated`` in-process, shared by the tests that only read (a test that writes makes its own)."""
     with TestClient(create_app(settings_for(populated))) as c:
         yield c
 
 
-@pytest.fixture
+@pytest.fixture(scope="package")
 def live(populated: Path) -> Iterator[Live]:
+    """The app over ``populated`` behind a real uvicorn server, shared by the tests that only read."""
     yield from serve(create_app(settings_for(populated)))

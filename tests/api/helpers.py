@@ -17,13 +17,14 @@ from fastapi import FastAPI
 
 import trajstore
 from trajstore.api.app import server_config
-from trajstore.settings import Settings
+from trajstore.api.settings import ServiceSettings
+from trajstore.store import plumbing
 
 API_KEY = "test-key-0123456789"
 
 
-def settings_for(path: Path, **overrides: Any) -> Settings:
-    return Settings(**{"store": str(path), "api_key": API_KEY, **overrides})
+def settings_for(path: Path, **overrides: Any) -> ServiceSettings:
+    return ServiceSettings(**{"store": str(path), "api_key": API_KEY, **overrides})
 
 
 @dataclass
@@ -94,6 +95,6 @@ def episode_rows(episode_id: int, length: int) -> pa.Table:
 def write_adjacent_ids(path: Path) -> trajstore.Store:
     """A store with the episodes ``ID_A`` and ``ID_B`` (complete, 3 and 5 steps), ingested with their own ids."""
     store = trajstore.open(path, create=True)
-    store.ingest(pa.concat_tables([episode_rows(ID_A, LENGTHS[ID_A]), episode_rows(ID_B, LENGTHS[ID_B])]),
+    plumbing(store).ingest(pa.concat_tables([episode_rows(ID_A, LENGTHS[ID_A]), episode_rows(ID_B, LENGTHS[ID_B])]),
                  run_id="big-ids", env_id="Toy-v0")
     return store

@@ -61,6 +61,7 @@ def get(conn: http.client.HTTPConnection, path: str, params: dict) -> tuple[int,
     return response.status, json.loads(body) if body[:1] == b"{" else {}, not response.will_close
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("path,params", [("/sequences", {"length": 2}), ("/transitions", {"n": 1, "gamma": 0.9})])
 def test_a_bad_resume_is_422_naming_it_and_the_connection_stays(live: Live, path: str, params: dict) -> None:
     conn = connection(live)
@@ -78,6 +79,7 @@ def test_a_bad_resume_is_422_naming_it_and_the_connection_stays(live: Live, path
         conn.close()
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("params", [{"version": "abc"}, {"version": str(2**70)}, {"cursor": "%%%"},
                                     {"cursor": "WzkyMjMzNzIwMzY4NTQ3NzU4MDhd"}, {"limit": "-1"}])
 def test_junk_parameters_keep_the_connection(live: Live, params: dict) -> None:
@@ -91,6 +93,7 @@ def test_junk_parameters_keep_the_connection(live: Live, params: dict) -> None:
         conn.close()
 
 
+@pytest.mark.server
 def test_the_longest_filter_the_schema_allows_gets_an_answer_from_the_app(live: Live) -> None:
     """A ``where`` of 10,000 characters (the schema's most), each percent-encoded as 12 bytes, is a request head
     of 120 KB; arriving in pieces, it passed uvicorn's default 16 KiB for an unfinished head, which answered a bare

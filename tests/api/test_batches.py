@@ -46,6 +46,7 @@ def test_shuffle_is_a_seeded_permutation_within_a_bounded_buffer() -> None:
     assert all(v <= i + 64 + 32 for i, v in enumerate(first))
 
 
+@pytest.mark.server
 def test_iter_batches_of_a_store_are_the_batches_of_its_service(live: Live, populated: Path) -> None:
     store = trajstore.open(populated)
     for kwargs in ({"batch_size": 1000}, {"batch_size": 777, "shuffle": True, "seed": 3, "shuffle_buffer": 2000},

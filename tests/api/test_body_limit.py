@@ -19,6 +19,7 @@ import trajstore
 from tests.api.helpers import API_KEY, Live, serve, settings_for
 from trajstore.api import body_limit
 from trajstore.api.app import create_app
+from trajstore.api.settings import ServiceSettings
 
 KiB, MiB = 1 << 10, 1 << 20
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -48,7 +49,7 @@ def test_every_route_that_takes_a_body_has_its_own_limit(client: TestClient) -> 
     assert with_body == set(body_limit.ROUTES)
     description = paths["/sql"]["post"]["description"]
     assert "TRAJSTORE_SQL_MAX_BODY_BYTES" in description and "1 MiB, 1048576 bytes" in description
-    assert trajstore.Settings().sql_max_body_bytes == MiB
+    assert ServiceSettings().sql_max_body_bytes == MiB
 
 
 def raw_request(url: str, head: str) -> tuple[str, float]:
@@ -64,6 +65,7 @@ def raw_request(url: str, head: str) -> tuple[str, float]:
         return answer.decode(), time.monotonic() - started
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("path, headers, limit, setting", [
     ("/sql", "Content-Type: application/json", MiB, "TRAJSTORE_SQL_MAX_BODY_BYTES"),
     ("/runs/r/batches?env_id=E", f"Content-Type: {ARROW}\nAuthorization: Bearer {API_KEY}", 256 * MiB,
@@ -82,6 +84,7 @@ def test_a_declared_body_over_the_limit_is_refused_at_once(live: Live, path: str
     assert httpx.post(live.url + "/sql", json={"query": "SELECT 1 AS x"}).json()["rows"] == [{"x": 1}]
 
 
+@pytest.mark.server
 def test_a_chunked_body_is_refused_once_it_passes_the_limit(live: Live) -> None:
     response = httpx.post(live.url + "/sql", content=chunks(64 * MiB), headers={"Content-Type": "application/json"},
                           timeout=60)
@@ -109,13 +112,14 @@ def small_ingest(tmp_path: Path) -> Iterator[Live]:
     yield from serve(create_app(settings_for(tmp_path / "store", max_body_bytes=100_000)))
 
 
+@pytest.mark.server
 def test_an_ingest_body_over_its_limit_is_refused_declared_or_chunked(small_ingest: Live) -> None:
     url = small_ingest.url + "/runs/r/batches"
     headers = {**AUTH, "Content-Type": ARROW}
     for content in (b"\0" * 200_000, chunks(8 * MiB)):
         response = httpx.post(url, params={"env_id": "E"}, content=content, headers=headers, timeout=60)
         refusal(response, 100_000, "TRAJSTORE_MAX_BODY_BYTES")
-    assert trajstore.open(small_ingest.app.state.store.uri).files() == []
+    assert trajstore.open(small_ingest.app.state.store.uri).maintain.files() == []
     access = httpx.get(small_ingest.url + "/ingest", headers=AUTH).json()
     assert access["max_body_bytes"] == 100_000
 
@@ -127,6 +131,7 @@ def test_a_route_that_takes_no_body_is_sent_a_small_one_at_most(client: TestClie
     assert client.request("GET", "/stats", content=b"{}").status_code == 200  # a small body is ignored, as before
 
 
+@pytest.mark.server
 def test_a_chunked_body_within_the_limit_is_read_whole(live: Live) -> None:
     body = b'{"query": "SELECT 42 AS x", "max_rows": 5' + b" " * (MiB - 100) + b"}"  # JSON padded to 1 MiB - 58
     pieces = (body[i:i + 1000] for i in range(0, len(body), 1000))  # in 1,049 pieces

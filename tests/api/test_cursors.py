@@ -43,6 +43,7 @@ def walk(client: TestClient, path: str, params: dict[str, Any]) -> list[dict[str
         assert pages < 10_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [1, 37, 1000])
 def test_steps_pages_by_cursor_give_every_row_once_in_order(client: TestClient, limit: int) -> None:
     store: trajstore.Store = client.app.state.store

@@ -47,6 +47,7 @@ def wait_for(condition: Any, seconds: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.server
 def test_each_commit_is_announced_with_its_runs_and_rows(live: Live) -> None:
     store = live.app.state.store
     with httpx.stream("GET", live.url + "/events", timeout=30) as r:
@@ -63,6 +64,7 @@ def test_each_commit_is_announced_with_its_runs_and_rows(live: Live) -> None:
     assert sum(c["rows_added"] for c in commits) == store.scan(["step"]).read_all().num_rows
 
 
+@pytest.mark.server
 def test_subscribers_are_removed_on_disconnect(live: Live) -> None:
     for _ in range(25):
         with httpx.stream("GET", live.url + "/events", timeout=30) as r:
@@ -79,6 +81,7 @@ def test_subscribers_are_removed_on_disconnect(live: Live) -> None:
     wait_for(lambda: hub.subscribers == 0)
 
 
+@pytest.mark.server
 def test_events_are_open_to_readers_like_other_reads(live: Live) -> None:
     # reads need no key (only writes do, see api/deps.py); a wrong key does not matter to a read either
     for headers in ({}, {"Authorization": "Bearer wrong"}):

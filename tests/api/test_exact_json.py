@@ -152,6 +152,7 @@ def live(store_path: Path) -> Iterator[Live]:
     yield from serve(create_app(settings_for(store_path)))
 
 
+@pytest.mark.server
 def test_the_client_gives_ints_back(live: Live) -> None:
     with Client(live.url) as client:
         assert sorted(client.episodes()["episode_id"].to_pylist()) == [ID_A, ID_B]

@@ -20,6 +20,8 @@ from tests.api.test_ingest import post, rows, steps_of
 from trajstore.api.app import create_app
 from trajstore.remote.wire import ipc_bytes
 
+pytestmark = pytest.mark.server
+
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 

@@ -25,8 +25,11 @@ from tests.lost_answer import LostAnswerProxy
 from tests.served import Server
 from tests.storage.test_landing import assert_exactly_once, proxied
 from trajstore.api.app import create_app
+from trajstore.api.settings import ServiceSettings
 from trajstore.remote.wire import ipc_bytes
 from trajstore.settings import Settings
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 CLIENTS = 6
@@ -65,12 +68,13 @@ def proxy(s3: seaweed.SeaweedFS) -> Iterator[LostAnswerProxy]:
     p.stop()
 
 
+@pytest.mark.s3
 def test_a_group_commit_whose_answer_is_lost_stores_every_request_once(s3: seaweed.SeaweedFS,
                                                                       proxy: LostAnswerProxy) -> None:
     uri = f"s3://{s3.bucket()}/store"
     direct = trajstore.open(uri, create=True, storage_options=s3.storage_options)
-    settings = Settings(store=uri, api_key=API_KEY, commit_interval=0.3, checkpoint_interval=0)
-    served = trajstore.open(uri, storage_options=proxied(s3, proxy), settings=settings)
+    settings = ServiceSettings(store=uri, api_key=API_KEY, commit_interval=0.3)
+    served = trajstore.open(uri, storage_options=proxied(s3, proxy), settings=Settings(checkpoint_interval=0))
     live = serve(create_app(settings, store=served))
     url = next(live).url
     acked: list[tuple[int, int]] = []

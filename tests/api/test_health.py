@@ -20,6 +20,8 @@ from tests.api.helpers import settings_for
 from tests.helpers import make_batch
 from trajstore.api.app import create_app
 from trajstore.api.routes import health
+from trajstore.plumbing import Plumbing
+from trajstore.store import plumbing
 
 
 @pytest.fixture
@@ -55,7 +57,7 @@ def client_of(written: Path) -> Iterator[TestClient]:
 
 
 def test_a_readable_store_is_ok(client_of: TestClient, written: Path) -> None:
-    version, behind = trajstore.open(written).log_lag()
+    version, behind = plumbing(trajstore.open(written)).log_lag()
     assert health_of(client_of) == {"status": "ok", "version": version,
                                                "versions_since_checkpoint": behind}
     assert client_of.get("/ready").status_code == 200
@@ -92,9 +94,9 @@ def test_a_slow_store_never_keeps_a_probe_waiting_and_is_checked_once_at_a_time(
         written: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     answers = threading.Event()  # the log answers only while this is set
     running, most = [0], [0]
-    log_lag = trajstore.Store.log_lag
+    log_lag = Plumbing.log_lag
 
-    def slow_log_lag(self: trajstore.Store) -> tuple[int, int]:
+    def slow_log_lag(self: Plumbing) -> tuple[int, int]:
         running[0] += 1
         most[0] = max(most[0], running[0])
         try:
@@ -103,7 +105,7 @@ def test_a_slow_store_never_keeps_a_probe_waiting_and_is_checked_once_at_a_time(
         finally:
             running[0] -= 1
 
-    monkeypatch.setattr(trajstore.Store, "log_lag", slow_log_lag)
+    monkeypatch.setattr(Plumbing, "log_lag", slow_log_lag)
     monkeypatch.setattr(health, "FRESH_S", 0.0)
     app = create_app(settings_for(written))  # its first check starts, and waits on the log
     store: trajstore.Store = app.state.store
@@ -115,7 +117,8 @@ def test_a_slow_store_never_keeps_a_probe_waiting_and_is_checked_once_at_a_time(
             assert probe == {"status": "checking", "version": None, "versions_since_checkpoint": None}
         answers.set()
         ended = health_of(c)
-        assert ended == {"status": "ok", "version": store.version, "versions_since_checkpoint": log_lag(store)[1]}
+        behind = log_lag(plumbing(store))[1]
+        assert ended == {"status": "ok", "version": store.version, "versions_since_checkpoint": behind}
         answers.clear()  # slow again: the last check that ended, and how long ago
         stale = c.get("/health").json()
         assert stale["status"] == "ok" and stale["version"] == store.version and 0 <= stale["checked_s_ago"] < 10

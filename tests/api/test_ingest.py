@@ -142,6 +142,7 @@ def test_steps_after_the_end_within_a_request_are_422(app_client: TestClient, em
     assert count(empty) == 0
 
 
+@pytest.mark.server
 def test_racing_requests_append_the_next_step_once(live_empty: Live, empty: Path) -> None:
     """Requests race for step 5 of one episode (then 6, …), on a real server: one is stored, the other is 422."""
     headers = {"Authorization": f"Bearer {API_KEY}"}
@@ -208,6 +209,7 @@ def test_garbage_and_wrong_content_type(app_client: TestClient) -> None:
     assert post(app_client, ipc_bytes(rows()), content_type="application/json").status_code == 415
 
 
+@pytest.mark.server
 def test_remote_writer_matches_a_local_writer(empty: Path, tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     batches = [steps_batch(rng, 25, 3) for _ in range(6)]
@@ -219,7 +221,7 @@ def test_remote_writer_matches_a_local_writer(empty: Path, tmp_path: Path) -> No
         with RemoteWriter(live.url, api_key=API_KEY, run_id="r", env_id="Toy-v0", flush_bytes=2_000) as w:
             for b in batches:
                 w.add_batch(b)
-        assert len(trajstore.open(empty).files()) > 1  # committed in several requests
+        assert len(trajstore.open(empty).maintain.files()) > 1  # committed in several requests
     q = ("SELECT episode_length, episode_return, terminated, complete, env_steps FROM episodes "
          "ORDER BY episode_return, episode_length")
     assert trajstore.open(empty).sql(q).to_pylist() == local.sql(q).to_pylist()
@@ -229,6 +231,7 @@ def test_remote_writer_matches_a_local_writer(empty: Path, tmp_path: Path) -> No
     assert trajstore.check(trajstore.open(empty)).ok
 
 
+@pytest.mark.server
 def test_remote_writer_refuses_bad_input_before_sending(live_empty: Live) -> None:
     rng = np.random.default_rng(0)
     with RemoteWriter(live_empty.url, api_key=API_KEY, run_id="r", env_id="Toy-v0") as w:
@@ -244,6 +247,7 @@ def live_empty(empty: Path) -> Iterator[Live]:
     yield from serve(create_app(settings_for(empty)))
 
 
+@pytest.mark.server
 def test_two_remote_writers_at_once_lose_nothing(live_empty: Live, empty: Path) -> None:
     def work(worker: int) -> None:
         rng = np.random.default_rng(worker)
@@ -263,6 +267,7 @@ def test_two_remote_writers_at_once_lose_nothing(live_empty: Live, empty: Path) 
     assert trajstore.check(store).ok
 
 
+@pytest.mark.server
 def test_client_retries_idempotent_calls(live_empty: Live, empty: Path) -> None:
     import httpx
 
@@ -287,6 +292,7 @@ def test_client_retries_idempotent_calls(live_empty: Live, empty: Path) -> None:
         client.runs()
 
 
+@pytest.mark.server
 def test_cli_rollouts_to_a_service(live_empty: Live, empty: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from trajstore import cli
 
@@ -334,6 +340,7 @@ def test_get_ingest_tells_whether_the_key_may_write(empty: Path) -> None:
         assert refused.status_code == 403 and "ingest is disabled" in refused.json()["detail"]
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("server_key, worker_key, line", [
     (API_KEY, "wrong", "trajstore: error: 401 Unauthorized: wrong API key"),
     (None, API_KEY, "trajstore: error: 403 Forbidden: ingest is disabled"),
@@ -361,6 +368,7 @@ def test_a_remote_rollout_refused_by_the_server_stops_before_rolling_out(
     assert count(empty) == 0
 
 
+@pytest.mark.server
 def test_a_remote_writer_still_writes_to_a_server_without_get_ingest(empty: Path) -> None:
     from fastapi.responses import JSONResponse
 
@@ -414,6 +422,7 @@ def stored_alike(served: trajstore.Store, local: trajstore.Store, run_id: str) -
         local.scan(columns, run_id=run_id).read_all().sort_by(order))
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("B, p_end", [(3, 0.05), (1, 0.0)])  # many episodes; one episode, over the limits alone
 def test_a_remote_writer_keeps_each_request_under_the_service_limits(empty: Path, tmp_path: Path, B: int,
                                                                      p_end: float) -> None:
@@ -445,6 +454,7 @@ def test_a_remote_writer_keeps_each_request_under_the_service_limits(empty: Path
     assert trajstore.check(trajstore.open(empty)).ok
 
 
+@pytest.mark.server
 def test_a_row_over_the_service_limit_is_refused_naming_the_setting(empty: Path) -> None:
     from trajstore.errors import BodyTooLargeError
 

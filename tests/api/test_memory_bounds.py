@@ -25,6 +25,7 @@ from tests.served import Server
 from trajstore.api import pages
 from trajstore.api.app import create_app
 from trajstore.rollout import gym_rollout
+from trajstore.store import plumbing
 
 MiB = 1 << 20
 WORKER_BYTES = 256 * MiB  # TRAJSTORE_SQL_WORKER_BYTES
@@ -98,6 +99,7 @@ def get(url: str) -> Callable[[], httpx.Response]:
     return lambda: httpx.get(url, timeout=60)
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("queries", [PROBE_SQL, GROWING_SQL], ids=["probe", "growing"])
 def test_sql_past_the_workers_memory_is_413_and_the_server_stays_within_its_budget(server: Server,
                                                                                     queries: list[str]) -> None:
@@ -114,6 +116,7 @@ def test_sql_past_the_workers_memory_is_413_and_the_server_stays_within_its_budg
     assert normal.status_code == 200 and normal.json()["rows"] == [{"n": server.steps}]
 
 
+@pytest.mark.server
 def test_the_probes_loader_requests_are_refused_naming_the_limit(server: Server) -> None:
     # loader streams run in the server process (SQL workers, replaced in the background after the SQL tests
     # retired them, are not theirs to count)
@@ -129,6 +132,7 @@ def test_the_probes_loader_requests_are_refused_naming_the_limit(server: Server)
         assert ok.status_code == 200 and sum(len(piece) for piece in ok.iter_raw()) > 0
 
 
+@pytest.mark.server
 def test_loader_streams_within_the_limit_stay_within_their_memory(server: Server) -> None:
     # each batch just under the limit: 512 windows x 1024 steps x 55 bytes (columns, mask, indices) = 27.5 MiB,
     # of which 16 MiB are sent
@@ -148,6 +152,7 @@ def test_loader_streams_within_the_limit_stay_within_their_memory(server: Server
     assert httpx.get(server.url + "/stats", timeout=60).status_code == 200
 
 
+@pytest.mark.server
 def test_loader_streams_share_the_sql_gate(server: Server) -> None:
     path = server.url + "/sequences?length=256&batch_size=512&pad=true&stride=1"  # many batches: a long stream
     with httpx.Client(timeout=60) as http:
@@ -177,6 +182,7 @@ BIG_BODY = 2 << 30  # a 1.5 GB POST /sql body took the server's processes to 5.9
 BODY_SLACK = 64 * MiB  # what the server may grow by while it refuses one
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("declared", [False, True], ids=["chunked", "content-length"])
 def test_a_2_gb_body_is_refused_unread_and_the_server_stays_within_its_memory(server: Server,
                                                                                declared: bool) -> None:
@@ -225,13 +231,14 @@ def pixel_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_json_page_of_wide_rows_holds_what_fits_in_max_page_bytes(pixel_store: Path) -> None:
     store = trajstore.open(pixel_store)
     with TestClient(create_app(settings_for(pixel_store, max_page_bytes=MiB))) as client:
         page = client.get("/steps", params={"format": "json", "limit": 1000, "columns": "step,obs"}).json()
         fits = MiB // (4 * 84 * 84 + 4)  # obs and step
         assert page["limit"] == len(page["items"]) == fits and page["next_cursor"]
-        expected = store.steps_page(["step", "obs"], limit=fits).to_pylist()
+        expected = plumbing(store).steps_page(["step", "obs"], limit=fits).to_pylist()
         assert [r["step"] for r in page["items"]] == [r["step"] for r in expected]
         assert page["items"][-1]["obs"] == expected[-1]["obs"]
         rest = client.get("/steps", params={"format": "json", "limit": 1000, "columns": "step",

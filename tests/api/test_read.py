@@ -22,7 +22,7 @@ def test_health_and_readiness(client: TestClient, populated: Path) -> None:
     assert health["status"] == "ok" and health["version"] == store.version
     assert 0 <= health["versions_since_checkpoint"] <= store.version + 1
     ready = client.get("/ready").json()
-    assert ready["status"] == "ready" and ready["files"] == len(trajstore.open(populated).files())
+    assert ready["status"] == "ready" and ready["files"] == len(trajstore.open(populated).maintain.files())
 
 
 def test_runs_count_episodes_and_steps(client: TestClient, populated: Path) -> None:
@@ -153,7 +153,7 @@ def test_a_damaged_committed_file_is_503_naming_it_and_ready_fails(populated: Pa
 
     copy = tmp_path / "store"
     shutil.copytree(populated, copy)
-    victim = trajstore.open(copy).files()[0].path
+    victim = trajstore.open(copy).maintain.files()[0].path
     if damage == "delete":
         Path(victim).unlink()
     else:  # same size, not Parquet any more: only reading it tells
@@ -176,7 +176,8 @@ def test_a_damaged_committed_file_is_503_naming_it_and_ready_fails(populated: Pa
 def _first_episode(path: Path) -> int:
     import pyarrow.parquet as pq
 
-    return pq.read_table(trajstore.open(path).files()[-1].path, columns=["episode_id"])["episode_id"][0].as_py()
+    last = trajstore.open(path).maintain.files()[-1].path
+    return pq.read_table(last, columns=["episode_id"])["episode_id"][0].as_py()
 
 
 def test_a_run_the_store_lacks_is_404_naming_it(client: TestClient) -> None:
@@ -197,6 +198,7 @@ def test_one_run_or_404(client: TestClient) -> None:
     assert missing.status_code == 404 and "no run 'nosuchrun'" in missing.json()["detail"]
 
 
+@pytest.mark.server
 def test_group_by_as_a_name_a_list_or_comma_separated(live: Live, populated: Path) -> None:
     store = trajstore.open(populated)
     want = store.stats(by=["run_id", "env_id"])
@@ -237,3 +239,16 @@ def test_schema_as_arrow_or_json(client: TestClient, populated: Path) -> None:
     obs = {c["name"]: c["type"] for c in client.get("/schema", params={"env_id": "CartPole-v1"},
                                                     headers={"Accept": "application/json"}).json()["columns"]}["obs"]
     assert obs.startswith("fixed_size_list<") and obs.endswith("[4]")  # CartPole's four floats
+
+
+def test_curves_take_by_as_python_does(client: TestClient, populated: Path) -> None:
+    """``GET /curves?by=…`` groups runs as ``store.curves(by=…)`` does: learning curves across seeds, not each run's
+    episodes (which it answered before, ignoring ``by``)."""
+    params = {"by": "run_id", "bins": 4, "reps": 50}
+    expected = trajstore.open(populated).curves(by="run_id", bins=4, reps=50)
+    assert expected.num_rows > 0 and set(expected["run_id"].to_pylist()) == {"alpha", "beta"}
+    arrow = pa.ipc.open_stream(client.get("/curves", params=params, headers=ARROW).content).read_all()
+    assert arrow.equals(expected)
+    rows = client.get("/curves", params=params).json()
+    assert [r["run_id"] for r in rows] == expected["run_id"].to_pylist()
+    assert [r["value"] for r in rows] == pytest.approx(expected["value"].to_pylist())

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
 import trajstore
 from tests.api.helpers import API_KEY, settings_for
 from tests.helpers import make_batch
 from trajstore.api.app import create_app
+from trajstore.store import plumbing
 
 
 def small_store(path: Path) -> trajstore.Store:
@@ -61,7 +63,7 @@ def test_runs_with_the_statistics_of_their_latest_episodes(tmp_path: Path) -> No
     with TestClient(create_app(settings_for(tmp_path / "s"))) as c:
         assert all(env["latest"] is None for run in c.get("/runs").json() for env in run["envs"])  # only if asked
         for gamma in (None, 0.5):
-            want = {(r["run_id"], r["env_id"]): r for r in store.latest_stats(3, gamma=gamma).to_pylist()}
+            want = {(r["run_id"], r["env_id"]): r for r in plumbing(store).latest_stats(3, gamma=gamma).to_pylist()}
             body = c.get("/runs", params={"last": 3, **({"gamma": gamma} if gamma is not None else {})}).json()
             got = {(run["run_id"], env["env_id"]): env["latest"] for run in body for env in run["envs"]}
             assert got.keys() == want.keys() and all(v is not None for v in got.values())
@@ -88,6 +90,7 @@ def test_config_integers_past_two_to_the_53_come_back_exact(tmp_path: Path) -> N
     assert trajstore.open(tmp_path / "s").run_info("a")["config"] == config  # stored as given
 
 
+@pytest.mark.slow
 def test_a_store_holding_a_poisoned_description_answers_naming_the_run(tmp_path: Path) -> None:
     """A description an older trajstore stored unchecked (a lone surrogate) made /runs 500 for good: now every run is
     answered, the bad one with its problem, and PATCH with a config repairs it."""

@@ -14,6 +14,8 @@ import pytest
 from tests.api.helpers import API_KEY, Live, serve, settings_for
 from trajstore.api.app import create_app
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]  # the tiers: tests/tiers.py
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -24,6 +24,7 @@ def same(remote: list[dict[str, Any]], local: list[dict[str, Any]]) -> None:
             np.testing.assert_array_equal(r[k], want[k], err_msg=k)
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("kwargs", [
     dict(length=16, pad=True, gamma=0.99, shuffle=True, seed=3, epoch=1, batch_size=32, run_id="beta"),
     dict(length=8, stride=4, rank=1, world_size=2, columns=["obs", "action"], batch_size=50, env_id="CartPole-v1"),
@@ -36,10 +37,11 @@ def test_iter_sequences_are_the_local_batches(live: Live, populated: Path, kwarg
         local_kwargs["filter"] = trajstore.EpisodeFilter(env_id=[kwargs["env_id"]])
     local = list(store.sequences(**local_kwargs))
     with trajstore.Client(live.url) as client:
-        remote = list(client.iter_sequences(**kwargs))
+        remote = list(client.sequences(**kwargs))
     same(remote, local)
 
 
+@pytest.mark.server
 def test_transitions_are_the_local_batches_and_resume(live: Live, populated: Path) -> None:
     store = trajstore.open(populated)
     args = dict(gamma=0.9, shuffle=True, seed=2, batch_size=200, run_id="beta")
@@ -58,11 +60,12 @@ def test_transitions_are_the_local_batches_and_resume(live: Live, populated: Pat
             client.transitions(3, resume=state, **{**args, "seed": 5})
 
 
+@pytest.mark.server
 def test_arrow_format_streams_the_arrow_batches(live: Live, populated: Path) -> None:
     store = trajstore.open(populated)
     local = next(store.sequences(8, batch_size=10, run_id="beta", format="arrow"))
     with trajstore.Client(live.url) as client:
-        remote = next(client.iter_sequences(8, batch_size=10, run_id="beta", format="arrow"))
+        remote = next(client.sequences(8, batch_size=10, run_id="beta", format="arrow"))
     assert remote.equals(local)
 
 

@@ -95,6 +95,8 @@ def test_duckdbs_memory_limit_is_413_naming_it(populated: Path) -> None:
         assert c.post("/sql", json={"query": "SELECT 42 AS x"}).json()["rows"] == [{"x": 42}]
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_a_worker_killed_mid_query_is_503_saying_it_died_and_the_client_runs_it_again(
         populated: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="trajstore.remote.client")
@@ -191,6 +193,7 @@ def test_an_answer_past_sql_max_bytes_is_413_and_nothing_of_it_is_sent(planted: 
         assert c.post("/sql", json={"query": "SELECT 1 AS x"}, headers=accept).status_code == 200
 
 
+@pytest.mark.slow
 def test_an_interrupt_while_fetching_is_408(planted: Path) -> None:
     settings = settings_for(planted, sql_timeout_s=0.5, sql_max_rows=10**12, sql_max_bytes=2**40)
     with TestClient(create_app(settings)) as c:
@@ -208,6 +211,7 @@ def test_json_rows_are_as_before(planted_client: TestClient) -> None:
                               "s": {"a": "b"}, "f": float(np.float32(0.1))}]}
 
 
+@pytest.mark.server
 def test_past_sql_max_concurrent_is_429_with_retry_after_at_once(planted: Path) -> None:
     app = create_app(settings_for(planted, sql_max_concurrent=1, sql_timeout_s=3))
     with live_server(app) as live:
@@ -243,6 +247,8 @@ HEAVY = [
 ]
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_health_answers_quickly_under_heavy_sql(planted: Path) -> None:
     app = create_app(settings_for(planted, sql_timeout_s=2, sql_max_concurrent=3))
     statuses: list[int] = []

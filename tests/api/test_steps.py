@@ -37,6 +37,7 @@ def concat(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
 
 
+@pytest.mark.server
 def test_iter_batches_yields_every_selected_step_once(live: Live, populated: Path) -> None:
     with Client(live.url) as client:
         batches = list(client.iter_batches(batch_size=100, columns=COLUMNS, run_id="alpha", env_id="CartPole-v1"))
@@ -48,6 +49,7 @@ def test_iter_batches_yields_every_selected_step_once(live: Live, populated: Pat
     assert got["obs"].dtype == np.float32 and got["obs"].shape[1] == 4
 
 
+@pytest.mark.server
 def test_filters_on_episodes_select_their_steps(live: Live, populated: Path) -> None:
     with Client(live.url) as client:
         table = pa.Table.from_batches(list(client.iter_batches(format="arrow", columns=["episode_id", "step"],
@@ -59,6 +61,7 @@ def test_filters_on_episodes_select_their_steps(live: Live, populated: Path) -> 
                                  .column("episode_length").to_pylist())
 
 
+@pytest.mark.server
 def test_shuffle_is_reproducible_from_the_seed(live: Live) -> None:
     def epoch(seed: int) -> list[np.ndarray]:
         with Client(live.url) as client:
@@ -74,6 +77,7 @@ def test_shuffle_is_reproducible_from_the_seed(live: Live) -> None:
     assert not np.array_equal(np.concatenate(a), plain)
 
 
+@pytest.mark.server
 def test_jax_batches(live: Live) -> None:
     jnp = pytest.importorskip("jax.numpy")
     with Client(live.url) as client:
@@ -81,6 +85,7 @@ def test_jax_batches(live: Live) -> None:
     assert isinstance(batch["obs"], type(jnp.zeros(1))) and batch["obs"].shape == (32, 4)
 
 
+@pytest.mark.server
 def test_stream_errors_carry_the_problem_detail(live: Live) -> None:
     with Client(live.url, retries=0) as client, pytest.raises(trajstore.RemoteError) as err:
         next(client.iter_batches(columns=["obs", "nope"]))
@@ -116,6 +121,7 @@ class Forward(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.server
 def test_a_stream_is_retried_until_it_starts(live: Live, populated: Path) -> None:
     Forward.upstream, Forward.failures = live.url, 0
     with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward) as proxy:
@@ -143,6 +149,7 @@ def test_a_stream_without_a_server_is_a_connection_error() -> None:
     assert err.value.status == 0
 
 
+@pytest.mark.server
 def test_a_proxy_in_the_environment_carries_the_stream(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
     Forward.upstream, Forward.failures = "", 0
     with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward) as proxy:
@@ -157,6 +164,7 @@ def test_a_proxy_in_the_environment_carries_the_stream(live: Live, monkeypatch: 
         proxy.shutdown()
 
 
+@pytest.mark.server
 def test_a_custom_transport_carries_the_stream_too(live: Live, populated: Path) -> None:
     with Client(live.url, transport=httpx.HTTPTransport()) as client:
         got = concat(list(client.iter_batches(batch_size=100, columns=COLUMNS, env_id="Acrobot-v1")))
@@ -164,15 +172,16 @@ def test_a_custom_transport_carries_the_stream_too(live: Live, populated: Path) 
     np.testing.assert_array_equal(sort_rows(got)["obs"], np.stack(expected["obs"].to_numpy(zero_copy_only=False)))
 
 
+@pytest.mark.server
 def test_wide_rows_are_streamed_in_smaller_batches(tmp_path: Path) -> None:
-    store = trajstore.open(tmp_path / "wide", create=True)
+    store = trajstore.open(tmp_path / "wide", create=True, settings=trajstore.Settings(stream_batch_bytes=100_000))
     rng = np.random.default_rng(3)
     obs = rng.integers(0, 255, (30, 4, 64, 64, 3), dtype=np.uint8)  # 12 KiB frames
     with store.writer(run_id="pix", env_id="Pixels-v0") as w:
         w.add_batch({"obs": obs, "next_obs": obs, "action": rng.integers(0, 4, (30, 4)),
                      "reward": np.ones((30, 4), np.float32), "terminated": np.zeros((30, 4), bool),
                      "truncated": np.zeros((30, 4), bool)})
-    for live in serve(create_app(settings_for(tmp_path / "wide", stream_batch_bytes=100_000), store=store)):
+    for live in serve(create_app(settings_for(tmp_path / "wide"), store=store)):
         body = httpx.get(live.url + "/steps", params={"columns": ["obs"], "batch_rows": 4096}).content
         sizes = [b.num_rows for b in pa.ipc.open_stream(body)]
         assert sum(sizes) == 120 and max(sizes) <= 100_000 // (64 * 64 * 3)
@@ -228,6 +237,7 @@ def big_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
         yield live, counts
 
 
+@pytest.mark.server
 def test_stream_stops_when_the_client_disconnects(big_live: tuple[Live, CountingStreams]) -> None:
     live, counts = big_live
     with Client(live.url) as client:

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,13 +32,20 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture
+def own_demo(demo: Path, tmp_path: Path) -> Path:
+    """A copy of ``demo``, for a test that adds a run to it (the module's store stays as made)."""
+    return Path(shutil.copytree(demo, tmp_path / "store"))
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
 
-def test_rollout_stores_what_it_reports(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_rollout_stores_what_it_reports(own_demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    demo = own_demo
     store = trajstore.open(demo)
     n_traj = store.stats().column("n_traj")[0].as_py()
     assert n_traj >= 50
@@ -118,7 +126,7 @@ def test_check_fails_on_a_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["rollout", "--env", "CartPole-v1", "--episodes", "5", "--store", str(path), "--run", "r",
                  "--no-progress"]) == 0
     capsys.readouterr()
-    victim = trajstore.open(path).files()[0].path
+    victim = trajstore.open(path).maintain.files()[0].path
     Path(victim).write_bytes(Path(victim).read_bytes()[:100])
     code, out, _ = run(capsys, "check", "--store", str(path))
     assert code == 1 and os.path.basename(victim) in out
@@ -136,7 +144,11 @@ MISTAKES = [
     (["episodes", "--store", "{demo}", "--limit", "-1"], r"error: --limit: must be a whole number >= 0, got -1"),
     (["stats", "--store", "{demo}", "--where", "nope > 1"], r"error: --where: Binder Error: .*\"nope\" not found"),
     (["serve", "--store", "{missing}"], r"no trajstore store at .*nothing: check --store, or add --create to serve"),
-    (["delete", "--store", "{demo}"], r"error: give --run RUN and/or --where CONDITION"),
+    (["delete", "--store", "{demo}"], r"error: give --run RUN, --where CONDITION \(a condition over episodes\) "
+                                      r"and/or --steps-where CONDITION \(a condition over steps\)"),
+    (["delete", "--store", "{demo}", "--where", "step = 0", "--yes"],
+     r"error: --where: .*\"step\".*--where is a condition over the episodes view \(for a condition over steps "
+     r"give --steps-where\)"),
     (["serve", "--store", "{demo}", "--port", "99999"], r"error: --port: must be a whole number from 1 to 65535, "
                                                          "got 99999$"),
     (["rollout", "--env", "CartPole-v1", "--store", "{demo}", "--run", "x", "--episodes", "0"],
@@ -198,6 +210,7 @@ def test_errors_are_one_line(demo: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert re.search(message, err)
 
 
+@pytest.mark.slow
 def test_installed_command_prints_no_traceback(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "trajstore.cli", "stats", "--store", str(tmp_path / "none")],
                           capture_output=True, text=True, env={**os.environ, "TRAJSTORE_DEBUG": ""})
@@ -226,6 +239,7 @@ def test_the_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert done.value.code == 0 and capsys.readouterr().out == f"trajstore {trajstore.__version__}\n"
 
 
+@pytest.mark.server
 def test_serve_on_a_busy_port_is_one_error_line_and_no_banner(demo: Path) -> None:
     import socket
 
@@ -240,6 +254,7 @@ def test_serve_on_a_busy_port_is_one_error_line_and_no_banner(demo: Path) -> Non
     assert "in use" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+@pytest.mark.server
 def test_serve_creates_a_store_only_when_asked(tmp_path: Path) -> None:
     import signal
     import time
@@ -264,6 +279,29 @@ def test_serve_creates_a_store_only_when_asked(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
+
+
+def test_ctrl_c_stops_the_server_with_exit_status_0(demo: Path) -> None:
+    """Ctrl-C is how a server is stopped: `make demo`, whose last step serves, then ends without `Error 130`."""
+    import signal
+
+    import httpx
+
+    from tests.api.helpers import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "trajstore.cli", "serve", "--store", str(demo), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "serving" in (proc.stdout.readline() if proc.stdout else "")  # bound; listening once uvicorn runs
+        with httpx.Client(transport=httpx.HTTPTransport(retries=8)) as client:  # connects retried with back-off
+            assert client.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0 and err.rstrip().endswith("trajstore: stopped serving (Ctrl-C)"), err
 
 
 @pytest.fixture(scope="module")
@@ -354,7 +392,7 @@ def test_rollout_frame_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str])
                        "--num-envs", "2", "--store", str(path), "--run", "fs", "--no-progress")
     assert code == 0 and "stored 20" in out
     store = trajstore.open(path)
-    files = store.files()
+    files = store.maintain.files()
     assert all(pq.ParquetFile(f.path).schema_arrow.metadata[b"trajstore"].find(b'"frame_stack":{"obs":4}') > 0
                for f in files)
     table = store.sql("SELECT episode_id, step, obs, next_obs FROM steps ORDER BY episode_id, step")

@@ -32,6 +32,7 @@ def rollout(tmp_path: Path, config: Path, run: str) -> list[str]:
             "--run", run, "--config-file", str(config), "--no-progress"]
 
 
+@pytest.mark.slow
 def test_a_yaml_alias_bomb_is_refused_at_once_before_any_store_is_made(tmp_path: Path) -> None:
     (tmp_path / "bomb.yaml").write_text(BOMB)
     (tmp_path / "plain.yaml").write_text("algo: ppo\nlr: 0.0003\n")

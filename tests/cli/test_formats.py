@@ -54,3 +54,26 @@ def test_unknown_format_and_output_to_a_file(tmp_path: Path) -> None:
         formats.write(TABLE, "xml", io.StringIO())
     formats.write(TABLE, "csv", io.StringIO(), output=str(tmp_path / "out.csv"))
     assert (tmp_path / "out.csv").read_text() == formats.render_csv(TABLE)
+
+
+def test_numbers_for_people_keep_four_significant_digits() -> None:
+    assert [formats.number(v) for v in (21.642, 11.1365, 0.5, 8.64828, 1234.56, 12345.6, -4523.19, 2.5e-7)] == \
+        ["21.64", "11.14", "0.5", "8.648", "1235", "12346", "-4523", "2.5e-07"]
+    assert formats.number(math.nan) == "nan" and formats.number(-math.inf) == "-inf"
+
+
+def test_a_wide_table_wraps_into_blocks_that_fit_each_repeating_its_keys() -> None:
+    table = pa.table({"run_id": ["a-very-long-run-name-20261204", "b"], **{f"column_{i:02d}": [1.5, 2.25]
+                                                                          for i in range(12)}})
+    lines = formats.render_table(table, width=60, keys=["run_id"]).splitlines()
+    assert max(map(len, lines)) <= 60 and lines[-1] == "(2 rows)"
+    headers = [line.split() for i, line in enumerate(lines) if i == 0 or (i and lines[i - 1] == "")]
+    assert len(headers) > 1 and all(h[0] == "run_id" for h in headers)
+    assert [c for h in headers for c in h[1:]] == table.column_names[1:]  # every column once, in order
+    assert formats.render_table(table).count("\n") == 5  # no width: one line per row
+
+
+def test_a_column_too_wide_even_alone_is_cut_to_fit() -> None:
+    table = pa.table({"k": ["x"], "text": ["y" * 39]})
+    lines = formats.render_table(table, width=30, keys=["k"]).splitlines()
+    assert max(map(len, lines)) <= 30 and lines[2].endswith("…")

@@ -107,6 +107,7 @@ def _stderr(argv: list[str], *, terminal: bool) -> str:
         os.close(leader)
 
 
+@pytest.mark.slow
 def test_progress_bars_only_on_a_terminal(tmp_path: Path) -> None:
     def rollout(name: str, *extra: str) -> list[str]:
         return ["rollout", "--env", "CartPole-v1", "--episodes", "30", "--num-envs", "2", "--store",
@@ -141,6 +142,7 @@ def test_the_root_help_prints(flag: str, capsys: pytest.CaptureFixture[str]) -> 
     assert "95% intervals" in " ".join(out.split())  # a literal % in a summary is text, not a format
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_the_root_help_prints_from_a_shell(flag: str) -> None:
     done = subprocess.run([sys.executable, "-m", "trajstore.cli", flag], capture_output=True, text=True,

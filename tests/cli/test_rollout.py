@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 import trajstore
 from trajstore.cli import main
-from trajstore.storage.encoding import Format
+from trajstore.storage.encoding import FileEncoding
 
 GYM_POLICY = '''
 import numpy as np
@@ -66,6 +67,7 @@ def test_the_help_lists_the_new_flags(capsys: pytest.CaptureFixture[str]) -> Non
         assert flag in out
 
 
+@pytest.mark.slow
 def test_a_policy_of_the_current_directory(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "rollout", "--env", "CartPole-v1", "--num-envs", "2", "--episodes", "4", "--store",
                        "store", "--run", "lean", "--policy", "cli_gym_policy:lean", "--no-progress")
@@ -80,6 +82,7 @@ def test_a_policy_of_the_current_directory(in_tmp: Path, capsys: pytest.CaptureF
     assert actions.column(0).to_pylist() == [1]
 
 
+@pytest.mark.slow
 def test_an_sb3_checkpoint_evaluated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("stable_baselines3", reason="the [sb3] extra is not installed")
     from stable_baselines3 import PPO
@@ -152,8 +155,9 @@ def test_atari_by_name_as_dqn_sees_it(tmp_path: Path, capsys: pytest.CaptureFixt
                        "--store", str(tmp_path / "four"), "--run", "breakout", "--no-progress")
     assert code == 0 and "of ALE/Breakout-v5 as run 'breakout'" in out
     store = trajstore.open(tmp_path / "four")
-    assert {f.env_id for f in store.files()} == {"ALE/Breakout-v5"}
-    assert all(Format.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks == {"obs": 4} for f in store.files())
+    assert {f.env_id for f in store.maintain.files()} == {"ALE/Breakout-v5"}
+    files = store.maintain.files()
+    assert all(FileEncoding.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks == {"obs": 4} for f in files)
     obs = as_numpy(store.scan(["obs"]).read_all()["obs"])
     assert obs.dtype == np.uint8 and obs.shape[1:] == (4, 84, 84)
     assert 300 <= len(obs) <= 301  # 301: a reset step of one env, not stored, left the other one's
@@ -175,6 +179,7 @@ def test_an_ale_id_without_preprocessing_is_the_raw_screen(tmp_path: Path, capsy
     assert "--atari: preprocesses an Atari game of --backend gym" in err
 
 
+@pytest.mark.slow
 def test_an_sb3_checkpoint_is_loaded_with_a_warning_that_it_is_a_pickle(tmp_path: Path) -> None:
     """A shell's ``trajstore rollout --policy sb3:…`` says on stderr, before loading it, that a checkpoint is a pickle
     to load only from trusted sources."""
@@ -199,6 +204,7 @@ def test_the_help_says_an_sb3_checkpoint_is_a_pickle(capsys: pytest.CaptureFixtu
            "sources you trust" in out
 
 
+@pytest.mark.slow
 def test_a_rollout_records_the_commit_of_the_user_s_repository(tmp_path: Path) -> None:
     """Started in the user's own git repository, a rollout's run records that repository's commit, not trajstore's;
     started anywhere else, none."""
@@ -222,3 +228,71 @@ def test_a_rollout_records_the_commit_of_the_user_s_repository(tmp_path: Path) -
         assert done.returncode == 0, done.stderr
     assert trajstore.open(store).run_info("mine")["git_commit"] == head
     assert trajstore.open(store).run_info("nowhere")["git_commit"] is None
+
+
+def interrupted_rollout(argv: list[str], store: trajstore.Store) -> str:
+    """``argv`` (a ``trajstore ...`` command) run in a process of its own, sent SIGINT (Ctrl-C) once the store has a
+    new commit of its run; its standard error. Its writer commits every few thousand steps
+    (``TRAJSTORE_FLUSH_BYTES``), as a long rollout commits every 128 MiB."""
+    import signal
+
+    since = store.version
+    env = {**os.environ, "TRAJSTORE_FLUSH_BYTES": "200000", "TRAJSTORE_DEBUG": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "trajstore.cli", *argv[1:]], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = next(iter(store.follow(since=since, run_id="r", timeout=300)), None)
+        assert first is not None and first.rows.num_rows > 0, proc.stderr.read() if proc.poll() is not None else ""
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and out == "", err
+    return err
+
+
+def commands_said(err: str) -> tuple[list[str], list[str]]:
+    """The commands an interrupted rollout says to run: the one that goes on, and the one that removes."""
+    lines = err.splitlines()
+    go_on = lines[lines.index(next(line for line in lines if line.startswith("  to go on"))) + 1]
+    remove = lines[lines.index("  to remove them:") + 1]
+    return shlex.split(go_on), shlex.split(remove)
+
+
+def test_an_interrupted_rollout_says_what_it_kept_and_how_to_go_on_or_remove_it(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    store = trajstore.open(path, create=True)
+    err = interrupted_rollout(["trajstore", "rollout", "--env", "CartPole-v1", "--num-envs", "4", "--steps",
+                               "100000000", "--store", str(path), "--run", "r", "--no-progress"], store)
+    (row,) = trajstore.open(path).runs().to_pylist()
+    unfinished = row["episodes"] - row["complete_episodes"]
+    assert err.splitlines()[0] == (
+        f"trajstore: interrupted; run 'r' keeps what this rollout stored in {path} before it stopped: "
+        f"{row['steps']:,} steps, {row['complete_episodes']:,} complete episodes"
+        + (f" and {unfinished:,} unfinished (stored, marked incomplete)" if unfinished else ""))
+    go_on, remove = commands_said(err)
+    assert go_on == ["trajstore", "rollout", "--env", "CartPole-v1", "--num-envs", "4", "--store", str(path), "--run",
+                     "r", "--no-progress", "--steps", str(100_000_000 - row["steps"]), "--seed", "4", "--append"]
+    assert remove == ["trajstore", "delete", "--store", str(path), "--run", "r"]
+
+    err = interrupted_rollout(go_on, store)  # taken as said: the run grows, from new seeds
+    seeds = trajstore.open(path).sql("SELECT seed, list(obs) AS first FROM steps WHERE step = 0 GROUP BY seed")
+    first = {s: {tuple(o) for o in obs} for s, obs in zip(*seeds.to_pydict().values())}
+    assert set(first) == {0, 4} and not first[0] & first[4]  # no episode started again as one stored had
+    mine = trajstore.open(path).sql("SELECT sum(episode_length) AS steps FROM episodes WHERE seed = 4")
+    assert f"stored in {path} before it stopped: {mine['steps'][0].as_py():,} steps" in err
+    again, remove_mine = commands_said(err)
+    assert again[again.index("--seed") + 1] == "8"
+    worker = remove_mine[remove_mine.index("--where") + 1]
+    assert remove_mine[:6] == ["trajstore", "delete", "--store", str(path), "--run", "r"]
+
+    def run_said(command: list[str]) -> None:
+        subprocess.run([sys.executable, "-m", "trajstore.cli", *command[1:], "--yes"], check=True, timeout=300,
+                       capture_output=True)
+
+    run_said(remove_mine)  # this rollout's episodes alone
+    assert trajstore.open(path).runs()["steps"].to_pylist() == [row["steps"]]
+    assert re.fullmatch(r"worker_id = '[^']+'", worker)
+    run_said(remove)
+    assert trajstore.open(path).run_ids() == []

@@ -139,6 +139,7 @@ def test_lerobot_holds_the_agents_own_trajectories(spread: trajstore.Store, tmp_
     assert episodes["length"].to_pylist() == [10, 10, 10]
 
 
+@pytest.mark.lerobot
 @pytest.mark.skipif(not LEROBOT_PYTHON.exists(), reason="no lerobot venv: build it with `make lerobot-venv` "
                                                         "(needs Python >= 3.12)")
 def test_the_real_lerobot_opens_an_agents_export(spread: trajstore.Store, tmp_path: Path) -> None:

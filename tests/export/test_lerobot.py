@@ -214,6 +214,7 @@ def test_picture_observations_are_png_image_features(tmp_path: Path, small_group
             np.testing.assert_array_equal(got, want[column])
 
 
+@pytest.mark.lerobot
 @pytest.mark.skipif(not LEROBOT_PYTHON.exists(), reason="no lerobot venv: build it with `make lerobot-venv` "
                                                         "(needs Python >= 3.12)")
 def test_the_real_lerobot_opens_the_export(store: trajstore.Store, tmp_path: Path, small_groups: None) -> None:

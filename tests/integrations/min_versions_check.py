@@ -1,8 +1,8 @@
 """Run by tests/integrations/test_min_versions.py inside the virtualenv of the declared minimum versions
 (`make min-venv`: gymnasium 1.0.0, whose vector envs autoreset next-step only and which has no AutoresetMode):
 a gym_rollout, both recording wrappers and a few reads, each checked against gymnasium's own
-RecordEpisodeStatistics and a log around each env. Prints the installed versions of the core dependencies as
-one JSON line at the end.
+RecordEpisodeStatistics and a log around each env. Prints the installed versions of the core dependencies and the
+gym extra's as one JSON line at the end.
 
     python -m tests.integrations.min_versions_check STORE_DIR
 """
@@ -27,8 +27,9 @@ from trajstore.rollout import gym_rollout
 
 
 def core() -> list[str]:
-    """The core dependencies pyproject.toml declares, by name."""
-    deps = tomllib.loads(Path("pyproject.toml").read_text())["project"]["dependencies"]
+    """The core dependencies pyproject.toml declares and the gym extra's, by name."""
+    project = tomllib.loads(Path("pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["gym"]
     return [re.match(r"[\w-]+", d).group(0) for d in deps]  # type: ignore[union-attr]
 
 

@@ -181,4 +181,4 @@ def test_info_keys_no_engine_holds_are_refused_before_a_step(store: trajstore.St
         gym_rollout(store, "CartPole-v1", run_id="x", steps=10, info_keys=keys, progress=False)
     with pytest.raises(InputError, match=r"info_keys: 'ALGO' and 'algo' \(a column already there\)"):
         gym_rollout(store, "CartPole-v1", run_id="x", steps=10, info_keys=["ALGO"], algo="ppo", progress=False)
-    assert store.files() == []
+    assert store.maintain.files() == []

@@ -1,7 +1,7 @@
-"""The declared minimum versions work: in the virtualenv `make min-venv` builds (every core dependency at the
-minimum pyproject.toml declares: gymnasium 1.0.0, numpy 1.26, pyarrow 16, …), a gym_rollout, both recording
-wrappers and a few reads give what gymnasium reports (tests/integrations/min_versions_check.py). Skipped, naming
-the target, where that virtualenv has not been built."""
+"""The declared minimum versions work: in the virtualenv `make min-venv` builds (every core dependency and the gym
+extra's at the minimum pyproject.toml declares: gymnasium 1.0.0, numpy 2.0, pyarrow 26, …), a gym_rollout, both
+recording wrappers and a few reads give what gymnasium reports (tests/integrations/min_versions_check.py). Skipped,
+naming the target, where that virtualenv has not been built."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ MIN_VENV = ROOT / ".cache" / "min-venv"
 
 
 def declared_minimums() -> dict[str, str]:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    """Each core dependency's declared minimum, and the gym extra's (what the check runs)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["gym"]
     return dict(re.fullmatch(r"([\w-]+)>=([\d.]+)", d).groups() for d in deps)  # type: ignore[union-attr]
 
 

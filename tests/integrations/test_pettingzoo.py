@@ -25,6 +25,7 @@ from pettingzoo.classic import tictactoe_v3
 
 from trajstore.integrations.pettingzoo import RecordAECToStore, RecordParallelToStore
 from trajstore.rollout import parallel_rollout
+from trajstore.store import plumbing
 
 Row = tuple[int, Any, Any, float, Any, bool, bool]  # step, obs, action, reward, next_obs, terminated, truncated
 
@@ -276,6 +277,7 @@ def tag_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.server
 def test_rest_and_client_give_agent_rows_and_stats(tag_store: Path) -> None:
     from tests.api.helpers import API_KEY, serve, settings_for
     from trajstore.api.app import create_app
@@ -375,10 +377,10 @@ def test_deltalake_optimize_keeps_agent_rows(tmp_path: Path) -> None:
     query = "SELECT * EXCLUDE (wall_time) FROM steps ORDER BY run_id, episode_id, step, agent_id"
     before = store.sql(query)
     episodes = store.sql("SELECT * EXCLUDE (started_at, ended_at) FROM episodes ORDER BY episode_id")
-    assert len(store.files()) > 2
+    assert len(store.maintain.files()) > 2
     deltalake.DeltaTable(str(tmp_path / "s" / "steps")).optimize.compact()
     after = trajstore.open(tmp_path / "s")
-    assert len(after.files()) == 2
+    assert len(after.maintain.files()) == 2
     assert after.sql(query).equals(before)
     assert after.sql("SELECT * EXCLUDE (started_at, ended_at) FROM episodes ORDER BY episode_id").equals(episodes)
     assert after.sql("SELECT count(*) FROM episodes WHERE n_agents = 3 AND complete")[0][0].as_py() == 6
@@ -424,6 +426,7 @@ def spread_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("limit", [1, 4, 7])
 def test_step_pages_by_cursor_walk_every_agent_row_once(spread_store: Path, limit: int) -> None:
     """A page that ends inside an env step (4 rows: a step's 3 agents and the next step's first) goes on with that
@@ -460,9 +463,9 @@ def test_step_pages_by_cursor_walk_every_agent_row_once(spread_store: Path, limi
                     [(r["step"], r["agent_id"], pytest.approx(r["reward"])) for r in paged]
     # the store's own pages: an agent's row is keyed (episode_id, step, agent_id)
     spread = trajstore.EpisodeFilter(run_id=["spread"])
-    page = store.steps_page(["episode_id", "step"], filter=spread, limit=4).to_pylist()
+    page = plumbing(store).steps_page(["episode_id", "step"], filter=spread, limit=4).to_pylist()
     assert [r["agent_id"] for r in page] == ["agent_0", "agent_1", "agent_2", "agent_0"]
     last = page[-1]
-    after = store.steps_page(["step"], filter=spread, limit=2,
+    after = plumbing(store).steps_page(["step"], filter=spread, limit=2,
                              after=(last["episode_id"], last["step"], last["agent_id"])).to_pylist()
     assert after == [{"step": 1, "agent_id": "agent_1"}, {"step": 1, "agent_id": "agent_2"}]

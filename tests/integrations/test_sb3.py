@@ -55,6 +55,7 @@ def assert_matches_monitor_and_log(store: trajstore.Store, run_id: str, venv: An
     return complete
 
 
+@pytest.mark.slow
 def test_ppo_across_learn_calls(store: trajstore.Store) -> None:
     venv = logged_vec_env("CartPole-v1", 2, 40)
     model = sb3.PPO("MlpPolicy", venv, n_steps=32, batch_size=32, n_epochs=1, seed=0, policy_kwargs=small())
@@ -68,6 +69,7 @@ def test_ppo_across_learn_calls(store: trajstore.Store) -> None:
     assert store.sql("SELECT DISTINCT policy_version FROM steps").to_pylist() == [{"policy_version": 1}]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip_obs", [2.0, 10.0])  # 10.0: VecNormalize's default
 def test_ppo_under_vec_normalize_stores_the_envs_own_values_bit_for_bit(store: trajstore.Store,
                                                                          clip_obs: float) -> None:
@@ -103,6 +105,7 @@ def test_dqn(store: trajstore.Store) -> None:
     assert assert_matches_monitor_and_log(store, "dqn", venv) >= 10
 
 
+@pytest.mark.slow
 def test_sac_stores_the_action_the_env_received(store: trajstore.Store) -> None:
     venv = logged_vec_env("Pendulum-v1", 1, 25)
     model = sb3.SAC("MlpPolicy", venv, learning_starts=50, batch_size=32, seed=0, policy_kwargs=small())
@@ -132,15 +135,15 @@ def test_frame_stacked_envs_store_each_frame_once_and_read_back_exactly(store: t
     import gymnasium as gym
     import pyarrow.parquet as pq
 
-    from trajstore.storage.encoding import Format
+    from trajstore.storage.encoding import FileEncoding
 
     venv = make_vec_env("CartPole-v1", n_envs=2, seed=0, env_kwargs={"max_episode_steps": 30},
                         wrapper_class=lambda env: StepLog(gym.wrappers.FrameStackObservation(env, 4)))
     model = sb3.PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, policy_kwargs=small())
     with StoreCallback(store, run_id="stacked") as callback:
         model.learn(256, callback=callback)
-    assert [Format.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks for f in store.files()] \
-        == [{"obs": 4}] * len(store.files())
+    assert [FileEncoding.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks for f in store.maintain.files()] \
+        == [{"obs": 4}] * len(store.maintain.files())
     assert assert_matches_monitor_and_log(store, "stacked", venv) > 0
 
 

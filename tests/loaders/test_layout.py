@@ -4,7 +4,10 @@ cache shares a layout between iterators and closes a temporary one when the last
 
 from __future__ import annotations
 
+import tempfile
 import tracemalloc
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -28,7 +31,7 @@ def epoch(store: trajstore.Store, **kwargs: object) -> list[dict[str, np.ndarray
 
 def private(store: trajstore.Store) -> trajstore.Store:
     """The same store, building every layout anew in a temporary folder: the reference a kept layout must match."""
-    return trajstore.Store(store.location, settings=Settings(loader_layouts=0, store_layouts=False))
+    return trajstore.Store(store.uri, settings=Settings(loader_layouts=0, store_layouts=False, loader_arrays=False))
 
 
 def same(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> None:
@@ -43,44 +46,52 @@ def manifests(store: trajstore.Store) -> list[str]:
     return sorted(p.name for p in (store.root / "layouts").glob("*.json"))
 
 
-def test_the_next_epoch_reuses_the_layout_and_gives_what_a_fresh_one_gives(store: trajstore.Store) -> None:
+def test_the_next_epoch_reuses_the_layout_and_gives_what_a_fresh_one_gives(store: trajstore.Store,
+                                                                          built: Callable[[], int]) -> None:
     write(store, "a", 0)
     first = epoch(store, epoch=0)
-    assert store.layouts.built == 1 and len(manifests(store)) == 1
+    assert built() == 1 and len(manifests(store)) == 1
     second = epoch(store, epoch=1)
-    assert store.layouts.built == 1  # kept open: nothing found or built again
+    assert built() == 1  # kept open: nothing found or built again
     fresh = private(store)
     same(first, epoch(fresh, epoch=0))
     same(second, epoch(fresh, epoch=1))
-    assert len(fresh.layouts.opened) == 0 and len(manifests(store)) == 1  # the private store saved nothing
+    assert built() == 3 and len(manifests(store)) == 1  # the private store kept nothing, saved nothing
 
 
-def test_a_commit_other_columns_or_gamma_make_another_layout(store: trajstore.Store) -> None:
+def test_a_commit_other_columns_or_gamma_make_another_layout(store: trajstore.Store,
+                                                             built: Callable[[], int]) -> None:
     write(store, "a", 0)
     epoch(store)
-    assert store.layouts.built == 1 and len(manifests(store)) == 1
+    assert built() == 1 and len(manifests(store)) == 1
     write(store, "b", 1)  # a new version: its windows include run b
     assert sum(len(b["episode_id"]) for b in epoch(store)) > 0
-    assert store.layouts.built == 2 and len(manifests(store)) == 1  # the same selection's older layout went
+    assert built() == 2 and len(manifests(store)) == 1  # the same selection's older layout went
     list(store.sequences(4, columns=["obs", "return_to_go"], gamma=0.9, pad=True))
     a = list(store.sequences(4, columns=["return_to_go"], gamma=0.5, pad=True, batch_size=10_000))
-    assert store.layouts.built == 4 and len(manifests(store)) == 3
+    assert built() == 4 and len(manifests(store)) == 3
     b = list(private(store).sequences(4, columns=["return_to_go"], gamma=0.5, pad=True, batch_size=10_000))
     same(a, b)  # gamma is part of what is kept
+    assert built() == 5  # the private store's, for itself alone
     epoch(store, run_id="a")
-    assert store.layouts.built == 5 and len(manifests(store)) == 4
+    assert built() == 6 and len(manifests(store)) == 4
     write(store, "b", 2)  # a commit to another run: run a's files, hence its layout, stay
     again = trajstore.open(store.uri)
-    same(epoch(again, run_id="a"), epoch(private(store), run_id="a"))
-    assert again.layouts.built == 0
+    reference = epoch(private(store), run_id="a")
+    assert built() == 7
+    same(epoch(again, run_id="a"), reference)
+    assert built() == 7  # another Store object found run a's layout kept in the store
 
 
-def test_an_evicted_temporary_layout_stays_while_an_iterator_reads_it(store: trajstore.Store) -> None:
+def test_an_evicted_temporary_layout_stays_while_an_iterator_reads_it(store: trajstore.Store, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     write(store, "a", 0)
-    fresh = trajstore.Store(store.location, settings=Settings(loader_layouts=1, store_layouts=False))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temporary"))  # where this process's layouts go
+    (tmp_path / "temporary").mkdir()
+    fresh = trajstore.Store(store.uri, settings=Settings(loader_layouts=1, store_layouts=False, loader_arrays=False))
     running = fresh.sequences(4, columns=["obs"], pad=True, batch_size=2)
     next(running)
-    (held,) = [layout.folder for layout in fresh.layouts.opened._entries.values()]
+    (held,) = list((tmp_path / "temporary").iterdir())  # the layout the iterator reads
     list(fresh.sequences(4, columns=["reward"], pad=True))  # evicts the first layout
     assert held is not None and held.exists()
     rest = list(running)  # still gathers from its files
@@ -117,16 +128,18 @@ def test_the_cache_builds_once_per_key_and_closes_on_release() -> None:
 
 
 @pytest.mark.parametrize("loader", ["sequences", "transitions"])
-def test_both_loaders_keep_and_share_nothing_wrong(store: trajstore.Store, loader: str) -> None:
+def test_both_loaders_keep_and_share_nothing_wrong(store: trajstore.Store, loader: str,
+                                                   built: Callable[[], int]) -> None:
     write(store, "a", 0)
     call = (lambda s: s.sequences(3, columns=["obs"], batch_size=64)) if loader == "sequences" else \
         (lambda s: s.transitions(2, gamma=0.9, columns=["obs"], batch_size=64))
     twice = [list(call(store)) for _ in range(2)]
+    assert built() == 1  # kept open for the second
     once = list(call(private(store)))
     for got in twice:
         same(got, once)
     same(list(call(trajstore.open(store.uri))), once)  # another Store object finds the saved layout
-    assert store.layouts.built == 1
+    assert built() == 2  # the private store's own, and no other
 
 
 def test_an_iterator_maps_its_files_once(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -251,6 +251,7 @@ def test_a_window_longer_than_every_episode_is_refused_naming_the_longest(filled
     assert sum(len(b["start"]) for b in padded) == filled.episodes().num_rows  # one padded window per episode
 
 
+@pytest.mark.s3
 def test_an_s3_store_gives_the_windows_of_a_directory(s3: Any, tmp_path: Any) -> None:
     """The same writes on a directory and on SeaweedFS: the same windows and transitions, order included."""
     local = trajstore.open(tmp_path / "local", create=True)
@@ -297,7 +298,7 @@ def test_torch_format_without_torch_names_format(filled: trajstore.Store, monkey
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)  # what `import torch` meets where PyTorch is not installed
-    with pytest.raises(InputError, match=r"format: 'torch' needs PyTorch; install the extra: pip install "
+    with pytest.raises(InputError, match=r"format: 'torch' needs PyTorch: pip install "
                                          r"'trajstore\[torch\]'"):
         filled.sequences(4, format="torch")
 

@@ -1,27 +1,32 @@
-"""Loaders over the data files' array copies: a store written by trajstore's writers gives its first batch without
-reading Parquet or building anything, and every batch is the one a layout built from Parquet gives; files without a
-copy (another tool's rewrite, images, a copy cut short) are laid out from Parquet as before; copies go with their
-files."""
+"""Loaders over the data files' array copies: made by the first loader that reads each file (or written with each
+file where writers are asked to, ``TRAJSTORE_WRITER_ARRAYS=1``), then read by every later loader without reading
+Parquet or building anything, and every batch is the one a layout built from Parquet gives; files that cannot have a
+copy (another tool's rewrite, images) are laid out from Parquet as before; a copy cut short is made again, never
+read; copies go with their files."""
 
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
 
 import trajstore
-from tests.helpers import make_batch, stacked_stream
+from tests.helpers import BUILT, layouts_built, make_batch, stacked_stream, steps_table
 from trajstore.loaders import stitched
 from trajstore.loaders.stitched import stitch
 from trajstore.settings import Settings
-from trajstore.storage.arrays import FOLDER, MANIFEST, StepArrays, fragments_of
+from trajstore.storage.arrays import FOLDER, MANIFEST, MAX_STEP_BYTES, fragments_of
 
 
 def chained(rng: np.random.Generator, T: int, B: int, **kw: Any) -> dict[str, Any]:
@@ -49,14 +54,41 @@ def fill(store: trajstore.Store, seed: int = 0, *, flushes: int = 6) -> None:
 
 def from_parquet(store: trajstore.Store) -> trajstore.Store:
     """The same store read with no array copies: every layout built from Parquet (the reference)."""
-    return trajstore.Store(store.location, settings=Settings(loader_arrays=False, store_layouts=False))
+    return trajstore.Store(store.uri, settings=Settings(loader_arrays=False, store_layouts=False))
 
 
 def laid_out_from(store: trajstore.Store) -> str:
-    """Where a fresh store's first loader gathers from: the copies, or a layout built (or found built) from Parquet."""
-    next(iter(store.sequences(4, batch_size=8, columns=["obs", "reward"])))
+    """Where a fresh store's first loader gathers from: the copies, or a layout built (or found built) from Parquet
+    (a build says so in the log, ``trajstore.loaders.layout_store``)."""
+    records = Records()
+    logger = logging.getLogger("trajstore.loaders.layout_store")
+    level = logger.level
+    logger.addHandler(records)
+    logger.setLevel(logging.INFO)
+    try:
+        next(iter(store.sequences(4, batch_size=8, columns=["obs", "reward"])))
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
     kept = list((store.root / "layouts").glob("*.json"))
-    return "copies" if store.layouts.built == 0 and not kept else "parquet"
+    return "copies" if layouts_built(records.records) == 0 and not kept else "parquet"
+
+
+class Records(logging.Handler):
+    """The log records it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def copy_folders(store: trajstore.Store) -> list[Path]:
+    """The folders of the store's array copies (temporary ones too)."""
+    folder = store.root / FOLDER
+    return sorted(p for p in folder.iterdir() if p.is_dir()) if folder.exists() else []
 
 
 def same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
@@ -80,29 +112,95 @@ READS = [
 ]
 
 
-@pytest.fixture
-def copied(store: trajstore.Store) -> trajstore.Store:
+@pytest.fixture(params=["writers", "loaders"])
+def copied(request: pytest.FixtureRequest, store: trajstore.Store,
+           monkeypatch: pytest.MonkeyPatch) -> trajstore.Store:
+    """A store whose every file has its copy: written by its writers (``TRAJSTORE_WRITER_ARRAYS=1``), or made by
+    the first loader that read it (the default)."""
+    if request.param == "writers":
+        monkeypatch.setenv("TRAJSTORE_WRITER_ARRAYS", "1")
+        store = trajstore.open(store.root)
     fill(store)
-    return store
+    assert (store.root / FOLDER).exists() == (request.param == "writers")
+    if request.param == "loaders":
+        assert laid_out_from(store) == "copies"
+    return trajstore.open(store.root)
 
 
 @pytest.mark.parametrize(("kind", "kwargs"), READS)
 def test_batches_from_the_copies_are_those_of_a_layout_built_from_parquet(copied: trajstore.Store, kind: str,
-                                                                          kwargs: dict[str, Any]) -> None:
-    assert len(copied.table.files()) == 7
-    assert len(list((copied.root / FOLDER).iterdir())) == 7  # one copy per file
+                                                                          kwargs: dict[str, Any],
+                                                                          built: Callable[[], int]) -> None:
+    assert len(steps_table(copied).files()) == 7
+    assert len(copy_folders(copied)) == 7  # one copy per file
     got = list(getattr(copied, kind)(batch_size=16, **kwargs))
+    assert built() == 0 and not (copied.root / "layouts").exists()  # nothing read or built
     want = list(getattr(from_parquet(copied), kind)(batch_size=16, **kwargs))
     same(got, want)
-    assert copied.layouts.built == 0 and not (copied.root / "layouts").exists()  # nothing read or built
 
 
-def test_a_fresh_process_gives_its_first_batch_from_the_copies_alone(copied: trajstore.Store) -> None:
+def test_a_fresh_process_gives_its_first_batch_from_the_copies_alone(copied: trajstore.Store,
+                                                                     built: Callable[[], int]) -> None:
     assert laid_out_from(trajstore.open(copied.root)) == "copies"
     store = trajstore.open(copied.root)
     first = next(iter(store.sequences(4, batch_size=8, columns=["obs", "reward"])))
     assert first["obs"]["pos"].shape == (8, 4, 3) and first["obs"]["flag"].dtype == bool
-    assert store.layouts.built == 0
+    assert built() == 0
+
+
+def test_a_store_nobody_trains_from_holds_no_copies_and_the_first_loader_makes_them(
+        store: trajstore.Store, built: Callable[[], int]) -> None:
+    fill(store)
+    assert not (store.root / FOLDER).exists()  # the writers wrote none
+    want = list(from_parquet(store).sequences(5, batch_size=16, columns=["obs", "reward"], shuffle=True))
+    assert not (store.root / FOLDER).exists()  # nor does a loader told not to use them
+    before = built()  # the reference's layout
+    first = trajstore.open(store.root)
+    same(list(first.sequences(5, batch_size=16, columns=["obs", "reward"], shuffle=True)), want)
+    assert built() == before  # made from each file, nothing laid out
+    assert len(copy_folders(first)) == 7
+    made = {p: p.stat().st_mtime_ns for f in copy_folders(first) for p in f.iterdir()}
+    with first.writer(run_id="b", env_id="E") as w:  # one more file: the next loader makes its copy alone
+        w.add_batch(chained(np.random.default_rng(9), 10, 2))
+    later = trajstore.open(store.root)
+    got = list(later.transitions(2, gamma=0.9, batch_size=16, columns=["obs", "action", "reward", "next_obs"]))
+    assert built() == before and len(copy_folders(later)) == 8
+    same(got, list(from_parquet(store).transitions(2, gamma=0.9, batch_size=16,
+                                                    columns=["obs", "action", "reward", "next_obs"])))
+    assert {p: p.stat().st_mtime_ns for p in made} == made  # the copies made before: read, not made again
+
+
+def test_copies_made_by_a_loader_are_those_a_writer_writes(store: trajstore.Store,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAJSTORE_WRITER_ARRAYS", "1")
+    fill(trajstore.open(store.root))
+    written = {f.name: {p.name: p.read_bytes() for p in f.iterdir()} for f in copy_folders(store)}
+    shutil.rmtree(store.root / FOLDER)
+    monkeypatch.delenv("TRAJSTORE_WRITER_ARRAYS")
+    assert laid_out_from(trajstore.open(store.root)) == "copies"
+    assert {f.name: {p.name: p.read_bytes() for p in f.iterdir()} for f in copy_folders(store)} == written
+
+
+def test_loaders_of_one_machine_make_each_copy_once(store: trajstore.Store) -> None:
+    """DataLoader workers (processes of one job) reading a store at once: the first makes the copies, the others
+    wait for it and read them."""
+    fill(store)
+    assert not copy_folders(store)
+    script = ("import logging, sys, trajstore\n"
+              "records = []\n"
+              "handler = logging.Handler(logging.INFO)\n"
+              "handler.emit = records.append\n"
+              "logger = logging.getLogger('trajstore.loaders.layout_store')\n"
+              "logger.addHandler(handler)\n"
+              "logger.setLevel(logging.INFO)\n"
+              "s = trajstore.open(sys.argv[1])\n"
+              "next(iter(s.sequences(4, batch_size=8, columns=['obs', 'reward'])))\n"
+              f"print(sum(r.getMessage().startswith({BUILT!r}) for r in records))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(store.root)], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    assert [p.communicate(timeout=300)[0].strip() for p in procs] == ["0"] * 3
+    assert all(p.returncode == 0 for p in procs)
+    assert len(copy_folders(store)) == 7 and not [p for p in copy_folders(store) if p.name.startswith(".tmp-")]
 
 
 def test_windows_cut_across_many_files_are_whole(store: trajstore.Store) -> None:
@@ -120,53 +218,61 @@ def test_windows_cut_across_many_files_are_whole(store: trajstore.Store) -> None
     np.testing.assert_array_equal(first["reward"][0], np.asarray(want, np.float32))
 
 
-def test_files_without_a_copy_are_laid_out_from_parquet(copied: trajstore.Store) -> None:
+def test_files_without_a_copy_are_laid_out_from_parquet(copied: trajstore.Store, built: Callable[[], int]) -> None:
     from deltalake import DeltaTable
 
     want = list(from_parquet(copied).sequences(5, batch_size=16, columns=["obs", "reward"]))
     DeltaTable(str(copied.root / "steps")).optimize.compact()  # another tool's rewrite: files without copies
     store = trajstore.open(copied.root)
+    before = built()  # the reference's layout
     assert laid_out_from(store) == "parquet"
     same(list(store.sequences(5, batch_size=16, columns=["obs", "reward"])), want)
-    assert store.layouts.built == 1
+    assert built() == before + 1
 
 
-def test_trajstore_s_own_compaction_writes_copies_of_its_files(copied: trajstore.Store) -> None:
+def test_after_trajstore_s_own_compaction_loaders_gather_from_copies(copied: trajstore.Store) -> None:
     want = list(from_parquet(copied).sequences(5, batch_size=16, columns=["obs", "reward"]))
     trajstore.compact(copied, progress=False)
     store = trajstore.open(copied.root)
-    assert len(store.table.files()) < 7 and laid_out_from(store) == "copies"
+    assert len(steps_table(store).files()) < 7 and laid_out_from(store) == "copies"
     same(list(store.sequences(5, batch_size=16, columns=["obs", "reward"])), want)
 
 
 def test_a_copy_cut_short_or_of_another_file_is_never_read(copied: trajstore.Store) -> None:
     want = list(from_parquet(copied).sequences(5, batch_size=16, columns=["obs", "reward"]))
-    folder = sorted(p for p in (copied.root / FOLDER).iterdir())[0]
+    folder = copy_folders(copied)[0]
     manifest = json.loads((folder / MANIFEST).read_text())
     column = folder / manifest["columns"]["reward"]["file"]
     os.truncate(column, column.stat().st_size - 4)
+    cut = column.stat().st_size
     store = trajstore.open(copied.root)
-    assert laid_out_from(store) == "parquet"
+    assert laid_out_from(store) == "copies"  # made again from its file, whole, before anything read it
+    assert column.stat().st_size == cut + 4
+    same(list(store.sequences(5, batch_size=16, columns=["obs", "reward"])), want)
+    other = copy_folders(copied)[1]
+    (other / MANIFEST).write_text((folder / MANIFEST).read_text())  # a copy that says it is another file's
+    store = trajstore.open(copied.root)
+    assert laid_out_from(store) == "copies"
     same(list(store.sequences(5, batch_size=16, columns=["obs", "reward"])), want)
 
 
-def test_wide_steps_get_no_copy_and_are_laid_out_from_parquet(store: trajstore.Store) -> None:
+def test_wide_steps_get_no_copy_and_are_laid_out_from_parquet(store: trajstore.Store, built: Callable[[], int]) -> None:
     rng = np.random.default_rng(2)
-    frames = rng.integers(0, 255, (9, 2, 32, 32), dtype=np.uint8)  # 1 KiB a frame, 2 KiB with next_obs
+    frames = rng.integers(0, 255, (9, 2, 48, 48), dtype=np.uint8)  # 2.25 KiB a frame, 4.5 KiB with next_obs
     batch = {"obs": frames[:-1], "next_obs": frames[1:], "action": rng.integers(0, 3, (8, 2)),
              "reward": rng.random((8, 2)).astype(np.float32), "terminated": np.zeros((8, 2), bool),
              "truncated": np.zeros((8, 2), bool)}
-    narrow = trajstore.Store(store.location, settings=Settings(loader_arrays=True))
-    narrow.table.arrays = StepArrays(store.root / FOLDER, max_step_bytes=1024)
-    with narrow.writer(run_id="a", env_id="E") as w:
+    assert 2 * frames[0, 0].nbytes > MAX_STEP_BYTES
+    with store.writer(run_id="a", env_id="E") as w:
         w.add_batch(batch)
     assert not (store.root / FOLDER).exists() or not any((store.root / FOLDER).iterdir())
-    got = list(narrow.sequences(4, batch_size=4, columns=["obs"]))
+    got = list(store.sequences(4, batch_size=4, columns=["obs"]))
     np.testing.assert_array_equal(got[0]["obs"][0], frames[:4, 0])
-    assert narrow.layouts.built == 1
+    assert built() == 1
 
 
-def test_copies_of_frame_stacks_and_pictures_hold_next_obs_as_readers_decode_it(store: trajstore.Store) -> None:
+def test_copies_of_frame_stacks_and_pictures_hold_next_obs_as_readers_decode_it(
+        store: trajstore.Store, built: Callable[[], int]) -> None:
     rng = np.random.default_rng(5)
     with store.writer(run_id="a", env_id="Stacks", frame_stack={"obs": 4}) as w:  # 4 x 6 x 8 bytes a stack
         for _ in range(3):
@@ -178,24 +284,27 @@ def test_copies_of_frame_stacks_and_pictures_hold_next_obs_as_readers_decode_it(
     batch["next_obs"] = {"pixels": pictures[1:], "v": pictures[1:, :, 0, 0].astype(np.float32)}
     with store.writer(run_id="b", env_id="Rgb") as w:
         w.add_batch(batch)
-    assert len(list((store.root / FOLDER).iterdir())) == 4
     for run in ("a", "b"):
         kwargs = dict(run_id=run, batch_size=8, columns=["obs", "next_obs", "reward"], shuffle=True, seed=1)
-        same(list(store.sequences(5, **kwargs)), list(from_parquet(store).sequences(5, **kwargs)))
-    assert store.layouts.built == 0
+        before = built()
+        got = list(store.sequences(5, **kwargs))
+        assert built() == before  # from the copies (the references' layouts are built after)
+        same(got, list(from_parquet(store).sequences(5, **kwargs)))
+    assert len(copy_folders(store)) == 4
 
 
 def test_copies_go_with_their_files(copied: trajstore.Store) -> None:
     folder = copied.root / FOLDER
-    (folder / ".tmp-killed").mkdir()  # a writer killed while writing a copy
+    (folder / ".tmp-killed").mkdir()  # a process killed while writing a copy
     os.utime(folder / ".tmp-killed", (0, 0))
     trajstore.compact(copied, progress=False)
-    assert len(list(folder.iterdir())) == 7 + 1 + 1  # the compacted file's copy beside the old ones (time travel)
-    copied.vacuum(older_than=0)
-    left = sorted(p.name for p in folder.iterdir())
-    assert len(left) == len(copied.table.files())
+    assert laid_out_from(trajstore.open(copied.root)) == "copies"
+    assert len(copy_folders(copied)) == 7 + 1 + 1  # the compacted file's copy beside the old ones (time travel)
+    copied.maintain.vacuum(older_than=0)
+    left = [p.name for p in copy_folders(copied)]
+    assert len(left) == len(steps_table(copied).files())
     rels = {json.loads((folder / name / MANIFEST).read_text())["file"] for name in left}
-    assert rels == {copied.table.location.relative(f.path) for f in copied.table.files()}
+    assert rels == {steps_table(copied).location.relative(f.path) for f in steps_table(copied).files()}
 
 
 def test_a_failed_write_leaves_no_copy(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,6 +313,8 @@ def test_a_failed_write_leaves_no_copy(store: trajstore.Store, monkeypatch: pyte
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("no commit")
 
+    monkeypatch.setenv("TRAJSTORE_WRITER_ARRAYS", "1")  # writers that write copies
+    store = trajstore.open(store.root)
     monkeypatch.setattr(Log, "append", refuse)
     w = store.writer(run_id="a", env_id="E")
     w.add_batch(chained(np.random.default_rng(0), 5, 2))
@@ -211,7 +322,7 @@ def test_a_failed_write_leaves_no_copy(store: trajstore.Store, monkeypatch: pyte
         w.flush()
     monkeypatch.undo()
     w.close()  # stored now, with one copy for the one file
-    assert len(store.table.files()) == 1 and len(list((store.root / FOLDER).iterdir())) == 1
+    assert len(steps_table(store).files()) == 1 and len(copy_folders(store)) == 1
 
 
 def test_fragments_are_the_runs_of_one_episode_s_steps() -> None:
@@ -280,7 +391,9 @@ def wide(store: trajstore.Store, steps: int = 40_000) -> None:
 
 
 def copies_of(store: trajstore.Store) -> list[Any]:
-    return [store.table.arrays.read(store.table.location.relative(f.path)) for f in store.table.files()]
+    """The copies of the store's files (made now where missing, as a loader makes them)."""
+    table = steps_table(store)
+    return table.array_copies(table.files())
 
 
 needs_linux = pytest.mark.skipif(not Path("/proc/self/smaps").exists() or not hasattr(os, "posix_fadvise"),

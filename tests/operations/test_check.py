@@ -15,6 +15,7 @@ import pytest
 
 import trajstore
 from tests import delta_protocol
+from tests.helpers import steps_table
 from trajstore.operations.check import CheckReport
 from trajstore.store import check, remove_orphans
 
@@ -43,7 +44,7 @@ def healthy(tmp_path: Path) -> trajstore.Store:
 
 def _template(store: trajstore.Store) -> pa.Table:
     """The rows of one committed file: a table with exactly the stored column types."""
-    return pq.read_table(store.files()[0].path)
+    return pq.read_table(store.maintain.files()[0].path)
 
 
 def _episode(template: pa.Table, episode_id: int, steps: list[int], end_at: int | None = None) -> pa.Table:
@@ -68,7 +69,7 @@ def test_healthy_store_passes(healthy: trajstore.Store) -> None:
     report = check(healthy)
     assert report.ok, report.format()
     assert report.problems == [] and report.orphans == []
-    assert report.files == len(healthy.files()) == 5
+    assert report.files == len(healthy.maintain.files()) == 5
     assert report.steps == healthy.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 5 * T * B
     assert report.episodes == healthy.sql("SELECT count(*) AS n FROM episodes")["n"][0].as_py()
     assert str(report).startswith(f"ok: 5 committed files, {report.episodes} episodes, {5 * T * B} steps")
@@ -80,7 +81,7 @@ def test_empty_store_passes(tmp_path: Path) -> None:
 
 
 def test_truncated_file_is_reported_by_path_and_the_rest_still_checked(healthy: trajstore.Store) -> None:
-    files = healthy.files()
+    files = healthy.maintain.files()
     victim = files[1]
     survivors = pa.concat_tables([pq.read_table(f.path) for f in files if f.path != victim.path])
     data = Path(victim.path).read_bytes()
@@ -97,14 +98,14 @@ def test_truncated_file_is_reported_by_path_and_the_rest_still_checked(healthy: 
 
 
 def test_missing_file_is_reported(healthy: trajstore.Store) -> None:
-    victim = healthy.files()[0]
+    victim = healthy.maintain.files()[0]
     Path(victim.path).unlink()
     report = check(healthy)
     assert "committed file is missing" in _problem(report, victim.path)
 
 
 def test_file_whose_row_count_differs_from_the_log_is_reported(healthy: trajstore.Store) -> None:
-    victim = healthy.files()[0]
+    victim = healthy.maintain.files()[0]
     table = pq.read_table(victim.path)
     pq.write_table(table.slice(0, 5), victim.path)
     report = check(healthy)
@@ -112,8 +113,8 @@ def test_file_whose_row_count_differs_from_the_log_is_reported(healthy: trajstor
 
 
 def test_unreadable_log_is_reported(healthy: trajstore.Store) -> None:
-    log_dir = healthy.table.path / "_delta_log"
-    latest = log_dir / f"{healthy.table.log.latest_number():020d}.json"
+    log_dir = steps_table(healthy).path / "_delta_log"
+    latest = log_dir / f"{steps_table(healthy).log.latest_number():020d}.json"
     latest.write_bytes(latest.read_bytes()[:40])
     report = check(healthy)
     assert not report.ok and report.files == 0
@@ -128,7 +129,7 @@ def test_rows_deleted_through_a_deletion_vector_are_a_problem_named(healthy: tra
     from trajstore import cli
 
     done = healthy.episodes().filter(pc.field("complete"))
-    version = delta_protocol.delete_episode(healthy.table.path, done["episode_id"][0].as_py())
+    version = delta_protocol.delete_episode(steps_table(healthy).path, done["episode_id"][0].as_py())
     report = check(healthy)
     assert len(report.problems) == 1, report.format()
     assert f"at version {version}: rows of it were deleted through deletion vectors (the Delta reader feature " \
@@ -138,7 +139,7 @@ def test_rows_deleted_through_a_deletion_vector_are_a_problem_named(healthy: tra
 
 
 def test_gap_in_steps_is_reported(healthy: trajstore.Store) -> None:
-    healthy.table.append(_episode(_template(healthy), 111, [0, 1, 4, 5, 6], end_at=6), run_id="r", env_id="A")
+    steps_table(healthy).append(_episode(_template(healthy), 111, [0, 1, 4, 5, 6], end_at=6), run_id="r", env_id="A")
     report = check(healthy)
     line = _problem(report, "episode 111 ")
     assert "not contiguous" in line and "missing steps 2..3" in line
@@ -146,12 +147,12 @@ def test_gap_in_steps_is_reported(healthy: trajstore.Store) -> None:
 
 
 def test_episode_not_starting_at_zero_is_reported(healthy: trajstore.Store) -> None:
-    healthy.table.append(_episode(_template(healthy), 112, [3, 4, 5]), run_id="r", env_id="A")
+    steps_table(healthy).append(_episode(_template(healthy), 112, [3, 4, 5]), run_id="r", env_id="A")
     assert "missing steps 0..2" in _problem(check(healthy), "episode 112 ")
 
 
 def test_duplicate_step_is_reported(healthy: trajstore.Store) -> None:
-    healthy.table.append(_episode(_template(healthy), 222, [0, 1, 2, 2, 3], end_at=3), run_id="r", env_id="A")
+    steps_table(healthy).append(_episode(_template(healthy), 222, [0, 1, 2, 2, 3], end_at=3), run_id="r", env_id="A")
     line = _problem(check(healthy), "episode 222 ")
     assert "1 duplicate step rows (steps 2)" in line
     assert "not contiguous" not in line
@@ -160,8 +161,8 @@ def test_duplicate_step_is_reported(healthy: trajstore.Store) -> None:
 def test_duplicate_across_commits_is_reported(healthy: trajstore.Store) -> None:
     """The same step written by two commits (e.g. a retried append) is a duplicate too."""
     template = _template(healthy)
-    healthy.table.append(_episode(template, 223, [0, 1, 2]), run_id="r", env_id="A")
-    healthy.table.append(_episode(template, 223, [2, 3, 4], end_at=4), run_id="r", env_id="A")
+    steps_table(healthy).append(_episode(template, 223, [0, 1, 2]), run_id="r", env_id="A")
+    steps_table(healthy).append(_episode(template, 223, [2, 3, 4], end_at=4), run_id="r", env_id="A")
     assert "duplicate step rows (steps 2)" in _problem(check(healthy), "episode 223 ")
 
 
@@ -169,7 +170,7 @@ def test_episode_id_in_two_partitions_is_reported(healthy: trajstore.Store) -> N
     episode = healthy.episodes(env_id="A", complete=True, limit=1)
     eid = episode["episode_id"][0].as_py()
     length = episode["episode_length"][0].as_py()
-    healthy.table.append(_episode(_template(healthy), eid, list(range(length)), end_at=length - 1),
+    steps_table(healthy).append(_episode(_template(healthy), eid, list(range(length)), end_at=length - 1),
                          run_id="r2", env_id="A")
     line = _problem(check(healthy), f"episode {eid} appears in 2 partitions")
     assert "r/A" in line and "r2/A" in line
@@ -178,14 +179,14 @@ def test_episode_id_in_two_partitions_is_reported(healthy: trajstore.Store) -> N
 def test_episode_id_used_twice_in_one_partition_is_reported(healthy: trajstore.Store) -> None:
     """Two separate episodes under one id: step 0 (and others) occur twice."""
     template = _template(healthy)
-    healthy.table.append(_episode(template, 333, [0, 1, 2], end_at=2), run_id="r", env_id="B")
-    healthy.table.append(_episode(template, 333, [0, 1], end_at=1), run_id="r", env_id="B")
+    steps_table(healthy).append(_episode(template, 333, [0, 1, 2], end_at=2), run_id="r", env_id="B")
+    steps_table(healthy).append(_episode(template, 333, [0, 1], end_at=1), run_id="r", env_id="B")
     line = _problem(check(healthy), "episode 333 ")
     assert "step 0 occurs 2 times" in line and "duplicate step rows (steps 0..1)" in line
 
 
 def test_steps_after_the_end_are_reported(healthy: trajstore.Store) -> None:
-    healthy.table.append(_episode(_template(healthy), 444, [0, 1, 2, 3], end_at=1), run_id="r", env_id="A")
+    steps_table(healthy).append(_episode(_template(healthy), 444, [0, 1, 2, 3], end_at=1), run_id="r", env_id="A")
     line = _problem(check(healthy), "episode 444 ")
     assert "steps up to 3 follow its end (terminated/truncated) at step 1" in line
 
@@ -193,7 +194,7 @@ def test_steps_after_the_end_are_reported(healthy: trajstore.Store) -> None:
 def test_many_broken_episodes_are_summarised(healthy: trajstore.Store) -> None:
     template = _template(healthy)
     broken = pa.concat_tables([_episode(template, 1000 + i, [0, 2]) for i in range(30)])
-    healthy.table.append(broken, run_id="r", env_id="A")
+    steps_table(healthy).append(broken, run_id="r", env_id="A")
     report = check(healthy)
     assert len(report.problems) == 21
     assert report.problems[-1] == "... and 10 more episodes with step defects"
@@ -214,15 +215,15 @@ def _zero_column_chunks(path: str, columns: list[str]) -> None:
 
 def test_corrupt_key_column_pages_are_found(healthy: trajstore.Store) -> None:
     """The footer is intact but the episode_id/step pages are zeroed: the scan falls back to file by file."""
-    victim = healthy.files()[2]
+    victim = healthy.maintain.files()[2]
     _zero_column_chunks(victim.path, ["episode_id", "step"])
     report = check(healthy)
     assert "data pages cannot be decoded" in _problem(report, victim.path)
-    assert report.steps == sum(f.rows for f in healthy.files() if f.path != victim.path)
+    assert report.steps == sum(f.rows for f in healthy.maintain.files() if f.path != victim.path)
 
 
 def test_deep_check_decodes_every_column(healthy: trajstore.Store) -> None:
-    victim = healthy.files()[1]
+    victim = healthy.maintain.files()[1]
     _zero_column_chunks(victim.path, ["reward"])
     assert check(healthy).ok  # the quick check reads footers, the key and the observation columns only
     report = check(healthy, deep=True)
@@ -231,7 +232,7 @@ def test_deep_check_decodes_every_column(healthy: trajstore.Store) -> None:
 
 def test_orphan_half_written_file_is_information_not_a_problem(healthy: trajstore.Store) -> None:
     """A killed writer's file that never reached the log: readers and check ignore it."""
-    committed = healthy.files()[0]
+    committed = healthy.maintain.files()[0]
     before = healthy.stats()
     data = Path(committed.path).read_bytes()
     orphan = Path(committed.path).with_name("part-0000deadbeef.parquet")
@@ -251,11 +252,11 @@ def test_remove_orphans_deletes_only_old_files_no_commit_lists(healthy: trajstor
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     from trajstore import cli
 
-    committed = [f.path for f in healthy.files()]
+    committed = [f.path for f in healthy.maintain.files()]
     before = healthy.stats().to_pylist()
     part = Path(committed[0]).parent
     old, fresh = part / "part-00000000old.parquet", part / "part-0000000fresh.parquet"
-    staging = healthy.table.path / "_delta_log" / "_commit_0123.json.tmp"  # a killed log write's temp file
+    staging = steps_table(healthy).path / "_delta_log" / "_commit_0123.json.tmp"  # a killed log write's temp file
     for path in (old, fresh, staging):
         path.write_bytes(b"PAR1 cut short")
     an_hour_ago = time.time() - 3600
@@ -288,7 +289,7 @@ def test_check_runs_in_bounded_memory_whatever_the_step_values(healthy: trajstor
     import sys
 
     top = 2**31 - 1  # one stored row this far out: its gap spans the whole int32 range
-    healthy.table.append(_episode(_template(healthy), 333, [0, 1, 5, top, top], end_at=top), run_id="r",
+    steps_table(healthy).append(_episode(_template(healthy), 333, [0, 1, 5, top, top], end_at=top), run_id="r",
                          env_id="A")
     done = subprocess.run([sys.executable, "-c", CHECK_UNDER_LIMIT, str(healthy.root)], capture_output=True,
                           text=True, timeout=300)
@@ -343,7 +344,7 @@ def spread(tmp_path: Path) -> trajstore.Store:
 def _agent_rows(store: trajstore.Store, where: pa.compute.Expression) -> tuple[pa.Table, int]:
     """The rows of the first episode of run ``spread`` that ``where`` selects, as its committed file holds them
     (its types and format), and that episode's id."""
-    held = pq.read_table(next(f.path for f in store.files() if f.run_id == "spread"))
+    held = pq.read_table(next(f.path for f in store.maintain.files() if f.run_id == "spread"))
     first = pc.min(held["episode_id"]).as_py()
     return held.filter((pc.field("episode_id") == first) & where), first
 
@@ -362,7 +363,7 @@ def test_a_clean_multi_agent_rollout_passes(spread: trajstore.Store, capsys: pyt
 
 def test_an_episode_of_agents_committed_twice_is_named_agent_by_agent(spread: trajstore.Store) -> None:
     rows, eid = _agent_rows(spread, pc.scalar(True))
-    spread.table.append(rows, run_id="spread", env_id=SPREAD)
+    steps_table(spread).append(rows, run_id="spread", env_id=SPREAD)
     report = check(spread)
     assert len(report.problems) == 3, report.format()
     for agent in ("agent_0", "agent_1", "agent_2"):
@@ -372,7 +373,7 @@ def test_an_episode_of_agents_committed_twice_is_named_agent_by_agent(spread: tr
 
 def test_one_agents_step_committed_twice_is_named(spread: trajstore.Store) -> None:
     rows, eid = _agent_rows(spread, (pc.field("agent_id") == "agent_1") & (pc.field("step") == 7))
-    spread.table.append(rows, run_id="spread", env_id=SPREAD)
+    steps_table(spread).append(rows, run_id="spread", env_id=SPREAD)
     report = check(spread)
     assert report.problems == [f"episode {eid} (run_id='spread', env_id='{SPREAD}'), agent 'agent_1': 1 duplicate "
                                "step rows of this agent (steps 7; its rows were committed twice, or two episodes "
@@ -381,7 +382,7 @@ def test_one_agents_step_committed_twice_is_named(spread: trajstore.Store) -> No
 
 def test_an_agents_rows_after_its_end_are_reported(spread: trajstore.Store) -> None:
     rows, eid = _agent_rows(spread, (pc.field("agent_id") == "agent_2") & (pc.field("step") == 10))
-    spread.table.append(rows.set_column(rows.schema.get_field_index("step"), "step", pa.array([30], pa.int32())),
+    steps_table(spread).append(rows.set_column(rows.schema.get_field_index("step"), "step", pa.array([30], pa.int32())),
                         run_id="spread", env_id=SPREAD)
     line = _problem(check(spread), f"episode {eid} ", "agent 'agent_2'")
     assert "its steps up to 30 follow its end (terminated/truncated) at step 24" in line
@@ -389,7 +390,7 @@ def test_an_agents_rows_after_its_end_are_reported(spread: trajstore.Store) -> N
 
 def test_single_agent_rows_in_an_episode_of_agents_are_reported(spread: trajstore.Store) -> None:
     rows, eid = _agent_rows(spread, (pc.field("agent_id") == "agent_0") & (pc.field("step") == 0))
-    spread.table.append(rows.set_column(rows.schema.get_field_index("agent_id"), "agent_id",
+    steps_table(spread).append(rows.set_column(rows.schema.get_field_index("agent_id"), "agent_id",
                                         pa.nulls(1, pa.string())), run_id="spread", env_id=SPREAD)
     line = _problem(check(spread), f"episode {eid} ", "single-agent rows")
     assert "holds single-agent rows (agent_id null) beside the rows of agents" in line
@@ -410,7 +411,7 @@ def test_a_column_no_engine_can_hold_is_named_and_its_runs_can_be_deleted(tmp_pa
     kept = store.sql(every)
     planted = plant_column(store, "", run_id="old") + plant_column(store, "", run_id="older", seed=1)
     store = trajstore.open(store.root)
-    assert "" in store.table.log.read().schema.names  # what the probe left: the table's schema holds it
+    assert "" in steps_table(store).log.read().schema.names  # what the probe left: the table's schema holds it
     assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == kept.num_rows + planted
     columns = store.sql("SELECT * FROM steps").column_names
     assert set(columns) == {*kept.column_names, "wall_time"}  # every column but the one DuckDB cannot hold
@@ -420,8 +421,8 @@ def test_a_column_no_engine_can_hold_is_named_and_its_runs_can_be_deleted(tmp_pa
     (line,) = report.problems
     assert line.startswith("column '' of run(s) old, older has a name no write path takes any more: it is empty; "
                            "readers leave it out of the steps view, as DuckDB cannot hold an empty name")
-    assert "then delete those runs (`trajstore delete --run old --yes`, or store.delete(run_id='old'))" in line
-    assert store.delete(run_id="old").episodes > 0
+    assert "then delete those runs (`trajstore delete --run old --yes`, or store.maintain.delete(run_id='old'))" in line
+    assert store.maintain.delete(run_id="old").episodes > 0
     assert cli.main(["delete", "--store", str(store.root), "--run", "older", "--yes"]) == 0
     repaired = trajstore.open(store.root)
     assert check(repaired).ok and repaired.sql(every).equals(kept)

@@ -14,7 +14,7 @@ import pytest
 
 import trajstore
 from tests import delta_protocol
-from tests.helpers import make_batch
+from tests.helpers import make_batch, steps_table
 from trajstore.errors import UnsupportedTableError
 from trajstore.storage.table import StepsTable
 from trajstore.store import check, compact, remove_orphans
@@ -44,10 +44,10 @@ def test_partitions_become_one_file_each_with_the_same_steps(store: trajstore.St
     columns = store.sql("SELECT * FROM steps LIMIT 0").column_names
     episodes = store.episodes(order_by="episode_id").select(["episode_id", "episode_length", "episode_return",
                                                               "complete", "policy_version"])
-    assert len(store.files()) == 17
+    assert len(store.maintain.files()) == 17
     assert cli.main(["compact", "--store", str(store.root), "--no-progress"]) == 0
     assert "compacted 2 partition(s): 16 files into 2" in capsys.readouterr().out
-    files = store.files()
+    files = store.maintain.files()
     assert sorted((f.run_id, f.env_id) for f in files) == [("a", "Small-v0"), ("a", "Wide-v0"), ("b", "Small-v0")]
     assert everything(store).equals(before)
     assert store.sql("SELECT * FROM steps LIMIT 0").column_names == columns  # the view's order stays
@@ -57,7 +57,7 @@ def test_partitions_become_one_file_each_with_the_same_steps(store: trajstore.St
         schema = pq.read_schema(f.path)
         obs = [n for n in schema.names if n.startswith("obs")][0]
         assert pa.types.is_fixed_size_list(schema.field(obs).type) and "run_id" not in schema.names
-    assert "value" in store.table.log.read().schema.names  # the table keeps every column
+    assert "value" in steps_table(store).log.read().schema.names  # the table keeps every column
     assert compact(store, progress=False).partitions == 0  # nothing left to gain
     rng = np.random.default_rng(9)
     with store.writer(run_id="a", env_id="Small-v0") as w:  # the compacted env still takes writes
@@ -69,8 +69,8 @@ def test_only_the_chosen_partitions_and_target_sizes(store: trajstore.Store) -> 
     many_files(store)
     report = compact(store, run_id="b", progress=False)
     assert (report.partitions, report.files_before, report.files_after) == (1, 8, 1)
-    assert len([f for f in store.files() if f.run_id == "a"]) == 9
-    sizes = [f.size for f in store.files() if f.run_id == "a" and f.env_id == "Small-v0"]
+    assert len([f for f in store.maintain.files() if f.run_id == "a"]) == 9
+    sizes = [f.size for f in store.maintain.files() if f.run_id == "a" and f.env_id == "Small-v0"]
     report = compact(store, env_id="Small-v0", target_bytes=3 * max(sizes), progress=False)
     assert report.partitions == 1 and report.files_before == 8 and 2 <= report.files_after <= 4
     with pytest.raises(trajstore.InputError, match="target_bytes"):
@@ -83,12 +83,12 @@ def test_a_table_with_rows_deleted_through_a_deletion_vector_is_never_compacted(
     deleted for every engine that applies deletion vectors."""
     many_files(store)
     gone = store.episodes(run_id="b").sort_by("episode_id")["episode_id"][0].as_py()
-    deleted = delta_protocol.delete_episode(store.table.path, gone)
-    kept = delta_protocol.deltalake_episodes(store.table.path)
+    deleted = delta_protocol.delete_episode(steps_table(store).path, gone)
+    kept = delta_protocol.deltalake_episodes(steps_table(store).path)
     with pytest.raises(UnsupportedTableError, match=f"at version {deleted}: .*reader feature deletionVectors"):
         compact(store, progress=False)
     assert store.version == deleted
-    assert delta_protocol.deltalake_episodes(store.table.path) == kept and gone not in kept
+    assert delta_protocol.deltalake_episodes(steps_table(store).path) == kept and gone not in kept
 
 
 def test_an_append_during_compaction_is_kept(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,15 +132,15 @@ def test_two_compactions_at_once_store_every_step_once(store: trajstore.Store,
     assert inner["report"].partitions == 1
     assert outer.partitions == 0 and len(outer.skipped) == 1 and "was not committed" in outer.skipped[0]
     assert everything(store).equals(before)  # nothing lost, nothing twice
-    partition = Path(store.files()[0].path).parents[1]
+    partition = Path(store.maintain.files()[0].path).parents[1]
     on_disk = {str(p) for p in partition.rglob("*.parquet")}
-    committed = {f.path for f in store.files()}
+    committed = {f.path for f in store.maintain.files()}
     assert len(on_disk - committed) == 8  # the 8 replaced files only: the failed compaction's file is gone
 
 
 def test_removed_files_are_kept_for_readers_until_removed_long_enough_ago(store: trajstore.Store) -> None:
     many_files(store)
-    old = [f.path for f in store.files() if f.run_id == "b"]
+    old = [f.path for f in store.maintain.files() if f.run_id == "b"]
     long_ago = time.time() - 7200
     for path in old:  # written long ago: only the time of their removal counts
         os.utime(path, (long_ago, long_ago))

@@ -1,4 +1,4 @@
-"""store.delete: whole episodes in one commit, checked against a plain filter of the rows read before; partial
+"""store.maintain.delete: whole episodes in one commit, checked against a plain filter of the rows read before; partial
 episodes refused; unknown runs named; appends made meanwhile kept; a killed delete leaves a readable store."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import trajstore
 from tests.helpers import make_batch
 from trajstore.errors import InputError, ReadOnlyError, RunNotFoundError
-from trajstore.store import check
+from trajstore.store import check, plumbing
 
 
 def fill(store: trajstore.Store, seed: int = 0) -> None:
@@ -37,14 +37,14 @@ def all_steps(store: trajstore.Store) -> pa.Table:
 def test_deleting_a_run_removes_exactly_its_episodes(store: trajstore.Store) -> None:
     fill(store)
     before, version = all_steps(store), store.version
-    report = store.delete(run_id="a")
+    report = store.maintain.delete(run_id="a")
     expected = before.filter(pc.not_equal(before["run_id"], "a"))
     assert all_steps(store).equals(expected)
     gone = before.filter(pc.equal(before["run_id"], "a"))
     assert (report.steps, report.episodes, report.runs) == \
         (gone.num_rows, len(set(gone["episode_id"].to_pylist())), ["a"])
     assert report.version == store.version == version + 1  # one commit
-    assert store.run_ids() == ["b"] and check(store).ok
+    assert plumbing(store).run_ids() == ["b"] and check(store).ok
 
 
 def test_a_where_over_steps_deletes_whole_episodes_and_rewrites_mixed_files(store: trajstore.Store) -> None:
@@ -55,7 +55,7 @@ def test_a_where_over_steps_deletes_whole_episodes_and_rewrites_mixed_files(stor
     before = all_steps(store)
     ends = store.episodes().filter(pc.field("episode_length") > 3)["episode_id"].to_pylist()[:3]
     where = f"episode_id IN ({', '.join(map(str, ends))})"
-    report = store.delete(where=where)
+    report = store.maintain.delete(steps_where=where)
     keep = pc.invert(pc.is_in(before["episode_id"], pa.array(ends, pa.int64())))
     assert all_steps(store).equals(before.filter(keep))
     assert report.episodes == 3 and report.files_rewritten > 0
@@ -63,10 +63,10 @@ def test_a_where_over_steps_deletes_whole_episodes_and_rewrites_mixed_files(stor
     assert check(store).ok
 
 
-def test_a_where_over_episodes_through_a_subquery(store: trajstore.Store) -> None:
+def test_a_where_over_episodes_deletes_the_episodes_it_selects(store: trajstore.Store) -> None:
     fill(store)
     before = store.episodes()
-    report = store.delete(where="episode_id IN (SELECT episode_id FROM episodes WHERE episode_return < 0)")
+    report = store.maintain.delete(where="episode_return < 0")
     expected = before.filter(pc.field("episode_return") >= 0)
     assert store.episodes()["episode_id"].to_pylist() == expected["episode_id"].to_pylist()
     assert report.episodes == before.num_rows - expected.num_rows
@@ -78,28 +78,31 @@ def test_a_where_that_cuts_episodes_is_refused_and_nothing_changes(store: trajst
     first = store.episodes(where="episode_length >= 3", limit=1).to_pylist()[0]
     with pytest.raises(InputError, match=rf"where: .*selects part of .*episode {first['episode_id']} "
                                          rf"\(run_id='{first['run_id']}'\): 2 of its {first['episode_length']} steps"):
-        store.delete(where=f"episode_id = {first['episode_id']} AND step < 2")
+        store.maintain.delete(steps_where=f"episode_id = {first['episode_id']} AND step < 2")
     assert store.version == version
 
 
 def test_bad_arguments_are_named(store: trajstore.Store) -> None:
     fill(store)
     with pytest.raises(RunNotFoundError, match=r"run_id: no run 'nope' in .*; its runs: a, b"):
-        store.delete(run_id="nope")
+        store.maintain.delete(run_id="nope")
     with pytest.raises(LookupError):
-        store.delete(run_id="nope")
-    with pytest.raises(InputError, match="give run_id= .* and/or where="):
-        store.delete()
-    with pytest.raises(InputError, match="where: .*no_such_column"):
-        store.delete(where="no_such_column = 1")
+        store.maintain.delete(run_id="nope")
+    with pytest.raises(InputError, match="give run_id= .*, where= .* and/or steps_where="):
+        store.maintain.delete()
+    with pytest.raises(InputError, match="^steps_where: .*no_such_column"):
+        store.maintain.delete(steps_where="no_such_column = 1")
+    with pytest.raises(InputError, match=r"^where: .*\"step\".*where= is a condition over the episodes view \(for a "
+                                         r"condition over steps give steps_where=\)"):
+        store.maintain.delete(where="step < 2")
     with pytest.raises(ReadOnlyError, match="read-only at version 0"):
-        trajstore.open(store.uri, version=0).delete(run_id="a")
+        trajstore.open(store.uri, version=0).maintain.delete(run_id="a")
 
 
 def test_dry_run_changes_nothing(store: trajstore.Store) -> None:
     fill(store)
     version, before = store.version, all_steps(store)
-    report = store.delete(run_id="b", where="policy_version = 2", dry_run=True)
+    report = store.maintain.delete(run_id="b", steps_where="policy_version = 2", dry_run=True)
     assert report.dry_run and report.episodes > 0 and report.version is None
     assert store.version == version and all_steps(store).equals(before)
     assert "would delete" in report.format()
@@ -122,14 +125,14 @@ def test_appends_while_deleting_are_all_kept(store: trajstore.Store) -> None:
     try:
         while len(appended) < 2:
             time.sleep(0.01)
-        store.delete(run_id="a")
-        store.delete(where="policy_version = 2")
+        store.maintain.delete(run_id="a")
+        store.maintain.delete(steps_where="policy_version = 2")
         time.sleep(0.1)
     finally:
         stop.set()
         thread.join()
     assert store.sql("SELECT count(*) AS n FROM steps WHERE run_id = 'new'")["n"][0].as_py() == sum(appended)
-    assert set(store.run_ids()) == {"b", "new"} and check(store).ok
+    assert set(plumbing(store).run_ids()) == {"b", "new"} and check(store).ok
 
 
 KILLED = """
@@ -137,10 +140,11 @@ import sys, trajstore
 store = trajstore.open(sys.argv[1])
 print("ready", flush=True)
 while True:  # one episode at a time: each delete rewrites the files its episode shares with others
-    store.delete(where="episode_id = (SELECT min(episode_id) FROM episodes)")
+    store.maintain.delete(steps_where="episode_id = (SELECT min(episode_id) FROM episodes)")
 """
 
 
+@pytest.mark.slow
 def test_a_killed_delete_leaves_a_readable_store(store: trajstore.Store, tmp_path: Path) -> None:
     fill(store)
     episodes = check(store).episodes

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import trajstore
-from tests.helpers import make_batch
+from tests.helpers import make_batch, steps_table
 from tests.storage.helpers import episode, rows
 from trajstore.errors import ConflictError, InputError
 from trajstore.operations.group_commit import GroupCommitter, Outcome
@@ -50,7 +50,7 @@ def wait_all(futures: list[Future[Outcome]]) -> list[Outcome | BaseException]:
 
 @pytest.fixture
 def committer(store: trajstore.Store) -> GroupCommitter:
-    c = GroupCommitter(store.table, interval_s=0.5)
+    c = GroupCommitter(steps_table(store), interval_s=0.5)
     yield c
     c.close()
 
@@ -93,7 +93,7 @@ def test_a_bad_request_is_refused_alone_and_delays_no_one(store: trajstore.Store
 
 
 def test_at_most_one_commit_per_interval(store: trajstore.Store) -> None:
-    committer = GroupCommitter(store.table, interval_s=0.4)
+    committer = GroupCommitter(steps_table(store), interval_s=0.4)
     try:
         committer.ingest(rows(2, episode_id=1), run_id="r", env_id="E").result(60)  # the table made
         started, futures = time.monotonic(), []
@@ -112,7 +112,7 @@ def test_at_most_one_commit_per_interval(store: trajstore.Store) -> None:
 
 
 def test_a_full_group_commits_before_the_interval(store: trajstore.Store) -> None:
-    committer = GroupCommitter(store.table, interval_s=30, group_bytes=1)
+    committer = GroupCommitter(steps_table(store), interval_s=30, group_bytes=1)
     try:
         started = time.monotonic()
         first = committer.ingest(rows(3, episode_id=1), run_id="r", env_id="E").result(60)
@@ -141,8 +141,8 @@ def test_a_retry_is_recognised_before_its_rows_are_checked(store: trajstore.Stor
 def test_a_retry_checked_before_its_first_try_landed_is_answered_once(store: trajstore.Store) -> None:
     """Two committers (two service processes) over one store: the retry reaches the other while the first try waits;
     both are checked against a version that holds neither, and the key in the log decides at the commit."""
-    one, two = GroupCommitter(store.table, interval_s=0.3), GroupCommitter(trajstore.open(store.root).table,
-                                                                          interval_s=0.3)
+    one = GroupCommitter(steps_table(store), interval_s=0.3)
+    two = GroupCommitter(steps_table(trajstore.open(store.root)), interval_s=0.3)
     try:
         one.ingest(rows(1, episode_id=1), run_id="r", env_id="E").result(60)
         futures = [one.ingest(episode([0, 1, 2]), run_id="r", env_id="E", idempotency_key="k"),
@@ -158,7 +158,7 @@ def test_a_retry_checked_before_its_first_try_landed_is_answered_once(store: tra
 def test_what_changed_since_a_request_was_checked_is_checked_again(store: trajstore.Store) -> None:
     """Another process stores the same steps while a request waits: the request no longer continues its episode and
     is refused at its commit, alone."""
-    committer = GroupCommitter(store.table, interval_s=0.5)
+    committer = GroupCommitter(steps_table(store), interval_s=0.5)
     other = trajstore.open(store.root)
     try:
         committer.ingest(episode([0, 1]), run_id="r", env_id="E").result(60)
@@ -178,7 +178,7 @@ def test_what_changed_since_a_request_was_checked_is_checked_again(store: trajst
 def test_a_group_that_loses_the_race_to_another_writer_is_committed_after_it(store: trajstore.Store) -> None:
     """A local writer commits files to the same table all along: every group that loses the version to it is
     planned again on the new one, and every step is stored once."""
-    committer = GroupCommitter(store.table, interval_s=0.05)
+    committer = GroupCommitter(steps_table(store), interval_s=0.05)
     stop = threading.Event()
 
     def write() -> None:

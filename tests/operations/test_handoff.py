@@ -67,7 +67,7 @@ def test_a_writer_killed_before_its_files_are_committed_leaves_files_vacuum_remo
     orphan = next(Path(store.root).rglob("run_id=dead/**/*.parquet"))
     old = time.time() - 2 * 3600  # past vacuum's grace for files a writer may be about to commit
     os.utime(orphan, (old, old))
-    store.vacuum(older_than="0s")
+    store.maintain.vacuum(older_than="0s")
     assert not orphan.exists() and trajstore.check(store).orphans == []
 
 

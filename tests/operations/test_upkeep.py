@@ -18,12 +18,11 @@ import pytest
 
 import trajstore
 from tests import seaweed
-from tests.helpers import assert_same_stats, make_batch
+from tests.helpers import assert_same_stats, make_batch, steps_table
 from trajstore.operations import compact as compaction
-from trajstore.operations.upkeep import Policy, compact_small
+from trajstore.operations.upkeep import CompactionPolicy, compact_small
 from trajstore.settings import Settings
-from trajstore.storage.table import StepsTable
-from trajstore.store import check
+from trajstore.store import check, plumbing
 
 REPO = Path(__file__).parents[2]
 SMALL = 4  # small files a partition may hold before a writer merges them, in these tests
@@ -53,8 +52,8 @@ def test_a_writer_merges_its_small_files_and_keeps_every_step(tmp_path: Path) ->
     store = opened(tmp_path / "store")
     write(reference, 30)
     write(store, 30)
-    assert len(reference.files()) == 30
-    assert len(store.files()) <= SMALL + 1  # merged as it went, and once more on close
+    assert len(reference.maintain.files()) == 30
+    assert len(store.maintain.files()) <= SMALL + 1  # merged as it went, and once more on close
     assert everything(store).equals(everything(reference))
     assert_same_stats(store.stats(), reference.stats())
     report = check(store, deep=True)  # every merged file decodes, each episode contiguous and whole
@@ -79,7 +78,7 @@ def test_frame_stacks_and_next_obs_survive_merging(tmp_path: Path) -> None:
                              "reward": np.ones((3, 2), np.float32), "terminated": np.zeros((3, 2), bool),
                              "truncated": np.zeros((3, 2), bool)})
     ref, store = stores
-    assert len(store.files()) < len(ref.files())
+    assert len(store.maintain.files()) < len(ref.maintain.files())
     columns = ["env_index", "step", "obs", "next_obs"]  # one episode per env (none ends)
     read = [pa.Table.from_batches(list(s.scan(columns))).sort_by([("env_index", "ascending"), ("step", "ascending")])
             for s in stores]
@@ -89,8 +88,7 @@ def test_frame_stacks_and_next_obs_survive_merging(tmp_path: Path) -> None:
 
 
 def test_racing_compactions_one_wins_the_other_skips(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    store.settings.compact_small_files = 0
-    write(store, 12)
+    write(store, 12, upkeep=None)  # no writer compacts: the test's compactions race
     before = everything(store)
     both_read = threading.Barrier(2)
     real = compaction.merged
@@ -102,16 +100,16 @@ def test_racing_compactions_one_wins_the_other_skips(store: trajstore.Store, mon
 
     monkeypatch.setattr(compaction, "merged", merged_then_wait)
     results: list[Any] = []
-    policy = Policy(small_files=SMALL)
-    threads = [threading.Thread(target=lambda: results.append(compact_small(StepsTable(store.table.location),
+    policy = CompactionPolicy(small_files=SMALL)
+    threads = [threading.Thread(target=lambda: results.append(compact_small(steps_table(store),
                                                                             "a", "E", policy))) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert sorted(r is None for r in results) == [False, True]  # exactly one committed
-    assert len(store.files()) == 1 and everything(store).equals(before)
-    on_disk = set(map(str, Path(store.files()[0].path).parent.glob("*.parquet")))
+    assert len(store.maintain.files()) == 1 and everything(store).equals(before)
+    on_disk = set(map(str, Path(store.maintain.files()[0].path).parent.glob("*.parquet")))
     assert len(on_disk) == 12 + 1  # the loser deleted the file it wrote
     assert [h["operation"] for h in store.history().to_pylist()].count("compact") == 1
 
@@ -119,24 +117,24 @@ def test_racing_compactions_one_wins_the_other_skips(store: trajstore.Store, mon
 @pytest.mark.parametrize("other", ["delete", "add_column"])
 def test_a_change_during_compaction_wins_and_nothing_is_lost(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch,
                                                             other: str) -> None:
-    store.settings.compact_small_files = 0
-    write(store, 12)
+    write(store, 12, upkeep=None)  # no writer compacts: the test's compactions race
     real = compaction.merged
     first = store.episodes(order_by="episode_id")["episode_id"][0].as_py()
 
     def merged_then_change(files: Any) -> pa.Table:
         out = real(files)
         if other == "delete":
-            store.delete(where=f"episode_id = {first}")
+            store.maintain.delete(steps_where=f"episode_id = {first}")
         else:
-            store.add_column("double_reward", "reward * 2")
+            store.maintain.add_column("double_reward", "reward * 2")
         return out
 
     monkeypatch.setattr(compaction, "merged", merged_then_change)
     kept = None
     if other == "delete":
         kept = store.sql(f"SELECT * FROM steps WHERE episode_id <> {first}").num_rows
-    assert compact_small(store.table, "a", "E", Policy(small_files=SMALL)) is None  # skipped: its files were gone
+    policy = CompactionPolicy(small_files=SMALL)
+    assert compact_small(steps_table(store), "a", "E", policy) is None  # its files were gone
     if kept is not None:
         assert store.sql("SELECT * FROM steps").num_rows == kept
         assert store.sql(f"SELECT * FROM steps WHERE episode_id = {first}").num_rows == 0
@@ -172,6 +170,7 @@ def _lines(path: Path) -> int:
     return len(path.read_text().split()) if path.exists() else 0
 
 
+@pytest.mark.slow
 def test_a_killed_compaction_leaves_a_readable_store(tmp_path: Path) -> None:
     store = opened(tmp_path / "store")
     side = tmp_path / "committed"
@@ -200,20 +199,21 @@ def test_a_killed_compaction_leaves_a_readable_store(tmp_path: Path) -> None:
 def test_checkpoints_every_interval_and_health_reports_the_lag(tmp_path: Path) -> None:
     store = opened(tmp_path / "store", small_files=0, checkpoint_interval=5)
     write(store, 12)
-    assert store.table.log.last_checkpoint() is not None
-    assert store.version - store.table.log.last_checkpoint() < 5  # type: ignore[operator]
-    version, behind = store.log_lag()
+    assert steps_table(store).log.last_checkpoint() is not None
+    assert store.version - steps_table(store).log.last_checkpoint() < 5  # type: ignore[operator]
+    version, behind = plumbing(store).log_lag()
     assert version == store.version and 0 <= behind < 5
     plain = opened(tmp_path / "plain", small_files=0, checkpoint_interval=0)
     write(plain, 12)
-    assert plain.table.log.last_checkpoint() is None and plain.log_lag()[1] == plain.version + 1
-    assert plain.table.log.checkpoint_if_due(5) == plain.version  # what a writer's upkeep does
-    assert plain.log_lag()[1] == 0 and everything(trajstore.open(plain.root)).num_rows == 12 * 6 * 3
+    assert steps_table(plain).log.last_checkpoint() is None and plumbing(plain).log_lag()[1] == plain.version + 1
+    assert steps_table(plain).log.checkpoint_if_due(5) == plain.version  # what a writer's upkeep does
+    assert plumbing(plain).log_lag()[1] == 0 and everything(trajstore.open(plain.root)).num_rows == 12 * 6 * 3
 
     from fastapi.testclient import TestClient
 
     from trajstore.api.app import create_app
-    with TestClient(create_app(Settings(store=str(store.root)))) as client:
+    from trajstore.api.settings import ServiceSettings
+    with TestClient(create_app(ServiceSettings(store=str(store.root)))) as client:
         health = client.get("/health").json()
     assert health == {"status": "ok", "version": store.version, "versions_since_checkpoint": behind}
 
@@ -247,10 +247,11 @@ def test_check_and_history_show_the_upkeep_from_the_shell(tmp_path: Path,
             os.environ.pop(key)
 
 
+@pytest.mark.s3
 def test_writers_compact_on_s3(s3: seaweed.SeaweedFS) -> None:
     store = opened(f"s3://{s3.bucket()}/upkeep", storage_options=s3.storage_options)
     write(store, 14, seed=4)
-    assert len(store.files()) <= SMALL + 1
+    assert len(store.maintain.files()) <= SMALL + 1
     assert any(h["operation"] == "compact" for h in store.history().to_pylist())
     assert store.sql("SELECT count(*) AS n, count(DISTINCT (episode_id, step)) AS d FROM steps").to_pylist() == [
         {"n": 14 * 6 * 3, "d": 14 * 6 * 3}]
@@ -262,11 +263,11 @@ def test_the_service_compacts_what_remote_writers_send(tmp_path: Path) -> None:
 
     store = opened(tmp_path / "store")
     for i in range(12):  # what POST /runs/{run_id}/batches hands to Store.ingest: one commit each
-        store.ingest(rows(5, episode_id=100 + i), run_id="remote", env_id="E")
+        plumbing(store).ingest(rows(5, episode_id=100 + i), run_id="remote", env_id="E")
     deadline = time.monotonic() + 60
-    while len(store.files()) > SMALL + 1 and time.monotonic() < deadline:  # on the ingest upkeep's thread
+    while len(store.maintain.files()) > SMALL + 1 and time.monotonic() < deadline:  # on the ingest upkeep's thread
         time.sleep(0.05)
-    assert len(store.files()) <= SMALL + 1
+    assert len(store.maintain.files()) <= SMALL + 1
     assert any(h["operation"] == "compact" for h in store.history().to_pylist())
     got = store.sql("SELECT episode_id, count(*) AS n FROM steps GROUP BY ALL ORDER BY episode_id").to_pylist()
     assert got == [{"episode_id": 100 + i, "n": 5} for i in range(12)]

@@ -20,7 +20,7 @@ from tests.helpers import make_batch
 from tests.storage.helpers import fill_two_runs
 from trajstore.errors import InputError, StoreDamagedError, VersionNotFoundError
 from trajstore.operations.vacuum import parse_duration
-from trajstore.store import check
+from trajstore.store import check, plumbing
 
 
 def fill(store: trajstore.Store) -> None:
@@ -38,15 +38,15 @@ def logged_rows(store: trajstore.Store) -> int:
 
 def test_after_delete_compact_and_vacuum_the_folder_holds_what_the_log_lists(store: trajstore.Store) -> None:
     fill(store)
-    store.delete(run_id="a")
+    store.maintain.delete(run_id="a")
     trajstore.compact(store, progress=False)
     assert folder_rows(store) > logged_rows(store)  # the removed files are still there for old versions
     old = store.version - 2
-    kept = store.vacuum(older_than="1h")  # removed just now: every version of the last hour needs them
+    kept = store.maintain.vacuum(older_than="1h")  # removed just now: every version of the last hour needs them
     assert kept.files == [] and trajstore.open(store.uri, version=old).stats()["n_traj"][0].as_py() > 0
-    dry = store.vacuum(older_than=0, dry_run=True)
+    dry = store.maintain.vacuum(older_than=0, dry_run=True)
     assert dry.files and all(os.path.exists(f) for f in dry.files) and folder_rows(store) > logged_rows(store)
-    report = store.vacuum(older_than=0)
+    report = store.maintain.vacuum(older_than=0)
     assert sorted(report.files) == sorted(dry.files) and report.bytes > 0
     assert folder_rows(store) == logged_rows(store)
     assert check(store).ok and not check(store).orphans
@@ -63,10 +63,10 @@ def test_uncommitted_files_get_a_grace_period(store: trajstore.Store) -> None:
     fill(store)
     stray = Path(store.root) / "steps" / "run_id=a" / "env_id=E" / "part-stray.parquet"
     stray.write_bytes(b"half a file")
-    assert store.vacuum(older_than=0).files == []  # a writer may be about to commit it
+    assert store.maintain.vacuum(older_than=0).files == []  # a writer may be about to commit it
     old = time.time() - 2 * 3600
     os.utime(stray, (old, old))
-    assert store.vacuum(older_than="1h").files == [str(stray)]
+    assert store.maintain.vacuum(older_than="1h").files == [str(stray)]
 
 
 def test_durations() -> None:
@@ -81,7 +81,7 @@ KILLED = """
 import sys, trajstore
 store = trajstore.open(sys.argv[1])
 print("ready", flush=True)
-store.vacuum(older_than=0)
+store.maintain.vacuum(older_than=0)
 """
 
 
@@ -99,7 +99,7 @@ def test_a_killed_vacuum_leaves_a_readable_store(store: trajstore.Store) -> None
     proc.kill()
     proc.wait()
     assert check(store).ok and logged_rows(store) == rows
-    store.vacuum(older_than=0)
+    store.maintain.vacuum(older_than=0)
     assert folder_rows(store) == rows
 
 
@@ -108,14 +108,14 @@ def reads(store: trajstore.Store, episode: int = 0) -> dict[str, Callable[[], ob
     files that hold it alone)."""
     return {
         "stats": store.stats, "episodes": store.episodes, "runs": store.runs, "curves": store.curves,
-        "binned_curves": store.binned_curves, "histogram": store.histogram,
+        "binned_curves": plumbing(store).binned_curves, "histogram": plumbing(store).histogram,
         "returns": lambda: store.returns(gamma=0.9, per="step"),
         "sql": lambda: store.sql("SELECT count(*) FROM steps"),
-        "sandboxed_sql": lambda: store.sandboxed_sql("SELECT sum(reward) FROM steps"),
+        "sandboxed_sql": lambda: plumbing(store).sandboxed_sql("SELECT sum(reward) FROM steps"),
         "scan": lambda: store.scan().read_all(),
         "scan_where": lambda: store.scan(where="episode_length > 0").read_all(),
         "iter_batches": lambda: list(store.iter_batches(batch_size=7)),
-        "steps_page": lambda: store.steps_page(limit=5),
+        "steps_page": lambda: plumbing(store).steps_page(limit=5),
         "episode_steps": lambda: store.episode_steps(episode),
         "schema": lambda: store.schema(env_id="E"),
         "sequences": lambda: list(store.sequences(3, batch_size=4)),
@@ -129,9 +129,9 @@ def test_every_read_of_a_vacuumed_version_is_version_not_found_never_damage(stor
     pinned = trajstore.open(store.uri, version=old)
     assert pinned.stats()["n_traj"][0].as_py() > 0  # read (and its caches filled) before the vacuum
     episode = store.episodes(run_id="a", limit=1)["episode_id"][0].as_py()  # (pinned: no episodes cached)
-    store.delete(run_id="a")
+    store.maintain.delete(run_id="a")
     trajstore.compact(store, progress=False)
-    assert store.vacuum(older_than=0).files and check(store).ok
+    assert store.maintain.vacuum(older_than=0).files and check(store).ok
     for read in reads(pinned, episode).values():
         with pytest.raises(VersionNotFoundError, match=rf"version: version {old} can no longer be read: `trajstore "
                                                        rf"vacuum` deleted its file .*, which version ({old + 1} "
@@ -145,12 +145,12 @@ def test_every_read_of_a_vacuumed_version_is_version_not_found_never_damage(stor
 def test_the_rows_of_a_commit_whose_files_were_vacuumed_are_version_not_found(store: trajstore.Store) -> None:
     fill(store)
     first = store.history()["version"][2].as_py()  # the first append (after create and the columns' commit)
-    assert store.commit_rows(first).rows.num_rows > 0
+    assert plumbing(store).commit_rows(first).rows.num_rows > 0
     trajstore.compact(store, progress=False)
-    store.vacuum(older_than=0)
+    store.maintain.vacuum(older_than=0)
     with pytest.raises(VersionNotFoundError, match=rf"version: version {first} can no longer be read: .*, which "
                                                    r"version \d+ \(compact, "):
-        store.commit_rows(first)
+        plumbing(store).commit_rows(first)
     with pytest.raises(VersionNotFoundError, match=rf"version: version {first} can no longer be read"):
         next(store.follow(since=first - 1, timeout=0.1))
 
@@ -163,7 +163,7 @@ def test_a_reader_of_the_latest_version_whose_files_a_vacuum_removes_meanwhile(s
     began = store.version
     snap = store.snapshot()  # holds the file list of the version it began at
     trajstore.compact(store, progress=False)
-    store.vacuum(older_than=0)
+    store.maintain.vacuum(older_than=0)
     gone = r"version: the version this read began at can no longer be read: `trajstore vacuum` deleted its file " \
            rf".* while the read used it, which version {began + 1} \(compact, .*\) had removed from the store; the " \
            rf"store is not damaged: read again \(the latest version is {began + 1}\)"
@@ -176,7 +176,7 @@ def test_a_missing_file_the_latest_version_lists_is_still_damage(store: trajstor
     fill(store)
     old = store.version
     pinned = trajstore.open(store.uri, version=old)
-    os.remove(store.files()[0].path)  # listed by the latest version (and by the pinned one)
+    os.remove(store.maintain.files()[0].path)  # listed by the latest version (and by the pinned one)
     for s in (store, pinned):
         for name, read in reads(s).items():
             if name == "schema" or name == "episode_steps":
@@ -186,6 +186,7 @@ def test_a_missing_file_the_latest_version_lists_is_still_damage(store: trajstor
     assert not check(store).ok
 
 
+@pytest.mark.s3
 def test_a_vacuumed_version_on_s3_is_version_not_found(s3: seaweed.SeaweedFS) -> None:
     store = trajstore.open(f"s3://{s3.bucket()}/vac", create=True, storage_options=s3.storage_options)
     fill(store)
@@ -193,8 +194,8 @@ def test_a_vacuumed_version_on_s3_is_version_not_found(s3: seaweed.SeaweedFS) ->
     pinned = trajstore.open(store.uri, storage_options=s3.storage_options, version=old)
     assert pinned.stats()["n_traj"][0].as_py() > 0
     episode = store.episodes(run_id="a", limit=1)["episode_id"][0].as_py()  # (pinned: no episodes cached)
-    store.delete(run_id="a")
-    store.vacuum(older_than=0)
+    store.maintain.delete(run_id="a")
+    store.maintain.vacuum(older_than=0)
     for name, read in reads(pinned, episode).items():
         if name == "schema":
             continue  # reads the newest file, of run b, still there

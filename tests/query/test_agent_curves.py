@@ -19,6 +19,7 @@ pytest.importorskip("mpe2")
 from mpe2 import simple_spread_v3, simple_tag_v3
 
 from trajstore.rollout import gym_rollout, parallel_rollout
+from trajstore.store import plumbing
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def reference_agent_bins(store: trajstore.Store, by: str, x: str, y: str, bins: 
     ("agent_id", "env_steps", "episode_return", 10), ("agent_group", "episode_index", "episode_return", 4),
     ("agent_id", "wall_time", "episode_length", 3)])
 def test_binned_curves_per_agent_match_numpy(agents: trajstore.Store, by: str, x: str, y: str, bins: int) -> None:
-    got = agents.binned_curves(by=by, x=x, y=y, bins=bins).to_pylist()
+    got = plumbing(agents).binned_curves(by=by, x=x, y=y, bins=bins).to_pylist()
     want = reference_agent_bins(agents, by, x, y, bins)
     assert [{k: r[k] for k in ("run_id", "env_id", by, "bin", "count")} for r in got] == \
         [{k: r[k] for k in ("run_id", "env_id", by, "bin", "count")} for r in want]
@@ -72,7 +73,7 @@ def test_binned_curves_per_agent_match_numpy(agents: trajstore.Store, by: str, x
 
 
 def test_groups_pool_their_agents(agents: trajstore.Store) -> None:
-    groups = agents.binned_curves(by="agent_group", bins=1, run_id="tag").to_pylist()
+    groups = plumbing(agents).binned_curves(by="agent_group", bins=1, run_id="tag").to_pylist()
     assert [r["agent_group"] for r in groups] == ["adversary", "agent"]
     per_agent = agents.sql("SELECT agent_id, count(*) AS n FROM agent_episodes WHERE run_id = 'tag' AND complete "
                            "GROUP BY ALL").to_pylist()
@@ -81,16 +82,16 @@ def test_groups_pool_their_agents(agents: trajstore.Store) -> None:
 
 def test_curves_per_agent_refuse_what_they_do_not_bin(agents: trajstore.Store) -> None:
     with pytest.raises(InputError, match="by: curves per agent bin each agent's own return or length"):
-        agents.binned_curves(by="agent_id", gamma=0.9)
+        plumbing(agents).binned_curves(by="agent_id", gamma=0.9)
     with pytest.raises(InputError, match="by: curves per agent"):
-        agents.binned_curves(by="agent_id", metric="episode_length")
+        plumbing(agents).binned_curves(by="agent_id", metric="episode_length")
     with pytest.raises(InputError, match="by: per-agent rows are by one of agent_id, agent_group, got 'run_id'"):
-        agents.binned_curves(by="run_id")
+        plumbing(agents).binned_curves(by="run_id")
 
 
 def test_a_store_without_agents_has_no_agent_curves(store: trajstore.Store) -> None:
     gym_rollout(store, "CartPole-v1", run_id="solo", num_envs=2, episodes=4, seed=0, progress=False)
-    empty = store.binned_curves(by="agent_id")
+    empty = plumbing(store).binned_curves(by="agent_id")
     assert empty.num_rows == 0 and empty.column_names[:3] == ["run_id", "env_id", "agent_id"]
 
 

@@ -38,7 +38,7 @@ def test_a_comparison_is_the_same_under_any_memory_bound_and_in_a_worker(study: 
     want = study.compare("config.algo", last=4, reps=1000, seed=7)
     profile = study.performance_profile("config.algo", thresholds=[-1, 0, 0.5, 1], last=4, reps=600, seed=2)
     improvement = study.probability_of_improvement("b", "a", by="config.algo", last=4, reps=700, seed=1)
-    curves = study.group_curves("config.algo", bins=3, reps=300, seed=5)
+    curves = study.curves(by="config.algo", bins=3, reps=300, seed=5)
     with bounded(Budget(memory_bytes=1 * MiB)):  # many blocks of 256 replications, one at a time
         assert study.compare("config.algo", last=4, reps=1000, seed=7).equals(want)
     with bounded(Budget(timeout_s=60, memory_bytes=64 * MiB, worker_bytes=512 * MiB)):  # as the service runs them
@@ -46,7 +46,7 @@ def test_a_comparison_is_the_same_under_any_memory_bound_and_in_a_worker(study: 
         assert study.performance_profile("config.algo", thresholds=[-1, 0, 0.5, 1], last=4, reps=600,
                                          seed=2).equals(profile)
         assert study.probability_of_improvement("b", "a", by="config.algo", last=4, reps=700, seed=1) == improvement
-        assert study.group_curves("config.algo", bins=3, reps=300, seed=5).equals(curves)
+        assert study.curves(by="config.algo", bins=3, reps=300, seed=5).equals(curves)
 
 
 def test_errors_found_in_a_worker_are_the_callers_own(study: trajstore.Store) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import trajstore
@@ -104,6 +105,7 @@ def test_normalized_scores_and_the_optimality_gap(study: tuple[trajstore.Store, 
     assert raw["value"].to_pylist() == [None, None]  # a gap to 1.0 only means something for normalized scores
 
 
+@pytest.mark.slow
 def test_probability_of_improvement_and_performance_profiles_equal_rliable(
         study: tuple[trajstore.Store, dict[str, np.ndarray]]) -> None:
     store, truth = study
@@ -165,6 +167,7 @@ def test_bad_requests_name_what_is_wrong(study: tuple[trajstore.Store, dict[str,
         store.probability_of_improvement("sac", "ppo", by="config.algo", reps=10)
 
 
+@pytest.mark.server
 def test_the_service_and_the_client_give_the_same_comparison(
         study: tuple[trajstore.Store, dict[str, np.ndarray]]) -> None:
     from tests.api.helpers import serve, settings_for
@@ -184,11 +187,41 @@ def test_the_service_and_the_client_give_the_same_comparison(
                 store.probability_of_improvement("dqn", "ppo", by="config.algo", last=3, reps=300)
             assert client.performance_profile("config.algo", thresholds=[5, 10], last=3, reps=300).equals(
                 store.performance_profile("config.algo", thresholds=[5, 10], last=3, reps=300))
-            assert client.group_curves("config.algo", bins=4, reps=200, aggregate="mean").equals(
-                store.group_curves("config.algo", bins=4, reps=200, aggregate="mean"))
+            assert client.curves(by="config.algo", bins=4, reps=200, aggregate="mean").equals(
+                store.curves(by="config.algo", bins=4, reps=200, aggregate="mean"))
             assert client.scores("config.algo", last=3).equals(store.scores("config.algo", last=3))
             with pytest.raises(RemoteError, match="422 .*metric: unknown aggregate"):
                 client.compare("config.algo", metric="median(reward)")
+
+
+def test_rest_curves_take_by_as_python_does(study: tuple[trajstore.Store, dict[str, np.ndarray]]) -> None:
+    """``GET /curves?by=config.algo`` groups runs as ``store.curves(by=…)`` does (the same rows as
+    ``/curves/groups``), as Arrow or JSON rows, under the budget of the routes that compute per request; without
+    ``by`` it answers each run's episodes, as before."""
+    import httpx
+
+    from tests.api.helpers import serve, settings_for
+    from trajstore.api.app import create_app
+    from trajstore.remote.wire import ARROW_STREAM
+
+    store, _ = study
+    want = store.curves(by="config.algo", bins=4, reps=200, seed=1)
+    assert want.num_rows > 0 and "config.algo" in want.column_names
+    query = {"by": "config.algo", "bins": 4, "reps": 200, "seed": 1}
+    for live in serve(create_app(settings_for(store.root, compute_max_concurrent=1))):
+        arrow = httpx.get(f"{live.url}/curves", params=query, headers={"Accept": ARROW_STREAM})
+        assert arrow.status_code == 200, arrow.text
+        assert pa.ipc.open_stream(arrow.content).read_all().equals(want)
+        groups = httpx.get(f"{live.url}/curves/groups", params=query, headers={"Accept": ARROW_STREAM})
+        assert pa.ipc.open_stream(groups.content).read_all().equals(want)
+        rows = httpx.get(f"{live.url}/curves", params=query).json()
+        assert [r["bin"] for r in rows] == want["bin"].to_pylist()
+        assert [r["value"] for r in rows] == pytest.approx(want["value"].to_pylist())
+        run = store.runs()["run_id"][0].as_py()
+        per_run = httpx.get(f"{live.url}/curves", params={"run_id": run}).json()  # the dashboard's, as before
+        assert [s["run_id"] for s in per_run["series"]] == [run]
+        refused = httpx.get(f"{live.url}/curves", params={"by": "config.algo", "gamma": 0.9})
+        assert refused.status_code == 422 and "gamma: not with by=" in refused.json()["detail"]
 
 
 def test_trajstore_compare_prints_the_comparison(study: tuple[trajstore.Store, dict[str, np.ndarray]],

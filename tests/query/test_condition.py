@@ -100,6 +100,7 @@ def conditions(draw: st.DrawFn, depth: int = 0) -> tuple[str, Any]:
     return f"{a} OR {b}", lambda r: fa(r) or fb(r)  # OR binds loosest: no parentheses needed
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(conditions())
 def test_random_conditions_select_as_python_evaluates_them(case: tuple[str, Any]) -> None:

@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 import trajstore
-from tests.helpers import make_batch
+from tests.helpers import engine_of, make_batch
 from trajstore.errors import RunNotFoundError
+from trajstore.store import plumbing
 from trajstore.write.episode_ids import COUNTER_BITS
 
 SPENT = 1 << (COUNTER_BITS - 1)
@@ -150,7 +151,7 @@ def ingested_rows(lengths: list[int], first_id: int) -> pa.Table:
 
 
 def test_episodes_without_env_steps_add_their_length(store: trajstore.Store) -> None:
-    store.ingest(ingested_rows([4, 7, 2], first_id=1), run_id="old", env_id="e")
+    plumbing(store).ingest(ingested_rows([4, 7, 2], first_id=1), run_id="old", env_id="e")
     assert store.sql("SELECT count(*) AS n FROM steps WHERE env_steps IS NULL")["n"].to_pylist() == [13]
     assert store.episodes()["env_steps"].to_pylist() == [None, None, None]
     assert store.episodes().schema.field("env_steps").type == pa.int64()
@@ -241,7 +242,7 @@ def reference_bins(store: trajstore.Store, x: str, y: str, bins: int, gamma: flo
     ("env_steps", "episode_return", 1, None), ("episode_index", "episode_return", 2000, None)])
 def test_binned_curves_match_numpy(learning_store: trajstore.Store, x: str, y: str, bins: int,
                                    gamma: float | None) -> None:
-    got = learning_store.binned_curves(x=x, y=y, bins=bins, gamma=gamma).to_pylist()
+    got = plumbing(learning_store).binned_curves(x=x, y=y, bins=bins, gamma=gamma).to_pylist()
     want = reference_bins(learning_store, x, y, bins, gamma)
     assert [(r["run_id"], r["bin"], r["count"]) for r in got] == [(r["run_id"], r["bin"], r["count"]) for r in want]
     for g, w in zip(got, want):
@@ -252,13 +253,13 @@ def test_binned_curves_match_numpy(learning_store: trajstore.Store, x: str, y: s
 
 
 def test_binned_curves_select_runs_and_keep_their_size(learning_store: trajstore.Store) -> None:
-    one = learning_store.binned_curves(run_id="ppo-seed1", bins=40)
+    one = plumbing(learning_store).binned_curves(run_id="ppo-seed1", bins=40)
     assert set(one["run_id"].to_pylist()) == {"ppo-seed1"}
     assert one.num_rows <= 40
-    both = learning_store.binned_curves(run_id=["ppo-seed0", "ppo-seed2"], bins=40)
+    both = plumbing(learning_store).binned_curves(run_id=["ppo-seed0", "ppo-seed2"], bins=40)
     assert set(both["run_id"].to_pylist()) == {"ppo-seed0", "ppo-seed2"}
     with pytest.raises(RunNotFoundError, match="run_id: no run 'absent'"):
-        learning_store.binned_curves(run_id="absent")
+        plumbing(learning_store).binned_curves(run_id="absent")
 
 
 def dense_counts(got: pa.Table, run: str, bins: int) -> np.ndarray:
@@ -273,7 +274,7 @@ def test_histogram_of_real_values_matches_numpy(learning_store: trajstore.Store)
     ys = np.array(curve["discounted_return"], float)
     assert not np.all(ys == np.round(ys))
     edges = np.histogram_bin_edges(ys, 25)
-    got = learning_store.histogram(y="discounted_return", gamma=0.9, bins=25)
+    got = plumbing(learning_store).histogram(y="discounted_return", gamma=0.9, bins=25)
     for run in sorted(set(curve["run_id"])):
         mine = np.array(curve["run_id"]) == run
         np.testing.assert_array_equal(dense_counts(got, run, 25), np.histogram(ys[mine], edges)[0])
@@ -284,7 +285,7 @@ def test_histogram_of_real_values_matches_numpy(learning_store: trajstore.Store)
 def test_whole_numbers_are_binned_on_whole_numbers(learning_store: trajstore.Store, bins: int) -> None:
     curve = learning_store.curves().to_pydict()
     ys = np.array(curve["episode_length"], float)
-    got = learning_store.histogram(y="episode_length", bins=bins)
+    got = plumbing(learning_store).histogram(y="episode_length", bins=bins)
     lo, hi = got["lo"].to_numpy(), got["hi"].to_numpy()
     width = hi[0] - lo[0]
     assert np.all(hi - lo == width) and width == int(width) >= 1  # every bin as many whole numbers wide
@@ -301,7 +302,7 @@ def test_whole_numbers_are_binned_on_whole_numbers(learning_store: trajstore.Sto
 def test_histogram_densities_compare_runs_of_different_sizes(learning_store: trajstore.Store) -> None:
     small = "run_id <> 'ppo-seed0' OR episode_id % 10 = 0"  # one run with a tenth of the others' episodes
     curve = learning_store.curves(where=small).to_pydict()
-    got = learning_store.histogram(y="episode_length", bins=30, density=True, where=small)
+    got = plumbing(learning_store).histogram(y="episode_length", bins=30, density=True, where=small)
     lo, hi = got["lo"].to_numpy(), got["hi"].to_numpy()
     edges = lo.min() + (hi[0] - lo[0]) * np.arange(int(got["bin"].to_numpy().max()) + 2)
     ys = np.array(curve["episode_length"], float)
@@ -318,8 +319,8 @@ def test_histogram_densities_compare_runs_of_different_sizes(learning_store: tra
 
 
 def test_binned_curves_of_an_empty_store(store: trajstore.Store) -> None:
-    assert store.binned_curves().num_rows == 0
-    assert store.histogram().num_rows == 0
+    assert plumbing(store).binned_curves().num_rows == 0
+    assert plumbing(store).histogram().num_rows == 0
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -328,7 +329,7 @@ def test_binned_curves_of_an_empty_store(store: trajstore.Store) -> None:
     ({"y": "discounted_return"}, "discounted_return needs gamma")])
 def test_binned_curves_refuse_bad_arguments(store: trajstore.Store, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(trajstore.InputError, match=message):
-        store.binned_curves(**kwargs)
+        plumbing(store).binned_curves(**kwargs)
 
 
 def test_latest_stats_are_those_of_each_series_last_episodes(learning_store: trajstore.Store) -> None:
@@ -338,7 +339,7 @@ def test_latest_stats_are_those_of_each_series_last_episodes(learning_store: tra
     rows = sorted((e for e in learning_store.episodes(complete=True).to_pylist()),
                   key=lambda e: (e["run_id"], e["env_id"], e["ended_at"], e["env_steps"], e["episode_id"]))
     for last in (1, 7, 100, 10**6):
-        got = learning_store.latest_stats(last, gamma=0.9).to_pylist()
+        got = plumbing(learning_store).latest_stats(last, gamma=0.9).to_pylist()
         series = sorted({(e["run_id"], e["env_id"]) for e in rows})
         assert [(g["run_id"], g["env_id"]) for g in got] == series
         for g in got:
@@ -349,20 +350,20 @@ def test_latest_stats_are_those_of_each_series_last_episodes(learning_store: tra
                 assert g["n_traj"] == len(values)
                 want = {"mean": np.mean(values), "std": np.std(values), "min": min(values), "max": max(values)}
                 assert {k: g[f"{prefix}_{k}"] for k in want} == pytest.approx(want, rel=1e-9), (prefix, last)
-    assert "discounted_return_mean" not in learning_store.latest_stats(5).column_names
+    assert "discounted_return_mean" not in plumbing(learning_store).latest_stats(5).column_names
     with pytest.raises(trajstore.InputError, match="last: must be a whole number of episodes >= 1, got 0"):
-        learning_store.latest_stats(0)
+        plumbing(learning_store).latest_stats(0)
 
 
 def test_every_episode_sorted_without_sql_is_the_sql_walk(store: trajstore.Store) -> None:
     """The curves of every episode sort the kept episodes rows by numpy (text in byte order, null env_steps last):
     the rows and types of the SQL walk (taken when episodes are chosen)."""
-    store.ingest(ingested_rows([4, 7, 2], first_id=1), run_id="old", env_id="e")  # no env_steps
+    plumbing(store).ingest(ingested_rows([4, 7, 2], first_id=1), run_id="old", env_id="e")  # no env_steps
     rng = np.random.default_rng(7)
     for run in ("b", "a b", "Z", "é"):
         write(store, rng, calls=3, run_id=run)
     write(store, rng, calls=2, run_id="old")
-    with store.engine.query_snapshot(episodes="fill") as snap:
+    with engine_of(store).query_snapshot(episodes="fill") as snap:
         assert snap.materialized is not None  # the rows the fast path sorts
     fast, by_sql = store.curves(), store.curves(where="true")
     assert fast.num_rows > 20 and fast.schema == by_sql.schema

@@ -11,7 +11,7 @@ import pytest
 
 import trajstore
 from tests import delta_protocol
-from tests.helpers import step_keys, write_commits
+from tests.helpers import step_keys, steps_table, write_commits
 from trajstore.errors import UnsupportedTableError
 from trajstore.query.follow import new_commits
 
@@ -68,7 +68,7 @@ def test_a_commit_adding_rows_marked_deleted_is_refused_not_followed(store: traj
     removes it (the latest version reads): following past that commit refuses it, naming the feature and the version,
     rather than deliver rows no version holds."""
     write_commits(store, 1)
-    start, table = store.version, store.table.path
+    start, table = store.version, steps_table(store).path
     rel, add = next(iter(delta_protocol.live_adds(table).items()))
     copy = rel.replace(".parquet", "-copy.parquet")
     shutil.copyfile(table / rel, table / copy)
@@ -78,7 +78,7 @@ def test_a_commit_adding_rows_marked_deleted_is_refused_not_followed(store: traj
     gone = {"path": copy, "dataChange": True, "deletionTimestamp": 1, "deletionVector": marked["deletionVector"],
             "partitionValues": add["partitionValues"], "size": add["size"]}
     delta_protocol.commit(table, [{"remove": gone}], "DELETE")
-    assert len(store.files()) == 1  # the latest version reads
+    assert len(store.maintain.files()) == 1  # the latest version reads
     with pytest.raises(UnsupportedTableError, match=f"at version {added}: .*reader feature deletionVectors"):
         list(store.follow(since=start, timeout=0))
 
@@ -92,7 +92,7 @@ def test_waiting_backs_off_instead_of_polling_hard(store: trajstore.Store) -> No
         waits.append(s)
         now[0] += s
 
-    assert len(list(new_commits(store.table, since=-1, poll=1.0, timeout=10.0, sleep=sleep,
+    assert len(list(new_commits(steps_table(store), since=-1, poll=1.0, timeout=10.0, sleep=sleep,
                                 clock=lambda: now[0]))) == store.version + 1
     assert waits[:7] == pytest.approx([0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0])
     assert len(waits) < 20 and sum(waits) == pytest.approx(10.0)

@@ -14,6 +14,7 @@ import trajstore
 from tests.integrations.test_info_keys import SuccessEnv
 from trajstore.errors import InputError
 from trajstore.integrations import RecordToStore
+from trajstore.store import plumbing
 
 RUNS = {"a": (0, 400), "b": (1, 150)}  # run -> (seed, steps)
 
@@ -67,7 +68,7 @@ def test_curves_binned_curves_and_histograms_take_a_metric(
     for run in RUNS:
         mine = curve.filter(pa.compute.equal(curve["run_id"], run))["metric"].to_pylist()
         assert sorted(mine) == pytest.approx(sorted(e["cost_sum"] for e in truth[run]))
-    binned = store.binned_curves(metric="last(is_success)", bins=5)
+    binned = plumbing(store).binned_curves(metric="last(is_success)", bins=5)
     for run in RUNS:
         rows = binned.filter(pa.compute.equal(binned["run_id"], run)).to_pydict()
         assert sum(rows["count"]) == len(truth[run])
@@ -75,13 +76,13 @@ def test_curves_binned_curves_and_histograms_take_a_metric(
             pytest.approx(sum(e["success"] for e in truth[run]))
     everything = np.array([e["cost_sum"] for run in RUNS for e in truth[run]])
     edges = np.histogram_bin_edges(everything, 7)
-    hist = store.histogram(metric="sum(cost)", bins=7)
+    hist = plumbing(store).histogram(metric="sum(cost)", bins=7)
     for run in RUNS:
         rows = hist.filter(pa.compute.equal(hist["run_id"], run)).to_pydict()
         dense = np.zeros(7, int)
         dense[rows["bin"]] = rows["count"]
         np.testing.assert_array_equal(dense, np.histogram([e["cost_sum"] for e in truth[run]], edges)[0])
-    success = store.histogram(metric="last(is_success)", bins=60, density=True).to_pydict()
+    success = plumbing(store).histogram(metric="last(is_success)", bins=60, density=True).to_pydict()
     assert sorted(set(success["lo"])) == [-0.5, 0.5]  # 0 and 1, each in a bin of its own
 
 
@@ -94,12 +95,13 @@ def test_a_wrong_metric_is_named(recorded: tuple[trajstore.Store, dict[str, list
                                  kwargs: dict[str, Any], message: str) -> None:
     store, _ = recorded
     with pytest.raises(InputError, match=message):
-        store.histogram(**kwargs)
+        plumbing(store).histogram(**kwargs)
     if "y" not in kwargs:
         with pytest.raises(InputError, match=message):
             store.stats(**kwargs)
 
 
+@pytest.mark.server
 def test_the_service_and_the_client_take_a_metric(
         recorded: tuple[trajstore.Store, dict[str, list[dict[str, Any]]]]) -> None:
     import httpx

@@ -5,6 +5,7 @@ what cannot be one column; external Delta readers see honest, typed columns."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,11 @@ import pyarrow as pa
 import pytest
 
 import trajstore
-from tests.helpers import make_batch, stacked_stream
+from tests.helpers import make_batch, stacked_stream, steps_table
 from trajstore.errors import InputError
 from trajstore.rollout import gym_rollout
 from trajstore.schema import to_numpy
+from trajstore.store import plumbing
 
 IMAGE = "Breakout-like-v0"
 
@@ -45,7 +47,7 @@ def test_statistics_episodes_and_sql_work_across_every_environment(mixed: tuple[
     assert store.stats(by="env_id", include_incomplete=True)["env_id"].to_pylist() == envs
     assert sorted(set(store.episodes(limit=None)["env_id"].to_pylist())) == envs
     counts = store.sql("SELECT env_id, count(*) AS n, sum(reward) AS r FROM steps GROUP BY env_id ORDER BY env_id")
-    per_env = {env: sum(f.rows for f in store.files() if f.env_id == env) for env in envs}
+    per_env = {env: sum(f.rows for f in store.maintain.files() if f.env_id == env) for env in envs}
     assert counts["env_id"].to_pylist() == envs and counts["n"].to_pylist() == list(per_env.values())
     assert per_env[IMAGE] == 60 and per_env["Dict-v0"] == 50
     assert store.sql("SELECT DISTINCT typeof(action) AS t FROM steps")["t"].to_pylist() == ["VARIANT"]
@@ -91,7 +93,7 @@ def test_mixing_what_cannot_be_one_column_names_the_environments(mixed: tuple[tr
         list(store.iter_batches(columns=["obs"]))
     with pytest.raises(InputError, match=r"columns: 'obs' is stored in types that cannot be one array"):
         store.sequences(4, columns=["obs"], where="env_id IN ('CartPole-v1', 'Pendulum-v1')")
-    total = sum(f.rows for f in store.files())
+    total = sum(f.rows for f in store.maintain.files())
     assert store.scan(["reward", "episode_id"]).read_all().num_rows == total  # columns every env stores alike
 
 
@@ -100,13 +102,13 @@ def test_the_log_holds_typed_columns_that_external_delta_readers_read(mixed: tup
     import polars as pl
 
     store, _ = mixed
-    log = {f.name: f.type for f in store.table.log.read().schema}
+    log = {f.name: f.type for f in steps_table(store).log.read().schema}
     assert log["action"] == pa.int64() and log["action__float32_1d"] == pa.list_(pa.float32())
     assert log["obs"] == pa.list_(pa.float32()) and log["obs_new_frames"] == pa.list_(pa.binary())  # named so
     assert [n for n in log if n.startswith("obs__struct_")]  # the Dict observation's struct
     path = Path(str(store.root)) / "steps"
     dataset = deltalake.DeltaTable(str(path)).to_pyarrow_dataset()
-    total = sum(f.rows for f in store.files())
+    total = sum(f.rows for f in store.maintain.files())
     assert dataset.count_rows() == total
     table = dataset.to_table(columns=["env_id", "action", "action__float32_1d", "obs_new_frames"])
     per_env = {env: table.filter(pa.compute.equal(table["env_id"], env)) for env in ("CartPole-v1", "Pendulum-v1")}
@@ -123,13 +125,14 @@ def test_the_log_holds_typed_columns_that_external_delta_readers_read(mixed: tup
 
 def test_sandboxed_sql_takes_the_same_selection(mixed: tuple[trajstore.Store, Any]) -> None:
     store, written = mixed
-    result = store.sandboxed_sql("SELECT t, env_index, obs FROM steps ORDER BY t, env_index", env_id="Dict-v0")
+    result = plumbing(store).sandboxed_sql("SELECT t, env_index, obs FROM steps ORDER BY t, env_index",
+                                           env_id="Dict-v0")
     pos = np.array([r["pos"] for r in result.table["obs"].to_pylist()])
     t, b = result.table["t"].to_numpy(), result.table["env_index"].to_numpy()
     np.testing.assert_array_equal(pos, written["dict"]["obs"]["pos"][t, b])
-    images = store.sandboxed_sql("SELECT obs FROM steps LIMIT 3", run_id="pixels").table
+    images = plumbing(store).sandboxed_sql("SELECT obs FROM steps LIMIT 3", run_id="pixels").table
     assert np.array(images["obs"].to_pylist(), np.uint8).shape == (3, 4, 84, 84)
-    for query in (store.sql, store.sandboxed_sql):  # an unknown run is named, as by every reader
+    for query in (store.sql, plumbing(store).sandboxed_sql):  # an unknown run is named, as by every reader
         with pytest.raises(trajstore.RunNotFoundError, match="pixel"):
             query("SELECT count(*) FROM steps", run_id="pixel")
 
@@ -170,6 +173,7 @@ def test_exports_take_one_environment_and_name_those_that_cannot_be_mixed(mixed:
         np.testing.assert_array_equal(episode.next_obs, to_numpy(rows["next_obs"]))
 
 
+@pytest.mark.server
 def test_the_service_and_the_client_work_per_environment(mixed: tuple[trajstore.Store, Any]) -> None:
     """Over REST as in the library: statistics across everything, arrays per environment in their own types, and
     a mix that cannot be one array refused with a problem naming the column and the env ids."""
@@ -192,3 +196,32 @@ def test_the_service_and_the_client_work_per_environment(mixed: tuple[trajstore.
                 next(client.iter_batches(batch_size=16, columns=["action"], run_id="gym"))
         answer = httpx.get(f"{live.url}/steps", params={"columns": "action"})
         assert answer.status_code == 422 and "CartPole-v1" in answer.json()["detail"], answer.text
+
+
+def test_a_column_typed_differently_reads_in_each_env_s_own_type(mixed: tuple[trajstore.Store, Any]) -> None:
+    """``action`` is CartPole's int64 and Pendulum's float32[1]: a query that selects one environment's rows gets its
+    own values in its own type (as with ``env_id=``), never VARIANT structs; one that mixes them gets each value's
+    JSON text."""
+    store, _ = mixed
+    order = "ORDER BY env_id, episode_id, step, env_index"
+    for env, arrow_type in (("CartPole-v1", pa.int64()), ("Pendulum-v1", pa.list_(pa.float32()))):
+        got = store.sql(f"SELECT action FROM steps WHERE env_id = '{env}' {order}")
+        own = store.sql(f"SELECT action FROM steps {order}", env_id=env)
+        assert got.schema.field("action").type == own.schema.field("action").type == arrow_type
+        assert got.equals(own) and got.num_rows > 0
+    both = store.sql(f"SELECT env_id, action FROM steps WHERE run_id = 'gym' {order}")
+    assert both.schema.field("action").type == pa.string()
+    own = store.sql(f"SELECT env_id, action FROM steps {order}", env_id=["CartPole-v1"]).to_pylist() + \
+        store.sql(f"SELECT env_id, action FROM steps {order}", env_id=["Pendulum-v1"]).to_pylist()
+    decoded = [json.loads(a) for a in both["action"].to_pylist()]
+    assert decoded[:3] == [r["action"] for r in own[:3]] and all(isinstance(a, int) for a in decoded[:3])
+    assert decoded[-1] == pytest.approx(own[-1]["action"]) and isinstance(decoded[-1], list)
+    assert len(decoded) == len(own)
+
+
+def test_the_sandbox_gives_a_mixed_column_as_json_text(mixed: tuple[trajstore.Store, Any]) -> None:
+    store, _ = mixed
+    query = "SELECT env_id, action FROM steps WHERE run_id = 'gym' ORDER BY env_id, episode_id, step, env_index"
+    sandboxed = plumbing(store).sandboxed_sql(query).table
+    assert sandboxed.schema.field("action").type == pa.string()
+    assert sandboxed.equals(store.sql(query))

@@ -105,7 +105,7 @@ def test_return_to_go_of_episodes_split_over_files_and_envs(store: trajstore.Sto
             batch = {k: np.repeat(v, B, axis=1) for k, v in batch.items()}
             batch["reward"], batch["terminated"] = rewards[sl], terminated[sl]
             w.add_batch(batch)
-    assert len(store.files()) > 1
+    assert len(store.maintain.files()) > 1
     table = store.returns(gamma=gamma, per="step")
     got = {(i, s): g for i, s, g in zip(table["episode_id"].to_pylist(), table["step"].to_pylist(),
                                          table["return_to_go"].to_pylist())}

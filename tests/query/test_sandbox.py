@@ -29,6 +29,7 @@ from trajstore.errors import (
     ResultTooLargeError,
 )
 from trajstore.query import sandbox, sql_worker
+from trajstore.store import plumbing
 
 MiB = 1 << 20
 IN_PROCESS = [None, sandbox.WORKER_BYTES]  # worker_bytes: the query runs here, or in a worker
@@ -60,9 +61,10 @@ def test_exactly_one_statement_and_syntax_errors() -> None:
 
 @pytest.mark.parametrize("worker_bytes", IN_PROCESS)
 def test_rows_are_cut_at_the_limit_and_said_so(filled: trajstore.Store, worker_bytes: int | None) -> None:
-    result = filled.sandboxed_sql("SELECT step FROM steps", sandbox.Limits(max_rows=7, worker_bytes=worker_bytes))
+    result = plumbing(filled).sandboxed_sql("SELECT step FROM steps",
+                                            sandbox.Limits(max_rows=7, worker_bytes=worker_bytes))
     assert result.table.num_rows == 7 and result.truncated
-    whole = filled.sandboxed_sql("SELECT count(*) AS n FROM steps", sandbox.Limits(max_rows=7,
+    whole = plumbing(filled).sandboxed_sql("SELECT count(*) AS n FROM steps", sandbox.Limits(max_rows=7,
                                                                                   worker_bytes=worker_bytes))
     assert whole.table["n"][0].as_py() == 200 and not whole.truncated
 
@@ -71,9 +73,9 @@ def test_rows_are_cut_at_the_limit_and_said_so(filled: trajstore.Store, worker_b
 def test_files_outside_the_store_are_refused(filled: trajstore.Store, worker_bytes: int | None) -> None:
     limits = sandbox.Limits(worker_bytes=worker_bytes)
     with pytest.raises(QueryRefusedError, match="reaches outside the store"):
-        filled.sandboxed_sql("SELECT * FROM read_csv('/etc/passwd')", limits)
+        plumbing(filled).sandboxed_sql("SELECT * FROM read_csv('/etc/passwd')", limits)
     with pytest.raises(QueryError, match="getenv does not exist"):
-        filled.sandboxed_sql("SELECT getenv('HOME')", limits)
+        plumbing(filled).sandboxed_sql("SELECT getenv('HOME')", limits)
 
 
 @pytest.mark.parametrize("worker_bytes", IN_PROCESS)
@@ -81,8 +83,9 @@ def test_no_extension_is_installed_or_loaded_for_a_query(filled: trajstore.Store
     """A function of a known extension is refused naming it; DuckDB does not try to install the extension (with
     autoinstall on it would: "An error occurred while trying to automatically install the required extension")."""
     limits = sandbox.Limits(worker_bytes=worker_bytes)
-    settings = filled.sandboxed_sql("SELECT name, value FROM duckdb_settings() WHERE name IN ('autoinstall_known_"
-                                    "extensions', 'autoload_known_extensions') ORDER BY name", limits)
+    settings = plumbing(filled).sandboxed_sql("SELECT name, value FROM duckdb_settings() WHERE name IN "
+                                              "('autoinstall_known_extensions', 'autoload_known_extensions') "
+                                              "ORDER BY name", limits)
     assert settings.table.to_pylist() == [{"name": "autoinstall_known_extensions", "value": "false"},
                                           {"name": "autoload_known_extensions", "value": "false"}]
     for query, function, extension in [("SELECT * FROM sqlite_scan('x.db', 't')", "sqlite_scan", "sqlite_scanner"),
@@ -90,7 +93,7 @@ def test_no_extension_is_installed_or_loaded_for_a_query(filled: trajstore.Store
                                        ("SELECT * FROM delta_scan('steps')", "delta_scan", "delta")]:
         with pytest.raises(QueryRefusedError, match=f"query: {function} is a function of DuckDB's {extension} "
                                                     "extension, which the sandbox neither installs nor loads"):
-            filled.sandboxed_sql(query, limits)
+            plumbing(filled).sandboxed_sql(query, limits)
 
 
 @pytest.mark.parametrize("query", [
@@ -102,13 +105,13 @@ def test_a_query_past_the_workers_memory_is_stopped_and_the_next_one_runs(filled
     limits = sandbox.Limits(worker_bytes=256 * MiB, memory_limit="4GB")  # DuckDB's own limit out of the way
     with pytest.raises(QueryMemoryError, match=r"limit of 256 MiB of the worker process it runs in "
                                                r"\(sql_worker_bytes\)"):
-        filled.sandboxed_sql(query, limits)
-    assert filled.sandboxed_sql("SELECT count(*) AS n FROM steps", limits).table["n"].to_pylist() == [200]
+        plumbing(filled).sandboxed_sql(query, limits)
+    assert plumbing(filled).sandboxed_sql("SELECT count(*) AS n FROM steps", limits).table["n"].to_pylist() == [200]
 
 
 def test_duckdbs_own_memory_limit_is_named(filled: trajstore.Store) -> None:
     with pytest.raises(QueryMemoryError, match=r"memory limit of 20MB \(sql_memory_limit"):
-        filled.sandboxed_sql("SELECT list(i) FROM range(100000000) t(i) GROUP BY i % 3",
+        plumbing(filled).sandboxed_sql("SELECT list(i) FROM range(100000000) t(i) GROUP BY i % 3",
                              sandbox.Limits(memory_limit="20MB"))
 
 
@@ -166,17 +169,18 @@ def busy_worker(timeout_s: float = 30.0) -> int:
 SLOW_SQL = "SELECT count(*) FROM range(1000000000000) a"  # busy until its time limit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV], ids=["killed", "crashed"])
 def test_a_worker_that_dies_mid_query_is_said_to_have_died_not_memory_and_is_replaced(
         filled: trajstore.Store, sig: signal.Signals) -> None:
     limits = sandbox.Limits(timeout_s=60, worker_bytes=300 * MiB)
-    filled.sandboxed_sql("SELECT 1", limits)  # the pool of this size has started
+    plumbing(filled).sandboxed_sql("SELECT 1", limits)  # the pool of this size has started
     quiet_workers()
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            filled.sandboxed_sql(SLOW_SQL, limits)
+            plumbing(filled).sandboxed_sql(SLOW_SQL, limits)
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             errors.append(exc)
 
@@ -190,7 +194,7 @@ def test_a_worker_that_dies_mid_query_is_said_to_have_died_not_memory_and_is_rep
     assert f"the SQL worker process running it died before it answered (it was killed by signal {sig.value} " \
            f"({sig.name})): it was killed" in message and "or it crashed" in message, message
     assert "run it again" in message and "sql_worker_bytes" not in message
-    assert filled.sandboxed_sql("SELECT count(*) AS n FROM steps", limits).table["n"].to_pylist() == [200]
+    assert plumbing(filled).sandboxed_sql("SELECT count(*) AS n FROM steps", limits).table["n"].to_pylist() == [200]
 
 
 def test_an_expression_that_ignores_the_interrupt_is_stopped_at_the_time_limit(
@@ -198,12 +202,12 @@ def test_an_expression_that_ignores_the_interrupt_is_stopped_at_the_time_limit(
     # one list of 20M items takes seconds, unaware of DuckDB's interrupt
     monkeypatch.setattr(sql_worker, "GRACE_S", 0.2)
     limits = sandbox.Limits(timeout_s=0.3)
-    filled.sandboxed_sql("SELECT 1", limits)
+    plumbing(filled).sandboxed_sql("SELECT 1", limits)
     started = time.monotonic()
     with pytest.raises(QueryTimeoutError, match="time limit of 0.3 s"):
-        filled.sandboxed_sql("SELECT len(range(20000000))", limits)
+        plumbing(filled).sandboxed_sql("SELECT len(range(20000000))", limits)
     assert time.monotonic() - started < 2.0  # the worker was killed, not waited for
-    assert filled.sandboxed_sql("SELECT count(*) AS n FROM steps", limits).table["n"].to_pylist() == [200]
+    assert plumbing(filled).sandboxed_sql("SELECT count(*) AS n FROM steps", limits).table["n"].to_pylist() == [200]
 
 
 def test_a_bad_worker_memory_is_refused_naming_the_setting() -> None:
@@ -213,7 +217,7 @@ def test_a_bad_worker_memory_is_refused_naming_the_setting() -> None:
 
 def test_time_limit(filled: trajstore.Store) -> None:
     with pytest.raises(QueryTimeoutError, match="time limit of 0.3 s"):
-        filled.sandboxed_sql("SELECT count(*) FROM range(1000000000000) a, range(100) b",
+        plumbing(filled).sandboxed_sql("SELECT count(*) FROM range(1000000000000) a, range(100) b",
                              sandbox.Limits(timeout_s=0.3))
 
 
@@ -226,12 +230,12 @@ def test_the_trusted_path_is_not_sandboxed(filled: trajstore.Store) -> None:
 def test_the_stores_own_log_and_uncommitted_files_are_refused(filled: trajstore.Store, query: str) -> None:
     plant_uncommitted(filled.root)
     with pytest.raises(QueryRefusedError, match="outside the store"):
-        filled.sandboxed_sql(query.format(root=filled.root))
+        plumbing(filled).sandboxed_sql(query.format(root=filled.root))
 
 
 @pytest.mark.parametrize("query", PATH_REVEALING)
 def test_settings_and_views_name_no_path_of_the_store(filled: trajstore.Store, query: str) -> None:
-    text = str(filled.sandboxed_sql(query).table.to_pylist())
+    text = str(plumbing(filled).sandboxed_sql(query).table.to_pylist())
     assert str(filled.root) not in text and str(filled.root.resolve()) not in text
     assert str(Path.cwd()) not in text  # nor of the process (DuckDB's temporary directory is relative to it)
 
@@ -239,14 +243,14 @@ def test_settings_and_views_name_no_path_of_the_store(filled: trajstore.Store, q
 def test_the_views_read_the_committed_steps(filled: trajstore.Store) -> None:
     plant_uncommitted(filled.root)
     q = "SELECT * FROM steps ORDER BY episode_id, step"
-    assert filled.sandboxed_sql(q, sandbox.Limits(max_rows=None)).table.equals(filled.sql(q))
+    assert plumbing(filled).sandboxed_sql(q, sandbox.Limits(max_rows=None)).table.equals(filled.sql(q))
 
 
 def test_an_interrupt_while_batches_are_fetched_is_the_time_limit(filled: trajstore.Store) -> None:
     # a result that streams for longer than the limit: DuckDB's interrupt arrives as an OSError from the reader
     limits = sandbox.Limits(max_rows=None, max_bytes=None, timeout_s=0.3)
     with pytest.raises(QueryTimeoutError, match="time limit of 0.3 s"):
-        filled.sandboxed_sql("SELECT i, md5(i::VARCHAR) AS h FROM range(1000000000000) t(i)", limits)
+        plumbing(filled).sandboxed_sql("SELECT i, md5(i::VARCHAR) AS h FROM range(1000000000000) t(i)", limits)
 
 
 def test_the_time_limit_covers_encoding(filled: trajstore.Store) -> None:
@@ -256,8 +260,8 @@ def test_the_time_limit_covers_encoding(filled: trajstore.Store) -> None:
             yield b"x"
 
     with pytest.raises(QueryTimeoutError, match="time limit of 0.3 s"):
-        filled.sandboxed_sql("SELECT 1 AS x", sandbox.Limits(timeout_s=0.3), encode=slow)
-    body = filled.sandboxed_sql("SELECT 1 AS x", sandbox.Limits(timeout_s=30), encode=slow).body
+        plumbing(filled).sandboxed_sql("SELECT 1 AS x", sandbox.Limits(timeout_s=0.3), encode=slow)
+    body = plumbing(filled).sandboxed_sql("SELECT 1 AS x", sandbox.Limits(timeout_s=30), encode=slow).body
     assert body == b"x" * 20
 
 
@@ -269,8 +273,8 @@ def test_the_time_limit_covers_encoding(filled: trajstore.Store) -> None:
 ])
 def test_the_result_is_cut_at_its_size_while_it_is_fetched(filled: trajstore.Store, query: str) -> None:
     with pytest.raises(ResultTooLargeError, match="larger than the limit of 9.766 KiB"):
-        filled.sandboxed_sql(query, sandbox.Limits(max_bytes=10_000))
-    assert filled.sandboxed_sql(query, sandbox.Limits(max_bytes=100_000)).table.num_rows >= 1
+        plumbing(filled).sandboxed_sql(query, sandbox.Limits(max_bytes=10_000))
+    assert plumbing(filled).sandboxed_sql(query, sandbox.Limits(max_bytes=100_000)).table.num_rows >= 1
 
 
 def test_the_body_is_cut_at_its_size_while_it_is_encoded(filled: trajstore.Store) -> None:
@@ -278,8 +282,8 @@ def test_the_body_is_cut_at_its_size_while_it_is_encoded(filled: trajstore.Store
         yield from (b"y" * 1000 for _ in range(result.table.num_rows))
 
     with pytest.raises(ResultTooLargeError, match="sql_max_bytes"):
-        filled.sandboxed_sql("SELECT 1 FROM range(20)", sandbox.Limits(max_bytes=10_000), encode=wide)
-    assert len(filled.sandboxed_sql("SELECT 1 FROM range(5)", sandbox.Limits(max_bytes=10_000),
+        plumbing(filled).sandboxed_sql("SELECT 1 FROM range(20)", sandbox.Limits(max_bytes=10_000), encode=wide)
+    assert len(plumbing(filled).sandboxed_sql("SELECT 1 FROM range(5)", sandbox.Limits(max_bytes=10_000),
                                     encode=wide).body or b"") == 5000
 
 
@@ -313,8 +317,8 @@ def test_the_gate_refuses_at_once_and_a_slot_is_given_back_once() -> None:
 
 
 def test_a_committed_file_gone_after_the_schema_was_read_is_damage(filled: trajstore.Store) -> None:
-    filled.sandboxed_sql("SELECT count(*) FROM steps")  # the steps view's schema is now known for this version
-    victim = filled.files()[0].path
+    plumbing(filled).sandboxed_sql("SELECT count(*) FROM steps")  # the steps view's schema is now known
+    victim = filled.maintain.files()[0].path
     Path(victim).unlink()
     with pytest.raises(trajstore.errors.StoreDamagedError, match="is missing; the store is damaged"):
-        filled.sandboxed_sql("SELECT count(*) FROM steps")
+        plumbing(filled).sandboxed_sql("SELECT count(*) FROM steps")

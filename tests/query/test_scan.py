@@ -50,7 +50,7 @@ def test_every_column_matches_the_steps_view_in_rows_order_and_types(mixed: traj
         columns = snap.step_columns
     got = mixed.scan(batch_size=7).read_all()
     assert same(got, in_duckdb(mixed, columns))
-    assert got.num_rows == sum(f.rows for f in mixed.files())
+    assert got.num_rows == sum(f.rows for f in mixed.maintain.files())
 
 
 @pytest.mark.parametrize(("kwargs", "where"), [
@@ -96,7 +96,7 @@ def test_episode_ids_select_their_steps_and_skip_other_files(mixed: trajstore.St
 def test_batches_are_at_most_batch_size_and_arrive_in_order(mixed: trajstore.Store) -> None:
     reader = mixed.scan(["episode_id", "step"], batch_size=16)
     sizes = [b.num_rows for b in reader]
-    assert max(sizes) == 16 and sum(sizes) == sum(f.rows for f in mixed.files())
+    assert max(sizes) == 16 and sum(sizes) == sum(f.rows for f in mixed.maintain.files())
 
 
 def test_an_empty_store_scans_to_no_rows_with_the_view_types(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
 
 
 def both(store: trajstore.Store, query: str) -> tuple[pa.Table, pa.Table]:
-    files = store.files()
+    files = store.maintain.files()
     with Snapshot(files) as parquet, Snapshot(files, registered=True) as dataset:
         return parquet.arrow(query), dataset.arrow(query)
 
@@ -42,7 +42,7 @@ def test_an_empty_store_has_the_same_typed_views(store: trajstore.Store) -> None
 
 
 def test_the_dataset_source_reads_no_file_through_duckdb(mixed: trajstore.Store) -> None:
-    files = mixed.files()
+    files = mixed.maintain.files()
     with Snapshot(files, registered=True) as snap:
         snap.con.execute("SET enable_external_access = false")
         assert snap.arrow("SELECT count(*) AS n FROM steps")["n"][0].as_py() == sum(f.rows for f in files)

@@ -84,6 +84,7 @@ def test_a_user_condition_cannot_reach_past_its_parentheses(store: trajstore.Sto
 RUN_IDS = st.text(min_size=1, max_size=24).filter(lambda s: id_problem(s, field="run_id") is None)  # writers take
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(run_id=RUN_IDS)
 def test_any_run_id_is_written_and_filtered_back_exactly(store: trajstore.Store, run_id: str) -> None:

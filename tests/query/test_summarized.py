@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 import trajstore
-from tests.helpers import make_batch, slice_batch
+from tests.helpers import engine_of, make_batch, slice_batch, steps_table
 from tests.storage.helpers import rows as ingest_rows
 from trajstore.errors import StoreDamagedError
 from trajstore.operations.ingest import append_rows
@@ -33,8 +33,9 @@ KEYS = [("run_id", "ascending"), ("env_id", "ascending"), ("episode_id", "ascend
 
 def reference(store: trajstore.Store) -> pa.Table:
     """The ``episodes`` view over the steps, as DuckDB aggregates it (no summary read)."""
-    files = store.engine.files()
-    with store.engine.snapshot(files, con=store.engine.cursor()) as snap:
+    engine = engine_of(store)
+    files = engine.files()
+    with engine.snapshot(files, con=engine.cursor()) as snap:
         return snap.arrow("SELECT * FROM episodes").sort_by(KEYS)
 
 
@@ -42,7 +43,7 @@ def combined(store: trajstore.Store, caplog: pytest.LogCaptureFixture, **restric
     """The ``episodes`` rows a query reads, combined from the summaries (the fallback to the view is a failure)."""
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="trajstore"):
-        with store.engine.query_snapshot(episodes="fill", **restrict) as snap:  # type: ignore[arg-type]
+        with engine_of(store).query_snapshot(episodes="fill", **restrict) as snap:  # type: ignore[arg-type]
             assert snap.episodes_materialized
             rows = snap.arrow("SELECT * FROM episodes").sort_by(KEYS)
     assert not [r for r in caplog.records if "summar" in r.getMessage()], caplog.text
@@ -125,11 +126,11 @@ def test_the_combined_rows_are_the_view_s_with_episodes_across_files(store: traj
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     rows = assert_same(store, caplog)
     assert not all(rows["complete"].to_pylist())  # unfinished episodes are there
-    files = store.engine.files()
+    files = store.maintain.files()
     assert len(files) > 10 and len(list((store.root / FOLDER).glob("*.arrow"))) == len(files)
     kept = Summaries(store.root / FOLDER)
     for f in files:  # each file's own fragments
-        fragments = kept.read(store.table.location.relative(f.path), f.size,  # type: ignore[union-attr]
+        fragments = kept.read(steps_table(store).location.relative(f.path), f.size,  # type: ignore[union-attr]
                               os.stat(f.path).st_mtime_ns).fragments
         assert pa.compute.sum(fragments["rows"]).as_py() == f.rows
         assert all(f.min_episode_id <= i <= f.max_episode_id for i in fragments["episode_id"].to_pylist())
@@ -161,7 +162,7 @@ def test_after_commits_deletes_and_compactions(store: trajstore.Store, caplog: p
     write_runs(store, seed=10)  # a commit: the new files are summarized, the others read back
     assert_same(store, caplog)
     first = reference(store)["episode_id"][3].as_py()
-    store.delete(where=f"episode_id = {first}")
+    store.maintain.delete(steps_where=f"episode_id = {first}")
     assert first not in assert_same(store, caplog)["episode_id"].to_pylist()
     trajstore.compact(store, progress=False)
     assert_same(store, caplog)
@@ -190,7 +191,7 @@ def test_a_damaged_or_foreign_summary_is_not_read(store: trajstore.Store, caplog
     kept[1].write_bytes(kept[2].read_bytes())  # another file's summary under this file's name
     fresh = trajstore.open(store.root)
     with caplog.at_level(logging.WARNING, logger="trajstore"):
-        with fresh.engine.query_snapshot(episodes="fill") as snap:
+        with engine_of(fresh).query_snapshot(episodes="fill") as snap:
             got = snap.arrow("SELECT * FROM episodes").sort_by(KEYS)
     assert got.to_pylist() == expected.to_pylist()
     again = trajstore.open(store.root)  # both summarized again, whole
@@ -213,15 +214,15 @@ def test_a_killed_write_leaves_nothing_that_is_read_and_vacuum_removes_it(store:
 def test_vacuum_removes_the_summaries_of_removed_files(store: trajstore.Store,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     assert_same(store, caplog)
-    before = {f.path for f in store.engine.files()}
+    before = {f.path for f in store.maintain.files()}
     trajstore.compact(store, progress=False)
     assert_same(store, caplog)
-    store.vacuum(older_than=0)
+    store.maintain.vacuum(older_than=0)
     kept = Summaries(store.root / FOLDER)
-    after = store.engine.files()
+    after = store.maintain.files()
     assert len(list((store.root / FOLDER).glob("*.arrow"))) == len(after)
     for f in after:
-        assert kept.read(store.table.location.relative(f.path), f.size, os.stat(f.path).st_mtime_ns) is not None
+        assert kept.read(steps_table(store).location.relative(f.path), f.size, os.stat(f.path).st_mtime_ns) is not None
     assert before - {f.path for f in after}
 
 
@@ -229,7 +230,7 @@ def test_vacuum_removes_the_summaries_of_removed_files(store: trajstore.Store,
 def test_a_damaged_file_is_damage_not_answered_from_its_summary(store: trajstore.Store,
                                                                 caplog: pytest.LogCaptureFixture, damage: str) -> None:
     assert_same(store, caplog)
-    victim = Path(store.engine.files()[-1].path)
+    victim = Path(store.maintain.files()[-1].path)
     if damage == "delete":
         victim.unlink()
     else:  # the same size, not Parquet any more: its summary no longer describes it
@@ -251,8 +252,8 @@ def written_summaries(store: trajstore.Store) -> dict[str, pa.Table]:
     """The fragments kept for each committed file, as they are on disk (nothing read or summarized first)."""
     kept = Summaries(store.root / FOLDER)
     out = {}
-    for f in store.engine.files():
-        found = kept.read(store.table.location.relative(f.path), f.size, os.stat(f.path).st_mtime_ns)
+    for f in store.maintain.files():
+        found = kept.read(steps_table(store).location.relative(f.path), f.size, os.stat(f.path).st_mtime_ns)
         assert found is not None, f"no summary written with {f.path}"
         out[f.path] = found.fragments
     return out
@@ -262,10 +263,11 @@ def assert_written_as_read(store: trajstore.Store) -> None:
     """Every committed file has a summary written with it, equal to the one a reader computes from the file (the
     reward sums up to the order they are added in)."""
     written = written_summaries(store)
-    files = store.engine.files()
+    engine = engine_of(store)
+    files = engine.files()
     reader = StepsTable(store.root / "steps")  # keeps nothing: the summaries on disk stay the written ones
-    with store.engine.snapshot(files, con=store.engine.cursor()) as snap:
-        computed = summarized.summarize(snap, reader, files, store.table.schemas(files))
+    with engine.snapshot(files, con=engine.cursor()) as snap:
+        computed = summarized.summarize(snap, reader, files, steps_table(store).schemas(files))
     for f in files:
         got, expected = written[f.path], computed[f.path]
         assert got.schema == expected.schema, f.path
@@ -294,14 +296,14 @@ def test_summaries_written_with_multi_agent_files_are_the_readers(tmp_path: Path
 
 def test_summaries_written_by_ingest_compaction_delete_and_add_column_are_the_readers(
         store: trajstore.Store, caplog: pytest.LogCaptureFixture) -> None:
-    append_rows(store.table, sent(6, 11), run_id="a", env_id="CartPole-v1")
+    append_rows(steps_table(store), sent(6, 11), run_id="a", env_id="CartPole-v1")
     assert_written_as_read(store)
     first = reference(store)["episode_id"][3].as_py()
-    store.delete(where=f"episode_id = {first}")  # the files holding it rewritten without it
+    store.maintain.delete(steps_where=f"episode_id = {first}")  # the files holding it rewritten without it
     assert_written_as_read(store)
     trajstore.compact(store, progress=False)
     assert_written_as_read(store)
-    store.add_column("shaped", "reward * 0.5")
+    store.maintain.add_column("shaped", "reward * 0.5")
     assert_written_as_read(store)
     assert_same(store, caplog)
 
@@ -325,9 +327,9 @@ def test_the_first_read_of_a_store_trajstore_wrote_summarizes_nothing(store: tra
 def test_a_file_whose_commit_failed_leaves_no_summary(store: trajstore.Store) -> None:
     folder = store.root / FOLDER
     before = set(folder.glob("*.arrow"))
-    written = store.table.write(sent(3, 99), run_id="a", env_id="CartPole-v1")
+    written = steps_table(store).write(sent(3, 99), run_id="a", env_id="CartPole-v1")
     assert len(set(folder.glob("*.arrow")) - before) == 1  # written with the file
-    store.table.discard([written.path], RuntimeError("the commit did not land"))
+    steps_table(store).discard([written.path], RuntimeError("the commit did not land"))
     assert set(folder.glob("*.arrow")) == before
 
 
@@ -338,7 +340,7 @@ def test_a_killed_writer_s_file_and_summary_are_never_read_and_go_with_the_orpha
     expected = assert_same(store, caplog)
     folder = store.root / FOLDER
     before = set(folder.glob("*.arrow"))
-    store.table.write(sent(3, 98), run_id="a", env_id="CartPole-v1")  # never committed
+    steps_table(store).write(sent(3, 98), run_id="a", env_id="CartPole-v1")  # never committed
     assert len(set(folder.glob("*.arrow")) - before) == 1
     assert combined(trajstore.open(store.root), caplog).to_pylist() == expected.to_pylist()
     assert len(trajstore.remove_orphans(store, older_than_s=0)) == 1
@@ -347,9 +349,9 @@ def test_a_killed_writer_s_file_and_summary_are_never_read_and_go_with_the_orpha
 
 def test_rows_with_null_env_steps_get_the_readers_summary(store: trajstore.Store) -> None:
     """Ingested rows with a null env-step count (an older client): the greatest of the others, as the view's max."""
-    append_rows(store.table, sent(4, 12, env_steps=pa.array([1, 2, None, None], pa.int64())), run_id="b",
+    append_rows(steps_table(store), sent(4, 12, env_steps=pa.array([1, 2, None, None], pa.int64())), run_id="b",
                 env_id="CartPole-v1")
-    append_rows(store.table, sent(3, 13, env_steps=pa.array([None] * 3, pa.int64())), run_id="b",
+    append_rows(steps_table(store), sent(3, 13, env_steps=pa.array([None] * 3, pa.int64())), run_id="b",
                 env_id="CartPole-v1")
     assert_written_as_read(store)
     trajstore.compact(store, progress=False)  # with the writer's rows in one file

@@ -14,6 +14,8 @@ from tests.api.helpers import Live, serve, settings_for
 from tests.helpers import step_keys, write_commits
 from trajstore.api.app import create_app
 
+pytestmark = pytest.mark.server  # the tiers: tests/tiers.py
+
 
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[Live]:

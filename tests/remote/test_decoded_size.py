@@ -127,6 +127,7 @@ def nodes(t: pa.DataType) -> int:
     return 1
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tables(), CODECS, st.integers(1, 7), st.integers(0, 5))
 def test_the_size_is_what_pyarrow_decodes(table: pa.Table, compression: str | None, chunk: int,

@@ -17,6 +17,8 @@ from trajstore.api.app import create_app
 from trajstore.remote.writer import RemoteStore
 from trajstore.write.agents import AgentWriter
 
+pytestmark = pytest.mark.server  # the tiers: tests/tiers.py
+
 AGENTS = ["knight_0", "archer_0", "archer_1"]
 ROWS = ("SELECT agent_id, step, obs, action, reward, next_obs, terminated, truncated, env_steps, "
         "min(env_steps) OVER (PARTITION BY episode_id) AS episode_start FROM steps ORDER BY episode_start, agent_id, "
@@ -55,7 +57,7 @@ def test_an_agent_writer_over_a_remote_store_stores_what_it_stores_locally(tmp_p
     with RemoteStore(live.url, api_key=API_KEY) as remote:
         play(remote, seed=1)
     served = trajstore.open(tmp_path / "served")
-    assert len(served.files()) == len(local.files()) == 6  # a request per flush
+    assert len(served.maintain.files()) == len(local.maintain.files()) == 6  # a request per flush
     assert served.sql(ROWS).equals(local.sql(ROWS))
     assert served.sql("SELECT agent_id, count(*) AS n FROM steps GROUP BY 1 ORDER BY 1").to_pylist() == [
         {"agent_id": "archer_0", "n": 12}, {"agent_id": "archer_1", "n": 6}, {"agent_id": "knight_0", "n": 18}]

@@ -16,7 +16,7 @@ import trajstore
 from tests.integrations.steplog import Episode, StepLog, assert_same
 from trajstore.integrations import VectorRecordToStore
 from trajstore.rollout import gym_rollout
-from trajstore.storage.encoding import Format
+from trajstore.storage.encoding import FileEncoding
 
 ale_py = pytest.importorskip("ale_py", reason="the [atari] extra (ale-py) is not installed")
 pytest.importorskip("cv2", reason="the [atari] extra (opencv-python-headless) is not installed")
@@ -107,12 +107,12 @@ def test_each_frame_is_stored_once(store: trajstore.Store, mode: str) -> None:
     venv = vector_env(mode)
     record(store, venv, "gym_rollout", mode)
     episodes = sum(len(eps) for eps in logged(venv).values())
-    files = store.files()
+    files = store.maintain.files()
     assert len(files) > 1  # stacks cross files, where the first row of each episode is whole
     obs_bytes = next_bytes = rows = 0
     for f in files:
         meta = pq.ParquetFile(f.path, filesystem=f.fs).metadata
-        assert Format.of(meta.schema.to_arrow_schema().metadata).stacks == {"obs": K}
+        assert FileEncoding.of(meta.schema.to_arrow_schema().metadata).stacks == {"obs": K}
         rows += meta.num_rows
         for g in range(meta.num_row_groups):
             for c in range(meta.num_columns):
@@ -136,8 +136,8 @@ def test_gym_rollout_finds_the_frame_stack_or_takes_it(store: trajstore.Store) -
     venv = vector_env("next-step")
     gym_rollout(store, venv, run_id="found", env_id="Breakout", steps=8, progress=False)
     gym_rollout(store, venv, run_id="whole", env_id="Breakout", steps=8, frame_stack={}, progress=False)
-    found, whole = ([Format.of(pq.ParquetFile(f.path, filesystem=f.fs).schema_arrow.metadata).stacks
-                     for f in store.files() if f.run_id == run] for run in ("found", "whole"))
+    found, whole = ([FileEncoding.of(pq.ParquetFile(f.path, filesystem=f.fs).schema_arrow.metadata).stacks
+                     for f in store.maintain.files() if f.run_id == run] for run in ("found", "whole"))
     assert found == [{"obs": K}] and whole == [{}]
     for run in ("found", "whole"):
         got = as_numpy(store.sql(f"SELECT obs FROM steps WHERE run_id = '{run}' ORDER BY env_index, step")["obs"])
@@ -189,9 +189,10 @@ def test_an_ale_id_by_name_with_dqn_preprocessing(store: trajstore.Store) -> Non
                 env_kwargs=env_kwargs, progress=False)
     gym_rollout(store, "ale_py:ALE/Breakout-v5", run_id="prefixed", num_envs=1, steps=8, wrappers=wrappers,
                 env_kwargs=env_kwargs, progress=False)
-    assert {(f.run_id, f.env_id) for f in store.files()} == {("dqn", "ALE/Breakout-v5"),
+    assert {(f.run_id, f.env_id) for f in store.maintain.files()} == {("dqn", "ALE/Breakout-v5"),
                                                              ("prefixed", "ALE/Breakout-v5")}
-    assert all(Format.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks == {"obs": K} for f in store.files())
+    files = store.maintain.files()
+    assert all(FileEncoding.of(pq.ParquetFile(f.path).schema_arrow.metadata).stacks == {"obs": K} for f in files)
     obs = as_numpy(store.sql("SELECT obs FROM steps WHERE run_id = 'dqn'")["obs"])
     assert obs.shape == (40, K, SIDE, SIDE) and obs.dtype == np.uint8
 
@@ -203,4 +204,4 @@ def test_an_ale_id_without_ale_py_names_the_extra(store: trajstore.Store, monkey
     with pytest.raises(trajstore.InputError, match=r"^env: ALE/Breakout-v5 is an Atari game, which needs ale-py: "
                                                    r"pip install 'trajstore\[atari\]'$"):
         gym_rollout(store, "ALE/Breakout-v5", run_id="x", steps=8, progress=False)
-    assert store.files() == []
+    assert store.maintain.files() == []

@@ -15,6 +15,7 @@ import trajstore
 from tests.helpers import stored_episodes
 from trajstore.rollout import gym_evaluate, gym_rollout
 from trajstore.rollout.gym_evaluation import episode_targets
+from trajstore.store import plumbing
 
 LONGEST = 60  # each episode's length is drawn at its reset, uniform in 1..LONGEST
 
@@ -133,4 +134,4 @@ def test_bad_arguments_are_named(store: trajstore.Store) -> None:
         gym_evaluate(store, "CartPole-v1", run_id="x", episodes=3, num_envs=0, progress=False)
     with pytest.raises(trajstore.InputError, match="run 'train' already holds training"):
         gym_evaluate(store, "CartPole-v1", run_id="train", episodes=3, append=True, progress=False)
-    assert store.run_ids() == ["train"]
+    assert plumbing(store).run_ids() == ["train"]

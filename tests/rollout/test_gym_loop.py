@@ -149,7 +149,7 @@ def test_sample_until_follows_imitation() -> None:
 def test_bad_env_is_refused(store: trajstore.Store) -> None:
     with pytest.raises(trajstore.InputError, match="env: gymnasium cannot make 'NoSuchEnv-v0'"):
         gym_rollout(store, "NoSuchEnv-v0", run_id="x", episodes=1, progress=False)
-    assert store.files() == []
+    assert store.maintain.files() == []
 
 
 def test_a_result_prints_as_a_summary(store: trajstore.Store) -> None:

@@ -20,6 +20,8 @@ from trajstore.rollout import parallel_rollout
 pytest.importorskip("mpe2")
 from mpe2 import simple_spread_v3, simple_tag_v3
 
+pytestmark = pytest.mark.server  # the tiers: tests/tiers.py
+
 # every stored column but the episode ids (drawn at random by each writer) and wall times; episodes in the order
 # they were played (their first env step), agents by name
 ROWS = ("SELECT agent_id, step, obs, action, reward, next_obs, terminated, truncated, env_steps, env_index, seed, "
@@ -34,7 +36,7 @@ def stored_rows(store: Any) -> pa.Table:
 def episodes_in_many_files(store: trajstore.Store) -> int:
     """How many episodes have rows in more than one committed file (sent in more than one ingest request)."""
     files: dict[int, int] = {}
-    for f in store.files():
+    for f in store.maintain.files():
         for eid in set(pq.read_table(f.path, columns=["episode_id"])["episode_id"].to_pylist()):
             files[eid] = files.get(eid, 0) + 1
     return sum(n > 1 for n in files.values())

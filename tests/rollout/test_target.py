@@ -87,4 +87,4 @@ def test_a_run_id_no_writer_takes_is_refused_before_rolling_out(store: trajstore
     for run_id, problem in ((" ", "whitespace at either end"), ("a\nb", r"it holds '\\n'"), ("a/b", "it holds '/'")):
         with pytest.raises(trajstore.InputError, match=f"^run_id must be a non-empty string .*: {problem}"):
             roll(store, run_id=run_id, seed=1, progress=False)
-    assert store.files() == []
+    assert store.maintain.files() == []

@@ -18,7 +18,7 @@ from tests.security.conftest import auth
 from tests.served import Server
 from trajstore.remote.wire import ipc_bytes
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.server, pytest.mark.security]
 
 EPISODE = 2**40 + 5  # no episode of the probed store has this id
 ARROW = "application/vnd.apache.arrow.stream"

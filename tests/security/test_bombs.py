@@ -22,7 +22,7 @@ from tests.served import MiB, Server
 from trajstore.remote.decoded_size import decoded_size
 from trajstore.remote.wire import ARROW_STREAM
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.server, pytest.mark.security]
 
 MAX_DECODED_BYTES = 512 * MiB  # the default of TRAJSTORE_MAX_DECODED_BYTES
 BOMB_SLACK = 128 * MiB  # what the server may take over its idle memory while it refuses a bomb

@@ -18,7 +18,7 @@ import trajstore
 from tests.security.conftest import BUDGETS
 from tests.served import MiB, Server
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.server, pytest.mark.security]
 
 RUNS = 40  # per algorithm, as the probe's 80
 COMPUTE = {"compute_max_concurrent": 2, "compute_timeout_s": 3, "compute_memory_bytes": 64 * MiB}

@@ -26,8 +26,9 @@ from tests.cli.test_config_file import BOMB
 from tests.helpers import fingerprint, make_batch
 from tests.security.conftest import auth
 from tests.served import Server
+from trajstore.store import plumbing
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.server, pytest.mark.security]
 
 
 def patch(server: Server, run_id: str, body: str | dict[str, object]) -> httpx.Response:
@@ -76,7 +77,7 @@ def test_describing_a_run_the_store_does_not_hold_is_404_and_describes_nothing(
             assert answer.status_code == 404, (run_id, replace, answer.text)
             assert answer.json()["type"] == "urn:trajstore:error:RunNotFoundError"
     assert fingerprint(server.store) == files
-    assert sorted(trajstore.open(server.store).engine.descriptions.infos()) == ["dqn-0", "dqn-1", "ppo-0", "ppo-1"]
+    assert sorted(plumbing(trajstore.open(server.store)).run_infos()) == ["dqn-0", "dqn-1", "ppo-0", "ppo-1"]
 
 
 def new_writer_s_commit(store: Path, run_id: str) -> float:
@@ -97,7 +98,7 @@ def test_twenty_notes_of_a_megabyte_each_commit_only_what_changed(fresh_server: 
     for i in range(16):  # 20 runs, as the probe had
         with store.writer(run_id=f"extra-{i}", env_id="E") as w:
             w.add_batch(make_batch(np.random.default_rng(i), 8, 2))
-    runs = sorted(store.run_ids())
+    runs = sorted(plumbing(store).run_ids())
     assert len(runs) == 20
     commit_before = median_of(5, lambda i: new_writer_s_commit(server.store, f"before-{i}"))
     stats_before = median_of(5, lambda i: _timed_get(server, "/stats"))

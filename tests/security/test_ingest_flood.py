@@ -18,7 +18,7 @@ from tests.security.conftest import API_KEY
 from tests.served import MiB, Server
 from trajstore.remote.wire import ipc_bytes
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.server, pytest.mark.security]
 
 CLIENTS = 24
 

@@ -17,7 +17,7 @@ from tests.api.helpers import API_KEY
 from tests.security.conftest import CANARY, SECRET, get
 from tests.served import Server
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.server, pytest.mark.security]
 
 WHERE_ROUTES = ["/compare", "/compare/scores", "/compare/improvement", "/compare/profile", "/curves/groups"]
 ROUTE_PARAMS = {"/compare/improvement": {"x": "ppo", "y": "dqn"}, "/compare/profile": {"threshold": "10"}}

@@ -19,12 +19,12 @@ import pyarrow as pa
 import pytest
 
 import trajstore
-from tests.helpers import fingerprint
+from tests.helpers import fingerprint, steps_table
 from tests.security.conftest import auth
 from tests.served import Server
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.server, pytest.mark.security]
 
 BAD_COLUMNS = ["", "Reward", "Run_Id", "a\nb", "next_obs_sparse", "a b"]
 BAD_RUN_IDS = [" ", "a\nb", "__HIVE_DEFAULT_PARTITION__"]  # "a/b" too, but no route of the API can name it (404)
@@ -52,7 +52,7 @@ def ingest(server: Server, body: bytes, run_id: str = "probe", env_id: str = "Pr
 def held(server: Server) -> tuple[pa.Table, list[str], int]:
     """What the store holds: every step, the columns of its log's schema, its version."""
     store = trajstore.open(server.store)
-    return store.sql(EVERY_STEP), store.table.log.read().schema.names, store.version
+    return store.sql(EVERY_STEP), steps_table(store).log.read().schema.names, store.version
 
 
 def test_bad_column_names_and_run_ids_are_422_and_the_store_stays_readable(

@@ -18,7 +18,7 @@ from tests import delta_protocol
 from tests.security.conftest import get
 from tests.served import Server
 
-pytestmark = pytest.mark.security
+pytestmark = [pytest.mark.server, pytest.mark.security]
 
 READ_ROUTES: list[tuple[str, dict[str, Any]]] = [
     ("/stats", {}), ("/episodes", {}), ("/runs", {}), ("/steps", {}), ("/returns", {"gamma": 0.9}),

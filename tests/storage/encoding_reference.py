@@ -15,7 +15,7 @@ from trajstore.storage.encoding import (
     NEXT,
     OBS,
     EncodingError,
-    Format,
+    FileEncoding,
     _stored_frame,
     fixed_numpy,
     frames_array,
@@ -43,7 +43,7 @@ def _set(value: Any, path: str, leaf: Any) -> Any:
     return out
 
 
-def decode_reference(rows: Sequence[Mapping[str, Any]], fmt: Format) -> list[dict[str, Any]]:
+def decode_reference(rows: Sequence[Mapping[str, Any]], fmt: FileEncoding) -> list[dict[str, Any]]:
     """The rows of one file (``to_pylist()``: logical names, physical values, file order) decoded by the letter of
     the format, in plain Python: a stacked leaf is the last k frames of the stored lists of rows t-k+1..t, a null
     ``next_obs`` the decoded ``obs`` of the next row, an image frame's bytes its values."""
@@ -88,7 +88,7 @@ def _reference_leaves(rows: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     return walk(first, OBS) if first is not None else []
 
 
-def _values(value: Any, fmt: Format, paths: list[str]) -> Any:
+def _values(value: Any, fmt: FileEncoding, paths: list[str]) -> Any:
     """An observation with its image frames (bytes) as the nested lists of their values."""
     for path in paths:
         image = fmt.images.get(path)
@@ -103,7 +103,7 @@ def _values(value: Any, fmt: Format, paths: list[str]) -> Any:
     return value
 
 
-def _next_reference(rows: list[dict[str, Any]], obs: list[Any], i: int, fmt: Format, follows: Any) -> Any:
+def _next_reference(rows: list[dict[str, Any]], obs: list[Any], i: int, fmt: FileEncoding, follows: Any) -> Any:
     n = rows[i][NEXT]
     if n is None:
         if i + 1 >= len(rows) or not follows(i + 1):
@@ -119,7 +119,7 @@ def _next_reference(rows: list[dict[str, Any]], obs: list[Any], i: int, fmt: For
     return n
 
 
-def encode_reference(table: pa.Table, fmt: Format) -> pa.Table:
+def encode_reference(table: pa.Table, fmt: FileEncoding) -> pa.Table:
     """``table`` (logical columns, rows in file order) encoded by the letter of the format, in plain Python: where
     ``next_obs`` is the next row's ``obs`` bit for bit (same episode, next step) it is null, and a stacked leaf
     holds its newest frame wherever its stack is the row before's shifted by one frame (an anchor elsewhere).

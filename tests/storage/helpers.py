@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import trajstore
-from tests.helpers import make_batch
+from tests.helpers import make_batch, steps_table
 
 
 def rows(n: int = 4, episode_id: int = 7, **change: Any) -> pa.Table:
@@ -54,10 +54,10 @@ def plant_column(store: trajstore.Store, name: str, *, run_id: str = "old", env_
         other = trajstore.open(scratch, create=True)
         with other.writer(run_id=run_id, env_id=env_id) as w:
             w.add_batch(make_batch(np.random.default_rng(seed), 6, 2, extras={"planted": np.ones((6, 2), np.float32)}))
-        (written,) = other.files()
+        (written,) = other.maintain.files()
         data = pq.read_table(written.path)
     data = data.rename_columns([name if n == "planted" else n for n in data.column_names]).replace_schema_metadata(
         data.schema.metadata)  # the footer's format (its stored names) kept
-    store.table.reserve({name: pa.float32()})
-    store.table.commit(store.table.write(data, run_id=run_id, env_id=env_id))
+    steps_table(store).reserve({name: pa.float32()})
+    steps_table(store).commit(steps_table(store).write(data, run_id=run_id, env_id=env_id))
     return data.num_rows

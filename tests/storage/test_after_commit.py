@@ -30,16 +30,17 @@ import json, logging, os, shutil, sys
 sys.path.insert(0, sys.argv[4])
 import numpy as np, trajstore
 from deltalake import DeltaTable
-from tests.helpers import make_batch
+from tests.helpers import make_batch, steps_table
 from tests.storage.helpers import episode
-from trajstore.operations.upkeep import Policy, Upkeep
+from trajstore.store import plumbing
+from trajstore.operations.upkeep import CompactionPolicy, Upkeep
 
 log_dir, saved, operation = sys.argv[1], sys.argv[2], sys.argv[3]
 for name in os.listdir(saved):  # the log as it was, now on the small disk
     shutil.copy(os.path.join(saved, name), log_dir)
 root = os.path.dirname(os.path.dirname(log_dir))
 store = trajstore.open(root)
-DeltaTable(store.table.uri).alter.set_table_properties({"delta.checkpointInterval": "1"})  # one per commit
+DeltaTable(steps_table(store).uri).alter.set_table_properties({"delta.checkpointInterval": "1"})  # one per commit
 warnings = []
 logging.getLogger("trajstore").addHandler(type("H", (logging.Handler,), {"emit": lambda s, r: warnings.append(
     r.getMessage()) if r.levelno >= logging.WARNING else None})())
@@ -62,7 +63,7 @@ try:
             w.flush()
         out["steps"] += 32
     elif operation == "upkeep":
-        upkeep = Upkeep(store.table, Policy(small_files=3, checkpoint_interval=0))
+        upkeep = Upkeep(steps_table(store), CompactionPolicy(small_files=3, checkpoint_interval=0))
         with store.writer(run_id="r", env_id="E", upkeep=upkeep) as w:
             w.add_batch(make_batch(rng, 16, 2))
         upkeep.close()
@@ -71,12 +72,12 @@ try:
     elif operation == "compact":
         out["said"] = str(trajstore.compact(store, progress=False))
     elif operation == "delete":
-        out["said"] = str(store.delete(run_id="gone"))
+        out["said"] = str(store.maintain.delete(run_id="gone"))
         out["steps"] -= 32
     elif operation == "add_column":
-        out["said"] = str(store.add_column("shaped", "reward * 2"))
+        out["said"] = str(store.maintain.add_column("shaped", "reward * 2"))
     elif operation == "ingest":
-        store.ingest(episode([0, 1, 2], episode_id=5, end=True), run_id="remote", env_id="Remote-v0")
+        plumbing(store).ingest(episode([0, 1, 2], episode_id=5, end=True), run_id="remote", env_id="Remote-v0")
         out["steps"] += 3
     out["raised"] = None
 except Exception as exc:
@@ -85,14 +86,14 @@ out["warnings"] = warnings
 out["before"] = before
 out["versions"] = store.version - before
 out["history"] = store.history()["operation"].to_pylist()[-3:]
-out["checkpoint_before_room"] = store.table.log.last_checkpoint()
+out["checkpoint_before_room"] = steps_table(store).log.last_checkpoint()
 os.remove(os.path.join(log_dir, "filler"))  # room again
 fresh = trajstore.open(root)
 out["counts"] = fresh.sql("SELECT count(*) AS n, count(DISTINCT (run_id, episode_id, step)) AS d "
                           "FROM steps").to_pylist()
-out["missing"] = [f.uri for f in fresh.files() if not os.path.exists(f.path)]
+out["missing"] = [f.uri for f in fresh.maintain.files() if not os.path.exists(f.path)]
 out["check"] = trajstore.check(fresh).ok
-out["checkpointed"] = fresh.table.log.checkpoint_if_due(1)
+out["checkpointed"] = steps_table(fresh).log.checkpoint_if_due(1)
 out["latest"] = fresh.version
 print(json.dumps(out))
 """
@@ -107,6 +108,7 @@ def written(root: Path) -> None:
             w.add_batch(make_batch(rng, 16, 2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("operation", ["append", "upkeep", "compact", "delete", "add_column", "ingest"])
 def test_a_commit_whose_checkpoint_meets_a_full_disk_is_done(tmp_path: Path, operation: str) -> None:
     root = tmp_path / "store"

@@ -67,7 +67,7 @@ def test_atari_frame_stacks_round_trip_exactly_with_each_frame_stored_once(tmp_p
                       flush_bytes=200_000) as w:  # several files: episodes cross them
         w.add_batch({k: v[:40] if k != "extras" else {"t": v["t"][:40]} for k, v in batch.items()})
         w.add_batch({k: v[40:] if k != "extras" else {"t": v["t"][40:]} for k, v in batch.items()})
-    assert len(store.files()) > 1
+    assert len(store.maintain.files()) > 1
 
     rows = store.scan(["t", "env_index", "episode_id", "step", "obs", "next_obs"]).read_all()
     t, b = rows["t"].to_numpy(), rows["env_index"].to_numpy()
@@ -89,12 +89,12 @@ def test_atari_frame_stacks_round_trip_exactly_with_each_frame_stored_once(tmp_p
     np.testing.assert_array_equal(np.array(sql["next_obs"].to_pylist(), np.uint8), batch["next_obs"][at])
 
     frames = 0  # frames the files hold: one per step, a whole stack (4) where a stack starts in a file
-    for f in store.files():
+    for f in store.maintain.files():
         table = pq.read_table(f.path, columns=["obs_new_frames"])
         frames += sum(len(stack) for stack in table["obs_new_frames"].to_pylist())
     episodes_in_files = sum(len(np.unique(pq.read_table(f.path, columns=["episode_id"])["episode_id"]))
-                            for f in store.files())
+                            for f in store.maintain.files())
     assert frames == stored + 3 * episodes_in_files  # every frame once (4x less than the stacks' frames)
     sparse = "next_obs_sparse_new_frames"
-    next_null = sum(pq.read_table(f.path, columns=[sparse])[sparse].null_count for f in store.files())
+    next_null = sum(pq.read_table(f.path, columns=[sparse])[sparse].null_count for f in store.maintain.files())
     assert next_null >= stored - episodes_in_files  # next_obs stored only where it is not the next step's obs

@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from deltalake import DeltaTable
 
 import trajstore
+from tests.helpers import engine_of, steps_table
 from trajstore.operations.check import removable_orphans
 from trajstore.store import check, remove_orphans
 
@@ -109,6 +111,7 @@ def _seed(store: trajstore.Store) -> None:
 
 # --- concurrent writers ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_four_processes_append_at_once_and_every_episode_is_there_once(tmp_path: Path) -> None:
     path = tmp_path / "store"
     store = trajstore.open(path, create=True)
@@ -145,13 +148,14 @@ def test_four_processes_append_at_once_and_every_episode_is_there_once(tmp_path:
     assert report.ok, report.format()
     assert report.episodes == len(expected)
     # the writers merged their small files as they went: the only files left unlisted are those a commit removed
-    assert sorted(report.orphans) == sorted(removable_orphans(store.engine, removed_before_s=0, written_before_s=1e9))
+    assert sorted(report.orphans) == sorted(removable_orphans(engine_of(store), removed_before_s=0,
+                                                                   written_before_s=1e9))
     assert _episodes_in_several_files(store) > 0  # episodes crossed commits and were stitched
 
 
 def _episodes_in_several_files(store: trajstore.Store) -> int:
     seen: dict[int, int] = {}
-    for f in store.files():
+    for f in store.maintain.files():
         for e in set(pq.read_table(f.path, columns=["episode_id"])["episode_id"].to_pylist()):
             seen[e] = seen.get(e, 0) + 1
     return sum(1 for n in seen.values() if n > 1)
@@ -201,6 +205,7 @@ def _has_footer(path: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_writer_killed_mid_commit_many_times_loses_nothing_committed(tmp_path: Path) -> None:
     path = tmp_path / "store"
     store = trajstore.open(path, create=True)
@@ -257,17 +262,17 @@ def test_partial_temporary_files_in_the_log_are_ignored(tmp_path: Path) -> None:
     store = trajstore.open(tmp_path / "store", create=True)
     _seed(store)
     log_dir = tmp_path / "store" / "steps" / "_delta_log"
-    version = store.table.log.latest_number()
+    version = steps_table(store).log.latest_number()
     strays = {f"_commit_{'ab' * 16}.json.tmp": b'{"add":{"path":"run_id=x/e', f"{version + 1:020d}.json#1": b'{"comm',
               f"{version + 1:020d}.checkpoint.parquet#2": b"PAR1\x00\x00", "_last_checkpoint#3": b'{"vers'}
     for name, data in strays.items():
         (log_dir / name).write_bytes(data)
 
     reopened = trajstore.open(tmp_path / "store")
-    assert reopened.table.log.latest_number() == version
+    assert steps_table(reopened).log.latest_number() == version
     assert reopened.stats()["n_traj"][0].as_py() == 1
     _seed(reopened)
-    assert reopened.table.log.latest_number() == version + 1
+    assert steps_table(reopened).log.latest_number() == version + 1
     assert reopened.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 4
     report = check(reopened)
     assert report.ok, report.format()

@@ -16,7 +16,7 @@ from trajstore.errors import InputError
 from trajstore.storage.encoding import (
     EncodingError,
     FileDecoder,
-    Format,
+    FileEncoding,
     check_frame_stack,
     check_rows,
     decode_table,
@@ -59,7 +59,7 @@ def episode_stacks(frames: np.ndarray, k: int, pad: str) -> np.ndarray:
 
 
 def make_file(seed: int, dtype: str, frame: tuple[int, ...], k: int | None, dict_obs: bool,
-              lengths: list[int], mismatches: int) -> tuple[pa.Table, Format]:
+              lengths: list[int], mismatches: int) -> tuple[pa.Table, FileEncoding]:
     """Rows of one file, logical: episodes one after another (the first may continue an episode: it starts at a
     step > 0), obs stacked (or not) as FrameStackObservation stacks them, some stacks and next_obs spoiled."""
     rng = np.random.default_rng(seed)
@@ -91,7 +91,7 @@ def make_file(seed: int, dtype: str, frame: tuple[int, ...], k: int | None, dict
         columns["obs"], columns["next_obs"] = from_numpy(obs, t), from_numpy(nxt, t)
     columns["reward"] = pa.array(rng.normal(size=len(obs)).astype(np.float32))
     table = pa.table(columns)  # frames of 2+ dimensions are images: stored as their bytes
-    return table, Format.for_obs(table.schema.field("obs").type, frame_stack=stacks)
+    return table, FileEncoding.for_obs(table.schema.field("obs").type, frame_stack=stacks)
 
 
 def assert_same(got: pa.Table, want: pa.Table) -> None:
@@ -114,7 +114,7 @@ def _at(arr: pa.Array, path: str) -> pa.Array:
     return arr
 
 
-def decode_in_batches(encoded: pa.Table, fmt: Format, sizes: list[int]) -> pa.Table:
+def decode_in_batches(encoded: pa.Table, fmt: FileEncoding, sizes: list[int]) -> pa.Table:
     obs = logical_schema(encoded.schema, fmt).field("obs").type
     decoder = FileDecoder(fmt, obs)
     out, start = [], 0
@@ -204,21 +204,21 @@ def test_frame_stacks_that_do_not_fit_are_refused_naming_the_leaf(stacks: dict[s
 
 
 def test_the_format_round_trips_through_metadata_and_refuses_what_it_cannot_read() -> None:
-    fmt = Format.create(frame_stack={"obs": 4}, columns={"action": "action__float32_1d", "reward": "reward"})
+    fmt = FileEncoding.create(frame_stack={"obs": 4}, columns={"action": "action__float32_1d", "reward": "reward"})
     assert fmt.renames == {"action": "action__float32_1d"}
-    assert Format.of(fmt.metadata()) == fmt and Format.of(None) == Format()
+    assert FileEncoding.of(fmt.metadata()) == fmt and FileEncoding.of(None) == FileEncoding()
     assert fmt.metadata() == {b"trajstore": b'{"encoding":3,"frame_stack":{"obs":4},'
                                             b'"columns":{"action":"action__float32_1d"}}'}
     with pytest.raises(EncodingError, match="encoding 4 is newer than this trajstore reads"):
-        Format.of({b"trajstore": b'{"encoding": 4}'}, where="f.parquet")
+        FileEncoding.of({b"trajstore": b'{"encoding": 4}'}, where="f.parquet")
     with pytest.raises(EncodingError, match="f.parquet: its 'trajstore' metadata is not a trajstore format"):
-        Format.of({b"trajstore": b"[1, 2"}, where="f.parquet")
+        FileEncoding.of({b"trajstore": b"[1, 2"}, where="f.parquet")
     physical = pa.schema([("obs", pa.list_(pa.list_(pa.uint8(), 2))), ("next_obs", pa.list_(pa.list_(pa.uint8(), 2))),
                           ("action__float32_1d", pa.list_(pa.float32(), 1))])
     logical = logical_schema(physical, fmt)
     assert logical.names == ["obs", "next_obs", "action"]
     assert logical.field("obs").type == logical.field("next_obs").type == leaf_type("uint8", (4, 2))
-    images = Format.for_obs(leaf_type("uint8", (4, 84, 84)), frame_stack={"obs": 4})
+    images = FileEncoding.for_obs(leaf_type("uint8", (4, 84, 84)), frame_stack={"obs": 4})
     assert images.metadata() == {b"trajstore": b'{"encoding":3,"frame_stack":{"obs":4},'
                                                b'"frames":{"obs":["uint8",[84,84]]}}'}
     physical = pa.schema([("obs", pa.list_(pa.binary(7056))), ("next_obs", pa.list_(pa.binary(7056)))])

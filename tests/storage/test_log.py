@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 import trajstore
-from tests.helpers import make_batch
+from tests.helpers import make_batch, steps_table
 from tests.storage.helpers import rows
 from trajstore.store import check
 
 
 def test_a_commit_after_a_version_fails_once_another_commit_took_the_next(store: trajstore.Store) -> None:
-    table = store.table
+    table = steps_table(store)
     table.append(rows(episode_id=1), run_id="r", env_id="E")
     written = table.write(rows(episode_id=2), run_id="r", env_id="E")
     read = table.log.ensure(written.schema)  # what a check would have looked at
@@ -33,10 +33,10 @@ def test_a_commit_after_a_version_fails_once_another_commit_took_the_next(store:
 
 
 def test_a_commit_after_records_its_app_transaction(store: trajstore.Store) -> None:
-    written = store.table.write(rows(), run_id="r", env_id="E")
-    assert store.table.log.commit_after(store.table.log.ensure(written.schema), written,
+    written = steps_table(store).write(rows(), run_id="r", env_id="E")
+    assert steps_table(store).log.commit_after(steps_table(store).log.ensure(written.schema), written,
                                         app=("trajstore-ingest:k", 2**62 + 3))
-    assert store.table.log.read().app_version("trajstore-ingest:k") == 2**62 + 3
+    assert steps_table(store).log.read().app_version("trajstore-ingest:k") == 2**62 + 3
 
 
 # --- a listing that misses a version another writer was making ------------------------------------------------------
@@ -46,14 +46,14 @@ def test_a_commit_after_records_its_app_transaction(store: trajstore.Store) -> N
 
 
 def _entry(store: trajstore.Store, version: int) -> Path:
-    return store.table.path / "_delta_log" / f"{version:020d}.json"
+    return steps_table(store).path / "_delta_log" / f"{version:020d}.json"
 
 
 @contextmanager
 def _missing(store: trajstore.Store, version: int, *, back_after: float | None) -> Iterator[None]:
     """Version ``version``'s log entry out of the log; put back (never over another) after ``back_after`` seconds,
     or on leaving when None."""
-    entry, aside = _entry(store, version), store.table.path / "aside.json"
+    entry, aside = _entry(store, version), steps_table(store).path / "aside.json"
     entry.rename(aside)
     timer = threading.Timer(back_after or 0.0, os.link, (aside, entry))
     if back_after is not None:
@@ -74,11 +74,11 @@ def _episodes(store: trajstore.Store) -> list[int]:
 
 def test_a_reader_and_a_writer_whose_listing_misses_a_version_read_again(store: trajstore.Store) -> None:
     for e in range(1, 5):
-        store.table.append(rows(episode_id=e), run_id="r", env_id="E")
+        steps_table(store).append(rows(episode_id=e), run_id="r", env_id="E")
     with _missing(store, 2, back_after=0.3):
         assert _episodes(store) == [e for e in range(1, 5) for _ in range(4)]
     with _missing(store, 2, back_after=0.3):
-        store.table.append(rows(episode_id=5), run_id="r", env_id="E")
+        steps_table(store).append(rows(episode_id=5), run_id="r", env_id="E")
     assert _episodes(store) == [e for e in range(1, 6) for _ in range(4)]
     assert check(store).ok
 
@@ -86,12 +86,12 @@ def test_a_reader_and_a_writer_whose_listing_misses_a_version_read_again(store: 
 def test_a_commit_that_meets_a_gap_after_losing_the_race_is_retried_not_failed(store: trajstore.Store) -> None:
     """deltalake lists the log inside the commit call once another commit took the version; the gap it meets there
     is a lost race too (nothing landed), so the caller reads again and commits on the latest version."""
-    log = store.table.log
-    store.table.append(rows(episode_id=1), run_id="r", env_id="E")
-    written = store.table.write(rows(episode_id=9), run_id="r", env_id="E")
+    log = steps_table(store).log
+    steps_table(store).append(rows(episode_id=1), run_id="r", env_id="E")
+    written = steps_table(store).write(rows(episode_id=9), run_id="r", env_id="E")
     read = log.ensure(written.schema)
     for e in range(2, 5):  # versions after the one the commit was planned on
-        store.table.append(rows(episode_id=e), run_id="r", env_id="E")
+        steps_table(store).append(rows(episode_id=e), run_id="r", env_id="E")
     with _missing(store, read.number + 2, back_after=0.3):
         assert log.commit_after(read, written) is False
     assert log.commit_after(log.ensure(written.schema), written) is True
@@ -101,13 +101,13 @@ def test_a_commit_that_meets_a_gap_after_losing_the_race_is_retried_not_failed(s
 def test_a_swap_whose_rebase_meets_a_gap_is_sent_again_and_lands_once(store: trajstore.Store) -> None:
     """A compaction or delete commits over the versions since it read (deltalake rebases it); the gap its rebase
     meets is sent again, not reported as a failed change."""
-    log = store.table.log
-    store.table.append(rows(episode_id=1), run_id="r", env_id="E")
+    log = steps_table(store).log
+    steps_table(store).append(rows(episode_id=1), run_id="r", env_id="E")
     read = log.read()
     assert read is not None
     for e in range(2, 5):
-        store.table.append(rows(episode_id=e), run_id="r", env_id="E")
-    written = store.table.write(rows(episode_id=9), run_id="r", env_id="E")
+        steps_table(store).append(rows(episode_id=e), run_id="r", env_id="E")
+    written = steps_table(store).write(rows(episode_id=9), run_id="r", env_id="E")
     with _missing(store, read.number + 2, back_after=0.3):
         version = log.swap(read, [], [written], metadata={"operation": "rewrite"})
     assert version == read.number + 4
@@ -123,7 +123,7 @@ def test_a_version_that_stays_missing_is_damage_and_a_writer_keeps_its_rows(stor
         stored = store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
         w.add_batch(make_batch(rng, 8, 2))
         with _missing(store, 1, back_after=None):
-            for read in (store.table.files, w.flush):  # a reader, and the writer's commit (which keeps its rows)
+            for read in (steps_table(store).files, w.flush):  # a reader, and the writer's commit (which keeps its rows)
                 with pytest.raises(trajstore.errors.StoreDamagedError, match="lists versions 0 and 2 but not those"):
                     read()
         w.flush()  # the entry is back: the rows kept are committed, once

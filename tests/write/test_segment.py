@@ -164,6 +164,7 @@ def write_stream(root: Path, s: dict[str, Any], *, autoreset: str) -> trajstore.
     return store
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("autoreset", ["same-step", "next-step"])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(s=streams())

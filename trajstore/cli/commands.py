@@ -13,6 +13,7 @@ from trajstore.durations import text
 from trajstore.errors import InputError, StoreNotFoundError
 
 EXIT_PROBLEMS = 1
+EXIT_INTERRUPTED = 130
 
 
 def _open(path: str, create: bool = False, version: int | None = None) -> Any:
@@ -26,48 +27,110 @@ def _open(path: str, create: bool = False, version: int | None = None) -> Any:
                                  "serves a new empty one") from None
 
 
+def plumbing(store: Any) -> Any:
+    """What a command needs of a store beyond the researcher's methods (:func:`trajstore.store.plumbing`)."""
+    from trajstore.store import plumbing as of
+
+    return of(store)
+
+
 def _progress(args: argparse.Namespace) -> bool:
     """A progress bar only on a terminal (never redrawn into a log file or a pipe), and not with --no-progress."""
     return not args.no_progress and sys.stderr.isatty()
 
 
-def _emit(args: argparse.Namespace, table: Any) -> None:
+def _emit(args: argparse.Namespace, table: Any, *, keys: tuple[str, ...] = (), brief: list[str] | None = None,
+          hoist: tuple[str, ...] = ()) -> None:
+    """Print ``table`` as ``--format`` asks: only ``--columns`` where given; a table shows the ``brief`` columns
+    (None: all) unless ``--wide``, those of ``hoist`` that hold one value in every row said once above it, and
+    fits the terminal's width in blocks each repeating ``keys``."""
     from trajstore.cli import formats
 
-    formats.write(table, args.format, sys.stdout, output=args.output)
+    note, caption = "", ""
+    if args.columns:
+        table = _columns(table, _split(args.columns) or [])
+    elif brief is not None and args.format == "table" and not args.wide:
+        shown = [c for c in table.column_names if c in brief]
+        if len(shown) < table.num_columns:
+            note = f"{table.num_columns - len(shown)} more columns: --wide, or --columns NAME,..."
+        same = [c for c in hoist if c in shown and table.num_rows > 1 and table[c].null_count == 0
+                and len(table[c].unique()) == 1]
+        if same:
+            caption = "every row: " + ", ".join(f"{c} {table[c][0].as_py()}" for c in same)
+        table = table.select([c for c in shown if c not in same])
+    width = None if args.wide or args.output else formats.terminal_width(sys.stdout)
+    formats.write(table, args.format, sys.stdout, output=args.output, width=width, keys=keys, note=note,
+                  caption=caption)
+
+
+def _columns(table: Any, names: list[str]) -> Any:
+    """``table``'s columns ``names``, in that order, or an error naming the missing ones and the table's columns."""
+    missing = [n for n in names if n not in table.column_names]
+    if missing:
+        raise InputError(f"--columns: no column {', '.join(map(repr, missing))} in the result; its columns: "
+                         f"{', '.join(table.column_names)}")
+    return table.select(names)
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     _check_rollout(args)
     description = _run_description(args)  # a bad --config-file is said before any store is made
     policy = _policy(args)  # so is a bad --policy
+    run = _rollout_of(args.backend)  # and a missing extra
     if args.url:
-        from trajstore.remote.writer import RemoteStore
+        from trajstore.extras import needed
 
+        with needed("client", "trajstore rollout --url"):
+            from trajstore.remote.writer import RemoteStore
         store: Any = RemoteStore(args.url, api_key=args.api_key)
     else:
         store = _open(args.store, create=True)
     from trajstore.rollout.target import check_run
 
     check_run(store, args.run, mode=args.mode, append=args.append, hint="--append")
+    from trajstore.write.writer import process_worker_id
+
     options: dict[str, Any] = {"policy_version": args.policy_version} if args.policy_version is not None else {}
     options.update(description)
     options.update({"info_keys": _split(args.info_key)} if args.info_key else {})
     options.update(run_id=args.run, num_envs=args.num_envs, episodes=args.episodes, steps=args.steps,
-                   seed=args.seed, mode=args.mode, append=True, policy=policy, progress=_progress(args))
-    if args.backend == "jax":
-        from trajstore.rollout import jax_rollout
+                   seed=args.seed, mode=args.mode, append=True, policy=policy, progress=_progress(args),
+                   worker_id=process_worker_id())  # what an interrupted rollout counts its episodes by
+    try:
+        result = _roll_out(args, run, store, options)
+    except KeyboardInterrupt:  # what the writer committed on its way out: said, with how to go on
+        from trajstore.cli import interrupted
 
-        result = jax_rollout(store, args.env, rollout_length=args.rollout_length, **options)
-    else:
-        from trajstore.rollout import gym_rollout
-
-        wrappers, env_kwargs = _gym_wrappers(args)
-        result = gym_rollout(store, args.env, autoreset=args.autoreset, wrappers=wrappers, env_kwargs=env_kwargs,
-                             **options)
+        found = interrupted.kept(store, args.run, options["worker_id"])
+        print(interrupted.report(args, args.argv, found, store.root, options["worker_id"]), file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(f"stored {result.steps} steps, {result.episodes} complete episodes of {result.env_id} "
           f"as run {result.run_id!r} ({args.mode}) in {store.root} ({result.steps_per_second:,.0f} steps/s)")
     return 0
+
+
+def _rollout_of(backend: str) -> Any:
+    """``jax_rollout`` or ``gym_rollout``, imported (a :class:`~trajstore.errors.MissingExtraError` naming the
+    ``jax`` or ``gym`` extra where it is not installed)."""
+    from trajstore.extras import needed
+
+    with needed(backend, f"trajstore rollout --backend {backend}"):
+        if backend == "jax":
+            from trajstore.rollout import jax_rollout
+
+            return jax_rollout
+        from trajstore.rollout import gym_rollout
+
+        return gym_rollout
+
+
+def _roll_out(args: argparse.Namespace, run: Any, store: Any, options: dict[str, Any]) -> Any:
+    """The rollout ``args`` ask for (``run``: ``jax_rollout`` or ``gym_rollout``) with the rollout's ``options``: its
+    :class:`RolloutResult`."""
+    if args.backend == "jax":
+        return run(store, args.env, rollout_length=args.rollout_length, **options)
+    wrappers, env_kwargs = _gym_wrappers(args)
+    return run(store, args.env, autoreset=args.autoreset, wrappers=wrappers, env_kwargs=env_kwargs, **options)
 
 
 def _check_rollout(args: argparse.Namespace) -> None:
@@ -153,14 +216,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     store = _open(args.store, version=args.at_version)
     table = store.runs()
-    infos = store.run_infos()
+    infos = plumbing(store).run_infos()
     ids = table["run_id"].to_pylist()
     described = [infos.get(r, {}) for r in ids]
     table = table.append_column("tags", pa.array([",".join(d.get("tags") or []) for d in described], pa.string()))
     table = table.append_column("notes", pa.array([d.get("notes") for d in described], pa.string()))
     table = table.append_column("config", pa.array([json.dumps(d.get("config") or {}, sort_keys=True)
                                                     for d in described], pa.string()))
-    _emit(args, table)
+    _emit(args, table, keys=("run_id", "env_id"))
     return 0
 
 
@@ -189,7 +252,11 @@ def _frame_stacker(k: int | None) -> list[Any]:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from trajstore.extras import needed
     from trajstore.rollout.minari import import_minari
+
+    with needed("minari", "trajstore import"):
+        import minari  # noqa: F401 - said before any store is made
 
     store = _open(args.store, create=True)
     result = import_minari(store, args.dataset, run_id=args.run, env_id=args.env, progress=_progress(args))
@@ -209,7 +276,7 @@ def _envs(store: Any, values: list[str] | None) -> list[str] | None:
     listing them (as ``--run`` does runs)."""
     wanted = _split(values)
     if wanted:
-        held = sorted({f.env_id for f in store.files()})
+        held = sorted({f.env_id for f in store.maintain.files()})
         missing = [e for e in wanted if e not in held]
         if missing:
             raise InputError(f"--env: no environment {', '.join(map(repr, missing))} in {store.uri}; its "
@@ -222,7 +289,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     table = store.stats(by=_split(args.by), gamma=args.gamma, where=args.where, run_id=_split(args.run),
                         env_id=_envs(store, args.env), include_incomplete=args.include_incomplete,
                         metric=args.metric)
-    _emit(args, table)
+    _emit(args, table, keys=tuple(_split(args.by) or ()))
     return 0
 
 
@@ -243,7 +310,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                           ci=args.ci, reps=args.reps, seed=args.seed, run_id=_split(args.run), where=args.where)
     if args.format == "table":  # at a glance: 12.3 [10.1, 14.0]
         table = _rounded(table)
-    _emit(args, table)
+    _emit(args, table, keys=(*(_split(args.by) or ()), "statistic"))
     return 0
 
 
@@ -267,12 +334,18 @@ def _rounded(table: Any) -> Any:
     return table.drop_columns(["value", "ci_low", "ci_high"]).add_column(at, "value [CI]", pa.array(cells))
 
 
+# what an episode's row shows in a table (the rest with --wide or --columns): which it is and how it went
+EPISODE_COLUMNS = ["run_id", "env_id", "episode_id", "episode_length", "episode_return", "terminated", "truncated",
+                   "discounted_return"]
+
+
 def cmd_episodes(args: argparse.Namespace) -> int:
     store = _open(args.store, version=args.at_version)
     table = store.episodes(run_id=_split(args.run), env_id=_envs(store, args.env), complete=args.complete,
                            where=args.where, gamma=args.gamma, order_by=args.order_by, limit=args.limit,
                            offset=args.offset)
-    _emit(args, table)
+    _emit(args, table, keys=("episode_id",), brief=EPISODE_COLUMNS + [args.order_by.lstrip("-")],
+          hoist=("run_id", "env_id"))
     return 0
 
 
@@ -290,8 +363,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
     else:
         from trajstore.query.sandbox import Limits
 
-        limits = Limits.unbounded(max_rows=args.limit, worker_bytes=store.settings.sql_worker_bytes)
-        result = store.sandboxed_sql(args.query, limits, **selection)
+        served = plumbing(store)
+        limits = Limits.unbounded(max_rows=args.limit, worker_bytes=served.settings.sql_worker_bytes)
+        result = served.sandboxed_sql(args.query, limits, **selection)
         table, truncated = result.table, result.truncated
     if truncated:
         print(f"trajstore: showing the first {args.limit} rows; the query returned more (raise --limit)",
@@ -303,12 +377,15 @@ def cmd_sql(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import dataclasses
 
-    import uvicorn
+    from trajstore.extras import needed
 
-    from trajstore.api.app import create_app, server_config
-    from trajstore.settings import Settings
+    with needed("serve", "trajstore serve"):
+        import uvicorn
 
-    settings = Settings.from_env()
+        from trajstore.api.app import create_app, server_config
+        from trajstore.api.settings import ServiceSettings
+
+    settings = ServiceSettings.from_env()
     overrides = {"store": args.store, "host": args.host, "port": args.port, "api_key": args.api_key,
                  "commit_interval": args.commit_interval}
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
@@ -321,7 +398,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"trajstore: serving {app.state.store.root} on http://{settings.host}:{settings.port} "
           f"(dashboard at /dashboard, OpenAPI at /openapi.json)", flush=True)
     server = uvicorn.Server(server_config(app))
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shut down, then raised the Ctrl-C again: how a server stops, so done (0)
+        print("trajstore: stopped serving (Ctrl-C)", file=sys.stderr)
     return 0
 
 
@@ -373,12 +453,12 @@ def cmd_delete(args: argparse.Namespace) -> int:
     """With --yes, delete in one commit and say what went; else say what would go, ask on a terminal (refuse off
     one), then delete."""
     runs = _split(args.run)
-    if not runs and not args.where:
-        raise InputError("give --run RUN and/or --where CONDITION (a condition over steps); refusing to delete "
-                         "everything by default")
+    if not runs and not args.where and not args.steps_where:
+        raise InputError("give --run RUN, --where CONDITION (a condition over episodes) and/or --steps-where "
+                         "CONDITION (a condition over steps); refusing to delete everything by default")
     store = _open(args.store)
     if not args.yes:
-        plan = store.delete(run_id=runs, where=args.where, dry_run=True)
+        plan = store.maintain.delete(run_id=runs, where=args.where, steps_where=args.steps_where, dry_run=True)
         print(plan.format())
         if not plan.episodes:
             return 0
@@ -387,7 +467,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
         if input("delete them? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing was deleted")
             return 0
-    print(store.delete(run_id=runs, where=args.where).format())
+    print(store.maintain.delete(run_id=runs, where=args.where, steps_where=args.steps_where).format())
     return 0
 
 
@@ -396,9 +476,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     store = _open(args.store)
     if args.sql:
-        print(store.decoding_sql(dialect=args.dialect), end="")
+        print(store.maintain.decoding_sql(dialect=args.dialect), end="")
         return 0
-    for column in store.stored_columns():
+    for column in store.maintain.stored_columns():
         print(f"{column['name']}  {column['type']}")
         declared = column["declared"]
         if declared:
@@ -408,8 +488,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     store = _open(args.store)
-    _emit(args, store.history(limit=args.limit))
-    kept = store.log_retention()
+    _emit(args, store.history(limit=args.limit), keys=("version",))
+    kept = store.maintain.log_retention()
     if kept.oldest:
         print(f"trajstore: the log starts at version {kept.oldest}: it keeps {text(kept.log_s)} of entries, and "
               "older versions can no longer be read (trajstore retention)", file=sys.stderr)
@@ -421,14 +501,14 @@ def cmd_retention(args: argparse.Namespace) -> int:
     if args.log is None:
         if args.checkpoint_interval is not None:
             raise InputError("--checkpoint-interval: give it with --log DURATION (the retention it goes with)")
-        print(store.log_retention().format())
+        print(store.maintain.log_retention().format())
     else:
-        print(store.set_log_retention(args.log, checkpoint_interval=args.checkpoint_interval).format())
+        print(store.maintain.log_retention(args.log, checkpoint_interval=args.checkpoint_interval).format())
     return 0
 
 
 def cmd_vacuum(args: argparse.Namespace) -> int:
-    print(_open(args.store).vacuum(older_than=args.older_than, dry_run=args.dry_run).format())
+    print(_open(args.store).maintain.vacuum(older_than=args.older_than, dry_run=args.dry_run).format())
     return 0
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.storage.run_config import MAX_CONFIG_BYTES, MAX_DEPTH
+
+if TYPE_CHECKING:
+    import yaml
 
 MAX_FILE_BYTES = 8 * MAX_CONFIG_BYTES  # a config file (comments, layout) larger than that is not read
 MAX_VALUES = MAX_CONFIG_BYTES // 2  # each value takes at least two bytes of JSON text ("1,")
@@ -40,7 +42,9 @@ def load(path: Path) -> dict[str, Any]:
         loaded = json.loads(text) if path.suffix.lower() == ".json" else _yaml(text, path)
     except RecursionError:
         raise InputError(f"--config-file: {path} nests deeper than a config may ({MAX_DEPTH} levels)") from None
-    except (ValueError, yaml.YAMLError) as exc:
+    except InputError:  # past a bound, or a missing extra: said as it is
+        raise
+    except ValueError as exc:
         raise InputError(f"--config-file: {path} is not JSON or YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(loaded, dict):
         raise InputError(f"--config-file: {path} holds a {type(loaded).__name__}; expected a mapping of names to "
@@ -49,7 +53,10 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def _yaml(text: str, path: Path) -> Any:
-    """The value of a YAML document, built once its node graph is known to expand within the bounds."""
+    """The value of a YAML document, built once its node graph is known to expand within the bounds (a
+    ``ValueError`` where it is not YAML)."""
+    with needed("yaml", f"--config-file: {path}, read as YAML (its name does not end in .json),"):
+        import yaml
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -57,6 +64,8 @@ def _yaml(text: str, path: Path) -> Any:
             return None
         _expanded(node, path, {}, set(), 0)
         return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc)) from None
     finally:
         loader.dispose()
 
@@ -71,6 +80,8 @@ def _expanded(node: yaml.Node, path: Path, sizes: dict[int, int], open_: set[int
     if depth > MAX_DEPTH:
         raise InputError(f"--config-file: {path} nests deeper than a config may ({MAX_DEPTH} levels)")
     open_.add(id(node))
+    import yaml
+
     children = node.value if isinstance(node, yaml.SequenceNode) else \
         [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
     size = 1 + sum(_expanded(child, path, sizes, open_, depth + 1) for child in children)

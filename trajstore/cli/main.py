@@ -1,9 +1,9 @@
 """The ``trajstore`` command's entry point: parse, run the command, turn any error into one line.
 
 Exit status: 0 done, 1 ``check`` found problems, 2 any error (bad usage, a run the store does not hold, an
-unreachable store, …), 130 interrupted. Errors are printed as one line (``trajstore: error: …``), without
-terminal colour codes, naming the command's flags where the library's message names its arguments
-(``run_id`` is ``--run``). Set ``TRAJSTORE_DEBUG=1`` to see a traceback.
+unreachable store, …), 130 interrupted (``serve`` exits 0: Ctrl-C is how it stops). Errors are printed as one line
+(``trajstore: error: …``), without terminal colour codes, naming the command's flags where the library's message
+names its arguments (``run_id`` is ``--run``). Set ``TRAJSTORE_DEBUG=1`` to see a traceback.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ EXIT_ERROR = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(_attach_negative_values(list(sys.argv[1:] if argv is None else argv)))
+        args = parser.parse_args(_attach_negative_values(given))
     except SystemExit as exc:  # a usage error, said in one line (--help and --version exit 0: they stay exits)
         if exc.code == EXIT_ERROR:
             return EXIT_ERROR
         raise
+    args.argv = given  # as typed: what a command tells to run again
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)

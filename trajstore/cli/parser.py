@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Store RL trajectories and query them: rollouts into a store, statistics, "
                     "SQL, a REST service and dashboard, and the store's lifecycle.",
         epilog="Exit status: 0 done, 1 `check` found problems, 2 an error (said in one line on stderr), "
-               "130 interrupted. TRAJSTORE_DEBUG=1 shows a traceback.")
+               "130 interrupted (but `serve`, which Ctrl-C stops: 0). TRAJSTORE_DEBUG=1 shows a traceback.")
     parser.add_argument("--version", action="version", version=f"trajstore {__version__}",
                         help="print which trajstore this is and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
@@ -91,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "A gymnasium vector env (--backend gym) or a pure-JAX env under lax.scan + vmap (--backend jax); "
                 "random actions, or --policy. Every row stores mode (train, or eval with --mode eval) and the "
                 "--seed given (env i of a gym vector env starts from seed + i; env_index tells the envs apart). "
-                "A --run the store already holds is refused unless --append. With --url, the episodes go to a "
-                "trajstore service instead (a remote worker).")
+                "A --run the store already holds is refused unless --append. Ctrl-C stops it: what it stepped is "
+                "kept, and it says how much and the commands that go on (--append) or remove it. With --url, the "
+                "episodes go to a trajstore service instead (a remote worker).")
     p.add_argument("--backend", choices=["gym", "jax"], default="gym",
                    help="gym: a gymnasium vector env; jax: a pure-JAX env under lax.scan + vmap (default: gym)")
     p.add_argument("--env", required=True, help="environment id, e.g. CartPole-v1 or ALE/Breakout-v5 (gym; Atari "
@@ -249,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.cmd_sql)
 
     p = command("serve", "serve the REST API and dashboard over a store (uvicorn)",
-                "OpenAPI at /openapi.json, the dashboard at /dashboard. Ctrl-C stops it.")
+                "OpenAPI at /openapi.json, the dashboard at /dashboard. Ctrl-C stops it (exit status 0).")
     p.add_argument("--store", **store_opt)
     p.add_argument("--host", help="address to listen on (default: $TRAJSTORE_HOST or 127.0.0.1)")
     p.add_argument("--port", type=whole(1, 65535), help="port (default: $TRAJSTORE_PORT or 8321)")
@@ -286,8 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
                 "versions keep reading the deleted episodes until a vacuum removes their files.")
     p.add_argument("--store", **store_opt)
     p.add_argument("--run", action="append", default=[], help="delete this run (repeatable, or comma-separated)")
-    p.add_argument("--where", help="delete the episodes whose every step this SQL condition over steps selects, "
-                                   "e.g. \"policy_version < 3\"; refused if it selects part of an episode")
+    p.add_argument("--where", help="delete the episodes this SQL condition over the episodes view selects, e.g. "
+                                   "\"episode_return < 0\" (as --where of every other command)")
+    p.add_argument("--steps-where", help="delete the episodes whose every step this SQL condition over the steps "
+                                         "view selects, e.g. \"policy_version < 3\"; refused if it selects part of "
+                                         "an episode")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (needed when not on a "
                                                               "terminal)")
     p.set_defaults(func=commands.cmd_delete)
@@ -399,6 +403,11 @@ def _output_options(p: argparse.ArgumentParser) -> None:
                    help="table (aligned columns), csv, json (one object per line) or parquet (needs --output); "
                         "default: table")
     p.add_argument("--output", "-o", help="write to this file instead of standard output")
+    p.add_argument("--columns", action="append", metavar="NAME,...",
+                   help="only these columns, in this order, in any --format (repeatable or comma-separated)")
+    p.add_argument("--wide", action="store_true",
+                   help="table: every column, on lines as long as they need (by default a table fits the "
+                        "terminal, $COLUMNS or else 100 characters wide, its columns wrapped into blocks that fit)")
 
 
 def _progress_option(p: argparse.ArgumentParser) -> None:

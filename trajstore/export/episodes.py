@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 
 from trajstore.errors import InputError, StoreDamagedError
 from trajstore.loaders import layout as lay
-from trajstore.loaders.source import loader_source
 from trajstore.storage.log import DataFile
+from trajstore.store import plumbing
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -198,7 +198,7 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
         raise InputError(f"agent: expected one agent id (a dataset holds one agent per step), got {agent!r}")
     if not include_unfinished and agent is None:  # an agent's trajectory is complete by its own end (below)
         where = "complete" if where is None else f"complete AND ({where})"
-    store.engine.check_runs(runs)
+    plumbing(store).check_runs(runs)
     if store.version < 0:
         raise InputError(f"run_id/where: nothing to export from {store.uri}: the store is empty")
     pinned = store if store.read_only else store.at(version=store.version)  # every read sees one version
@@ -207,11 +207,11 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
         raise InputError(f"run_id/where: nothing to export from {store.uri} (run_id={run_id!r}, where={where!r})")
     if agent is None:
         _refuse_agents(pinned, files)
-        pinned.engine.step_types(files).check(list(COLUMNS), stackable=True, hint=ONE_ENV)  # names the env ids
-    source = loader_source(pinned.engine, pinned.layouts, run_id=runs or None, where=where, filter=None,
-                           agent_id=agent, complete_only=not include_unfinished, agent_field="agent")
-    if source.check is not None and agent is not None:
-        source.check(list(COLUMNS))  # the agent's files alone: their environments' types
+        plumbing(pinned).step_types(files).check_one_type(list(COLUMNS), stackable=True, hint=ONE_ENV)  # names the envs
+    source = plumbing(pinned).loader_source(run_id=runs or None, where=where, agent_id=agent,
+                                            complete_only=not include_unfinished, agent_field="agent")
+    if source.check_types is not None and agent is not None:
+        source.check_types(list(COLUMNS))  # the agent's files alone: their environments' types
     ids = None if source.trajectories is None else source.trajectories.episode_id
     if ids is not None and not len(ids):
         raise InputError(f"run_id/where: nothing to export from {store.uri}: agent {agent!r} ended none of the "
@@ -229,7 +229,7 @@ def select(store: Store, *, run_id: str | Sequence[str] | None = None, where: st
 def _refuse_agents(store: Store, files: list[DataFile]) -> None:
     """An :class:`InputError` naming the runs whose selected files hold rows of multi-agent episodes, and their
     agents: an export format holds one agent per step, so such a run is exported one agent at a time."""
-    schemas = store.table.schemas(files)
+    schemas = plumbing(store).file_schemas(files)
     held = [f for f, s in zip(files, schemas) if "agent_id" in s.logical.names]
     if held:
         runs = sorted({f.run_id for f in held})
@@ -246,8 +246,8 @@ def _files(store: Store, runs: list[str], where: str | None) -> tuple[list[DataF
     """The committed files holding the selection, and the ids of the episodes ``where`` chose (None: all
     episodes of the files); a condition needs DuckDB, runs alone only the file list."""
     if where is None:
-        return [f for f in store.files() if not runs or f.run_id in runs], None
-    plan = store.scan_plan(["episode_id"], run_id=runs or None, where=where)
+        return [f for f in store.maintain.files() if not runs or f.run_id in runs], None
+    plan = plumbing(store).scan_plan(["episode_id"], run_id=runs or None, where=where)
     return plan.files, plan.episode_ids
 
 

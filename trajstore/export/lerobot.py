@@ -40,13 +40,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm.auto import tqdm
 
+from trajstore import progress_bar
 from trajstore.errors import InputError
 from trajstore.export import lerobot_stats as stats
 from trajstore.export.episodes import EpisodeGroup, ExportResult, Selection, select
 from trajstore.export.target import check_new, staged
+from trajstore.extras import needed
 from trajstore.query.pictures import ImageLeaf, image_leaf, png
+from trajstore.store import plumbing
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -227,10 +229,13 @@ def image_columns(sel: Selection) -> dict[str, ImageLeaf]:
     dtype, shape = sel.kinds["obs"]
     if np.dtype(dtype) != np.uint8:
         return {}
-    declared = [leaf.stack for env in sel.env_ids for leaf in sel.store.image_leaves(env) if leaf.path == "obs"]
+    leaves = plumbing(sel.store).image_leaves
+    declared = [leaf.stack for env in sel.env_ids for leaf in leaves(env) if leaf.path == "obs"]
     leaf = image_leaf("obs", shape, np.dtype(dtype), declared[0] if declared else None)
     if leaf is None or leaf.channels not in (1, 3):
         return {}
+    with needed("lerobot", "export_lerobot of picture observations (PNG image features)"):
+        import PIL  # noqa: F401 - before anything is written
     return {"obs": leaf, "next_obs": leaf}
 
 
@@ -244,7 +249,7 @@ def _write(sel: Selection, root: Path, *, fps: int, chunk_size: int, file_mb: fl
     meta = None
     totals = {f.name: stats.Totals() for f in feats}
     frames = 0
-    with tqdm(total=sel.episodes, desc="export", unit="episode", disable=not progress) as bar:
+    with progress_bar.bar(total=sel.episodes, desc="export", unit="episode", enabled=progress) as bar:
         for group in sel.groups():
             values = _frames(group, first_frame=frames, fps=fps, tasks=tasks)
             table = pa.table([f.arrow(values[f.source]) for f in feats], schema=schema)

@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm.auto import tqdm
 
+from trajstore import progress_bar
 from trajstore.errors import InputError
 from trajstore.export.episodes import EpisodeGroup, ExportResult, Selection, select
 from trajstore.export.target import staged
+from trajstore.extras import needed
 
 if TYPE_CHECKING:
     from trajstore.store import Store
@@ -78,11 +79,8 @@ def export_minari(store: Store, dataset_id: str, *, run_id: str | Sequence[str] 
 
 
 def _minari() -> Any:
-    try:
+    with needed("minari", "exporting a Minari dataset"):
         import minari
-    except ImportError:
-        raise InputError("exporting a Minari dataset needs the minari extra: pip install 'trajstore[minari]'") \
-            from None
     return minari
 
 
@@ -138,7 +136,7 @@ def _write(sel: Selection, data_path: Path, dataset_id: str, data_format: str, p
                                                                        f", the trajectories of agent {sel.agent!r}"),
                              "minari_version": version})
     encode = _encoder() if data_format in ("arrow", "parquet") else None
-    with tqdm(total=sel.episodes, desc="export", unit="episode", disable=not progress) as bar:
+    with progress_bar.bar(total=sel.episodes, desc="export", unit="episode", enabled=progress) as bar:
         for group in sel.groups():
             for a in range(0, len(group), BATCH_EPISODES):
                 if encode is not None:

@@ -78,7 +78,7 @@ def _make_parents(folder: Path, *, field: str) -> list[Path]:
     while not folder.exists():
         missing.append(folder)
         folder = folder.parent
-    made = []
+    made: list[Path] = []
     for path in reversed(missing):
         try:
             path.mkdir()

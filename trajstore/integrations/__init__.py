@@ -7,6 +7,18 @@ each step's info the same way (:mod:`trajstore.integrations.info`). Multi-agent 
 
 from __future__ import annotations
 
-from trajstore.integrations.gymnasium import RecordToStore, VectorRecordToStore
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trajstore.integrations.gymnasium import RecordToStore, VectorRecordToStore
 
 __all__ = ["RecordToStore", "VectorRecordToStore"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported when first used, so that the modules every rollout shares (info) need no gymnasium (the [gym] extra)
+    if name in __all__:
+        from trajstore.integrations import gymnasium
+
+        return getattr(gymnasium, name)
+    raise AttributeError(f"module 'trajstore.integrations' has no attribute {name!r}")

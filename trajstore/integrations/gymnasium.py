@@ -22,14 +22,17 @@ reports around them.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
-import gymnasium as gym
 import numpy as np
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.integrations.info import InfoColumns, Values, check_info_keys, check_writer, env_info, vector_info
 from trajstore.write.writer import Writer
+
+with needed("gym", "a gymnasium rollout or recorder (gym_rollout, RecordToStore)"):
+    import gymnasium as gym
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +113,9 @@ class Recording:
     def __enter__(self) -> Any:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
+        return False  # an error in the block propagates
 
 
 class RecordToStore(Recording, gym.Wrapper):
@@ -190,7 +194,8 @@ class VectorRecordToStore(Recording, gym.vector.VectorWrapper):
             np.array(options["reset_mask"], bool)
         # a copy down: gymnasium's vector envs pop reset_mask from the dict, which wrappers outside this one
         # (RecordEpisodeStatistics) read after
-        obs, info = self.env.reset(seed=seed, options=None if options is None else dict(options))
+        obs, info = self.env.reset(seed=seed,  # type: ignore[arg-type]  # VectorEnv.reset declares int | None only
+                                   options=None if options is None else dict(options))
         if self._obs is not None:
             self._restart(mask)
         self._obs = copy_obs(obs)

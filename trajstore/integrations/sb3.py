@@ -20,12 +20,15 @@ import logging
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.vec_env import VecEnvWrapper
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.integrations.gymnasium import StepBuffer, copy_obs, frame_stack_option
 from trajstore.integrations.info import check_info_keys, list_info
+
+with needed("sb3", "trajstore.integrations.sb3"):
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import VecEnvWrapper
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +156,7 @@ class StoreCallback(BaseCallback):
 
     def _final_obs(self, obs: Any, dones: np.ndarray, infos: Sequence[Mapping[str, Any]]) -> Any:
         """``obs`` with the true final observation of every env whose episode ended in this step."""
-        ended = [i for i in np.flatnonzero(dones) if infos[i].get("terminal_observation") is not None]
+        ended = [i for i in np.flatnonzero(dones).tolist() if infos[i].get("terminal_observation") is not None]
         if not ended:
             return obs
         raw = self._raw.finals if self._raw is not None and self._normalizer() is not None else None

@@ -6,4 +6,7 @@ process and machine (:mod:`~trajstore.loaders.layout_store`), read from one pinn
 :mod:`~trajstore.loaders.agents`), visited in an order computed block by block (:mod:`~trajstore.loaders.order`)
 by the iterator a loader returns (:mod:`~trajstore.loaders.loader`): windows inside episodes
 (:mod:`~trajstore.loaders.sequences`) and n-step transitions (:mod:`~trajstore.loaders.transitions`), each batch
-assembled in one compiled pass (:mod:`~trajstore.loaders.assemble`)."""
+assembled in one compiled pass (:mod:`~trajstore.loaders.assemble`); and the same items drawn by priority
+(:mod:`~trajstore.loaders.replay`: their slots and handles in :mod:`~trajstore.loaders.replay_items`, the sum and min
+trees in :mod:`~trajstore.loaders.sumtree`, the priorities stored and committed by
+:mod:`~trajstore.loaders.replay_priorities`)."""

@@ -57,7 +57,7 @@ class Trajectories:
     def __len__(self) -> int:
         return len(self.episode_id)
 
-    def check(self, columns: Sequence[str]) -> None:
+    def check_alike(self, columns: Sequence[str]) -> None:
         """An :class:`InputError` naming the agents and the columns where the chosen agents' steps differ in
         type (``simple_tag``'s adversaries observe 16 floats, its agent 14): no array stacks them."""
         differ = []
@@ -158,6 +158,7 @@ def trajectories(files: Sequence[DataFile], schemas: Sequence[FileSchema], schem
         raise InputError(f"{field}: expected one agent id or several, got none")
     value_set = pa.array(chosen, pa.string())
     flags = ["terminated", "truncated"] if complete_only else []
+    types: dict[str, dict[str, str]]
     kept_files, kept_schemas, types = [], [], {}
     parts: list[tuple[np.ndarray, ...]] = []
     present: set[str] = set()

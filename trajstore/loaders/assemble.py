@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numba
 import numpy as np
@@ -67,29 +67,29 @@ def _load(kind: Any) -> Any:
 _byte_at, _float32_at, _float64_at = _load(types.uint8), _load(types.float32), _load(types.float64)
 
 
-class _Loading:
-    """The kernels of this process, loaded (or compiled) by numba on a thread of their own, once: numba's first
-    call in a process sets up its compiler, a few tenths of a second (more with a cold page cache). Meanwhile the
-    process's first batch is made by plain numpy (the same values); every later batch waits for the kernels. If
-    they cannot be loaded, every batch is made by numpy. A fork waits for the thread (numba's compiler lock must
-    not be held by a thread the child lacks)."""
+class Loading:
+    """The kernels of this process (``load`` calls each once), loaded (or compiled) by numba on a thread of their
+    own, once: numba's first call in a process sets up its compiler, a few tenths of a second (more with a cold page
+    cache). Meanwhile the process's first batch is made by plain numpy (the same values); every later batch waits for
+    the kernels. If they cannot be loaded, every batch is made by numpy. A fork waits for the thread (numba's compiler
+    lock must not be held by a thread the child lacks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, load: Callable[[], None] | None = None, what: str = "loader batch kernels") -> None:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._first_served = False
+        self._load_kernels = load or (lambda: _call_kernels())  # (this module's kernels, looked up when loaded)
+        self.what = what
         self.loaded = False  # and usable
         self.failed: BaseException | None = None
+        os.register_at_fork(before=self.wait)
 
     def compiled(self, items: int) -> bool:
         """Whether a batch of ``items`` items is made by the kernels (starting to load them if not yet)."""
         if self.loaded:
             return items > 0
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._load, name="trajstore-kernels", daemon=True)
-                self._thread.start()
-            thread = self._thread
+            thread = self._start()
             if items and not self._first_served and thread.is_alive():
                 self._first_served = True
                 return False
@@ -100,6 +100,29 @@ class _Loading:
         self.wait()
         return self.failed is None
 
+    def ready(self) -> bool:
+        """Whether the kernels are loaded, never waiting (starting to load them if not yet): callers that have a
+        plain numpy way use it until then."""
+        if self.loaded:
+            return True
+        with self._lock:
+            self._start()
+        return self.loaded
+
+    def usable(self) -> bool:
+        """Whether the kernels can be used, waiting for them to load (for work that has no plain numpy way)."""
+        if not self.loaded:
+            with self._lock:
+                self._start()
+            self.wait()
+        return self.failed is None
+
+    def _start(self) -> threading.Thread:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._load, name="trajstore-kernels", daemon=True)
+            self._thread.start()
+        return self._thread
+
     def wait(self) -> None:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -107,15 +130,15 @@ class _Loading:
 
     def _load(self) -> None:
         try:
-            _call_kernels()
+            self._load_kernels()
             self.loaded = True
         except Exception as exc:  # noqa: BLE001 - any failure: numpy makes the batches
             self.failed = exc
-            log.warning("loader batch kernels unavailable (%r): batches are made by numpy", exc)
+            log.warning("%s unavailable (%r): batches are made by numpy", self.what, exc)
 
 
-LOADING = _Loading()
-os.register_at_fork(before=LOADING.wait)
+_Loading = Loading
+LOADING = Loading()
 
 
 def _call_kernels() -> None:
@@ -129,7 +152,7 @@ def _call_kernels() -> None:
 
 def address_of(values: np.ndarray) -> int:
     """The address of a writable C-contiguous array's first byte (0 for an array of no bytes)."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(values)) if values.nbytes else 0
+    return ctypes.addressof(ctypes.c_char.from_buffer(values)) if values.nbytes else 0  # type: ignore[arg-type]  # typeshed: a Buffer from 3.12
 
 
 @dataclass
@@ -374,11 +397,11 @@ def _windows(items: np.ndarray, end: np.ndarray, first: np.ndarray, shift: int, 
             done = 0
             while done < keep:  # the window's run in each fragment it crosses as one block
                 take = min(keep - done, table[f + 1, 0] - p - done)
-                _copy(row + done * w, table[f, 1 + c] + (p + done) * w, take * w)
+                _copy(row + done * w, table[f, 1 + c] + (p + done) * w, take * w)  # type: ignore[call-arg]  # numba passes typingctx
                 done += take
                 f += 1
             if keep < length:
-                _zero(row + keep * w, (length - keep) * w)
+                _zero(row + keep * w, (length - keep) * w)  # type: ignore[call-arg]  # numba passes typingctx
     return touched
 
 
@@ -432,7 +455,7 @@ def _transitions(positions: np.ndarray, n: int, now: int, offset: np.ndarray, fi
     for c in range(leaves):
         if width[c] > 0:
             for i in range(size):
-                _copy(target[c] + i * width[c], source[c, i], width[c])
+                _copy(target[c] + i * width[c], source[c, i], width[c])  # type: ignore[call-arg]  # numba passes typingctx
 
 
 @numba.njit(cache=True, nogil=True)

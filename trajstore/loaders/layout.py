@@ -24,7 +24,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Iterable, Iterator, Literal, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -66,7 +66,7 @@ class Column:
     def nbytes(self) -> int:
         return self.rows * value_bytes(self.dtype, self.shape)
 
-    def open(self, mode: str = "r") -> np.ndarray:
+    def open(self, mode: Literal["r", "r+"] = "r") -> np.ndarray:
         if self.nbytes == 0:
             return np.zeros((self.rows, *self.shape), self.dtype)
         return np.memmap(self.path, dtype=self.dtype, mode=mode, shape=(self.rows, *self.shape))
@@ -386,6 +386,7 @@ def _file_batches(f: DataFile, stored: FileSchema, schema: pa.Schema, columns: l
     read = list(dict.fromkeys(held + (["episode_id", "step", OBS] if decode else []) +
                               (["episode_id"] if episode_ids is not None or not held else [])))
     parquet = pq.ParquetFile(f.path, filesystem=f.fs, pre_buffer=False, buffer_size=READ_BUFFER)
+    batches: Iterator[pa.RecordBatch]
     batches = (pa.record_batch(b.columns, names=read) for b in
                parquet.iter_batches(batch_size=READ_ROWS, columns=[fmt.physical(c) for c in read], use_threads=False))
     if episode_ids is not None:
@@ -440,7 +441,9 @@ def _index(batches: Iterable[pa.RecordBatch]) -> Layout:
         u, inverse, n = np.unique(eid, return_inverse=True, return_counts=True)
         top = np.full(len(u), -1, np.int64)
         np.maximum.at(top, inverse, step)
-        ids.append(u), counts.append(n), tops.append(top)
+        ids.append(u)
+        counts.append(n)
+        tops.append(top)
     if not ids:
         empty = np.zeros(0, np.int64)
         return Layout(empty, empty.copy(), empty.copy())

@@ -135,7 +135,6 @@ class LayoutStore:
         self.opened = OpenLayouts(keep)
         self.cache = Path(os.path.expanduser(str(cache))) / _store_folder(location.uri)
         self.local = Path(location.path(FOLDER)) if location.is_local else self.cache
-        self.built = 0  # layouts this object built (and did not find): for tests and logs
 
     def get(self, key: LayoutKey, make: Callable[[Path | None], Layout],
             basis: Basis) -> tuple[Layout, Callable[[], None]]:
@@ -187,8 +186,10 @@ class LayoutStore:
     # --- building ------------------------------------------------------------------------------------
 
     def _built(self, make: Callable[[Path | None], Layout], folder: Path | None) -> Layout:
-        self.built += 1
-        return make(folder)
+        layout = make(folder)
+        if folder is None:  # a kept one says where it went once saved (_build)
+            log.info("built loader layout (%d steps) in a temporary folder, for this process alone", layout.steps)
+        return layout
 
     def _build(self, key: LayoutKey, digest: str, make: Callable[[Path | None], Layout], basis: Basis) -> Layout:
         name = f"{DATA}/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
@@ -422,6 +423,7 @@ def remove_empty_folders(location: Location, removed: list[pafs.FileInfo]) -> No
 def _classify(root: str, listing: list[pafs.FileInfo]) -> tuple[list[pafs.FileInfo], dict[str, list[pafs.FileInfo]],
                                                                   list[pafs.FileInfo]]:
     """Manifests (``<key>.json``), data files by build folder (``data/<build>``), and the rest."""
+    data: dict[str, list[pafs.FileInfo]]
     manifests, data, other = [], {}, []
     for info in listing:
         parts = posixpath.relpath(info.path, root).split("/")

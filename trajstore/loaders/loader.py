@@ -9,29 +9,57 @@ one is used), ``"arrow"`` (a record batch; arrays of shape ``(n, a, b)`` as nest
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Callable, Iterator, Literal
+import importlib
+import warnings
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.loaders.order import Order, Position
+from trajstore.query.batches import FORMATS as LOADER_FORMATS
+from trajstore.query.batches import BatchFormat
 from trajstore.schema import to_numpy
 
-LoaderFormat = Literal["numpy", "jax", "arrow", "torch"]
-LOADER_FORMATS = ("numpy", "jax", "arrow", "torch")
 Assemble = Callable[[np.ndarray], dict[str, np.ndarray]]
 
 
 def check_format(format: str) -> None:  # noqa: A002
     if format not in LOADER_FORMATS:
         raise InputError(f"format: must be one of {list(LOADER_FORMATS)}, got {format!r}")
-    if format == "torch":
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            raise InputError("format: 'torch' needs PyTorch; install the extra: pip install 'trajstore[torch]'") \
-                from None
+    if format in ("torch", "jax"):
+        with needed(format, f"format: {format!r}"):
+            importlib.import_module(format)
+
+
+def __getattr__(name: str) -> Any:
+    """``LoaderFormat``, the loaders' Literal of formats until trajstore 0.1: the same type as
+    :data:`~trajstore.query.batches.BatchFormat`, now written once; still importable for one release, with a
+    :class:`DeprecationWarning` naming the new one."""
+    if name == "LoaderFormat":
+        warnings.warn("trajstore.loaders.loader.LoaderFormat is deprecated: use trajstore.query.batches.BatchFormat "
+                      "(the same type); the old name goes in the next release", DeprecationWarning, stacklevel=2)
+        return BatchFormat
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class BatchStream(Protocol):
+    """What a training loader gives, from a store (:class:`Batches`) or a service
+    (:class:`~trajstore.remote.loader.RemoteBatches`): batches one after the other, ``state_dict()`` to resume
+    right after the last one given (``resume=``), and ``close()`` (or a ``with`` block); ``schema``, the Arrow
+    schema of its batches."""
+
+    schema: pa.Schema
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def __next__(self) -> Any: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
 class Batches(Iterator[Any]):

@@ -245,7 +245,7 @@ class Position:
         return {"kind": self.kind, "digest": self.digest, "epoch": self.epoch, "position": self.position}
 
 
-def digest(arguments: Mapping[str, Any]) -> str:
+def digest(arguments: Any) -> str:
     """A short hash of the arguments that fix an order (JSON of them, keys sorted)."""
     text = json.dumps(arguments, sort_keys=True, default=_plain)
     return hashlib.sha256(text.encode()).hexdigest()[:32]

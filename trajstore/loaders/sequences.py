@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -63,7 +63,7 @@ class Source:
     arguments: dict[str, Any] = field(default_factory=dict)  # the selection (run_id, where, filter), digested
     layouts: LayoutStore | None = None  # where layouts are found and kept (None: built for each call)
     basis: Basis | None = None  # what the store's vacuum judges a layout of these steps by
-    check: Callable[[Sequence[str]], None] | None = None  # InputError for columns no array can stack (env ids)
+    check_types: Callable[[Sequence[str]], None] | None = None  # InputError for columns no array can stack
     # the layout of column leaves (dtype and shape each) stitched from the files' array copies, or None
     stitch: Callable[[dict[str, Any]], Stitched | None] | None = None
     # agents' own trajectories (loaders.agents), laid out in place of episodes; batches name them (named)
@@ -79,10 +79,11 @@ class Source:
         the files' array copies where they hold them all (no derived column), else found, or built by
         ``make(folder)``."""
         if derived is None and self.stitch is not None:
-            key = ("arrays", self.version_key, self.arguments.get("episodes"), tuple(columns))
+            key: Hashable = ("arrays", self.version_key, self.arguments.get("episodes"), tuple(columns))
             kept = lay.OpenLayouts(0) if self.layouts is None else self.layouts.opened
             try:  # kept open for the next epoch, like a built layout (its pages stay mapped)
-                return kept.get(key, lambda: self._stitched(columns) or _no_copies())
+                # a Stitched serves as a Layout (the members used are the same): OpenLayouts' types say Layout
+                return kept.get(key, lambda: self._stitched(columns) or _no_copies())  # type: ignore[arg-type, return-value]
             except _NoCopies:
                 pass
         if self.layouts is None or self.basis is None:
@@ -123,7 +124,7 @@ class Sampling:
     weight_by: str | None = None
     num_samples: int | None = None
 
-    def check(self) -> None:
+    def check_arguments(self) -> None:
         check_count("batch_size", self.batch_size)
         check_shard(self.rank, self.world_size)
         check_count("epoch", self.epoch, minimum=0)
@@ -158,8 +159,8 @@ def stored_columns(source: Source, columns: Sequence[str] | None, *, default: Se
 
 def checked(source: Source, columns: Sequence[str]) -> list[str]:
     """``columns``, refused (naming the environments) where no array can stack their steps."""
-    if source.check is not None:
-        source.check(columns)
+    if source.check_types is not None:
+        source.check_types(columns)
     return list(columns)
 
 
@@ -198,8 +199,9 @@ class Windows:
 WEIGHT_CHUNK = 1 << 20  # items whose step weights are gathered at a time
 
 
-def item_weights(source: Source, layout: lay.Layout | lay.Mapped, weight_by: str | None, first: np.ndarray,
-                 count: np.ndarray, first_step: Callable[[np.ndarray], np.ndarray]) -> Weights | None:
+def item_weights(source: Source, layout: lay.Layout | lay.Mapped | StitchedView, weight_by: str | None,
+                 first: np.ndarray, count: np.ndarray,
+                 first_step: Callable[[np.ndarray], np.ndarray]) -> Weights | None:
     """The items' weights: the step column ``weight_by`` at each item's (first) step, ``first_step(items)``,
     or the ``episodes`` view's column ``weight_by`` of its episode (``count[e]`` items of episode ``e`` from
     item ``first[e]`` on)."""
@@ -246,6 +248,27 @@ def check_batch_bytes(nbytes: int, max_batch_bytes: int | None, what: str, advic
                          f"TRAJSTORE_LOADER_BATCH_BYTES); {advice}")
 
 
+@dataclass
+class Items:
+    """A loader's items over one layout, and how a batch of them is made: ``count[e]`` items in the layout's episode
+    ``e``, numbered from ``first[e]``, the ``k``-th starting at step ``k · stride`` of it; ``batch(items)`` the batch
+    of those numbers (named: ``episode_id``, ``agent_id``). ``release()`` unmaps the layout (once: the loader's
+    iterator, or a replay, calls it)."""
+
+    view: lay.Mapped | StitchedView
+    count: np.ndarray
+    first: np.ndarray
+    stride: int
+    arguments: dict[str, Any]
+    batch: Callable[[np.ndarray], dict[str, np.ndarray]]
+    release: Callable[[], None]
+    first_step: Callable[[np.ndarray], np.ndarray]  # the position of each item's first step in the layout
+
+    @property
+    def total(self) -> int:
+        return int(self.count.sum())
+
+
 def sequences(source: Source, length: int, *, columns: Sequence[str] | None = None, stride: int | None = None,
               pad: bool = False, gamma: float | None = None, sampling: Sampling = Sampling(),
               format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
@@ -254,8 +277,29 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
     an :class:`InputError` (before anything is read) when one batch would take more than that to build."""
     length = check_count("length", length)
     stride = length if stride is None else check_count("stride", stride)
-    sampling.check()
+    sampling.check_arguments()
     check_format(format)
+    items = window_items(source, length, columns=columns, stride=stride, pad=pad, gamma=gamma,
+                         weight_by=sampling.weight_by, batch_size=int(sampling.batch_size),
+                         max_batch_bytes=max_batch_bytes)
+    try:
+        weights = item_weights(source, items.view, sampling.weight_by, items.first, items.count, items.first_step)
+        return loader_batches("sequences", items.arguments, source, items.release, sampling, items.total, weights,
+                              items.batch, format, resume)
+    except BaseException:
+        items.release()
+        raise
+
+
+def window_items(source: Source, length: int, *, columns: Sequence[str] | None = None, stride: int | None = None,
+                 pad: bool = False, gamma: float | None = None, weight_by: str | None = None, batch_size: int = 1,
+                 max_batch_bytes: int | None = None) -> Items:
+    """The windows of ``length`` steps of ``source`` (see the module's description) as :class:`Items`: their
+    layout found, stitched or built (with ``weight_by``'s step column too), numbered, and made by one kernel; with
+    ``max_batch_bytes``, an :class:`InputError` (before anything is read) when a batch of ``batch_size`` would take
+    more than that to build."""
+    length = check_count("length", length)
+    stride = length if stride is None else check_count("stride", stride)
     g = None if gamma is None else check_gamma(gamma)
     names = stored_columns(source, columns)
     wants_rtg = (columns is None and g is not None) or (columns is not None and RETURN_TO_GO in list(columns))
@@ -264,19 +308,19 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
     if wants_rtg and "reward" not in source.schema.names:  # e.g. the empty first version of a store
         raise InputError(f"gamma: {RETURN_TO_GO!r} is computed from the steps' reward, which these steps do not have")
     extra = (["reward"] if wants_rtg and "reward" not in names else []) + \
-        [c for c in weight_column(source, sampling.weight_by) if c not in names]
+        [c for c in weight_column(source, weight_by) if c not in names]
     checked(source, [*names, *extra])
     if max_batch_bytes is not None:
         per_step = step_bytes(source.schema, names) + (8 if wants_rtg else 0) + GATHER_BYTES
-        check_batch_bytes(int(sampling.batch_size) * length * per_step, max_batch_bytes,
-                          f"batch_size × length: {sampling.batch_size} windows × {length} steps × {per_step} bytes "
+        check_batch_bytes(batch_size * length * per_step, max_batch_bytes,
+                          f"batch_size × length: {batch_size} windows × {length} steps × {per_step} bytes "
                           f"a step ({', '.join([*names, *([RETURN_TO_GO] if wants_rtg else []), 'mask'])} and "
                           "indices)", "lower batch_size or length, or select fewer columns")
 
     def make(folder: Path | None) -> lay.Layout:
         layout = lay.build(source.read, source.schema, [*names, *extra], folder)
         try:
-            if wants_rtg:
+            if wants_rtg and g is not None:
                 lay.derive(layout, RETURN_TO_GO, np.dtype(np.float64), "reward",
                            lambda r, starts: episodes_return_to_go(r, starts, g))
         except BaseException:
@@ -292,18 +336,15 @@ def sequences(source: Source, length: int, *, columns: Sequence[str] | None = No
         windows = Windows.of(layout.length, length, stride, bool(pad))
         if not len(windows):
             check_fits(layout, length, source.trajectories)
-        weights = item_weights(source, view, sampling.weight_by, windows.first, windows.count,
-                               lambda items: _first_steps(view, windows, items))
-        arguments = {"length": length, "columns": names, "stride": stride, "pad": bool(pad), "gamma": g}
-
         kernel = assemble.WindowKernel(view.spans, lay.leaf_names(view.columns, names), windows.end, windows.count,
                                        windows.stride, length)
 
         def batch(items: np.ndarray) -> dict[str, np.ndarray]:
             return source.named(window_batch(view, names, kernel, windows, items))
 
-        return loader_batches("sequences", arguments, source, release_view(view, release), sampling, len(windows),
-                              weights, batch, format, resume)
+        arguments = {"length": length, "columns": names, "stride": stride, "pad": bool(pad), "gamma": g}
+        return Items(view, windows.count, windows.first, stride, arguments, batch, release_view(view, release),
+                     lambda items: _first_steps(view, windows, items))
     except BaseException:
         view.close()
         release()
@@ -328,7 +369,7 @@ def _first_steps(view: lay.Mapped | StitchedView, windows: Windows, items: np.nd
     return view.offset[episode] + start
 
 
-def release_view(view: lay.Mapped, release: Callable[[], None]) -> Callable[[], None]:
+def release_view(view: lay.Mapped | StitchedView, release: Callable[[], None]) -> Callable[[], None]:
     """What ends an iterator: its maps closed, then its layout released."""
     def close() -> None:
         view.close()

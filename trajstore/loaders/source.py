@@ -27,10 +27,11 @@ from trajstore.query import sql
 from trajstore.query.engine import Engine
 from trajstore.query.filters import EpisodeFilter, Names, both, names_of
 from trajstore.query.scan import ScanPlan, loader_plan, scan_plan
+from trajstore.query.sql import Where
 from trajstore.storage.log import DataFile
 
 
-def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where: str | None,
+def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where: Where | None,
                   filter: EpisodeFilter | None, agent_id: Names = None,  # noqa: A002
                   complete_only: bool = False, agent_field: str = "agent_id") -> Source:
     """The selected steps of the latest version, pinned: every read of a loader reads these files (``layouts``: where
@@ -73,24 +74,25 @@ def loader_source(engine: Engine, layouts: LayoutStore, *, run_id: Names, where:
     chosen = None if plan.episode_ids is None else digest(plan.episode_ids.tolist())
     if agents is not None:  # the layout's key and lineage, and the order's digest, name the agents
         chosen = digest({"episodes": chosen, "agents": agents.agents, "complete": complete_only})
-    selection = digest({"run_id": run_id, "env_id": env_id, "where": where, "filter": filter,
+    # a condition as its text: the same whether given as SQL here or parsed by the service
+    selection = digest({"run_id": run_id, "env_id": env_id, "where": None if where is None else str(where),
+                        "filter": filter,
                         **({} if agents is None else {"agent_id": agents.agents, "complete": complete_only})})
     types = plan.types
-    arrays = engine.table.arrays
 
-    def stitch(kinds: dict[str, Any]) -> Stitched | None:
-        if arrays is None:
+    def stitch(kinds: dict[str, Any]) -> Stitched | None:  # the files' copies, made now where missing
+        if engine.table.arrays is None:
             return None
-        return stitched.stitch([arrays.read(location.relative(f.path)) for f in plan.files], kinds, plan.episode_ids)
+        return stitched.stitch(engine.table.array_copies(plan.files), kinds, plan.episode_ids)
 
-    def check(names: Sequence[str]) -> None:
+    def check_types(names: Sequence[str]) -> None:
         if agents is not None:
-            agents.check(names)  # names the agents, before the types name their environment
-        types.check(names, stackable=True)  # type: ignore[union-attr]
+            agents.check_alike(names)  # names the agents, before the types name their environment
+        types.check_one_type(names, stackable=True)  # type: ignore[union-attr]
 
     return Source(plan.schema, read if agents is None else agents.reader(read), episode_values, key,
                   {"episodes": chosen}, layouts, _basis(engine, selected, run_id, env_id, selection, version, files),
-                  check=check, stitch=stitch if agents is None else None, trajectories=agents)
+                  check_types=check_types, stitch=stitch if agents is None else None, trajectories=agents)
 
 
 def _refuse_agents(engine: Engine, plan: ScanPlan) -> None:

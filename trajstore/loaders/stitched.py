@@ -100,7 +100,7 @@ class Region:
             raise
         self.first_row = np.array([place // max(width, 1) for place in places], np.int64)
         usable = self.size - HUGE
-        flat = np.frombuffer((ctypes.c_uint8 * (usable - usable % max(width, 1))).from_address(base), np.uint8)
+        flat = np.frombuffer((ctypes.c_uint8 * (usable - usable % max(width, 1))).from_address(base), np.uint8)  # type: ignore[call-overload]  # a Buffer (typeshed: from 3.12)
         flat.flags.writeable = False
         # steps of no bytes (a shape with a 0): as many as any position asks for, in no memory
         self.array = flat.view(dtype).reshape(-1, *shape) if width else np.zeros((1 << 40, *shape), dtype)
@@ -149,7 +149,7 @@ class Region:
             with self._lock:
                 if self.reserved is None or _libc.madvise(at, size, MADV_POPULATE_READ) != 0:
                     return False
-                np.frombuffer((ctypes.c_uint8 * size).from_address(at), np.uint8)[::PAGE].max()
+                np.frombuffer((ctypes.c_uint8 * size).from_address(at), np.uint8)[::PAGE].max()  # type: ignore[call-overload]  # a Buffer (typeshed: from 3.12)
         return True
 
     def fold(self) -> list[Path]:

@@ -23,6 +23,7 @@ from trajstore.loaders import layout as lay
 from trajstore.loaders.loader import Batches, check_format
 from trajstore.loaders.order import check_count
 from trajstore.loaders.sequences import (
+    Items,
     Sampling,
     Source,
     check_batch_bytes,
@@ -34,7 +35,7 @@ from trajstore.loaders.sequences import (
     stored_columns,
     weight_column,
 )
-from trajstore.loaders.stitched import StitchedView
+from trajstore.loaders.stitched import Stitched, StitchedView
 from trajstore.query.returns import check_gamma
 
 DEFAULT_COLUMNS = ("obs", "action")
@@ -50,9 +51,27 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
     ``max_batch_bytes``, an :class:`InputError` when one batch would take more than that to build (known once
     the steps are laid out: the rewards summed are those of ``min(n, longest episode)`` steps)."""
     n = check_count("n", n)
-    g = check_gamma(gamma)
-    sampling.check()
+    check_gamma(gamma)
+    sampling.check_arguments()
     check_format(format)
+    items = transition_items(source, n, gamma=gamma, columns=columns, weight_by=sampling.weight_by,
+                             batch_size=int(sampling.batch_size), max_batch_bytes=max_batch_bytes)
+    try:
+        weights = item_weights(source, items.view, sampling.weight_by, items.first, items.count, items.first_step)
+        return loader_batches("transitions", items.arguments, source, items.release, sampling, items.total, weights,
+                              items.batch, format, resume)
+    except BaseException:
+        items.release()
+        raise
+
+
+def transition_items(source: Source, n: int, *, gamma: float, columns: Sequence[str] | None = None,
+                     weight_by: str | None = None, batch_size: int = 1, max_batch_bytes: int | None = None) -> Items:
+    """The n-step transitions of ``source``, one per step (see the module's description), as :class:`Items`:
+    numbered by step position, made by one kernel; with ``max_batch_bytes``, an :class:`InputError` when a batch of
+    ``batch_size`` would take more than that to build."""
+    n = check_count("n", n)
+    g = check_gamma(gamma)
     if isinstance(columns, str):
         columns = [columns]
     if columns is not None and "return_to_go" in columns:
@@ -63,18 +82,15 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
     missing = [c for c in needed if c not in source.schema.names]
     if missing:
         raise InputError(f"columns: n-step transitions need {missing}, which these steps do not have")
-    extra = [c for c in [*needed, *weight_column(source, sampling.weight_by)] if c not in at_t]
+    extra = [c for c in [*needed, *weight_column(source, weight_by)] if c not in at_t]
     laid = checked(source, list(dict.fromkeys([*at_t, *extra])))
     layout, release = source.laid_out(laid, None, lambda folder: lay.build(source.read, source.schema, laid, folder))
     view = layout.mapped()
     try:
         if max_batch_bytes is not None:
-            _check_bytes(source, layout, at_t, n, int(sampling.batch_size), max_batch_bytes)
-        weights = item_weights(source, view, sampling.weight_by, layout.offset, layout.length, lambda items: items)
+            _check_bytes(source, layout, at_t, n, batch_size, max_batch_bytes)
         ends = layout.offset + layout.length - 1
         terminal = view.gather("terminated", ends).astype(bool) if len(ends) else np.zeros(0, bool)
-        arguments = {"n": n, "gamma": g, "columns": at_t}
-
         kernel = assemble.TransitionKernel(view.spans, lay.leaf_names(view.columns, at_t),
                                            lay.leaf_names(view.columns, ["next_obs"]), min(n, view.longest), g,
                                            terminal)  # no episode is longer: the same sums, bounded arrays
@@ -82,15 +98,16 @@ def transitions(source: Source, n: int, *, gamma: float, columns: Sequence[str] 
         def batch(items: np.ndarray) -> dict[str, np.ndarray]:
             return source.named(transition_batch(view, at_t, kernel, items))
 
-        return loader_batches("transitions", arguments, source, release_view(view, release), sampling, layout.steps,
-                              weights, batch, format, resume)
+        arguments = {"n": n, "gamma": g, "columns": at_t}
+        return Items(view, layout.length, layout.offset, 1, arguments, batch, release_view(view, release),
+                     lambda items: items)
     except BaseException:
         view.close()
         release()
         raise
 
 
-def _check_bytes(source: Source, layout: lay.Layout, at_t: Sequence[str], n: int, batch_size: int,
+def _check_bytes(source: Source, layout: lay.Layout | Stitched, at_t: Sequence[str], n: int, batch_size: int,
                  max_batch_bytes: int) -> None:
     """Refuse batches of ``batch_size`` transitions that would take more than ``max_batch_bytes`` to build."""
     steps = min(n, int(layout.length.max(initial=1)))

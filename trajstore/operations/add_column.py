@@ -7,7 +7,8 @@ the new column added; and swaps them in with one commit
 (:meth:`Log.swap <trajstore.storage.log.Log.swap>`), just after a commit that gives the log's schema the column
 (until the swap, and if it fails, the column reads as null). Afterwards
 the column is a stored column like any extra: ``steps`` in SQL, scans, stats ``by=``, REST. Rows that get no
-value (outside ``where``, or appended while it ran) read as null. Older versions keep reading the old files.
+value (outside ``where``, a condition over ``episodes``, and ``steps_where``, a condition over ``steps``, or
+appended while it ran) read as null. Older versions keep reading the old files.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trajstore.errors import InputError, QueryError, caller_sql_error
+from trajstore.operations.delete import check_episodes_condition
 from trajstore.query import sql
+from trajstore.query.sql import Where
 from trajstore.storage.log import DataFile, WrittenFile, files_holding
 from trajstore.storage.names import check_column_name, check_distinct
 
@@ -48,7 +51,7 @@ class AddColumnReport:
 
 
 def add_column(engine: Engine, name: str, expression: str | Callable[[pa.Table], Any], *,
-               where: str | None = None) -> AddColumnReport:
+               where: Where | None = None, steps_where: str | None = None) -> AddColumnReport:
     """Write the derived column ``name`` (see the module's description); one commit."""
     engine.table.log.writable("add_column")
     state = engine.table.log.read()
@@ -65,7 +68,7 @@ def add_column(engine: Engine, name: str, expression: str | Callable[[pa.Table],
     written: list[WrittenFile] = []
     try:
         for part in sorted(partitions):
-            values = _values(engine, partitions[part], expression, where)
+            values = _values(engine, partitions[part], expression, where, steps_where)
             if values.num_rows == 0:
                 continue
             report.type = report.type or values["value"].type
@@ -94,18 +97,21 @@ def _check_name(engine: Engine, name: str, files: list[DataFile]) -> None:
     check_distinct([name], [*known, *engine.table.column_names()], field="name")
 
 
-def _values(engine: Engine, files: list[DataFile], expression: Any, where: str | None) -> pa.Table:
+def _values(engine: Engine, files: list[DataFile], expression: Any, where: Where | None,
+            steps_where: str | None) -> pa.Table:
     """``(episode_id, step, value)`` for one partition's rows that get a value."""
+    condition = sql.chosen_steps(where, steps_where)
     with engine.snapshot(files) as snap:
+        check_episodes_condition(snap, where)
         try:
             if isinstance(expression, str):
-                out = snap.arrow(sql.derived_values(expression, where))
+                out = snap.arrow(sql.derived_values(expression, condition))
                 return out.rename_columns(["episode_id", "step", "value"])
-            rows = snap.arrow(sql.ordered_steps(where))
+            rows = snap.arrow(sql.ordered_steps(condition))
         except QueryError as exc:
-            field = "expression" if isinstance(expression, str) else "where"
-            raise caller_sql_error(exc, field, f"expression {expression!r}, where {where!r}; SQL over the steps "
-                                              "view") from None
+            field = "expression" if isinstance(expression, str) else "where" if where else "steps_where"
+            raise caller_sql_error(exc, field, f"expression {expression!r} over the steps view, where {where!r} "
+                                              f"over episodes, steps_where {steps_where!r} over steps") from None
     value = expression(rows)
     arr = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else pa.array(np.asarray(value)) \
         if not isinstance(value, pa.Array) else value

@@ -329,7 +329,7 @@ def _name_finding(name: str, problem: str, runs: list[str]) -> str:
         "other engines of the table (Spark, Delta) refuse such a name"
     return (f"column {name!r} of run(s) {shown} has a name no write path takes any more: {problem}; {read}. "
             f"Copy what you need of it, then delete those runs (`trajstore delete --run {runs[0]} --yes`, or "
-            f"store.delete(run_id={runs[0]!r})) and write them again with a valid name")
+            f"store.maintain.delete(run_id={runs[0]!r})) and write them again with a valid name")
 
 
 def _foreign_problems(engine: Engine, files: list[DataFile], report: CheckReport) -> None:
@@ -379,7 +379,7 @@ def _check_episodes(engine: Engine, files: list[DataFile], report: CheckReport) 
         report.problems.append(f"the episode checks could not read the committed files: {snap}")
         return
     with snap:
-        report.episodes, report.steps = snap.con.execute(sql.CHECK_TOTALS).fetchone()
+        report.episodes, report.steps = snap.con.execute(sql.CHECK_TOTALS).fetchall()[0]
         _episode_defects(snap.con, report, agents=snap.agents)
         _mixed_episodes(snap.con, report)
         _shared_ids(snap.con, report)
@@ -428,7 +428,7 @@ def _episode_defects(con: duckdb.DuckDBPyConnection, report: CheckReport, *, age
     """The episodes whose steps are not whole and unique: each single-agent episode's steps ``0..n-1`` once,
     each agent's of a multi-agent episode once (``(episode_id, step, agent_id)`` its rows' key; an agent's env
     steps may skip, as :class:`~trajstore.write.agents.AgentWriter` writes them); none after an end."""
-    total = con.execute(sql.CHECK_DEFECT_COUNT).fetchone()[0]
+    total = con.execute(sql.CHECK_DEFECT_COUNT).fetchall()[0][0]
     rows = con.execute(sql.check_defects(MAX_LISTED)).fetchall()
     for run_id, env_id, episode_id, agent_id, *counts in rows:
         c = _Steps(*counts)
@@ -459,7 +459,7 @@ def _step_defects(con: duckdb.DuckDBPyConnection, key: dict[str, object], c: _St
     if c.distinct and (c.first != 0 or c.last != c.distinct - 1):
         defects.append(f"steps are not contiguous from 0: {c.distinct} distinct steps in {c.first}..{c.last}, "
                        f"missing {_missing(con, key, agents)}")
-    if c.end is not None and c.end < c.last:
+    if c.end is not None and c.last is not None and c.end < c.last:
         defects.append(f"steps up to {c.last} follow its end (terminated/truncated) at step {c.end}")
     return defects
 
@@ -472,7 +472,7 @@ def _agent_defects(con: duckdb.DuckDBPyConnection, key: dict[str, object], c: _S
     if c.distinct < c.steps:
         defects.append(f"{c.steps - c.distinct} duplicate step rows of this agent ({_duplicates(con, key, True)}; "
                        "its rows were committed twice, or two episodes share this id)")
-    if c.end is not None and c.end < c.last:
+    if c.end is not None and c.last is not None and c.end < c.last:
         defects.append(f"its steps up to {c.last} follow its end (terminated/truncated) at step {c.end}")
     return defects
 
@@ -504,7 +504,7 @@ def _ranges(con: duckdb.DuckDBPyConnection, query: str, key: dict[str, object], 
 
 
 def _shared_ids(con: duckdb.DuckDBPyConnection, report: CheckReport) -> None:
-    total = con.execute(sql.CHECK_SHARED_COUNT).fetchone()[0]
+    total = con.execute(sql.CHECK_SHARED_COUNT).fetchall()[0][0]
     for episode_id, parts in con.execute(sql.check_shared(MAX_LISTED)).fetchall():
         report.problems.append(f"episode {episode_id} appears in {len(parts)} partitions (run_id/env_id): "
                                + ", ".join(parts))

@@ -34,9 +34,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from trajstore import progress_bar
 from trajstore.errors import CommitError, InputError
 from trajstore.query.filters import check_runs
-from trajstore.storage.encoding import CURRENT, Format, logical_schema
+from trajstore.storage.encoding import CURRENT, FileEncoding, logical_schema
 from trajstore.storage.log import DataFile, TableState, WrittenFile
 from trajstore.storage.names import stored_rows
 from trajstore.storage.table import StepsTable
@@ -86,9 +87,7 @@ def compact(engine: Engine, *, run_id: str | Sequence[str] | None = None, env_id
                   if len(files) > max(1, math.ceil(sum(f.size for f in files) / target_bytes))
                   or any(f.path in older for f in files))  # files of an older encoding are rewritten in the current
     report = CompactReport()
-    from tqdm.auto import tqdm
-
-    with tqdm(total=len(todo), desc="compact", unit="partition", disable=not progress, dynamic_ncols=True) as bar:
+    with progress_bar.bar(total=len(todo), desc="compact", unit="partition", enabled=progress) as bar:
         for run, env in todo:
             _compact_partition(engine, run, env, target_bytes, report)
             bar.update(1)
@@ -163,12 +162,12 @@ def merged(files: Sequence[DataFile]) -> pa.Table:
     return data.take(order)
 
 
-def _older(fmt: Format) -> bool:
+def _older(fmt: FileEncoding) -> bool:
     """Whether a file of trajstore's own is in an encoding older than the current one (then rewritten, alone too)."""
     return not fmt.foreign and fmt.encoding < CURRENT
 
 
-def upgraded(table: StepsTable, data: pa.Table, fmt: Format) -> pa.Table:
+def upgraded(table: StepsTable, data: pa.Table, fmt: FileEncoding) -> pa.Table:
     """Rows of a file in an older encoding (``fmt``; physical names, its footer) in the current one: the same
     stored values under the names that say what they hold, declared in the log (encodings 1 and 2 store them
     alike; encoding 1 has no sparse rows and no frames)."""

@@ -286,7 +286,8 @@ class GroupCommitter:
                 if wait <= 0 or self._waiting_bytes >= self.group_bytes or self._closing:
                     break
                 self._wake.wait(wait)
-            group, size = [], 0
+            group: list[_Entry] = []
+            size = 0
             while self._waiting and (not group or size + self._waiting[0].nbytes <= self.group_bytes):
                 entry = self._waiting.pop(0)
                 group.append(entry)

@@ -38,7 +38,7 @@ from trajstore.storage.encoding import (
     NEXT,
     OBS,
     EncodingError,
-    Format,
+    FileEncoding,
     check_frame_stack,
     decode_batches,
     logical_schema,
@@ -77,11 +77,11 @@ def _checked(rows: pa.Table, stored: pa.Schema | None) -> tuple[pa.Table, Spans]
     return rows.replace_schema_metadata(fmt.metadata()), spans
 
 
-def row_format(rows: pa.Table) -> Format:
+def row_format(rows: pa.Table) -> FileEncoding:
     """The format the rows say they are in (encoding 1 without one), refused naming it when it is no format or
     renames columns (rows name their columns logically; the service resolves physical names)."""
     try:
-        fmt = Format.of(rows.schema.metadata, where="rows")
+        fmt = FileEncoding.of(rows.schema.metadata, where="rows")
     except EncodingError as exc:
         raise InputError(f"{str(exc).replace('rows: its', 'rows: their')}") from None
     if fmt.columns:
@@ -90,7 +90,7 @@ def row_format(rows: pa.Table) -> Format:
     return fmt
 
 
-def _check_encoding(rows: pa.Table, fmt: Format) -> None:
+def _check_encoding(rows: pa.Table, fmt: FileEncoding) -> None:
     """Every invariant of the rows' encoding, checked by decoding them (what a reader will do)."""
     if not fmt.encoded or OBS not in rows.column_names:
         return
@@ -122,7 +122,7 @@ def _value_bytes(t: pa.DataType) -> int:
         return 1024
 
 
-def _check_columns(rows: pa.Table, fmt: Format) -> None:
+def _check_columns(rows: pa.Table, fmt: FileEncoding) -> None:
     repeated = [n for n, k in Counter(rows.column_names).items() if k > 1]
     if repeated:
         raise InputError(f"{repeated[0]}: {rows.column_names.count(repeated[0])} columns of the body have this name;"
@@ -185,7 +185,7 @@ def _stamped(rows: pa.Table) -> pa.Table:
     return rows.append_column("wall_time", pa.repeat(now, rows.num_rows))
 
 
-def _fitted(rows: pa.Table, stored: pa.Schema, fmt: Format) -> pa.Table:
+def _fitted(rows: pa.Table, stored: pa.Schema, fmt: FileEncoding) -> pa.Table:
     """``rows`` cast to the environment's ``stored`` (logical) types, refused where they cannot be."""
     logical = logical_schema(rows.schema.remove_metadata(), fmt)
     for field in logical:
@@ -198,7 +198,7 @@ def _fitted(rows: pa.Table, stored: pa.Schema, fmt: Format) -> pa.Table:
         raise SchemaMismatchError(f"obs: encoded rows must have the stored observation type "
                                   f"{sch.describe(stored.field(OBS).type)}, "
                                   f"got {sch.describe(logical.field(OBS).type)}")
-    return _cast_to(rows, physical_schema(target, Format(fmt.encoding, fmt.frame_stack, (), fmt.frames)))
+    return _cast_to(rows, physical_schema(target, FileEncoding(fmt.encoding, fmt.frame_stack, (), fmt.frames)))
 
 
 def _cast_keys(rows: pa.Table) -> pa.Table:
@@ -362,7 +362,7 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
 def _physical(table: StepsTable, rows: pa.Table, known: TableState | None = None) -> pa.Table:
     """``rows`` under the physical names the log resolves and declares for them (reserved there first; ``known``:
     a version read already, which answers when it holds them all)."""
-    fmt = Format.of(rows.schema.metadata)
+    fmt = FileEncoding.of(rows.schema.metadata)
     logical = logical_schema(rows.schema.remove_metadata(), fmt)
 
     def reserve(types: Any, logical: Any = None, declared: Any = None) -> dict[str, str]:

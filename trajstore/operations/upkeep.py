@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trajstore.errors import CommitError
 from trajstore.operations.compact import Compaction, compact_partition
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Policy:
+class CompactionPolicy:
     """When upkeep acts: more than ``small_files`` files below ``small_bytes`` in a partition (0: never compact),
     merged into files of up to ``target_bytes``; a checkpoint every ``checkpoint_interval`` versions (0: never)."""
 
@@ -52,7 +53,7 @@ class Policy:
     checkpoint_interval: int = 25
 
     @classmethod
-    def of(cls, settings: Settings) -> Policy:
+    def of(cls, settings: Settings) -> CompactionPolicy:
         return cls(settings.compact_small_files, settings.compact_small_bytes, settings.compact_target_bytes,
                    settings.checkpoint_interval)
 
@@ -69,7 +70,7 @@ class Upkeep:
     too), then ends the thread. Idempotent — safe to call multiple times.
     """
 
-    def __init__(self, table: StepsTable, policy: Policy) -> None:
+    def __init__(self, table: StepsTable, policy: CompactionPolicy) -> None:
         self.table, self.policy = table, policy
         self.compactions: list[Compaction] = []  # what this upkeep committed, oldest first
         self.errors: list[str] = []  # failures it logged and went on after (upkeep never fails a writer)
@@ -128,7 +129,7 @@ def small_files(files: list[DataFile], small_bytes: int) -> list[DataFile]:
     return [f for f in files if f.size < small_bytes]
 
 
-def compact_small(table: StepsTable, run_id: str, env_id: str, policy: Policy) -> Compaction | None:
+def compact_small(table: StepsTable, run_id: str, env_id: str, policy: CompactionPolicy) -> Compaction | None:
     """Merge the small files of one partition (:func:`~trajstore.operations.compact.compact_partition`) if it holds
     more than ``policy.small_files`` of them; None when there was nothing to do or another change removed some of
     them first (nothing committed then)."""
@@ -144,3 +145,13 @@ def compact_small(table: StepsTable, run_id: str, env_id: str, policy: Policy) -
         log.info("compaction of run_id=%s/env_id=%s skipped: %s", run_id, env_id, exc)
         return None
     return done if done.files_removed else None
+
+
+def __getattr__(name: str) -> Any:
+    """``Policy``, the name :class:`CompactionPolicy` had until trajstore 0.1 (in an RL library a policy is the
+    agent's): still importable for one release, with a :class:`DeprecationWarning` naming the new one."""
+    if name == "Policy":
+        warnings.warn("trajstore.operations.upkeep.Policy is deprecated: use CompactionPolicy (the same class); "
+                      "the old name goes in the next release", DeprecationWarning, stacklevel=2)
+        return CompactionPolicy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,16 +12,18 @@ buffer, and conversion to numpy, JAX or Arrow. Used alike by :meth:`Store.iter_b
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Literal
+import importlib
+from typing import Any, Iterable, Iterator, Literal, get_args
 
 import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.schema import to_numpy
 
-BatchFormat = Literal["numpy", "jax", "arrow", "torch"]
-FORMATS = ("numpy", "jax", "arrow", "torch")
+BatchFormat = Literal["numpy", "jax", "arrow", "torch"]  # what a training batch is: every loader's and stream's
+FORMATS: tuple[str, ...] = get_args(BatchFormat)
 
 
 def training_batches(batches: Iterable[pa.RecordBatch], *, batch_size: int, shuffle: bool, seed: int | None,
@@ -42,12 +44,9 @@ def check_batching(batch_size: int, shuffle_buffer: int, format: str) -> None:  
         raise InputError(f"shuffle_buffer: must be a number of rows >= 0, got {shuffle_buffer!r}")
     if format not in FORMATS:
         raise InputError(f"format: must be one of {list(FORMATS)}, got {format!r}")
-    if format == "torch":
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            raise InputError("format: 'torch' needs PyTorch; install the extra: pip install 'trajstore[torch]'") \
-                from None
+    if format in ("torch", "jax"):
+        with needed(format, f"format: {format!r}"):
+            importlib.import_module(format)
 
 
 def convert(batch: pa.RecordBatch, format: BatchFormat) -> Any:  # noqa: A002

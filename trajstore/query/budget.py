@@ -49,7 +49,7 @@ class Budget:
         left = self.remaining()
         return left is not None and left <= 0
 
-    def check(self) -> None:
+    def check_time(self) -> None:
         """Raise :class:`QueryTimeoutError` once the time is up."""
         if self.passed():
             raise self.timeout()
@@ -75,7 +75,7 @@ class Budget:
         units = 1 << 62 if self.memory_bytes is None else max(1, self.memory_bytes // per_unit)
         step = units * unit
         for start in range(0, total, step):
-            self.check()
+            self.check_time()
             yield start, min(total, start + step)
 
 

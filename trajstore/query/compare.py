@@ -239,7 +239,7 @@ def bootstrap(matrices: Sequence[Sequence[np.ndarray]], reps: int, rng: np.rando
                   hint="compare fewer runs or tasks at once (run_id=, where=), or ask for fewer thresholds")
     values = []
     for start in range(0, reps, REP_BLOCK):
-        limits.check()
+        limits.check_time()
         values.append(statistic(*[resampled(m, min(REP_BLOCK, reps - start), rng) for m in matrices]))
     return np.concatenate(values)
 

@@ -324,6 +324,7 @@ class _Parser:
 
     def literal(self) -> Value:
         token = self.token
+        value: int | float | str | bool | None
         if token.kind == "number":
             self.take()
             value = float(token.text) if any(c in token.text for c in ".eE") else int(token.text[:40])

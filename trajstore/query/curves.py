@@ -211,7 +211,7 @@ def latest_of(curve: pa.Table, last: int) -> pa.Table:
 CURVE_POINT = "curve_point"  # the column curves() keeps its rows by
 
 
-def curves(engine: Engine, *, run_id: Names = None, env_id: Names = None, where: str | None = None,
+def curves(engine: Engine, *, run_id: Names = None, env_id: Names = None, where: sql.Where | None = None,
            filter: EpisodeFilter | None = None, gamma: float | None = None,  # noqa: A002
            metric: str | None = None) -> pa.Table:
     """The complete episodes of each ``(run_id, env_id)`` in the order they ended, with ``total_env_steps``

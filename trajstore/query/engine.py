@@ -14,9 +14,7 @@ that change a store (:mod:`trajstore.operations`) take it too. What it keeps:
   (:meth:`Engine.query_snapshot`), so that runs, episodes, curves and stats aggregate the steps once — in a local
   store combined from its files' summaries (:mod:`~trajstore.query.summarized`), not from the steps;
 - **the types of the steps** of the last few file lists asked about (:meth:`Engine.step_types`), and **the learning
-  curves** of the last few selections (:meth:`Engine.memo`);
-- **the gate** that bounds sandboxed queries and loader streams at once (``sql_gate``), shared with the engines of
-  the same store opened at a version.
+  curves** of the last few selections (:meth:`Engine.memo`).
 
 One lock (``_cache_lock``) guards the caches; a version's episodes are combined once (``_episodes_lock``) and a
 memo computed once (concurrent requests wait for it).
@@ -41,12 +39,12 @@ from trajstore.errors import (
     VersionNotFoundError,
     first_line,
 )
-from trajstore.query import foreign, sandbox, sql, summarized
+from trajstore.query import foreign, sql, summarized
 from trajstore.query.filters import Names, check_runs, names_of, selected
 from trajstore.query.groups import StepTypes, group_files, step_types
 from trajstore.query.snapshot import Snapshot, cursor, damaged_file
 from trajstore.settings import Settings
-from trajstore.storage import run_config
+from trajstore.storage import priorities_log, run_config
 from trajstore.storage.encoding import FileSchema
 from trajstore.storage.history import vacuumed
 from trajstore.storage.location import Location
@@ -66,11 +64,11 @@ EPISODE_CACHE_ROWS = 2_000_000  # larger episodes views are aggregated per query
 class Engine:
     """The read engine over the ``steps`` table ``table`` of the store at ``location``."""
 
-    def __init__(self, table: StepsTable, location: Location, settings: Settings,
-                 sql_gate: sandbox.Gate | None = None) -> None:
+    def __init__(self, table: StepsTable, location: Location, settings: Settings) -> None:
         self.table, self.location, self.settings = table, location, settings
-        self.sql_gate = sandbox.Gate(settings.sql_max_concurrent) if sql_gate is None else sql_gate
         self.descriptions = run_config.Descriptions(location, table.log)  # what describes each run, at this version
+        # the priorities replays committed (their own table: read at its latest version, whatever steps' is)
+        self.priorities = priorities_log.PrioritiesLog(location.child(priorities_log.FOLDER))
         self._cache_lock = threading.Lock()
         self._episodes_lock = threading.Lock()  # one combination of a version's episodes at a time
         self._episodes: tuple[tuple[str, ...], pa.Table] | None = None
@@ -108,12 +106,12 @@ class Engine:
     def file_schemas(self, files: Sequence[DataFile]) -> list[FileSchema]:
         """:meth:`StepsTable.schemas <trajstore.storage.table.StepsTable.schemas>`, a file that cannot be read
         judged by :meth:`judged`; partitions holding files another tool wrote checked first
-        (:func:`~trajstore.query.foreign.check`)."""
+        (:func:`~trajstore.query.foreign.check_partitions`)."""
         try:
             schemas = self.table.schemas(files)
         except StoreDamagedError as exc:
             raise self.judged(exc) from exc
-        foreign.check(files, schemas, self.table.log.added_in)
+        foreign.check_partitions(files, schemas, self.table.log.added_in)
         return schemas
 
     def stored_schema(self, env_id: str | None) -> pa.Schema | None:
@@ -131,12 +129,18 @@ class Engine:
                  runs: bool = False, episodes: pa.Table | None = None) -> Snapshot:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
         store's through pyarrow datasets over its filesystem (``registered``); both in the files' own types. With
-        ``runs``, also the ``runs`` view of the runs of ``files`` (one more read of the log); with ``episodes``, its
+        ``runs``, also the ``runs`` view of the runs of ``files`` (one more read of the log) and the ``priorities`` view
+        (the replays' priorities, :mod:`~trajstore.storage.priorities_log`); with ``episodes``, its
         ``episodes`` view reads those rows (the view's own, materialized earlier)."""
         registered = not self.location.is_local if registered is None else registered
         return Snapshot(files, con=con, config=config, store=self.uri, schemas=self.file_schemas(files),
                         registered=registered, judge=self.judged, location=self.location,
-                        runs=self.runs_table(files) if runs else None, episodes=episodes)
+                        runs=self.runs_table(files) if runs else None, episodes=episodes,
+                        priorities=self.priority_rows() if runs else None)
+
+    def priority_rows(self) -> Any:
+        """The rows of the ``priorities`` table's latest version as a pyarrow dataset (what its view reads)."""
+        return priorities_log.dataset(self.priorities.location, self.priorities.file_paths())
 
     def runs_table(self, files: Sequence[DataFile], groups: dict[str, tuple[str, ...]] | None = None) -> pa.Table:
         """The rows of the ``runs`` view of the runs of ``files`` (:func:`~trajstore.storage.run_config.table`); with

@@ -23,7 +23,7 @@ TOTAL = "total_episodes"  # the column a page's query counts every selected epis
 
 
 def episodes(engine: Engine, *, run_id: Names = None, env_id: Names = None, complete: bool | None = None,
-             where: str | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
+             where: sql.Where | None = None, filter: EpisodeFilter | None = None,  # noqa: A002
              gamma: float | None = None, order_by: str = "episode_id", limit: int | None = None,
              offset: int = 0, total: str | None = None) -> pa.Table:
     """One row per episode (the ``episodes`` view), filtered, in ``order_by`` order (a column, ``-`` prefixed for

@@ -134,7 +134,7 @@ def _file_rows(engine: Engine, files: list[DataFile], columns: Sequence[str] | N
     types = engine.step_types(files)
     names = list(dict.fromkeys(columns)) if columns else types.schema.names
     check_names(names, types.schema.names, view="steps", field="columns")
-    types.check(names)
+    types.check_one_type(names)
     return scan_steps(files, types.schema, names, schemas=engine.file_schemas(files)).read_all()
 
 

@@ -23,7 +23,7 @@ import pyarrow.compute
 import pyarrow.parquet as pq
 
 from trajstore.errors import StoreDamagedError
-from trajstore.storage.encoding import FileSchema, Format
+from trajstore.storage.encoding import FileEncoding, FileSchema
 from trajstore.storage.log import DataFile
 
 KEPT = 1024  # verdicts kept per process
@@ -42,7 +42,8 @@ def foreign(schemas: Sequence[FileSchema]) -> list[int]:
     return [i for i, s in enumerate(schemas) if s.format.foreign]
 
 
-def check(files: Sequence[DataFile], schemas: Sequence[FileSchema], version_of: Callable[[str], int | None]) -> None:
+def check_partitions(files: Sequence[DataFile], schemas: Sequence[FileSchema],
+                     version_of: Callable[[str], int | None]) -> None:
     """Raise :class:`ForeignChangeError` when a partition holding a file another tool wrote has a step twice or
     misses a step between an episode's first and last (``version_of``: the version that added a file)."""
     parts = {(files[i].run_id, files[i].env_id) for i in foreign(schemas)}
@@ -85,7 +86,7 @@ def check(files: Sequence[DataFile], schemas: Sequence[FileSchema], version_of: 
         _checked[key] = True
 
 
-def in_order(files: Sequence[DataFile], fmt: Format) -> bool:
+def in_order(files: Sequence[DataFile], fmt: FileEncoding) -> bool:
     """Whether ``files`` (another tool's, of format ``fmt``) can be decoded file by file, as trajstore's own: each
     holds each of its episodes' rows together and in step order, and no episode has rows in two of them (an
     episode a rewrite split may need rows of another file to decode)."""
@@ -109,7 +110,7 @@ def in_order(files: Sequence[DataFile], fmt: Format) -> bool:
     return known
 
 
-def _keys(f: DataFile, fmt: Format, *, agents: bool = False) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+def _keys(f: DataFile, fmt: FileEncoding, *, agents: bool = False) -> tuple[np.ndarray, np.ndarray, pa.Array]:
     """A file's ``episode_id`` and ``step``, and with ``agents`` its ``agent_id`` (all null where it has none)."""
     names = [fmt.physical(c) for c in ("episode_id", "step")]
     held = pq.read_schema(f.path, filesystem=f.fs).names if agents else []

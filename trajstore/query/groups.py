@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from trajstore import schema as sch
 from trajstore.errors import InputError
-from trajstore.storage.encoding import NEXT, OBS, FileSchema, Format, logical_schema
+from trajstore.storage.encoding import NEXT, OBS, FileEncoding, FileSchema, logical_schema
 from trajstore.storage.log import DataFile
 from trajstore.storage.names import readable
 
@@ -32,7 +32,7 @@ class FileGroup:
     reader's view or scan has it, ``check`` names it, its files keep it."""
 
     files: list[DataFile]
-    format: Format
+    format: FileEncoding
     physical: pa.Schema
     logical: pa.Schema = field(init=False)
     _types: dict[str, list[pa.DataType]] = field(default_factory=dict, repr=False)
@@ -45,7 +45,7 @@ class FileGroup:
     def env_ids(self) -> list[str]:
         return sorted({f.env_id for f in self.files})
 
-    def takes(self, fmt: Format, physical: pa.Schema) -> bool:
+    def takes(self, fmt: FileEncoding, physical: pa.Schema) -> bool:
         """Whether a file of format ``fmt`` and schema ``physical`` can be read with this group's files."""
         if fmt.key() != self.format.key():
             return False
@@ -162,7 +162,7 @@ class StepTypes:
     conflicts: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     ragged: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
-    def check(self, columns: Sequence[str], *, stackable: bool = False, hint: str | None = None) -> None:
+    def check_one_type(self, columns: Sequence[str], *, stackable: bool = False, hint: str | None = None) -> None:
         """Raise :class:`InputError` naming the first of ``columns`` whose environments store it in types that
         cannot be one column (with ``stackable``: one array), their env ids and types; ``hint`` says how to
         select one environment (default: env_id=, or leave the column out)."""

@@ -39,7 +39,7 @@ def register(con: duckdb.DuckDBPyConnection, dtype: str, shape: tuple[int, ...],
         function = _FUNCTIONS.setdefault(name, values(np.dtype(dtype), tuple(shape), stacked))
     blob = "BLOB[]" if stacked else "BLOB"
     try:
-        con.create_function(name, function, [blob],
+        con.create_function(name, function, [blob],  # type: ignore[call-overload]  # duckdb takes the enums' names
                             sql.values_type(np.dtype(dtype).name, len(shape) + int(stacked)), type="arrow",
                             null_handling="special")
     except (duckdb.CatalogException, duckdb.NotImplementedException) as exc:  # registered in this database before

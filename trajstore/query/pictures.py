@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.schema import leaf_of_type
 from trajstore.storage.encoding import OBS, leaves
 
@@ -145,7 +146,8 @@ def leaf_values(column: pa.Array, path: str) -> pa.Array:
 def png(picture: np.ndarray, size: int | None = None) -> bytes:
     """``picture`` (``uint8`` ``(H, W)`` or ``(H, W, C)``) as PNG bytes, its longer side scaled to ``size``
     pixels (aspect kept; nearest neighbour when enlarging, so pixels stay sharp; box-filtered when reducing)."""
-    from PIL import Image
+    with needed("lerobot", "a picture as PNG (LeRobot's image features, the dashboard's frames)"):
+        from PIL import Image
 
     img = Image.fromarray(picture)
     if size is not None:

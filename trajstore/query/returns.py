@@ -173,7 +173,7 @@ def _rtg_sorted(reward: np.ndarray, episode_starts: np.ndarray, gamma: float) ->
 # --- the returns of one committed version --------------------------------------------------------------------
 
 def returns(engine: Engine, *, gamma: float, per: Literal["episode", "step"] = "episode", run_id: Names = None,
-            env_id: Names = None, episode_id: Ids = None, where: str | None = None,
+            env_id: Names = None, episode_id: Ids = None, where: sql.Where | None = None,
             filter: EpisodeFilter | None = None, limit: int | None = None) -> pa.Table:  # noqa: A002
     """Discounted return per episode, or return-to-go per step, sorted by ``episode_id`` (per step by
     ``(episode_id, step)``, ``run_id`` and ``env_id`` dictionary-encoded); with ``limit``, the first ``limit``

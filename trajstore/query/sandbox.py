@@ -228,13 +228,13 @@ def _failure(exc: BaseException, snapshot: Snapshot, limits: Limits, deadline: D
     if deadline.passed():
         return deadline.error()
     if isinstance(exc, duckdb.PermissionException):
-        return QueryRefusedError("query: reaches outside the store: only the steps, episodes and runs views can be "
-                                 "read, no file")
+        return QueryRefusedError("query: reaches outside the store: only the steps, episodes, runs and priorities "
+                                 "views can be read, no file")
     extension = EXTENSION_FUNCTION.search(str(exc)) if isinstance(exc, duckdb.CatalogException) else None
     if extension is not None:
         return QueryRefusedError(f"query: {extension[1]} is a function of DuckDB's {extension[2]} extension, which "
                                  "the sandbox neither installs nor loads: only built-in functions over the steps, "
-                                 "episodes and runs views")
+                                 "episodes, runs and priorities views")
     if isinstance(exc, MemoryError) or "bad allocation" in str(exc) or "std::bad_alloc" in str(exc):
         return QueryMemoryError(worker_memory_message(limits))  # an allocation the process could not make
     if isinstance(exc, duckdb.OutOfMemoryException) or "Out of Memory Error" in str(exc):
@@ -255,7 +255,8 @@ def worker_memory_message(limits: Limits) -> str:
 def _fetch(con: duckdb.DuckDBPyConnection, query: str, limits: Limits) -> Result:
     """The rows of ``query``, at most ``max_rows`` (one more is read to know whether more exist)."""
     max_rows = limits.max_rows
-    reader = con.sql(query).to_arrow_reader(FETCH_ROWS if max_rows is None else min(max_rows + 1, FETCH_ROWS))
+    reader = variants_as_json(con.sql(query)).to_arrow_reader(FETCH_ROWS if max_rows is None else
+                                                              min(max_rows + 1, FETCH_ROWS))
     batches, rows, size, truncated = [], 0, 0, False
     for batch in reader:
         kept = batch if max_rows is None else batch.slice(0, max_rows - rows)
@@ -266,6 +267,18 @@ def _fetch(con: duckdb.DuckDBPyConnection, query: str, limits: Limits) -> Result
             truncated = True
             break
     return Result(pa.Table.from_batches(batches, schema=reader.schema), truncated)
+
+
+def variants_as_json(answer: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
+    """``answer`` with each VARIANT column (a column environments type differently, where the query mixed them) as
+    its values' JSON text, which every Arrow reader decodes, instead of opaque ``{metadata, value}`` structs. The
+    sandbox streams its answer (read once, bounded as it comes): select one environment's rows with ``env_id``
+    to get its own types (the trusted :meth:`Store.sql <trajstore.store.Store.sql>` does it per query)."""
+    if all(str(t) != "VARIANT" for t in answer.types):
+        return answer
+    names = [(sql.ident(c), str(t) == "VARIANT") for c, t in zip(answer.columns, answer.types)]
+    columns = [f"{sql.as_json_text(c)} AS {c}" if variant else c for c, variant in names]
+    return answer.project(", ".join(columns))
 
 
 def _counted(size: int, limits: Limits) -> int:

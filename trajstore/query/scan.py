@@ -99,7 +99,7 @@ def _group_batches(group: FileGroup, out: pa.Schema, episode_ids: np.ndarray | N
             if decoder is not None:
                 yield from (_typed(b, out) for b in _decoded(decoder.finish, path))
             decoder, path = FileDecoder(fmt, obs_type, _uri(group, tagged.fragment.path)), tagged.fragment.path
-        yield from (_typed(b, out) for b in _decoded(lambda: decoder.push(batch), path))  # noqa: B023
+        yield from (_typed(b, out) for b in _decoded(lambda: decoder.push(batch), path))  # type: ignore[union-attr]  # noqa: B023
     if decoder is not None:
         yield from (_typed(b, out) for b in _decoded(decoder.finish, path))
 
@@ -205,7 +205,7 @@ class ScanPlan:
 
 
 def scan_plan(engine: Engine, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
-              episode_id: Ids = None, where: str | None = None,
+              episode_id: Ids = None, where: sql.Where | None = None,
               filter: EpisodeFilter | None = None) -> ScanPlan:  # noqa: A002
     """What :func:`scan` reads: the committed files, their types, the columns and the episode ids (None: every
     episode of the files), resolved on one snapshot. Another engine (Ray) can read the plan's files in pieces, with
@@ -251,7 +251,7 @@ def scan(engine: Engine, columns: Sequence[str] | None = None, *, batch_size: in
     if max_batch_bytes is not None and max_batch_bytes < 1:
         raise InputError(f"max_batch_bytes: must be a positive number of bytes, got {max_batch_bytes}")
     plan = scan_plan(engine, columns, **selection)  # type: ignore[arg-type]
-    plan.types.check(plan.columns)  # type: ignore[union-attr]
+    plan.types.check_one_type(plan.columns)  # type: ignore[union-attr]
     engine.verify_sizes(plan.files)
     try:
         reader = scan_steps(plan.files, plan.schema, plan.columns, episode_ids=plan.episode_ids,

@@ -8,13 +8,17 @@ file: the sandbox's connection has no file access at all, and a store whose file
 filesystem) needs nothing else. Each group's columns get their logical names and encoding-2 observations are
 decoded in SQL (:func:`~trajstore.query.sql.decoded_steps`); the groups are unioned by name, and a column whose
 types cannot be one (environments of other kinds) is a VARIANT there: restrict the snapshot to some
-environments (``Store.sql(…, env_id=…)``) to see it in its own type. ``episodes`` is built from
+environments (``Store.sql(…, env_id=…)``) to see it in its own type in SQL too. An answer never holds a VARIANT
+(:func:`typed_answer`): such a column of it comes in its values' own type where they are of one (a query that selects
+one environment's rows), else as each value's JSON text. ``episodes`` is built from
 ``schemas/episode.v1.json``. The SQL of both comes from :mod:`trajstore.query.sql`.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import threading
 from typing import Any, Callable, Sequence
 
@@ -153,7 +157,8 @@ def check_names(names: Sequence[str], known: Sequence[str], *, view: str, field:
 
 class Snapshot:
     """A DuckDB connection whose ``steps``/``episodes`` views read one committed version of the store (and, given
-``runs``, the rows of :func:`~trajstore.storage.run_config.table`, its ``runs`` view).
+``runs``, the rows of :func:`~trajstore.storage.run_config.table`, its ``runs`` view; given ``priorities``, the
+``priorities`` view of the replays' priorities).
 
     ``schemas`` are the files' own (:meth:`~trajstore.storage.table.StepsTable.schemas`; read from their footers
     when not given). With ``registered``, ``steps`` reads the files through registered pyarrow datasets instead
@@ -165,7 +170,7 @@ class Snapshot:
                  con: duckdb.DuckDBPyConnection | None = None, store: str | None = None,
                  schemas: Sequence[FileSchema] | None = None, registered: bool = False,
                  judge: Judge | None = None, location: Location | None = None, runs: pa.Table | None = None,
-                 episodes: pa.Table | None = None) -> None:
+                 episodes: pa.Table | None = None, priorities: Any = None) -> None:
         self.files = list(files)
         self.store = store  # where the files are from, for messages
         self.judge = judge
@@ -191,6 +196,8 @@ class Snapshot:
         self.con.execute(sql.create_view("agent_episodes", sql.agent_episodes_view(self.agents)))
         if runs is not None:
             self.use_runs(runs)
+        if priorities is not None:
+            self.use_priorities(priorities)
 
     def _stored_steps(self, schemas: Sequence[FileSchema] | None, registered: bool) -> str:
         """The SELECT of the stored steps, logical and decoded: the groups of files, each from ``read_parquet``
@@ -230,6 +237,12 @@ class Snapshot:
         self.con.register("run_info", table)
         self.con.execute(sql.create_view("runs", sql.runs_view("run_info")))
 
+    def use_priorities(self, rows: Any) -> None:
+        """Give this snapshot the ``priorities`` view over ``rows`` (a pyarrow dataset of the ``priorities`` table's
+        rows, :func:`~trajstore.storage.priorities_log.dataset`): each item's latest priority."""
+        self.con.register("priority_rows", rows)
+        self.con.execute(sql.create_view("priorities", sql.priorities_view("priority_rows")))
+
     def use_episodes(self, table: pa.Table) -> None:
         """Make the ``episodes`` view read ``table``: the rows of this very view, materialized earlier."""
         self.con.register("materialized_episodes", table)
@@ -241,7 +254,7 @@ class Snapshot:
         """The rows of ``query``, read within the current budget's time (:mod:`~trajstore.query.budget`)."""
         with budget.interrupting(self.con) as limits:
             try:
-                return self.con.sql(query, params=params or None).to_arrow_table()
+                return typed_answer(self.con, self.con.sql(query, params=params or None))
             except (duckdb.Error, OSError) as exc:
                 if limits.passed():
                     raise limits.timeout() from None
@@ -283,3 +296,55 @@ class Snapshot:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# --- answers: a VARIANT column in its values' own type, or as JSON text -------------------------------------------
+
+# variant_typeof's names of the scalar types trajstore stores, and the DuckDB types they are
+VARIANT_SCALARS = {"BOOL_TRUE": "BOOLEAN", "BOOL_FALSE": "BOOLEAN", "INT8": "TINYINT", "INT16": "SMALLINT",
+                   "INT32": "INTEGER", "INT64": "BIGINT", "UINT8": "UTINYINT", "UINT16": "USMALLINT",
+                   "UINT32": "UINTEGER", "UINT64": "UBIGINT", "FLOAT": "FLOAT", "DOUBLE": "DOUBLE",
+                   "VARCHAR": "VARCHAR"}
+VARIANT_DEPTH = 6  # arrays nested this deep at most are typed (a stack of RGB frames is 4)
+_answers = itertools.count()
+
+
+def typed_answer(con: duckdb.DuckDBPyConnection, answer: duckdb.DuckDBPyRelation | None) -> pa.Table:
+    """``answer`` as an Arrow table, with no VARIANT column (which Arrow readers would see as opaque ``{metadata,
+    value}`` structs): each such column in the one type all its values have (the environment's own type, where the
+    query selected one environment's rows: CartPole's int actions as BIGINT), else, where values of several types
+    mix, as each value's JSON text (VARCHAR: ``1`` beside ``[0.5]``). Other answers are read as they are."""
+    if answer is None:
+        return pa.table({})
+    variants = [name for name, t in zip(answer.columns, answer.types) if str(t) == "VARIANT"]
+    if not variants:
+        return answer.to_arrow_table()
+    table = f"trajstore_answer_{next(_answers)}"
+    answer.to_table(table)
+    try:
+        columns = [(sql.ident(name), _one_type(con, table, sql.ident(name)) if name in variants else None)
+                   for name in answer.columns]
+        return con.sql(sql.typed_answer(table, columns)).to_arrow_table()
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def _one_type(con: duckdb.DuckDBPyConnection, table: str, column: str) -> str:
+    """The expression that reads the VARIANT ``column`` of ``table`` in its values' one type, or as JSON text."""
+    found = con.sql(sql.variant_types(table, column, VARIANT_DEPTH)).fetchall()
+    types = {_duckdb_type(row) for row in found}
+    one = types.pop() if len(types) == 1 else None
+    return sql.cast(column, one) if one is not None else sql.as_json_text(column)
+
+
+def _duckdb_type(probed: Sequence[str]) -> str | None:
+    """The DuckDB type of a value whose ``variant_typeof`` at depths 0, 1, … (its first element's, …) is ``probed``:
+    ``("ARRAY(4)", "FLOAT", …)`` is ``FLOAT[]`` (a list, as the column reads over its own environment); None for
+    what is no scalar or list of one (an object)."""
+    depth = 0
+    for name in probed:
+        if re.fullmatch(r"ARRAY\(\d+\)", name) is None:
+            scalar = VARIANT_SCALARS.get(name)
+            return None if scalar is None else scalar + "[]" * depth
+        depth += 1
+    return None

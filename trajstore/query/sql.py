@@ -105,6 +105,9 @@ class Rendered(Protocol):
     @property
     def sql(self) -> str: ...
 
+    @property
+    def columns(self) -> tuple[str, ...]: ...
+
 
 Where = Union[str, Rendered]  # a condition over episodes: a caller's own SQL text, or one trajstore rendered
 
@@ -139,7 +142,7 @@ def select_list(columns: Sequence[str]) -> str:
 # --- conditions ----------------------------------------------------------------------------------------------
 
 
-def conditions(*, run_id: Any = None, env_id: Any = None, episode_id: Any = None, where: str | None = None,
+def conditions(*, run_id: Any = None, env_id: Any = None, episode_id: Any = None, where: Where | None = None,
                filter: EpisodeFilter | None = None) -> list[str]:  # noqa: A002 - the public keyword
     """The conditions of the common filter keywords (each ``None`` for no condition)."""
     conds = []
@@ -175,6 +178,7 @@ def after_key(columns: Sequence[str], values: Sequence[Any], *, descending: bool
     """Rows after ``values`` in the order of ``columns`` (a keyset cursor): ``a > x OR (a = x AND b > y)`` for
     ``(a, b) > (x, y)``, ``<`` when ``descending``; every value a quoted literal."""
     op = "<" if descending else ">"
+    equal: list[str]
     ors, equal = [], []
     for column, value in zip(columns, values):
         ors.append(" AND ".join([*equal, f"{ident(column)} {op} {literal(value)}"]))
@@ -187,7 +191,7 @@ def episodes_selected(conds: Sequence[str]) -> str:
     return f"episode_id IN (SELECT episode_id FROM episodes{where(conds)})"
 
 
-def step_conditions(filter: EpisodeFilter | None, where: str | None) -> list[str]:  # noqa: A002
+def step_conditions(filter: EpisodeFilter | None, where: Where | None) -> list[str]:  # noqa: A002
     """Conditions on ``steps`` for an episode filter and a ``where`` over ``episodes``: ids, runs and envs
     directly, the rest through ``episodes``."""
     if filter is None:
@@ -611,6 +615,14 @@ def runs_view(source: str) -> str:
             f"problem FROM {ident(source)}")
 
 
+def priorities_view(source: str) -> str:
+    """The ``priorities`` view over the rows of the ``priorities`` table in ``source``
+    (:mod:`~trajstore.storage.priorities_log`): each item's row of the highest version, one per replay and item."""
+    return (f"SELECT replay, episode_id, step, agent_id, arg_max(priority, version) AS priority, "
+            f"arg_max(\"time\", version) AS \"time\", max(version) AS version FROM {ident(source)} "
+            f"GROUP BY replay, episode_id, step, agent_id")
+
+
 def with_config(source: str, names: Iterable[str], runs: str = "run_info") -> str:
     """``source`` (rows with a ``run_id``) with the columns ``names`` of its run's row in ``runs`` (the rows of
     :func:`~trajstore.storage.run_config.table` with a column per config value grouped by: text, null where the
@@ -715,6 +727,17 @@ def count_other_mode(run_id: str, mode: str) -> str:
     """Steps of ``run_id`` whose lineage ``mode`` is not ``mode`` (``eval`` against train or untagged)."""
     other = "mode IS DISTINCT FROM 'eval'" if mode == "eval" else "mode = 'eval'"
     return f"SELECT count(*) AS n FROM steps WHERE {in_list('run_id', run_id)} AND {other}"
+
+
+def worker_kept(run_id: str, worker_id: str) -> str:
+    """What one writer (``worker_id``) stored in ``run_id``: its steps, complete and unfinished episodes, and how
+    many episodes of the run other writers stored (``others``)."""
+    mine = f"worker_id = {literal(worker_id)}"
+    return (f"SELECT coalesce(sum(episode_length) FILTER (WHERE {mine}), 0) AS steps, "
+            f"count(*) FILTER (WHERE {mine} AND complete) AS complete, "
+            f"count(*) FILTER (WHERE {mine} AND NOT complete) AS unfinished, "
+            f"count(*) FILTER (WHERE worker_id IS DISTINCT FROM {literal(worker_id)}) AS others "
+            f"FROM episodes WHERE {in_list('run_id', run_id)}")
 
 
 def stored_episode_ends(source: str, episode_ids: Sequence[int]) -> str:
@@ -829,6 +852,46 @@ def check_shared(limit: int) -> str:
 
 
 # --- lifecycle: delete ------------------------------------------------------------------------------------
+
+def chosen_steps(where: Where | None, steps_where: str | None) -> str | None:
+    """One condition over ``steps`` for what a change of the stored steps (delete, add_column) acts on: the steps of
+    the episodes ``where`` (a condition over ``episodes``) selects, and of those the steps ``steps_where`` (a caller's
+    condition over ``steps``) selects; None when neither is given."""
+    conds = []
+    if where:
+        conds.append(f"episode_id IN (SELECT episode_id FROM episodes WHERE {user_condition(where)})")
+    if steps_where:
+        conds.append(user_condition(steps_where))
+    return " AND ".join(conds) or None
+
+
+def variant_types(table: str, column: str, depth: int) -> str:
+    """The distinct ``variant_typeof`` of the VARIANT ``column`` of ``table``'s non-null values, and of their first
+    element, its first element, … to ``depth`` (see :func:`~trajstore.query.snapshot.typed_answer`)."""
+    probes = [f"variant_typeof({column}{'[1]' * d})" for d in range(depth)]
+    return (f"SELECT DISTINCT {', '.join(probes)} FROM {table} WHERE {column} IS NOT NULL AND "
+            f"variant_typeof({column}) <> 'VARIANT_NULL'")
+
+
+def cast(column: str, duckdb_type: str) -> str:
+    return f"CAST({column} AS {duckdb_type})"
+
+
+def as_json_text(column: str) -> str:
+    """``column``'s values as their JSON text (VARCHAR): how an answer holds a VARIANT of several types."""
+    return f"CAST(CAST({column} AS JSON) AS VARCHAR)"
+
+
+def typed_answer(table: str, columns: Sequence[tuple[str, str | None]]) -> str:
+    """Every column of ``table``, as the expression given for it (``(name, expression or None)``, names quoted)."""
+    return f"SELECT {', '.join(c if e is None else f'{e} AS {c}' for c, e in columns)} FROM {table}"
+
+
+def episodes_probe(where: Where) -> str:
+    """A query that fails, as the caller's, where ``where`` is no condition over ``episodes`` (a column of ``steps``
+    named in it): inside :func:`chosen_steps`'s subquery such a name would silently mean the outer step's column."""
+    return f"SELECT 1 FROM episodes WHERE {user_condition(where)} LIMIT 0"
+
 
 def delete_matches(condition: str | None) -> str:
     """Per episode of ``steps``: how many of its steps ``condition`` (a caller's condition over ``steps``; every

@@ -52,6 +52,7 @@ from trajstore.errors import (
 from trajstore.query import budget, sandbox, sql
 from trajstore.query.filters import Names
 from trajstore.query.snapshot import Snapshot
+from trajstore.storage import priorities_log
 from trajstore.storage.encoding import FileSchema
 from trajstore.storage.location import Location
 from trajstore.storage.log import DataFile
@@ -79,17 +80,18 @@ class Task:
     kinds: list[int]  # per file, the index of its schema in ``schemas``
     schemas: list[bytes]  # the files' own Arrow schemas with their formats, serialized, each once
     runs: bytes  # the rows of the ``runs`` view, an Arrow IPC stream
+    priorities: tuple[str, ...] = ()  # the files of the ``priorities`` table (paths in the location's filesystem)
 
     @classmethod
     def of(cls, query: str, limits: sandbox.Limits, location: Location, files: Sequence[DataFile],
-           file_schemas: Sequence[FileSchema], runs: pa.Table) -> Task:
+           file_schemas: Sequence[FileSchema], runs: pa.Table, priorities: Sequence[str] = ()) -> Task:
         schemas: dict[bytes, int] = {}
         index = []
         for stored in file_schemas:
             body = stored.physical.with_metadata(stored.format.metadata()).serialize().to_pybytes()
             index.append(schemas.setdefault(body, len(schemas)))
         return cls(query, limits, location.uri, dict(location.storage_options),
-                   [_fields(f) for f in files], index, list(schemas), _ipc(runs))
+                   [_fields(f) for f in files], index, list(schemas), _ipc(runs), tuple(priorities))
 
     @property
     def what(self) -> str:
@@ -159,7 +161,7 @@ class Worker:
         if not header.get("limited"):
             log.warning("SQL workers run without a memory limit here: %s", header.get("message"))
 
-    def call(self, task: Task, wait_s: float | None) -> tuple[dict[str, Any], bytes | None]:
+    def call(self, task: Task | Computation, wait_s: float | None) -> tuple[dict[str, Any], bytes | None]:
         """Hand ``task`` over and wait up to ``wait_s`` (forever with None) for its answer."""
         self._send.send_bytes(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
         return self._answer(wait_s)
@@ -237,7 +239,7 @@ class Pool:
             self.size = max(self.size, size)
         self._refill()
 
-    def run(self, task: Task, wait_s: float | None) -> tuple[dict[str, Any], bytes | None]:
+    def run(self, task: Task | Computation, wait_s: float | None) -> tuple[dict[str, Any], bytes | None]:
         """``task``'s answer from an idle worker; a worker that fails to answer in time is killed."""
         worker = self._take()
         try:
@@ -411,10 +413,12 @@ def _handle(task: Task | Computation) -> tuple[dict[str, Any], bytes | None]:
         return _compute(task)
     try:
         location = _location(task.uri, task.storage_options)
-        files = [DataFile(*fields, fs=location.fs) for fields in task.files]
+        files = [DataFile(*fields, fs=location.fs) for fields in task.files]  # type: ignore[misc]  # 8 fields, no fs
         kinds = [FileSchema.of(pa.ipc.read_schema(pa.py_buffer(body))) for body in task.schemas]
         snapshot = Snapshot(files, store=task.uri, schemas=[kinds[i] for i in task.kinds], registered=True,
-                            location=location, runs=pa.ipc.open_stream(task.runs).read_all())
+                            location=location, runs=pa.ipc.open_stream(task.runs).read_all(),
+                            priorities=priorities_log.dataset(location.child(priorities_log.FOLDER),
+                                                              task.priorities))
         result = sandbox.run(snapshot, task.query, task.limits)
         data = _ipc(result.table)
     except TrajstoreError as exc:
@@ -456,7 +460,7 @@ def compute(function: str, args: tuple[Any, ...], kwargs: dict[str, Any], limits
     ``limits.worker_bytes``, within ``limits``' time (the worker killed if it outlasts it) and memory bound."""
     if limits.worker_bytes is None:
         raise InputError("worker_bytes: a computation runs in a worker only with a memory limit")
-    limits.check()
+    limits.check_time()
     task = Computation(function, args, kwargs, limits,
                        sandbox.Limits(timeout_s=limits.remaining(), worker_bytes=limits.worker_bytes))
     return run(task).table
@@ -576,9 +580,9 @@ def sandboxed_sql(engine: Engine, query: str, limits: sandbox.Limits | None = No
     runs = engine.runs_table(files)
     if limits.worker_bytes is None:
         snap = Snapshot(files, store=engine.uri, schemas=schemas, registered=True, judge=engine.judged,
-                        location=engine.location, runs=runs)
+                        location=engine.location, runs=runs, priorities=engine.priority_rows())
         return sandbox.run(snap, query, limits, encode=encode)
-    task = Task.of(query, limits, engine.location, files, schemas, runs)
+    task = Task.of(query, limits, engine.location, files, schemas, runs, engine.priorities.file_paths())
     try:
         result = run(task)  # a service starts sql_max_concurrent workers ahead (warm)
     except StoreDamagedError as exc:  # judged here, where the log is: a vacuumed version is not damage

@@ -17,7 +17,7 @@ from trajstore.query.returns import check_gamma
 from trajstore.storage import run_config
 
 
-def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where: str | None = None,
+def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where: sql.Where | None = None,
           filter: EpisodeFilter | None = None, run_id: Names = None,  # noqa: A002
           env_id: Names = None, include_incomplete: bool = False, metric: str | None = None) -> pa.Table:
     """One row per group of ``by`` (one row overall without it; ``config.<path>`` names a value of each run's
@@ -34,7 +34,7 @@ def stats(engine: Engine, *, by: Names = None, gamma: float | None = None, where
     return engine.memo(f"stats {arguments!r}", lambda: _stats(engine, *arguments), local=True)
 
 
-def _stats(engine: Engine, by: Names, gamma: float | None, where: str | None, filter: EpisodeFilter | None,  # noqa: A002
+def _stats(engine: Engine, by: Names, gamma: float | None, where: sql.Where | None, filter: EpisodeFilter | None,  # noqa: A002
            run_id: Names, env_id: Names, include_incomplete: bool, metric: str | None) -> pa.Table:
     keys = names_of(by)
     paths = {k: path for k in keys if (path := run_config.config_key(k)) is not None}  # by="config.algo"
@@ -65,8 +65,8 @@ def _stats(engine: Engine, by: Names, gamma: float | None, where: str | None, fi
         return snap.arrow(q, {"gamma": check_gamma(gamma)} if gamma is not None else {})
 
 
-def _agents_alone(keys: list[str], where: str | None, filter: EpisodeFilter | None,  # noqa: A002
-                  paths: dict[str, str], metric: str | None) -> bool:
+def _agents_alone(keys: list[str], where: sql.Where | None, filter: EpisodeFilter | None,  # noqa: A002
+                  paths: dict[str, tuple[str, ...]], metric: str | None) -> bool:
     """Whether statistics per agent need no column of ``episodes``: grouped and filtered by the columns of
     ``agent_episodes`` (:data:`~trajstore.query.sql.AGENT_ROW_COLUMNS`) alone, no ``where`` (any column), lineage
     filter, config value or metric."""

@@ -17,20 +17,25 @@ import json
 import logging
 import time
 import uuid
+import warnings
 from typing import Any, BinaryIO, Iterator, Literal, Mapping, Sequence
 
-import httpx
 import pyarrow as pa
 
 from trajstore.__about__ import __version__
-from trajstore.errors import InputError, RemoteError, RunNotFoundError
-from trajstore.loaders.loader import check_format
+from trajstore.errors import InputError, RemoteError, RunNotFoundError, StoreDamagedError
+from trajstore.extras import needed
+from trajstore.loaders.loader import BatchStream, check_format
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
-from trajstore.query.filters import filtered
+from trajstore.query.filters import Names, filtered
 from trajstore.query.follow import Commit, check_follow
 from trajstore.remote.loader import RemoteBatches
+from trajstore.remote.replay import RemoteReplay
 from trajstore.remote.stream import HttpByteStream
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
+
+with needed("client", "trajstore.Client (and a remote writer)"):
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,17 @@ class RunNotFoundRemoteError(RemoteError, RunNotFoundError):
     :class:`~trajstore.errors.RunNotFoundError`."""
 
 
+class StoreDamagedRemoteError(RemoteError, StoreDamagedError):
+    """The service's store cannot be read (503 from ``GET /ready``): caught as a
+    :class:`~trajstore.errors.RemoteError` and, as from :meth:`Store.health <trajstore.store.Store.health>`, as a
+    :class:`~trajstore.errors.StoreDamagedError`."""
+
+    path: str | None = None
+
+
+PROBLEMS = {"RunNotFoundError": RunNotFoundRemoteError, "StoreDamagedError": StoreDamagedRemoteError}
+
+
 _filtered = filtered(expand=True)  # the Store's filter keywords, sent as the REST service's query parameters
 
 
@@ -53,19 +69,42 @@ MAX_RETRY_WAIT_S = 30.0  # the longest wait before one retry, whatever Retry-Aft
 
 
 class Client:
-    """A connection to a trajstore service at ``url``; ``api_key`` is needed only to write.
+    """A connection to a trajstore service (``trajstore serve``): the Store's reads, over HTTP.
+
+    The readers have the Store's names, filters (``run_id=``, ``min_return=``, ``mode=``, …, ``filter=``) and
+    return types, so code moves from a local store to a served one by changing how it is opened. Every read takes
+    ``version=N``: the store as it was at version N (``?version=``, see ``GET /history``), as
+    ``trajstore.open(uri, version=N)`` reads it; by default the latest version.
 
     Reads are retried (``retries`` times) on connection errors and 429/502/503/504, after ``backoff`` seconds
     doubled at each attempt, or after the server's ``Retry-After`` if it asks for longer (at most
     :data:`MAX_RETRY_WAIT_S`); so are writes that carry an idempotency key. A 503 is what the service answers
-    while its object store fails or does not answer. Errors the server reports are raised as
-    :class:`~trajstore.errors.RemoteError` with the problem's ``status`` and ``detail``; a run the store does not
-    hold as :class:`RunNotFoundRemoteError`, which is also a :class:`~trajstore.errors.RunNotFoundError`, with
-    the Store's message. The readers take the Store's filters (``run_id=``, ``min_return=``, ``mode=``, …,
-    ``filter=``).
+    while its object store fails or does not answer. ``where`` is a condition over ``episodes``, which the
+    service parses: comparisons, ``AND``/``OR``/``NOT``, ``IN``, ``BETWEEN``, ``IS NULL``, ``LIKE`` and a few
+    pure functions (:mod:`trajstore.query.condition`). ``tests/test_readers.py`` compares the readers'
+    signatures with the Store's.
 
-    Every read takes ``version=N``: the store as it was at version N (``?version=``, see ``GET /history``), as
-    ``trajstore.open(uri, version=N)`` reads it; by default the latest version.
+    Args:
+        url: The service's address, ``http://host:port``.
+        api_key: The key the service was started with (``TRAJSTORE_API_KEY``); needed only to write.
+        timeout: Seconds to wait for a connection or an answer.
+        retries: How many times a failed read is sent again.
+        backoff: Seconds before the first retry, doubled at each one.
+        transport: An httpx transport to send requests through instead of the network (tests).
+
+    Raises:
+        RemoteError: From every call, for an error the server reports (``status`` and ``detail`` from its problem
+            document; ``status`` 0 when no server answered).
+        RunNotFoundError: From every read, for a run the store does not hold (as
+            :class:`RunNotFoundRemoteError`, also a ``RemoteError`` with ``status`` 404), with the Store's message.
+
+    Examples:
+        A service must be running at the address (``trajstore serve --store ./trajdata``), here with a run ``demo``:
+
+        >>> client = trajstore.Client("http://127.0.0.1:8321")
+        >>> client.stats(run_id="demo")["n_traj"].to_pylist()
+        [10]
+        >>> client.close()
     """
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 30.0, retries: int = 3,
@@ -86,6 +125,7 @@ class Client:
         return f"Client({self.url!r})"
 
     def close(self) -> None:
+        """Close the client's connections; a client is also a context manager that closes on exit."""
         if "_http" in self.__dict__:
             self._http.close()
 
@@ -98,14 +138,22 @@ class Client:
     # --- reads -------------------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
+        """Whether the service can serve its store (``GET /ready``): :meth:`Store.health
+        <trajstore.store.Store.health>` of the service's store, ``{"status": "ready", "store", "version", "files"}``.
+
+        Raises:
+            StoreDamagedRemoteError: 503 (after the retries) while the store's latest version cannot be read, naming
+                why; also a :class:`~trajstore.errors.StoreDamagedError`, as :meth:`Store.health
+                <trajstore.store.Store.health>` raises.
+        """
         return self._request("GET", "/ready").json()
 
     def runs(self, *, last: int | None = None, gamma: float | None = None,
-             version: int | None = None) -> list[dict[str, Any]]:
-        """Every run with its envs, episode and step counts and last write time; with ``last``, each env's
-        statistics of its ``last`` latest complete episodes too (``latest``; see :meth:`Store.latest_stats
-        <trajstore.store.Store.latest_stats>`)."""
-        return self._request("GET", "/runs", params={"last": last, "gamma": gamma, "version": version}).json()
+             version: int | None = None) -> pa.Table:
+        """:meth:`Store.runs <trajstore.store.Store.runs>`: one row per ``(run_id, env_id)``, its episodes, complete
+        episodes, steps and last write time; with ``last``, the statistics of its ``last`` complete episodes to end
+        too (``GET /runs`` as Arrow)."""
+        return self._table("GET", "/runs", params={"last": last, "gamma": gamma, "version": version})
 
     def run_info(self, run_id: str, *, version: int | None = None) -> dict[str, Any]:
         """One run as ``GET /runs/{run_id}`` gives it: its envs and counts, ``config``, ``tags``, ``notes``,
@@ -125,19 +173,41 @@ class Client:
         return self._request("PATCH", f"/runs/{run_id}", json=body, retry=True).json()
 
     @_filtered
-    def episodes(self, *, order_by: str = "episode_id", limit: int | None = None, offset: int = 0,
-                 gamma: float | None = None, version: int | None = None, **filters: Any) -> pa.Table:
+    def episodes(self, *, where: str | None = None, order_by: str = "episode_id", limit: int | None = None,
+                 offset: int = 0, gamma: float | None = None, version: int | None = None,
+                 **filters: Any) -> pa.Table:
         """Every episode the filters select (with ``limit``, the first ``limit`` of them after ``offset``), in
-        ``order_by`` order (a column, ``-`` prefixed for descending; several comma-separated), as :meth:`Store.episodes
-        <trajstore.store.Store.episodes>` gives them.
+        ``order_by`` order, as :meth:`Store.episodes <trajstore.store.Store.episodes>` gives them.
 
         The service answers in pages (``max_page_size`` rows at most); this walks them, with the keyset cursor in
         ``episode_id`` order and by offset otherwise, every page read at one version: ``version``, or the
-        version of the first page when the answer takes more than one."""
+        version of the first page when the answer takes more than one.
+
+        Args:
+            order_by: A column of ``episodes``, ``-`` prefixed for descending; several comma-separated.
+            limit: At most this many episodes; every match without it.
+            offset: Skip this many first.
+            gamma: Add ``discounted_return`` for this discount.
+            version: Read the store as it was at this version.
+            **filters: The Store's filter keywords (``run_id=``, ``complete=``, ``min_return=``, …, ``filter=``).
+
+        Returns:
+            An Arrow table, one row per episode.
+
+        Raises:
+            InputError: A ``limit`` or ``offset`` that is not a whole number >= 0.
+            RunNotFoundError: A ``run_id`` the store does not hold.
+            RemoteError: Any other error the service reports.
+
+        Examples:
+            >>> client = trajstore.Client("http://127.0.0.1:8321")
+            >>> client.episodes(run_id="demo", complete=True, order_by="-episode_return", limit=3).num_rows
+            3
+        """
         for name, value in (("limit", limit), ("offset", offset)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise InputError(f"{name}: must be a whole number >= 0, got {value!r}")
-        params = {"order_by": order_by, "gamma": gamma, **filters}
+        params = {"where": where, "order_by": order_by, "gamma": gamma, **filters}
         first, headers = self._episode_page(params, rows=_page_rows(limit, 0), offset=offset, version=version)
         needed = _needed(int(headers[TOTAL_HEADER]), offset, limit)
         if first.num_rows >= needed:
@@ -162,30 +232,52 @@ class Client:
                                  headers={"Accept": ARROW_STREAM})
         return pa.ipc.open_stream(response.content).read_all(), response.headers
 
-    def episode_steps(self, episode_id: int, columns: list[str] | None = None, *,
-                      version: int | None = None, agent_id: str | list[str] | None = None) -> pa.Table:
-        """Every step of one episode in order; of a multi-agent episode, one row per agent and step (``agent_id``:
-        those agents' rows only)."""
+    def episode_steps(self, episode_id: int, columns: Sequence[str] | None = None, *, limit: int | None = None,
+                      agent_id: Names = None, version: int | None = None) -> pa.Table:
+        """Every step of one episode in order (the first ``limit`` with ``limit``); of a multi-agent episode, one row
+        per agent and step (``agent_id``: those agents' rows only)."""
         agents = [agent_id] if isinstance(agent_id, str) else agent_id
-        return self._table("GET", f"/episodes/{int(episode_id)}/steps", params={"columns": columns,
-                                                                                 "version": version,
-                                                                                 "agent_id": agents})
+        return self._table("GET", f"/episodes/{int(episode_id)}/steps", params={
+            "columns": None if columns is None else list(columns), "limit": limit, "version": version,
+            "agent_id": None if agents is None else list(agents)})
 
     @_filtered
-    def stats(self, *, by: str | list[str] | None = None, gamma: float | None = None,
+    def stats(self, *, by: Names = None, gamma: float | None = None, where: str | None = None,
               include_incomplete: bool = False, metric: str | None = None, version: int | None = None,
               **filters: Any) -> pa.Table:
-        """Episode statistics with the keys of ``imitation``'s ``rollout_stats``, one row per group of ``by``;
-        with ``metric`` also ``metric_n`` and ``metric_*`` (:meth:`Store.stats <trajstore.store.Store.stats>`)."""
-        params = {"by": [by] if isinstance(by, str) else by, "gamma": gamma,
-                  "include_incomplete": include_incomplete, "metric": metric, "version": version, **filters}
+        """Episode statistics, one row per group of ``by``: :meth:`Store.stats <trajstore.store.Store.stats>`,
+        computed by the service (``GET /stats``).
+
+        Args:
+            by: Group by these columns of ``episodes``, or by a run's config (``"config.lr"``).
+            gamma: Add ``discounted_return_*`` for this discount in [0, 1].
+            where: A condition over the ``episodes`` view, which the service parses.
+            include_incomplete: Count unfinished episodes too.
+            metric: Also the statistics of this per-episode metric (``metric_n``, ``metric_*``).
+            version: Read the store as it was at this version.
+            **filters: The Store's filter keywords (``run_id=``, ``min_return=``, …, ``filter=``).
+
+        Returns:
+            An Arrow table, as the Store's.
+
+        Raises:
+            RunNotFoundError: A ``run_id`` the store does not hold.
+            RemoteError: Any other error the service reports (422 naming a bad argument).
+
+        Examples:
+            >>> client = trajstore.Client("http://127.0.0.1:8321")
+            >>> client.stats(by="run_id", gamma=0.99)["run_id"].to_pylist()
+            ['demo']
+        """
+        params = {"by": [by] if isinstance(by, str) else None if by is None else list(by), "gamma": gamma,
+                  "where": where, "include_incomplete": include_incomplete, "metric": metric, "version": version,
+                  **filters}
         return self._table("GET", "/stats", params=params)
 
-    def compare(self, by: str | Sequence[str], *, metric: str = "episode_return", task: str = "env_id",
+    def compare(self, by: Names, *, metric: str = "episode_return", task: str = "env_id",
                 last: int = 100, mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None,
                 statistics: Sequence[str] | None = None, ci: float = 0.95, reps: int = 2000, seed: int = 0,
-                run_id: str | Sequence[str] | None = None, where: str | None = None,
-                version: int | None = None) -> pa.Table:
+                run_id: Names = None, where: str | None = None, version: int | None = None) -> pa.Table:
         """:meth:`Store.compare <trajstore.store.Store.compare>` computed by the service (``GET /compare``).
 
         ``where`` is a condition over the columns of ``episodes`` that the service parses (never runs as SQL text):
@@ -197,10 +289,10 @@ class Client:
             **self._comparing(by, metric, task, last, mode, normalize, ci, reps, seed, run_id, where, version),
             "statistic": None if statistics is None else list(statistics)})
 
-    def probability_of_improvement(self, x: str, y: str, *, by: str | Sequence[str], metric: str = "episode_return",
+    def probability_of_improvement(self, x: str, y: str, *, by: Names, metric: str = "episode_return",
                                    task: str = "env_id", last: int = 100, mode: str | None = None,
                                    normalize: Mapping[str, Sequence[float]] | None = None, ci: float = 0.95,
-                                   reps: int = 2000, seed: int = 0, run_id: str | Sequence[str] | None = None,
+                                   reps: int = 2000, seed: int = 0, run_id: Names = None,
                                    where: str | None = None, version: int | None = None) -> dict[str, Any]:
         """:meth:`Store.probability_of_improvement <trajstore.store.Store.probability_of_improvement>` computed by
         the service."""
@@ -208,11 +300,10 @@ class Client:
                   "x": x, "y": y}
         return self._request("GET", "/compare/improvement", params=params).json()
 
-    def performance_profile(self, by: str | Sequence[str], *, thresholds: Sequence[float],
-                            metric: str = "episode_return", task: str = "env_id", last: int = 100,
-                            mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None,
-                            ci: float = 0.95, reps: int = 2000, seed: int = 0,
-                            run_id: str | Sequence[str] | None = None, where: str | None = None,
+    def performance_profile(self, by: Names, *, thresholds: Sequence[float], metric: str = "episode_return",
+                            task: str = "env_id", last: int = 100, mode: str | None = None,
+                            normalize: Mapping[str, Sequence[float]] | None = None, ci: float = 0.95,
+                            reps: int = 2000, seed: int = 0, run_id: Names = None, where: str | None = None,
                             version: int | None = None) -> pa.Table:
         """:meth:`Store.performance_profile <trajstore.store.Store.performance_profile>` computed by the
         service."""
@@ -220,25 +311,36 @@ class Client:
                   "threshold": [float(t) for t in thresholds]}
         return self._table("GET", "/compare/profile", params=params)
 
-    def scores(self, by: str | Sequence[str], *, metric: str = "episode_return", task: str = "env_id",
+    def scores(self, by: Names, *, metric: str = "episode_return", task: str = "env_id",
                last: int = 100, mode: str | None = None, normalize: Mapping[str, Sequence[float]] | None = None,
-               run_id: str | Sequence[str] | None = None, where: str | None = None,
-               version: int | None = None) -> pa.Table:
+               run_id: Names = None, where: str | None = None, version: int | None = None) -> pa.Table:
         """:meth:`Store.scores <trajstore.store.Store.scores>` computed by the service."""
         params = self._comparing(by, metric, task, last, mode, normalize, 0.95, 1, 0, run_id, where, version)
         for unused in ("ci", "reps", "seed"):
             params.pop(unused)
         return self._table("GET", "/compare/scores", params=params)
 
-    def group_curves(self, by: str | Sequence[str], *, metric: str = "episode_return", task: str = "env_id",
-                     bins: int = 50, aggregate: str = "iqm", ci: float = 0.95, reps: int = 1000, seed: int = 0,
-                     mode: str | None = None, run_id: str | Sequence[str] | None = None, where: str | None = None,
-                     version: int | None = None) -> pa.Table:
-        """:meth:`Store.group_curves <trajstore.store.Store.group_curves>` computed by the service."""
-        params = {**self._comparing(by, metric, task, 1, mode, None, ci, reps, seed, run_id, where, version),
-                  "bins": bins, "aggregate": aggregate}
-        params.pop("last")
-        return self._table("GET", "/curves/groups", params=params)
+    @_filtered
+    def curves(self, *, by: Names = None, run_id: Names = None, env_id: Names = None, where: str | None = None,
+               gamma: float | None = None, metric: str | None = None, task: str | None = None,
+               bins: int | None = None, aggregate: str | None = None, ci: float | None = None,
+               reps: int | None = None, seed: int | None = None, mode: str | None = None,
+               version: int | None = None, **filters: Any) -> pa.Table:
+        """:meth:`Store.curves <trajstore.store.Store.curves>` from the service (``GET /curves`` as Arrow): each
+        run's complete episodes in the order they ended, or with ``by`` each group's learning curve across seeds
+        (computed a few at a time on a service, as comparisons are)."""
+        params = {"by": [by] if isinstance(by, str) else None if by is None else list(by),
+                  "run_id": [run_id] if isinstance(run_id, str) else run_id,
+                  "env_id": [env_id] if isinstance(env_id, str) else env_id, "where": where, "gamma": gamma,
+                  "metric": metric, "task": task, "bins": bins, "aggregate": aggregate, "ci": ci, "reps": reps,
+                  "seed": seed, "mode": mode, "version": version, **filters}
+        return self._table("GET", "/curves", params=params)
+
+    def group_curves(self, by: Names, **kwargs: Any) -> pa.Table:
+        """Deprecated: :meth:`curves` with ``by`` (the same answer); goes in the next release."""
+        warnings.warn("Client.group_curves is deprecated and goes in the next release: use client.curves(by=…)",
+                      DeprecationWarning, stacklevel=2)
+        return self.curves(by=by, **kwargs)
 
     @staticmethod
     def _comparing(by: Any, metric: str, task: str, last: int, mode: str | None, normalize: Any, ci: float,
@@ -250,22 +352,54 @@ class Client:
                 "where": where, "version": version}
 
     @_filtered
-    def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", limit: int = 10_000,
-                version: int | None = None, **filters: Any) -> pa.Table:
-        return self._table("GET", "/returns", params={"gamma": gamma, "per": per, "limit": limit, "version": version,
-                                                      **filters})
+    def returns(self, *, gamma: float, per: Literal["episode", "step"] = "episode", where: str | None = None,
+                limit: int | None = None, version: int | None = None, **filters: Any) -> pa.Table:
+        """:meth:`Store.returns <trajstore.store.Store.returns>` from the service (at most its limit, 10,000 rows
+        unless ``limit`` asks for fewer or up to 100,000)."""
+        return self._table("GET", "/returns", params={"gamma": gamma, "per": per, "where": where, "limit": limit,
+                                                      "version": version, **filters})
 
-    def sql(self, query: str, *, max_rows: int | None = None, as_: Literal["arrow", "dicts"] = "arrow",
-            run_id: str | list[str] | None = None, env_id: str | list[str] | None = None,
-            version: int | None = None) -> pa.Table | list[dict[str, Any]]:
-        """Run one read-only SELECT on the server; an Arrow table, or a list of dicts with ``as_="dicts"``. With
-        ``run_id``/``env_id``, the views hold only those runs' or environments' steps (as for ``Store.sql``)."""
+    def sql(self, query: str, *, run_id: Names = None, env_id: Names = None, max_rows: int | None = None,
+            version: int | None = None, as_: Literal["arrow", "dicts"] | None = None) -> pa.Table:
+        """Run one read-only SELECT in the service's sandbox (``POST /sql``) over the ``steps``, ``episodes`` and
+        ``runs`` views.
+
+        The sandbox reads no file and writes nothing, and bounds the query's time, rows, bytes and memory (see the
+        service's ``TRAJSTORE_SQL_*`` settings).
+
+        Args:
+            query: One DuckDB SELECT.
+            max_rows: At most this many rows (the service caps it too).
+            as_: Deprecated: call ``.to_pylist()`` on the table for a list of dicts.
+            run_id: Only these runs' steps in the views (as for ``Store.sql``).
+            env_id: Only these environments' steps in the views; each column then has its own type.
+            version: Read the store as it was at this version.
+
+        Returns:
+            The result as an Arrow table, as :meth:`Store.sql <trajstore.store.Store.sql>` gives it.
+
+        Raises:
+            RemoteError: The query was refused (403: not one SELECT, or reaching outside the store), failed (400),
+                ran out of time (408), answered too much or took too much memory (413), or found every place taken
+                (429, after the retries).
+
+        Examples:
+            >>> client = trajstore.Client("http://127.0.0.1:8321")
+            >>> client.sql("SELECT count(DISTINCT run_id) AS runs FROM steps").to_pylist()
+            [{'runs': 1}]
+        """
         body: dict[str, Any] = {"query": query, "max_rows": max_rows}
         for name, value in (("run_id", run_id), ("env_id", env_id)):
             if value is not None:
                 body[name] = [value] if isinstance(value, str) else list(value)
         table = self._table("POST", "/sql", json=body, params={"version": version})
-        return table.to_pylist() if as_ == "dicts" else table
+        if as_ is None or as_ == "arrow":
+            return table
+        warnings.warn("Client.sql(as_=...) is deprecated and goes in the next release: Client.sql gives an Arrow "
+                      "table, as Store.sql does; call .to_pylist() on it for a list of dicts", DeprecationWarning,
+                      stacklevel=2)
+        rows: Any = table.to_pylist()
+        return rows
 
     def schema(self, env_id: str | None = None, *, version: int | None = None) -> pa.Schema:
         """The Arrow types of the store's ``steps`` columns (of one environment's files with ``env_id``)."""
@@ -273,9 +407,8 @@ class Client:
 
     # --- following ---------------------------------------------------------------------------------------
 
-    def follow(self, columns: list[str] | None = None, *, run_id: str | list[str] | None = None,
-               env_id: str | list[str] | None = None, since: int | None = None, episodes: bool = False,
-               timeout: float | None = None) -> Iterator[Commit]:
+    def follow(self, columns: Sequence[str] | None = None, *, run_id: Names = None, env_id: Names = None,
+               since: int | None = None, episodes: bool = False, timeout: float | None = None) -> Iterator[Commit]:
         """What :meth:`Store.follow <trajstore.store.Store.follow>` yields, from the service: the rows of each new
         commit in commit order, exactly once (``since``: the last version seen; None: from now on).
 
@@ -286,7 +419,9 @@ class Client:
         delivered; a server that stays unable raises :class:`~trajstore.errors.RemoteError`.
         """
         check_follow(since, 1.0, timeout)
-        params = {"columns": columns, "run_id": run_id, "env_id": env_id, "episodes": episodes}
+        params = {"columns": None if columns is None else list(columns),
+                  "run_id": [run_id] if isinstance(run_id, str) else run_id,
+                  "env_id": [env_id] if isinstance(env_id, str) else env_id, "episodes": episodes}
         read = httpx.Timeout(self._timeout, read=timeout)
         last, failures = since, 0
         while True:
@@ -334,54 +469,120 @@ class Client:
     # --- streaming ---------------------------------------------------------------------------------------
 
     @_filtered
-    def iter_batches(self, *, batch_size: int = 4096, columns: list[str] | None = None, shuffle: bool = False,
+    def iter_batches(self, *, batch_size: int = 4096, columns: Sequence[str] | None = None, shuffle: bool = False,
                      seed: int | None = None, shuffle_buffer: int = 65_536, drop_last: bool = False,
-                     format: BatchFormat = "numpy", version: int | None = None,  # noqa: A002
-                     **filters: Any) -> Iterator[Any]:
-        """Yield batches of ``batch_size`` steps while the stream is still arriving.
+                     format: BatchFormat = "numpy", where: str | None = None,  # noqa: A002
+                     version: int | None = None, **filters: Any) -> Iterator[Any]:
+        """Batches of ``batch_size`` steps for a training loop, streamed from ``GET /steps`` and yielded while the
+        stream is still arriving: the batches of :meth:`Store.iter_batches <trajstore.store.Store.iter_batches>`.
 
-        ``format`` is ``"numpy"`` (dict of arrays, ``(n, …)``), ``"jax"`` (dict of JAX arrays), ``"torch"``
-        (dict of CPU tensors; text columns stay numpy) or ``"arrow"`` (record batches). With ``shuffle``, rows
-        are drawn at random from a buffer of ``shuffle_buffer`` rows, reproducibly for a given ``seed``; memory
-        stays bounded by that buffer.
+        With ``shuffle``, rows are drawn at random from a buffer of ``shuffle_buffer`` rows, reproducibly for a
+        given ``seed``; memory stays bounded by that buffer.
+
+        Args:
+            batch_size: Steps per batch.
+            columns: The columns to read; all without it.
+            shuffle: Draw rows at random from a buffer.
+            seed: The shuffle's seed.
+            shuffle_buffer: Rows in the shuffle's buffer.
+            drop_last: Leave out a last batch shorter than ``batch_size``.
+            format: ``"numpy"`` (dict of ``(n, …)`` arrays), ``"jax"``, ``"torch"`` (CPU tensors; text columns stay
+                numpy) or ``"arrow"`` (record batches).
+            version: Read the store as it was at this version.
+            **filters: The Store's filter keywords (``run_id=``, ``complete=``, …, ``filter=``).
+
+        Yields:
+            One batch at a time, in ``format``.
+
+        Raises:
+            InputError: A ``batch_size``, ``shuffle_buffer`` or ``format`` out of range.
+            RunNotFoundError: A ``run_id`` the store does not hold.
+            RemoteError: Any other error the service reports, or a service that cannot be reached.
+
+        Examples:
+            >>> client = trajstore.Client("http://127.0.0.1:8321")
+            >>> batch = next(client.iter_batches(batch_size=32, columns=["obs", "reward"], run_id="demo"))
+            >>> batch["obs"].shape
+            (32, 4)
         """
         check_batching(batch_size, shuffle_buffer, format)
-        params = {"columns": columns, "batch_rows": max(batch_size, 8192), "version": version, **filters}
+        params = {"columns": None if columns is None else list(columns), "batch_rows": max(batch_size, 8192),
+                  "where": where, "version": version, **filters}
         with self._stream("/steps", params) as body:
             yield from training_batches(pa.ipc.open_stream(body), batch_size=batch_size, shuffle=shuffle, seed=seed,
                                         shuffle_buffer=shuffle_buffer, drop_last=drop_last, format=format)
 
     @_filtered
-    def iter_sequences(self, length: int, *, columns: list[str] | None = None, stride: int | None = None,
-                       pad: bool = False, gamma: float | None = None, batch_size: int = 256, shuffle: bool = False,
-                       seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
-                       format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
-                       weight_by: str | None = None, num_samples: int | None = None, version: int | None = None,
-                       agent_id: str | list[str] | None = None, **filters: Any) -> RemoteBatches:
+    def sequences(self, length: int, *, columns: Sequence[str] | None = None, stride: int | None = None,
+                  pad: bool = False, gamma: float | None = None, batch_size: int = 256, shuffle: bool = False,
+                  seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1, run_id: Names = None,
+                  where: str | None = None, format: BatchFormat = "numpy",  # noqa: A002
+                  resume: Mapping[str, Any] | None = None, weight_by: str | None = None,
+                  num_samples: int | None = None, agent_id: Names = None, version: int | None = None,
+                  **filters: Any) -> BatchStream:
         """The batches of :meth:`Store.sequences <trajstore.store.Store.sequences>` with these arguments, from
-        the service's ``/sequences`` stream (filters as in the REST API: ``run_id``, ``complete``, …); the
-        iterator's ``state_dict()`` passed back as ``resume`` continues after its last batch."""
+        the service's ``/sequences`` stream; the iterator's ``state_dict()`` passed back as ``resume`` continues
+        after its last batch (here or on a Store over the same version)."""
         check_format(format)
-        params = {"length": length, "columns": columns, "stride": stride, "pad": pad, "gamma": gamma,
-                  "batch_size": batch_size, "shuffle": shuffle, "order_seed": seed, "epoch": epoch, "rank": rank,
-                  "world_size": world_size, "weight_by": weight_by, "num_samples": num_samples,
-                  "resume": None if resume is None else json.dumps(dict(resume)), "version": version,
-                  "agent_id": [agent_id] if isinstance(agent_id, str) else agent_id, **filters}
+        params = {"length": length, "stride": stride, "pad": pad, "gamma": gamma,
+                  **self._loading(columns, batch_size, shuffle, seed, epoch, rank, world_size, run_id, where, resume,
+                                  weight_by, num_samples, agent_id, version), **filters}
         return RemoteBatches(self._stream("/sequences", params), format)
 
+    def iter_sequences(self, length: int, **kwargs: Any) -> BatchStream:
+        """Deprecated: :meth:`sequences` (the Store's name); goes in the next release."""
+        warnings.warn("Client.iter_sequences is deprecated and goes in the next release: use client.sequences "
+                      "(the same arguments and batches, under the Store's name)", DeprecationWarning, stacklevel=2)
+        return self.sequences(length, **kwargs)
+
     @_filtered
-    def transitions(self, n: int, *, gamma: float, columns: list[str] | None = None, batch_size: int = 256,
+    def transitions(self, n: int, *, gamma: float, columns: Sequence[str] | None = None, batch_size: int = 256,
                     shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
-                    format: str = "numpy", resume: Mapping[str, Any] | None = None,  # noqa: A002
-                    weight_by: str | None = None, num_samples: int | None = None, version: int | None = None,
-                    agent_id: str | list[str] | None = None, **filters: Any) -> RemoteBatches:
+                    run_id: Names = None, where: str | None = None, format: BatchFormat = "numpy",  # noqa: A002
+                    resume: Mapping[str, Any] | None = None, weight_by: str | None = None,
+                    num_samples: int | None = None, agent_id: Names = None, version: int | None = None,
+                    **filters: Any) -> BatchStream:
         """The batches of :meth:`Store.transitions <trajstore.store.Store.transitions>` from ``/transitions``."""
         check_format(format)
-        params = {"n": n, "gamma": gamma, "columns": columns, "batch_size": batch_size, "shuffle": shuffle,
-                  "order_seed": seed, "epoch": epoch, "rank": rank, "world_size": world_size, "weight_by": weight_by,
-                  "num_samples": num_samples, "resume": None if resume is None else json.dumps(dict(resume)),
-                  "version": version, "agent_id": [agent_id] if isinstance(agent_id, str) else agent_id, **filters}
+        params = {"n": n, "gamma": gamma, **self._loading(columns, batch_size, shuffle, seed, epoch, rank, world_size,
+                                                          run_id, where, resume, weight_by, num_samples, agent_id,
+                                                          version), **filters}
         return RemoteBatches(self._stream("/transitions", params), format)
+
+    @staticmethod
+    def _loading(columns: Sequence[str] | None, batch_size: int, shuffle: bool, seed: int, epoch: int, rank: int,
+                 world_size: int, run_id: Names, where: str | None, resume: Mapping[str, Any] | None,
+                 weight_by: str | None, num_samples: int | None, agent_id: Names,
+                 version: int | None) -> dict[str, Any]:
+        """The query parameters the two loaders' streams share."""
+        return {"columns": None if columns is None else list(columns), "batch_size": batch_size, "shuffle": shuffle,
+                "order_seed": seed, "epoch": epoch, "rank": rank, "world_size": world_size,
+                "run_id": [run_id] if isinstance(run_id, str) else run_id, "where": where, "weight_by": weight_by,
+                "num_samples": num_samples, "resume": None if resume is None else json.dumps(dict(resume)),
+                "version": version, "agent_id": [agent_id] if isinstance(agent_id, str) else agent_id}
+
+    @_filtered
+    def replay(self, columns: list[str] | None = None, *, length: int | None = None, n: int | None = None,
+               gamma: float | None = None, where: str | None = None, agent_id: str | list[str] | None = None,
+               priorities: str | None = "default", alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6,
+               capacity: int | None = None, follow: bool = False, seed: int = 0, stride: int | None = None,
+               pad: bool = False, version: int | None = None, poll: float = 1.0,
+               format: str = "numpy", replay_id: str | None = None, **filters: Any) -> RemoteReplay:  # noqa: A002
+        """:meth:`Store.replay <trajstore.store.Store.replay>` over the service (``POST /replays``; the API key
+        needed): a replay held open by the service, sampled and updated by this learner and any other given its
+        :attr:`~trajstore.remote.replay.RemoteReplay.replay_id` (``replay_id=``: use that open replay; the other
+        arguments are then its own). ``version`` resumes from the priorities table as it was then; ``format`` is
+        the batches' (``numpy``, ``torch``, ``jax``)."""
+        check_format(format)
+        if replay_id is not None:
+            described = self._request("GET", f"/replays/{replay_id}").json()
+            return RemoteReplay(self, described, format)
+        params = {"columns": columns, "length": length, "n": n, "gamma": gamma, "where": where,
+                  "agent_id": [agent_id] if isinstance(agent_id, str) else agent_id,
+                  "priorities": priorities or "default", "commit": priorities is not None, "alpha": alpha,
+                  "beta": beta, "eps": eps, "capacity": capacity, "follow": follow, "draw_seed": seed,
+                  "stride": stride, "pad": pad, "priorities_version": version, "poll": poll, **filters}
+        return RemoteReplay(self, self._request("POST", "/replays", params=params).json(), format)
 
     @contextlib.contextmanager
     def _stream(self, path: str, params: Mapping[str, Any]) -> Iterator[BinaryIO]:
@@ -394,6 +595,7 @@ class Client:
         """
         headers = {"Accept": ARROW_STREAM, "Accept-Encoding": "identity"}
         url = httpx.URL(self.url + path, params=_params(params))
+        response: Any  # httpx's, or http.client's (a file of the body)
         if self._transport is not None or _proxied(url):
             response = self._http.send(self._http.build_request("GET", url, headers=headers), stream=True)
             try:
@@ -529,7 +731,8 @@ def _problem(status: int, reason: str, body: bytes) -> RemoteError:
         problem = None
     if not isinstance(problem, dict):
         problem = {}
-    kind = RunNotFoundRemoteError if problem.get("type") == ERROR_TYPE + "RunNotFoundError" else RemoteError
+    kind = PROBLEMS.get(str(problem.get("type", "")).removeprefix(ERROR_TYPE), RemoteError) \
+        if str(problem.get("type", "")).startswith(ERROR_TYPE) else RemoteError
     return kind(status, problem.get("title") or reason, problem.get("detail"))
 
 
@@ -545,7 +748,7 @@ def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
             name = "message"
 
 
-def unreachable(method: str, url: str, exc: httpx.TransportError) -> RemoteError:
+def unreachable(method: str, url: str | httpx.URL, exc: Exception) -> RemoteError:
     """The error for a request that reached no server: the URL, what went wrong, and what to do."""
     reason = str(exc) or type(exc).__name__
     return RemoteError(0, "Connection failed", f"cannot reach {url} ({method}): {reason}; check the service's URL "

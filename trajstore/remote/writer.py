@@ -38,7 +38,7 @@ from trajstore.errors import (
 from trajstore.remote.client import Client
 from trajstore.remote.decoded_size import decoded_size
 from trajstore.remote.wire import ipc_bytes
-from trajstore.storage.encoding import Format, decode_table
+from trajstore.storage.encoding import FileEncoding, decode_table
 from trajstore.storage.run_config import automatic
 from trajstore.write.sink import CommitHook
 from trajstore.write.writer import Writer
@@ -117,13 +117,13 @@ class RemoteSink:
         return {name: name for name in types}
 
     def write(self, data: pa.Table, *, run_id: str, env_id: str) -> EncodedRows:
-        fmt = Format.of(data.schema.metadata)
+        fmt = FileEncoding.of(data.schema.metadata)
         data = data.rename_columns([fmt.logical_names().get(n, n) for n in data.column_names])
         if not self.encoded:  # every row whole, as a service older than encoding 2 takes them
             data = decode_table(data, fmt.with_columns({})).replace_schema_metadata(None)
         else:  # rows under their logical names, encoded as encoding 2 says (what every service since takes)
             data = pa.Table.from_arrays(data.columns, names=data.column_names).replace_schema_metadata(
-                Format(2, fmt.frame_stack, (), fmt.frames).metadata())
+                FileEncoding(2, fmt.frame_stack, (), fmt.frames).metadata())
         key = uuid.uuid4().hex
         bodies = request_bodies(data, self.limits, run_id=run_id)
         return EncodedRows(tuple((body, f"{key}-{i}" if len(bodies) > 1 else key) for i, body in enumerate(bodies)),
@@ -150,7 +150,7 @@ def request_bodies(rows: pa.Table, limits: IngestLimits, *, run_id: str) -> list
                                 f"{excess}; raise that setting of the service")
     cut = _episode_cut(rows)
     if cut is None:  # one episode: its rows whole, so that any row may begin a request
-        rows = decode_table(rows, Format.of(rows.schema.metadata)).replace_schema_metadata(None)
+        rows = decode_table(rows, FileEncoding.of(rows.schema.metadata)).replace_schema_metadata(None)
         cut = rows.num_rows // 2
     return request_bodies(rows.slice(0, cut), limits, run_id=run_id) + \
         request_bodies(rows.slice(cut), limits, run_id=run_id)
@@ -198,7 +198,8 @@ def _check_access(client: Client) -> Mapping[str, Any]:
 
 class RemoteStore:
     """The side of a served store that rollout workers use: :meth:`writer` (a :class:`RemoteWriter`),
-    :meth:`run_ids` and :meth:`sql` (read-only, through ``POST /sql``). ``root`` is the service's URL."""
+    :meth:`runs`, :meth:`run_ids` and :meth:`sql` (read-only, through ``POST /sql``). ``root`` is the service's
+    URL."""
 
     def __init__(self, url: str, *, api_key: str | None = None) -> None:
         self.client = Client(url, api_key=api_key)
@@ -213,7 +214,7 @@ class RemoteStore:
         describe the run, as :meth:`Store.writer <trajstore.store.Store.writer>` does: first, for a run the service
         holds (a config other than its own is refused here); a new run right after the writer's first commit made
         it, as the service describes only runs it holds (:class:`DescribedOnCommit`)."""
-        description = {"config": config, "tags": tags, "notes": notes, "provenance": automatic()}
+        description: dict[str, Any] = {"config": config, "tags": tags, "notes": notes, "provenance": automatic()}
         later = DescribedOnCommit(self.client, run_id, description, options.pop("upkeep", None))
         writer = RemoteWriter(self.client, run_id=run_id, env_id=env_id, upkeep=later, **options)
         try:
@@ -226,12 +227,17 @@ class RemoteStore:
             raise
         return writer
 
+    def runs(self) -> pa.Table:
+        """One row per run and environment of the served store (:meth:`Client.runs
+        <trajstore.remote.client.Client.runs>`)."""
+        return self.client.runs()
+
     def run_ids(self) -> list[str]:
         """The runs the served store holds (``GET /runs``: one request, which counts each run's episodes)."""
-        return sorted({run["run_id"] for run in self.client.runs()})
+        return sorted(set(self.runs()["run_id"].to_pylist()))
 
     def sql(self, query: str) -> pa.Table:
-        table = self.client.sql(query, as_="arrow")
+        table = self.client.sql(query)
         if not isinstance(table, pa.Table):
             raise QueryError(f"{self.root}: POST /sql did not answer with an Arrow table")
         return table

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from trajstore.errors import InputError
+from trajstore.errors import InputError, MissingExtraError
 
 NAMESPACE = "ALE"
 EXTRA = "pip install 'trajstore[atari]'"
@@ -31,7 +31,8 @@ def register_env(env_id: str) -> None:
     try:
         import ale_py
     except ImportError:
-        raise InputError(f"env: {env_id} is an Atari game, which needs ale-py: {EXTRA}") from None
+        raise MissingExtraError(f"env: {env_id} is an Atari game, which needs ale-py: {EXTRA}", extra="atari",
+                                name="ale_py") from None
     import gymnasium as gym
 
     gym.register_envs(ale_py)
@@ -51,7 +52,8 @@ def dqn_preprocessing(frame_stack: int = 4) -> tuple[list[Callable[[Any], Any]],
     try:
         import cv2  # noqa: F401 - AtariPreprocessing resizes with OpenCV
     except ImportError:
-        raise InputError(f"atari: gymnasium's AtariPreprocessing needs OpenCV: {EXTRA}") from None
+        raise MissingExtraError(f"atari: gymnasium's AtariPreprocessing needs OpenCV: {EXTRA}", extra="atari",
+                                name="cv2") from None
     import gymnasium as gym
 
     wrappers: list[Callable[[Any], Any]] = [functools.partial(gym.wrappers.AtariPreprocessing, frame_skip=4,

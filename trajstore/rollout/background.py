@@ -44,7 +44,7 @@ class BackgroundWriter:
                 except BaseException as exc:  # noqa: BLE001 - handed to the rollout thread
                     self._error = exc
 
-    def put(self, batch: dict[str, Any]) -> None:
+    def put(self, batch: Any) -> None:
         self._raise()
         self._queue.put(batch)
 

@@ -30,12 +30,15 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from gymnasium import spaces
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
+
+with needed("jax", "a JAX rollout"):
+    import jax
+    import jax.numpy as jnp
+    from gymnasium import spaces
 
 __all__ = [
     "CartPole",
@@ -65,10 +68,17 @@ class JaxEnv(Protocol):
         action_space: A gymnasium space describing one action.
     """
 
-    name: str
-    max_episode_steps: int | None
-    observation_space: spaces.Space[Any]
-    action_space: spaces.Space[Any]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def max_episode_steps(self) -> int | None: ...
+
+    @property
+    def observation_space(self) -> spaces.Space[Any]: ...
+
+    @property
+    def action_space(self) -> spaces.Space[Any]: ...
 
     def reset(self, key: jax.Array) -> tuple[PyTree, PyTree]:
         """Sample an initial state; return ``(state, obs)``."""

@@ -25,10 +25,8 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Sequence
 
-import jax
-import jax.numpy as jnp
-
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.integrations.info import check_writer
 from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.jax_host import Tally, collect, open_writer
@@ -36,6 +34,10 @@ from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
 from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed, sample_until
 from trajstore.rollout.target import RolloutTarget, check_run
+
+with needed("jax", "a JAX rollout"):
+    import jax
+    import jax.numpy as jnp
 
 __all__ = ["jax_evaluate"]
 
@@ -69,7 +71,7 @@ def jax_evaluate(store: RolloutTarget, env: Any, *, run_id: str, episodes: int, 
     lineage.update(seed=check_seed(seed), mode="eval")
     if policy_version is not None:
         lineage["policy_version"] = policy_version
-    opts = {"worker_id": worker_id} if worker_id is not None else {}
+    opts: dict[str, Any] = {"worker_id": worker_id} if worker_id is not None else {}
     opts.update({"frame_stack": dict(frame_stack)} if frame_stack else {})
     key = jax.random.PRNGKey(seed)
     scan.compile(params, scan.init(key, jnp.ones(B, bool)))

@@ -37,28 +37,66 @@ def gym_rollout(store: RolloutTarget, env: Any, *, run_id: str, num_envs: int = 
                 queue_size: int = 2, info_keys: Sequence[str] = (), **lineage: Any) -> RolloutResult:
     """Roll out ``env`` (a gymnasium id or a vector env) into ``store`` until ``episodes``/``steps`` are reached.
 
-    With no ``policy``, actions are sampled from the action space (seeded with ``seed``).
-    ``episodes`` counts complete episodes, ``steps`` stored steps; with both, both must be reached: at least
-    that many, as every env runs on until the stop. Episodes still running at the stop are stored too, as
-    incomplete. ``mode="eval"`` runs :func:`~trajstore.rollout.gym_evaluation.gym_evaluate` instead: exactly
-    ``episodes`` complete episodes, without the bias towards short ones (pass the deterministic policy).
+    With no ``policy``, actions are sampled from the action space (seeded with ``seed``). ``episodes`` counts complete
+    episodes, ``steps`` stored steps; with both, both must be reached: at least that many, as every env runs on until
+    the stop. Episodes still running at the stop are stored too, as incomplete. ``mode="eval"`` runs
+    :func:`~trajstore.rollout.gym_evaluation.gym_evaluate` instead: exactly ``episodes`` complete episodes, without
+    the bias towards short ones (pass the deterministic policy).
 
-    Every row stores ``mode`` and ``seed`` (as given; env ``i`` starts from ``seed + i``; ``seed=None`` seeds
-    nothing and stores none). A ``run_id`` the store already holds is refused unless ``append=True``. Extra keywords
-    (``policy_version=``, ``config=``, …) are stored as lineage columns or describe the run. ``wrappers`` wrap
-    each env made from an id (gymnasium's ``make_vec(wrappers=…)``; :func:`trajstore.rollout.atari.dqn_preprocessing`
-    gives Atari's); ``ALE/…`` ids register ale-py's games first. ``info_keys=["is_success", …]`` stores those
-    keys of each step's info as step columns (null at steps whose info lacks one; see
-    :mod:`~trajstore.integrations.info`).
+    Every row stores ``mode`` and ``seed`` (as given; env ``i`` starts from ``seed + i``; ``seed=None`` seeds nothing
+    and stores none). Both of gymnasium's autoreset modes are handled: the stored episodes are the ones
+    ``RecordEpisodeStatistics`` reports, and ``next_obs`` of a last step is the true final observation.
 
-    ``frame_stack={"obs": k}`` says the observations are stacks of their last k frames (gymnasium's
-    ``FrameStackObservation`` layout), so that each frame is stored once (see :meth:`Store.writer`). Left out,
-    it is found where the sub-envs are reachable (a synchronous vector env) and end in ``FrameStackObservation``;
-    ``frame_stack={}`` stores whole observations.
+    The envs are stepped in this thread; ``chunk`` steps at a time (fewer where their observations pass 8 MiB) are
+    stacked, checked and handed to the writer in another (at most ``queue_size`` chunks wait), so storing overlaps
+    stepping.
 
-    The envs are stepped in this thread; ``chunk`` steps at a time (fewer where their observations pass 8 MiB)
-    are stacked, checked and handed to the writer in another (at most ``queue_size`` chunks wait), so storing
-    overlaps stepping.
+    Args:
+        store: A :class:`~trajstore.Store`, or a :class:`~trajstore.RemoteStore` to write through a service.
+        env: A gymnasium id (``"CartPole-v1"``; ``ALE/…`` ids register ale-py's games first) or a vector env.
+        run_id: The run to write; refused if the store holds it, unless ``append``.
+        num_envs: Envs of the vector env made from an id.
+        policy: ``(num_envs, …)`` observations in, their actions out; random actions without it.
+        episodes: Stop once this many episodes are complete.
+        steps: Stop once this many steps are stored.
+        seed: The seed of env 0 (env ``i`` gets ``seed + i``) and of the random actions.
+        mode: ``"train"``, or ``"eval"`` for exactly ``episodes`` complete episodes.
+        append: Add to a run the store already holds.
+        env_id: The stored environment id; the env's own id by default.
+        autoreset: The autoreset mode of a vector env made from an id (``"next-step"`` or ``"same-step"``).
+        chunk: Steps stepped before they are handed to the writer.
+        progress: Show a progress bar (steps/s, episodes, the latest mean return); False turns it off.
+        env_kwargs: Keywords for ``gymnasium.make_vec`` of an id.
+        wrappers: Wrap each env made from an id (:func:`trajstore.rollout.atari.dqn_preprocessing` gives Atari's).
+        frame_stack: ``{"obs": k}``: the observations are stacks of their last k frames, each frame stored once (see
+            :meth:`Store.writer`). Left out, it is found where the sub-envs end in ``FrameStackObservation``;
+            ``{}`` stores whole observations.
+        queue_size: Chunks waiting for the writer at most.
+        info_keys: Keys of each step's info stored as step columns (null at steps whose info lacks one; see
+            :mod:`~trajstore.integrations.info`).
+        **lineage: Stored as lineage columns (``policy_version=3``), or describe the run (``config=``, ``tags=``,
+            ``notes=``).
+
+    Returns:
+        A :class:`~trajstore.rollout.sampling.RolloutResult`: ``run_id``, ``env_id``, the ``steps`` stored, the
+        complete ``episodes``, ``seconds``, and each complete episode's return and length (``episode_returns``,
+        ``episode_lengths``).
+
+    Raises:
+        InputError: Neither ``episodes`` nor ``steps`` given, a ``run_id`` the store already holds without
+            ``append``, ``steps`` with ``mode="eval"``, or another argument out of range.
+        ReadOnlyError: The store was opened at a version.
+
+    Examples:
+        >>> from trajstore.rollout import gym_rollout
+        >>> store = trajstore.open("./trajdata", create=True)
+        >>> result = gym_rollout(store, "CartPole-v1", run_id="demo", num_envs=2, episodes=10, seed=0, progress=False)
+        >>> result.episodes, store.stats(run_id="demo")["n_traj"][0].as_py()
+        (10, 10)
+        >>> lean = gym_rollout(store, "CartPole-v1", run_id="lean", policy=lambda obs: (obs[:, 2] > 0).astype(int),
+        ...                    steps=1_000, progress=False, config={"policy": "lean"})
+        >>> lean.steps >= 1_000
+        True
     """
     if check_mode(mode) == "eval":
         if steps is not None:

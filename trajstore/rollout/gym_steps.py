@@ -233,7 +233,7 @@ def _reset_done(venv: Any, next_obs: Any, done: np.ndarray) -> Any:
         return next_obs
     reset_obs, _ = venv.reset(options={"reset_mask": np.asarray(done)})
     envs = np.flatnonzero(done)
-    return replace_rows(next_obs, envs, [_row(reset_obs, i) for i in envs])
+    return replace_rows(next_obs, envs, [_row(reset_obs, int(i)) for i in envs])
 
 
 def _row(batch: Any, i: int) -> Any:

@@ -9,15 +9,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import jax
 import numpy as np
 
+from trajstore.extras import needed
 from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.jax_scan import Carry, RolloutScan
 from trajstore.rollout.progress import RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, SampleUntil
 from trajstore.rollout.target import RolloutTarget
 from trajstore.write.writer import Writer
+
+with needed("jax", "a JAX rollout"):
+    import jax
 
 log = logging.getLogger(__name__)
 

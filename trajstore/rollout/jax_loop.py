@@ -23,10 +23,8 @@ import logging
 import time
 from typing import Any, Mapping, Sequence
 
-import jax
-import jax.numpy as jnp
-
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.integrations.info import check_writer
 from trajstore.rollout.background import BackgroundWriter
 from trajstore.rollout.evaluate import jax_evaluate
@@ -35,6 +33,10 @@ from trajstore.rollout.jax_scan import Policy, make_scan, resolve_env
 from trajstore.rollout.progress import Progress, RolloutProgress
 from trajstore.rollout.sampling import RolloutResult, check_seed, sample_until
 from trajstore.rollout.target import Mode, RolloutTarget, check_mode, check_run
+
+with needed("jax", "a JAX rollout"):
+    import jax
+    import jax.numpy as jnp
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,7 @@ def jax_rollout(store: RolloutTarget, env: Any, *, run_id: str, policy: Policy |
     check_run(store, run_id, mode="train", append=append)
     max_scans = -(-steps // (num_envs * rollout_length)) if episodes is None and steps is not None else None
     lineage.update(seed=check_seed(seed), mode="train", **_optional(policy_version=policy_version))
-    opts = {"worker_id": worker_id} if worker_id is not None else {}
+    opts: dict[str, Any] = {"worker_id": worker_id} if worker_id is not None else {}
     opts.update({"frame_stack": dict(frame_stack)} if frame_stack else {})
     carry = scan.init(jax.random.PRNGKey(seed), jnp.ones(num_envs, bool))
     scan.compile(params, carry)

@@ -17,15 +17,18 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from gymnasium import spaces
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.integrations.info import check_info_keys
 from trajstore.rollout import envs
 from trajstore.rollout.sampling import check_positive
+
+with needed("jax", "a JAX rollout"):
+    import jax
+    import jax.numpy as jnp
+    from gymnasium import spaces
 
 __all__ = ["Carry", "Policy", "RolloutScan", "make_scan", "random_policy", "resolve_env", "split_policy_output"]
 
@@ -233,7 +236,7 @@ def random_policy(action_space: Any) -> Policy:
     if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating):
         if not space.is_bounded("both"):
             raise InputError(f"the default random policy needs a bounded action space, got {space}; pass policy=")
-        low, high = np.asarray(space.low), np.asarray(space.high)
+        low, high = np.asarray(space.low), np.asarray(space.high)  # type: ignore[assignment]  # an int above
         return lambda params, obs, key: jax.random.uniform(key, (batch_size(obs), *space.shape), space.dtype,
                                                            low, high)
     raise InputError(f"no default random policy for the action space {space}; pass policy=")

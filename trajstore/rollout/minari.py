@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from trajstore.errors import InputError
+from trajstore.extras import needed
 from trajstore.rollout.progress import RolloutProgress
 from trajstore.rollout.sampling import RolloutResult
 from trajstore.rollout.target import RolloutTarget
@@ -32,11 +33,8 @@ def import_minari(store: RolloutTarget, dataset: Any, *, run_id: str | None = No
     environment the dataset was collected in. Returns what was stored; ``episodes`` counts the
     complete ones.
     """
-    try:
+    with needed("minari", "importing a Minari dataset"):
         import minari
-    except ImportError:
-        raise InputError("importing a Minari dataset needs the minari extra: pip install 'trajstore[minari]'") \
-            from None
     if isinstance(dataset, str):
         try:
             dataset = minari.load_dataset(dataset)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from trajstore.errors import InputError, first_line, one_line
+from trajstore.extras import needed
 
 __all__ = ["SB3_ALGORITHMS", "SB3_PICKLE_WARNING", "SB3Policy", "load_policy"]
 
@@ -75,10 +76,8 @@ def _sb3(spec: str, *, deterministic: bool) -> SB3Policy:
     name = algorithm.upper()
     if name not in SB3_ALGORITHMS or not path:
         raise InputError(f"policy: expected sb3:ALGO:path.zip, ALGO one of {', '.join(SB3_ALGORITHMS)}; got {spec!r}")
-    try:
+    with needed("sb3", f"policy: {spec}"):
         import stable_baselines3
-    except ImportError:
-        raise InputError(f"policy: {spec} needs Stable-Baselines3: pip install 'trajstore[sb3]'") from None
     if not Path(path).is_file() and not Path(f"{path}.zip").is_file():
         raise InputError(f"policy: no SB3 checkpoint at {path}")
     log.warning(SB3_PICKLE_WARNING.format(path=path))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Union
 
+from trajstore.progress_bar import bar
 from trajstore.rollout.sampling import RecentReturns
 
 Report = Callable[[int, int], None]
@@ -14,8 +15,8 @@ Progress = Union[bool, Report]
 
 
 class RolloutProgress:
-    """A ``tqdm`` bar counting episodes (when an episode target is given) or steps; a no-op when disabled; with a
-    :data:`Report` instead of a bool, no bar: the counts go to it."""
+    """A progress bar (:mod:`trajstore.progress_bar`) counting episodes (when an episode target is given) or steps;
+    a no-op when disabled; with a :data:`Report` instead of a bool, no bar: the counts go to it."""
 
     def __init__(self, *, episodes: int | None, steps: int | None, enabled: Progress = True,
                  min_interval: float = 0.25, desc: str = "rollout") -> None:
@@ -34,10 +35,8 @@ class RolloutProgress:
     def __enter__(self) -> RolloutProgress:
         self._start = time.perf_counter()
         if self.enabled:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=self.total, unit="ep" if self.by_episodes else "step", dynamic_ncols=True,
-                             desc=self.desc, unit_scale=not self.by_episodes)
+            self._bar = bar(total=self.total, unit="ep" if self.by_episodes else "step", desc=self.desc,
+                            unit_scale=not self.by_episodes)
         return self
 
     def update(self, *, steps: int, episodes: int, returns: list[float] | None = None) -> None:

@@ -15,14 +15,16 @@ MODES = ("train", "eval")
 
 
 class RolloutTarget(Protocol):
-    """What a rollout needs of a store: a writer, the runs it holds, and SQL to check the run it writes to
-    (a :class:`~trajstore.store.Store` or a :class:`~trajstore.remote.writer.RemoteStore`)."""
+    """What a rollout needs of a store: a writer, the runs it holds (``runs()``, one row per run and environment),
+    and SQL to check the run it writes to (a :class:`~trajstore.store.Store` or a
+    :class:`~trajstore.remote.writer.RemoteStore`)."""
 
-    root: Any
+    @property
+    def root(self) -> Any: ...
 
     def writer(self, *, run_id: str, env_id: str, **options: Any) -> Any: ...
 
-    def run_ids(self) -> list[str]: ...
+    def runs(self) -> Any: ...
 
     def sql(self, query: str) -> Any: ...
 
@@ -41,7 +43,7 @@ def check_run(store: RolloutTarget, run_id: str, *, mode: Mode, append: bool, hi
     Only rollouts check: :meth:`Store.writer <trajstore.store.Store.writer>` never refuses, as many writers
     (a rollout's workers, recorders) share one run by design."""
     check_id(run_id, field="run_id")
-    if run_id not in store.run_ids():
+    if run_id not in store.runs()["run_id"].to_pylist():
         return
     check_run_mode(store, run_id, mode)
     if not append:

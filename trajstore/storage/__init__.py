@@ -7,4 +7,5 @@ module that reads and writes it (:mod:`~trajstore.storage.log`), how long it kee
 refuses (:mod:`~trajstore.storage.protocol`), whether a commit landed
 (:mod:`~trajstore.storage.landing`), the versions a reader can ask for (:mod:`~trajstore.storage.history`) and what
 describes each run (:mod:`~trajstore.storage.run_config`), one row per change in the store's ``runs`` table, whose log
-:mod:`~trajstore.storage.runs_log` reads and writes."""
+:mod:`~trajstore.storage.runs_log` reads and writes; and the priorities replays commit, the ``priorities`` table whose
+log :mod:`~trajstore.storage.priorities_log` reads and writes."""

@@ -1,11 +1,18 @@
-"""A data file's steps as plain arrays, written beside the table as the file is written: what training loaders
-gather from, there before the first training read instead of built by it.
+"""A data file's steps as plain arrays, kept beside the table: what training loaders gather from.
 
-For each Parquet file trajstore writes into a local store (the writer's, an ingest's, a compaction's), the decoded
+For each Parquet file trajstore wrote into a local store (the writer's, an ingest's, a compaction's), the decoded
 value of every numeric column of fixed shape (each leaf of a Dict column as ``obs.pixels``; ``next_obs`` whole, as
 readers get it) in the file's row order, and its *fragments*: the runs of rows holding consecutive steps of one
 episode, ``(episode_id, first step, first row, rows)``. Loaders stitch the files of a selection together by their
-fragments (:mod:`~trajstore.loaders.stitched`), so a first batch costs opening the copies, not reading the store.
+fragments (:mod:`~trajstore.loaders.stitched`), so a batch gathers from the copies, not from the store.
+
+A copy costs disk: 2-3.5 times the bytes of its Parquet file (measured: 3.5x for CartPole rollouts, whose Parquet
+compresses well and stores each observation once; about 1.9x for random float observations of 17 values). So it is
+made by the first loader that reads the file (:meth:`StepsTable.array_copies
+<trajstore.storage.table.StepsTable.array_copies>`, from the Parquet file, once for every later loader, process and
+epoch), never by a writer unless asked (``TRAJSTORE_WRITER_ARRAYS=1``: each file's copy written as it is written,
+from the rows in memory, so that the first batch of a store just written reads no Parquet): a store nobody trains
+from holds none.
 
 In the store, beside ``steps/``::
 
@@ -15,22 +22,25 @@ In the store, beside ``steps/``::
         0.bin, 1.bin, …    one column each, ``rows`` values
 
 A copy is written into a temporary folder and renamed into place: it is there whole or not at all, and a killed
-writer leaves a temporary folder nothing reads (removed by :meth:`StepArrays.prune`). It is not flushed to disk (a
-third of its cost to the writer): a copy that a power loss cut short has files of other sizes than its manifest
-says (ext4 and XFS never give a file a size whose blocks were not written), and a copy of other sizes is never
-read. A copy belongs to
-its data file: it is removed with the file (a write that failed, a vacuum), and a file without one (another tool's,
-a file of a store written before copies existed) is laid out by loaders from the Parquet itself, as before. Copies
-are a cache of data the table holds: one that cannot be written is logged and skipped, never an error of the write.
-Steps wider than ``MAX_STEP_BYTES`` (images, frame stacks: stored once per frame in the table, but whole per step
-here) get no copy; loaders lay them out at their first read.
+process leaves a temporary folder nothing reads (removed by :meth:`StepArrays.prune`); a whole copy another process
+renamed there first is kept (loaders of one machine take turns on a lock, :meth:`StepArrays.building`). It is not
+flushed to disk (a third of its cost to a writer): a copy that a power loss cut short has files of other sizes than
+its manifest says (ext4 and XFS never give a file a size whose blocks were not written), and a copy of other sizes is
+never read (the next loader makes it again). A copy belongs to its data file: it is removed with the file (a write
+that failed, a vacuum), and a file that cannot have one (another tool's) is laid out by loaders from the Parquet
+itself. Copies are a cache of data the table holds: one that cannot be written is logged and skipped, never an error
+of a write or a read. Steps wider than ``MAX_STEP_BYTES`` (images, frame stacks: stored once per frame in the table,
+but whole per step here) get no copy; loaders lay them out at their first read.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 import uuid
@@ -46,8 +56,8 @@ from trajstore.storage.encoding import (
     NEXT,
     OBS,
     EncodingError,
+    FileEncoding,
     FileSchema,
-    Format,
     decode_batches,
     fixed_numpy,
     leaf_column,
@@ -62,8 +72,9 @@ FRAGMENTS = "fragments.i64"
 MAX_STEP_BYTES = 4096  # a step's bytes over every column, above which a file gets no copy
 # the fragments' keys, the partition, and lineage no loader batches (when a step was written, the env's step count)
 SKIPPED = ("episode_id", "step", "run_id", "env_id", "wall_time", "env_steps")
-TEMPORARY_GRACE_S = 3600.0
-BLOCK = 2 << 20  # a temporary folder this old is a killed writer's
+TEMPORARY_GRACE_S = 3600.0  # a temporary folder this old is a killed writer's
+BLOCK = 2 << 20
+LOCK = ".building.lock"  # held while a process of this machine makes copies (a file: prune passes it over)
 
 
 def fixed_type(t: pa.DataType) -> tuple[np.dtype, tuple[int, ...]] | None:
@@ -143,13 +154,47 @@ class StepArrays:
             log.warning("no loader copy of %s (%s); loaders will read it from Parquet", rel, exc)
             return False
 
-    def _write(self, rel: str, data: pa.Table) -> bool:
-        stored = FileSchema.of(data.schema, where=rel)
+    def kinds(self, stored: FileSchema) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | None:
+        """The leaves a copy of a file of schema ``stored`` holds (dtype and shape each), or None where the file gets
+        none (another tool's, or steps wider than ``max_step_bytes``)."""
         if stored.format.foreign or not {"episode_id", "step"} <= set(stored.logical.names):
-            return False
+            return None
         kinds = {leaf: kind for f in stored.logical if f.name not in SKIPPED
                  for leaf, kind in leaf_types(f.name, f.type).items() if kind is not None}
         if sum(value_bytes(d, s) for d, s in kinds.values()) > self.max_step_bytes:
+            return None
+        return kinds
+
+    def columns(self, stored: FileSchema) -> list[str] | None:
+        """The stored (physical) columns a copy of a file of schema ``stored`` is made from, or None where the file
+        gets none: its keys, the columns it holds, and ``obs`` with ``next_obs`` (stored once: decoded from both)."""
+        kinds = self.kinds(stored)
+        if kinds is None:
+            return None
+        logical = {"episode_id", "step"} | {leaf.split(".")[0] for leaf in kinds}
+        if logical & {OBS, NEXT}:
+            logical |= {OBS, NEXT}
+        fmt = stored.format
+        return [fmt.physical(n) for n in stored.logical.names if n in logical]
+
+    def writable(self) -> bool:
+        """Whether this process may make copies here (a store on a read-only disk: loaders lay it out instead)."""
+        existing = next((p for p in (self.folder, self.folder.parent) if p.exists()), None)
+        return existing is not None and os.access(existing, os.W_OK | os.X_OK)
+
+    @contextlib.contextmanager
+    def building(self) -> Iterator[None]:
+        """Held while this process makes copies: the loaders of one machine (DataLoader workers, processes of one
+        job) take turns, so each copy is made once and the next finds it."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / LOCK, "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            yield  # closing the file releases the lock
+
+    def _write(self, rel: str, data: pa.Table) -> bool:
+        stored = FileSchema.of(data.schema, where=rel)
+        kinds = self.kinds(stored)
+        if kinds is None:
             return False
         self.folder.mkdir(parents=True, exist_ok=True)
         partial = self.folder / f".tmp-{uuid.uuid4().hex}"
@@ -177,8 +222,14 @@ class StepArrays:
             (partial / MANIFEST).write_text(json.dumps({"format": FORMAT, "file": rel, "rows": len(episode_id),
                                                         "fragments": len(fragments), "columns": columns}))
             target = self.path_of(rel)
-            shutil.rmtree(target, ignore_errors=True)  # a copy of an earlier file of that path (never, by uuid)
-            partial.rename(target)
+            try:
+                partial.rename(target)
+            except OSError:  # a copy there: another process's (kept when whole), or one cut short (replaced)
+                if self.read(rel) is not None:
+                    shutil.rmtree(partial, ignore_errors=True)
+                    return True
+                shutil.rmtree(target, ignore_errors=True)
+                partial.rename(target)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
@@ -245,7 +296,7 @@ class _BlockWriter:
         self.pending = bytearray()
 
     def write(self, values: np.ndarray) -> None:
-        data = memoryview(values).cast("B")
+        data = memoryview(values).cast("B")  # type: ignore[arg-type]  # typeshed: a Buffer from Python 3.12
         if self.pending:  # complete the block begun before
             head = min(BLOCK - len(self.pending), len(data))
             self.pending += data[:head]
@@ -289,7 +340,7 @@ def _values(data: pa.Table, stored: FileSchema, leaves: set[str], where: str) ->
             yield name, None if chunk.null_count else to_numpy(chunk)
 
 
-def _next_values(data: pa.Table, fmt: Format, leaves: set[str], where: str) -> Any:
+def _next_values(data: pa.Table, fmt: FileEncoding, leaves: set[str], where: str) -> Any:
     """``next_obs`` of an encoded file whose observation leaves are stored plain, as
     :func:`~trajstore.schema.to_numpy` gives a column (its leaves among ``leaves`` only): each row's next row's
     ``obs`` where ``next_obs`` is null (the file says that row is its episode's next step), the stored value
@@ -328,6 +379,7 @@ def _decoded(data: pa.Table, stored: FileSchema, where: str) -> Iterator[pa.Reco
     """The rows of ``data`` under their logical names, ``obs``/``next_obs`` decoded as readers get them."""
     fmt = stored.format
     names = [n for n in stored.logical.names if fmt.physical(n) in data.column_names]
+    batches: Iterator[pa.RecordBatch]
     batches = (pa.record_batch([b.column(fmt.physical(n)) for n in names], names=names)
                for b in data.to_batches(max_chunksize=65_536))
     if fmt.encoded and {OBS, NEXT} & set(names):

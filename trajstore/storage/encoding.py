@@ -59,7 +59,7 @@ class EncodingError(TrajstoreError, ValueError):
 
 
 @dataclass(frozen=True)
-class Format:
+class FileEncoding:
     """How one file is stored: its ``encoding``, the declared frame stacks (leaf path -> k) and the typed
     physical names of its columns (logical -> physical, only those that differ)."""
 
@@ -72,7 +72,7 @@ class Format:
     @classmethod
     def create(cls, *, encoding: int = CURRENT, frame_stack: Mapping[str, int] | None = None,
                columns: Mapping[str, str] | None = None,
-               frames: Mapping[str, tuple[str, Sequence[int]]] | None = None, foreign: bool = False) -> Format:
+               frames: Mapping[str, tuple[str, Sequence[int]]] | None = None, foreign: bool = False) -> FileEncoding:
         renames = tuple(sorted((k, v) for k, v in (columns or {}).items() if k != v))
         images = tuple(sorted((p, str(np.dtype(d).name), tuple(int(x) for x in shape))
                               for p, (d, shape) in (frames or {}).items()))
@@ -80,13 +80,13 @@ class Format:
 
     @classmethod
     def for_obs(cls, obs: pa.DataType, *, frame_stack: Mapping[str, int] | None = None,
-                columns: Mapping[str, str] | None = None) -> Format:
+                columns: Mapping[str, str] | None = None) -> FileEncoding:
         """The current format of files whose observations are of logical type ``obs`` (``columns``: the
         physical names, where they differ; the files a writer stores take :func:`stored_names`)."""
         return cls.create(frame_stack=frame_stack, columns=columns, frames=frames_of(obs, frame_stack or {}))
 
     @classmethod
-    def of(cls, metadata: Mapping[bytes, bytes] | None, *, where: str = "file") -> Format:
+    def of(cls, metadata: Mapping[bytes, bytes] | None, *, where: str = "file") -> FileEncoding:
         """The format a file's (or an IPC stream's) schema metadata records; encoding 1 without any."""
         raw = (metadata or {}).get(META_KEY.encode())
         if raw is None:
@@ -144,8 +144,8 @@ class Format:
         """Physical -> logical, for the renamed columns."""
         return {v: k for k, v in self.columns}
 
-    def with_columns(self, columns: Mapping[str, str]) -> Format:
-        return Format(self.encoding, self.frame_stack, Format.create(columns=columns).columns, self.frames,
+    def with_columns(self, columns: Mapping[str, str]) -> FileEncoding:
+        return FileEncoding(self.encoding, self.frame_stack, FileEncoding.create(columns=columns).columns, self.frames,
                       self.foreign)
 
     def key(self) -> str:
@@ -179,7 +179,7 @@ def described(spec: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def stored_names(fmt: Format) -> dict[str, str]:
+def stored_names(fmt: FileEncoding) -> dict[str, str]:
     """The names ``obs`` and ``next_obs`` are stored under (before a type tag, see :mod:`.names`), saying what
     they hold: ``obs`` (its values), ``obs_new_frames`` (frame stacks, each frame once), ``obs_bytes`` (images as
     bytes); ``next_obs_sparse`` (null where it is the next step's obs), ``next_obs_sparse_new_frames``,
@@ -188,7 +188,7 @@ def stored_names(fmt: Format) -> dict[str, str]:
     return {OBS: f"{OBS}{kind}", NEXT: f"{NEXT}_sparse{kind}"}
 
 
-def declaration(fmt: Format, name: str) -> dict[str, Any] | None:
+def declaration(fmt: FileEncoding, name: str) -> dict[str, Any] | None:
     """What the table declares about the column holding the logical column ``name`` in files of ``fmt``: None
     for a column that holds its field's values under the field's own name."""
     physical = fmt.physical(name)
@@ -227,7 +227,7 @@ def declared_type(spec: Mapping[str, Any] | None) -> pa.DataType | None:
         return None
 
 
-def declare(schema: pa.Schema, fmt: Format) -> pa.Schema:
+def declare(schema: pa.Schema, fmt: FileEncoding) -> pa.Schema:
     """``schema`` (physical names) with each column's declaration in its field metadata."""
     logical = fmt.logical_names()
     fields = []
@@ -259,7 +259,7 @@ def declarations(schema: pa.Schema) -> dict[str, dict[str, Any] | None]:
 
 
 def foreign_format(physical: pa.Schema, table: Mapping[str, dict[str, Any] | None], empty: Collection[str], *,
-                   where: str = "file") -> tuple[Format, pa.Schema]:
+                   where: str = "file") -> tuple[FileEncoding, pa.Schema]:
     """The format of a file without trajstore's footer (another tool wrote it: OPTIMIZE, DELETE, an append), from
     the ``table``'s declarations (every column of the table -> its declaration or None), and the file's schema
     without the columns it holds only as nulls for rows of other kinds (``empty``: its all-null columns; a
@@ -273,7 +273,7 @@ def foreign_format(physical: pa.Schema, table: Mapping[str, dict[str, Any] | Non
             base, sep, _ = f.name.rpartition("__")  # a typed name of a store whose columns declared nothing
             logical = base if sep and base in table else f.name
         by_field.setdefault(logical, []).append(f.name)
-    keep = {}
+    keep: dict[str, str] = {}
     for logical in sorted(by_field, key=lambda n: n == NEXT):  # next_obs after obs: it is stored as obs is
         names = by_field[logical]
         full = [n for n in names if n not in empty]
@@ -281,8 +281,8 @@ def foreign_format(physical: pa.Schema, table: Mapping[str, dict[str, Any] | Non
             raise EncodingError(f"{where}: the columns {full} all hold {logical!r}: another tool mixed rows stored "
                                 "in different ways into one file")
         if not full and logical == NEXT and OBS in keep:  # null in every row of the file: the one obs's kind
-            obs = table.get(keep[OBS]) or {}
-            full = [n for n in names if _same_kind(table.get(n) or {}, obs)]
+            obs: dict[str, Any] | None = table.get(keep[OBS]) or {}
+            full = [n for n in names if _same_kind(table.get(n) or {}, obs)]  # type: ignore[arg-type]  # a dict here
         keep[logical] = (full or names)[0]
     obs, nxt = table.get(keep.get(OBS, "")), table.get(keep.get(NEXT, ""))
     spec = nxt or obs or {}
@@ -290,7 +290,7 @@ def foreign_format(physical: pa.Schema, table: Mapping[str, dict[str, Any] | Non
         raise EncodingError(f"{where}: {keep[OBS]} and {keep[NEXT]} declare different frame stacks")
     encoding = 3 if (nxt or {}).get("sparse") or (obs or {}).get("stored") else 1
     try:
-        fmt = Format.create(encoding=encoding, frame_stack={str(k): int(v) for k, v in
+        fmt = FileEncoding.create(encoding=encoding, frame_stack={str(k): int(v) for k, v in
                                                            dict(spec.get("frame_stack") or {}).items()},
                             columns=keep, frames={str(k): (str(d), [int(x) for x in shape])
                                                   for k, (d, shape) in dict(spec.get("frames") or {}).items()},
@@ -415,12 +415,12 @@ def _image_type(image: tuple[str, tuple[int, ...]]) -> pa.DataType:
     return t
 
 
-def stored_frame(t: pa.DataType, fmt: Format, path: str) -> pa.DataType:
+def stored_frame(t: pa.DataType, fmt: FileEncoding, path: str) -> pa.DataType:
     """The stored type of one frame of the leaf ``path`` of logical type ``t``."""
     return _stored_frame(t.value_type if path in fmt.stacks else t, fmt.images.get(path))
 
 
-def physical_obs_type(t: pa.DataType, fmt: Format, path: str = OBS) -> pa.DataType:
+def physical_obs_type(t: pa.DataType, fmt: FileEncoding, path: str = OBS) -> pa.DataType:
     """The stored type of ``obs`` of logical type ``t``: each stacked leaf a ``list<frame>``, each other leaf its
     frame; an image frame as bytes."""
     if pa.types.is_struct(t):
@@ -430,12 +430,12 @@ def physical_obs_type(t: pa.DataType, fmt: Format, path: str = OBS) -> pa.DataTy
     return pa.list_(frame) if k else frame
 
 
-def in_frames(fmt: Format, path: str) -> bool:
+def in_frames(fmt: FileEncoding, path: str) -> bool:
     """Whether leaf ``path`` is stored as frames in ``next_obs`` (a ``list<frame>``): a stack, or an image."""
     return path in fmt.stacks or path in fmt.images
 
 
-def physical_next_type(t: pa.DataType, fmt: Format, path: str = OBS) -> pa.DataType:
+def physical_next_type(t: pa.DataType, fmt: FileEncoding, path: str = OBS) -> pa.DataType:
     """The stored type of ``next_obs`` whose observations are of logical type ``t``: each leaf stored as frames
     a ``list<frame>`` (a null row stores nothing), the others as in ``obs``."""
     if pa.types.is_struct(t):
@@ -443,7 +443,7 @@ def physical_next_type(t: pa.DataType, fmt: Format, path: str = OBS) -> pa.DataT
     return pa.list_(stored_frame(t, fmt, path)) if in_frames(fmt, path) else t
 
 
-def logical_obs_type(t: pa.DataType, fmt: Format, path: str = OBS) -> pa.DataType:
+def logical_obs_type(t: pa.DataType, fmt: FileEncoding, path: str = OBS) -> pa.DataType:
     """Inverse of :func:`physical_obs_type`."""
     if pa.types.is_struct(t):
         return pa.struct([pa.field(f.name, logical_obs_type(f.type, fmt, f"{path}.{f.name}")) for f in t])
@@ -453,7 +453,7 @@ def logical_obs_type(t: pa.DataType, fmt: Format, path: str = OBS) -> pa.DataTyp
     return pa.list_(frame, k) if k else frame
 
 
-def physical_schema(logical: pa.Schema, fmt: Format) -> pa.Schema:
+def physical_schema(logical: pa.Schema, fmt: FileEncoding) -> pa.Schema:
     """The schema a file of format ``fmt`` holding ``logical`` columns has (renamed, obs/next_obs encoded)."""
     fields = []
     for f in logical:
@@ -466,7 +466,7 @@ def physical_schema(logical: pa.Schema, fmt: Format) -> pa.Schema:
     return pa.schema(fields, metadata=fmt.metadata())
 
 
-def logical_schema(physical: pa.Schema, fmt: Format) -> pa.Schema:
+def logical_schema(physical: pa.Schema, fmt: FileEncoding) -> pa.Schema:
     """The columns a reader returns for a file of schema ``physical``: logical names and decoded types."""
     names = fmt.logical_names()
     fields = [pa.field(names.get(f.name, f.name), f.type) for f in physical]
@@ -486,7 +486,7 @@ class FileSchema:
     format, and the columns readers get (logical names, decoded types)."""
 
     physical: pa.Schema
-    format: Format
+    format: FileEncoding
     logical: pa.Schema
 
     @classmethod
@@ -497,7 +497,7 @@ class FileSchema:
         unknown) and ``rows`` telling the columns it holds only as nulls."""
         physical = pa.schema([f.remove_metadata() for f in schema])
         if (schema.metadata or {}).get(META_KEY.encode()) is not None or table is None:
-            fmt = Format.of(schema.metadata, where=where)
+            fmt = FileEncoding.of(schema.metadata, where=where)
         elif any(table.get(f.name) for f in physical):
             physical = pa.schema([pa.field(f.name, _plain(f.type)) for f in physical])
             nulls = nulls or {}
@@ -509,7 +509,7 @@ class FileSchema:
         else:
             physical = pa.schema([pa.field(f.name, _plain(f.type)) for f in physical])
             lost_meaning(physical, nulls or {}, where=where)
-            fmt = Format(foreign=True)
+            fmt = FileEncoding(foreign=True)
         try:
             logical = logical_schema(physical, fmt)
         except (KeyError, AttributeError, ValueError, TypeError) as exc:
@@ -616,7 +616,7 @@ class FileDecoder:
     needs the next batch's first row, so a batch holding it comes out one push later). Batches need
     ``episode_id`` and ``step``, and ``obs`` when ``next_obs`` is there; ``obs_type`` is the logical type."""
 
-    fmt: Format
+    fmt: FileEncoding
     obs_type: pa.DataType
     where: str = "file"
     _behind: _Behind | None = None
@@ -765,7 +765,8 @@ class FileDecoder:
         raise EncodingError(f"{self.where}: row {row} (episode {int(eid[i])}, step {int(step[i])}): {problem}")
 
 
-def check_rows(batches: Iterator[pa.RecordBatch], fmt: Format, obs_type: pa.DataType, *, where: str = "file") -> int:
+def check_rows(batches: Iterator[pa.RecordBatch], fmt: FileEncoding, obs_type: pa.DataType, *,
+               where: str = "file") -> int:
     """Check every invariant a reader relies on over one file's batches (logical names, physical types, file
     order) without decoding a frame: entries per row of each stacked and ``next_obs`` leaf, and the neighbours of
     one-frame rows and null ``next_obs``. Raises :class:`EncodingError` naming the row; returns the rows seen."""
@@ -823,7 +824,7 @@ def _refuse(where: str, first: int, eid: np.ndarray, step: np.ndarray, bad: np.n
         raise EncodingError(f"{where}: row {first + i} (episode {int(eid[i])}, step {int(step[i])}): {problem}")
 
 
-def decode_table(table: pa.Table, fmt: Format, *, where: str = "file") -> pa.Table:
+def decode_table(table: pa.Table, fmt: FileEncoding, *, where: str = "file") -> pa.Table:
     """Every row of one file's ``table`` (logical names, physical types, rows in file order) decoded."""
     if not fmt.encoded or (OBS not in table.column_names and NEXT not in table.column_names):
         return table
@@ -833,7 +834,7 @@ def decode_table(table: pa.Table, fmt: Format, *, where: str = "file") -> pa.Tab
     return pa.Table.from_batches(batches, schema=_decoded_schema(table.schema, fmt))
 
 
-def decode_batches(batches: Iterator[pa.RecordBatch], fmt: Format, obs_type: pa.DataType, *,
+def decode_batches(batches: Iterator[pa.RecordBatch], fmt: FileEncoding, obs_type: pa.DataType, *,
                    where: str = "file") -> Iterator[pa.RecordBatch]:
     """The batches of one file, in order, decoded as they come (see :class:`FileDecoder`)."""
     decoder = FileDecoder(fmt, obs_type, where)
@@ -842,6 +843,6 @@ def decode_batches(batches: Iterator[pa.RecordBatch], fmt: Format, obs_type: pa.
     yield from decoder.finish()
 
 
-def _decoded_schema(schema: pa.Schema, fmt: Format) -> pa.Schema:
+def _decoded_schema(schema: pa.Schema, fmt: FileEncoding) -> pa.Schema:
     obs = logical_schema(schema, fmt).field(OBS).type
     return pa.schema([pa.field(f.name, obs) if f.name in (OBS, NEXT) else f for f in schema])

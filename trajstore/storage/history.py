@@ -1,9 +1,9 @@
 """Versions of a store: the history of its log, and the version to read for ``version=N`` or ``as_of=datetime``.
 
-Every commit of the ``steps`` log is one version. :func:`history` reads the commits themselves (one JSON file
-per version under ``_delta_log``): when each was made, what it did (``create``, ``append``, ``delete``,
-``compact``, ``add_column``, ``add_columns`` when a writer brought a new extra), the rows its files added and
-removed and the runs it touched. :func:`resolve_version` turns ``version=``/``as_of=`` into a version number
+Every commit of the ``steps`` log is one version. :func:`history` reads the commits themselves (each version's
+entry, through :class:`~trajstore.storage.log.Log`): when each was made, what it did (``create``, ``append``,
+``delete``, ``compact``, ``add_column``, ``add_columns`` when a writer brought a new extra), the rows its files added
+and removed and the runs it touched. :func:`resolve_version` turns ``version=``/``as_of=`` into a version number
 that ``trajstore.open`` pins a read-only store to.
 """
 

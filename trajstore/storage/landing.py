@@ -21,16 +21,29 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from trajstore.errors import CommitUnknownError, first_line
-
-if TYPE_CHECKING:
-    from trajstore.storage.log import Log
+from trajstore.storage.location import Location
 
 logger = logging.getLogger(__name__)
 
 MARKER = "commit"  # the key of a commit's marker in its commit info's "trajstore" object
+
+
+class Log(Protocol):
+    """What a search for a commit reads of a table's log (:class:`~trajstore.storage.log.Log` is one): the marker
+    of one version's entry and the latest version. Named here rather than imported, so that the log, which settles
+    its commits here, and this module do not import each other."""
+
+    location: Location
+
+    @property
+    def uri(self) -> str: ...
+
+    def marker(self, number: int) -> str | None: ...
+
+    def latest_number(self) -> int: ...
 
 
 @dataclass

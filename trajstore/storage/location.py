@@ -156,7 +156,7 @@ def locate(uri: str | Path | Location, storage_options: Mapping[str, Any] | None
     return Location(f"s3://{root}", s3_filesystem(options, limits), root, delta, limits)
 
 
-def s3_options(given: Mapping[str, Any] | None) -> dict[str, str]:
+def s3_options(given: Mapping[str, Any] | None) -> dict[str, Any]:
     """The AWS_* options: those given (any case), and for each one not given its environment variable; and the
     limits and deltalake options given (lower case)."""
     options = {str(k).upper(): v if str(k).lower() in LIMIT_KEYS and isinstance(v, (int, float)) else str(v)

@@ -39,7 +39,7 @@ import pyarrow as pa
 from trajstore import schema as sch
 from trajstore.errors import InputError
 from trajstore.schema import delta_type, describe, type_tag
-from trajstore.storage.encoding import OBS, Format, declaration, declare, stored_names, type_declaration
+from trajstore.storage.encoding import OBS, FileEncoding, declaration, declare, stored_names, type_declaration
 
 SEPARATOR = "__"
 META = "trajstore"  # the field-metadata key of a declaration
@@ -104,17 +104,18 @@ class Reserve(Protocol):
                  declared: Mapping[str, Mapping[str, Any] | None]) -> dict[str, str]: ...
 
 
-def stored_rows(rows: pa.Table, fmt: Format, logical: Mapping[str, pa.DataType], reserve: Reserve) -> pa.Table:
+def stored_rows(rows: pa.Table, fmt: FileEncoding, logical: Mapping[str, pa.DataType], reserve: Reserve) -> pa.Table:
     """``rows`` (logical names, obs/next_obs encoded as ``fmt`` says; ``logical``: the types readers return) under
     the names they are stored under in the current encoding (:func:`stored_schema`)."""
     return pa.Table.from_arrays(rows.columns, schema=stored_schema(rows.schema, fmt, logical, reserve))
 
 
-def stored_schema(schema: pa.Schema, fmt: Format, logical: Mapping[str, pa.DataType], reserve: Reserve) -> pa.Schema:
+def stored_schema(schema: pa.Schema, fmt: FileEncoding, logical: Mapping[str, pa.DataType],
+                  reserve: Reserve) -> pa.Schema:
     """The schema rows of ``schema`` are stored with: the names of the current encoding
     (:func:`~trajstore.storage.encoding.stored_names`, then a type tag where the name is taken), each reserved and
     declared in the log first by ``reserve``; the file's footer records its format, its fields their declarations."""
-    target = Format.create(frame_stack=fmt.stacks, frames=fmt.images)
+    target = FileEncoding.create(frame_stack=fmt.stacks, frames=fmt.images)
     target = target.with_columns(stored_names(target))
     base = {n: target.physical(n) for n in schema.names}
     types = {base[n]: schema.field(n).type for n in schema.names}
@@ -146,7 +147,8 @@ RULE = (f"a name has 1-{MAX_NAME} characters, no whitespace at either end, no co
 def own_names() -> frozenset[str]:
     """The names trajstore gives columns itself: the step schema's columns, and the names it stores ``obs`` and
     ``next_obs`` under (:func:`~trajstore.storage.encoding.stored_names` of each encoding)."""
-    formats = [Format.create(), Format.create(frame_stack={OBS: 2}), Format.create(frames={OBS: ("uint8", (2, 2))})]
+    formats = [FileEncoding.create(), FileEncoding.create(frame_stack={OBS: 2}),
+               FileEncoding.create(frames={OBS: ("uint8", (2, 2))})]
     stored = {name for fmt in formats for name in stored_names(fmt).values()}
     return frozenset({c["name"] for c in sch.step_columns()} | stored)
 

@@ -1,7 +1,7 @@
 """How long a table's log keeps what it holds: the Delta table properties that say so, read and written as durations.
 
 A Delta log gets one entry per version. Kept for ever, it grows with every commit, and on a local disk every open
-lists the whole ``_delta_log`` folder (~5 µs an entry: 20,000 entries cost ~0.1 s per open). Delta's own rule bounds
+lists the whole log folder (~5 µs an entry: 20,000 entries cost ~0.1 s per open). Delta's own rule bounds
 it, and every engine that maintains a Delta table applies the rule from the table's properties:
 
 - ``delta.logRetentionDuration``: how long an entry is kept (Delta's default: 30 days). An entry older than that,

@@ -27,9 +27,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from trajstore.errors import CommitUnknownError, StoreDamagedError, first_line
+from trajstore.settings import Settings
+from trajstore.storage.arrays import FOLDER as ARRAYS
+from trajstore.storage.arrays import FileArrays, StepArrays
 from trajstore.storage.encoding import EncodingError, FileSchema
 from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.log import DataFile, Log, TableState, WrittenFile
+from trajstore.storage.summaries import FOLDER as SUMMARIES
 from trajstore.storage.summaries import Footer, Summaries
 
 log = logging.getLogger(__name__)
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 SCHEMAS_KEPT = 200_000  # file schemas kept per table (committed files never change)
 FOOTERS_KEPT = 10_000  # footers kept until the files' summaries are written
 FOOTER_THREADS = 8  # footers read at once from an object store
+COPY_THREADS = 2  # files read into array copies at once (each read whole: its rows in memory)
 LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id", "mode", "policy_version", "seed",
                    "env_steps", "wall_time")  # one value per time index: few in a file of many envs
 
@@ -44,14 +49,17 @@ LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id"
 class StepsTable:
     """The Delta table at ``<store>/steps`` (``location``: a directory or an ``s3://`` prefix): its files, and its
     log (``log``; ``pinned``: the version a read-only store reads). With ``arrays`` (a
-    :class:`~trajstore.storage.arrays.StepArrays`), each file written into a local table also gets its loader copy;
-    with ``summaries`` (:class:`~trajstore.storage.summaries.Summaries`), each file written into a local table gets
+    :class:`~trajstore.storage.arrays.StepArrays`), loaders of a local table gather from its files' array copies
+    (:meth:`array_copies`), made by the first that reads each file, or with ``write_arrays`` by each write; with
+    ``summaries`` (:class:`~trajstore.storage.summaries.Summaries`), each file written into a local table gets
     its summary too, and readers keep one for each committed file that has none."""
 
     def __init__(self, location: Location | str | Path, *, row_group_rows: int = 1024 * 1024,
-                 pinned: int | None = None, arrays: Any = None, summaries: Summaries | None = None) -> None:
+                 pinned: int | None = None, arrays: StepArrays | None = None, write_arrays: bool = False,
+                 summaries: Summaries | None = None) -> None:
         self.location = locate(location)
         self.arrays = arrays if self.location.is_local else None
+        self.write_arrays = write_arrays
         self.summaries = summaries if self.location.is_local else None
         self.fs = self.location.fs
         self.row_group_rows = row_group_rows
@@ -59,6 +67,16 @@ class StepsTable:
         self._schemas: dict[str, FileSchema] = {}
         self._footers: dict[str, Footer] = {}  # footers read, until a summary keeps them (local, with summaries)
         self._schemas_lock = threading.Lock()
+
+    @classmethod
+    def of_store(cls, store: Location, settings: Settings, *, pinned: int | None = None) -> StepsTable:
+        """The ``steps`` table of the store at ``store`` as ``settings`` ask for it (its row groups; array copies
+        and summaries beside a local table unless turned off): what a :class:`~trajstore.store.Store` reads and
+        writes, and what a test of the layers below it opens."""
+        arrays = StepArrays(store.path(ARRAYS)) if settings.loader_arrays and store.is_local else None
+        summaries = Summaries(store.path(SUMMARIES)) if settings.episode_summaries and store.is_local else None
+        return cls(store.child("steps"), row_group_rows=settings.row_group_rows, pinned=pinned, arrays=arrays,
+                   write_arrays=settings.writer_arrays, summaries=summaries)
 
     @property
     def path(self) -> Any:
@@ -216,7 +234,7 @@ class StepsTable:
             size, modified_ns, footer = self._write_file(data, full)
             if self.location.is_local:
                 fsync_file(Path(full))
-            if self.arrays is not None:
+            if self.arrays is not None and self.write_arrays:
                 self.arrays.write(rel, data)
             if self.summaries is not None:  # from the rows in memory: the first read summarizes nothing
                 self.summaries.write_rows(rel, size, modified_ns, footer, data, run_id=run_id, env_id=env_id)
@@ -226,6 +244,47 @@ class StepsTable:
                 raise explain(exc, self.location) or exc
             raise
         return WrittenFile(full, rel, run_id, env_id, size, int(time.time() * 1000), _stats(data), data.schema)
+
+    def array_copies(self, files: Sequence[DataFile]) -> list[FileArrays | None]:
+        """The array copy of each committed file of ``files`` (:mod:`~trajstore.storage.arrays`), made now from the
+        file where it has none: the first loader that reads a file pays for its copy, once for every later loader
+        and process. All or nothing: where any of ``files`` cannot have one (another tool's file, wide steps, a
+        store this process may not write, copies off), those without one stay None (the loader lays the files out
+        from Parquet instead) and none is made."""
+        if self.arrays is None:
+            return [None] * len(files)
+        arrays = self.arrays
+        rels = [self.location.relative(f.path) for f in files]
+        copies = [arrays.read(rel) for rel in rels]
+        missing = [i for i, c in enumerate(copies) if c is None]
+        if not missing or not arrays.writable():
+            return copies
+        columns = dict(zip(missing, map(arrays.columns, self.schemas([files[i] for i in missing]))))
+        if any(c is None for c in columns.values()):
+            return copies
+        with arrays.building():  # another process of this machine may have made them meanwhile
+            copies = [c if c is not None else arrays.read(rels[i]) for i, c in enumerate(copies)]
+            missing = [i for i, c in enumerate(copies) if c is None]
+
+            def make(i: int) -> FileArrays | None:
+                try:  # as stored: physical names, encoded
+                    data = pq.ParquetFile(files[i].path).read(columns=columns[i])
+                except (OSError, pa.ArrowException) as exc:  # the layout's read of the file says what is wrong
+                    log.warning("no loader copy of %s (%s); loaders will read it from Parquet", rels[i], exc)
+                    return None
+                return arrays.read(rels[i]) if arrays.write(rels[i], data) else None
+
+            if len(missing) > 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(min(COPY_THREADS, len(missing))) as pool:
+                    made = list(pool.map(make, missing))
+            else:
+                made = [make(i) for i in missing]
+        for i, copy in zip(missing, made):
+            copies[i] = copy
+        log.info("%s: made the loaders' array copies of %d file(s)", self.uri, sum(c is not None for c in made))
+        return copies
 
     def delete(self, path: str) -> None:
         """Remove a file of the table that no commit lists (a refused or abandoned write); gone already is fine."""

@@ -24,7 +24,7 @@ import pyarrow as pa
 from trajstore.storage.encoding import (
     NEXT,
     OBS,
-    Format,
+    FileEncoding,
     frames_array,
     in_frames,
     leaves,
@@ -167,7 +167,7 @@ class Rows:
 class RowBuffer:
     """The rows of one writer since its last flush (see the module's description)."""
 
-    def __init__(self, num_envs: int, obs_type: pa.DataType, fmt: Format, *, compact: bool = True) -> None:
+    def __init__(self, num_envs: int, obs_type: pa.DataType, fmt: FileEncoding, *, compact: bool = True) -> None:
         self.num_envs = num_envs
         self.compact = compact  # null next_obs where it is the next row's obs (not for agents: see agent_id)
         self.obs_type = obs_type

@@ -36,7 +36,7 @@ from trajstore.errors import (
     StoreAccessError,
     WriterClosedError,
 )
-from trajstore.storage.encoding import NEXT, OBS, Format, check_frame_stack, leaves
+from trajstore.storage.encoding import NEXT, OBS, FileEncoding, check_frame_stack, leaves
 from trajstore.storage.names import check_column_name, check_distinct, check_fields, check_id, stored_schema
 from trajstore.write.buffer import Flush, RowBuffer, Rows, gather
 from trajstore.write.episode_ids import EpisodeIds
@@ -112,7 +112,7 @@ class Writer:
         self.autoreset: Autoreset = autoreset
         self.flush_bytes = flush_bytes
         _check_lineage_names(lineage)
-        self.lineage = {"worker_id": worker_id or f"{socket.gethostname()}:{os.getpid()}", **lineage}
+        self.lineage = {"worker_id": worker_id or process_worker_id(), **lineage}
         if frame_stack is not None and not isinstance(frame_stack, Mapping):
             check_frame_stack(pa.null(), frame_stack)  # raises naming frame_stack
         self.frame_stack = dict(frame_stack or {})
@@ -146,13 +146,45 @@ class Writer:
     # --- public API -----------------------------------------------------------------------------------
 
     def add_batch(self, batch: Mapping[str, Any]) -> int:
-        """Add a time-major ``(T, B, …)`` batch; returns the number of stored steps.
+        """Add a time-major ``(T, B, …)`` batch: T time indices of B envs, as a vector env or a ``lax.scan`` gives them.
 
-        ``batch`` holds ``obs, action, reward, next_obs, terminated, truncated``, optionally
-        ``valid`` (``(T, B)`` bool, False for steps to skip) and ``extras`` (name → ``(T, B, …)``; a
-        ``numpy.ma.MaskedArray`` of scalars is stored null where masked). ``reward`` is stored as float32, or as
-        float64 when given as float64 in an environment with no stored steps (an environment keeps its types).
-        Nothing of the call is kept if any part of it is invalid.
+        Episodes cross batch boundaries: each env's open episode goes on in the next call, its ``step`` and
+        ``episode_id`` continued. ``reward`` is stored as float32, or as float64 when given as float64 in an
+        environment with no stored steps (an environment keeps its types). Nothing of the call is kept if any part of
+        it is invalid.
+
+        Args:
+            batch: ``obs, action, reward, next_obs, terminated, truncated`` (numpy or JAX arrays, ``(T, B, …)``;
+                ``obs`` and ``next_obs`` may be dicts of arrays for Dict spaces), optionally ``valid`` (``(T, B)``
+                bool, False for steps to skip) and ``extras`` (name → ``(T, B, …)``, each stored as a column; a
+                ``numpy.ma.MaskedArray`` of scalars is stored null where masked).
+
+        Returns:
+            The number of steps stored (the valid ones).
+
+        Raises:
+            InputError: A missing field, a NaN or infinite reward, a name the store cannot hold, another ``B`` than
+                the writer's first batch, or a step of an env whose episode ended without a reset (each message
+                names the field, the env and the time index).
+            SchemaMismatchError: A shape or dtype that does not match the stored table, or a value the stored type
+                cannot hold.
+            WriterClosedError: The writer was closed.
+            StoreAccessError: The store failed while a full buffer was committed; the writer keeps the steps it
+                could not store and stores them with the next :meth:`flush` or :meth:`close`.
+
+        Examples:
+            >>> import numpy as np
+            >>> store = trajstore.open("./trajdata", create=True)
+            >>> T, B = 3, 2
+            >>> with store.writer(run_id="demo", env_id="Toy-v0") as w:
+            ...     w.add_batch({"obs": np.zeros((T, B, 4)), "action": np.zeros((T, B), int),
+            ...                  "reward": np.ones((T, B)), "next_obs": np.zeros((T, B, 4)),
+            ...                  "terminated": np.array([[0, 0], [1, 0], [0, 0]], bool),
+            ...                  "truncated": np.zeros((T, B), bool),
+            ...                  "extras": {"value": np.zeros((T, B), np.float32)}})
+            6
+            >>> store.stats(include_incomplete=True)["n_traj"].to_pylist()  # env 0: one ended, one open; env 1 open
+            [3]
         """
         if self.agents is not None:
             raise InputError("this writer stores the agents of multi-agent episodes: "
@@ -193,7 +225,36 @@ class Writer:
 
     def add_step(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
                  *, valid: Any = None, extras: Mapping[str, Any] | None = None) -> int:
-        """Add one vector-env step: every array is ``(B, …)``."""
+        """Add one vector-env step: every array is ``(B, …)``, the batch of :meth:`add_batch` with ``T = 1``.
+
+        Args:
+            obs: The observations the actions were taken on.
+            action: The actions.
+            reward: The rewards.
+            next_obs: The observations after the actions (a last step's true final observation).
+            terminated: Whether each env's episode terminated at this step.
+            truncated: Whether each env's episode was truncated at this step.
+            valid: ``(B,)`` bool, False for envs whose step to skip.
+            extras: Name → ``(B, …)`` array, each stored as a column.
+
+        Returns:
+            The number of steps stored.
+
+        Raises:
+            InputError: As :meth:`add_batch`.
+            SchemaMismatchError: As :meth:`add_batch`.
+            WriterClosedError: The writer was closed.
+
+        Examples:
+            >>> import numpy as np
+            >>> store = trajstore.open("./trajdata", create=True)
+            >>> with store.writer(run_id="demo", env_id="Toy-v0") as w:
+            ...     for t in range(3):
+            ...         stored = w.add_step(np.zeros((2, 4)), np.array([0, 1]), np.ones(2), np.zeros((2, 4)),
+            ...                             terminated=np.array([t == 2, False]), truncated=np.array([False, t == 2]))
+            >>> store.episodes()["episode_length"].to_pylist()
+            [3, 3]
+        """
         batch: dict[str, Any] = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs,
                                  "terminated": terminated, "truncated": truncated}
         if valid is not None:
@@ -238,6 +299,7 @@ class Writer:
 
     @property
     def open_episodes(self) -> int:
+        """Envs whose episode is open: started, not yet terminated or truncated."""
         return 0 if self._cursors is None else int((self._cursors.state == 1).sum())
 
     def __enter__(self) -> Writer:
@@ -355,7 +417,7 @@ class Writer:
         if self._buffer is not None and self._buffer and key != self._buffer_key:
             self._submit()  # other columns: the rows so far go to a file of their own
         if self._buffer is None:
-            self._buffer = RowBuffer(B, self._types[OBS], Format.for_obs(self._types[OBS],
+            self._buffer = RowBuffer(B, self._types[OBS], FileEncoding.for_obs(self._types[OBS],
                                                                          frame_stack=self.frame_stack),
                                      compact=self.agents is None)
         self._buffer_key = key
@@ -423,7 +485,7 @@ class Writer:
     def _stored_schema(self, data: Flush) -> pa.Schema:
         """The schema of one file's rows under their physical names (reserved and declared in the log first),
         with its format (see :func:`~trajstore.storage.names.stored_schema`)."""
-        fmt = Format.for_obs(self._types[OBS], frame_stack=self.frame_stack)
+        fmt = FileEncoding.for_obs(self._types[OBS], frame_stack=self.frame_stack)
         return stored_schema(data.schema, fmt, self._types, self._reserve)
 
     def _reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType],
@@ -459,6 +521,11 @@ class Writer:
             self._unstored.append(_Unstored(piece.data, piece.schema, piece.encoding.result() if encoded else None))
         self._pieces = []
         return _not_stored(exc, self.steps_unstored, self.run_id)
+
+
+def process_worker_id() -> str:
+    """The ``worker_id`` a writer stores when given none: this process, as ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _not_stored(exc: BaseException, steps: int, run_id: str) -> BaseException:
@@ -667,7 +734,7 @@ def _lineage_column(name: str, value: Any, env: np.ndarray, B: int, n: int, t: p
                      f"got shape {arr.shape}")
 
 
-def _add_time_axis(batch: dict[str, Any]) -> dict[str, Any]:
+def _add_time_axis(batch: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in batch.items():
         out[k] = _add_time_axis(v) if isinstance(v, Mapping) else np.asarray(v)[None]

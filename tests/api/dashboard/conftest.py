@@ -14,7 +14,7 @@ import trajstore
 from tests.api.dashboard.helpers import CHROMIUM, CHROMIUM_ARGS, Dashboard, write_demo_store
 from tests.api.helpers import Live, serve
 from trajstore.api.app import create_app
-from trajstore.settings import Settings
+from trajstore.api.settings import ServiceSettings
 
 
 @pytest.fixture(scope="package")
@@ -24,7 +24,7 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
 
 @pytest.fixture(scope="package")
 def demo_live(demo_store: trajstore.Store) -> Iterator[Live]:
-    yield from serve(create_app(Settings(store=str(demo_store.root))))
+    yield from serve(create_app(ServiceSettings(store=str(demo_store.root))))
 
 
 @pytest.fixture(scope="session")

@@ -13,13 +13,16 @@ import trajstore
 from tests.api.dashboard.helpers import Dashboard
 from tests.api.helpers import Live, serve
 from trajstore.api.app import create_app
-from trajstore.settings import Settings
+from trajstore.api.settings import ServiceSettings
 
 mpe2 = pytest.importorskip("mpe2")
 
 from mpe2 import simple_spread_v3  # noqa: E402
 
 from trajstore.rollout import gym_rollout, parallel_rollout  # noqa: E402
+from trajstore.store import plumbing  # noqa: E402
+
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
 
 SPREAD = "spread · simple_spread_v3"
 AGENTS = ["agent_0", "agent_1", "agent_2"]
@@ -36,7 +39,7 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
 
 @pytest.fixture(scope="module")
 def team_live(team: trajstore.Store) -> Iterator[Live]:
-    yield from serve(create_app(Settings(store=str(team.root))))
+    yield from serve(create_app(ServiceSettings(store=str(team.root))))
 
 
 @pytest.fixture
@@ -54,7 +57,7 @@ def test_learning_curves_per_agent_and_per_group(page: Dashboard, team: trajstor
     page.open()
     assert page.page.locator("#agents-section").is_visible()
     bins = page.state("agentCurves.bins")
-    want = team.binned_curves(by="agent_id", bins=bins).to_pylist()
+    want = plumbing(team).binned_curves(by="agent_id", bins=bins).to_pylist()
     traces = agent_traces(page)
     assert sorted(traces) == [f"{SPREAD} · {a}" for a in AGENTS]  # the single-agent run has no agent curve
     for agent in AGENTS:
@@ -70,7 +73,7 @@ def test_learning_curves_per_agent_and_per_group(page: Dashboard, team: trajstor
                                 "trajstoreDashboard.agentCurves.by === 'agent_group'")
     page.page.wait_for_function("() => document.getElementById('agent-curves').data.some((t) => t.meta && "
                                 "t.meta.agent === 'agent')")
-    group = team.binned_curves(by="agent_group", bins=bins).to_pylist()
+    group = plumbing(team).binned_curves(by="agent_group", bins=bins).to_pylist()
     assert agent_traces(page)[f"{SPREAD} · agent"]["y"] == pytest.approx([r["mean"] for r in group])
     assert "agents=group" in page.page.url and page.state("loads") == loads  # redrawn, not reloaded
     assert page.problems == []

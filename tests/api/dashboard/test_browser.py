@@ -17,8 +17,11 @@ from tests.api.dashboard.helpers import ARTIFACTS, Dashboard
 from tests.api.dashboard.synthetic import write_learning_runs
 from tests.api.helpers import ID_A, ID_B, LENGTHS, serve, write_adjacent_ids
 from trajstore.api.app import create_app
+from trajstore.api.settings import ServiceSettings
 from trajstore.rollout import gym_rollout
-from trajstore.settings import Settings
+from trajstore.store import plumbing
+
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
 
 
 def complete_per_series(store: trajstore.Store) -> dict[str, int]:
@@ -51,7 +54,7 @@ def test_the_learning_curves_are_sketched_before_plotly_is_loaded(context: Any, 
         page.wait_for_function("() => performance.getEntriesByName('trajstore-first-plot').length === 1")
         sketch = page.evaluate("() => trajstoreDashboard.sketch")
         width = page.evaluate("() => document.getElementById('curves').clientWidth")
-        binned = demo_store.binned_curves(bins=max(50, min(2000, width)))
+        binned = plumbing(demo_store).binned_curves(bins=max(50, min(2000, width)))
         series = binned.group_by(["run_id", "env_id"]).aggregate([("bin", "count")])
         assert sketch == {"series": series.num_rows, "points": binned.num_rows}
         assert page.evaluate("() => typeof Plotly") == "undefined"
@@ -208,7 +211,7 @@ def test_histograms_show_densities_and_bin_lengths_on_whole_numbers(dashboard: D
     dashboard.page.wait_for_function("() => document.getElementById('hist-length').layout.yaxis.title.text"
                                      " === 'density'")
     assert "density=1" in dashboard.page.url
-    want = demo_store.histogram(y="episode_length", bins=60, density=True)
+    want = plumbing(demo_store).histogram(y="episode_length", bins=60, density=True)
     for hist in ("hist-return", "hist-length"):
         for trace in dashboard.traces(hist):  # each run's bars integrate to 1
             assert sum(y * w for y, w in zip(trace["y"], widths(hist, trace["name"]))) == pytest.approx(1.0)
@@ -227,7 +230,7 @@ def test_episodes_one_apart_above_two_to_the_53_open_as_themselves(context: Any,
     strings, so each row opens its own episode (its own steps and rewards), never its neighbour's."""
     write_adjacent_ids(tmp_path / "store")
     assert float(ID_A) == float(ID_B)
-    with contextlib.contextmanager(serve)(create_app(Settings(store=str(tmp_path / "store")))) as live:
+    with contextlib.contextmanager(serve)(create_app(ServiceSettings(store=str(tmp_path / "store")))) as live:
         dash = Dashboard(context.new_page(), live.url)
         dash.open()
         rows = dash.page.locator("#episodes tbody tr")
@@ -251,7 +254,7 @@ def test_episodes_one_apart_above_two_to_the_53_open_as_themselves(context: Any,
 def test_a_rollout_written_during_the_test_appears_without_reload(context: Any, tmp_path: Path) -> None:
     store = trajstore.open(tmp_path / "store", create=True)
     write_learning_runs(store, episodes=60, runs=1, num_envs=4, versions=2)
-    with contextlib.contextmanager(serve)(create_app(Settings(store=str(store.root)))) as live:
+    with contextlib.contextmanager(serve)(create_app(ServiceSettings(store=str(store.root)))) as live:
         page = context.new_page()
         dash = Dashboard(page, live.url)
         dash.open()
@@ -294,7 +297,7 @@ def test_runs_table_and_first_load_at_a_size_past_the_per_episode_points(context
     store = trajstore.open(tmp_path / "store", create=True)
     write_learning_runs(store, episodes=22_000, runs=2, num_envs=64, versions=4)
     assert store.stats()["n_traj"][0].as_py() > 20_000
-    with contextlib.contextmanager(serve)(create_app(Settings(store=str(store.root)))) as live:
+    with contextlib.contextmanager(serve)(create_app(ServiceSettings(store=str(store.root)))) as live:
         page = context.browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-GB").new_page()
         dash = Dashboard(page, live.url)
         dash.open()
@@ -312,7 +315,7 @@ def test_runs_table_and_first_load_at_a_size_past_the_per_episode_points(context
                 page.dispatch_event("#gamma", "change")
                 page.wait_for_function(f"() => trajstoreDashboard.loads > {loads}")
             want = {f"{r['run_id']} · {r['env_id']}": _cells(r, gamma)
-                    for r in store.latest_stats(100, gamma=gamma).to_pylist()}
+                    for r in plumbing(store).latest_stats(100, gamma=gamma).to_pylist()}
             assert dict(page.evaluate(RUN_CELLS)) == want
         assert dash.problems == []
         page.context.close()

@@ -9,6 +9,9 @@ import pytest
 
 import trajstore
 from tests.api.dashboard.helpers import Dashboard
+from trajstore.store import plumbing
+
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
 
 
 def mean_traces(dashboard: Dashboard) -> dict[str, dict[str, Any]]:
@@ -21,7 +24,7 @@ def test_binned_curves_are_overlaid_with_a_band_and_a_legend(dashboard: Dashboar
     means = mean_traces(dashboard)
     assert len(means) == 4 and all(t["name"] == key for key, t in means.items())  # the legend names the series
     bins = dashboard.state("binned")
-    want = demo_store.binned_curves(bins=bins["bins"])
+    want = plumbing(demo_store).binned_curves(bins=bins["bins"])
     for s in bins["series"]:
         key = f"{s['run_id']} · {s['env_id']}"
         rows = [r for r in want.to_pylist() if r["run_id"] == s["run_id"]]

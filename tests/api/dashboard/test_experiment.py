@@ -17,7 +17,8 @@ from tests.api.dashboard.helpers import Dashboard
 from tests.api.helpers import Live, serve, settings_for
 from trajstore.api.app import create_app
 
-pytestmark = pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")
+pytestmark = [pytest.mark.browser, pytest.mark.server,
+              pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")]
 ALGOS, SEEDS, TASKS = ("ppo", "dqn"), (0, 1, 2), ("Walk-v0", "Run-v0")
 EPISODES = 8
 PAGE = "/dashboard/experiment"
@@ -165,7 +166,7 @@ def test_groups_by_the_config_key_that_differs_with_each_groups_iqm_per_task(
 def test_curves_across_seeds_and_the_performance_profile_equal_the_stores(
         experiment: Experiment, store: trajstore.Store) -> None:
     experiment.open()
-    curves = store.group_curves("config.algo").to_pylist()
+    curves = store.curves(by="config.algo").to_pylist()
     plots = experiment.page.locator("#curves-by-task .plot").evaluate_all(
         "(ds) => ds.map((d) => [d.id, d.dataset.task])")
     assert [task for _, task in plots] == sorted(TASKS)

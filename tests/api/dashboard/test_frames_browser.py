@@ -14,8 +14,10 @@ from tests.api.dashboard.helpers import Dashboard
 from tests.api.helpers import Live, serve
 from tests.helpers import write_pixel_store
 from trajstore.api.app import create_app
+from trajstore.api.settings import ServiceSettings
 from trajstore.rollout import gym_rollout
-from trajstore.settings import Settings
+
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
 
 # The picture as the page shows it, read back through a canvas: its size and its pixels (RGBA).
 PIXELS = """() => {
@@ -35,7 +37,7 @@ def pixel_store(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
 
 @pytest.fixture(scope="module")
 def pixel_live(pixel_store: trajstore.Store) -> Iterator[Live]:
-    yield from serve(create_app(Settings(store=str(pixel_store.root))))
+    yield from serve(create_app(ServiceSettings(store=str(pixel_store.root))))
 
 
 @pytest.fixture

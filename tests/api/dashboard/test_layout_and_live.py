@@ -18,8 +18,10 @@ import trajstore
 from tests.api.dashboard.helpers import ARTIFACTS, CHROMIUM, Dashboard
 from tests.api.helpers import Live, serve
 from trajstore.api.app import create_app
+from trajstore.api.settings import ServiceSettings
 from trajstore.rollout import gym_rollout
-from trajstore.settings import Settings
+
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
 
 LONG_RUN = "ppo-lstm-continuous-control-sweep-lr3e-4-seed-0000000042"
 WIDTH = 1280
@@ -45,7 +47,7 @@ def fragments(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
 
 @pytest.fixture(scope="module")
 def fragments_live(fragments: trajstore.Store) -> Iterator[Live]:
-    yield from serve(create_app(Settings(store=str(fragments.root))))
+    yield from serve(create_app(ServiceSettings(store=str(fragments.root))))
 
 
 @pytest.fixture

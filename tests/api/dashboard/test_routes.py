@@ -15,12 +15,13 @@ from fastapi.testclient import TestClient
 import trajstore
 from trajstore.api.app import create_app
 from trajstore.api.dashboard.routes import ASSETS, HERE
-from trajstore.settings import Settings
+from trajstore.api.settings import ServiceSettings
+from trajstore.store import plumbing
 
 
 @pytest.fixture
 def client(demo_store: trajstore.Store) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(store=str(demo_store.root)))) as c:
+    with TestClient(create_app(ServiceSettings(store=str(demo_store.root)))) as c:
         yield c
 
 
@@ -88,6 +89,7 @@ def test_curves_hold_every_complete_episode_in_end_order(client: TestClient, dem
         assert s["discounted_return"] is None
 
 
+@pytest.mark.slow
 def test_a_random_policy_curve_has_no_batch_periodic_component(tmp_path: Path) -> None:
     """Uniform random CartPole over many (T, B) batches: the mean return of episodes grouped by their place in a
     batch (env steps modulo T·B, in 8 bins) is the overall mean within a few standard errors. Ordered by batch
@@ -100,7 +102,7 @@ def test_a_random_policy_curve_has_no_batch_periodic_component(tmp_path: Path) -
     store = trajstore.open(tmp_path / "store", create=True)
     jax_rollout(store, "cartpole", run_id="random", num_envs=B, rollout_length=T, steps=B * T * batches, seed=0,
                 progress=False)
-    with TestClient(create_app(Settings(store=str(store.root)))) as c:
+    with TestClient(create_app(ServiceSettings(store=str(store.root)))) as c:
         (series,) = c.get("/curves").json()["series"]
     x, y = np.array(series["env_steps"]), np.array(series["episode_return"])
     assert len(x) > 15_000
@@ -121,14 +123,14 @@ def test_curves_with_gamma_and_filters(client: TestClient, demo_store: trajstore
 
 
 def test_curves_of_an_empty_store(tmp_path: Path) -> None:
-    with TestClient(create_app(Settings(store=str(tmp_path / "empty")), create=True)) as c:
+    with TestClient(create_app(ServiceSettings(store=str(tmp_path / "empty")), create=True)) as c:
         assert c.get("/curves").json() == {"gamma": None, "series": []}
 
 
 def test_binned_curves_route_gives_the_store_bins_per_series(client: TestClient, demo_store: trajstore.Store) -> None:
     body = client.get("/curves/binned", params={"bins": 30, "x": "episode_index", "gamma": 0.9}).json()
     assert body["metric"] == "discounted_return"  # the return, discounted with gamma
-    want = demo_store.binned_curves(bins=30, x="episode_index", y="discounted_return", gamma=0.9).to_pylist()
+    want = plumbing(demo_store).binned_curves(bins=30, x="episode_index", y="discounted_return", gamma=0.9).to_pylist()
     got = [{"run_id": s["run_id"], "env_id": s["env_id"], **{k: s[k][i] for k in ("bin", "lo", "hi", "count", "mean",
                                                                                  "p10", "p50", "p90")}}
            for s in body["series"] for i in range(len(s["bin"]))]
@@ -149,10 +151,10 @@ def test_binned_curves_per_agent_over_rest(tmp_path: Path, client: TestClient) -
     store = trajstore.open(tmp_path / "store", create=True)
     parallel_rollout(store, lambda: simple_spread_v3.parallel_env(max_cycles=10), run_id="team", episodes=6,
                      seed=0, progress=False)
-    with TestClient(create_app(Settings(store=str(store.root)))) as c:
+    with TestClient(create_app(ServiceSettings(store=str(store.root)))) as c:
         for by in ("agent_id", "agent_group"):
             body = c.get("/curves/binned", params={"by": by, "bins": 4}).json()
-            want = store.binned_curves(by=by, bins=4).to_pylist()
+            want = plumbing(store).binned_curves(by=by, bins=4).to_pylist()
             got = [{"run_id": s["run_id"], "env_id": s["env_id"], by: s["agent"],
                     **{k: s[k][i] for k in ("bin", "lo", "hi", "count", "mean", "p10", "p50", "p90")}}
                    for s in body["series"] for i in range(len(s["bin"]))]
@@ -201,8 +203,9 @@ def test_a_service_reads_the_first_page_ahead_and_answers_it_from_what_it_read(
     summary or a step again."""
     from trajstore.api.dashboard import routes
     from trajstore.query import summarized
+    from trajstore.query.engine import Engine
 
-    expected = demo_store.latest_stats(routes.LAST_N), demo_store.runs()
+    expected = plumbing(demo_store).latest_stats(routes.LAST_N), demo_store.runs()
     fresh = trajstore.open(demo_store.root)  # a service just started: nothing read yet
     routes.warm(fresh).join(120)
 
@@ -210,12 +213,12 @@ def test_a_service_reads_the_first_page_ahead_and_answers_it_from_what_it_read(
         raise AssertionError("read again after the warm-up")
 
     monkeypatch.setattr(summarized, "read", no_more)
-    monkeypatch.setattr(fresh.engine, "snapshot", no_more)
-    assert fresh.latest_stats(routes.LAST_N).equals(expected[0]) and fresh.runs().equals(expected[1])
-    histogram = fresh.histogram(y="episode_return", bins=routes.HIST_BINS, density=True)
+    monkeypatch.setattr(Engine, "snapshot", no_more)  # on every engine: the warm-up is over
+    assert plumbing(fresh).latest_stats(routes.LAST_N).equals(expected[0]) and fresh.runs().equals(expected[1])
+    histogram = plumbing(fresh).histogram(y="episode_return", bins=routes.HIST_BINS, density=True)
     assert histogram.num_rows > 0
     assert fresh.stats(by=["run_id", "env_id"]).num_rows > 0
-    assert fresh.binned_curves(by="agent_id").num_rows == 0  # single-agent runs: no series per agent
+    assert plumbing(fresh).binned_curves(by="agent_id").num_rows == 0  # single-agent runs: no series per agent
 
 
 def test_the_read_ahead_is_waited_for_at_exit_even_when_started_from_a_daemon_thread(

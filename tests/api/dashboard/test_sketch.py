@@ -18,7 +18,10 @@ import trajstore
 from tests.api.dashboard.helpers import Dashboard
 from tests.api.helpers import Live, serve
 from trajstore.api.app import create_app
-from trajstore.settings import Settings
+from trajstore.api.settings import ServiceSettings
+from trajstore.store import plumbing
+
+pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
 
 HUGE = float(np.float32(1e17))  # a float32 reward; ~1e17 + 16 is the next double, and 1e17 + 5 == 1e17
 ENDS_WITHIN_MS = 5000
@@ -66,7 +69,7 @@ def huge_store(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
 
 @pytest.fixture(scope="module")
 def huge_live(huge_store: trajstore.Store) -> Iterator[Live]:
-    yield from serve(create_app(Settings(store=str(huge_store.root))))
+    yield from serve(create_app(ServiceSettings(store=str(huge_store.root))))
 
 
 @pytest.fixture
@@ -100,7 +103,7 @@ def test_returns_a_few_float_steps_apart_at_1e17_are_sketched(sketch_page: Any, 
     assert returns == [HUGE, HUGE + 16] and HUGE + 5 == HUGE  # the axis the old tick loop never left
     sketch_page.wait_for_function("() => performance.getEntriesByName('trajstore-first-plot').length === 1")
     width = sketch_page.evaluate("() => document.getElementById('curves').clientWidth")
-    binned = huge_store.binned_curves(bins=max(50, min(2000, width)))
+    binned = plumbing(huge_store).binned_curves(bins=max(50, min(2000, width)))
     assert sketch_page.evaluate("() => trajstoreDashboard.sketch") == {"series": 1, "points": binned.num_rows}
     drawn = sketch_page.evaluate("""() => {
       const c = document.querySelector('#curves canvas.sketch'), d = c.getContext('2d')

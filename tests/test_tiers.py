@@ -1,0 +1,164 @@
+"""The tiers of the suite stay honest: every tier marker is declared (and markers are strict), ``make check``
+leaves out exactly the tiers, ``make test`` runs everything, a test that starts what its marker says without the
+marker fails naming it (tests/tiers.py), and a test that commits to a store a shared fixture holds fails naming the
+fixture (tests/shared_fixtures.py)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.tiers import NEEDS, TIERS, needs_of
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def recipe(target: str) -> str:
+    """The commands of one Makefile target."""
+    text = (ROOT / "Makefile").read_text()
+    found = re.search(rf"^{target}:[^\n]*\n((?:\t[^\n]*\n)+)", text, re.M)
+    assert found, f"the Makefile has no `{target}` target"
+    return found.group(1)
+
+
+def test_every_tier_is_a_declared_marker_and_markers_are_strict() -> None:
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    declared = {line.split(":")[0] for line in options["markers"]}
+    assert set(TIERS) <= declared, set(TIERS) - declared
+    assert "--strict-markers" in options["addopts"].split()
+
+
+def test_make_check_leaves_out_every_tier_and_make_test_runs_everything() -> None:
+    check = recipe("check")
+    variables = dict(re.findall(r"^(\w+) :?= ([^\n]*)$", (ROOT / "Makefile").read_text(), re.M))
+    expression = re.search(r'-m "([^"]+)"', check)
+    assert expression, check
+    text = re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], expression.group(1))
+    assert re.fullmatch(r"not \(([\w ]+)\)", text), text
+    assert set(re.findall(r"\w+", text)) - {"not", "or"} == set(TIERS), text
+    runs = re.findall(r"-m pytest\b([^\n]*)", recipe("test"))
+    assert runs and not any(re.search(r"\s-[mk]\b|--deselect|--ignore", args) for args in runs), runs
+
+
+@pytest.mark.parametrize(("command", "needs"), [
+    (["/venv/bin/weed", "server", "-dir=/tmp/d", "-s3"], {"s3"}),
+    (["unshare", "-rm", "sh", "-c", "mount …", "/tmp/d", "/venv/bin/weed", "server", "-s3"], {"s3"}),
+    ([sys.executable, "-m", "trajstore.cli", "serve", "--store", "s"], {"server"}),
+    (["bash", "-e", "-c", "trajstore serve --store s &\ncurl …"], {"server"}),
+    (["make", "-C", "/repo", "demo", "STORE=/tmp/s"], {"server"}),
+    (["/venv/lib/python3.11/site-packages/playwright/driver/node", "cli.js", "run-driver"], {"browser"}),
+    (["/usr/bin/chromium", "--headless", "--screenshot=/tmp/s.png", "http://127.0.0.1:1/"], {"browser"}),
+    (["/venv/lib/python3.11/site-packages/pyspark/bin/spark-submit", "pyspark-shell"], {"spark"}),
+    (["/repo/.venv-lerobot/bin/python", "tests/export/lerobot_check.py", "cases.json"], {"lerobot"}),
+    (["/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server", "--port=0"], {"ray"}),
+    ([sys.executable, "-m", "trajstore.cli", "rollout", "--env", "CartPole-v1"], set()),
+    ([sys.executable, "-m", "trajstore.cli", "stats", "--store", "/data/served"], set()),
+])
+def test_what_a_process_needs_is_read_from_its_command(command: list[str], needs: set[str]) -> None:
+    assert needs_of(command) == needs
+    assert needs <= set(NEEDS)
+
+
+SERVES = '''
+import threading
+import pytest
+import uvicorn
+
+async def app(scope, receive, send):
+    pass
+
+def serve_once():
+    """A real uvicorn server on a free port of 127.0.0.1, started and stopped."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="error"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    while not server.started and thread.is_alive():
+        pass
+    server.should_exit = True
+    thread.join()
+
+@pytest.fixture(scope="module")
+def served():
+    serve_once()
+
+def test_serves_unmarked():
+    serve_once()
+
+@pytest.mark.server
+def test_serves_marked():
+    serve_once()
+
+@pytest.mark.server
+def test_a_fixture_serves_marked(served):
+    pass
+
+def test_a_fixture_serves_unmarked(served):
+    pass
+
+def test_serves_nothing():
+    pass
+'''
+
+SHARES = '''
+import numpy as np
+import pytest
+import trajstore
+
+def batch():
+    ones = np.ones((3, 1), np.float32)
+    return {"obs": ones[..., None], "action": np.zeros((3, 1), np.int64), "reward": ones,
+            "next_obs": ones[..., None], "terminated": np.array([[False], [False], [True]]),
+            "truncated": np.zeros((3, 1), bool)}
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    store = trajstore.open(tmp_path_factory.mktemp("shared") / "store", create=True)
+    with store.writer(run_id="a", env_id="Toy-v0") as w:
+        w.add_batch(batch())
+    return store
+
+def test_reads(shared):
+    assert shared.episodes().num_rows == 1
+
+def test_adds_a_run(shared):
+    with shared.writer(run_id="b", env_id="Toy-v0") as w:
+        w.add_batch(batch())
+
+def test_writes_its_own(tmp_path):
+    store = trajstore.open(tmp_path / "own", create=True)
+    with store.writer(run_id="b", env_id="Toy-v0") as w:
+        w.add_batch(batch())
+'''
+
+
+def run_plugin(pytester: pytest.Pytester, plugin: str, tests: str) -> pytest.RunResult:
+    """``tests`` run by a pytest of their own (a subprocess) with ``plugin`` loaded and this checkout first on the
+    path."""
+    pytester.makeconftest(f"pytest_plugins = [{plugin!r}]")
+    pytester.makepyfile(test_case=tests)
+    pytester.makeini("[pytest]\nmarkers =\n    server: serves\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(ROOT))
+        return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
+
+
+def test_a_test_that_serves_without_its_marker_fails_naming_it(pytester: pytest.Pytester) -> None:
+    result = run_plugin(pytester, "tests.tiers", SERVES)
+    result.assert_outcomes(passed=3, failed=2)
+    failed = {line.split("::")[1].split()[0] for line in result.outlines if line.startswith("FAILED")}
+    assert failed == {"test_serves_unmarked", "test_a_fixture_serves_unmarked"}
+    assert result.stdout.str().count("not marked @pytest.mark.server (server: it serves the API on a port") == 2
+
+
+def test_a_test_that_commits_to_a_shared_store_fails_naming_the_fixture(pytester: pytest.Pytester) -> None:
+    result = run_plugin(pytester, "tests.shared_fixtures", SHARES)
+    result.assert_outcomes(passed=2, failed=1)
+    assert [line.split("::")[1].split()[0] for line in result.outlines if line.startswith("FAILED")] == \
+        ["test_adds_a_run"]
+    assert "the test committed to a store shared with other tests: shared (module)" in result.stdout.str()

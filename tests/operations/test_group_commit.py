@@ -21,6 +21,7 @@ from tests.helpers import make_batch, steps_table
 from tests.storage.helpers import episode, rows
 from trajstore.errors import ConflictError, InputError
 from trajstore.operations.group_commit import GroupCommitter, Outcome
+from trajstore.store import plumbing
 
 
 def entry(store: trajstore.Store, version: int) -> list[dict]:
@@ -164,7 +165,7 @@ def test_what_changed_since_a_request_was_checked_is_checked_again(store: trajst
         committer.ingest(episode([0, 1]), run_id="r", env_id="E").result(60)
         waiting = committer.ingest(episode([2, 3]), run_id="r", env_id="E")  # checked now, commits in ~0.5 s
         fine = committer.ingest(rows(2, episode_id=50), run_id="r", env_id="E")
-        other.ingest(episode([2]), run_id="r", env_id="E")  # lands first
+        plumbing(other).ingest(episode([2]), run_id="r", env_id="E")  # lands first
         outcomes = wait_all([waiting, fine])
     finally:
         committer.close()

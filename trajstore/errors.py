@@ -229,8 +229,14 @@ class QueryBusyError(QueryError):
 
 
 class IngestBusyError(TrajstoreError):
-    """The service holds as many bytes of ingest requests waiting for their commit as it may; send the request again
-    after ``retry_after_s`` seconds."""
+    """The service holds as many bytes of ingest requests waiting for their commit as it may
+    (``TRAJSTORE_INGEST_PENDING_BYTES``); send the request again after ``retry_after_s`` seconds (429 with
+    ``Retry-After`` over REST, which a ``RemoteWriter`` waits for and retries).
+
+    Args:
+        message: What was full.
+        retry_after_s: Seconds to wait before trying again.
+    """
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message)

@@ -50,6 +50,19 @@ def test_a_new_store_gets_trajstores_retention_as_delta_properties(store: trajst
     assert "steps: 7d of log entries, a checkpoint every 25 versions; versions 0.." in kept.format()
 
 
+def test_the_priorities_table_gets_the_stores_rule_and_follows_it(tmp_path: Path) -> None:
+    store = trajstore.open(tmp_path / "s", create=True, log_retention="1h")
+    write(store, 2)
+    with store.replay(priorities="learner", commit_interval=None) as replay:
+        replay.update([0, 1], [2.0, 3.0])
+        replay.commit()
+    assert properties(store.root / "priorities")[LOG] == "interval 1 hours"  # made later, with the store's rule
+    store.maintain.log_retention("3h", checkpoint_interval=7)
+    assert (properties(store.root / "priorities")[LOG], properties(store.root / "priorities")[INTERVAL]) == \
+        ("interval 3 hours", "7")
+    assert "priorities: 3h of log entries, a checkpoint every 7 versions" in store.maintain.log_retention().format()
+
+
 def test_log_retention_is_given_at_creation_and_set_later(tmp_path: Path) -> None:
     store = trajstore.open(tmp_path / "s", create=True, log_retention="1h")
     assert properties(store.root / "steps")[LOG] == "interval 1 hours"  # the table is made with it
@@ -61,7 +74,7 @@ def test_log_retention_is_given_at_creation_and_set_later(tmp_path: Path) -> Non
             ("interval 2 hours", "5")
         assert properties(store.root / table)[KEYS] == "interval 2 hours"
     assert [(t.table, t.rule.log_s, t.rule.checkpoint_interval) for t in report.tables] == \
-        [("steps", 7200, 5), ("runs", 7200, 5)]
+        [("steps", 7200, 5), ("runs", 7200, 5), ("priorities", 7200, 5)]
     before = store.version
     store.maintain.log_retention("2h")  # nothing changes: no commit
     assert store.version == before

@@ -1,4 +1,5 @@
-"""A store's log retention: how long the logs of its tables (``steps``, ``runs``) keep their entries, shown and set.
+"""A store's log retention: how long the logs of its tables (``steps``, ``runs``,
+``priorities``) keep their entries, shown and set.
 
 The rule is the tables' own Delta properties (:mod:`~trajstore.storage.retention`), so every engine that maintains
 them applies it: a checkpoint every ``delta.checkpointInterval`` versions, after which entries older than
@@ -67,7 +68,8 @@ class RetentionReport:
 
 
 def _logs(engine: Engine) -> list[tuple[str, Log]]:
-    return [("steps", engine.table.log), ("runs", engine.descriptions.runs.entries)]
+    return [("steps", engine.table.log), ("runs", engine.descriptions.runs.entries),
+            ("priorities", engine.priorities.entries)]
 
 
 def report(engine: Engine) -> RetentionReport:

@@ -281,6 +281,7 @@ def test_serve_creates_a_store_only_when_asked(tmp_path: Path) -> None:
         proc.wait(30)
 
 
+@pytest.mark.server
 def test_ctrl_c_stops_the_server_with_exit_status_0(demo: Path) -> None:
     """Ctrl-C is how a server is stopped: `make demo`, whose last step serves, then ends without `Error 130`."""
     import signal

@@ -69,6 +69,10 @@ def create_app(settings: ServiceSettings | None = None, *, store: Store | None =
     app.state.sql_gate = Gate(settings.sql_max_concurrent)
     app.state.replays = Replays(settings)  # the replays remote learners opened (POST /replays)
     app.state.store = store or trajstore.open(settings.store, create=create)
+    # ingest requests committed in groups, at most one commit per commit_interval; their bytes bounded
+    app.state.committer = plumbing(app.state.store).group_committer(interval_s=settings.commit_interval,
+                                                                     group_bytes=settings.commit_group_bytes)
+    app.state.ingest_bytes = budgets.pending_bytes(settings)
     # POST /sql and the comparisons' bootstraps pay no process start
     sql_worker.warm(plumbing(app.state.store).settings.sql_worker_bytes,
                     settings.sql_max_concurrent + settings.compute_max_concurrent)
@@ -93,6 +97,7 @@ async def _serving(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        app.state.committer.close()  # what waits is committed and answered before the server stops
         app.state.replays.close_all()  # their updates committed
 
 

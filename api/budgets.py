@@ -13,10 +13,21 @@
   ``sql_worker_bytes`` and killed past their time, so they never take the service's memory or its interpreter's
   time from a cheap request. A request refused for want of a place is refused before any of it is parsed.
 - ``POST /sql`` and the loader streams have the sandbox's own budgets (:mod:`trajstore.api.routes.sql`).
+- Ingest requests (``POST /runs/{run_id}/batches``) hold their body and their rows from arrival until their group's
+  commit answers them (:mod:`trajstore.operations.group_commit`): :class:`PendingBytes` counts those bytes against
+  ``ingest_pending_bytes``; a request that does not fit waits up to ``ingest_wait_s`` for room (nothing of it read
+  meanwhile), then gets 429 with ``Retry-After``. A request larger than the bound alone is taken when nothing else
+  is held.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import math
+import threading
+import time
+from typing import AsyncIterator
 from urllib.parse import parse_qs
 
 from fastapi import Request
@@ -24,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trajstore.api.problems import problem
 from trajstore.api.settings import ServiceSettings
-from trajstore.errors import QueryBusyError
+from trajstore.errors import IngestBusyError, QueryBusyError, size_text
 from trajstore.query import budget
 from trajstore.query.sandbox import Gate
 from trajstore.store import plumbing
@@ -105,3 +116,69 @@ async def grouped_budget(request: Request) -> None:
 
 def _route(request: Request) -> str:
     return getattr(request.scope.get("route"), "path", request.url.path)
+
+
+class PendingBytes:
+    """The bytes ingest requests hold, at most ``limit``: :meth:`held` takes a request's share, waiting up to
+    ``wait_s`` for room (then :class:`~trajstore.errors.IngestBusyError`, 429 with ``Retry-After``), and gives it
+    back when the request is answered."""
+
+    POLL_S = 0.01  # how often a waiting request looks for room (a few looks per commit interval)
+
+    def __init__(self, limit: int, wait_s: float, *, retry_after_s: float = 1.0) -> None:
+        self.limit, self.wait_s = limit, wait_s
+        self.retry_after_s = max(1, math.ceil(retry_after_s))
+        self.used = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def _take(self, n: int, own: int) -> bool:
+        with self._lock:
+            if self.used > own and self.used + n > self.limit:  # a request alone is taken, however large
+                return False
+            self.used += n
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+    async def take(self, n: int, what: str, *, own: int = 0) -> None:
+        """Take ``n`` bytes for ``what`` (a request's body, its rows; ``own``: what the request holds already),
+        waiting for room up to ``wait_s``."""
+        deadline = time.monotonic() + self.wait_s
+        wait = self.POLL_S
+        while not self._take(n, own):
+            if time.monotonic() >= deadline:
+                raise IngestBusyError(f"{what}: the service holds {size_text(self.used)} of ingest requests waiting "
+                                      f"for their commit, its limit is {size_text(self.limit)} "
+                                      "(TRAJSTORE_INGEST_PENDING_BYTES); nothing of this request was stored: send it "
+                                      f"again after {self.retry_after_s} s", retry_after_s=self.retry_after_s)
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 0.1)
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[PendingBytes.Share]:
+        """A request's share: bytes taken with ``share.take(n, what)``, all given back when the block ends."""
+        share = PendingBytes.Share(self)
+        try:
+            yield share
+        finally:
+            self.give(share.bytes)
+
+    class Share:
+        """The bytes one request holds."""
+
+        def __init__(self, pending: PendingBytes) -> None:
+            self.pending, self.bytes = pending, 0
+
+        async def take(self, n: int, what: str) -> None:
+            await self.pending.take(n, what, own=self.bytes)
+            self.bytes += n
+
+
+def pending_bytes(settings: ServiceSettings) -> PendingBytes:
+    """The ingest requests' byte budget of one service."""
+    return PendingBytes(settings.ingest_pending_bytes, settings.ingest_wait_s,
+                        retry_after_s=max(1.0, 4 * settings.commit_interval))

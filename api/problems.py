@@ -20,6 +20,7 @@ from trajstore.errors import (
     BodyTooLargeError,
     ConflictError,
     EmptyReplayError,
+    IngestBusyError,
     InputError,
     QueryBusyError,
     QueryError,
@@ -86,6 +87,7 @@ _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (BodyTooLargeError, 413),
     (QueryMemoryError, 413),
     (QueryBusyError, 429),
+    (IngestBusyError, 429),
     (QueryWorkerDiedError, 503),
     (InputError, 422),
     (QueryError, 400),
@@ -146,7 +148,7 @@ def install(app: FastAPI) -> None:
         if isinstance(exc, StoreDamagedError) and exc.path:  # /ready fails while that file is still committed
             request.app.state.damaged = exc
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        if isinstance(exc, QueryBusyError):
+        if isinstance(exc, (QueryBusyError, IngestBusyError)):
             headers = {"Retry-After": str(exc.retry_after_s)}
         if isinstance(exc, StoreAccessError):
             headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}

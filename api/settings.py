@@ -56,6 +56,14 @@ class ServiceSettings:
     replay_memory_bytes: int = 1024 * 1024 * 1024
     replay_idle_s: float = 600.0
     replay_max_body_bytes: int = 16 * 1024 * 1024
+    # the service commits ingest requests in groups, at most one commit of a store per commit_interval (seconds; a
+    # duration: 250ms), sooner once a group holds commit_group_bytes of rows; requests past ingest_pending_bytes
+    # (their bodies and rows, from arrival to answer) wait up to ingest_wait_s for room, then get 429 (see
+    # operations/group_commit.py)
+    commit_interval: float = 0.25
+    commit_group_bytes: int = 64 * 1024 * 1024
+    ingest_pending_bytes: int = 1024 * 1024 * 1024
+    ingest_wait_s: float = 5.0
     # the service reads, when it starts, what the dashboard's first page asks of the latest version (its episodes,
     # learning curves, runs) on a background thread, so that a first visit finds it ready (api/dashboard/routes.py)
     dashboard_warm: bool = True

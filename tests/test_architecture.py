@@ -83,7 +83,7 @@ LAYERS = [
     ("operations that change a store", ["trajstore.operations"]),
     ("the store", ["trajstore.store", "trajstore.maintenance", "trajstore.plumbing"]),
     ("what uses a store", ["trajstore.rollout", "trajstore.integrations", "trajstore.export", "trajstore.remote",
-                           "trajstore.torch", "trajstore.torch_workers", "trajstore.ray"]),
+                           "trajstore.torch", "trajstore.torch_workers", "trajstore.ray", "trajstore.committer"]),
     ("the public API", ["trajstore"]),
     ("the service and the CLI", ["trajstore.api", "trajstore.cli"]),
 ]

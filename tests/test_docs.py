@@ -100,7 +100,7 @@ def test_the_api_reference_examples_run(obj: Any, tmp_path: Path, monkeypatch: p
     if obj.__name__ in ("ConflictError", "VersionNotFoundError", "ResultTooLargeError", "QueryTimeoutError",
                         "QueryMemoryError", "QueryWorkerDiedError", "QueryBusyError", "CommitError",
                         "CommitUnknownError", "StoreDamagedError", "UnsupportedTableError", "StoreAccessError",
-                        "AuthenticationError", "BodyTooLargeError", "ReplayNotFoundError"):
+                        "AuthenticationError", "BodyTooLargeError", "ReplayNotFoundError", "IngestBusyError"):
         pytest.skip("no example: raised by a store or a service in trouble, which a docstring cannot make")
     if obj.__name__ == "MissingExtraError":
         pytest.skip("no example: the docs are built with every extra installed (tests/test_core_install.py raises it)")

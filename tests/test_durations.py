@@ -27,6 +27,7 @@ def test_the_same_text_is_the_same_time_everywhere(given: str, want: float) -> N
     assert parser.duration(given) == want  # --older-than
     assert ServiceSettings.from_env({"TRAJSTORE_SQL_TIMEOUT_S": given}).sql_timeout_s == want  # TRAJSTORE_*_S
     assert Settings.from_env({"TRAJSTORE_S3_TIMEOUT_S": given}).s3_timeout_s == want
+    assert ServiceSettings.from_env({"TRAJSTORE_COMMIT_INTERVAL": given}).commit_interval == want  # serve's interval
     assert limits_of({"timeout": given}, Settings()).timeout_s == want  # storage_options timeout
 
 
@@ -54,6 +55,8 @@ def test_a_mistake_names_where_it_was_given(bad: str) -> None:
         parse_duration(bad)
     with pytest.raises(InputError, match="TRAJSTORE_S3_TIMEOUT_S: "):
         Settings.from_env({"TRAJSTORE_S3_TIMEOUT_S": bad})
+    with pytest.raises(InputError, match="TRAJSTORE_COMMIT_INTERVAL: "):
+        ServiceSettings.from_env({"TRAJSTORE_COMMIT_INTERVAL": bad})
     with pytest.raises(InputError, match="storage_options: connect_timeout: "):
         limits_of({"connect_timeout": bad}, Settings())
     with pytest.raises(Exception, match="expected a duration such as 7d"):

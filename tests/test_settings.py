@@ -27,7 +27,9 @@ NAMES = {
     "stream_batch_bytes", "loader_batch_bytes", "writer_arrays", "replay_max_open", "replay_memory_bytes",
     "replay_idle_s", "replay_max_body_bytes", "s3_connect_timeout_s", "s3_timeout_s", "s3_retries",
     "loader_layouts", "store_layouts", "layout_cache", "loader_arrays", "episode_summaries", "dashboard_warm",
-    "compact_small_files", "compact_small_bytes", "compact_target_bytes", "checkpoint_interval", "debug"}
+    "compact_small_files", "compact_small_bytes", "compact_target_bytes", "checkpoint_interval", "debug",
+    # and the service's group commit of ingest requests (issue 49)
+    "commit_interval", "commit_group_bytes", "ingest_pending_bytes", "ingest_wait_s"}
 LIBRARY = {f.name for f in fields(Settings)}
 SERVICE = {f.name for f in fields(ServiceSettings)}
 
@@ -37,14 +39,17 @@ def test_every_variable_users_set_is_still_read_each_by_its_side() -> None:
     assert LIBRARY & SERVICE == {"store", "api_key"}  # the CLI's defaults, and the service's own
     assert {"flush_bytes", "loader_arrays", "compact_small_files", "s3_timeout_s", "debug"} <= LIBRARY
     assert {"host", "port", "sql_max_concurrent", "max_body_bytes", "compute_timeout_s", "dashboard_warm"} <= SERVICE
+    assert {"commit_interval", "commit_group_bytes", "ingest_pending_bytes", "ingest_wait_s"} <= SERVICE
 
 
 def test_both_read_one_grammar_and_name_the_variable_they_refuse() -> None:
     env = {"TRAJSTORE_FLUSH_BYTES": "1000", "TRAJSTORE_LOADER_ARRAYS": "off", "TRAJSTORE_S3_TIMEOUT_S": "500ms",
-           "TRAJSTORE_PORT": "9000", "TRAJSTORE_DASHBOARD_WARM": "no", "TRAJSTORE_SQL_TIMEOUT_S": "2m"}
+           "TRAJSTORE_PORT": "9000", "TRAJSTORE_DASHBOARD_WARM": "no", "TRAJSTORE_SQL_TIMEOUT_S": "2m",
+           "TRAJSTORE_COMMIT_INTERVAL": "500ms"}
     library, service = Settings.from_env(env), ServiceSettings.from_env(env)
     assert (library.flush_bytes, library.loader_arrays, library.s3_timeout_s) == (1000, False, 0.5)
     assert (service.port, service.dashboard_warm, service.sql_timeout_s) == (9000, False, 120.0)
+    assert service.commit_interval == 0.5
     with pytest.raises(InputError, match=r"^TRAJSTORE_PORT must be a number, got 'eighty'$"):
         ServiceSettings.from_env({"TRAJSTORE_PORT": "eighty"})
     with pytest.raises(InputError, match=r"^TRAJSTORE_LOADER_ARRAYS must be 1/true/yes/on or 0/false/no/off"):

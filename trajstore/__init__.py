@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trajstore.__about__ import __version__
+from trajstore.committer import Committer
 from trajstore.errors import (
     AuthenticationError,
     CommitError,
@@ -58,6 +59,7 @@ __all__ = [
     "Client",
     "Commit",
     "CommitError",
+    "Committer",
     "CommitUnknownError",
     "CompactReport",
     "ConflictError",

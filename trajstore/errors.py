@@ -26,6 +26,7 @@ __all__ = [
     "QueryMemoryError",
     "QueryWorkerDiedError",
     "QueryBusyError",
+    "IngestBusyError",
     "CommitError",
     "CommitUnknownError",
     "StoreDamagedError",
@@ -219,6 +220,21 @@ class QueryBusyError(QueryError):
 
     Args:
         message: What was busy.
+        retry_after_s: Seconds to wait before trying again.
+    """
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class IngestBusyError(TrajstoreError):
+    """The service holds as many bytes of ingest requests waiting for their commit as it may
+    (``TRAJSTORE_INGEST_PENDING_BYTES``); send the request again after ``retry_after_s`` seconds (429 with
+    ``Retry-After`` over REST, which a ``RemoteWriter`` waits for and retries).
+
+    Args:
+        message: What was full.
         retry_after_s: Seconds to wait before trying again.
     """
 

@@ -25,6 +25,7 @@ from trajstore.operations import add_column as add_column_op
 from trajstore.operations import check as check_op
 from trajstore.operations import compact as compact_op
 from trajstore.operations import delete as delete_op
+from trajstore.operations import retention as retention_op
 from trajstore.operations import vacuum as vacuum_op
 from trajstore.query import spark_sql
 from trajstore.query.engine import Engine
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from trajstore.operations.check import CheckReport
     from trajstore.operations.compact import CompactReport
     from trajstore.operations.delete import DeleteReport
+    from trajstore.operations.retention import RetentionReport
     from trajstore.operations.vacuum import VacuumReport
     from trajstore.storage.log import DataFile
 
@@ -101,6 +103,18 @@ class Maintenance:
         ``"12h"``, ``"30m"``) needs: files deleted or compacted away before then, and files no commit ever listed
         (see :mod:`trajstore.operations.vacuum`). With ``dry_run``, only list them."""
         return vacuum_op.vacuum(self._engine, self._layouts, older_than=older_than, dry_run=dry_run)
+
+    def log_retention(self, log_retention: float | str | timedelta | None = None, *,
+                      checkpoint_interval: int | None = None) -> RetentionReport:
+        """Each table's log retention and checkpoint interval, and the versions its log still reads; given
+        ``log_retention`` (``"7d"``, ``"1h"``, at least a minute) and/or ``checkpoint_interval`` (versions), first set
+        them on every table of the store: the Delta table properties ``delta.logRetentionDuration`` /
+        ``delta.checkpointInterval``, which other engines honour too (one commit per table that changes). A version
+        older than the retention can no longer be read (see :mod:`trajstore.operations.retention`)."""
+        if log_retention is None and checkpoint_interval is None:
+            return retention_op.report(self._engine)
+        kept = retention_op.report(self._engine).log_s if log_retention is None else log_retention
+        return retention_op.set_log_retention(self._engine, kept, checkpoint_interval=checkpoint_interval)
 
     def remove_orphans(self, *, older_than_s: float = 3600.0) -> list[str]:
         """Delete the files no version lists that are at least ``older_than_s`` old (see

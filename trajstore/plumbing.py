@@ -17,7 +17,9 @@ import pyarrow as pa
 
 from trajstore.errors import QueryError, caller_sql_error
 from trajstore.loaders.source import Source, loader_source
+from trajstore.operations.group_commit import GroupCommitter
 from trajstore.operations.ingest import append_rows
+from trajstore.operations.upkeep import CompactionPolicy, Upkeep
 from trajstore.query import curves, episodes, follow, sandbox, scan, sql_worker
 from trajstore.query.filters import EpisodeFilter, Ids, Names, filtered
 from trajstore.query.follow import Commit, new_commits
@@ -27,7 +29,6 @@ from trajstore.storage import run_config
 
 if TYPE_CHECKING:
     from trajstore.loaders.layout_store import LayoutStore
-    from trajstore.operations.upkeep import Upkeep
     from trajstore.query.engine import Engine
     from trajstore.query.groups import StepTypes
     from trajstore.settings import Settings
@@ -144,6 +145,22 @@ class Plumbing:
         if out[0] is not None and not out[1] and self._upkeep is not None:
             self._upkeep.wrote(run_id, env_id)
         return out
+
+    def group_committer(self, *, interval_s: float, group_bytes: int,
+                        upkeep: Upkeep | None = None) -> GroupCommitter:
+        """A committer of ingest requests (and writers' hand-overs) in groups: at most one commit per ``interval_s``,
+        sooner once ``group_bytes`` of rows wait, each request acknowledged once its group landed; what it appends is
+        compacted by ``upkeep`` (by default the store's, as :meth:`ingest`'s is). See
+        :mod:`trajstore.operations.group_commit`."""
+        return GroupCommitter(self._engine.table, interval_s=interval_s, group_bytes=group_bytes,
+                              upkeep=upkeep or self._upkeep)
+
+    def new_upkeep(self, what: str) -> Upkeep:
+        """An upkeep of the store's table of its own (compaction, checkpoints, the log's retention; its caller closes
+        it), for ``what`` commits to it: a :class:`~trajstore.errors.ReadOnlyError` naming ``what`` for a store read
+        at a version."""
+        self._engine.table.log.writable(what)
+        return Upkeep(self._engine.table, CompactionPolicy.of(self._engine.settings))
 
     def describe_run(self, run_id: str, *, config: Mapping[str, Any] | None = None,
                      tags: Sequence[str] | None = None, notes: str | None = None,

@@ -3,8 +3,11 @@
 :func:`read_steps` and :func:`read_episodes` read a store as Ray Datasets: only committed files, the same rows
 and types as :meth:`Store.scan <trajstore.store.Store.scan>` (partition columns typed as strings, not
 guessed from folder names), each read task a slice of the committed file list read with trajstore's own
-scan. :func:`rollout` runs rollout workers as Ray tasks, each writing straight into the store with its own
-``worker_id`` and envs seeded apart, with one progress bar over all of them.
+scan. :func:`rollout` runs rollout workers as Ray tasks, each writing its files straight into the store with its
+own ``worker_id`` and envs seeded apart, and handing them to one committer (a Ray actor holding a
+:class:`~trajstore.committer.Committer`) that commits what the workers flushed in groups, one commit per
+``commit_interval`` at most: 32 workers make about one commit per flush round, not 32 racing ones. One progress bar
+over all of them.
 
 Ray starts a local instance on first use unless you connected to a cluster with ``ray.init(address=…)``;
 on a cluster the store must be one every node reaches (an ``s3://`` store), and its ``storage_options`` (or
@@ -26,12 +29,14 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore import progress_bar
+from trajstore.committer import Committer
+from trajstore.durations import seconds
 from trajstore.errors import InputError
 from trajstore.extras import needed
 from trajstore.query.scan import scan_steps
 from trajstore.rollout.sampling import RolloutResult, check_positive, check_seed
 from trajstore.rollout.target import Mode, check_mode, check_run
-from trajstore.storage.log import DataFile
+from trajstore.storage.log import DataFile, WrittenFile
 from trajstore.store import Store, plumbing
 from trajstore.store import open as open_store
 
@@ -109,7 +114,8 @@ def _reader(files: list[DataFile], schema: pa.Schema, columns: list[str],
 def rollout(uri: str, env: Any, *, num_workers: int, backend: Backend = "gym", episodes: int | None = None,
             steps: int | None = None, run_id: str, seed: int = 0, num_envs: int = 8, policy: Any = None,
             params: Any = None, mode: Mode = "train", append: bool = False,
-            storage_options: Mapping[str, Any] | None = None, progress: bool = True, **lineage: Any) -> RolloutResult:
+            storage_options: Mapping[str, Any] | None = None, progress: bool = True,
+            commit_interval: float | str = "250ms", **lineage: Any) -> RolloutResult:
     """Roll out ``env`` with ``num_workers`` Ray tasks, each writing its episodes straight into the store at
     ``uri`` (created if absent) as ``worker_id="ray-<i>"``; returns when every worker has committed.
 
@@ -120,7 +126,9 @@ def rollout(uri: str, env: Any, *, num_workers: int, backend: Backend = "gym", e
     row stores ``seed`` as given (``worker_id`` and ``env_index`` tell the envs apart) and ``mode``.
     ``backend="gym"`` runs a gymnasium vector env (``policy(obs) -> actions``), ``"jax"`` a pure-JAX env under
     ``lax.scan`` (``policy(params, obs, key)``). A ``run_id`` the store already holds is refused (checked once,
-    here) unless ``append=True``. Extra keywords are lineage columns.
+    here) unless ``append=True``. Extra keywords are lineage columns. The workers' files are committed by one
+    committer actor, at most once per ``commit_interval`` (a duration); a worker's flush returns once its files are
+    committed, and a worker that dies before leaves files no version lists (``trajstore vacuum`` removes them).
     """
     check_positive("num_workers", num_workers)
     check_positive("num_envs", num_envs)
@@ -136,12 +144,18 @@ def rollout(uri: str, env: Any, *, num_workers: int, backend: Backend = "gym", e
     lineage["mode"] = mode
     shares = [(_share(episodes, num_workers, i), _share(steps, num_workers, i)) for i in range(num_workers)]
     counter = _Progress.remote(num_workers)  # type: ignore[attr-defined]
+    committer = _Committer.options(max_concurrency=num_workers + 2, num_cpus=0).remote(  # type: ignore[attr-defined]
+        uri, dict(storage_options or {}), seconds(commit_interval, "commit_interval"))
     started = time.perf_counter()
-    futures = [_worker.remote(uri, dict(storage_options or {}), env, backend, i, e, s, run_id, seed, num_envs,  # type: ignore[call-arg]  # see _worker
-                              policy, params, lineage, counter)
-               for i, (e, s) in enumerate(shares) if (e is None or e > 0) and (s is None or s > 0)]
-    results = _wait(futures, counter, total=episodes if episodes is not None else steps,
-                    by_episodes=episodes is not None, show=progress)
+    try:
+        futures = [_worker.remote(uri, dict(storage_options or {}), env, backend, i, e, s,  # type: ignore[call-arg]
+                                  run_id, seed, num_envs, policy, params, lineage, counter, committer)  # see _worker
+                   for i, (e, s) in enumerate(shares) if (e is None or e > 0) and (s is None or s > 0)]
+        results = _wait(futures, counter, total=episodes if episodes is not None else steps,
+                        by_episodes=episodes is not None, show=progress)
+    finally:
+        ray.get(committer.close.remote())
+        ray.kill(committer)
     return _merged(results, run_id, time.perf_counter() - started)
 
 
@@ -163,11 +177,38 @@ class _Progress:
         return sum(c[0] for c in self.counts), sum(c[1] for c in self.counts)
 
 
+@ray.remote
+class _Committer:
+    """The one committer of a rollout's workers: their files, committed in groups (threaded: the workers' hand-overs
+    wait together for the next group)."""
+
+    def __init__(self, uri: str, storage_options: dict[str, Any], interval_s: float) -> None:
+        self.committer = Committer(uri, interval=interval_s, host=None, storage_options=storage_options or None)
+
+    def commit(self, files: list[WrittenFile]) -> int | None:
+        return self.committer.commit(files)
+
+    def close(self) -> list[int]:
+        self.committer.close()
+        return self.committer.groups
+
+
+class _HandedToActor:
+    """A worker's way to the committer actor: ``commit(files)`` returns once they are committed."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def commit(self, files: list[WrittenFile]) -> None:
+        ray.get(self.actor.commit.remote(list(files)))
+
+
 @ray.remote  # type: ignore[arg-type]  # ray's types know remote functions of at most 9 arguments
 def _worker(uri: str, storage_options: dict[str, Any], env: Any, backend: Backend, index: int,
             episodes: int | None, steps: int | None, run_id: str, seed: int, num_envs: int, policy: Any,
-            params: Any, lineage: dict[str, Any], counter: Any) -> RolloutResult:
-    store = _RunSeed(open_store(uri, create=True, storage_options=storage_options or None), seed)
+            params: Any, lineage: dict[str, Any], counter: Any, committer: Any) -> RolloutResult:
+    store = _RunSeed(open_store(uri, create=True, storage_options=storage_options or None), seed,
+                     _HandedToActor(committer))
 
     def report(s: int, e: int) -> None:
         counter.report.remote(index, s, e)
@@ -186,13 +227,13 @@ def _worker(uri: str, storage_options: dict[str, Any], env: Any, backend: Backen
 
 class _RunSeed:
     """A worker's store, whose writers record the run's ``seed`` (the worker's envs start from one derived from
-    it), so that every row of a run has the seed it was given."""
+    it), so that every row of a run has the seed it was given, and hand their files to the rollout's committer."""
 
-    def __init__(self, store: Store, seed: int) -> None:
-        self.store, self.seed, self.root = store, seed, store.root
+    def __init__(self, store: Store, seed: int, committer: Any = None) -> None:
+        self.store, self.seed, self.root, self.committer = store, seed, store.root, committer
 
     def writer(self, **options: Any) -> Any:
-        return self.store.writer(**{**options, "seed": self.seed})
+        return self.store.writer(**{**options, "seed": self.seed, "committer": self.committer})
 
     def runs(self) -> pa.Table:
         return self.store.runs()

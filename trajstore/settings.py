@@ -12,6 +12,7 @@ from trajstore.durations import seconds
 from trajstore.errors import InputError
 
 PREFIX = "TRAJSTORE_"
+DURATIONS = {"commit_interval"}  # durations whose names do not end in _s (TRAJSTORE_COMMIT_INTERVAL=500ms)
 
 T = TypeVar("T")
 
@@ -85,7 +86,7 @@ def _parse(name: str, annotation: object, raw: str) -> object:
         if raw.strip().lower() in ("", "0", "false", "no", "off"):
             return False
         raise InputError(f"{PREFIX}{name.upper()} must be 1/true/yes/on or 0/false/no/off, got {raw!r}")
-    if name.endswith("_s"):  # seconds: a duration of the one grammar (10, "10s", "500ms", "2m")
+    if name.endswith("_s") or name in DURATIONS:  # seconds: a duration of the one grammar (10, "10s", "500ms", "2m")
         return seconds(raw, f"{PREFIX}{name.upper()}", bare_seconds=True)
     try:
         if kind.startswith("int"):

@@ -20,7 +20,7 @@ import logging
 import os
 import uuid
 import warnings
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Sequence
 
@@ -43,6 +43,7 @@ from trajstore.loaders.source import loader_source
 from trajstore.loaders.transitions import transitions as load_transitions
 from trajstore.maintenance import Maintenance
 from trajstore.operations import compact as compact_op
+from trajstore.operations.handoff import handed_files
 from trajstore.operations.upkeep import CompactionPolicy, Upkeep
 from trajstore.plumbing import Plumbing, checked_read
 from trajstore.query import compare as compare_op
@@ -71,7 +72,8 @@ FORMAT_VERSION = 1
 
 
 def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str, Any] | None = None,  # noqa: A001
-         settings: Settings | None = None, version: int | None = None, as_of: datetime | None = None) -> Store:
+         settings: Settings | None = None, version: int | None = None, as_of: datetime | None = None,
+         log_retention: float | str | timedelta | None = None) -> Store:
     """Open the store at ``uri``, or make one there with ``create=True``.
 
     With ``version=N`` (see :meth:`Store.history`) or ``as_of=datetime`` (the latest version committed then), the
@@ -86,6 +88,9 @@ def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str,
         settings: The library's options; by default read once from the ``TRAJSTORE_*`` environment variables.
         version: Open read-only at this version of the log.
         as_of: Open read-only at the latest version committed at or before this time.
+        log_retention: How long the log keeps each version (``"7d"``, ``"1h"``; a new store's default: 7 days),
+            set on every table of the store before it is returned: see :meth:`Maintenance.log_retention
+            <trajstore.maintenance.Maintenance.log_retention>`.
 
     Returns:
         The store.
@@ -117,9 +122,10 @@ def open(uri: str | Path, create: bool = False, *, storage_options: Mapping[str,
             _create(location)
     except OSError as exc:
         raise explain(exc, location) or exc
-    if version is None and as_of is None:
-        return Store(location, settings=settings)
-    return Store(location, settings=settings).at(version=version, as_of=as_of)
+    store = Store(location, settings=settings)
+    if log_retention is not None:
+        store.maintain.log_retention(log_retention)
+    return store if version is None and as_of is None else store.at(version=version, as_of=as_of)
 
 
 def _marker_found(location: Location) -> bool:
@@ -211,9 +217,9 @@ class Store:
     @property
     def maintain(self) -> Maintenance:
         """The store's maintenance (:class:`~trajstore.maintenance.Maintenance`): ``delete``, ``add_column``,
-        ``compact``, ``vacuum``, ``remove_orphans``, ``check``, ``files``, ``stored_columns``, ``decoding_sql`` —
-        changes and checks of the table as a whole, grouped apart from the reads as deltalake groups
-        ``dt.optimize`` and ``dt.alter``."""
+        ``compact``, ``vacuum``, ``log_retention``, ``remove_orphans``, ``check``, ``files``, ``stored_columns``,
+        ``decoding_sql`` — changes and checks of the table as a whole, grouped apart from the reads as deltalake
+        groups ``dt.optimize`` and ``dt.alter``."""
         return self._maintenance
 
     def __repr__(self) -> str:
@@ -248,8 +254,11 @@ class Store:
             tags: Labels of the run.
             notes: Free text about the run.
             **options: The writer's options (``observation_space``, ``action_space``, ``autoreset``, ``frame_stack``,
-                ``flush_bytes``, ``worker_id``; see :class:`Writer`) and lineage: any other keyword
-                (``policy_version=3``) is a column holding that value in every row the writer stores.
+                ``flush_bytes``, ``worker_id``; see :class:`Writer`), ``committer`` (a :class:`trajstore.Committer`,
+                or the ``address`` of one in another process: the writer writes its files itself and hands them
+                over, to be committed with other writers' in groups; see :mod:`trajstore.operations.handoff`) and
+                lineage: any other keyword (``policy_version=3``) is a column holding that value in every row the
+                writer stores.
 
         Returns:
             The writer; its rows become visible when it flushes (when its buffer passes ``flush_bytes``, and on
@@ -273,8 +282,10 @@ class Store:
         """
         self._steps.log.writable("writer")
         options.setdefault("flush_bytes", self._settings.flush_bytes)
-        options.setdefault("upkeep", Upkeep(self._steps, CompactionPolicy.of(self._settings)))
-        writer = Writer(self._steps, run_id=run_id, env_id=env_id, **options)  # checks the names first
+        sink = handed_files(self._steps, options.pop("committer", None))  # the committer's upkeep, if handed
+        options.setdefault("upkeep", Upkeep(self._steps, CompactionPolicy.of(self._settings))
+                           if sink is self._steps else None)
+        writer = Writer(sink, run_id=run_id, env_id=env_id, **options)  # checks the names first
         try:
             self._plumbing.describe_run(run_id, config=config, tags=tags, notes=notes)
         except BaseException:

@@ -1,9 +1,15 @@
 """Ingest from remote rollout workers: Arrow IPC rows, authenticated, idempotent, size-limited: a body over
 ``max_body_bytes`` is refused unread by :mod:`trajstore.api.body_limit`, and one that would decode past
-``max_decoded_bytes`` (counted from its metadata by :mod:`trajstore.remote.decoded_size`) before it is decoded."""
+``max_decoded_bytes`` (counted from its metadata by :mod:`trajstore.remote.decoded_size`) before it is decoded.
+
+Each request is checked on its own, then committed with the others that arrive meanwhile, in one commit at most
+every ``commit_interval`` (:mod:`trajstore.operations.group_commit`), and answered once that commit has landed. What
+requests hold from arrival to answer is bounded (``ingest_pending_bytes``, :class:`~trajstore.api.budgets.PendingBytes`:
+past it a request waits, then gets 429 with ``Retry-After``)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 import pyarrow as pa
@@ -11,14 +17,15 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Requ
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from trajstore.api.deps import SettingsDep, StoreDep, require_api_key
+from trajstore.api.budgets import PendingBytes
+from trajstore.api.deps import SettingsDep, require_api_key
 from trajstore.api.problems import problem_response
 from trajstore.errors import BodyTooLargeError, size_text
+from trajstore.operations.group_commit import GroupCommitter
 from trajstore.remote.decoded_size import decoded_size
 from trajstore.remote.wire import ARROW_STREAM, read_table
 from trajstore.settings import PREFIX
 from trajstore.storage.names import check_id
-from trajstore.store import plumbing
 
 router = APIRouter(tags=["ingest"])
 
@@ -46,6 +53,8 @@ class Ingested(BaseModel):
                                                                                   "format": "binary"}}}}},
              responses={200: {"model": Ingested, "description": "already stored under this Idempotency-Key"},
                         409: problem_response(409, "the Idempotency-Key was already used for another request"),
+                        429: problem_response(429, "the service holds TRAJSTORE_INGEST_PENDING_BYTES of requests "
+                                                   "waiting for their commit: send it again after Retry-After"),
                         413: problem_response(413, "a body over TRAJSTORE_MAX_BODY_BYTES (default 256 MiB), refused "
                                                    "before it is read, or one that would decode past "
                                                    "TRAJSTORE_MAX_DECODED_BYTES (default 512 MiB), refused before "
@@ -53,7 +62,7 @@ class Ingested(BaseModel):
                         422: problem_response(422, "rows that do not fit the schema, or do not continue their "
                                                    "episodes (the detail names the episode and the step), or a "
                                                    "column name or run id no writer takes (the detail names it)")})
-async def ingest(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
+async def ingest(request: Request, response: Response, settings: SettingsDep,
                  run_id: Annotated[str, Path(description="checked by trajstore.storage.names.check_id, as every "
                                                          "writer's: 422 naming what it may not hold")],
                  env_id: Annotated[str, Query(description="checked as run_id is")],
@@ -63,13 +72,21 @@ async def ingest(request: Request, response: Response, store: StoreDep, settings
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith(ARROW_STREAM):
         raise HTTPException(status_code=415, detail=f"content-type: expected {ARROW_STREAM}, got {content_type!r}")
-    body = await request.body()  # at most max_body_bytes (api/body_limit.py)
-    rows = await run_in_threadpool(decoded_rows, body, settings.max_decoded_bytes, request.url.path)
-    _, duplicate = await run_in_threadpool(plumbing(store).ingest, rows, run_id=run_id, env_id=env_id,
-                                           idempotency_key=idempotency_key)
-    if duplicate:
+    committer, pending = committer_of(request)
+    async with pending.held() as share:
+        length = request.headers.get("content-length")
+        await share.take(int(length) if length and length.isdigit() else settings.max_body_bytes, "body")
+        body = await request.body()  # at most max_body_bytes (api/body_limit.py)
+        size = await run_in_threadpool(checked_size, body, settings.max_decoded_bytes, request.url.path)
+        await share.take(size, "rows")
+        rows = await run_in_threadpool(read_rows, body)
+        del body
+        future = await run_in_threadpool(committer.ingest, rows, run_id=run_id, env_id=env_id,
+                                         idempotency_key=idempotency_key)
+        outcome = await asyncio.wrap_future(future)  # answered once its group's commit landed
+    if outcome.duplicate:
         response.status_code = 200  # already stored under this key: nothing new was created
-    return Ingested(run_id=run_id, env_id=env_id, rows=rows.num_rows, duplicate=duplicate)
+    return Ingested(run_id=run_id, env_id=env_id, rows=rows.num_rows, duplicate=outcome.duplicate)
 
 
 @router.get("/ingest", dependencies=[Depends(require_api_key)],
@@ -80,14 +97,24 @@ def ingest_access(settings: SettingsDep) -> IngestAccess:
                         max_decoded_bytes=settings.max_decoded_bytes)
 
 
-def decoded_rows(body: bytes, limit: int, path: str) -> pa.Table:
-    """The rows of an ingest ``body`` (one chunk per column); :class:`BodyTooLargeError` (413) before anything is
-    decoded when its metadata says it would decode past ``limit`` bytes, :class:`InputError` (422) when it is no
-    Arrow IPC stream."""
+def committer_of(request: Request) -> tuple[GroupCommitter, PendingBytes]:
+    """The service's committer of its store's ingest requests and their byte budget."""
+    state = request.app.state
+    return state.committer, state.ingest_bytes
+
+
+def checked_size(body: bytes, limit: int, path: str) -> int:
+    """What ``body`` decodes to, in bytes (from its metadata, nothing decoded); :class:`BodyTooLargeError` (413) past
+    ``limit``, :class:`InputError` (422) when it is no Arrow IPC stream."""
     size = decoded_size(body, limit=limit)
     if size.bytes > limit:
         raise BodyTooLargeError(f"body: decodes to {size.describe()}, over the limit of {limit} bytes "
                                 f"({size_text(limit)}) of POST {path} ({PREFIX}MAX_DECODED_BYTES); nothing of it "
                                 "was decoded or stored. Send fewer rows per request (a RemoteWriter keeps each "
                                 "request under the limits GET /ingest says) or raise the limit")
+    return size.bytes
+
+
+def read_rows(body: bytes) -> pa.Table:
+    """The rows of a ``body`` whose size was checked (:func:`checked_size`)."""
     return read_table(body).combine_chunks()  # the batches let go as they are joined: checked in one piece

@@ -183,6 +183,8 @@ MISTAKES = [
      r"error: --older-than: expected a duration such as 7d, .*got 'soon'$"),
     (["schema", "--store", "{demo}", "--dialect", "oracle"], r"error: --dialect: invalid choice: 'oracle'"),
     (["vacuum", "--store", "{demo}", "--older-than", "5parsecs"], r"error: --older-than: expected a duration"),
+    (["retention", "--store", "{demo}", "--log", "10s"], r"error: --log: must be at least 1m"),
+    (["retention", "--store", "{demo}", "--checkpoint-interval", "5"], r"error: --checkpoint-interval: give it with"),
     (["export", "minari", "bad_name", "--store", "{demo}"], r"error: name: 'bad_name' is not a Minari dataset id"),
     (["export", "lerobot", "{tmp}/out", "--store", "{demo}", "--fps", "0"],
      r"error: --fps: must be a whole number >= 1, got 0$"),
@@ -279,6 +281,7 @@ def test_serve_creates_a_store_only_when_asked(tmp_path: Path) -> None:
         proc.wait(30)
 
 
+@pytest.mark.server
 def test_ctrl_c_stops_the_server_with_exit_status_0(demo: Path) -> None:
     """Ctrl-C is how a server is stopped: `make demo`, whose last step serves, then ends without `Error 130`."""
     import signal

@@ -33,7 +33,7 @@ def test_every_command_has_a_description_and_every_option_help() -> None:
     assert top.description and all(a.help for a in top._actions)
     found = commands()
     assert set(found) == {"rollout", "import", "stats", "episodes", "sql", "serve", "compact", "check", "delete",
-                          "history", "vacuum", "export", "schema", "runs", "describe", "compare"}
+                          "history", "vacuum", "export", "schema", "runs", "describe", "compare", "retention"}
     for name, p in found.items():
         assert p.description and len(p.description) > 20, name
         for action in p._actions:

@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Any
 
+from trajstore.durations import text
 from trajstore.errors import InputError, StoreNotFoundError
 
 EXIT_PROBLEMS = 1
@@ -385,7 +386,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from trajstore.api.settings import ServiceSettings
 
     settings = ServiceSettings.from_env()
-    overrides = {"store": args.store, "host": args.host, "port": args.port, "api_key": args.api_key}
+    overrides = {"store": args.store, "host": args.host, "port": args.port, "api_key": args.api_key,
+                 "commit_interval": args.commit_interval}
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     try:
         app = create_app(settings, create=args.create)
@@ -485,7 +487,23 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    _emit(args, _open(args.store).history(limit=args.limit), keys=("version",))
+    store = _open(args.store)
+    _emit(args, store.history(limit=args.limit), keys=("version",))
+    kept = store.maintain.log_retention()
+    if kept.oldest:
+        print(f"trajstore: the log starts at version {kept.oldest}: it keeps {text(kept.log_s)} of entries, and "
+              "older versions can no longer be read (trajstore retention)", file=sys.stderr)
+    return 0
+
+
+def cmd_retention(args: argparse.Namespace) -> int:
+    store = _open(args.store)
+    if args.log is None:
+        if args.checkpoint_interval is not None:
+            raise InputError("--checkpoint-interval: give it with --log DURATION (the retention it goes with)")
+        print(store.maintain.log_retention().format())
+    else:
+        print(store.maintain.log_retention(args.log, checkpoint_interval=args.checkpoint_interval).format())
     return 0
 
 

@@ -16,7 +16,7 @@ from trajstore.cli import commands
 
 # Python argument names of the library whose flag has another name (the rest: --name-with-dashes).
 ALIASES = {"run_id": "run", "env_id": "env", "version": "at_version", "older_than_s": "older_than",
-           "target_bytes": "target_mb", "dataset_id": "name", "folder": "name"}
+           "target_bytes": "target_mb", "dataset_id": "name", "folder": "name", "log_retention": "log"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -26,6 +26,17 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         message = re.sub(r"^argument ([^:]+?)(/-\S+)?: ", r"\1: ", message)
         self.exit(2, f"trajstore: error: {message}\n")
+
+
+class _Help(argparse.HelpFormatter):
+    """The root help, its column past the longest command's name (argparse measures the names without their indent,
+    so a command of nine letters had its summary pushed to the next line)."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        for sub in getattr(action, "_get_subactions", list)():
+            self._action_max_length = max(self._action_max_length,
+                                          len(sub.metavar or sub.dest) + self._current_indent + self._indent_increment)
 
 
 def whole(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -58,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     settings = Settings.from_env()
     parser = Parser(
-        prog="trajstore", description="Store RL trajectories and query them: rollouts into a store, statistics, "
-                                      "SQL, a REST service and dashboard, and the store's lifecycle.",
+        prog="trajstore", formatter_class=_Help,
+        description="Store RL trajectories and query them: rollouts into a store, statistics, "
+                    "SQL, a REST service and dashboard, and the store's lifecycle.",
         epilog="Exit status: 0 done, 1 `check` found problems, 2 an error (said in one line on stderr), "
                "130 interrupted (but `serve`, which Ctrl-C stops: 0). TRAJSTORE_DEBUG=1 shows a traceback.")
     parser.add_argument("--version", action="version", version=f"trajstore {__version__}",
@@ -244,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=whole(1, 65535), help="port (default: $TRAJSTORE_PORT or 8321)")
     p.add_argument("--api-key", help="enable authenticated ingest with this key (default: $TRAJSTORE_API_KEY)")
     p.add_argument("--create", action="store_true", help="make an empty store at --store if there is none")
+    p.add_argument("--commit-interval", type=duration, metavar="DURATION",
+                   help="commit ingest requests in groups, at most one commit per DURATION, e.g. 500ms (default: "
+                        "$TRAJSTORE_COMMIT_INTERVAL or 250ms)")
     p.set_defaults(func=commands.cmd_serve)
 
     p = command("compact", "rewrite partitions of many small files as a few large ones",
@@ -299,6 +314,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=whole(1), help="only the last N versions")
     _output_options(p)
     p.set_defaults(func=commands.cmd_history)
+
+    p = command("retention", "show or set how long the store's log keeps each version",
+                "The Delta table properties delta.logRetentionDuration and delta.checkpointInterval of every table "
+                "of the store (other engines honour them too): each checkpoint lets the log entries older than the "
+                "retention go, and a version older than that can no longer be read. Without --log, shows them.")
+    p.add_argument("--store", **store_opt)
+    p.add_argument("--log", type=duration, metavar="DURATION",
+                   help="keep each version's log entries this long, e.g. 7d, 12h, 1h (at least 1m)")
+    p.add_argument("--checkpoint-interval", type=whole(1), metavar="N",
+                   help="with --log: a checkpoint every N versions (default: as the table says)")
+    p.set_defaults(func=commands.cmd_retention)
 
     p = command("vacuum", "delete files no version of the retention period needs (deleted, compacted)",
                 "Every version committed within --older-than keeps all its files; so do files a writer may be "

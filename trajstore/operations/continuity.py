@@ -54,11 +54,20 @@ class Spans:
     first: np.ndarray
     last: np.ndarray
     agent_id: np.ndarray  # object: each span's agent, or None
+    ended: np.ndarray | None = None  # bool: whether each span's last row is terminated or truncated
 
     @property
     def episodes(self) -> np.ndarray:
         """The episode ids of the request, sorted and unique."""
         return np.unique(self.episode_id)
+
+    def ends(self, *, run_id: str, env_id: str) -> list[StoredEnd]:
+        """What the store holds of each span once these rows are stored (in ``run_id``/``env_id``): what
+        :func:`stored_ends` would then find for them."""
+        ended = np.zeros(len(self.episode_id), bool) if self.ended is None else self.ended
+        return [StoredEnd(run_id, env_id, int(e), int(last), int(last) if end else None, agent)
+                for e, last, end, agent in zip(self.episode_id.tolist(), self.last.tolist(), ended.tolist(),
+                                               self.agent_id.tolist())]
 
 
 @dataclass(frozen=True)
@@ -90,13 +99,14 @@ def request_spans(episode_id: np.ndarray, step: np.ndarray, ended: np.ndarray,
              _agent_spans(episode_id[multi], step[multi], ended[multi], agent[multi], names)]
     order = np.argsort(np.concatenate([p.episode_id for p in parts]), kind="stable")  # agents stay in order
     return Spans(*(np.concatenate([getattr(p, k) for p in parts])[order]
-                   for k in ("episode_id", "first", "last", "agent_id")))
+                   for k in ("episode_id", "first", "last", "agent_id", "ended")))
 
 
 def _episode_spans(episode_id: np.ndarray, step: np.ndarray, ended: np.ndarray) -> Spans:
     """:func:`request_spans` of single-agent rows."""
     if not len(episode_id):
-        return Spans(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, object))
+        return Spans(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, object),
+                     np.empty(0, bool))
     order = np.lexsort((step, episode_id))
     ids, steps, ends = episode_id[order], step[order], ended[order]
     same = ids[1:] == ids[:-1]
@@ -109,7 +119,7 @@ def _episode_spans(episode_id: np.ndarray, step: np.ndarray, ended: np.ndarray) 
         end = int(steps[last[np.searchsorted(first, i, side="right") - 1]])
         raise InputError(f"terminated/truncated: episode_id {ids[i]} ends at step {steps[i]}, but the rows go on "
                          f"to step {end}; only an episode's last step may be terminated or truncated")
-    return Spans(ids[first], steps[first], steps[last], np.full(len(first), None, object))
+    return Spans(ids[first], steps[first], steps[last], np.full(len(first), None, object), ends[last])
 
 
 def _agent_codes(agent_id: pa.Array | pa.ChunkedArray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -150,7 +160,7 @@ def _agent_spans(ids: np.ndarray, steps: np.ndarray, ends: np.ndarray, agent: np
         raise InputError(f"terminated/truncated: agent {names[agent[i]]!r} of episode_id {ids[i]} ends at step "
                          f"{steps[i]}, but its rows go on to step {end}; only an agent's last step in an episode "
                          "may be terminated or truncated")
-    return Spans(ids[first], steps[first], steps[last], names[agent[first]])
+    return Spans(ids[first], steps[first], steps[last], names[agent[first]], ends[last])
 
 
 def _refuse_repeats_and_gaps(ids: np.ndarray, steps: np.ndarray, same: np.ndarray) -> None:

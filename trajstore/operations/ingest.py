@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from trajstore import schema as sch
 from trajstore.errors import CommitError, ConflictError, InputError, SchemaMismatchError
-from trajstore.operations.continuity import Spans, check_continues, request_spans, stored_ends
+from trajstore.operations.continuity import Spans, StoredEnd, check_continues, request_spans, stored_ends
 from trajstore.retry import tries
 from trajstore.storage.encoding import (
     NEXT,
@@ -359,11 +359,55 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
     return (str(written.path), False) if landed else (None, True)
 
 
-def _physical(table: StepsTable, rows: pa.Table) -> pa.Table:
-    """``rows`` under the physical names the log resolves and declares for them (reserved there first)."""
+def _physical(table: StepsTable, rows: pa.Table, known: TableState | None = None) -> pa.Table:
+    """``rows`` under the physical names the log resolves and declares for them (reserved there first; ``known``:
+    a version read already, which answers when it holds them all)."""
     fmt = FileEncoding.of(rows.schema.metadata)
     logical = logical_schema(rows.schema.remove_metadata(), fmt)
-    return stored_rows(rows.replace_schema_metadata(None), fmt, {f.name: f.type for f in logical}, table.reserve)
+
+    def reserve(types: Any, logical: Any = None, declared: Any = None) -> dict[str, str]:
+        return table.log.reserve(types, logical, declared, known=known)
+
+    return stored_rows(rows.replace_schema_metadata(None), fmt, {f.name: f.type for f in logical}, reserve)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One ingest request checked on its own, ready to be committed with others (see
+    :mod:`~trajstore.operations.group_commit`): its ``rows`` under their physical names, its episodes' ``spans``,
+    its idempotency ``key``, the version its rows were checked against (``checked``) and what the store held of its
+    episodes then (``stored``)."""
+
+    rows: pa.Table
+    spans: Spans
+    run_id: str
+    env_id: str
+    key: IdempotencyKey | None
+    checked: int
+    stored: tuple[StoredEnd, ...]
+
+
+def prepare(table: StepsTable, state: TableState | None, rows: pa.Table, *, run_id: str, env_id: str,
+            key: IdempotencyKey | None) -> Prepared | None:
+    """``rows`` checked as :func:`append_rows` checks them, against the version ``state`` (None: before the first
+    commit), and put under their physical names; None when ``state`` holds the request of ``key`` already (a retry:
+    recognised before anything else is checked, also when its rows no longer continue what the store holds)."""
+    check_id(run_id, field="run_id")
+    check_id(env_id, field="env_id")
+    if key is not None and _seen(state, key):
+        return None
+    files = [] if state is None else state.files
+    rows, spans = _checked(rows, table.stored_schema(env_id=env_id, files=files))
+    check_distinct(rows.column_names, table.column_names(state) if state is not None else [], field="columns")
+    stored = stored_ends(files, spans.episodes)
+    try:
+        check_continues(spans, stored, run_id=run_id, env_id=env_id)
+    except InputError:
+        if key is not None and _seen(table.log.read(), key):  # a retry whose first try landed since
+            return None
+        raise
+    return Prepared(_physical(table, rows, state), spans, run_id, env_id, key,
+                    -1 if state is None else state.number, tuple(stored))
 
 
 def _commit_checked(table: StepsTable, written: WrittenFile, spans: Spans, *, run_id: str, env_id: str,

@@ -68,7 +68,8 @@ class Engine:
         self.table, self.location, self.settings = table, location, settings
         self.descriptions = run_config.Descriptions(location, table.log)  # what describes each run, at this version
         # the priorities replays committed (their own table: read at its latest version, whatever steps' is)
-        self.priorities = priorities_log.PrioritiesLog(location.child(priorities_log.FOLDER))
+        self.priorities = priorities_log.PrioritiesLog(location.child(priorities_log.FOLDER),
+                                                       rule=table.log.retention)  # the same retention as steps
         self._cache_lock = threading.Lock()
         self._episodes_lock = threading.Lock()  # one combination of a version's episodes at a time
         self._episodes: tuple[tuple[str, ...], pa.Table] | None = None

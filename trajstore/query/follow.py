@@ -58,7 +58,8 @@ def new_commits(table: StepsTable, *, since: int, poll: float, timeout: float | 
                 clock: Callable[[], float] = time.monotonic) -> Iterator[LogCommit]:
     """Every commit after version ``since``, in order, as the log gets them; stops after ``timeout`` seconds
     without a new commit (never with None), or when ``sleep`` returns True (``threading.Event.wait`` of a
-    stop event does)."""
+    stop event does). A version whose entry the log no longer holds (removed after its retention, while later ones
+    are there) is a :class:`~trajstore.errors.VersionNotFoundError` naming the oldest version it can read."""
     version, wait, idle_since = since + 1, FIRST_WAIT, clock()
     while True:
         commit = table.log.commit(version)
@@ -66,6 +67,8 @@ def new_commits(table: StepsTable, *, since: int, poll: float, timeout: float | 
             yield commit
             version, wait, idle_since = version + 1, FIRST_WAIT, clock()
             continue
+        if wait == FIRST_WAIT and table.log.latest_number() > version:  # its entry went after the log's retention
+            raise table.log.expired(version)
         if timeout is not None and clock() - idle_since >= timeout:
             return
         pause = wait if timeout is None else max(0.0, min(wait, timeout - (clock() - idle_since)))

@@ -2,7 +2,8 @@
 file (:mod:`~trajstore.storage.encoding`, typed physical column names in :mod:`~trajstore.storage.names`), the files
 of the ``steps`` table (:mod:`~trajstore.storage.table`), their loader copies as plain arrays
 (:mod:`~trajstore.storage.arrays`) and their summaries (:mod:`~trajstore.storage.summaries`), its Delta log, the one
-module that reads and writes it (:mod:`~trajstore.storage.log`), the Delta protocol it reads and the versions it
+module that reads and writes it (:mod:`~trajstore.storage.log`), how long it keeps each version's entry
+(:mod:`~trajstore.storage.retention`, Delta's own table properties), the Delta protocol it reads and the versions it
 refuses (:mod:`~trajstore.storage.protocol`), whether a commit landed
 (:mod:`~trajstore.storage.landing`), the versions a reader can ask for (:mod:`~trajstore.storage.history`) and what
 describes each run (:mod:`~trajstore.storage.run_config`), one row per change in the store's ``runs`` table, whose log

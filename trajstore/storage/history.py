@@ -27,7 +27,8 @@ HISTORY_SCHEMA = pa.schema([
 
 
 def history(table: StepsTable, *, limit: int | None = None) -> pa.Table:
-    """One row per version, oldest first (the last ``limit`` with ``limit``): ``version, timestamp, operation,
+    """One row per version the log can still be read at, oldest first (the last ``limit`` with ``limit``; the first
+    row is the oldest version ``trajstore.open(uri, version=N)`` reads): ``version, timestamp, operation,
     rows_added, rows_removed, files_added, files_removed, run_ids`` (the runs whose files it added or removed).
     A pinned table's history ends at its version. Rows removed count the rows of files that an earlier commit
     in the readable log added (null when that commit's file was cleaned up by a checkpoint)."""
@@ -44,7 +45,11 @@ def history(table: StepsTable, *, limit: int | None = None) -> pa.Table:
 
 
 def _versions(table: StepsTable) -> list[int]:
-    return table.log.numbers()
+    """The versions the log can still be read at, oldest first: from its oldest checkpoint with every entry after
+    it (older entries go after the log's retention, :mod:`~trajstore.storage.retention`)."""
+    versions = table.log.numbers()
+    oldest = table.log.oldest_readable()
+    return [v for v in versions if oldest is None or v >= oldest]
 
 
 def _read_commit(table: StepsTable, version: int) -> LogCommit:

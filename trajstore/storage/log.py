@@ -37,6 +37,7 @@ from deltalake import DeltaTable, Field
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
+from trajstore.durations import text
 from trajstore.errors import (
     CommitError,
     CommitUnknownError,
@@ -54,11 +55,14 @@ from trajstore.storage import names, protocol
 from trajstore.storage.encoding import declarations
 from trajstore.storage.landing import MARKER, Attempt, find, settle
 from trajstore.storage.location import Location, explain
+from trajstore.storage.retention import DEFAULT as DEFAULT_RETENTION
+from trajstore.storage.retention import Retention, oldest_readable
 
 log = logging.getLogger(__name__)
 
 LOG_DIR = "_delta_log"
 ENTRY = re.compile(r"^(\d{20})\.json$")  # one version's entry in LOG_DIR
+CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.\d+)?\.parquet$")  # a checkpoint (or one of its parts)
 COMMIT_RETRIES = 20  # a schema change's tries while other writers change it first
 APPEND_RETRIES = 100  # an append's tries while other writers keep committing first (each after a back-off)
 UNSURE_KEPT = 10_000  # appends that raised, remembered until they are sent again
@@ -151,6 +155,7 @@ class LogCommit:
     info: dict[str, Any] = field(default_factory=dict)
     metadata: bool = False
     marked: frozenset[str] = frozenset()  # the paths of the files it added with a deletion vector (another engine's)
+    apps: Mapping[str, int] = field(default_factory=dict)  # the app transactions it recorded: id -> version
 
     @property
     def added(self) -> list[DataFile]:
@@ -252,6 +257,7 @@ class Log:
     def __init__(self, location: Location, *, pinned: int | None = None) -> None:
         self.location = location
         self.pinned = pinned
+        self.properties = DEFAULT_RETENTION.properties()  # what a table made by this log is given
         self._unsure: dict[str, Attempt] = {}  # appends that raised, and how they were sent: they may have landed
         self._unmarked = -1  # the newest version read whose files carry no deletion vector
 
@@ -296,14 +302,25 @@ class Log:
             if refusal is not None:
                 raise refusal from exc
             if number is not None:  # a removed version too: not found (404), not bad input
-                raise VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were "
-                                           f"cleaned up): {first_line(exc)}") from exc
+                raise self.expired(number, first_line(exc)) from exc
             raise StoreDamagedError(f"the commit log of {self.uri} cannot be read: {first_line(exc)}",
                                     path=self.location.uri_of(LOG_DIR)) from exc
         if table is None and number is not None:
-            raise VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were "
-                                       "cleaned up)")
+            raise self.expired(number)
         return table
+
+    def expired(self, number: int, cause: str | None = None) -> VersionNotFoundError:
+        """The error for a read of version ``number`` whose log entries are gone: the log's retention and the
+        oldest version it can still read."""
+        try:
+            oldest, kept = self.oldest_readable(), f"{text(self.retention().log_s)} of entries"
+        except Exception:  # noqa: BLE001 - the error says what it can
+            oldest, kept = None, "the entries of its retention"
+        since = "" if oldest is None else f"; the oldest version it can read is {oldest} (`trajstore history` " \
+                                          "lists them)"
+        said = "" if cause is None or oldest is not None else f": {cause}"
+        return VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were cleaned "
+                                    f"up): the log keeps {kept} (`trajstore retention`){since}{said}")
 
     def latest_number(self) -> int:
         """The number of the version :meth:`read` gives (-1 before the first commit), whether trajstore can read that
@@ -407,6 +424,61 @@ class Log:
         found = sorted(int(m.group(1)) for i in infos if (m := ENTRY.match(i.base_name)))
         return [v for v in found if self.pinned is None or v <= self.pinned]
 
+    def checkpoints(self) -> list[int]:
+        """The versions of the log's checkpoints, oldest first."""
+        selector = pafs.FileSelector(self.location.path(LOG_DIR), allow_not_found=True)
+        try:
+            infos = self.location.fs.get_file_info(selector)
+        except OSError as exc:
+            raise explain(exc, self.location) or exc
+        return sorted({int(m.group(1)) for i in infos if (m := CHECKPOINT.match(i.base_name))})
+
+    def oldest_readable(self) -> int | None:
+        """The oldest version the log can still be read at (older entries were removed after its retention,
+        behind a checkpoint); None before the first commit."""
+        return oldest_readable(self.numbers(), self.checkpoints())
+
+    def retention(self) -> Retention:
+        """The log's retention rule, as the latest version's table properties say (Delta's defaults where they do
+        not; the rule a new table gets before there is one)."""
+        table = self._open(None)
+        if table is None:
+            return Retention.of(self.properties)
+        return Retention.of(dict(table.metadata().configuration))
+
+    def set_retention(self, rule: Retention, *, make: bool = True) -> None:
+        """Give the table the properties of ``rule`` (with ``make``, made with them when there is none yet; else
+        they are what this log makes it with), in a commit of its own when they change; racing changes: the last one
+        is kept, and a change whose answer was lost is judged by reading the properties again."""
+        self.writable("set_log_retention")
+        wanted = rule.properties()
+        self.properties = {**self.properties, **wanted}
+        last: Exception | None = None
+        for _ in tries(COMMIT_RETRIES):
+            table = self._open(None)
+            if table is None:
+                if not make:
+                    return
+                self._ensure(_full_schema(pa.schema([])))
+                continue
+            if {k: v for k, v in table.metadata().configuration.items() if k in wanted} == wanted:
+                return
+            try:
+                table.alter.set_table_properties(wanted, raise_if_not_exists=False)
+            except StoreAccessError:
+                raise
+            except (OSError, DeltaError) as exc:  # another commit came first, or the answer was lost: read again
+                last = self._lost_race(exc)
+        raise CommitError(f"the retention of {self.uri} could not be set: {one_line(last)}")
+
+    def has_entry(self, number: int) -> bool:
+        """Whether version ``number``'s entry is in the log (one look at one file, none read)."""
+        try:
+            info = self.location.fs.get_file_info(self.location.path(LOG_DIR, f"{number:020d}.json"))
+        except OSError as exc:
+            raise explain(exc, self.location) or exc
+        return info.type == pafs.FileType.File
+
     def entry(self, number: int) -> list[dict[str, Any]] | None:
         """The actions of version ``number``'s entry; None while there is none. An entry that cannot be read (an
         object store that does not answer) raises :class:`StoreAccessError`."""
@@ -426,7 +498,7 @@ class Log:
         actions = self.entry(number)
         if actions is None:
             return None
-        files, removed, info, metadata, marked = [], [], {}, False, set()
+        files, removed, info, metadata, marked, apps = [], [], {}, False, set(), {}
         for action in actions:
             if "add" in action:
                 files.append(self._added_file(action["add"]))
@@ -438,8 +510,10 @@ class Log:
                                 (gone.get("partitionValues") or {}).get("run_id", "")))
             elif "commitInfo" in action:
                 info = action["commitInfo"]
+            elif "txn" in action:
+                apps[str(action["txn"].get("appId"))] = int(action["txn"].get("version") or 0)
             metadata = metadata or "metaData" in action
-        return LogCommit(number, files, removed, info, metadata, frozenset(marked))
+        return LogCommit(number, files, removed, info, metadata, frozenset(marked), apps)
 
     def added_in(self, path: str) -> int | None:
         """The version whose commit added the file at ``path`` (newest first; None when the readable log does not
@@ -517,15 +591,28 @@ class Log:
         last = self.last_checkpoint()
         return max(0, number - (-1 if last is None else last))
 
-    def checkpoint_if_due(self, interval: int) -> int | None:
-        """Write a checkpoint of the latest version if the log is ``interval`` or more versions past its last one;
-        returns the version checkpointed, or None. Two processes doing it at once write the same file."""
+    def checkpoint_if_due(self, interval: int | None = None) -> int | None:
+        """Write a checkpoint of the latest version if the log is ``interval`` (None: as often as the table's
+        ``delta.checkpointInterval`` says) or more versions past its last one, then remove the entries behind it that
+        are older than the table's log retention; returns the version checkpointed, or None. Two processes doing it
+        at once write the same file."""
         table = self._open(None)
-        if table is None or self.versions_since_checkpoint(table.version()) < interval:
+        if table is None:
+            return None
+        due = Retention.of(dict(table.metadata().configuration)).checkpoint_interval if interval is None else interval
+        if self.versions_since_checkpoint(table.version()) < due:
             return None
         table.create_checkpoint()
         log.info("checkpointed %s at version %d", self.uri, table.version())
+        self.clean_up(table)
         return int(table.version())
+
+    def clean_up(self, table: DeltaTable | None = None) -> None:
+        """Remove the log entries older than the table's retention that a checkpoint stands for (deltalake's
+        ``cleanup_metadata``: what every Delta engine does after a checkpoint)."""
+        table = table or self._open(None)
+        if table is not None:
+            table.cleanup_metadata()
 
     # --- commits ---------------------------------------------------------------------------------------------
 
@@ -538,12 +625,20 @@ class Log:
         return TableState(self, self._ensure(_full_schema(physical)))
 
     def reserve(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType] | None = None,
-                declared: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, str]:
+                declared: Mapping[str, Mapping[str, Any] | None] | None = None, *,
+                known: TableState | None = None) -> dict[str, str]:
         """The physical name of each column (name -> the type its files hold; ``logical``: the types readers
         return, for the names' tags; ``declared``: what each declares it holds, in its field metadata), resolved
         against the log and added to the log's schema where new, in a commit of its own, before any file uses it
-        (see :mod:`~trajstore.storage.names`). Safe when several writers race: a lost race resolves again."""
+        (see :mod:`~trajstore.storage.names`). Safe when several writers race: a lost race resolves again.
+        ``known``: a version already read, whose schema answers when it holds every column (columns are only ever
+        added: a later version resolves them alike), without reading the log."""
         self.writable("write")
+        if known is not None:
+            mapping, new = names.resolve(types, {f.name: f.type for f in known.schema}, logical, declared=declared,
+                                         log_declared=known.declarations)
+            if not new:
+                return mapping
         last: Exception | None = None
         for _ in tries(COMMIT_RETRIES):
             table = self._open(None)
@@ -620,12 +715,28 @@ class Log:
         id and version) if given, or not at all: False when another commit took that version first (read the log
         again, then retry). Never rebases onto newer commits: what the caller checked against ``state`` still
         holds when the commit succeeds."""
+        return self.commit_group(state, [written], [] if app is None else [app])
+
+    def commit_group(self, state: TableState, written: Sequence[WrittenFile], apps: Sequence[tuple[str, int]] = (),
+                     *, metadata: dict[str, Any] | None = None) -> bool:
+        """Commit every file of ``written`` and every app transaction of ``apps`` (an id and a version each: the
+        idempotency keys of the requests the files hold, each its own ``txn`` action, stamped with the time so that
+        the table's ``delta.setTransactionRetentionDuration`` applies) as the version right after ``state``'s, in
+        one commit, or not at all: False when another commit took that version first (read the log again, then
+        retry). Never rebases onto newer commits: what the caller checked against ``state`` still holds when the
+        commit succeeds. The table must hold the files' columns already (:meth:`ensure`)."""
         self.writable("write")
-        transaction = None if app is None else Transaction(*app)
+        now = int(time.time() * 1000)
+        transactions = [Transaction(app_id, version, now) for app_id, version in apps]
+        schema = pa.schema(state._table.schema().to_arrow())
+        for w in written:
+            schema = _merged(schema, w.schema)
+        what = f"the append of {written[0].relative}" if len(written) == 1 else \
+            f"the append of {len(written)} files ({written[0].relative}, …)"
         try:
-            self._send(state._table, Attempt(state.number), [_add_action(written)],
-                       what=f"the append of {written.relative}", metadata={"operation": "append"},
-                       schema=_full_schema(written.schema), retries=0, transaction=transaction)
+            self._send(state._table, Attempt(state.number), [_add_action(w) for w in written], what=what,
+                       metadata=metadata or {"operation": "append"}, schema=schema, retries=0,
+                       transactions=transactions)
         except CommitFailedError:
             return False
         except StoreAccessError:
@@ -633,8 +744,7 @@ class Log:
         except Exception as exc:
             if _listing_race(exc):  # it did not land: as for a lost race, the caller reads the log again
                 return False
-            raise explain(exc, self.location) or CommitError(
-                f"commit of {written.relative} to {self.uri} failed: {one_line(exc)}") from exc
+            raise explain(exc, self.location) or CommitError(f"{what} to {self.uri} failed: {one_line(exc)}") from exc
         return True
 
     def swap(self, state: TableState, removed: list[DataFile], written: list[WrittenFile], *,
@@ -689,14 +799,15 @@ class Log:
             return None
 
     def _send(self, table: DeltaTable, attempt: Attempt, actions: list[Any], *, what: str, metadata: dict[str, Any],
-              schema: pa.Schema, retries: int | None = None, transaction: Transaction | None = None) -> int | None:
+              schema: pa.Schema, retries: int | None = None,
+              transactions: Sequence[Transaction] = ()) -> int | None:
         """Send one commit planned on ``table``'s version (``attempt``: its base and marker; ``what``: the change,
         for messages). Returns None when it committed, or the version it landed as when sending raised after it
         landed (:func:`~trajstore.storage.landing.settle`); raises sending's own error when it did not land, and
         :class:`~trajstore.errors.CommitUnknownError` when the log cannot tell. ``retries``: how often deltalake
         may rebase it onto commits that came first (None: its default; 0: never, the caller retries)."""
         properties = CommitProperties(custom_metadata=attempt.metadata(metadata), max_commit_retries=retries,
-                                      app_transactions=[transaction] if transaction else None)
+                                      app_transactions=list(transactions) or None)
         try:
             table.create_write_transaction(actions, mode="append", schema=schema,
                                            partition_by=list(PARTITION_COLUMNS), commit_properties=properties)
@@ -706,6 +817,14 @@ class Log:
                 raise
             return landed
         return None
+
+    def advanced(self, state: TableState) -> TableState:
+        """The latest version, read from ``state`` on (the versions since, incrementally); ``state`` must be the
+        caller's own (its table is brought forward: what it had cached is read again from the new state)."""
+        table = state._table
+        self._refresh(table)
+        self._check_protocol(table)
+        return TableState(self, table)
 
     def _refresh(self, table: DeltaTable) -> None:
         """``table`` brought to the latest version by reading the versions since (columns are only ever added:
@@ -732,7 +851,8 @@ class Log:
         if table is None:  # created with the partition columns alone, the same whoever creates it: racing creators
             try:           # (a local log lets each commit its own creation) then leave one schema, columns after
                 DeltaTable.create(self.uri, _full_schema(pa.schema([])), partition_by=list(PARTITION_COLUMNS),
-                                  mode="ignore", name="steps", storage_options=self.location.storage_options)
+                                  mode="ignore", name="steps", configuration=self.properties,
+                                  storage_options=self.location.storage_options)
                 table = self._open(None)
             except (OSError, DeltaError):  # a concurrent writer created it first, or the creation's answer was
                 table = self._open(None)     # lost: the log says whether the table is there

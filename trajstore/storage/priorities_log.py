@@ -40,7 +40,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 from urllib.parse import unquote
 
 import numpy as np
@@ -57,6 +57,7 @@ from trajstore.retry import tries
 from trajstore.storage.landing import Attempt, settle
 from trajstore.storage.location import Location, explain
 from trajstore.storage.log import GAP, Log
+from trajstore.storage.retention import DEFAULT, Retention
 from trajstore.storage.table import fsync_file
 
 log = logging.getLogger(__name__)
@@ -109,9 +110,10 @@ class Rows:
 class PrioritiesLog:
     """The ``priorities`` table at ``location`` (the ``priorities`` folder of a store)."""
 
-    def __init__(self, location: Location) -> None:
+    def __init__(self, location: Location, *, rule: Callable[[], Retention] | None = None) -> None:
         self.location = location
         self.entries = Log(location)  # its log entries, as the landing of a commit reads them
+        self.rule = rule  # the retention a new table gets (the store's ``steps`` table's), else trajstore's default
         self._committing = threading.Lock()
         self._table: DeltaTable | None = None
 
@@ -255,8 +257,10 @@ class PrioritiesLog:
         """Make the table (racing creators: one makes it, the others find it made)."""
         try:
             try:
+                rule = DEFAULT if self.rule is None else self.rule()
                 DeltaTable.create(self.uri, SCHEMA, partition_by=[PARTITION], mode="ignore", name=FOLDER,
-                                  description=DESCRIPTION, storage_options=self.location.storage_options)
+                                  description=DESCRIPTION, configuration=rule.properties(),
+                                  storage_options=self.location.storage_options)
             except (OSError, DeltaError):  # another process made it first, or the answer was lost: the log tells
                 pass
             made = self._open() is not None

@@ -358,7 +358,7 @@ class Descriptions:
     pinned, or the latest), and changed one row at a time in its ``runs`` table."""
 
     def __init__(self, location: Location, steps: Log) -> None:
-        self.runs = RunsLog(location.child(FOLDER))
+        self.runs = RunsLog(location.child(FOLDER), rule=steps.retention)  # the same retention as steps
         self.steps = steps
         self._lock = threading.Lock()
         self._kept: tuple[tuple[int, int], dict[str, Stored]] | None = None

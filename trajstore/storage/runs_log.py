@@ -48,6 +48,7 @@ from trajstore.retry import tries
 from trajstore.storage.landing import Attempt, settle
 from trajstore.storage.location import Location, explain
 from trajstore.storage.log import GAP, Log
+from trajstore.storage.retention import DEFAULT, Retention
 from trajstore.storage.table import fsync_file
 
 log = logging.getLogger(__name__)
@@ -85,9 +86,10 @@ class RunsLog:
     """The ``runs`` table at ``location`` (the ``runs`` folder of a store): its rows at the latest version, read once
     per version (:meth:`rows`), and changes appended exactly once (:meth:`commit`)."""
 
-    def __init__(self, location: Location) -> None:
+    def __init__(self, location: Location, *, rule: Callable[[], Retention] | None = None) -> None:
         self.location = location
         self.entries = Log(location)  # its log entries, as the landing of a commit reads them
+        self.rule = rule  # the retention a new table gets (the store's ``steps`` table's), else trajstore's default
         self._lock = threading.Lock()
         self._table: DeltaTable | None = None
         self._rows: tuple[int, pa.Table] | None = None
@@ -210,8 +212,9 @@ class RunsLog:
         """Make the table (racing creators: one makes it, the others find it made)."""
         try:
             try:
+                rule = DEFAULT if self.rule is None else self.rule()
                 DeltaTable.create(self.uri, SCHEMA, mode="ignore", name=FOLDER, description=DESCRIPTION,
-                                  storage_options=self.location.storage_options)
+                                  configuration=rule.properties(), storage_options=self.location.storage_options)
             except (OSError, DeltaError):  # another process made it first, or the answer was lost: the log tells
                 pass
             made = self._open() is not None

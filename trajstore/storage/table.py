@@ -32,7 +32,7 @@ from trajstore.storage.arrays import FOLDER as ARRAYS
 from trajstore.storage.arrays import FileArrays, StepArrays
 from trajstore.storage.encoding import EncodingError, FileSchema
 from trajstore.storage.location import Location, explain, locate
-from trajstore.storage.log import DataFile, Log, WrittenFile
+from trajstore.storage.log import DataFile, Log, TableState, WrittenFile
 from trajstore.storage.summaries import FOLDER as SUMMARIES
 from trajstore.storage.summaries import Footer, Summaries
 
@@ -92,11 +92,11 @@ class StepsTable:
         version = self.log.read()
         return [] if version is None else version.files
 
-    def column_names(self) -> list[str]:
-        """Every column name the table's schema holds at the version the log reads (each physical name and the field
-        it declares it holds; columns of files since deleted too): what a new column's name must differ from in
-        more than case (Delta refuses two that do not)."""
-        version = self.log.read()
+    def column_names(self, state: TableState | None = None) -> list[str]:
+        """Every column name the table's schema holds at the version the log reads (``state``: that version, read
+        already; each physical name and the field it declares it holds; columns of files since deleted too): what a
+        new column's name must differ from in more than case (Delta refuses two that do not)."""
+        version = self.log.read() if state is None else state
         if version is None:
             return []
         fields = {d["field"] for d in version.declarations.values() if d and isinstance(d.get("field"), str)}
@@ -127,14 +127,14 @@ class StepsTable:
             return f"{f.uri}: is {size} bytes, the log says {f.size}"
         return None
 
-    def stored_schema(self, env_id: str | None = None) -> pa.Schema | None:
+    def stored_schema(self, env_id: str | None = None, *, files: Sequence[DataFile] | None = None) -> pa.Schema | None:
         """The columns readers get (logical names, decoded types, fixed sizes kept) merged over the committed
-        files, the newest file's first.
+        files (``files``: those of a version read already), the newest file's first.
 
         With ``env_id``, over the files of that environment only: observation shapes and dtypes may differ
         between environments, never within one.
         """
-        files = [f for f in self.files() if env_id is None or f.env_id == env_id]
+        files = [f for f in (self.files() if files is None else files) if env_id is None or f.env_id == env_id]
         if not files:
             return None
         fields: dict[str, pa.Field] = {}

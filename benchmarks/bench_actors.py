@@ -1,0 +1,230 @@
+"""Many actors, one service (issue 49): K simulated actors send real ``RemoteWriter`` requests into one ``trajstore
+serve``, which commits them in groups; against one local ``Writer`` storing the same rows in the same run.
+
+    python benchmarks/bench_actors.py                          # K = 1, 16, 256, 1,000; writes docs/benchmarks.md
+    python benchmarks/bench_actors.py --actors 1 16 --out /dev/stdout     # a quick look
+    python benchmarks/bench_actors.py --actors 256 --store s3  # the service over SeaweedFS (tests/seaweed.py)
+
+Each actor is a thread of this process with a ``RemoteWriter`` of its own (one run for all, a ``worker_id`` each, as
+``trajstore.ray.rollout``'s workers; one env each), adding CartPole-
+sized rows (4-float obs, one env) and flushing every 128 steps, ``--rounds`` times; the service runs in a process of
+its own (``trajstore serve --commit-interval``), its resident memory sampled every 50 ms. Reported: stored steps/s
+(all actors' steps over the wall time from the first request to the last acknowledgement), the service's commits/s
+(appends in the store's history over that time), p50/p99 of an acknowledgement (a flush: its request sent, the
+group committed, the answer back), the service's peak RSS in the first and the second half of the run. The baseline
+is one local ``Writer`` storing the same rows (every actor's batches side by side as the envs of one batch, one
+commit) in the same run. Targets at K >= 256: stored steps/s >= 50% of the baseline, commits/s <=
+1/commit_interval, p99 ack <= 2 s, RSS of the second half within 10% of the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+from report import cpu_model, load_average, machine_info, output_options, publish  # noqa: E402
+
+import trajstore  # noqa: E402
+from trajstore.durations import seconds  # noqa: E402
+from trajstore.remote.writer import RemoteWriter  # noqa: E402
+
+STEPS = 128  # per flush
+API_KEY = "bench-actors-key"
+
+
+def batch(rng: np.random.Generator) -> dict[str, Any]:
+    """128 CartPole-sized steps of one env, time-major."""
+    return {"obs": rng.normal(size=(STEPS, 1, 4)).astype(np.float32), "action": rng.integers(0, 2, (STEPS, 1)),
+            "reward": np.ones((STEPS, 1), np.float32), "next_obs": rng.normal(size=(STEPS, 1, 4)).astype(np.float32),
+            "terminated": rng.random((STEPS, 1)) < 0.05, "truncated": np.zeros((STEPS, 1), bool)}
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+class Service:
+    """``trajstore serve`` in a process of its own, its RSS sampled."""
+
+    def __init__(self, uri: str, interval: str, env: dict[str, str]) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "trajstore.cli", "serve", "--store", uri, "--port",
+                                      str(port), "--commit-interval", interval],
+                                     env={**os.environ, **env, "TRAJSTORE_API_KEY": API_KEY,
+                                          "TRAJSTORE_SQL_MAX_CONCURRENT": "1",
+                                          "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.samples.append((time.monotonic(), rss_kib(self.proc.pid)))
+
+    def close(self) -> None:
+        self._stop.set()
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def actors_run(uri: str, storage_options: dict[str, str] | None, k: int, rounds: int, interval: str,
+               env: dict[str, str]) -> dict[str, Any]:
+    """K actors into one service: stored steps/s, commits/s, ack latencies, RSS."""
+    trajstore.open(uri, create=True, storage_options=storage_options)
+    service = Service(uri, interval, env)
+    lat: list[float] = []
+    errors: list[str] = []
+    writers = []
+    try:
+        for i in range(k):  # connected (GET /ingest, the schema) before the clock starts
+            writers.append(RemoteWriter(service.url, api_key=API_KEY, run_id="actors", env_id="CartPole-v1",
+                                        worker_id=f"actor-{i}", flush_bytes=1 << 40))
+        barrier = threading.Barrier(k + 1)
+
+        def actor(i: int) -> None:
+            rng = np.random.default_rng(i)
+            batches = [batch(rng) for _ in range(rounds)]
+            barrier.wait()
+            try:
+                for b in batches:
+                    writers[i].add_batch(b)
+                    t0 = time.perf_counter()
+                    writers[i].flush()
+                    lat.append(time.perf_counter() - t0)
+            except Exception as exc:  # noqa: BLE001 - counted and reported
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+        threads = [threading.Thread(target=actor, args=(i,), daemon=True) for i in range(k)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        started, start_mono = time.time(), time.monotonic()
+        for t in threads:
+            t.join()
+        wall = time.monotonic() - start_mono
+        for w in writers:
+            w.close()
+    finally:
+        service.close()
+    store = trajstore.open(uri, storage_options=storage_options)
+    commits = [r for r in store.history().to_pylist() if r["operation"] == "append"
+               and r["timestamp"].timestamp() >= started - 0.5]
+    stored = store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
+    during = [s for t, s in service.samples if start_mono <= t <= start_mono + wall]
+    half = len(during) // 2
+    lat.sort()
+    return {"k": k, "steps": stored, "expected": k * rounds * STEPS, "wall": wall, "steps_s": stored / wall,
+            "commits": len(commits), "commits_s": len(commits) / wall,
+            "p50": lat[len(lat) // 2] if lat else float("nan"),
+            "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan"),
+            "rss1": max(during[:half], default=0) / 1024, "rss2": max(during[half:], default=0) / 1024,
+            "errors": errors[:3], "n_errors": len(errors)}
+
+
+def baseline(uri: str, storage_options: dict[str, str] | None, k: int, rounds: int) -> float:
+    """One local Writer storing the same rows: steps/s."""
+    store = trajstore.open(uri, create=True, storage_options=storage_options)
+    batches = [batch(np.random.default_rng(i)) for i in range(k) for _ in range(rounds)]
+    rows = {key: np.concatenate([b[key] for b in batches], axis=1) for key in batches[0]}  # (128, k*rounds) envs
+    t0 = time.perf_counter()
+    with store.writer(run_id="baseline", env_id="CartPole-v1") as w:
+        w.add_batch(rows)
+    return k * rounds * STEPS / (time.perf_counter() - t0)
+
+
+def report(rows: list[dict[str, Any]], interval: str, target_store: str) -> str:
+    limit = 1 / seconds(interval, "commit_interval")
+    lines = ["## Many actors, one service (issue 49)", "",
+             f"`python benchmarks/bench_actors.py` (see its docstring), store: {target_store}, commit interval "
+             f"{interval}. K actors (threads with a `RemoteWriter` each) flush 128 CartPole-sized steps per request "
+             "into one `trajstore serve` (a process of its own); the baseline is one local `Writer` storing the same "
+             "rows in the same run.", "",
+             "| K | steps stored | stored steps/s | vs one local Writer | commits/s (≤ "
+             f"{limit:g}) | ack p50 | ack p99 (≤ 2 s) | service RSS, 1st / 2nd half | errors |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        lines.append(f"| {r['k']:,} | {r['steps']:,} of {r['expected']:,} | {r['steps_s']:,.0f} | "
+                     f"{r['steps_s'] / r['baseline']:.0%} | {r['commits_s']:.2f} | {r['p50'] * 1000:.0f} ms | "
+                     f"{r['p99'] * 1000:.0f} ms | {r['rss1']:.0f} / {r['rss2']:.0f} MiB | {r['n_errors']} |")
+    lines += ["", "Baseline (one local `Writer`, same rows, same run): " + "; ".join(
+        f"K={r['k']:,}: {r['baseline']:,.0f} steps/s" for r in rows) + "."]
+    targets = [r for r in rows if r["k"] >= 256]
+    if targets:
+        lines += ["", "Targets at K ≥ 256: " + "; ".join(
+            f"K={r['k']:,}: steps/s {'PASS' if r['steps_s'] >= 0.5 * r['baseline'] else '**FAIL**'}, commits "
+            f"{'PASS' if r['commits_s'] <= limit * 1.05 else '**FAIL**'}, p99 "
+            f"{'PASS' if r['p99'] <= 2 else '**FAIL**'}, RSS "
+            f"{'PASS' if r['rss2'] <= r['rss1'] * 1.1 else '**FAIL**'}" for r in targets) + "."]
+    lines += ["", f"Machine: {cpu_model()}, {os.cpu_count()} cores (shared with other work; load average "
+              f"{load_average()} at the end); trajstore commit {machine_info(REPO)['trajstore commit']}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--actors", type=int, nargs="+", default=[1, 16, 256, 1000])
+    parser.add_argument("--rounds", type=int, default=4, help="flushes per actor (default 4)")
+    parser.add_argument("--commit-interval", default="250ms")
+    parser.add_argument("--store", choices=["local", "s3"], default="local")
+    output_options(parser, "runs of K up to 1,000", check=False)
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        s3 = None
+        if args.store == "s3":
+            from tests import seaweed
+
+            s3 = seaweed.start(Path(work) / "seaweed")
+        try:
+            for k in args.actors:
+                if s3 is not None:
+                    uri, opts = f"s3://{s3.bucket()}/actors", dict(s3.storage_options)
+                    env = dict(opts)
+                    base_uri = f"s3://{s3.bucket()}/baseline"
+                else:
+                    uri, opts, env, base_uri = str(Path(work) / f"actors-{k}"), None, {}, str(Path(work) / f"b-{k}")
+                row = actors_run(uri, opts, k, args.rounds, args.commit_interval, env)
+                row["baseline"] = baseline(base_uri, opts, k, args.rounds)
+                print(row, flush=True)
+                rows.append(row)
+        finally:
+            if s3 is not None:
+                s3.stop()
+    out = args.out or (REPO / "docs" / "benchmarks.md" if max(args.actors) >= 1000 else None)
+    publish(out, "actors" if args.store == "local" else "actors-s3", report(rows, args.commit_interval, args.store))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""A log that stays small (issue 49): a new store's tables carry Delta's retention properties, which trajstore,
+deltalake and any other engine apply the same way; entries older than the retention go behind a checkpoint, and a
+version whose entries went is refused naming the oldest one still readable, which is where ``history`` starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+from deltalake import DeltaTable
+
+import trajstore
+from tests.helpers import make_batch
+from trajstore.errors import InputError, VersionNotFoundError
+from trajstore.storage.retention import oldest_readable
+
+LOG = "delta.logRetentionDuration"
+INTERVAL = "delta.checkpointInterval"
+KEYS = "delta.setTransactionRetentionDuration"
+
+
+def properties(path: Path) -> dict[str, str]:
+    """The table's properties as deltalake (another engine) reads them."""
+    return dict(DeltaTable(str(path)).metadata().configuration)
+
+
+def write(store: trajstore.Store, commits: int, *, run_id: str = "r", seed: int = 0) -> None:
+    with store.writer(run_id=run_id, env_id="E") as w:
+        for i in range(commits):
+            w.add_batch(make_batch(np.random.default_rng(seed * 1000 + i), 4, 2))
+            w.flush()
+
+
+def entries(path: Path) -> list[int]:
+    return sorted(int(p.name[:20]) for p in (path / "_delta_log").glob("*.json"))
+
+
+def test_a_new_store_gets_trajstores_retention_as_delta_properties(store: trajstore.Store) -> None:
+    write(store, 1)
+    for table in ("steps", "runs"):
+        assert {k: v for k, v in properties(store.root / table).items() if k.startswith("delta.")} == \
+            {LOG: "interval 7 days", INTERVAL: "25", KEYS: "interval 7 days"}, table
+    kept = store.maintain.log_retention()
+    assert (kept.log_s, kept.checkpoint_interval, kept.oldest) == (7 * 86400, 25, 0)
+    assert "steps: 7d of log entries, a checkpoint every 25 versions; versions 0.." in kept.format()
+
+
+def test_the_priorities_table_gets_the_stores_rule_and_follows_it(tmp_path: Path) -> None:
+    store = trajstore.open(tmp_path / "s", create=True, log_retention="1h")
+    write(store, 2)
+    with store.replay(priorities="learner", commit_interval=None) as replay:
+        replay.update([0, 1], [2.0, 3.0])
+        replay.commit()
+    assert properties(store.root / "priorities")[LOG] == "interval 1 hours"  # made later, with the store's rule
+    store.maintain.log_retention("3h", checkpoint_interval=7)
+    assert (properties(store.root / "priorities")[LOG], properties(store.root / "priorities")[INTERVAL]) == \
+        ("interval 3 hours", "7")
+    assert "priorities: 3h of log entries, a checkpoint every 7 versions" in store.maintain.log_retention().format()
+
+
+def test_log_retention_is_given_at_creation_and_set_later(tmp_path: Path) -> None:
+    store = trajstore.open(tmp_path / "s", create=True, log_retention="1h")
+    assert properties(store.root / "steps")[LOG] == "interval 1 hours"  # the table is made with it
+    write(store, 1)
+    assert properties(store.root / "runs")[LOG] == "interval 1 hours"  # made later, with the store's rule
+    report = store.maintain.log_retention(timedelta(hours=2), checkpoint_interval=5)
+    for table in ("steps", "runs"):
+        assert (properties(store.root / table)[LOG], properties(store.root / table)[INTERVAL]) == \
+            ("interval 2 hours", "5")
+        assert properties(store.root / table)[KEYS] == "interval 2 hours"
+    assert [(t.table, t.rule.log_s, t.rule.checkpoint_interval) for t in report.tables] == \
+        [("steps", 7200, 5), ("runs", 7200, 5), ("priorities", 7200, 5)]
+    before = store.version
+    store.maintain.log_retention("2h")  # nothing changes: no commit
+    assert store.version == before
+    assert trajstore.open(tmp_path / "s", log_retention="2h").version == before
+
+
+@pytest.mark.parametrize("value, message", [
+    ("30s", r"log_retention: must be at least 1m"), ("soon", r"log_retention: expected a duration such as"),
+    (-5, r"log_retention: must be a duration >= 0s")])
+def test_a_retention_that_cannot_be_kept_is_refused_naming_it(store: trajstore.Store, value: object,
+                                                              message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        store.maintain.log_retention(value)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="checkpoint_interval: must be a whole number of versions >= 1, got 0"):
+        store.maintain.log_retention("1h", checkpoint_interval=0)
+
+
+def aged(store: trajstore.Store, commits: int) -> int:
+    """The store after ``commits`` commits under a 1-second retention another engine set (deltalake itself, below the
+    minute trajstore takes), then more commits once they are older than that: the oldest version still readable."""
+    steps = store.root / "steps"
+    write(store, 2)
+    DeltaTable(str(steps)).alter.set_table_properties({LOG: "interval 1 seconds", INTERVAL: "5"})
+    write(store, commits, seed=1)
+    time.sleep(1.5)
+    write(store, 6, seed=2)  # a checkpoint comes, and with it the entries older than a second go
+    deadline = time.monotonic() + 10
+    while entries(steps)[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    oldest = store.maintain.log_retention().oldest
+    assert oldest is not None and oldest > 0 and entries(steps)[0] > 0
+    return oldest
+
+
+def test_entries_older_than_the_retention_go_behind_a_checkpoint(store: trajstore.Store) -> None:
+    oldest = aged(store, 20)
+    steps = store.root / "steps"
+    assert len(entries(steps)) < store.version + 1  # bounded by the retention, not by the commits
+    assert store.version - oldest < 5 + 6 + 2  # what came since the last checkpoint, and the last second
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == (2 + 20 + 6) * 8  # every row still read
+    assert trajstore.check(store).ok
+
+
+def test_a_version_older_than_the_retention_is_refused_naming_the_oldest(store: trajstore.Store) -> None:
+    first = datetime.now(timezone.utc)
+    oldest = aged(store, 12)
+    with pytest.raises(VersionNotFoundError, match=rf"version: version 3 can no longer be read \(its log entries "
+                                                   rf"were cleaned up\): the log keeps 1s of entries .*the oldest "
+                                                   rf"version it can read is {oldest}"):
+        trajstore.open(store.uri, version=3)
+    assert trajstore.open(store.uri, version=oldest).version == oldest
+    with pytest.raises(InputError, match=rf"as_of: .* is before the store's first readable version \({oldest},"):
+        trajstore.open(store.uri, as_of=first)
+    history = store.history()
+    assert history["version"].to_pylist() == list(range(oldest, store.version + 1))  # where it starts
+    with pytest.raises(VersionNotFoundError, match=rf"the oldest version it can read is {oldest}"):
+        next(store.follow(since=2, timeout=1))
+
+
+def test_the_cli_shows_and_sets_the_retention(store: trajstore.Store) -> None:
+    write(store, 1)
+    cli = [sys.executable, "-m", "trajstore.cli"]
+    shown = subprocess.run([*cli, "retention", "--store", str(store.root)], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("steps: 7d of log entries, a checkpoint every 25 versions; versions 0..")
+    assert "\nruns: 7d of log entries" in shown.stdout
+    changed = subprocess.run([*cli, "retention", "--store", str(store.root), "--log", "12h",
+                              "--checkpoint-interval", "10"], capture_output=True, text=True)
+    assert changed.returncode == 0, changed.stderr
+    assert "steps: 12h of log entries, a checkpoint every 10 versions" in changed.stdout
+    assert properties(store.root / "steps")[LOG] == "interval 12 hours"
+    refused = subprocess.run([*cli, "retention", "--store", str(store.root), "--log", "10s"], capture_output=True,
+                             text=True)
+    assert refused.returncode != 0 and "--log: must be at least 1m" in refused.stderr
+
+
+def test_history_on_the_cli_says_where_the_log_starts(store: trajstore.Store) -> None:
+    oldest = aged(store, 8)
+    shown = subprocess.run([sys.executable, "-m", "trajstore.cli", "history", "--store", str(store.root)],
+                           capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert f"the log starts at version {oldest}: it keeps 1s of entries" in shown.stderr
+
+
+def test_the_oldest_readable_version_is_the_oldest_checkpoint_with_every_entry_after_it() -> None:
+    assert oldest_readable([], []) is None
+    assert oldest_readable([0, 1, 2], []) == 0
+    assert oldest_readable([9, 10, 11], [4, 9]) == 9
+    assert oldest_readable([10, 11], [4, 9]) == 9  # the checkpoint stands for version 9, 10 and on follow it
+    assert oldest_readable([3, 4, 7, 8, 9], [5, 6]) == 6  # 5 and 6 have checkpoints, entries 7.. follow 6

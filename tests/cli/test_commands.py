@@ -66,7 +66,9 @@ def test_stats_json_matches_python(demo: Path, capsys: pytest.CaptureFixture[str
         assert row[key] == (pytest.approx(value) if isinstance(value, float) else value)
 
 
-def test_stats_table_is_readable(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_stats_table_is_readable(demo: Path, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)  # the default width (pytest-xdist's workers set 80)
     code, out, _ = run(capsys, "stats", "--store", str(demo), "--run", "demo")
     header, rule, row, footer = out.splitlines()
     assert header.split()[:3] == ["n_traj", "return_min", "return_mean"]

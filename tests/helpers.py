@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -311,3 +312,23 @@ BUILT = "built loader layout"  # the log line of every layout built (loaders/lay
 def layouts_built(records: list[logging.LogRecord]) -> int:
     """How many loader layouts were built among log ``records`` (what ``caplog.records`` held)."""
     return sum(1 for r in records if r.name == "trajstore.loaders.layout_store" and r.getMessage().startswith(BUILT))
+
+
+HUGE = float(np.float32(1e17))  # a float32 reward; ~1e17 + 16 is the next double, and 1e17 + 5 == 1e17
+
+
+def write_huge_returns(path: Path) -> trajstore.Store:
+    """40 complete episodes whose returns alternate between ~1e17 and the next double above it (+16)."""
+    store = trajstore.open(path, create=True)
+    lengths = [1, 2] * 20
+    T = sum(lengths)
+    reward, terminated = np.zeros((T, 1), np.float32), np.zeros((T, 1), bool)
+    ends = np.cumsum(lengths) - 1
+    reward[ends - np.array(lengths) + 1, 0] = HUGE
+    reward[ends[np.array(lengths) == 2], 0] = 16
+    terminated[ends, 0] = True
+    obs = np.zeros((T, 1, 2), np.float32)
+    with store.writer(run_id="huge", env_id="Huge-v0") as writer:
+        writer.add_batch({"obs": obs, "next_obs": obs, "action": np.zeros((T, 1), np.int64), "reward": reward,
+                          "terminated": terminated, "truncated": np.zeros((T, 1), bool)})
+    return store

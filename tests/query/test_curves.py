@@ -3,6 +3,7 @@ of all its writers at each one, against a plain walk over the stored episodes.""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import trajstore
-from tests.helpers import engine_of, make_batch
+from tests.helpers import engine_of, make_batch, write_huge_returns
 from trajstore.errors import RunNotFoundError
 from trajstore.store import plumbing
 from trajstore.write.episode_ids import COUNTER_BITS
@@ -316,6 +317,32 @@ def test_histogram_densities_compare_runs_of_different_sizes(learning_store: tra
         np.testing.assert_allclose(rows["density"].to_numpy(), want[at])
         assert np.sum(rows["density"].to_numpy() * (rows["hi"].to_numpy() - rows["lo"].to_numpy())) == \
             pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("bins", [1, 4, 60])
+def test_histogram_of_returns_a_few_float_steps_apart(tmp_path: Path, bins: int) -> None:
+    """Returns of ~1e17 that differ by 16 (the next double) are binned into as many bins as the floats between
+    them hold, each of some width, with the counts and densities numpy gives for those edges."""
+    store = write_huge_returns(tmp_path / "store")
+    got = plumbing(store).histogram(bins=bins, density=True)
+    lo, hi = got["lo"].to_numpy(), got["hi"].to_numpy()
+    assert np.all(hi > lo) and 1 <= got.num_rows <= bins
+    returns = np.array(store.curves()["episode_return"].to_pylist())
+    edges = np.unique(np.concatenate([lo, hi]))
+    want_counts, _ = np.histogram(returns, edges)
+    want_density, _ = np.histogram(returns, edges, density=True)
+    at = np.searchsorted(edges, lo)
+    assert got["count"].to_pylist() == want_counts[at].tolist() and sum(want_counts) == len(returns) == 40
+    np.testing.assert_allclose(got["density"].to_numpy(), want_density[at])
+
+
+def test_a_bin_of_no_width_has_no_density() -> None:
+    """A bin whose edges are one float (no width) gets a null density, not inf or nan (which JSON cannot carry);
+    the other bins' are their count over the series' count and their width."""
+    from trajstore.query.curves import with_density
+    table = pa.table({"run_id": ["r"] * 3, "env_id": ["e"] * 3, "bin": [0, 1, 2], "lo": [0.0, 1.0, 1.0],
+                      "hi": [1.0, 1.0, 3.0], "count": [2, 1, 1]})
+    assert with_density(table)["density"].to_pylist() == [0.5, None, 0.125]
 
 
 def test_binned_curves_of_an_empty_store(store: trajstore.Store) -> None:

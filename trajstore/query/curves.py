@@ -144,7 +144,17 @@ def bin_edges(values: np.ndarray, bins: int) -> np.ndarray:
     """``bins + 1`` edges over the finite ``values``, as ``numpy.histogram_bin_edges(values, bins)`` gives them
     (an empty or one-valued range widened as numpy does)."""
     finite = values[np.isfinite(values)]
-    return np.histogram_bin_edges(finite, bins) if len(finite) else np.linspace(0.0, 1.0, bins + 1)
+    if not len(finite):
+        return np.linspace(0.0, 1.0, bins + 1)
+    while bins > 1:  # numpy refuses more bins than the floats between the ends hold (returns of ~1e17 that differ
+        try:         # by 16 hold one): as many as they do
+            return np.histogram_bin_edges(finite, bins)
+        except ValueError:
+            bins //= 2
+    low, high = float(finite.min()), float(finite.max())
+    if low == high:  # numpy widens by 0.5, which rounds away at such magnitudes: by the float spacing there
+        low, high = low - max(0.5, float(np.spacing(abs(low)))), high + max(0.5, float(np.spacing(abs(high))))
+    return np.array([low, high])
 
 
 def bin_index(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -395,8 +405,8 @@ def whole_edges(values: np.ndarray, bins: int) -> np.ndarray | None:
     bin of width 1.85 over returns 0..110 holds one or two of them: dips that are not in the data). None for
     other values."""
     finite = values[np.isfinite(values)]
-    if not len(finite) or not np.all(finite == np.round(finite)):
-        return None
+    if not len(finite) or not np.all(finite == np.round(finite)) or np.abs(finite).max() >= 2.0 ** 52:
+        return None  # past 2**52 a half is not a float: edges between whole numbers round onto them
     low, high = float(finite.min()), float(finite.max())
     span = high - low + 1
     width = max(1.0, float(np.ceil(span / bins)))
@@ -405,14 +415,17 @@ def whole_edges(values: np.ndarray, bins: int) -> np.ndarray | None:
 
 def with_density(table: pa.Table) -> pa.Table:
     """``table`` (rows of :func:`histogram`) with ``density``: each bin's count over its series' total count and
-    the bin's width."""
+    the bin's width; null for a bin of no width (values so large that their bin edges round to one float, such as
+    returns of 1e17 that differ by less than 16: no density is defined there)."""
     if table.num_rows == 0:
         return table.append_column("density", pa.array([], pa.float64()))
     series = np.cumsum(series_starts(table)) - 1
     counts = table["count"].to_numpy().astype(np.float64)
     totals = np.bincount(series, weights=counts)[series]
     widths = (table["hi"].to_numpy() - table["lo"].to_numpy())
-    return table.append_column("density", pa.array(counts / (totals * widths), pa.float64()))
+    defined = widths > 0
+    density = np.divide(counts, totals * widths, out=np.zeros_like(counts), where=defined)
+    return table.append_column("density", pa.array(density, pa.float64(), mask=~defined))
 
 
 def latest_stats(engine: Engine, last: int = 100, *, gamma: float | None = None, **selection: object) -> pa.Table:

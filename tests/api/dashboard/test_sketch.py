@@ -8,7 +8,6 @@ same sketch.js, so a tick loop that never ends is reported as such instead of ha
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -17,13 +16,13 @@ import pytest
 import trajstore
 from tests.api.dashboard.helpers import Dashboard
 from tests.api.helpers import Live, serve
+from tests.helpers import HUGE, write_huge_returns
 from trajstore.api.app import create_app
 from trajstore.api.settings import ServiceSettings
 from trajstore.store import plumbing
 
 pytestmark = [pytest.mark.browser, pytest.mark.server]  # the tiers: tests/tiers.py
 
-HUGE = float(np.float32(1e17))  # a float32 reward; ~1e17 + 16 is the next double, and 1e17 + 5 == 1e17
 ENDS_WITHIN_MS = 5000
 
 # The ticks of each [lo, hi] computed in a worker running the page's sketch.js; "did not end" past the deadline.
@@ -43,23 +42,6 @@ TICKS_IN_A_WORKER = """async ([ranges, deadline]) => {
     worker.terminate();
   }
 }"""
-
-
-def write_huge_returns(path: Path) -> trajstore.Store:
-    """40 complete episodes whose returns alternate between ~1e17 and the next double above it (+16)."""
-    store = trajstore.open(path, create=True)
-    lengths = [1, 2] * 20
-    T = sum(lengths)
-    reward, terminated = np.zeros((T, 1), np.float32), np.zeros((T, 1), bool)
-    ends = np.cumsum(lengths) - 1
-    reward[ends - np.array(lengths) + 1, 0] = HUGE
-    reward[ends[np.array(lengths) == 2], 0] = 16
-    terminated[ends, 0] = True
-    obs = np.zeros((T, 1, 2), np.float32)
-    with store.writer(run_id="huge", env_id="Huge-v0") as writer:
-        writer.add_batch({"obs": obs, "next_obs": obs, "action": np.zeros((T, 1), np.int64), "reward": reward,
-                          "terminated": terminated, "truncated": np.zeros((T, 1), bool)})
-    return store
 
 
 @pytest.fixture(scope="module")

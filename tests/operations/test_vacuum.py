@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
+from deltalake import DeltaTable
 
 import trajstore
 from tests import seaweed
@@ -57,6 +58,26 @@ def test_after_delete_compact_and_vacuum_the_folder_holds_what_the_log_lists(sto
                                                    r"need them"):
         trajstore.open(store.uri, version=old)
     assert trajstore.open(store.uri, version=store.version).stats()["n_traj"][0].as_py() > 0
+
+
+def test_vacuum_removes_the_runs_tables_merged_files(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each description change adds a file to the ``runs`` table and a compaction merges them every so often: a vacuum
+    removes the merged-away files (past the grace, here none), and every description reads as before."""
+    from trajstore.operations import vacuum as vacuum_op
+    from trajstore.storage import runs_log
+    monkeypatch.setattr(runs_log, "COMPACT_FILES", 4)
+    monkeypatch.setattr(vacuum_op, "UNCOMMITTED_GRACE_S", 0.0)
+    fill(store)
+    for k in range(9):
+        store.set_run("a", config={"k": k}, notes="n" * k)
+    runs = Path(store.root) / "runs"
+    on_disk = lambda: sorted(p.name for p in runs.glob("*.parquet"))  # noqa: E731
+    listed = lambda: sorted(Path(p).name for p in DeltaTable(str(runs)).file_uris())  # noqa: E731
+    assert len(on_disk()) > len(listed())  # the merged-away files are still there for older versions
+    before = trajstore.open(store.uri).run_info("a")
+    report = store.maintain.vacuum(older_than=0)
+    assert on_disk() == listed() and any("/runs/" in f for f in report.files)
+    assert trajstore.open(store.uri).run_info("a") == before and before["config"] == {"k": 8}
 
 
 def test_uncommitted_files_get_a_grace_period(store: trajstore.Store) -> None:

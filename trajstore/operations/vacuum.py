@@ -57,9 +57,9 @@ def parse_duration(value: float | str | timedelta) -> float:
 def vacuum(engine: Engine, layouts: LayoutStore, *, older_than: float | str | timedelta = "7d",
            dry_run: bool = False) -> VacuumReport:
     """Delete (or list, with ``dry_run``) the files no version committed within ``older_than`` needs, and the
-    loader layouts (kept by ``layouts``) no retained version needs, and the files of the ``priorities`` table none of
-    its versions of that time lists; then the array copies and summaries of data files no longer there
-    (:mod:`~trajstore.storage.arrays`, :mod:`~trajstore.storage.summaries`)."""
+    loader layouts (kept by ``layouts``) no retained version needs, and the files of the ``priorities`` and
+    ``runs`` tables none of their versions of that time lists; then the array copies and summaries of data files
+    no longer there (:mod:`~trajstore.storage.arrays`, :mod:`~trajstore.storage.summaries`)."""
     engine.table.log.writable("vacuum")
     horizon = parse_duration(older_than)
     paths = removable_orphans(engine, removed_before_s=horizon,
@@ -71,11 +71,12 @@ def vacuum(engine: Engine, layouts: LayoutStore, *, older_than: float | str | ti
     stale = unneeded(engine.location, _horizon(engine, horizon), grace_s=max(horizon, UNCOMMITTED_GRACE_S))
     for info in stale:
         _remove(engine.location.fs, info, report)
-    # the priorities table's files merged or rewritten away (kept an hour at least: a learner's file is written just
-    # before the commit that lists it)
-    priorities = engine.priorities.unneeded(max(horizon, UNCOMMITTED_GRACE_S))
-    for info in engine.location.fs.get_file_info(priorities) if priorities else []:
-        _remove(engine.location.fs, info, report)
+    # the priorities and runs tables' files merged or rewritten away (kept an hour at least: a learner's or a
+    # description's file is written just before the commit that lists it)
+    for table in (engine.priorities, engine.descriptions.runs):
+        gone = table.unneeded(max(horizon, UNCOMMITTED_GRACE_S))
+        for info in engine.location.fs.get_file_info(gone) if gone else []:
+            _remove(engine.location.fs, info, report)
     if not dry_run:
         remove_empty_folders(engine.location, stale)
         layouts.opened.clear()  # layouts this store keeps open may be gone

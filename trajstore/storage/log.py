@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -110,6 +111,20 @@ def log_leftover(location: Location, path: str) -> bool | None:
 def display(path: str, fs: pafs.FileSystem) -> str:
     """A path of ``fs`` as a user names it: a local path as it is, an S3 one as ``s3://bucket/key``."""
     return path if isinstance(fs, pafs.LocalFileSystem) else f"s3://{path}"
+
+
+def unneeded_files(table: DeltaTable | None, location: Location, older_than_s: float) -> list[str]:
+    """The files of the Delta table ``table`` (at ``location``) that no version of the last ``older_than_s`` seconds
+    lists (merged or rewritten away, or never committed) and at least that old, as deltalake's vacuum finds them:
+    paths in the location's filesystem, for a vacuum to remove. The ``runs`` and ``priorities`` tables' rule."""
+    if table is None:
+        return []
+    try:
+        found = table.vacuum(retention_hours=max(0, math.ceil(older_than_s / 3600)), dry_run=True,
+                             enforce_retention_duration=False)
+    except (OSError, DeltaError) as exc:
+        raise explain(exc, location) or exc
+    return [location.normalized(unquote(p)) for p in found]
 
 
 def files_holding(files: Sequence[DataFile], episode_ids: np.ndarray) -> list[DataFile]:

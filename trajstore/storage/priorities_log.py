@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import threading
 import time
@@ -56,7 +55,7 @@ from trajstore.errors import CommitError, InputError, StoreDamagedError, Version
 from trajstore.retry import tries
 from trajstore.storage.landing import Attempt, settle
 from trajstore.storage.location import Location, explain
-from trajstore.storage.log import GAP, Log
+from trajstore.storage.log import GAP, Log, unneeded_files
 from trajstore.storage.retention import DEFAULT, Retention
 from trajstore.storage.table import fsync_file
 
@@ -365,15 +364,7 @@ class PrioritiesLog:
     def unneeded(self, older_than_s: float) -> list[str]:
         """The files no version of the last ``older_than_s`` seconds lists (merged or rewritten away, or never
         committed) and at least that old: paths in the location's filesystem, for a vacuum to remove."""
-        table = self._latest()
-        if table is None:
-            return []
-        try:
-            found = table.vacuum(retention_hours=max(0, math.ceil(older_than_s / 3600)), dry_run=True,
-                                 enforce_retention_duration=False)
-        except (OSError, DeltaError) as exc:
-            raise explain(exc, self.location) or exc
-        return [self.location.normalized(unquote(p)) for p in found]
+        return unneeded_files(self._latest(), self.location, older_than_s)
 
 
 def dataset(location: Location, paths: Sequence[str]) -> ds.Dataset:

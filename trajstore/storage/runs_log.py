@@ -47,7 +47,7 @@ from trajstore.errors import CommitError, StoreDamagedError, first_line, one_lin
 from trajstore.retry import tries
 from trajstore.storage.landing import Attempt, settle
 from trajstore.storage.location import Location, explain
-from trajstore.storage.log import GAP, Log
+from trajstore.storage.log import GAP, Log, unneeded_files
 from trajstore.storage.retention import DEFAULT, Retention
 from trajstore.storage.table import fsync_file
 
@@ -176,6 +176,11 @@ class RunsLog:
             if isinstance(exc, (CommitFailedError, DeltaError)) or not isinstance(exc, OSError):
                 raise
             raise explain(exc, self.location) or exc
+
+    def unneeded(self, older_than_s: float) -> list[str]:
+        """The files no version of the last ``older_than_s`` seconds lists (merged away by a compaction, or a lost
+        race's) and at least that old: paths in the location's filesystem, for a vacuum to remove."""
+        return unneeded_files(self._latest(), self.location, older_than_s)
 
     def _latest(self) -> DeltaTable | None:
         """The table brought to its latest version (kept between reads), or None while there is none."""

@@ -17,6 +17,7 @@ import trajstore
 from tests import delta_protocol
 from tests.security.conftest import get
 from tests.served import Server
+from trajstore.errors import RemoteError, UnsupportedTableError
 
 pytestmark = [pytest.mark.server, pytest.mark.security]
 
@@ -54,6 +55,10 @@ def test_rows_another_engine_deleted_are_never_served(fresh_server: Callable[...
         assert f"at version {deleted}: rows of it were deleted through deletion vectors" in problem["detail"]
         assert "deletionVectors" in problem["detail"] and "REORG TABLE" in problem["detail"]
         assert set(problem) <= {"type", "title", "status", "detail", "instance"}  # a problem document, no rows
+
+    with pytest.raises(UnsupportedTableError, match=f"at version {deleted}.*deletionVectors") as raised:
+        trajstore.Client(live.url).stats()  # the Client raises what a Store would (and a RemoteError, 409)
+    assert isinstance(raised.value, RemoteError) and raised.value.status == 409
 
     health = health_after(live, time.monotonic() + HEALTH_WAIT_S)
     assert health["status"] == "degraded" and health["version"] == deleted

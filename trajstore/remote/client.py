@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, Iterator, Literal, Mapping, Sequence
 import pyarrow as pa
 
 from trajstore.__about__ import __version__
-from trajstore.errors import InputError, RemoteError, RunNotFoundError, StoreDamagedError
+from trajstore.errors import InputError, RemoteError, RunNotFoundError, StoreDamagedError, UnsupportedTableError
 from trajstore.extras import needed
 from trajstore.loaders.loader import BatchStream, check_format
 from trajstore.query.batches import BatchFormat, check_batching, training_batches
@@ -59,7 +59,17 @@ class StoreDamagedRemoteError(RemoteError, StoreDamagedError):
     path: str | None = None
 
 
-PROBLEMS = {"RunNotFoundError": RunNotFoundRemoteError, "StoreDamagedError": StoreDamagedRemoteError}
+class UnsupportedTableRemoteError(RemoteError, UnsupportedTableError):
+    """The service's store, at the version read, needs a Delta reader feature trajstore does not implement (409):
+    caught as a :class:`~trajstore.errors.RemoteError` and, as from a Store, as an
+    :class:`~trajstore.errors.UnsupportedTableError` (its message names the feature, the version and what to do)."""
+
+    features: tuple[str, ...] = ()
+    version: int | None = None
+
+
+PROBLEMS = {"RunNotFoundError": RunNotFoundRemoteError, "StoreDamagedError": StoreDamagedRemoteError,
+            "UnsupportedTableError": UnsupportedTableRemoteError}
 
 
 _filtered = filtered(expand=True)  # the Store's filter keywords, sent as the REST service's query parameters

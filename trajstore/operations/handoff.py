@@ -113,6 +113,9 @@ class CommitterServer:
                     return
                 log.warning("committer at %s refused a connection: %s", self.address.rsplit("/", 1)[0], exc)
                 continue
+            if self._closed:  # an accept() already waiting when the listener closed still takes one peer: ended
+                conn.close()  # unanswered, so its writer is told its files may not be committed
+                return
             threading.Thread(target=self._serve, args=(conn,), name="trajstore-committer-conn", daemon=True).start()
 
     def _serve(self, conn: Connection) -> None:

@@ -43,10 +43,10 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import CommitError, ConflictError, InputError
-from trajstore.operations.continuity import StoredEnd, check_continues, stored_ends
+from trajstore.operations.continuity import EndsCache, FileEnds, StoredEnd, check_continues
 from trajstore.operations.ingest import LEGACY_DIGEST, IdempotencyKey, Prepared, prepare
 from trajstore.retry import tries
-from trajstore.storage.log import LogCommit, TableState, WrittenFile, files_holding
+from trajstore.storage.log import DataFile, LogCommit, TableState, WrittenFile, files_holding
 from trajstore.storage.table import StepsTable
 from trajstore.write.sink import CommitHook
 
@@ -57,6 +57,7 @@ KEPT_VERSIONS = 4096  # versions whose changes the committer remembers for the c
 KEPT_PATHS = 100_000  # handed files remembered as committed (a worker that hands one twice is told it is)
 REFRESH_S = 0.05  # how stale the latest version requests are checked against may get (each is checked again)
 REWRITES = frozenset({"compact", "add_column"})  # trajstore's commits that rewrite rows without changing them
+_KEYS = frozenset({"episode_id", "step", "terminated", "truncated"})  # what a file's episode ends are made of
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class _Since:
     digest)), and, in order, the ends each version that touched the group's episodes made (None: it removed rows,
     read the store again)."""
 
+    read: Callable[[Sequence[DataFile], np.ndarray], list[StoredEnd]]
     keys: dict[str, tuple[int, int]] = field(default_factory=dict)
     changes: list[tuple[int, Ends | None]] = field(default_factory=list)
 
@@ -133,7 +135,7 @@ class _Since:
             if version <= prepared.checked:
                 continue
             if change is None:
-                return {(s.episode_id, s.agent_id): s for s in stored_ends(state.files, _sorted(ids))}
+                return {(s.episode_id, s.agent_id): s for s in self.read(state.files, _sorted(ids))}
             for key, end in change.items():
                 if key[0] in ids:
                     ends[key] = _later(ends.get(key), end)
@@ -164,6 +166,9 @@ class GroupCommitter:
         self._state_lock = threading.Lock()
         self._changes: dict[int, _Change] = {}  # what each recent version did (its own commits from memory)
         self._committed_paths: dict[str, int] = {}  # handed files committed, and their version
+        self.ends = EndsCache()  # what each committed file holds of its episodes: its own files' never read
+        self._schemas: dict[str, tuple[int, pa.Schema | None]] = {}  # env_id -> its stored schema at a version
+        self._schemas_lock = threading.Lock()
 
     # --- what callers hand in ----------------------------------------------------------------------------
 
@@ -180,7 +185,9 @@ class GroupCommitter:
             joined = self._join(key)
             if joined is not None:
                 return joined
-        prepared = prepare(self.table, self.latest(), rows, run_id=run_id, env_id=env_id, key=key)
+        state = self.latest()
+        prepared = prepare(self.table, state, rows, run_id=run_id, env_id=env_id, key=key, ends=self.ends.ends,
+                           schema_of=lambda env: self._stored_schema(state, env))
         if prepared is None:
             done: Future[Outcome] = Future()
             done.set_result(Outcome(None, duplicate=True))
@@ -210,6 +217,18 @@ class GroupCommitter:
                 known = self.table.log.read()
             self._state = (now, known)
             return known
+
+    def _stored_schema(self, state: TableState | None, env_id: str) -> pa.Schema | None:
+        """The stored schema of ``env_id`` at ``state`` (:meth:`~trajstore.storage.table.StepsTable.stored_schema`),
+        made once per version and environment whatever the number of requests checked against it."""
+        if state is None:
+            return None
+        with self._schemas_lock:
+            known = self._schemas.get(env_id)
+            if known is None or known[0] != state.number:
+                known = (state.number, self.table.stored_schema(env_id=env_id, files=state.files, state=state))
+                self._schemas[env_id] = known
+            return known[1]
 
     @property
     def waiting_bytes(self) -> int:
@@ -373,7 +392,7 @@ class GroupCommitter:
         the ends it made of their episodes (the committer's own commits from memory; another writer's appends read
         once for all the group's episodes; a version that removed rows marked, to be read again)."""
         checked = [e.prepared.checked for e in group if e.prepared is not None and not e.future.done()]
-        since = _Since()
+        since = _Since(self.ends.ends)
         if not checked:
             return since
         wanted = {i for e in group if e.prepared is not None for i in _ids(e.prepared)}
@@ -395,7 +414,8 @@ class GroupCommitter:
             elif not commit.removed and commit.added:
                 held = files_holding(commit.added, ids)
                 if held:
-                    since.changes.append((version, {(s.episode_id, s.agent_id): s for s in stored_ends(held, ids)}))
+                    found = {(s.episode_id, s.agent_id): s for s in self.ends.ends(held, ids)}
+                    since.changes.append((version, found))
         return since
 
     def _change(self, version: int) -> _Change:
@@ -423,6 +443,8 @@ class GroupCommitter:
             for (run_id, env_id, *_), tables in parts.items():
                 rows = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
                 written.append(self.table.write(rows, run_id=run_id, env_id=env_id))
+                if _KEYS <= set(rows.column_names):  # what the file holds, known: never read to check a request
+                    self.ends.learn(written[-1].path, FileEnds.of(rows, run_id=run_id, env_id=env_id))
         except BaseException as exc:
             self.table.discard([w.path for w in written], exc)
             raise

@@ -240,6 +240,7 @@ class EndsCache:
         self._size = 0
         self._lock = threading.Lock()
         self._index: tuple[Sequence[DataFile], np.ndarray, np.ndarray] | None = None
+        self._loading: dict[str, threading.Event] = {}  # files being read, set once they are
 
     def learn(self, path: str, ends: FileEnds) -> None:
         """Take ``ends`` as what the file at ``path`` holds (the writer's word; the file is then never read)."""
@@ -251,20 +252,49 @@ class EndsCache:
         if not len(files) or not len(episode_ids):
             return []
         held = self._holding(files, episode_ids)
+        known: dict[str, FileEnds] = {}
+        for _ in range(3):  # a file another thread was reading, let go again before this one looked: read here
+            mine, theirs = self._claim(held, known)
+            if mine:
+                try:
+                    read = _read_ends(mine)
+                    with self._lock:
+                        self.reads += len(mine)
+                        for f in mine:
+                            self._keep(f.path, read[f.path])
+                    known.update(read)
+                finally:
+                    with self._lock:
+                        for f in mine:
+                            self._loading.pop(f.path).set()
+            for event in theirs:
+                event.wait()
+            if not theirs:
+                break
+        else:
+            rest = [f for f in held if f.path not in known]
+            known.update(_read_ends(rest) if rest else {})
+        return _combined([known[f.path] for f in held], episode_ids)
+
+    def _claim(self, held: Sequence[DataFile],
+               known: dict[str, FileEnds]) -> tuple[list[DataFile], list[threading.Event]]:
+        """The ends of ``held`` kept (into ``known``), then the files this thread is to read (each read by one thread
+        at a time: a file every request asks about when it appears is read once) and the reads of others to wait for."""
+        mine, theirs = [], []
         with self._lock:
-            known = {f.path: self._files.get(f.path) for f in held}
-            for path, found in known.items():
+            for f in held:
+                if f.path in known:
+                    continue
+                found = self._files.get(f.path)
                 if found is not None:
-                    self._files.move_to_end(path)
-        missing = [f for f in held if known[f.path] is None]
-        if missing:
-            read = _read_ends(missing)
-            with self._lock:
-                self.reads += len(missing)
-                for f in missing:
-                    self._keep(f.path, read[f.path])
-            known.update(read)
-        return _combined([known[f.path] for f in held], episode_ids)  # type: ignore[misc]
+                    self._files.move_to_end(f.path)
+                    known[f.path] = found
+                elif f.path in self._loading:
+                    theirs.append(self._loading[f.path])
+                else:
+                    self._loading[f.path] = threading.Event()
+                    mine.append(f)
+        return mine, theirs
 
     def _keep(self, path: str, ends: FileEnds) -> None:
         old = self._files.pop(path, None)
@@ -290,6 +320,9 @@ class EndsCache:
 
 def _read_ends(files: Sequence[DataFile]) -> dict[str, FileEnds]:
     """What each of ``files`` holds of all its episodes, read from their key columns."""
+    if len(files) == 1:
+        return {files[0].path: FileEnds.of(steps_dataset(files, KEY_SCHEMA).to_table(columns=KEY_SCHEMA.names),
+                                           run_id=files[0].run_id, env_id=files[0].env_id)}
     keys = steps_dataset(files, KEY_SCHEMA).to_table(columns=[*KEY_SCHEMA.names, "__fragment_index"])
     which = keys["__fragment_index"].to_numpy()
     order = np.argsort(which, kind="stable")

@@ -391,16 +391,19 @@ class Prepared:
 
 def prepare(table: StepsTable, state: TableState | None, rows: pa.Table, *, run_id: str, env_id: str,
             key: IdempotencyKey | None, ends: Ends = stored_ends,
-            schema_of: Callable[[str], pa.Schema | None] | None = None) -> Prepared | None:
+            schema_of: Callable[[str], pa.Schema | None] | None = None,
+            app_version: Callable[[str], int | None] | None = None) -> Prepared | None:
     """``rows`` checked as :func:`append_rows` checks them, against the version ``state`` (None: before the first
     commit), and put under their physical names; None when ``state`` holds the request of ``key`` already (a retry:
     recognised before anything else is checked, also when its rows no longer continue what the store holds).
     ``ends`` finds what the version's files hold of the rows' episodes (:func:`stored_ends`, or one that keeps what it
     read: :class:`~trajstore.operations.continuity.EndsCache`); ``schema_of`` gives an environment's stored schema
-    at ``state`` (default: :meth:`~trajstore.storage.table.StepsTable.stored_schema`)."""
+    at ``state`` (default: :meth:`~trajstore.storage.table.StepsTable.stored_schema`), ``app_version`` the digest a
+    key's id holds at ``state`` (or at a later version; default: :meth:`~trajstore.storage.log.TableState.app_version`).
+    """
     check_id(run_id, field="run_id")
     check_id(env_id, field="env_id")
-    if key is not None and _seen(state, key):
+    if key is not None and _seen(state, key, app_version):
         return None
     files = [] if state is None else state.files
     schema = schema_of(env_id) if schema_of is not None else \
@@ -444,9 +447,11 @@ def _new_columns(table: StepsTable, written: WrittenFile) -> bool:
     return known is not None and bool(set(written.schema.names) - set(known.schema.names))
 
 
-def _seen(state: TableState | None, key: IdempotencyKey) -> bool:
-    """Whether the table ``state`` holds the request of ``key``; :class:`ConflictError` if the key went to another."""
-    digest = None if state is None else state.app_version(key.app_id)
+def _seen(state: TableState | None, key: IdempotencyKey,
+          app_version: Callable[[str], int | None] | None = None) -> bool:
+    """Whether the table ``state`` holds the request of ``key``; :class:`ConflictError` if the key went to another.
+    ``app_version``: where to look the key up (default: ``state`` itself)."""
+    digest = None if state is None else (state.app_version if app_version is None else app_version)(key.app_id)
     if digest is None:
         return False
     if digest in (key.digest, LEGACY_DIGEST):

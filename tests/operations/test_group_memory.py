@@ -1,10 +1,12 @@
-"""The episode ends the group committer keeps in memory (:class:`~trajstore.operations.continuity.EndsCache`): the same
-answers as reading the log's files, its own files never read, another writer's files read as they appear, so a
-request continuing an episode someone else continued is checked against what the log lists; retries recognised and
-bad continuations refused (422 through the service) naming the episode and the step, as before."""
+"""What the group committer keeps in memory. The episode ends (:class:`~trajstore.operations.continuity.EndsCache`):
+the same answers as reading the log's files, its own files never read, another writer's files read as they appear, so
+a request continuing an episode someone else continued is checked against what the log lists; retries recognised and
+bad continuations refused (422 through the service) naming the episode and the step, as before. The idempotency keys:
+those deltalake finds, another writer's recognised."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction
 from fastapi.testclient import TestClient
 
 import trajstore
@@ -20,7 +23,7 @@ from tests.api.test_ingest import post, steps_of
 from tests.helpers import steps_table
 from tests.storage.helpers import episode, rows
 from trajstore.api.app import create_app
-from trajstore.errors import InputError
+from trajstore.errors import ConflictError, InputError
 from trajstore.operations.continuity import EndsCache, FileEnds, stored_ends
 from trajstore.operations.group_commit import GroupCommitter
 from trajstore.remote.wire import ipc_bytes
@@ -105,3 +108,52 @@ def test_through_the_service_a_bad_continuation_is_422_and_a_retry_200(tmp_path:
     assert retry.status_code == 200 and retry.json()["duplicate"]
     assert fits.status_code == 201, fits.text
     assert trajstore.open(path).episode_steps(3)["step"].to_pylist() == list(range(7))
+
+
+def test_the_keys_read_from_the_log_are_deltalakes(store: trajstore.Store) -> None:
+    """The idempotency keys read whole from the log (a checkpoint's and the entries since), then kept by the committer,
+    are those deltalake's ``transaction_version`` finds, an expired key left out as Delta leaves it out."""
+    ingest = plumbing(store).ingest
+    for i in range(30):
+        ingest(rows(2, episode_id=100 + i), run_id="r", env_id="E", idempotency_key=f"k{i}")
+    table = steps_table(store)
+    path = str(Path(store.root) / "steps")
+    DeltaTable(path).create_checkpoint()
+    delta = DeltaTable(path)  # another engine's commit of a key older than the keys' 7-day retention
+    delta.create_write_transaction([], mode="append", schema=pa.schema(delta.schema().to_arrow()),
+                                   partition_by=["run_id", "env_id"], commit_properties=CommitProperties(
+                                       app_transactions=[Transaction("trajstore-ingest:old", 5,
+                                                                     int(time.time() * 1000) - 8 * 86400 * 1000)]))
+    for i in range(30, 33):
+        ingest(rows(2, episode_id=100 + i), run_id="r", env_id="E", idempotency_key=f"k{i}")
+    state = table.log.read()
+    assert state is not None
+    read = table.log.app_transactions(state.number)
+    assert read is not None and table.log.last_checkpoint() is not None
+    committer = GroupCommitter(table, interval_s=0.05)
+    try:
+        held = committer._apps.lookup(state)
+        assert read["trajstore-ingest:old"][0] == 5  # in the log, expired
+        for app_id in [f"trajstore-ingest:k{i}" for i in range(33)] + ["trajstore-ingest:none", "trajstore-ingest:old"]:
+            assert held(app_id) == state.app_version(app_id), app_id
+        assert held("trajstore-ingest:old") is None and held("trajstore-ingest:k31") is not None
+    finally:
+        committer.close()
+
+
+def test_a_key_another_writer_stored_is_recognised(store: trajstore.Store) -> None:
+    """Keys are kept from the committer's first look at the log on; a key another writer stored after that (read from
+    its log entry) is a retry's (a duplicate) or refused for other rows (409)."""
+    committer = GroupCommitter(steps_table(store), interval_s=0.05)
+    try:
+        committer.ingest(rows(2, episode_id=1), run_id="r", env_id="E", idempotency_key="mine").result(60)
+        plumbing(trajstore.open(store.root)).ingest(rows(3, episode_id=2), run_id="r", env_id="E",
+                                                    idempotency_key="theirs")
+        again = committer.ingest(rows(3, episode_id=2), run_id="r", env_id="E", idempotency_key="theirs").result(60)
+        with pytest.raises(ConflictError, match="idempotency_key: 'theirs' was already used for another request"):
+            committer.ingest(rows(3, episode_id=3), run_id="r", env_id="E", idempotency_key="theirs")
+        mine = committer.ingest(rows(2, episode_id=1), run_id="r", env_id="E", idempotency_key="mine").result(60)
+    finally:
+        committer.close()
+    assert again.duplicate and mine.duplicate
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 5

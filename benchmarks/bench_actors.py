@@ -11,10 +11,11 @@ sized rows (4-float obs, one env) and flushing every 128 steps, ``--rounds`` tim
 its own (``trajstore serve --commit-interval``), its resident memory sampled every 50 ms. Reported: stored steps/s
 (all actors' steps over the wall time from the first request to the last acknowledgement), the service's commits/s
 (appends in the store's history over that time), p50/p99 of an acknowledgement (a flush: its request sent, the
-group committed, the answer back), the service's peak RSS in the first and the second half of the run. The baseline
-is one local ``Writer`` storing the same rows (every actor's batches side by side as the envs of one batch, one
-commit) in the same run. Targets at K >= 256: stored steps/s >= 50% of the baseline, commits/s <=
-1/commit_interval, p99 ack <= 2 s, RSS of the second half within 10% of the first.
+group committed, the answer back), the CPU time the service and the actors' process used over the run (user and
+system: what serving and sending the requests cost, whatever the load of the machine), the service's peak RSS in the
+first and the second half of the run. The baseline is one local ``Writer`` storing the same rows (every actor's
+batches side by side as the envs of one batch, one commit) in the same run. Targets at K >= 256: stored steps/s >=
+50% of the baseline, commits/s <= 1/commit_interval, p99 ack <= 2 s, RSS of the second half within 10% of the first.
 """
 
 from __future__ import annotations
@@ -51,6 +52,16 @@ def batch(rng: np.random.Generator) -> dict[str, Any]:
     return {"obs": rng.normal(size=(STEPS, 1, 4)).astype(np.float32), "action": rng.integers(0, 2, (STEPS, 1)),
             "reward": np.ones((STEPS, 1), np.float32), "next_obs": rng.normal(size=(STEPS, 1, 4)).astype(np.float32),
             "terminated": rng.random((STEPS, 1)) < 0.05, "truncated": np.zeros((STEPS, 1), bool)}
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` has used so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
 
 
 def rss_kib(pid: int) -> int:
@@ -130,9 +141,11 @@ def actors_run(uri: str, storage_options: dict[str, str] | None, k: int, rounds:
             t.start()
         barrier.wait()
         started, start_mono = time.time(), time.monotonic()
+        cpu0, own0 = cpu_s(service.proc.pid), cpu_s(os.getpid())
         for t in threads:
             t.join()
         wall = time.monotonic() - start_mono
+        cpu, own = cpu_s(service.proc.pid) - cpu0, cpu_s(os.getpid()) - own0
         for w in writers:
             w.close()
     finally:
@@ -148,6 +161,7 @@ def actors_run(uri: str, storage_options: dict[str, str] | None, k: int, rounds:
             "commits": len(commits), "commits_s": len(commits) / wall,
             "p50": lat[len(lat) // 2] if lat else float("nan"),
             "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan"),
+            "cpu": cpu, "actors_cpu": own,
             "rss1": max(during[:half], default=0) / 1024, "rss2": max(during[half:], default=0) / 1024,
             "errors": errors[:3], "n_errors": len(errors)}
 
@@ -171,12 +185,14 @@ def report(rows: list[dict[str, Any]], interval: str, target_store: str) -> str:
              "into one `trajstore serve` (a process of its own); the baseline is one local `Writer` storing the same "
              "rows in the same run.", "",
              "| K | steps stored | stored steps/s | vs one local Writer | commits/s (≤ "
-             f"{limit:g}) | ack p50 | ack p99 (≤ 2 s) | service RSS, 1st / 2nd half | errors |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             f"{limit:g}) | ack p50 | ack p99 (≤ 2 s) | CPU: service / actors | service RSS, 1st / 2nd half | errors |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
     for r in rows:
         lines.append(f"| {r['k']:,} | {r['steps']:,} of {r['expected']:,} | {r['steps_s']:,.0f} | "
                      f"{r['steps_s'] / r['baseline']:.0%} | {r['commits_s']:.2f} | {r['p50'] * 1000:.0f} ms | "
-                     f"{r['p99'] * 1000:.0f} ms | {r['rss1']:.0f} / {r['rss2']:.0f} MiB | {r['n_errors']} |")
+                     f"{r['p99'] * 1000:.0f} ms | {r['cpu']:.1f} / {r['actors_cpu']:.1f} s | "
+                     f"{r['rss1']:.0f} / {r['rss2']:.0f} MiB | "
+                     f"{r['n_errors']} |")
     lines += ["", "Baseline (one local `Writer`, same rows, same run): " + "; ".join(
         f"K={r['k']:,}: {r['baseline']:,.0f} steps/s" for r in rows) + "."]
     targets = [r for r in rows if r["k"] >= 256]

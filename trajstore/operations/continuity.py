@@ -27,6 +27,8 @@ An episode's rows are all single-agent (``agent_id`` null) or all agents'.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -40,6 +42,7 @@ from trajstore.query.snapshot import cursor
 from trajstore.storage.log import DataFile, files_holding
 from trajstore.storage.table import steps_dataset
 
+KEPT_ENDS = 1_000_000  # episode ends (of an episode, or of an agent in one) an EndsCache keeps (~40 MB)
 KEY_SCHEMA = pa.schema([("run_id", pa.string()), ("env_id", pa.string()), ("episode_id", pa.int64()),
                         ("step", pa.int32()), ("terminated", pa.bool_()), ("truncated", pa.bool_()),
                         ("agent_id", pa.string())])
@@ -189,6 +192,166 @@ def stored_ends(files: Sequence[DataFile], episode_ids: np.ndarray) -> list[Stor
         con.close()
     return [StoredEnd(r, e, int(i), int(last), None if end is None else int(end), agent)
             for r, e, i, agent, last, end in found]
+
+
+@dataclass(frozen=True)
+class FileEnds:
+    """What one committed file holds of each of its episodes (each agent of a multi-agent one): sorted by episode
+    id, its last step and the first step that ended it (-1: none); the file's partition."""
+
+    run_id: str
+    env_id: str
+    episode_id: np.ndarray  # int64, sorted; an id once per agent
+    last: np.ndarray  # int64
+    end: np.ndarray  # int64, -1 while the episode runs
+    agent_id: np.ndarray  # object: each one's agent, or None
+
+    @classmethod
+    def of(cls, rows: pa.Table, *, run_id: str, env_id: str) -> FileEnds:
+        """The ends of ``rows`` (stored names: ``episode_id``, ``step``, ``terminated``, ``truncated``, and
+        ``agent_id`` if any), as :func:`stored_ends` aggregates them."""
+        ended = pc.or_(rows["terminated"], rows["truncated"])
+        agent = rows["agent_id"] if "agent_id" in rows.column_names else pa.nulls(rows.num_rows, pa.string())
+        keys = pa.table({"e": rows["episode_id"].cast(pa.int64()), "a": agent.cast(pa.string()),
+                         "s": rows["step"].cast(pa.int64()),
+                         "x": pc.if_else(ended, rows["step"].cast(pa.int64()), pa.scalar(None, pa.int64()))})
+        g = keys.group_by(["e", "a"], use_threads=False).aggregate([("s", "max"), ("x", "min")])
+        g = g.sort_by([("e", "ascending")])
+        return cls(run_id, env_id, g["e"].to_numpy(), g["s_max"].to_numpy(),
+                   g["x_min"].fill_null(-1).to_numpy(), np.array(g["a"].to_pylist(), object))
+
+    @property
+    def size(self) -> int:
+        return len(self.episode_id)
+
+
+class EndsCache:
+    """:func:`stored_ends`, from what each committed file holds of its episodes, kept in memory by path: a committed
+    file never changes (a rewrite, a delete, a compaction commits new files and removes the old from the log), so
+    the ends of the files one version lists are that version's ends. A file is read once (all its episodes, the key
+    columns only), or never when its writer said what it holds (:meth:`learn`: the group committer, of the files it
+    writes); the files asked about are the caller's (one version's, from its log): another writer's files are read
+    as they appear. At most ``limit`` ends are kept, the least recently used file's let go first."""
+
+    def __init__(self, limit: int = KEPT_ENDS) -> None:
+        self.limit = limit
+        self.reads = 0  # files read (not learnt)
+        self._files: OrderedDict[str, FileEnds] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        self._index: tuple[Sequence[DataFile], np.ndarray, np.ndarray] | None = None
+        self._loading: dict[str, threading.Event] = {}  # files being read, set once they are
+
+    def learn(self, path: str, ends: FileEnds) -> None:
+        """Take ``ends`` as what the file at ``path`` holds (the writer's word; the file is then never read)."""
+        with self._lock:
+            self._keep(path, ends)
+
+    def ends(self, files: Sequence[DataFile], episode_ids: np.ndarray) -> list[StoredEnd]:
+        """:func:`stored_ends` of ``episode_ids`` (sorted, unique) in ``files`` (one version's)."""
+        if not len(files) or not len(episode_ids):
+            return []
+        held = self._holding(files, episode_ids)
+        known: dict[str, FileEnds] = {}
+        for _ in range(3):  # a file another thread was reading, let go again before this one looked: read here
+            mine, theirs = self._claim(held, known)
+            if mine:
+                try:
+                    read = _read_ends(mine)
+                    with self._lock:
+                        self.reads += len(mine)
+                        for f in mine:
+                            self._keep(f.path, read[f.path])
+                    known.update(read)
+                finally:
+                    with self._lock:
+                        for f in mine:
+                            self._loading.pop(f.path).set()
+            for event in theirs:
+                event.wait()
+            if not theirs:
+                break
+        else:
+            rest = [f for f in held if f.path not in known]
+            known.update(_read_ends(rest) if rest else {})
+        return _combined([known[f.path] for f in held], episode_ids)
+
+    def _claim(self, held: Sequence[DataFile],
+               known: dict[str, FileEnds]) -> tuple[list[DataFile], list[threading.Event]]:
+        """The ends of ``held`` kept (into ``known``), then the files this thread is to read (each read by one thread
+        at a time: a file every request asks about when it appears is read once) and the reads of others to wait for."""
+        mine, theirs = [], []
+        with self._lock:
+            for f in held:
+                if f.path in known:
+                    continue
+                found = self._files.get(f.path)
+                if found is not None:
+                    self._files.move_to_end(f.path)
+                    known[f.path] = found
+                elif f.path in self._loading:
+                    theirs.append(self._loading[f.path])
+                else:
+                    self._loading[f.path] = threading.Event()
+                    mine.append(f)
+        return mine, theirs
+
+    def _keep(self, path: str, ends: FileEnds) -> None:
+        old = self._files.pop(path, None)
+        self._size += ends.size - (0 if old is None else old.size)
+        self._files[path] = ends
+        while self._size > self.limit and len(self._files) > 1:
+            self._size -= self._files.popitem(last=False)[1].size
+
+    def _holding(self, files: Sequence[DataFile], ids: np.ndarray) -> list[DataFile]:
+        """:func:`~trajstore.storage.log.files_holding`, at once over the files' logged ranges (kept for the
+        version's list of files while it is the one asked about)."""
+        index = self._index
+        if index is None or index[0] is not files:
+            low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+            index = (files, np.array([low if f.min_episode_id is None else f.min_episode_id for f in files], np.int64),
+                     np.array([high if f.max_episode_id is None else f.max_episode_id for f in files], np.int64))
+            self._index = index
+        _, lo, hi = index
+        at = np.searchsorted(ids, lo)
+        hold = (at < len(ids)) & (ids[np.minimum(at, len(ids) - 1)] <= hi)
+        return [files[i] for i in np.flatnonzero(hold).tolist()]
+
+
+def _read_ends(files: Sequence[DataFile]) -> dict[str, FileEnds]:
+    """What each of ``files`` holds of all its episodes, read from their key columns."""
+    if len(files) == 1:
+        return {files[0].path: FileEnds.of(steps_dataset(files, KEY_SCHEMA).to_table(columns=KEY_SCHEMA.names),
+                                           run_id=files[0].run_id, env_id=files[0].env_id)}
+    keys = steps_dataset(files, KEY_SCHEMA).to_table(columns=[*KEY_SCHEMA.names, "__fragment_index"])
+    which = keys["__fragment_index"].to_numpy()
+    order = np.argsort(which, kind="stable")
+    keys, which = keys.take(order), which[order]
+    starts = np.searchsorted(which, np.arange(len(files) + 1))
+    return {f.path: FileEnds.of(keys.slice(a, b - a), run_id=f.run_id, env_id=f.env_id)
+            for f, a, b in zip(files, starts[:-1].tolist(), starts[1:].tolist())}
+
+
+def _combined(found: Sequence[FileEnds], ids: np.ndarray) -> list[StoredEnd]:
+    """The ends of ``ids`` over several files' ends: per partition, episode and agent, the last step of any and the
+    first step that ended it in any, ordered as :func:`stored_ends` orders them."""
+    merged: dict[tuple[int, str, str, str | None], list[int]] = {}
+    for f in found:
+        lo = np.searchsorted(f.episode_id, ids, "left")
+        hi = np.searchsorted(f.episode_id, ids, "right")
+        for a, b in zip(lo[hi > lo].tolist(), hi[hi > lo].tolist()):
+            for j in range(a, b):
+                key = (int(f.episode_id[j]), f.run_id, f.env_id, f.agent_id[j])
+                last, end = int(f.last[j]), int(f.end[j])
+                seen = merged.get(key)
+                if seen is None:
+                    merged[key] = [last, end]
+                else:
+                    seen[0] = max(seen[0], last)
+                    seen[1] = end if seen[1] < 0 else seen[1] if end < 0 else min(seen[1], end)
+    order = sorted(merged, key=lambda k: (k[0], k[1], k[2], k[3] is None, k[3] or ""))
+    return [StoredEnd(r, e, i, merged[(i, r, e, a)][0], None if merged[(i, r, e, a)][1] < 0 else
+                      merged[(i, r, e, a)][1], a) for i, r, e, a in order]
 
 
 def check_continues(spans: Spans, stored: Sequence[StoredEnd], *, run_id: str, env_id: str) -> None:

@@ -43,10 +43,11 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import CommitError, ConflictError, InputError
-from trajstore.operations.continuity import StoredEnd, check_continues, stored_ends
+from trajstore.operations.continuity import EndsCache, FileEnds, StoredEnd, check_continues
 from trajstore.operations.ingest import LEGACY_DIGEST, IdempotencyKey, Prepared, prepare
 from trajstore.retry import tries
-from trajstore.storage.log import LogCommit, TableState, WrittenFile, files_holding
+from trajstore.storage.log import DataFile, Log, LogCommit, TableState, WrittenFile, files_holding
+from trajstore.storage.retention import TXN_RETENTION, interval_seconds
 from trajstore.storage.table import StepsTable
 from trajstore.write.sink import CommitHook
 
@@ -57,6 +58,7 @@ KEPT_VERSIONS = 4096  # versions whose changes the committer remembers for the c
 KEPT_PATHS = 100_000  # handed files remembered as committed (a worker that hands one twice is told it is)
 REFRESH_S = 0.05  # how stale the latest version requests are checked against may get (each is checked again)
 REWRITES = frozenset({"compact", "add_column"})  # trajstore's commits that rewrite rows without changing them
+_KEYS = frozenset({"episode_id", "step", "terminated", "truncated"})  # what a file's episode ends are made of
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class _Since:
     digest)), and, in order, the ends each version that touched the group's episodes made (None: it removed rows,
     read the store again)."""
 
+    read: Callable[[Sequence[DataFile], np.ndarray], list[StoredEnd]]
     keys: dict[str, tuple[int, int]] = field(default_factory=dict)
     changes: list[tuple[int, Ends | None]] = field(default_factory=list)
 
@@ -133,11 +136,61 @@ class _Since:
             if version <= prepared.checked:
                 continue
             if change is None:
-                return {(s.episode_id, s.agent_id): s for s in stored_ends(state.files, _sorted(ids))}
+                return {(s.episode_id, s.agent_id): s for s in self.read(state.files, _sorted(ids))}
             for key, end in change.items():
                 if key[0] in ids:
                     ends[key] = _later(ends.get(key), end)
         return ends
+
+
+class _Keys:
+    """The idempotency keys (app transactions) the latest version this committer knows holds, in memory: read whole
+    from the log once (:meth:`~trajstore.storage.log.Log.app_transactions`), then brought forward version by version
+    from what each committed (``change``: the committer's own commits from memory, another writer's from its log
+    entry). A request's key is looked up here, not with deltalake's ``transaction_version``, which reads the
+    checkpoint and every entry since on each call. Where the log cannot be read whole, each look-up asks the
+    version itself (:meth:`~trajstore.storage.log.TableState.app_version`)."""
+
+    RETRY = 25  # versions until a log that could not be read whole is tried again
+
+    def __init__(self, log: Log, change: Callable[[int], _Change]) -> None:
+        self._log, self._change = log, change
+        self._apps: dict[str, tuple[int, int | None]] | None = None
+        self._at = -1  # the version _apps holds (or the last one that could not be read whole)
+        self._lock = threading.Lock()
+
+    def lookup(self, state: TableState) -> Callable[[str], int | None]:
+        """The version (digest) the key of an id holds at ``state`` or later (keys only come, or expire), or None."""
+        with self._lock:
+            if self._apps is not None and self._at < state.number:
+                try:
+                    for version in range(self._at + 1, state.number + 1):
+                        now = int(time.time() * 1000)
+                        self._apps.update((k, (v, now)) for k, v in self._change(version).apps.items())
+                        self._at = version
+                except CommitError:  # an entry gone: read whole again
+                    self._apps = None
+            if self._apps is None and (self._at < 0 or state.number >= self._at + self.RETRY):
+                self._apps, self._at = self._log.app_transactions(state.number), state.number
+            if self._apps is None or self._at < state.number:
+                return state.app_version
+            apps, kept = self._apps, _kept_ms(state)
+
+        def held(app_id: str) -> int | None:
+            found = apps.get(app_id)
+            if found is None or (kept is not None and found[1] is not None and found[1] < time.time() * 1000 - kept):
+                return None
+            return found[0]
+
+        return held
+
+
+def _kept_ms(state: TableState) -> float | None:
+    """How long ``state``'s table keeps an app transaction (ms), None: for ever."""
+    try:
+        return interval_seconds(state.properties[TXN_RETENTION]) * 1000
+    except (KeyError, InputError):
+        return None
 
 
 class GroupCommitter:
@@ -163,7 +216,12 @@ class GroupCommitter:
         self._state: tuple[float, TableState | None] | None = None
         self._state_lock = threading.Lock()
         self._changes: dict[int, _Change] = {}  # what each recent version did (its own commits from memory)
+        self._changes_lock = threading.Lock()  # taken to change _changes (requests' threads read it too)
         self._committed_paths: dict[str, int] = {}  # handed files committed, and their version
+        self.ends = EndsCache()  # what each committed file holds of its episodes: its own files' never read
+        self._apps = _Keys(table.log, self._change)  # the keys the log holds
+        self._schemas: dict[str, tuple[int, pa.Schema | None]] = {}  # env_id -> its stored schema at a version
+        self._schemas_lock = threading.Lock()
 
     # --- what callers hand in ----------------------------------------------------------------------------
 
@@ -180,7 +238,10 @@ class GroupCommitter:
             joined = self._join(key)
             if joined is not None:
                 return joined
-        prepared = prepare(self.table, self.latest(), rows, run_id=run_id, env_id=env_id, key=key)
+        state = self.latest()
+        prepared = prepare(self.table, state, rows, run_id=run_id, env_id=env_id, key=key, ends=self.ends.ends,
+                           schema_of=lambda env: self._stored_schema(state, env),
+                           app_version=None if state is None or key is None else self._apps.lookup(state))
         if prepared is None:
             done: Future[Outcome] = Future()
             done.set_result(Outcome(None, duplicate=True))
@@ -210,6 +271,18 @@ class GroupCommitter:
                 known = self.table.log.read()
             self._state = (now, known)
             return known
+
+    def _stored_schema(self, state: TableState | None, env_id: str) -> pa.Schema | None:
+        """The stored schema of ``env_id`` at ``state`` (:meth:`~trajstore.storage.table.StepsTable.stored_schema`),
+        made once per version and environment whatever the number of requests checked against it."""
+        if state is None:
+            return None
+        with self._schemas_lock:
+            known = self._schemas.get(env_id)
+            if known is None or known[0] != state.number:
+                known = (state.number, self.table.stored_schema(env_id=env_id, files=state.files, state=state))
+                self._schemas[env_id] = known
+            return known[1]
 
     @property
     def waiting_bytes(self) -> int:
@@ -373,7 +446,7 @@ class GroupCommitter:
         the ends it made of their episodes (the committer's own commits from memory; another writer's appends read
         once for all the group's episodes; a version that removed rows marked, to be read again)."""
         checked = [e.prepared.checked for e in group if e.prepared is not None and not e.future.done()]
-        since = _Since()
+        since = _Since(self.ends.ends)
         if not checked:
             return since
         wanted = {i for e in group if e.prepared is not None for i in _ids(e.prepared)}
@@ -395,7 +468,8 @@ class GroupCommitter:
             elif not commit.removed and commit.added:
                 held = files_holding(commit.added, ids)
                 if held:
-                    since.changes.append((version, {(s.episode_id, s.agent_id): s for s in stored_ends(held, ids)}))
+                    found = {(s.episode_id, s.agent_id): s for s in self.ends.ends(held, ids)}
+                    since.changes.append((version, found))
         return since
 
     def _change(self, version: int) -> _Change:
@@ -405,8 +479,10 @@ class GroupCommitter:
             if commit is None:
                 raise CommitError(f"{self.table.uri}: the log entry of version {version} is gone; send the "
                                   "request again")
-            found = self._changes[version] = _Change(dict(commit.apps), commit=commit)
-            self._forget()
+            found = _Change(dict(commit.apps), commit=commit)
+            with self._changes_lock:
+                found = self._changes.setdefault(version, found)
+                self._forget()
         return found
 
     def _write(self, accepted: list[_Entry]) -> list[WrittenFile]:
@@ -423,6 +499,8 @@ class GroupCommitter:
             for (run_id, env_id, *_), tables in parts.items():
                 rows = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
                 written.append(self.table.write(rows, run_id=run_id, env_id=env_id))
+                if _KEYS <= set(rows.column_names):  # what the file holds, known: never read to check a request
+                    self.ends.learn(written[-1].path, FileEnds.of(rows, run_id=run_id, env_id=env_id))
         except BaseException as exc:
             self.table.discard([w.path for w in written], exc)
             raise
@@ -431,8 +509,9 @@ class GroupCommitter:
     def _landed(self, version: int, accepted: list[_Entry], written: list[WrittenFile], ends: Ends) -> None:
         self.commits += 1
         self.groups = [*self.groups[-999:], len(accepted)]
-        self._changes[version] = _Change({e.app[0]: e.app[1] for e in accepted if e.app is not None}, ends=ends)
-        self._forget()
+        with self._changes_lock:
+            self._changes[version] = _Change({e.app[0]: e.app[1] for e in accepted if e.app is not None}, ends=ends)
+            self._forget()
         with self._state_lock:
             self._state = None  # read again by the next request
         files = {(w.run_id, w.env_id): w.path for w in written}

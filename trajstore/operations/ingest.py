@@ -24,7 +24,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -45,7 +45,7 @@ from trajstore.storage.encoding import (
     physical_next_type,
     physical_schema,
 )
-from trajstore.storage.log import TableState, WrittenFile
+from trajstore.storage.log import DataFile, TableState, WrittenFile
 from trajstore.storage.names import check_column_name, check_distinct, check_fields, check_id, stored_rows
 from trajstore.storage.table import StepsTable
 
@@ -53,6 +53,8 @@ KEYS = {"episode_id": pa.int64(), "step": pa.int32()}
 ATTEMPTS = 30  # reads of the log per request while other processes keep committing before it
 LEGACY_DIGEST = 1  # what trajstore recorded for every key before it kept the request's digest
 CHECK_BYTES = 16 * 1024 * 1024  # decoded obs and next_obs at a time while the rows' encoding is checked
+
+Ends = Callable[[Sequence[DataFile], np.ndarray], list[StoredEnd]]  # what files hold of episodes (stored_ends)
 
 
 def validate_rows(rows: pa.Table, stored: pa.Schema | None) -> pa.Table:
@@ -388,18 +390,27 @@ class Prepared:
 
 
 def prepare(table: StepsTable, state: TableState | None, rows: pa.Table, *, run_id: str, env_id: str,
-            key: IdempotencyKey | None) -> Prepared | None:
+            key: IdempotencyKey | None, ends: Ends = stored_ends,
+            schema_of: Callable[[str], pa.Schema | None] | None = None,
+            app_version: Callable[[str], int | None] | None = None) -> Prepared | None:
     """``rows`` checked as :func:`append_rows` checks them, against the version ``state`` (None: before the first
     commit), and put under their physical names; None when ``state`` holds the request of ``key`` already (a retry:
-    recognised before anything else is checked, also when its rows no longer continue what the store holds)."""
+    recognised before anything else is checked, also when its rows no longer continue what the store holds).
+    ``ends`` finds what the version's files hold of the rows' episodes (:func:`stored_ends`, or one that keeps what it
+    read: :class:`~trajstore.operations.continuity.EndsCache`); ``schema_of`` gives an environment's stored schema
+    at ``state`` (default: :meth:`~trajstore.storage.table.StepsTable.stored_schema`), ``app_version`` the digest a
+    key's id holds at ``state`` (or at a later version; default: :meth:`~trajstore.storage.log.TableState.app_version`).
+    """
     check_id(run_id, field="run_id")
     check_id(env_id, field="env_id")
-    if key is not None and _seen(state, key):
+    if key is not None and _seen(state, key, app_version):
         return None
     files = [] if state is None else state.files
-    rows, spans = _checked(rows, table.stored_schema(env_id=env_id, files=files))
+    schema = schema_of(env_id) if schema_of is not None else \
+        table.stored_schema(env_id=env_id, files=files, state=state)
+    rows, spans = _checked(rows, schema)
     check_distinct(rows.column_names, table.column_names(state) if state is not None else [], field="columns")
-    stored = stored_ends(files, spans.episodes)
+    stored = ends(files, spans.episodes)
     try:
         check_continues(spans, stored, run_id=run_id, env_id=env_id)
     except InputError:
@@ -436,9 +447,11 @@ def _new_columns(table: StepsTable, written: WrittenFile) -> bool:
     return known is not None and bool(set(written.schema.names) - set(known.schema.names))
 
 
-def _seen(state: TableState | None, key: IdempotencyKey) -> bool:
-    """Whether the table ``state`` holds the request of ``key``; :class:`ConflictError` if the key went to another."""
-    digest = None if state is None else state.app_version(key.app_id)
+def _seen(state: TableState | None, key: IdempotencyKey,
+          app_version: Callable[[str], int | None] | None = None) -> bool:
+    """Whether the table ``state`` holds the request of ``key``; :class:`ConflictError` if the key went to another.
+    ``app_version``: where to look the key up (default: ``state`` itself)."""
+    digest = None if state is None else (state.app_version if app_version is None else app_version)(key.app_id)
     if digest is None:
         return False
     if digest in (key.digest, LEGACY_DIGEST):

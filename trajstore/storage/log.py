@@ -34,6 +34,7 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, Field
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
@@ -529,6 +530,44 @@ class Log:
                 apps[str(action["txn"].get("appId"))] = int(action["txn"].get("version") or 0)
             metadata = metadata or "metaData" in action
         return LogCommit(number, files, removed, info, metadata, frozenset(marked), apps)
+
+    def app_transactions(self, number: int) -> dict[str, tuple[int, int | None]] | None:
+        """Every app transaction (idempotency key) version ``number`` holds: id -> (version, ``lastUpdated`` in ms),
+        read whole from the log's own files, the last checkpoint at or before it (its ``txn`` actions) and every
+        entry since. None where the log cannot be read so (a multi-part or V2 checkpoint, one newer than
+        ``number``, an entry gone): ask :meth:`TableState.app_version` then. Transactions past the table's
+        ``delta.setTransactionRetentionDuration`` are in it (the caller leaves them out, as Delta does)."""
+        apps: dict[str, tuple[int, int | None]] = {}
+        try:
+            with self.location.fs.open_input_stream(self.location.path(LOG_DIR, "_last_checkpoint")) as f:
+                last = json.loads(f.read().decode())
+        except FileNotFoundError:
+            last = None
+        except (OSError, ValueError):
+            return None
+        start = 0
+        if last is not None:
+            if not isinstance(last, dict) or not isinstance(last.get("version"), int) or last["version"] > number \
+                    or last.get("parts") or last.get("v2Checkpoint"):
+                return None
+            start = last["version"] + 1
+            try:
+                with self.location.fs.open_input_file(
+                        self.location.path(LOG_DIR, f"{last['version']:020d}.checkpoint.parquet")) as f:
+                    txns = pq.read_table(f, columns=["txn"])["txn"].drop_null().to_pylist()
+            except (OSError, pa.ArrowException, KeyError):
+                return None
+            for txn in txns:
+                apps[str(txn["appId"])] = (int(txn["version"]), txn.get("lastUpdated"))
+        for version in range(start, number + 1):
+            actions = self.entry(version)
+            if actions is None:
+                return None
+            for action in actions:
+                if "txn" in action:
+                    txn = action["txn"]
+                    apps[str(txn.get("appId"))] = (int(txn.get("version") or 0), txn.get("lastUpdated"))
+        return apps
 
     def added_in(self, path: str) -> int | None:
         """The version whose commit added the file at ``path`` (newest first; None when the readable log does not

@@ -127,9 +127,11 @@ class StepsTable:
             return f"{f.uri}: is {size} bytes, the log says {f.size}"
         return None
 
-    def stored_schema(self, env_id: str | None = None, *, files: Sequence[DataFile] | None = None) -> pa.Schema | None:
+    def stored_schema(self, env_id: str | None = None, *, files: Sequence[DataFile] | None = None,
+                      state: TableState | None = None) -> pa.Schema | None:
         """The columns readers get (logical names, decoded types, fixed sizes kept) merged over the committed
-        files (``files``: those of a version read already), the newest file's first.
+        files (``files``: those of a version read already, ``state``; its declarations are those of a file another
+        tool wrote), the newest file's first.
 
         With ``env_id``, over the files of that environment only: observation shapes and dtypes may differ
         between environments, never within one.
@@ -138,7 +140,7 @@ class StepsTable:
         if not files:
             return None
         fields: dict[str, pa.Field] = {}
-        ordered = sorted(zip(files, self.schemas(files)), key=lambda p: -p[0].modified_ms)
+        ordered = sorted(zip(files, self.schemas(files, state=state)), key=lambda p: -p[0].modified_ms)
         problem = self.size_problem(ordered[0][0])  # the schemas may be known: the newest file must be there
         if problem:
             raise StoreDamagedError.of_file(ordered[0][0].uri, problem.split(": ", 1)[1],
@@ -148,14 +150,15 @@ class StepsTable:
                 fields.setdefault(column.name, column)
         return pa.schema(list(fields.values()))
 
-    def schemas(self, files: Sequence[DataFile]) -> list[FileSchema]:
+    def schemas(self, files: Sequence[DataFile], *, state: TableState | None = None) -> list[FileSchema]:
         """Each committed file's :class:`~trajstore.storage.encoding.FileSchema` (from its footer, or for a file
-        another tool wrote from the table's declarations), read once per file."""
+        another tool wrote from the table's declarations: those of ``state``, a version read already that lists
+        ``files``, or of the latest), read once per file."""
         with self._schemas_lock:
             known = {f.path: self._schemas[f.path] for f in files if f.path in self._schemas}
         missing = list({f.path: f for f in files if f.path not in known}.values())
         if missing:
-            state = self.log.read()
+            state = self.log.read() if state is None else state
             declared = {} if state is None else state.declarations
 
             def schema(f: DataFile) -> FileSchema:

@@ -1,0 +1,159 @@
+"""What the group committer keeps in memory. The episode ends (:class:`~trajstore.operations.continuity.EndsCache`):
+the same answers as reading the log's files, its own files never read, another writer's files read as they appear, so
+a request continuing an episode someone else continued is checked against what the log lists; retries recognised and
+bad continuations refused (422 through the service) naming the episode and the step, as before. The idempotency keys:
+those deltalake finds, another writer's recognised."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction
+from fastapi.testclient import TestClient
+
+import trajstore
+from tests.api.helpers import settings_for
+from tests.api.test_ingest import post, steps_of
+from tests.helpers import steps_table
+from tests.storage.helpers import episode, rows
+from trajstore.api.app import create_app
+from trajstore.errors import ConflictError, InputError
+from trajstore.operations.continuity import EndsCache, FileEnds, stored_ends
+from trajstore.operations.group_commit import GroupCommitter
+from trajstore.remote.wire import ipc_bytes
+from trajstore.store import plumbing
+
+
+def agents(episode_id: int, steps: list[int], names: list[str], *, end: bool = False) -> pa.Table:
+    """Rows of a multi-agent episode: each of ``names`` at each of ``steps``, the last rows ended with ``end``."""
+    n = len(steps) * len(names)
+    return rows(n, episode_id, step=pa.array([s for s in steps for _ in names], pa.int64()),
+                agent_id=pa.array(names * len(steps)),
+                terminated=pa.array([False] * (n - len(names)) + [end] * len(names)))
+
+
+def test_the_cache_answers_what_the_files_hold(store: trajstore.Store) -> None:
+    """Against the plain reading (one DuckDB aggregate over the files), over files of two partitions, episodes
+    running, ended and split over files, agents of a multi-agent one; learnt from rows or read from the files."""
+    ingest = plumbing(store).ingest
+    ingest(episode([0, 1, 2]), run_id="r", env_id="E")
+    ingest(episode([3, 4], end=True), run_id="r", env_id="E")
+    ingest(pa.concat_tables([rows(3, episode_id=i) for i in (20, 5, 11)]), run_id="r", env_id="E")
+    ingest(episode([0, 1], episode_id=8), run_id="other", env_id="F")
+    ingest(agents(9, [0, 2], ["a", "b"]), run_id="r", env_id="E")
+    ingest(agents(9, [3], ["a"], end=True), run_id="r", env_id="E")
+    table = steps_table(store)
+    state = table.log.read()
+    assert state is not None and len(state.files) == 6
+    learnt = EndsCache()
+    for f in state.files:
+        learnt.learn(f.path, FileEnds.of(pq.read_table(f.path, filesystem=f.fs), run_id=f.run_id, env_id=f.env_id))
+    read, small = EndsCache(), EndsCache(limit=3)  # small: lets files go and reads them again
+    for ids in ([7], [8], [9], [5, 7, 8, 9, 11, 20], [1, 6, 100], [4, 5, 6, 7, 8, 9, 10, 11, 12, 20]):
+        want = stored_ends(state.files, np.array(ids, np.int64))
+        assert bool(want) == (ids != [1, 6, 100])
+        for cache in (read, learnt, small):
+            assert cache.ends(state.files, np.array(ids, np.int64)) == want, ids
+    assert learnt.reads == 0 and read.reads == 6 and small.reads > 6
+    ends = {(e.episode_id, e.agent_id): (e.last_step, e.end_step) for e in
+            read.ends(state.files, np.array([7, 8, 9], np.int64))}
+    assert ends == {(7, None): (4, 4), (8, None): (1, None), (9, "a"): (3, 3), (9, "b"): (2, None)}
+
+
+def test_an_episode_another_writer_continued_is_checked_against_the_log(store: trajstore.Store) -> None:
+    """The committer knows what its own commits stored; steps another writer appended since are read from the file
+    the log lists: a request that continues what the committer stored, not what the log holds now, is refused naming
+    the episode and the step, and one continuing the other writer's steps is stored. A retry is still recognised."""
+    committer = GroupCommitter(steps_table(store), interval_s=0.05)
+    try:
+        first = committer.ingest(episode([0, 1]), run_id="r", env_id="E", idempotency_key="a").result(60)
+        assert committer.ends.reads == 0  # its own file: known, not read
+        plumbing(trajstore.open(store.root)).ingest(episode([2, 3]), run_id="r", env_id="E")  # not through it
+        with pytest.raises(InputError, match=r"step: episode_id 7 continues at step 2, but the store holds its steps "
+                                             r"up to 3; expected step 4"):
+            committer.ingest(episode([2, 3]), run_id="r", env_id="E", idempotency_key="b").result(60)
+        assert committer.ends.reads == 1  # the other writer's file, read once
+        later = committer.ingest(episode([4, 5], end=True), run_id="r", env_id="E").result(60)
+        retry = committer.ingest(episode([0, 1]), run_id="r", env_id="E", idempotency_key="a").result(60)
+        with pytest.raises(InputError, match=r"step: episode_id 7 ended at step 5 \(terminated or truncated\); "
+                                             r"step 6 cannot follow it"):
+            committer.ingest(episode([6]), run_id="r", env_id="E").result(60)
+        assert committer.ends.reads == 1
+    finally:
+        committer.close()
+    assert not first.duplicate and later.version > first.version and retry.duplicate  # type: ignore[operator]
+    assert store.episode_steps(7)["step"].to_pylist() == [0, 1, 2, 3, 4, 5]
+    assert trajstore.check(store).ok
+
+
+def test_through_the_service_a_bad_continuation_is_422_and_a_retry_200(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    trajstore.open(path, create=True)
+    body = ipc_bytes(steps_of(3, [0, 1, 2]))
+    with TestClient(create_app(settings_for(path, commit_interval=0.05))) as c:
+        assert post(c, body, idem="first").status_code == 201
+        assert post(c, ipc_bytes(steps_of(3, [3, 4])), idem=uuid.uuid4().hex).status_code == 201
+        plumbing(trajstore.open(path)).ingest(steps_of(3, [5]), run_id="r1", env_id="Toy-v0")  # another writer
+        late = post(c, ipc_bytes(steps_of(3, [5, 6])), idem=uuid.uuid4().hex)
+        retry = post(c, body, idem="first")
+        fits = post(c, ipc_bytes(steps_of(3, [6], end=True)), idem=uuid.uuid4().hex)
+    assert late.status_code == 422 and "episode_id 3 continues at step 5, but the store holds its steps up to 5; " \
+        "expected step 6" in late.json()["detail"]
+    assert retry.status_code == 200 and retry.json()["duplicate"]
+    assert fits.status_code == 201, fits.text
+    assert trajstore.open(path).episode_steps(3)["step"].to_pylist() == list(range(7))
+
+
+def test_the_keys_read_from_the_log_are_deltalakes(store: trajstore.Store) -> None:
+    """The idempotency keys read whole from the log (a checkpoint's and the entries since), then kept by the committer,
+    are those deltalake's ``transaction_version`` finds, an expired key left out as Delta leaves it out."""
+    ingest = plumbing(store).ingest
+    for i in range(30):
+        ingest(rows(2, episode_id=100 + i), run_id="r", env_id="E", idempotency_key=f"k{i}")
+    table = steps_table(store)
+    path = str(Path(store.root) / "steps")
+    DeltaTable(path).create_checkpoint()
+    delta = DeltaTable(path)  # another engine's commit of a key older than the keys' 7-day retention
+    delta.create_write_transaction([], mode="append", schema=pa.schema(delta.schema().to_arrow()),
+                                   partition_by=["run_id", "env_id"], commit_properties=CommitProperties(
+                                       app_transactions=[Transaction("trajstore-ingest:old", 5,
+                                                                     int(time.time() * 1000) - 8 * 86400 * 1000)]))
+    for i in range(30, 33):
+        ingest(rows(2, episode_id=100 + i), run_id="r", env_id="E", idempotency_key=f"k{i}")
+    state = table.log.read()
+    assert state is not None
+    read = table.log.app_transactions(state.number)
+    assert read is not None and table.log.last_checkpoint() is not None
+    committer = GroupCommitter(table, interval_s=0.05)
+    try:
+        held = committer._apps.lookup(state)
+        assert read["trajstore-ingest:old"][0] == 5  # in the log, expired
+        for app_id in [f"trajstore-ingest:k{i}" for i in range(33)] + ["trajstore-ingest:none", "trajstore-ingest:old"]:
+            assert held(app_id) == state.app_version(app_id), app_id
+        assert held("trajstore-ingest:old") is None and held("trajstore-ingest:k31") is not None
+    finally:
+        committer.close()
+
+
+def test_a_key_another_writer_stored_is_recognised(store: trajstore.Store) -> None:
+    """Keys are kept from the committer's first look at the log on; a key another writer stored after that (read from
+    its log entry) is a retry's (a duplicate) or refused for other rows (409)."""
+    committer = GroupCommitter(steps_table(store), interval_s=0.05)
+    try:
+        committer.ingest(rows(2, episode_id=1), run_id="r", env_id="E", idempotency_key="mine").result(60)
+        plumbing(trajstore.open(store.root)).ingest(rows(3, episode_id=2), run_id="r", env_id="E",
+                                                    idempotency_key="theirs")
+        again = committer.ingest(rows(3, episode_id=2), run_id="r", env_id="E", idempotency_key="theirs").result(60)
+        with pytest.raises(ConflictError, match="idempotency_key: 'theirs' was already used for another request"):
+            committer.ingest(rows(3, episode_id=3), run_id="r", env_id="E", idempotency_key="theirs")
+        mine = committer.ingest(rows(2, episode_id=1), run_id="r", env_id="E", idempotency_key="mine").result(60)
+    finally:
+        committer.close()
+    assert again.duplicate and mine.duplicate
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 5

@@ -413,38 +413,28 @@ def episode_fragments(source: str, lineage: Sequence[str]) -> str:
     """Per file, episode and agent (``agent_id``, NULL for single-agent rows) of ``source`` (rows of
     :func:`fragment_source`): what the ``episodes`` view aggregates, as partial aggregates that add up over the
     files holding an episode (:func:`combined_episodes`); each lineage column taken at its first step with a value,
-    that step kept beside it (:func:`lineage_step`)."""
+    that step kept beside it (:func:`lineage_step`). The aggregates are those ``schemas/episode.v1.json`` defines
+    beside the view's own (its ``fragments``)."""
+    spec = sch.load(sch.EPISODE_SCHEMA_FILE)["fragments"]
     keys = ", ".join(ident(k) for k in (FILE, *FRAGMENT_KEYS))
-    cols = ["count(*)::BIGINT AS rows", "sum(reward::DOUBLE) AS reward",
-            "count(*) FILTER (WHERE terminated OR truncated)::BIGINT AS ends",
-            "bool_or(terminated) AS terminated", "bool_or(truncated) AS truncated",
-            "bool_or(terminated OR truncated) AS ended", "min(step) AS first_step", "max(step) AS last_step",
-            "min(wall_time) AS started_at", "max(wall_time) AS ended_at", "max(env_steps) AS env_steps"]
+    cols = [f"{c['sql']} AS {ident(c['name'])}" for c in spec["columns"]]
     for name in lineage:
-        cols += [f"arg_min({ident(name)}, step) AS {ident(name)}",
-                 f"min(CASE WHEN {ident(name)} IS NOT NULL THEN step END) AS {ident(lineage_step(name))}"]
+        cols += [spec["lineage"]["sql"].format(name=ident(name)) + f" AS {ident(name)}",
+                 spec["lineage"]["step_sql"].format(name=ident(name)) + f" AS {ident(lineage_step(name))}"]
     return (f"SELECT {keys}, {', '.join(cols)} FROM ({source}) GROUP BY {keys} "
             f"ORDER BY {ident(FILE)}, episode_id, agent_id")
 
 
 def combined_episodes(source: str, lineage: Sequence[str], columns: Sequence[tuple[str, str]]) -> str:
     """The ``episodes`` view's rows of the episodes in ``source`` (fragments of :func:`episode_fragments` of files
-    of one version, in any order): each episode's fragments added up by the view's own definitions
-    (``schemas/episode.v1.json``), single-agent and multi-agent alike, every column cast to the view's type
-    (``columns``: name -> DuckDB type, in the view's order)."""
-    agent_rows = "coalesce(sum(rows) FILTER (WHERE agent_id IS NOT NULL), 0)"
-    single, agents = f"{agent_rows} = 0", "count(DISTINCT agent_id)"
-    exprs = {"episode_length": f"CASE WHEN {single} THEN sum(rows) ELSE max(last_step) - min(first_step) + 1 END",
-             "episode_return": "sum(reward)",
-             "terminated": f"CASE WHEN {single} THEN bool_or(terminated) "
-                           f"ELSE sum(ends) = {agents} AND NOT bool_or(truncated) END",
-             "truncated": f"CASE WHEN {single} THEN bool_or(truncated) "
-                          f"ELSE sum(ends) = {agents} AND bool_or(truncated) END",
-             "complete": f"CASE WHEN {single} THEN bool_or(ended) ELSE sum(ends) = {agents} END",
-             "first_step": "min(first_step)", "last_step": "max(last_step)", "started_at": "min(started_at)",
-             "ended_at": "max(ended_at)", "n_agents": f"CASE WHEN {single} THEN 1 ELSE {agents} END",
-             "env_steps": "max(env_steps)", "run_id": "run_id", "env_id": "env_id", "episode_id": "episode_id"}
-    exprs.update({name: f"arg_min({ident(name)}, {ident(lineage_step(name))})" for name in lineage})
+    of one version, in any order): each episode's fragments added up by each column's ``fragments_sql`` in
+    ``schemas/episode.v1.json``, beside its definition over the steps, single-agent and multi-agent alike, every
+    column cast to the view's type (``columns``: name -> DuckDB type, in the view's order)."""
+    spec = sch.load(sch.EPISODE_SCHEMA_FILE)
+    parts = {"single": spec["fragments"]["single"], "agents": spec["fragments"]["agents"]}
+    exprs = {c["name"]: c["fragments_sql"].format(**parts) for c in spec["columns"] if "fragments_sql" in c}
+    exprs.update({name: spec["lineage"]["fragments_sql"].format(name=ident(name), name_step=ident(lineage_step(name)))
+                  for name in lineage})
     missing = [name for name, _ in columns if name not in exprs]
     if missing:
         raise InputError(f"the episodes view has columns fragments do not hold: {missing}")

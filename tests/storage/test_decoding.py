@@ -219,9 +219,7 @@ def test_every_reader_renders_every_expression_and_decodes_every_leaf_rule() -> 
     """A new kind of expression or leaf rule that a dialect or the numpy decoder lacks fails here by name."""
     assert [e.__name__ for e in decoding.EXPRESSIONS if e not in sql._RENDER] == []
     assert [e.__name__ for e in decoding.EXPRESSIONS if e not in spark_sql._RENDER] == []
-    leaf_rules = {decoding.OBS_VALUE, decoding.OBS_NEW_FRAMES, decoding.NEXT_VALUE, decoding.NEXT_ONE_FRAME,
-                  decoding.NEXT_NEW_FRAMES}
-    assert sorted(r.name for r in leaf_rules if r.name not in OBS_DECODERS | NEXT_DECODERS) == []
+    assert [r.name for r in decoding.LEAF_RULES if r.name not in OBS_DECODERS | NEXT_DECODERS] == []
 
 
 def check_rule(rule: decoding.Rule, read: Callable[[Written, str, list[str]], list[dict[str, Any]]],

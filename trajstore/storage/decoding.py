@@ -64,6 +64,7 @@ MIXED = Rule("mixed_types", "any column", "one field in types that cannot be one
 
 RULES: tuple[Rule, ...] = (STORED, OBS_VALUE, OBS_NEW_FRAMES, NEXT_SPARSE, NEXT_VALUE, NEXT_ONE_FRAME,
                            NEXT_NEW_FRAMES, IMAGE_BYTES, MIXED)
+LEAF_RULES = (OBS_VALUE, OBS_NEW_FRAMES, NEXT_VALUE, NEXT_ONE_FRAME, NEXT_NEW_FRAMES)  # one per leaf, by its kind
 
 
 # --- the expressions rules are made of (each SQL dialect renders every one) ------------------------------------

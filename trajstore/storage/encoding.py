@@ -806,7 +806,9 @@ def check_rows(batches: Iterator[pa.RecordBatch], fmt: FileEncoding, obs_type: p
                where: str = "file") -> int:
     """Check every invariant a reader relies on over one file's batches (logical names, physical types, file
     order) without decoding a frame: entries per row of each stacked and ``next_obs`` leaf, and the neighbours of
-    one-frame rows and null ``next_obs``. Raises :class:`EncodingError` naming the row; returns the rows seen."""
+    one-frame rows and null ``next_obs``, as each leaf's rules need them (:meth:`FileEncoding.plan`). Raises
+    :class:`EncodingError` naming the row; returns the rows seen."""
+    plan = fmt.plan(obs_type)
     prev: tuple[int, int] | None = None
     waiting: tuple[int, int, int] | None = None  # a null next_obs at the end of the batch before: row, episode, step
     row = 0
@@ -821,9 +823,9 @@ def check_rows(batches: Iterator[pa.RecordBatch], fmt: FileEncoding, obs_type: p
         if waiting is not None and not follows[0]:
             raise EncodingError(f"{where}: row {waiting[0]} (episode {waiting[1]}, step {waiting[2]}): next_obs is "
                                 "null, but the next row is not the same episode's next step")
-        for path, _ in leaves(obs_type):
-            k = fmt.stacks.get(path)
-            if k is not None and OBS in batch.schema.names:
+        for leaf in plan.leaves:
+            k, path = leaf.k, leaf.path
+            if leaf.obs_rule is OBS_NEW_FRAMES and OBS in batch.schema.names:
                 counts = np.diff(leaf_column(batch.column(OBS), path).offsets.to_numpy())
                 _refuse(where, row, eid, step, (counts != 1) & (counts != k),
                         f"{path} holds other than 1 or {k} frames")
@@ -838,11 +840,11 @@ def check_rows(batches: Iterator[pa.RecordBatch], fmt: FileEncoding, obs_type: p
                     "next_obs is null, but the next row is not the same episode's next step")
             if not valid[-1]:
                 waiting = (row + n - 1, int(eid[-1]), int(step[-1]))
-            for path, _ in leaves(obs_type):
-                if not in_frames(fmt, path):
+            for leaf in plan.leaves:
+                if not leaf.in_frames:
                     continue
+                k, path = leaf.k, leaf.path
                 counts = np.diff(leaf_column(column, path).offsets.to_numpy())
-                k = fmt.stacks.get(path)
                 ok = (counts == 1) | (counts == k) if k is not None else counts == 1
                 _refuse(where, row, eid, step, valid & ~ok,
                         f"next_obs leaf {path} holds other than 1" + (f" or {k}" if k else "") + " frames")

@@ -170,7 +170,9 @@ class FileEncoding:
 
 # --- what the table declares: each stored column's meaning, in the Delta schema's field metadata ---------
 
-RULES = {
+# a declaration's ``stored``/``sparse`` in the words ``trajstore schema`` prints (the rules readers follow to decode
+# such columns are :data:`trajstore.storage.decoding.RULES`)
+DECLARED = {
     "new_frames": "each row holds the frames new at its step: per stacked leaf its newest frame, or its whole "
                   "stack where stacking breaks (an episode's first row in a file, a reset); a step's stack is the "
                   "last k frames of its episode's rows up to it, in step order; image frames as raw bytes",
@@ -183,9 +185,9 @@ RULES = {
 
 def described(spec: Mapping[str, Any]) -> list[str]:
     """A declaration in words: how its column stores its field."""
-    out = [RULES["sparse"]] if spec.get("sparse") else []
-    if spec.get("stored") in RULES:
-        out.append(RULES[spec["stored"]])
+    out = [DECLARED["sparse"]] if spec.get("sparse") else []
+    if spec.get("stored") in DECLARED:
+        out.append(DECLARED[spec["stored"]])
     if spec.get("frame_stack"):
         out.append("frame stacks: " + ", ".join(f"{p} of {k}" for p, k in spec["frame_stack"].items()))
     if spec.get("frames"):

@@ -117,9 +117,9 @@ def group_select(group: FileGroup, source: str, variant: Sequence[str],
     if not fmt.encoded or OBS not in group.logical.names:
         return sql.decoded_steps(source, columns, variant=variant)
     images = {path: frames(dtype, shape, path in fmt.stacks) for path, (dtype, shape) in fmt.images.items()}
-    return sql.decoded_steps(source, columns, obs=fmt.physical(OBS), obs_type=group.logical.field(OBS).type,
+    return sql.decoded_steps(source, columns, obs=fmt.physical(OBS), plan=fmt.plan(group.logical.field(OBS).type),
                              next_obs=fmt.physical(NEXT) if NEXT in group.logical.names else None,
-                             stacks=fmt.stacks, images=images, variant=list(variant))
+                             images=images, variant=list(variant))
 
 
 def decoding_sql(files: Sequence[DataFile], schemas: Sequence[FileSchema], *, source: str = "stored_steps") -> str:

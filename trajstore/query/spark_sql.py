@@ -1,23 +1,25 @@
 """The decoding SQL in Spark SQL's dialect: one ``CREATE TEMP VIEW steps`` that Spark runs unchanged over the
 table's stored rows to give the steps trajstore's readers give (:func:`decoding_sql`).
 
-It says what :func:`trajstore.query.snapshot.decoding_sql` says for DuckDB, in what Spark has: no macros (a frame's
-bytes are made values inline, by ``transform`` over ``sequence``), no ``SELECT * REPLACE`` (every column listed),
-``collect_list`` over a window of rows for the frames of a stack, 0-based ``[]``. Spark has no unsigned integers:
-uint8 image values are SMALLINT, as Spark reads uint8 columns. Where a column has another Spark type in another
-environment (an int action beside a float one), Spark cannot hold both in one column: there it is that value as
-JSON text (``to_json``), or its text for a scalar; select one environment to see it in its own type.
+It renders the rules of :mod:`trajstore.storage.decoding`, as :func:`trajstore.query.snapshot.decoding_sql` does for
+DuckDB, in what Spark has (:func:`render`): no macros (a frame's bytes are made values inline, by ``transform`` over
+``sequence``), no ``SELECT * REPLACE`` (every column listed), ``collect_list`` over a window of rows for the frames of
+a stack, 0-based ``[]``. Spark has no unsigned integers: uint8 image values are SMALLINT, as Spark reads uint8
+columns. Where a column has another Spark type in another environment (an int action beside a float one), Spark cannot
+hold both in one column: there it is that value as JSON text (``to_json``), or its text for a scalar; select one
+environment to see it in its own type.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError
 from trajstore.query.groups import FileGroup, group_files
+from trajstore.storage import decoding
 from trajstore.storage.encoding import NEXT, OBS, FileSchema
 from trajstore.storage.log import DataFile
 
@@ -77,25 +79,25 @@ def decoding_sql(files: Sequence[DataFile], schemas: Sequence[FileSchema], *, so
 
 
 def _group_select(g: FileGroup, source: str, order: list[str], types: dict[str, pa.DataType], mixed: set[str]) -> str:
+    """One group's rows decoded by the rules of :mod:`~trajstore.storage.decoding`, every column of ``order``."""
     fmt = g.format
     where = [f"env_id IN ({', '.join(literal(e) for e in g.env_ids)})"]
     physical = ["run_id", "env_id", *g.physical.names]
     logical = dict(zip(g.physical.names, g.logical.names))
     logical.update(run_id="run_id", env_id="env_id")
-    decoded = fmt.encoded and OBS in g.logical.names
-    obs = fmt.physical(OBS) if decoded else None
-    nxt = fmt.physical(NEXT) if decoded and NEXT in g.logical.names else None
+    obs = fmt.physical(OBS) if fmt.encoded and OBS in g.logical.names else None
+    nxt = fmt.physical(NEXT) if obs is not None and NEXT in g.logical.names else None
+    select, decoded = f"SELECT * FROM {ident(source)} WHERE {' AND '.join(where)}", {}
     if obs is not None:
         where.append(f"{ident(obs)} IS NOT NULL")
-    select = f"SELECT * FROM {ident(source)} WHERE {' AND '.join(where)}"
-    obs_type = g.logical.field(OBS).type if decoded else None
-    stacks, images = (fmt.stacks, fmt.images) if decoded else ({}, {})
-    if obs is not None and obs_type is not None and _any(obs_type, stacks):
-        select = _replace(physical, {obs: _obs_expr(ident(obs), obs_type, stacks)}, select)
-    if obs is not None and nxt is not None and obs_type is not None:
-        stored = _next_expr(ident(nxt), ident(obs), obs_type, stacks, set(images))
-        expr = f"CASE WHEN {ident(nxt)} IS NULL THEN lead({ident(obs)}) OVER ({WINDOW}) ELSE {stored} END"
-        select = _replace(physical, {nxt: expr}, select)
+        select = f"SELECT * FROM {ident(source)} WHERE {' AND '.join(where)}"
+        plan = fmt.plan(g.logical.field(OBS).type)
+        stacked = plan.obs(obs)
+        if stacked is not None:
+            select = _replace(physical, {obs: render(stacked)}, select)
+        if nxt is not None:
+            select = _replace(physical, {nxt: render(plan.next(nxt, obs))}, select)
+        decoded = {p: plan.values(p) for p in (obs, nxt) if p is not None}
     by_logical = {lg: p for p, lg in logical.items()}
     out = []
     for name in order:
@@ -103,13 +105,10 @@ def _group_select(g: FileGroup, source: str, order: list[str], types: dict[str, 
         if p is None:
             value = f"CAST(NULL AS {'STRING' if name in mixed else spark_type(types[name])})"
         else:
-            value = ident(p)
-            if obs_type is not None and p in (obs, nxt) and images:
-                value = _values_expr(value, obs_type, images, stacks)
+            expr = decoded.get(p) or decoding.Column(p)
             if name in mixed:
-                t = g.logical.field(name).type
-                nested = pa.types.is_nested(t)
-                value = f"to_json({value})" if nested else f"CAST({value} AS STRING)"
+                expr = decoding.mixed(expr, g.logical.field(name).type)
+            value = render(expr)
         out.append(f"{value} AS {ident(name)}")
     return f"SELECT {', '.join(out)} FROM ({select})"
 
@@ -119,60 +118,50 @@ def _replace(names: list[str], exprs: dict[str, str], select: str) -> str:
     return f"SELECT {', '.join(cols)} FROM ({select})"
 
 
-def _any(t: pa.DataType, stacks: dict[str, int], path: str = OBS) -> bool:
-    if pa.types.is_struct(t):
-        return any(_any(f.type, stacks, f"{path}.{f.name}") for f in t)
-    return path in stacks
+def render(expr: decoding.Expr) -> str:
+    """A decoding expression (:mod:`~trajstore.storage.decoding`) in Spark SQL: 0-based ``[]``, ``slice(list, start,
+    length)``, ``collect_list`` over a window of rows, image bytes made values inline."""
+    return _RENDER[type(expr)](expr)
 
 
-def _field(ref: str, name: str) -> str:
-    return f"{ref}.{ident(name)}"
+def _struct(e: decoding.Struct) -> str:
+    return f"named_struct({', '.join(f'{literal(n)}, {render(v)}' for n, v in e.fields)})"
 
 
-def _each_leaf(ref: str, t: pa.DataType, path: str, leaf: Callable[[str, pa.DataType, str], str]) -> str:
-    """``leaf(ref, type, path)`` of each leaf of ``ref`` (a struct: its fields, recursively, as one struct)."""
-    if not pa.types.is_struct(t):
-        return leaf(ref, t, path)
-    parts = [f"{literal(f.name)}, {_each_leaf(_field(ref, f.name), f.type, f'{path}.{f.name}', leaf)}" for f in t]
-    return f"named_struct({', '.join(parts)})"
+def _values(e: decoding.Values) -> str:
+    """Image frame bytes (a stacked leaf: a list of frames' bytes) as the nested arrays of their values (uint8/int8
+    frames; other dtypes stay bytes: SQL cannot reinterpret them)."""
+    ref = render(e.of)
+    if e.dtype not in ("uint8", "int8"):
+        return ref
+    dims = tuple(int(d) for d in e.shape)
+    if e.stacked:
+        return f"transform({ref}, f -> {_frame_values('f', e.dtype, dims)})"
+    return _frame_values(ref, e.dtype, dims)
 
 
-def _obs_expr(ref: str, t: pa.DataType, stacks: dict[str, int]) -> str:
-    def leaf(r: str, _: pa.DataType, path: str) -> str:
-        if path not in stacks:
-            return r
-        k = int(stacks[path])
-        frames = f"collect_list({r}) OVER ({WINDOW} ROWS BETWEEN {k - 1} PRECEDING AND CURRENT ROW)"
-        return f"slice(flatten({frames}), {-k}, {k})"
-
-    return _each_leaf(ref, t, OBS, leaf)
+def _any_type(e: decoding.AnyType) -> str:
+    return f"to_json({render(e.of)})" if e.nested else f"CAST({render(e.of)} AS STRING)"
 
 
-def _next_expr(ref: str, obs: str, t: pa.DataType, stacks: dict[str, int], images: set[str], path: str = OBS) -> str:
-    if pa.types.is_struct(t):
-        parts = [f"{literal(f.name)}, "
-                 f"{_next_expr(_field(ref, f.name), _field(obs, f.name), f.type, stacks, images, f'{path}.{f.name}')}"
-                 for f in t]
-        return f"named_struct({', '.join(parts)})"
-    if path not in stacks:
-        return f"{ref}[0]" if path in images else ref
-    k = int(stacks[path])
-    return f"CASE WHEN size({ref}) = {k} THEN {ref} ELSE concat(slice({obs}, 2, {k - 1}), {ref}) END"
-
-
-def _values_expr(ref: str, t: pa.DataType, images: dict[str, tuple[str, tuple[int, ...]]],
-                 stacks: dict[str, int]) -> str:
-    """``ref`` with each image leaf's bytes (a stacked leaf: a list of frames' bytes) made the nested arrays of their
-    values (uint8/int8 frames; other dtypes stay bytes: SQL cannot reinterpret them)."""
-    def leaf(r: str, _: pa.DataType, path: str) -> str:
-        if path not in images or str(images[path][0]) not in ("uint8", "int8"):
-            return r
-        dtype, dims = str(images[path][0]), tuple(int(d) for d in images[path][1])
-        if path in stacks:
-            return f"transform({r}, f -> {_frame_values('f', dtype, dims)})"
-        return _frame_values(r, dtype, dims)
-
-    return _each_leaf(ref, t, OBS, leaf)
+_RENDER: dict[type, Callable[[Any], str]] = {
+    decoding.Column: lambda e: ident(e.name),
+    decoding.Field: lambda e: f"{render(e.of)}.{ident(e.name)}",
+    decoding.Struct: _struct,
+    decoding.Window: lambda e: f"collect_list({render(e.of)}) OVER ({WINDOW} ROWS BETWEEN {int(e.rows) - 1} "
+                               "PRECEDING AND CURRENT ROW)",
+    decoding.Lead: lambda e: f"lead({render(e.of)}) OVER ({WINDOW})",
+    decoding.Flatten: lambda e: f"flatten({render(e.of)})",
+    decoding.Last: lambda e: f"slice({render(e.of)}, {-int(e.n)}, {int(e.n)})",
+    decoding.Items: lambda e: f"slice({render(e.of)}, {int(e.start)}, {int(e.count)})",
+    decoding.Item: lambda e: f"{render(e.of)}[{int(e.at) - 1}]",
+    decoding.Concat: lambda e: f"concat({render(e.first)}, {render(e.then)})",
+    decoding.IsNull: lambda e: f"{render(e.of)} IS NULL",
+    decoding.HasItems: lambda e: f"size({render(e.of)}) = {int(e.n)}",
+    decoding.When: lambda e: f"CASE WHEN {render(e.cond)} THEN {render(e.then)} ELSE {render(e.otherwise)} END",
+    decoding.Values: _values,
+    decoding.AnyType: _any_type,
+}
 
 
 def _frame_values(b: str, dtype: str, dims: tuple[int, ...]) -> str:

@@ -18,7 +18,7 @@ parameters) are rendered here with every name and value quoted.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Protocol, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +26,7 @@ import pyarrow as pa
 from trajstore import schema as sch
 from trajstore.errors import InputError
 from trajstore.query.filters import EpisodeFilter
-from trajstore.storage import summaries
+from trajstore.storage import decoding, summaries
 from trajstore.storage.log import DataFile
 
 STAT_KEYS = ("n_traj", "return_min", "return_mean", "return_std", "return_max",
@@ -237,79 +237,64 @@ _FUNCTION = __import__("re").compile(r"^[a-z][a-z0-9_]*$")
 
 
 def decoded_steps(source: str, columns: Sequence[tuple[str, str]], *, obs: str | None = None,
-                  next_obs: str | None = None, obs_type: pa.DataType | None = None,
-                  stacks: dict[str, int] | None = None, images: dict[str, str] | None = None,
+                  next_obs: str | None = None, plan: decoding.Plan | None = None, images: dict[str, str] | None = None,
                   variant: Sequence[str] = ()) -> str:
-    """One group of files (``source``: their SELECT) as logical columns: each ``(physical, logical)`` of
-    ``columns`` renamed, those of ``variant`` as VARIANT (their types differ between groups), and, for an
-    encoding-2 group, ``obs`` (its physical name) and ``next_obs`` decoded with windows over each episode's
-    steps: a stacked leaf is the last k frames of the frames stored by its last k rows, a null ``next_obs`` the
-    next step's decoded ``obs``, a stored one its only frame, or for a stack ``obs[2:]`` and its newest frame
-    (or its whole stack); image frames (``images``: leaf path -> the function that makes values of their
-    bytes) become nested lists last."""
-    stacks, images = stacks or {}, images or {}
-    select = source
-    if obs is not None and obs_type is not None and _any_stacked(obs_type, stacks):
-        select = f"SELECT * REPLACE ({_obs_expr(ident(obs), obs_type, stacks)} AS {ident(obs)}) FROM ({select})"
-    if obs is not None and next_obs is not None and obs_type is not None:
-        stored = _next_expr(ident(next_obs), ident(obs), obs_type, stacks, set(images))
-        expr = f"CASE WHEN {ident(next_obs)} IS NULL THEN lead({ident(obs)}) OVER ({_WINDOW}) ELSE {stored} END"
-        select = f"SELECT * REPLACE ({expr} AS {ident(next_obs)}) FROM ({select})"
+    """One group of files (``source``: their SELECT) as logical columns, by the rules of
+    :mod:`~trajstore.storage.decoding`: each ``(physical, logical)`` of ``columns`` renamed, those of ``variant`` as
+    VARIANT (their types differ between groups), and, for an encoding-2 group, ``obs`` (its physical name) and
+    ``next_obs`` decoded as ``plan`` says, with windows over each episode's steps; image frames (``images``: leaf path
+    -> the function that makes values of their bytes) become nested lists last."""
+    images = images or {}
+    select, decoded = source, {}
+    if obs is not None and plan is not None:
+        stacked = plan.obs(obs)
+        if stacked is not None:
+            select = f"SELECT * REPLACE ({render(stacked, images)} AS {ident(obs)}) FROM ({select})"
+        if next_obs is not None:
+            expr = render(plan.next(next_obs, obs), images)
+            select = f"SELECT * REPLACE ({expr} AS {ident(next_obs)}) FROM ({select})"
+        decoded = {p: plan.values(p) for p in (obs, next_obs) if p is not None}
     names = []
     for p, lg in columns:
-        expr = ident(p)
-        if obs_type is not None and p in (obs, next_obs) and images:
-            expr = _values_expr(expr, obs_type, images)
-        names.append(f"{expr}{'::VARIANT' if lg in variant else ''} AS {ident(lg)}")
+        value = decoded.get(p) or decoding.Column(p)
+        if lg in variant:
+            value = decoding.AnyType(value)
+        names.append(f"{render(value, images)} AS {ident(lg)}")
     return f"SELECT {', '.join(names)} FROM ({select})"
 
 
-def _any_stacked(t: pa.DataType, stacks: dict[str, int], path: str = "obs") -> bool:
-    if pa.types.is_struct(t):
-        return any(_any_stacked(f.type, stacks, f"{path}.{f.name}") for f in t)
-    return path in stacks
+def render(expr: decoding.Expr, images: Mapping[str, str]) -> str:
+    """A decoding expression (:mod:`~trajstore.storage.decoding`) in DuckDB's SQL (``images``: image leaf path -> the
+    function that makes values of its frames' bytes)."""
+    return _RENDER[type(expr)](expr, images)
 
 
-def _obs_expr(ref: str, t: pa.DataType, stacks: dict[str, int], path: str = "obs") -> str:
-    if pa.types.is_struct(t):
-        parts = [f"{ident(f.name)} := {_obs_expr(_field(ref, f.name), f.type, stacks, f'{path}.{f.name}')}"
-                 for f in t]
-        return f"struct_pack({', '.join(parts)})"
-    if path not in stacks:
-        return ref
-    k = int(stacks[path])
-    frames = f"list({ref}) OVER ({_WINDOW} ROWS BETWEEN {k - 1} PRECEDING AND CURRENT ROW)"
-    return f"list_slice(flatten({frames}), {-k}, -1)"
+def _values(e: decoding.Values, images: Mapping[str, str]) -> str:
+    if not _FUNCTION.match(images[e.path]):
+        raise InputError(f"not a function name: {images[e.path]!r}")
+    return f"{images[e.path]}({render(e.of, images)})"
 
 
-def _next_expr(ref: str, obs: str, t: pa.DataType, stacks: dict[str, int], images: set[str],
-               path: str = "obs") -> str:
-    if pa.types.is_struct(t):
-        parts = [f"{ident(f.name)} := "
-                 f"{_next_expr(_field(ref, f.name), _field(obs, f.name), f.type, stacks, images, f'{path}.{f.name}')}"
-                 for f in t]
-        return f"struct_pack({', '.join(parts)})"
-    if path not in stacks:
-        return f"{ref}[1]" if path in images else ref
-    k = int(stacks[path])
-    return f"CASE WHEN len({ref}) = {k} THEN {ref} ELSE list_concat(list_slice({obs}, 2, {k}), {ref}) END"
-
-
-def _values_expr(ref: str, t: pa.DataType, images: dict[str, str], path: str = "obs") -> str:
-    """``ref`` with each image leaf's bytes made the nested lists of their values."""
-    if pa.types.is_struct(t):
-        parts = [f"{ident(f.name)} := {_values_expr(_field(ref, f.name), f.type, images, f'{path}.{f.name}')}"
-                 for f in t]
-        return f"struct_pack({', '.join(parts)})"
-    if path not in images:
-        return ref
-    if not _FUNCTION.match(images[path]):
-        raise InputError(f"not a function name: {images[path]!r}")
-    return f"{images[path]}({ref})"
-
-
-def _field(ref: str, name: str) -> str:
-    return f"struct_extract({ref}, {literal(name)})"
+_Render = Callable[[Any, Mapping[str, str]], str]
+_RENDER: dict[type, _Render] = {
+    decoding.Column: lambda e, i: ident(e.name),
+    decoding.Field: lambda e, i: f"struct_extract({render(e.of, i)}, {literal(e.name)})",
+    decoding.Struct: lambda e, i: f"struct_pack({', '.join(f'{ident(n)} := {render(v, i)}' for n, v in e.fields)})",
+    decoding.Window: lambda e, i: f"list({render(e.of, i)}) OVER ({_WINDOW} ROWS BETWEEN {int(e.rows) - 1} PRECEDING "
+                                  "AND CURRENT ROW)",
+    decoding.Lead: lambda e, i: f"lead({render(e.of, i)}) OVER ({_WINDOW})",
+    decoding.Flatten: lambda e, i: f"flatten({render(e.of, i)})",
+    decoding.Last: lambda e, i: f"list_slice({render(e.of, i)}, {-int(e.n)}, -1)",
+    decoding.Items: lambda e, i: f"list_slice({render(e.of, i)}, {int(e.start)}, {int(e.start) + int(e.count) - 1})",
+    decoding.Item: lambda e, i: f"{render(e.of, i)}[{int(e.at)}]",
+    decoding.Concat: lambda e, i: f"list_concat({render(e.first, i)}, {render(e.then, i)})",
+    decoding.IsNull: lambda e, i: f"{render(e.of, i)} IS NULL",
+    decoding.HasItems: lambda e, i: f"len({render(e.of, i)}) = {int(e.n)}",
+    decoding.When: lambda e, i: f"CASE WHEN {render(e.cond, i)} THEN {render(e.then, i)} ELSE "
+                                f"{render(e.otherwise, i)} END",
+    decoding.Values: _values,
+    decoding.AnyType: lambda e, i: f"{render(e.of, i)}::VARIANT",
+}
 
 
 _DUCKDB_NUMBERS = {"bool": "BOOLEAN", "int8": "TINYINT", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT",
@@ -428,38 +413,28 @@ def episode_fragments(source: str, lineage: Sequence[str]) -> str:
     """Per file, episode and agent (``agent_id``, NULL for single-agent rows) of ``source`` (rows of
     :func:`fragment_source`): what the ``episodes`` view aggregates, as partial aggregates that add up over the
     files holding an episode (:func:`combined_episodes`); each lineage column taken at its first step with a value,
-    that step kept beside it (:func:`lineage_step`)."""
+    that step kept beside it (:func:`lineage_step`). The aggregates are those ``schemas/episode.v1.json`` defines
+    beside the view's own (its ``fragments``)."""
+    spec = sch.load(sch.EPISODE_SCHEMA_FILE)["fragments"]
     keys = ", ".join(ident(k) for k in (FILE, *FRAGMENT_KEYS))
-    cols = ["count(*)::BIGINT AS rows", "sum(reward::DOUBLE) AS reward",
-            "count(*) FILTER (WHERE terminated OR truncated)::BIGINT AS ends",
-            "bool_or(terminated) AS terminated", "bool_or(truncated) AS truncated",
-            "bool_or(terminated OR truncated) AS ended", "min(step) AS first_step", "max(step) AS last_step",
-            "min(wall_time) AS started_at", "max(wall_time) AS ended_at", "max(env_steps) AS env_steps"]
+    cols = [f"{c['sql']} AS {ident(c['name'])}" for c in spec["columns"]]
     for name in lineage:
-        cols += [f"arg_min({ident(name)}, step) AS {ident(name)}",
-                 f"min(CASE WHEN {ident(name)} IS NOT NULL THEN step END) AS {ident(lineage_step(name))}"]
+        cols += [spec["lineage"]["sql"].format(name=ident(name)) + f" AS {ident(name)}",
+                 spec["lineage"]["step_sql"].format(name=ident(name)) + f" AS {ident(lineage_step(name))}"]
     return (f"SELECT {keys}, {', '.join(cols)} FROM ({source}) GROUP BY {keys} "
             f"ORDER BY {ident(FILE)}, episode_id, agent_id")
 
 
 def combined_episodes(source: str, lineage: Sequence[str], columns: Sequence[tuple[str, str]]) -> str:
     """The ``episodes`` view's rows of the episodes in ``source`` (fragments of :func:`episode_fragments` of files
-    of one version, in any order): each episode's fragments added up by the view's own definitions
-    (``schemas/episode.v1.json``), single-agent and multi-agent alike, every column cast to the view's type
-    (``columns``: name -> DuckDB type, in the view's order)."""
-    agent_rows = "coalesce(sum(rows) FILTER (WHERE agent_id IS NOT NULL), 0)"
-    single, agents = f"{agent_rows} = 0", "count(DISTINCT agent_id)"
-    exprs = {"episode_length": f"CASE WHEN {single} THEN sum(rows) ELSE max(last_step) - min(first_step) + 1 END",
-             "episode_return": "sum(reward)",
-             "terminated": f"CASE WHEN {single} THEN bool_or(terminated) "
-                           f"ELSE sum(ends) = {agents} AND NOT bool_or(truncated) END",
-             "truncated": f"CASE WHEN {single} THEN bool_or(truncated) "
-                          f"ELSE sum(ends) = {agents} AND bool_or(truncated) END",
-             "complete": f"CASE WHEN {single} THEN bool_or(ended) ELSE sum(ends) = {agents} END",
-             "first_step": "min(first_step)", "last_step": "max(last_step)", "started_at": "min(started_at)",
-             "ended_at": "max(ended_at)", "n_agents": f"CASE WHEN {single} THEN 1 ELSE {agents} END",
-             "env_steps": "max(env_steps)", "run_id": "run_id", "env_id": "env_id", "episode_id": "episode_id"}
-    exprs.update({name: f"arg_min({ident(name)}, {ident(lineage_step(name))})" for name in lineage})
+    of one version, in any order): each episode's fragments added up by each column's ``fragments_sql`` in
+    ``schemas/episode.v1.json``, beside its definition over the steps, single-agent and multi-agent alike, every
+    column cast to the view's type (``columns``: name -> DuckDB type, in the view's order)."""
+    spec = sch.load(sch.EPISODE_SCHEMA_FILE)
+    parts = {"single": spec["fragments"]["single"], "agents": spec["fragments"]["agents"]}
+    exprs = {c["name"]: c["fragments_sql"].format(**parts) for c in spec["columns"] if "fragments_sql" in c}
+    exprs.update({name: spec["lineage"]["fragments_sql"].format(name=ident(name), name_step=ident(lineage_step(name)))
+                  for name in lineage})
     missing = [name for name, _ in columns if name not in exprs]
     if missing:
         raise InputError(f"the episodes view has columns fragments do not hold: {missing}")

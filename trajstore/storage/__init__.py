@@ -1,5 +1,6 @@
 """The stored format and the log: where a store lives (:mod:`~trajstore.storage.location`), how a step is stored in a
-file (:mod:`~trajstore.storage.encoding`, typed physical column names in :mod:`~trajstore.storage.names`), the files
+file (:mod:`~trajstore.storage.encoding`, typed physical column names in :mod:`~trajstore.storage.names`) and read
+back (:mod:`~trajstore.storage.decoding`, the decoding's rules described once), the files
 of the ``steps`` table (:mod:`~trajstore.storage.table`), their loader copies as plain arrays
 (:mod:`~trajstore.storage.arrays`) and their summaries (:mod:`~trajstore.storage.summaries`), its Delta log, the one
 module that reads and writes it (:mod:`~trajstore.storage.log`), how long it keeps each version's entry

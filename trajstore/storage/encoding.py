@@ -31,25 +31,36 @@ Parquet stores an 8-bit integer as a 32-bit one with levels per value, so images
 bytes and ~80x the time to write and read that their bytes do (measured: 4.7k vs 370k 84x84 frames/s written).
 
 :class:`FileDecoder` decodes the batches of one file in order with numpy (one row of look-ahead, k-1 frames of
-look-behind) and checks what it relies on; the tests check it against plain reference loops
-(``tests/storage/encoding_reference.py``).
+look-behind), each leaf by its rule of :mod:`~trajstore.storage.decoding` (which the SQL dialects follow too), and
+checks what it relies on; the tests check it against plain reference loops (``tests/storage/encoding_reference.py``).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Collection, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from trajstore.errors import InputError, TrajstoreError
+from trajstore.storage.decoding import (
+    NEXT,
+    NEXT_NEW_FRAMES,
+    NEXT_ONE_FRAME,
+    NEXT_VALUE,
+    OBS,
+    OBS_NEW_FRAMES,
+    OBS_VALUE,
+    Leaf,
+    Plan,
+    leaves,
+)
 
 META_KEY = "trajstore"  # a file footer's key of its format, and a Delta schema field's key of its declaration
 CURRENT = 3  # the encoding new files are written in
 READS = (1, 2, 3)
-OBS, NEXT = "obs", "next_obs"
 KEYS = ("episode_id", "step")  # what decoding checks rows against
 
 
@@ -140,6 +151,11 @@ class FileEncoding:
     def physical(self, name: str) -> str:
         return self.renames.get(name, name)
 
+    def plan(self, obs_type: pa.DataType) -> Plan:
+        """How files of this format read observations of logical type ``obs_type``: each leaf's rules (see
+        :mod:`~trajstore.storage.decoding`)."""
+        return Plan.of(obs_type, self.stacks, self.images)
+
     def logical_names(self) -> dict[str, str]:
         """Physical -> logical, for the renamed columns."""
         return {v: k for k, v in self.columns}
@@ -154,7 +170,9 @@ class FileEncoding:
 
 # --- what the table declares: each stored column's meaning, in the Delta schema's field metadata ---------
 
-RULES = {
+# a declaration's ``stored``/``sparse`` in the words ``trajstore schema`` prints (the rules readers follow to decode
+# such columns are :data:`trajstore.storage.decoding.RULES`)
+DECLARED = {
     "new_frames": "each row holds the frames new at its step: per stacked leaf its newest frame, or its whole "
                   "stack where stacking breaks (an episode's first row in a file, a reset); a step's stack is the "
                   "last k frames of its episode's rows up to it, in step order; image frames as raw bytes",
@@ -167,9 +185,9 @@ RULES = {
 
 def described(spec: Mapping[str, Any]) -> list[str]:
     """A declaration in words: how its column stores its field."""
-    out = [RULES["sparse"]] if spec.get("sparse") else []
-    if spec.get("stored") in RULES:
-        out.append(RULES[spec["stored"]])
+    out = [DECLARED["sparse"]] if spec.get("sparse") else []
+    if spec.get("stored") in DECLARED:
+        out.append(DECLARED[spec["stored"]])
     if spec.get("frame_stack"):
         out.append("frame stacks: " + ", ".join(f"{p} of {k}" for p, k in spec["frame_stack"].items()))
     if spec.get("frames"):
@@ -351,13 +369,6 @@ def _has_bytes(t: pa.DataType) -> bool:
 
 def _fixed(t: pa.DataType) -> bool:
     return pa.types.is_fixed_size_list(t)
-
-
-def leaves(t: pa.DataType, path: str = OBS) -> list[tuple[str, pa.DataType]]:
-    """The leaves of an observation type and their paths (``obs``, ``obs.pixels``, …)."""
-    if pa.types.is_struct(t):
-        return [leaf for f in t for leaf in leaves(f.type, f"{path}.{f.name}")]
-    return [(path, t)]
 
 
 def check_frame_stack(obs: pa.DataType, frame_stack: Mapping[str, int]) -> dict[str, int]:
@@ -614,7 +625,8 @@ class FileDecoder:
     """Decodes the record batches of one encoding-2 file, in file order (whole episodes may be filtered out):
     :meth:`push` each batch, then :meth:`finish`; both return the decoded batches ready so far (``next_obs``
     needs the next batch's first row, so a batch holding it comes out one push later). Batches need
-    ``episode_id`` and ``step``, and ``obs`` when ``next_obs`` is there; ``obs_type`` is the logical type."""
+    ``episode_id`` and ``step``, and ``obs`` when ``next_obs`` is there; ``obs_type`` is the logical type. Each
+    leaf is decoded by its rules (:meth:`FileEncoding.plan`; :data:`OBS_DECODERS`, :data:`NEXT_DECODERS`)."""
 
     fmt: FileEncoding
     obs_type: pa.DataType
@@ -622,6 +634,10 @@ class FileDecoder:
     _behind: _Behind | None = None
     _held: _Held | None = None
     _rows: int = field(default=0)
+    _plan: Plan = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._plan = self.fmt.plan(self.obs_type)
 
     def push(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         if batch.num_rows == 0:
@@ -660,17 +676,18 @@ class FileDecoder:
     def _decode_obs(self, batch: pa.RecordBatch, follows: np.ndarray, eid: np.ndarray,
                     step: np.ndarray) -> dict[str, np.ndarray]:
         column = batch.column(OBS)
-        out = {}
-        for path, _ in leaves(self.obs_type):
-            arr = leaf_column(column, path)
-            k = self.fmt.stacks.get(path)
-            image = self.fmt.images.get(path)
-            out[path] = frames_numpy(arr, image) if k is None else self._frames(arr, k, path, follows, eid, step)
-        return out
+        return {leaf.path: OBS_DECODERS[leaf.obs_rule.name](self, leaf_column(column, leaf.path), leaf, follows, eid,
+                                                            step) for leaf in self._plan.leaves}
 
-    def _frames(self, arr: pa.Array, k: int, path: str, follows: np.ndarray, eid: np.ndarray,
+    def _obs_value(self, arr: pa.Array, leaf: Leaf, follows: np.ndarray, eid: np.ndarray,
+                   step: np.ndarray) -> np.ndarray:
+        """``obs_value``: the stored values (an image's bytes viewed as its values: ``image_bytes``)."""
+        return frames_numpy(arr, leaf.image)
+
+    def _frames(self, arr: pa.Array, leaf: Leaf, follows: np.ndarray, eid: np.ndarray,
                 step: np.ndarray) -> np.ndarray:
-        """The decoded stacks of a stacked obs leaf: row i's are the k frames ending where its stored ones end."""
+        """``obs_new_frames``: row i's stack is the k frames ending where its stored ones end."""
+        k, path = int(leaf.k), leaf.path  # type: ignore[arg-type]  # a stacked leaf
         offsets = arr.offsets.to_numpy().astype(np.int64)
         counts = np.diff(offsets)
         bad = np.flatnonzero((counts != 1) & (counts != k))
@@ -680,7 +697,7 @@ class FileDecoder:
         if len(lone):
             self._fail(lone[0], eid, step, f"{path} holds one frame, but the row before it is not the same "
                                            "episode's previous step")
-        frames = frames_numpy(arr.values, self.fmt.images.get(path))
+        frames = frames_numpy(arr.values, leaf.image)
         lo = int(offsets[0])
         idx = offsets[1:, None] - k + np.arange(k)
         out = np.take(frames, np.maximum(idx, lo).reshape(-1), axis=0).reshape(len(counts), k, *frames.shape[1:])
@@ -731,13 +748,13 @@ class FileDecoder:
 
     def _stored_next(self, arr: pa.Array, path: str, rows: np.ndarray, obs: np.ndarray, held: _Held,
                      first_row: int) -> np.ndarray:
-        """The stored ``next_obs`` of leaf ``path`` at ``rows`` (non-null), decoded: one frame (the whole
-        observation, or a stack's newest frame after ``obs[t][1:]``) or, for a stack, k frames."""
-        if not in_frames(self.fmt, path):
-            return fixed_numpy(arr)[rows]
+        """The stored ``next_obs`` of leaf ``path`` at ``rows`` (non-null), decoded by the leaf's rule."""
+        leaf = self._plan.leaf(path)
+        if not leaf.in_frames:
+            return NEXT_DECODERS[leaf.next_rule.name](self, arr, leaf, rows, obs)
         offsets = arr.offsets.to_numpy().astype(np.int64)
         counts = np.diff(offsets)[rows]
-        k = self.fmt.stacks.get(path)
+        k = leaf.k
         ok = (counts == 1) | (counts == k) if k is not None else counts == 1
         if not ok.all():
             i = int(rows[np.flatnonzero(~ok)[0]])
@@ -745,10 +762,22 @@ class FileDecoder:
             step = held.batch.column("step").to_numpy(zero_copy_only=False)
             self._fail(i, eid, step, f"next_obs leaf {path} holds {np.diff(offsets)[i]} frames; expected 1"
                                      + (f" or {k}" if k is not None else ""), first_row)
-        frames = frames_numpy(arr.values, self.fmt.images.get(path))
-        starts = offsets[:-1][rows]
-        if k is None:
-            return frames[starts]
+        return NEXT_DECODERS[leaf.next_rule.name](self, arr, leaf, rows, obs)
+
+    def _next_value(self, arr: pa.Array, leaf: Leaf, rows: np.ndarray, obs: np.ndarray) -> np.ndarray:
+        """``next_value``: the stored values."""
+        return fixed_numpy(arr)[rows]
+
+    def _next_one_frame(self, arr: pa.Array, leaf: Leaf, rows: np.ndarray, obs: np.ndarray) -> np.ndarray:
+        """``next_one_frame``: each row's one stored frame (``image_bytes``: viewed as its values)."""
+        return frames_numpy(arr.values, leaf.image)[arr.offsets.to_numpy()[:-1][rows]]
+
+    def _next_new_frames(self, arr: pa.Array, leaf: Leaf, rows: np.ndarray, obs: np.ndarray) -> np.ndarray:
+        """``next_new_frames``: a whole stack of k frames, or the obs's frames 2..k and the one stored."""
+        k = int(leaf.k)  # type: ignore[arg-type]  # a stacked leaf
+        offsets = arr.offsets.to_numpy().astype(np.int64)
+        counts, starts = np.diff(offsets)[rows], offsets[:-1][rows]
+        frames = frames_numpy(arr.values, leaf.image)
         out = np.empty((len(rows), *obs.shape[1:]), obs.dtype)
         whole = np.flatnonzero(counts == k)
         if len(whole):
@@ -765,11 +794,23 @@ class FileDecoder:
         raise EncodingError(f"{self.where}: row {row} (episode {int(eid[i])}, step {int(step[i])}): {problem}")
 
 
+# the numpy decoding of each leaf rule of :mod:`~trajstore.storage.decoding` (``next_sparse`` is
+# :meth:`FileDecoder._next`, ``image_bytes`` :func:`frames_numpy`, ``stored`` :func:`decode_table` returning a table
+# that needs no decoding as it is)
+OBS_DECODERS: dict[str, Callable[..., np.ndarray]] = {
+    OBS_VALUE.name: FileDecoder._obs_value, OBS_NEW_FRAMES.name: FileDecoder._frames}
+NEXT_DECODERS: dict[str, Callable[..., np.ndarray]] = {
+    NEXT_VALUE.name: FileDecoder._next_value, NEXT_ONE_FRAME.name: FileDecoder._next_one_frame,
+    NEXT_NEW_FRAMES.name: FileDecoder._next_new_frames}
+
+
 def check_rows(batches: Iterator[pa.RecordBatch], fmt: FileEncoding, obs_type: pa.DataType, *,
                where: str = "file") -> int:
     """Check every invariant a reader relies on over one file's batches (logical names, physical types, file
     order) without decoding a frame: entries per row of each stacked and ``next_obs`` leaf, and the neighbours of
-    one-frame rows and null ``next_obs``. Raises :class:`EncodingError` naming the row; returns the rows seen."""
+    one-frame rows and null ``next_obs``, as each leaf's rules need them (:meth:`FileEncoding.plan`). Raises
+    :class:`EncodingError` naming the row; returns the rows seen."""
+    plan = fmt.plan(obs_type)
     prev: tuple[int, int] | None = None
     waiting: tuple[int, int, int] | None = None  # a null next_obs at the end of the batch before: row, episode, step
     row = 0
@@ -784,9 +825,9 @@ def check_rows(batches: Iterator[pa.RecordBatch], fmt: FileEncoding, obs_type: p
         if waiting is not None and not follows[0]:
             raise EncodingError(f"{where}: row {waiting[0]} (episode {waiting[1]}, step {waiting[2]}): next_obs is "
                                 "null, but the next row is not the same episode's next step")
-        for path, _ in leaves(obs_type):
-            k = fmt.stacks.get(path)
-            if k is not None and OBS in batch.schema.names:
+        for leaf in plan.leaves:
+            k, path = leaf.k, leaf.path
+            if leaf.obs_rule is OBS_NEW_FRAMES and OBS in batch.schema.names:
                 counts = np.diff(leaf_column(batch.column(OBS), path).offsets.to_numpy())
                 _refuse(where, row, eid, step, (counts != 1) & (counts != k),
                         f"{path} holds other than 1 or {k} frames")
@@ -801,11 +842,11 @@ def check_rows(batches: Iterator[pa.RecordBatch], fmt: FileEncoding, obs_type: p
                     "next_obs is null, but the next row is not the same episode's next step")
             if not valid[-1]:
                 waiting = (row + n - 1, int(eid[-1]), int(step[-1]))
-            for path, _ in leaves(obs_type):
-                if not in_frames(fmt, path):
+            for leaf in plan.leaves:
+                if not leaf.in_frames:
                     continue
+                k, path = leaf.k, leaf.path
                 counts = np.diff(leaf_column(column, path).offsets.to_numpy())
-                k = fmt.stacks.get(path)
                 ok = (counts == 1) | (counts == k) if k is not None else counts == 1
                 _refuse(where, row, eid, step, valid & ~ok,
                         f"next_obs leaf {path} holds other than 1" + (f" or {k}" if k else "") + " frames")

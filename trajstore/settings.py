@@ -43,7 +43,9 @@ class Settings:
     # this machine's folder for what an s3:// store keeps beside its table (storage/cache.py: summaries, array copies,
     # copies of its data files that DuckDB reads), one folder per store, filled by writers and readers; "": none
     remote_cache: str = "~/.cache/trajstore/stores"
-    remote_cache_bytes: int = 8 * 1024 ** 3  # each store's folder at most (the entries written longest ago go first)
+    # each store's folder at most (the entries written longest ago go first; 0: no bound); a reader copies a version's
+    # files only while they take at most half of it
+    remote_cache_bytes: int = 8 * 1024 ** 3
     # loaders of a local store gather from its files' plain-array copies (arrays/, storage/arrays.py), each made by
     # the first loader that reads the file; off: loaders lay the files out (layouts/) at their first read
     loader_arrays: bool = True

@@ -221,8 +221,9 @@ class FileCopies(FileCache):
 
 
 class StoreCache:
-    """The caches of one ``s3://`` store on this machine (under ``folder``), their bytes bounded by ``max_bytes``:
-    past the bound, the entries written longest ago go first (:meth:`bound`)."""
+    """The caches of one ``s3://`` store on this machine (under ``folder``), their bytes bounded by ``max_bytes``
+    (0: no bound): past the bound, the entries written longest ago go first (:meth:`bound`); a reader copies files
+    to this machine only while they take at most half of it."""
 
     def __init__(self, folder: str | Path, max_bytes: int) -> None:
         self.folder = Path(folder)
@@ -248,10 +249,6 @@ class StoreCache:
         if freed:
             log.info("%s: removed %d bytes of cached entries past the bound of %d", self.folder, freed, self.max_bytes)
         return freed
-
-    def prune(self, exists: Callable[[str], bool], *, grace_s: float = TEMPORARY_GRACE_S) -> list[str]:
-        """:meth:`FileCache.prune` of each cache."""
-        return [rel for c in self.caches for rel in c.prune(exists, grace_s=grace_s)]
 
 
 def prune_all(caches: Sequence[FileCache | None], exists: Callable[[str], bool], *,

@@ -144,32 +144,35 @@ class StepsTable:
 
     def local_copies(self, files: Sequence[DataFile], *, fill: bool = True) -> list[str] | None:
         """Paths of local copies of the committed ``files`` of an ``s3://`` table (each read where kept, made with
-        ``fill`` where not), or None where any has none (or the table is local, or keeps no copies): DuckDB then
-        reads the copies as it reads a local table's files."""
+        ``fill`` where not, while they fit in half the cache's bound), or None where any has none (or the table is
+        local, or keeps no copies): DuckDB then reads the copies as it reads a local table's files."""
         copies = self.copies
         if copies is None or not files:
             return None
         ids = [FileId(self.location.relative(f.path), f.size) for f in files]
         found = [copies.read(i) for i in ids]
         missing = [k for k, p in enumerate(found) if p is None]
-        if missing and fill and self.bound is not None and \
-                sum(files[k].size for k in missing) <= self.bound.max_bytes // 2:
-            def download(k: int) -> str | None:
-                def fetch(partial: Path) -> None:
-                    with self.fs.open_input_stream(files[k].path) as source, open(partial, "wb") as out:
-                        while chunk := source.read(8 << 20):
-                            out.write(chunk)
-
-                return copies.fill(ids[k], fetch)
-
+        bound = self.bound
+        if missing and fill and bound is not None and \
+                (bound.max_bytes <= 0 or sum(files[k].size for k in missing) <= bound.max_bytes // 2):
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(min(DOWNLOAD_THREADS, len(missing))) as pool:
-                for k, path in zip(missing, pool.map(download, missing)):
+                for k, path in zip(missing, pool.map(lambda k: self._download(files[k], ids[k]), missing)):
                     found[k] = path
             log.info("%s: copied %d file(s) to this machine", self.uri, sum(found[k] is not None for k in missing))
-            self.bound.bound()
+            bound.bound()
         return None if any(p is None for p in found) else [p for p in found if p is not None]
+
+    def _download(self, f: DataFile, kept: FileId) -> str | None:
+        """The copy of the committed file ``f`` made on this machine (None where it cannot be)."""
+        def fetch(partial: Path) -> None:
+            with self.fs.open_input_stream(f.path) as source, open(partial, "wb") as out:
+                while chunk := source.read(8 << 20):
+                    out.write(chunk)
+
+        assert self.copies is not None
+        return self.copies.fill(kept, fetch)
 
     @property
     def path(self) -> Any:

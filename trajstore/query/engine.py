@@ -127,15 +127,17 @@ class Engine:
 
     def snapshot(self, files: list[DataFile], *, con: duckdb.DuckDBPyConnection | None = None,
                  config: dict[str, Any] | None = None, registered: bool | None = None,
-                 runs: bool = False, episodes: pa.Table | None = None, copies: bool = True) -> Snapshot:
+                 runs: bool = False, episodes: pa.Table | None = None, copies: bool = True,
+                 fill: bool = True) -> Snapshot:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
         store's from this machine's copies of them (:meth:`~trajstore.storage.table.StepsTable.local_copies`, made
-        now where missing; not with ``copies`` False: what reads the bucket's own bytes, ``check``), else through
-        pyarrow datasets over its filesystem (``registered``); all in the files' own types. With
+        now where missing unless not ``fill``; not with ``copies`` False: what reads the bucket's own bytes,
+        ``check``), else through pyarrow datasets over its filesystem (``registered``); all in the files' own
+        types. With
         ``runs``, also the ``runs`` view of the runs of ``files`` (one more read of the log) and the ``priorities`` view
         (the replays' priorities, :mod:`~trajstore.storage.priorities_log`); with ``episodes``, its
         ``episodes`` view reads those rows (the view's own, materialized earlier)."""
-        local = self.table.local_copies(files) if copies and registered is None else None
+        local = self.table.local_copies(files, fill=fill) if copies and registered is None else None
         registered = not self.location.is_local if registered is None else registered
         return Snapshot(files, con=con, config=config, store=self.uri, schemas=self.file_schemas(files),
                         registered=registered, judge=self.judged, location=self.location, local=local,
@@ -197,7 +199,7 @@ class Engine:
             if cached is not None:
                 return self.snapshot(files, con=self.cursor(), episodes=cached)
             found = summarized.read(self.table, files)
-            snap = self.snapshot(files, con=self.cursor())
+            snap = self.snapshot(files, con=self.cursor(), fill=len(found) < len(files))  # steps read: to summarize
             try:
                 rows = self._summarized_rows(snap, found)
             except BaseException:

@@ -17,11 +17,12 @@ pytest_plugins = ["tests.tiers", "tests.shared_fixtures"]
 
 @pytest.fixture(scope="session", autouse=True)
 def layout_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """This machine's copies of s3:// stores' loader layouts in a folder of the session (not ~/.cache), for
-    every test and the processes tests start."""
+    """This machine's copies of s3:// stores' loader layouts, and their other caches, in folders of the session (not
+    ~/.cache), for every test and the processes tests start."""
     folder = tmp_path_factory.mktemp("layout-cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRAJSTORE_LAYOUT_CACHE", str(folder))
+        patch.setenv("TRAJSTORE_REMOTE_CACHE", str(tmp_path_factory.mktemp("remote-cache")))  # s3:// stores' caches
         yield folder
 
 

@@ -27,6 +27,7 @@ NAMES = {
     "stream_batch_bytes", "loader_batch_bytes", "writer_arrays", "replay_max_open", "replay_memory_bytes",
     "replay_idle_s", "replay_max_body_bytes", "s3_connect_timeout_s", "s3_timeout_s", "s3_retries",
     "loader_layouts", "store_layouts", "layout_cache", "loader_arrays", "episode_summaries", "dashboard_warm",
+    "remote_cache", "remote_cache_bytes",
     "compact_small_files", "compact_small_bytes", "compact_target_bytes", "checkpoint_interval", "debug",
     # and the service's group commit of ingest requests (issue 49)
     "commit_interval", "commit_group_bytes", "ingest_pending_bytes", "ingest_wait_s"}

@@ -40,6 +40,12 @@ class Settings:
     loader_layouts: int = 1  # loader layouts kept open in a Store for the next epoch; 0: none
     store_layouts: bool = True  # loader layouts saved in the store (layouts/) for every process; off: temporary
     layout_cache: str = "~/.cache/trajstore/layouts"  # this machine's copies of s3:// stores' loader layouts
+    # this machine's folder for what an s3:// store keeps beside its table (storage/cache.py: summaries, array copies,
+    # copies of its data files that DuckDB reads), one folder per store, filled by writers and readers; "": none
+    remote_cache: str = "~/.cache/trajstore/stores"
+    # each store's folder at most (the entries written longest ago go first; 0: no bound); a reader copies a version's
+    # files only while they take at most half of it
+    remote_cache_bytes: int = 8 * 1024 ** 3
     # loaders of a local store gather from its files' plain-array copies (arrays/, storage/arrays.py), each made by
     # the first loader that reads the file; off: loaders lay the files out (layouts/) at their first read
     loader_arrays: bool = True

@@ -39,7 +39,7 @@ if mode == "stop-before-manifest":  # a build killed after its files were writte
         print("ready", flush=True)
         import time
         time.sleep(600)
-    layout_store._write_atomically = stop
+    layout_store.LayoutStore._keep_manifest = stop
 store = trajstore.open(uri)
 digest = hashlib.sha256()
 for batch in store.sequences(4, **args):

@@ -37,7 +37,6 @@ import logging
 import os
 import posixpath
 import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -47,6 +46,7 @@ from typing import IO, Any, Callable, Sequence
 import pyarrow.fs as pafs
 
 from trajstore.loaders.layout import BrokenLayoutError, Layout, OpenLayouts
+from trajstore.storage.cache import FileCache, store_folder
 from trajstore.storage.location import Location
 from trajstore.storage.table import fsync_file
 
@@ -133,8 +133,12 @@ class LayoutStore:
         self.location = location
         self.shared = shared
         self.opened = OpenLayouts(keep)
-        self.cache = Path(os.path.expanduser(str(cache))) / _store_folder(location.uri)
+        self.cache = Path(os.path.expanduser(str(cache))) / store_folder(location.uri)
         self.local = Path(location.path(FOLDER)) if location.is_local else self.cache
+        # this machine's manifests (by key) and, for an s3:// store, copied data folders (by build): written whole,
+        # pruned by the one rule of storage/cache.py
+        self._manifests = FileCache(self.local, owner=_manifest_key, suffix=".json", name=lambda key: key)
+        self._copies = FileCache(self.local / DATA, owner=lambda folder: None, name=_build)
 
     def get(self, key: LayoutKey, make: Callable[[Path | None], Layout],
             basis: Basis) -> tuple[Layout, Callable[[], None]]:
@@ -211,7 +215,7 @@ class LayoutStore:
             except OSError as exc:  # e.g. read-only credentials: this machine keeps its copy
                 log.warning("could not save loader layout %s in %s (%s); it stays on this machine only",
                             digest, self.location.uri, exc)
-        _write_atomically(self.local / f"{digest}.json", manifest.encode())
+        self._keep_manifest(manifest)
         log.info("built loader layout %s (%d steps) in %s", digest, layout.steps, folder)
         self._supersede(manifest)
         return layout
@@ -268,25 +272,18 @@ class LayoutStore:
     def _download(self, manifest: Manifest) -> Layout | None:
         """The bucket's layout copied to this machine: its data folder into a temporary folder renamed into
         place, then the manifest; None if the bucket's copy is incomplete (a vacuum removed it meanwhile)."""
-        target = self.local / manifest.data
-        if target.exists():  # no usable manifest of it here (we hold the lock): a copy cut short or damaged
-            shutil.rmtree(target, ignore_errors=True)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=".download-", dir=target.parent))
-        try:
-            pafs.copy_files(self._remote(manifest.data), str(partial), source_filesystem=self.location.fs,
-                            destination_filesystem=pafs.LocalFileSystem(), use_threads=True)
-            for path in partial.iterdir():
-                fsync_file(path)  # on disk before the manifest names it: a crash leaves no copy with holes
-            partial.rename(target)
+        try:  # no usable manifest of it here (we hold the lock): a copy there is cut short or damaged, replaced
+            with self._copies.writing(manifest.data, folder=True) as partial:
+                pafs.copy_files(self._remote(manifest.data), str(partial), source_filesystem=self.location.fs,
+                                destination_filesystem=pafs.LocalFileSystem(), use_threads=True)
+                for path in partial.iterdir():
+                    fsync_file(path)  # on disk before the manifest names it: a crash leaves no copy with holes
         except FileNotFoundError:
             return None
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
         log.info("copied loader layout %s from %s", manifest.key, self.location.uri)
         layout = self._load(manifest, self.local)
         if layout is not None:
-            _write_atomically(self.local / f"{manifest.key}.json", manifest.encode())
+            self._keep_manifest(manifest)
             self.prune_copies()  # a new copy here: the ones the bucket no longer has go
         return layout
 
@@ -297,22 +294,30 @@ class LayoutStore:
             return
         listing = self.location.fs.get_file_info(pafs.FileSelector(self._remote(), allow_not_found=True))
         listed = {posixpath.basename(i.path) for i in listing if i.path.endswith(".json")}
-        named = set()
-        for path in self.local.glob("*.json"):
-            manifest = _read_manifest(path) if path.name in listed else None
-            if manifest is None:
-                path.unlink(missing_ok=True)
-            else:
-                named.add(manifest.data)
-        for folder in (self.local / DATA).glob("*"):
-            if f"{DATA}/{folder.name}" not in named and folder.stat().st_mtime < time.time() - grace_s:
-                shutil.rmtree(folder, ignore_errors=True)
+        self._manifests.prune(lambda key: f"{key}.json" in listed, grace_s=0.0)  # unreadable ones too
+        named = {m.data for m in map(_read_manifest, self.local.glob("*.json")) if m is not None}
+        # a data folder no manifest names is a build in progress, or left: like a temporary, removed once old
+        copies = FileCache(self.local / DATA, name=_build,
+                           owner=lambda folder: folder.name if f"{DATA}/{folder.name}" in named else None)
+        copies.prune(lambda build: True, grace_s=grace_s)
+
+    def _keep_manifest(self, manifest: Manifest) -> None:
+        """``manifest`` kept on this machine, whole (written, flushed, then renamed into place)."""
+        with self._manifests.writing(manifest.key) as partial, open(partial, "wb") as f:
+            f.write(manifest.encode())
+            f.flush()
+            os.fsync(f.fileno())
 
 
-def _store_folder(uri: str) -> str:
-    """The folder of one store's layout copies in the local cache: readable, and unique by the URI."""
-    readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in uri.split("://")[-1])[-48:]
-    return f"{readable}-{hashlib.sha256(uri.encode()).hexdigest()[:12]}"
+def _build(data: str) -> str:
+    """A data folder's name under ``data/`` (a manifest names it ``data/<build>``)."""
+    return data.split("/")[-1]
+
+
+def _manifest_key(path: Path) -> str | None:
+    """The key of the manifest at ``path``, or None where it cannot be read."""
+    manifest = _read_manifest(path)
+    return None if manifest is None else manifest.key
 
 
 def _read_manifest(path: Path) -> Manifest | None:
@@ -328,17 +333,6 @@ def _decode_manifest(read: Callable[[], bytes], where: object) -> Manifest | Non
     except (ValueError, TypeError) as exc:
         log.warning("loader layout manifest %s is unreadable (%s); building it again", where, exc)
         return None
-
-
-def _write_atomically(path: Path, body: bytes) -> None:
-    """``body`` as ``path``, whole or not at all (a temporary file flushed, then renamed over it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 # --- vacuum --------------------------------------------------------------------------------------------------

@@ -202,9 +202,7 @@ def remove_orphans(engine: Engine, *, older_than_s: float = 3600.0) -> list[str]
             fs.delete_file(path)
         except FileNotFoundError:  # gone meanwhile (another cleaner, or a rename into place)
             continue
-        for kept in (engine.table.arrays, engine.table.summaries):
-            if kept is not None:
-                kept.remove(engine.table.location.relative(path))
+        engine.table.forget(path)
         removed.append(display(path, fs))
     return removed
 
@@ -389,7 +387,7 @@ def _scan(engine: Engine, files: list[DataFile]) -> Snapshot | Exception:
     """A snapshot over ``files`` holding the ``check_episodes`` table, or the error reading them."""
     snap: Snapshot | None = None
     try:
-        snap = engine.snapshot(files)
+        snap = engine.snapshot(files, copies=False)  # the store's own bytes, not this machine's copies
         snap.con.execute(sql.check_episodes(agents=snap.agents))
         return snap
     except (duckdb.Error, StoreDamagedError) as exc:

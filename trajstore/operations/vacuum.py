@@ -12,7 +12,6 @@ every retained version of which still reads, with some files left for the next v
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
@@ -58,8 +57,8 @@ def vacuum(engine: Engine, layouts: LayoutStore, *, older_than: float | str | ti
            dry_run: bool = False) -> VacuumReport:
     """Delete (or list, with ``dry_run``) the files no version committed within ``older_than`` needs, and the
     loader layouts (kept by ``layouts``) no retained version needs, and the files of the ``priorities`` and
-    ``runs`` tables none of their versions of that time lists; then the array copies and summaries of data files
-    no longer there (:mod:`~trajstore.storage.arrays`, :mod:`~trajstore.storage.summaries`)."""
+    ``runs`` tables none of their versions of that time lists; then what the caches keep of data files no longer
+    there (:mod:`~trajstore.storage.cache`: array copies, summaries, an ``s3://`` store's copies on this machine)."""
     engine.table.log.writable("vacuum")
     horizon = parse_duration(older_than)
     paths = removable_orphans(engine, removed_before_s=horizon,
@@ -81,10 +80,7 @@ def vacuum(engine: Engine, layouts: LayoutStore, *, older_than: float | str | ti
         remove_empty_folders(engine.location, stale)
         layouts.opened.clear()  # layouts this store keeps open may be gone
         layouts.prune_copies()  # this machine's copies of removed s3:// layouts
-        exists = lambda rel: os.path.exists(engine.table.location.path(rel))  # noqa: E731
-        for kept in (engine.table.arrays, engine.table.summaries):
-            if kept is not None:  # the array copies and summaries of the files removed (now, or before)
-                kept.prune(exists)
+        engine.table.prune_caches()  # what the caches keep of the files removed (now, or before)
     return report
 
 

@@ -127,15 +127,20 @@ class Engine:
 
     def snapshot(self, files: list[DataFile], *, con: duckdb.DuckDBPyConnection | None = None,
                  config: dict[str, Any] | None = None, registered: bool | None = None,
-                 runs: bool = False, episodes: pa.Table | None = None) -> Snapshot:
+                 runs: bool = False, episodes: pa.Table | None = None, copies: bool = True,
+                 fill: bool = True) -> Snapshot:
         """A snapshot over ``files``: DuckDB reads a local store's files itself (``read_parquet``), a remote
-        store's through pyarrow datasets over its filesystem (``registered``); both in the files' own types. With
+        store's from this machine's copies of them (:meth:`~trajstore.storage.table.StepsTable.local_copies`, made
+        now where missing unless not ``fill``; not with ``copies`` False: what reads the bucket's own bytes,
+        ``check``), else through pyarrow datasets over its filesystem (``registered``); all in the files' own
+        types. With
         ``runs``, also the ``runs`` view of the runs of ``files`` (one more read of the log) and the ``priorities`` view
         (the replays' priorities, :mod:`~trajstore.storage.priorities_log`); with ``episodes``, its
         ``episodes`` view reads those rows (the view's own, materialized earlier)."""
+        local = self.table.local_copies(files, fill=fill) if copies and registered is None else None
         registered = not self.location.is_local if registered is None else registered
         return Snapshot(files, con=con, config=config, store=self.uri, schemas=self.file_schemas(files),
-                        registered=registered, judge=self.judged, location=self.location,
+                        registered=registered, judge=self.judged, location=self.location, local=local,
                         runs=self.runs_table(files) if runs else None, episodes=episodes,
                         priorities=self.priority_rows() if runs else None)
 
@@ -167,7 +172,8 @@ class Engine:
         restricted = run_id is not None or env_id is not None
         files = self.selected_files(run_id, env_id) if restricted else self.files()
         if episodes is not None and files and self.table.summaries is not None:
-            return self._summarized(files, keep=not restricted)
+            # kept in memory for a local store only, whose files are checked before a kept answer (still_there)
+            return self._summarized(files, keep=not restricted and self.location.is_local)
         snap = self.snapshot(files, con=self.cursor())
         if episodes is not None and not restricted:
             table = self._materialized_episodes(snap, fill=episodes == "fill")
@@ -193,7 +199,7 @@ class Engine:
             if cached is not None:
                 return self.snapshot(files, con=self.cursor(), episodes=cached)
             found = summarized.read(self.table, files)
-            snap = self.snapshot(files, con=self.cursor())
+            snap = self.snapshot(files, con=self.cursor(), fill=len(found) < len(files))  # steps read: to summarize
             try:
                 rows = self._summarized_rows(snap, found)
             except BaseException:
@@ -218,6 +224,9 @@ class Engine:
             return summarized.episode_rows(snap, self.table, found, self.table.schemas(snap.files))
         except (StoreDamagedError, StoreAccessError, VersionNotFoundError):
             raise
+        except summarized.NotLocalError as exc:
+            log.info("%s: %s; aggregating the steps", self.uri, exc)
+            return snap.arrow(sql.select_all("episodes"))
         except Exception as exc:  # noqa: BLE001 - a cache: the view aggregates the steps instead
             log.warning("%s: the episodes cannot be combined from the files' summaries (%s); aggregating the steps",
                         self.uri, first_line(exc))
@@ -300,8 +309,7 @@ class Engine:
     def verify_sizes(self, files: Sequence[DataFile]) -> None:
         """Raise a :class:`StoreDamagedError` before a stream starts if a file it needs is missing or resized
         (a :class:`~trajstore.errors.VersionNotFoundError` if a vacuum removed it: see :meth:`judged`)."""
-        for f in files:
-            problem = self.table.size_problem(f)
+        for f, problem in zip(files, self.table.size_problems(files)):
             if problem:
                 raise self.judged(StoreDamagedError.of_file(f.uri, problem.split(": ", 1)[1], self.uri))
 

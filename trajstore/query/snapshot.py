@@ -16,6 +16,7 @@ one environment's rows), else as each value's JSON text. ``episodes`` is built f
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import re
@@ -24,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 import duckdb
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from trajstore import schema as sch
 from trajstore.errors import (
@@ -162,7 +164,9 @@ class Snapshot:
 
     ``schemas`` are the files' own (:meth:`~trajstore.storage.table.StepsTable.schemas`; read from their footers
     when not given). With ``registered``, ``steps`` reads the files through registered pyarrow datasets instead
-    of ``read_parquet``: the same rows and types. ``judge`` turns the error about a committed file that cannot be
+    of ``read_parquet``: the same rows and types. With ``local`` (an ``s3://`` store's files copied to this
+    machine, :meth:`~trajstore.storage.table.StepsTable.local_copies`: a path for each of ``files``), DuckDB reads
+    those copies itself instead. ``judge`` turns the error about a committed file that cannot be
     read into the one to raise.
     """
 
@@ -170,8 +174,9 @@ class Snapshot:
                  con: duckdb.DuckDBPyConnection | None = None, store: str | None = None,
                  schemas: Sequence[FileSchema] | None = None, registered: bool = False,
                  judge: Judge | None = None, location: Location | None = None, runs: pa.Table | None = None,
-                 episodes: pa.Table | None = None, priorities: Any = None) -> None:
+                 episodes: pa.Table | None = None, priorities: Any = None, local: Sequence[str] | None = None) -> None:
         self.files = list(files)
+        self._local = None if local is None else dict(zip((f.path for f in self.files), local))
         self.store = store  # where the files are from, for messages
         self.judge = judge
         self.location = location  # the store's, to tell a store that fails from a damaged file
@@ -214,7 +219,10 @@ class Snapshot:
         return sql.union_by_name([self._group(i, g, variant, registered) for i, g in enumerate(groups)])
 
     def _group(self, i: int, group: FileGroup, variant: list[str], registered: bool) -> str:
-        if registered:
+        local = self.readable(group.files) if self._local is not None else None
+        if local is not None:  # copies on this machine: read as a local store's files
+            source = sql.parquet_source(local, uniform=group.uniform)
+        elif registered:
             name = f"{DATASET}_{i}"
             self.con.register(name, steps_dataset(group.files, as_duckdb_reads(group.physical)))
             source = sql.registered_source(name)
@@ -222,6 +230,16 @@ class Snapshot:
             source = sql.parquet_source(group.files, uniform=group.uniform)
         return group_select(group, source, variant,
                             lambda dtype, shape, stacked: images_sql.register(self.con, dtype, shape, stacked))
+
+    def readable(self, files: Sequence[DataFile]) -> list[DataFile] | None:
+        """``files`` (some of this snapshot's) as DuckDB's ``read_parquet`` reads them: a local store's as they are,
+        an ``s3://`` store's as this machine's copies of them; None where it cannot (no copies)."""
+        if all(f.is_local for f in files):
+            return list(files)
+        local = self._local
+        if local is None or any(f.path not in local for f in files):
+            return None
+        return [dataclasses.replace(f, path=local[f.path], fs=pafs.LocalFileSystem()) for f in files]
 
     def episodes_select(self, *, discounted: bool = False) -> str:
         """The SELECT behind the ``episodes`` view of these files (with ``discounted_return`` for ``$gamma``)."""

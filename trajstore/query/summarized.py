@@ -8,11 +8,11 @@ largest ``env_steps``, each lineage column at its first step with a value and th
 written with it, from its rows in memory (:func:`~trajstore.storage.summaries.file_fragments`, by the table's
 ``write``), or, for a file without them (another tool's, a store written before), computed once by one DuckDB query
 over every file of a version that has none yet (:func:`summarize`, the reference the written ones are tested
-against); either way kept beside a local table as its summary (:mod:`trajstore.storage.summaries`, with the file's
-footer, so that a new process reads neither); the rows of any version, or of any selection of its files, are then
-its files' fragments added up by the view's own definitions (:func:`~trajstore.query.sql.combined_episodes`), cast
-to the view's types: a fraction of the work of aggregating every step, and one footer-free read per file for a new
-process.
+against); either way kept as its summary (:mod:`trajstore.storage.summaries`, with the file's footer, so that a new
+process reads neither; beside a local table, and for an ``s3://`` one on this machine); the rows of any version, or
+of any selection of its files, are then its files' fragments added up by the view's own definitions
+(:func:`~trajstore.query.sql.combined_episodes`), cast to the view's types: a fraction of the work of aggregating
+every step, and one footer-free read per file for a new process.
 
 What needs the steps themselves still reads them: discounted returns at a query-time ``gamma``, ``agg(column)``
 metrics, ``steps``. The rows are exactly those of the view (tested against it on stores whose episodes span files,
@@ -23,7 +23,6 @@ the order in which a float sum is added (as the view's own parallel sums).
 from __future__ import annotations
 
 import logging
-import os
 from typing import Sequence
 
 import numpy as np
@@ -45,6 +44,11 @@ FRAGMENTS = "episode_fragments"  # the relation a snapshot's fragments are regis
 SMALL_PARTS = 16_384  # files of fewer fragments on average are combined into one piece before the work on them
 
 
+class NotLocalError(Exception):
+    """Files to summarize that DuckDB cannot read itself (an ``s3://`` store's, without copies on this machine):
+    the episodes are aggregated from the steps instead."""
+
+
 def read(table: StepsTable, files: Sequence[DataFile]) -> dict[str, Summary]:
     """The kept summaries of ``files`` (by path) that name them as they are (path, committed size, modification
     time); the table then knows those files' schemas without reading their footers."""
@@ -53,11 +57,10 @@ def read(table: StepsTable, files: Sequence[DataFile]) -> dict[str, Summary]:
         return {}
     found = {}
     for f in files:
-        try:
-            modified = os.stat(f.path).st_mtime_ns
-        except OSError:
+        kept = table.file_id(f)
+        if kept is None:
             continue  # found missing where it is read
-        summary = summaries.read(table.location.relative(f.path), f.size, modified)
+        summary = summaries.read(kept.rel, kept.size, kept.modified_ns)
         if summary is not None:
             found[f.path] = summary
     known = table.known_schemas()
@@ -135,18 +138,21 @@ def summarize(snap: Snapshot, table: StepsTable, files: Sequence[DataFile],
     lineage = sch.episode_lineage()
     out: dict[str, pa.Table] = {}
     for group in group_files(files, schemas):
+        readable = snap.readable(group.files)
+        if readable is None:
+            raise NotLocalError(f"{len(group.files)} file(s) of an s3:// store have no copy on this machine")
         columns = [(p.name, lg.name) for p, lg in zip(group.physical, group.logical)
                    if lg.name in sql.FRAGMENT_COLUMNS or lg.name in lineage]
         held = {lg for _, lg in columns}
         nulls = {name: kind for name, kind in _types().items() if name not in held}
-        source = sql.fragment_source(group.files, columns, nulls, uniform=group.uniform)
+        source = sql.fragment_source(readable, columns, nulls, uniform=group.uniform)
         rows = snap.arrow(sql.episode_fragments(source, lineage))
         out.update(_by_file(rows, group.files))
     if table.summaries is not None:
         for f in files:
-            footer = table.footer(f)
-            table.summaries.write(table.location.relative(f.path), f.size, os.stat(f.path).st_mtime_ns,
-                                  Summary(footer, out[f.path]))
+            footer, kept = table.footer(f), table.file_id(f)
+            if kept is not None:
+                table.summaries.write(kept.rel, kept.size, kept.modified_ns, Summary(footer, out[f.path]))
     return out
 
 

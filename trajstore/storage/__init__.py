@@ -2,7 +2,8 @@
 file (:mod:`~trajstore.storage.encoding`, typed physical column names in :mod:`~trajstore.storage.names`) and read
 back (:mod:`~trajstore.storage.decoding`, the decoding's rules described once), the files
 of the ``steps`` table (:mod:`~trajstore.storage.table`), their loader copies as plain arrays
-(:mod:`~trajstore.storage.arrays`) and their summaries (:mod:`~trajstore.storage.summaries`), its Delta log, the one
+(:mod:`~trajstore.storage.arrays`) and their summaries (:mod:`~trajstore.storage.summaries`), kept by the one rule of
+such caches (:mod:`~trajstore.storage.cache`, on this machine for an ``s3://`` store), its Delta log, the one
 module that reads and writes it (:mod:`~trajstore.storage.log`), how long it keeps each version's entry
 (:mod:`~trajstore.storage.retention`, Delta's own table properties), the Delta protocol it reads and the versions it
 refuses (:mod:`~trajstore.storage.protocol`), whether a commit landed

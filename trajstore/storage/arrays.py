@@ -1,6 +1,6 @@
 """A data file's steps as plain arrays, kept beside the table: what training loaders gather from.
 
-For each Parquet file trajstore wrote into a local store (the writer's, an ingest's, a compaction's), the decoded
+For each Parquet file trajstore wrote into a store (the writer's, an ingest's, a compaction's), the decoded
 value of every numeric column of fixed shape (each leaf of a Dict column as ``obs.pixels``; ``next_obs`` whole, as
 readers get it) in the file's row order, and its *fragments*: the runs of rows holding consecutive steps of one
 episode, ``(episode_id, first step, first row, rows)``. Loaders stitch the files of a selection together by their
@@ -14,36 +14,33 @@ epoch), never by a writer unless asked (``TRAJSTORE_WRITER_ARRAYS=1``: each file
 from the rows in memory, so that the first batch of a store just written reads no Parquet): a store nobody trains
 from holds none.
 
-In the store, beside ``steps/``::
+In the store, beside ``steps/`` (an ``s3://`` store: in its folder on this machine, :mod:`~trajstore.storage.cache`)::
 
     arrays/<digest of the file's path in the table>/
-        arrays.json        what the copy holds: the file's path, rows, each column's file, dtype and shape
+        arrays.json        what the copy holds: the file's path, size and time, rows, each column's file, dtype, shape
         fragments.i64      (k, 4) int64: episode_id, first step, first row, rows
         0.bin, 1.bin, …    one column each, ``rows`` values
 
-A copy is written into a temporary folder and renamed into place: it is there whole or not at all, and a killed
-process leaves a temporary folder nothing reads (removed by :meth:`StepArrays.prune`); a whole copy another process
-renamed there first is kept (loaders of one machine take turns on a lock, :meth:`StepArrays.building`). It is not
-flushed to disk (a third of its cost to a writer): a copy that a power loss cut short has files of other sizes than
-its manifest says (ext4 and XFS never give a file a size whose blocks were not written), and a copy of other sizes is
-never read (the next loader makes it again). A copy belongs to its data file: it is removed with the file (a write
-that failed, a vacuum), and a file that cannot have one (another tool's) is laid out by loaders from the Parquet
-itself. Copies are a cache of data the table holds: one that cannot be written is logged and skipped, never an error
-of a write or a read. Steps wider than ``MAX_STEP_BYTES`` (images, frame stacks: stored once per frame in the table,
-but whole per step here) get no copy; loaders lay them out at their first read.
-"""
+A copy is kept by the rule of every cache of a data file (:class:`~trajstore.storage.cache.FileCache`): read only
+for the file's path, size and modification time, written into a temporary folder and renamed into place: it is there
+whole or not at all, and a killed process leaves a temporary folder nothing reads (removed by ``prune``); a whole
+copy another process renamed there first is kept (loaders of one machine take turns on a lock,
+:meth:`StepArrays.building`). It is not flushed to disk (a third of its cost to a writer): a copy that a power loss
+cut short has files of other sizes than its manifest says (ext4 and XFS never give a file a size whose blocks were
+not written), and a copy of other sizes is never read (the next loader makes it again). A copy belongs to its data
+file: it is removed with the file (a write that failed, a vacuum), and a file that cannot have one (another tool's)
+is laid out by loaders from the Parquet itself. Copies are a cache of data the table holds: one that cannot be
+written is logged and skipped, never an error of a write or a read. Steps wider than ``MAX_STEP_BYTES`` (images,
+frame stacks: stored once per frame in the table, but whole per step here) get no copy; loaders lay them out at
+their first read."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
-import shutil
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -52,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from trajstore.schema import numpy_dtype, to_numpy
+from trajstore.storage.cache import FileCache, FileId
 from trajstore.storage.encoding import (
     NEXT,
     OBS,
@@ -72,7 +70,6 @@ FRAGMENTS = "fragments.i64"
 MAX_STEP_BYTES = 4096  # a step's bytes over every column, above which a file gets no copy
 # the fragments' keys, the partition, and lineage no loader batches (when a step was written, the env's step count)
 SKIPPED = ("episode_id", "step", "run_id", "env_id", "wall_time", "env_steps")
-TEMPORARY_GRACE_S = 3600.0  # a temporary folder this old is a killed writer's
 BLOCK = 2 << 20
 LOCK = ".building.lock"  # held while a process of this machine makes copies (a file: prune passes it over)
 
@@ -135,23 +132,21 @@ class FileArrays:
         return self.folder / file, self.rows * value_bytes(dtype, shape)
 
 
-class StepArrays:
-    """The copies of a local store's data files, under ``folder`` (the store's ``arrays/``)."""
+class StepArrays(FileCache):
+    """The copies of a store's data files, under ``folder`` (a local store's ``arrays/``; an ``s3://`` store's in
+    its cache folder on this machine): a :class:`~trajstore.storage.cache.FileCache` of folders."""
 
     def __init__(self, folder: str | Path, *, max_step_bytes: int = MAX_STEP_BYTES) -> None:
-        self.folder = Path(folder)
+        super().__init__(folder, owner=_owner)
         self.max_step_bytes = max_step_bytes
 
-    def path_of(self, rel: str) -> Path:
-        return self.folder / hashlib.sha256(rel.encode()).hexdigest()[:32]
-
-    def write(self, rel: str, data: pa.Table) -> bool:
-        """Write the copy of the file ``rel`` (its path in the table) holding ``data`` (the rows as stored: physical
-        names, encoded); whether one was written. A failure is logged, never raised: the file is stored."""
+    def write(self, f: FileId, data: pa.Table) -> bool:
+        """Write the copy of the file ``f`` holding ``data`` (the rows as stored: physical names, encoded); whether
+        one was written. A failure is logged, never raised: the file is stored."""
         try:
-            return self._write(rel, data)
+            return self._write(f, data)
         except Exception as exc:  # noqa: BLE001 - a cache: loaders lay the file out from Parquet instead
-            log.warning("no loader copy of %s (%s); loaders will read it from Parquet", rel, exc)
+            log.warning("no loader copy of %s (%s); loaders will read it from Parquet", f.rel, exc)
             return False
 
     def kinds(self, stored: FileSchema) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | None:
@@ -191,19 +186,16 @@ class StepArrays:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             yield  # closing the file releases the lock
 
-    def _write(self, rel: str, data: pa.Table) -> bool:
-        stored = FileSchema.of(data.schema, where=rel)
+    def _write(self, f: FileId, data: pa.Table) -> bool:
+        stored = FileSchema.of(data.schema, where=f.rel)
         kinds = self.kinds(stored)
         if kinds is None:
             return False
-        self.folder.mkdir(parents=True, exist_ok=True)
-        partial = self.folder / f".tmp-{uuid.uuid4().hex}"
-        partial.mkdir()
-        try:
+        with self.writing(f.rel, folder=True, keep=lambda: self.read(f) is not None) as partial:
             files = {leaf: _BlockWriter(partial / f"{i}.bin") for i, leaf in enumerate(kinds)}
             nulls: set[str] = set()
             try:
-                for name, values in _values(data, stored, set(kinds), rel):
+                for name, values in _values(data, stored, set(kinds), f.rel):
                     if values is None:
                         nulls.update(leaf for leaf in kinds if leaf == name or leaf.startswith(name + "."))
                         continue
@@ -211,37 +203,25 @@ class StepArrays:
                         if leaf in files and leaf not in nulls:
                             files[leaf].write(np.ascontiguousarray(leaf_values, dtype=kinds[leaf][0]))
             finally:
-                for f in files.values():
-                    f.close()
+                for out in files.values():
+                    out.close()
             fmt = stored.format
             episode_id = data.column(fmt.physical("episode_id")).to_numpy()
             fragments = fragments_of(episode_id, data.column(fmt.physical("step")).to_numpy())
             fragments.tofile(partial / FRAGMENTS)
             columns = {leaf: {"file": f"{i}.bin", "dtype": kinds[leaf][0].str, "shape": list(kinds[leaf][1])}
                        for i, leaf in enumerate(kinds) if leaf not in nulls}
-            (partial / MANIFEST).write_text(json.dumps({"format": FORMAT, "file": rel, "rows": len(episode_id),
+            (partial / MANIFEST).write_text(json.dumps({"format": FORMAT, **f.meta(), "rows": len(episode_id),
                                                         "fragments": len(fragments), "columns": columns}))
-            target = self.path_of(rel)
-            try:
-                partial.rename(target)
-            except OSError:  # a copy there: another process's (kept when whole), or one cut short (replaced)
-                if self.read(rel) is not None:
-                    shutil.rmtree(partial, ignore_errors=True)
-                    return True
-                shutil.rmtree(target, ignore_errors=True)
-                partial.rename(target)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
         return True
 
-    def read(self, rel: str) -> FileArrays | None:
-        """The copy of the file ``rel``, or None where there is none or it is not whole (files of other sizes
-        than its manifest says)."""
-        folder = self.path_of(rel)
+    def read(self, f: FileId) -> FileArrays | None:
+        """The copy of the file ``f``, or None where there is none, it is of another file (path, size, time) or
+        it is not whole (files of other sizes than its manifest says)."""
+        folder = Path(self.path_of(f.rel))
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
-            if manifest.get("format") != FORMAT or manifest.get("file") != rel:
+            if manifest.get("format") != FORMAT or not f.named_by(manifest):
                 return None
             rows, k = int(manifest["rows"]), int(manifest["fragments"])
             columns = {leaf: (np.dtype(c["dtype"]), tuple(c["shape"]), c["file"])
@@ -256,33 +236,13 @@ class StepArrays:
             return None
         return FileArrays(folder, rows, columns, fragments)
 
-    def remove(self, rel: str) -> None:
-        """Remove the copy of the file ``rel`` (gone already is fine)."""
-        shutil.rmtree(self.path_of(rel), ignore_errors=True)
 
-    def prune(self, exists: Any, *, grace_s: float = TEMPORARY_GRACE_S) -> list[str]:
-        """Remove the copies whose data file ``exists(rel)`` says is gone, and temporary folders older than
-        ``grace_s`` (a writer killed while writing one); the files the copies were of."""
-        removed = []
-        for folder in self._folders():
-            if folder.name.startswith(".tmp-"):
-                if folder.stat().st_mtime < time.time() - grace_s:
-                    shutil.rmtree(folder, ignore_errors=True)
-                continue
-            try:
-                rel = json.loads((folder / MANIFEST).read_text())["file"]
-            except (OSError, ValueError, KeyError, TypeError):
-                if folder.stat().st_mtime < time.time() - grace_s:  # unreadable: not ours, or damaged
-                    shutil.rmtree(folder, ignore_errors=True)
-                continue
-            if not exists(rel):
-                shutil.rmtree(folder, ignore_errors=True)
-                removed.append(rel)
-        return removed
-
-    def _folders(self) -> Iterator[Path]:
-        if self.folder.is_dir():
-            yield from (p for p in self.folder.iterdir() if p.is_dir())
+def _owner(folder: Path) -> str | None:
+    """The data file the copy in ``folder`` is of, or None where it cannot be read (not a copy, or damaged)."""
+    try:
+        return str(json.loads((folder / MANIFEST).read_text())["file"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class _BlockWriter:

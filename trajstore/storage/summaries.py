@@ -1,8 +1,9 @@
 """What readers need of a committed data file without reading it, kept beside the table: its footer's schema and
 its episodes' fragments.
 
-A local store keeps, for each committed data file that a reader has summarized (:mod:`trajstore.query.summarized`
-computes them), one Arrow IPC file under ``summaries/`` beside ``steps/``::
+A store keeps, for each committed data file that a reader has summarized (:mod:`trajstore.query.summarized`
+computes them), one Arrow IPC file under ``summaries/`` beside ``steps/`` (an ``s3://`` store: in its folder on this
+machine, :mod:`~trajstore.storage.cache`)::
 
     summaries/<digest of the file's path in the table>.arrow
 
@@ -13,32 +14,29 @@ holds its footer's Arrow schema (and, for a file another tool wrote, the footer'
 episode (and agent) of the file, the partial aggregates the ``episodes`` view combines (rows, reward sum, first and
 last step, ends, lineage at the first step, …).
 
-Every data file trajstore writes into a local store (a writer's flush, an ingest, a compaction, a delete's or
+Every data file trajstore writes into a store (a writer's flush, an ingest, a compaction, a delete's or
 ``add_column``'s rewrite) gets its summary right after the file, on the thread that encoded it, from the rows still
 in memory (:meth:`Summaries.write_rows`, :func:`file_fragments`: numpy over the file's runs of rows, no DuckDB, no
 re-read), so that the first read of a store trajstore wrote summarizes nothing; readers summarize the files that
 have none (another tool's, a store written before summaries existed).
 
-A summary is a cache of what its data file says, never a second source of truth: it is read only when it names
-the committed file's path, size and modification time (committed files never change: a rewrite is a new file; a
-file damaged in place is read, and found damaged), written whole into a
-temporary file and renamed into place (a killed process leaves at most a temporary file, which nothing reads and
-:meth:`Summaries.prune` removes), and removed with its file by vacuum (or with a write that failed). One that
-cannot be written or read is logged and skipped: readers aggregate the file's steps instead.
+A summary is a cache of what its data file says, never a second source of truth, kept by the rule of every such
+cache (:class:`~trajstore.storage.cache.FileCache`): it is read only when it names the committed file's path, size
+and modification time (committed files never change: a rewrite is a new file; a file damaged in place is read, and
+found damaged), written whole into a temporary file and renamed into place (a killed process leaves at most a
+temporary file, which nothing reads and ``prune`` removes), and removed with its file by vacuum (or with a write
+that failed). One that cannot be written or read is logged and skipped: readers aggregate the file's steps instead.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
 import os
-import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from trajstore import schema as sch
+from trajstore.storage.cache import FileCache, FileId
 from trajstore.storage.encoding import FileSchema
 
 log = logging.getLogger(__name__)
@@ -55,7 +54,6 @@ FORMAT = 1
 META_KEY = b"trajstore"
 SUFFIX = ".arrow"
 MAPPED_BYTES = 1 << 20  # summaries this large are mapped, not read
-TEMPORARY_GRACE_S = 3600.0  # a temporary file this old is a killed writer's
 # the step columns a file's fragments are made of (with the lineage columns of the episodes view)
 FRAGMENT_COLUMNS = ("episode_id", "step", "reward", "terminated", "truncated", "wall_time", "env_steps", "agent_id")
 TIME_ZONE = "UTC"  # the zone fragments' times are kept in (DuckDB gives its own setting's)
@@ -91,29 +89,25 @@ class Summary:
     fragments: pa.Table
 
 
-class Summaries:
-    """The summaries of a local store's data files, under ``folder`` (the store's ``summaries/``)."""
+class Summaries(FileCache):
+    """The summaries of a store's data files, under ``folder`` (a local store's ``summaries/``; an ``s3://`` store's
+    in its cache folder on this machine): a :class:`~trajstore.storage.cache.FileCache`."""
 
     def __init__(self, folder: str | Path) -> None:
-        self.folder = Path(folder)
-        self._prefix = os.path.join(str(self.folder), "")
+        super().__init__(folder, owner=_owner, suffix=SUFFIX)
         self._failed = False
-
-    def path_of(self, rel: str) -> str:
-        return self._prefix + hashlib.sha256(rel.encode()).hexdigest()[:32] + SUFFIX
 
     def read(self, rel: str, size: int, modified_ns: int) -> Summary | None:
         """The summary of the data file ``rel`` (its path in the table) of ``size`` bytes, last modified at
-        ``modified_ns`` (its ``st_mtime_ns``), or None where there is none, or it names another file, size or time
-        (a file changed in place since), or cannot be read whole."""
+        ``modified_ns`` (its ``st_mtime_ns``; 0 on an object store), or None where there is none, or it names
+        another file, size or time (a file changed in place since), or cannot be read whole."""
         path = self.path_of(rel)
         try:
             with open(path, "rb") as source:  # small: read at once; large: mapped (the page cache's own pages)
                 body = source.read() if os.fstat(source.fileno()).st_size < MAPPED_BYTES else None
             reader = ipc.open_file(pa.py_buffer(body) if body is not None else pa.memory_map(path))
             meta = json.loads((reader.schema.metadata or {})[META_KEY])
-            if meta.get("format") != FORMAT or meta.get("file") != rel or meta.get("size") != size or \
-                    meta.get("modified_ns") != modified_ns:
+            if meta.get("format") != FORMAT or not FileId(rel, size, modified_ns).named_by(meta):
                 return None
             footer = Footer(ipc.read_schema(pa.py_buffer(base64.b64decode(meta["footer"]))), meta.get("nulls"),
                             meta.get("rows"), meta["footer"])
@@ -141,58 +135,32 @@ class Summaries:
         """Keep ``summary`` as that of the data file ``rel`` of ``size`` bytes modified at ``modified_ns``, written
         whole by a rename; whether it was. A failure is logged, never raised: readers summarize the file again."""
         try:
-            self._write(rel, size, modified_ns, summary)
+            self._write(FileId(rel, size, modified_ns), summary)
             return True
         except Exception as exc:  # noqa: BLE001 - a cache: the file's steps are read instead
             (log.debug if self._failed else log.warning)("no summary of %s kept (%s)", rel, exc)
             self._failed = True  # said once (a folder that cannot be written refuses every file)
             return False
 
-    def _write(self, rel: str, size: int, modified_ns: int, summary: Summary) -> None:
+    def _write(self, f: FileId, summary: Summary) -> None:
         footer = summary.footer
-        meta: dict[str, Any] = {"format": FORMAT, "file": rel, "size": size, "modified_ns": modified_ns,
+        meta: dict[str, Any] = {"format": FORMAT, **f.meta(),
                                 "footer": base64.b64encode(footer.schema.serialize().to_pybytes()).decode()}
         if footer.nulls is not None:
             meta.update(nulls=footer.nulls, rows=footer.rows)
         table = summary.fragments.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
-        self.folder.mkdir(parents=True, exist_ok=True)
-        partial = self.folder / f".tmp-{uuid.uuid4().hex}"
-        try:
-            with pa.OSFile(str(partial), "wb") as sink, ipc.new_file(sink, table.schema) as out:
-                out.write_table(table)
-            os.replace(partial, self.path_of(rel))
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
+        with self.writing(f.rel) as partial, pa.OSFile(str(partial), "wb") as sink, \
+                ipc.new_file(sink, table.schema) as out:
+            out.write_table(table)
 
-    def remove(self, rel: str) -> None:
-        """Remove the summary of the data file ``rel`` (gone already is fine)."""
-        Path(self.path_of(rel)).unlink(missing_ok=True)
 
-    def prune(self, exists: Callable[[str], bool], *, grace_s: float = TEMPORARY_GRACE_S) -> list[str]:
-        """Remove the summaries whose data file ``exists(rel)`` says is gone, and temporary files older than
-        ``grace_s`` (a process killed while writing one); the files the summaries were of."""
-        removed = []
-        for path in self._files():
-            if path.name.startswith(".tmp-") or not path.name.endswith(SUFFIX):
-                if path.stat().st_mtime < time.time() - grace_s:
-                    path.unlink(missing_ok=True)
-                continue
-            try:
-                with pa.memory_map(str(path)) as source:
-                    rel = json.loads((ipc.open_file(source).schema.metadata or {})[META_KEY])["file"]
-            except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
-                if path.stat().st_mtime < time.time() - grace_s:  # unreadable: damaged, or a killed write
-                    path.unlink(missing_ok=True)
-                continue
-            if not exists(rel):
-                path.unlink(missing_ok=True)
-                removed.append(rel)
-        return removed
-
-    def _files(self) -> Iterator[Path]:
-        if self.folder.is_dir():
-            yield from (p for p in self.folder.iterdir() if p.is_file())
+def _owner(path: Path) -> str | None:
+    """The data file the summary at ``path`` is of, or None where it cannot be read."""
+    try:
+        with pa.memory_map(str(path)) as source:
+            return str(json.loads((ipc.open_file(source).schema.metadata or {})[META_KEY])["file"])
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return None
 
 
 def canonical(fragments: pa.Table) -> pa.Table:

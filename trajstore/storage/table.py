@@ -12,13 +12,14 @@ of one log version.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -30,6 +31,7 @@ from trajstore.errors import CommitUnknownError, StoreDamagedError, first_line
 from trajstore.settings import Settings
 from trajstore.storage.arrays import FOLDER as ARRAYS
 from trajstore.storage.arrays import FileArrays, StepArrays
+from trajstore.storage.cache import FILES, FileCache, FileCopies, FileId, StoreCache, prune_all, store_folder
 from trajstore.storage.encoding import EncodingError, FileSchema
 from trajstore.storage.location import Location, explain, locate
 from trajstore.storage.log import DataFile, Log, TableState, WrittenFile
@@ -42,6 +44,9 @@ SCHEMAS_KEPT = 200_000  # file schemas kept per table (committed files never cha
 FOOTERS_KEPT = 10_000  # footers kept until the files' summaries are written
 FOOTER_THREADS = 8  # footers read at once from an object store
 COPY_THREADS = 2  # files read into array copies at once (each read whole: its rows in memory)
+LISTED_FROM = 8  # an object store's files checked by one listing, not a request each, from this many on
+DOWNLOAD_THREADS = 8  # an s3:// store's files copied to this machine at once
+BOUND_EVERY_S = 10.0  # a writer keeps its s3:// store's local caches within their bound at most this often
 LOW_CARDINALITY = ("action", "terminated", "truncated", "env_index", "worker_id", "mode", "policy_version", "seed",
                    "env_steps", "wall_time")  # one value per time index: few in a file of many envs
 
@@ -51,16 +56,22 @@ class StepsTable:
     log (``log``; ``pinned``: the version a read-only store reads). With ``arrays`` (a
     :class:`~trajstore.storage.arrays.StepArrays`), loaders of a local table gather from its files' array copies
     (:meth:`array_copies`), made by the first that reads each file, or with ``write_arrays`` by each write; with
-    ``summaries`` (:class:`~trajstore.storage.summaries.Summaries`), each file written into a local table gets
-    its summary too, and readers keep one for each committed file that has none."""
+    ``summaries`` (:class:`~trajstore.storage.summaries.Summaries`), each file written gets its summary too,
+    and readers keep one for each committed file that has none. An ``s3://`` table keeps both on this machine
+    (:mod:`~trajstore.storage.cache`), with ``copies`` of its data files that DuckDB reads instead of the bucket's,
+    all within ``bound``."""
 
     def __init__(self, location: Location | str | Path, *, row_group_rows: int = 1024 * 1024,
                  pinned: int | None = None, arrays: StepArrays | None = None, write_arrays: bool = False,
-                 summaries: Summaries | None = None) -> None:
+                 summaries: Summaries | None = None, copies: FileCopies | None = None,
+                 bound: StoreCache | None = None) -> None:
         self.location = locate(location)
-        self.arrays = arrays if self.location.is_local else None
+        self.arrays = arrays
         self.write_arrays = write_arrays
-        self.summaries = summaries if self.location.is_local else None
+        self.summaries = summaries
+        self.copies = copies if not self.location.is_local else None
+        self.bound = bound
+        self._bounded = time.monotonic()
         self.fs = self.location.fs
         self.row_group_rows = row_group_rows
         self.log = Log(self.location, pinned=pinned)
@@ -73,10 +84,96 @@ class StepsTable:
         """The ``steps`` table of the store at ``store`` as ``settings`` ask for it (its row groups; array copies
         and summaries beside a local table unless turned off): what a :class:`~trajstore.store.Store` reads and
         writes, and what a test of the layers below it opens."""
-        arrays = StepArrays(store.path(ARRAYS)) if settings.loader_arrays and store.is_local else None
-        summaries = Summaries(store.path(SUMMARIES)) if settings.episode_summaries and store.is_local else None
-        return cls(store.child("steps"), row_group_rows=settings.row_group_rows, pinned=pinned, arrays=arrays,
-                   write_arrays=settings.writer_arrays, summaries=summaries)
+        options: dict[str, Any] = {"row_group_rows": settings.row_group_rows, "pinned": pinned,
+                                   "write_arrays": settings.writer_arrays}
+        if store.is_local:
+            folder, bound = Path(store.root), None
+        elif settings.remote_cache:  # this machine's folder of the store (storage/cache.py)
+            folder = Path(os.path.expanduser(settings.remote_cache)) / store_folder(store.uri)
+            bound = StoreCache(folder, settings.remote_cache_bytes)
+            options.update(copies=bound.add(FileCopies(folder / FILES)), bound=bound)
+        else:
+            return cls(store.child("steps"), **options)
+        if settings.loader_arrays:
+            options["arrays"] = StepArrays(folder / ARRAYS)
+        if settings.episode_summaries:
+            options["summaries"] = Summaries(folder / SUMMARIES)
+        for kept in (options.get("arrays"), options.get("summaries")):
+            if bound is not None and kept is not None:
+                bound.add(kept)
+        return cls(store.child("steps"), **options)
+
+    @property
+    def caches(self) -> list[FileCache]:
+        """What this table keeps of its data files (:mod:`~trajstore.storage.cache`)."""
+        return [c for c in (self.arrays, self.summaries, self.copies) if c is not None]
+
+    def file_id(self, f: DataFile) -> FileId | None:
+        """The committed file ``f`` as the caches know it (a local file's modification time read now); None for a
+        local file that is not there."""
+        rel = self.location.relative(f.path)
+        if not f.is_local:
+            return FileId(rel, f.size)
+        try:
+            return FileId(rel, f.size, os.stat(f.path).st_mtime_ns)
+        except OSError:
+            return None
+
+    def forget(self, path: str) -> None:
+        """Remove what the caches keep of the data file at ``path`` (a failed write's, an orphan removed)."""
+        rel = self.location.relative(path)
+        for kept in self.caches:
+            kept.remove(rel)
+
+    def prune_caches(self) -> list[str]:
+        """Remove what the caches keep of data files no longer in the table's folder (:meth:`FileCache.prune
+        <trajstore.storage.cache.FileCache.prune>`), then keep them within their bound; the files pruned."""
+        if not self.caches:
+            return []
+        if self.location.is_local:
+            exists = lambda rel: os.path.exists(self.location.path(rel))  # noqa: E731
+        else:  # one listing of the bucket's table, not a request per entry
+            selector = pafs.FileSelector(self.location.root, recursive=True, allow_not_found=True)
+            there = {self.location.relative(i.path) for i in self.fs.get_file_info(selector)
+                     if i.type == pafs.FileType.File}
+            exists = there.__contains__
+        removed = prune_all(self.caches, exists)
+        if self.bound is not None:
+            self.bound.bound()
+        return removed
+
+    def local_copies(self, files: Sequence[DataFile], *, fill: bool = True) -> list[str] | None:
+        """Paths of local copies of the committed ``files`` of an ``s3://`` table (each read where kept, made with
+        ``fill`` where not, while they fit in half the cache's bound), or None where any has none (or the table is
+        local, or keeps no copies): DuckDB then reads the copies as it reads a local table's files."""
+        copies = self.copies
+        if copies is None or not files:
+            return None
+        ids = [FileId(self.location.relative(f.path), f.size) for f in files]
+        found = [copies.read(i) for i in ids]
+        missing = [k for k, p in enumerate(found) if p is None]
+        bound = self.bound
+        if missing and fill and bound is not None and \
+                (bound.max_bytes <= 0 or sum(files[k].size for k in missing) <= bound.max_bytes // 2):
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(DOWNLOAD_THREADS, len(missing))) as pool:
+                for k, path in zip(missing, pool.map(lambda k: self._download(files[k], ids[k]), missing)):
+                    found[k] = path
+            log.info("%s: copied %d file(s) to this machine", self.uri, sum(found[k] is not None for k in missing))
+            if bound.bound():  # the entries written longest ago went: these copies may be among them
+                found = [copies.read(i) for i in ids]
+        return None if any(p is None for p in found) else [p for p in found if p is not None]
+
+    def _download(self, f: DataFile, kept: FileId) -> str | None:
+        """The copy of the committed file ``f`` made on this machine (None where it cannot be)."""
+        def fetch(partial: Path) -> None:
+            with self.fs.open_input_stream(f.path) as source, open(partial, "wb") as out:
+                while chunk := source.read(8 << 20):
+                    out.write(chunk)
+
+        assert self.copies is not None
+        return self.copies.fill(kept, fetch)
 
     @property
     def path(self) -> Any:
@@ -127,6 +224,22 @@ class StepsTable:
             return f"{f.uri}: is {size} bytes, the log says {f.size}"
         return None
 
+    def size_problems(self, files: Sequence[DataFile]) -> Iterator[str | None]:
+        """:meth:`size_problem` of each of ``files``, in order; on an object store from one listing of the table
+        where there are more than a few (not a request per file)."""
+        if self.location.is_local or len(files) <= LISTED_FROM:
+            yield from map(self.size_problem, files)
+            return
+        selector = pafs.FileSelector(self.location.root, recursive=True, allow_not_found=True)
+        try:
+            sizes = {i.path: i.size for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File}
+        except OSError as exc:
+            raise explain(exc, self.location) or exc
+        for f in files:
+            size = sizes.get(f.path)
+            yield f"{f.uri}: committed file is missing" if size is None else \
+                f"{f.uri}: is {size} bytes, the log says {f.size}" if f.size and size != f.size else None
+
     def stored_schema(self, env_id: str | None = None, *, files: Sequence[DataFile] | None = None,
                       state: TableState | None = None) -> pa.Schema | None:
         """The columns readers get (logical names, decoded types, fixed sizes kept) merged over the committed
@@ -158,28 +271,44 @@ class StepsTable:
             known = {f.path: self._schemas[f.path] for f in files if f.path in self._schemas}
         missing = list({f.path: f for f in files if f.path not in known}.values())
         if missing:
-            state = self.log.read() if state is None else state
-            declared = {} if state is None else state.declarations
-
-            def schema(f: DataFile) -> FileSchema:
-                footer = read_footer(f, self.location)
+            def footer(f: DataFile) -> Footer:
+                found = self._copied_footer(f) or read_footer(f, self.location)
                 if self.summaries is not None:  # what a summary of the file keeps, not read again to write it
                     with self._schemas_lock:
                         if len(self._footers) >= FOOTERS_KEPT:
                             self._footers.clear()
-                        self._footers[f.path] = footer
-                return file_schema(f, footer, self.location, declared)
+                        self._footers[f.path] = found
+                return found
 
             if len(missing) > 1 and not missing[0].is_local:
                 from concurrent.futures import ThreadPoolExecutor
 
                 with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-                    read = list(pool.map(schema, missing))
+                    footers = list(pool.map(footer, missing))
             else:
-                read = [schema(f) for f in missing]
+                footers = [footer(f) for f in missing]
+            declared: Mapping[str, Any] = {}
+            if any(found.nulls is not None for found in footers):  # another tool's files: the table declares them
+                state = self.log.read() if state is None else state
+                declared = {} if state is None else state.declarations
+            read = [file_schema(f, found, self.location, declared) for f, found in zip(missing, footers)]
             known.update((f.path, stored) for f, stored in zip(missing, read))
             self._keep(missing, read)
         return [known[f.path] for f in files]
+
+    def _copied_footer(self, f: DataFile) -> Footer | None:
+        """The footer of an ``s3://`` table's file ``f`` read from this machine's copy of it, or None where there
+        is none, or it cannot be read (the bucket's file is read instead)."""
+        if self.copies is None or f.is_local:
+            return None
+        copy = self.copies.read(FileId(self.location.relative(f.path), f.size))
+        if copy is None:
+            return None
+        try:
+            return read_footer(dataclasses.replace(f, path=copy, fs=pafs.LocalFileSystem()))
+        except StoreDamagedError:
+            log.warning("the local copy of %s cannot be read; reading the store's file", f.uri)
+            return None
 
     def remember(self, files: Sequence[DataFile], footers: Sequence[Footer]) -> None:
         """Take what the footers of committed ``files`` say as read elsewhere (from their summaries), so that
@@ -234,19 +363,31 @@ class StepsTable:
         rel = f"run_id={quote(run_id, safe='')}/env_id={quote(env_id, safe='')}/part-{uuid.uuid4().hex}.parquet"
         full = self.location.path(rel)
         try:
-            size, modified_ns, footer = self._write_file(data, full)
+            size, modified_ns, footer, body = self._write_file(data, full)
             if self.location.is_local:
                 fsync_file(Path(full))
-            if self.arrays is not None and self.write_arrays:
-                self.arrays.write(rel, data)
-            if self.summaries is not None:  # from the rows in memory: the first read summarizes nothing
-                self.summaries.write_rows(rel, size, modified_ns, footer, data, run_id=run_id, env_id=env_id)
+            self._keep_written(FileId(rel, size, modified_ns), footer, data, body, run_id=run_id, env_id=env_id)
         except BaseException as exc:
             self.discard([full], exc)
             if isinstance(exc, OSError):
                 raise explain(exc, self.location) or exc
             raise
         return WrittenFile(full, rel, run_id, env_id, size, int(time.time() * 1000), _stats(data), data.schema)
+
+    def _keep_written(self, f: FileId, footer: pa.Schema, data: pa.Table, body: pa.Buffer | None, *, run_id: str,
+                      env_id: str) -> None:
+        """What the caches keep of the file ``f`` just written, from its rows ``data`` in memory and (on an object
+        store) its bytes ``body``: the first read of a store just written reads no footer, and on ``s3://`` no
+        bucket either."""
+        if self.copies is not None and body is not None:
+            self.copies.write(f, body)
+        if self.arrays is not None and self.write_arrays:
+            self.arrays.write(f, data)
+        if self.summaries is not None:  # from the rows in memory: the first read summarizes nothing
+            self.summaries.write_rows(f.rel, f.size, f.modified_ns, footer, data, run_id=run_id, env_id=env_id)
+        if self.bound is not None and time.monotonic() - self._bounded > BOUND_EVERY_S:
+            self._bounded = time.monotonic()
+            self.bound.bound()
 
     def array_copies(self, files: Sequence[DataFile]) -> list[FileArrays | None]:
         """The array copy of each committed file of ``files`` (:mod:`~trajstore.storage.arrays`), made now from the
@@ -257,25 +398,31 @@ class StepsTable:
         if self.arrays is None:
             return [None] * len(files)
         arrays = self.arrays
-        rels = [self.location.relative(f.path) for f in files]
-        copies = [arrays.read(rel) for rel in rels]
+        ids = [self.file_id(f) for f in files]
+        copies = [None if i is None else arrays.read(i) for i in ids]
         missing = [i for i, c in enumerate(copies) if c is None]
-        if not missing or not arrays.writable():
+        if not missing or not arrays.writable() or any(ids[i] is None for i in missing):
             return copies
         columns = dict(zip(missing, map(arrays.columns, self.schemas([files[i] for i in missing]))))
         if any(c is None for c in columns.values()):
             return copies
+        sources = self.local_copies([files[i] for i in missing])  # an s3:// table's: this machine's copies
+        paths = {i: files[i].path if sources is None else sources[k] for k, i in enumerate(missing)}
+        fs = self.fs if sources is None else pafs.LocalFileSystem()
         with arrays.building():  # another process of this machine may have made them meanwhile
-            copies = [c if c is not None else arrays.read(rels[i]) for i, c in enumerate(copies)]
+            copies = [c if c is not None else arrays.read(ids[i]) for i, c in enumerate(copies)]  # type: ignore[arg-type]
             missing = [i for i, c in enumerate(copies) if c is None]
 
             def make(i: int) -> FileArrays | None:
+                made = ids[i]
+                assert made is not None
                 try:  # as stored: physical names, encoded
-                    data = pq.ParquetFile(files[i].path).read(columns=columns[i])
+                    with fs.open_input_file(paths[i]) as source:
+                        data = pq.ParquetFile(source).read(columns=columns[i])
                 except (OSError, pa.ArrowException) as exc:  # the layout's read of the file says what is wrong
-                    log.warning("no loader copy of %s (%s); loaders will read it from Parquet", rels[i], exc)
+                    log.warning("no loader copy of %s (%s); loaders will read it from Parquet", made.rel, exc)
                     return None
-                return arrays.read(rels[i]) if arrays.write(rels[i], data) else None
+                return arrays.read(made) if arrays.write(made, data) else None
 
             if len(missing) > 1:
                 from concurrent.futures import ThreadPoolExecutor
@@ -326,9 +473,7 @@ class StepsTable:
         for path in paths:
             try:
                 self.delete(path)
-                for kept in (self.arrays, self.summaries):
-                    if kept is not None:
-                        kept.remove(self.location.relative(path))
+                self.forget(path)
             except Exception as exc:  # noqa: BLE001 - the caller raises the error that matters
                 log.warning("%s: could not remove the uncommitted file %s: %s", self.uri, path, first_line(exc))
 
@@ -344,9 +489,10 @@ class StepsTable:
         self.log.append(written)
         return written.path
 
-    def _write_file(self, data: pa.Table, path: str) -> tuple[int, int, pa.Schema]:
+    def _write_file(self, data: pa.Table, path: str) -> tuple[int, int, pa.Schema, pa.Buffer | None]:
         """Write ``data`` as one Parquet file at ``path``; its size in bytes, its modification time (``st_mtime_ns``;
-        0 on an object store) and the Arrow schema its footer holds (what a reader of its footer gets)."""
+        0 on an object store), the Arrow schema its footer holds (what a reader of its footer gets) and, on an
+        object store, its bytes (uploaded whole)."""
         options: dict[str, Any] = {"compression": "zstd", "row_group_size": self.row_group_rows,
                                    "use_dictionary": [c for c in LOW_CARDINALITY if c in data.column_names],
                                    "write_statistics": ["episode_id", "step"]}
@@ -355,13 +501,13 @@ class StepsTable:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(data, path, metadata_collector=footer, **options)  # a native file: written without the GIL
             written = os.stat(path)
-            return written.st_size, written.st_mtime_ns, footer[0].schema.to_arrow_schema()
+            return written.st_size, written.st_mtime_ns, footer[0].schema.to_arrow_schema(), None
         buffer = pa.BufferOutputStream()  # encoded in memory, then one upload: the object appears whole or not
         pq.write_table(data, buffer, metadata_collector=footer, **options)
         body = buffer.getvalue()
         with self.fs.open_output_stream(path) as out:
             out.write(body)
-        return body.size, 0, footer[0].schema.to_arrow_schema()
+        return body.size, 0, footer[0].schema.to_arrow_schema(), body
 
 
 def steps_dataset(files: Sequence[DataFile], schema: pa.Schema) -> ds.FileSystemDataset:

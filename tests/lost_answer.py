@@ -22,10 +22,11 @@ LOG_PUT = r"^PUT \S*/_delta_log/\d{20}\.json"  # a commit: the PUT of a log entr
 @dataclass
 class Rule:
     """Swallow the answers to the next ``count`` requests whose request line (``"PUT /bucket/key HTTP/1.1"``)
-    matches ``pattern``."""
+    matches ``pattern``; ``then_silent``: every answer after the last of them."""
 
     pattern: re.Pattern[str]
     count: int
+    then_silent: bool = False
 
 
 @dataclass
@@ -62,11 +63,13 @@ class LostAnswerProxy:
             for s in self._sockets:
                 _close(s)
 
-    def swallow(self, pattern: str = LOG_PUT, count: int = 1) -> None:
-        """Swallow the answers to the next ``count`` requests matching ``pattern`` (a regex over the request line)."""
+    def swallow(self, pattern: str = LOG_PUT, count: int = 1, *, then_silent: bool = False) -> None:
+        """Swallow the answers to the next ``count`` requests matching ``pattern`` (a regex over the request line);
+        ``then_silent``: from the moment the last of them is sent on, every answer (the store says nothing at all,
+        however long the server takes to answer the picked request)."""
         with self._lock:
             self.answered.clear()
-            self._rules.append(Rule(re.compile(pattern), count))
+            self._rules.append(Rule(re.compile(pattern), count, then_silent))
 
     def release(self) -> None:
         """Swallow nothing more (answers on connections already muted stay lost)."""
@@ -79,6 +82,8 @@ class LostAnswerProxy:
                 if rule.count > 0 and rule.pattern.search(request_line):
                     rule.count -= 1
                     self.swallowed.append(request_line)
+                    if rule.then_silent and rule.count == 0:
+                        self._rules.append(Rule(re.compile("."), 10**9))
                     return True
         return False
 

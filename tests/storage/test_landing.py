@@ -110,8 +110,7 @@ def test_an_append_sent_again_after_a_compaction_merged_it_is_not_stored_twice(
     w = via.writer(run_id="r", env_id="E", upkeep=None)
     w.add_batch(make_batch(rng, 16, 2))
     w.flush()
-    proxy.swallow(r"^PUT \S*/_delta_log/\d{20}\.json")
-    proxy.on_swallow = lambda line: proxy.swallow(".", count=10**6)  # from then on, nothing answers
+    proxy.swallow(r"^PUT \S*/_delta_log/\d{20}\.json", then_silent=True)  # from then on, nothing answers
     w.add_batch(make_batch(rng, 16, 2))
     with pytest.raises(CommitUnknownError, match=r"may have been applied.*trajstore history.*looks for them in "
                                                  r"the log"):
@@ -234,8 +233,7 @@ def test_a_commit_whose_fate_cannot_be_told_deletes_nothing(
         stores: tuple[trajstore.Store, trajstore.Store], proxy: LostAnswerProxy) -> None:
     via, direct = stores
     steps = write(via, np.random.default_rng(7), 3)
-    proxy.swallow()
-    proxy.on_swallow = lambda line: proxy.swallow(".", count=10**6)  # the log cannot be read afterwards either
+    proxy.swallow(then_silent=True)  # the log cannot be read afterwards either
     with pytest.raises(CommitUnknownError) as caught:
         compact(via)
     message = str(caught.value)

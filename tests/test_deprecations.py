@@ -128,6 +128,7 @@ def served(store: trajstore.Store) -> Iterator[Live]:
         yield live
 
 
+@pytest.mark.server
 def test_the_client_s_old_names(filled: trajstore.Store) -> None:
     with served(filled) as live, trajstore.Client(live.url) as client:
         with warns("Client.iter_sequences", "client.sequences"):

@@ -172,6 +172,7 @@ def test_the_parity_check_would_see_drift() -> None:  # the check above can fail
         "health: on one side only"]
 
 
+@pytest.mark.server
 def test_runs_health_and_where_read_alike_from_a_store_and_a_client(store: trajstore.Store, live: Live) -> None:
     condition = "episode_return > 20 AND mode = 'train'"
     with trajstore.Client(live.url) as client:

@@ -194,6 +194,7 @@ def test_the_service_and_the_client_give_the_same_comparison(
                 client.compare("config.algo", metric="median(reward)")
 
 
+@pytest.mark.server
 def test_rest_curves_take_by_as_python_does(study: tuple[trajstore.Store, dict[str, np.ndarray]]) -> None:
     """``GET /curves?by=config.algo`` groups runs as ``store.curves(by=…)`` does (the same rows as
     ``/curves/groups``), as Arrow or JSON rows, under the budget of the routes that compute per request; without

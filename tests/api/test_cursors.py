@@ -56,7 +56,7 @@ def test_steps_pages_by_cursor_give_every_row_once_in_order(client: TestClient, 
 
 def test_steps_cursor_keeps_the_filter_and_the_columns_asked(client: TestClient) -> None:
     store: trajstore.Store = client.app.state.store
-    got = walk(client, "/steps", {"format": "json", "limit": 50, "columns": "reward", "run_id": "b"})
+    got = walk(client, "/steps", {"format": "json", "limit": 150, "columns": "reward", "run_id": "b"})  # 4 pages
     assert set(got[0]) == {"reward"}
     assert len(got) == store.sql("SELECT count(*) AS n FROM steps WHERE run_id = 'b'")["n"][0].as_py()
 
@@ -64,10 +64,10 @@ def test_steps_cursor_keeps_the_filter_and_the_columns_asked(client: TestClient)
 @pytest.mark.parametrize("order_by", ["episode_id", "-episode_id"])
 def test_episode_pages_by_cursor_give_every_episode_once_in_order(client: TestClient, order_by: str) -> None:
     store: trajstore.Store = client.app.state.store
-    got = walk(client, "/episodes", {"limit": 7, "order_by": order_by})
+    got = walk(client, "/episodes", {"limit": 25, "order_by": order_by})  # ~6 pages
     full = store.episodes(order_by=order_by)["episode_id"].to_pylist()
     assert [r["episode_id"] for r in got] == [str(e) for e in full]  # decimal strings: exact in any JSON reader
-    first = client.get("/episodes", params={"limit": 7, "order_by": order_by}).json()
+    first = client.get("/episodes", params={"limit": 25, "order_by": order_by}).json()
     assert first["total"] == len(full)
 
 

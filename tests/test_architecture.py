@@ -8,6 +8,7 @@ at top level but ``trajstore`` (the service inside it as ``trajstore.api``)."""
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import subprocess
@@ -36,6 +37,12 @@ def modules() -> dict[str, Path]:
     return out
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of ``path``, parsed once per session (the checks below only read the trees)."""
+    return ast.parse(path.read_text())
+
+
 def _type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
@@ -62,11 +69,13 @@ def imports(path: Path, name: str, known: set[str], *, type_hints: bool = False)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(ast.parse(path.read_text()))
+    visit(parsed(path))
     return found
 
 
+@functools.cache
 def graph(*, type_hints: bool = False) -> dict[str, set[str]]:
+    """The package's import graph (read-only: made once per session and shared by the checks)."""
     mods = modules()
     return {name: {m for m in imports(path, name, set(mods), type_hints=type_hints) if m in mods and m != name}
             for name, path in mods.items()}
@@ -134,7 +143,7 @@ CLIENT_FACING = ("self", "cls")
 
 def held(path: Path, cls_name: str) -> set[str]:
     """The attributes instances of ``cls_name`` (in ``path``) are given: every ``self.<name> = …`` of its methods."""
-    cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    cls = next(n for n in parsed(path).body if isinstance(n, ast.ClassDef) and n.name == cls_name)
     names = set()
     for node in ast.walk(cls):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
@@ -179,7 +188,7 @@ def test_nothing_outside_the_store_reaches_its_parts() -> None:
     for path in _python_files():
         if path.resolve() == (PACKAGE / "store.py").resolve():
             continue
-        offenders += [f"{path.relative_to(ROOT)}:{line}: {text}" for line, text in reaches(ast.parse(path.read_text()),
+        offenders += [f"{path.relative_to(ROOT)}:{line}: {text}" for line, text in reaches(parsed(path),
                                                                                            names)]
     assert not offenders, "a store's parts reached outside store.py:\n" + "\n".join(offenders)
 
@@ -260,7 +269,7 @@ def test_the_delta_logs_names_are_spelled_in_one_module() -> None:
 def test_only_the_delta_tables_modules_import_deltalake() -> None:
     offenders = []
     for path in modules().values():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             if any(n.split(".")[0] == "deltalake" for n in names) and _relative(path) not in DELTA_MODULES:
@@ -271,7 +280,7 @@ def test_only_the_delta_tables_modules_import_deltalake() -> None:
 def test_nothing_imports_a_top_level_api_package() -> None:
     for root in (PACKAGE, ROOT / "api", ROOT / "tests", ROOT / "benchmarks"):
         for path in root.rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parsed(path)):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
                 assert not [n for n in names if n == "api" or n.startswith("api.")], path
@@ -307,7 +316,7 @@ def test_sql_is_written_only_in_the_sql_module() -> None:
         rel = str(path.relative_to(ROOT)).replace("trajstore/api/", "api/")
         if rel in SQL_MODULES or rel in EXAMPLES:
             continue
-        offenders += [f"{rel}: {s[:60]!r}" for s in _strings(ast.parse(path.read_text())) if SQL.search(s)]
+        offenders += [f"{rel}: {s[:60]!r}" for s in _strings(parsed(path)) if SQL.search(s)]
     assert not offenders, f"SQL text outside {SQL_MODULES}:\n" + "\n".join(offenders)
 
 

@@ -5,6 +5,7 @@ RemoteWriter."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -64,6 +65,17 @@ def live(store: trajstore.Store) -> Iterator[Live]:
     from trajstore.api.app import create_app
 
     yield from serve(create_app(settings_for(Path(str(store.root)))))
+
+
+@pytest.fixture
+def own(store: trajstore.Store, tmp_path: Path) -> Iterator[tuple[trajstore.Store, Live]]:
+    """A copy of ``store`` and the service over it, for a test that writes through the service (the module's
+    store stays as made)."""
+    from trajstore.api.app import create_app
+
+    copy = trajstore.open(shutil.copytree(store.root, tmp_path / "store"))
+    for live in serve(create_app(settings_for(Path(str(copy.root))))):
+        yield copy, live
 
 
 def expected(dtype: str, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -172,7 +184,8 @@ def test_the_rest_routes_and_the_client_return_the_dtype(store: trajstore.Store,
 
 @pytest.mark.server
 @pytest.mark.parametrize("dtype", ["uint8", "float64", "int16"])
-def test_a_remote_writer_stores_the_dtype_encoded(live: Live, store: trajstore.Store, dtype: str) -> None:
+def test_a_remote_writer_stores_the_dtype_encoded(own: tuple[trajstore.Store, Live], dtype: str) -> None:
+    store, live = own
     env = f"Remote-{dtype}"
     with trajstore.RemoteWriter(live.url, api_key=API_KEY, run_id="remote", env_id=env,
                                 frame_stack={"obs.img": 2}) as w:
@@ -186,10 +199,11 @@ def test_a_remote_writer_stores_the_dtype_encoded(live: Live, store: trajstore.S
 
 
 @pytest.mark.server
-def test_a_remote_writer_sends_whole_rows_where_the_service_takes_no_encoding_2(live: Live,
-                                                                                store: trajstore.Store) -> None:
+def test_a_remote_writer_sends_whole_rows_where_the_service_takes_no_encoding_2(
+        own: tuple[trajstore.Store, Live]) -> None:
     """A service older than encoding 2 says so in GET /ingest (no "encodings", or [1]); the writer then decodes
     its rows before sending them (here the switch the writer sets from that answer, on a current service)."""
+    store, live = own
     with trajstore.Client(live.url, api_key=API_KEY) as client:
         assert client.check_ingest()["encodings"] == [1, 2]
     with trajstore.RemoteWriter(live.url, api_key=API_KEY, run_id="remote", env_id="Remote-old",
@@ -279,9 +293,10 @@ def test_every_reader_gives_float64_rewards_exactly(rewards: trajstore.Store) ->
 
 
 @pytest.mark.server
-def test_the_service_and_a_remote_writer_keep_float64_rewards(rewards: trajstore.Store) -> None:
+def test_the_service_and_a_remote_writer_keep_float64_rewards(rewards: trajstore.Store, tmp_path: Path) -> None:
     from trajstore.api.app import create_app
 
+    rewards = trajstore.open(shutil.copytree(rewards.root, tmp_path / "store"))  # it writes: a copy of its own
     want = rewards_by_step(rewards.scan(["episode_id", "step", "reward"], run_id="r64").read_all())
     for live in serve(create_app(settings_for(Path(str(rewards.root))))):
         with trajstore.Client(live.url) as client:

@@ -26,22 +26,25 @@ OPTIONAL = ["fastapi", "uvicorn", "starlette", "pydantic", "httpx", "gymnasium",
 CORE = ["numpy", "pyarrow", "pyarrow.dataset", "pyarrow.parquet", "duckdb", "deltalake", "numba"]
 
 
-def imported_after(statement: str) -> set[str]:
-    """The packages of :data:`OPTIONAL` a fresh interpreter holds after running ``statement``."""
-    code = f"import json, sys\n{statement}\nprint(json.dumps([m for m in {OPTIONAL!r} if m in sys.modules]))"
+def imported_after(*statements: str) -> list[set[str]]:
+    """The packages of :data:`OPTIONAL` one fresh interpreter holds after running each of ``statements`` in turn
+    (what each adds to the ones before: one interpreter's imports instead of one per statement)."""
+    code = "import json, sys\n" + "".join(
+        f"{statement}\nprint(json.dumps([m for m in {OPTIONAL!r} if m in sys.modules]))\n" for statement in statements)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
-    return set(json.loads(done.stdout.splitlines()[-1]))
+    return [set(json.loads(line)) for line in done.stdout.splitlines()[-len(statements):]]
 
 
 def test_import_trajstore_imports_no_extra() -> None:
     """Here every extra is installed: what ``import trajstore`` brings beyond what its core dependencies import by
     themselves (numba reads its config with PyYAML where PyYAML is there) is none of them."""
-    by_the_core = imported_after("\n".join(f"import {m}" for m in CORE))
-    assert imported_after("import trajstore") - by_the_core == set()
-    assert imported_after("import trajstore.cli.main, trajstore.rollout, trajstore.integrations.info") - \
-        by_the_core == set()
+    by_the_core, with_trajstore, with_the_cli = imported_after(
+        "\n".join(f"import {m}" for m in CORE), "import trajstore",
+        "import trajstore.cli.main, trajstore.rollout, trajstore.integrations.info")
+    assert with_trajstore - by_the_core == set()
+    assert with_the_cli - by_the_core == set()
 
 
 def test_every_extra_named_in_the_code_is_one_pyproject_declares() -> None:

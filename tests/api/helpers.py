@@ -24,7 +24,10 @@ API_KEY = "test-key-0123456789"
 
 
 def settings_for(path: Path, **overrides: Any) -> ServiceSettings:
-    return ServiceSettings(**{"store": str(path), "api_key": API_KEY, **overrides})
+    """The service's settings over the store at ``path``, with an API key and without the dashboard's read-ahead (a
+    thread reading six queries' worth of the store as each app starts, which a test of other routes never asks for
+    and which held a fresh app's first request ~2 s; tests/api/dashboard/test_routes.py checks the read-ahead)."""
+    return ServiceSettings(**{"store": str(path), "api_key": API_KEY, "dashboard_warm": False, **overrides})
 
 
 @dataclass

@@ -24,7 +24,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     for run in ("a", "b"):
         with store.writer(run_id=run, env_id="Toy-v0") as w:
             for _ in range(4):
-                w.add_batch(steps_batch(rng, 20, 6, p_done=0.15))
+                w.add_batch(steps_batch(rng, 10, 6, p_done=0.15))
                 w.flush()
     with TestClient(create_app(settings_for(path))) as c:
         yield c
@@ -47,16 +47,17 @@ def walk(client: TestClient, path: str, params: dict[str, Any]) -> list[dict[str
 @pytest.mark.parametrize("limit", [1, 37, 1000])
 def test_steps_pages_by_cursor_give_every_row_once_in_order(client: TestClient, limit: int) -> None:
     store: trajstore.Store = client.app.state.store
-    params = {"format": "json", "limit": limit, "columns": "episode_id,step,reward"}
+    params = {"format": "json", "limit": limit, "columns": "episode_id,step,reward", "run_id": "b"}  # 240 rows
     got = walk(client, "/steps", params)
-    full = store.sql("SELECT episode_id, step, reward FROM steps ORDER BY episode_id, step").to_pylist()
+    full = store.sql("SELECT episode_id, step, reward FROM steps WHERE run_id = 'b' ORDER BY episode_id, step")
+    full = full.to_pylist()
     assert [(int(r["episode_id"]), r["step"]) for r in got] == [(r["episode_id"], r["step"]) for r in full]
     assert [r["reward"] for r in got] == pytest.approx([r["reward"] for r in full])
 
 
 def test_steps_cursor_keeps_the_filter_and_the_columns_asked(client: TestClient) -> None:
     store: trajstore.Store = client.app.state.store
-    got = walk(client, "/steps", {"format": "json", "limit": 50, "columns": "reward", "run_id": "b"})
+    got = walk(client, "/steps", {"format": "json", "limit": 100, "columns": "reward", "run_id": "b"})  # 3 pages
     assert set(got[0]) == {"reward"}
     assert len(got) == store.sql("SELECT count(*) AS n FROM steps WHERE run_id = 'b'")["n"][0].as_py()
 
@@ -64,10 +65,10 @@ def test_steps_cursor_keeps_the_filter_and_the_columns_asked(client: TestClient)
 @pytest.mark.parametrize("order_by", ["episode_id", "-episode_id"])
 def test_episode_pages_by_cursor_give_every_episode_once_in_order(client: TestClient, order_by: str) -> None:
     store: trajstore.Store = client.app.state.store
-    got = walk(client, "/episodes", {"limit": 7, "order_by": order_by})
+    got = walk(client, "/episodes", {"limit": 15, "order_by": order_by})  # 6 pages
     full = store.episodes(order_by=order_by)["episode_id"].to_pylist()
     assert [r["episode_id"] for r in got] == [str(e) for e in full]  # decimal strings: exact in any JSON reader
-    first = client.get("/episodes", params={"limit": 7, "order_by": order_by}).json()
+    first = client.get("/episodes", params={"limit": 15, "order_by": order_by}).json()
     assert first["total"] == len(full)
 
 

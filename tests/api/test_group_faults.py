@@ -106,7 +106,9 @@ def test_the_service_killed_while_requests_wait_stores_each_once_after_the_retri
     try:
         for t in threads:
             t.start()
-        time.sleep(2.5)  # some requests acknowledged, others waiting for their group
+        deadline = time.monotonic() + 60
+        while not acked and time.monotonic() < deadline:  # some requests acknowledged, others waiting for their group
+            time.sleep(0.02)
         os.killpg(server.proc.pid, signal.SIGKILL)
         server.proc.wait(10)
         before = list(acked)

@@ -287,9 +287,8 @@ def test_an_interrupted_rollout_says_what_it_kept_and_how_to_go_on_or_remove_it(
     worker = remove_mine[remove_mine.index("--where") + 1]
     assert remove_mine[:6] == ["trajstore", "delete", "--store", str(path), "--run", "r"]
 
-    def run_said(command: list[str]) -> None:
-        subprocess.run([sys.executable, "-m", "trajstore.cli", *command[1:], "--yes"], check=True, timeout=300,
-                       capture_output=True)
+    def run_said(command: list[str]) -> None:  # as typed after `trajstore` (the CLI's entry point, in this process)
+        assert main([*command[1:], "--yes"]) == 0
 
     run_said(remove_mine)  # this rollout's episodes alone
     assert trajstore.open(path).runs()["steps"].to_pylist() == [row["steps"]]

@@ -5,7 +5,8 @@
   priorities it has given every item so far to ``FOLDER/journal-<k>.npz`` and after it prints ``committed <k>``; it
   runs until killed.
 - ``shared LEARNER ROUNDS``: ``ROUNDS`` rounds, each giving handles of its own and handle 0 the value
-  ``1000 * LEARNER + round`` and committing; prints each commit's version. Starts once ``FOLDER/go`` exists.
+  ``1000 * LEARNER + round`` and committing; prints each commit's version. Once its replay is open it writes
+  ``FOLDER/opened-LEARNER``, and it starts once ``FOLDER/go`` exists.
 - ``resume``: prints, as JSON, ``(episode_id, start, probability)`` of 4096 items drawn from the replay resumed.
 """
 
@@ -42,6 +43,7 @@ def journal(store: trajstore.Store, folder: Path) -> None:
 
 def shared(store: trajstore.Store, folder: Path, learner: int, rounds: int) -> None:
     with store.replay(priorities="shared", commit_interval=None, commit_updates=None) as replay:
+        (folder / f"opened-{learner}").write_text("")
         while not (folder / "go").exists():
             time.sleep(0.01)
         own = np.arange(1, 11) + 10 * learner

@@ -126,7 +126,11 @@ def test_a_learner_killed_mid_update_loses_only_what_it_had_not_committed(filled
 def test_two_learners_updating_one_table_both_land(filled: trajstore.Store, tmp_path: Path) -> None:
     rounds = 15
     procs = [learner("shared", filled.uri, tmp_path, i, rounds) for i in (1, 2)]
-    time.sleep(2.0)  # both opened their replay
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"opened-{i}").exists() for i in (1, 2)):  # both opened their replay
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+            [p.communicate()[1] for p in procs if p.poll() is not None]
+        time.sleep(0.02)
     (tmp_path / "go").write_text("")
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs):

@@ -4,8 +4,6 @@ version whose entries went is refused naming the oldest one still readable, whic
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -16,6 +14,7 @@ from deltalake import DeltaTable
 
 import trajstore
 from tests.helpers import make_batch
+from trajstore.cli import main
 from trajstore.errors import InputError, VersionNotFoundError
 from trajstore.storage.retention import oldest_readable
 
@@ -134,29 +133,34 @@ def test_a_version_older_than_the_retention_is_refused_naming_the_oldest(store: 
         next(store.follow(since=2, timeout=1))
 
 
-def test_the_cli_shows_and_sets_the_retention(store: trajstore.Store) -> None:
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``trajstore *argv`` (the CLI's own entry point, in this process): its exit status, standard output and
+    error."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_cli_shows_and_sets_the_retention(store: trajstore.Store, capsys: pytest.CaptureFixture[str]) -> None:
     write(store, 1)
-    cli = [sys.executable, "-m", "trajstore.cli"]
-    shown = subprocess.run([*cli, "retention", "--store", str(store.root)], capture_output=True, text=True)
-    assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.startswith("steps: 7d of log entries, a checkpoint every 25 versions; versions 0..")
-    assert "\nruns: 7d of log entries" in shown.stdout
-    changed = subprocess.run([*cli, "retention", "--store", str(store.root), "--log", "12h",
-                              "--checkpoint-interval", "10"], capture_output=True, text=True)
-    assert changed.returncode == 0, changed.stderr
-    assert "steps: 12h of log entries, a checkpoint every 10 versions" in changed.stdout
+    code, out, err = cli(capsys, "retention", "--store", str(store.root))
+    assert code == 0, err
+    assert out.startswith("steps: 7d of log entries, a checkpoint every 25 versions; versions 0..")
+    assert "\nruns: 7d of log entries" in out
+    code, out, err = cli(capsys, "retention", "--store", str(store.root), "--log", "12h", "--checkpoint-interval", "10")
+    assert code == 0, err
+    assert "steps: 12h of log entries, a checkpoint every 10 versions" in out
     assert properties(store.root / "steps")[LOG] == "interval 12 hours"
-    refused = subprocess.run([*cli, "retention", "--store", str(store.root), "--log", "10s"], capture_output=True,
-                             text=True)
-    assert refused.returncode != 0 and "--log: must be at least 1m" in refused.stderr
+    code, out, err = cli(capsys, "retention", "--store", str(store.root), "--log", "10s")
+    assert code != 0 and "--log: must be at least 1m" in err
 
 
-def test_history_on_the_cli_says_where_the_log_starts(store: trajstore.Store) -> None:
+def test_history_on_the_cli_says_where_the_log_starts(store: trajstore.Store,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     oldest = aged(store, 8)
-    shown = subprocess.run([sys.executable, "-m", "trajstore.cli", "history", "--store", str(store.root)],
-                           capture_output=True, text=True)
-    assert shown.returncode == 0, shown.stderr
-    assert f"the log starts at version {oldest}: it keeps 1s of entries" in shown.stderr
+    code, out, err = cli(capsys, "history", "--store", str(store.root))
+    assert code == 0, err
+    assert f"the log starts at version {oldest}: it keeps 1s of entries" in err
 
 
 def test_the_oldest_readable_version_is_the_oldest_checkpoint_with_every_entry_after_it() -> None:

@@ -19,8 +19,9 @@ from trajstore.api.settings import ServiceSettings
 from trajstore.store import plumbing
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def client(demo_store: trajstore.Store) -> Iterator[TestClient]:
+    """The app over ``demo_store`` in-process, made once for the module's tests, which only read through it."""
     with TestClient(create_app(ServiceSettings(store=str(demo_store.root)))) as c:
         yield c
 

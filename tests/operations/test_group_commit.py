@@ -139,6 +139,27 @@ def test_a_retry_is_recognised_before_its_rows_are_checked(store: trajstore.Stor
     assert [s for e, s in held(store) if e == 7] == [0, 1, 2, 3, 4, 5]
 
 
+def test_a_retry_sent_as_its_first_try_is_answered_is_answered_too(store: trajstore.Store,
+                                                                    committer: GroupCommitter) -> None:
+    """The retry arrives in the moment between the first try's answer and the committer forgetting its key (here,
+    from the first answer's own callback): it is answered as a duplicate of that commit, not left waiting (CI saw
+    a service request hang for 600 s)."""
+    retries: list[Future[Outcome]] = []
+    sent = threading.Event()
+
+    def retry_at_once(done: Future[Outcome]) -> None:  # runs on the committer's thread, inside the answer
+        retries.append(committer.ingest(episode([0, 1, 2]), run_id="r", env_id="E", idempotency_key="k"))
+        sent.set()
+
+    first = committer.ingest(episode([0, 1, 2]), run_id="r", env_id="E", idempotency_key="k")
+    first.add_done_callback(retry_at_once)
+    landed = first.result(60)
+    assert sent.wait(60)
+    retry = retries[0].result(10)
+    assert not landed.duplicate and retry.duplicate and retry.version == landed.version
+    assert [s for e, s in held(store) if e == 7] == [0, 1, 2]
+
+
 def test_a_retry_checked_before_its_first_try_landed_is_answered_once(store: trajstore.Store) -> None:
     """Two committers (two service processes) over one store: the retry reaches the other while the first try waits;
     both are checked against a version that holds neither, and the key in the log decides at the commit."""

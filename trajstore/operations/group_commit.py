@@ -82,6 +82,8 @@ class _Entry:
     nbytes: int = 0
     future: Future[Outcome] = field(default_factory=Future)
     joined: list[Future[Outcome]] = field(default_factory=list)  # retries of the same request, answered with it
+    outcome: Outcome | BaseException | None = None  # once answered
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def app(self) -> tuple[str, int] | None:
@@ -89,13 +91,32 @@ class _Entry:
         return None if key is None else (key.app_id, key.digest)
 
     def answer(self, outcome: Outcome | BaseException) -> None:
-        for i, future in enumerate([self.future, *self.joined]):
+        with self._lock:  # a retry joining from then on is answered at once (:meth:`join`), never left waiting
+            if self.outcome is None:
+                self.outcome = outcome
+            futures = [self.future, *self.joined]
+        for i, future in enumerate(futures):
             if future.done():
                 continue
             if isinstance(outcome, BaseException):
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome if i == 0 else Outcome(outcome.version, True, None, outcome.group))
+
+    def join(self, *futures: Future[Outcome]) -> bool:
+        """Answer ``futures`` (retries of this request) with it: False if it was answered already with an error
+        (a retry is then handled as a request of its own)."""
+        with self._lock:
+            if self.outcome is None:
+                self.joined.extend(futures)
+                return True
+            outcome = self.outcome
+        if isinstance(outcome, BaseException):
+            return False
+        for future in futures:
+            if not future.done():
+                future.set_result(Outcome(outcome.version, True, None, outcome.group))
+        return True
 
 
 Ends = dict[tuple[int, Any], StoredEnd]
@@ -307,8 +328,7 @@ class GroupCommitter:
             if first.app != (key.app_id, key.digest):
                 raise _conflict(key.app_id)
             joined: Future[Outcome] = Future()
-            first.joined.append(joined)
-            return joined
+            return joined if first.join(joined) else None
 
     def _hand(self, entry: _Entry) -> Future[Outcome]:
         with self._wake:
@@ -418,7 +438,7 @@ class GroupCommitter:
                     same = app[1] == (stored if stored is not None else apps[app[0]].app[1])  # type: ignore[index]
                     if stored is None:  # the same request twice in one group: answered with the first
                         if same:
-                            apps[app[0]].joined.extend([entry.future, *entry.joined])
+                            apps[app[0]].join(entry.future, *entry.joined)
                         else:
                             entry.answer(_conflict(app[0]))
                     else:

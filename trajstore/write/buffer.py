@@ -341,8 +341,11 @@ class Flush:
 
     def ordered(self, *, by: str | None = None) -> pa.Table:
         """The rows in file order (env by env, calls in order), kept so in place of the calls' rows: by zero-copy
-        slices when rows are wide, else by one ``take`` per column, each column of the calls let go once ordered.
-        ``by`` forces the ordering: ``"slices"`` or ``"take"`` (default: by row width)."""
+        slices when rows are wide, else column by column (each column of the calls let go once ordered): where
+        every env has as many rows as the others in each call (no step skipped), by one copy of each env's run of
+        rows per call (``"runs"``: fixed-width columns, flags), else by one ``take``. ``by`` forces the ordering:
+        ``"slices"``, ``"take"`` or ``"runs"`` (default: by row width and counts; ``"runs"`` orders the columns it
+        can copy so and takes the others)."""
         if self._ordered is not None:
             return self._ordered
         if len(self.batches) <= 1:
@@ -350,13 +353,18 @@ class Flush:
         elif (by or ("slices" if self._wide() else "take")) == "slices":
             self._ordered = pa.Table.from_batches(_env_slices(self.batches, self.counts), schema=self.schema)
         else:
-            order = pa.array(_env_order(self.counts))
+            runs = by == "runs" or (by is None and _even(self.counts))
             schema = self.schema
             columns = [[b.column(i) for b in self.batches] for i in range(len(schema))]
             self.batches = []
+            order: pa.Array | None = None
             out = []
             for i, f in enumerate(schema):
-                out.append(pa.chunked_array(columns[i], f.type).take(order).combine_chunks())
+                ordered = _by_runs(columns[i], self.counts) if runs else None
+                if ordered is None:
+                    order = pa.array(_env_order(self.counts)) if order is None else order
+                    ordered = pa.chunked_array(columns[i], f.type).take(order).combine_chunks()
+                out.append(ordered)
                 columns[i] = []
             self._ordered = pa.Table.from_arrays(out, schema=schema)
         self.batches = []
@@ -441,6 +449,73 @@ def _env_slices(batches: list[pa.RecordBatch], counts: np.ndarray) -> list[pa.Re
     starts = np.cumsum(counts, axis=1) - counts
     return [batches[c].slice(int(starts[c, b]), int(counts[c, b]))
             for b in range(counts.shape[1]) for c in range(counts.shape[0]) if counts[c, b]]
+
+
+def _even(counts: np.ndarray) -> bool:
+    """Whether every env has as many rows as the others in each call (``counts``: (calls, envs))."""
+    return counts.shape[1] > 0 and bool((counts == counts[:, :1]).all())
+
+
+def _by_runs(chunks: list[pa.Array], counts: np.ndarray) -> pa.Array | None:
+    """The calls' column ``chunks`` in file order when every env has as many rows as the others in each call
+    (``counts``): each call's env-major rows as a ``(envs, bytes of the env's rows)`` array, the calls' joined
+    along their second axis, one copy in all. None where that cannot be done: uneven counts, a column of another
+    than fixed width (text, lists, structs) or nulls inside its lists."""
+    if not _even(counts) or not chunks:
+        return None
+    t = chunks[0].type
+    envs, n = counts.shape[1], int(counts.sum())
+    valid = _valid_by_runs(chunks, envs)
+    if pa.types.is_boolean(t):
+        values = [(c.fill_null(False) if c.null_count else c).to_numpy(zero_copy_only=False).reshape(envs, -1)
+                  for c in chunks]
+        return pa.array(np.concatenate(values, axis=1).reshape(-1), t, mask=None if valid is None else ~valid)
+    views = [_fixed_width_bytes(c) for c in chunks]
+    if any(v is None for v in views):
+        return None
+    parts = [v.reshape(envs, -1) for v in views if v is not None]
+    data = pa.allocate_buffer(sum(p.nbytes for p in parts))  # Arrow's pool reuses freed memory; numpy's pages
+    np.concatenate(parts, axis=1, out=np.frombuffer(data, np.uint8).reshape(envs, -1))  # are new: a fault each
+    return _fixed_width_array(t, n, data, None if valid is None else pa.array(valid).buffers()[1])
+
+
+def _valid_by_runs(chunks: list[pa.Array], envs: int) -> np.ndarray | None:
+    """Where the ordered rows are valid (not null), or None where every row is."""
+    if not any(c.null_count for c in chunks):
+        return None
+    valid = [c.is_valid().to_numpy(zero_copy_only=False).reshape(envs, -1) for c in chunks]
+    return np.concatenate(valid, axis=1).reshape(-1)
+
+
+def _fixed_width_bytes(a: pa.Array) -> np.ndarray | None:
+    """The values of a column of fixed width (a number, a time, a frame's bytes, fixed-size lists of them; nulls
+    only at the top) as a ``(rows, bytes per row)`` uint8 view, or None for another column."""
+    t, width, offset, n = a.type, 1, a.offset, len(a)
+    while pa.types.is_fixed_size_list(t):
+        child = a.values
+        if child.null_count:
+            return None
+        width, offset = width * t.list_size, offset * t.list_size + child.offset
+        t, a = t.value_type, child
+    if pa.types.is_fixed_size_binary(t):  # an observation's frame of several dims
+        size = t.byte_width
+    elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t)) and t.bit_width % 8 == 0:
+        size = t.bit_width // 8
+    else:
+        return None
+    if n == 0:
+        return np.zeros((0, width * size), np.uint8)
+    raw = np.frombuffer(a.buffers()[1], np.uint8)
+    return raw[offset * size:(offset + n * width) * size].reshape(n, width * size)
+
+
+def _fixed_width_array(t: pa.DataType, n: int, data: pa.Buffer, bits: pa.Buffer | None) -> pa.Array:
+    """A column of type ``t`` (see :func:`_fixed_width_bytes`) of ``n`` rows over the value bytes ``data``; null
+    where the validity ``bits`` say."""
+    if not pa.types.is_fixed_size_list(t):
+        return pa.Array.from_buffers(t, n, [bits, data])
+    child = _fixed_width_array(t.value_type, n * t.list_size, data, None)
+    return pa.Array.from_buffers(t, n, [bits], children=[child])
 
 
 def _env_order(counts: np.ndarray) -> np.ndarray:

@@ -420,8 +420,8 @@ def test_the_spark_decoding_sql_gives_trajstore_s_steps_in_spark(
 def test_integer_lineage_and_actions_are_bit_packed_deltas_every_engine_reads(tmp_path: Path,
                                                                               action_dtype: str) -> None:
     """env_steps, wall_time and an integer action are stored as DELTA_BINARY_PACKED (a lineage value as a
-    dictionary, the rest plain): the file reads back exactly what a plain write of the same rows reads back, and deltalake, polars
-    and DuckDB read the table as trajstore does."""
+    dictionary, the rest plain): the file reads back exactly what a plain write of the same rows reads back, the
+    values are the ones given, and deltalake, polars and DuckDB read the table as trajstore does."""
     rng = np.random.default_rng(5)
     T, B = 40, 3
     v = rng.normal(size=(T + 1, B, 3)).astype(np.float32)

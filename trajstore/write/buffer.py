@@ -1,7 +1,8 @@
 """A writer's rows until its next flush, already as they will be stored (encoding 2, see
 :mod:`~trajstore.storage.encoding`).
 
-Each call's rows are gathered once from the caller's time-major arrays, env-major (one ``np.take`` per column;
+Each call's rows are gathered once from the caller's time-major arrays, env-major (one ``np.take`` per column,
+into Arrow's memory pool: :mod:`~trajstore.write.memory`;
 for a stacked observation leaf, only the frames that are stored). On the way, every step is checked bit for bit,
 by compiled loops that make no full-size temporaries: ``next_obs[t]`` against the next step's ``obs`` (null where
 equal), and each stack against the previous step's shifted by one frame (one frame where it is, the whole stack
@@ -33,6 +34,7 @@ from trajstore.storage.encoding import (
     stored_frame,
     with_validity,
 )
+from trajstore.write import memory
 
 WIDE_ROW_BYTES = 1024  # rows wider than this are ordered by slices at a flush, narrower ones by a take
 
@@ -222,7 +224,7 @@ class RowBuffer:
             k = self.stacks.get(path)
             leaf = obs[path]
             if k is None:
-                out[path] = frames_array(np.take(leaf, rows.tm, axis=0), self.frames[path])
+                out[path] = frames_array(memory.take(leaf, rows.tm), self.frames[path])
                 continue
             anchor = self._anchors(leaf, k, rows, inside, before, path)
             out[path] = _frames(leaf, k, rows.tm, np.where(anchor, k, 1), self.frames[path])
@@ -291,10 +293,10 @@ class RowBuffer:
                 counts[j] = np.where(ok, 1, k)
                 out[path] = _frames(leaf, k, rows.tm, counts, self.frames[path], valid=stored)
             elif path in self.listed:  # an image: its one frame where stored
-                values = frames_array(np.take(leaf, rows.tm[j], axis=0), self.frames[path])
+                values = frames_array(memory.take(leaf, rows.tm[j]), self.frames[path])
                 out[path] = _list(stored.astype(np.int64), values, stored)
             else:  # small: as in obs, every row's slot filled, null where not stored
-                out[path] = frames_array(np.take(leaf, rows.tm, axis=0), self.frames[path])
+                out[path] = frames_array(memory.take(leaf, rows.tm), self.frames[path])
         if pa.types.is_struct(self.physical_next):
             return _struct(self.obs_type, out, self.physical_next, stored)
         return out[OBS] if OBS in self.listed else with_validity(out[OBS], stored)
@@ -417,7 +419,7 @@ def _frames(leaf: np.ndarray, k: int, tm: np.ndarray, counts: np.ndarray, frame:
     offsets = np.r_[0, np.cumsum(counts)]
     idx = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
     frames = leaf.reshape(len(leaf) * k, *leaf.shape[2:])
-    return _list(counts, frames_array(np.take(frames, idx, axis=0), frame), valid)
+    return _list(counts, frames_array(memory.take(frames, idx), frame), valid)
 
 
 def _list(counts: np.ndarray, values: pa.Array, valid: np.ndarray | None) -> pa.Array:
@@ -474,8 +476,8 @@ def _by_runs(chunks: list[pa.Array], counts: np.ndarray) -> pa.Array | None:
     if any(v is None for v in views):
         return None
     parts = [v.reshape(envs, -1) for v in views if v is not None]
-    data = pa.allocate_buffer(sum(p.nbytes for p in parts))  # Arrow's pool reuses freed memory; numpy's pages
-    np.concatenate(parts, axis=1, out=np.frombuffer(data, np.uint8).reshape(envs, -1))  # are new: a fault each
+    data = memory.buffer(sum(p.nbytes for p in parts))
+    np.concatenate(parts, axis=1, out=np.frombuffer(data, np.uint8).reshape(envs, -1))
     return _fixed_width_array(t, n, data, None if valid is None else pa.array(valid).buffers()[1])
 
 
@@ -534,4 +536,6 @@ def gather(value: Any, tm: np.ndarray) -> Any:
     if isinstance(value, Mapping):
         return {k: gather(v, tm) for k, v in value.items()}
     flat = value.reshape(value.shape[0] * value.shape[1], *value.shape[2:])
-    return np.take(flat, tm, axis=0)
+    if isinstance(flat, np.ma.MaskedArray):  # its mask taken too
+        return np.take(flat, tm, axis=0)
+    return memory.take(flat, tm)

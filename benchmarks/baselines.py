@@ -24,6 +24,19 @@ def write_table_tuned(rows: pa.Table, path: Path, *, row_group_rows: int = 1024 
     pq.write_table(rows, path, compression="zstd", use_dictionary=dictionary, row_group_size=row_group_rows)
 
 
+# The columns a user hands the writer (``extras`` aside): what a user writing by hand has to store, and all of it.
+USER_COLUMNS = ("episode_id", "step", "obs", "action", "reward", "next_obs", "terminated", "truncated")
+USER_DICTIONARY = ("action", "terminated", "truncated")  # few values each: a dictionary shrinks them (FACTS)
+
+
+def write_user_rows(rows: pa.Table, path: Path, *, dictionary: bool = True,
+                    row_group_rows: int = 1024 * 1024) -> None:
+    """Bare ``pq.write_table`` of a user's own columns (``rows`` holds them and nothing else), tuned as a user would
+    tune it: zstd, 1Mi-row groups, and dictionaries only on the few-valued columns (``dictionary``) or none."""
+    used = [c for c in USER_DICTIONARY if c in rows.column_names] if dictionary else False
+    pq.write_table(rows, path, compression="zstd", use_dictionary=used, row_group_size=row_group_rows)
+
+
 def write_table_default(rows: pa.Table, path: Path) -> None:
     """Bare ``pq.write_table`` with pyarrow's defaults except zstd (dictionary on every column)."""
     pq.write_table(rows, path, compression="zstd")

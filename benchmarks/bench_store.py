@@ -85,33 +85,50 @@ def _interleaved(rounds: int, methods: list[tuple[Timing, Callable[[], Any]]]) -
 
 
 def bench_writer(rollout: Rollout, work: Path, repeats: int) -> tuple[list[Timing], trajstore.Store]:
+    """The writer against bare ``pq.write_table`` of the user's own rows: the columns the user hands the writer
+    (episode ids and steps as the store numbers them, every next_obs whole), already in one Arrow table, tuned as a
+    user would tune the write (two settings; the target takes the faster). The store's rows re-written, lineage
+    columns and all, is shown too, as it was measured before (issue 51): not a baseline, since that write does the
+    store's extra work too."""
     n = rollout.steps
     writer = Timing("trajstore `store.writer().add_batch` × batches + `close()`", n,
-                    note="segmentation + validation + Arrow conversion + Parquet + fsync + Delta commit")
-    tuned = Timing("bare `pq.write_table` (zstd, dictionary on low-cardinality columns, 1Mi row groups)", n,
-                   note="the same full rows (next_obs whole) already in one Arrow table; one file, no fsync")
-    default = Timing("bare `pq.write_table` (zstd, pyarrow's other defaults)", n,
-                     note="dictionary on every column")
+                    note="segmentation + validation + Arrow conversion + lineage columns + Parquet + summaries + "
+                    "fsync + Delta commit")
+    own = "the user's own columns (episode_id, step, obs, action, reward, next_obs, terminated, truncated)"
+    fair = Timing("bare `pq.write_table` of the user's rows (zstd, dictionary on action/terminated/truncated, "
+                  "1Mi row groups)", n, note=f"{own} already in one Arrow table; one file, no fsync")
+    plain = Timing("bare `pq.write_table` of the user's rows (zstd, no dictionary, 1Mi row groups)", n,
+                   note="the same rows and file")
+    rewritten = Timing("secondary, not a baseline: the store's rows re-written (lineage columns too; zstd, the "
+                       "store's dictionaries, 1Mi row groups)", n,
+                       note="the figure published before issue 51: the write does the store's extra columns too")
     # an untimed first run: the store the queries read, the rows for the bare writes, and warm-up
     # (imports, compiled kernels loaded from numba's cache, the page cache)
     store = _write_store(rollout, work / "store")
-    # the baseline writes the full rows a user would write by hand (every next_obs whole), as trajstore's readers
-    # give them back; the store keeps next_obs only where it is not the next step's obs
-    rows = store.scan().read_all().drop_columns(["run_id", "env_id"])
-    if rows.num_rows != n:
-        raise AssertionError(f"writer stored {rows.num_rows} rows, expected {n}")
+    # the user's rows as trajstore's readers give them back: every next_obs whole, the store's episode order
+    stored = store.scan().read_all().drop_columns(["run_id", "env_id"])
+    if stored.num_rows != n:
+        raise AssertionError(f"writer stored {stored.num_rows} rows, expected {n}")
+    rows = stored.select(list(base.USER_COLUMNS))
 
     def write_again() -> None:
         _write_store(rollout, work / "again")
         shutil.rmtree(work / "again")
 
-    def bare(fn: Callable[[pa.Table, Path], None]) -> Callable[[], None]:
-        return lambda: (fn(rows, work / "bare.parquet"), (work / "bare.parquet").unlink())
+    def bare(fn: Callable[[Path], None]) -> Callable[[], None]:
+        return lambda: (fn(work / "bare.parquet"), (work / "bare.parquet").unlink())
 
-    _interleaved(repeats, [(writer, write_again), (tuned, bare(base.write_table_tuned)),
-                           (default, bare(base.write_table_default))])
-    _log(f"writer runs (s): {_runs(writer)}; bare tuned: {_runs(tuned)}; bare default: {_runs(default)}")
-    return [writer, tuned, default], store
+    _interleaved(repeats, [(writer, write_again), (fair, bare(lambda p: base.write_user_rows(rows, p))),
+                           (plain, bare(lambda p: base.write_user_rows(rows, p, dictionary=False))),
+                           (rewritten, bare(lambda p: base.write_table_tuned(stored, p)))])
+    _log(f"writer runs (s): {_runs(writer)}; user's rows: {_runs(fair)}, no dictionary: {_runs(plain)}; "
+         f"store's rows re-written: {_runs(rewritten)}")
+    return [writer, fair, plain, rewritten], store
+
+
+def fair_baseline(writer: list[Timing]) -> Timing:
+    """The faster (by median) of the two bare writes of the user's own rows."""
+    return min(writer[1:3], key=lambda t: t.median)
 
 
 def _runs(t: Timing) -> str:
@@ -242,8 +259,9 @@ def _targets(writer: list[Timing], stats: list[Timing], returns: list[Timing],
 
     per_step = lambda t, f: f(t) / t.steps  # noqa: E731
     return [
-        Target("writer throughput / bare `pq.write_table` (tuned)", required=0.80, higher_is_better=True,
-               fmt="{:.0%}", **each(lambda f: f(writer[1]) / f(writer[0]))),
+        Target("writer throughput / bare `pq.write_table` of the user's own rows (the faster tuning)",
+               required=0.80, higher_is_better=True, fmt="{:.0%}",
+               **each(lambda f: f(fair_baseline(writer)) / f(writer[0]))),
         Target("`store.stats()` time / hand-written DuckDB time", required=1.5, higher_is_better=False,
                fmt="{:.2f}×", **each(lambda f: f(ours) / f(hand))),
         Target("`store.stats()` speed-up over imitation-style (per step)", required=10.0, higher_is_better=True,
@@ -294,7 +312,7 @@ def to_markdown(res: Results, machine: dict[str, str], command: str) -> str:
               f"Input arrays {r['input_mb']:.0f} MiB; the store holds {r['files']} committed files, "
               f"{r['stored_mb']:.0f} MiB (observations are random, so they barely compress).", "",
               "### Writer", ""]
-    lines += _timing_table(res.writer, res.writer[1], "vs tuned bare")
+    lines += _timing_table(res.writer, fair_baseline(res.writer), "vs the user's rows")
     lines += ["", "### Episode statistics (`n_traj`, `return_*`, `len_*`)", ""]
     lines += _timing_table(res.stats, res.stats[1], "vs DuckDB")
     lines += ["", f"### Per-step return-to-go (gamma = {GAMMA})", ""]
@@ -302,13 +320,18 @@ def to_markdown(res: Results, machine: dict[str, str], command: str) -> str:
     lines += ["", "| result | max relative error vs float64 reference |", "|---|---:|"]
     lines += [f"| {k} | {v:.1e} |" for k, v in res.errors.items()]
     notes = [
-        "The tuned bare write uses the Parquet settings the store uses (zstd, dictionaries only on "
-        "low-cardinality columns, 1Mi-row groups) on the full rows a user would write by hand (every "
-        "next_obs whole, as trajstore's readers give the rows back), in one Arrow table; it writes one file with "
-        "no fsync and no commit. The store writes next_obs only where it is not the next step's obs "
-        "(`next_obs_sparse`). The writer's time includes everything "
-        "from the first `add_batch` to the end of `close()` (all files fsynced and committed). The writer keeps "
-        "Parquet column statistics for episode_id and step only; the bare writes keep them for every column.",
+        "The writer's baseline is what a user would write by hand from the columns they hand the writer: episode_id, "
+        "step, obs, action, reward, next_obs (every one whole, as trajstore's readers give them back), terminated, "
+        "truncated, already in one Arrow table in the store's row order (building it is not timed), written with "
+        "`pq.write_table` as a user would tune it: zstd and 1Mi-row groups, dictionaries on action, terminated and "
+        "truncated or on no column; the target takes the faster of the two. It writes one file with no fsync, no "
+        "commit, no check. The writer also numbers episodes and steps, checks every step, adds the lineage columns "
+        "(wall_time, env_steps, env_index, worker_id), writes next_obs only where it is not the next step's obs "
+        "(`next_obs_sparse`), writes each file's episode summary, fsyncs each file and commits it; its time runs from "
+        "the first `add_batch` to the end of `close()`. The loaders' array copies are made by the first loader that "
+        "reads a file, not by the writer (unless `TRAJSTORE_WRITER_ARRAYS=1`). The last row re-writes the store's "
+        "rows with their lineage columns, the baseline published before issue 51: it does the store's extra work "
+        "too, so it is shown only for comparison.",
         "`store.stats()` is timed end to end on a new `Store` each run (Delta log, DuckDB connection, query): "
         "it reads no step, but each file's summary (its episodes' partial aggregates, which the writer wrote "
         "beside the table with the file, from the rows in memory) and combines them; the writer's time above "

@@ -380,3 +380,62 @@ def test_a_big_last_flush_is_two_files_that_read_back_as_one(monkeypatch: pytest
     if stacked:
         assert_round_trip(split, stream)
     assert_stored_as_the_reference_says(split)
+
+
+def _narrow_stream(seed: int, shape: tuple[int, ...] = (2, 3)) -> dict[str, Any]:
+    """Narrow rows of every kind of column a flush orders: float obs (of two dims: frames of fixed size, next_obs
+    lists of them; of one: fixed-size lists), next_obs mostly null, flags, times, masked extras (nulls in floats
+    and in flags) and a text lineage value."""
+    rng = np.random.default_rng(seed)
+    T, B = 30, 5
+    states = rng.standard_normal((T + 1, B, *shape)).astype(np.float32)
+    batch = make_batch(rng, T, B, p_terminated=0.1)
+    batch["obs"], batch["next_obs"] = states[:-1], states[1:].copy()
+    batch["next_obs"][7, 2] += 1  # one next_obs that is not the next step's obs: stored
+    value = rng.standard_normal((T, B)).astype(np.float32)
+    batch["extras"] = {"value": np.ma.masked_array(value, mask=rng.random((T, B)) < 0.3),
+                       "flag": np.ma.masked_array(rng.random((T, B)) < 0.5, mask=rng.random((T, B)) < 0.2),
+                       "t": np.repeat(np.arange(T, dtype=np.int16)[:, None], B, 1)}
+    return batch
+
+
+@pytest.mark.parametrize("seed, shape", [(0, (4,)), (1, (2, 3))])
+def test_runs_and_take_order_a_flush_alike(seed: int, shape: tuple[int, ...], tmp_path: Path) -> None:
+    """Where every env has as many rows in each call, a flush orders columns by copying each env's runs of rows;
+    the table is exactly the one the plain ``take`` gives, nulls, nested lists, flags, times and text included."""
+    import copy
+
+    stream = _narrow_stream(seed, shape)
+    store = trajstore.open(tmp_path / "s", create=True)
+    with store.writer(run_id="r", env_id="E", note="v7") as w:
+        for a, b in [(0, 4), (4, 5), (5, 19), (19, 30)]:
+            w.add_batch(slice_batch(stream, a, b))
+        twin = copy.copy(w._buffer)  # the same calls, taken twice
+        flush, twin_flush = w._buffer.take(), twin.take()  # type: ignore[union-attr]
+    by_runs = [f.name for i, f in enumerate(flush.schema)
+               if buffer_module._by_runs([b.column(i) for b in flush.batches], flush.counts) is not None]
+    taken = {"worker_id", "note"} | ({"next_obs"} if len(shape) > 1 else set())  # text, lists of frames
+    assert set(flush.schema.names) - set(by_runs) == taken
+    tables = {"runs": flush.ordered(by="runs"), "take": twin_flush.ordered(by="take")}
+    for table in tables.values():
+        table.validate(full=True)
+    assert tables["runs"].num_rows == 150 and tables["runs"].equals(tables["take"])
+    runs = tables["runs"]
+    assert runs["next_obs"].null_count not in (0, runs.num_rows) and runs["value"].null_count > 0
+    assert runs["flag"].null_count > 0
+
+
+def test_uneven_calls_are_ordered_by_take(tmp_path: Path) -> None:
+    """Skipped steps give envs other counts in a call: no copy by runs, the ``take`` orders them."""
+    stream = _narrow_stream(2)
+    stream["valid"] = np.ones(stream["reward"].shape, bool)
+    stream["valid"][3, 1] = False
+    store = trajstore.open(tmp_path / "s", create=True)
+    with store.writer(run_id="r", env_id="E") as w:
+        w.add_batch(slice_batch(stream, 0, 10))
+        w.add_batch(slice_batch(stream, 10, 30))
+        flush = w._buffer.take()  # type: ignore[union-attr]
+    assert buffer_module._by_runs([b.column(0) for b in flush.batches], flush.counts) is None
+    got = flush.ordered()
+    assert got.num_rows == 149
+    assert got["env_index"].to_pylist() == sorted(got["env_index"].to_pylist())

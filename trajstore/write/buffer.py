@@ -1,7 +1,8 @@
 """A writer's rows until its next flush, already as they will be stored (encoding 2, see
 :mod:`~trajstore.storage.encoding`).
 
-Each call's rows are gathered once from the caller's time-major arrays, env-major (one ``np.take`` per column;
+Each call's rows are gathered once from the caller's time-major arrays, env-major (one ``np.take`` per column,
+into Arrow's memory pool: :mod:`~trajstore.write.memory`;
 for a stacked observation leaf, only the frames that are stored). On the way, every step is checked bit for bit,
 by compiled loops that make no full-size temporaries: ``next_obs[t]`` against the next step's ``obs`` (null where
 equal), and each stack against the previous step's shifted by one frame (one frame where it is, the whole stack
@@ -33,6 +34,7 @@ from trajstore.storage.encoding import (
     stored_frame,
     with_validity,
 )
+from trajstore.write import memory
 
 WIDE_ROW_BYTES = 1024  # rows wider than this are ordered by slices at a flush, narrower ones by a take
 
@@ -222,7 +224,7 @@ class RowBuffer:
             k = self.stacks.get(path)
             leaf = obs[path]
             if k is None:
-                out[path] = frames_array(np.take(leaf, rows.tm, axis=0), self.frames[path])
+                out[path] = frames_array(memory.take(leaf, rows.tm), self.frames[path])
                 continue
             anchor = self._anchors(leaf, k, rows, inside, before, path)
             out[path] = _frames(leaf, k, rows.tm, np.where(anchor, k, 1), self.frames[path])
@@ -291,10 +293,10 @@ class RowBuffer:
                 counts[j] = np.where(ok, 1, k)
                 out[path] = _frames(leaf, k, rows.tm, counts, self.frames[path], valid=stored)
             elif path in self.listed:  # an image: its one frame where stored
-                values = frames_array(np.take(leaf, rows.tm[j], axis=0), self.frames[path])
+                values = frames_array(memory.take(leaf, rows.tm[j]), self.frames[path])
                 out[path] = _list(stored.astype(np.int64), values, stored)
             else:  # small: as in obs, every row's slot filled, null where not stored
-                out[path] = frames_array(np.take(leaf, rows.tm, axis=0), self.frames[path])
+                out[path] = frames_array(memory.take(leaf, rows.tm), self.frames[path])
         if pa.types.is_struct(self.physical_next):
             return _struct(self.obs_type, out, self.physical_next, stored)
         return out[OBS] if OBS in self.listed else with_validity(out[OBS], stored)
@@ -341,8 +343,11 @@ class Flush:
 
     def ordered(self, *, by: str | None = None) -> pa.Table:
         """The rows in file order (env by env, calls in order), kept so in place of the calls' rows: by zero-copy
-        slices when rows are wide, else by one ``take`` per column, each column of the calls let go once ordered.
-        ``by`` forces the ordering: ``"slices"`` or ``"take"`` (default: by row width)."""
+        slices when rows are wide, else column by column (each column of the calls let go once ordered): where
+        every env has as many rows as the others in each call (no step skipped), by one copy of each env's run of
+        rows per call (``"runs"``: fixed-width columns, flags), else by one ``take``. ``by`` forces the ordering:
+        ``"slices"``, ``"take"`` or ``"runs"`` (default: by row width and counts; ``"runs"`` orders the columns it
+        can copy so and takes the others)."""
         if self._ordered is not None:
             return self._ordered
         if len(self.batches) <= 1:
@@ -350,13 +355,18 @@ class Flush:
         elif (by or ("slices" if self._wide() else "take")) == "slices":
             self._ordered = pa.Table.from_batches(_env_slices(self.batches, self.counts), schema=self.schema)
         else:
-            order = pa.array(_env_order(self.counts))
+            runs = by == "runs" or (by is None and _even(self.counts))
             schema = self.schema
             columns = [[b.column(i) for b in self.batches] for i in range(len(schema))]
             self.batches = []
+            order: pa.Array | None = None
             out = []
             for i, f in enumerate(schema):
-                out.append(pa.chunked_array(columns[i], f.type).take(order).combine_chunks())
+                ordered = _by_runs(columns[i], self.counts) if runs else None
+                if ordered is None:
+                    order = pa.array(_env_order(self.counts)) if order is None else order
+                    ordered = pa.chunked_array(columns[i], f.type).take(order).combine_chunks()
+                out.append(ordered)
                 columns[i] = []
             self._ordered = pa.Table.from_arrays(out, schema=schema)
         self.batches = []
@@ -409,7 +419,7 @@ def _frames(leaf: np.ndarray, k: int, tm: np.ndarray, counts: np.ndarray, frame:
     offsets = np.r_[0, np.cumsum(counts)]
     idx = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
     frames = leaf.reshape(len(leaf) * k, *leaf.shape[2:])
-    return _list(counts, frames_array(np.take(frames, idx, axis=0), frame), valid)
+    return _list(counts, frames_array(memory.take(frames, idx), frame), valid)
 
 
 def _list(counts: np.ndarray, values: pa.Array, valid: np.ndarray | None) -> pa.Array:
@@ -443,6 +453,73 @@ def _env_slices(batches: list[pa.RecordBatch], counts: np.ndarray) -> list[pa.Re
             for b in range(counts.shape[1]) for c in range(counts.shape[0]) if counts[c, b]]
 
 
+def _even(counts: np.ndarray) -> bool:
+    """Whether every env has as many rows as the others in each call (``counts``: (calls, envs))."""
+    return counts.shape[1] > 0 and bool((counts == counts[:, :1]).all())
+
+
+def _by_runs(chunks: list[pa.Array], counts: np.ndarray) -> pa.Array | None:
+    """The calls' column ``chunks`` in file order when every env has as many rows as the others in each call
+    (``counts``): each call's env-major rows as a ``(envs, bytes of the env's rows)`` array, the calls' joined
+    along their second axis, one copy in all. None where that cannot be done: uneven counts, a column of another
+    than fixed width (text, lists, structs) or nulls inside its lists."""
+    if not _even(counts) or not chunks:
+        return None
+    t = chunks[0].type
+    envs, n = counts.shape[1], int(counts.sum())
+    valid = _valid_by_runs(chunks, envs)
+    if pa.types.is_boolean(t):
+        values = [(c.fill_null(False) if c.null_count else c).to_numpy(zero_copy_only=False).reshape(envs, -1)
+                  for c in chunks]
+        return pa.array(np.concatenate(values, axis=1).reshape(-1), t, mask=None if valid is None else ~valid)
+    views = [_fixed_width_bytes(c) for c in chunks]
+    if any(v is None for v in views):
+        return None
+    parts = [v.reshape(envs, -1) for v in views if v is not None]
+    data = memory.buffer(sum(p.nbytes for p in parts))
+    np.concatenate(parts, axis=1, out=np.frombuffer(data, np.uint8).reshape(envs, -1))
+    return _fixed_width_array(t, n, data, None if valid is None else pa.array(valid).buffers()[1])
+
+
+def _valid_by_runs(chunks: list[pa.Array], envs: int) -> np.ndarray | None:
+    """Where the ordered rows are valid (not null), or None where every row is."""
+    if not any(c.null_count for c in chunks):
+        return None
+    valid = [c.is_valid().to_numpy(zero_copy_only=False).reshape(envs, -1) for c in chunks]
+    return np.concatenate(valid, axis=1).reshape(-1)
+
+
+def _fixed_width_bytes(a: pa.Array) -> np.ndarray | None:
+    """The values of a column of fixed width (a number, a time, a frame's bytes, fixed-size lists of them; nulls
+    only at the top) as a ``(rows, bytes per row)`` uint8 view, or None for another column."""
+    t, width, offset, n = a.type, 1, a.offset, len(a)
+    while pa.types.is_fixed_size_list(t):
+        child = a.values
+        if child.null_count:
+            return None
+        width, offset = width * t.list_size, offset * t.list_size + child.offset
+        t, a = t.value_type, child
+    if pa.types.is_fixed_size_binary(t):  # an observation's frame of several dims
+        size = t.byte_width
+    elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t)) and t.bit_width % 8 == 0:
+        size = t.bit_width // 8
+    else:
+        return None
+    if n == 0:
+        return np.zeros((0, width * size), np.uint8)
+    raw = np.frombuffer(a.buffers()[1], np.uint8)
+    return raw[offset * size:(offset + n * width) * size].reshape(n, width * size)
+
+
+def _fixed_width_array(t: pa.DataType, n: int, data: pa.Buffer, bits: pa.Buffer | None) -> pa.Array:
+    """A column of type ``t`` (see :func:`_fixed_width_bytes`) of ``n`` rows over the value bytes ``data``; null
+    where the validity ``bits`` say."""
+    if not pa.types.is_fixed_size_list(t):
+        return pa.Array.from_buffers(t, n, [bits, data])
+    child = _fixed_width_array(t.value_type, n * t.list_size, data, None)
+    return pa.Array.from_buffers(t, n, [bits], children=[child])
+
+
 def _env_order(counts: np.ndarray) -> np.ndarray:
     """Row indices into the calls' batches concatenated, env by env, calls in order."""
     base = np.cumsum(counts.sum(axis=1)) - counts.sum(axis=1)  # first row of each call
@@ -459,4 +536,6 @@ def gather(value: Any, tm: np.ndarray) -> Any:
     if isinstance(value, Mapping):
         return {k: gather(v, tm) for k, v in value.items()}
     flat = value.reshape(value.shape[0] * value.shape[1], *value.shape[2:])
-    return np.take(flat, tm, axis=0)
+    if isinstance(flat, np.ma.MaskedArray):  # its mask taken too
+        return np.take(flat, tm, axis=0)
+    return memory.take(flat, tm)

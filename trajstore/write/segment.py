@@ -13,6 +13,7 @@ import numba
 import numpy as np
 
 from trajstore.errors import InputError
+from trajstore.write import memory
 
 Autoreset = Literal["same-step", "next-step", "off"]
 
@@ -93,8 +94,8 @@ def segment(valid: np.ndarray, done: np.ndarray, cursors: Cursors,
         _refuse_unreset(v, d, T, cursors)
     n, n_new, completed, _ = _count(v, d, T, cursors.state)
     new_ids = np.asarray(allocate(n_new), np.int64)
-    # outputs allocated by numpy (which asks for huge pages): cheaper to fill than compiled-code allocations
-    rows, episode_id, step = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    # outputs allocated outside the compiled code, in Arrow's pool (memory kept from the previous call's rows)
+    rows, episode_id, step = (memory.empty(n, np.int64) for _ in range(3))
     after = cursors.copy()
     _cut(v, d, T, cursors, new_ids, rows, episode_id, step, after)
     after.state[reset_envs] = FRESH  # the reset step was seen: the env's next step starts an episode

@@ -38,6 +38,7 @@ from trajstore.errors import (
 )
 from trajstore.storage.encoding import NEXT, OBS, FileEncoding, check_frame_stack, leaves
 from trajstore.storage.names import check_column_name, check_distinct, check_fields, check_id, stored_schema
+from trajstore.write import memory
 from trajstore.write.buffer import Flush, RowBuffer, Rows, gather
 from trajstore.write.episode_ids import EpisodeIds
 from trajstore.write.segment import Autoreset, Cursors, Segments, segment
@@ -347,7 +348,7 @@ class Writer:
         ``(T*B, …)`` arrays of the stored dtype; nothing of the call is kept if a field is refused."""
         n = len(rows.tm)
         cols: dict[str, pa.Array | None] = {"episode_id": pa.array(seg.episode_id, pa.int64()),
-                                            "step": pa.array(seg.step.astype(np.int32))}
+                                            "step": pa.array(_converted(seg.step, np.int32))}
         base_types = dict(self._types)
         try:
             obs_t = self._type_for(OBS, arrays[OBS], 2)
@@ -363,11 +364,13 @@ class Writer:
                     continue
                 t = self._type_for(name, arrays[name], 2)
                 cols[name] = sch.to_arrow(name, gather(arrays[name], rows.tm), t, n)
-            cols["wall_time"] = pa.array(_interpolated_us(self._last_us, now, T)[rows.tick],
+            cols["wall_time"] = pa.array(memory.take(_interpolated_us(self._last_us, now, T), rows.tick),
                                          pa.timestamp("us", tz="UTC"))
             if keys is None:
-                cols["env_steps"] = pa.array((self._time_indices + 1 + rows.tick) * B, pa.int64())
-                cols["env_index"] = pa.array(rows.env.astype(np.int32))
+                env_steps = np.add(rows.tick, self._time_indices + 1, out=memory.empty(n, np.int64))
+                env_steps *= B
+                cols["env_steps"] = pa.array(env_steps, pa.int64())
+                cols["env_index"] = pa.array(_converted(rows.env, np.int32))
             else:
                 cols["env_steps"] = pa.array(np.asarray(keys["env_steps"], np.int64).reshape(-1)[rows.tm])
                 cols["env_index"] = pa.array(np.asarray(keys["env_index"], np.int32).reshape(-1)[rows.tm])
@@ -691,10 +694,13 @@ def _check_extra(name: str, value: Any, T: int, B: int) -> None:
 
 def _kept_rows(seg: Segments, done: np.ndarray, T: int, B: int) -> Rows:
     """The kept rows of a cut: env-major, each with its time-major index into the call's ``(T*B, …)`` arrays."""
-    env = seg.rows // T
-    tick = seg.rows - env * T
-    tm = tick * B + env
-    return Rows(tm, env, seg.episode_id, seg.step, done.reshape(-1)[tm], tick)
+    n = len(seg.rows)
+    env = np.floor_divide(seg.rows, T, out=memory.empty(n, np.int64))
+    tick = np.multiply(env, T, out=memory.empty(n, np.int64))
+    np.subtract(seg.rows, tick, out=tick)
+    tm = np.multiply(tick, B, out=memory.empty(n, np.int64))
+    tm += env
+    return Rows(tm, env, seg.episode_id, seg.step, memory.take(done.reshape(-1), tm), tick)
 
 
 def _leaves_of(name: str, value: Any, t: pa.DataType, T: int, B: int) -> dict[str, np.ndarray]:
@@ -732,6 +738,13 @@ def _lineage_column(name: str, value: Any, env: np.ndarray, B: int, n: int, t: p
         return sch.to_arrow(name, arr[env], t, n)
     raise InputError(f"{name}: a writer lineage value must be a scalar or one value per env (shape ({B},)), "
                      f"got shape {arr.shape}")
+
+
+def _converted(values: np.ndarray, dtype: Any) -> np.ndarray:
+    """``values.astype(dtype)`` in Arrow's memory pool (:mod:`~trajstore.write.memory`)."""
+    out = memory.empty(values.shape, dtype)
+    out[...] = values
+    return out
 
 
 def _add_time_axis(batch: Mapping[str, Any]) -> dict[str, Any]:

@@ -493,17 +493,21 @@ def automatic() -> dict[str, str | None]:
 
 
 def git_commit(folder: Path) -> str | None:
-    """The commit checked out in the git repository holding ``folder``, or None."""
+    """The commit checked out in the git repository holding ``folder`` (``+dirty`` when tracked files changed), or
+    None (no repository, no commit yet, no git). One ``git status --porcelain=v2 --branch``: its ``# branch.oid``
+    header is the commit, any other line a change."""
     try:
-        head = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=5)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
+        status = subprocess.run(["git", "-C", str(folder), "status", "--porcelain=v2", "--branch",
+                                 "--untracked-files=no"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+    if status.returncode != 0:
+        return None
+    lines = status.stdout.splitlines()
+    head = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
+    if head is None or head == "(initial)":
+        return None
+    return head + ("+dirty" if any(not line.startswith("#") for line in lines) else "")
 
 
 def program_folder(main: str | None = None, *, installed: Callable[[Path], bool] | None = None) -> Path:

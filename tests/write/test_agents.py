@@ -130,3 +130,18 @@ def test_the_stored_rows_are_those_of_a_plain_reference(store: trajstore.Store,
         r["obs"], r["next_obs"] = np.float32(r["obs"]).tolist(), np.float32(r["next_obs"]).tolist()
     assert sorted(got, key=lambda r: (r["episode"], r["agent_id"], r["step"])) == reference_rows(calls)
     assert trajstore.check(store).ok
+
+
+def test_rows_of_wide_observations_are_handed_over_by_their_bytes(store: trajstore.Store) -> None:
+    """Rows wait for their writer up to ``ROWS_PER_CALL`` rows or about ``BYTES_PER_CALL`` bytes of values, whichever
+    comes first: 80 rows of 512 KB (a 256 KB obs and next_obs) are handed over every ~31 rows, not held all."""
+    from trajstore.write import agents as module
+
+    obs = np.zeros(65536, np.float32)
+    with AgentWriter(store, run_id="r", env_id="Wide-v0", agents=["solo"]) as w:
+        for t in range(80):
+            w.add(t, {"solo": (obs, 0, 1.0, obs, t == 79, False)})
+        kind = w._kinds[0]
+        assert kind.limit == module.BYTES_PER_CALL // (64 + 2 * obs.nbytes + 4 * 8)
+        assert kind.count == 80 % kind.limit
+    assert store.sql("SELECT count(*) AS n, sum(reward) AS r FROM steps").to_pylist() == [{"n": 80, "r": 80.0}]

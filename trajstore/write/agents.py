@@ -2,9 +2,10 @@
 sharing its ``episode_id``.
 
 An :class:`AgentWriter` takes the rows of one environment as they happen (:meth:`AgentWriter.add`: the env step
-and, per agent that acted, its observation, action, reward, next observation and flags) and hands them, a few
-hundred env steps at a time, to one :class:`~trajstore.write.writer.Writer` per kind of agent (agents whose
-spaces are alike share one; ``simple_tag``'s adversaries and its agent do not), whose lanes are its agents. The
+and, per agent that acted, its observation, action, reward, next observation and flags) and hands them, up to
+16,384 rows or about 16 MB of their values at a time, to one :class:`~trajstore.write.writer.Writer` per kind of
+agent (agents whose spaces are alike share one; ``simple_tag``'s adversaries and its agent do not), whose lanes are
+its agents. The
 writer fills ``agent_id`` and takes each row's ``episode_id``, ``step`` (the env step) and ``env_steps`` from here.
 An agent's ``next_obs`` is stored whole: its next row is not the episode's next row (see the ``agent_id`` column of
 ``schemas/step.v1.json``).
@@ -34,7 +35,8 @@ from trajstore.write.episode_ids import EpisodeIds
 from trajstore.write.writer import Writer
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-ROWS_PER_CALL = 2048  # buffered rows of one kind of agent handed to its writer in one call
+ROWS_PER_CALL = 16384  # at most this many buffered rows of one kind of agent handed to its writer in one call,
+BYTES_PER_CALL = 16 * 1024 * 1024  # and at most about this many bytes of their values (wide observations)
 
 
 class _Kind:
@@ -44,6 +46,7 @@ class _Kind:
     def __init__(self, writer: Writer, agents: list[str], env_index: int) -> None:
         self.writer, self.agents, self.env_index = writer, agents, env_index
         self.lane = {a: i for i, a in enumerate(agents)}
+        self.limit = 0  # rows per hand-over, from the first row's size (0: no row seen yet)
         self._clear()
 
     def _clear(self) -> None:
@@ -203,8 +206,10 @@ class AgentWriter:
             last[agent] = step
             if row[4] or row[5]:
                 ended.add(agent)
+            if not kind.limit:
+                kind.limit = max(1, min(ROWS_PER_CALL, BYTES_PER_CALL // _row_bytes(row)))
             kind.add(agent, row, episode, step, env_steps)
-            if kind.count >= ROWS_PER_CALL:
+            if kind.count >= kind.limit:
                 kind.send()
         if step >= self._length:
             self._length = step + 1
@@ -249,6 +254,18 @@ class AgentWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _row_bytes(row: Sequence[Any]) -> int:
+    """About the bytes a row's values hold (its arrays' and a number's 8, and a row's bookkeeping): how many rows
+    of its kind wait for one hand-over."""
+    return 64 + sum(_nbytes(v) for v in row)
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, Mapping):
+        return sum(_nbytes(v) for v in value.values())
+    return int(getattr(value, "nbytes", 8))
 
 
 def _finite(reward: Any) -> bool:

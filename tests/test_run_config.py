@@ -8,6 +8,7 @@ import json
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -154,6 +155,7 @@ def test_the_git_commit_of_the_calling_program_s_repository(tmp_path: Path) -> N
         subprocess.run([*git, "init", "-q"], check=True)
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("git is not installed")
+    assert run_config.git_commit(repo) is None  # no commit yet
     (repo / "train.py").write_text("print(1)\n")
     subprocess.run([*git, "add", "train.py"], check=True)
     subprocess.run([*git, "commit", "-qm", "c"], check=True)
@@ -161,6 +163,10 @@ def test_the_git_commit_of_the_calling_program_s_repository(tmp_path: Path) -> N
     assert run_config.git_commit(repo) == head
     (repo / "train.py").write_text("print(2)\n")
     assert run_config.git_commit(repo) == head + "+dirty"
+    subprocess.run([*git, "commit", "-qam", "d"], check=True)
+    (repo / "notes.txt").write_text("untracked\n")  # an untracked file is no change of the program
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    assert run_config.git_commit(repo) == head
     assert run_config.git_commit(tmp_path) is None
 
 
@@ -281,3 +287,17 @@ def test_the_service_shows_and_changes_descriptions_and_remote_writers_describe_
             with pytest.raises(Exception, match="401|403"):
                 unauthorized.set_run("remote", notes="x")
             remote.close()
+
+
+def test_the_git_commit_is_asked_of_one_git_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each git process is a fork of the (large) Python process: the commit and whether it is dirty come from one."""
+    calls: list[list[str]] = []
+    real = subprocess.run
+
+    def counted(args: list[str], **kw: Any) -> Any:
+        calls.append(args)
+        return real(args, **kw)
+
+    monkeypatch.setattr(run_config.subprocess, "run", counted)
+    run_config.git_commit(Path(__file__).parent)
+    assert len(calls) == 1

@@ -131,3 +131,15 @@ def test_a_version_that_stays_missing_is_damage_and_a_writer_keeps_its_rows(stor
     assert store.sql("SELECT count(*) AS n FROM (SELECT DISTINCT episode_id, step FROM steps)")["n"][0].as_py() \
         == stored + 16
     assert check(store).ok
+
+
+def test_a_first_writer_on_a_new_store_waits_no_back_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making the runs table and the steps table, then giving them their columns, is progress, not a lost race: the
+    next step reads the log at once (a back-off, 2 ms and up, is only for a race lost to another writer)."""
+    waited: list[int] = []
+    monkeypatch.setattr("trajstore.retry.backoff", lambda attempt: waited.append(attempt) or 0.0)
+    store = trajstore.open(tmp_path / "store", create=True)
+    with store.writer(run_id="r", env_id="E", config={"lr": 0.1}) as w:
+        w.add_batch(make_batch(np.random.default_rng(0), T=4, B=2))
+    assert store.sql("SELECT count(*) AS n FROM steps")["n"].to_pylist() == [8]
+    assert waited == []

@@ -347,3 +347,13 @@ def test_a_change_whose_answer_was_lost_is_done(s3: seaweed.SeaweedFS, proxy: Lo
     write(via, "s", config={"algo": "dqn"})  # a writer's description too
     assert trajstore.open(uri, storage_options=s3.storage_options).run_info("s")["config"] == {"algo": "dqn"}
     assert [r["run_id"] for r in rows()].count("s") == 1
+
+
+def test_a_run_described_on_a_new_store_asks_git_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The description is planned again once the runs table is made; the program's commit is asked once (each ask
+    runs git twice)."""
+    asked: list[Path] = []
+    monkeypatch.setattr(run_config, "git_commit", lambda folder: asked.append(folder) or "abc123")
+    store = trajstore.open(tmp_path / "store", create=True)
+    store.writer(run_id="r", env_id="E").close()
+    assert len(asked) == 1 and store.run_info("r")["git_commit"] == "abc123"

@@ -695,22 +695,37 @@ class Log:
                 return mapping
         last: Exception | None = None
         for _ in tries(COMMIT_RETRIES):
-            table = self._open(None)
+            try:
+                reserved = self._reserved(types, logical, declared)
+            except StoreAccessError:
+                raise
+            except (OSError, DeltaError) as exc:  # another commit came first: read the log again
+                last = self._lost_race(exc)
+                continue
+            if reserved is not None:
+                return reserved
+        raise CommitError(f"the columns {sorted(types)} could not be reserved in {self.uri}: {one_line(last)}")
+
+    def _reserved(self, types: Mapping[str, pa.DataType], logical: Mapping[str, pa.DataType] | None,
+                  declared: Mapping[str, Mapping[str, Any] | None] | None) -> dict[str, str] | None:
+        """One try of :meth:`reserve`: the names resolved against the latest version, the table created and given
+        the new columns first where needed, each step reading the log again at once (only a lost race waits before
+        the next try); None when another writer's columns changed the names meanwhile (try again)."""
+        table = self._open(None)
+        for step in range(3):  # (the table made,) the columns added, the names resolved on what the log holds
             schema = pa.schema([]) if table is None else pa.schema(table.schema().to_arrow())
             mapping, new = names.resolve(types, {f.name: f.type for f in schema}, logical, declared=declared,
                                          log_declared=declarations(schema))
             if not new:
                 return mapping
-            try:
-                if table is None:
-                    self._ensure(_full_schema(pa.schema([])))
-                else:
-                    self._add_columns(table, new)
-            except StoreAccessError:
-                raise
-            except (OSError, DeltaError) as exc:  # another commit came first: read the log again
-                last = self._lost_race(exc)
-        raise CommitError(f"the columns {sorted(types)} could not be reserved in {self.uri}: {one_line(last)}")
+            if step == 2:
+                return None
+            if table is None:
+                table = self._ensure(_full_schema(pa.schema([])))
+            else:
+                self._add_columns(table, new)
+                table = self._open(None)
+        return None
 
     def _lost_race(self, exc: OSError | DeltaError) -> DeltaError:
         """``exc``, raised by a commit of a schema or properties change, if it says another commit came first (the

@@ -301,13 +301,14 @@ def described(rows: pa.Table, properties: Mapping[str, str], *, pinned: int | No
 # --- a change ----------------------------------------------------------------------------------------------------
 
 def changed(run_id: str, before: Stored | None, change: Info, *, replace: bool,
-            provenance: Mapping[str, Any] | None = None) -> Info | None:
+            provenance: Mapping[str, Any] | None = None,
+            program: Callable[[], Mapping[str, Any]] | None = None) -> Info | None:
     """The description of ``run_id`` after ``change`` (checked fields; see :meth:`Descriptions.change`), or None when
     it is what is stored. A run described the first time records ``created`` and :data:`AUTOMATIC` (``provenance``:
-    a remote program's own) even when nothing is given."""
+    a remote program's own; else ``program()``, by default :func:`automatic`) even when nothing is given."""
     if before is None:
         return {"config": {}, "tags": [], "notes": None, "created": datetime.now(timezone.utc),
-                **(check_provenance(provenance) if provenance else automatic()), **change}
+                **(check_provenance(provenance) if provenance else (program or automatic)()), **change}
     if not change:
         return None
     _check_repaired(run_id, before, change, replace=replace)
@@ -395,11 +396,18 @@ class Descriptions:
         checks it (:func:`~trajstore.storage.names.check_id`)."""
         self.steps.writable(what)
         check_id(run_id, field="run_id")
+        asked: list[Mapping[str, Any]] = []
+
+        def program() -> Mapping[str, Any]:
+            """:func:`automatic`, asked once for all the tries of this change (it runs git twice)."""
+            if not asked:
+                asked.append(automatic())
+            return asked[0]
 
         def plan(rows: pa.Table) -> pa.Table | None:
             state = self.steps.read()
             before = described(rows, {} if state is None else state.properties, only=run_id).get(run_id)
-            info = changed(run_id, before, change, replace=replace, provenance=provenance)
+            info = changed(run_id, before, change, replace=replace, provenance=provenance, program=program)
             if info is None:
                 return None
             return rows_of([(run_id, revision(rows, run_id) + 1, info)], steps_version=_number(state))
@@ -485,17 +493,21 @@ def automatic() -> dict[str, str | None]:
 
 
 def git_commit(folder: Path) -> str | None:
-    """The commit checked out in the git repository holding ``folder``, or None."""
+    """The commit checked out in the git repository holding ``folder`` (``+dirty`` when tracked files changed), or
+    None (no repository, no commit yet, no git). One ``git status --porcelain=v2 --branch``: its ``# branch.oid``
+    header is the commit, any other line a change."""
     try:
-        head = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=5)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
+        status = subprocess.run(["git", "-C", str(folder), "status", "--porcelain=v2", "--branch",
+                                 "--untracked-files=no"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+    if status.returncode != 0:
+        return None
+    lines = status.stdout.splitlines()
+    head = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
+    if head is None or head == "(initial)":
+        return None
+    return head + ("+dirty" if any(not line.startswith("#") for line in lines) else "")
 
 
 def program_folder(main: str | None = None, *, installed: Callable[[Path], bool] | None = None) -> Path:

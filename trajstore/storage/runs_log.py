@@ -135,15 +135,10 @@ class RunsLog:
     def _commit(self, plan: Callable[[pa.Table], pa.Table | None], what: str) -> None:
         last: Exception | None = None
         for _ in tries(COMMIT_RETRIES):
-            table = self._writable()
-            with self._lock:
-                rows = SCHEMA.empty_table() if table is None else self._rows_of(table)
-            added = plan(rows)
-            if added is None:
+            planned = self._planned(plan)
+            if planned is None:
                 return
-            if table is None:  # the first change: the table is made, then the change planned on it
-                self._create()
-                continue
+            table, added = planned
             path, size = self._write(added)
             try:
                 self._send(table, path, size, added.num_rows, what)
@@ -159,6 +154,23 @@ class RunsLog:
             self._remove(path)
         raise CommitError(f"{what}: the runs table {self.uri} did not take the change after {COMMIT_RETRIES} tries "
                           f"(other changes kept coming first): {one_line(last)}")
+
+    def _planned(self, plan: Callable[[pa.Table], pa.Table | None]) -> tuple[DeltaTable, pa.Table] | None:
+        """The table at its latest version and the rows ``plan`` adds to it (None: nothing to commit). The first
+        change makes the table, then is planned on it at once (no race was lost: nothing to wait for)."""
+        for made in (False, True):
+            table = self._writable()
+            with self._lock:
+                rows = SCHEMA.empty_table() if table is None else self._rows_of(table)
+            added = plan(rows)
+            if added is None:
+                return None
+            if table is not None:
+                return table, added
+            if made:
+                break
+            self._create()
+        raise CommitError(f"the runs table {self.uri} was made but cannot be read")
 
     def _send(self, table: DeltaTable, path: str, size: int, rows: int, what: str) -> None:
         """Commit the file at ``path`` (``size`` bytes, ``rows`` rows) as the version after ``table``'s; a sending that

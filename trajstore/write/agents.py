@@ -2,9 +2,10 @@
 sharing its ``episode_id``.
 
 An :class:`AgentWriter` takes the rows of one environment as they happen (:meth:`AgentWriter.add`: the env step
-and, per agent that acted, its observation, action, reward, next observation and flags) and hands them, a few
-hundred env steps at a time, to one :class:`~trajstore.write.writer.Writer` per kind of agent (agents whose
-spaces are alike share one; ``simple_tag``'s adversaries and its agent do not), whose lanes are its agents. The
+and, per agent that acted, its observation, action, reward, next observation and flags) and hands them, up to
+16,384 rows or about 16 MB of their values at a time, to one :class:`~trajstore.write.writer.Writer` per kind of
+agent (agents whose spaces are alike share one; ``simple_tag``'s adversaries and its agent do not), whose lanes are
+its agents. The
 writer fills ``agent_id`` and takes each row's ``episode_id``, ``step`` (the env step) and ``env_steps`` from here.
 An agent's ``next_obs`` is stored whole: its next row is not the episode's next row (see the ``agent_id`` column of
 ``schemas/step.v1.json``).
@@ -34,20 +35,37 @@ from trajstore.write.episode_ids import EpisodeIds
 from trajstore.write.writer import Writer
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-ROWS_PER_CALL = 2048  # buffered rows of one kind of agent handed to its writer in one call
+ROWS_PER_CALL = 16384  # at most this many buffered rows of one kind of agent handed to its writer in one call,
+BYTES_PER_CALL = 16 * 1024 * 1024  # and at most about this many bytes of their values (wide observations)
 
 
 class _Kind:
-    """The agents of one kind (alike spaces): their writer and their rows since its last call, lane by lane."""
+    """The agents of one kind (alike spaces): their writer and their rows since its last call, lane by lane, a list
+    per field (a row is appended where its batch takes it: no tuple per row, no pass over the rows per field)."""
 
-    def __init__(self, writer: Writer, agents: list[str]) -> None:
-        self.writer, self.agents = writer, agents
+    def __init__(self, writer: Writer, agents: list[str], env_index: int) -> None:
+        self.writer, self.agents, self.env_index = writer, agents, env_index
         self.lane = {a: i for i, a in enumerate(agents)}
-        self.rows: list[list[tuple[Any, ...]]] = [[] for _ in agents]  # per lane: (fields..., keys...)
+        self.limit = 0  # rows per hand-over, from the first row's size (0: no row seen yet)
+        self._clear()
+
+    def _clear(self) -> None:
+        # per lane: one list per field of FIELDS, then the rows' episode ids, env steps and cumulative env steps
+        self.lanes: list[tuple[list[Any], ...]] = [tuple([] for _ in range(len(FIELDS) + 3)) for _ in self.agents]
         self.count = 0
 
-    def add(self, agent: str, row: tuple[Any, ...]) -> None:
-        self.rows[self.lane[agent]].append(row)
+    def add(self, agent: str, row: Sequence[Any], episode: int, step: int, env_steps: int) -> None:
+        obs, action, reward, next_obs, terminated, truncated = row
+        o, a, r, n, te, tr, e, s, c = self.lanes[self.lane[agent]]
+        o.append(obs)
+        a.append(action)
+        r.append(reward)
+        n.append(next_obs)
+        te.append(terminated)
+        tr.append(truncated)
+        e.append(episode)
+        s.append(step)
+        c.append(env_steps)
         self.count += 1
 
     def send(self) -> None:
@@ -55,21 +73,23 @@ class _Kind:
         valid (filled with the first row's values)."""
         if not self.count:
             return
-        counts = [len(r) for r in self.rows]
+        counts = [len(lane[0]) for lane in self.lanes]
         T = max(counts)
         valid = np.arange(T)[:, None] < np.asarray(counts)[None, :]
-        batch = {name: _column([[row[i] for row in lane] for lane in self.rows], T, name)
-                 for i, name in enumerate(FIELDS)}
+        batch = {name: _column([lane[i] for lane in self.lanes], T, name) for i, name in enumerate(FIELDS)}
         batch["valid"] = valid
-        if all(type(row[2]) in (bool, int, float) for lane in self.rows for row in lane):
+        if all(type(r) in _PLAIN for lane in self.lanes for r in lane[2]):
             batch["reward"] = _plain_rewards(batch["reward"])
         batch["terminated"] = batch["terminated"].astype(bool) & valid
         batch["truncated"] = batch["truncated"].astype(bool) & valid
-        keys = {name: _column([[row[len(FIELDS) + i] for row in lane] for lane in self.rows], T, name)
-                for i, name in enumerate(("episode_id", "step", "env_steps", "env_index"))}
+        keys = {name: _column([lane[len(FIELDS) + i] for lane in self.lanes], T, name)
+                for i, name in enumerate(("episode_id", "step", "env_steps"))}
+        keys["env_index"] = np.full((T, len(self.agents)), self.env_index, np.int64)
         self.writer._add(batch, keys)
-        self.rows = [[] for _ in self.agents]
-        self.count = 0
+        self._clear()
+
+
+_PLAIN = (bool, int, float)
 
 
 def _column(lanes: list[list[Any]], T: int, name: str) -> Any:
@@ -79,7 +99,11 @@ def _column(lanes: list[list[Any]], T: int, name: str) -> Any:
     if isinstance(sample, Mapping):
         return {k: _column([[_key(v, k, name) for v in lane] for lane in lanes], T, f"{name}.{k}") for k in sample}
     try:
-        arrays = [(b, np.asarray(v) if np.ndim(sample) == 0 else np.stack(v)) for b, v in enumerate(lanes) if v]
+        # np.array builds a lane's (n, …) array from its n values in one pass (np.stack looks at each value a few
+        # times in Python); values of different shapes are a ValueError either way
+        arrays = [(b, np.array(v)) for b, v in enumerate(lanes) if v]
+        if any(a.ndim != arrays[0][1].ndim for _, a in arrays):
+            raise ValueError(f"shapes {sorted({a.shape[1:] for _, a in arrays})}")
         if len({a.shape[1:] for _, a in arrays}) > 1:
             raise ValueError(f"shapes {sorted({a.shape[1:] for _, a in arrays})}")
     except ValueError as exc:
@@ -129,7 +153,7 @@ class AgentWriter:
             for members, obs_space, act_space in _kinds(names, observation_spaces, action_spaces):
                 writer = store.writer(run_id=run_id, env_id=env_id, agents=members, observation_space=obs_space,
                                       action_space=act_space, **options)
-                kind = _Kind(writer, members)
+                kind = _Kind(writer, members, self.env_index)
                 self._kinds.append(kind)
                 self._kind_of.update(dict.fromkeys(members, kind))
         except BaseException:
@@ -159,40 +183,45 @@ class AgentWriter:
         step = int(step)
         if step < 0:
             raise InputError(f"step: expected the env step (>= 0), got {step}")
+        kind_of, ended, last, width = self._kind_of, self._ended, self._last, len(FIELDS)
         for agent, row in rows.items():
-            if agent not in self._kind_of:
+            if agent not in kind_of:
                 raise InputError(f"agent_id: {agent!r} is not one of this writer's agents {self.agents}")
-            if agent in self._ended:
+            if agent in ended:
                 raise InputError(f"agent_id: {agent!r} already ended episode {self._episode}; it cannot act at "
                                  f"step {step}")
-            self._check_after_last(agent, step)
-            if len(row) != len(FIELDS):
+            before = last.get(agent)
+            if before is not None and step <= before:
+                self._refuse_step(agent, step, before)
+            if len(row) != width:
                 raise InputError(f"{agent}: expected a row {FIELDS}, got {len(row)} values")
             if not _finite(row[2]):  # said now, naming the agent and step, not when the rows are handed over
                 raise InputError(f"reward: must be finite, got {row[2]!r} for agent {agent!r} at step {step}")
         if self._episode is None:
             self._episode = int(self._ids(1)[0])
+        episode, env_steps, acted = self._episode, self._base + step + 1, self._acted
         for agent, row in rows.items():
-            kind = self._kind_of[agent]
-            self._acted.add(agent)
-            self._last[agent] = step
+            kind = kind_of[agent]
+            acted.add(agent)
+            last[agent] = step
             if row[4] or row[5]:
-                self._ended.add(agent)
-            kind.add(agent, (*row, self._episode, step, self._base + step + 1, self.env_index))
-            if kind.count >= ROWS_PER_CALL:
+                ended.add(agent)
+            if not kind.limit:
+                kind.limit = max(1, min(ROWS_PER_CALL, BYTES_PER_CALL // _row_bytes(row)))
+            kind.add(agent, row, episode, step, env_steps)
+            if kind.count >= kind.limit:
                 kind.send()
-        self._length = max(self._length, step + 1)
+        if step >= self._length:
+            self._length = step + 1
         self.steps_written += len(rows)
 
-    def _check_after_last(self, agent: str, step: int) -> None:
+    def _refuse_step(self, agent: str, step: int, last: int) -> None:
         """Refuse an env ``step`` at which ``agent`` cannot act: its env steps in one episode strictly increase
-        (it may skip some: turns, agents that do not act or leave)."""
-        last = self._last.get(agent)
-        if last is not None and step <= last:
-            what = "the same step again" if step == last else "a step back"
-            raise InputError(f"step: agent {agent!r} of episode {self._episode} acted at env step {last}; got step "
-                             f"{step}, {what}: expected strictly increasing env steps for one agent in one episode "
-                             f"(a step after {last}; it may skip steps)")
+        (it may skip some: turns, agents that do not act or leave); it last acted at ``last``."""
+        what = "the same step again" if step == last else "a step back"
+        raise InputError(f"step: agent {agent!r} of episode {self._episode} acted at env step {last}; got step "
+                         f"{step}, {what}: expected strictly increasing env steps for one agent in one episode "
+                         f"(a step after {last}; it may skip steps)")
 
     def end_episode(self) -> None:
         """Close the open episode (its agents that did not end stay unfinished, and so does the episode: it counts
@@ -225,6 +254,18 @@ class AgentWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _row_bytes(row: Sequence[Any]) -> int:
+    """About the bytes a row's values hold (its arrays' and a number's 8, and a row's bookkeeping): how many rows
+    of its kind wait for one hand-over."""
+    return 64 + sum(_nbytes(v) for v in row)
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, Mapping):
+        return sum(_nbytes(v) for v in value.values())
+    return int(getattr(value, "nbytes", 8))
 
 
 def _finite(reward: Any) -> bool:

@@ -375,7 +375,8 @@ class Writer:
                 cols["env_steps"] = pa.array(np.asarray(keys["env_steps"], np.int64).reshape(-1)[rows.tm])
                 cols["env_index"] = pa.array(np.asarray(keys["env_index"], np.int32).reshape(-1)[rows.tm])
             if self.agents is not None:
-                cols["agent_id"] = pa.array(np.asarray(self.agents, object)[rows.env], pa.string())
+                # each row's agent taken from the lanes' names by Arrow (no Python string per row)
+                cols["agent_id"] = pa.array(self.agents, pa.string()).take(pa.array(rows.env))
             for name, value in self.lineage.items():
                 cols[name] = self._lineage(name, value, rows.env, B, n)
             for name, value in (arrays.get("extras") or {}).items():

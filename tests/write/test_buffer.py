@@ -380,3 +380,51 @@ def test_a_big_last_flush_is_two_files_that_read_back_as_one(monkeypatch: pytest
     if stacked:
         assert_round_trip(split, stream)
     assert_stored_as_the_reference_says(split)
+
+
+def test_blocks_and_take_order_uniform_calls_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls in which every env has as many rows (a JAX scan's batches, the last one cut short) are ordered by
+    block copies: the same table as the ordering by take, nulls (next_obs, a masked extra) and booleans too."""
+    import copy
+
+    rng = np.random.default_rng(11)
+    T, B = 23, 6
+    obs = rng.standard_normal((T + 1, B, 3)).astype(np.float32)
+    stream = make_batch(rng, T, B, extras={
+        "value": np.ma.masked_array(rng.standard_normal((T, B)), mask=rng.random((T, B)) < 0.3),
+        "flag": rng.random((T, B)) < 0.5, "tag": np.full((T, B), 7, np.int16)})
+    stream["obs"], stream["next_obs"] = obs[:-1], obs[1:].copy()
+    stream["next_obs"][4, 2] += 1  # one next_obs that is not the next obs: stored
+    seen: list[int] = []
+    original = buffer_module._blocks
+    monkeypatch.setattr(buffer_module, "_blocks", lambda *a: seen.append(1) or original(*a))
+    store = trajstore.open(Path(__import__("tempfile").mkdtemp()) / "s", create=True)
+    with store.writer(run_id="r", env_id="E", worker_id="w") as w:
+        for a, b in [(0, 8), (8, 16), (16, 23)]:
+            w.add_batch(slice_batch(stream, a, b))
+        twin = copy.copy(w._buffer)
+        default, take = w._buffer.take(), twin.take()  # type: ignore[union-attr]
+        tables = {"blocks": default.ordered(), "take": take.ordered(by="take")}
+    assert seen  # the default for uniform calls
+    assert tables["blocks"].num_rows == T * B and tables["blocks"].equals(tables["take"])
+    assert tables["blocks"]["next_obs"].null_count == tables["take"]["next_obs"].null_count > 0
+    assert tables["blocks"]["value"].null_count > 0
+    assert tables["blocks"]["env_index"].to_pylist() == sorted(tables["blocks"]["env_index"].to_pylist())
+
+
+def test_calls_with_skipped_steps_are_ordered_by_take() -> None:
+    rng = np.random.default_rng(12)
+    valid = rng.random((10, 4)) < 0.8
+    stream = make_batch(rng, 10, 4, valid=valid)
+    store = trajstore.open(Path(__import__("tempfile").mkdtemp()) / "s", create=True)
+    with store.writer(run_id="r", env_id="E") as w:
+        for a, b in [(0, 5), (5, 10)]:
+            w.add_batch(slice_batch(stream, a, b))
+        flush = w._buffer.take()  # type: ignore[union-attr]
+        assert not buffer_module._uniform(flush.counts)
+        with pytest.raises(ValueError, match="blocks"):
+            copy_ = buffer_module.Flush(list(flush.batches), flush.counts)
+            copy_.ordered(by="blocks")
+        got = flush.ordered()
+    assert got.num_rows == int(valid.sum())
+    assert got["env_index"].to_pylist() == sorted(got["env_index"].to_pylist())

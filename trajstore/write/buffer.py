@@ -341,22 +341,31 @@ class Flush:
 
     def ordered(self, *, by: str | None = None) -> pa.Table:
         """The rows in file order (env by env, calls in order), kept so in place of the calls' rows: by zero-copy
-        slices when rows are wide, else by one ``take`` per column, each column of the calls let go once ordered.
-        ``by`` forces the ordering: ``"slices"`` or ``"take"`` (default: by row width)."""
+        slices when rows are wide; else, where every env has as many rows in a call as the others (a JAX scan's
+        batches), by block copies of each fixed-width column (one strided copy per call, no index) and one
+        ``take`` per other column; else by one ``take`` per column. Each column of the calls is let go once
+        ordered. ``by`` forces the ordering: ``"slices"``, ``"blocks"`` or ``"take"`` (default: as said)."""
         if self._ordered is not None:
             return self._ordered
+        how = by or ("slices" if self._wide() else "blocks" if _uniform(self.counts) else "take")
         if len(self.batches) <= 1:
             self._ordered = pa.Table.from_batches(self.batches) if self.batches else pa.table({})
-        elif (by or ("slices" if self._wide() else "take")) == "slices":
+        elif how == "slices":
             self._ordered = pa.Table.from_batches(_env_slices(self.batches, self.counts), schema=self.schema)
         else:
-            order = pa.array(_env_order(self.counts))
+            if how == "blocks" and not _uniform(self.counts):
+                raise ValueError("blocks: every env must have as many rows in a call as the others")
+            order: pa.Array | None = None
             schema = self.schema
             columns = [[b.column(i) for b in self.batches] for i in range(len(schema))]
             self.batches = []
             out = []
             for i, f in enumerate(schema):
-                out.append(pa.chunked_array(columns[i], f.type).take(order).combine_chunks())
+                column = _blocks(columns[i], f.type, self.counts) if how == "blocks" else None
+                if column is None:
+                    order = pa.array(_env_order(self.counts)) if order is None else order
+                    column = pa.chunked_array(columns[i], f.type).take(order).combine_chunks()
+                out.append(column)
                 columns[i] = []
             self._ordered = pa.Table.from_arrays(out, schema=schema)
         self.batches = []
@@ -441,6 +450,83 @@ def _env_slices(batches: list[pa.RecordBatch], counts: np.ndarray) -> list[pa.Re
     starts = np.cumsum(counts, axis=1) - counts
     return [batches[c].slice(int(starts[c, b]), int(counts[c, b]))
             for b in range(counts.shape[1]) for c in range(counts.shape[0]) if counts[c, b]]
+
+
+def _uniform(counts: np.ndarray) -> bool:
+    """Whether every env has as many rows in each call as the others (its calls' rows are ``(B, T_c)`` blocks)."""
+    return bool(len(counts)) and bool((counts == counts[:, :1]).all())
+
+
+def _blocks(chunks: list[pa.Array], t: pa.DataType, counts: np.ndarray) -> pa.Array | None:
+    """One column of uniform calls (see :func:`_uniform`) in file order by block copies, or None where its values
+    are not one fixed-width buffer (strings, structs, lists, nulls inside a fixed-size list): the caller takes.
+    Call c's rows are ``(B, T_c)`` env-major, so env b's rows of every call go to one ``(B, sum T_c)`` grid by a
+    strided copy per call (no index, no random access); the rows' validity goes along the same way."""
+    width = _fixed_width(t)
+    if width is None and not pa.types.is_boolean(t):
+        return None
+    values = [_row_values(c, width) for c in chunks]
+    if any(v is None for v in values):
+        return None
+    per_call = counts[:, 0]
+    grid = _grid([v for v in values if v is not None], per_call, counts.shape[1])
+    valid = None
+    if any(c.null_count for c in chunks):
+        valid = _grid([np.asarray(c.is_valid()).reshape(-1, 1) for c in chunks], per_call, counts.shape[1])[:, 0]
+    if width is None:  # booleans: packed by Arrow
+        return pa.array(grid[:, 0], t, mask=None if valid is None else ~valid)
+    column = _from_bytes(t, grid.reshape(-1))
+    return column if valid is None else with_validity(column, valid)
+
+
+def _grid(values: list[np.ndarray], per_call: np.ndarray, num_envs: int) -> np.ndarray:
+    """Calls' ``(B * T_c, w)`` row arrays as one ``(B * sum T_c, w)`` array, env by env, calls in order."""
+    rows = int(per_call.sum())
+    out = np.empty((num_envs, rows, values[0].shape[1]), values[0].dtype)
+    at = 0
+    for v, n in zip(values, per_call):
+        out[:, at:at + n] = v.reshape(num_envs, n, v.shape[1])
+        at += n
+    return out.reshape(num_envs * rows, values[0].shape[1])
+
+
+def _fixed_width(t: pa.DataType) -> int | None:
+    """Bytes per row of a type whose values lie in one buffer at a fixed byte width (numbers, timestamps and
+    fixed-size lists of them), else None."""
+    size = 1
+    while pa.types.is_fixed_size_list(t):
+        size, t = size * t.list_size, t.value_type
+    try:
+        bits = t.bit_width
+    except ValueError:
+        return None
+    return size * bits // 8 if bits % 8 == 0 and not pa.types.is_dictionary(t) else None
+
+
+def _row_values(chunk: pa.Array, width: int | None) -> np.ndarray | None:
+    """A chunk's values as ``(rows, width)`` bytes (a view; booleans: ``(rows, 1)`` bool, a copy), or None where
+    values under a fixed-size list have nulls of their own."""
+    if width is None:
+        return np.asarray(chunk.fill_null(False) if chunk.null_count else chunk).reshape(-1, 1)
+    inner, start = chunk, chunk.offset
+    while pa.types.is_fixed_size_list(inner.type):
+        k, inner = inner.type.list_size, inner.values
+        start = start * k + inner.offset
+        if inner.null_count:
+            return None
+    if not len(chunk):
+        return np.zeros((0, width), np.uint8)
+    item = inner.type.bit_width // 8
+    raw = np.frombuffer(inner.buffers()[1], np.uint8)
+    return raw[start * item:start * item + len(chunk) * width].reshape(len(chunk), width)
+
+
+def _from_bytes(t: pa.DataType, raw: np.ndarray) -> pa.Array:
+    """An array of the fixed-width type ``t`` (see :func:`_fixed_width`) over the bytes ``raw`` (not copied)."""
+    if pa.types.is_fixed_size_list(t):
+        child = _from_bytes(t.value_type, raw)
+        return pa.Array.from_buffers(t, len(child) // t.list_size, [None], children=[child])
+    return pa.Array.from_buffers(t, len(raw) // (t.bit_width // 8), [None, pa.py_buffer(raw)])
 
 
 def _env_order(counts: np.ndarray) -> np.ndarray:

@@ -44,7 +44,10 @@ def episodes_in_many_files(store: trajstore.Store) -> int:
 
 @pytest.mark.parametrize("env, episodes", [(lambda: simple_spread_v3.parallel_env(N=3), 30),
                                            (simple_tag_v3.parallel_env, 3)], ids=["simple_spread", "simple_tag"])
-def test_a_remote_parallel_rollout_stores_what_a_local_one_does(tmp_path: Path, env: Any, episodes: int) -> None:
+def test_a_remote_parallel_rollout_stores_what_a_local_one_does(tmp_path: Path, env: Any, episodes: int,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # rows handed to the writers every 512 (not 16,384): episodes then go out in more than one request
+    monkeypatch.setattr("trajstore.write.agents.ROWS_PER_CALL", 512)
     local = trajstore.open(tmp_path / "local", create=True)
     served = trajstore.open(tmp_path / "served", create=True)
     options = {"run_id": "r", "episodes": episodes, "seed": 3, "progress": False, "flush_bytes": 1}

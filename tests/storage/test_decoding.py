@@ -6,10 +6,9 @@ without a case here, or a reader that lacks it, fails naming the rule."""
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import duckdb
 import numpy as np
@@ -251,22 +250,6 @@ def _parsed(v: Any) -> Any:
 @pytest.mark.parametrize("rule", decoding.RULES, ids=[r.name for r in decoding.RULES])
 def test_each_rule_reads_back_what_was_written(rule: decoding.Rule, reader: str, tmp_path: Path) -> None:
     check_rule(rule, READERS[reader], tmp_path, reader)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    """A local Spark (one core, no UI), started once for the module."""
-    pytest.importorskip("pyspark", reason="the [spark] extra is not installed")
-    if shutil.which("java") is None:
-        pytest.skip("no Java runtime (make test installs Debian's default-jre-headless)")
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[1]").appName("trajstore-decoding-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.mark.spark

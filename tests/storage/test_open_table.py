@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import duckdb
 import numpy as np
@@ -372,22 +372,6 @@ def test_another_tools_rewrite_of_an_old_environment_beside_new_ones_is_refused(
     with pytest.raises(trajstore.errors.StoreDamagedError, match="another tool rewrote this file"):
         store.scan(["obs", "next_obs"], env_id="Vec-v0").read_all()
     assert not check(store).ok
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    """A local Spark (one core, no UI), started once for the module."""
-    pytest.importorskip("pyspark", reason="the [spark] extra is not installed")
-    if shutil.which("java") is None:
-        pytest.skip("no Java runtime (make test installs Debian's default-jre-headless)")
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[1]").appName("trajstore-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.mark.spark

@@ -154,12 +154,13 @@ bench: install bench-torchrl-venv
 	$(PY) benchmarks/run.py
 
 # TorchRL 0.14.1's C++ sum tree (its _torchrl extension) loads only beside the torch it was built with (2.14), not
-# the CPU 2.13 of $(VENV): benchmarks/bench_replay.py runs its PrioritizedSampler in this venv of its own
+# the CPU 2.13 of $(VENV): benchmarks/bench_replay.py runs its PrioritizedSampler in this venv of its own (PyPI's
+# torch 2.14.1 is a CUDA build, ~5.5 GB, which runs on the CPU; download.pytorch.org's CPU index is not a registry
+# CI reaches)
 bench-torchrl-venv: .venv-torchrl/.installed
 .venv-torchrl/.installed:
 	$(PYTHON) -m venv .venv-torchrl
-	.venv-torchrl/bin/python -m pip install -q torch==2.14.1 --index-url https://download.pytorch.org/whl/cpu
-	.venv-torchrl/bin/python -m pip install -q torchrl==0.14.1 tensordict==0.14.3 numpy
+	.venv-torchrl/bin/python -m pip install -q torch==2.14.1 torchrl==0.14.1 tensordict==0.14.3 numpy
 	touch $@
 
 clean:

@@ -220,9 +220,8 @@ class Replay:
                 self._put(first, count, default)
             else:
                 prior = stored(rows, self._registry, first, count, agents)
-                weights = np.full(count, default)
-                has = ~np.isnan(prior)
-                weights[has] = self.prioritization.weights(prior[has])
+                weights = self.prioritization.weights(prior)  # (all at once, NaN's too: no copies of those stored)
+                np.copyto(weights, default, where=np.isnan(prior))
                 self._put(first, count, weights)
             self._live = count
         except BaseException:

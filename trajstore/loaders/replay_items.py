@@ -109,7 +109,7 @@ class Registry:
 
     def kept(self, handles: np.ndarray) -> np.ndarray:
         """Whether each handle (one given) still has its slot: not taken by a newer item."""
-        return handles >= self.total - self.held()
+        return handles >= self._oldest()
 
     def keys(self, handles: np.ndarray) -> Keys:
         """The keys of the items of ``handles`` (kept ones)."""
@@ -120,11 +120,37 @@ class Registry:
     def handles_of(self, keys: Keys) -> np.ndarray:
         """The handle of each item of ``keys`` the replay holds, -1 for one it does not."""
         out = np.full(len(keys), -1, np.int64)
+        if not len(self.runs) or not len(keys):
+            return out
+        if KERNELS.usable():
+            runs = self.runs.take(self._by_key())
+            _handles_of(runs.episode, runs.agent, runs.index, runs.count, runs.handle, self.stride, self._oldest(),
+                        *_kernel_keys(keys), out)
+            return out
+        return self.handles_of_numpy(keys)
+
+    def scatter(self, keys: Keys, values: np.ndarray, first: int, out: np.ndarray) -> None:
+        """``out[h - first]`` set to the value of each item of ``keys`` the replay holds under a handle ``h`` in
+        ``first .. first + len(out) - 1``, in order: a later key's value over an earlier one's of the same item."""
+        if not len(self.runs) or not len(keys):
+            return
+        if KERNELS.usable():
+            runs = self.runs.take(self._by_key())
+            _scatter(runs.episode, runs.agent, runs.index, runs.count, runs.handle, self.stride, self._oldest(),
+                     *_kernel_keys(keys), np.asarray(values, np.float64), int(first), out)
+            return
+        handles = self.handles_of_numpy(keys)
+        hit = (handles >= first) & (handles < first + len(out))
+        out[handles[hit] - first] = np.asarray(values)[hit]
+
+    def handles_of_numpy(self, keys: Keys) -> np.ndarray:
+        """:meth:`handles_of` by whole-array numpy passes (the kernels' reference, and their stand-in when numba
+        cannot load them)."""
+        out = np.full(len(keys), -1, np.int64)
         aligned = keys.start % self.stride == 0
         if not len(self.runs) or not aligned.any():
             return out
-        order = np.lexsort((self.runs.index, self.runs.agent, self.runs.episode))
-        runs = self.runs.take(order)
+        runs = self.runs.take(self._by_key())
         index = (keys.start // self.stride).astype(np.int64)
         at = last_at_or_below(Keys(runs.episode, runs.agent, runs.index), Keys(keys.episode, keys.agent, index))
         ok = aligned & (at >= 0)
@@ -135,6 +161,14 @@ class Registry:
         ok &= self.kept(handle)
         out[ok] = handle[ok]
         return out
+
+    def _by_key(self) -> np.ndarray:
+        """The order of the runs by (episode, agent, index); runs of equal keys as registered."""
+        return np.lexsort((self.runs.index, self.runs.agent, self.runs.episode))
+
+    def _oldest(self) -> int:
+        """The oldest handle still held."""
+        return self.total - self.held()
 
     def new_runs(self, trajectories: Keys, count: np.ndarray, order: np.ndarray | None = None) -> tuple[Runs, Keys]:
         """The items of ``trajectories`` (sorted; ``start`` unused) not registered yet, given that each has ``count``
@@ -186,7 +220,7 @@ class Registry:
 
     def _forget_taken(self) -> None:
         """Drop the runs whose every item a newer one has replaced, once they are half of the runs."""
-        oldest = self.total - self.held()
+        oldest = self._oldest()
         taken = int(np.searchsorted(self.runs.handle + self.runs.count, oldest, side="right"))
         if taken and taken * 2 >= len(self.runs):
             self.runs = self.runs.take(slice(taken, None))
@@ -302,12 +336,77 @@ def _last_at_or_below(ke: np.ndarray, ka: np.ndarray, ks: np.ndarray, qe: np.nda
         out[i] = lo - 1
 
 
+def _kernel_keys(keys: Keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``keys``' arrays in the types the kernels are compiled for (no copy when they have them)."""
+    return np.asarray(keys.episode, np.int64), np.asarray(keys.agent, np.int32), np.asarray(keys.start, np.int32)
+
+
+@numba.njit(cache=True, nogil=True)
+def _run_of(re: np.ndarray, ra: np.ndarray, ri: np.ndarray, e: int, a: int, index: int, guess: int) -> int:
+    """The last of the runs (sorted by key) at or before item ``index`` of (``e``, ``a``) in key order (-1: none):
+    ``guess`` if it is (keys in order mostly fall in the run of the one before: not searched for again)."""
+    n = len(re)
+    if 0 <= guess < n and not _before(e, a, index, re[guess], ra[guess], ri[guess], True) and (
+            guess + 1 == n or _before(e, a, index, re[guess + 1], ra[guess + 1], ri[guess + 1], True)):
+        return guess
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if not _before(e, a, index, re[mid], ra[mid], ri[mid], True):  # run mid at or before the item
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+# The kernels below are one loop each, the within-run check written in both: the run found kept in a local, and no
+# call per key that returns a handle (such a helper, numba-compiled, made them 4-5x slower).
+@numba.njit(cache=True, nogil=True)
+def _handles_of(re: np.ndarray, ra: np.ndarray, ri: np.ndarray, rc: np.ndarray, rh: np.ndarray, stride: int,
+                oldest: int, qe: np.ndarray, qa: np.ndarray, qs: np.ndarray, out: np.ndarray) -> None:
+    run = -1
+    for i in range(len(qe)):
+        e, a, start = qe[i], qa[i], qs[i]
+        index = start // stride  # (one division, not % and //: dividing by a stride not known when compiled is slow)
+        out[i] = -1
+        if index * stride != start:
+            continue
+        run = _run_of(re, ra, ri, e, a, index, run)
+        if run < 0 or re[run] != e or ra[run] != a or index >= ri[run] + rc[run]:
+            continue
+        handle = rh[run] + index - ri[run]
+        if handle >= oldest:
+            out[i] = handle
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter(re: np.ndarray, ra: np.ndarray, ri: np.ndarray, rc: np.ndarray, rh: np.ndarray, stride: int,
+             oldest: int, qe: np.ndarray, qa: np.ndarray, qs: np.ndarray, values: np.ndarray, first: int,
+             out: np.ndarray) -> None:
+    run, n = -1, len(out)
+    for i in range(len(qe)):
+        e, a, start = qe[i], qa[i], qs[i]
+        index = start // stride
+        if index * stride != start:
+            continue
+        run = _run_of(re, ra, ri, e, a, index, run)
+        if run < 0 or re[run] != e or ra[run] != a or index >= ri[run] + rc[run]:
+            continue
+        handle = rh[run] + index - ri[run]
+        if handle >= oldest and first <= handle < first + n:
+            out[handle - first] = values[i]
+
+
 def _warm() -> None:
     """Each kernel called once: numba loads it from its cache, or compiles it."""
     one = Keys(np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.int32))
     _find(one.episode, one.agent, one.start, one.episode, one.agent, one.start, True, np.zeros(1, np.int64))
     index = np.zeros(1, np.int64)
     _last_at_or_below(one.episode, one.agent, index, one.episode, one.agent, index, np.zeros(1, np.int64))
+    _handles_of(one.episode, one.agent, index, index, index, 1, 0, one.episode, one.agent, one.start,
+                np.zeros(1, np.int64))
+    _scatter(one.episode, one.agent, index, index, index, 1, 0, one.episode, one.agent, one.start, np.zeros(1),
+             0, np.zeros(1))
 
 
 # a replay's first items are found by numpy while numba loads these on a thread (as the loaders' kernels load)

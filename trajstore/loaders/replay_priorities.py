@@ -30,11 +30,9 @@ def stored(rows: Rows, registry: Registry, first: int, count: int, agents: Seque
     whose rows have no agent)."""
     prior = np.full(count, np.nan)
     for table in rows.files:
-        keys = Keys(table["episode_id"].to_numpy(), agent_codes(table["agent_id"], agents),
-                    table["step"].to_numpy().astype(np.int32))
-        handles = registry.handles_of(keys)
-        hit = (handles >= first) & (handles < first + count)
-        prior[handles[hit] - first] = table["priority"].to_numpy()[hit]
+        keys = Keys(_numpy(table["episode_id"], np.int64), agent_codes(table["agent_id"], agents),
+                    _numpy(table["step"], np.int32))
+        registry.scatter(keys, _numpy(table["priority"], np.float64), first, prior)
     return prior
 
 
@@ -42,9 +40,21 @@ def agent_codes(column: pa.ChunkedArray | pa.Array, agents: Sequence[str] | None
     """Each row's agent code: its index among ``agents``, -1 for another agent; a single-agent replay's
     (``agents`` None) rows without an agent 0, the others -1."""
     if agents is None:
+        if column.null_count == len(column):  # (none with an agent, or all: no per-row pass)
+            return np.zeros(len(column), np.int32)
+        if not column.null_count:
+            return np.full(len(column), -1, np.int32)
         return np.where(pc.is_null(column).to_numpy(zero_copy_only=False), 0, -1).astype(np.int32)
     found = pc.index_in(column, value_set=pa.array(list(agents), pa.string()))
-    return found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
+    if found.null_count:
+        found = found.fill_null(-1)
+    return _numpy(found, np.int32)
+
+
+def _numpy(column: pa.ChunkedArray | pa.Array, dtype: type) -> np.ndarray:
+    """``column`` (without nulls) as a numpy array of ``dtype``, copied only where its chunks must be joined or its
+    type changed."""
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype)
 
 
 @dataclass

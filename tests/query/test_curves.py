@@ -200,6 +200,27 @@ def learning_store(tmp_path_factory: pytest.TempPathFactory) -> trajstore.Store:
     return store
 
 
+def test_a_page_walks_the_episodes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the dashboard's first page asks (binned curves, the latest statistics, a histogram, curves per agent)
+    walks a version's episodes once: a selection given as None is the selection not given (fast tier)."""
+    from tests.api.dashboard.synthetic import write_learning_runs
+    from trajstore.query import curves
+
+    store = trajstore.open(tmp_path / "s", create=True)
+    write_learning_runs(store, episodes=200, runs=2, num_envs=4, versions=2)
+    walks = []
+    real = curves.curves
+    monkeypatch.setattr(curves, "curves", lambda engine, **kw: walks.append(kw) or real(engine, **kw))
+    served = plumbing(store)
+    served.binned_curves(x="env_steps", y="episode_return", bins=50, gamma=None, run_id=None, env_id=None,
+                         metric=None)
+    served.latest_stats(10, gamma=None)
+    served.histogram(y="episode_return", bins=10, gamma=None, run_id=None, env_id=None, metric=None, density=True)
+    served.binned_curves(by="agent_id")
+    assert len(walks) == 1, walks
+    assert served.binned_curves(bins=1)["count"].to_numpy().sum() == store.curves().num_rows > 0
+
+
 def reference_x(curve: dict[str, list[Any]], axis: str) -> np.ndarray:
     """Where each episode lies along ``axis``, from the plain columns of Store.curves (already tested above)."""
     if axis == "env_steps":

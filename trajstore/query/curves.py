@@ -237,18 +237,21 @@ def curves(engine: Engine, *, run_id: Names = None, env_id: Names = None, where:
         if metric is not None:
             src = Metric.parse(metric, snap.episode_columns, snap.step_columns, name=METRIC).source(src)
         if snap.materialized is not None and src == "episodes" and not series and not chosen:
-            walk = walk_of(snap.materialized)  # every episode, the kept rows sorted here: no SQL sort
-        else:
-            walk = snap.arrow(sql.curve_episodes(series, chosen, source=src, flag=CURVE_POINT), params)
+            return walked(snap.materialized)  # every episode, the kept rows sorted here: no SQL sort
+        walk = snap.arrow(sql.curve_episodes(series, chosen, source=src, flag=CURVE_POINT), params)
     walk = walk.append_column("total_env_steps", pa.array(total_env_steps(walk), pa.int64()))
     return plain_text(walk.filter(walk[CURVE_POINT]).drop_columns([CURVE_POINT]))
 
 
-def walk_of(episodes: pa.Table) -> pa.Table:
-    """What :func:`~trajstore.query.sql.curve_episodes` selects of every episode of ``episodes`` (rows of the view,
-    text maybe dictionary-encoded), without conditions: the rows in :data:`~trajstore.query.sql.WALK` order (text in
-    byte order, nulls last, as DuckDB orders them), flagged where complete; one numpy sort of the keys instead of
-    DuckDB's of every column."""
+TOTAL_COLUMNS = ("run_id", "env_id", "worker_id", "episode_id", "env_steps", "episode_length")  # total_env_steps'
+
+
+def walked(episodes: pa.Table) -> pa.Table:
+    """What :func:`curves` gives of every episode of ``episodes`` (rows of the view, text maybe
+    dictionary-encoded), without conditions: the complete episodes in :data:`~trajstore.query.sql.WALK` order (text
+    in byte order, nulls last, as DuckDB orders them) with their ``total_env_steps``; one numpy sort of the keys
+    instead of DuckDB's of every column, and every column taken once, of the complete episodes only (the series'
+    env steps count the others too: they are walked in the few columns that count them)."""
     keys = []
     for name in reversed(sql.WALK):
         column = episodes[name]
@@ -257,8 +260,11 @@ def walk_of(episodes: pa.Table) -> pa.Table:
         else:
             values = pc.cast(column, pa.int64()) if pa.types.is_timestamp(column.type) else column
             keys.append(pc.fill_null(values, np.iinfo(np.int64).max).to_numpy().astype(np.int64))
-    walk = episodes.take(pa.array(np.lexsort(keys), pa.int64()))
-    return walk.append_column(CURVE_POINT, pc.fill_null(walk["complete"], False))
+    order = np.lexsort(keys)
+    total = total_env_steps(episodes.select(list(TOTAL_COLUMNS)).take(pa.array(order, pa.int64())))
+    kept = pc.fill_null(episodes["complete"], False).to_numpy(zero_copy_only=False)[order]
+    rows = episodes.take(pa.array(order[kept], pa.int64()))
+    return plain_text(rows.append_column("total_env_steps", pa.array(total[kept], pa.int64())))
 
 
 def _text_rank(column: pa.ChunkedArray) -> np.ndarray:
@@ -284,7 +290,7 @@ def plain_text(table: pa.Table) -> pa.Table:
 def kept_curves(engine: Engine, **selection: object) -> pa.Table:
     """:func:`curves` of ``selection``, kept by the engine for the latest version (:meth:`Engine.memo
     <trajstore.query.engine.Engine.memo>`): a page draws several plots of one selection."""
-    selection = {k: v for k, v in selection.items() if not (k == "metric" and v is None)}  # one key for both
+    selection = {k: v for k, v in selection.items() if v is not None}  # None is every option's default: one key
     return engine.memo(f"curves {sorted(selection.items())!r}", lambda: curves(engine, **selection))  # type: ignore[arg-type]
 
 

@@ -154,9 +154,12 @@ class Prioritization:
             raise InputError(f"eps: must be a finite number > 0 (so that every item can be drawn), got {self.eps!r}")
         return Prioritization(float(self.alpha), float(self.beta), float(self.eps))
 
-    def weights(self, priority: np.ndarray | float) -> np.ndarray:
-        """``(priority + eps) ** alpha``: what the trees hold."""
-        return np.power(np.asarray(priority, np.float64) + self.eps, self.alpha)
+    def weights(self, priority: np.ndarray | float, *, out: np.ndarray | None = None) -> np.ndarray:
+        """``(priority + eps) ** alpha``: what the trees hold (into ``out``, a float64 array, where given)."""
+        if out is None:
+            return np.power(np.asarray(priority, np.float64) + self.eps, self.alpha)
+        np.add(priority, self.eps, out=out)
+        return np.power(out, self.alpha, out=out)
 
 
 class Replay:
@@ -220,8 +223,9 @@ class Replay:
                 self._put(first, count, default)
             else:
                 prior = stored(rows, self._registry, first, count, agents)
-                weights = self.prioritization.weights(prior)  # (all at once, NaN's too: no copies of those stored)
-                np.copyto(weights, default, where=np.isnan(prior))
+                none = np.isnan(prior)
+                weights = self.prioritization.weights(prior, out=prior)  # in place: no new array of every item
+                weights[none] = default
                 self._put(first, count, weights)
             self._live = count
         except BaseException:

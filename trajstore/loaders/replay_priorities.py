@@ -30,9 +30,10 @@ def stored(rows: Rows, registry: Registry, first: int, count: int, agents: Seque
     whose rows have no agent)."""
     prior = np.full(count, np.nan)
     for table in rows.files:
-        keys = Keys(_numpy(table["episode_id"], np.int64), agent_codes(table["agent_id"], agents),
-                    _numpy(table["step"], np.int32))
-        registry.scatter(keys, _numpy(table["priority"], np.float64), first, prior)
+        for part in table.select(["episode_id", "agent_id", "step", "priority"]).to_batches():  # no chunks joined
+            keys = Keys(_numpy(part["episode_id"], np.int64), agent_codes(part["agent_id"], agents),
+                        _numpy(part["step"], np.int32))
+            registry.scatter(keys, _numpy(part["priority"], np.float64), first, prior)
     return prior
 
 

@@ -298,7 +298,10 @@ async function loadBinned(sketch = null) {
   const g = state.gamma, metric = $("metric").value;
   const y = metric === "episode_length" ? "episode_length" : "episode_return";  // discounted with γ
   const curves = api("/curves/binned", { x: $("xaxis").value, y, gamma: g, bins: binCount() });
-  const sketched = sketch ? curves.then(sketch) : null;
+  const sketched = sketch ? curves.then((b) => { state.binned = b; return sketch(b); }) : null;
+  // The first load asks for the rest once the curves are sketched: a service just started then answers the first
+  // plot's requests alone (its cores are the browser's too), and computes these while Plotly.js compiles.
+  if (sketched) await sketched;
   const [binned, ret_, len, stats, agents] = await Promise.all([
     curves,
     api("/curves/histogram", { y: "episode_return", gamma: g, bins: HIST_BINS, density: true }),
@@ -640,7 +643,8 @@ async function load() {
     complete = r.reduce((acc, run) => acc + run.envs.reduce((m, e) => m + e.complete_episodes, 0), 0);
     return complete <= POINTS_LIMIT ? api("/curves", { gamma: g }).then((c) => c.series) : [];
   });
-  const table = loadEpisodes();
+  // (the episodes table too, on the first load: after the sketch, or once the curves failed)
+  const table = first ? Promise.race([sketched, binned.catch(() => {})]).then(() => loadEpisodes()) : loadEpisodes();
   const tables = Promise.all([runs, table]).then(async () => {
     if (first) { await nextPaint(); performance.mark("trajstore-tables"); }
   });

@@ -89,6 +89,7 @@ class Result:
     drill_longest: list[float] = field(default_factory=list)
     longest_steps: int = 0
     api_alone: dict[str, list[float]] = field(default_factory=dict)
+    load_start: tuple[float, ...] = field(default_factory=os.getloadavg)  # (1, 5, 15 minutes) when the run began
 
 
 def build_store(path: Path, episodes: int) -> float | None:
@@ -204,6 +205,7 @@ def _plot_response(r: dict[str, Any]) -> float:
 
 def to_markdown(res: Result, command: str) -> str:
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    load_start = " / ".join(f"{x:.1f}" for x in res.load_start)
     rows = [f"| {label} | {_bm([r['fcp'] for r in runs])} | {_bm([r['first'] for r in runs])} | "
             f"{_bm([r['tables'] for r in runs])} | {_bm([r['plots'] for r in runs])} | "
             f"{_bm([_last_response(r) for r in runs])} |"
@@ -229,11 +231,12 @@ def to_markdown(res: Result, command: str) -> str:
     return f"""## Dashboard: {res.episodes:,} episodes
 
 `{command}` ({datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}; trajstore commit {git_commit(REPO)}; {cpu_model()},
-{os.cpu_count()} logical cores; load average {load} at the end, the browser and the service sharing the cores; each
-time is given as best / median of {len(res.cold)} repeats). Store: {res.episodes:,} complete episodes,
-{res.steps:,} steps (4 synthetic runs x 8 policy versions, value and log_prob extras{built}). Headless Debian
-Chromium (software WebGL) driven by Playwright; the service under uvicorn in the benchmark's process. Times run
-from navigation start and are read from the page's own Paint Timing entries and `performance.mark`s.
+{os.cpu_count()} logical cores; load average {load_start} at the start and {load} at the end, the browser and the
+service sharing the cores; each time is given as best / median of {len(res.cold)} repeats). Store:
+{res.episodes:,} complete episodes, {res.steps:,} steps (4 synthetic runs x 8 policy versions, value and log_prob
+extras{built}). Headless Debian Chromium (software WebGL) driven by Playwright; the service under uvicorn in the
+benchmark's process. Times run from navigation start and are read from the page's own Paint Timing entries and
+`performance.mark`s.
 
 | page load | first contentful paint | first plot: learning curves on screen | runs and episodes tables with data \
 | interactive learning curves and histograms drawn (Plotly.js) | last API response |
@@ -253,9 +256,11 @@ bin and summarise; the others wait for those, then read them, as do later reques
 requests made alone, after the page loads, find them ready). The first row is the first visit to a service just
 started (a new service for each repeat): nothing of the store read yet but the summaries on disk. The plots are
 drawn as soon as their requests (binned curves, histograms, runs) have answered, not after the episodes table.
-On the first load the learning curves are first drawn on a canvas (api/dashboard/sketch.js: each series' mean and
-band) as soon as the binned curves and the runs table answer; only then does the page compile and run Plotly.js
-(about half a second of this machine's main thread), which draws the interactive plots in the sketch's place.
+On the first load the page asks for the binned curves and the runs table first and draws the learning curves on a
+canvas (api/dashboard/sketch.js: each series' mean and band) as soon as they answer; only then does it ask for the
+histograms, statistics, per-agent curves and episodes table, and compile and run Plotly.js (about half a second of
+this machine's main thread), which draws the interactive plots in the sketch's place: a service just started
+answers the first plot's requests alone, not six at once on cores it shares with its warm-up and the browser.
 The first visit fetches {total / 1e3:,.0f} kB in all, headers included (goal: at most {TARGET_BYTES / 1e6:g} MB,
 {within}): the page and its assets {first["page and assets"] / 1e3:,.0f} kB, of it Plotly.js \
 {first.get("plotly", 0) / 1e3:,.0f} kB (its basic bundle, gzipped; the assets are named by their content hash and \

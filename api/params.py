@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, HTTPException, Query, Request
+from fastapi.openapi.utils import get_openapi
 
 from trajstore import schema as sch
 from trajstore.api.ints import INT64, Int64
@@ -94,7 +95,7 @@ ByDep = Annotated[list[str], Depends(group_columns)]
 async def single_valued(request: Request) -> None:
     """Refuse a query parameter given more than once where the route takes one value (``complete=true&
     complete=false``), with 422 naming it, instead of silently keeping the last one."""
-    params = _query_parameters(request.app, _route_path(request), request.method)
+    params = _query_parameters(request)
     counts = Counter(k for k, _ in request.query_params.multi_items())
     repeated = sorted(k for k, n in counts.items() if n > 1 and k in params and not params[k])
     if repeated:
@@ -118,7 +119,7 @@ async def version_refused(request: Request) -> None:
     if "version" not in request.query_params:
         return
     path = _route_path(request)
-    if "version" in _query_parameters(request.app, path, request.method):
+    if "version" in _query_parameters(request):
         return
     writes = request.method in ("POST", "PUT", "PATCH", "DELETE")
     why = NO_VERSION.get(path, "it changes the store, whose latest version alone takes changes" if writes else
@@ -131,15 +132,20 @@ def _route_path(request: Request) -> str:
     return getattr(request.scope.get("route"), "path", "")
 
 
-def _query_parameters(app: Any, path: str, method: str) -> dict[str, bool]:
-    """The query parameters of ``method path`` (in the app's OpenAPI document), each with whether its schema is
-    an array (the parameter may repeat)."""
+def _query_parameters(request: Request) -> dict[str, bool]:
+    """The query parameters of the request's route and method, as the app's OpenAPI document describes them, each
+    with whether its schema is an array (the parameter may repeat). Described from the route alone, once: the
+    whole document takes ~1.5 s to build, which a service's first request should not wait for."""
+    app, route, method = request.app, request.scope.get("route"), request.method
     cache = app.state.__dict__.setdefault("query_parameters", {})
-    if (path, method) not in cache:
-        operation = app.openapi().get("paths", {}).get(path, {}).get(method.lower(), {})
-        cache[(path, method)] = {p["name"]: _is_array(p.get("schema", {}))
-                                 for p in operation.get("parameters", []) if p.get("in") == "query"}
-    return cache[(path, method)]
+    key = (getattr(route, "path", ""), method)
+    if key not in cache:
+        document = app.openapi_schema or (get_openapi(title=app.title, version=app.version, routes=[route])
+                                          if route is not None else {})
+        operation = document.get("paths", {}).get(key[0], {}).get(method.lower(), {})
+        cache[key] = {p["name"]: _is_array(p.get("schema", {}))
+                      for p in operation.get("parameters", []) if p.get("in") == "query"}
+    return cache[key]
 
 
 def _is_array(schema: dict[str, Any]) -> bool:

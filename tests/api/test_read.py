@@ -226,6 +226,31 @@ def test_a_single_valued_parameter_given_twice_is_refused(client: TestClient) ->
     assert client.get("/episodes", params=[("run_id", "alpha"), ("run_id", "beta")]).status_code == 200
 
 
+@pytest.mark.slow
+def test_each_route_refuses_a_repeat_of_what_its_openapi_document_says_takes_one_value(populated: Path) -> None:
+    """A fresh app describes each route's query parameters from that route alone (its first request does not wait
+    for the whole document): a parameter given twice is refused by name exactly where the app's OpenAPI document
+    gives it a single value, on every GET route without path parameters (but the event stream)."""
+    with TestClient(create_app(settings_for(populated))) as fresh:
+        document = fresh.app.openapi()
+        fresh.app.openapi_schema = None  # the requests below describe each route on its own, as a new app does
+        checked = 0
+        for path, operations in document["paths"].items():
+            if "get" not in operations or "{" in path or path == "/events":
+                continue
+            for param in operations["get"].get("parameters", []):
+                if param["in"] != "query":
+                    continue
+                schema = param.get("schema", {})
+                array = schema.get("type") == "array" or any(s.get("type") == "array" for s in schema.get("anyOf", []))
+                answer = fresh.get(path, params=[(param["name"], "1"), (param["name"], "1")])
+                refused = answer.status_code == 422 and \
+                    answer.json()["detail"].startswith(f"{param['name']}: given 2 times")
+                assert refused != array, (path, param["name"], answer.status_code, answer.text[:200])
+                checked += 1
+        assert checked > 50
+
+
 def test_schema_as_arrow_or_json(client: TestClient, populated: Path) -> None:
     store = trajstore.open(populated)
     arrow = client.get("/schema", headers={"Accept": "application/vnd.apache.arrow.stream"})

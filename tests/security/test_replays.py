@@ -5,9 +5,10 @@ answered without the API key."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import httpx
 import numpy as np
@@ -15,11 +16,23 @@ import pyarrow as pa
 import pytest
 
 import trajstore
-from tests.security.conftest import CANARY, SECRET, auth
+from tests.security.conftest import BUDGETS, CANARY, SECRET, auth
 from tests.served import Server
 from trajstore.remote.wire import ARROW_STREAM, ipc_bytes
 
 pytestmark = [pytest.mark.server, pytest.mark.security]
+
+
+@pytest.fixture(scope="module")
+def replays(probed: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for this module over a copy of ``probed`` (a replay may make the loaders' array copies beside its
+    table, which the session's ``server`` must not): its tests open replays and send updates that are all refused,
+    so its ``priorities`` table stays empty, as each of them checks."""
+    copy = tmp_path_factory.mktemp("replays") / "store"
+    shutil.copytree(probed, copy)
+    with Server(copy, **BUDGETS) as live:
+        live.store = copy
+        yield live
 
 
 def open_replay(server: Server, **params: Any) -> httpx.Response:
@@ -36,8 +49,8 @@ def priorities(server: Server) -> int:
     "run_id = 'a' UNION SELECT * FROM read_text('canary.txt')",
     "length(getenv('HOME')) > 0",
 ])
-def test_a_where_is_parsed_never_run_as_sql(fresh_server: Callable[..., Server], probed: Path, where: str) -> None:
-    server = fresh_server()
+def test_a_where_is_parsed_never_run_as_sql(replays: Server, probed: Path, where: str) -> None:
+    server = replays
     written = sorted(p.name for p in server.store.parent.iterdir())
     answer = open_replay(server, where=where)
     assert answer.status_code == 422, answer.text
@@ -47,8 +60,8 @@ def test_a_where_is_parsed_never_run_as_sql(fresh_server: Callable[..., Server],
     assert open_replay(server, where="episode_return > 10", commit="false").status_code == 201
 
 
-def test_the_routes_answer_nothing_without_the_key(fresh_server: Callable[..., Server]) -> None:
-    server = fresh_server()
+def test_the_routes_answer_nothing_without_the_key(replays: Server) -> None:
+    server = replays
     assert httpx.post(server.url + "/replays", timeout=60).status_code == 401
     replay_id = open_replay(server, commit="false", env_id="CartPole-v1").json()["replay_id"]
     for method, path in [("GET", ""), ("GET", "/sample"), ("POST", "/update"), ("POST", "/commit"), ("DELETE", "")]:
@@ -58,8 +71,8 @@ def test_the_routes_answer_nothing_without_the_key(fresh_server: Callable[..., S
     assert httpx.get(f"{server.url}/replays/{replay_id}/sample", headers=auth(), timeout=60).status_code == 200
 
 
-def test_an_update_bomb_is_refused_before_it_is_decoded(fresh_server: Callable[..., Server]) -> None:
-    server = fresh_server()
+def test_an_update_bomb_is_refused_before_it_is_decoded(replays: Server) -> None:
+    server = replays
     replay_id = open_replay(server, priorities="bombed", env_id="CartPole-v1").json()["replay_id"]
     n = 20_000_000  # 320 MB of zeros decoded, a few hundred KB of zstd on the wire
     table = pa.table({"index": np.zeros(n, np.int64), "priority": np.zeros(n)})
@@ -94,9 +107,9 @@ def test_a_body_over_the_limit_is_refused_unread(fresh_server: Callable[..., Ser
     {"priorities": "x'; DROP TABLE priorities; --"}, {"priorities": "a" * 200}, {"draw_seed": "abc"},
     {"poll": "1e9"}, {"columns": "obs) FROM steps; --"}, {"agent_id": "x", "run_id": "nope"}, {"version": "1"},
 ])
-def test_bad_parameters_are_a_4xx_and_open_nothing(fresh_server: Callable[..., Server],
+def test_bad_parameters_are_a_4xx_and_open_nothing(replays: Server,
                                                    params: dict[str, Any]) -> None:
-    server = fresh_server()
+    server = replays
     answer = open_replay(server, **params)
     assert 400 <= answer.status_code < 500 and answer.headers["content-type"] == "application/problem+json", \
         answer.text
@@ -104,8 +117,8 @@ def test_bad_parameters_are_a_4xx_and_open_nothing(fresh_server: Callable[..., S
     assert priorities(server) == 0
 
 
-def test_bad_updates_store_nothing(fresh_server: Callable[..., Server]) -> None:
-    server = fresh_server()
+def test_bad_updates_store_nothing(replays: Server) -> None:
+    server = replays
     replay_id = open_replay(server, priorities="probed", env_id="CartPole-v1").json()["replay_id"]
     url = f"{server.url}/replays/{replay_id}"
     for table in (pa.table({"index": [0, 1], "priority": [1.0, -5.0]}),

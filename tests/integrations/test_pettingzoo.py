@@ -427,11 +427,11 @@ def spread_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("limit", [1, 4, 7])
+@pytest.mark.parametrize("limit", [2, 4, 7])
 def test_step_pages_by_cursor_walk_every_agent_row_once(spread_store: Path, limit: int) -> None:
     """A page that ends inside an env step (4 rows: a step's 3 agents and the next step's first) goes on with that
     step's other agents: every row once, in (episode, step, agent) order, over REST and as the Client reads each
-    episode."""
+    episode. Each limit is prime to a step's 3 rows, so pages end after each of a step's agents in turn."""
     from tests.api.helpers import API_KEY, serve, settings_for
     from trajstore.api.app import create_app
 

@@ -162,6 +162,21 @@ def reaches(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
             and not (isinstance(node.value, ast.Name) and node.value.id in CLIENT_FACING)]
 
 
+def test_the_package_imports_each_name_when_first_used() -> None:
+    """``import trajstore`` imports none of its modules (a SQL worker or the CLI's parser needs one or two); each public
+    name is found where it lives on first use, and ``dir()`` lists them all."""
+    code = ("import sys, trajstore; print(sorted(m for m in sys.modules if m.startswith('trajstore.') and "
+            "m != 'trajstore.__about__'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    for name in trajstore.__all__:
+        value = getattr(trajstore, name)
+        assert name == "__version__" or value.__name__ == name, name
+    assert set(trajstore.__all__) <= set(dir(trajstore))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        trajstore.nope  # noqa: B018
+
+
 def test_the_store_keeps_its_parts_private() -> None:
     public = [f"{cls}.{name}" for path, cls in HOLDERS.items() for name in sorted(held(ROOT / path, cls))
               if not name.startswith("_")]

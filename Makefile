@@ -11,6 +11,9 @@
 # make check: the fast tier, for the edit-test loop: every test not marked as needing a server,
 #            a browser, S3, Spark, LeRobot, Ray, a long run or the security probe (tests/tiers.py says what each
 #            marker means), on two workers; needs only `make install`.
+# make timings: run the whole suite as make test does and write each test's seconds to tests/timings.json: a test
+#            that took more than 0.5 s is left out of make check (tests/tiers.py), and the workers take the longest
+#            files first. Run it again when tests were added or made faster.
 # make docs: the documentation site (guides and the API reference) into build/site, warnings as errors.
 # make lint: ruff over the whole tree with the rules pyproject.toml chooses, then make typecheck (.ci/run runs it
 #            before the tests).
@@ -45,7 +48,17 @@ LEROBOT_PYTHONS = $(LEROBOT_PYTHON) python3.12 python3.13 $(wildcard $(HOME)/.py
 # the tiers `make check` leaves out (pyproject.toml declares each marker)
 CHECK_SKIPS := server or browser or s3 or spark or lerobot or ray or slow or security
 
-.PHONY: install demo demo-install test check lint docs typecheck bench bench-torchrl-venv system-tools min-venv core-venv lerobot-venv vendor-plotly clean
+# Python writes the bytecode of what it imports (and pytest its rewritten test modules) into __pycache__: each of the
+# suite's processes (the workers, every CLI, `trajstore serve` and SQL worker a test starts) would otherwise compile
+# trajstore again, ~0.25 s each, and collecting the suite would take 19 s instead of 12 (PYTHONDONTWRITEBYTECODE is
+# set in some images).
+unexport PYTHONDONTWRITEBYTECODE
+
+# two workers, each test file on one (its module fixtures made once), the files handed out in the order tests/tiers.py
+# gives them (the longest first, by tests/timings.json)
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+
+.PHONY: install demo demo-install test check timings lint docs typecheck bench bench-torchrl-venv system-tools min-venv core-venv lerobot-venv vendor-plotly clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -80,10 +93,14 @@ demo: $(DEMO_INSTALL)
 
 test: install system-tools min-venv core-venv
 	@$(MAKE) --no-print-directory lerobot-venv || echo "could not build $(LEROBOT_VENV): the LeRobot tests will be skipped"
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest $(XDIST)
 
 check: install
-	$(PY) -m pytest -n 2 --dist loadfile -m "not ($(CHECK_SKIPS))"
+	$(PY) -m pytest $(XDIST) -m "not ($(CHECK_SKIPS))"
+
+timings: install system-tools min-venv core-venv
+	@$(MAKE) --no-print-directory lerobot-venv || echo "could not build $(LEROBOT_VENV): the LeRobot tests will be skipped"
+	$(PY) -m pytest $(XDIST) --record-timings tests/timings.json
 
 lint: install
 	$(VENV)/bin/ruff check .

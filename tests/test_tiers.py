@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiers import NEEDS, TIERS, needs_of
+from tests.tiers import NEEDS, SLOW_SECONDS, TIERS, needs_of, recorded, tiered
 
 pytest_plugins = ["pytester"]
 
@@ -137,16 +137,16 @@ def test_writes_its_own(tmp_path):
 '''
 
 
-def run_plugin(pytester: pytest.Pytester, plugin: str, tests: str) -> pytest.RunResult:
+def run_plugin(pytester: pytest.Pytester, plugin: str, tests: str, *args: str) -> pytest.RunResult:
     """``tests`` run by a pytest of their own (a subprocess) with ``plugin`` loaded and this checkout first on the
     path; no other plugin (the installed ones, loaded by default, took ~1.6 s of CPU to import and play no part)."""
     pytester.makeconftest(f"pytest_plugins = [{plugin!r}]")
     pytester.makepyfile(test_case=tests)
-    pytester.makeini("[pytest]\nmarkers =\n    server: serves\n")
+    pytester.makeini("[pytest]\nmarkers =\n    server: serves\n    slow: slow\n")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", str(ROOT))
         patch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-        return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
+        return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", *args)
 
 
 def test_a_test_that_serves_without_its_marker_fails_naming_it(pytester: pytest.Pytester) -> None:
@@ -166,3 +166,43 @@ def test_a_test_that_commits_to_a_shared_store_fails_naming_the_fixture(pytester
     assert [line.split("::")[1].split()[0] for line in result.outlines if line.startswith("FAILED")] == \
         ["test_adds_a_run"]
     assert "the test committed to a store shared with other tests: shared (module)" in result.stdout.str()
+
+
+TIMED = '''
+import time
+
+def test_waits():
+    time.sleep(0.2)
+
+def test_instant():
+    pass
+'''
+
+
+def test_a_run_records_each_test_s_seconds_and_leaves_out_the_instant_ones(pytester: pytest.Pytester) -> None:
+    result = run_plugin(pytester, "tests.tiers", TIMED, "--record-timings", "timings.json")
+    result.assert_outcomes(passed=2)
+    seconds = recorded(pytester.path / "timings.json")
+    assert list(seconds) == ["test_case.py::test_waits"]
+    assert 0.2 <= seconds["test_case.py::test_waits"] < 60
+
+
+def test_a_test_measured_slow_is_marked_slow_and_the_longest_file_goes_first(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_a="def test_quick(): pass\ndef test_long(): pass\n",
+                        test_b="def test_one(): pass\n", test_c="def test_new(): pass\n")
+    items, _ = pytester.inline_genitems()
+    tiered(items, {"test_a.py::test_long": SLOW_SECONDS + 0.1, "test_a.py::test_quick": 0.2,
+                   "test_b.py::test_one": 3 * SLOW_SECONDS})
+    assert [item.nodeid for item in items] == ["test_b.py::test_one", "test_a.py::test_quick",
+                                               "test_a.py::test_long", "test_c.py::test_new"]
+    assert {item.name for item in items if item.get_closest_marker("slow")} == {"test_long", "test_one"}
+
+
+def test_the_recorded_timings_name_tests_with_their_seconds() -> None:
+    """``make timings`` wrote tests/timings.json: ids of this suite's files, plausible seconds, some of them slow."""
+    seconds = recorded()
+    assert seconds, "tests/timings.json is missing: run `make timings`"
+    assert all((ROOT / nodeid.split("::")[0]).is_file() for nodeid in seconds), \
+        [nodeid for nodeid in seconds if not (ROOT / nodeid.split("::")[0]).is_file()][:5]
+    assert all(0 < s < 3600 for s in seconds.values())
+    assert any(s > SLOW_SECONDS for s in seconds.values())

@@ -4,14 +4,20 @@ with what it needs.
 ``make check`` runs the tests marked with none of ``TIERS`` (the fast tier, for the edit-test loop); ``make test``
 runs every test. A test is marked with what it starts (``NEEDS``), seen as it runs: a process or a server thread it
 or one of its fixtures starts is matched against ``STARTS``, and a test that started one without the marker fails,
-saying which marker to add. ``slow`` (a long run) and ``security`` (the hostile probe) are marked by hand.
+saying which marker to add. ``security`` (the hostile probe) is marked by hand; ``slow`` by hand (a long run) or by
+measure: a test that took more than ``SLOW_SECONDS`` in the last ``make timings`` (``tests/timings.json``, each test's
+set-up, call and tear-down on two workers, as ``make test`` runs them). The same timings hand the test files to the
+workers the longest first, so that no long file is left for the end.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import threading
+from collections import Counter
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -25,8 +31,12 @@ NEEDS = {
     "ray": "starts a local Ray",
 }
 TIERS = {**NEEDS,
-         "slow": "takes more than ~5 s alone (a long run, a wait for a timeout, many processes)",
+         "slow": "a long run (a wait for a timeout, many processes), or over SLOW_SECONDS in tests/timings.json",
          "security": "the hostile probe replayed against a real `trajstore serve` (tests/security/)"}
+
+TIMINGS = Path(__file__).with_name("timings.json")  # test id -> seconds, written by `make timings`
+SLOW_SECONDS = 0.5  # above this a test leaves the fast tier
+KEPT_SECONDS = 0.05  # shorter times are not written: they neither make a test slow nor weigh on a file's order
 
 # What each kind of process started looks like on its command line (the arguments joined by spaces).
 STARTS = {
@@ -94,9 +104,61 @@ def _watch_uvicorn() -> None:
     uvicorn.Server.run = run  # type: ignore[method-assign]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-timings", metavar="PATH", default=None,
+                     help="write each test's seconds (set-up, call and tear-down) to PATH as JSON (`make timings`)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _watch_processes()
     _watch_uvicorn()
+    path = config.getoption("--record-timings")
+    if path and not hasattr(config, "workerinput"):  # the xdist controller (or a run without workers) writes it
+        config.pluginmanager.register(Timings(Path(path)), "trajstore-timings")
+
+
+def recorded(path: Path = TIMINGS) -> dict[str, float]:
+    """Each test's seconds as the last ``make timings`` measured them (none when there is no file)."""
+    try:
+        return {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
+    except FileNotFoundError:
+        return {}
+
+
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def tiered(items: list[pytest.Item], seconds: dict[str, float]) -> None:
+    """Mark each test slower than ``SLOW_SECONDS`` as ``slow`` and order the files the longest first (each file's
+    tests kept together, in their order), unknown tests and files counted as instant."""
+    for item in items:
+        if seconds.get(item.nodeid, 0.0) > SLOW_SECONDS and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+    per_file: Counter[str] = Counter()
+    for item in items:
+        per_file[file_of(item.nodeid)] += seconds.get(item.nodeid, 0.0)
+    items.sort(key=lambda item: -per_file[file_of(item.nodeid)])
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiered(items, recorded())
+
+
+class Timings:
+    """Each test's seconds of a run, written as JSON when the run ends (longer ones than ``KEPT_SECONDS``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seconds: Counter[str] = Counter()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] += report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        kept = {nodeid: round(s, 2) for nodeid, s in sorted(self.seconds.items()) if s >= KEPT_SECONDS}
+        self.path.write_text(json.dumps(kept, indent=0) + "\n")
 
 
 @pytest.hookimpl(wrapper=True)

@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import trajstore
-from trajstore.cli import main
+from trajstore.cli import interrupted, main
+from trajstore.cli.parser import build_parser
 from trajstore.storage.encoding import FileEncoding
 
 GYM_POLICY = '''
@@ -258,6 +259,27 @@ def commands_said(err: str) -> tuple[list[str], list[str]]:
     go_on = lines[lines.index(next(line for line in lines if line.startswith("  to go on"))) + 1]
     remove = lines[lines.index("  to remove them:") + 1]
     return shlex.split(go_on), shlex.split(remove)
+
+
+def test_what_an_interrupted_rollout_says_follows_from_its_arguments_and_what_it_kept() -> None:
+    """The lines of an interrupted rollout, from its command and what it kept (the test below sees them after a real
+    Ctrl-C): what is left, seeds past every env's, ``--append``; the whole run removed, or this worker's episodes."""
+    argv = ["rollout", "--env", "CartPole-v1", "--num-envs", "4", "--steps=1000", "--seed", "7", "--store", "s",
+            "--run", "r"]  # as given after `trajstore`
+    args = build_parser().parse_args(argv)
+    alone = interrupted.Kept(steps=600, complete=20, unfinished=4, others=0)
+    lines = interrupted.report(args, argv, alone, "s", "w-1").splitlines()
+    assert lines[0] == ("trajstore: interrupted; run 'r' keeps what this rollout stored in s before it stopped: "
+                        "600 steps, 20 complete episodes and 4 unfinished (stored, marked incomplete)")
+    assert "the 400 steps left" in lines[1]
+    assert shlex.split(lines[2]) == ["trajstore", "rollout", "--env", "CartPole-v1", "--num-envs", "4", "--store",
+                                     "s", "--run", "r", "--steps", "400", "--seed", "11", "--append"]
+    assert shlex.split(lines[4]) == ["trajstore", "delete", "--store", "s", "--run", "r"]
+    shared = interrupted.Kept(steps=600, complete=20, unfinished=0, others=3)
+    assert shlex.split(interrupted.remove_command(args, shared, "w-1") or "")[-2:] == ["--where", "worker_id = 'w-1'"]
+    assert interrupted.report(args, argv, interrupted.Kept(0, 0, 0, 0), "s", "w-1") == \
+        "trajstore: interrupted before this rollout stored any step; run 'r' is not in the store; " \
+        "the same command starts it again"
 
 
 def test_an_interrupted_rollout_says_what_it_kept_and_how_to_go_on_or_remove_it(tmp_path: Path) -> None:

@@ -16,6 +16,17 @@ system: what serving and sending the requests cost, whatever the load of the mac
 first and the second half of the run. The baseline is one local ``Writer`` storing the same rows (every actor's
 batches side by side as the envs of one batch, one commit) in the same run. Targets at K >= 256: stored steps/s >=
 50% of the baseline, commits/s <= 1/commit_interval, p99 ack <= 2 s, RSS of the second half within 10% of the first.
+
+With ``--store s3`` each K runs twice in the same run, into a local store and into an ``s3://`` store on SeaweedFS
+(tests/seaweed.py, started here on 127.0.0.1): target, the s3 figure >= 50% of the local one.
+
+    python benchmarks/bench_actors.py --ray 1 8 32            # trajstore.ray.rollout's workers and one committer
+
+With ``--ray``, ``trajstore.ray.rollout`` runs CartPole with N workers (a local Ray with N CPUs, so that all run at
+once; 8 envs and ``--ray-steps`` steps each, flushing every ``TRAJSTORE_FLUSH_BYTES`` = 64 KiB), its workers' files
+committed by one committer: reported are the flushes (files the workers wrote), the commits that carried them, commits
+per flush round (a round: each worker's flush once; target about 1, where N racing writers would make N) and the
+steps stored per second of the whole rollout.
 """
 
 from __future__ import annotations
@@ -179,16 +190,19 @@ def baseline(uri: str, storage_options: dict[str, str] | None, k: int, rounds: i
 
 def report(rows: list[dict[str, Any]], interval: str, target_store: str) -> str:
     limit = 1 / seconds(interval, "commit_interval")
-    lines = ["## Many actors, one service (issue 49)", "",
+    s3 = target_store == "s3"
+    lines = ["## Many actors, one service" + (" on s3://" if s3 else "") + " (issue 49)", "",
              f"`python benchmarks/bench_actors.py` (see its docstring), store: {target_store}, commit interval "
              f"{interval}. K actors (threads with a `RemoteWriter` each) flush 128 CartPole-sized steps per request "
              "into one `trajstore serve` (a process of its own); the baseline is one local `Writer` storing the same "
              "rows in the same run.", "",
-             "| K | steps stored | stored steps/s | vs one local Writer | commits/s (≤ "
-             f"{limit:g}) | ack p50 | ack p99 (≤ 2 s) | CPU: service / actors | service RSS, 1st / 2nd half | errors |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
+             "| K | steps stored | stored steps/s | " + ("vs local, same run (≥ 50%) | " if s3 else "")
+             + f"vs one local Writer | commits/s (≤ {limit:g}) | ack p50 | ack p99 (≤ 2 s) | CPU: service / actors | "
+             "service RSS, 1st / 2nd half | errors |",
+             "|---:|---:|---:|" + ("---:|" if s3 else "") + "---:|---:|---:|---:|---|---|---:|"]
     for r in rows:
         lines.append(f"| {r['k']:,} | {r['steps']:,} of {r['expected']:,} | {r['steps_s']:,.0f} | "
+                     + (f"{r['steps_s'] / r['local']:.0%} ({r['local']:,.0f}) | " if s3 else "") +
                      f"{r['steps_s'] / r['baseline']:.0%} | {r['commits_s']:.2f} | {r['p50'] * 1000:.0f} ms | "
                      f"{r['p99'] * 1000:.0f} ms | {r['cpu']:.1f} / {r['actors_cpu']:.1f} s | "
                      f"{r['rss1']:.0f} / {r['rss2']:.0f} MiB | "
@@ -201,7 +215,52 @@ def report(rows: list[dict[str, Any]], interval: str, target_store: str) -> str:
             f"K={r['k']:,}: steps/s {'PASS' if r['steps_s'] >= 0.5 * r['baseline'] else '**FAIL**'}, commits "
             f"{'PASS' if r['commits_s'] <= limit * 1.05 else '**FAIL**'}, p99 "
             f"{'PASS' if r['p99'] <= 2 else '**FAIL**'}, RSS "
-            f"{'PASS' if r['rss2'] <= r['rss1'] * 1.1 else '**FAIL**'}" for r in targets) + "."]
+            f"{'PASS' if r['rss2'] <= r['rss1'] * 1.1 else '**FAIL**'}"
+            + (f", vs local {'PASS' if r['steps_s'] >= 0.5 * r['local'] else '**FAIL**'}" if s3 else "")
+            for r in targets) + "."]
+    lines += ["", f"Machine: {cpu_model()}, {os.cpu_count()} cores (shared with other work; load average "
+              f"{load_average()} at the end); trajstore commit {machine_info(REPO)['trajstore commit']}."]
+    return "\n".join(lines)
+
+
+def ray_run(workers: int, steps: int, interval: str) -> dict[str, Any]:
+    """``trajstore.ray.rollout`` with ``workers`` workers into a new local store: flushes, commits, steps/s."""
+    os.environ["TRAJSTORE_FLUSH_BYTES"] = str(64 << 10)  # before Ray starts: its workers inherit it
+    import ray
+
+    import trajstore.ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            uri = str(Path(work) / "store")
+            t0 = time.perf_counter()
+            trajstore.ray.rollout(uri, "CartPole-v1", num_workers=workers, steps=steps * workers, num_envs=8,
+                                  run_id="ray", progress=False, commit_interval=interval)
+            wall = time.perf_counter() - t0
+            store = trajstore.open(uri)
+            appends = [r for r in store.history().to_pylist() if r["operation"] == "append"]
+            stored = store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
+    finally:
+        ray.shutdown()
+    flushes = sum(r["files_added"] for r in appends)
+    row = {"workers": workers, "steps": stored, "wall": wall, "steps_s": stored / wall, "flushes": flushes,
+           "commits": len(appends), "per_round": len(appends) / max(1.0, flushes / workers)}
+    print(row, flush=True)
+    return row
+
+
+def ray_report(rows: list[dict[str, Any]], interval: str) -> str:
+    lines = ["## Many Ray workers, one committer (issue 49)", "",
+             "`python benchmarks/bench_actors.py --ray 1 8 32` (see its docstring): `trajstore.ray.rollout` of "
+             f"CartPole-v1, 8 envs per worker, flushing every 64 KiB; commit interval {interval}; a local store.", "",
+             "| workers | steps stored | flushes (files written) | commits | commits per flush round (≈ 1) | "
+             "whole rollout | stored steps/s |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['workers']} | {r['steps']:,} | {r['flushes']:,} | {r['commits']:,} | "
+                     f"{r['per_round']:.2f} | {r['wall']:.1f} s | {r['steps_s']:,.0f} |")
     lines += ["", f"Machine: {cpu_model()}, {os.cpu_count()} cores (shared with other work; load average "
               f"{load_average()} at the end); trajstore commit {machine_info(REPO)['trajstore commit']}."]
     return "\n".join(lines)
@@ -213,9 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="flushes per actor (default 4)")
     parser.add_argument("--commit-interval", default="250ms")
     parser.add_argument("--store", choices=["local", "s3"], default="local")
+    parser.add_argument("--ray", type=int, nargs="+", default=None, help="worker counts of trajstore.ray.rollout")
+    parser.add_argument("--ray-steps", type=int, default=65_536, help="steps per Ray worker (default 65,536)")
     output_options(parser, "runs of K up to 1,000", check=False)
     args = parser.parse_args(argv)
     rows = []
+    if args.ray:
+        rows = [ray_run(n, args.ray_steps, args.commit_interval) for n in args.ray]
+        out = args.out or (REPO / "docs" / "benchmarks.md" if max(args.ray) >= 32 else None)
+        publish(out, "actors-ray", ray_report(rows, args.commit_interval))
+        return 0
     with tempfile.TemporaryDirectory() as work:
         s3 = None
         if args.store == "s3":
@@ -224,14 +290,15 @@ def main(argv: list[str] | None = None) -> int:
             s3 = seaweed.start(Path(work) / "seaweed")
         try:
             for k in args.actors:
-                if s3 is not None:
-                    uri, opts = f"s3://{s3.bucket()}/actors", dict(s3.storage_options)
-                    env = dict(opts)
-                    base_uri = f"s3://{s3.bucket()}/baseline"
-                else:
-                    uri, opts, env, base_uri = str(Path(work) / f"actors-{k}"), None, {}, str(Path(work) / f"b-{k}")
-                row = actors_run(uri, opts, k, args.rounds, args.commit_interval, env)
-                row["baseline"] = baseline(base_uri, opts, k, args.rounds)
+                local = str(Path(work) / f"actors-{k}")
+                row = actors_run(local, None, k, args.rounds, args.commit_interval, {})
+                row["baseline"] = baseline(str(Path(work) / f"b-{k}"), None, k, args.rounds)
+                if s3 is not None:  # the same K into an s3:// store, against the local figure just measured
+                    opts = dict(s3.storage_options)
+                    row = {**actors_run(f"s3://{s3.bucket()}/actors-{k}", opts, k, args.rounds,
+                                        args.commit_interval, dict(opts)),
+                           "baseline": baseline(f"s3://{s3.bucket()}/b-{k}", opts, k, args.rounds),
+                           "local": row["steps_s"]}
                 print(row, flush=True)
                 rows.append(row)
         finally:

@@ -15,6 +15,16 @@ before its first plot, one after the other, on a new app), medians of 3. ``follo
 commit of reading the last 100 commits (the fresh store has none to follow: its ratio is against the 10-commit
 point). The writers' ``add_batch`` + ``flush`` latency is reported with the upkeep on, and at the largest point
 that is at most 1,000 commits also with it off (``TRAJSTORE_COMPACT_SMALL_FILES=0``) in the same run.
+
+    python benchmarks/bench_commits.py --commits 20000 --retention 10m --writers 2   # issue 49: a log that stays small
+
+With ``--retention``, the store is created with that log retention (``trajstore.open(..., log_retention=)``) and the
+writers' own upkeep checkpoints and removes expired entries as it would in service. A store reaches 20,000 commits in
+hours or days, a run here in minutes: so that an entry's age is what it would be, each entry of ``_delta_log`` is given,
+as it lands, the modification time version ``v`` would have had if the commits had come every ``--spacing`` (3 s:
+20,000 commits over ~17 hours; Delta's log clean-up reads an entry's age from it) and the last one now. Reported
+besides: the ``_delta_log`` entries of each store at the end (target: bounded by the retention, about
+retention / spacing + a checkpoint interval, not the commit count) and each query within 1.5× the fresh store.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -73,20 +84,65 @@ def _writer(path: str, worker: int, commits: int, start: float, env: dict[str, s
              "errors": upkeep.errors if upkeep else []})
 
 
-def write_store(path: Path, commits: int, *, upkeep: bool) -> dict[str, Any]:
-    """``commits`` commits from 8 processes at once; their latencies and the wall time."""
-    trajstore.open(path, create=True)
+class Ageing:
+    """Gives each ``_delta_log`` entry of the store at ``path``, as it lands, the modification time its version would
+    have had with commits every ``spacing_s`` seconds, the ``commits``-th landing at the end of the run (estimated at
+    ``ends``): what Delta's log clean-up reads an entry's age from."""
+
+    def __init__(self, path: Path, commits: int, spacing_s: float, ends: float) -> None:
+        self.log, self.origin, self.spacing = path / "steps" / "_delta_log", ends - commits * spacing_s, spacing_s
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.age()
+
+    def age(self) -> None:
+        for entry in os.scandir(self.log):
+            head = entry.name.split(".", 1)[0]
+            if entry.name in self.seen or not head.isdigit() or not entry.name.endswith((".json", ".parquet")):
+                continue
+            when = self.origin + int(head) * self.spacing
+            try:
+                os.utime(entry.path, (when, when))
+            except FileNotFoundError:  # removed by a clean-up already
+                continue
+            self.seen.add(entry.name)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.age()
+
+
+def log_entries(path: Path) -> int:
+    """The versions (commit entries) the ``_delta_log`` of a store's steps table holds."""
+    return sum(1 for name in os.listdir(path / "steps" / "_delta_log") if name.endswith(".json") and name[0].isdigit())
+
+
+def write_store(path: Path, commits: int, *, upkeep: bool, writers: int = WRITERS, retention: str | None = None,
+                spacing_s: float = 3.0, expect_s: float = 0.0) -> dict[str, Any]:
+    """``commits`` commits from ``writers`` processes at once; their latencies and the wall time. With
+    ``retention``, the store keeps its log that long and its entries are aged (:class:`Ageing`) over a run
+    expected to take ``expect_s``."""
+    trajstore.open(path, create=True, log_retention=retention)
     env = {} if upkeep else {"TRAJSTORE_COMPACT_SMALL_FILES": "0"}
     ctx = mp.get_context("spawn")  # deltalake's runtime does not survive fork
     out = ctx.Queue()
     start = time.time() + 3.0
-    share = [commits // WRITERS + (i < commits % WRITERS) for i in range(WRITERS)]
-    procs = [ctx.Process(target=_writer, args=(str(path), i, share[i], start, env, out)) for i in range(WRITERS)]
+    ageing = Ageing(path, commits, spacing_s, start + expect_s) if retention else None
+    share = [commits // writers + (i < commits % writers) for i in range(writers)]
+    procs = [ctx.Process(target=_writer, args=(str(path), i, share[i], start, env, out)) for i in range(writers)]
     for p in procs:
         p.start()
-    results = [out.get(timeout=3600) for _ in procs]
+    results = [out.get(timeout=4 * 3600) for _ in procs]
     for p in procs:
         p.join()
+    if ageing is not None:
+        ageing.close()
     lat = sorted(x for r in results for x in r["lat"])
     return {"wall_s": max(time.time() - start, 0.0), "lat_median_ms": 1000 * statistics.median(lat),
             "lat_p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))],
@@ -116,7 +172,8 @@ def measure(path: Path) -> dict[str, float]:
 
     def follow() -> float:
         store = trajstore.open(path)
-        since = max(-1, store.version - FOLLOWED)
+        oldest = store.history()["version"][0].as_py()  # the oldest version the log still reads (its retention)
+        since = max(-1, oldest, store.version - FOLLOWED)
         t0 = time.perf_counter()
         n = sum(1 for _ in store.follow(["reward"], since=since, timeout=0))
         return (time.perf_counter() - t0) / max(1, store.version - since) if n else float("nan")
@@ -159,22 +216,25 @@ def same_rows(path: Path, other: Path) -> None:
         raise AssertionError(f"the fresh copy holds other rows: {a} vs {b}")
 
 
-def run(points: list[int], work: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def run(points: list[int], work: Path, *, writers: int = WRITERS, retention: str | None = None,
+        spacing_s: float = 3.0, rate: float = 20.0) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     rows = []
     for n in points:
         path = work / f"c{n}"
-        written = write_store(path, n, upkeep=True)
+        written = write_store(path, n, upkeep=True, writers=writers, retention=retention, spacing_s=spacing_s,
+                              expect_s=n / rate)
         store = trajstore.open(path)
         files, version, lag = len(store.maintain.files()), store.version, plumbing(store).log_lag()[1]
         fresh_copy(path, work / f"c{n}-fresh")
         same_rows(path, work / f"c{n}-fresh")
         rows.append({"commits": n, "files": files, "version": version, "lag": lag, **written,
+                     "log_entries": log_entries(path), "fresh_log_entries": log_entries(work / f"c{n}-fresh"),
                      "fresh_version": trajstore.open(work / f"c{n}-fresh").version,
                      "aged": measure(path), "compacted": measure(work / f"c{n}-fresh")})
         print(json.dumps(rows[-1]), flush=True)
         shutil.rmtree(work / f"c{n}-fresh")
         shutil.rmtree(path)
-    off_n = max([n for n in points if n <= 1000], default=None)
+    off_n = max([n for n in points if n <= 1000], default=None) if retention is None else None
     off = None
     if off_n is not None:
         path = work / f"off{off_n}"
@@ -223,18 +283,54 @@ def report(rows: list[dict[str, Any]], off: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def retention_report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    names = [k for k in rows[0]["aged"] if k != "follow/commit"]
+    lines = ["## A log that stays small (issue 49)", "",
+             f"`python benchmarks/bench_commits.py --commits {' '.join(str(r['commits']) for r in rows)} --retention "
+             f"{args.retention} --writers {args.writers}` (see its docstring): {args.writers} writer processes commit "
+             f"batches of 64 steps into a store created with a {args.retention} log retention, each log entry aged as "
+             f"if the commits came every {args.spacing}; each query on a new `Store`/service, median of 3, against "
+             "a store holding the same rows written fresh, in the same run. Targets: each ≤ 1.5×; the log's "
+             "entries bounded by the retention, not the commit count.", "",
+             "| commits | log entries (fresh) | versions past checkpoint | " + " | ".join(names)
+             + " | follow, per commit |", "|---:|---:|---:|" + "---:|" * (len(names) + 1)]
+    for r in rows:
+        cells = [f"{r['aged'][k] * 1000:.1f} ms ({r['aged'][k] / r['compacted'][k]:.2f}×)" for k in names]
+        lines.append(f"| {r['commits']:,} | {r['log_entries']:,} ({r['fresh_log_entries']}) | {r['lag']} | "
+                     + " | ".join(cells) + f" | {r['aged']['follow/commit'] * 1000:.1f} ms |")
+    worst = max(r["aged"][k] / r["compacted"][k] for r in rows for k in names)
+    lines += ["", f"Worst ratio {worst:.2f}× ({'PASS' if worst <= 1.5 else '**FAIL**'}). Writers (`add_batch` + "
+              "`flush` of 64 steps): " + "; ".join(
+                  f"{r['commits']:,} commits in {r['wall_s']:.0f} s: median {r['lat_median_ms']:.1f} ms, p99 "
+                  f"{r['lat_p99_ms']:.1f} ms" for r in rows) + ".",
+              "", f"Machine: {cpu_model()}, {os.cpu_count()} cores (shared; load average {load_average()}); "
+              f"trajstore commit {machine_info(REPO)['trajstore commit']}."]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--commits", type=int, nargs="+", default=[10, 100, 1000, 3000])
     parser.add_argument("--work", type=Path, default=None, help="folder for the stores (default: a temporary one)")
+    parser.add_argument("--writers", type=int, default=WRITERS, help=f"writer processes (default {WRITERS})")
+    parser.add_argument("--retention", default=None, help="the stores' log retention, e.g. 10m (issue 49)")
+    parser.add_argument("--spacing", default="3s", help="with --retention: the time between commits simulated")
+    parser.add_argument("--rate", type=float, default=20.0,
+                        help="with --retention: commits/s expected here, to place the last entry at the run's end")
     output_options(parser, "runs up to 1,000 commits or more", check=False)
     args = parser.parse_args()
     if args.work is not None:
         args.work.mkdir(parents=True, exist_ok=True)
+    from trajstore.durations import seconds
+
     with tempfile.TemporaryDirectory(dir=args.work) as work:
-        rows, off = run(sorted(args.commits), Path(work))
+        rows, off = run(sorted(args.commits), Path(work), writers=args.writers, retention=args.retention,
+                        spacing_s=seconds(args.spacing, "spacing"), rate=args.rate)
     out = args.out or (REPO / "docs" / "benchmarks.md" if max(args.commits) >= 1000 else None)
-    publish(out, "commits", report(rows, off))
+    if args.retention:
+        publish(out, "commits-retention", retention_report(rows, args))
+    else:
+        publish(out, "commits", report(rows, off))
 
 
 if __name__ == "__main__":

@@ -143,3 +143,44 @@ def test_a_first_writer_on_a_new_store_waits_no_back_off(tmp_path: Path, monkeyp
         w.add_batch(make_batch(np.random.default_rng(0), T=4, B=2))
     assert store.sql("SELECT count(*) AS n FROM steps")["n"].to_pylist() == [8]
     assert waited == []
+
+
+# --- a checkpoint gone while it is read ------------------------------------------------------------------------------
+# A clean-up after a checkpoint removes the older checkpoint and the entries behind it once they are older than the
+# log's retention (issue 49), while a reader that listed the log before the new checkpoint may be reading them:
+# deltalake then finds a checkpoint it listed, or the one `_last_checkpoint` names, not there. The tests make that
+# for real: the checkpoint's file is moved out of the log, and put back while trajstore reads again.
+
+
+@contextmanager
+def _checkpoint_missing(store: trajstore.Store, *, back_after: float | None) -> Iterator[None]:
+    log_dir = steps_table(store).path / "_delta_log"
+    (checkpoint,) = log_dir.glob("*.checkpoint.parquet")
+    aside = steps_table(store).path / "aside.parquet"
+    checkpoint.rename(aside)
+    timer = threading.Timer(back_after or 0.0, os.link, (aside, checkpoint))
+    if back_after is not None:
+        timer.start()
+    try:
+        yield
+    finally:
+        if back_after is None:
+            os.link(aside, checkpoint)
+        else:
+            timer.join()
+        aside.unlink()
+
+
+def test_a_reader_and_a_writer_that_meet_a_checkpoint_gone_read_again(store: trajstore.Store) -> None:
+    for e in range(1, 5):
+        steps_table(store).append(rows(episode_id=e), run_id="r", env_id="E")
+    assert steps_table(store).log.checkpoint_if_due(interval=1) is not None
+    with _checkpoint_missing(store, back_after=0.3):
+        assert _episodes(store) == [e for e in range(1, 5) for _ in range(4)]
+    with _checkpoint_missing(store, back_after=0.3):
+        steps_table(store).append(rows(episode_id=5), run_id="r", env_id="E")
+    assert _episodes(store) == [e for e in range(1, 6) for _ in range(4)]
+    with _checkpoint_missing(store, back_after=None):  # missing for good: an error naming the log, not a wait
+        with pytest.raises(trajstore.errors.StoreDamagedError, match="commit log of .* cannot be read"):
+            steps_table(store).log.latest_number()
+    assert check(store).ok

@@ -70,6 +70,10 @@ APPEND_RETRIES = 100  # an append's tries while other writers keep committing fi
 UNSURE_KEPT = 10_000  # appends that raised, remembered until they are sent again
 LISTING_RETRIES = 12  # reads of the log while its listing misses an entry another writer was making (~1 s in all)
 GAP = "Expected contiguous commit files"  # deltalake's error for a log listed with a version missing
+# deltalake's errors for a log file gone between its listing and its read: removed by a clean-up behind a newer
+# checkpoint than the listing saw (a checkpoint's parquet, or the entries it stands for)
+CLEANED_UP = re.compile(r"_delta_log/\d{20}\.(?:json|checkpoint[.\w-]*\.parquet) not found"
+                        r"|File not found: \S*_delta_log/\d{20}\.|didn't find any checkpoints")
 MARKED_STEP = 100  # versions whose entries are read to carry "no deletion vector" forward (more: deltalake is asked)
 
 
@@ -622,6 +626,8 @@ class Log:
                 if not _listing_race(exc):
                     raise
                 last = exc
+        if last is not None and GAP not in str(last):  # a file the log names still missing: not a race
+            raise last
         listed = " and ".join(re.findall(r"\bversion: (\d+)", str(last))[:2])
         listed = f"versions {listed}" if listed else "two versions"
         raise StoreDamagedError(f"the commit log of {self.uri} lists {listed} but not those between them (listed "
@@ -983,8 +989,10 @@ def _ms(value: object) -> int:
 
 
 def _listing_race(exc: BaseException) -> bool:
-    """Whether ``exc`` is deltalake finding a version missing between two it listed in the log. Each version's entry
-    is made whole (put if absent) and none after the last checkpoint is removed, so while other writers commit this
-    is a listing that missed an entry made as it ran (a directory listing need not show those), not damage: reading
-    the log again finds it."""
-    return isinstance(exc, DeltaError) and GAP in str(exc)
+    """Whether ``exc`` is deltalake finding a version missing between two it listed in the log, or a log file it
+    listed gone when it read it. Each version's entry is made whole (put if absent) and none after the last
+    checkpoint is removed, so while other writers commit the first is a listing that missed an entry made as it ran
+    (a directory listing need not show those), not damage; the second, a clean-up (after a newer checkpoint than the
+    listing saw) removing the older checkpoint and entries as they were read. Reading the log again finds the
+    entry, or the newer checkpoint."""
+    return isinstance(exc, DeltaError) and (GAP in str(exc) or CLEANED_UP.search(str(exc)) is not None)

@@ -194,8 +194,9 @@ def report(rows: list[dict[str, Any]], interval: str, target_store: str) -> str:
     lines = ["## Many actors, one service" + (" on s3://" if s3 else "") + " (issue 49)", "",
              f"`python benchmarks/bench_actors.py` (see its docstring), store: {target_store}, commit interval "
              f"{interval}. K actors (threads with a `RemoteWriter` each) flush 128 CartPole-sized steps per request "
-             "into one `trajstore serve` (a process of its own); the baseline is one local `Writer` storing the same "
-             "rows in the same run.", "",
+             "into one `trajstore serve` (a process of its own); the baseline is one `Writer` in the benchmark's "
+             "process storing the same rows in " + ("an s3:// store of the same server" if s3 else "a local store")
+             + " in the same run.", "",
              "| K | steps stored | stored steps/s | " + ("vs local, same run (≥ 50%) | " if s3 else "")
              + f"vs one local Writer | commits/s (≤ {limit:g}) | ack p50 | ack p99 (≤ 2 s) | CPU: service / actors | "
              "service RSS, 1st / 2nd half | errors |",
@@ -207,7 +208,7 @@ def report(rows: list[dict[str, Any]], interval: str, target_store: str) -> str:
                      f"{r['p99'] * 1000:.0f} ms | {r['cpu']:.1f} / {r['actors_cpu']:.1f} s | "
                      f"{r['rss1']:.0f} / {r['rss2']:.0f} MiB | "
                      f"{r['n_errors']} |")
-    lines += ["", "Baseline (one local `Writer`, same rows, same run): " + "; ".join(
+    lines += ["", "Baseline (one `Writer`, same rows, same run): " + "; ".join(
         f"K={r['k']:,}: {r['baseline']:,.0f} steps/s" for r in rows) + "."]
     targets = [r for r in rows if r["k"] >= 256]
     if targets:

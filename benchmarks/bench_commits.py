@@ -20,9 +20,9 @@ that is at most 1,000 commits also with it off (``TRAJSTORE_COMPACT_SMALL_FILES=
 
 With ``--retention``, the store is created with that log retention (``trajstore.open(..., log_retention=)``) and the
 writers' own upkeep checkpoints and removes expired entries as it would in service. A store reaches 20,000 commits in
-hours or days, a run here in minutes: so that an entry's age is what it would be, each entry of ``_delta_log`` is given,
-as it lands, the modification time version ``v`` would have had if the commits had come every ``--spacing`` (3 s:
-20,000 commits over ~17 hours; Delta's log clean-up reads an entry's age from it) and the last one now. Reported
+hours or days, a run here in minutes: so that an entry's age is what it would be, whenever a version lands every entry
+of ``_delta_log`` is given the modification time it would have if the commits had come every ``--spacing`` (3 s:
+20,000 commits over ~17 hours; Delta's log clean-up reads an entry's age from it), the latest one now. Reported
 besides: the ``_delta_log`` entries of each store at the end (target: bounded by the retention, about
 retention / spacing + a checkpoint interval, not the commit count) and each query within 1.5× the fresh store.
 """
@@ -85,13 +85,12 @@ def _writer(path: str, worker: int, commits: int, start: float, env: dict[str, s
 
 
 class Ageing:
-    """Gives each ``_delta_log`` entry of the store at ``path``, as it lands, the modification time its version would
-    have had with commits every ``spacing_s`` seconds, the ``commits``-th landing at the end of the run (estimated at
-    ``ends``): what Delta's log clean-up reads an entry's age from."""
+    """Keeps each ``_delta_log`` entry of the store at ``path`` as old as it would be if the commits came every
+    ``spacing_s`` seconds: whenever a version lands, version ``v``'s files are given the modification time
+    ``now - (latest - v) * spacing_s`` (what Delta's log clean-up reads an entry's age from)."""
 
-    def __init__(self, path: Path, commits: int, spacing_s: float, ends: float) -> None:
-        self.log, self.origin, self.spacing = path / "steps" / "_delta_log", ends - commits * spacing_s, spacing_s
-        self.seen: set[str] = set()
+    def __init__(self, path: Path, spacing_s: float) -> None:
+        self.log, self.spacing, self.latest = path / "steps" / "_delta_log", spacing_s, -1
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -101,16 +100,18 @@ class Ageing:
             self.age()
 
     def age(self) -> None:
-        for entry in os.scandir(self.log):
-            head = entry.name.split(".", 1)[0]
-            if entry.name in self.seen or not head.isdigit() or not entry.name.endswith((".json", ".parquet")):
-                continue
-            when = self.origin + int(head) * self.spacing
+        entries = [(int(e.name.split(".", 1)[0]), e.path) for e in os.scandir(self.log)
+                   if e.name.split(".", 1)[0].isdigit() and e.name.endswith((".json", ".parquet"))]
+        latest = max((v for v, _ in entries), default=-1)
+        if latest == self.latest:
+            return
+        self.latest, now = latest, time.time()
+        for version, path in entries:
+            when = now - (latest - version) * self.spacing
             try:
-                os.utime(entry.path, (when, when))
-            except FileNotFoundError:  # removed by a clean-up already
-                continue
-            self.seen.add(entry.name)
+                os.utime(path, (when, when))
+            except FileNotFoundError:  # removed by a clean-up meanwhile
+                pass
 
     def close(self) -> None:
         self._stop.set()
@@ -124,16 +125,15 @@ def log_entries(path: Path) -> int:
 
 
 def write_store(path: Path, commits: int, *, upkeep: bool, writers: int = WRITERS, retention: str | None = None,
-                spacing_s: float = 3.0, expect_s: float = 0.0) -> dict[str, Any]:
+                spacing_s: float = 3.0) -> dict[str, Any]:
     """``commits`` commits from ``writers`` processes at once; their latencies and the wall time. With
-    ``retention``, the store keeps its log that long and its entries are aged (:class:`Ageing`) over a run
-    expected to take ``expect_s``."""
+    ``retention``, the store keeps its log that long and its entries are aged (:class:`Ageing`)."""
     trajstore.open(path, create=True, log_retention=retention)
     env = {} if upkeep else {"TRAJSTORE_COMPACT_SMALL_FILES": "0"}
     ctx = mp.get_context("spawn")  # deltalake's runtime does not survive fork
     out = ctx.Queue()
     start = time.time() + 3.0
-    ageing = Ageing(path, commits, spacing_s, start + expect_s) if retention else None
+    ageing = Ageing(path, spacing_s) if retention else None
     share = [commits // writers + (i < commits % writers) for i in range(writers)]
     procs = [ctx.Process(target=_writer, args=(str(path), i, share[i], start, env, out)) for i in range(writers)]
     for p in procs:
@@ -217,12 +217,11 @@ def same_rows(path: Path, other: Path) -> None:
 
 
 def run(points: list[int], work: Path, *, writers: int = WRITERS, retention: str | None = None,
-        spacing_s: float = 3.0, rate: float = 20.0) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        spacing_s: float = 3.0) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     rows = []
     for n in points:
         path = work / f"c{n}"
-        written = write_store(path, n, upkeep=True, writers=writers, retention=retention, spacing_s=spacing_s,
-                              expect_s=n / rate)
+        written = write_store(path, n, upkeep=True, writers=writers, retention=retention, spacing_s=spacing_s)
         store = trajstore.open(path)
         files, version, lag = len(store.maintain.files()), store.version, plumbing(store).log_lag()[1]
         fresh_copy(path, work / f"c{n}-fresh")
@@ -315,8 +314,6 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=WRITERS, help=f"writer processes (default {WRITERS})")
     parser.add_argument("--retention", default=None, help="the stores' log retention, e.g. 10m (issue 49)")
     parser.add_argument("--spacing", default="3s", help="with --retention: the time between commits simulated")
-    parser.add_argument("--rate", type=float, default=20.0,
-                        help="with --retention: commits/s expected here, to place the last entry at the run's end")
     output_options(parser, "runs up to 1,000 commits or more", check=False)
     args = parser.parse_args()
     if args.work is not None:
@@ -325,7 +322,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(dir=args.work) as work:
         rows, off = run(sorted(args.commits), Path(work), writers=args.writers, retention=args.retention,
-                        spacing_s=seconds(args.spacing, "spacing"), rate=args.rate)
+                        spacing_s=seconds(args.spacing, "spacing"))
     out = args.out or (REPO / "docs" / "benchmarks.md" if max(args.commits) >= 1000 else None)
     if args.retention:
         publish(out, "commits-retention", retention_report(rows, args))

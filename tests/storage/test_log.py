@@ -8,7 +8,7 @@ import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -50,22 +50,27 @@ def _entry(store: trajstore.Store, version: int) -> Path:
 
 
 @contextmanager
-def _missing(store: trajstore.Store, version: int, *, back_after: float | None) -> Iterator[None]:
-    """Version ``version``'s log entry out of the log; put back (never over another) after ``back_after`` seconds,
-    or on leaving when None."""
-    entry, aside = _entry(store, version), steps_table(store).path / "aside.json"
-    entry.rename(aside)
-    timer = threading.Timer(back_after or 0.0, os.link, (aside, entry))
+def _out_of_log(store: trajstore.Store, path: Path, *, back_after: float | None) -> Iterator[None]:
+    """The log's file ``path`` out of the log; put back (never over another) after ``back_after`` seconds, or on
+    leaving when None."""
+    aside = steps_table(store).path / f"aside{path.suffix}"
+    path.rename(aside)
+    timer = threading.Timer(back_after or 0.0, os.link, (aside, path))
     if back_after is not None:
         timer.start()
     try:
         yield
     finally:
         if back_after is None:
-            os.link(aside, entry)
+            os.link(aside, path)
         else:
             timer.join()
         aside.unlink()
+
+
+def _missing(store: trajstore.Store, version: int, *, back_after: float | None) -> Any:
+    """Version ``version``'s log entry out of the log (:func:`_out_of_log`)."""
+    return _out_of_log(store, _entry(store, version), back_after=back_after)
 
 
 def _episodes(store: trajstore.Store) -> list[int]:
@@ -152,23 +157,10 @@ def test_a_first_writer_on_a_new_store_waits_no_back_off(tmp_path: Path, monkeyp
 # for real: the checkpoint's file is moved out of the log, and put back while trajstore reads again.
 
 
-@contextmanager
-def _checkpoint_missing(store: trajstore.Store, *, back_after: float | None) -> Iterator[None]:
-    log_dir = steps_table(store).path / "_delta_log"
-    (checkpoint,) = log_dir.glob("*.checkpoint.parquet")
-    aside = steps_table(store).path / "aside.parquet"
-    checkpoint.rename(aside)
-    timer = threading.Timer(back_after or 0.0, os.link, (aside, checkpoint))
-    if back_after is not None:
-        timer.start()
-    try:
-        yield
-    finally:
-        if back_after is None:
-            os.link(aside, checkpoint)
-        else:
-            timer.join()
-        aside.unlink()
+def _checkpoint_missing(store: trajstore.Store, *, back_after: float | None) -> Any:
+    """The log's one checkpoint out of the log (:func:`_out_of_log`)."""
+    (checkpoint,) = (steps_table(store).path / "_delta_log").glob("*.checkpoint.parquet")
+    return _out_of_log(store, checkpoint, back_after=back_after)
 
 
 def test_a_reader_and_a_writer_that_meet_a_checkpoint_gone_read_again(store: trajstore.Store) -> None:

@@ -22,9 +22,13 @@ With ``--retention``, the store is created with that log retention (``trajstore.
 writers' own upkeep checkpoints and removes expired entries as it would in service. A store reaches 20,000 commits in
 hours or days, a run here in minutes: so that an entry's age is what it would be, whenever a version lands every entry
 of ``_delta_log`` is given the modification time it would have if the commits had come every ``--spacing`` (3 s:
-20,000 commits over ~17 hours; Delta's log clean-up reads an entry's age from it), the latest one now. Reported
-besides: the ``_delta_log`` entries of each store at the end (target: bounded by the retention, about
-retention / spacing + a checkpoint interval, not the commit count) and each query within 1.5× the fresh store.
+20,000 commits over ~17 hours; Delta's log clean-up reads an entry's age from it), the latest one now. A
+tombstone's age (a file a compaction replaced) is the time written in its entry, which cannot be moved: so the store
+then rests for its retention and one writer makes a checkpoint interval's commits (:func:`rest`), after which it holds
+the tombstones a store written over those hours would; the queries are measured right after the writers stop too.
+Reported besides: the ``_delta_log`` entries of each store at the end (target: bounded by the retention, about
+retention / spacing + a checkpoint interval, not the commit count), the tombstones in its checkpoint, and each query
+within 1.5× the fresh store.
 """
 
 from __future__ import annotations
@@ -124,10 +128,23 @@ def log_entries(path: Path) -> int:
     return sum(1 for name in os.listdir(path / "steps" / "_delta_log") if name.endswith(".json") and name[0].isdigit())
 
 
+def tombstones(path: Path) -> int:
+    """The ``remove`` actions (files replaced by a compaction, kept as tombstones) of the newest checkpoint of a
+    store's steps table."""
+    import pyarrow.parquet as pq
+
+    checkpoints = sorted((path / "steps" / "_delta_log").glob("*.checkpoint.parquet"))
+    if not checkpoints:
+        return 0
+    removes = pq.read_table(checkpoints[-1], columns=["remove"])["remove"]
+    return len(removes) - removes.null_count
+
+
 def write_store(path: Path, commits: int, *, upkeep: bool, writers: int = WRITERS, retention: str | None = None,
-                spacing_s: float = 3.0) -> dict[str, Any]:
-    """``commits`` commits from ``writers`` processes at once; their latencies and the wall time. With
-    ``retention``, the store keeps its log that long and its entries are aged (:class:`Ageing`)."""
+                spacing_s: float = 3.0, first_worker: int = 0) -> dict[str, Any]:
+    """``commits`` commits from ``writers`` processes at once (worker ids from ``first_worker`` on); their
+    latencies and the wall time. With ``retention``, the store keeps its log that long and its entries are aged
+    (:class:`Ageing`)."""
     trajstore.open(path, create=True, log_retention=retention)
     env = {} if upkeep else {"TRAJSTORE_COMPACT_SMALL_FILES": "0"}
     ctx = mp.get_context("spawn")  # deltalake's runtime does not survive fork
@@ -135,7 +152,8 @@ def write_store(path: Path, commits: int, *, upkeep: bool, writers: int = WRITER
     start = time.time() + 3.0
     ageing = Ageing(path, spacing_s) if retention else None
     share = [commits // writers + (i < commits % writers) for i in range(writers)]
-    procs = [ctx.Process(target=_writer, args=(str(path), i, share[i], start, env, out)) for i in range(writers)]
+    procs = [ctx.Process(target=_writer, args=(str(path), first_worker + i, share[i], start, env, out))
+             for i in range(writers)]
     for p in procs:
         p.start()
     results = [out.get(timeout=4 * 3600) for _ in procs]
@@ -147,6 +165,21 @@ def write_store(path: Path, commits: int, *, upkeep: bool, writers: int = WRITER
     return {"wall_s": max(time.time() - start, 0.0), "lat_median_ms": 1000 * statistics.median(lat),
             "lat_p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))],
             "compactions": sum(r["compactions"] for r in results), "errors": [e for r in results for e in r["errors"]]}
+
+
+def rest(path: Path, retention: str, spacing_s: float, *, first_worker: int) -> None:
+    """The store after a pause of its retention and a checkpoint interval's commits by one more writer (its upkeep
+    checkpoints). A tombstone's age (the ``remove`` of a file a compaction replaced) is read from the time written in
+    its log entry, which :class:`Ageing` cannot move: right after the run, the tombstones of its last ``retention``
+    of real time are still within the retention, where in the commits' simulated time only the last ``retention``'s
+    would be. After the pause they are gone, as they would be in that time, and the commits of the pause's end
+    leave tombstones of their own, as a live store's last minutes do."""
+    from trajstore.durations import seconds
+
+    time.sleep(seconds(retention, "retention"))
+    interval = trajstore.open(path).maintain.log_retention().checkpoint_interval
+    write_store(path, interval, upkeep=True, writers=1, retention=retention, spacing_s=spacing_s,
+                first_worker=first_worker)
 
 
 def _median(fn: Callable[[], Any]) -> float:
@@ -222,14 +255,20 @@ def run(points: list[int], work: Path, *, writers: int = WRITERS, retention: str
     for n in points:
         path = work / f"c{n}"
         written = write_store(path, n, upkeep=True, writers=writers, retention=retention, spacing_s=spacing_s)
+        at_once = None
+        if retention is not None:
+            at_once = {**measure(path), "tombstones": tombstones(path)}
+            rest(path, retention, spacing_s, first_worker=writers)
         store = trajstore.open(path)
         files, version, lag = len(store.maintain.files()), store.version, plumbing(store).log_lag()[1]
         fresh_copy(path, work / f"c{n}-fresh")
         same_rows(path, work / f"c{n}-fresh")
         rows.append({"commits": n, "files": files, "version": version, "lag": lag, **written,
-                     "log_entries": log_entries(path), "fresh_log_entries": log_entries(work / f"c{n}-fresh"),
+                     "log_entries": log_entries(path), "tombstones": tombstones(path),
+                     "fresh_log_entries": log_entries(work / f"c{n}-fresh"),
                      "fresh_version": trajstore.open(work / f"c{n}-fresh").version,
-                     "aged": measure(path), "compacted": measure(work / f"c{n}-fresh")})
+                     "aged": measure(path), "compacted": measure(work / f"c{n}-fresh"),
+                     **({} if at_once is None else {"at_once": at_once})})
         print(json.dumps(rows[-1]), flush=True)
         shutil.rmtree(work / f"c{n}-fresh")
         shutil.rmtree(path)
@@ -288,20 +327,28 @@ def retention_report(rows: list[dict[str, Any]], args: argparse.Namespace) -> st
              f"`python benchmarks/bench_commits.py --commits {' '.join(str(r['commits']) for r in rows)} --retention "
              f"{args.retention} --writers {args.writers}` (see its docstring): {args.writers} writer processes commit "
              f"batches of 64 steps into a store created with a {args.retention} log retention, each log entry aged as "
-             f"if the commits came every {args.spacing}; each query on a new `Store`/service, median of 3, against "
-             "a store holding the same rows written fresh, in the same run. Targets: each ≤ 1.5×; the log's "
-             "entries bounded by the retention, not the commit count.", "",
-             "| commits | log entries (fresh) | versions past checkpoint | " + " | ".join(names)
-             + " | follow, per commit |", "|---:|---:|---:|" + "---:|" * (len(names) + 1)]
+             f"if the commits came every {args.spacing}; then the store rests for its retention and one writer makes "
+             "a checkpoint interval's commits (the tombstones' own age is real time, which the ageing cannot move). "
+             "Each query on a new `Store`/service, median of 3, against a store holding the same rows written fresh, "
+             "in the same run; the ratio right after the writers stopped is given too. Targets: each ≤ 1.5×; the "
+             "log's entries bounded by the retention, not the commit count.", "",
+             "| commits | log entries (fresh) | versions past checkpoint | tombstones in the checkpoint | "
+             + " | ".join(names) + " | follow, per commit |", "|---:|---:|---:|---:|" + "---:|" * (len(names) + 1)]
     for r in rows:
         cells = [f"{r['aged'][k] * 1000:.1f} ms ({r['aged'][k] / r['compacted'][k]:.2f}×)" for k in names]
         lines.append(f"| {r['commits']:,} | {r['log_entries']:,} ({r['fresh_log_entries']}) | {r['lag']} | "
-                     + " | ".join(cells) + f" | {r['aged']['follow/commit'] * 1000:.1f} ms |")
+                     f"{r['tombstones']:,} | " + " | ".join(cells) + f" | {r['aged']['follow/commit'] * 1000:.1f} ms |")
     worst = max(r["aged"][k] / r["compacted"][k] for r in rows for k in names)
-    lines += ["", f"Worst ratio {worst:.2f}× ({'PASS' if worst <= 1.5 else '**FAIL**'}). Writers (`add_batch` + "
-              "`flush` of 64 steps): " + "; ".join(
+    lines += ["", f"Worst ratio {worst:.2f}× ({'PASS' if worst <= 1.5 else '**FAIL**'})."]
+    for r in rows:
+        if "at_once" in r:
+            lines += ["", f"Right after the writers stopped ({r['commits']:,} commits; {r['at_once']['tombstones']:,} "
+                      "tombstones in the checkpoint): " + ", ".join(
+                          f"{k} {r['at_once'][k] * 1000:.1f} ms ({r['at_once'][k] / r['compacted'][k]:.2f}×)"
+                          for k in names) + "."]
+    lines += ["", "Writers (`add_batch` + `flush` of 64 steps): " + "; ".join(
                   f"{r['commits']:,} commits in {r['wall_s']:.0f} s: median {r['lat_median_ms']:.1f} ms, p99 "
-                  f"{r['lat_p99_ms']:.1f} ms" for r in rows) + ".",
+                  f"{r['lat_p99_ms']:.1f} ms, {r['compactions']:,} compactions" for r in rows) + ".",
               "", f"Machine: {cpu_model()}, {os.cpu_count()} cores (shared; load average {load_average()}); "
               f"trajstore commit {machine_info(REPO)['trajstore commit']}."]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -21,6 +22,7 @@ from trajstore.storage.retention import oldest_readable
 LOG = "delta.logRetentionDuration"
 INTERVAL = "delta.checkpointInterval"
 KEYS = "delta.setTransactionRetentionDuration"
+TOMBSTONES = "delta.deletedFileRetentionDuration"
 
 
 def properties(path: Path) -> dict[str, str]:
@@ -43,7 +45,7 @@ def test_a_new_store_gets_trajstores_retention_as_delta_properties(store: trajst
     write(store, 1)
     for table in ("steps", "runs"):
         assert {k: v for k, v in properties(store.root / table).items() if k.startswith("delta.")} == \
-            {LOG: "interval 7 days", INTERVAL: "25", KEYS: "interval 7 days"}, table
+            {LOG: "interval 7 days", INTERVAL: "25", KEYS: "interval 7 days", TOMBSTONES: "interval 7 days"}, table
     kept = store.maintain.log_retention()
     assert (kept.log_s, kept.checkpoint_interval, kept.oldest) == (7 * 86400, 25, 0)
     assert "steps: 7d of log entries, a checkpoint every 25 versions; versions 0.." in kept.format()
@@ -71,7 +73,8 @@ def test_log_retention_is_given_at_creation_and_set_later(tmp_path: Path) -> Non
     for table in ("steps", "runs"):
         assert (properties(store.root / table)[LOG], properties(store.root / table)[INTERVAL]) == \
             ("interval 2 hours", "5")
-        assert properties(store.root / table)[KEYS] == "interval 2 hours"
+        assert properties(store.root / table)[KEYS] == properties(store.root / table)[TOMBSTONES] == \
+            "interval 2 hours"
     assert [(t.table, t.rule.log_s, t.rule.checkpoint_interval) for t in report.tables] == \
         [("steps", 7200, 5), ("runs", 7200, 5), ("priorities", 7200, 5)]
     before = store.version
@@ -131,6 +134,36 @@ def test_a_version_older_than_the_retention_is_refused_naming_the_oldest(store: 
     assert history["version"].to_pylist() == list(range(oldest, store.version + 1))  # where it starts
     with pytest.raises(VersionNotFoundError, match=rf"the oldest version it can read is {oldest}"):
         next(store.follow(since=2, timeout=1))
+
+
+def checkpoint_actions(steps: Path) -> dict[str, int]:
+    """The add and remove actions (live files and tombstones) of the table's newest checkpoint."""
+    newest = max((steps / "_delta_log").glob("*.checkpoint.parquet"))
+    table = pq.read_table(newest, columns=["add", "remove"])
+    return {name: len(table) - table[name].null_count for name in ("add", "remove")}
+
+
+def test_files_a_compaction_removed_leave_the_checkpoint_with_the_log_entries(tmp_path: Path) -> None:
+    """Each compaction leaves a tombstone per file it replaced; a store compacted thousands of times would carry them
+    all in every checkpoint (and read them at every open) for Delta's default week, not its log's retention."""
+    store = trajstore.open(tmp_path / "s", create=True, log_retention="1h")
+    assert properties(store.root / "steps")[TOMBSTONES] == "interval 1 hours"  # kept as long as the log
+    write(store, 6)
+    store.maintain.compact()
+    steps = store.root / "steps"
+    DeltaTable(str(steps)).create_checkpoint()
+    assert checkpoint_actions(steps) == {"add": 1, "remove": 6}  # within the retention: kept, the files too
+    assert store.maintain.vacuum(older_than="1h", dry_run=True).files == []
+    rows = store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
+    # the rule another engine (deltalake) set, as ours but of a second: past it, the next checkpoint drops them
+    DeltaTable(str(steps)).alter.set_table_properties({LOG: "interval 1 seconds", TOMBSTONES: "interval 1 seconds",
+                                                       INTERVAL: "2"})
+    time.sleep(1.5)
+    write(store, 2, seed=1)  # the writers' upkeep checkpoints
+    assert checkpoint_actions(steps)["remove"] == 0
+    assert trajstore.open(store.uri).sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == rows + 2 * 8
+    report = trajstore.check(store)
+    assert report.ok and len(report.orphans) == 6  # the replaced files: read by no version, vacuum's to take
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

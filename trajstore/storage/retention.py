@@ -11,7 +11,14 @@ it, and every engine that maintains a Delta table applies the rule from the tabl
   default: 100), which is what lets older entries go and what an open reads instead of them;
 - ``delta.setTransactionRetentionDuration``: how long an app transaction (an ingest request's idempotency key) is
   kept; trajstore sets it to the log's retention, so a retry is recognised as long as the log holds its version (and
-  after that, rows that continue a stored episode are still refused as not continuing it).
+  after that, rows that continue a stored episode are still refused as not continuing it);
+- ``delta.deletedFileRetentionDuration``: how long a checkpoint keeps the ``remove`` tombstone of a file a
+  compaction or a delete replaced, and the horizon other engines' vacuum keeps such files for (Delta's default: 7
+  days). trajstore sets it to the log's retention too: a file removed longer ago than that is needed by no version
+  the log can still read, and a store compacted thousands of times would otherwise carry each of those tombstones in
+  every checkpoint for a week (3,000 small commits under a 10-minute retention left 3,340 tombstones, and deltalake
+  opened the table in 32 ms against 5 ms for a fresh store of the same rows; 7 ms once they went). A longer log
+  retention keeps the files as long, so another engine's vacuum never takes a file a readable version lists.
 
 trajstore's defaults for a new table (:data:`DEFAULT`): a 7-day retention — vacuum's default horizon, so every
 version one can read still has its files, and a week for a learner or a reproduction to pin a version — and a
@@ -40,6 +47,7 @@ from trajstore.errors import InputError
 LOG_RETENTION = "delta.logRetentionDuration"
 CHECKPOINT_INTERVAL = "delta.checkpointInterval"
 TXN_RETENTION = "delta.setTransactionRetentionDuration"
+TOMBSTONE_RETENTION = "delta.deletedFileRetentionDuration"
 DELTA_LOG_RETENTION_S = 30 * 86400.0  # what Delta assumes when a table does not say
 DELTA_CHECKPOINT_INTERVAL = 100
 MINIMUM_S = 60.0  # shorter, a lost answer's commit or a follower a minute behind could not be told from the log
@@ -70,9 +78,11 @@ class Retention:
         return cls(log_s, interval)
 
     def properties(self) -> dict[str, str]:
-        """The table properties that state this rule (the idempotency keys kept as long as the log)."""
+        """The table properties that state this rule (the idempotency keys and removed files' tombstones kept as
+        long as the log)."""
         kept = interval_text(self.log_s)
-        return {LOG_RETENTION: kept, CHECKPOINT_INTERVAL: str(self.checkpoint_interval), TXN_RETENTION: kept}
+        return {LOG_RETENTION: kept, CHECKPOINT_INTERVAL: str(self.checkpoint_interval), TXN_RETENTION: kept,
+                TOMBSTONE_RETENTION: kept}
 
     def describe(self) -> str:
         return f"{text(self.log_s)} of log entries, a checkpoint every {self.checkpoint_interval} versions"

@@ -27,6 +27,14 @@ once; 8 envs and ``--ray-steps`` steps each, flushing every ``TRAJSTORE_FLUSH_BY
 committed by one committer: reported are the flushes (files the workers wrote), the commits that carried them, commits
 per flush round (a round: each worker's flush once; target about 1, where N racing writers would make N) and the
 steps stored per second of the whole rollout.
+
+    python benchmarks/bench_actors.py --actors 256 --waves 5 --out docs/benchmarks.md   # the service's memory
+
+With ``--waves``, K new actors (a run of their own each wave) send ``--rounds`` flushes each into one service, wave
+after wave: each wave's stored steps/s and the service's peak RSS. The halves of one run above compare a service's
+first burst of K concurrent requests (its thread pool, buffers and allocator arenas growing to it) with what follows;
+the waves show whether anything grows with the requests served. Target: every later wave's peak within 10% of the
+first's.
 """
 
 from __future__ import annotations
@@ -224,6 +232,62 @@ def report(rows: list[dict[str, Any]], interval: str, target_store: str) -> str:
     return "\n".join(lines)
 
 
+def _actor(writer: RemoteWriter, batches: list[dict[str, np.ndarray]]) -> None:
+    for b in batches:
+        writer.add_batch(b)
+        writer.flush()
+
+
+def waves_run(uri: str, k: int, rounds: int, waves: int, interval: str) -> list[dict[str, Any]]:
+    """``waves`` times, K new actors (a run of their own each wave) send ``rounds`` flushes each into one service:
+    each wave's stored steps/s and the service's peak RSS during it and after it."""
+    trajstore.open(uri, create=True)
+    service = Service(uri, interval, {})
+    out = []
+    try:
+        for n in range(waves):
+            writers = [RemoteWriter(service.url, api_key=API_KEY, run_id=f"wave-{n}", env_id="CartPole-v1",
+                                    worker_id=f"actor-{i}", flush_bytes=1 << 40) for i in range(k)]
+            batches = [[batch(np.random.default_rng(n * 100_000 + i)) for _ in range(rounds)] for i in range(k)]
+
+            threads = [threading.Thread(target=_actor, args=(w, b), daemon=True) for w, b in zip(writers, batches)]
+            first, t0 = len(service.samples), time.monotonic()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.monotonic() - t0
+            for w in writers:
+                w.close()
+            during = [s for _, s in service.samples[first:]]
+            out.append({"wave": n + 1, "steps_s": k * rounds * STEPS / wall, "peak": max(during, default=0) / 1024,
+                        "after": rss_kib(service.proc.pid) / 1024})
+            print(out[-1], flush=True)
+    finally:
+        service.close()
+    stored = trajstore.open(uri).sql("SELECT count(*) AS n FROM steps")["n"][0].as_py()
+    if stored != waves * k * rounds * STEPS:
+        raise AssertionError(f"{stored} steps stored of {waves * k * rounds * STEPS}")
+    return out
+
+
+def waves_report(rows: list[dict[str, Any]], k: int, rounds: int, interval: str) -> str:
+    worst = max(r["peak"] for r in rows[1:]) / rows[0]["peak"] - 1 if len(rows) > 1 else 0.0
+    lines = ["## Many actors, wave after wave: the service's memory (issue 49)", "",
+             f"`python benchmarks/bench_actors.py --actors {k} --rounds {rounds} --waves {len(rows)}` (see its "
+             f"docstring): {len(rows)} waves of {k} new actors (a run each wave) flush {rounds} × 128 CartPole-sized "
+             f"steps each into one `trajstore serve` (commit interval {interval}), one wave after the other; every "
+             "step checked stored once at the end.", "",
+             "| wave | stored steps/s | service peak RSS during the wave | after it |", "|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['wave']} | {r['steps_s']:,.0f} | {r['peak']:.0f} MiB | {r['after']:.0f} MiB |")
+    lines += ["", f"Target (RSS flat): every later wave's peak within 10% of the first's: {worst:+.1%} "
+              f"({'PASS' if worst <= 0.10 else '**FAIL**'}).",
+              "", f"Machine: {cpu_model()}, {os.cpu_count()} cores (shared with other work; load average "
+              f"{load_average()} at the end); trajstore commit {machine_info(REPO)['trajstore commit']}."]
+    return "\n".join(lines)
+
+
 def ray_run(workers: int, steps: int, interval: str) -> dict[str, Any]:
     """``trajstore.ray.rollout`` with ``workers`` workers into a new local store: flushes, commits, steps/s."""
     os.environ["TRAJSTORE_FLUSH_BYTES"] = str(64 << 10)  # before Ray starts: its workers inherit it
@@ -275,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=["local", "s3"], default="local")
     parser.add_argument("--ray", type=int, nargs="+", default=None, help="worker counts of trajstore.ray.rollout")
     parser.add_argument("--ray-steps", type=int, default=65_536, help="steps per Ray worker (default 65,536)")
+    parser.add_argument("--waves", type=int, default=None, help="with one K: that many waves into one service")
     output_options(parser, "runs of K up to 1,000", check=False)
     args = parser.parse_args(argv)
     rows = []
@@ -282,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = [ray_run(n, args.ray_steps, args.commit_interval) for n in args.ray]
         out = args.out or (REPO / "docs" / "benchmarks.md" if max(args.ray) >= 32 else None)
         publish(out, "actors-ray", ray_report(rows, args.commit_interval))
+        return 0
+    if args.waves:
+        with tempfile.TemporaryDirectory() as work:
+            rows = waves_run(str(Path(work) / "waves"), args.actors[0], args.rounds, args.waves, args.commit_interval)
+        publish(args.out, "actors-waves", waves_report(rows, args.actors[0], args.rounds, args.commit_interval))
         return 0
     with tempfile.TemporaryDirectory() as work:
         s3 = None

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 import threading
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -68,7 +68,7 @@ def _out_of_log(store: trajstore.Store, path: Path, *, back_after: float | None)
         aside.unlink()
 
 
-def _missing(store: trajstore.Store, version: int, *, back_after: float | None) -> Any:
+def _missing(store: trajstore.Store, version: int, *, back_after: float | None) -> AbstractContextManager[None]:
     """Version ``version``'s log entry out of the log (:func:`_out_of_log`)."""
     return _out_of_log(store, _entry(store, version), back_after=back_after)
 
@@ -157,7 +157,7 @@ def test_a_first_writer_on_a_new_store_waits_no_back_off(tmp_path: Path, monkeyp
 # for real: the checkpoint's file is moved out of the log, and put back while trajstore reads again.
 
 
-def _checkpoint_missing(store: trajstore.Store, *, back_after: float | None) -> Any:
+def _checkpoint_missing(store: trajstore.Store, *, back_after: float | None) -> AbstractContextManager[None]:
     """The log's one checkpoint out of the log (:func:`_out_of_log`)."""
     (checkpoint,) = (steps_table(store).path / "_delta_log").glob("*.checkpoint.parquet")
     return _out_of_log(store, checkpoint, back_after=back_after)

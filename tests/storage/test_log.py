@@ -176,3 +176,38 @@ def test_a_reader_and_a_writer_that_meet_a_checkpoint_gone_read_again(store: tra
         with pytest.raises(trajstore.errors.StoreDamagedError, match="commit log of .* cannot be read"):
             steps_table(store).log.latest_number()
     assert check(store).ok
+
+
+def test_the_kept_file_list_follows_every_commit_and_a_table_made_again(tmp_path: Path) -> None:
+    """A table keeps the latest version's file list while the log's newest entry stays the same: another writer's
+    commit, a delete and a table made again in the same folder (its versions numbered as before) are each seen
+    at once, as a fresh read of the log sees them."""
+    import shutil
+
+    path = tmp_path / "store"
+    store = trajstore.open(path, create=True)
+
+    def append(target: trajstore.Store, run_id: str, seed: int) -> None:
+        with target.writer(run_id=run_id, env_id="E") as w:
+            w.add_batch(make_batch(np.random.default_rng(seed), 8, 2))
+
+    def fresh() -> set[str]:  # a table of its own, nothing kept: the log read now
+        return {f.path for f in steps_table(trajstore.open(path)).files()}
+
+    append(store, "a", 0)
+    table = steps_table(store)
+    first = {f.path for f in table.files()}
+    assert {f.path for f in table.files()} == first == fresh() and len(first) == 1
+    append(trajstore.open(path), "b", 1)  # another Store: another writer
+    assert {f.path for f in table.files()} == fresh() and len(fresh()) == 2
+    trajstore.open(path).maintain.delete(run_id="b")  # a commit that removes a file
+    assert {f.path for f in table.files()} == fresh() == first
+    version = trajstore.open(path).version
+    shutil.rmtree(path)
+    again = trajstore.open(path, create=True)
+    for i in range(version + 1):  # as many versions as before
+        append(again, "c", 10 + i)
+        if again.version == version:
+            break
+    assert again.version == version
+    assert {f.path for f in table.files()} == fresh() and {f.run_id for f in table.files()} == {"c"}

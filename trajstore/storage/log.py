@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -341,6 +342,23 @@ class Log:
         said = "" if cause is None or oldest is not None else f": {cause}"
         return VersionNotFoundError(f"version: version {number} can no longer be read (its log entries were cleaned "
                                     f"up): the log keeps {kept} (`trajstore retention`){since}{said}")
+
+    def newest_entry(self) -> tuple[int, int, int, int] | None:
+        """The newest version's entry of a log on a local disk, as (number, inode, mtime in ns, size), without
+        opening the log: a version read before is still the latest while its entry is still the newest (an entry
+        is written once, whole, and never changed; a later commit, or a table made again in the folder, makes
+        another). None for a pinned log, one not on a local disk, or one that cannot be listed."""
+        if self.pinned is not None or not self.location.is_local:
+            return None
+        try:
+            with os.scandir(self.location.path(LOG_DIR)) as entries:
+                newest = max((e for e in entries if ENTRY.match(e.name)), key=lambda e: e.name, default=None)
+            if newest is None:
+                return None
+            found = newest.stat()
+        except OSError:
+            return None
+        return int(newest.name[:20]), found.st_ino, found.st_mtime_ns, found.st_size
 
     def latest_number(self) -> int:
         """The number of the version :meth:`read` gives (-1 before the first commit), whether trajstore can read that

@@ -83,6 +83,7 @@ class StepsTable:
         self.fs = self.location.fs
         self.row_group_rows = row_group_rows
         self.log = Log(self.location, pinned=pinned)
+        self._kept_files: tuple[tuple[int, int, int, int], tuple[DataFile, ...]] | None = None  # see files()
         self._schemas: dict[str, FileSchema] = {}
         self._footers: dict[str, Footer] = {}  # footers read, until a summary keeps them (local, with summaries)
         self._schemas_lock = threading.Lock()
@@ -193,9 +194,20 @@ class StepsTable:
         return self.location.uri
 
     def files(self) -> list[DataFile]:
-        """The committed files of the version the log reads (the latest, or the pinned one)."""
+        """The committed files of the version the log reads (the latest, or the pinned one). On a local disk, the
+        list of the latest version is kept while its log entry is the newest (:meth:`Log.newest_entry`): a read
+        that asks again (a ``stats`` asks twice, a service once per request) lists the log folder instead of
+        opening the log (~0.1 ms against ~5–15 ms)."""
+        entry = self.log.newest_entry()
+        kept = self._kept_files
+        if entry is not None and kept is not None and kept[0] == entry:
+            return list(kept[1])
         version = self.log.read()
-        return [] if version is None else version.files
+        if version is None:
+            return []
+        if entry is not None and version.number == entry[0]:  # else a commit came between: nothing kept
+            self._kept_files = (entry, tuple(version.files))
+        return list(version.files)
 
     def column_names(self, state: TableState | None = None) -> list[str]:
         """Every column name the table's schema holds at the version the log reads (``state``: that version, read

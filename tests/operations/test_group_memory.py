@@ -24,6 +24,7 @@ from tests.helpers import steps_table
 from tests.storage.helpers import episode, rows
 from trajstore.api.app import create_app
 from trajstore.errors import ConflictError, InputError
+from trajstore.operations import group_commit
 from trajstore.operations.continuity import EndsCache, FileEnds, stored_ends
 from trajstore.operations.group_commit import GroupCommitter
 from trajstore.remote.wire import ipc_bytes
@@ -157,3 +158,29 @@ def test_a_key_another_writer_stored_is_recognised(store: trajstore.Store) -> No
         committer.close()
     assert again.duplicate and mine.duplicate
     assert store.sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 5
+
+
+def test_the_changes_of_versions_no_request_waits_on_are_let_go(store: trajstore.Store,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The committer remembers what each of its versions changed (every episode end it made) only while a waiting
+    request or a key look-up may ask: a service serving for hours kept 4,096 versions of them, its memory growing with
+    every request. What it let go still answers: a retry of a request many versions back is a duplicate, its episode
+    continues where it stopped, and a repeat of a step stored versions ago is refused naming it."""
+    monkeypatch.setattr(group_commit, "RECENT_VERSIONS", 2)
+    committer = GroupCommitter(steps_table(store), interval_s=0)
+    try:
+        first = committer.ingest(episode([0, 1]), run_id="r", env_id="E", idempotency_key="first").result(60)
+        for i in range(12):
+            committer.ingest(rows(2, episode_id=100 + i), run_id="r", env_id="E", idempotency_key=f"k{i}").result(60)
+        remembered = sorted(committer._changes)
+        retry = committer.ingest(episode([0, 1]), run_id="r", env_id="E", idempotency_key="first").result(60)
+        goes_on = committer.ingest(episode([2, 3]), run_id="r", env_id="E").result(60)
+        with pytest.raises(InputError, match=r"step: episode_id 7 continues at step 1, but the store holds its steps "
+                                             r"up to 3"):
+            committer.ingest(episode([1]), run_id="r", env_id="E").result(60)
+    finally:
+        committer.close()
+    assert first.version is not None and len(remembered) <= 3 and min(remembered) > first.version + 8, remembered
+    assert retry.duplicate and not goes_on.duplicate
+    assert store.episode_steps(7)["step"].to_pylist() == [0, 1, 2, 3]
+    assert trajstore.check(store).ok

@@ -33,6 +33,7 @@ to answer, :mod:`~trajstore.api.budgets`); a group takes at most ``group_bytes``
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -54,7 +55,8 @@ from trajstore.write.sink import CommitHook
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 30  # tries of one group while other processes keep committing first
-KEPT_VERSIONS = 4096  # versions whose changes the committer remembers for the checks of waiting requests
+KEPT_VERSIONS = 4096  # versions whose changes the committer remembers for the checks of waiting requests, at most
+RECENT_VERSIONS = 64  # and at least, older than the oldest waiting check (a request checked against a stale latest)
 KEPT_PATHS = 100_000  # handed files remembered as committed (a worker that hands one twice is told it is)
 REFRESH_S = 0.05  # how stale the latest version requests are checked against may get (each is checked again)
 REWRITES = frozenset({"compact", "add_column"})  # trajstore's commits that rewrite rows without changing them
@@ -180,6 +182,12 @@ class _Keys:
         self._at = -1  # the version _apps holds (or the last one that could not be read whole)
         self._lock = threading.Lock()
 
+    @property
+    def at(self) -> int:
+        """The version the keys kept are brought forward from (by each later version's change); with none kept, the
+        largest int: nothing to bring forward."""
+        return self._at if self._apps is not None else sys.maxsize
+
     def lookup(self, state: TableState) -> Callable[[str], int | None]:
         """The version (digest) the key of an id holds at ``state`` or later (keys only come, or expire), or None."""
         with self._lock:
@@ -238,6 +246,7 @@ class GroupCommitter:
         self._state_lock = threading.Lock()
         self._changes: dict[int, _Change] = {}  # what each recent version did (its own commits from memory)
         self._changes_lock = threading.Lock()  # taken to change _changes (requests' threads read it too)
+        self._needed_from = 0  # the oldest version whose change waiting requests may still ask for
         self._committed_paths: dict[str, int] = {}  # handed files committed, and their version
         self.ends = EndsCache()  # what each committed file holds of its episodes: its own files' never read
         self._apps = _Keys(table.log, self._change)  # the keys the log holds
@@ -529,6 +538,9 @@ class GroupCommitter:
     def _landed(self, version: int, accepted: list[_Entry], written: list[WrittenFile], ends: Ends) -> None:
         self.commits += 1
         self.groups = [*self.groups[-999:], len(accepted)]
+        with self._wake:  # what waiting requests were checked against: they need the changes since
+            checked = [e.prepared.checked for e in self._waiting if e.prepared is not None]
+        self._needed_from = min([*(c + 1 for c in checked), self._apps.at + 1, version - RECENT_VERSIONS])
         with self._changes_lock:
             self._changes[version] = _Change({e.app[0]: e.app[1] for e in accepted if e.app is not None}, ends=ends)
             self._forget()
@@ -550,6 +562,11 @@ class GroupCommitter:
                 self.upkeep.wrote(run_id, env_id)
 
     def _forget(self) -> None:
+        """Let go of the changes older than any waiting request or key look-up needs (a version's change holds the
+        end of every episode it touched: kept for hours of commits, they grew with every request served), and of
+        all but the last :data:`KEPT_VERSIONS`. A change let go that is asked for again is read from its log entry."""
+        for version in [v for v in self._changes if v < self._needed_from]:
+            del self._changes[version]
         while len(self._changes) > KEPT_VERSIONS:
             del self._changes[min(self._changes)]
 

@@ -174,7 +174,12 @@ def test_the_rest_routes_and_the_client_return_the_dtype(store: trajstore.Store,
     with trajstore.Client(live.url) as client:
         (batch,) = list(client.iter_batches(batch_size=T * B, columns=COLUMNS, env_id=env))
         check_rows(dtype, batch)
-        followed = pa.concat_tables([c.rows for c in client.follow(COLUMNS, env_id=env, since=-1, timeout=1)])
+        chunks = []
+        for commit in client.follow(COLUMNS, env_id=env, since=-1, timeout=60):  # ends on the rows, not an idle wait
+            chunks.append(commit.rows)
+            if sum(c.num_rows for c in chunks) >= T * B:
+                break
+        followed = pa.concat_tables(chunks)
         check_rows(dtype, {c: to_numpy(followed[c]) for c in COLUMNS})  # next_obs and stacks decoded, exact
         got = client.sql("SELECT t, env_index, obs.img AS img FROM steps ORDER BY t, env_index", env_id=env)
         want = expected(dtype, {"t": got["t"].to_numpy(), "env_index": got["env_index"].to_numpy()})

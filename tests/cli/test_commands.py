@@ -256,19 +256,6 @@ def test_serve_on_a_busy_port_is_one_error_line_and_no_banner(demo: Path) -> Non
     assert "in use" in proc.stderr and proc.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("chosen, used", [(None, "jemalloc"), ("system", "system")])
-def test_serve_has_arrow_allocate_with_jemalloc_unless_a_pool_was_chosen(chosen: str | None, used: str) -> None:
-    """Arrow's default allocator (mimalloc) kept what each of the service's request threads freed (its RSS grew
-    ~20 MiB a wave of 1,024 ingest requests, docs/benchmarks.md): ``serve`` picks jemalloc before pyarrow loads."""
-    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
-    if chosen is not None:
-        env["ARROW_DEFAULT_MEMORY_POOL"] = chosen
-    code = ("from trajstore.cli.commands import serving_allocator; serving_allocator(); import pyarrow as pa; "
-            "print(pa.default_memory_pool().backend_name)")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == used, out.stderr
-
-
 @pytest.mark.server
 def test_serve_creates_a_store_only_when_asked(tmp_path: Path) -> None:
     import signal

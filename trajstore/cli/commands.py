@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -375,23 +374,13 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
-def serving_allocator() -> None:
-    """Have Arrow allocate with jemalloc in this process (``ARROW_DEFAULT_MEMORY_POOL``, read once, as pyarrow is
-    first imported: so before that), unless the variable chose a pool already. Arrow's default, mimalloc, keeps a heap
-    per thread, and each of the service's request threads kept what it had freed: ``trajstore serve`` grew ~20 MiB a
-    wave of 1,024 ingest requests (574 -> 821 MiB over 12 waves of 256 actors, docs/benchmarks.md); with jemalloc,
-    404 -> 472 MiB (the C library's allocator did as well: 390 -> 481). A pyarrow built without jemalloc says so
-    once and keeps its default."""
-    if "pyarrow" not in sys.modules:
-        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from trajstore.cli.allocators import serving_allocators
     from trajstore.extras import needed
 
-    serving_allocator()
+    serving_allocators()
 
     with needed("serve", "trajstore serve"):
         import uvicorn

@@ -27,8 +27,9 @@ def serving_allocators() -> None:
     as it loads: :func:`pyarrow.set_memory_pool` afterwards leaves Arrow's C++ readers and writers on mimalloc).
 
     With Arrow's mimalloc, ``trajstore serve`` grew ~20 MiB a wave of 1,024 ingest requests (574 -> 821 MiB over 12
-    waves of 256 actors); with jemalloc, 404 -> 472 MiB, and most of what still grew was glibc's arenas (55 -> 75 MiB
-    over 9 waves, three quarters of it freed but held). A pyarrow built without jemalloc says so once and keeps its default."""
+    waves of 256 actors); with jemalloc, 404 -> 472 MiB, while glibc's arenas still grew (55 -> 75 MiB over 9 waves,
+    three quarters of it freed but held; 51 -> 58 MiB over 15 with the settings here). A pyarrow built without
+    jemalloc says so once and keeps its default."""
     if "pyarrow" not in sys.modules:
         os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
     tune_glibc_malloc()

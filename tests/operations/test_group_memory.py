@@ -184,3 +184,28 @@ def test_the_changes_of_versions_no_request_waits_on_are_let_go(store: trajstore
     assert retry.duplicate and not goes_on.duplicate
     assert store.episode_steps(7)["step"].to_pylist() == [0, 1, 2, 3]
     assert trajstore.check(store).ok
+
+
+def test_keys_past_the_transaction_retention_are_let_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ingest request adds an idempotency key, and the committer kept every key it had seen for as long as it ran
+    (~1,000 more per 1,024 requests, docs/benchmarks.md). A key past the table's transaction retention answers nothing,
+    as in Delta, and is now let go; a retry within the retention is still a duplicate."""
+    monkeypatch.setattr(group_commit, "KEYS_PRUNED_FROM", 8)
+    store = trajstore.open(tmp_path / "store", create=True)
+    committer = GroupCommitter(steps_table(store), interval_s=0)
+    try:
+        for i in range(8):
+            committer.ingest(rows(2, episode_id=100 + i), run_id="r", env_id="E", idempotency_key=f"old{i}").result(60)
+        early = committer.ingest(rows(2, episode_id=107), run_id="r", env_id="E", idempotency_key="old7").result(60)
+        DeltaTable(str(tmp_path / "store" / "steps")).alter.set_table_properties(  # as another engine may, under
+            {"delta.setTransactionRetentionDuration": "interval 1 second"})      # trajstore's minimum of a minute
+        time.sleep(1.1)  # the keys' retention passing, which is what lets them go
+        for i in range(8):
+            committer.ingest(rows(2, episode_id=200 + i), run_id="r", env_id="E", idempotency_key=f"new{i}").result(60)
+        retry = committer.ingest(rows(2, episode_id=207), run_id="r", env_id="E", idempotency_key="new7").result(60)
+        kept = set(committer._apps._apps or {})
+    finally:
+        committer.close()
+    assert early.duplicate and retry.duplicate
+    assert "trajstore-ingest:new7" in kept and not {k for k in kept if k.startswith("trajstore-ingest:old")}, kept
+    assert trajstore.open(store.root).sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 32

@@ -58,6 +58,7 @@ ATTEMPTS = 30  # tries of one group while other processes keep committing first
 KEPT_VERSIONS = 4096  # versions whose changes the committer remembers for the checks of waiting requests, at most
 RECENT_VERSIONS = 64  # and at least, older than the oldest waiting check (a request checked against a stale latest)
 KEPT_PATHS = 100_000  # handed files remembered as committed (a worker that hands one twice is told it is)
+KEYS_PRUNED_FROM = 4_096  # the keys kept before expired ones are first let go (then each time their number doubles)
 REFRESH_S = 0.05  # how stale the latest version requests are checked against may get (each is checked again)
 REWRITES = frozenset({"compact", "add_column"})  # trajstore's commits that rewrite rows without changing them
 _KEYS = frozenset({"episode_id", "step", "terminated", "truncated"})  # what a file's episode ends are made of
@@ -172,7 +173,9 @@ class _Keys:
     from what each committed (``change``: the committer's own commits from memory, another writer's from its log
     entry). A request's key is looked up here, not with deltalake's ``transaction_version``, which reads the
     checkpoint and every entry since on each call. Where the log cannot be read whole, each look-up asks the
-    version itself (:meth:`~trajstore.storage.log.TableState.app_version`)."""
+    version itself (:meth:`~trajstore.storage.log.TableState.app_version`). Keys past the table's transaction
+    retention answer nothing, as in Delta, and are let go once the keys kept have doubled since the last time: every
+    ingest request adds one, so a service serving for days would otherwise keep them all."""
 
     RETRY = 25  # versions until a log that could not be read whole is tried again
 
@@ -180,6 +183,7 @@ class _Keys:
         self._log, self._change = log, change
         self._apps: dict[str, tuple[int, int | None]] | None = None
         self._at = -1  # the version _apps holds (or the last one that could not be read whole)
+        self._prune_at = KEYS_PRUNED_FROM  # the number of keys at which expired ones are next let go
         self._lock = threading.Lock()
 
     @property
@@ -204,6 +208,9 @@ class _Keys:
             if self._apps is None or self._at < state.number:
                 return state.app_version
             apps, kept = self._apps, _kept_ms(state)
+            if kept is not None and len(apps) >= self._prune_at:
+                self._apps = apps = _unexpired(apps, kept)
+                self._prune_at = max(2 * len(apps), KEYS_PRUNED_FROM)
 
         def held(app_id: str) -> int | None:
             found = apps.get(app_id)
@@ -212,6 +219,12 @@ class _Keys:
             return found[0]
 
         return held
+
+
+def _unexpired(apps: dict[str, tuple[int, int | None]], kept_ms: float) -> dict[str, tuple[int, int | None]]:
+    """``apps`` without the keys older than ``kept_ms`` (those without a time are kept, as a look-up answers them)."""
+    oldest = time.time() * 1000 - kept_ms
+    return {k: v for k, v in apps.items() if v[1] is None or v[1] >= oldest}
 
 
 def _kept_ms(state: TableState) -> float | None:

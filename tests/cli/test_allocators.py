@@ -12,9 +12,9 @@ import pytest
 
 # Eight threads hold a 4 KiB block at once (a new thread gets an arena of its own while glibc's limit allows). Then the
 # service's pattern: a 256 KiB buffer freed (which raises glibc's mmap threshold past it), then 200 request bodies of
-# 256 KiB, each followed by a small block that stays, and the bodies freed. Prints the arenas, and the MiB the
-# bodies that got a mapping of their own, and the MiB the process still holds once they are freed: bodies carved from
-# an arena leave holes that the blocks between them keep resident.
+# 256 KiB, each followed by a small block that stays, and the bodies freed. Prints the arenas, the bodies that got a
+# mapping of their own, and the MiB the process still holds once they are freed: bodies carved from an arena leave
+# holes that the blocks between them keep resident.
 PROBE = """
 import ctypes, sys, tempfile, threading
 if sys.argv[1] == "tuned":

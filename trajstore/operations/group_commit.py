@@ -214,7 +214,7 @@ class _Keys:
 
         def held(app_id: str) -> int | None:
             found = apps.get(app_id)
-            if found is None or (kept is not None and found[1] is not None and found[1] < time.time() * 1000 - kept):
+            if found is None or (kept is not None and not _alive(found, _oldest_kept(kept))):
                 return None
             return found[0]
 
@@ -222,9 +222,19 @@ class _Keys:
 
 
 def _unexpired(apps: dict[str, tuple[int, int | None]], kept_ms: float) -> dict[str, tuple[int, int | None]]:
-    """``apps`` without the keys older than ``kept_ms`` (those without a time are kept, as a look-up answers them)."""
-    oldest = time.time() * 1000 - kept_ms
-    return {k: v for k, v in apps.items() if v[1] is None or v[1] >= oldest}
+    """``apps`` without the keys a look-up no longer answers (older than ``kept_ms``)."""
+    oldest = _oldest_kept(kept_ms)
+    return {k: v for k, v in apps.items() if _alive(v, oldest)}
+
+
+def _oldest_kept(kept_ms: float) -> float:
+    """The time (ms) before which an app transaction has expired, now."""
+    return time.time() * 1000 - kept_ms
+
+
+def _alive(key: tuple[int, int | None], oldest_ms: float) -> bool:
+    """Whether a key (its version, the time it was seen) is still kept: one without a time always is."""
+    return key[1] is None or key[1] >= oldest_ms
 
 
 def _kept_ms(state: TableState) -> float | None:

@@ -132,16 +132,18 @@ class Plumbing:
 
     # --- writes a remote writer sends -----------------------------------------------------------------------------
 
-    def ingest(self, rows: pa.Table, *, run_id: str, env_id: str,
-               idempotency_key: str | None = None) -> tuple[str | None, bool]:
+    def ingest(self, rows: pa.Table, *, run_id: str, env_id: str, idempotency_key: str | None = None,
+               idempotency_sequence: int | None = None) -> tuple[str | None, bool]:
         """Append rows already cut into episodes (what a remote writer sends), checked against what is stored;
         returns ``(file, duplicate)``. Rows that do not continue their episodes raise
         :class:`~trajstore.errors.InputError`, a key used before for another request
-        :class:`~trajstore.errors.ConflictError`. See :mod:`trajstore.operations.ingest`. What is appended is
+        :class:`~trajstore.errors.ConflictError` (with ``idempotency_sequence``, the key names a writer and the
+        number one of its requests). See :mod:`trajstore.operations.ingest`. What is appended is
         compacted on a thread of the store's (as writers compact their own)."""
         table = self._engine.table
         table.log.writable("ingest")
-        out = append_rows(table, rows, run_id=run_id, env_id=env_id, idempotency_key=idempotency_key)
+        out = append_rows(table, rows, run_id=run_id, env_id=env_id, idempotency_key=idempotency_key,
+                          idempotency_sequence=idempotency_sequence)
         if out[0] is not None and not out[1] and self._upkeep is not None:
             self._upkeep.wrote(run_id, env_id)
         return out

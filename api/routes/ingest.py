@@ -20,8 +20,9 @@ from starlette.concurrency import run_in_threadpool
 from trajstore.api.budgets import PendingBytes
 from trajstore.api.deps import SettingsDep, require_api_key
 from trajstore.api.problems import problem_response
-from trajstore.errors import BodyTooLargeError, size_text
+from trajstore.errors import BodyTooLargeError, InputError, size_text
 from trajstore.operations.group_commit import GroupCommitter
+from trajstore.operations.ingest import SEQUENCE_LIMIT
 from trajstore.remote.decoded_size import decoded_size
 from trajstore.remote.wire import ARROW_STREAM, read_table
 from trajstore.settings import PREFIX
@@ -37,6 +38,8 @@ class IngestAccess(BaseModel):
                                                "counts it from the body's metadata); 413 beyond")
     encodings: list[int] = Field([1, 2], description="the row encodings the service takes (2: next_obs and frame "
                                                      "stacks stored once, see docs/architecture.md)")
+    idempotency_sequence: bool = Field(True, description="whether the service takes Idempotency-Sequence (a "
+                                                          "writer's requests numbered under one key)")
 
 
 class Ingested(BaseModel):
@@ -52,7 +55,8 @@ class Ingested(BaseModel):
                                             "content": {ARROW_STREAM: {"schema": {"type": "string",
                                                                                   "format": "binary"}}}}},
              responses={200: {"model": Ingested, "description": "already stored under this Idempotency-Key"},
-                        409: problem_response(409, "the Idempotency-Key was already used for another request"),
+                        409: problem_response(409, "the Idempotency-Key (with Idempotency-Sequence: the writer's "
+                                                   "number) was already used for another request"),
                         429: problem_response(429, "the service holds TRAJSTORE_INGEST_PENDING_BYTES of requests "
                                                    "waiting for their commit: send it again after Retry-After"),
                         413: problem_response(413, "a body over TRAJSTORE_MAX_BODY_BYTES (default 256 MiB), refused "
@@ -66,9 +70,18 @@ async def ingest(request: Request, response: Response, settings: SettingsDep,
                  run_id: Annotated[str, Path(description="checked by trajstore.storage.names.check_id, as every "
                                                          "writer's: 422 naming what it may not hold")],
                  env_id: Annotated[str, Query(description="checked as run_id is")],
-                 idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> Ingested:
+                 idempotency_key: Annotated[str | None, Header(max_length=200, description=(
+                     "makes a retry harmless: alone, it names this request (a retry repeats it); with "
+                     "Idempotency-Sequence, it names the writer"))] = None,
+                 idempotency_sequence: Annotated[int | None, Header(ge=0, lt=SEQUENCE_LIMIT, description=(
+                     "this request's number among its writer's (the Idempotency-Key), rising in the order the "
+                     "writer sends them: the store keeps one key per writer, and a number at or below the "
+                     "writer's last stored one is answered as a duplicate"))] = None) -> Ingested:
     check_id(run_id, field="run_id")  # before the body is read: the one rule of every path that writes a run
     check_id(env_id, field="env_id")
+    if idempotency_sequence is not None and idempotency_key is None:
+        raise InputError("Idempotency-Sequence: numbers a writer's requests, so it needs the Idempotency-Key that "
+                         "names the writer")
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith(ARROW_STREAM):
         raise HTTPException(status_code=415, detail=f"content-type: expected {ARROW_STREAM}, got {content_type!r}")
@@ -82,7 +95,7 @@ async def ingest(request: Request, response: Response, settings: SettingsDep,
         rows = await run_in_threadpool(read_rows, body)
         del body
         future = await run_in_threadpool(committer.ingest, rows, run_id=run_id, env_id=env_id,
-                                         idempotency_key=idempotency_key)
+                                         idempotency_key=idempotency_key, idempotency_sequence=idempotency_sequence)
         outcome = await asyncio.wrap_future(future)  # answered once its group's commit landed
     if outcome.duplicate:
         response.status_code = 200  # already stored under this key: nothing new was created

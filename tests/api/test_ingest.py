@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 import trajstore
 from tests.api.helpers import API_KEY, Live, serve, settings_for, steps_batch
+from tests.helpers import steps_table
 from trajstore.api.app import create_app
 from trajstore.remote.client import Client
 from trajstore.remote.wire import ipc_bytes
@@ -71,6 +72,14 @@ def post(c: TestClient | httpx.Client, body: bytes, *, key: str | None = API_KEY
 
 def count(path: Path) -> int:
     return trajstore.open(path).sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py()
+
+
+def app_keys(path: Path) -> list[str]:
+    """The ids of the app transactions (idempotency keys) the store's log holds."""
+    store = trajstore.open(path)
+    found = steps_table(store).log.app_transactions(store.version)
+    assert found is not None
+    return sorted(found)
 
 
 def test_without_a_key_is_401_with_a_challenge(app_client: TestClient, empty: Path) -> None:
@@ -293,6 +302,65 @@ def test_client_retries_idempotent_calls(live_empty: Live, empty: Path) -> None:
 
 
 @pytest.mark.server
+def test_a_remote_writer_numbers_its_requests_under_one_key(live_empty: Live, empty: Path) -> None:
+    """The store keeps one key per writer (Idempotency-Sequence), not one per request, and an answer lost on the way
+    back is still a retry stored once."""
+    real, lost = httpx.HTTPTransport(), {"left": 0, "posts": 0}
+
+    def losing(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            lost["posts"] += 1
+            if lost["left"]:
+                lost["left"] -= 1
+                real.handle_request(request).read()  # the request landed; its answer did not
+                return httpx.Response(503)
+        return real.handle_request(request)
+
+    rng = np.random.default_rng(3)
+    batches = [steps_batch(rng, 10, 2, p_done=0.3) for _ in range(6)]
+    client = Client(live_empty.url, api_key=API_KEY, backoff=0.01, transport=httpx.MockTransport(losing))
+    with RemoteWriter(client, run_id="r", env_id="Toy-v0", flush_bytes=500) as w:
+        for i, b in enumerate(batches):
+            lost["left"] = 1 if i in (2, 4) else 0
+            w.add_batch(b)
+    assert lost["posts"] >= 8  # six requests or more, two of them sent twice
+    assert count(empty) == 6 * 10 * 2
+    assert len(app_keys(empty)) == 1 and app_keys(empty)[0].startswith("trajstore-writer:")
+    assert trajstore.check(trajstore.open(empty)).ok
+
+
+@pytest.mark.parametrize("headers, detail", [
+    ({"Idempotency-Sequence": "0"}, "Idempotency-Sequence: numbers a writer's requests, so it needs the "
+                                    "Idempotency-Key"),
+    ({"Idempotency-Key": "w", "Idempotency-Sequence": "-1"}, "idempotency-sequence"),
+    ({"Idempotency-Key": "w", "Idempotency-Sequence": "4294967296"}, "idempotency-sequence"),
+    ({"Idempotency-Key": "w", "Idempotency-Sequence": "one"}, "idempotency-sequence"),
+])
+def test_a_bad_idempotency_sequence_is_422_naming_it(app_client: TestClient, empty: Path, headers: dict[str, str],
+                                                     detail: str) -> None:
+    answer = app_client.post("/runs/r1/batches", params={"env_id": "Toy-v0"}, content=ipc_bytes(rows()),
+                             headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": ARROW, **headers})
+    assert answer.status_code == 422 and detail in answer.json()["detail"], answer.text
+    assert count(empty) == 0
+
+
+def test_numbered_requests_over_http_are_stored_once_each(app_client: TestClient, empty: Path) -> None:
+    def send(first_id: int, number: int) -> Any:
+        headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": ARROW, "Idempotency-Key": "writer-1",
+                   "Idempotency-Sequence": str(number)}
+        return app_client.post("/runs/r1/batches", params={"env_id": "Toy-v0"},
+                               content=ipc_bytes(rows(first_id=first_id)), headers=headers)
+
+    assert [send(1, 0).status_code, send(10, 1).status_code, send(10, 1).status_code, send(1, 0).status_code] == \
+        [201, 201, 200, 200]
+    conflict = send(20, 1)
+    assert conflict.status_code == 409 and "number 1 of writer 'writer-1' was already used" in \
+        conflict.json()["detail"]
+    assert count(empty) == 30 and app_keys(empty) == ["trajstore-writer:writer-1"]
+    assert app_client.get("/ingest", headers={"Authorization": f"Bearer {API_KEY}"}).json()["idempotency_sequence"]
+
+
+@pytest.mark.server
 def test_cli_rollouts_to_a_service(live_empty: Live, empty: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from trajstore import cli
 
@@ -383,9 +451,12 @@ def test_a_remote_writer_still_writes_to_a_server_without_get_ingest(empty: Path
     for live in serve(app):
         with pytest.raises(trajstore.RemoteError, match="404"):
             Client(live.url, api_key=API_KEY).check_ingest()
-        with RemoteWriter(live.url, api_key=API_KEY, run_id="r", env_id="Toy-v0") as w:
-            w.add_batch(steps_batch(np.random.default_rng(1), 10, 2))
-    assert count(empty) == 20
+        with RemoteWriter(live.url, api_key=API_KEY, run_id="r", env_id="Toy-v0", flush_bytes=500) as w:
+            for _ in range(2):
+                w.add_batch(steps_batch(np.random.default_rng(1), 10, 2))
+    assert count(empty) == 40
+    keys = app_keys(empty)  # a service that does not say it takes Idempotency-Sequence gets a key per request
+    assert len(keys) > 1 and all(k.startswith("trajstore-ingest:") for k in keys)
 
 
 def zstd_body(table: pa.Table) -> bytes:

@@ -20,8 +20,9 @@ table in one process:
   appends are read for the episodes they may hold; a delete means reading again), a request that no longer fits —
   or whose key another request of the group took — is refused alone, and the rest are written as one file per
   partition and format (their rows in the order they came) and committed with the workers' files in **one** Delta
-  commit, each request's idempotency key its own ``txn`` action. Every caller is answered once that commit has
-  landed (:mod:`~trajstore.storage.landing` settles a commit whose answer was lost), or with its own error.
+  commit, each idempotency key its own ``txn`` action (for a writer that numbers its requests, its latest number).
+  Every caller is answered once that commit has landed (:mod:`~trajstore.storage.landing` settles a commit whose
+  answer was lost), or with its own error.
 
 Faults: a commit that lost the race to another process's is planned again on the new version (its files written
 again); one that did not land fails its group, whose files are removed (kept when the log cannot tell, as orphans
@@ -45,7 +46,7 @@ import pyarrow as pa
 
 from trajstore.errors import CommitError, ConflictError, InputError
 from trajstore.operations.continuity import EndsCache, FileEnds, StoredEnd, check_continues
-from trajstore.operations.ingest import LEGACY_DIGEST, IdempotencyKey, Prepared, prepare
+from trajstore.operations.ingest import IdempotencyKey, Prepared, key_of, prepare
 from trajstore.retry import tries
 from trajstore.storage.log import DataFile, Log, LogCommit, TableState, WrittenFile, files_holding
 from trajstore.storage.retention import TXN_RETENTION, interval_seconds
@@ -89,9 +90,8 @@ class _Entry:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
-    def app(self) -> tuple[str, int] | None:
-        key = None if self.prepared is None else self.prepared.key
-        return None if key is None else (key.app_id, key.digest)
+    def key(self) -> IdempotencyKey | None:
+        return None if self.prepared is None else self.prepared.key
 
     def answer(self, outcome: Outcome | BaseException) -> None:
         with self._lock:  # a retry joining from then on is answered at once (:meth:`join`), never left waiting
@@ -127,7 +127,7 @@ Ends = dict[tuple[int, Any], StoredEnd]
 
 @dataclass(frozen=True)
 class _Change:
-    """What one version did that waiting requests care about: the idempotency keys it stored (id -> digest), and
+    """What one version did that waiting requests care about: the idempotency keys it stored (id -> their version), and
     the ends it made of episodes (``ends``: the committer's own commit, known exactly) or its log entry
     (``commit``: another writer's, read when asked)."""
 
@@ -138,8 +138,8 @@ class _Change:
 
 @dataclass
 class _Since:
-    """What the versions since a group's requests were checked did: the keys they stored (id -> (version,
-    digest)), and, in order, the ends each version that touched the group's episodes made (None: it removed rows,
+    """What the versions since a group's requests were checked did: the keys they stored (id -> (the table's version,
+    the key's)), and, in order, the ends each version that touched the group's episodes made (None: it removed rows,
     read the store again)."""
 
     read: Callable[[Sequence[DataFile], np.ndarray], list[StoredEnd]]
@@ -147,7 +147,7 @@ class _Since:
     changes: list[tuple[int, Ends | None]] = field(default_factory=list)
 
     def key(self, app_id: str, *, after: int) -> int | None:
-        """The digest a version after ``after`` stored under ``app_id``, or None."""
+        """The key's version a version after ``after`` stored under ``app_id``, or None."""
         found = self.keys.get(app_id)
         return found[1] if found is not None and found[0] > after else None
 
@@ -193,7 +193,7 @@ class _Keys:
         return self._at if self._apps is not None else sys.maxsize
 
     def lookup(self, state: TableState) -> Callable[[str], int | None]:
-        """The version (digest) the key of an id holds at ``state`` or later (keys only come, or expire), or None."""
+        """The version the key of an id holds at ``state`` or later (keys only come, or expire), or None."""
         with self._lock:
             if self._apps is not None and self._at < state.number:
                 try:
@@ -278,15 +278,16 @@ class GroupCommitter:
 
     # --- what callers hand in ----------------------------------------------------------------------------
 
-    def ingest(self, rows: pa.Table, *, run_id: str, env_id: str,
-               idempotency_key: str | None = None) -> Future[Outcome]:
+    def ingest(self, rows: pa.Table, *, run_id: str, env_id: str, idempotency_key: str | None = None,
+               idempotency_sequence: int | None = None) -> Future[Outcome]:
         """Check ``rows`` (an ingest request, see :func:`~trajstore.operations.ingest.prepare`) on this thread and
         hand them to the next group; the future is answered once that group's commit has landed (a
         :class:`Outcome`), or with the request's own error. A request repeated under its ``idempotency_key`` is
         answered as a duplicate: at once when it is stored, with its first try's commit when that one still waits
-        here; another request under a used key is a :class:`~trajstore.errors.ConflictError`."""
-        key = None if idempotency_key is None else IdempotencyKey.of(idempotency_key, rows, run_id=run_id,
-                                                                    env_id=env_id)
+        here; another request under a used key is a :class:`~trajstore.errors.ConflictError`. With
+        ``idempotency_sequence`` the key names a writer, and the number one of its requests (see
+        :class:`~trajstore.operations.ingest.IdempotencyKey`)."""
+        key = key_of(idempotency_key, idempotency_sequence, rows, run_id=run_id, env_id=env_id)
         if key is not None:
             joined = self._join(key)
             if joined is not None:
@@ -352,13 +353,16 @@ class GroupCommitter:
             thread.join()
 
     def _join(self, key: IdempotencyKey) -> Future[Outcome] | None:
-        """A future answered with the waiting request of ``key`` (a retry of it), if one waits."""
+        """A future answered with the waiting request of ``key`` (a retry of it), if one waits; None also when
+        what waits under a writer's key is another of its requests."""
         with self._wake:
             first = self._keys.get(key.app_id)
-            if first is None:
+            first_key = None if first is None else first.key
+            if first is None or first_key is None or (key.sequence is not None and
+                                                      first_key.sequence != key.sequence):
                 return None
-            if first.app != (key.app_id, key.digest):
-                raise _conflict(key.app_id)
+            if first_key.version != key.version:
+                raise key.conflict()
             joined: Future[Outcome] = Future()
             return joined if first.join(joined) else None
 
@@ -368,8 +372,8 @@ class GroupCommitter:
                 raise CommitError(f"{self.table.uri}: the committer is closed; nothing was stored")
             self._waiting.append(entry)
             self._waiting_bytes += entry.nbytes
-            if entry.app is not None:
-                self._keys.setdefault(entry.app[0], entry)
+            if entry.key is not None:
+                self._keys[entry.key.app_id] = entry  # a writer's latest request
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="trajstore-group-commit", daemon=True)
                 self._thread.start()
@@ -392,8 +396,8 @@ class GroupCommitter:
             finally:
                 with self._wake:
                     for entry in group:
-                        if entry.app is not None and self._keys.get(entry.app[0]) is entry:
-                            del self._keys[entry.app[0]]
+                        if entry.key is not None and self._keys.get(entry.key.app_id) is entry:
+                            del self._keys[entry.key.app_id]
                     if self.commits != commits:
                         self._last_commit = self._clock()
 
@@ -437,7 +441,7 @@ class GroupCommitter:
                     return
                 written, wrote_for = self._write(accepted), accepted
             files = [*written, *(f for e in accepted for f in e.files)]
-            apps = [e.app for e in accepted if e.app is not None]
+            apps = list(_versions(accepted).items())
             try:
                 landed = log_.commit_group(state, files, apps, metadata={"operation": "append",
                                                                          "group": len(accepted)})
@@ -463,18 +467,21 @@ class GroupCommitter:
         for entry in group:
             if entry.future.done():
                 continue
-            app = entry.app
-            if app is not None:
-                stored = since.key(app[0], after=entry.prepared.checked)  # type: ignore[union-attr]
-                if stored is not None or app[0] in apps:
-                    same = app[1] == (stored if stored is not None else apps[app[0]].app[1])  # type: ignore[index]
-                    if stored is None:  # the same request twice in one group: answered with the first
-                        if same:
-                            apps[app[0]].join(entry.future, *entry.joined)
-                        else:
-                            entry.answer(_conflict(app[0]))
-                    else:
-                        entry.answer(Outcome(None, True) if same or stored == LEGACY_DIGEST else _conflict(app[0]))
+            key = entry.key
+            if key is not None:
+                try:
+                    if key.holds(since.key(key.app_id, after=entry.prepared.checked)):  # type: ignore[union-attr]
+                        entry.answer(Outcome(None, True))  # stored by a version since its check
+                        continue
+                    first = apps.get(key.app_id)  # the same key earlier in this group
+                    if first is not None and first.key.version == key.version:  # type: ignore[union-attr]
+                        first.join(entry.future, *entry.joined)  # the same request twice: answered with the first
+                        continue
+                    error = None if first is None else _out_of_turn(key, first.key)  # type: ignore[arg-type]
+                    if error is not None:
+                        raise error
+                except ConflictError as exc:
+                    entry.answer(exc)
                     continue
             if entry.prepared is not None:
                 try:
@@ -488,8 +495,8 @@ class GroupCommitter:
                     continue
                 for end in entry.prepared.spans.ends(run_id=entry.prepared.run_id, env_id=entry.prepared.env_id):
                     made[(end.episode_id, end.agent_id)] = end
-            if app is not None:
-                apps[app[0]] = entry
+            if key is not None:
+                apps[key.app_id] = entry
             accepted.append(entry)
         return accepted, made
 
@@ -505,8 +512,8 @@ class GroupCommitter:
         ids = _sorted(wanted)
         for version in range(min(checked) + 1, state.number + 1):
             change = self._change(version)
-            for app_id, digest in change.apps.items():
-                since.keys[app_id] = (version, digest)
+            for app_id, recorded in change.apps.items():
+                since.keys[app_id] = (version, recorded)
             if change.ends is not None:
                 found = {k: v for k, v in change.ends.items() if k[0] in wanted}
                 if found:
@@ -565,7 +572,7 @@ class GroupCommitter:
             checked = [e.prepared.checked for e in self._waiting if e.prepared is not None]
         self._needed_from = min([*(c + 1 for c in checked), self._apps.at + 1, version - RECENT_VERSIONS])
         with self._changes_lock:
-            self._changes[version] = _Change({e.app[0]: e.app[1] for e in accepted if e.app is not None}, ends=ends)
+            self._changes[version] = _Change(_versions(accepted), ends=ends)
             self._forget()
         with self._state_lock:
             self._state = None  # read again by the next request
@@ -621,7 +628,18 @@ def _merged_schema(group: list[_Entry]) -> pa.Schema:
     return pa.schema(list(fields.values()))
 
 
-def _conflict(app_id: str) -> ConflictError:
-    name = app_id.removeprefix("trajstore-ingest:")
-    return ConflictError(f"idempotency_key: {name!r} was already used for another request (other rows, run_id or "
-                         "env_id); a retry must repeat its request exactly, and new rows need a new key")
+def _versions(accepted: list[_Entry]) -> dict[str, int]:
+    """The app transactions committing ``accepted`` records: each key's id and version (a writer's latest number
+    where the group holds several of its requests)."""
+    return {e.key.app_id: e.key.version for e in accepted if e.key is not None}
+
+
+def _out_of_turn(key: IdempotencyKey, first: IdempotencyKey) -> ConflictError | None:
+    """The error of a request whose key an earlier request of its group holds (another request than it): a
+    conflict, or None when both are numbered requests of one writer in the order it sent them (both committed)."""
+    if key.sequence is None or first.sequence is None or key.sequence == first.sequence:
+        return key.conflict()
+    if key.sequence > first.sequence:
+        return None
+    return ConflictError(f"idempotency_sequence: number {key.sequence} of writer {key.name!r} came after its "
+                         f"number {first.sequence}; a writer sends its requests in the order of their numbers")

@@ -13,7 +13,8 @@ Both hold under concurrency: the rows are checked against one committed version 
 as version V+1 or not at all (a newer commit sends them back to be checked again), so two requests can never
 both append step 5 of one episode; within a process, ingests of one store take turns. The key's app
 transaction records a digest of the request (:func:`request_digest`) in the log, so a retry of the same
-request is a no-op and another request under a used key is refused, even after a restart.
+request is a no-op and another request under a used key is refused, even after a restart. A writer that numbers its
+requests keeps one key for all of them (:class:`IdempotencyKey`).
 """
 
 from __future__ import annotations
@@ -286,16 +287,80 @@ def _cast_to(rows: pa.Table, stored: pa.Schema) -> pa.Table:
     return rows
 
 
+SEQUENCE_LIMIT = 2 ** 32  # a writer's sequence numbers: 0 up to this (a version's bits above its 31 of digest)
+_DIGEST_BITS = 31
+_PLAIN, _SEQUENCED = "trajstore-ingest:", "trajstore-writer:"
+
+
 @dataclass(frozen=True)
 class IdempotencyKey:
-    """A request's key as an app transaction of the log: its id, and the request's digest as its version."""
+    """A request's key as an app transaction of the log (an id, and a version recorded under it).
+
+    A plain key (``Idempotency-Key`` alone) names one request: its id is the key, its version the request's digest
+    (:func:`request_digest`), so the log holds a key per request. A sequenced key (``Idempotency-Key`` naming a
+    writer, ``Idempotency-Sequence`` numbering its requests in the order it sends them, as Kafka's idempotent
+    producers do) is one app transaction per writer: its version is the request's number above 31 bits of its
+    digest, rising with each request as Delta's ``txn`` versions do, so the log holds a key per writer, not per
+    request. :meth:`holds` says what a version recorded under the key means for this request."""
 
     app_id: str
-    digest: int
+    version: int
+    sequence: int | None = None
 
     @classmethod
-    def of(cls, key: str, rows: pa.Table, *, run_id: str, env_id: str) -> IdempotencyKey:
-        return cls(f"trajstore-ingest:{key}", request_digest(rows, run_id=run_id, env_id=env_id))
+    def of(cls, key: str, rows: pa.Table, *, run_id: str, env_id: str,
+           sequence: int | None = None) -> IdempotencyKey:
+        digest = request_digest(rows, run_id=run_id, env_id=env_id)
+        if sequence is None:
+            return cls(_PLAIN + key, digest)
+        if isinstance(sequence, bool) or not isinstance(sequence, int) or not 0 <= sequence < SEQUENCE_LIMIT:
+            raise InputError(f"idempotency_sequence: expected an integer from 0 to {SEQUENCE_LIMIT - 1}, "
+                             f"got {sequence!r}")
+        return cls(_SEQUENCED + key, sequence << _DIGEST_BITS | digest & ((1 << _DIGEST_BITS) - 1), sequence)
+
+    @property
+    def name(self) -> str:
+        """The key as the client gave it."""
+        return self.app_id.removeprefix(_PLAIN).removeprefix(_SEQUENCED)
+
+    def holds(self, version: int | None) -> bool:
+        """Whether ``version``, what the log (or a request committed with this one) recorded under this key's id,
+        holds this request already: False when it holds none of it (no version, or an earlier request of the same
+        writer), True for this request (a retry) or, for a sequenced key, a later request of its writer (this one
+        came before it). :class:`ConflictError` when the key, or the writer's number, went to another request."""
+        if version is None:
+            return False
+        if self.sequence is None:
+            if version in (self.version, LEGACY_DIGEST):
+                return True
+            raise self.conflict()
+        number = version >> _DIGEST_BITS
+        if number != self.sequence:
+            return number > self.sequence
+        if version == self.version:
+            return True
+        raise self.conflict()
+
+    def conflict(self) -> ConflictError:
+        if self.sequence is None:
+            return ConflictError(f"idempotency_key: {self.name!r} was already used for another request (other rows, "
+                                 "run_id or env_id); a retry must repeat its request exactly, and new rows need a "
+                                 "new key")
+        return ConflictError(f"idempotency_sequence: number {self.sequence} of writer {self.name!r} was already "
+                             "used for another request (other rows, run_id or env_id); a retry must repeat its "
+                             "request exactly, and new rows need the writer's next number")
+
+
+def key_of(key: str | None, sequence: int | None, rows: pa.Table, *, run_id: str,
+           env_id: str) -> IdempotencyKey | None:
+    """The :class:`IdempotencyKey` of a request (None without ``key``); :class:`InputError` for a sequence without
+    a key, or one out of range."""
+    if key is None:
+        if sequence is not None:
+            raise InputError("idempotency_sequence: numbers a writer's requests, so it needs the idempotency_key "
+                             "that names the writer")
+        return None
+    return IdempotencyKey.of(key, rows, run_id=run_id, env_id=env_id, sequence=sequence)
 
 
 def request_digest(rows: pa.Table, *, run_id: str, env_id: str) -> int:
@@ -329,18 +394,18 @@ class _Digesting:
         self.closed = True
 
 
-def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str,
-                idempotency_key: str | None = None) -> tuple[str | None, bool]:
+def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str, idempotency_key: str | None = None,
+                idempotency_sequence: int | None = None) -> tuple[str | None, bool]:
     """Commit ``rows`` once, if they continue what the store holds; returns ``(file, duplicate)``.
 
     A request repeated under its ``idempotency_key`` is a no-op (``(None, True)``); another request under a
-    used key raises :class:`ConflictError`; rows that do not continue their episodes raise
+    used key raises :class:`ConflictError` (with ``idempotency_sequence``, the key names a writer and the number one
+    of its requests: see :class:`IdempotencyKey`); rows that do not continue their episodes raise
     :class:`InputError` naming the episode and the step, and store nothing.
     """
     check_id(run_id, field="run_id")
     check_id(env_id, field="env_id")
-    key = None if idempotency_key is None else IdempotencyKey.of(idempotency_key, rows, run_id=run_id,
-                                                                 env_id=env_id)
+    key = key_of(idempotency_key, idempotency_sequence, rows, run_id=run_id, env_id=env_id)
     if key is not None and _seen(table.log.read(), key):
         return None, True
     rows, spans = _checked(rows, table.stored_schema(env_id=env_id))
@@ -435,7 +500,7 @@ def _commit_checked(table: StepsTable, written: WrittenFile, spans: Spans, *, ru
         if key is not None and _seen(state, key):
             return False
         check_continues(spans, stored_ends(state.files, spans.episodes), run_id=run_id, env_id=env_id)
-        if table.log.commit_after(state, written, app=None if key is None else (key.app_id, key.digest)):
+        if table.log.commit_after(state, written, app=None if key is None else (key.app_id, key.version)):
             return True
     raise CommitError(f"rows for run_id={run_id!r}, env_id={env_id!r} were not committed: other commits kept "
                       f"coming first ({ATTEMPTS} attempts); nothing was stored, send the request again")
@@ -449,16 +514,11 @@ def _new_columns(table: StepsTable, written: WrittenFile) -> bool:
 
 def _seen(state: TableState | None, key: IdempotencyKey,
           app_version: Callable[[str], int | None] | None = None) -> bool:
-    """Whether the table ``state`` holds the request of ``key``; :class:`ConflictError` if the key went to another.
-    ``app_version``: where to look the key up (default: ``state`` itself)."""
-    digest = None if state is None else (state.app_version if app_version is None else app_version)(key.app_id)
-    if digest is None:
+    """Whether the table ``state`` holds the request of ``key`` (:meth:`IdempotencyKey.holds`); :class:`ConflictError`
+    if the key went to another. ``app_version``: where to look the key up (default: ``state`` itself)."""
+    if state is None:
         return False
-    if digest in (key.digest, LEGACY_DIGEST):
-        return True
-    name = key.app_id.removeprefix("trajstore-ingest:")
-    raise ConflictError(f"idempotency_key: {name!r} was already used for another request (other rows, run_id "
-                        "or env_id); a retry must repeat its request exactly, and new rows need a new key")
+    return key.holds((state.app_version if app_version is None else app_version)(key.app_id))
 
 
 _LOCKS: dict[str, threading.Lock] = {}

@@ -648,16 +648,26 @@ class Client:
         key, 403 when the server takes no writes, status 0 when it cannot be reached."""
         return self._request("GET", "/ingest").json()
 
-    def post_rows(self, run_id: str, env_id: str, rows: pa.Table, *, idempotency_key: str | None = None) -> dict:
+    def post_rows(self, run_id: str, env_id: str, rows: pa.Table, *, idempotency_key: str | None = None,
+                  idempotency_sequence: int | None = None) -> dict:
         """Append rows already cut into episodes (see :class:`~trajstore.remote.writer.RemoteWriter`); retried
-        safely."""
-        return self.post_body(run_id, env_id, ipc_bytes(rows), idempotency_key=idempotency_key)
+        safely under ``idempotency_key`` (a new one per call by default). With ``idempotency_sequence``, the key
+        names a writer and the number this request among its requests, which it sends in order: the store then
+        keeps one key per writer rather than one per request."""
+        return self.post_body(run_id, env_id, ipc_bytes(rows), idempotency_key=idempotency_key,
+                              idempotency_sequence=idempotency_sequence)
 
-    def post_body(self, run_id: str, env_id: str, body: bytes, *, idempotency_key: str | None = None) -> dict:
+    def post_body(self, run_id: str, env_id: str, body: bytes, *, idempotency_key: str | None = None,
+                  idempotency_sequence: int | None = None) -> dict:
         """:meth:`post_rows` with the rows already encoded as an Arrow IPC stream."""
-        key = idempotency_key or uuid.uuid4().hex
+        if idempotency_sequence is not None and idempotency_key is None:
+            raise InputError("idempotency_sequence: numbers a writer's requests, so it needs the idempotency_key "
+                             "that names the writer")
+        headers = {"Content-Type": ARROW_STREAM, "Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+        if idempotency_sequence is not None:
+            headers["Idempotency-Sequence"] = str(idempotency_sequence)
         response = self._request("POST", f"/runs/{run_id}/batches", params={"env_id": env_id}, retry=True,
-                                 content=body, headers={"Content-Type": ARROW_STREAM, "Idempotency-Key": key})
+                                 content=body, headers=headers)
         return response.json()
 
     # --- plumbing ----------------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 :class:`RemoteWriter` is a :class:`~trajstore.write.writer.Writer` (same ``add_batch``, ``add_step``,
 ``flush``, ``close``, same checks, same episode cutting) whose commits go to
-``POST /runs/{run_id}/batches`` instead of the local Delta log. Each commit carries its own
-``Idempotency-Key``, so a retried request never stores rows twice.
+``POST /runs/{run_id}/batches`` instead of the local Delta log. Its requests carry the writer's
+``Idempotency-Key`` and their number (``Idempotency-Sequence``, in the order they are sent), so a retried request
+never stores rows twice and the store keeps one key per writer, not one per request (a service older than
+``Idempotency-Sequence`` gets a key per request).
 
 >>> with RemoteWriter("http://127.0.0.1:8321", api_key="…", run_id="r", env_id="CartPole-v1") as w:  # doctest: +SKIP
 ...     w.add_batch(batch)
@@ -78,14 +80,16 @@ class IngestLimits:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass
 class EncodedRows:
     """Rows encoded for ingest requests (one, or several under the service's limits), each body with the key
-    that makes its retries harmless."""
+    that makes its retries harmless, and, for a writer that numbers its requests, the number of the first (given
+    when it is first sent, so that numbers rise in the order requests are sent; a retry sends the same)."""
 
     bodies: tuple[tuple[bytes, str], ...]
     run_id: str
     env_id: str
+    first: int | None = None
 
 
 class RemoteSink:
@@ -96,10 +100,14 @@ class RemoteSink:
     ``commit`` sends (on its commit thread).
     """
 
-    def __init__(self, client: Client, *, encoded: bool = True, limits: IngestLimits = IngestLimits()) -> None:
+    def __init__(self, client: Client, *, encoded: bool = True, limits: IngestLimits = IngestLimits(),
+                 sequenced: bool = False) -> None:
         self.client = client
         self.encoded = encoded  # False for a service that takes encoding-1 rows only (one older than encoding 2)
         self.limits = limits
+        # One key for all of this sink's requests, numbered (a service that takes Idempotency-Sequence), or a key each
+        self.key = uuid.uuid4().hex if sequenced else None
+        self._next = 0  # the number of the next request sent
 
     def stored_schema(self, env_id: str | None = None) -> pa.Schema | None:
         schema = self.client.schema(env_id=env_id)
@@ -124,17 +132,25 @@ class RemoteSink:
         else:  # rows under their logical names, encoded as encoding 2 says (what every service since takes)
             data = pa.Table.from_arrays(data.columns, names=data.column_names).replace_schema_metadata(
                 FileEncoding(2, fmt.frame_stack, (), fmt.frames).metadata())
-        key = uuid.uuid4().hex
         bodies = request_bodies(data, self.limits, run_id=run_id)
+        if self.key is not None:
+            return EncodedRows(tuple((body, self.key) for body in bodies), run_id, env_id)
+        key = uuid.uuid4().hex
         return EncodedRows(tuple((body, f"{key}-{i}" if len(bodies) > 1 else key) for i, body in enumerate(bodies)),
                            run_id, env_id)
 
     def commit(self, encoded: EncodedRows) -> str:
         """Send each request in order (a retry after a failure sends again those that landed: answered as
-        duplicates, stored once)."""
-        for body, key in encoded.bodies:
-            self.client.post_body(encoded.run_id, encoded.env_id, body, idempotency_key=key)
-        return f"{self.client.url}/runs/{encoded.run_id}/batches#{','.join(key for _, key in encoded.bodies)}"
+        duplicates, stored once). Called on one thread, in the order the writer's buffers are committed."""
+        if self.key is not None and encoded.first is None:
+            encoded.first, self._next = self._next, self._next + len(encoded.bodies)
+        names = []
+        for i, (body, key) in enumerate(encoded.bodies):
+            number = None if encoded.first is None else encoded.first + i
+            self.client.post_body(encoded.run_id, encoded.env_id, body, idempotency_key=key,
+                                  idempotency_sequence=number)
+            names.append(key if number is None else f"{key}/{number}")
+        return f"{self.client.url}/runs/{encoded.run_id}/batches#{','.join(names)}"
 
 
 def request_bodies(rows: pa.Table, limits: IngestLimits, *, run_id: str) -> list[bytes]:
@@ -179,7 +195,8 @@ class RemoteWriter(Writer):
         self.client = url if isinstance(url, Client) else Client(url, api_key=api_key)
         access = _check_access(self.client)
         limits = IngestLimits.of(access)
-        sink = RemoteSink(self.client, encoded=2 in (access.get("encodings") or [1]), limits=limits)
+        sink = RemoteSink(self.client, encoded=2 in (access.get("encodings") or [1]), limits=limits,
+                          sequenced=bool(access.get("idempotency_sequence")))
         super().__init__(sink, run_id=run_id, env_id=env_id,
                          flush_bytes=min(flush_bytes, limits.flush_bytes or flush_bytes), **options)
 

@@ -91,6 +91,17 @@ def test_a_writers_requests_in_one_group_are_committed_in_order(store: trajstore
     assert held(store) == [(7, 0), (20, 0), (21, 0)]
 
 
+def test_a_retry_after_its_writers_next_request_in_one_group_is_answered_with_it(
+        store: trajstore.Store, committer: GroupCommitter) -> None:
+    send(committer, [0], 0)
+    futures = [committer.ingest(episode([0], eid), run_id="r", env_id="E", idempotency_key="w1",
+                                idempotency_sequence=number) for eid, number in ((20, 1), (21, 2), (20, 1))]
+    first, second, retry = wait_all(futures)
+    assert isinstance(retry, Outcome) and retry.duplicate and retry.version == first.version  # type: ignore[union-attr]
+    assert not first.duplicate and not second.duplicate  # type: ignore[union-attr]
+    assert held(store) == [(7, 0), (20, 0), (21, 0)]
+
+
 def test_a_lower_number_after_a_higher_one_in_one_group_is_refused(store: trajstore.Store,
                                                                    committer: GroupCommitter) -> None:
     send(committer, [0], 0)

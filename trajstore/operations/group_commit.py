@@ -462,7 +462,8 @@ class GroupCommitter:
         versions since are looked at (:meth:`_since`)."""
         accepted: list[_Entry] = []
         made: Ends = {}
-        apps: dict[str, _Entry] = {}
+        apps: dict[str, _Entry] = {}  # each key's latest request accepted
+        requests: dict[tuple[str, int], _Entry] = {}  # and every request by its key and version
         since = self._since(group, state)
         for entry in group:
             if entry.future.done():
@@ -473,11 +474,12 @@ class GroupCommitter:
                     if key.holds(since.key(key.app_id, after=entry.prepared.checked)):  # type: ignore[union-attr]
                         entry.answer(Outcome(None, True))  # stored by a version since its check
                         continue
-                    first = apps.get(key.app_id)  # the same key earlier in this group
-                    if first is not None and first.key.version == key.version:  # type: ignore[union-attr]
-                        first.join(entry.future, *entry.joined)  # the same request twice: answered with the first
+                    first = requests.get((key.app_id, key.version))
+                    if first is not None:  # the same request earlier in this group: answered with it
+                        first.join(entry.future, *entry.joined)
                         continue
-                    error = None if first is None else _out_of_turn(key, first.key)  # type: ignore[arg-type]
+                    latest = apps.get(key.app_id)  # the key's latest request in this group
+                    error = None if latest is None else _out_of_turn(key, latest.key)  # type: ignore[arg-type]
                     if error is not None:
                         raise error
                 except ConflictError as exc:
@@ -496,7 +498,7 @@ class GroupCommitter:
                 for end in entry.prepared.spans.ends(run_id=entry.prepared.run_id, env_id=entry.prepared.env_id):
                     made[(end.episode_id, end.agent_id)] = end
             if key is not None:
-                apps[key.app_id] = entry
+                apps[key.app_id] = requests[(key.app_id, key.version)] = entry
             accepted.append(entry)
         return accepted, made
 

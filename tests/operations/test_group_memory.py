@@ -209,3 +209,20 @@ def test_keys_past_the_transaction_retention_are_let_go(tmp_path: Path, monkeypa
     assert early.duplicate and retry.duplicate
     assert "trajstore-ingest:new7" in kept and not {k for k in kept if k.startswith("trajstore-ingest:old")}, kept
     assert trajstore.open(store.root).sql("SELECT count(*) AS n FROM steps")["n"][0].as_py() == 32
+
+
+def test_a_writers_numbered_requests_keep_one_key_in_memory(store: trajstore.Store) -> None:
+    """A writer that numbers its requests (what a RemoteWriter does) holds one key in the committer, whatever the
+    number of requests it sent: the keys a service keeps grow with its writers, not with its requests."""
+    committer = GroupCommitter(steps_table(store), interval_s=0)
+    try:
+        for n in range(40):
+            committer.ingest(rows(2, episode_id=100 + n), run_id="r", env_id="E", idempotency_key=f"w{n % 2}",
+                             idempotency_sequence=n // 2).result(60)
+        committer.ingest(rows(2, episode_id=101), run_id="r", env_id="E", idempotency_key="w1",
+                         idempotency_sequence=0).result(60)  # the state of the keys brought forward to the latest
+        kept = dict(committer._apps._apps or {})
+    finally:
+        committer.close()
+    assert sorted(kept) == ["trajstore-writer:w0", "trajstore-writer:w1"]
+    assert [version >> 31 for version, _ in (kept["trajstore-writer:w0"], kept["trajstore-writer:w1"])] == [19, 19]

@@ -40,16 +40,19 @@ def body(client: int, request: int) -> bytes:
     return ipc_bytes(steps_of(client, list(range(4 * request, 4 * request + 4)), end=request == REQUESTS - 1))
 
 
-def sender(where: str | list[str], client: int, acked: list[tuple[int, int]], timeout: float = 60) -> None:
+def sender(where: str | list[str], client: int, acked: list[tuple[int, int]], timeout: float = 60,
+           numbered: bool = False) -> None:
     """One client sending its requests in order to the service at ``where`` (a URL, or a list whose first item is
-    the current one), each retried under its key until it is acknowledged; a 4xx fails the test."""
+    the current one), each retried under its key until it is acknowledged; a 4xx fails the test. ``numbered``: one
+    key for the client, its requests numbered (as a ``RemoteWriter`` sends them), else a key per request."""
     for r in range(REQUESTS):
         deadline = time.monotonic() + 120
         while True:
             url = where if isinstance(where, str) else where[0]
             try:
                 with httpx.Client(base_url=url, headers=HEADERS, timeout=timeout) as c:
-                    response = post(c, body(client, r), idem=f"c{client}-r{r}")
+                    response = post(c, body(client, r), idem=f"c{client}" if numbered else f"c{client}-r{r}",
+                                    number=r if numbered else None)
                 if response.status_code in (200, 201):
                     acked.append((client, r))
                     break
@@ -69,8 +72,9 @@ def proxy(s3: seaweed.SeaweedFS) -> Iterator[LostAnswerProxy]:
 
 
 @pytest.mark.s3
+@pytest.mark.parametrize("numbered", [False, True], ids=["key-per-request", "numbered"])
 def test_a_group_commit_whose_answer_is_lost_stores_every_request_once(s3: seaweed.SeaweedFS,
-                                                                      proxy: LostAnswerProxy) -> None:
+                                                                      proxy: LostAnswerProxy, numbered: bool) -> None:
     uri = f"s3://{s3.bucket()}/store"
     direct = trajstore.open(uri, create=True, storage_options=s3.storage_options)
     settings = ServiceSettings(store=uri, api_key=API_KEY, commit_interval=0.3)
@@ -82,7 +86,7 @@ def test_a_group_commit_whose_answer_is_lost_stores_every_request_once(s3: seawe
         with httpx.Client(base_url=url, headers=HEADERS, timeout=60) as c:
             assert post(c, ipc_bytes(steps_of(99, [0])), idem="warm").status_code == 201
         proxy.swallow(count=2)  # the next two group commits land and their answers are lost
-        threads = [threading.Thread(target=sender, args=(url, i, acked)) for i in range(CLIENTS)]
+        threads = [threading.Thread(target=sender, args=(url, i, acked, 60, numbered)) for i in range(CLIENTS)]
         for t in threads:
             t.start()
         for t in threads:
@@ -95,14 +99,16 @@ def test_a_group_commit_whose_answer_is_lost_stores_every_request_once(s3: seawe
     assert_exactly_once(direct, 1 + CLIENTS * REQUESTS * 4)
 
 
-def test_the_service_killed_while_requests_wait_stores_each_once_after_the_retries(tmp_path: Path) -> None:
+@pytest.mark.parametrize("numbered", [False, True], ids=["key-per-request", "numbered"])
+def test_the_service_killed_while_requests_wait_stores_each_once_after_the_retries(tmp_path: Path,
+                                                                                   numbered: bool) -> None:
     path = tmp_path / "store"
     trajstore.open(path, create=True)
     settings: dict[str, Any] = {"api_key": API_KEY, "commit_interval": "1500ms", "sql_max_concurrent": 1}
     server = Server(path, **settings)
     server.wait_ready(1)
     where, acked = [server.url], []  # type: ignore[var-annotated]
-    threads = [threading.Thread(target=sender, args=(where, i, acked, 5)) for i in range(CLIENTS)]
+    threads = [threading.Thread(target=sender, args=(where, i, acked, 5, numbered)) for i in range(CLIENTS)]
     try:
         for t in threads:
             t.start()

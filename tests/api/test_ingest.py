@@ -61,12 +61,14 @@ def steps_of(episode_id: int, steps: list[int], *, end: bool = False) -> pa.Tabl
 
 
 def post(c: TestClient | httpx.Client, body: bytes, *, key: str | None = API_KEY, idem: str | None = None,
-         content_type: str = ARROW, run_id: str = "r1", env_id: str = "Toy-v0") -> Any:
+         content_type: str = ARROW, run_id: str = "r1", env_id: str = "Toy-v0", number: int | None = None) -> Any:
     headers = {"Content-Type": content_type}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     if idem is not None:
         headers["Idempotency-Key"] = idem
+    if number is not None:
+        headers["Idempotency-Sequence"] = str(number)
     return c.post(f"/runs/{run_id}/batches", params={"env_id": env_id}, content=body, headers=headers)
 
 

@@ -37,10 +37,14 @@ def send(committer: GroupCommitter, steps: list[int], number: int, *, writer: st
                             idempotency_sequence=number).result(60)
 
 
-def test_a_writer_keeps_one_key_however_many_requests(store: trajstore.Store, committer: GroupCommitter) -> None:
-    for n in range(6):
-        assert not send(committer, [2 * n, 2 * n + 1], n).duplicate
-    send(committer, [0, 1], 0, writer="w2", episode_id=8)
+def test_a_writer_keeps_one_key_however_many_requests(store: trajstore.Store) -> None:
+    committer = GroupCommitter(steps_table(store), interval_s=0)  # a commit per request, at once
+    try:
+        for n in range(6):
+            assert not send(committer, [2 * n, 2 * n + 1], n).duplicate
+        send(committer, [0, 1], 0, writer="w2", episode_id=8)
+    finally:
+        committer.close()
     assert [s for e, s in held(store) if e == 7] == list(range(12))
     found = keys(store)
     assert sorted(found) == ["trajstore-writer:w1", "trajstore-writer:w2"]  # not one key per request

@@ -5,7 +5,10 @@ other rows is still refused. Fast tier: one store per test, no server."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from deltalake import DeltaTable
 
 import trajstore
 from tests.helpers import steps_table
@@ -49,6 +52,8 @@ def test_a_writer_keeps_one_key_however_many_requests(store: trajstore.Store) ->
     found = keys(store)
     assert sorted(found) == ["trajstore-writer:w1", "trajstore-writer:w2"]  # not one key per request
     assert found["trajstore-writer:w1"] >> 31 == 5  # the writer's last number, as Delta's txn version: rising
+    delta = DeltaTable(str(Path(store.root) / "steps"))  # what another engine reads of the writer's key
+    assert delta.transaction_version("trajstore-writer:w1") == found["trajstore-writer:w1"]
 
 
 def test_a_retry_of_any_stored_number_is_a_duplicate(store: trajstore.Store, committer: GroupCommitter) -> None:

@@ -20,7 +20,8 @@ import trajstore
 from tests import seaweed
 from tests.helpers import assert_same_stats, make_batch, steps_table, wait_for
 from trajstore.operations import compact as compaction
-from trajstore.operations.upkeep import CompactionPolicy, compact_small
+from trajstore.operations import upkeep as upkeeps
+from trajstore.operations.upkeep import CompactionPolicy, Upkeep, compact_small
 from trajstore.settings import Settings
 from trajstore.store import check, plumbing
 
@@ -194,6 +195,19 @@ def test_a_killed_compaction_leaves_a_readable_store(tmp_path: Path) -> None:
     assert sum(ends) <= n <= sum(ends) + 3 * 64 * 4
     dupes = store.sql("SELECT episode_id, step, count(*) AS c FROM steps GROUP BY ALL HAVING c > 1")
     assert dupes.num_rows == 0  # every step once
+
+
+def test_an_upkeep_remembers_only_its_latest_compactions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service's upkeep runs for days: what it did is kept for a look, the latest KEPT only."""
+    monkeypatch.setattr(upkeeps, "KEPT", 2)
+    store = opened(tmp_path / "store", small_files=0)
+    upkeep = Upkeep(steps_table(store), CompactionPolicy(small_files=2, checkpoint_interval=0))
+    for seed in range(4):  # each round: three small files, then the upkeep's round merges them
+        write(store, 3, seed=seed)
+        upkeep._round([("a", "E")])
+    merged = [r["version"] for r in store.history().to_pylist() if r["operation"] == "compact"]
+    assert len(merged) == 4 and not upkeep.errors
+    assert [c.version for c in upkeep.compactions] == merged[-2:]
 
 
 def test_checkpoints_every_interval_and_health_reports_the_lag(tmp_path: Path) -> None:

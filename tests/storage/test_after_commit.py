@@ -68,7 +68,7 @@ try:
             w.add_batch(make_batch(rng, 16, 2))
         upkeep.close()
         out["steps"] += 32
-        out["said"] = [(c.files_removed, c.files_added) for c in upkeep.compactions] + upkeep.errors
+        out["said"] = [(c.files_removed, c.files_added) for c in upkeep.compactions] + list(upkeep.errors)
     elif operation == "compact":
         out["said"] = str(trajstore.compact(store, progress=False))
     elif operation == "delete":

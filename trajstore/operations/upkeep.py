@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from trajstore.settings import Settings
 
 log = logging.getLogger(__name__)
+
+KEPT = 1_000  # compactions and errors an Upkeep remembers: a service's runs for days, compacting every few seconds
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,10 @@ class Upkeep:
 
     def __init__(self, table: StepsTable, policy: CompactionPolicy) -> None:
         self.table, self.policy = table, policy
-        self.compactions: list[Compaction] = []  # what this upkeep committed, oldest first
-        self.errors: list[str] = []  # failures it logged and went on after (upkeep never fails a writer)
+        # the latest KEPT compactions it committed and failures it logged and went on after (upkeep never fails a
+        # writer), oldest first
+        self.compactions: deque[Compaction] = deque(maxlen=KEPT)
+        self.errors: deque[str] = deque(maxlen=KEPT)
         self._dirty: set[tuple[str, str]] = set()
         self._wake = threading.Condition()
         self._closing = False

@@ -41,6 +41,7 @@ from trajstore.storage.summaries import Footer, Summaries
 log = logging.getLogger(__name__)
 
 SCHEMAS_KEPT = 200_000  # file schemas kept per table (committed files never change)
+SHARED_KEPT = 1_000  # distinct schemas kept per table, one copy each however many files have it
 FOOTERS_KEPT = 10_000  # footers kept until the files' summaries are written
 FOOTER_THREADS = 8  # footers read at once from an object store
 COPY_THREADS = 2  # files read into array copies at once (each read whole: its rows in memory)
@@ -86,6 +87,7 @@ class StepsTable:
         self._kept_files: tuple[tuple[int, int, int, int], tuple[DataFile, ...]] | None = None  # see files()
         self._schemas: dict[str, FileSchema] = {}
         self._footers: dict[str, Footer] = {}  # footers read, until a summary keeps them (local, with summaries)
+        self._shared: dict[bytes, tuple[pa.Schema, FileSchema]] = {}  # by footer schema: what files share
         self._schemas_lock = threading.Lock()
 
     @classmethod
@@ -292,7 +294,7 @@ class StepsTable:
         missing = list({f.path: f for f in files if f.path not in known}.values())
         if missing:
             def footer(f: DataFile) -> Footer:
-                found = self._copied_footer(f) or read_footer(f, self.location)
+                found = self._shared_footer(self._copied_footer(f) or read_footer(f, self.location))
                 if self.summaries is not None:  # what a summary of the file keeps, not read again to write it
                     with self._schemas_lock:
                         if len(self._footers) >= FOOTERS_KEPT:
@@ -311,10 +313,37 @@ class StepsTable:
             if any(found.nulls is not None for found in footers):  # another tool's files: the table declares them
                 state = self.log.read() if state is None else state
                 declared = {} if state is None else state.declarations
-            read = [file_schema(f, found, self.location, declared) for f, found in zip(missing, footers)]
+            read = [self._file_schema(f, found, declared) for f, found in zip(missing, footers)]
             known.update((f.path, stored) for f, stored in zip(missing, read))
             self._keep(missing, read)
         return [known[f.path] for f in files]
+
+    def _shared_footer(self, found: Footer) -> Footer:
+        """``found`` of one of trajstore's files holding an equal schema read before, if any, rather than its own
+        copy: a table's files share a few schemas, and a service that keeps the schema of each file it has seen
+        (:meth:`schemas`) would otherwise keep as many copies as files (a few KB each). Another tool's file is
+        left as it is."""
+        if found.nulls is not None:
+            return found
+        with self._schemas_lock:
+            hit = self._shared.get(_schema_key(found.schema))
+        return found if hit is None else dataclasses.replace(found, schema=hit[0])
+
+    def _file_schema(self, f: DataFile, found: Footer, declared: Mapping[str, Any]) -> FileSchema:
+        """:func:`file_schema`, one for all of trajstore's files whose footers hold equal schemas (it is a function
+        of the schema alone, metadata included; another tool's file also depends on the table's declarations)."""
+        if found.nulls is not None:
+            return file_schema(f, found, self.location, declared)
+        key = _schema_key(found.schema)
+        with self._schemas_lock:
+            hit = self._shared.get(key)
+        if hit is not None:
+            return hit[1]
+        stored = file_schema(f, found, self.location)
+        with self._schemas_lock:
+            if len(self._shared) >= SHARED_KEPT:
+                self._shared.clear()
+            return self._shared.setdefault(key, (found.schema, stored))[1]
 
     def _copied_footer(self, f: DataFile) -> Footer | None:
         """The footer of an ``s3://`` table's file ``f`` read from this machine's copy of it, or None where there
@@ -344,7 +373,7 @@ class StepsTable:
                     declared = {} if state is None else dict(state.declarations)
                 read.append(file_schema(f, footer, self.location, declared))
             elif footer.key is None:
-                read.append(file_schema(f, footer, self.location))
+                read.append(self._file_schema(f, footer, {}))
             else:
                 if footer.key not in shared:
                     shared[footer.key] = file_schema(f, footer, self.location)
@@ -560,6 +589,11 @@ def read_file_schema(f: DataFile, location: Location | None = None,
     with the store's ``location``, an object store that fails or does not answer is its
     :class:`~trajstore.errors.StoreAccessError` instead."""
     return file_schema(f, read_footer(f, location, foreign=table is not None), location, table)
+
+
+def _schema_key(schema: pa.Schema) -> bytes:
+    """What tells two schemas apart, their metadata and their fields' included: the schema's IPC message."""
+    return schema.serialize().to_pybytes()
 
 
 def read_footer(f: DataFile, location: Location | None = None, *, foreign: bool = True) -> Footer:

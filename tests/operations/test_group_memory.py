@@ -186,6 +186,28 @@ def test_the_changes_of_versions_no_request_waits_on_are_let_go(store: trajstore
     assert trajstore.check(store).ok
 
 
+def test_the_ends_of_files_compacted_away_are_let_go(store: trajstore.Store) -> None:
+    """The committer keeps what each file it wrote holds of its episodes; once a compaction replaced the files, the next
+    group lets their ends go (a service kept them until a million ends had filled its cache), and the merged file's
+    are read when a request asks: the same answers."""
+    committer = GroupCommitter(steps_table(store), interval_s=0)
+    try:
+        for i in range(4):
+            committer.ingest(rows(2, episode_id=100 + i), run_id="r", env_id="E").result(60)
+        assert committer.ends.kept == 4 and committer.ends.reads == 0  # learnt, one end per episode
+        trajstore.compact(trajstore.open(store.root), progress=False)  # another writer merges the 4 files into 1
+        assert len(store.maintain.files()) == 1
+        committer.ingest(episode([0, 1]), run_id="r", env_id="E").result(60)  # a group meets the merged version
+        assert committer.ends.kept == 1 and committer.ends.reads == 0  # episode 7's: the replaced files' are gone
+        with pytest.raises(InputError, match=r"step: episode_id 101 ended at step 1 \(terminated or truncated\); "
+                                             r"step 2 cannot follow it"):
+            committer.ingest(episode([2], episode_id=101), run_id="r", env_id="E").result(60)
+        assert committer.ends.reads == 1 and committer.ends.kept == 5  # the merged file, read once
+    finally:
+        committer.close()
+    assert trajstore.check(store).ok
+
+
 def test_keys_past_the_transaction_retention_are_let_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every ingest request adds an idempotency key, and the committer kept every key it had seen for as long as it ran
     (~1,000 more per 1,024 requests, docs/benchmarks.md). A key past the table's transaction retention answers nothing,

@@ -231,7 +231,8 @@ class EndsCache:
     the ends of the files one version lists are that version's ends. A file is read once (all its episodes, the key
     columns only), or never when its writer said what it holds (:meth:`learn`: the group committer, of the files it
     writes); the files asked about are the caller's (one version's, from its log): another writer's files are read
-    as they appear. At most ``limit`` ends are kept, the least recently used file's let go first."""
+    as they appear. At most ``limit`` ends are kept, the least recently used file's let go first; a file the log
+    no longer lists goes as the committer meets a version without it (:meth:`retain`)."""
 
     def __init__(self, limit: int = KEPT_ENDS) -> None:
         self.limit = limit
@@ -246,6 +247,22 @@ class EndsCache:
         """Take ``ends`` as what the file at ``path`` holds (the writer's word; the file is then never read)."""
         with self._lock:
             self._keep(path, ends)
+
+    @property
+    def kept(self) -> int:
+        """The ends kept, of all files."""
+        return self._size
+
+    def retain(self, files: Sequence[DataFile]) -> None:
+        """Let go of the ends of the files a version no longer lists (``files``: all of its files): compacted,
+        deleted or rewritten, no later version asks about them, and they would hold the cache's room until the least
+        recently used went. Looks through the cache only when it holds more files than the version lists."""
+        with self._lock:
+            if len(self._files) <= len(files):
+                return
+            listed = {f.path for f in files}
+            for path in [p for p in self._files if p not in listed]:
+                self._size -= self._files.pop(path).size
 
     def ends(self, files: Sequence[DataFile], episode_ids: np.ndarray) -> list[StoredEnd]:
         """:func:`stored_ends` of ``episode_ids`` (sorted, unique) in ``files`` (one version's)."""

@@ -428,6 +428,7 @@ class GroupCommitter:
         """Check, write and commit ``group`` as one version (planned again after a lost race)."""
         log_ = self.table.log
         state = log_.ensure(_merged_schema(group))  # this commit's own reading of the log, brought forward below
+        self.ends.retain(state.files)  # files compacted away since: their ends are asked about no more
         written: list[WrittenFile] = []
         wrote_for: list[_Entry] = []
         for attempt in tries(ATTEMPTS):

@@ -87,7 +87,7 @@ class StepsTable:
         self._kept_files: tuple[tuple[int, int, int, int], tuple[DataFile, ...]] | None = None  # see files()
         self._schemas: dict[str, FileSchema] = {}
         self._footers: dict[str, Footer] = {}  # footers read, until a summary keeps them (local, with summaries)
-        self._shared: dict[bytes, tuple[pa.Schema, FileSchema]] = {}  # by footer schema: what files share
+        self._shared_schemas: dict[bytes, tuple[pa.Schema, FileSchema]] = {}  # by footer schema (see _shared)
         self._schemas_lock = threading.Lock()
 
     @classmethod
@@ -293,14 +293,14 @@ class StepsTable:
             known = {f.path: self._schemas[f.path] for f in files if f.path in self._schemas}
         missing = list({f.path: f for f in files if f.path not in known}.values())
         if missing:
-            def footer(f: DataFile) -> Footer:
-                found = self._shared_footer(self._copied_footer(f) or read_footer(f, self.location))
+            def footer(f: DataFile) -> tuple[Footer, FileSchema | None]:
+                found, stored = self._shared(f, self._copied_footer(f) or read_footer(f, self.location))
                 if self.summaries is not None:  # what a summary of the file keeps, not read again to write it
                     with self._schemas_lock:
                         if len(self._footers) >= FOOTERS_KEPT:
                             self._footers.clear()
                         self._footers[f.path] = found
-                return found
+                return found, stored
 
             if len(missing) > 1 and not missing[0].is_local:
                 from concurrent.futures import ThreadPoolExecutor
@@ -310,40 +310,33 @@ class StepsTable:
             else:
                 footers = [footer(f) for f in missing]
             declared: Mapping[str, Any] = {}
-            if any(found.nulls is not None for found in footers):  # another tool's files: the table declares them
+            if any(stored is None for _, stored in footers):  # another tool's files: the table declares them
                 state = self.log.read() if state is None else state
                 declared = {} if state is None else state.declarations
-            read = [self._file_schema(f, found, declared) for f, found in zip(missing, footers)]
+            read = [stored or file_schema(f, found, self.location, declared)
+                    for f, (found, stored) in zip(missing, footers)]
             known.update((f.path, stored) for f, stored in zip(missing, read))
             self._keep(missing, read)
         return [known[f.path] for f in files]
 
-    def _shared_footer(self, found: Footer) -> Footer:
-        """``found`` of one of trajstore's files holding an equal schema read before, if any, rather than its own
-        copy: a table's files share a few schemas, and a service that keeps the schema of each file it has seen
-        (:meth:`schemas`) would otherwise keep as many copies as files (a few KB each). Another tool's file is
-        left as it is."""
+    def _shared(self, f: DataFile, found: Footer) -> tuple[Footer, FileSchema | None]:
+        """The footer ``found`` of one of trajstore's files with the schema, and the
+        :class:`~trajstore.storage.encoding.FileSchema`, of every file whose footer holds an equal one (a function of
+        the schema alone, metadata included): a table's files share a few schemas, and a service keeping each file's
+        it has seen (:meth:`schemas`) kept as many copies as files, a few KB each. Another tool's file is left as it
+        is, without a FileSchema: its schema also depends on the table's declarations."""
         if found.nulls is not None:
-            return found
-        with self._schemas_lock:
-            hit = self._shared.get(_schema_key(found.schema))
-        return found if hit is None else dataclasses.replace(found, schema=hit[0])
-
-    def _file_schema(self, f: DataFile, found: Footer, declared: Mapping[str, Any]) -> FileSchema:
-        """:func:`file_schema`, one for all of trajstore's files whose footers hold equal schemas (it is a function
-        of the schema alone, metadata included; another tool's file also depends on the table's declarations)."""
-        if found.nulls is not None:
-            return file_schema(f, found, self.location, declared)
+            return found, None
         key = _schema_key(found.schema)
         with self._schemas_lock:
-            hit = self._shared.get(key)
-        if hit is not None:
-            return hit[1]
-        stored = file_schema(f, found, self.location)
-        with self._schemas_lock:
-            if len(self._shared) >= SHARED_KEPT:
-                self._shared.clear()
-            return self._shared.setdefault(key, (found.schema, stored))[1]
+            hit = self._shared_schemas.get(key)
+        if hit is None:
+            made = (found.schema, file_schema(f, found, self.location))
+            with self._schemas_lock:
+                if len(self._shared_schemas) >= SHARED_KEPT:
+                    self._shared_schemas.clear()
+                hit = self._shared_schemas.setdefault(key, made)
+        return (found if hit[0] is found.schema else dataclasses.replace(found, schema=hit[0])), hit[1]
 
     def _copied_footer(self, f: DataFile) -> Footer | None:
         """The footer of an ``s3://`` table's file ``f`` read from this machine's copy of it, or None where there
@@ -373,7 +366,7 @@ class StepsTable:
                     declared = {} if state is None else dict(state.declarations)
                 read.append(file_schema(f, footer, self.location, declared))
             elif footer.key is None:
-                read.append(self._file_schema(f, footer, {}))
+                read.append(self._shared(f, footer)[1] or file_schema(f, footer, self.location))
             else:
                 if footer.key not in shared:
                     shared[footer.key] = file_schema(f, footer, self.location)

@@ -18,16 +18,16 @@ from trajstore.store import Store
 _bearer = HTTPBearer(auto_error=False, description="the API key set with TRAJSTORE_API_KEY")
 
 
-def get_settings(request: Request) -> ServiceSettings:
+async def get_settings(request: Request) -> ServiceSettings:
     return request.app.state.settings
 
 
-def get_sql_gate(request: Request) -> Gate:
+async def get_sql_gate(request: Request) -> Gate:
     """The ``sql_max_concurrent`` places of sandboxed queries and loader streams, shared by every version read."""
     return request.app.state.sql_gate
 
 
-def get_store(request: Request) -> Store:
+async def get_store(request: Request) -> Store:
     store = getattr(request.app.state, "store", None)
     if store is None:
         raise HTTPException(status_code=503, detail="the service has no store open")
@@ -64,7 +64,7 @@ def get_read_store(store: Annotated[Store, Depends(get_store)], request: Request
     return pinned
 
 
-def require_api_key(settings: Annotated[ServiceSettings, Depends(get_settings)],
+async def require_api_key(settings: Annotated[ServiceSettings, Depends(get_settings)],
                     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     """Bearer-token check for writes; with no key configured, writes are disabled."""
     challenge = {"WWW-Authenticate": "Bearer"}

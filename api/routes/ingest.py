@@ -10,7 +10,8 @@ past it a request waits, then gets 429 with ``Retry-After``)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from concurrent.futures import Future
+from typing import Annotated, Any
 
 import pyarrow as pa
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
@@ -21,7 +22,7 @@ from trajstore.api.budgets import PendingBytes
 from trajstore.api.deps import SettingsDep, require_api_key
 from trajstore.api.problems import problem_response
 from trajstore.errors import BodyTooLargeError, InputError, size_text
-from trajstore.operations.group_commit import GroupCommitter
+from trajstore.operations.group_commit import GroupCommitter, Outcome
 from trajstore.operations.ingest import SEQUENCE_LIMIT
 from trajstore.remote.decoded_size import decoded_size
 from trajstore.remote.wire import ARROW_STREAM, read_table
@@ -92,14 +93,14 @@ async def ingest(request: Request, response: Response, settings: SettingsDep,
         body = await request.body()  # at most max_body_bytes (api/body_limit.py)
         size = await run_in_threadpool(checked_size, body, settings.max_decoded_bytes, request.url.path)
         await share.take(size, "rows")
-        rows = await run_in_threadpool(read_rows, body)
+        n_rows, future = await run_in_threadpool(handed, committer, body, run_id=run_id, env_id=env_id,
+                                                 idempotency_key=idempotency_key,
+                                                 idempotency_sequence=idempotency_sequence)
         del body
-        future = await run_in_threadpool(committer.ingest, rows, run_id=run_id, env_id=env_id,
-                                         idempotency_key=idempotency_key, idempotency_sequence=idempotency_sequence)
         outcome = await asyncio.wrap_future(future)  # answered once its group's commit landed
     if outcome.duplicate:
         response.status_code = 200  # already stored under this key: nothing new was created
-    return Ingested(run_id=run_id, env_id=env_id, rows=rows.num_rows, duplicate=outcome.duplicate)
+    return Ingested(run_id=run_id, env_id=env_id, rows=n_rows, duplicate=outcome.duplicate)
 
 
 @router.get("/ingest", dependencies=[Depends(require_api_key)],
@@ -126,6 +127,14 @@ def checked_size(body: bytes, limit: int, path: str) -> int:
                                 "was decoded or stored. Send fewer rows per request (a RemoteWriter keeps each "
                                 "request under the limits GET /ingest says) or raise the limit")
     return size.bytes
+
+
+def handed(committer: GroupCommitter, body: bytes, **request: Any) -> tuple[int, Future[Outcome]]:
+    """The rows of ``body`` (:func:`read_rows`) handed to ``committer`` (its ``ingest``, with the ``request``'s
+    run, environment and keys): their number, and the future its group's commit answers. Decoded and checked on one
+    worker thread, not two in turn: each trip through the thread pool costs the event loop a wake-up."""
+    rows = read_rows(body)
+    return rows.num_rows, committer.ingest(rows, **request)
 
 
 def read_rows(body: bytes) -> pa.Table:

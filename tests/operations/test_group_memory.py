@@ -25,7 +25,7 @@ from tests.storage.helpers import episode, rows
 from trajstore.api.app import create_app
 from trajstore.errors import ConflictError, InputError
 from trajstore.operations import group_commit
-from trajstore.operations.continuity import EndsCache, FileEnds, stored_ends
+from trajstore.operations.continuity import KEPT_IDLE_S, EndsCache, FileEnds, stored_ends
 from trajstore.operations.group_commit import GroupCommitter
 from trajstore.remote.wire import ipc_bytes
 from trajstore.store import plumbing
@@ -203,6 +203,30 @@ def test_the_ends_of_files_compacted_away_are_let_go(store: trajstore.Store) -> 
                                              r"step 2 cannot follow it"):
             committer.ingest(episode([2], episode_id=101), run_id="r", env_id="E").result(60)
         assert committer.ends.reads == 1 and committer.ends.kept == 5  # the merged file, read once
+    finally:
+        committer.close()
+    assert trajstore.check(store).ok
+
+
+def test_the_ends_of_a_run_nobody_asks_about_are_let_go(store: trajstore.Store) -> None:
+    """A service's store gains a partition per run and environment for as long as it runs: the committer kept the ends
+    of every ended run's files until its million-end bound (docs/benchmarks.md, wave after wave). Ends nobody asked
+    about for KEPT_IDLE_S are let go; a run that comes back is checked against its files, read once."""
+    now = [0.0]
+    committer = GroupCommitter(steps_table(store), interval_s=0)
+    committer.ends = EndsCache(clock=lambda: now[0])
+    try:
+        committer.ingest(rows(2, episode_id=100), run_id="old", env_id="E").result(60)
+        now[0] += KEPT_IDLE_S - 1
+        committer.ingest(rows(2, episode_id=200), run_id="new", env_id="E").result(60)
+        assert committer.ends.kept == 2  # the old run's not idle long enough yet
+        now[0] += 2
+        committer.ingest(rows(2, episode_id=300), run_id="new", env_id="E").result(60)
+        assert committer.ends.kept == 2 and committer.ends.reads == 0  # the new run's two; the old run's let go
+        with pytest.raises(InputError, match=r"step: episode_id 100 ended at step 1 \(terminated or truncated\); "
+                                             r"step 2 cannot follow it"):
+            committer.ingest(episode([2], episode_id=100), run_id="old", env_id="E").result(60)
+        assert committer.ends.reads == 1  # its file, read again
     finally:
         committer.close()
     assert trajstore.check(store).ok

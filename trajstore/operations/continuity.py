@@ -28,9 +28,10 @@ An episode's rows are all single-agent (``agent_id`` null) or all agents'.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +44,7 @@ from trajstore.storage.log import DataFile, files_holding
 from trajstore.storage.table import steps_dataset
 
 KEPT_ENDS = 1_000_000  # episode ends (of an episode, or of an agent in one) an EndsCache keeps (~40 MB)
+KEPT_IDLE_S = 120.0  # an EndsCache lets go of a file's ends once no request asked about them (nor learnt them) so long
 KEY_SCHEMA = pa.schema([("run_id", pa.string()), ("env_id", pa.string()), ("episode_id", pa.int64()),
                         ("step", pa.int32()), ("terminated", pa.bool_()), ("truncated", pa.bool_()),
                         ("agent_id", pa.string())])
@@ -232,12 +234,17 @@ class EndsCache:
     columns only), or never when its writer said what it holds (:meth:`learn`: the group committer, of the files it
     writes); the files asked about are the caller's (one version's, from its log): another writer's files are read
     as they appear. At most ``limit`` ends are kept, the least recently used file's let go first; a file the log
-    no longer lists goes as the committer meets a version without it (:meth:`retain`)."""
+    no longer lists goes as the committer meets a version without it, and one nobody asked about for ``idle_s``
+    (an actor's run that ended, a partition written once) goes then too (:meth:`retain`): read again, once, if a
+    request asks after all."""
 
-    def __init__(self, limit: int = KEPT_ENDS) -> None:
-        self.limit = limit
+    def __init__(self, limit: int = KEPT_ENDS, *, idle_s: float = KEPT_IDLE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self.idle_s = limit, idle_s
         self.reads = 0  # files read (not learnt)
-        self._files: OrderedDict[str, FileEnds] = OrderedDict()
+        self._clock = clock
+        self._files: OrderedDict[str, FileEnds] = OrderedDict()  # least recently used first
+        self._used: dict[str, float] = {}  # when each file's ends were last asked about or learnt
         self._size = 0
         self._lock = threading.Lock()
         self._index: tuple[Sequence[DataFile], np.ndarray, np.ndarray] | None = None
@@ -256,13 +263,20 @@ class EndsCache:
     def retain(self, files: Sequence[DataFile]) -> None:
         """Let go of the ends of the files a version no longer lists (``files``: all of its files): compacted,
         deleted or rewritten, no later version asks about them, and they would hold the cache's room until the least
-        recently used went. Looks through the cache only when it holds more files than the version lists."""
+        recently used went. Looks through the cache only when it holds more files than the version lists. Then of
+        those nobody asked about for ``idle_s``: a service's store gains partitions for as long as it runs (a run
+        each, of each environment), and an ended run's would otherwise stay until the cache's ``limit``."""
         with self._lock:
-            if len(self._files) <= len(files):
-                return
-            listed = {f.path for f in files}
-            for path in [p for p in self._files if p not in listed]:
-                self._size -= self._files.pop(path).size
+            if len(self._files) > len(files):
+                listed = {f.path for f in files}
+                for path in [p for p in self._files if p not in listed]:
+                    self._drop(path)
+            idle = self._clock() - self.idle_s
+            while self._files:
+                oldest = next(iter(self._files))
+                if self._used[oldest] > idle:
+                    break
+                self._drop(oldest)
 
     def ends(self, files: Sequence[DataFile], episode_ids: np.ndarray) -> list[StoredEnd]:
         """:func:`stored_ends` of ``episode_ids`` (sorted, unique) in ``files`` (one version's)."""
@@ -305,6 +319,7 @@ class EndsCache:
                 found = self._files.get(f.path)
                 if found is not None:
                     self._files.move_to_end(f.path)
+                    self._used[f.path] = self._clock()
                     known[f.path] = found
                 elif f.path in self._loading:
                     theirs.append(self._loading[f.path])
@@ -317,8 +332,13 @@ class EndsCache:
         old = self._files.pop(path, None)
         self._size += ends.size - (0 if old is None else old.size)
         self._files[path] = ends
+        self._used[path] = self._clock()
         while self._size > self.limit and len(self._files) > 1:
-            self._size -= self._files.popitem(last=False)[1].size
+            self._drop(next(iter(self._files)))
+
+    def _drop(self, path: str) -> None:
+        self._size -= self._files.pop(path).size
+        del self._used[path]
 
     def _holding(self, files: Sequence[DataFile], ids: np.ndarray) -> list[DataFile]:
         """:func:`~trajstore.storage.log.files_holding`, at once over the files' logged ranges (kept for the

@@ -18,6 +18,7 @@ import trajstore
 from tests.helpers import steps_table
 from tests.storage.helpers import episode, rows
 from trajstore.errors import ConflictError, InputError, SchemaMismatchError
+from trajstore.operations import ingest
 from trajstore.operations.ingest import append_rows, validate_rows
 from trajstore.store import plumbing
 
@@ -400,3 +401,32 @@ def test_encoded_rows_are_checked_a_piece_of_decoded_frames_at_a_time() -> None:
     with pytest.raises(InputError, match=r"next_obs/obs: rows: row 3999 \(episode \d+, step \d+\): next_obs is "
                                          "null, but the next row is not the same episode's next step"):
         validate_rows(broken.replace_schema_metadata(rows.schema.metadata), None)
+
+
+def test_a_writers_schema_is_resolved_once_and_a_new_column_still_reaches_the_log(
+        store: trajstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer's requests share one schema, and resolving its physical names and declarations cost more than the
+    rest of a small request's check: it is resolved once per (rows' schema, log's schema). The kept answer is the
+    one the log gives (the reference: resolved again), and rows bringing a column the log lacks still reserve it."""
+    monkeypatch.setattr(ingest, "_physical_schemas", {})
+    resolved: list[int] = []
+    real = ingest._resolved
+    monkeypatch.setattr(ingest, "_resolved", lambda *a: resolved.append(1) or real(*a))
+    table = steps_table(store)
+    append_rows(table, rows(2, episode_id=1), run_id="r", env_id="E")
+    state = table.log.read()
+    stored = table.stored_schema(env_id="E", files=state.files, state=state)
+    for extra in ({}, {"extras.x": pa.array([1.5, 2.5])}):
+        checked, _ = ingest._checked(rows(2, episode_id=2, **extra), stored)
+        before = len(resolved)
+        first, again = ingest._physical(table, checked, state), ingest._physical(table, checked, state)
+        reference = real(table, checked, state)
+        assert first.equals(reference) and again.equals(reference)
+        assert again.schema.equals(reference.schema, check_metadata=True)
+        assert len(resolved) - before == (1 if not extra else 2)  # the new column: state lacks it, so not kept
+    assert "extras.x" in {f.name for f in table.log.read().schema}
+    append_rows(table, rows(2, episode_id=3, **{"extras.x": pa.array([0.5, 1.0])}), run_id="r", env_id="E")
+    got = store.sql('SELECT episode_id, "extras.x" AS x FROM steps ORDER BY episode_id, step').to_pylist()
+    assert got == [{"episode_id": 1, "x": None}, {"episode_id": 1, "x": None},
+                   {"episode_id": 3, "x": 0.5}, {"episode_id": 3, "x": 1.0}]
+    assert trajstore.check(store).ok

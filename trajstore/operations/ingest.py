@@ -54,6 +54,7 @@ KEYS = {"episode_id": pa.int64(), "step": pa.int32()}
 ATTEMPTS = 30  # reads of the log per request while other processes keep committing before it
 LEGACY_DIGEST = 1  # what trajstore recorded for every key before it kept the request's digest
 CHECK_BYTES = 16 * 1024 * 1024  # decoded obs and next_obs at a time while the rows' encoding is checked
+PHYSICAL_KEPT = 1_000  # (rows' schema, log's schema) pairs whose physical schema is kept, then forgotten at once
 
 Ends = Callable[[Sequence[DataFile], np.ndarray], list[StoredEnd]]  # what files hold of episodes (stored_ends)
 
@@ -428,7 +429,29 @@ def append_rows(table: StepsTable, rows: pa.Table, *, run_id: str, env_id: str, 
 
 def _physical(table: StepsTable, rows: pa.Table, known: TableState | None = None) -> pa.Table:
     """``rows`` under the physical names the log resolves and declares for them (reserved there first; ``known``:
-    a version read already, which answers when it holds them all)."""
+    a version read already, which answers when it holds them all). What ``known``'s schema answers is kept for the
+    next rows of the same schema (a writer's requests all have one): resolving names and declarations costs more
+    than the rest of the check of a small request, and gives the same answer for the same two schemas."""
+    key = None if known is None else (rows.schema.serialize().to_pybytes(), known.schema_key)
+    found = None if key is None else _physical_schemas.get(key)
+    if found is not None:
+        table.log.writable("write")  # as a reserve would
+        return pa.Table.from_arrays(rows.columns, schema=found)
+    out = _resolved(table, rows, known)
+    if key is not None and known is not None and set(out.column_names) <= set(known.schema.names):
+        with _physical_lock:  # kept only when ``known`` held every column: no column was added to the log for them
+            if len(_physical_schemas) >= PHYSICAL_KEPT:
+                _physical_schemas.clear()
+            _physical_schemas[key] = out.schema
+    return out
+
+
+_physical_schemas: dict[tuple[bytes, bytes], pa.Schema] = {}  # (rows' schema, log's schema) -> physical schema
+_physical_lock = threading.Lock()
+
+
+def _resolved(table: StepsTable, rows: pa.Table, known: TableState | None) -> pa.Table:
+    """:func:`_physical`, made from the log."""
     fmt = FileEncoding.of(rows.schema.metadata)
     logical = logical_schema(rows.schema.remove_metadata(), fmt)
 

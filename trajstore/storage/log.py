@@ -252,6 +252,12 @@ class TableState:
         return pa.schema(self._table.schema().to_arrow())
 
     @cached_property
+    def schema_key(self) -> bytes:
+        """:attr:`schema` as bytes (Arrow IPC, its fields' declarations included): equal for versions whose
+        schemas are equal, a key for what is made from it."""
+        return self.schema.serialize().to_pybytes()
+
+    @cached_property
     def declarations(self) -> dict[str, dict[str, Any] | None]:
         """Every column of the schema -> what it declares it stores (its field metadata; see
         :func:`~trajstore.storage.encoding.declaration`), or None."""

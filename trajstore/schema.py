@@ -153,9 +153,11 @@ def leaf_of_type(t: pa.DataType) -> Leaf:
     return Leaf(tuple(shape), numpy_dtype(t))
 
 
+@lru_cache(maxsize=1024)
 def numpy_dtype(t: pa.DataType) -> np.dtype:
     """The numpy dtype Arrow converts values of type ``t`` to (``DataType.to_pandas_dtype`` imports pandas,
-    which trajstore does not depend on)."""
+    which trajstore does not depend on). Kept per type: every check of a request's columns asks, and making an
+    empty array of the type to see costs more than the rest of the check."""
     return pa.array([], t).to_numpy(zero_copy_only=False).dtype
 
 

@@ -24,7 +24,7 @@ from tests.helpers import steps_table
 from tests.storage.helpers import episode, rows
 from trajstore.api.app import create_app
 from trajstore.errors import ConflictError, InputError
-from trajstore.operations import group_commit
+from trajstore.operations import continuity, group_commit
 from trajstore.operations.continuity import KEPT_IDLE_S, EndsCache, FileEnds, stored_ends
 from trajstore.operations.group_commit import GroupCommitter
 from trajstore.remote.wire import ipc_bytes
@@ -65,6 +65,43 @@ def test_the_cache_answers_what_the_files_hold(store: trajstore.Store) -> None:
     ends = {(e.episode_id, e.agent_id): (e.last_step, e.end_step) for e in
             read.ends(state.files, np.array([7, 8, 9], np.int64))}
     assert ends == {(7, None): (4, 4), (8, None): (1, None), (9, "a"): (3, 3), (9, "b"): (2, None)}
+
+
+@pytest.mark.parametrize("merged_after", [2, 1000])
+def test_the_merged_index_answers_what_the_files_hold(store: trajstore.Store, monkeypatch: pytest.MonkeyPatch,
+                                                      merged_after: int) -> None:
+    """A request is looked up in one index of every kept file's ends, not file by file (a store's files each may
+    hold any id, so the check grew with the store). Against the plain reading, over 14 files of three partitions
+    whose id ranges overlap, as files come, are let go (a bound, a compaction) and are merged again."""
+    monkeypatch.setattr(continuity, "MERGED_AFTER", merged_after)
+    ingest = plumbing(store).ingest
+    rng = np.random.default_rng(5)
+    drawn = rng.choice(np.arange(1000, 1400, dtype=np.int64), 36, replace=False)  # ranges that overlap
+    for i in range(12):
+        ingest(pa.concat_tables([rows(int(rng.integers(1, 4)), episode_id=int(e)) for e in drawn[3 * i:3 * i + 3]]),
+               run_id=("a", "b", "c")[i % 3], env_id="E")
+    ingest(agents(2000, [0, 2], ["x", "y"]), run_id="a", env_id="E")
+    ingest(agents(2000, [3], ["x"], end=True), run_id="a", env_id="E")
+    files = steps_table(store).log.read().files
+    assert len(files) == 14
+    learnt, read, small = EndsCache(), EndsCache(), EndsCache(limit=20)
+    for f in files:
+        learnt.learn(f.path, FileEnds.of(pq.read_table(f.path, filesystem=f.fs), run_id=f.run_id, env_id=f.env_id))
+    stored = np.array(sorted({int(i) for f in files for i in pq.read_table(f.path, columns=["episode_id"])
+                              ["episode_id"].to_pylist()}), np.int64)
+    pool = np.unique(np.concatenate([stored, np.arange(990, 1010)]))  # ids stored and not
+    asks = [np.sort(rng.choice(pool, k, replace=False)) for k in
+            (1, 2, 5, 20, 40) for _ in range(4)] + [stored]
+    for ask in asks:
+        want = stored_ends(files, ask)
+        for cache in (learnt, read, small):
+            assert cache.ends(files, ask) == want, ask
+    assert learnt.reads == 0 and read.reads == 14 and small.reads > 14
+    kept = files[::2]  # a compaction took the others away: the next group lets their ends go
+    for cache in (learnt, read, small):
+        cache.retain(kept)
+        for ask in asks[::3]:
+            assert cache.ends(kept, ask) == stored_ends(kept, ask), ask
 
 
 def test_an_episode_another_writer_continued_is_checked_against_the_log(store: trajstore.Store) -> None:

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -43,8 +43,9 @@ from trajstore.query.snapshot import cursor
 from trajstore.storage.log import DataFile, files_holding
 from trajstore.storage.table import steps_dataset
 
-KEPT_ENDS = 1_000_000  # episode ends (of an episode, or of an agent in one) an EndsCache keeps (~40 MB)
+KEPT_ENDS = 1_000_000  # episode ends (one per episode, or per agent in one) an EndsCache keeps (~40 MB, +16 of index)
 KEPT_IDLE_S = 120.0  # an EndsCache lets go of a file's ends once no request asked about them (nor learnt them) so long
+MERGED_AFTER = 32  # files an EndsCache keeps outside its merged index before it merges them all again
 KEY_SCHEMA = pa.schema([("run_id", pa.string()), ("env_id", pa.string()), ("episode_id", pa.int64()),
                         ("step", pa.int32()), ("terminated", pa.bool_()), ("truncated", pa.bool_()),
                         ("agent_id", pa.string())])
@@ -236,7 +237,13 @@ class EndsCache:
     as they appear. At most ``limit`` ends are kept, the least recently used file's let go first; a file the log
     no longer lists goes as the committer meets a version without it, and one nobody asked about for ``idle_s``
     (an actor's run that ended, a partition written once) goes then too (:meth:`retain`): read again, once, if a
-    request asks after all."""
+    request asks after all.
+
+    A request's ids are looked up in one sorted index of every kept file's ends (merged again every
+    :data:`MERGED_AFTER` files kept; those kept since are searched one by one), not file by file: the files a group
+    commit writes hold many actors' episodes, so each one's logged id range may hold any id, and a request was
+    checked against every file of the store, its cost growing with the store. A version whose files were all found
+    kept is asked again without looking at each."""
 
     def __init__(self, limit: int = KEPT_ENDS, *, idle_s: float = KEPT_IDLE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -247,8 +254,13 @@ class EndsCache:
         self._used: dict[str, float] = {}  # when each file's ends were last asked about or learnt
         self._size = 0
         self._lock = threading.Lock()
-        self._index: tuple[Sequence[DataFile], np.ndarray, np.ndarray] | None = None
+        self._view: _View | None = None  # the list of files last asked about
         self._loading: dict[str, threading.Event] = {}  # files being read, set once they are
+        self._merged: _Merged | None = None
+        self._in_merged: dict[str, FileEnds] = {}  # the files whose entries in _merged are theirs still
+        self._recent: dict[str, FileEnds] = {}  # the files kept since _merged was made
+        self._stale = 0  # entries of _merged whose files were let go (or kept anew) since
+        self._gen = 0  # counts the files let go: a list of files found all kept at one count may not be at the next
 
     def learn(self, path: str, ends: FileEnds) -> None:
         """Take ``ends`` as what the file at ``path`` holds (the writer's word; the file is then never read)."""
@@ -271,6 +283,7 @@ class EndsCache:
                 listed = {f.path for f in files}
                 for path in [p for p in self._files if p not in listed]:
                     self._drop(path)
+            self._note_used()
             idle = self._clock() - self.idle_s
             while self._files:
                 oldest = next(iter(self._files))
@@ -282,7 +295,16 @@ class EndsCache:
         """:func:`stored_ends` of ``episode_ids`` (sorted, unique) in ``files`` (one version's)."""
         if not len(files) or not len(episode_ids):
             return []
-        held = self._holding(files, episode_ids)
+        view = self._view_of(files)
+        hold = view.holding(episode_ids)
+        hits: list[tuple[FileEnds, int]] | None = None
+        with self._lock:
+            if view.whole == self._gen:  # every file of the list is kept: one look-up in the merged index
+                view.used[hold] = self._clock()
+                hits = self._hits(view.index, hold, episode_ids)
+        if hits is not None:
+            return _merged_ends(hits)
+        held = [files[i] for i in np.flatnonzero(hold).tolist()]
         known: dict[str, FileEnds] = {}
         for _ in range(3):  # a file another thread was reading, let go again before this one looked: read here
             mine, theirs = self._claim(held, known)
@@ -305,6 +327,9 @@ class EndsCache:
         else:
             rest = [f for f in held if f.path not in known]
             known.update(_read_ends(rest) if rest else {})
+        with self._lock:
+            if all(path in self._files for path in view.index):
+                view.whole = self._gen
         return _combined([known[f.path] for f in held], episode_ids)
 
     def _claim(self, held: Sequence[DataFile],
@@ -330,29 +355,134 @@ class EndsCache:
 
     def _keep(self, path: str, ends: FileEnds) -> None:
         old = self._files.pop(path, None)
+        self._unmerge(path)
         self._size += ends.size - (0 if old is None else old.size)
         self._files[path] = ends
         self._used[path] = self._clock()
+        self._recent[path] = ends  # every kept file is in _recent or (its entries still its) _in_merged, not both
         while self._size > self.limit and len(self._files) > 1:
             self._drop(next(iter(self._files)))
+        if len(self._recent) > MERGED_AFTER:
+            self._merge()
 
     def _drop(self, path: str) -> None:
         self._size -= self._files.pop(path).size
         del self._used[path]
+        self._unmerge(path)
+        self._recent.pop(path, None)
+        self._gen += 1
 
-    def _holding(self, files: Sequence[DataFile], ids: np.ndarray) -> list[DataFile]:
-        """:func:`~trajstore.storage.log.files_holding`, at once over the files' logged ranges (kept for the
-        version's list of files while it is the one asked about)."""
-        index = self._index
-        if index is None or index[0] is not files:
-            low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-            index = (files, np.array([low if f.min_episode_id is None else f.min_episode_id for f in files], np.int64),
-                     np.array([high if f.max_episode_id is None else f.max_episode_id for f in files], np.int64))
-            self._index = index
-        _, lo, hi = index
-        at = np.searchsorted(ids, lo)
-        hold = (at < len(ids)) & (ids[np.minimum(at, len(ids) - 1)] <= hi)
-        return [files[i] for i in np.flatnonzero(hold).tolist()]
+    def _unmerge(self, path: str) -> None:
+        """Mark ``path``'s entries of the merged index as no longer its (let go, or kept anew)."""
+        gone = self._in_merged.pop(path, None)
+        if gone is not None:
+            self._stale += gone.size
+            if self._merged is not None and self._stale > len(self._merged.ids) // 2:
+                self._merge()
+
+    def _merge(self) -> None:
+        """Make the merged index of every kept file's ends again."""
+        paths, ends = list(self._files), list(self._files.values())
+        self._merged = _Merged.of(ends, paths)
+        self._in_merged, self._recent, self._stale = dict(zip(paths, ends)), {}, 0
+
+    def _hits(self, listed: Mapping[str, int], hold: np.ndarray, ids: np.ndarray) -> list[tuple[FileEnds, int]]:
+        """Each entry of ``ids`` (sorted, unique) among the kept ends of the files ``listed`` (by path, their places
+        in a list) that may ``hold`` them: the file's ends and the entry's row in them."""
+        def wanted(path: str) -> bool:
+            at = listed.get(path)
+            return at is not None and bool(hold[at])
+
+        hits: list[tuple[FileEnds, int]] = []
+        merged = self._merged
+        if merged is not None:
+            lo, hi = np.searchsorted(merged.ids, ids, "left"), np.searchsorted(merged.ids, ids, "right")
+            for a, b in zip(lo[hi > lo].tolist(), hi[hi > lo].tolist()):
+                for k in range(a, b):
+                    owner = int(merged.owner[k])
+                    path, ends = merged.paths[owner], merged.ends[owner]
+                    if self._in_merged.get(path) is ends and wanted(path):
+                        hits.append((ends, int(merged.row[k])))
+        for path, ends in self._recent.items():
+            if wanted(path):
+                hits.extend(_file_hits(ends, ids))
+        return hits
+
+    def _note_used(self) -> None:
+        """Carry the uses of the files of the list last asked about (kept per file of the list as requests come) into
+        when each was last used, the least recently used first."""
+        view = self._view
+        if view is None:
+            return
+        used = [(t, p) for p, t in zip(view.paths, view.used.tolist()) if t > self._used.get(p, t)]
+        for t, path in sorted(used):
+            self._used[path] = t
+            self._files.move_to_end(path)
+
+    def _view_of(self, files: Sequence[DataFile]) -> _View:
+        """What is kept of the list ``files`` (a version's, while it is the one asked about)."""
+        view = self._view
+        if view is None or view.files is not files:
+            view = _View.of(files)
+            with self._lock:
+                self._note_used()
+                self._view = view
+        return view
+
+
+@dataclass
+class _View:
+    """A list of files asked about (one version's): their logged episode_id ranges, their paths (and places in the
+    list), when a request last needed each, and the count of files let go at which all were found kept (-1: not)."""
+
+    files: Sequence[DataFile]
+    low: np.ndarray
+    high: np.ndarray
+    paths: list[str]
+    index: dict[str, int]
+    used: np.ndarray
+    whole: int = -1
+
+    @classmethod
+    def of(cls, files: Sequence[DataFile]) -> _View:
+        low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+        paths = [f.path for f in files]
+        return cls(files, np.array([low if f.min_episode_id is None else f.min_episode_id for f in files], np.int64),
+                   np.array([high if f.max_episode_id is None else f.max_episode_id for f in files], np.int64),
+                   paths, {p: i for i, p in enumerate(paths)}, np.zeros(len(files)))
+
+    def holding(self, ids: np.ndarray) -> np.ndarray:
+        """Which files may hold one of ``ids`` (sorted), by their logged ranges
+        (:func:`~trajstore.storage.log.files_holding`, at once)."""
+        at = np.searchsorted(ids, self.low)
+        return (at < len(ids)) & (ids[np.minimum(at, len(ids) - 1)] <= self.high)
+
+
+@dataclass(frozen=True)
+class _Merged:
+    """The ends of several files as one index: every entry's episode id, sorted, its file (``owner``, a place in
+    ``paths`` and ``ends``) and its row in that file's ends."""
+
+    ids: np.ndarray
+    owner: np.ndarray
+    row: np.ndarray
+    paths: list[str]
+    ends: list[FileEnds]
+
+    @classmethod
+    def of(cls, ends: list[FileEnds], paths: list[str]) -> _Merged:
+        sizes = np.array([e.size for e in ends], np.int64)
+        ids = np.concatenate([e.episode_id for e in ends]) if ends else np.empty(0, np.int64)
+        owner = np.repeat(np.arange(len(ends), dtype=np.int32), sizes)
+        row = (np.arange(len(ids), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)).astype(np.int32)
+        order = np.argsort(ids, kind="stable")
+        return cls(ids[order], owner[order], row[order], paths, ends)
+
+
+def _file_hits(ends: FileEnds, ids: np.ndarray) -> list[tuple[FileEnds, int]]:
+    """The rows of ``ends`` (one file's) whose episode is one of ``ids`` (sorted)."""
+    lo, hi = np.searchsorted(ends.episode_id, ids, "left"), np.searchsorted(ends.episode_id, ids, "right")
+    return [(ends, j) for a, b in zip(lo[hi > lo].tolist(), hi[hi > lo].tolist()) for j in range(a, b)]
 
 
 def _read_ends(files: Sequence[DataFile]) -> dict[str, FileEnds]:
@@ -372,20 +502,21 @@ def _read_ends(files: Sequence[DataFile]) -> dict[str, FileEnds]:
 def _combined(found: Sequence[FileEnds], ids: np.ndarray) -> list[StoredEnd]:
     """The ends of ``ids`` over several files' ends: per partition, episode and agent, the last step of any and the
     first step that ended it in any, ordered as :func:`stored_ends` orders them."""
+    return _merged_ends([hit for f in found for hit in _file_hits(f, ids)])
+
+
+def _merged_ends(hits: Sequence[tuple[FileEnds, int]]) -> list[StoredEnd]:
+    """:func:`_combined` of the entries ``hits`` (a file's ends, a row of them)."""
     merged: dict[tuple[int, str, str, str | None], list[int]] = {}
-    for f in found:
-        lo = np.searchsorted(f.episode_id, ids, "left")
-        hi = np.searchsorted(f.episode_id, ids, "right")
-        for a, b in zip(lo[hi > lo].tolist(), hi[hi > lo].tolist()):
-            for j in range(a, b):
-                key = (int(f.episode_id[j]), f.run_id, f.env_id, f.agent_id[j])
-                last, end = int(f.last[j]), int(f.end[j])
-                seen = merged.get(key)
-                if seen is None:
-                    merged[key] = [last, end]
-                else:
-                    seen[0] = max(seen[0], last)
-                    seen[1] = end if seen[1] < 0 else seen[1] if end < 0 else min(seen[1], end)
+    for f, j in hits:
+        key = (int(f.episode_id[j]), f.run_id, f.env_id, f.agent_id[j])
+        last, end = int(f.last[j]), int(f.end[j])
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = [last, end]
+        else:
+            seen[0] = max(seen[0], last)
+            seen[1] = end if seen[1] < 0 else seen[1] if end < 0 else min(seen[1], end)
     order = sorted(merged, key=lambda k: (k[0], k[1], k[2], k[3] is None, k[3] or ""))
     return [StoredEnd(r, e, i, merged[(i, r, e, a)][0], None if merged[(i, r, e, a)][1] < 0 else
                       merged[(i, r, e, a)][1], a) for i, r, e, a in order]

@@ -43,7 +43,7 @@ from trajstore.query.snapshot import cursor
 from trajstore.storage.log import DataFile, files_holding
 from trajstore.storage.table import steps_dataset
 
-KEPT_ENDS = 1_000_000  # episode ends (one per episode, or per agent in one) an EndsCache keeps (~40 MB, +16 of index)
+KEPT_ENDS = 1_000_000  # episode ends (one per episode, or per agent in one) an EndsCache keeps (~16 MB, +16 of index)
 KEPT_IDLE_S = 120.0  # an EndsCache lets go of a file's ends once no request asked about them (nor learnt them) so long
 MERGED_AFTER = 32  # files an EndsCache keeps outside its merged index before it merges them all again
 KEY_SCHEMA = pa.schema([("run_id", pa.string()), ("env_id", pa.string()), ("episode_id", pa.int64()),
@@ -205,9 +205,9 @@ class FileEnds:
     run_id: str
     env_id: str
     episode_id: np.ndarray  # int64, sorted; an id once per agent
-    last: np.ndarray  # int64
-    end: np.ndarray  # int64, -1 while the episode runs
-    agent_id: np.ndarray  # object: each one's agent, or None
+    last: np.ndarray  # int32 (a step)
+    end: np.ndarray  # int32, -1 while the episode runs
+    agent_id: np.ndarray  # object: each one's agent, or None (one None for all, read-only, in a file without agents)
 
     @classmethod
     def of(cls, rows: pa.Table, *, run_id: str, env_id: str) -> FileEnds:
@@ -220,8 +220,10 @@ class FileEnds:
                          "x": pc.if_else(ended, rows["step"].cast(pa.int64()), pa.scalar(None, pa.int64()))})
         g = keys.group_by(["e", "a"], use_threads=False).aggregate([("s", "max"), ("x", "min")])
         g = g.sort_by([("e", "ascending")])
-        return cls(run_id, env_id, g["e"].to_numpy(), g["s_max"].to_numpy(),
-                   g["x_min"].fill_null(-1).to_numpy(), np.array(g["a"].to_pylist(), object))
+        agents = np.array(g["a"].to_pylist(), object) if g["a"].null_count < g.num_rows else \
+            np.broadcast_to(np.array([None], object), (g.num_rows,))  # kept for every file's episodes: no copy
+        return cls(run_id, env_id, g["e"].to_numpy(), g["s_max"].to_numpy().astype(np.int32),
+                   g["x_min"].fill_null(-1).to_numpy().astype(np.int32), agents)
 
     @property
     def size(self) -> int:

@@ -98,6 +98,16 @@ def test_the_merged_index_answers_what_the_files_hold(store: trajstore.Store, mo
             assert cache.ends(files, ask) == want, ask
     assert learnt.reads == 0 and read.reads == 14 and small.reads > 14
     kept = files[::2]  # a compaction took the others away: the next group lets their ends go
+    lone = EndsCache()  # one file let go that no request of some ids needs: those ids are still one look-up
+    for f in files:
+        lone.learn(f.path, FileEnds.of(pq.read_table(f.path, filesystem=f.fs), run_id=f.run_id, env_id=f.env_id))
+    far = max(files, key=lambda f: f.min_episode_id or 0)
+    lone.retain([f for f in files if f is not far])
+    first = stored[:1]  # the smallest id: in files whose range starts lower than the one let go
+    assert far.min_episode_id is not None and far.min_episode_id > first[0]
+    with monkeypatch.context() as m:
+        m.setattr(continuity, "_combined", lambda *a: pytest.fail("asked file by file"))
+        assert lone.ends(files, first) == stored_ends(files, first) != []
     for cache in (learnt, read, small):
         cache.retain(kept)
         for ask in asks[::3]:

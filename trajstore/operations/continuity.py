@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -244,8 +244,9 @@ class EndsCache:
     A request's ids are looked up in one sorted index of every kept file's ends (merged again every
     :data:`MERGED_AFTER` files kept; those kept since are searched one by one), not file by file: the files a group
     commit writes hold many actors' episodes, so each one's logged id range may hold any id, and a request was
-    checked against every file of the store, its cost growing with the store. A version whose files were all found
-    kept is asked again without looking at each."""
+    checked against every file of the store, its cost growing with the store. Whether the files that may hold a
+    request's ids are kept is known for a list of files (a version's) at once, again only once a file was kept or let
+    go."""
 
     def __init__(self, limit: int = KEPT_ENDS, *, idle_s: float = KEPT_IDLE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -262,7 +263,7 @@ class EndsCache:
         self._in_merged: dict[str, FileEnds] = {}  # the files whose entries in _merged are theirs still
         self._recent: dict[str, FileEnds] = {}  # the files kept since _merged was made
         self._stale = 0  # entries of _merged whose files were let go (or kept anew) since
-        self._gen = 0  # counts the files let go: a list of files found all kept at one count may not be at the next
+        self._turns = 0  # counts the files kept and let go: what a list found kept at one count may not be at the next
 
     def learn(self, path: str, ends: FileEnds) -> None:
         """Take ``ends`` as what the file at ``path`` holds (the writer's word; the file is then never read)."""
@@ -301,7 +302,10 @@ class EndsCache:
         hold = view.holding(episode_ids)
         hits: list[tuple[FileEnds, int]] | None = None
         with self._lock:
-            if view.whole == self._gen:  # every file of the list is kept: one look-up in the merged index
+            if view.turns != self._turns:
+                view.kept = np.fromiter((p in self._files for p in view.paths), bool, len(view.paths))
+                view.turns = self._turns
+            if view.kept[hold].all():  # every file that may hold one is kept: one look-up in the merged index
                 view.used[hold] = self._clock()
                 hits = self._hits(view.index, hold, episode_ids)
         if hits is not None:
@@ -329,9 +333,6 @@ class EndsCache:
         else:
             rest = [f for f in held if f.path not in known]
             known.update(_read_ends(rest) if rest else {})
-        with self._lock:
-            if all(path in self._files for path in view.index):
-                view.whole = self._gen
         return _combined([known[f.path] for f in held], episode_ids)
 
     def _claim(self, held: Sequence[DataFile],
@@ -361,6 +362,7 @@ class EndsCache:
         self._size += ends.size - (0 if old is None else old.size)
         self._files[path] = ends
         self._used[path] = self._clock()
+        self._turns += 1
         self._recent[path] = ends  # every kept file is in _recent or (its entries still its) _in_merged, not both
         while self._size > self.limit and len(self._files) > 1:
             self._drop(next(iter(self._files)))
@@ -372,7 +374,7 @@ class EndsCache:
         del self._used[path]
         self._unmerge(path)
         self._recent.pop(path, None)
-        self._gen += 1
+        self._turns += 1
 
     def _unmerge(self, path: str) -> None:
         """Mark ``path``'s entries of the merged index as no longer its (let go, or kept anew)."""
@@ -435,7 +437,7 @@ class EndsCache:
 @dataclass
 class _View:
     """A list of files asked about (one version's): their logged episode_id ranges, their paths (and places in the
-    list), when a request last needed each, and the count of files let go at which all were found kept (-1: not)."""
+    list), when a request last needed each, and which were kept when the cache had kept and let go ``turns`` files."""
 
     files: Sequence[DataFile]
     low: np.ndarray
@@ -443,7 +445,8 @@ class _View:
     paths: list[str]
     index: dict[str, int]
     used: np.ndarray
-    whole: int = -1
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # each file's ends kept, as of ``turns``
+    turns: int = -1
 
     @classmethod
     def of(cls, files: Sequence[DataFile]) -> _View:

@@ -29,6 +29,7 @@ from trajstore.operations.continuity import KEPT_IDLE_S, EndsCache, FileEnds, st
 from trajstore.operations.group_commit import GroupCommitter
 from trajstore.remote.wire import ipc_bytes
 from trajstore.store import plumbing
+from trajstore.write.episode_ids import COUNTER_BITS
 
 
 def agents(episode_id: int, steps: list[int], names: list[str], *, end: bool = False) -> pa.Table:
@@ -112,6 +113,80 @@ def test_the_merged_index_answers_what_the_files_hold(store: trajstore.Store, mo
         cache.retain(kept)
         for ask in asks[::3]:
             assert cache.ends(kept, ask) == stored_ends(kept, ask), ask
+
+
+def writers(tokens: list[int], counters: list[int], *, open_last: bool = False) -> pa.Table:
+    """Rows as a group commit writes them: for each writer's token, an episode of 2 steps at each of ``counters``
+    (ids ``token << COUNTER_BITS | counter``, as :class:`~trajstore.write.episode_ids.EpisodeIds` draws them); the
+    last counter's episode left running with ``open_last``."""
+    parts = []
+    for t in tokens:
+        for c in counters:
+            ended = not (open_last and c == counters[-1])
+            parts.append(episode([0, 1], episode_id=t << COUNTER_BITS | c, end=ended))
+    return pa.concat_tables(parts)
+
+
+def test_a_request_needs_the_ends_of_the_files_holding_its_writers_ids(store: trajstore.Store,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files a group commit writes each hold many actors' episodes, whose ids start at far-apart random tokens: every
+    file's logged range may hold any id, so every request needed every file's ends, read again and again once the
+    store held more than the cache keeps. Each file's ranges by writer token tell which files may hold a request's
+    ids: past the bound, a request reads only those; against the plain reading, ranges merged and not."""
+    monkeypatch.setattr(continuity, "MERGED_AFTER", 3)
+    ingest = plumbing(store).ingest
+    tokens = [3, 90, 1 << 30, 7 << 33]
+    for k in range(8):  # 8 files (upkeep merges more) of 4 writers, 3 episodes each: 12 ends a file
+        ingest(writers(tokens, [3 * k, 3 * k + 1, 3 * k + 2]), run_id="r", env_id="E")
+    files = steps_table(store).log.read().files
+    assert len(files) == 8 and all((f.min_episode_id or 0) >> COUNTER_BITS == 3 and  # each one's range: any writer's
+                                   (f.max_episode_id or 0) >> COUNTER_BITS == 7 << 33 for f in files)
+    cache = EndsCache(limit=30)  # two files' ends
+    stored = np.array(sorted({i for f in files for i in pq.read_table(f.path, columns=["episode_id"])
+                              ["episode_id"].to_pylist()}), np.int64)
+    first = np.array([90 << COUNTER_BITS], np.int64)  # in each file's logged range: every file is read, once
+    assert cache.ends(files, first) == stored_ends(files, first) != [] and cache.reads == 8
+    assert cache.ranged == 8 and cache.kept <= 30
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        token, counter = int(rng.choice(tokens)), int(rng.integers(0, 24))
+        ask = np.array([token << COUNTER_BITS | counter], np.int64)
+        before = cache.reads
+        assert cache.ends(files, ask) == stored_ends(files, ask) != []
+        assert cache.reads - before <= 1  # the one file holding it, if its ends were let go; not the other seven
+    unknown = np.array([5 << COUNTER_BITS, 90 << COUNTER_BITS | 25, (1 << 30) + 1 << COUNTER_BITS], np.int64)
+    before = cache.reads
+    assert cache.ends(files, unknown) == stored_ends(files, unknown) == [] and cache.reads == before  # none read
+    for k in (1, 3, 40):
+        ask = np.sort(rng.choice(np.concatenate([stored, unknown]), k, replace=False))
+        assert cache.ends(files, ask) == stored_ends(files, ask)
+    cache.retain(files[5:])  # a compaction took five files away: their ranges go with their ends
+    assert cache.ranged == 3
+    assert cache.ends(files[5:], stored) == stored_ends(files[5:], stored)
+
+
+def test_an_ended_runs_files_are_let_go_though_their_ranges_span_the_new_runs(store: trajstore.Store) -> None:
+    """The group committer's files of an ended run hold ids of many writers, so their logged ranges span the ids of
+    every later run's writers: each request of a later run asked about them and their ends were never idle, held until
+    the million-end bound (the service's memory grew wave after wave, docs/benchmarks.md). By their writers' ranges
+    no request of a new run needs them: let go after KEPT_IDLE_S, and a request to the old run reads them again."""
+    now = [0.0]
+    committer = GroupCommitter(steps_table(store), interval_s=0)
+    committer.ends = EndsCache(clock=lambda: now[0])
+    try:
+        committer.ingest(writers([10, 30], [0]), run_id="old", env_id="E").result(60)
+        for k in range(3):  # two writers of the new run, whose ids lie within the old run's file's range
+            now[0] += KEPT_IDLE_S / 2
+            for token in (20, 25):
+                committer.ingest(episode([2 * k, 2 * k + 1], episode_id=token << COUNTER_BITS), run_id="new",
+                                 env_id="E").result(60)
+        assert committer.ends.kept == 6 and committer.ends.reads == 0  # the old run's let go, the new run's learnt
+        with pytest.raises(InputError, match=r"step: episode_id 167772160 ended at step 1"):
+            committer.ingest(episode([2], episode_id=10 << COUNTER_BITS), run_id="old", env_id="E").result(60)
+        assert committer.ends.reads == 1  # its file, read again
+    finally:
+        committer.close()
+    assert trajstore.check(store).ok
 
 
 def test_an_episode_another_writer_continued_is_checked_against_the_log(store: trajstore.Store) -> None:

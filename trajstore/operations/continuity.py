@@ -31,7 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Generic, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -42,9 +42,11 @@ from trajstore.query import sql
 from trajstore.query.snapshot import cursor
 from trajstore.storage.log import DataFile, files_holding
 from trajstore.storage.table import steps_dataset
+from trajstore.write.episode_ids import COUNTER_BITS
 
 KEPT_ENDS = 1_000_000  # episode ends (one per episode, or per agent in one) an EndsCache keeps (~16 MB, +16 of index)
 KEPT_IDLE_S = 120.0  # an EndsCache lets go of a file's ends once no request asked about them (nor learnt them) so long
+KEPT_RANGES = 1_000_000  # writers' ranges of files (a few per writer a file holds) an EndsCache keeps (~28 MB)
 MERGED_AFTER = 32  # files an EndsCache keeps outside its merged index before it merges them all again
 KEY_SCHEMA = pa.schema([("run_id", pa.string()), ("env_id", pa.string()), ("episode_id", pa.int64()),
                         ("step", pa.int32()), ("terminated", pa.bool_()), ("truncated", pa.bool_()),
@@ -241,29 +243,27 @@ class EndsCache:
     (an actor's run that ended, a partition written once) goes then too (:meth:`retain`): read again, once, if a
     request asks after all.
 
-    A request's ids are looked up in one sorted index of every kept file's ends (merged again every
-    :data:`MERGED_AFTER` files kept; those kept since are searched one by one), not file by file: the files a group
-    commit writes hold many actors' episodes, so each one's logged id range may hold any id, and a request was
-    checked against every file of the store, its cost growing with the store. Whether the files that may hold a
-    request's ids are kept is known for a list of files (a version's) at once, again only once a file was kept or let
-    go."""
+    Which files may hold a request's ids is told by each file's writers' ranges (:class:`_Ranges`, kept while the
+    log lists the file, at most :data:`KEPT_RANGES`), not by its logged range alone: the files a group commit writes
+    hold many actors' episodes, each actor's ids counted up from its own random token, so each file's logged range
+    may hold any id, and every request needed the ends of every file of the store (past the bound of ends, read
+    again and again). A request's ids are looked up in one sorted index of every kept file's ends, and in one of
+    every file's ranges (each merged again every :data:`MERGED_AFTER` files kept; those kept since are searched one
+    by one). Which files of a list are kept, and which have their ranges kept, is known for the list (a version's)
+    at once, again only once a file was kept or let go."""
 
     def __init__(self, limit: int = KEPT_ENDS, *, idle_s: float = KEPT_IDLE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.limit, self.idle_s = limit, idle_s
         self.reads = 0  # files read (not learnt)
         self._clock = clock
-        self._files: OrderedDict[str, FileEnds] = OrderedDict()  # least recently used first
+        self._ends: _Layered[FileEnds, _Merged] = _Layered(_Merged.of, lambda e: e.size)  # least recently used first
+        self._ranges: _Layered[_Ranges, _Stabs] = _Layered(_Stabs.of, _Ranges.count)  # the oldest first
         self._used: dict[str, float] = {}  # when each file's ends were last asked about or learnt
-        self._size = 0
         self._lock = threading.Lock()
         self._view: _View | None = None  # the list of files last asked about
         self._loading: dict[str, threading.Event] = {}  # files being read, set once they are
-        self._merged: _Merged | None = None
-        self._in_merged: dict[str, FileEnds] = {}  # the files whose entries in _merged are theirs still
-        self._recent: dict[str, FileEnds] = {}  # the files kept since _merged was made
-        self._stale = 0  # entries of _merged whose files were let go (or kept anew) since
-        self._turns = 0  # counts the files kept and let go: what a list found kept at one count may not be at the next
+        self._turns = 0  # counts files kept and let go: what a list found kept at one count may not be at the next
 
     def learn(self, path: str, ends: FileEnds) -> None:
         """Take ``ends`` as what the file at ``path`` holds (the writer's word; the file is then never read)."""
@@ -273,23 +273,29 @@ class EndsCache:
     @property
     def kept(self) -> int:
         """The ends kept, of all files."""
-        return self._size
+        return self._ends.size
+
+    @property
+    def ranged(self) -> int:
+        """The files whose writers' ranges are kept."""
+        return len(self._ranges.items)
 
     def retain(self, files: Sequence[DataFile]) -> None:
-        """Let go of the ends of the files a version no longer lists (``files``: all of its files): compacted,
-        deleted or rewritten, no later version asks about them, and they would hold the cache's room until the least
-        recently used went. Looks through the cache only when it holds more files than the version lists. Then of
-        those nobody asked about for ``idle_s``: a service's store gains partitions for as long as it runs (a run
-        each, of each environment), and an ended run's would otherwise stay until the cache's ``limit``."""
+        """Let go of what is kept of the files a version no longer lists (``files``: all of its files): compacted,
+        deleted or rewritten, no later version asks about them. Then of the ends of those nobody asked about for
+        ``idle_s``: a service's store gains partitions for as long as it runs (a run each, of each environment), and
+        an ended run's would otherwise stay until the cache's ``limit``."""
         with self._lock:
-            if len(self._files) > len(files):
-                listed = {f.path for f in files}
-                for path in [p for p in self._files if p not in listed]:
-                    self._drop(path)
+            listed = {f.path for f in files}
+            for path in [p for p in self._ends.items if p not in listed]:
+                self._drop(path)
+            for path in [p for p in self._ranges.items if p not in listed]:
+                self._ranges.take(path)
+                self._turns += 1
             self._note_used()
             idle = self._clock() - self.idle_s
-            while self._files:
-                oldest = next(iter(self._files))
+            while self._ends.items:
+                oldest = next(iter(self._ends.items))
                 if self._used[oldest] > idle:
                     break
                 self._drop(oldest)
@@ -303,8 +309,11 @@ class EndsCache:
         hits: list[tuple[FileEnds, int]] | None = None
         with self._lock:
             if view.turns != self._turns:
-                view.kept = np.fromiter((p in self._files for p in view.paths), bool, len(view.paths))
+                view.kept = np.fromiter((p in self._ends.items for p in view.paths), bool, len(view.paths))
+                view.ranged = np.fromiter((p in self._ranges.items for p in view.paths), bool, len(view.paths))
                 view.turns = self._turns
+            if (hold & view.ranged).any():  # files whose writers' ranges hold none of the ids hold none
+                hold &= ~view.ranged | self._spanning(view.index, len(view.paths), episode_ids)
             if view.kept[hold].all():  # every file that may hold one is kept: one look-up in the merged index
                 view.used[hold] = self._clock()
                 hits = self._hits(view.index, hold, episode_ids)
@@ -344,9 +353,9 @@ class EndsCache:
             for f in held:
                 if f.path in known:
                     continue
-                found = self._files.get(f.path)
+                found = self._ends.items.get(f.path)
                 if found is not None:
-                    self._files.move_to_end(f.path)
+                    self._ends.items.move_to_end(f.path)
                     self._used[f.path] = self._clock()
                     known[f.path] = found
                 elif f.path in self._loading:
@@ -357,38 +366,44 @@ class EndsCache:
         return mine, theirs
 
     def _keep(self, path: str, ends: FileEnds) -> None:
-        old = self._files.pop(path, None)
-        self._unmerge(path)
-        self._size += ends.size - (0 if old is None else old.size)
-        self._files[path] = ends
+        self._ends.put(path, ends)
         self._used[path] = self._clock()
         self._turns += 1
-        self._recent[path] = ends  # every kept file is in _recent or (its entries still its) _in_merged, not both
-        while self._size > self.limit and len(self._files) > 1:
-            self._drop(next(iter(self._files)))
-        if len(self._recent) > MERGED_AFTER:
-            self._merge()
+        while self._ends.size > self.limit and len(self._ends.items) > 1:
+            self._drop(next(iter(self._ends.items)))
+        if path not in self._ranges.items:  # a file never changes: its ranges, once kept, stay its
+            self._ranges.put(path, _Ranges.of(ends))
+            while self._ranges.size > KEPT_RANGES and len(self._ranges.items) > 1:
+                self._ranges.take(next(iter(self._ranges.items)))
 
     def _drop(self, path: str) -> None:
-        self._size -= self._files.pop(path).size
+        self._ends.take(path)
         del self._used[path]
-        self._unmerge(path)
-        self._recent.pop(path, None)
         self._turns += 1
 
-    def _unmerge(self, path: str) -> None:
-        """Mark ``path``'s entries of the merged index as no longer its (let go, or kept anew)."""
-        gone = self._in_merged.pop(path, None)
-        if gone is not None:
-            self._stale += gone.size
-            if self._merged is not None and self._stale > len(self._merged.ids) // 2:
-                self._merge()
+    def _spanning(self, listed: Mapping[str, int], n: int, ids: np.ndarray) -> np.ndarray:
+        """Which of the ``n`` files ``listed`` (by path, their places in a list) have a writer's range that holds one
+        of ``ids`` (sorted), of the files whose ranges are kept."""
+        out = np.zeros(n, bool)
 
-    def _merge(self) -> None:
-        """Make the merged index of every kept file's ends again."""
-        paths, ends = list(self._files), list(self._files.values())
-        self._merged = _Merged.of(ends, paths)
-        self._in_merged, self._recent, self._stale = dict(zip(paths, ends)), {}, 0
+        def mark(path: str) -> None:
+            at = listed.get(path)
+            if at is not None:
+                out[at] = True
+
+        stabs = self._ranges.merged
+        if stabs is not None and len(stabs.low):
+            for i, j in zip(ids.tolist(), (np.searchsorted(stabs.low, ids, "right") - 1).tolist()):
+                while j >= 0 and stabs.reach[j] >= i:  # back over the ranges starting below i while one reaches it
+                    if stabs.high[j] >= i:
+                        owner = int(stabs.owner[j])
+                        if self._ranges.current(stabs.paths[owner], stabs.items[owner]):
+                            mark(stabs.paths[owner])
+                    j -= 1
+        for path, ranges in self._ranges.recent.items():
+            if ranges.hold(ids):
+                mark(path)
+        return out
 
     def _hits(self, listed: Mapping[str, int], hold: np.ndarray, ids: np.ndarray) -> list[tuple[FileEnds, int]]:
         """Each entry of ``ids`` (sorted, unique) among the kept ends of the files ``listed`` (by path, their places
@@ -398,16 +413,16 @@ class EndsCache:
             return at is not None and bool(hold[at])
 
         hits: list[tuple[FileEnds, int]] = []
-        merged = self._merged
+        merged = self._ends.merged
         if merged is not None:
             lo, hi = np.searchsorted(merged.ids, ids, "left"), np.searchsorted(merged.ids, ids, "right")
             for a, b in zip(lo[hi > lo].tolist(), hi[hi > lo].tolist()):
                 for k in range(a, b):
                     owner = int(merged.owner[k])
-                    path, ends = merged.paths[owner], merged.ends[owner]
-                    if self._in_merged.get(path) is ends and wanted(path):
+                    path, ends = merged.paths[owner], merged.items[owner]
+                    if self._ends.current(path, ends) and wanted(path):
                         hits.append((ends, int(merged.row[k])))
-        for path, ends in self._recent.items():
+        for path, ends in self._ends.recent.items():
             if wanted(path):
                 hits.extend(_file_hits(ends, ids))
         return hits
@@ -421,7 +436,7 @@ class EndsCache:
         used = [(t, p) for p, t in zip(view.paths, view.used.tolist()) if t > self._used.get(p, t)]
         for t, path in sorted(used):
             self._used[path] = t
-            self._files.move_to_end(path)
+            self._ends.items.move_to_end(path)
 
     def _view_of(self, files: Sequence[DataFile]) -> _View:
         """What is kept of the list ``files`` (a version's, while it is the one asked about)."""
@@ -434,10 +449,60 @@ class EndsCache:
         return view
 
 
+T = TypeVar("T")
+M = TypeVar("M")
+
+
+class _Layered(Generic[T, M]):
+    """Things kept by path (``items``, the least recently put or touched first) and one index of them all
+    (``merged``, made by ``make``), made again once :data:`MERGED_AFTER` things were put since (kept apart in
+    ``recent`` till then: a caller searches those one by one) or once half its entries (``count``: a thing's) are of
+    things taken out or put anew (:meth:`current` tells)."""
+
+    def __init__(self, make: Callable[[list[str], list[T]], M], count: Callable[[T], int]) -> None:
+        self.items: OrderedDict[str, T] = OrderedDict()
+        self.size = 0  # the entries of all items
+        self.merged: M | None = None
+        self.recent: dict[str, T] = {}  # every item is in recent or (its entries still its) in _in_merged, not both
+        self._make, self._count = make, count
+        self._in_merged: dict[str, T] = {}
+        self._merged_size = 0
+        self._stale = 0  # entries of merged whose items were taken out since
+
+    def put(self, path: str, item: T) -> None:
+        self.take(path)
+        self.items[path] = item
+        self.size += self._count(item)
+        self.recent[path] = item
+        if len(self.recent) > MERGED_AFTER:
+            self.merge()
+
+    def take(self, path: str) -> None:
+        item = self.items.pop(path, None)
+        if item is None:
+            return
+        self.size -= self._count(item)
+        self.recent.pop(path, None)
+        if self._in_merged.pop(path, None) is not None:
+            self._stale += self._count(item)
+            if self._stale > self._merged_size // 2:
+                self.merge()
+
+    def current(self, path: str, item: T) -> bool:
+        """Whether ``item``, an entry of ``merged``, is ``path``'s still."""
+        return self._in_merged.get(path) is item
+
+    def merge(self) -> None:
+        paths, items = list(self.items), list(self.items.values())
+        self.merged = self._make(paths, items)
+        self._in_merged, self.recent, self._stale, self._merged_size = dict(zip(paths, items)), {}, 0, self.size
+
+
 @dataclass
 class _View:
     """A list of files asked about (one version's): their logged episode_id ranges, their paths (and places in the
-    list), when a request last needed each, and which were kept when the cache had kept and let go ``turns`` files."""
+    list), when a request last needed each, and which were kept (their ends; their writers' ranges) when the cache
+    had kept and let go ``turns`` files."""
 
     files: Sequence[DataFile]
     low: np.ndarray
@@ -446,6 +511,7 @@ class _View:
     index: dict[str, int]
     used: np.ndarray
     kept: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # each file's ends kept, as of ``turns``
+    ranged: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # each file's ranges kept, as of ``turns``
     turns: int = -1
 
     @classmethod
@@ -466,22 +532,72 @@ class _View:
 @dataclass(frozen=True)
 class _Merged:
     """The ends of several files as one index: every entry's episode id, sorted, its file (``owner``, a place in
-    ``paths`` and ``ends``) and its row in that file's ends."""
+    ``paths`` and ``items``) and its row in that file's ends."""
 
     ids: np.ndarray
     owner: np.ndarray
     row: np.ndarray
     paths: list[str]
-    ends: list[FileEnds]
+    items: list[FileEnds]
 
     @classmethod
-    def of(cls, ends: list[FileEnds], paths: list[str]) -> _Merged:
+    def of(cls, paths: list[str], ends: list[FileEnds]) -> _Merged:
         sizes = np.array([e.size for e in ends], np.int64)
         ids = np.concatenate([e.episode_id for e in ends]) if ends else np.empty(0, np.int64)
         owner = np.repeat(np.arange(len(ends), dtype=np.int32), sizes)
         row = (np.arange(len(ids), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)).astype(np.int32)
         order = np.argsort(ids, kind="stable")
         return cls(ids[order], owner[order], row[order], paths, ends)
+
+
+@dataclass(frozen=True)
+class _Ranges:
+    """A file's episode ids by the writer's token each carries (``id >> COUNTER_BITS``, see
+    :mod:`~trajstore.write.episode_ids`): the lowest and the highest id of each token, in order. A writer counts its ids
+    up from its token, so a file of many writers' episodes holds ids in a few narrow ranges, far apart."""
+
+    low: np.ndarray
+    high: np.ndarray
+
+    @classmethod
+    def of(cls, ends: FileEnds) -> _Ranges:
+        ids = ends.episode_id
+        if not len(ids):
+            return cls(ids[:0].copy(), ids[:0].copy())
+        cut = np.flatnonzero(np.diff(ids >> COUNTER_BITS)) + 1
+        return cls(ids[np.r_[0, cut]], ids[np.r_[cut - 1, len(ids) - 1]])
+
+    def count(self) -> int:
+        return len(self.low)
+
+    def hold(self, ids: np.ndarray) -> bool:
+        """Whether one of ``ids`` (sorted) is within one of the ranges."""
+        at = np.searchsorted(self.low, ids, "right") - 1
+        return bool(((at >= 0) & (ids <= self.high[np.maximum(at, 0)])).any())
+
+
+@dataclass(frozen=True)
+class _Stabs:
+    """The ranges of several files as one index: every range's low end, sorted, its high end, the highest high end of
+    it and of those before it (``reach``: a search goes back from the last range starting at or below an id only
+    while one may still reach the id), and its file (``owner``, a place in ``paths`` and ``items``)."""
+
+    low: np.ndarray
+    high: np.ndarray
+    reach: np.ndarray
+    owner: np.ndarray
+    paths: list[str]
+    items: list[_Ranges]
+
+    @classmethod
+    def of(cls, paths: list[str], ranges: list[_Ranges]) -> _Stabs:
+        empty = np.empty(0, np.int64)
+        low = np.concatenate([r.low for r in ranges]) if ranges else empty
+        high = np.concatenate([r.high for r in ranges]) if ranges else empty
+        owner = np.repeat(np.arange(len(ranges), dtype=np.int32), [r.count() for r in ranges])
+        order = np.argsort(low, kind="stable")
+        high = high[order]
+        return cls(low[order], high, np.maximum.accumulate(high) if len(high) else high, owner[order], paths, ranges)
 
 
 def _file_hits(ends: FileEnds, ids: np.ndarray) -> list[tuple[FileEnds, int]]:

@@ -90,6 +90,20 @@ def test_a_key_reused_for_another_request_is_a_conflict(store: trajstore.Store) 
     assert held(again)[-1] == (7, 4)
 
 
+@pytest.mark.parametrize("held_up_to", [1 << 30, -1])
+def test_a_requests_digest_is_what_the_log_already_holds(monkeypatch: pytest.MonkeyPatch, held_up_to: int) -> None:
+    """The log keeps each request's digest under its key, so a retry after an upgrade must hash as before: the rows
+    serialized whole (a request of up to DIGEST_HELD bytes) or hashed as they are written give the digest that
+    trajstore recorded since keys held digests (pinned), chunks or not; other rows, run or env give another."""
+    monkeypatch.setattr(ingest, "DIGEST_HELD", held_up_to)
+    chunked = pa.concat_tables([rows(3, 5), rows(4, 9)])
+    assert chunked["step"].num_chunks == 2
+    digest = ingest.request_digest(chunked, run_id="r", env_id="E")
+    assert digest == 7934600025283971256 == ingest.request_digest(chunked.combine_chunks(), run_id="r", env_id="E")
+    assert len({digest, ingest.request_digest(chunked, run_id="r2", env_id="E"),
+                ingest.request_digest(chunked, run_id="r", env_id="F"),
+                ingest.request_digest(chunked.slice(1), run_id="r", env_id="E")}) == 4
+
 @pytest.mark.parametrize("request_rows, message", [
     (episode([0, 1, 3]), "step: episode_id 7 goes from step 1 to step 3; expected step 2"),
     (episode([2, 0, 3]), "step: episode_id 7 goes from step 0 to step 2; expected step 1"),

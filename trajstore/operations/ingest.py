@@ -54,6 +54,7 @@ KEYS = {"episode_id": pa.int64(), "step": pa.int32()}
 ATTEMPTS = 30  # reads of the log per request while other processes keep committing before it
 LEGACY_DIGEST = 1  # what trajstore recorded for every key before it kept the request's digest
 CHECK_BYTES = 16 * 1024 * 1024  # decoded obs and next_obs at a time while the rows' encoding is checked
+DIGEST_HELD = 8 * 1024 * 1024  # rows up to this are serialized whole for their digest, larger ones hashed as written
 PHYSICAL_KEPT = 1_000  # (rows' schema, log's schema) pairs whose physical schema is kept, then forgotten at once
 
 Ends = Callable[[Sequence[DataFile], np.ndarray], list[StoredEnd]]  # what files hold of episodes (stored_ends)
@@ -370,8 +371,14 @@ def request_digest(rows: pa.Table, *, run_id: str, env_id: str) -> int:
     fmt = (rows.schema.metadata or {}).get(b"trajstore")
     rows = rows.replace_schema_metadata(None).combine_chunks()
     h = hashlib.sha256(json.dumps([run_id, env_id]).encode())
-    with pa.ipc.new_stream(_Digesting(h), rows.schema) as stream:  # hashed as written, never held whole
-        stream.write_table(rows)
+    if rows.nbytes <= DIGEST_HELD:  # written whole, then hashed: one call back into Python, not one per buffer
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rows.schema) as stream:
+            stream.write_table(rows)
+        h.update(sink.getvalue())
+    else:
+        with pa.ipc.new_stream(_Digesting(h), rows.schema) as stream:  # hashed as written, never held whole
+            stream.write_table(rows)
     if fmt is not None:  # encoded rows are another request than the same rows unencoded (none before had one)
         h.update(fmt)
     return int.from_bytes(h.digest()[:8], "big") >> 1

@@ -64,6 +64,9 @@ class ServiceSettings:
     commit_group_bytes: int = 64 * 1024 * 1024
     ingest_pending_bytes: int = 1024 * 1024 * 1024
     ingest_wait_s: float = 5.0
+    # the threads ingest requests are read and checked on, apart from the other routes' pool (0: one per core; see
+    # api/routes/ingest.py)
+    ingest_threads: int = 0
     # the service reads, when it starts, what the dashboard's first page asks of the latest version (its episodes,
     # learning curves, runs) on a background thread, so that a first visit finds it ready (api/dashboard/routes.py)
     dashboard_warm: bool = True

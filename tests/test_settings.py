@@ -30,7 +30,7 @@ NAMES = {
     "remote_cache", "remote_cache_bytes",
     "compact_small_files", "compact_small_bytes", "compact_target_bytes", "checkpoint_interval", "debug",
     # and the service's group commit of ingest requests (issue 49)
-    "commit_interval", "commit_group_bytes", "ingest_pending_bytes", "ingest_wait_s"}
+    "commit_interval", "commit_group_bytes", "ingest_pending_bytes", "ingest_wait_s", "ingest_threads"}
 LIBRARY = {f.name for f in fields(Settings)}
 SERVICE = {f.name for f in fields(ServiceSettings)}
 
@@ -40,7 +40,8 @@ def test_every_variable_users_set_is_still_read_each_by_its_side() -> None:
     assert LIBRARY & SERVICE == {"store", "api_key"}  # the CLI's defaults, and the service's own
     assert {"flush_bytes", "loader_arrays", "compact_small_files", "s3_timeout_s", "debug"} <= LIBRARY
     assert {"host", "port", "sql_max_concurrent", "max_body_bytes", "compute_timeout_s", "dashboard_warm"} <= SERVICE
-    assert {"commit_interval", "commit_group_bytes", "ingest_pending_bytes", "ingest_wait_s"} <= SERVICE
+    assert {"commit_interval", "commit_group_bytes", "ingest_pending_bytes", "ingest_wait_s",
+            "ingest_threads"} <= SERVICE
 
 
 def test_both_read_one_grammar_and_name_the_variable_they_refuse() -> None:

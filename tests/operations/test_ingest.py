@@ -104,6 +104,7 @@ def test_a_requests_digest_is_what_the_log_already_holds(monkeypatch: pytest.Mon
                 ingest.request_digest(chunked, run_id="r", env_id="F"),
                 ingest.request_digest(chunked.slice(1), run_id="r", env_id="E")}) == 4
 
+
 @pytest.mark.parametrize("request_rows, message", [
     (episode([0, 1, 3]), "step: episode_id 7 goes from step 1 to step 3; expected step 2"),
     (episode([2, 0, 3]), "step: episode_id 7 goes from step 0 to step 2; expected step 1"),

@@ -1,4 +1,5 @@
-"""The writer's arrays in Arrow's memory pool (trajstore.write.memory): the same values numpy gives, in the pool."""
+"""The writer's arrays in Arrow's memory pool (trajstore.write.memory): the same values numpy gives, in the pool
+when they are large."""
 
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ def test_take_gives_what_numpy_take_gives(shape: tuple[int, ...], dtype: str) ->
         np.testing.assert_array_equal(got, want)
 
 
-def test_arrays_are_writable_and_in_arrows_pool() -> None:
+def test_large_arrays_are_writable_and_in_arrows_pool_small_ones_numpys() -> None:
     before = pa.total_allocated_bytes()
-    out = memory.empty((1000, 4), np.float32)
+    out = memory.empty((memory.POOLED_FROM // 16, 4), np.float32)
     assert pa.total_allocated_bytes() - before >= out.nbytes
     out[:] = 1.5
     assert out.flags.writeable and out.flags.c_contiguous
-    assert pa.array(out.reshape(-1)).to_numpy().sum() == 6000.0
+    assert pa.array(out.reshape(-1)).to_numpy().sum() == 1.5 * out.size
+    before = pa.total_allocated_bytes()
+    small = memory.empty((128, 4), np.float32)  # a RemoteWriter's flush of 128 steps: no call into Arrow
+    assert pa.total_allocated_bytes() == before and small.flags.writeable and small.shape == (128, 4)
     taken = memory.take(np.arange(10), np.array([9, 0, 3]))
     taken[0] = -1
     assert taken.tolist() == [-1, 0, 3]
